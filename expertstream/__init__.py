@@ -1,0 +1,42 @@
+"""expertstream: stream host-resident MoE expert weights to the GPU ahead of the compute that needs them."""
+
+from __future__ import annotations
+
+from .backends import BackendStatus, available_backends, backend
+from .backends.base import (
+    Backend,
+    BackendError,
+    BackendUnavailable,
+    DeviceError,
+    ExpertStreamError,
+    HazardError,
+    HostMemory,
+    InvalidArgument,
+    KernelCompileError,
+    OutOfDeviceMemory,
+    Usage,
+    UseAfterClose,
+    Vendor,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Backend",
+    "BackendError",
+    "BackendStatus",
+    "BackendUnavailable",
+    "DeviceError",
+    "ExpertStreamError",
+    "HazardError",
+    "HostMemory",
+    "InvalidArgument",
+    "KernelCompileError",
+    "OutOfDeviceMemory",
+    "Usage",
+    "UseAfterClose",
+    "Vendor",
+    "available_backends",
+    "backend",
+    "__version__",
+]

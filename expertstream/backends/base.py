@@ -1,0 +1,889 @@
+"""The backend contract: every vendor backend implements exactly this, nothing more.
+
+Public methods here validate their arguments once, for every backend, and then call a
+small set of abstract ``_primitives`` that each backend fills in. A backend never returns
+an error tuple: failures become one of the exceptions defined below, whose message names
+the call, the device, the code and what the user can do about it.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import mmap
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Union
+
+import numpy as np
+
+MATRIX_ROW_PADDING = 512
+"""Kernels read quantized rows in blocks of this many elements (as ggml's MMQ does)."""
+
+
+# --------------------------------------------------------------------------------------
+# Closed sets
+# --------------------------------------------------------------------------------------
+
+
+class Vendor(enum.Enum):
+    NVIDIA = "nvidia"
+    AMD = "amd"
+    SIM = "sim"
+
+
+class Usage(enum.Enum):
+    """What a device buffer holds; decides whether its padding is zeroed at allocation."""
+
+    ANY = "any"
+    WEIGHTS = "weights"
+    COMPUTE = "compute"  # scratch: never zeroed for the caller, whoever fills it clears it
+
+
+class HostMemory(enum.Enum):
+    PAGEABLE = "pageable"  # ordinary memory or a file mapping: copies from it may block the host
+    PINNED = "pinned"  # page-locked allocation owned by the backend
+    REGISTERED = "registered"  # ordinary memory page-locked in place by host registration
+
+
+# --------------------------------------------------------------------------------------
+# Errors
+# --------------------------------------------------------------------------------------
+
+
+class ExpertStreamError(Exception):
+    """Base of every error this package raises on purpose."""
+
+
+class BackendError(ExpertStreamError):
+    """A backend call failed. The message names the call, device, code and a hint."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        call: str | None = None,
+        device: str | None = None,
+        code: str | None = None,
+        hint: str | None = None,
+    ) -> None:
+        self.call = call
+        self.device = device
+        self.code = code
+        self.hint = hint
+        self.detail = message
+        where = " on ".join(p for p in (call, device) if p)
+        text = f"{where}: {message}" if where else message
+        if code:
+            text += f" [{code}]"
+        if hint:
+            text += f". {hint}"
+        super().__init__(text)
+
+
+class BackendUnavailable(BackendError):
+    """The requested backend cannot run here (missing library, driver or device)."""
+
+
+class OutOfDeviceMemory(BackendError, MemoryError):
+    """A device allocation did not fit."""
+
+
+class InvalidArgument(BackendError, ValueError):
+    """A call got an argument that can never work (range, type, device mismatch)."""
+
+
+class UseAfterClose(BackendError):
+    """An operation touched a buffer, stream or event that was already closed."""
+
+
+class KernelCompileError(BackendError):
+    """Run-time compilation (NVRTC / hipRTC) failed; the message carries the log."""
+
+
+class DeviceError(BackendError):
+    """Any other failure reported by the driver or runtime."""
+
+
+class HazardError(BackendError):
+    """The simulated backend found a missing ordering (a race) or another silent bug."""
+
+
+# --------------------------------------------------------------------------------------
+# Row types and padding
+# --------------------------------------------------------------------------------------
+
+RowType = Union[int, "enum.IntEnum"]  # a gguf.GGMLQuantizationType, or its integer value
+
+
+def _quant_info(row_type: RowType) -> tuple[int, int]:
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    try:
+        qtype = GGMLQuantizationType(int(row_type))
+    except ValueError:
+        raise InvalidArgument(
+            f"unknown ggml row type {row_type!r}", hint="pass a gguf.GGMLQuantizationType member"
+        ) from None
+    return GGML_QUANT_SIZES[qtype]
+
+
+def is_quantized(row_type: RowType) -> bool:
+    """True for block-quantized types (Q4_0, Q8_0, ...), False for F32/F16/BF16 and integers."""
+    block_size, _ = _quant_info(row_type)
+    return block_size > 1
+
+
+def row_size(row_type: RowType, ne: int) -> int:
+    """Bytes taken by ``ne`` elements of ``row_type`` (ne must be a multiple of the block size)."""
+    block_size, type_size = _quant_info(row_type)
+    if ne % block_size:
+        raise InvalidArgument(f"{ne} elements is not a multiple of the block size {block_size}")
+    return ne // block_size * type_size
+
+
+def padded_size(nbytes: int, row_type: RowType | None, ne0: int | None) -> int:
+    """Size to allocate for a tensor of ``nbytes`` whose rows have ``ne0`` elements.
+
+    Quantized tensors whose rows are not a multiple of MATRIX_ROW_PADDING get one extra
+    (partial) row's worth of bytes, because the kernels read whole 512-element blocks past
+    the end of the last row. The extra bytes must be zero when a kernel reads them.
+    """
+    if nbytes < 0:
+        raise InvalidArgument(f"negative size {nbytes}")
+    if row_type is None or ne0 is None or not is_quantized(row_type):
+        return nbytes
+    rem = ne0 % MATRIX_ROW_PADDING
+    return nbytes + (row_size(row_type, MATRIX_ROW_PADDING - rem) if rem else 0)
+
+
+# --------------------------------------------------------------------------------------
+# Plain data
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    async_copies: bool
+    events: bool
+    host_register: bool
+    host_register_read_only: bool
+    peer_access: frozenset[int] = field(default_factory=frozenset)  # device indices reachable
+
+
+@dataclass(frozen=True)
+class BufferView:
+    """A byte range of a device buffer; what kernels take as a pointer argument."""
+
+    buffer: DeviceBuffer
+    offset: int
+    nbytes: int
+
+    @property
+    def address(self) -> int:
+        return self.buffer.address + self.offset
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.nbytes
+
+
+KernelArg = Union["DeviceBuffer", BufferView, np.integer, np.floating]
+
+
+# --------------------------------------------------------------------------------------
+# Host memory
+# --------------------------------------------------------------------------------------
+
+
+class HostBuffer:
+    """Host memory that copies read from or write to.
+
+    Wraps a numpy array, a bytes-like object or an mmap (read-only mappings allowed), or
+    owns a pinned allocation. ``array`` is a flat uint8 view of the bytes.
+    """
+
+    def __init__(
+        self,
+        device: Device,
+        array: np.ndarray,
+        kind: HostMemory,
+        *,
+        owner: Any = None,
+        pinned_handle: Any = None,
+    ) -> None:
+        if array.dtype != np.uint8 or array.ndim != 1 or not array.flags.c_contiguous:
+            raise InvalidArgument("host buffers wrap flat contiguous uint8 arrays")
+        self.device = device
+        self.array = array
+        self.kind = kind
+        self._owner = owner  # keeps the wrapped object (mmap, ndarray) alive
+        self._pinned_handle = pinned_handle
+        self._registered_read_only = False
+        self.closed = False
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.array.nbytes)
+
+    @property
+    def address(self) -> int:
+        return int(self.array.ctypes.data) if self.nbytes else 0
+
+    @property
+    def read_only(self) -> bool:
+        return not self.array.flags.writeable
+
+    @property
+    def is_page_locked(self) -> bool:
+        return self.kind in (HostMemory.PINNED, HostMemory.REGISTERED)
+
+    def register(self, read_only: bool | None = None) -> None:
+        """Page-lock this memory in place so copies from it run at full DMA speed.
+
+        ``read_only`` defaults to whether the memory is read-only (a PROT_READ mapping must
+        be registered read-only). Raises DeviceError with a hint if the platform refuses.
+        """
+        self._check_open("HostBuffer.register")
+        if self.kind is HostMemory.PINNED:
+            raise InvalidArgument("pinned memory is already page-locked", call="HostBuffer.register")
+        if self.kind is HostMemory.REGISTERED:
+            return
+        ro = self.read_only if read_only is None else read_only
+        if self.read_only and not ro:
+            raise InvalidArgument(
+                "a read-only mapping can only be registered read-only",
+                call="HostBuffer.register",
+                hint="pass read_only=True",
+            )
+        if ro and not self.device.capabilities.host_register_read_only:
+            raise DeviceError(
+                "read-only host registration is not supported",
+                call="HostBuffer.register",
+                device=self.device.label,
+                hint="copy the data into pinned memory (alloc_pinned) or use a staging ring",
+            )
+        if self.nbytes:
+            self.device._host_register(self, ro)
+        self._registered_read_only = ro
+        self.kind = HostMemory.REGISTERED
+
+    def unregister(self) -> None:
+        self._check_open("HostBuffer.unregister")
+        if self.kind is not HostMemory.REGISTERED:
+            return
+        if self.nbytes:
+            self.device._host_unregister(self)
+        self.kind = HostMemory.PAGEABLE
+
+    def close(self) -> None:
+        """Unregister or free the memory. Pending copies must be finished first."""
+        if self.closed:
+            return
+        if self.kind is HostMemory.REGISTERED:
+            self.unregister()
+        elif self.kind is HostMemory.PINNED:
+            self.device._host_free_pinned(self)
+        self.closed = True
+        self.array = np.empty(0, dtype=np.uint8)
+        self._owner = None
+
+    def _check_open(self, call: str) -> None:
+        if self.closed:
+            raise UseAfterClose("host buffer is closed", call=call, device=self.device.label)
+
+    def __enter__(self) -> HostBuffer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"HostBuffer({self.kind.value}, {self.nbytes} bytes{', read-only' if self.read_only else ''})"
+
+
+def as_host_bytes(obj: Any) -> tuple[np.ndarray, Any]:
+    """A flat uint8 view of a numpy array, bytes-like object or mmap, plus what to keep alive."""
+    if isinstance(obj, np.ndarray):
+        if not obj.flags.c_contiguous:
+            raise InvalidArgument("host arrays must be C-contiguous", hint="pass np.ascontiguousarray(a)")
+        return obj.reshape(-1).view(np.uint8), obj
+    if isinstance(obj, mmap.mmap):
+        try:
+            arr = np.frombuffer(obj, dtype=np.uint8)  # writable mappings give a writable view
+        except TypeError:
+            raise InvalidArgument("cannot view this mmap as bytes") from None
+        if not arr.flags.writeable:
+            return arr, obj
+        return np.ndarray(len(obj), dtype=np.uint8, buffer=obj), obj
+    try:
+        return np.frombuffer(memoryview(obj), dtype=np.uint8), obj
+    except TypeError:
+        raise InvalidArgument(
+            f"cannot use {type(obj).__name__} as host memory",
+            hint="pass a numpy array, a bytes-like object or an mmap",
+        ) from None
+
+
+# --------------------------------------------------------------------------------------
+# Device memory
+# --------------------------------------------------------------------------------------
+
+
+class DeviceBuffer(abc.ABC):
+    """Device memory: ``nbytes`` of tensor data inside ``alloc_size`` allocated bytes."""
+
+    def __init__(self, device: Device, nbytes: int, alloc_size: int, usage: Usage) -> None:
+        self.device = device
+        self.nbytes = nbytes
+        self.alloc_size = alloc_size
+        self.usage = usage
+        self.closed = False
+
+    @property
+    @abc.abstractmethod
+    def address(self) -> int:
+        """Device address of byte 0 (0 for a zero-size buffer)."""
+
+    @abc.abstractmethod
+    def _free(self) -> None:
+        """Release the memory. Called once."""
+
+    def view(self, offset: int = 0, nbytes: int | None = None) -> BufferView:
+        n = self.alloc_size - offset if nbytes is None else nbytes
+        check_range("DeviceBuffer.view", self, offset, n)
+        return BufferView(self, offset, n)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._free()
+            self.closed = True
+
+    def read(self, offset: int = 0, nbytes: int | None = None) -> np.ndarray:
+        """Copy bytes back to a new host array, synchronously (a convenience for tests and tools)."""
+        n = self.alloc_size - offset if nbytes is None else nbytes
+        out = np.empty(n, dtype=np.uint8)
+        host = self.device.wrap_host(out)
+        stream = self.device._utility_stream()
+        stream.copy_d2h(host, 0, self, offset, n)
+        stream.synchronize()
+        return out
+
+    def write(self, data: Any, offset: int = 0) -> None:
+        """Copy host bytes into the buffer, synchronously."""
+        arr, _ = as_host_bytes(data)
+        host = self.device.wrap_host(arr)
+        stream = self.device._utility_stream()
+        stream.copy_h2d(self, offset, host, 0, host.nbytes)
+        stream.synchronize()
+
+    def __enter__(self) -> DeviceBuffer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"0x{self.address:x}"
+        return (
+            f"DeviceBuffer({self.device.label}, {self.usage.value}, {self.nbytes}/{self.alloc_size} bytes, "
+            f"{state})"
+        )
+
+
+def check_range(call: str, buf: DeviceBuffer | HostBuffer, offset: int, nbytes: int) -> None:
+    """Raise unless ``[offset, offset + nbytes)`` lies inside an open buffer."""
+    if buf.closed:
+        raise UseAfterClose(f"{buf!r} is closed", call=call, device=buf.device.label)
+    size = buf.alloc_size if isinstance(buf, DeviceBuffer) else buf.nbytes
+    if not isinstance(offset, (int, np.integer)) or not isinstance(nbytes, (int, np.integer)):
+        raise InvalidArgument("offsets and sizes must be integers", call=call, device=buf.device.label)
+    if offset < 0 or nbytes < 0 or offset + nbytes > size:
+        raise InvalidArgument(
+            f"byte range [{offset}, {offset + nbytes}) is outside {buf!r} of {size} bytes",
+            call=call,
+            device=buf.device.label,
+        )
+
+
+# --------------------------------------------------------------------------------------
+# Events, kernels, streams
+# --------------------------------------------------------------------------------------
+
+
+class Event(abc.ABC):
+    """A marker in a stream. Waits bind to the most recent record at the time they are enqueued."""
+
+    def __init__(self, device: Device, timing: bool) -> None:
+        self.device = device
+        self.timing = timing
+        self.closed = False
+
+    @abc.abstractmethod
+    def query(self) -> bool:
+        """True when the recorded work is done (or the event was never recorded)."""
+
+    @abc.abstractmethod
+    def synchronize(self) -> None:
+        """Block the host until the recorded work is done."""
+
+    @abc.abstractmethod
+    def _elapsed_ms(self, end: Event) -> float: ...
+
+    @abc.abstractmethod
+    def _destroy(self) -> None: ...
+
+    def elapsed_ms(self, end: Event) -> float:
+        """Milliseconds from this event to ``end``; both must be timing events."""
+        if not (self.timing and end.timing):
+            raise InvalidArgument(
+                "elapsed time needs timing events", call="Event.elapsed_ms", hint="create with event(timing=True)"
+            )
+        self._check_open("Event.elapsed_ms")
+        end._check_open("Event.elapsed_ms")
+        return self._elapsed_ms(end)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._destroy()
+            self.closed = True
+
+    def _check_open(self, call: str) -> None:
+        if self.closed:
+            raise UseAfterClose("event is closed", call=call, device=self.device.label)
+
+    def __enter__(self) -> Event:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Kernel(abc.ABC):
+    """A compiled kernel bound to one device."""
+
+    def __init__(self, device: Device, name: str) -> None:
+        self.device = device
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Kernel({self.name!r} on {self.device.label})"
+
+
+Dim3 = Union[int, Sequence[int]]
+
+
+def dim3(d: Dim3) -> tuple[int, int, int]:
+    t = (d,) if isinstance(d, (int, np.integer)) else tuple(d)
+    if not 1 <= len(t) <= 3 or any(int(x) < 1 for x in t):
+        raise InvalidArgument(f"grid and block sizes must be 1..3 positive integers, got {d!r}")
+    return (int(t[0]), int(t[1]) if len(t) > 1 else 1, int(t[2]) if len(t) > 2 else 1)
+
+
+class Stream(abc.ABC):
+    """An in-order queue of device work. Every enqueue returns at once unless noted."""
+
+    def __init__(self, device: Device, *, owned: bool = True) -> None:
+        self.device = device
+        self.owned = owned  # False for streams wrapped with from_handle: close() leaves them alone
+        self.closed = False
+
+    # -- primitives each backend implements (arguments already validated) -------------
+    @property
+    @abc.abstractmethod
+    def handle(self) -> int:
+        """The native stream handle (cudaStream_t / hipStream_t value), for interop."""
+
+    @abc.abstractmethod
+    def _copy_h2d(self, dst: DeviceBuffer, dst_offset: int, src: HostBuffer, src_offset: int, n: int) -> None: ...
+
+    @abc.abstractmethod
+    def _copy_d2h(self, dst: HostBuffer, dst_offset: int, src: DeviceBuffer, src_offset: int, n: int) -> None: ...
+
+    @abc.abstractmethod
+    def _copy_d2d(
+        self, dst: DeviceBuffer, dst_offset: int, src: DeviceBuffer, src_offset: int, n: int
+    ) -> None: ...
+
+    @abc.abstractmethod
+    def _memset(self, dst: DeviceBuffer, offset: int, n: int, value: int) -> None: ...
+
+    @abc.abstractmethod
+    def _record(self, event: Event) -> None: ...
+
+    @abc.abstractmethod
+    def _wait(self, event: Event) -> None: ...
+
+    @abc.abstractmethod
+    def _launch(
+        self, kernel: Kernel, grid: tuple[int, int, int], block: tuple[int, int, int], args: tuple[Any, ...],
+        shared_mem: int,
+    ) -> None: ...
+
+    @abc.abstractmethod
+    def synchronize(self) -> None:
+        """Block the host until all work enqueued so far is done."""
+
+    @abc.abstractmethod
+    def query(self) -> bool:
+        """True when all work enqueued so far is done."""
+
+    @abc.abstractmethod
+    def _destroy(self) -> None: ...
+
+    # -- the public, validated API ------------------------------------------------------
+    def copy_h2d(self, dst: DeviceBuffer, dst_offset: int, src: HostBuffer, src_offset: int, nbytes: int) -> None:
+        """Copy host -> device (ggml's async set_tensor). From pageable memory this may block the host."""
+        call = "Stream.copy_h2d"
+        self._check_open(call)
+        check_range(call, dst, dst_offset, nbytes)
+        check_range(call, src, src_offset, nbytes)
+        self._check_same_device(call, dst)
+        if nbytes:
+            self._copy_h2d(dst, dst_offset, src, src_offset, nbytes)
+
+    def copy_d2h(self, dst: HostBuffer, dst_offset: int, src: DeviceBuffer, src_offset: int, nbytes: int) -> None:
+        call = "Stream.copy_d2h"
+        self._check_open(call)
+        check_range(call, dst, dst_offset, nbytes)
+        check_range(call, src, src_offset, nbytes)
+        self._check_same_device(call, src)
+        if dst.read_only:
+            raise InvalidArgument("cannot copy into read-only host memory", call=call, device=self.device.label)
+        if nbytes:
+            self._copy_d2h(dst, dst_offset, src, src_offset, nbytes)
+
+    def copy_d2d(
+        self, dst: DeviceBuffer, dst_offset: int, src: DeviceBuffer, src_offset: int, nbytes: int
+    ) -> None:
+        """Copy device -> device; across devices it needs peer access enabled."""
+        call = "Stream.copy_d2d"
+        self._check_open(call)
+        check_range(call, dst, dst_offset, nbytes)
+        check_range(call, src, src_offset, nbytes)
+        for buf in (dst, src):
+            if buf.device is not self.device and buf.device.index not in self.device.capabilities.peer_access:
+                raise InvalidArgument(
+                    f"{buf!r} is on {buf.device.label} and {self.device.label} has no peer access to it",
+                    call=call,
+                    device=self.device.label,
+                    hint="call enable_peer_access() first, or stage the copy through host memory",
+                )
+        if nbytes:
+            self._copy_d2d(dst, dst_offset, src, src_offset, nbytes)
+
+    def memset(self, dst: DeviceBuffer, offset: int, nbytes: int, value: int = 0) -> None:
+        call = "Stream.memset"
+        self._check_open(call)
+        check_range(call, dst, offset, nbytes)
+        self._check_same_device(call, dst)
+        if not 0 <= value <= 255:
+            raise InvalidArgument(f"memset value {value} is not a byte", call=call, device=self.device.label)
+        if nbytes:
+            self._memset(dst, offset, nbytes, value)
+
+    def record(self, event: Event) -> None:
+        """Mark the current end of this stream in ``event`` (re-recording re-arms it)."""
+        self._check_open("Stream.record")
+        event._check_open("Stream.record")
+        if event.device is not self.device:
+            raise InvalidArgument(
+                f"event belongs to {event.device.label}", call="Stream.record", device=self.device.label
+            )
+        self._record(event)
+
+    def wait(self, event: Event) -> None:
+        """Make later work on this stream wait for the event's most recent record.
+
+        A wait on an event that was never recorded is a no-op. Events of another device are
+        allowed (cross-device ordering).
+        """
+        self._check_open("Stream.wait")
+        event._check_open("Stream.wait")
+        self._wait(event)
+
+    def launch(
+        self,
+        kernel: Kernel,
+        grid: Dim3,
+        block: Dim3,
+        args: Sequence[KernelArg],
+        shared_mem: int = 0,
+    ) -> None:
+        """Launch ``kernel``; pointer arguments are device buffers or views, scalars numpy scalars."""
+        call = f"Stream.launch({kernel.name})"
+        self._check_open(call)
+        if kernel.device is not self.device:
+            raise InvalidArgument(
+                f"{kernel!r} was compiled for another device", call=call, device=self.device.label
+            )
+        for i, arg in enumerate(args):
+            if isinstance(arg, (DeviceBuffer, BufferView)):
+                buf = arg if isinstance(arg, DeviceBuffer) else arg.buffer
+                if buf.closed:
+                    raise UseAfterClose(f"argument {i} {buf!r} is closed", call=call, device=self.device.label)
+                if buf.device is not self.device and buf.device.index not in self.device.capabilities.peer_access:
+                    raise InvalidArgument(
+                        f"argument {i} lives on {buf.device.label}, which {self.device.label} cannot access",
+                        call=call,
+                        device=self.device.label,
+                        hint="allocate it on the launching device or enable peer access",
+                    )
+            elif not isinstance(arg, (np.integer, np.floating)):
+                raise InvalidArgument(
+                    f"argument {i} is a {type(arg).__name__}; scalars must be typed",
+                    call=call,
+                    device=self.device.label,
+                    hint="pass numpy scalars such as np.int32(n) or np.float32(x)",
+                )
+        self._launch(kernel, dim3(grid), dim3(block), tuple(args), shared_mem)
+
+    def close(self) -> None:
+        """Destroy the stream (after its work is done); streams from from_handle are left alone."""
+        if not self.closed:
+            if self.owned:
+                self._destroy()
+            self.closed = True
+
+    def _check_open(self, call: str) -> None:
+        if self.closed:
+            raise UseAfterClose("stream is closed", call=call, device=self.device.label)
+
+    def _check_same_device(self, call: str, buf: DeviceBuffer) -> None:
+        if buf.device is not self.device:
+            raise InvalidArgument(
+                f"{buf!r} is on {buf.device.label}, this stream on {self.device.label}",
+                call=call,
+                device=self.device.label,
+                hint="use a stream of the buffer's device",
+            )
+
+    @classmethod
+    def from_handle(cls, device: Device, handle: int) -> Stream:
+        """Wrap a stream created elsewhere (torch.cuda.Stream().cuda_stream, cupy's ptr)."""
+        return device.stream_from_handle(handle)
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --------------------------------------------------------------------------------------
+# Devices and backends
+# --------------------------------------------------------------------------------------
+
+
+class Device(abc.ABC):
+    """One GPU (or one simulated GPU)."""
+
+    def __init__(self, backend: Backend, index: int, name: str) -> None:
+        self.backend = backend
+        self.index = index
+        self.name = name
+        self._utility: Stream | None = None
+        self._utility_lock = threading.Lock()
+
+    @property
+    def label(self) -> str:
+        return f"{self.backend.name}:{self.index}"
+
+    # -- primitives ---------------------------------------------------------------------
+    @property
+    @abc.abstractmethod
+    def total_memory(self) -> int: ...
+
+    @abc.abstractmethod
+    def free_memory(self) -> int: ...
+
+    @property
+    @abc.abstractmethod
+    def capabilities(self) -> Capabilities: ...
+
+    @property
+    @abc.abstractmethod
+    def arch(self) -> str:
+        """Compile target: 'sm_90', 'gfx942', or the simulator's profile name."""
+
+    @abc.abstractmethod
+    def _alloc(self, nbytes: int, alloc_size: int, usage: Usage) -> DeviceBuffer:
+        """Allocate ``alloc_size`` bytes; raise OutOfDeviceMemory naming asked and free bytes."""
+
+    @abc.abstractmethod
+    def stream(self) -> Stream:
+        """A new non-blocking stream."""
+
+    @abc.abstractmethod
+    def stream_from_handle(self, handle: int) -> Stream: ...
+
+    @abc.abstractmethod
+    def event(self, timing: bool = False) -> Event: ...
+
+    @abc.abstractmethod
+    def compile(self, source: str, name: str) -> Kernel:
+        """Compile ``extern "C" __global__`` source and return kernel ``name`` (cached)."""
+
+    @abc.abstractmethod
+    def synchronize(self) -> None:
+        """Block the host until all work on this device is done."""
+
+    @abc.abstractmethod
+    def enable_peer_access(self, other: Device) -> None:
+        """Let this device's kernels and copies touch ``other``'s memory."""
+
+    @abc.abstractmethod
+    def alloc_pinned(self, nbytes: int) -> HostBuffer: ...
+
+    @abc.abstractmethod
+    def _host_register(self, host: HostBuffer, read_only: bool) -> None: ...
+
+    @abc.abstractmethod
+    def _host_unregister(self, host: HostBuffer) -> None: ...
+
+    @abc.abstractmethod
+    def _host_free_pinned(self, host: HostBuffer) -> None: ...
+
+    # -- validated API ------------------------------------------------------------------
+    def alloc_size(self, nbytes: int, row_type: RowType | None = None, ne0: int | None = None) -> int:
+        """Bytes to allocate for a tensor, including the quantized-row padding kernels read."""
+        return padded_size(nbytes, row_type, ne0)
+
+    def alloc(
+        self,
+        nbytes: int,
+        usage: Usage = Usage.ANY,
+        *,
+        row_type: RowType | None = None,
+        ne0: int | None = None,
+    ) -> DeviceBuffer:
+        """Allocate a buffer for ``nbytes`` of tensor data (plus padding for ``row_type``/``ne0``).
+
+        The padding of WEIGHTS and ANY buffers is zeroed here; COMPUTE buffers are left as
+        they are, and whoever fills one must clear the padding it relies on.
+        """
+        if not isinstance(nbytes, (int, np.integer)) or nbytes < 0:
+            raise InvalidArgument(f"cannot allocate {nbytes!r} bytes", call="Device.alloc", device=self.label)
+        if not isinstance(usage, Usage):
+            raise InvalidArgument(f"usage must be a Usage member, got {usage!r}", call="Device.alloc")
+        size = self.alloc_size(int(nbytes), row_type, ne0)
+        buf = self._alloc(int(nbytes), size, usage)
+        if usage is not Usage.COMPUTE and size > nbytes:
+            stream = self._utility_stream()
+            stream.memset(buf, int(nbytes), size - int(nbytes), 0)
+            stream.synchronize()
+        return buf
+
+    def upload(self, data: Any, usage: Usage = Usage.ANY) -> DeviceBuffer:
+        """Allocate a buffer holding a copy of ``data`` (synchronous)."""
+        arr, _ = as_host_bytes(data)
+        buf = self.alloc(arr.nbytes, usage)
+        buf.write(arr)
+        return buf
+
+    def wrap_host(self, obj: Any) -> HostBuffer:
+        """Wrap a numpy array, bytes-like object or mmap as pageable host memory (no copy)."""
+        arr, owner = as_host_bytes(obj)
+        return HostBuffer(self, arr, HostMemory.PAGEABLE, owner=owner)
+
+    def can_access_peer(self, other: Device) -> bool:
+        return other is self or other.index in self.capabilities.peer_access
+
+    def _utility_stream(self) -> Stream:
+        with self._utility_lock:
+            if self._utility is None or self._utility.closed:
+                self._utility = self.stream()
+            return self._utility
+
+    def close(self) -> None:
+        if self._utility is not None:
+            self._utility.close()
+            self._utility = None
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.label} {self.name!r}>"
+
+
+class Backend(abc.ABC):
+    """One vendor runtime and its devices. Exactly one is active per use; see backends.backend()."""
+
+    name: ClassVar[str]
+    vendor: ClassVar[Vendor]
+
+    @property
+    @abc.abstractmethod
+    def devices(self) -> Sequence[Device]: ...
+
+    def device(self, index: int = 0) -> Device:
+        devs = self.devices
+        if not 0 <= index < len(devs):
+            raise InvalidArgument(
+                f"no device {index}; this backend has {len(devs)}", call="Backend.device",
+                hint=f"use an index in 0..{len(devs) - 1}",
+            )
+        return devs[index]
+
+    def close(self) -> None:
+        for d in self.devices:
+            d.close()
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-ready description: name, vendor, devices with memory and capabilities."""
+        return {
+            "name": self.name,
+            "vendor": self.vendor.value,
+            "devices": [
+                {
+                    "index": d.index,
+                    "name": d.name,
+                    "arch": d.arch,
+                    "total_memory": d.total_memory,
+                    "free_memory": d.free_memory(),
+                    "capabilities": {
+                        "async_copies": d.capabilities.async_copies,
+                        "events": d.capabilities.events,
+                        "host_register": d.capabilities.host_register,
+                        "host_register_read_only": d.capabilities.host_register_read_only,
+                        "peer_access": sorted(d.capabilities.peer_access),
+                    },
+                }
+                for d in self.devices
+            ],
+        }
+
+    def __enter__(self) -> Backend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}: {len(self.devices)} device(s)>"
+
+
+def pack_kernel_args(args: Sequence[Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """Values and ctypes types for a kernel launch, shared by the CUDA and HIP backends."""
+    import ctypes
+
+    scalar_types: dict[np.dtype[Any], Any] = {
+        np.dtype(np.int32): ctypes.c_int32,
+        np.dtype(np.uint32): ctypes.c_uint32,
+        np.dtype(np.int64): ctypes.c_int64,
+        np.dtype(np.uint64): ctypes.c_uint64,
+        np.dtype(np.float32): ctypes.c_float,
+        np.dtype(np.float64): ctypes.c_double,
+    }
+    values: list[Any] = []
+    types: list[Any] = []
+    for arg in args:
+        if isinstance(arg, (DeviceBuffer, BufferView)):
+            values.append(arg.address)
+            types.append(ctypes.c_void_p)
+        else:
+            ctype = scalar_types.get(np.asarray(arg).dtype)
+            if ctype is None:
+                raise InvalidArgument(f"unsupported kernel scalar type {np.asarray(arg).dtype}")
+            values.append(arg.item())
+            types.append(ctype)
+    return tuple(values), tuple(types)

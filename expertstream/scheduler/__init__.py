@@ -1,0 +1,1 @@
+"""The scheduler: splits, the stock copy path and the lookahead staging ring."""
