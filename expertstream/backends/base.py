@@ -12,6 +12,7 @@ import abc
 import enum
 import mmap
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Union
@@ -624,8 +625,10 @@ class Stream(abc.ABC):
                 if buf.closed:
                     raise UseAfterClose(f"argument {i} {buf!r} is closed", call=call, device=self.device.label)
                 if buf.device is not self.device and buf.device.index not in self.device.capabilities.peer_access:
-                    raise InvalidArgument(
-                        f"argument {i} lives on {buf.device.label}, which {self.device.label} cannot access",
+                    # The seed's multi-GPU bug: a kernel handed another device's memory reads garbage.
+                    raise HazardError(
+                        f"cross-device access: argument {i} lives on {buf.device.label}, which "
+                        f"{self.device.label} cannot access",
                         call=call,
                         device=self.device.label,
                         hint="allocate it on the launching device or enable peer access",
@@ -787,6 +790,12 @@ class Device(abc.ABC):
         arr, owner = as_host_bytes(obj)
         return HostBuffer(self, arr, HostMemory.PAGEABLE, owner=owner)
 
+    def host_copy(self, dst: HostBuffer, dst_offset: int, src: HostBuffer, src_offset: int, nbytes: int) -> None:
+        """A memcpy between host buffers in the calling thread (the simulator charges its time)."""
+        check_range("Device.host_copy", dst, dst_offset, nbytes)
+        check_range("Device.host_copy", src, src_offset, nbytes)
+        np.copyto(dst.array[dst_offset : dst_offset + nbytes], src.array[src_offset : src_offset + nbytes])
+
     def can_access_peer(self, other: Device) -> bool:
         return other is self or other.index in self.capabilities.peer_access
 
@@ -827,6 +836,16 @@ class Backend(abc.ABC):
     def close(self) -> None:
         for d in self.devices:
             d.close()
+
+    # Host threads. The simulator keeps a virtual clock per host thread; work handed from one
+    # thread to another (a copy worker, a fill pool) carries the sender's timestamp so the
+    # receiver cannot start it earlier. Real backends need nothing more than the wall clock.
+    def host_timestamp(self) -> float:
+        """The calling thread's clock in seconds (virtual on the simulator)."""
+        return time.perf_counter()
+
+    def host_resume_at(self, timestamp: float) -> None:
+        """Tell the backend the calling thread is now at least at ``timestamp`` (a handoff)."""
 
     def describe(self) -> dict[str, Any]:
         """A JSON-ready description: name, vendor, devices with memory and capabilities."""
