@@ -408,6 +408,18 @@ def check_range(call: str, buf: DeviceBuffer | HostBuffer, offset: int, nbytes: 
         )
 
 
+def _check_kinds(call: str, dst: object, dst_type: type, src: object, src_type: type | None) -> None:
+    """Refuse a device buffer where host memory is expected and the reverse (the seed's unchecked is_host)."""
+    for role, obj, expected in (("destination", dst, dst_type), ("source", src, src_type)):
+        if expected is not None and not isinstance(obj, expected):
+            raise InvalidArgument(
+                f"{role} must be a {expected.__name__}, got {type(obj).__name__}",
+                call=call,
+                hint="host data goes through HostBuffer (device.wrap_host / alloc_pinned), device data through "
+                "DeviceBuffer",
+            )
+
+
 # --------------------------------------------------------------------------------------
 # Events, kernels, streams
 # --------------------------------------------------------------------------------------
@@ -538,6 +550,7 @@ class Stream(abc.ABC):
         """Copy host -> device (ggml's async set_tensor). From pageable memory this may block the host."""
         call = "Stream.copy_h2d"
         self._check_open(call)
+        _check_kinds(call, dst, DeviceBuffer, src, HostBuffer)
         check_range(call, dst, dst_offset, nbytes)
         check_range(call, src, src_offset, nbytes)
         self._check_same_device(call, dst)
@@ -547,6 +560,7 @@ class Stream(abc.ABC):
     def copy_d2h(self, dst: HostBuffer, dst_offset: int, src: DeviceBuffer, src_offset: int, nbytes: int) -> None:
         call = "Stream.copy_d2h"
         self._check_open(call)
+        _check_kinds(call, dst, HostBuffer, src, DeviceBuffer)
         check_range(call, dst, dst_offset, nbytes)
         check_range(call, src, src_offset, nbytes)
         self._check_same_device(call, src)
@@ -561,6 +575,7 @@ class Stream(abc.ABC):
         """Copy device -> device; across devices it needs peer access enabled."""
         call = "Stream.copy_d2d"
         self._check_open(call)
+        _check_kinds(call, dst, DeviceBuffer, src, DeviceBuffer)
         check_range(call, dst, dst_offset, nbytes)
         check_range(call, src, src_offset, nbytes)
         for buf in (dst, src):
@@ -577,6 +592,7 @@ class Stream(abc.ABC):
     def memset(self, dst: DeviceBuffer, offset: int, nbytes: int, value: int = 0) -> None:
         call = "Stream.memset"
         self._check_open(call)
+        _check_kinds(call, dst, DeviceBuffer, None, None)
         check_range(call, dst, offset, nbytes)
         self._check_same_device(call, dst)
         if not 0 <= value <= 255:

@@ -1,0 +1,62 @@
+"""Test and lint sessions. `nox -s tests` is what CI runs (no GPU needed)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nox
+
+nox.options.sessions = ["tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+ROOT = Path(__file__).parent
+PYTEST_NO_TESTS = 5
+
+
+def _pytest(session: nox.Session, *args: str) -> None:
+    """Run pytest; an empty selection (exit 5) is reported, not treated as success or crash."""
+    code = session.run("python", "-m", "pytest", *args, *session.posargs, success_codes=[0, PYTEST_NO_TESTS])
+    if code == PYTEST_NO_TESTS:
+        session.warn("pytest collected no tests for this selection")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The simulated backend and everything pure Python: the CI session."""
+    session.install("-e", ".[test]")
+    session.env["EXPERTSTREAM_BACKEND"] = "sim"
+    _pytest(session, "-q", "tests", "--backend", "sim")
+
+
+def _vendor_tests(session: nox.Session, name: str, extra: str) -> None:
+    session.install("-e", f".[test,{extra}]")
+    # conftest turns "backend not usable" into a failure when it is named explicitly.
+    _pytest(session, "-q", "tests", "--backend", name)
+
+
+@nox.session
+def tests_cuda(session: nox.Session) -> None:
+    """The whole suite on the CUDA backend; fails if no usable NVIDIA device."""
+    _vendor_tests(session, "cuda", "cuda")
+
+
+@nox.session
+def tests_hip(session: nox.Session) -> None:
+    """The whole suite on the HIP backend (a ROCm machine); fails if no usable AMD device."""
+    _vendor_tests(session, "hip", "hip")
+
+
+@nox.session
+def tests_hip_on_cuda(session: nox.Session) -> None:
+    """The HIP backend on NVIDIA silicon through the HIP-to-CUDA shim (needs nvcc and a CUDA device)."""
+    session.install("-e", ".[test,hip]")
+    session.run("bash", str(ROOT / "tests" / "hipshim" / "run_tests.sh"), *session.posargs, external=True,
+                env={"PYTHON": os.path.join(session.bin, "python")})
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install("-e", ".[dev,test]")
+    session.run("ruff", "check", ".")
+    session.run("mypy")
