@@ -1,0 +1,25 @@
+"""GGUF MoE models: presets of real shapes, a synthetic writer and a mapping loader."""
+
+from __future__ import annotations
+
+from .layout import EXPERT_TYPES, ModelError, TensorRole, parse_expert_type
+from .loader import MoeLayer, MoeModel, TensorInfo
+from .presets import PRESETS, ModelPreset, get_preset
+from .writer import TensorSpec, generate, make_model, tensor_specs
+
+__all__ = [
+    "EXPERT_TYPES",
+    "PRESETS",
+    "ModelError",
+    "ModelPreset",
+    "MoeLayer",
+    "MoeModel",
+    "TensorInfo",
+    "TensorRole",
+    "TensorSpec",
+    "generate",
+    "get_preset",
+    "make_model",
+    "parse_expert_type",
+    "tensor_specs",
+]

@@ -1,0 +1,73 @@
+"""What an MoE layer looks like in a GGUF file: tensor names, shapes and allowed types.
+
+Shared by the writer and the loader so that both agree on one layout. Shapes are in ggml
+order (``ne``: the fastest-varying dimension first), as the file stores them.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from gguf import GGMLQuantizationType
+
+from ..backends.base import ExpertStreamError, InvalidArgument
+
+
+class ModelError(ExpertStreamError):
+    """A model file lacks something this package needs, or holds something it cannot stream."""
+
+
+EXPERT_TYPES = (
+    GGMLQuantizationType.Q4_0,
+    GGMLQuantizationType.Q8_0,
+    GGMLQuantizationType.F16,
+    GGMLQuantizationType.BF16,
+)
+ROUTER_TYPES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
+
+
+class TensorRole(enum.Enum):
+    """The per-layer tensors of an MoE feed-forward block, by their gguf name part."""
+
+    ROUTER = "ffn_gate_inp"
+    GATE = "ffn_gate_exps"
+    UP = "ffn_up_exps"
+    DOWN = "ffn_down_exps"
+
+    def tensor_name(self, layer: int) -> str:
+        return f"blk.{layer}.{self.value}.weight"
+
+    def ne(self, n_embd: int, n_ff: int, n_expert: int) -> tuple[int, ...]:
+        """The shape this tensor must have, in ggml order."""
+        if self is TensorRole.ROUTER:
+            return (n_embd, n_expert)
+        if self is TensorRole.DOWN:
+            return (n_ff, n_embd, n_expert)
+        return (n_embd, n_ff, n_expert)
+
+    @property
+    def allowed_types(self) -> tuple[GGMLQuantizationType, ...]:
+        return ROUTER_TYPES if self is TensorRole.ROUTER else EXPERT_TYPES
+
+
+EXPERT_ROLES = (TensorRole.GATE, TensorRole.UP, TensorRole.DOWN)
+
+
+def type_names(types: tuple[GGMLQuantizationType, ...]) -> str:
+    return ", ".join(t.name for t in types)
+
+
+def parse_expert_type(qtype: GGMLQuantizationType | str) -> GGMLQuantizationType:
+    """An expert weight type from its gguf name ('Q4_0') or enum member; InvalidArgument otherwise."""
+    if isinstance(qtype, str):
+        member = GGMLQuantizationType.__members__.get(qtype.upper())
+        if member is None:
+            raise InvalidArgument(
+                f"unknown tensor type {qtype!r}", hint=f"choose one of {type_names(EXPERT_TYPES)}"
+            )
+        qtype = member
+    if qtype not in EXPERT_TYPES:
+        raise InvalidArgument(
+            f"{qtype.name} is not a supported expert type", hint=f"choose one of {type_names(EXPERT_TYPES)}"
+        )
+    return qtype

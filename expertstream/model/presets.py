@@ -1,0 +1,45 @@
+"""Shapes of the MoE models the synthetic writer can imitate.
+
+Only what decides transfer sizes is kept: layer count, experts, routing width and the two
+matrix dimensions of one expert. ``tiny`` is for tests; its ``n_ff_exp`` (192) is not a
+multiple of 512, so the down projection's rows need the quantized-row padding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..backends.base import InvalidArgument
+
+
+@dataclass(frozen=True)
+class ModelPreset:
+    name: str
+    arch: str  # gguf's architecture name, which prefixes the metadata keys
+    n_layer: int
+    n_expert: int
+    top_k: int
+    n_embd: int
+    n_ff_exp: int
+
+
+PRESETS: dict[str, ModelPreset] = {
+    p.name: p
+    for p in (
+        ModelPreset("tiny", "qwen3moe", n_layer=2, n_expert=8, top_k=2, n_embd=256, n_ff_exp=192),
+        ModelPreset("qwen3-30b-a3b", "qwen3moe", n_layer=48, n_expert=128, top_k=8, n_embd=2048,
+                    n_ff_exp=768),
+        ModelPreset("gpt-oss-20b", "gpt-oss", n_layer=24, n_expert=32, top_k=4, n_embd=2880,
+                    n_ff_exp=2880),
+    )
+}
+
+
+def get_preset(name: str) -> ModelPreset:
+    """The preset called ``name``; InvalidArgument lists the known ones otherwise."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise InvalidArgument(
+            f"unknown model preset {name!r}", hint=f"choose one of {', '.join(PRESETS)}"
+        ) from None
