@@ -60,7 +60,7 @@ def backend(name: str = "auto", **options: Any) -> Backend:
     if name == "auto":
         for candidate in _AUTO_ORDER:
             if _probe(candidate) is None:
-                return _module(candidate).open(**options)  # type: ignore[no-any-return]
+                return _module(candidate).open(**options)
         raise BackendUnavailable("no backend is usable, not even the simulator")  # pragma: no cover
     if name not in _MODULES:
         raise InvalidArgument(
@@ -74,7 +74,7 @@ def backend(name: str = "auto", **options: Any) -> Backend:
             call=f"expertstream.backend({name!r})",
             hint=f"usable here: {', '.join(usable) or 'none'}; pass one of them or unset {ENV_VAR}",
         )
-    return _module(name).open(**options)  # type: ignore[no-any-return]
+    return _module(name).open(**options)
 
 
 __all__ = ["BackendStatus", "available_backends", "backend"]

@@ -473,7 +473,7 @@ class Event(abc.ABC):
         self.close()
 
 
-class Kernel(abc.ABC):
+class Kernel:
     """A compiled kernel bound to one device."""
 
     def __init__(self, device: Device, name: str) -> None:
@@ -484,7 +484,7 @@ class Kernel(abc.ABC):
         return f"Kernel({self.name!r} on {self.device.label})"
 
 
-Dim3 = Union[int, Sequence[int]]
+Dim3 = int | Sequence[int]
 
 
 def dim3(d: Dim3) -> tuple[int, int, int]:
@@ -860,7 +860,7 @@ class Backend(abc.ABC):
         """The calling thread's clock in seconds (virtual on the simulator)."""
         return time.perf_counter()
 
-    def host_resume_at(self, timestamp: float) -> None:
+    def host_resume_at(self, timestamp: float) -> None:  # noqa: B027 - a no-op unless time is virtual
         """Tell the backend the calling thread is now at least at ``timestamp`` (a handoff)."""
 
     def describe(self) -> dict[str, Any]:

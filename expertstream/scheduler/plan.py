@@ -1,0 +1,137 @@
+"""What the scheduler runs: splits, their inputs, and the routing of MUL_MAT_ID splits."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ..backends.base import BufferView, Device, InvalidArgument, RowType, Stream, Usage, padded_size
+from ..hostmem import HostSource
+
+Bindings = Mapping[str, BufferView]
+"""Input name -> device bytes to read (for host inputs: ``padded_size`` bytes, tail zeroed)."""
+
+ComputeFn = Callable[[Stream, Bindings], None]
+"""Enqueues a split's kernels on the given stream; must not block the host."""
+
+
+@dataclass(frozen=True)
+class Input:
+    """One tensor a split reads: device-resident (``device_data``) or host-resident (``host``)."""
+
+    name: str
+    nbytes: int
+    host: HostSource | None = None
+    device_data: BufferView | None = None
+    usage: Usage = Usage.WEIGHTS
+    row_type: RowType | None = None
+    ne0: int | None = None
+    expert_nbytes: int | None = None  # bytes of one expert's matrix, for MUL_MAT_ID weights
+
+    def __post_init__(self) -> None:
+        where = f"input {self.name!r}"
+        if (self.host is None) == (self.device_data is None):
+            raise InvalidArgument(f"{where} needs exactly one of host= or device_data=")
+        available = self.host.nbytes if self.host is not None else self.device_data.nbytes  # type: ignore[union-attr]
+        if not 0 <= self.nbytes <= available:
+            raise InvalidArgument(f"{where} declares {self.nbytes} bytes but its data holds {available}")
+        if self.expert_nbytes is not None and (self.expert_nbytes <= 0 or self.nbytes % self.expert_nbytes):
+            raise InvalidArgument(
+                f"{where}: expert size {self.expert_nbytes} does not divide the tensor's {self.nbytes} bytes"
+            )
+
+    @property
+    def is_host(self) -> bool:
+        return self.host is not None
+
+    @property
+    def padded_nbytes(self) -> int:
+        return padded_size(self.nbytes, self.row_type, self.ne0)
+
+
+@dataclass(frozen=True)
+class MulMatId:
+    """Routing of a MUL_MAT_ID split: which experts each token uses."""
+
+    ids: BufferView  # int32 [n_tokens, top_k] on the split's device
+    n_ids: int  # n_tokens * top_k
+    n_expert: int
+    weights: tuple[str, ...]  # names of the inputs holding the expert matrices
+
+    def __post_init__(self) -> None:
+        if self.n_ids <= 0 or self.n_expert <= 0:
+            raise InvalidArgument(f"MUL_MAT_ID needs positive n_ids and n_expert, got {self.n_ids}, {self.n_expert}")
+        if self.ids.nbytes < 4 * self.n_ids:
+            raise InvalidArgument(
+                f"ids view holds {self.ids.nbytes} bytes; {self.n_ids} int32 ids need {4 * self.n_ids}"
+            )
+
+
+@dataclass(frozen=True)
+class Split:
+    """A run of kernels on one device and the inputs they read."""
+
+    name: str
+    device: Device
+    inputs: tuple[Input, ...]
+    compute: ComputeFn
+    mul_mat_id: MulMatId | None = None
+
+    def __post_init__(self) -> None:
+        names = [i.name for i in self.inputs]
+        if len(set(names)) != len(names):
+            raise InvalidArgument(f"split {self.name!r} has two inputs with one name")
+        for inp in self.inputs:
+            if inp.device_data is not None and inp.device_data.buffer.device is not self.device:
+                raise InvalidArgument(
+                    f"split {self.name!r} runs on {self.device.label} but its input {inp.name!r} lives on "
+                    f"{inp.device_data.buffer.device.label}",
+                    hint="give each split inputs on its own device (copy activations between devices in a split)",
+                )
+        mmid = self.mul_mat_id
+        if mmid is not None:
+            if mmid.ids.buffer.device is not self.device:
+                raise InvalidArgument(f"split {self.name!r}: routing ids live on another device")
+            unknown = set(mmid.weights) - set(names)
+            if unknown:
+                raise InvalidArgument(f"split {self.name!r}: MUL_MAT_ID weights {sorted(unknown)} are not inputs")
+            for inp in self.inputs:
+                if inp.name in mmid.weights and inp.expert_nbytes is None:
+                    raise InvalidArgument(f"split {self.name!r}: expert weights {inp.name!r} need expert_nbytes")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Splits in launch order."""
+
+    splits: tuple[Split, ...]
+    devices: tuple[Device, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        devices: list[Device] = []
+        for split in self.splits:
+            if split.device not in devices:
+                devices.append(split.device)
+        object.__setattr__(self, "devices", tuple(devices))
+        self._check_ids_reuse()
+
+    @classmethod
+    def of(cls, splits: Sequence[Split]) -> Plan:
+        return cls(tuple(splits))
+
+    def _check_ids_reuse(self) -> None:
+        # The stock decode path reads each ids buffer back once and reuses it for the splits that
+        # follow; that is only right while no other split can rewrite it in between.
+        last_seen: dict[tuple[int, int], int] = {}
+        for index, split in enumerate(self.splits):
+            if split.mul_mat_id is None:
+                continue
+            key = (id(split.mul_mat_id.ids.buffer), split.mul_mat_id.ids.offset)
+            previous = last_seen.get(key)
+            if previous is not None and previous != index - 1:
+                raise InvalidArgument(
+                    f"splits {self.splits[previous].name!r} and {split.name!r} share routing ids but are not "
+                    "adjacent",
+                    hint="give each layer its own ids buffer",
+                )
+            last_seen[key] = index

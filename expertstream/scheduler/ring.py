@@ -1,0 +1,247 @@
+"""The lookahead staging ring of one device: a copy stream, N slots, a ready and a free event each.
+
+A copy into a slot waits (on the copy stream) for the slot's free event, recorded after the
+last kernel that read it; the consumer waits (on its compute stream) for the slot's ready
+event, recorded after the copy and the clearing of the slot's padded tail. Sources whose copy
+can block the host (pageable memory) are copied from a worker thread so that compute launches
+keep flowing meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..backends.base import BackendError, BufferView, Device, DeviceBuffer, Event, Stream, Usage
+from .plan import Input
+from .stats import DeviceStats, Fallback
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Unit:
+    """One prefetch-eligible host input of one split, in this device's firing order."""
+
+    split_index: int
+    input: Input
+    position: int  # order among this device's units in the plan
+    fired: bool = False
+    valid: bool = True  # False once it must take the stock path (ring off before it was fired)
+    recorded: threading.Event = field(default_factory=threading.Event)
+    recorded_at: float = 0.0  # host clock of the thread that enqueued the ready record
+    view: BufferView | None = None  # the slot bytes the split reads, once consumed
+
+
+@dataclass
+class _Slot:
+    buffer: DeviceBuffer
+    ready: Event
+    free: Event
+
+
+class StagingRing:
+    def __init__(self, device: Device, n_slots: int) -> None:
+        self.device = device
+        self.n_slots = n_slots
+        self.slot_bytes = 0
+        self.disabled = False
+        self._copy_stream: Stream | None = None
+        self._slots: list[_Slot] = []
+        self._worker: _CopyWorker | None = None
+        self._wait_events: list[tuple[Event, Event]] = []
+        self._waits_used = 0
+
+    # -- configuration (only between runs, after drain) --------------------------------
+    def configure(self, n_slots: int, slot_bytes: int) -> None:
+        """Keep what still fits, free the rest. Callers drain first."""
+        if slot_bytes > self.slot_bytes:
+            self._free_slots(0)
+            self.slot_bytes = slot_bytes
+        elif n_slots < len(self._slots):
+            self._free_slots(n_slots)
+        self.n_slots = n_slots
+
+    def reset_run(self) -> None:
+        self._waits_used = 0
+
+    # -- the three operations of the lookahead ------------------------------------------
+    def fire(self, unit: Unit, stats: DeviceStats, blocks_host: bool) -> None:
+        """Enqueue the copy of ``unit`` into its slot (or hand it to the copy worker)."""
+        unit.fired = True
+        slot = self._slot(unit.position % self.n_slots, stats)
+        if slot is None:
+            unit.valid = False
+            return
+        stats.fires += 1
+        stats.bytes_prefetched += unit.input.nbytes
+        job = self._fill_job(slot, unit)
+        if blocks_host:
+            self._worker_thread().submit(job)
+        else:
+            job()
+
+    def consume(self, compute: Stream, unit: Unit, stats: DeviceStats) -> BufferView:
+        """Make ``compute`` wait until the unit's slot is filled; return the bytes to read."""
+        if not unit.recorded.is_set():
+            unit.recorded.wait()
+        if self._worker is not None:
+            self._worker.raise_error()
+        backend = self.device.backend
+        backend.host_resume_at(unit.recorded_at)
+        slot = self._slots[unit.position % self.n_slots]
+        before, after = self._wait_event_pair()
+        compute.record(before)
+        compute.wait(slot.ready)
+        compute.record(after)
+        stats.consumed += 1
+        return slot.buffer.view(0, unit.input.padded_nbytes)
+
+    def release(self, compute: Stream, unit: Unit) -> None:
+        """Mark the slot reusable once the kernels enqueued so far on ``compute`` are done."""
+        compute.record(self._slots[unit.position % self.n_slots].free)
+
+    # -- bookkeeping ---------------------------------------------------------------------
+    def ready_wait_ms(self) -> float:
+        """Time the compute stream spent waiting on ready events this run (after drain)."""
+        return sum(b.elapsed_ms(a) for b, a in self._wait_events[: self._waits_used])
+
+    def drain(self) -> None:
+        """Wait until every fired copy is done; the worker's errors surface here."""
+        if self._worker is not None:
+            self._worker.join_idle()
+        if self._copy_stream is not None:
+            self._copy_stream.synchronize()
+        if self._worker is not None:
+            self._worker.raise_error()
+
+    def close(self) -> None:
+        self.drain()
+        if self._worker is not None:
+            self._worker.stop()
+            self._worker = None
+        self._free_slots(0)
+        for before, after in self._wait_events:
+            before.close()
+            after.close()
+        self._wait_events.clear()
+        if self._copy_stream is not None:
+            self._copy_stream.close()
+            self._copy_stream = None
+
+    # -- internals -------------------------------------------------------------------------
+    def _fill_job(self, slot: _Slot, unit: Unit) -> Callable[[], None]:
+        copy_stream = self._copy_stream
+        assert copy_stream is not None and unit.input.host is not None
+        source = unit.input.host
+        nbytes, padded = unit.input.nbytes, unit.input.padded_nbytes
+        backend = self.device.backend
+
+        def job() -> None:
+            try:
+                copy_stream.wait(slot.free)  # no overwrite while a kernel may still read the slot
+                source.enqueue_h2d(copy_stream, slot.buffer, 0, 0, nbytes)
+                if padded > nbytes:
+                    # The slot may have held a larger tensor: clear the tail the kernels will read.
+                    copy_stream.memset(slot.buffer, nbytes, padded - nbytes, 0)
+                copy_stream.record(slot.ready)
+            finally:  # a failed fill must not leave the consumer waiting forever
+                unit.recorded_at = backend.host_timestamp()
+                unit.recorded.set()
+
+        return job
+
+    def _slot(self, index: int, stats: DeviceStats) -> _Slot | None:
+        """The slot, allocated on first use; None (and the ring off) if allocation fails."""
+        if self.disabled:
+            stats.fallbacks[Fallback.DISABLED] += 1
+            return None
+        if index < len(self._slots):
+            return self._slots[index]
+        try:
+            if self._copy_stream is None:
+                self._copy_stream = self.device.stream()
+            buffer = self.device.alloc(self.slot_bytes, Usage.COMPUTE)
+            try:
+                ready, free = self.device.event(), self.device.event()
+            except BackendError:
+                buffer.close()
+                raise
+        except BackendError as exc:
+            self._turn_off(index, exc, stats)
+            return None
+        self._slots.append(_Slot(buffer, ready, free))
+        return self._slots[index]
+
+    def _turn_off(self, index: int, exc: BackendError, stats: DeviceStats) -> None:
+        # Slots already filled stay valid for the splits that own them and are freed after the
+        # run's drain; every later unit takes the stock path.
+        self.disabled = True
+        stats.fallbacks[Fallback.ALLOC_FAILED] += 1
+        log.warning(
+            "%s: lookahead prefetch turned off: allocating staging slot %d of %d (%d bytes) failed with "
+            "%d bytes free (%s); using the stock copy path",
+            self.device.label, index + 1, self.n_slots, self.slot_bytes, self.device.free_memory(), exc.detail,
+        )
+
+    def _wait_event_pair(self) -> tuple[Event, Event]:
+        if self._waits_used == len(self._wait_events):
+            self._wait_events.append((self.device.event(timing=True), self.device.event(timing=True)))
+        pair = self._wait_events[self._waits_used]
+        self._waits_used += 1
+        return pair
+
+    def _worker_thread(self) -> _CopyWorker:
+        if self._worker is None:
+            self._worker = _CopyWorker(self.device)
+        return self._worker
+
+    def _free_slots(self, keep: int) -> None:
+        for slot in self._slots[keep:]:
+            slot.buffer.close()
+            slot.ready.close()
+            slot.free.close()
+        del self._slots[keep:]
+
+
+class _CopyWorker:
+    """One host thread that enqueues copies which may block it (pageable sources), in order."""
+
+    def __init__(self, device: Device) -> None:
+        self._backend = device.backend
+        self._jobs: queue.Queue[tuple[Callable[[], None], float] | None] = queue.Queue()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name=f"expertstream-copy-{device.label}", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Callable[[], None]) -> None:
+        self._jobs.put((job, self._backend.host_timestamp()))
+
+    def _loop(self) -> None:
+        while True:
+            item = self._jobs.get()
+            try:
+                if item is None:
+                    return
+                job, submitted_at = item
+                self._backend.host_resume_at(submitted_at)
+                job()
+            except BaseException as exc:  # surfaced on the launching thread by raise_error()
+                self._error = self._error or exc
+            finally:
+                self._jobs.task_done()
+
+    def join_idle(self) -> None:
+        self._jobs.join()
+
+    def raise_error(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+        self._thread.join()

@@ -1,0 +1,272 @@
+"""Run a plan of splits, copying host-resident weights ahead of need when slots > 0."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ..backends.base import BufferView, Device, Stream, Usage
+from .plan import Input, MulMatId, Plan, Split
+from .ring import StagingRing, Unit
+from .stats import DeviceStats, Fallback, RunStats
+from .stock import StockCopier
+
+MAX_SLOTS = 8
+DEFAULT_PREFILL_FACTOR = 2
+
+
+def check_slots(slots: int) -> int:
+    if not isinstance(slots, int) or isinstance(slots, bool):
+        raise TypeError(f"slots must be an int, got {type(slots).__name__}")
+    if slots == 1:
+        raise ValueError(
+            "slots=1 cannot overlap a copy with compute and would overwrite the slot in use; use 0 or 2..8"
+        )
+    if not (slots == 0 or 2 <= slots <= MAX_SLOTS):
+        raise ValueError(f"slots must be 0 (off) or 2..{MAX_SLOTS}, got {slots}")
+    return slots
+
+
+@dataclass
+class _RunState:
+    """Which inputs of which splits go through the ring in this run."""
+
+    units: dict[int, list[Unit]]  # split index -> its units, in position order
+    pending: dict[Device, list[Unit]]  # device -> its units in firing order
+    blocks_host: dict[Device, bool]  # device -> some source may block the enqueuing thread
+    released: dict[Device, int]  # device -> position of the last released unit
+    next_fire: dict[Device, int]  # device -> index into pending of the next unit to fire
+
+
+class Scheduler:
+    """Runs plans on their devices' compute streams.
+
+    ``slots=0`` is the stock path: no prefetch state, nothing allocated for it. ``slots`` in
+    2..8 turns the lookahead on for host-resident expert weights at prefill scale.
+    """
+
+    def __init__(
+        self,
+        *,
+        slots: int = 0,
+        prefill_factor: int = DEFAULT_PREFILL_FACTOR,
+        streams: Mapping[Device, Stream] | None = None,
+    ) -> None:
+        if prefill_factor < 1:
+            raise ValueError(f"prefill_factor must be >= 1, got {prefill_factor}")
+        self._slots = check_slots(slots)
+        self.prefill_factor = prefill_factor
+        self._streams: dict[Device, Stream] = dict(streams or {})
+        self._owned_streams: list[Stream] = []
+        self._stock: dict[Device, StockCopier] = {}
+        self._rings: dict[Device, StagingRing] = {}
+        self._prefetch_off: set[Device] = set()  # devices whose ring failed; stock path until slots change
+        self.last_stats = RunStats()
+
+    # -- configuration -------------------------------------------------------------------
+    @property
+    def slots(self) -> int:
+        return self._slots
+
+    @slots.setter
+    def slots(self, slots: int) -> None:
+        """Change the slot count between runs; what is no longer used is freed after a drain."""
+        self._slots = check_slots(slots)
+        for device, ring in list(self._rings.items()):
+            ring.drain()
+            self.stream(device).synchronize()  # kernels may still read a slot about to be freed
+            if slots == 0:
+                ring.close()
+                del self._rings[device]
+            else:
+                ring.configure(slots, ring.slot_bytes)
+        self._prefetch_off.clear()
+
+    def stream(self, device: Device) -> Stream:
+        """The compute stream of ``device`` (created on first use unless given)."""
+        stream = self._streams.get(device)
+        if stream is None:
+            stream = device.stream()
+            self._streams[device] = stream
+            self._owned_streams.append(stream)
+        return stream
+
+    def is_prefill_scale(self, routing: MulMatId) -> bool:
+        return routing.n_ids >= self.prefill_factor * routing.n_expert
+
+    # -- running ---------------------------------------------------------------------------
+    def run(self, plan: Plan) -> RunStats:
+        """Enqueue every split in order and wait for the devices; returns what was done."""
+        stats = RunStats()
+        for device in plan.devices:
+            stats.device(device.label)
+        state = self._prepare(plan, stats)
+        try:
+            self._prepare_next(plan, 0, state, stats)
+            for index, split in enumerate(plan.splits):
+                self._launch(split, index, state, stats)
+                self._prepare_next(plan, index + 1, state, stats)
+        finally:
+            self._drain(plan, stats)
+        self.last_stats = stats
+        return stats
+
+    def _launch(self, split: Split, index: int, state: _RunState, stats: RunStats) -> None:
+        device_stats = stats.device(split.device.label)
+        stream = self.stream(split.device)
+        units = {u.input.name: u for u in state.units.get(index, ()) if u.valid}
+        routing = split.mul_mat_id
+        decode_routing = routing if routing is not None and not self.is_prefill_scale(routing) else None
+        bindings: dict[str, BufferView] = {}
+        host_position = 0
+        for inp in split.inputs:
+            if inp.device_data is not None:
+                bindings[inp.name] = inp.device_data
+                continue
+            unit = units.get(inp.name)
+            if unit is not None and unit.view is not None:
+                bindings[inp.name] = unit.view
+            else:
+                copier = self._stock[split.device]
+                bindings[inp.name] = copier.copy(stream, split, inp, host_position, decode_routing, device_stats)
+            host_position += 1
+        split.compute(stream, bindings)
+        ring = self._rings.get(split.device)
+        for unit in units.values():
+            assert ring is not None
+            ring.release(stream, unit)
+            state.released[split.device] = unit.position
+
+    def _prepare_next(self, plan: Plan, index: int, state: _RunState, stats: RunStats) -> None:
+        """Right after split index-1 is launched: wait for split index's slots, then fire ahead.
+
+        The ordering rule, and why: the compute stream's wait for split j is enqueued after
+        split j-1 is launched and after j's own copy is enqueued, but before the copy of any
+        later split. A copy from pageable memory can hold the enqueuing thread until the copy
+        is done (CUDA, and ROCm in stream order); a wait enqueued after it would let split j
+        start only when the *next* split's copy ends. Copies for split i+N-1 go out while split
+        i computes, each behind the free event of the slot it reuses.
+        """
+        if index >= len(plan.splits):
+            return
+        units = [u for u in state.units.get(index, ()) if u.valid]
+        if not units:
+            return
+        device = plan.splits[index].device
+        ring = self._rings[device]
+        device_stats = stats.device(device.label)
+        self._fire_through(ring, state, device, units[-1].position, device_stats)
+        compute = self.stream(device)
+        for unit in units:
+            if unit.valid:
+                unit.view = ring.consume(compute, unit, device_stats)
+        self._fire_through(ring, state, device, state.released[device] + ring.n_slots - 1, device_stats)
+
+    def _fire_through(
+        self, ring: StagingRing, state: _RunState, device: Device, position: int, stats: DeviceStats
+    ) -> None:
+        """Fire this device's units in order up to ``position``."""
+        pending = state.pending[device]
+        while state.next_fire[device] < len(pending) and pending[state.next_fire[device]].position <= position:
+            ring.fire(pending[state.next_fire[device]], stats, state.blocks_host[device])
+            state.next_fire[device] += 1
+
+    # -- per-run setup and teardown ---------------------------------------------------------
+    def _prepare(self, plan: Plan, stats: RunStats) -> _RunState:
+        state = _RunState(units={}, pending={}, blocks_host={}, released={}, next_fire={})
+        scratch_sizes: dict[Device, list[int]] = {}
+        slot_bytes: dict[Device, int] = {}
+        for index, split in enumerate(plan.splits):
+            eligible = self._eligible_inputs(split)
+            room = self._slots - 1  # one slot is always held by the split computing now
+            if len(eligible) > room > 0:
+                stats.device(split.device.label).fallbacks[Fallback.TOO_MANY_INPUTS] += len(eligible) - room
+                eligible = eligible[:room]
+            if eligible and split.device in self._prefetch_off:
+                stats.device(split.device.label).fallbacks[Fallback.DISABLED] += len(eligible)
+                eligible = []
+            if eligible:
+                self._ring(split.device)
+            eligible_names = {inp.name for inp in eligible}
+            sizes = scratch_sizes.setdefault(split.device, [])
+            host_position = 0
+            for inp in split.inputs:
+                if not inp.is_host:
+                    continue
+                if inp.name in eligible_names:
+                    pending = state.pending.setdefault(split.device, [])
+                    unit = Unit(index, inp, position=len(pending))
+                    pending.append(unit)
+                    state.units.setdefault(index, []).append(unit)
+                    slot_bytes[split.device] = max(slot_bytes.get(split.device, 0), inp.padded_nbytes)
+                    assert inp.host is not None
+                    state.blocks_host[split.device] = state.blocks_host.get(split.device, False) or inp.host.blocks_host
+                # Every host input keeps a stock scratch too: its slot may be lost mid-run.
+                if host_position == len(sizes):
+                    sizes.append(0)
+                sizes[host_position] = max(sizes[host_position], inp.padded_nbytes)
+                host_position += 1
+        for device, sizes in scratch_sizes.items():
+            if sizes:
+                self._stock.setdefault(device, StockCopier(device)).reserve(sizes, self.stream(device))
+        for device, size in slot_bytes.items():
+            ring = self._rings[device]
+            if size > ring.slot_bytes:
+                self.stream(device).synchronize()  # earlier kernels may still read the old slots
+                ring.drain()
+            ring.configure(self._slots, size)
+            ring.reset_run()
+            state.released[device] = -1
+            state.next_fire[device] = 0
+        return state
+
+    def _eligible_inputs(self, split: Split) -> list[Input]:
+        routing = split.mul_mat_id
+        if self._slots == 0 or routing is None or not self.is_prefill_scale(routing):
+            return []
+        return [i for i in split.inputs if i.is_host and i.name in routing.weights and i.usage is Usage.WEIGHTS]
+
+    def _ring(self, device: Device) -> StagingRing:
+        ring = self._rings.get(device)
+        if ring is None:
+            ring = self._rings[device] = StagingRing(device, self._slots)
+        return ring
+
+    def _drain(self, plan: Plan, stats: RunStats) -> None:
+        errors: list[BaseException] = []
+        for device in plan.devices:
+            try:
+                ring = self._rings.get(device)
+                if ring is not None:
+                    ring.drain()
+                self.stream(device).synchronize()
+                if ring is not None:
+                    stats.device(device.label).ready_wait_ms = ring.ready_wait_ms()
+                    if ring.disabled:  # nothing can use its slots any more: give the memory back
+                        ring.close()
+                        del self._rings[device]
+                        self._prefetch_off.add(device)
+            except BaseException as exc:  # drain every device before reporting
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    def close(self) -> None:
+        for ring in self._rings.values():
+            ring.close()
+        self._rings.clear()
+        for copier in self._stock.values():
+            copier.close()
+        self._stock.clear()
+        for stream in self._owned_streams:
+            stream.synchronize()
+            stream.close()
+        self._owned_streams.clear()
+        self._streams.clear()
+
+    def __enter__(self) -> Scheduler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+

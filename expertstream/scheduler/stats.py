@@ -1,0 +1,51 @@
+"""Per-device counters of what the scheduler did."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+class Fallback:
+    """Why a prefetch-eligible input took the stock copy path instead (stats keys)."""
+
+    ALLOC_FAILED = "alloc_failed"  # slots, stream or events could not be allocated: prefetch turned off
+    DISABLED = "disabled"  # prefetch is off on this device since an earlier failure
+    TOO_MANY_INPUTS = "too_many_inputs"  # a split needs more slots than the ring can give it at once
+
+
+@dataclass
+class DeviceStats:
+    device: str
+    fires: int = 0  # lookahead copies enqueued into staging slots
+    consumed: int = 0  # splits that read a staging slot
+    bytes_prefetched: int = 0
+    bytes_stock: int = 0  # bytes the stock path copied right before their split
+    stock_copies: int = 0
+    ids_readbacks: int = 0  # decode-scale host syncs to read routing ids
+    ready_wait_ms: float = 0.0  # time the compute stream waited on staging-slot ready events
+    fallbacks: Counter[str] = field(default_factory=Counter)
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["fallbacks"] = dict(self.fallbacks)
+        return out
+
+
+@dataclass
+class RunStats:
+    """What one Scheduler.run did, by device label."""
+
+    devices: dict[str, DeviceStats] = field(default_factory=dict)
+
+    def device(self, label: str) -> DeviceStats:
+        if label not in self.devices:
+            self.devices[label] = DeviceStats(label)
+        return self.devices[label]
+
+    def total(self, name: str) -> float:
+        return sum(getattr(d, name) for d in self.devices.values())
+
+    def as_dict(self) -> dict[str, Any]:
+        return {label: d.as_dict() for label, d in self.devices.items()}

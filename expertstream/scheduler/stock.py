@@ -1,0 +1,110 @@
+"""The stock copy path: host inputs are copied into per-device scratch right before their split.
+
+At decode scale a MUL_MAT_ID split copies only the experts its routing ids use, one copy per
+run of consecutive experts (llama.cpp's behaviour), which costs one host sync per distinct ids
+buffer to read the ids back.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..backends.base import BufferView, Device, DeviceBuffer, InvalidArgument, Stream, Usage
+from .plan import Input, MulMatId, Split
+from .stats import DeviceStats
+
+
+class StockCopier:
+    """Scratch buffers of one device, one per input position, sized for the largest plan seen."""
+
+    def __init__(self, device: Device) -> None:
+        self.device = device
+        self._scratch: list[DeviceBuffer] = []
+        self._ids_key: tuple[int, int] | None = None
+        self._ids_used: np.ndarray = np.empty(0, dtype=np.int32)
+
+    def reserve(self, sizes: list[int], stream: Stream) -> None:
+        """Make scratch ``k`` hold at least ``sizes[k]`` bytes; called once per run, before any split."""
+        for k, size in enumerate(sizes):
+            if k < len(self._scratch) and self._scratch[k].alloc_size >= size:
+                continue
+            stream.synchronize()  # a pending kernel may still read the old scratch
+            if k < len(self._scratch):
+                self._scratch[k].close()
+            buf = self.device.alloc(size, Usage.COMPUTE)
+            # Zeroed once so that rows of experts a decode step does not copy hold defined bytes.
+            stream.memset(buf, 0, size, 0)
+            if k < len(self._scratch):
+                self._scratch[k] = buf
+            else:
+                self._scratch.append(buf)
+        self._ids_key = None
+
+    def copy(
+        self,
+        stream: Stream,
+        split: Split,
+        inp: Input,
+        position: int,
+        decode_routing: MulMatId | None,
+        stats: DeviceStats,
+    ) -> BufferView:
+        """Enqueue the copy of ``inp`` into scratch ``position``; return what the kernels read."""
+        assert inp.host is not None
+        dst = self._scratch[position]
+        padded = inp.padded_nbytes
+        if decode_routing is not None and inp.name in decode_routing.weights:
+            assert inp.expert_nbytes is not None
+            used = self._used_experts(stream, split, decode_routing, stats)
+            ranges = expert_ranges(used, inp.expert_nbytes, inp.nbytes, padded - inp.nbytes)
+        else:
+            ranges = [(0, inp.nbytes)]
+        for start, end in ranges:
+            inp.host.enqueue_h2d(stream, dst, start, start, end - start)
+            stats.bytes_stock += end - start
+            stats.stock_copies += 1
+        if padded > inp.nbytes:
+            # The scratch may have held a larger tensor: the tail kernels read must be zero again.
+            stream.memset(dst, inp.nbytes, padded - inp.nbytes, 0)
+        return dst.view(0, padded)
+
+    def _used_experts(self, stream: Stream, split: Split, routing: MulMatId, stats: DeviceStats) -> np.ndarray:
+        key = (id(routing.ids.buffer), routing.ids.offset)
+        if key != self._ids_key:
+            ids = np.empty(routing.n_ids, dtype=np.int32)
+            stream.copy_d2h(self.device.wrap_host(ids), 0, routing.ids.buffer, routing.ids.offset, ids.nbytes)
+            stream.synchronize()
+            stats.ids_readbacks += 1
+            bad = (ids < 0) | (ids >= routing.n_expert)
+            if bad.any():
+                raise InvalidArgument(
+                    f"split {split.name!r}: routing id {int(ids[bad][0])} is outside 0..{routing.n_expert - 1}",
+                    hint="the router produced invalid expert ids; check n_expert and the ids buffer",
+                )
+            self._ids_key = key
+            self._ids_used = np.unique(ids)
+        return self._ids_used
+
+    def close(self) -> None:
+        for buf in self._scratch:
+            buf.close()
+        self._scratch.clear()
+
+
+def expert_ranges(used: np.ndarray, expert_nbytes: int, nbytes: int, overrun: int) -> list[tuple[int, int]]:
+    """Byte ranges covering the used experts, one per run of consecutive experts.
+
+    Kernels read up to ``overrun`` bytes past the end of a row, so a run that stops before
+    the last expert also copies that many bytes of the next expert.
+    """
+    ranges: list[tuple[int, int]] = []
+    if used.size == 0:
+        return ranges
+    breaks = np.flatnonzero(np.diff(used) != 1)
+    starts = np.concatenate(([used[0]], used[breaks + 1]))
+    ends = np.concatenate((used[breaks], [used[-1]]))
+    for first, last in zip(starts.tolist(), ends.tolist(), strict=True):
+        start = first * expert_nbytes
+        end = (last + 1) * expert_nbytes
+        ranges.append((start, min(end + overrun, nbytes)))
+    return ranges
