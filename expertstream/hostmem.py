@@ -347,7 +347,7 @@ class HostWeights(Mapping[str, HostSource]):
         ring_threads: int = DEFAULT_RING_THREADS,
     ) -> HostWeights:
         """Place the tensors of a model (or of the GGUF file at a path, opened and owned here)."""
-        requested = HostMemoryMode(mode)
+        requested = _parse_mode(mode)
         owns_model = not isinstance(model_or_path, MoeModel)
         model = MoeModel.open(model_or_path) if not isinstance(model_or_path, MoeModel) else model_or_path
         try:
@@ -385,6 +385,17 @@ class HostWeights(Mapping[str, HostSource]):
 
     def __repr__(self) -> str:
         return f"HostWeights({self.mode.value}, {len(self)} tensors on {self.device.label})"
+
+
+def _parse_mode(mode: HostMemoryMode | str) -> HostMemoryMode:
+    try:
+        return HostMemoryMode(mode)
+    except ValueError:
+        raise InvalidArgument(
+            f"unknown host memory mode {mode!r}",
+            call="HostWeights.open",
+            hint=f"choose one of {', '.join(m.value for m in HostMemoryMode)}",
+        ) from None
 
 
 @dataclass(frozen=True)

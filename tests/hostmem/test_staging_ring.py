@@ -1,0 +1,144 @@
+"""The staging ring: bounded pinned memory, chunked and pipelined copies that stay byte-exact."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from expertstream.backends.base import Backend, HostBuffer, InvalidArgument, UseAfterClose
+from expertstream.hostmem import HostMemoryMode, HostWeights, StagingRing
+
+
+def _pattern(n: int) -> np.ndarray:
+    return (np.arange(n, dtype=np.uint64) * 2654435761 >> 7).astype(np.uint8)
+
+
+def test_ring_uses_bounded_pinned_memory(backend: Backend, tiny_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    device = backend.device(0)
+    sizes: list[int] = []
+    buffers: list[HostBuffer] = []
+    real = device.alloc_pinned
+
+    def counting_alloc(n: int) -> HostBuffer:
+        buf = real(n)
+        sizes.append(n)
+        buffers.append(buf)
+        return buf
+
+    monkeypatch.setattr(device, "alloc_pinned", counting_alloc)
+    weights = HostWeights.open(
+        tiny_path, device, HostMemoryMode.RING, ring_chunk_bytes=32_768, ring_chunks=3, ring_threads=2
+    )
+    assert sizes == [32_768] * 3 == [b.nbytes for b in buffers]
+    assert weights.stats.pinned_bytes == 3 * 32_768
+    total = sum(t.nbytes for t in weights.model.tensors.values())
+    assert weights.stats.pinned_bytes < total / 10
+    # Copy everything through it: no further pinned allocation.
+    dst = device.alloc(total)
+    with device.stream() as stream:
+        offset = 0
+        for name in weights:
+            weights[name].enqueue_h2d(stream, dst, offset, 0, weights[name].nbytes)
+            offset += weights[name].nbytes
+        stream.synchronize()
+    expected = np.concatenate([weights.model.raw(name) for name in weights])
+    assert np.array_equal(dst.read(0, total), expected)
+    dst.close()
+    assert len(sizes) == 3
+    weights.close()
+    assert all(b.closed for b in buffers)
+
+
+def test_ring_chunks_shrink_to_the_largest_tensor(backend: Backend, tiny_path: Path) -> None:
+    with HostWeights.open(tiny_path, backend.device(0), "ring", ring_chunks=2, ring_threads=1) as weights:
+        largest = max(t.nbytes for t in weights.model.tensors.values())
+        assert weights.stats.pinned_bytes == 2 * largest
+
+
+@pytest.mark.parametrize(
+    ("chunk_bytes", "chunks", "threads"),
+    [(4096, 2, 1), (10_000, 3, 4), (1 << 20, 4, 3), (3 << 20, 2, 8)],
+)
+def test_ring_copies_exact_bytes_for_any_geometry(
+    backend: Backend, chunk_bytes: int, chunks: int, threads: int
+) -> None:
+    device = backend.device(0)
+    data = _pattern(5 * (1 << 20) + 12_345)
+    with StagingRing(device.wrap_host(data), chunk_bytes=chunk_bytes, chunks=chunks, threads=threads) as ring:
+        dst = device.alloc(data.nbytes)
+        with device.stream() as stream:
+            # Several calls in a row reuse the chunks; offsets are deliberately unaligned.
+            cuts = [0, 1, 777, 4096 * 3 + 5, 2 * (1 << 20) + 9, data.nbytes]
+            for start, end in itertools.pairwise(cuts):
+                ring.region(0, data.nbytes).enqueue_h2d(stream, dst, start, start, end - start)
+            stream.synchronize()
+        assert np.array_equal(dst.read(), data)
+        assert ring.bytes_staged == data.nbytes
+        dst.close()
+
+
+def test_zero_byte_copy_is_a_no_op(backend: Backend) -> None:
+    device = backend.device(0)
+    data = _pattern(1000)
+    with StagingRing(device.wrap_host(data), chunk_bytes=256, chunks=2, threads=1) as ring:
+        dst = device.alloc(16)
+        with device.stream() as stream:
+            ring.copy(stream, dst, 16, 1000, 0)
+            stream.synchronize()
+        assert ring.bytes_staged == 0
+        dst.close()
+
+
+def test_concurrent_callers_are_serialized_and_exact(backend: Backend) -> None:
+    device = backend.device(0)
+    data = _pattern(3 * (1 << 20) + 3)
+    with StagingRing(device.wrap_host(data), chunk_bytes=200_000, chunks=3, threads=2) as ring:
+        half = data.nbytes // 2
+        dsts = [device.alloc(half), device.alloc(data.nbytes - half)]
+        errors: list[BaseException] = []
+
+        def worker(index: int) -> None:
+            try:
+                start = index * half
+                with device.stream() as stream:
+                    ring.copy(stream, dsts[index], 0, start, dsts[index].nbytes)
+                    stream.synchronize()
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors
+        assert np.array_equal(np.concatenate([d.read() for d in dsts]), data)
+        for d in dsts:
+            d.close()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "bad"), [({"chunk_bytes": 0}, "chunk_bytes"), ({"chunks": 1}, "chunks"), ({"threads": 0}, "threads")]
+)
+def test_ring_geometry_is_checked(backend: Backend, kwargs: dict[str, int], bad: str) -> None:
+    device = backend.device(0)
+    args = {"chunk_bytes": 1024, "chunks": 2, "threads": 1, **kwargs}
+    with pytest.raises(InvalidArgument, match="staging ring needs chunk_bytes >= 1, chunks >= 2"):
+        StagingRing(device.wrap_host(_pattern(10)), **args)
+
+
+def test_ring_refuses_out_of_range_and_closed_use(backend: Backend) -> None:
+    device = backend.device(0)
+    ring = StagingRing(device.wrap_host(_pattern(4096)), chunk_bytes=1024, chunks=2, threads=1)
+    dst = device.alloc(8192)
+    with device.stream() as stream:
+        with pytest.raises(InvalidArgument):
+            ring.copy(stream, dst, 0, 4000, 200)
+        ring.close()
+        with pytest.raises(UseAfterClose, match="staging ring is closed"):
+            ring.copy(stream, dst, 0, 0, 100)
+    dst.close()
