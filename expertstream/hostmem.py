@@ -202,8 +202,10 @@ class StagingRing:
         return backend.host_timestamp()
 
     def _finish_fill(self, fill: _Fill) -> None:
-        done = max(part.result() for part in fill.parts)
-        self.device.backend.host_resume_at(done)
+        # Resume at every part's end, not only the latest: each handoff carries what its
+        # thread did, and the DMA that follows reads what all of them wrote.
+        for part in fill.parts:
+            self.device.backend.host_resume_at(part.result())
 
     def close(self) -> None:
         """Wait for the DMAs still reading the chunks, then free them."""
