@@ -1,0 +1,123 @@
+"""Random plans of MUL_MAT_ID-like splits over host-resident expert tensors, for scheduler tests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+
+from expertstream.backends.base import Backend, Device, DeviceBuffer, HostBuffer, HostMemory, Usage, row_size
+from expertstream.hostmem import HostRegion
+from expertstream.scheduler import Input, MulMatId, Plan, Split
+
+from . import digest
+
+ROW_TYPES = (Q.Q4_0, Q.Q8_0, Q.F16, Q.BF16)
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    device: int
+    n_expert: int
+    rows: int
+    ne0: int
+    row_type: Q
+    n_ids: int
+    host: HostMemory
+
+
+@dataclass
+class BuiltPlan:
+    plan: Plan
+    outputs: list[tuple[DeviceBuffer, np.ndarray]]  # device output and the digest it must hold
+    resources: list[DeviceBuffer | HostBuffer] = field(default_factory=list)
+
+    def read_outputs(self) -> list[np.ndarray]:
+        return [buf.read() for buf, _ in self.outputs]
+
+    def check(self) -> None:
+        for index, (buf, expected) in enumerate(self.outputs):
+            got = buf.read().view(np.uint32)[: expected.size]
+            assert np.array_equal(got, expected), f"split {index}: digest differs from the host bytes"
+
+    def close(self) -> None:
+        for res in self.resources:
+            res.close()
+        for buf, _ in self.outputs:
+            buf.close()
+
+
+def host_buffer(device: Device, data: np.ndarray, kind: HostMemory) -> HostBuffer:
+    if kind is HostMemory.PINNED:
+        host = device.alloc_pinned(data.nbytes)
+        host.array[:] = data
+        return host
+    host = device.wrap_host(data)
+    if kind is HostMemory.REGISTERED:
+        host.register()
+    return host
+
+
+def build(backend: Backend, specs: list[LayerSpec], seed: int) -> BuiltPlan:
+    rng = np.random.default_rng(seed)
+    splits: list[Split] = []
+    built = BuiltPlan(Plan(()), [])
+    for index, spec in enumerate(specs):
+        device = backend.device(spec.device)
+        kernel = digest.compile_digest(device)
+        expert_nbytes = spec.rows * row_size(spec.row_type, spec.ne0)
+        nbytes = spec.n_expert * expert_nbytes
+        data = rng.integers(0, 256, nbytes, dtype=np.uint8)
+        host = host_buffer(device, data, spec.host)
+        ids = rng.integers(0, spec.n_expert, spec.n_ids, dtype=np.int32)
+        ids_buf = device.upload(ids)
+        out = device.alloc(4 * digest.n_outputs(spec.n_expert, expert_nbytes))
+        padded = device.alloc_size(nbytes, spec.row_type, spec.ne0)
+        expected = digest.reference(data, ids, spec.n_expert, expert_nbytes, padded)
+        built.outputs.append((out, expected))
+        built.resources += [host, ids_buf]
+        weights = Input(
+            "w", nbytes, host=HostRegion(host, 0, nbytes), row_type=spec.row_type, ne0=spec.ne0,
+            expert_nbytes=expert_nbytes,
+        )
+
+        def compute(stream, bindings, *, kernel=kernel, out=out, ids_buf=ids_buf, spec=spec,
+                    expert_nbytes=expert_nbytes, nbytes=nbytes):  # type: ignore[no-untyped-def]
+            digest.launch(stream, kernel, bindings["w"], out.view(), ids_buf.view(), spec.n_ids, spec.n_expert,
+                          expert_nbytes, nbytes)
+
+        routing = MulMatId(ids_buf.view(), spec.n_ids, spec.n_expert, ("w",))
+        splits.append(Split(f"layer{index}", device, (weights,), compute, routing))
+    built.plan = Plan.of(splits)
+    return built
+
+
+def random_specs(rng: np.random.Generator, n_layers: int, n_devices: int, prefill_share: float) -> list[LayerSpec]:
+    specs = []
+    for _ in range(n_layers):
+        n_expert = int(rng.integers(2, 9))
+        prefill = rng.random() < prefill_share
+        n_ids = int(rng.integers(2 * n_expert, 4 * n_expert + 1)) if prefill else int(rng.integers(1, 2 * n_expert))
+        specs.append(LayerSpec(
+            device=int(rng.integers(0, n_devices)),
+            n_expert=n_expert,
+            rows=int(rng.integers(1, 4)),
+            ne0=int(rng.choice([64, 96, 160, 512, 544, 768])),
+            row_type=ROW_TYPES[int(rng.integers(0, len(ROW_TYPES)))],
+            n_ids=n_ids,
+            host=(HostMemory.PAGEABLE, HostMemory.PINNED, HostMemory.REGISTERED)[int(rng.integers(0, 3))],
+        ))
+    return specs
+
+
+def uniform_specs(n_layers: int, *, prefill: bool = True, host: HostMemory = HostMemory.PINNED,
+                  device: int = 0) -> list[LayerSpec]:
+    """Layers whose padded sizes alternate, so rotating slots see larger and smaller tensors."""
+    shapes = [(Q.Q4_0, 768, 3), (Q.Q8_0, 160, 2), (Q.Q4_0, 544, 1), (Q.F16, 96, 2)]
+    specs = []
+    for i in range(n_layers):
+        row_type, ne0, rows = shapes[i % len(shapes)]
+        n_expert = 4
+        specs.append(LayerSpec(device, n_expert, rows, ne0, row_type, 2 * n_expert if prefill else 3, host))
+    return specs

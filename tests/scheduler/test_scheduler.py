@@ -1,0 +1,148 @@
+"""The scheduler on every usable backend: slots never change what the kernels read."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+from expertstream.backends.base import Backend, HostMemory, OutOfDeviceMemory
+from expertstream.scheduler import Fallback, Scheduler
+
+from . import plans
+
+
+@pytest.mark.parametrize("slots", [1, 9, -1])
+def test_bad_slot_counts_are_refused(slots: int) -> None:
+    with pytest.raises(ValueError, match="slots"):
+        Scheduler(slots=slots)
+
+
+def test_slots_must_be_an_int() -> None:
+    with pytest.raises(TypeError):
+        Scheduler(slots=2.0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("host", [HostMemory.PINNED, HostMemory.PAGEABLE])
+def test_outputs_identical_for_every_slot_count(backend: Backend, host: HostMemory) -> None:
+    built = plans.build(backend, plans.uniform_specs(9, host=host), seed=1)
+    try:
+        results = {}
+        for slots in (0, 2, 3, 4, 8):
+            with Scheduler(slots=slots) as sched:
+                stats = sched.run(built.plan)
+            built.check()
+            results[slots] = built.read_outputs()
+            dev = stats.device(backend.device(0).label)
+            if slots:
+                assert dev.fires == dev.consumed == 9
+                assert dev.bytes_stock == 0
+            else:
+                assert dev.fires == 0 and dev.stock_copies == 9
+        for slots, outs in results.items():
+            assert all(np.array_equal(a, b) for a, b in zip(outs, results[0], strict=True)), slots
+    finally:
+        built.close()
+
+
+def test_slots_zero_allocates_nothing_for_prefetch(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    device = backend.device(0)
+    built = plans.build(backend, plans.uniform_specs(4), seed=2)
+    sizes: list[int] = []
+    real_alloc = device.alloc
+    monkeypatch.setattr(device, "alloc", lambda n, *a, **k: sizes.append(n) or real_alloc(n, *a, **k))
+    with Scheduler(slots=0) as sched:
+        sched.run(built.plan)
+        assert not sched._rings
+        # One scratch buffer for the one host input position, nothing else.
+        assert sizes == [max(inp.padded_nbytes for s in built.plan.splits for inp in s.inputs)]
+    built.check()
+    built.close()
+
+
+def test_decode_scale_copies_only_used_experts(backend: Backend) -> None:
+    built = plans.build(backend, plans.uniform_specs(4, prefill=False), seed=3)
+    with Scheduler(slots=3) as sched:
+        stats = sched.run(built.plan)
+    dev = stats.device(backend.device(0).label)
+    assert dev.fires == 0, "decode must keep the stock path"
+    assert dev.ids_readbacks == 4
+    total = sum(inp.nbytes for s in built.plan.splits for inp in s.inputs)
+    assert 0 < dev.bytes_stock < total
+    built.check()
+    built.close()
+
+
+def test_prefill_threshold_is_configurable(backend: Backend) -> None:
+    built = plans.build(backend, plans.uniform_specs(3), seed=4)  # n_ids == 2 * n_expert
+    with Scheduler(slots=3, prefill_factor=3) as sched:
+        stats = sched.run(built.plan)
+    assert stats.device(backend.device(0).label).fires == 0
+    built.check()
+    built.close()
+
+
+def test_invalid_routing_ids_are_named(backend: Backend) -> None:
+    built = plans.build(backend, plans.uniform_specs(1, prefill=False), seed=5)
+    routing = built.plan.splits[0].mul_mat_id
+    assert routing is not None
+    routing.ids.buffer.write(np.full(routing.n_ids, 99, dtype=np.int32))
+    with Scheduler() as sched, pytest.raises(ValueError, match="layer0.*routing id 99"):
+        sched.run(built.plan)
+    built.close()
+
+
+def test_allocation_failure_falls_back_once(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    device = backend.device(0)
+    built = plans.build(backend, plans.uniform_specs(6), seed=6)
+    with Scheduler(slots=3) as sched:
+        sched.slots = 0
+        sched.run(built.plan)  # scratch exists now: every later allocation is a staging slot
+        sched.slots = 3
+        real_alloc = device.alloc
+        calls = {"n": 0}
+
+        def failing_alloc(n, *args, **kwargs):  # type: ignore[no-untyped-def]
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise OutOfDeviceMemory(f"cannot allocate {n} bytes", call="alloc", device=device.label)
+            return real_alloc(n, *args, **kwargs)
+
+        monkeypatch.setattr(device, "alloc", failing_alloc)
+        with caplog.at_level(logging.WARNING, logger="expertstream.scheduler.ring"):
+            stats = sched.run(built.plan)
+            built.check()
+            again = sched.run(built.plan)
+            built.check()
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and device.label in warnings[0].getMessage()
+    assert "bytes free" in warnings[0].getMessage()
+    dev = stats.device(device.label)
+    assert dev.fallbacks[Fallback.ALLOC_FAILED] == 1
+    assert dev.consumed == 1  # the one slot filled before the failure is still used
+    assert dev.stock_copies == 5
+    assert again.device(device.label).fallbacks[Fallback.DISABLED] == 6
+    built.close()
+
+
+def test_changing_slot_count_frees_what_is_unused(backend: Backend) -> None:
+    device = backend.device(0)
+    built = plans.build(backend, plans.uniform_specs(6), seed=7)
+    with Scheduler(slots=4) as sched:
+        sched.run(built.plan)
+        ring = sched._rings[device]
+        assert len(ring._slots) == 4
+        free_with_four = device.free_memory()
+        sched.slots = 2
+        assert len(ring._slots) == 2
+        assert device.free_memory() >= free_with_four + 2 * ring.slot_bytes
+        sched.run(built.plan)
+        built.check()
+        sched.slots = 0
+        assert not sched._rings
+        sched.run(built.plan)
+        built.check()
+    built.close()
