@@ -93,10 +93,14 @@ class StagingRing:
         backend = self.device.backend
         backend.host_resume_at(unit.recorded_at)
         slot = self._slots[unit.position % self.n_slots]
-        before, after = self._wait_event_pair()
-        compute.record(before)
-        compute.wait(slot.ready)
-        compute.record(after)
+        pair = self._wait_event_pair()
+        if pair is None:
+            stats.untimed_waits += 1
+            compute.wait(slot.ready)
+        else:
+            compute.record(pair[0])
+            compute.wait(slot.ready)
+            compute.record(pair[1])
         stats.consumed += 1
         return slot.buffer.view(0, unit.input.padded_nbytes)
 
@@ -187,9 +191,19 @@ class StagingRing:
             self.device.label, index + 1, self.n_slots, self.slot_bytes, self.device.free_memory(), exc.detail,
         )
 
-    def _wait_event_pair(self) -> tuple[Event, Event]:
+    def _wait_event_pair(self) -> tuple[Event, Event] | None:
+        """Timing events around one ready wait; None if the device cannot give more (stats only)."""
         if self._waits_used == len(self._wait_events):
-            self._wait_events.append((self.device.event(timing=True), self.device.event(timing=True)))
+            try:
+                before = self.device.event(timing=True)
+                try:
+                    after = self.device.event(timing=True)
+                except BackendError:
+                    before.close()
+                    raise
+            except BackendError:
+                return None
+            self._wait_events.append((before, after))
         pair = self._wait_events[self._waits_used]
         self._waits_used += 1
         return pair

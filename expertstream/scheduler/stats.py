@@ -25,6 +25,7 @@ class DeviceStats:
     stock_copies: int = 0
     ids_readbacks: int = 0  # decode-scale host syncs to read routing ids
     ready_wait_ms: float = 0.0  # time the compute stream waited on staging-slot ready events
+    untimed_waits: int = 0  # ready waits left out of ready_wait_ms (no timing event could be made)
     fallbacks: Counter[str] = field(default_factory=Counter)
 
     def as_dict(self) -> dict[str, Any]:
