@@ -1,0 +1,850 @@
+"""The CUDA and HIP backends, written once over a small table of vendor calls.
+
+cuda-python and hip-python expose the same shape of API: every call returns a tuple whose
+first item is an int-like error code. A vendor module (cuda.py, hip.py) fills an ``ApiTable``
+with its calls, each adapted to one argument order, plus a map from its error codes to the
+``Problem`` they mean. Everything else lives here: checking codes and raising the typed
+exceptions of base.py, setting the device current, keeping copy sources alive while the
+device reads them, caching compiled kernels, and releasing native handles exactly once
+(on close(), when the owner is garbage collected, or at interpreter exit).
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import dataclasses
+import enum
+import hashlib
+import importlib.metadata
+import logging
+import threading
+import weakref
+from collections import deque
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from .base import (
+    Backend,
+    BackendError,
+    BackendUnavailable,
+    Capabilities,
+    Device,
+    DeviceBuffer,
+    DeviceError,
+    Event,
+    HostBuffer,
+    HostMemory,
+    InvalidArgument,
+    Kernel,
+    KernelCompileError,
+    OutOfDeviceMemory,
+    Stream,
+    Usage,
+    Vendor,
+    pack_kernel_args,
+)
+
+log = logging.getLogger(__name__)
+
+# A stream holding this many unreleased copy sources asks the device whether it is done, so
+# that a producer that never synchronizes does not accumulate references forever.
+_PRUNE_PENDING_AT = 256
+
+
+# --------------------------------------------------------------------------------------
+# Error codes
+# --------------------------------------------------------------------------------------
+
+
+class Problem(enum.Enum):
+    """What a vendor error code means, whatever its number; the value is the message text."""
+
+    OUT_OF_MEMORY = "out of memory"
+    INVALID_VALUE = "invalid argument"
+    INVALID_DEVICE = "invalid device"
+    INVALID_HANDLE = "invalid or destroyed handle"
+    NOT_FOUND = "name not found"
+    NOT_READY = "not ready"
+    NO_DEVICE = "no device"
+    DRIVER_TOO_OLD = "driver too old"
+    NOT_INITIALIZED = "runtime not initialized"
+    ILLEGAL_ADDRESS = "illegal memory access"
+    ALREADY_REGISTERED = "host memory already registered"
+    NOT_REGISTERED = "host memory not registered"
+    PEER_ALREADY_ENABLED = "peer access already enabled"
+    PEER_UNSUPPORTED = "peer access not supported"
+    SHUTTING_DOWN = "runtime shutting down"
+    COMPILATION = "compilation failed"
+    INVALID_OPTION = "invalid compiler option"
+    UNKNOWN = "failed"
+
+
+_EXCEPTION_FOR: Mapping[Problem, type[BackendError]] = {
+    Problem.OUT_OF_MEMORY: OutOfDeviceMemory,
+    Problem.INVALID_VALUE: InvalidArgument,
+    Problem.INVALID_DEVICE: InvalidArgument,
+    Problem.NOT_FOUND: InvalidArgument,
+    Problem.NO_DEVICE: BackendUnavailable,
+    Problem.DRIVER_TOO_OLD: BackendUnavailable,
+    Problem.COMPILATION: KernelCompileError,
+    Problem.INVALID_OPTION: KernelCompileError,
+}
+
+_HINTS: Mapping[Problem, str] = {
+    Problem.OUT_OF_MEMORY: "free device memory or ask for less (fewer or smaller slots)",
+    Problem.INVALID_VALUE: "check the sizes, pointers and flags of the call",
+    Problem.INVALID_DEVICE: "use a device index below the device count",
+    Problem.INVALID_HANDLE: "the stream, event or module was destroyed or belongs to another device",
+    Problem.NOT_FOUND: 'kernel names must match an extern "C" __global__ function of the source',
+    Problem.NO_DEVICE: "check that the driver sees a GPU and the *_VISIBLE_DEVICES variables",
+    Problem.DRIVER_TOO_OLD: "install a driver at least as new as the runtime the bindings were built for",
+    Problem.NOT_INITIALIZED: "the runtime failed to start; check the driver installation",
+    Problem.ILLEGAL_ADDRESS: "a kernel or copy touched memory outside its buffer; restart the process",
+    Problem.ALREADY_REGISTERED: "this host range is registered already; unregister it first",
+    Problem.NOT_REGISTERED: "only registered host memory can be unregistered",
+    Problem.PEER_UNSUPPORTED: "these devices cannot reach each other; stage the data through host memory",
+    Problem.SHUTTING_DOWN: "the process is exiting",
+    Problem.COMPILATION: "fix the kernel source; the log names the line",
+    Problem.INVALID_OPTION: "the compiler rejected an option (is the architecture supported?)",
+}
+_DEFAULT_HINT = "if it persists the device may be in a bad state; restart the process"
+
+
+@dataclass(frozen=True)
+class ErrorTable:
+    """One family of vendor return codes (runtime/driver, or run-time compiler)."""
+
+    problems: Mapping[int, Problem]  # codes not listed read as Problem.UNKNOWN
+
+    @classmethod
+    def by_name(cls, codes: Any, problems: Mapping[str, Problem]) -> ErrorTable:
+        """Build from the names of a vendor's error enum, so the numbers come from the bindings."""
+        return cls({int(getattr(codes, name)): problem for name, problem in problems.items()})
+
+    def problem(self, code: int) -> Problem:
+        return self.problems.get(code, Problem.UNKNOWN)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One vendor function: the name messages show, the callable, and how to read its codes."""
+
+    name: str
+    fn: Callable[..., Any]  # returns the vendor's tuple: (error code, *outputs)
+    errors: ErrorTable
+
+
+def code_text(err: Any) -> str:
+    """'cudaErrorMemoryAllocation (2)' for an enum member, 'code 2' for a bare int."""
+    name = getattr(err, "name", None)
+    return f"{name} ({int(err)})" if name else f"code {int(err)}"
+
+
+def error_for(call: Call, err: Any, device: str | None, detail: str = "") -> BackendError:
+    """The typed exception for a failed call: names the call, device, code and a hint."""
+    problem = call.errors.problem(int(err))
+    cls = _EXCEPTION_FOR.get(problem, DeviceError)
+    message = f"{problem.value}: {detail}" if detail else problem.value
+    return cls(message, call=call.name, device=device, code=code_text(err), hint=_HINTS.get(problem, _DEFAULT_HINT))
+
+
+def _run(call: Call, args: tuple[Any, ...], device: str | None) -> tuple[Any, tuple[Any, ...]]:
+    """Call the vendor function; return (error code, outputs). Exceptions become typed errors."""
+    try:
+        result = call.fn(*args)
+    except RuntimeError as exc:  # both bindings raise this (or a subclass) for a missing library or symbol
+        raise BackendUnavailable(
+            f"a library the bindings need could not be loaded: {exc}",
+            call=call.name,
+            device=device,
+            hint="install the vendor runtime (and for kernels its run-time compiler)",
+        ) from None
+    except ValueError as exc:  # hip-python raises this for a code its enum does not know
+        raise DeviceError(f"returned an unknown code: {exc}", call=call.name, device=device) from None
+    return result[0], tuple(result[1:])
+
+
+def invoke(call: Call, *args: Any, device: str | None = None, accept: Collection[Problem] = ()) -> Any:
+    """Run a vendor call; return its output (None, one value, or a tuple) or raise.
+
+    ``accept`` lists problems that count as success (peer access already enabled).
+    """
+    err, outputs = _run(call, args, device)
+    if int(err) != 0 and call.errors.problem(int(err)) not in accept:
+        raise error_for(call, err, device)
+    if not outputs:
+        return None
+    return outputs[0] if len(outputs) == 1 else outputs
+
+
+def poll(call: Call, *args: Any, device: str | None = None) -> bool:
+    """Run a query call: True when done, False when the vendor says 'not ready'."""
+    err, _ = _run(call, args, device)
+    if int(err) == 0:
+        return True
+    if call.errors.problem(int(err)) is Problem.NOT_READY:
+        return False
+    raise error_for(call, err, device)
+
+
+def unusable_reason(device_count: Call, what: str) -> str | None:
+    """Why no device of a backend can be used, from its device-count call (None: usable)."""
+    try:
+        err, outputs = _run(device_count, (), None)
+    except BackendError as exc:
+        return str(exc)
+    problem = device_count.errors.problem(int(err))
+    if problem is Problem.NO_DEVICE or (int(err) == 0 and not outputs[0]):
+        return f"no {what} device"
+    if int(err):
+        return f"{device_count.name} failed: {problem.value} [{code_text(err)}]"
+    return None
+
+
+def decode_text(value: Any) -> str:
+    """A C string from the bindings (bytes with trailing NULs, or str) as str."""
+    return value.decode(errors="replace").rstrip("\0") if isinstance(value, (bytes, bytearray)) else str(value)
+
+
+def package_version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+Steps = Sequence[tuple[Call, tuple[Any, ...]]]
+
+
+def _release_quietly(steps: Steps, device: str, *_keep_alive: Any) -> None:
+    """Release a native handle where an error cannot be raised (garbage collection, exit).
+
+    ``_keep_alive`` holds memory that must outlive the release (a registered host array).
+    """
+    for call, args in steps:
+        try:
+            invoke(call, *args, device=device)
+        except Exception as exc:  # a dying driver at exit, or a context already gone
+            log.debug("%s on %s during release: %s", call.name, device, exc)
+
+
+def _finalizer(owner: object, steps: Steps, device: str, *keep_alive: Any) -> weakref.finalize:
+    """Release ``steps`` when ``owner`` is collected; at exit _release_at_exit goes first, in order."""
+    release = weakref.finalize(owner, _release_quietly, steps, device, *keep_alive)
+    release.atexit = False
+    return release
+
+
+# --------------------------------------------------------------------------------------
+# The vendor table
+# --------------------------------------------------------------------------------------
+
+
+class CopyKind(enum.Enum):
+    HOST_TO_DEVICE = "h2d"
+    DEVICE_TO_HOST = "d2h"
+    DEVICE_TO_DEVICE = "d2d"
+
+
+class DeviceAttr(enum.Enum):
+    ASYNC_ENGINE_COUNT = "async_engine_count"
+    HOST_REGISTER = "host_register"
+    HOST_REGISTER_READ_ONLY = "host_register_read_only"  # a vendor may map this to "worth attempting"
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    name: str
+    total_memory: int
+    arch: str
+
+
+@dataclass(frozen=True)
+class ApiTable:
+    """A vendor's calls in one shape. Handles of streams and events travel as ints."""
+
+    backend_name: str
+    bindings_version: str
+    # devices
+    init: Call  # ()
+    device_count: Call  # () -> int
+    set_device: Call  # (index)
+    device_props: Call  # (index) -> the vendor's properties object
+    device_attribute: Call  # (DeviceAttr, index) -> int
+    read_props: Callable[[Any], DeviceInfo]
+    register_flags: Callable[[Any, bool], int]  # (properties, read_only) -> host-register flags
+    mem_info: Call  # () -> (free, total) of the current device
+    can_access_peer: Call  # (index, peer) -> int
+    enable_peer_access: Call  # (peer) from the current device
+    device_synchronize: Call  # ()
+    driver_version: Call  # () -> int
+    # memory
+    malloc: Call  # (nbytes) -> pointer
+    free: Call  # (pointer)
+    host_alloc: Call  # (nbytes) -> pointer to portable page-locked memory
+    host_free: Call  # (pointer)
+    host_register: Call  # (pointer, nbytes, flags)
+    host_unregister: Call  # (pointer)
+    # streams and events
+    stream_create: Call  # () -> non-blocking stream handle
+    stream_destroy: Call  # (stream)
+    stream_synchronize: Call  # (stream)
+    stream_query: Call  # (stream)
+    stream_wait_event: Call  # (stream, event)
+    event_create: Call  # (timing: bool) -> event handle
+    event_destroy: Call  # (event)
+    event_record: Call  # (event, stream)
+    event_synchronize: Call  # (event)
+    event_query: Call  # (event)
+    event_elapsed: Call  # (start, end) -> milliseconds
+    # copies
+    memcpy_async: Call  # (dst, src, nbytes, CopyKind, stream)
+    memcpy_peer_async: Call  # (dst, dst_index, src, src_index, nbytes, stream)
+    memset_async: Call  # (pointer, value, nbytes, stream)
+    # kernels
+    compile_options: Callable[[str], list[bytes]]  # arch -> compiler options
+    program_create: Call  # (source bytes, name bytes) -> program
+    program_compile: Call  # (program, options)
+    program_log: Call  # (program) -> str
+    program_code: Call  # (program) -> bytes
+    program_destroy: Call  # (program)
+    module_load: Call  # (image bytes) -> module
+    module_get_function: Call  # (module, name bytes) -> function
+    module_unload: Call  # (module)
+    launch: Call  # (function, grid, block, shared_mem, stream, values, ctypes types)
+
+
+# --------------------------------------------------------------------------------------
+# Memory, events, kernels
+# --------------------------------------------------------------------------------------
+
+
+class GpuBuffer(DeviceBuffer):
+    def __init__(self, device: GpuDevice, nbytes: int, alloc_size: int, usage: Usage, pointer: int) -> None:
+        super().__init__(device, nbytes, alloc_size, usage)
+        self._device = device
+        self._pointer = pointer
+        steps = [(device.api.free, (pointer,))] if pointer else []
+        self._release = _finalizer(self, steps, device.label)
+
+    @property
+    def address(self) -> int:
+        return self._pointer
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """Lets torch.as_tensor / cupy.asarray wrap the bytes without a copy."""
+        return {
+            "version": 3,
+            "shape": (self.alloc_size,),
+            "typestr": "|u1",
+            "data": (self._pointer, False),
+            "strides": None,
+            "stream": None,
+        }
+
+    def _free(self) -> None:
+        if self._release.detach() is not None and self._pointer:
+            self._device.activate()
+            invoke(self._device.api.free, self._pointer, device=self._device.label)
+
+
+class GpuEvent(Event):
+    def __init__(self, device: GpuDevice, timing: bool, handle: int) -> None:
+        super().__init__(device, timing)
+        self._device = device
+        self.handle = handle
+        self._recorded: tuple[GpuStream, int] | None = None  # stream and its pending sequence number
+        self._release = _finalizer(self, [(device.api.event_destroy, (handle,))], device.label)
+
+    def query(self) -> bool:
+        self._check_open("Event.query")
+        done = poll(self._device.api.event_query, self.handle, device=self._device.label)
+        if done:
+            self._completed()
+        return done
+
+    def synchronize(self) -> None:
+        self._check_open("Event.synchronize")
+        invoke(self._device.api.event_synchronize, self.handle, device=self._device.label)
+        self._completed()
+
+    def _elapsed_ms(self, end: Event) -> float:
+        assert isinstance(end, GpuEvent)
+        end.synchronize()
+        return float(invoke(self._device.api.event_elapsed, self.handle, end.handle, device=self._device.label))
+
+    def _completed(self) -> None:
+        if self._recorded is not None:
+            stream, seq = self._recorded
+            stream._release_through(seq)
+
+    def _destroy(self) -> None:
+        if self._release.detach() is not None:
+            invoke(self._device.api.event_destroy, self.handle, device=self._device.label)
+        self._recorded = None
+
+
+class GpuKernel(Kernel):
+    def __init__(self, device: GpuDevice, name: str, function: Any) -> None:
+        super().__init__(device, name)
+        self.function = function
+
+
+# --------------------------------------------------------------------------------------
+# Streams
+# --------------------------------------------------------------------------------------
+
+
+class GpuStream(Stream):
+    def __init__(self, device: GpuDevice, handle: int, *, owned: bool) -> None:
+        super().__init__(device, owned=owned)
+        self._device = device
+        self._api = device.api
+        self._handle = handle
+        # Host arrays of copies the device may still be reading or writing, with the sequence
+        # number current when each was enqueued; released when a sync shows them done.
+        self._pending: deque[tuple[int, Any]] = deque()
+        self._seq = 0
+        self._lock = threading.Lock()
+        steps = [(self._api.stream_synchronize, (handle,)), (self._api.stream_destroy, (handle,))]
+        self._release = _finalizer(self, steps if owned else [], device.label)
+
+    @property
+    def handle(self) -> int:
+        return self._handle
+
+    def _enqueue(self, call: Call, *args: Any) -> None:
+        self._device.activate()
+        invoke(call, *args, device=self._device.label)
+
+    def _keep(self, host: HostBuffer) -> None:
+        with self._lock:
+            self._seq += 1
+            self._pending.append((self._seq, host.array))
+            crowded = len(self._pending) > _PRUNE_PENDING_AT
+        if crowded:
+            self.query()
+
+    def _release_through(self, seq: int) -> None:
+        with self._lock:
+            while self._pending and self._pending[0][0] <= seq:
+                self._pending.popleft()
+
+    def _release_all(self) -> None:
+        self._release_through(self._seq)
+
+    def _copy_h2d(self, dst: DeviceBuffer, dst_offset: int, src: HostBuffer, src_offset: int, n: int) -> None:
+        self._enqueue(self._api.memcpy_async, dst.address + dst_offset, src.address + src_offset, n,
+                      CopyKind.HOST_TO_DEVICE, self._handle)
+        self._keep(src)
+
+    def _copy_d2h(self, dst: HostBuffer, dst_offset: int, src: DeviceBuffer, src_offset: int, n: int) -> None:
+        self._enqueue(self._api.memcpy_async, dst.address + dst_offset, src.address + src_offset, n,
+                      CopyKind.DEVICE_TO_HOST, self._handle)
+        self._keep(dst)
+
+    def _copy_d2d(self, dst: DeviceBuffer, dst_offset: int, src: DeviceBuffer, src_offset: int, n: int) -> None:
+        dst_addr, src_addr = dst.address + dst_offset, src.address + src_offset
+        if dst.device is src.device:
+            self._enqueue(self._api.memcpy_async, dst_addr, src_addr, n, CopyKind.DEVICE_TO_DEVICE, self._handle)
+        else:
+            self._enqueue(self._api.memcpy_peer_async, dst_addr, dst.device.index, src_addr, src.device.index, n,
+                          self._handle)
+
+    def _memset(self, dst: DeviceBuffer, offset: int, n: int, value: int) -> None:
+        self._enqueue(self._api.memset_async, dst.address + offset, value, n, self._handle)
+
+    def _record(self, event: Event) -> None:
+        assert isinstance(event, GpuEvent)
+        self._enqueue(self._api.event_record, event.handle, self._handle)
+        with self._lock:
+            event._recorded = (self, self._seq)
+
+    def _wait(self, event: Event) -> None:
+        assert isinstance(event, GpuEvent)
+        self._enqueue(self._api.stream_wait_event, self._handle, event.handle)
+
+    def _launch(
+        self, kernel: Kernel, grid: tuple[int, int, int], block: tuple[int, int, int], args: tuple[Any, ...],
+        shared_mem: int,
+    ) -> None:
+        assert isinstance(kernel, GpuKernel)
+        values, types = pack_kernel_args(args)
+        self._enqueue(self._api.launch, kernel.function, grid, block, shared_mem, self._handle, values, types)
+
+    def synchronize(self) -> None:
+        self._check_open("Stream.synchronize")
+        invoke(self._api.stream_synchronize, self._handle, device=self._device.label)
+        self._release_all()
+
+    def query(self) -> bool:
+        self._check_open("Stream.query")
+        with self._lock:
+            seq = self._seq
+        done = poll(self._api.stream_query, self._handle, device=self._device.label)
+        if done:
+            self._release_through(seq)
+        return done
+
+    def _destroy(self) -> None:
+        # Destroying returns at once while work may still run: wait, so the sources we hold
+        # are not dropped while the device reads them.
+        if self._release.detach() is not None:
+            invoke(self._api.stream_synchronize, self._handle, device=self._device.label)
+            invoke(self._api.stream_destroy, self._handle, device=self._device.label)
+        self._release_all()
+
+
+# --------------------------------------------------------------------------------------
+# Devices
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Live:
+    """What a device has handed out and must release at close, in release order."""
+
+    streams: weakref.WeakSet[GpuStream] = dataclasses.field(default_factory=weakref.WeakSet)
+    events: weakref.WeakSet[GpuEvent] = dataclasses.field(default_factory=weakref.WeakSet)
+    buffers: weakref.WeakSet[GpuBuffer] = dataclasses.field(default_factory=weakref.WeakSet)
+    # pinned or registered host memory, each with the release that frees or unregisters it
+    host: weakref.WeakKeyDictionary[HostBuffer, weakref.finalize] = dataclasses.field(
+        default_factory=weakref.WeakKeyDictionary
+    )
+
+    def in_release_order(self) -> list[Any]:
+        return [*self.streams, *self.events, *self.buffers, *self.host.keys()]
+
+
+class GpuDevice(Device):
+    def __init__(self, backend: GpuBackend, index: int) -> None:
+        super().__init__(backend, index, "")
+        self.api = backend.api
+        props = invoke(self.api.device_props, index, device=self.label)
+        self._info = self.api.read_props(props)
+        self.name = self._info.name
+        self._register_flags = {ro: self.api.register_flags(props, ro) for ro in (False, True)}
+        self._async_engines = self._attribute(DeviceAttr.ASYNC_ENGINE_COUNT)
+        self._can_register = bool(self._attribute(DeviceAttr.HOST_REGISTER))
+        self._can_register_ro = bool(self._attribute(DeviceAttr.HOST_REGISTER_READ_ONLY))
+        self._peers: set[int] = set()
+        self._live = _Live()
+        self._modules: dict[str, Any] = {}  # source hash -> loaded module
+        self._kernels: dict[tuple[str, str], GpuKernel] = {}
+
+    def _attribute(self, attr: DeviceAttr) -> int:
+        return int(invoke(self.api.device_attribute, attr, self.index, device=self.label))
+
+    def activate(self) -> None:
+        """Make this device current for the calling thread (each thread has its own)."""
+        invoke(self.api.set_device, self.index, device=self.label)
+
+    # -- properties ---------------------------------------------------------------------
+    @property
+    def total_memory(self) -> int:
+        return self._info.total_memory
+
+    def free_memory(self) -> int:
+        self.activate()
+        free, _total = invoke(self.api.mem_info, device=self.label)
+        return int(free)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            async_copies=self._async_engines > 0,
+            events=True,
+            host_register=self._can_register,
+            host_register_read_only=self._can_register and self._can_register_ro,
+            peer_access=frozenset(self._peers),
+        )
+
+    @property
+    def arch(self) -> str:
+        return self._info.arch
+
+    # -- device memory ------------------------------------------------------------------
+    def _alloc(self, nbytes: int, alloc_size: int, usage: Usage) -> DeviceBuffer:
+        pointer = 0
+        if alloc_size:
+            self.activate()
+            try:
+                pointer = int(invoke(self.api.malloc, alloc_size, device=self.label))
+            except OutOfDeviceMemory as exc:
+                raise OutOfDeviceMemory(
+                    f"cannot allocate {alloc_size} bytes; {self._free_text()}",
+                    call=exc.call, device=self.label, code=exc.code, hint=exc.hint,
+                ) from None
+        buf = GpuBuffer(self, nbytes, alloc_size, usage, pointer)
+        self._live.buffers.add(buf)
+        return buf
+
+    def _free_text(self) -> str:
+        try:
+            return f"{self.free_memory()} bytes free of {self.total_memory}"
+        except BackendError:
+            return "free memory unknown"
+
+    # -- streams and events -------------------------------------------------------------
+    def stream(self) -> Stream:
+        self.activate()
+        stream = GpuStream(self, int(invoke(self.api.stream_create, device=self.label)), owned=True)
+        self._live.streams.add(stream)
+        return stream
+
+    def stream_from_handle(self, handle: int) -> Stream:
+        if not isinstance(handle, int) or isinstance(handle, bool):
+            raise InvalidArgument(f"a stream handle is an int, got {type(handle).__name__}",
+                                  call="Device.stream_from_handle", device=self.label)
+        stream = GpuStream(self, handle, owned=False)
+        self._live.streams.add(stream)
+        return stream
+
+    def event(self, timing: bool = False) -> Event:
+        self.activate()
+        event = GpuEvent(self, timing, int(invoke(self.api.event_create, timing, device=self.label)))
+        self._live.events.add(event)
+        return event
+
+    def synchronize(self) -> None:
+        self.activate()
+        invoke(self.api.device_synchronize, device=self.label)
+        for stream in list(self._live.streams):
+            stream._release_all()
+
+    def enable_peer_access(self, other: Device) -> None:
+        if other is self or other.index in self._peers:
+            return
+        if not isinstance(other, GpuDevice) or other.api is not self.api:
+            raise InvalidArgument(f"{other.label} belongs to another backend", call="Device.enable_peer_access",
+                                  device=self.label)
+        if not invoke(self.api.can_access_peer, self.index, other.index, device=self.label):
+            raise InvalidArgument(
+                f"{self.label} cannot access {other.label}'s memory", call="Device.enable_peer_access",
+                device=self.label, hint="stage the data through host memory",
+            )
+        self.activate()
+        invoke(self.api.enable_peer_access, other.index, device=self.label, accept={Problem.PEER_ALREADY_ENABLED})
+        self._peers.add(other.index)
+
+    # -- kernels ------------------------------------------------------------------------
+    def compile(self, source: str, name: str) -> Kernel:
+        key = hashlib.sha256(source.encode()).hexdigest()
+        kernel = self._kernels.get((key, name))
+        if kernel is not None:
+            return kernel
+        self.activate()
+        module = self._modules.get(key)
+        loaded_here = module is None
+        if module is None:
+            module = invoke(self.api.module_load, _compiled_image(self, source, key, name), device=self.label)
+        try:
+            function = invoke(self.api.module_get_function, module, name.encode(), device=self.label)
+        except BackendError:
+            if loaded_here:  # nothing else uses it: do not leak it
+                _release_quietly([(self.api.module_unload, (module,))], self.label)
+            raise
+        self._modules[key] = module
+        kernel = GpuKernel(self, name, function)
+        self._kernels[(key, name)] = kernel
+        return kernel
+
+    # -- host memory --------------------------------------------------------------------
+    def alloc_pinned(self, nbytes: int) -> HostBuffer:
+        if not isinstance(nbytes, int) or nbytes < 0:
+            raise InvalidArgument(f"cannot allocate {nbytes!r} pinned bytes", call="Device.alloc_pinned",
+                                  device=self.label)
+        if nbytes == 0:
+            return HostBuffer(self, np.empty(0, dtype=np.uint8), HostMemory.PINNED)
+        self.activate()
+        pointer = int(invoke(self.api.host_alloc, nbytes, device=self.label))
+        steps = [(self.api.host_free, (pointer,))]
+        try:
+            raw = (ctypes.c_uint8 * nbytes).from_address(pointer)
+            # Tied to the ctypes object every numpy view of it keeps alive: a view that outlives
+            # the HostBuffer never points at freed memory unless close() was called.
+            release = _finalizer(raw, steps, self.label)
+            host = HostBuffer(self, np.ctypeslib.as_array(raw), HostMemory.PINNED, pinned_handle=pointer)
+        except BaseException:
+            _release_quietly(steps, self.label)
+            raise
+        self._live.host[host] = release
+        return host
+
+    def _host_free_pinned(self, host: HostBuffer) -> None:
+        if self._take_release(host) and host._pinned_handle:
+            invoke(self.api.host_free, host._pinned_handle, device=self.label)
+
+    def _host_register(self, host: HostBuffer, read_only: bool) -> None:
+        flags = self._register_flags[read_only]
+        self.activate()
+        try:
+            invoke(self.api.host_register, host.address, host.nbytes, flags, device=self.label)
+        except BackendError as exc:
+            if not read_only:
+                raise
+            self._refuse_read_only(host, flags, exc)
+        # The array rides along with the release so the memory outlives its registration.
+        self._live.host[host] = _finalizer(host, [(self.api.host_unregister, (host.address,))], self.label,
+                                           host.array)
+
+    def _refuse_read_only(self, host: HostBuffer, flags: int, exc: BackendError) -> None:
+        # Some platforms advertise registration but refuse a read-only mapping: say so once,
+        # then report the capability as absent so callers stage through pinned memory instead.
+        self._can_register_ro = False
+        log.warning("%s refused read-only host registration of %d bytes (%s, flags 0x%x); read-only memory "
+                    "will not be registered on this device", self.label, host.nbytes, exc.code, flags)
+        raise DeviceError(
+            f"read-only host registration of {host.nbytes} bytes was refused", call=exc.call, device=self.label,
+            code=exc.code, hint="copy the data into pinned memory (alloc_pinned) or use a staging ring",
+        ) from None
+
+    def _host_unregister(self, host: HostBuffer) -> None:
+        if self._take_release(host):
+            self.activate()
+            invoke(self.api.host_unregister, host.address, device=self.label)
+
+    def _take_release(self, host: HostBuffer) -> bool:
+        """True if the caller now owns the release of ``host`` (nothing released it yet)."""
+        release = self._live.host.pop(host, None)
+        return release is not None and release.detach() is not None
+
+    # -- teardown -----------------------------------------------------------------------
+    def close(self) -> None:
+        """Release everything this device handed out: streams, events, buffers, host memory, modules."""
+        super().close()
+        for obj in self._live.in_release_order():
+            obj.close()
+        self._unload_modules(quiet=False)
+
+    def _release_at_exit(self) -> None:
+        for obj in self._live.in_release_order():
+            try:
+                obj.close()
+            except Exception as exc:  # the driver may already be going away
+                log.debug("releasing %r on %s at exit: %s", obj, self.label, exc)
+        self._unload_modules(quiet=True)
+
+    def _unload_modules(self, quiet: bool) -> None:
+        modules = list(self._modules.values())
+        self._modules.clear()
+        self._kernels.clear()
+        for module in modules:
+            if quiet:
+                _release_quietly([(self.api.module_unload, (module,))], self.label)
+            else:
+                invoke(self.api.module_unload, module, device=self.label)
+
+
+# Compiled images are shared by every device of one architecture and every backend opened
+# in the process: compiling is the slow part, loading per device is cheap.
+_images: dict[tuple[str, str, str], bytes] = {}
+_images_lock = threading.Lock()
+
+
+def _compiled_image(device: GpuDevice, source: str, key: str, name: str) -> bytes:
+    api = device.api
+    cache_key = (api.backend_name, device.arch, key)
+    with _images_lock:
+        image = _images.get(cache_key)
+    if image is not None:
+        return image
+    program = invoke(api.program_create, source.encode(), f"{name}.cu".encode(), device=device.label)
+    try:
+        try:
+            invoke(api.program_compile, program, api.compile_options(device.arch), device=device.label)
+        except KernelCompileError as exc:
+            compiler_log = _program_log(device, program)
+            raise KernelCompileError(
+                f"{name} did not compile for {device.arch}:\n{compiler_log}", call=exc.call, device=device.label,
+                code=exc.code, hint=exc.hint,
+            ) from None
+        image = bytes(invoke(api.program_code, program, device=device.label))
+    finally:
+        _release_quietly([(api.program_destroy, (program,))], device.label)
+    with _images_lock:
+        _images[cache_key] = image
+    return image
+
+
+def _program_log(device: GpuDevice, program: Any) -> str:
+    try:
+        return str(invoke(device.api.program_log, program, device=device.label)).strip()
+    except BackendError as exc:
+        return f"(no compiler log: {exc})"
+
+
+# --------------------------------------------------------------------------------------
+# Backends
+# --------------------------------------------------------------------------------------
+
+_open_backends: weakref.WeakSet[GpuBackend] = weakref.WeakSet()
+
+
+class GpuBackend(Backend):
+    """A vendor runtime and its devices; cuda.py and hip.py subclass it with their table."""
+
+    name: ClassVar[str]
+    vendor: ClassVar[Vendor]
+
+    def __init__(self, api: ApiTable, **options: Any) -> None:
+        if options:
+            raise InvalidArgument(f"the {self.name} backend takes no options, got {sorted(options)}",
+                                  call=f"expertstream.backend({self.name!r})")
+        self.api = api
+        invoke(api.init, device=None)
+        count = int(invoke(api.device_count))
+        if count == 0:
+            raise BackendUnavailable(f"no {self.name} device", call=api.device_count.name,
+                                     hint=_HINTS[Problem.NO_DEVICE])
+        self._devices = [GpuDevice(self, i) for i in range(count)]
+        self.closed = False
+        _open_backends.add(self)
+
+    @property
+    def devices(self) -> Sequence[Device]:
+        return self._devices
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            _open_backends.discard(self)
+            super().close()
+
+    def describe(self) -> dict[str, Any]:
+        out = super().describe()
+        out["driver_version"] = int(invoke(self.api.driver_version))
+        out["bindings_version"] = self.api.bindings_version
+        return out
+
+
+@atexit.register
+def _release_at_exit() -> None:
+    """Streams, events and memory go before the runtime tears the context down."""
+    for backend in list(_open_backends):
+        backend.closed = True
+        for device in backend._devices:
+            device._release_at_exit()
+    _open_backends.clear()
+
+
+__all__ = [
+    "ApiTable",
+    "Call",
+    "CopyKind",
+    "DeviceAttr",
+    "DeviceInfo",
+    "ErrorTable",
+    "GpuBackend",
+    "Problem",
+    "decode_text",
+    "invoke",
+    "package_version",
+    "poll",
+    "unusable_reason",
+]
