@@ -1,0 +1,225 @@
+"""The simulation core: one per simulated backend, shared by its devices, streams and events.
+
+Every operation's start and end are computed when it is enqueued: start = max(enqueue time,
+end of the previous operation on its stream, times of the events it waits for) + latency,
+then the earliest idle gap of its engine that fits it. The timeline therefore grows as work
+is enqueued, and the host thread's clock moves only when the host pays for a call or blocks.
+Data effects wait in a queue until a host thread observes the device (see EffectQueue).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from ...timeline import OpKind, TimelineOp
+from ..base import DeviceBuffer, HostBuffer
+from .engine import BusyTrack, EffectQueue, EngineKind, HostClocks, HostTimestamp
+from .hazards import HazardChecker, OpInfo, Touch, VectorClock
+from .profiles import Profile
+
+
+@dataclass(eq=False)
+class StreamState:
+    """The queue behind a stream handle; wrappers made with from_handle share it."""
+
+    id: int
+    device: int
+    device_label: str
+    name: str
+    tail: float = 0.0  # when the last enqueued operation ends
+    destroyed: bool = False
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """An event's most recent record: when it completes and what it orders after."""
+
+    time: float
+    knowledge: VectorClock
+
+
+@dataclass(frozen=True)
+class Work:
+    """One operation to enqueue, fully described by the stream that builds it."""
+
+    kind: OpKind
+    name: str  # for the timeline
+    what: str  # for hazard reports: "h2d copy", "kernel 'name'"
+    call: str
+    nbytes: int = 0
+    engine: EngineKind | None = None
+    latency: float = 0.0
+    duration: float = 0.0
+    blocks_host: bool = False
+    effect: Callable[[], None] | None = None
+    touches: Sequence[Touch] = ()
+    host_buffers: Sequence[HostBuffer] = ()
+    zero_fill: bool = False
+
+
+class Simulation:
+    def __init__(self, profile: Profile, *, data: bool, check_hazards: bool) -> None:
+        self.profile = profile
+        self.data = data
+        self.lock = threading.RLock()
+        self.clocks = HostClocks()
+        self.checker = HazardChecker() if check_hazards else None
+        self._effects = EffectQueue()
+        self._timeline: list[TimelineOp] = []
+        self._tracks: dict[tuple[int, EngineKind], BusyTrack] = {}
+        self._streams: dict[int, StreamState] = {}
+        self._stream_ids = itertools.count(1)
+        self._enqueue_seq = itertools.count()
+
+    # -- streams -------------------------------------------------------------------------
+    def new_stream(self, device: int, device_label: str, name: str | None) -> StreamState:
+        with self.lock:
+            sid = next(self._stream_ids)
+            state = StreamState(sid, device, device_label, name or f"stream {sid}")
+            self._streams[sid] = state
+            return state
+
+    def stream_by_id(self, sid: int) -> StreamState | None:
+        with self.lock:
+            return self._streams.get(sid)
+
+    # -- enqueueing ----------------------------------------------------------------------
+    def submit(self, stream: StreamState, work: Work, waited: Recorded | None = None) -> float:
+        """Enqueue ``work`` on ``stream``; return when it ends. Raises before changing anything on a hazard."""
+        with self.lock:
+            staged = self._stage_hazards(stream, work, waited)
+            issued = self.clocks.spend(self.profile.enqueue_s)
+            reached = max(issued, stream.tail)
+            ready = max(reached, waited.time) if waited is not None else reached
+            ready += work.latency
+            start = self._tracks_for(stream.device, work.engine).place(ready, work.duration) if work.engine else ready
+            end = start + work.duration
+            stream.tail = end
+            seq = next(self._enqueue_seq)
+            if staged is not None and self.checker is not None:
+                self.checker.commit(staged[0], staged[1], work.touches, work.host_buffers)
+            if work.effect is not None and self.data:
+                self._effects.push(start, seq, work.effect)
+            if work.blocks_host:
+                self.clocks.advance_to(end)
+                self._effects.apply_until(end)
+            self._timeline.append(
+                TimelineOp(
+                    kind=work.kind, name=work.name, start=reached if work.kind is OpKind.WAIT else start, end=end,
+                    thread=self.clocks.thread_index(), issued=issued, device=stream.device, stream=stream.id,
+                    stream_name=stream.name, nbytes=work.nbytes, host_blocked=work.blocks_host,
+                )
+            )
+            return end
+
+    def record(self, stream: StreamState, name: str) -> Recorded:
+        with self.lock:
+            time = self.submit(stream, Work(OpKind.RECORD, name, "event record", "Stream.record"))
+            knowledge = self.checker.knowledge(stream.id) if self.checker is not None else {}
+            return Recorded(time, knowledge)
+
+    def _stage_hazards(
+        self, stream: StreamState, work: Work, waited: Recorded | None
+    ) -> tuple[OpInfo, VectorClock] | None:
+        if self.checker is None:
+            return None
+        clock = self.checker.stage(stream.id, self.thread_agent(), waited.knowledge if waited else None)
+        op = OpInfo(stream.id, clock[stream.id], work.what, stream.name, stream.device_label, work.zero_fill)
+        self.checker.check(op, clock, work.touches, work.call)
+        return op, clock
+
+    def _tracks_for(self, device: int, engine: EngineKind) -> BusyTrack:
+        return self._tracks.setdefault((device, engine), BusyTrack())
+
+    # -- the host observing the device ---------------------------------------------------
+    def synchronize_stream(self, stream: StreamState) -> None:
+        with self.lock:
+            self._observe(stream.tail, [stream.id], f"synchronize {stream.name}")
+
+    def synchronize_device(self, device: int, label: str) -> None:
+        with self.lock:
+            streams = [s for s in self._streams.values() if s.device == device]
+            until = max((s.tail for s in streams), default=0.0)
+            self._observe(until, [s.id for s in streams], f"synchronize {label}")
+
+    def query_stream(self, stream: StreamState) -> bool:
+        with self.lock:
+            if self.clocks.spend(self.profile.enqueue_s) < stream.tail:
+                return False
+            self._observe(stream.tail, [stream.id], f"query {stream.name}")
+            return True
+
+    def synchronize_event(self, recorded: Recorded | None) -> None:
+        if recorded is None:
+            return  # never recorded: nothing to wait for
+        with self.lock:
+            self._observe(recorded.time, [], "synchronize event", recorded.knowledge)
+
+    def query_event(self, recorded: Recorded | None) -> bool:
+        if recorded is None:
+            return True
+        with self.lock:
+            if self.clocks.spend(self.profile.enqueue_s) < recorded.time:
+                return False
+            self._observe(recorded.time, [], "query event", recorded.knowledge)
+            return True
+
+    def _observe(
+        self, until: float, stream_ids: Sequence[int], name: str, knowledge: Mapping[int, int] | None = None
+    ) -> None:
+        before = self.clocks.now()
+        now = self.clocks.advance_to(until)
+        if self.checker is not None:
+            agent = self.thread_agent()
+            for sid in stream_ids:
+                self.checker.observe(agent, self.checker.knowledge(sid))
+            if knowledge is not None:
+                self.checker.observe(agent, knowledge)
+        self._effects.apply_until(now)
+        if now > before:
+            self._host_op(OpKind.HOST_SYNC, name, before, now, 0)
+
+    # -- host threads --------------------------------------------------------------------
+    def thread_agent(self) -> int:
+        """The calling host thread's agent id for the hazard checker (streams use positive ids)."""
+        return -(self.clocks.thread_index() + 1)
+
+    def host_work(self, kind: OpKind, name: str, seconds: float, nbytes: int) -> None:
+        """The calling thread spends ``seconds`` on host work (a memcpy, a registration)."""
+        with self.lock:
+            before = self.clocks.now()
+            self._host_op(kind, name, before, self.clocks.spend(seconds), nbytes)
+
+    def _host_op(self, kind: OpKind, name: str, start: float, end: float, nbytes: int) -> None:
+        self._timeline.append(
+            TimelineOp(kind=kind, name=name, start=start, end=end, thread=self.clocks.thread_index(),
+                       issued=start, nbytes=nbytes, host_blocked=True)
+        )
+
+    def host_timestamp(self) -> HostTimestamp:
+        with self.lock:
+            knowledge = self.checker.knowledge(self.thread_agent()) if self.checker is not None else {}
+            return HostTimestamp(self.clocks.now(), knowledge)
+
+    def host_resume_at(self, timestamp: float) -> None:
+        with self.lock:
+            self.clocks.advance_to(float(timestamp))
+            if self.checker is not None and isinstance(timestamp, HostTimestamp):
+                self.checker.observe(self.thread_agent(), timestamp.knowledge)
+
+    def check_release(self, buffer: DeviceBuffer | HostBuffer, call: str) -> None:
+        """Raise a use-after-free hazard unless work touching ``buffer`` is ordered before this thread."""
+        if self.checker is None:
+            return
+        with self.lock:
+            self.checker.check_release(buffer, self.thread_agent(), self.clocks.thread_index(), call)
+
+    def timeline(self) -> tuple[TimelineOp, ...]:
+        with self.lock:
+            return tuple(self._timeline)
+
+
+__all__ = ["Recorded", "Simulation", "StreamState", "Work"]

@@ -1,0 +1,213 @@
+"""Simulated streams and events: each primitive becomes one Work item for the simulation core."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ...timeline import OpKind
+from ..base import (
+    BufferView,
+    DeviceBuffer,
+    DeviceError,
+    Event,
+    HostBuffer,
+    HostMemory,
+    InvalidArgument,
+    Kernel,
+    Stream,
+    UseAfterClose,
+)
+from .core import Recorded, StreamState, Work
+from .engine import EngineKind
+from .hazards import HazardKind, SimHazardError, Touch
+from .kernels import Access, SimKernel
+from .memory import SimDeviceBuffer
+
+if TYPE_CHECKING:
+    from .device import SimDevice
+
+
+def _device_bytes(buf: DeviceBuffer, offset: int, n: int) -> np.ndarray | None:
+    array = buf.array if isinstance(buf, SimDeviceBuffer) else None
+    return None if array is None else array[offset : offset + n]
+
+
+def _copy_effect(dst: np.ndarray | None, src: np.ndarray | None) -> Callable[[], None] | None:
+    if dst is None or src is None:
+        return None
+    return functools.partial(np.copyto, dst, src)
+
+
+class SimStream(Stream):
+    def __init__(self, device: SimDevice, state: StreamState, *, owned: bool = True) -> None:
+        super().__init__(device, owned=owned)
+        self.sim_device = device
+        self.state = state
+        self._sim = device.sim
+
+    @property
+    def handle(self) -> int:
+        return self.state.id
+
+    @property
+    def name(self) -> str:
+        return self.state.name
+
+    def _copy_h2d(self, dst: DeviceBuffer, dst_offset: int, src: HostBuffer, src_offset: int, n: int) -> None:
+        profile = self._sim.profile
+        pageable = src.kind is HostMemory.PAGEABLE
+        source = src.array[src_offset : src_offset + n]
+        if self._sim.data and pageable and not profile.pageable_blocks_host:
+            source = source.copy()  # the runtime stages pageable bytes before the call returns
+        self._submit(Work(
+            OpKind.H2D, f"h2d {src.kind.value}", "h2d copy", "Stream.copy_h2d", n, EngineKind.H2D,
+            profile.copy_latency_s, n / (profile.h2d_pageable_bps if pageable else profile.h2d_pinned_bps),
+            blocks_host=pageable and profile.pageable_blocks_host,
+            effect=_copy_effect(_device_bytes(dst, dst_offset, n), source),
+            touches=(Touch(dst, dst_offset, dst_offset + n, write=True),), host_buffers=(src,),
+        ))
+
+    def _copy_d2h(self, dst: HostBuffer, dst_offset: int, src: DeviceBuffer, src_offset: int, n: int) -> None:
+        profile = self._sim.profile
+        pageable = dst.kind is HostMemory.PAGEABLE
+        self._submit(Work(
+            OpKind.D2H, f"d2h {dst.kind.value}", "d2h copy", "Stream.copy_d2h", n, EngineKind.D2H,
+            profile.copy_latency_s, n / (profile.d2h_pageable_bps if pageable else profile.d2h_bps),
+            blocks_host=pageable and profile.pageable_blocks_host,
+            effect=_copy_effect(dst.array[dst_offset : dst_offset + n], _device_bytes(src, src_offset, n)),
+            touches=(Touch(src, src_offset, src_offset + n, write=False),), host_buffers=(dst,),
+        ))
+
+    def _copy_d2d(self, dst: DeviceBuffer, dst_offset: int, src: DeviceBuffer, src_offset: int, n: int) -> None:
+        profile = self._sim.profile
+        peer = dst.device is not self.device or src.device is not self.device
+        self._submit(Work(
+            OpKind.D2D, "d2d peer" if peer else "d2d", "d2d copy", "Stream.copy_d2d", n, EngineKind.D2D,
+            profile.copy_latency_s, n / (profile.peer_bps if peer else profile.d2d_bps),
+            effect=_copy_effect(_device_bytes(dst, dst_offset, n), _device_bytes(src, src_offset, n)),
+            touches=(Touch(src, src_offset, src_offset + n, write=False),
+                     Touch(dst, dst_offset, dst_offset + n, write=True)),
+        ))
+
+    def _memset(self, dst: DeviceBuffer, offset: int, n: int, value: int) -> None:
+        profile = self._sim.profile
+        target = _device_bytes(dst, offset, n)
+        self._submit(Work(
+            OpKind.MEMSET, f"memset {value:#04x}", "memset", "Stream.memset", n, EngineKind.COMPUTE,
+            profile.launch_latency_s, n / profile.memset_bps,
+            effect=None if target is None else functools.partial(target.fill, value),
+            touches=(Touch(dst, offset, offset + n, write=True),), zero_fill=value == 0,
+        ))
+
+    def _record(self, event: Event) -> None:
+        assert isinstance(event, SimEvent)
+        event.recorded = self._sim.record(self.state, "record")
+
+    def _wait(self, event: Event) -> None:
+        assert isinstance(event, SimEvent)
+        # A wait binds to the record current now; a later re-record does not move it.
+        name = "wait" if event.recorded is not None else "wait (never recorded: no-op)"
+        self._sim.submit(self.state, Work(OpKind.WAIT, name, "event wait", "Stream.wait"), event.recorded)
+
+    def _launch(
+        self, kernel: Kernel, grid: tuple[int, int, int], block: tuple[int, int, int], args: tuple[Any, ...],
+        shared_mem: int,
+    ) -> None:
+        assert isinstance(kernel, SimKernel)
+        spec = kernel.spec
+        call = f"Stream.launch({spec.name})"
+        touches = tuple(self._touch(call, access) for access in spec.accesses(args))
+        effect = None
+        if self._sim.data:
+            arrays = tuple(_argument_bytes(a) for a in args)
+            effect = functools.partial(_run_twin, spec.run, spec.name, arrays, grid, block, self.device.label)
+        profile = self._sim.profile
+        self._submit(Work(
+            OpKind.KERNEL, spec.name, f"kernel {spec.name!r}", call, 0, EngineKind.COMPUTE,
+            profile.launch_latency_s, float(spec.flops(args)) / profile.flops_per_s, effect=effect, touches=touches,
+        ))
+
+    def _touch(self, call: str, access: Access) -> Touch:
+        if not isinstance(access, Access):
+            raise InvalidArgument(
+                f"kernel twin returned {type(access).__name__} where an Access belongs", call=call,
+                device=self.device.label,
+            )
+        view, buf = access.view, access.view.buffer
+        if buf.closed:
+            raise UseAfterClose(f"{buf!r} is closed", call=call, device=self.device.label)
+        if not self.device.can_access_peer(buf.device):
+            raise SimHazardError(
+                HazardKind.CROSS_DEVICE,
+                f"cross-device hazard: the kernel touches {buf!r} bytes [{view.offset}, {view.end}) on "
+                f"{buf.device.label}, which {self.device.label} cannot access",
+                call=call, device=self.device.label, hint="allocate it on the launching device or enable peer access",
+            )
+        return Touch(buf, view.offset, view.end, access.write, access.padded_from)
+
+    def _submit(self, work: Work) -> None:
+        self._sim.submit(self.state, work)
+
+    def synchronize(self) -> None:
+        self._sim.synchronize_stream(self.state)
+
+    def query(self) -> bool:
+        return self._sim.query_stream(self.state)
+
+    def _destroy(self) -> None:
+        self.state.destroyed = True  # enqueued work still completes, as on a real device
+
+
+def _argument_bytes(arg: Any) -> Any:
+    if isinstance(arg, BufferView):
+        array = _device_bytes(arg.buffer, arg.offset, arg.nbytes)
+    elif isinstance(arg, DeviceBuffer):
+        array = _device_bytes(arg, 0, arg.alloc_size)
+    else:
+        return arg
+    assert array is not None  # data mode: every simulated buffer has its bytes
+    return array
+
+
+def _run_twin(
+    run: Callable[..., None], name: str, args: tuple[Any, ...], grid: tuple[int, int, int],
+    block: tuple[int, int, int], device: str,
+) -> None:
+    try:
+        run(args, grid, block)
+    except Exception as exc:
+        raise DeviceError(f"the Python twin of kernel {name!r} failed: {exc!r}", call="kernel", device=device) from exc
+
+
+class SimEvent(Event):
+    def __init__(self, device: SimDevice, timing: bool) -> None:
+        super().__init__(device, timing)
+        self._sim = device.sim
+        self.recorded: Recorded | None = None
+
+    def query(self) -> bool:
+        return self._sim.query_event(self.recorded)
+
+    def synchronize(self) -> None:
+        self._sim.synchronize_event(self.recorded)
+
+    def _elapsed_ms(self, end: Event) -> float:
+        assert isinstance(end, SimEvent)
+        call = "Event.elapsed_ms"
+        if self.recorded is None or end.recorded is None:
+            raise DeviceError("both events must have been recorded", call=call, device=self.device.label,
+                              code="invalid handle", hint="record both events before asking for the time between")
+        if not (self.query() and end.query()):
+            raise DeviceError("the events have not completed yet", call=call, device=self.device.label,
+                              code="not ready", hint="synchronize the later event first")
+        return (end.recorded.time - self.recorded.time) * 1e3
+
+    def _destroy(self) -> None:
+        self.recorded = None
+
+
+__all__ = ["SimEvent", "SimStream"]
