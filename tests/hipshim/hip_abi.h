@@ -42,7 +42,7 @@ enum {
 
 /* Flag bits whose numbers HIP shares with CUDA; any other bit is HIP-only and is dropped. */
 #define HIPSHIM_HOST_MALLOC_CUDA_BITS 0x7u  /* Portable | Mapped | WriteCombined */
-#define HIPSHIM_HOST_REGISTER_CUDA_BITS 0x7u /* Portable | Mapped | IoMemory (8 is AMD coarse-grained) */
+#define HIPSHIM_HOST_REGISTER_CUDA_BITS 0xFu /* Portable | Mapped | IoMemory | ReadOnly */
 #define HIPSHIM_EVENT_CUDA_BITS 0x7u        /* BlockingSync | DisableTiming | Interprocess */
 #define HIPSHIM_STREAM_CUDA_BITS 0x1u       /* NonBlocking */
 #define hipMemcpyDeviceToDeviceNoCU 1024

@@ -83,8 +83,9 @@ HIPSHIM_API hipError_t hipHostFree(void *ptr)
     return hipshim_from_cuda(cudaFreeHost(ptr));
 }
 
-/* Bit 8 is hipExtHostRegisterCoarseGrained on AMD but cudaHostRegisterReadOnly on NVIDIA:
- * dropping it keeps a HIP caller from getting read-only semantics it never asked for. */
+/* Bit 8 is hipHostRegisterReadOnly (HIP's headers give the same bit a second name,
+ * hipExtHostRegisterCoarseGrained, which AMD devices read when they ignore read-only); HIP on
+ * NVIDIA maps it to cudaHostRegisterReadOnly, and so does the shim. */
 HIPSHIM_API hipError_t hipHostRegister(void *hostPtr, size_t sizeBytes, unsigned int flags)
 {
     return hipshim_from_cuda(cudaHostRegister(hostPtr, sizeBytes, flags & HIPSHIM_HOST_REGISTER_CUDA_BITS));
