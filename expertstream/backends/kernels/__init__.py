@@ -1,0 +1,257 @@
+"""The MoE kernels: expert matmul by routing ids, SwiGLU, weighted sum of slots, router top-k.
+
+``MoeKernels(device)`` compiles moe.cu through ``device.compile`` (NVRTC, hipRTC, or the
+simulator's Python twins in twins.py) and launches it with validated arguments. Every
+method only enqueues work on the given stream.
+
+Shapes (all float32 unless noted, row-major, contiguous):
+
+- ``mul_mat_id``: w [n_expert][n_out][n_in] of ``w_type`` (Q4_0, Q8_0, F16 or BF16) with
+  ggml's padding tail for quantized rows; x [n_tokens, n_in] shared by all slots, or
+  [n_tokens, top_k, n_in] when ``x_per_slot``; ids int32 [n_tokens, top_k];
+  y [n_tokens, top_k, n_out]. Ids outside [0, n_expert) give NaN rows, never a stray read.
+- ``swiglu``: out[i] = silu(gate[i]) * up[i] for n elements.
+- ``weighted_sum``: out[t, :] = sum_k weights[t, k] * y[t, k, :] (k ascending).
+- ``router_topk``: logits = x @ router^T with router [n_expert, n_embd]; ids int32
+  [n_tokens, top_k] of the largest logits, descending, ties to the lower id; weights
+  [n_tokens, top_k] = softmax over the selected logits.
+
+Scratch: mul_mat_id groups the pairs by expert on the device into an int32 scratch buffer
+of ``scratch_bytes(...)``. Pass ``scratch`` to own it; without it the instance uses one
+buffer of its own, grown when a call needs more and freed by ``close()``. That buffer is
+shared by every call of the instance, so calls on concurrent streams must pass their own.
+"""
+
+from __future__ import annotations
+
+import logging
+from importlib import resources
+
+import numpy as np
+
+from ..base import (
+    BufferView,
+    Device,
+    DeviceBuffer,
+    InvalidArgument,
+    Kernel,
+    RowType,
+    Stream,
+    Usage,
+    padded_size,
+)
+from . import layout
+from .layout import TileM, WeightFormat, weight_format
+
+log = logging.getLogger(__name__)
+
+SOURCE_NAME = "moe.cu"
+
+ViewLike = DeviceBuffer | BufferView
+
+
+def kernel_source() -> str:
+    """The CUDA-C source of every kernel here, as NVRTC and hipRTC compile it."""
+    return resources.files(__package__).joinpath(SOURCE_NAME).read_text(encoding="ascii")
+
+
+def scratch_bytes(n_tokens: int, top_k: int, n_expert: int) -> int:
+    """Bytes of grouping scratch mul_mat_id needs for this many pairs and experts (any tile)."""
+    return 4 * layout.scratch_words(n_tokens * top_k, n_expert, min(TileM))
+
+
+def choose_tile_m(n_pairs: int, n_expert: int) -> TileM:
+    """The tile height that wastes fewer rows for this many pairs per expert on average."""
+    if n_pairs >= layout.TALL_TILE_MIN_PAIRS_PER_EXPERT * n_expert:
+        return TileM.TALL
+    return TileM.SHORT
+
+
+def _positive(call: str, **values: int) -> None:
+    for name, value in values.items():
+        if not isinstance(value, (int, np.integer)) or not 1 <= value <= layout.MAX_INT32:
+            raise InvalidArgument(f"{name} must be a positive int32, got {value!r}", call=call)
+
+
+def _view(call: str, name: str, arg: ViewLike, nbytes: int, align: int) -> BufferView:
+    """``arg`` as a view of exactly ``nbytes``, checked for size and alignment."""
+    if isinstance(arg, DeviceBuffer):
+        arg = arg.view()
+    if not isinstance(arg, BufferView):
+        raise InvalidArgument(f"{name} must be a DeviceBuffer or BufferView, got {type(arg).__name__}", call=call)
+    if arg.nbytes < nbytes:
+        raise InvalidArgument(f"{name} holds {arg.nbytes} bytes but the shapes need {nbytes}", call=call)
+    if arg.offset % align:
+        raise InvalidArgument(f"{name} starts at byte offset {arg.offset}, not a multiple of {align}", call=call)
+    return BufferView(arg.buffer, arg.offset, nbytes)
+
+
+def _i32(value: int) -> np.int32:
+    return np.int32(value)
+
+
+class MoeKernels:
+    """Typed launchers for the MoE kernels on one device."""
+
+    def __init__(self, device: Device) -> None:
+        self.device = device
+        self._source = kernel_source()
+        self._kernels: dict[str, Kernel] = {}
+        self._scratch: list[DeviceBuffer] = []  # the last is current; earlier ones may still be in use
+
+    def kernel(self, name: str) -> Kernel:
+        """Kernel ``name`` of moe.cu, compiled on first use."""
+        kernel = self._kernels.get(name)
+        if kernel is None:
+            kernel = self._kernels[name] = self.device.compile(self._source, name)
+        return kernel
+
+    def mul_mat_id(
+        self,
+        stream: Stream,
+        w: ViewLike,
+        w_type: RowType,
+        n_expert: int,
+        n_out: int,
+        n_in: int,
+        x: ViewLike,
+        x_per_slot: bool,
+        ids: ViewLike,
+        n_tokens: int,
+        top_k: int,
+        y: ViewLike,
+        scratch: ViewLike | None = None,
+    ) -> None:
+        """y[t, k, :] = W[ids[t, k]] @ x[t] (or x[t, k]) with float32 accumulation."""
+        call = "MoeKernels.mul_mat_id"
+        fmt = weight_format(w_type)
+        _positive(call, n_expert=n_expert, n_out=n_out, n_in=n_in, n_tokens=n_tokens, top_k=top_k)
+        self._check_mul_mat_id_shapes(call, fmt, n_expert, n_in, n_tokens * top_k)
+        n_pairs = n_tokens * top_k
+        tile_m = choose_tile_m(n_pairs, n_expert)
+        tiles = layout.max_tiles(n_pairs, n_expert, tile_m)
+        w_bytes = n_expert * n_out * fmt.row_bytes(n_in)
+        w_view = _view(call, "w", w, padded_size(w_bytes, fmt.qtype, n_in), 2)
+        x_view = _view(call, "x", x, (n_pairs if x_per_slot else n_tokens) * n_in * 4, 4)
+        ids_view = _view(call, "ids", ids, n_pairs * 4, 4)
+        y_view = _view(call, "y", y, n_pairs * n_out * 4, 4)
+        words = layout.scratch_words(n_pairs, n_expert, tile_m)
+        scratch_view = (
+            self._own_scratch(words * 4) if scratch is None else _view(call, "scratch", scratch, words * 4, 4)
+        )
+        stream.launch(
+            self.kernel("moe_group_by_expert"), 1, layout.GROUP_THREADS,
+            (ids_view, scratch_view, _i32(n_pairs), _i32(n_expert), _i32(tile_m), _i32(tiles)),
+        )
+        stream.launch(
+            self.kernel(fmt.kernel_name(tile_m)), (-(-n_out // layout.TILE_N), tiles), layout.MMID_THREADS,
+            (
+                w_view, x_view, scratch_view, y_view, _i32(n_expert), _i32(n_out), _i32(n_in), _i32(top_k),
+                _i32(1 if x_per_slot else 0), _i32(tiles),
+            ),
+        )
+
+    def swiglu(self, stream: Stream, gate: ViewLike, up: ViewLike, out: ViewLike, n: int) -> None:
+        """out[i] = gate[i] / (1 + exp(-gate[i])) * up[i] for i < n."""
+        call = "MoeKernels.swiglu"
+        _positive(call, n=n)
+        views = [_view(call, name, arg, n * 4, 4) for name, arg in (("gate", gate), ("up", up), ("out", out))]
+        blocks = min(-(-n // layout.ELEMENTWISE_THREADS), layout.MAX_GRID_Y)
+        stream.launch(self.kernel("moe_swiglu"), blocks, layout.ELEMENTWISE_THREADS, (*views, _i32(n)))
+
+    def weighted_sum(
+        self, stream: Stream, y: ViewLike, weights: ViewLike, out: ViewLike, n_tokens: int, top_k: int, n: int
+    ) -> None:
+        """out[t, :] = sum over k ascending of weights[t, k] * y[t, k, :]."""
+        call = "MoeKernels.weighted_sum"
+        _positive(call, n_tokens=n_tokens, top_k=top_k, n=n)
+        _fits_int32(call, y=n_tokens * top_k * n)
+        args = (
+            _view(call, "y", y, n_tokens * top_k * n * 4, 4),
+            _view(call, "weights", weights, n_tokens * top_k * 4, 4),
+            _view(call, "out", out, n_tokens * n * 4, 4),
+            _i32(n_tokens), _i32(top_k), _i32(n),
+        )
+        grid = (-(-n // layout.ELEMENTWISE_THREADS), min(n_tokens, layout.MAX_GRID_Y))
+        stream.launch(self.kernel("moe_weighted_sum"), grid, layout.ELEMENTWISE_THREADS, args)
+
+    def router_topk(
+        self,
+        stream: Stream,
+        x: ViewLike,
+        router: ViewLike,
+        n_tokens: int,
+        n_embd: int,
+        n_expert: int,
+        top_k: int,
+        ids: ViewLike,
+        weights: ViewLike,
+    ) -> None:
+        """ids, weights = top_k of x @ router^T per token, softmax over the selected logits."""
+        call = "MoeKernels.router_topk"
+        _positive(call, n_tokens=n_tokens, n_embd=n_embd, n_expert=n_expert, top_k=top_k)
+        if n_expert > layout.ROUTER_MAX_EXPERTS:
+            raise InvalidArgument(
+                f"router_topk handles at most {layout.ROUTER_MAX_EXPERTS} experts, got {n_expert}", call=call
+            )
+        if top_k > min(n_expert, layout.ROUTER_MAX_K):
+            raise InvalidArgument(
+                f"top_k {top_k} exceeds min(n_expert, {layout.ROUTER_MAX_K}) = "
+                f"{min(n_expert, layout.ROUTER_MAX_K)}",
+                call=call,
+            )
+        _fits_int32(call, x=n_tokens * n_embd, router=n_expert * n_embd)
+        args = (
+            _view(call, "x", x, n_tokens * n_embd * 4, 4),
+            _view(call, "router", router, n_expert * n_embd * 4, 4),
+            _view(call, "ids", ids, n_tokens * top_k * 4, 4),
+            _view(call, "weights", weights, n_tokens * top_k * 4, 4),
+            _i32(n_tokens), _i32(n_embd), _i32(n_expert), _i32(top_k),
+        )
+        blocks = -(-n_tokens // layout.ROUTER_TOKENS)
+        stream.launch(self.kernel("moe_router_topk"), blocks, layout.ROUTER_THREADS, args)
+
+    def close(self) -> None:
+        """Free the instance's own scratch; work that uses it must be finished."""
+        for buf in self._scratch:
+            buf.close()
+        self._scratch.clear()
+
+    def __enter__(self) -> MoeKernels:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @staticmethod
+    def _check_mul_mat_id_shapes(call: str, fmt: WeightFormat, n_expert: int, n_in: int, n_pairs: int) -> None:
+        if n_expert > layout.MAX_EXPERTS:
+            raise InvalidArgument(f"at most {layout.MAX_EXPERTS} experts are supported, got {n_expert}", call=call)
+        if n_in % fmt.block_elements:
+            raise InvalidArgument(
+                f"n_in {n_in} is not a multiple of the {fmt.qtype.name} block size {fmt.block_elements}", call=call
+            )
+        _fits_int32(call, pairs=n_pairs)
+        if layout.max_tiles(n_pairs, n_expert, min(TileM)) > layout.MAX_GRID_Y:
+            raise InvalidArgument(
+                f"{n_pairs} (token, slot) pairs need more than {layout.MAX_GRID_Y} tiles", call=call,
+                hint="split the batch",
+            )
+
+    def _own_scratch(self, nbytes: int) -> BufferView:
+        current = self._scratch[-1] if self._scratch else None
+        if current is None or current.nbytes < nbytes:
+            size = 1 << max(12, (nbytes - 1).bit_length())  # grow by powers of two: few buffers are ever kept
+            log.debug("mul_mat_id scratch on %s grows to %d bytes", self.device.label, size)
+            current = self.device.alloc(size, Usage.COMPUTE)
+            self._scratch.append(current)
+        return current.view(0, nbytes)
+
+
+def _fits_int32(call: str, **counts: int) -> None:
+    for name, count in counts.items():
+        if count > layout.MAX_INT32:
+            raise InvalidArgument(f"{name} has {count} elements, more than int32 indexing allows", call=call)
+
+
+__all__ = ["MoeKernels", "choose_tile_m", "kernel_source", "scratch_bytes"]

@@ -1,0 +1,104 @@
+"""Facts shared by the device kernels (moe.cu), their launcher and their Python twins.
+
+The numbers here must match the #defines at the top of moe.cu.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from gguf import GGMLQuantizationType
+
+from ..base import MATRIX_ROW_PADDING, InvalidArgument, RowType
+
+TILE_N = 128  # outputs per block of mul_mat_id
+TILE_K = 32  # elements per k step: one quantization block
+MMID_THREADS = 128
+GROUP_THREADS = 1024
+MAX_EXPERTS = 1024  # experts the grouping kernel can bucket
+SCRATCH_HEADER = 4  # int32 words before the tile table
+
+ROUTER_TOKENS = 8  # tokens per block of router_topk
+ROUTER_THREADS = 256
+ROUTER_MAX_EXPERTS = 512
+ROUTER_MAX_K = 32
+
+ELEMENTWISE_THREADS = 256
+MAX_GRID_Y = 65535
+MAX_INT32 = 2**31 - 1
+
+# Pairs per expert at or above which the taller tile wins (measured: see
+# docs/results/cuda-h200-kernels.md); below it the shorter tile wastes fewer rows.
+TALL_TILE_MIN_PAIRS_PER_EXPERT = 48
+
+
+class TileM(enum.IntEnum):
+    """Rows (token, slot pairs) per block of mul_mat_id; each is compiled as its own kernel."""
+
+    SHORT = 32
+    TALL = 64
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """How one supported weight type is laid out and which kernels read it."""
+
+    qtype: GGMLQuantizationType
+    suffix: str  # kernel name part
+    block_elements: int
+    block_bytes: int
+
+    @property
+    def quantized(self) -> bool:
+        return self.block_elements > 1
+
+    def row_bytes(self, n_in: int) -> int:
+        return n_in // self.block_elements * self.block_bytes
+
+    def padded_row_elements(self, n_in: int) -> int:
+        """Elements the kernel reads per row: quantized rows are read in 512-element blocks."""
+        if not self.quantized:
+            return n_in
+        return -(-n_in // MATRIX_ROW_PADDING) * MATRIX_ROW_PADDING
+
+    def kernel_name(self, tile_m: TileM) -> str:
+        return f"moe_mul_mat_id_{self.suffix}_m{int(tile_m)}"
+
+
+FORMATS: dict[GGMLQuantizationType, WeightFormat] = {
+    f.qtype: f
+    for f in (
+        WeightFormat(GGMLQuantizationType.Q4_0, "q4_0", 32, 18),
+        WeightFormat(GGMLQuantizationType.Q8_0, "q8_0", 32, 34),
+        WeightFormat(GGMLQuantizationType.F16, "f16", 1, 2),
+        WeightFormat(GGMLQuantizationType.BF16, "bf16", 1, 2),
+    )
+}
+
+
+def weight_format(w_type: RowType) -> WeightFormat:
+    """The format of a supported weight type; InvalidArgument names the supported ones otherwise."""
+    try:
+        qtype = GGMLQuantizationType(int(w_type))
+    except ValueError:
+        qtype = None
+    fmt = FORMATS.get(qtype) if qtype is not None else None
+    if fmt is None:
+        supported = ", ".join(f.qtype.name for f in FORMATS.values())
+        shown = qtype.name if qtype is not None else repr(w_type)
+        raise InvalidArgument(
+            f"mul_mat_id does not support weight type {shown}", call="MoeKernels.mul_mat_id",
+            hint=f"supported types: {supported}",
+        )
+    return fmt
+
+
+def max_tiles(n_pairs: int, n_expert: int, tile_m: int) -> int:
+    """Upper bound on tiles: each bucket (experts plus the bad-id bucket) wastes at most one."""
+    return -(-n_pairs // tile_m) + n_expert + 1
+
+
+def scratch_words(n_pairs: int, n_expert: int, tile_m: int) -> int:
+    """int32 words of grouping scratch: header, tile triples, then one row entry per pair."""
+    return SCRATCH_HEADER + 3 * max_tiles(n_pairs, n_expert, tile_m) + n_pairs

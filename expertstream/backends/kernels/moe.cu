@@ -1,0 +1,506 @@
+// Mixture-of-Experts kernels: one source for NVRTC (CUDA) and hipRTC (HIP).
+//
+// Portability rules this file keeps:
+// - no includes: f16 and bf16 are decoded from their bits by hand;
+// - no warp-level intrinsics: every cooperation goes through shared memory and
+//   __syncthreads, so the code is correct for any wavefront size (32 on NVIDIA,
+//   64 on most AMD GPUs);
+// - explicit fmaf, so both compilers accumulate with the same contraction.
+//
+// Weight layouts are ggml's: a 3-D expert tensor [n_expert][n_out][n_in] of rows of
+// n_in elements, contiguous. Q4_0 blocks are an f16 scale and 16 bytes of nibbles per
+// 32 elements (low nibbles are elements 0..15); Q8_0 blocks an f16 scale and 32 int8.
+
+#define ES_TYPE_F16 1
+#define ES_TYPE_Q4_0 2
+#define ES_TYPE_Q8_0 8
+#define ES_TYPE_BF16 30
+
+// Must match expertstream/backends/kernels/layout.py.
+#define MOE_MAX_EXPERTS 1024      // buckets in the grouping kernel (plus one for bad ids)
+#define MOE_SCRATCH_HEADER 4      // ints before the tile table
+#define MOE_TILE_N 128            // outputs per block in mul_mat_id
+#define MOE_TILE_K 32             // elements per k step: one quantization block
+#define MOE_ROW_PADDING 512       // quantized rows are read in blocks of this many elements
+#define MOE_MMID_THREADS 128
+#define MOE_GROUP_THREADS 1024
+#define ROUTER_TOKENS 8           // tokens per block in router_topk
+#define ROUTER_EXPERT_CHUNK 64    // experts per pass over n_embd
+#define ROUTER_MAX_EXPERTS 512
+#define ROUTER_MAX_K 32
+#define ROUTER_THREADS 256        // ROUTER_TOKENS groups of 32 threads
+
+struct alignas(16) vec4 {
+    float x, y, z, w;
+};
+
+__device__ float bits_to_float(unsigned int bits) {
+    union {
+        unsigned int u;
+        float f;
+    } v;
+    v.u = bits;
+    return v.f;
+}
+
+// Exact for normals, subnormals, infinities and NaNs: the exponent is rebased by a
+// multiplication with 2^112, which is exact for every finite half.
+__device__ float half_to_float(unsigned int h) {
+    unsigned int magnitude = (h & 0x7fffu) << 13;
+    if ((h & 0x7c00u) == 0x7c00u) {
+        magnitude |= 0x7f800000u;
+    }
+    float f = bits_to_float(magnitude) * bits_to_float(0x77800000u);
+    return (h & 0x8000u) ? -f : f;
+}
+
+__device__ float bf16_to_float(unsigned int h) {
+    return bits_to_float(h << 16);
+}
+
+// Per-type layout of one 32-element block as it is read from memory, in 16-bit units.
+template <int TYPE> struct BlockFormat;
+template <> struct BlockFormat<ES_TYPE_Q4_0> {
+    static const int bytes = 18;
+    static const bool quantized = true;
+};
+template <> struct BlockFormat<ES_TYPE_Q8_0> {
+    static const int bytes = 34;
+    static const bool quantized = true;
+};
+template <> struct BlockFormat<ES_TYPE_F16> {
+    static const int bytes = 64;
+    static const bool quantized = false;
+};
+template <> struct BlockFormat<ES_TYPE_BF16> {
+    static const int bytes = 64;
+    static const bool quantized = false;
+};
+
+__device__ unsigned int block_byte(const unsigned short* halves, int i) {
+    return (halves[i >> 1] >> ((i & 1) * 8)) & 0xffu;
+}
+
+// Decode one block from its 16-bit units into 32 floats.
+template <int TYPE> __device__ void decode_block(const unsigned short* halves, float* out);
+
+template <> __device__ void decode_block<ES_TYPE_Q4_0>(const unsigned short* halves, float* out) {
+    const float d = half_to_float(halves[0]);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+        const int q = (int)block_byte(halves, 2 + j);
+        out[j] = d * (float)((q & 0xf) - 8);
+        out[j + 16] = d * (float)((q >> 4) - 8);
+    }
+}
+
+template <> __device__ void decode_block<ES_TYPE_Q8_0>(const unsigned short* halves, float* out) {
+    const float d = half_to_float(halves[0]);
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+        const int q = (int)block_byte(halves, 2 + j);
+        out[j] = d * (float)(q >= 128 ? q - 256 : q);
+    }
+}
+
+template <> __device__ void decode_block<ES_TYPE_F16>(const unsigned short* halves, float* out) {
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+        out[j] = half_to_float(halves[j]);
+    }
+}
+
+template <> __device__ void decode_block<ES_TYPE_BF16>(const unsigned short* halves, float* out) {
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+        out[j] = bf16_to_float(halves[j]);
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Grouping: bucket the (token, slot) pairs by expert and cut each bucket into tiles.
+//
+// scratch (int32): [0] number of tiles; from MOE_SCRATCH_HEADER, max_tiles triples
+// (expert, first row, row count); then n_pairs row entries (pair index t * top_k + k)
+// sorted by expert. Ids outside [0, n_expert) go to bucket n_expert, whose outputs the
+// matrix kernel fills with NaN instead of reading memory out of range. The order of
+// pairs inside a bucket depends on atomics; no output value depends on it, because
+// every output element is one thread's dot product in a fixed order.
+// ---------------------------------------------------------------------------------
+
+__device__ int bucket_of(int id, int n_expert) {
+    return (unsigned int)id < (unsigned int)n_expert ? id : n_expert;
+}
+
+extern "C" __global__ void __launch_bounds__(MOE_GROUP_THREADS) moe_group_by_expert(
+    const int* __restrict__ ids, int* __restrict__ scratch, int n_pairs, int n_expert, int tile_m,
+    int max_tiles) {
+    __shared__ int count[MOE_MAX_EXPERTS + 1];
+    __shared__ int cursor[MOE_MAX_EXPERTS + 1];
+    __shared__ int first_tile[MOE_MAX_EXPERTS + 1];
+    const int n_buckets = n_expert + 1;
+    for (int e = threadIdx.x; e < n_buckets; e += blockDim.x) {
+        count[e] = 0;
+    }
+    __syncthreads();
+    for (int p = threadIdx.x; p < n_pairs; p += blockDim.x) {
+        atomicAdd(&count[bucket_of(ids[p], n_expert)], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int offset = 0;
+        int tiles = 0;
+        for (int e = 0; e < n_buckets; ++e) {
+            cursor[e] = offset;
+            first_tile[e] = tiles;
+            offset += count[e];
+            tiles += (count[e] + tile_m - 1) / tile_m;
+        }
+        scratch[0] = tiles;
+    }
+    __syncthreads();
+    int* tile_table = scratch + MOE_SCRATCH_HEADER;
+    int* rows = tile_table + 3 * max_tiles;
+    for (int e = threadIdx.x; e < n_buckets; e += blockDim.x) {
+        int t = first_tile[e];
+        for (int begin = 0; begin < count[e]; begin += tile_m, ++t) {
+            tile_table[3 * t] = e;
+            tile_table[3 * t + 1] = cursor[e] + begin;
+            tile_table[3 * t + 2] = count[e] - begin < tile_m ? count[e] - begin : tile_m;
+        }
+    }
+    __syncthreads();  // the loop above reads cursor before the scatter below advances it
+    for (int p = threadIdx.x; p < n_pairs; p += blockDim.x) {
+        rows[atomicAdd(&cursor[bucket_of(ids[p], n_expert)], 1)] = p;
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// mul_mat_id: y[p, :] = W[expert(p)] @ x[row(p)] for the pairs of one tile.
+//
+// One block computes TILE_M pairs x MOE_TILE_N outputs; each thread a TM x 8 register
+// block (rows i*8 + tm, columns j*16 + tn: the strided layout keeps the 16-byte
+// shared-memory reads free of bank conflicts). Per k step the block loads the raw
+// weight blocks cooperatively (coalesced), decodes them once into shared memory, and
+// loads the activations. Each output is one thread's sum over k in ascending order, so
+// results do not depend on the tile a pair lands in.
+//
+// Quantized rows are read up to the next multiple of MOE_ROW_PADDING elements, as
+// ggml's MMQ does: past the last row that is the tensor's padding tail. Activations
+// there are zero, so those weights are folded in as 0 * w: zero when the bytes hold
+// finite values, NaN when they do not (a dirty tail shows).
+// ---------------------------------------------------------------------------------
+
+template <int TYPE, int TILE_M>
+__device__ void mul_mat_id_tile(const unsigned char* __restrict__ w, const float* __restrict__ x,
+                                const int* __restrict__ scratch, float* __restrict__ y, int n_expert,
+                                int n_out, int n_in, int top_k, int x_per_slot, int max_tiles) {
+    const int HALVES = BlockFormat<TYPE>::bytes / 2;
+    const int RAW_STRIDE = HALVES + (HALVES % 2 == 0 ? 2 : 1);  // odd words per row: no bank conflicts
+    const int TM = TILE_M / 8;
+    const int LDS = MOE_TILE_K + 4;  // floats per shared row; keeps rows 16-byte aligned
+
+    __shared__ vec4 x_tile[TILE_M][LDS / 4];
+    __shared__ vec4 w_tile[MOE_TILE_N][LDS / 4];
+    __shared__ unsigned short raw[MOE_TILE_N * RAW_STRIDE];
+    __shared__ int src_row[TILE_M];
+    __shared__ int dst_row[TILE_M];
+    __shared__ float tail[MOE_TILE_N];
+
+    const int tile = blockIdx.y;
+    if (tile >= scratch[0]) {
+        return;
+    }
+    const int* entry = scratch + MOE_SCRATCH_HEADER + 3 * tile;
+    const int expert = entry[0];
+    const int first = entry[1];
+    const int count = entry[2];
+    const int* rows = scratch + MOE_SCRATCH_HEADER + 3 * max_tiles;
+    const int tid = threadIdx.x;
+    const int n0 = blockIdx.x * MOE_TILE_N;
+
+    for (int m = tid; m < TILE_M; m += MOE_MMID_THREADS) {
+        const int p = m < count ? rows[first + m] : -1;
+        dst_row[m] = p;
+        src_row[m] = p < 0 ? -1 : (x_per_slot ? p : p / top_k);
+    }
+    __syncthreads();
+
+    if (expert == n_expert) {  // the bucket of out-of-range ids
+        for (int i = tid; i < count * MOE_TILE_N; i += MOE_MMID_THREADS) {
+            const int o = n0 + i % MOE_TILE_N;
+            if (o < n_out) {
+                y[(long long)dst_row[i / MOE_TILE_N] * n_out + o] = bits_to_float(0x7fc00000u);
+            }
+        }
+        return;
+    }
+
+    const long long row_bytes = BlockFormat<TYPE>::quantized
+                                    ? (long long)(n_in / MOE_TILE_K) * BlockFormat<TYPE>::bytes
+                                    : (long long)n_in * 2;
+    const unsigned char* w_expert = w + (long long)expert * n_out * row_bytes;
+    const int k_steps = (n_in + MOE_TILE_K - 1) / MOE_TILE_K;
+
+    // The padded part of quantized rows: thread tid reads row n0 + tid directly.
+    float tail_sum = 0.0f;
+    if (BlockFormat<TYPE>::quantized && n0 + tid < n_out) {
+        const int padded_steps = (n_in + MOE_ROW_PADDING - 1) / MOE_ROW_PADDING * (MOE_ROW_PADDING / MOE_TILE_K);
+        const unsigned char* row = w_expert + (long long)(n0 + tid) * row_bytes;
+        for (int ks = k_steps; ks < padded_steps; ++ks) {
+            const unsigned short* block = (const unsigned short*)(row + (long long)ks * BlockFormat<TYPE>::bytes);
+            unsigned short halves[HALVES];
+#pragma unroll
+            for (int h = 0; h < HALVES; ++h) {
+                halves[h] = block[h];
+            }
+            float v[32];
+            decode_block<TYPE>(halves, v);
+#pragma unroll
+            for (int j = 0; j < 32; ++j) {
+                tail_sum += 0.0f * v[j];
+            }
+        }
+    }
+    tail[tid] = tail_sum;  // read after the k loop, whose barriers order it
+
+    const int tm = tid / 16;
+    const int tn = tid % 16;
+    float acc[TM][8];
+#pragma unroll
+    for (int i = 0; i < TM; ++i) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            acc[i][j] = 0.0f;
+        }
+    }
+
+    for (int ks = 0; ks < k_steps; ++ks) {
+        const int k0 = ks * MOE_TILE_K;
+        // Raw weights: consecutive threads read consecutive 16-bit units of a row.
+        for (int i = tid; i < MOE_TILE_N * HALVES; i += MOE_MMID_THREADS) {
+            const int n = i / HALVES;
+            const int h = i - n * HALVES;
+            unsigned short v = 0;
+            if (n0 + n < n_out && (BlockFormat<TYPE>::quantized || k0 + h < n_in)) {
+                const unsigned char* block = w_expert + (long long)(n0 + n) * row_bytes
+                                             + (long long)ks * BlockFormat<TYPE>::bytes;
+                v = ((const unsigned short*)block)[h];
+            }
+            raw[n * RAW_STRIDE + h] = v;
+        }
+        // Activations: one row's 32 consecutive floats per 32 threads.
+        for (int i = tid; i < TILE_M * MOE_TILE_K; i += MOE_MMID_THREADS) {
+            const int m = i / MOE_TILE_K;
+            const int k = i % MOE_TILE_K;
+            const int src = src_row[m];
+            ((float*)x_tile[m])[k] = (src >= 0 && k0 + k < n_in) ? x[(long long)src * n_in + k0 + k] : 0.0f;
+        }
+        __syncthreads();
+        {
+            float v[32];
+            decode_block<TYPE>(raw + tid * RAW_STRIDE, v);
+#pragma unroll
+            for (int q = 0; q < 8; ++q) {
+                vec4 packed;
+                packed.x = v[4 * q];
+                packed.y = v[4 * q + 1];
+                packed.z = v[4 * q + 2];
+                packed.w = v[4 * q + 3];
+                w_tile[tid][q] = packed;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kq = 0; kq < MOE_TILE_K / 4; ++kq) {
+            vec4 a[TM];
+#pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                a[i] = x_tile[i * 8 + tm][kq];
+            }
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const vec4 b = w_tile[j * 16 + tn][kq];
+#pragma unroll
+                for (int i = 0; i < TM; ++i) {
+                    acc[i][j] = fmaf(a[i].x, b.x, acc[i][j]);
+                    acc[i][j] = fmaf(a[i].y, b.y, acc[i][j]);
+                    acc[i][j] = fmaf(a[i].z, b.z, acc[i][j]);
+                    acc[i][j] = fmaf(a[i].w, b.w, acc[i][j]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+
+#pragma unroll
+    for (int i = 0; i < TM; ++i) {
+        const int p = dst_row[i * 8 + tm];
+        if (p < 0) {
+            continue;
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int o = n0 + j * 16 + tn;
+            if (o < n_out) {
+                y[(long long)p * n_out + o] = acc[i][j] + tail[j * 16 + tn];
+            }
+        }
+    }
+}
+
+#define MOE_MUL_MAT_ID(NAME, TYPE, TILE_M)                                                                \
+    extern "C" __global__ void __launch_bounds__(MOE_MMID_THREADS)                                      \
+        NAME(const unsigned char* __restrict__ w, const float* __restrict__ x,                         \
+             const int* __restrict__ scratch, float* __restrict__ y, int n_expert, int n_out, int n_in, \
+             int top_k, int x_per_slot, int max_tiles) {                                                \
+        mul_mat_id_tile<TYPE, TILE_M>(w, x, scratch, y, n_expert, n_out, n_in, top_k, x_per_slot,      \
+                                      max_tiles);                                                       \
+    }
+
+MOE_MUL_MAT_ID(moe_mul_mat_id_q4_0_m32, ES_TYPE_Q4_0, 32)
+MOE_MUL_MAT_ID(moe_mul_mat_id_q4_0_m64, ES_TYPE_Q4_0, 64)
+MOE_MUL_MAT_ID(moe_mul_mat_id_q8_0_m32, ES_TYPE_Q8_0, 32)
+MOE_MUL_MAT_ID(moe_mul_mat_id_q8_0_m64, ES_TYPE_Q8_0, 64)
+MOE_MUL_MAT_ID(moe_mul_mat_id_f16_m32, ES_TYPE_F16, 32)
+MOE_MUL_MAT_ID(moe_mul_mat_id_f16_m64, ES_TYPE_F16, 64)
+MOE_MUL_MAT_ID(moe_mul_mat_id_bf16_m32, ES_TYPE_BF16, 32)
+MOE_MUL_MAT_ID(moe_mul_mat_id_bf16_m64, ES_TYPE_BF16, 64)
+
+// ---------------------------------------------------------------------------------
+// Elementwise and reduction kernels.
+// ---------------------------------------------------------------------------------
+
+extern "C" __global__ void moe_swiglu(const float* __restrict__ gate, const float* __restrict__ up,
+                                      float* __restrict__ out, int n) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+// out[t, i] = sum over k = 0..top_k-1, in that order, of weights[t, k] * y[t, k, i].
+extern "C" __global__ void moe_weighted_sum(const float* __restrict__ y, const float* __restrict__ weights,
+                                            float* __restrict__ out, int n_tokens, int top_k, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) {
+        return;
+    }
+    for (int t = blockIdx.y; t < n_tokens; t += gridDim.y) {
+        float acc = 0.0f;
+        for (int k = 0; k < top_k; ++k) {
+            acc = fmaf(weights[t * top_k + k], y[((long long)t * top_k + k) * n + i], acc);
+        }
+        out[(long long)t * n + i] = acc;
+    }
+}
+
+// Total order for top-k: a larger logit wins, equal logits go to the lower id, NaN loses
+// to any number; an empty candidate (id < 0) never wins.
+__device__ bool router_better(float v, int e, float best_v, int best_e) {
+    if (e < 0) {
+        return false;
+    }
+    if (best_e < 0) {
+        return true;
+    }
+    const bool v_nan = v != v;
+    const bool best_nan = best_v != best_v;
+    if (v_nan != best_nan) {
+        return best_nan;
+    }
+    if (v_nan) {
+        return e < best_e;
+    }
+    return v > best_v || (v == best_v && e < best_e);
+}
+
+// logits = x @ router^T; ids = the top_k experts by logit; weights = softmax over the
+// selected logits. One block handles ROUTER_TOKENS tokens, 32 threads per token.
+extern "C" __global__ void __launch_bounds__(ROUTER_THREADS) moe_router_topk(
+    const float* __restrict__ x, const float* __restrict__ router, int* __restrict__ ids,
+    float* __restrict__ weights, int n_tokens, int n_embd, int n_expert, int top_k) {
+    __shared__ float logits[ROUTER_TOKENS][ROUTER_MAX_EXPERTS];
+    __shared__ unsigned char taken[ROUTER_TOKENS][ROUTER_MAX_EXPERTS];
+    __shared__ float x_chunk[ROUTER_TOKENS][33];
+    __shared__ float r_chunk[ROUTER_EXPERT_CHUNK][33];
+    __shared__ float cand_v[ROUTER_THREADS];
+    __shared__ int cand_e[ROUTER_THREADS];
+    __shared__ float sel_v[ROUTER_TOKENS][ROUTER_MAX_K];
+    __shared__ int sel_e[ROUTER_TOKENS][ROUTER_MAX_K];
+
+    const int tid = threadIdx.x;
+    const int group = tid / 32;
+    const int lane = tid % 32;
+    const int t = blockIdx.x * ROUTER_TOKENS + group;
+
+    for (int e0 = 0; e0 < n_expert; e0 += ROUTER_EXPERT_CHUNK) {
+        float acc0 = 0.0f;
+        float acc1 = 0.0f;
+        for (int k0 = 0; k0 < n_embd; k0 += 32) {
+            x_chunk[group][lane] = (t < n_tokens && k0 + lane < n_embd) ? x[(long long)t * n_embd + k0 + lane] : 0.0f;
+            for (int i = tid; i < ROUTER_EXPERT_CHUNK * 32; i += ROUTER_THREADS) {
+                const int e = e0 + i / 32;
+                const int k = k0 + i % 32;
+                r_chunk[i / 32][i % 32] = (e < n_expert && k < n_embd) ? router[(long long)e * n_embd + k] : 0.0f;
+            }
+            __syncthreads();
+#pragma unroll
+            for (int k = 0; k < 32; ++k) {
+                acc0 = fmaf(x_chunk[group][k], r_chunk[lane][k], acc0);
+                acc1 = fmaf(x_chunk[group][k], r_chunk[lane + 32][k], acc1);
+            }
+            __syncthreads();
+        }
+        if (e0 + lane < n_expert) {
+            logits[group][e0 + lane] = acc0;
+            taken[group][e0 + lane] = 0;
+        }
+        if (e0 + lane + 32 < n_expert) {
+            logits[group][e0 + lane + 32] = acc1;
+            taken[group][e0 + lane + 32] = 0;
+        }
+    }
+    __syncthreads();
+
+    for (int j = 0; j < top_k; ++j) {
+        float best_v = 0.0f;
+        int best_e = -1;
+        for (int e = lane; e < n_expert; e += 32) {
+            if (!taken[group][e] && router_better(logits[group][e], e, best_v, best_e)) {
+                best_v = logits[group][e];
+                best_e = e;
+            }
+        }
+        cand_v[tid] = best_v;
+        cand_e[tid] = best_e;
+        __syncthreads();
+        for (int s = 16; s > 0; s >>= 1) {
+            if (lane < s && router_better(cand_v[tid + s], cand_e[tid + s], cand_v[tid], cand_e[tid])) {
+                cand_v[tid] = cand_v[tid + s];
+                cand_e[tid] = cand_e[tid + s];
+            }
+            __syncthreads();
+        }
+        if (lane == 0) {
+            sel_v[group][j] = cand_v[tid];
+            sel_e[group][j] = cand_e[tid];
+            taken[group][cand_e[tid]] = 1;
+        }
+        __syncthreads();
+    }
+
+    if (lane == 0 && t < n_tokens) {
+        const float max_v = sel_v[group][0];  // the selection order puts the largest first
+        float sum = 0.0f;
+        for (int j = 0; j < top_k; ++j) {
+            sum += expf(sel_v[group][j] - max_v);
+        }
+        for (int j = 0; j < top_k; ++j) {
+            ids[(long long)t * top_k + j] = sel_e[group][j];
+            weights[(long long)t * top_k + j] = expf(sel_v[group][j] - max_v) / sum;
+        }
+    }
+}

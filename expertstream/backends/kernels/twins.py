@@ -1,0 +1,197 @@
+"""numpy twins of the kernels in moe.cu, registered with the simulated backend at import.
+
+Each twin takes the launch arguments in the kernel's order, computes what the kernel
+computes (float32, vectorized, for CI-sized shapes) and declares every byte range it reads
+or writes. The mul_mat_id twin reads quantized rows up to the next multiple of 512
+elements like the kernel, so a dirty padding tail turns outputs into NaN here too; its
+matrix product is an einsum, whose sum for one output does not depend on how many rows
+share the call, so results do not depend on how tokens are grouped.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from gguf.quants import dequantize
+
+from ..base import BufferView
+from ..sim.kernels import Access, Dim3Tuple, KernelSpec, register_kernel
+from . import layout
+from .layout import FORMATS, TileM, WeightFormat
+
+log = logging.getLogger(__name__)
+
+Args = tuple[Any, ...]
+
+
+def _as_view(arg: Any) -> BufferView:
+    return arg if isinstance(arg, BufferView) else arg.view()
+
+
+# -- grouping ------------------------------------------------------------------------------
+# args: ids, scratch, n_pairs, n_expert, tile_m, max_tiles
+
+
+def _group_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
+    ids_bytes, scratch_bytes, n_pairs, n_expert, tile_m, max_tiles = args
+    ids = ids_bytes.view(np.int32)[: int(n_pairs)]
+    n_expert, tile_m, max_tiles = int(n_expert), int(tile_m), int(max_tiles)
+    bucket = np.where((ids >= 0) & (ids < n_expert), ids, n_expert)
+    counts = np.bincount(bucket, minlength=n_expert + 1)
+    offsets = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    tiles_per_bucket = -(-counts // tile_m)
+    tile_bucket = np.repeat(np.arange(n_expert + 1), tiles_per_bucket)
+    first_tile = np.concatenate([[0], np.cumsum(tiles_per_bucket)[:-1]])
+    begin = (np.arange(tile_bucket.size) - first_tile[tile_bucket]) * tile_m
+    words = scratch_bytes.view(np.int32)
+    words[0] = tile_bucket.size
+    table = words[layout.SCRATCH_HEADER : layout.SCRATCH_HEADER + 3 * max_tiles].reshape(max_tiles, 3)
+    table[: tile_bucket.size] = np.stack(
+        [tile_bucket, offsets[tile_bucket] + begin, np.minimum(tile_m, counts[tile_bucket] - begin)], axis=1
+    )
+    rows_at = layout.SCRATCH_HEADER + 3 * max_tiles
+    words[rows_at : rows_at + ids.size] = np.argsort(bucket, kind="stable")
+
+
+def _group_accesses(args: Args) -> Sequence[Access]:
+    return [Access(_as_view(args[0]), write=False), Access(_as_view(args[1]), write=True)]
+
+
+def _group_flops(args: Args) -> float:
+    return float(args[2])
+
+
+# -- mul_mat_id ----------------------------------------------------------------------------
+# args: w, x, scratch, y, n_expert, n_out, n_in, top_k, x_per_slot, max_tiles
+
+
+def _padded_rows(w_bytes: np.ndarray, fmt: WeightFormat, expert: int, n_out: int, n_in: int) -> np.ndarray:
+    """float32 [n_out, padded n_in] of one expert, rows read past n_in as the kernel reads them."""
+    row_bytes = fmt.row_bytes(n_in)
+    width = fmt.row_bytes(fmt.padded_row_elements(n_in))
+    start = expert * n_out * row_bytes
+    rows = np.lib.stride_tricks.as_strided(
+        w_bytes[start:], shape=(n_out, width), strides=(row_bytes, 1), writeable=False
+    )
+    return np.asarray(dequantize(np.ascontiguousarray(rows), fmt.qtype), np.float32)
+
+
+def _mul_mat_id_runner(fmt: WeightFormat) -> Any:
+    def run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
+        w_bytes, x_bytes, scratch_bytes, y_bytes, n_expert, n_out, n_in, top_k, x_per_slot, max_tiles = args
+        n_expert, n_out, n_in, top_k = int(n_expert), int(n_out), int(n_in), int(top_k)
+        words = scratch_bytes.view(np.int32)
+        table = words[layout.SCRATCH_HEADER : layout.SCRATCH_HEADER + 3 * int(max_tiles)].reshape(-1, 3)
+        rows = words[layout.SCRATCH_HEADER + 3 * int(max_tiles) :]
+        x = x_bytes.view(np.float32).reshape(-1, n_in)
+        y = y_bytes.view(np.float32).reshape(-1, n_out)
+        width = fmt.padded_row_elements(n_in)
+        weights: dict[int, np.ndarray] = {}
+        for expert, first, count in table[: int(words[0])]:
+            pairs = rows[first : first + count]
+            if expert == n_expert:  # ids out of range
+                y[pairs] = np.nan
+                continue
+            if expert not in weights:
+                weights[expert] = _padded_rows(w_bytes, fmt, int(expert), n_out, n_in)
+            acts = np.zeros((pairs.size, width), np.float32)
+            acts[:, :n_in] = x[pairs if x_per_slot else pairs // top_k]
+            y[pairs] = np.einsum("mk,nk->mn", acts, weights[expert])
+
+    return run
+
+
+def _mul_mat_id_accesses_for(fmt: WeightFormat) -> Any:
+    def accesses(args: Args) -> Sequence[Access]:
+        w, x, scratch, y, n_expert, n_out, n_in = args[:7]
+        w_view = _as_view(w)
+        tensor_bytes = int(n_expert) * int(n_out) * fmt.row_bytes(int(n_in))
+        padded_from = w_view.offset + tensor_bytes if w_view.nbytes > tensor_bytes else None
+        return [
+            Access(w_view, write=False, padded_from=padded_from),
+            Access(_as_view(x), write=False),
+            Access(_as_view(scratch), write=False),
+            Access(_as_view(y), write=True),
+        ]
+
+    return accesses
+
+
+def _mul_mat_id_flops(args: Args) -> float:
+    y, n_out, n_in = _as_view(args[3]), int(args[5]), int(args[6])
+    n_pairs = y.nbytes // (4 * n_out)
+    return 2.0 * n_pairs * n_out * n_in
+
+
+# -- elementwise, reductions, router -------------------------------------------------------
+
+
+def _swiglu_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
+    gate, up, out = (a.view(np.float32) for a in args[:3])
+    out[:] = gate / (np.float32(1) + np.exp(-gate)) * up
+
+
+def _weighted_sum_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
+    y_bytes, w_bytes, out_bytes, n_tokens, top_k, n = args
+    y = y_bytes.view(np.float32).reshape(int(n_tokens), int(top_k), int(n))
+    w = w_bytes.view(np.float32).reshape(int(n_tokens), int(top_k), 1)
+    out = out_bytes.view(np.float32).reshape(int(n_tokens), int(n))
+    out[:] = 0
+    for k in range(int(top_k)):  # ascending k, as the kernel sums
+        out += w[:, k] * y[:, k]
+
+
+def _router_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
+    x_bytes, r_bytes, ids_bytes, w_bytes, n_tokens, n_embd, n_expert, top_k = args
+    x = x_bytes.view(np.float32).reshape(int(n_tokens), int(n_embd))
+    router = r_bytes.view(np.float32).reshape(int(n_expert), int(n_embd))
+    logits = np.einsum("te,xe->tx", x, router)
+    expert_ids = np.broadcast_to(np.arange(int(n_expert)), logits.shape)
+    nan_last = np.isnan(logits)
+    order = np.lexsort((expert_ids, -np.where(nan_last, 0, logits), nan_last), axis=1)[:, : int(top_k)]
+    selected = np.take_along_axis(logits, order, axis=1)
+    exps = np.exp(selected - selected[:, :1])
+    ids_bytes.view(np.int32)[:] = order.reshape(-1)
+    w_bytes.view(np.float32)[:] = (exps / exps.sum(axis=1, keepdims=True)).reshape(-1)
+
+
+def _reads_then_writes(n_reads: int, n_writes: int) -> Any:
+    def accesses(args: Args) -> Sequence[Access]:
+        views = [_as_view(a) for a in args[: n_reads + n_writes]]
+        return [Access(v, write=i >= n_reads) for i, v in enumerate(views)]
+
+    return accesses
+
+
+def _register() -> None:
+    register_kernel(KernelSpec("moe_group_by_expert", _group_run, _group_accesses, _group_flops))
+    for fmt in FORMATS.values():
+        for tile_m in TileM:
+            register_kernel(
+                KernelSpec(
+                    fmt.kernel_name(tile_m), _mul_mat_id_runner(fmt), _mul_mat_id_accesses_for(fmt),
+                    _mul_mat_id_flops,
+                )
+            )
+    register_kernel(
+        KernelSpec("moe_swiglu", _swiglu_run, _reads_then_writes(2, 1), lambda args: 4.0 * int(args[3]))
+    )
+    register_kernel(
+        KernelSpec(
+            "moe_weighted_sum", _weighted_sum_run, _reads_then_writes(2, 1),
+            lambda args: 2.0 * int(args[3]) * int(args[4]) * int(args[5]),
+        )
+    )
+    register_kernel(
+        KernelSpec(
+            "moe_router_topk", _router_run, _reads_then_writes(2, 2),
+            lambda args: 2.0 * int(args[4]) * int(args[5]) * int(args[6]),
+        )
+    )
+    log.debug("registered the MoE kernel twins")
+
+
+_register()
