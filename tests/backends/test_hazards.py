@@ -1,0 +1,392 @@
+"""The simulator's hazard checker: every kind caught on a hand-built faulty schedule, and the fix passes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+
+import expertstream
+from expertstream.backends.base import (
+    BufferView,
+    DeviceBuffer,
+    HazardError,
+    InvalidArgument,
+    Kernel,
+    Stream,
+    Usage,
+    UseAfterClose,
+)
+from expertstream.backends.sim import Access, HazardKind, KernelSpec, SimBackend, register_kernel
+
+NO_PADDING = np.int64(-1)
+
+
+def _copy_twin(args: tuple[Any, ...], grid: tuple[int, int, int], block: tuple[int, int, int]) -> None:
+    src, dst, _padded_from = args
+    dst[:] = src[: dst.size]
+
+
+def _copy_accesses(args: tuple[Any, ...]) -> Sequence[Access]:
+    src, dst, padded_from = args
+    return [
+        Access(src, write=False, padded_from=None if padded_from < 0 else int(padded_from)),
+        Access(dst, write=True),
+    ]
+
+
+# A kernel that copies its first view into its second; the third argument is where the
+# first view's padding starts (-1: no padding).
+COPY_KERNEL = register_kernel(
+    KernelSpec("hazard_test_copy", run=_copy_twin, accesses=_copy_accesses, flops=lambda args: 1e6)
+)
+
+
+def _peek_twin(args: tuple[Any, ...], grid: tuple[int, int, int], block: tuple[int, int, int]) -> None:
+    """Declares a read of a view it is not given as an argument (checks Access-only buffers)."""
+
+
+PEEK_VIEWS: dict[str, BufferView] = {}
+PEEK_KERNEL = register_kernel(
+    KernelSpec(
+        "hazard_test_peek", run=_peek_twin, accesses=lambda args: [Access(PEEK_VIEWS["view"], write=False)],
+        flops=lambda args: 0.0,
+    )
+)
+
+
+@pytest.fixture
+def sim() -> Iterator[SimBackend]:
+    backend = expertstream.backend("sim", profile="cuda-h200", devices=2, peer_access=False, check_hazards=True)
+    assert isinstance(backend, SimBackend)
+    yield backend
+    backend.close()
+
+
+def _kernel(stream: Stream) -> Kernel:
+    return stream.device.compile("", COPY_KERNEL.name)
+
+
+def _launch_copy(stream: Stream, src: BufferView, dst: BufferView, padded_from: int | None = None) -> None:
+    pad = NO_PADDING if padded_from is None else np.int64(padded_from)
+    stream.launch(_kernel(stream), 1, 1, (src, dst, pad))
+
+
+def _assert_report(err: HazardError, kind: HazardKind, buf: DeviceBuffer, lo: int, hi: int) -> None:
+    text = str(err)
+    assert getattr(err, "kind", None) is kind
+    assert kind.value in text
+    assert repr(buf) in text
+    assert f"[{lo}, {hi})" in text
+
+
+def _data(n: int) -> np.ndarray:
+    return np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8)
+
+
+# -- read-after-write -------------------------------------------------------------------------
+
+
+def test_read_after_write_without_wait(sim: SimBackend) -> None:
+    dev = sim.device(0)
+    copy, compute = dev.stream(name="copy"), dev.stream(name="compute")
+    host = dev.alloc_pinned(4096)
+    slot, out = dev.alloc(4096, Usage.COMPUTE), dev.alloc(4096, Usage.COMPUTE)
+    copy.copy_h2d(slot, 0, host, 0, 4096)
+    with pytest.raises(HazardError) as info:
+        _launch_copy(compute, slot.view(), out.view())
+    _assert_report(info.value, HazardKind.READ_AFTER_WRITE, slot, 0, 4096)
+    assert "no event wait orders the h2d copy on stream" in str(info.value)
+    assert "kernel 'hazard_test_copy'" in str(info.value)
+
+
+def test_read_after_write_reports_only_the_unordered_bytes(sim: SimBackend) -> None:
+    dev = sim.device(0)
+    s1, s2 = dev.stream(), dev.stream()
+    buf, out = dev.alloc(300), dev.alloc(300)
+    s1.memset(buf, 0, 300, 1)
+    s1.synchronize()  # the host has seen the first write: later work is ordered after it
+    s1.memset(buf, 100, 100, 2)  # not waited for by s2
+    with pytest.raises(HazardError) as info:
+        s2.copy_d2d(out, 0, buf, 0, 300)
+    _assert_report(info.value, HazardKind.READ_AFTER_WRITE, buf, 100, 200)
+    assert "memset on stream" in str(info.value)
+
+
+def test_read_after_write_ordered_by_event_passes(sim: SimBackend) -> None:
+    dev = sim.device(0)
+    copy, compute = dev.stream(), dev.stream()
+    data = _data(4096)
+    host = dev.alloc_pinned(4096)
+    host.array[:] = data
+    slot, out = dev.alloc(4096, Usage.COMPUTE), dev.alloc(4096, Usage.COMPUTE)
+    ready = dev.event()
+    copy.copy_h2d(slot, 0, host, 0, 4096)
+    copy.record(ready)
+    compute.wait(ready)
+    _launch_copy(compute, slot.view(), out.view())
+    compute.synchronize()
+    assert np.array_equal(out.read(), data)
+
+
+def test_uninitialized_compute_read(sim: SimBackend) -> None:
+    dev = sim.device(0)
+    stream = dev.stream()
+    scratch, out = dev.alloc(512, Usage.COMPUTE), dev.alloc(512, Usage.COMPUTE)
+    stream.memset(scratch, 0, 256, 0)
+    with pytest.raises(HazardError) as info:
+        _launch_copy(stream, scratch.view(), out.view())
+    _assert_report(info.value, HazardKind.UNINITIALIZED_READ, scratch, 256, 512)
+    with pytest.raises(HazardError, match="uninitialized read"):
+        stream.copy_d2h(dev.alloc_pinned(512), 0, scratch, 0, 512)
+    stream.memset(scratch, 256, 256, 0)
+    _launch_copy(stream, scratch.view(), out.view())  # fully written now
+    stream.synchronize()
+    assert not out.read().any()
+
+
+def test_never_written_weights_are_not_uninitialized(sim: SimBackend) -> None:
+    dev = sim.device(0)
+    stream = dev.stream()
+    weights, out = dev.alloc(64, Usage.WEIGHTS), dev.alloc(64, Usage.COMPUTE)
+    _launch_copy(stream, weights.view(), out.view())  # only COMPUTE memory is checked for this
+    stream.synchronize()
+
+
+# -- write-after-read and write-after-write ----------------------------------------------------
+
+
+def _read_slot_on(sim: SimBackend) -> tuple[Stream, Stream, DeviceBuffer, DeviceBuffer]:
+    dev = sim.device(0)
+    copy, compute = dev.stream(name="copy"), dev.stream(name="compute")
+    slot, out = dev.alloc(2048, Usage.COMPUTE), dev.alloc(2048, Usage.COMPUTE)
+    copy.memset(slot, 0, 2048, 7)
+    copy.synchronize()
+    _launch_copy(compute, slot.view(), out.view())
+    return copy, compute, slot, out
+
+
+def test_write_after_read_slot_reused_too_early(sim: SimBackend) -> None:
+    copy, _compute, slot, _out = _read_slot_on(sim)
+    host = sim.device(0).alloc_pinned(1024)
+    with pytest.raises(HazardError) as info:
+        copy.copy_h2d(slot, 512, host, 0, 1024)  # the kernel may still be reading the slot
+    _assert_report(info.value, HazardKind.WRITE_AFTER_READ, slot, 512, 1536)
+    assert "no event wait orders the kernel 'hazard_test_copy' on stream" in str(info.value)
+
+
+def test_write_after_read_ordered_by_free_event_passes(sim: SimBackend) -> None:
+    copy, compute, slot, out = _read_slot_on(sim)
+    free = sim.device(0).event()
+    compute.record(free)
+    copy.wait(free)
+    copy.memset(slot, 0, 2048, 9)
+    sim.device(0).synchronize()
+    assert out.read().tolist() == [7] * 2048  # the kernel read the slot before it was overwritten
+    assert slot.read().tolist() == [9] * 2048
+
+
+def test_write_after_write_unordered(sim: SimBackend) -> None:
+    dev = sim.device(0)
+    s1, s2 = dev.stream(), dev.stream()
+    buf = dev.alloc(1000)
+    s1.memset(buf, 0, 600, 1)
+    with pytest.raises(HazardError) as info:
+        s2.memset(buf, 400, 600, 2)
+    _assert_report(info.value, HazardKind.WRITE_AFTER_WRITE, buf, 400, 600)
+    done = dev.event()
+    s1.record(done)
+    s2.wait(done)
+    s2.memset(buf, 400, 600, 2)
+    s2.synchronize()
+    assert buf.read().tolist() == [1] * 400 + [2] * 600
+
+
+def test_host_timestamp_hands_ordering_to_another_thread(sim: SimBackend) -> None:
+    import threading
+
+    dev = sim.device(0)
+    s1, s2 = dev.stream(), dev.stream()
+    buf = dev.alloc(64)
+    s1.memset(buf, 0, 64, 1)
+    s1.synchronize()
+    stamp = sim.host_timestamp()
+    errors: list[BaseException] = []
+
+    def worker(resume: bool) -> None:
+        try:
+            if resume:
+                sim.host_resume_at(stamp)
+            s2.memset(buf, 0, 64, 2)
+        except BaseException as exc:
+            errors.append(exc)
+
+    for resume in (False, True):
+        thread = threading.Thread(target=worker, args=(resume,))
+        thread.start()
+        thread.join()
+    # Without the handoff the worker knows nothing of the memset on s1; with it, it does.
+    assert len(errors) == 1 and "write-after-write" in str(errors[0])
+
+
+# -- use-after-free ---------------------------------------------------------------------------
+
+
+def test_closed_buffers_raise_use_after_close(sim: SimBackend) -> None:
+    dev = sim.device(0)
+    stream = dev.stream()
+    src, dst = dev.alloc(64), dev.alloc(64, Usage.COMPUTE)
+    src.close()
+    with pytest.raises(UseAfterClose):
+        stream.launch(_kernel(stream), 1, 1, (src, dst, NO_PADDING))
+    live = dev.alloc(64)
+    PEEK_VIEWS["view"] = live.view()
+    live.close()
+    with pytest.raises(UseAfterClose):
+        stream.launch(dev.compile("", PEEK_KERNEL.name), 1, 1, ())
+
+
+def test_closing_a_buffer_in_use(sim: SimBackend) -> None:
+    dev = sim.device(0)
+    stream = dev.stream()
+    src, dst = dev.alloc(4096), dev.alloc(4096, Usage.COMPUTE)
+    _launch_copy(stream, src.view(), dst.view())
+    with pytest.raises(HazardError) as info:
+        src.close()
+    assert "use-after-free" in str(info.value) and repr(src) in str(info.value)
+    assert "kernel 'hazard_test_copy'" in str(info.value)
+    assert not src.closed
+    free_before = dev.free_memory()
+    stream.synchronize()
+    src.close()  # ordered now
+    assert src.closed and dev.free_memory() == free_before + 4096
+
+
+def test_closing_pinned_host_memory_with_a_pending_copy(sim: SimBackend) -> None:
+    dev = sim.device(0)
+    stream = dev.stream()
+    host = dev.alloc_pinned(1 << 20)
+    buf = dev.alloc(1 << 20)
+    stream.copy_h2d(buf, 0, host, 0, 1 << 20)
+    with pytest.raises(HazardError, match="use-after-free"):
+        host.close()
+    done = dev.event()
+    stream.record(done)
+    done.synchronize()
+    host.close()
+    assert host.closed
+
+
+# -- cross-device -----------------------------------------------------------------------------
+
+
+def test_cross_device_kernel_argument(sim: SimBackend) -> None:
+    dev0, dev1 = sim.devices
+    stream = dev0.stream()
+    mine, theirs = dev0.alloc(64, Usage.COMPUTE), dev1.alloc(64)
+    with pytest.raises(HazardError, match="cross-device"):
+        _launch_copy(stream, theirs.view(), mine.view())
+    PEEK_VIEWS["view"] = theirs.view(8, 16)
+    with pytest.raises(HazardError) as info:
+        stream.launch(dev0.compile("", PEEK_KERNEL.name), 1, 1, ())
+    _assert_report(info.value, HazardKind.CROSS_DEVICE, theirs, 8, 24)
+
+
+def test_cross_device_copy_without_peer_access(sim: SimBackend) -> None:
+    dev0, dev1 = sim.devices
+    with pytest.raises(InvalidArgument, match="peer access"):
+        dev0.stream().copy_d2d(dev0.alloc(64), 0, dev1.alloc(64), 0, 64)
+    with pytest.raises(expertstream.DeviceError, match="peer_access=True"):
+        dev0.enable_peer_access(dev1)
+
+
+def test_cross_device_with_peer_access_passes() -> None:
+    with expertstream.backend("sim", devices=2, peer_access=True) as sim:
+        dev0, dev1 = sim.devices
+        dev0.enable_peer_access(dev1)
+        assert dev0.can_access_peer(dev1) and not dev1.can_access_peer(dev0)
+        data = _data(256)
+        theirs, mine, copied = dev1.upload(data), dev0.alloc(256, Usage.COMPUTE), dev0.alloc(256)
+        stream = dev0.stream()
+        _launch_copy(stream, theirs.view(), mine.view())
+        stream.copy_d2d(copied, 0, theirs, 0, 256)
+        stream.synchronize()
+        assert np.array_equal(mine.read(), data) and np.array_equal(copied.read(), data)
+
+
+# -- stale padding ----------------------------------------------------------------------------
+
+
+def _slot_with_tensor(sim: SimBackend, nbytes: int, padded: int, clear_tail: bool) -> tuple[Stream, DeviceBuffer]:
+    dev = sim.device(0)
+    stream = dev.stream()
+    slot = dev.alloc(1024, Usage.COMPUTE)
+    host = dev.alloc_pinned(1024)
+    host.array[:] = 0x77
+    stream.copy_h2d(slot, 0, host, 0, 1024)  # a larger tensor held the slot before
+    stream.copy_h2d(slot, 0, host, 0, nbytes)
+    if clear_tail:
+        stream.memset(slot, nbytes, padded - nbytes, 0)
+    return stream, slot
+
+
+def test_stale_padding_after_slot_rotation(sim: SimBackend) -> None:
+    stream, slot = _slot_with_tensor(sim, 600, 700, clear_tail=False)
+    out = sim.device(0).alloc(700, Usage.COMPUTE)
+    with pytest.raises(HazardError) as info:
+        _launch_copy(stream, slot.view(0, 700), out.view(), padded_from=600)
+    _assert_report(info.value, HazardKind.STALE_PADDING, slot, 600, 700)
+    assert "h2d copy" in str(info.value)
+
+
+def test_stale_padding_never_zeroed(sim: SimBackend) -> None:
+    dev = sim.device(0)
+    stream = dev.stream()
+    slot, out = dev.alloc(700, Usage.COMPUTE), dev.alloc(700, Usage.COMPUTE)
+    stream.copy_h2d(slot, 0, dev.alloc_pinned(600), 0, 600)
+    with pytest.raises(HazardError, match=r"never zeroed") as info:
+        _launch_copy(stream, slot.view(), out.view(), padded_from=600)
+    _assert_report(info.value, HazardKind.STALE_PADDING, slot, 600, 700)
+
+
+def test_cleared_padding_passes(sim: SimBackend) -> None:
+    stream, slot = _slot_with_tensor(sim, 600, 700, clear_tail=True)
+    out = sim.device(0).alloc(700, Usage.COMPUTE)
+    _launch_copy(stream, slot.view(0, 700), out.view(), padded_from=600)
+    stream.synchronize()
+    assert out.read().tolist() == [0x77] * 600 + [0] * 100
+
+
+def test_weights_padding_zeroed_at_alloc_passes(sim: SimBackend) -> None:
+    from gguf import GGMLQuantizationType
+
+    dev = sim.device(0)
+    stream = dev.stream()
+    weights = dev.alloc(432, Usage.WEIGHTS, row_type=GGMLQuantizationType.Q4_0, ne0=768)
+    out = dev.alloc(weights.alloc_size, Usage.COMPUTE)
+    _launch_copy(stream, weights.view(), out.view(), padded_from=weights.nbytes)
+    stream.synchronize()
+    assert not out.read(weights.nbytes).any()
+
+
+def test_many_ordered_operations_pass(sim: SimBackend) -> None:
+    """A long correct pipeline (2000 copies, kernels and events over 3 rotating slots) raises nothing."""
+    dev = sim.device(0)
+    copy, compute = dev.stream(), dev.stream()
+    host = dev.alloc_pinned(3 * 256)
+    host.array[:] = np.repeat(np.arange(3, dtype=np.uint8), 256)
+    slots = [dev.alloc(256, Usage.COMPUTE) for _ in range(3)]
+    ready, free = [dev.event() for _ in slots], [dev.event() for _ in slots]
+    out = dev.alloc(256 * 500, Usage.COMPUTE)
+    for i in range(500):
+        k = i % 3
+        copy.wait(free[k])
+        copy.copy_h2d(slots[k], 0, host, 256 * k, 256)
+        copy.record(ready[k])
+        compute.wait(ready[k])
+        _launch_copy(compute, slots[k].view(), out.view(256 * i, 256))
+        compute.record(free[k])
+    compute.synchronize()
+    assert np.array_equal(out.read().reshape(500, 256)[:, 0], np.arange(500) % 3)
