@@ -149,7 +149,9 @@ def error_for(call: Call, err: Any, device: str | None, detail: str = "") -> Bac
     problem = call.errors.problem(int(err))
     cls = _EXCEPTION_FOR.get(problem, DeviceError)
     message = f"{problem.value}: {detail}" if detail else problem.value
-    return cls(message, call=call.name, device=device, code=code_text(err), hint=_HINTS.get(problem, _DEFAULT_HINT))
+    return cls(
+        message, call=call.name, device=device, code=code_text(err), hint=_HINTS.get(problem, _DEFAULT_HINT)
+    )
 
 
 def _run(call: Call, args: tuple[Any, ...], device: str | None) -> tuple[Any, tuple[Any, ...]]:
@@ -207,7 +209,9 @@ def unusable_reason(device_count: Call, what: str) -> str | None:
 
 def decode_text(value: Any) -> str:
     """A C string from the bindings (bytes with trailing NULs, or str) as str."""
-    return value.decode(errors="replace").rstrip("\0") if isinstance(value, (bytes, bytearray)) else str(value)
+    return (
+        value.decode(errors="replace").rstrip("\0") if isinstance(value, (bytes, bytearray)) else str(value)
+    )
 
 
 def package_version(distribution: str) -> str:
@@ -376,7 +380,9 @@ class GpuEvent(Event):
     def _elapsed_ms(self, end: Event) -> float:
         assert isinstance(end, GpuEvent)
         end.synchronize()
-        return float(invoke(self._device.api.event_elapsed, self.handle, end.handle, device=self._device.label))
+        return float(
+            invoke(self._device.api.event_elapsed, self.handle, end.handle, device=self._device.label)
+        )
 
     def _completed(self) -> None:
         if self._recorded is not None:
@@ -439,22 +445,45 @@ class GpuStream(Stream):
         self._release_through(self._seq)
 
     def _copy_h2d(self, dst: DeviceBuffer, dst_offset: int, src: HostBuffer, src_offset: int, n: int) -> None:
-        self._enqueue(self._api.memcpy_async, dst.address + dst_offset, src.address + src_offset, n,
-                      CopyKind.HOST_TO_DEVICE, self._handle)
+        self._enqueue(
+            self._api.memcpy_async,
+            dst.address + dst_offset,
+            src.address + src_offset,
+            n,
+            CopyKind.HOST_TO_DEVICE,
+            self._handle,
+        )
         self._keep(src)
 
     def _copy_d2h(self, dst: HostBuffer, dst_offset: int, src: DeviceBuffer, src_offset: int, n: int) -> None:
-        self._enqueue(self._api.memcpy_async, dst.address + dst_offset, src.address + src_offset, n,
-                      CopyKind.DEVICE_TO_HOST, self._handle)
+        self._enqueue(
+            self._api.memcpy_async,
+            dst.address + dst_offset,
+            src.address + src_offset,
+            n,
+            CopyKind.DEVICE_TO_HOST,
+            self._handle,
+        )
         self._keep(dst)
 
-    def _copy_d2d(self, dst: DeviceBuffer, dst_offset: int, src: DeviceBuffer, src_offset: int, n: int) -> None:
+    def _copy_d2d(
+        self, dst: DeviceBuffer, dst_offset: int, src: DeviceBuffer, src_offset: int, n: int
+    ) -> None:
         dst_addr, src_addr = dst.address + dst_offset, src.address + src_offset
         if dst.device is src.device:
-            self._enqueue(self._api.memcpy_async, dst_addr, src_addr, n, CopyKind.DEVICE_TO_DEVICE, self._handle)
+            self._enqueue(
+                self._api.memcpy_async, dst_addr, src_addr, n, CopyKind.DEVICE_TO_DEVICE, self._handle
+            )
         else:
-            self._enqueue(self._api.memcpy_peer_async, dst_addr, dst.device.index, src_addr, src.device.index, n,
-                          self._handle)
+            self._enqueue(
+                self._api.memcpy_peer_async,
+                dst_addr,
+                dst.device.index,
+                src_addr,
+                src.device.index,
+                n,
+                self._handle,
+            )
 
     def _memset(self, dst: DeviceBuffer, offset: int, n: int, value: int) -> None:
         self._enqueue(self._api.memset_async, dst.address + offset, value, n, self._handle)
@@ -470,7 +499,11 @@ class GpuStream(Stream):
         self._enqueue(self._api.stream_wait_event, self._handle, event.handle)
 
     def _launch(
-        self, kernel: Kernel, grid: tuple[int, int, int], block: tuple[int, int, int], args: tuple[Any, ...],
+        self,
+        kernel: Kernel,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        args: tuple[Any, ...],
         shared_mem: int,
     ) -> None:
         assert isinstance(kernel, GpuKernel)
@@ -578,7 +611,10 @@ class GpuDevice(Device):
             except OutOfDeviceMemory as exc:
                 raise OutOfDeviceMemory(
                     f"cannot allocate {alloc_size} bytes; {self._free_text()}",
-                    call=exc.call, device=self.label, code=exc.code, hint=exc.hint,
+                    call=exc.call,
+                    device=self.label,
+                    code=exc.code,
+                    hint=exc.hint,
                 ) from None
         buf = GpuBuffer(self, nbytes, alloc_size, usage, pointer)
         self._live.buffers.add(buf)
@@ -599,8 +635,11 @@ class GpuDevice(Device):
 
     def stream_from_handle(self, handle: int) -> Stream:
         if not isinstance(handle, int) or isinstance(handle, bool):
-            raise InvalidArgument(f"a stream handle is an int, got {type(handle).__name__}",
-                                  call="Device.stream_from_handle", device=self.label)
+            raise InvalidArgument(
+                f"a stream handle is an int, got {type(handle).__name__}",
+                call="Device.stream_from_handle",
+                device=self.label,
+            )
         stream = GpuStream(self, handle, owned=False)
         self._live.streams.add(stream)
         return stream
@@ -621,15 +660,22 @@ class GpuDevice(Device):
         if other is self or other.index in self._peers:
             return
         if not isinstance(other, GpuDevice) or other.api is not self.api:
-            raise InvalidArgument(f"{other.label} belongs to another backend", call="Device.enable_peer_access",
-                                  device=self.label)
+            raise InvalidArgument(
+                f"{other.label} belongs to another backend",
+                call="Device.enable_peer_access",
+                device=self.label,
+            )
         if not invoke(self.api.can_access_peer, self.index, other.index, device=self.label):
             raise InvalidArgument(
-                f"{self.label} cannot access {other.label}'s memory", call="Device.enable_peer_access",
-                device=self.label, hint="stage the data through host memory",
+                f"{self.label} cannot access {other.label}'s memory",
+                call="Device.enable_peer_access",
+                device=self.label,
+                hint="stage the data through host memory",
             )
         self.activate()
-        invoke(self.api.enable_peer_access, other.index, device=self.label, accept={Problem.PEER_ALREADY_ENABLED})
+        invoke(
+            self.api.enable_peer_access, other.index, device=self.label, accept={Problem.PEER_ALREADY_ENABLED}
+        )
         self._peers.add(other.index)
 
     # -- kernels ------------------------------------------------------------------------
@@ -657,8 +703,9 @@ class GpuDevice(Device):
     # -- host memory --------------------------------------------------------------------
     def alloc_pinned(self, nbytes: int) -> HostBuffer:
         if not isinstance(nbytes, int) or nbytes < 0:
-            raise InvalidArgument(f"cannot allocate {nbytes!r} pinned bytes", call="Device.alloc_pinned",
-                                  device=self.label)
+            raise InvalidArgument(
+                f"cannot allocate {nbytes!r} pinned bytes", call="Device.alloc_pinned", device=self.label
+            )
         if nbytes == 0:
             return HostBuffer(self, np.empty(0, dtype=np.uint8), HostMemory.PINNED)
         self.activate()
@@ -690,18 +737,28 @@ class GpuDevice(Device):
                 raise
             self._refuse_read_only(host, flags, exc)
         # The array rides along with the release so the memory outlives its registration.
-        self._live.host[host] = _finalizer(host, [(self.api.host_unregister, (host.address,))], self.label,
-                                           host.array)
+        self._live.host[host] = _finalizer(
+            host, [(self.api.host_unregister, (host.address,))], self.label, host.array
+        )
 
     def _refuse_read_only(self, host: HostBuffer, flags: int, exc: BackendError) -> None:
         # Some platforms advertise registration but refuse a read-only mapping: say so once,
         # then report the capability as absent so callers stage through pinned memory instead.
         self._can_register_ro = False
-        log.warning("%s refused read-only host registration of %d bytes (%s, flags 0x%x); read-only memory "
-                    "will not be registered on this device", self.label, host.nbytes, exc.code, flags)
+        log.warning(
+            "%s refused read-only host registration of %d bytes (%s, flags 0x%x); read-only memory "
+            "will not be registered on this device",
+            self.label,
+            host.nbytes,
+            exc.code,
+            flags,
+        )
         raise DeviceError(
-            f"read-only host registration of {host.nbytes} bytes was refused", call=exc.call, device=self.label,
-            code=exc.code, hint="copy the data into pinned memory (alloc_pinned) or use a staging ring",
+            f"read-only host registration of {host.nbytes} bytes was refused",
+            call=exc.call,
+            device=self.label,
+            code=exc.code,
+            hint="copy the data into pinned memory (alloc_pinned) or use a staging ring",
         ) from None
 
     def _host_unregister(self, host: HostBuffer) -> None:
@@ -761,8 +818,11 @@ def _compiled_image(device: GpuDevice, source: str, key: str, name: str) -> byte
         except KernelCompileError as exc:
             compiler_log = _program_log(device, program)
             raise KernelCompileError(
-                f"{name} did not compile for {device.arch}:\n{compiler_log}", call=exc.call, device=device.label,
-                code=exc.code, hint=exc.hint,
+                f"{name} did not compile for {device.arch}:\n{compiler_log}",
+                call=exc.call,
+                device=device.label,
+                code=exc.code,
+                hint=exc.hint,
             ) from None
         image = bytes(invoke(api.program_code, program, device=device.label))
     finally:
@@ -794,14 +854,17 @@ class GpuBackend(Backend):
 
     def __init__(self, api: ApiTable, **options: Any) -> None:
         if options:
-            raise InvalidArgument(f"the {self.name} backend takes no options, got {sorted(options)}",
-                                  call=f"expertstream.backend({self.name!r})")
+            raise InvalidArgument(
+                f"the {self.name} backend takes no options, got {sorted(options)}",
+                call=f"expertstream.backend({self.name!r})",
+            )
         self.api = api
         invoke(api.init, device=None)
         count = int(invoke(api.device_count))
         if count == 0:
-            raise BackendUnavailable(f"no {self.name} device", call=api.device_count.name,
-                                     hint=_HINTS[Problem.NO_DEVICE])
+            raise BackendUnavailable(
+                f"no {self.name} device", call=api.device_count.name, hint=_HINTS[Problem.NO_DEVICE]
+            )
         self._devices = [GpuDevice(self, i) for i in range(count)]
         self.closed = False
         _open_backends.add(self)

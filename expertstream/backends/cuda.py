@@ -120,8 +120,15 @@ def _table() -> ApiTable:
         (err,) = nvrtc.nvrtcGetCUBIN(program, cubin)
         return (err, cubin)
 
-    def launch(function: Any, grid: tuple[int, int, int], block: tuple[int, int, int], shared_mem: int,
-               stream: int, values: tuple[Any, ...], types: tuple[Any, ...]) -> Any:
+    def launch(
+        function: Any,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared_mem: int,
+        stream: int,
+        values: tuple[Any, ...],
+        types: tuple[Any, ...],
+    ) -> Any:
         params = (values, types) if values else 0
         gx, gy, gz = grid
         bx, by, bz = block
@@ -134,46 +141,70 @@ def _table() -> ApiTable:
         device_count=rt("cudaGetDeviceCount"),
         set_device=rt("cudaSetDevice"),
         device_props=rt("cudaGetDeviceProperties"),
-        device_attribute=Call("cudaDeviceGetAttribute",
-                              lambda attr, index: runtime.cudaDeviceGetAttribute(attributes[attr], index), errors),
+        device_attribute=Call(
+            "cudaDeviceGetAttribute",
+            lambda attr, index: runtime.cudaDeviceGetAttribute(attributes[attr], index),
+            errors,
+        ),
         read_props=lambda p: DeviceInfo(decode_text(p.name), int(p.totalGlobalMem), f"sm_{p.major}{p.minor}"),
         register_flags=lambda _props, read_only: (
             runtime.cudaHostRegisterPortable | runtime.cudaHostRegisterReadOnly
-            if read_only else runtime.cudaHostRegisterDefault
+            if read_only
+            else runtime.cudaHostRegisterDefault
         ),
         mem_info=rt("cudaMemGetInfo"),
         can_access_peer=rt("cudaDeviceCanAccessPeer"),
-        enable_peer_access=Call("cudaDeviceEnablePeerAccess",
-                                lambda peer: runtime.cudaDeviceEnablePeerAccess(peer, 0), errors),
+        enable_peer_access=Call(
+            "cudaDeviceEnablePeerAccess", lambda peer: runtime.cudaDeviceEnablePeerAccess(peer, 0), errors
+        ),
         device_synchronize=rt("cudaDeviceSynchronize"),
         driver_version=rt("cudaDriverGetVersion"),
         malloc=rt("cudaMalloc"),
         free=rt("cudaFree"),
-        host_alloc=Call("cudaHostAlloc", lambda n: runtime.cudaHostAlloc(n, runtime.cudaHostAllocPortable), errors),
+        host_alloc=Call(
+            "cudaHostAlloc", lambda n: runtime.cudaHostAlloc(n, runtime.cudaHostAllocPortable), errors
+        ),
         host_free=rt("cudaFreeHost"),
         host_register=rt("cudaHostRegister"),
         host_unregister=rt("cudaHostUnregister"),
-        stream_create=Call("cudaStreamCreateWithFlags",
-                           lambda: runtime.cudaStreamCreateWithFlags(runtime.cudaStreamNonBlocking), errors),
+        stream_create=Call(
+            "cudaStreamCreateWithFlags",
+            lambda: runtime.cudaStreamCreateWithFlags(runtime.cudaStreamNonBlocking),
+            errors,
+        ),
         stream_destroy=rt("cudaStreamDestroy"),
         stream_synchronize=rt("cudaStreamSynchronize"),
         stream_query=rt("cudaStreamQuery"),
-        stream_wait_event=Call("cudaStreamWaitEvent", lambda s, e: runtime.cudaStreamWaitEvent(s, e, 0), errors),
-        event_create=Call("cudaEventCreateWithFlags", lambda timing: runtime.cudaEventCreateWithFlags(
-            runtime.cudaEventDefault if timing else runtime.cudaEventDisableTiming), errors),
+        stream_wait_event=Call(
+            "cudaStreamWaitEvent", lambda s, e: runtime.cudaStreamWaitEvent(s, e, 0), errors
+        ),
+        event_create=Call(
+            "cudaEventCreateWithFlags",
+            lambda timing: runtime.cudaEventCreateWithFlags(
+                runtime.cudaEventDefault if timing else runtime.cudaEventDisableTiming
+            ),
+            errors,
+        ),
         event_destroy=rt("cudaEventDestroy"),
         event_record=rt("cudaEventRecord"),
         event_synchronize=rt("cudaEventSynchronize"),
         event_query=rt("cudaEventQuery"),
         event_elapsed=rt("cudaEventElapsedTime"),
-        memcpy_async=Call("cudaMemcpyAsync", lambda dst, src, n, kind, s: runtime.cudaMemcpyAsync(
-            dst, src, n, kinds[kind], s), errors),
+        memcpy_async=Call(
+            "cudaMemcpyAsync",
+            lambda dst, src, n, kind, s: runtime.cudaMemcpyAsync(dst, src, n, kinds[kind], s),
+            errors,
+        ),
         memcpy_peer_async=rt("cudaMemcpyPeerAsync"),
         memset_async=rt("cudaMemsetAsync"),
         compile_options=lambda arch: [f"--gpu-architecture={arch}".encode()],
-        program_create=rtc("nvrtcCreateProgram", lambda src, name: nvrtc.nvrtcCreateProgram(src, name, 0, [], [])),
-        program_compile=rtc("nvrtcCompileProgram",
-                            lambda program, options: nvrtc.nvrtcCompileProgram(program, len(options), options)),
+        program_create=rtc(
+            "nvrtcCreateProgram", lambda src, name: nvrtc.nvrtcCreateProgram(src, name, 0, [], [])
+        ),
+        program_compile=rtc(
+            "nvrtcCompileProgram",
+            lambda program, options: nvrtc.nvrtcCompileProgram(program, len(options), options),
+        ),
         program_log=rtc("nvrtcGetProgramLog", program_log),
         program_code=rtc("nvrtcGetCUBIN", program_code),
         program_destroy=rtc("nvrtcDestroyProgram"),

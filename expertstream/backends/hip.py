@@ -175,8 +175,15 @@ def _table() -> ApiTable:
         (err,) = hiprtc.hiprtcGetCode(program, code)
         return (err, bytes(code))
 
-    def launch(function: Any, grid: tuple[int, int, int], block: tuple[int, int, int], shared_mem: int,
-               stream: int, values: tuple[Any, ...], types: tuple[Any, ...]) -> Any:
+    def launch(
+        function: Any,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared_mem: int,
+        stream: int,
+        values: tuple[Any, ...],
+        types: tuple[Any, ...],
+    ) -> Any:
         # Arguments go through `extra` as ctypes values: hip-python packs their bytes with the
         # right alignment (kernelParams would pass a c_void_p's own address instead of its value).
         extra = tuple(ctype(value) for value, ctype in zip(values, types, strict=True)) or None
@@ -197,13 +204,16 @@ def _table() -> ApiTable:
         device_count=rt("hipGetDeviceCount"),
         set_device=rt("hipSetDevice"),
         device_props=rt("hipGetDeviceProperties"),
-        device_attribute=rt("hipDeviceGetAttribute",
-                            lambda attr, index: hip.hipDeviceGetAttribute(attributes[attr], index)),
+        device_attribute=rt(
+            "hipDeviceGetAttribute", lambda attr, index: hip.hipDeviceGetAttribute(attributes[attr], index)
+        ),
         read_props=lambda p: DeviceInfo(decode_text(p.name), int(p.totalGlobalMem), _arch(p.gcnArchName)),
         register_flags=register_flags,
         mem_info=rt("hipMemGetInfo"),
         can_access_peer=rt("hipDeviceCanAccessPeer"),
-        enable_peer_access=rt("hipDeviceEnablePeerAccess", lambda peer: hip.hipDeviceEnablePeerAccess(peer, 0)),
+        enable_peer_access=rt(
+            "hipDeviceEnablePeerAccess", lambda peer: hip.hipDeviceEnablePeerAccess(peer, 0)
+        ),
         device_synchronize=rt("hipDeviceSynchronize"),
         driver_version=rt("hipDriverGetVersion"),
         malloc=rt("hipMalloc"),
@@ -212,31 +222,43 @@ def _table() -> ApiTable:
         host_free=rt("hipHostFree"),
         host_register=rt("hipHostRegister"),
         host_unregister=rt("hipHostUnregister"),
-        stream_create=rt("hipStreamCreateWithFlags", lambda: hip.hipStreamCreateWithFlags(hip.hipStreamNonBlocking)),
+        stream_create=rt(
+            "hipStreamCreateWithFlags", lambda: hip.hipStreamCreateWithFlags(hip.hipStreamNonBlocking)
+        ),
         stream_destroy=rt("hipStreamDestroy"),
         stream_synchronize=rt("hipStreamSynchronize"),
         stream_query=rt("hipStreamQuery"),
         stream_wait_event=rt("hipStreamWaitEvent", lambda s, e: hip.hipStreamWaitEvent(s, e, 0)),
-        event_create=rt("hipEventCreateWithFlags", lambda timing: hip.hipEventCreateWithFlags(
-            hip.hipEventDefault if timing else hip.hipEventDisableTiming)),
+        event_create=rt(
+            "hipEventCreateWithFlags",
+            lambda timing: hip.hipEventCreateWithFlags(
+                hip.hipEventDefault if timing else hip.hipEventDisableTiming
+            ),
+        ),
         event_destroy=rt("hipEventDestroy"),
         event_record=rt("hipEventRecord"),
         event_synchronize=rt("hipEventSynchronize"),
         event_query=rt("hipEventQuery"),
         event_elapsed=rt("hipEventElapsedTime"),
-        memcpy_async=rt("hipMemcpyAsync", lambda dst, src, n, kind, s: hip.hipMemcpyAsync(
-            dst, src, n, kinds[kind], s)),
+        memcpy_async=rt(
+            "hipMemcpyAsync", lambda dst, src, n, kind, s: hip.hipMemcpyAsync(dst, src, n, kinds[kind], s)
+        ),
         memcpy_peer_async=rt("hipMemcpyPeerAsync"),
         memset_async=rt("hipMemsetAsync"),
         compile_options=lambda arch: [f"--offload-arch={arch}".encode()],
-        program_create=rtc("hiprtcCreateProgram",
-                           lambda src, name: hiprtc.hiprtcCreateProgram(src, name, 0, None, None)),
-        program_compile=rtc("hiprtcCompileProgram",
-                            lambda program, options: hiprtc.hiprtcCompileProgram(program, len(options), options)),
+        program_create=rtc(
+            "hiprtcCreateProgram", lambda src, name: hiprtc.hiprtcCreateProgram(src, name, 0, None, None)
+        ),
+        program_compile=rtc(
+            "hiprtcCompileProgram",
+            lambda program, options: hiprtc.hiprtcCompileProgram(program, len(options), options),
+        ),
         program_log=rtc("hiprtcGetProgramLog", program_log),
         program_code=rtc("hiprtcGetCode", program_code),
         # hiprtcDestroyProgram takes a pointer to the handle; passing the handle itself crashes.
-        program_destroy=rtc("hiprtcDestroyProgram", lambda program: hiprtc.hiprtcDestroyProgram(program.createRef())),
+        program_destroy=rtc(
+            "hiprtcDestroyProgram", lambda program: hiprtc.hiprtcDestroyProgram(program.createRef())
+        ),
         module_load=rt("hipModuleLoadData"),
         module_get_function=rt("hipModuleGetFunction"),
         module_unload=rt("hipModuleUnload"),

@@ -1,0 +1,1 @@
+"""Microbenchmarks run with ``python -m microbench.<name>``; results go to docs/results/."""

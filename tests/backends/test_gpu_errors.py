@@ -1,0 +1,705 @@
+"""The shared CUDA/HIP implementation over a fake vendor table, and the vendor probes, without a GPU.
+
+The fake keeps "device" memory in host buffers and runs copies when a stream is synchronized,
+so the bytes, the error paths and the release of every native handle can be checked here.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import gc
+import logging
+import sys
+import types
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import numpy as np
+import pytest
+
+import expertstream
+from expertstream.backends import _gpu, cuda, hip
+from expertstream.backends._gpu import (
+    ApiTable,
+    Call,
+    CopyKind,
+    DeviceAttr,
+    DeviceInfo,
+    ErrorTable,
+    GpuBackend,
+    Problem,
+    invoke,
+)
+from expertstream.backends.base import (
+    BackendUnavailable,
+    DeviceError,
+    HostMemory,
+    InvalidArgument,
+    KernelCompileError,
+    OutOfDeviceMemory,
+    Vendor,
+)
+
+
+class FakeError(enum.IntEnum):
+    fakeSuccess = 0
+    fakeErrorInvalidValue = 1
+    fakeErrorMemoryAllocation = 2
+    fakeErrorNoDevice = 100
+    fakeErrorInvalidHandle = 400
+    fakeErrorNotFound = 500
+    fakeErrorNotReady = 600
+    fakeErrorPeerAccessAlreadyEnabled = 704
+    fakeErrorLaunchFailure = 719
+
+
+class FakeRtcError(enum.IntEnum):
+    FAKERTC_SUCCESS = 0
+    FAKERTC_ERROR_COMPILATION = 6
+
+
+ERRORS = ErrorTable.by_name(
+    FakeError,
+    {
+        "fakeErrorInvalidValue": Problem.INVALID_VALUE,
+        "fakeErrorMemoryAllocation": Problem.OUT_OF_MEMORY,
+        "fakeErrorNoDevice": Problem.NO_DEVICE,
+        "fakeErrorInvalidHandle": Problem.INVALID_HANDLE,
+        "fakeErrorNotFound": Problem.NOT_FOUND,
+        "fakeErrorNotReady": Problem.NOT_READY,
+        "fakeErrorPeerAccessAlreadyEnabled": Problem.PEER_ALREADY_ENABLED,
+    },
+)
+RTC_ERRORS = ErrorTable.by_name(FakeRtcError, {"FAKERTC_ERROR_COMPILATION": Problem.COMPILATION})
+OK = FakeError.fakeSuccess
+READ_ONLY_FLAG = 8
+FREE_BYTES = 123_456
+
+
+class FakeGpu:
+    """A vendor runtime in host memory. ``fail[name] = code`` makes that call return ``code``."""
+
+    def __init__(self, devices: int = 1) -> None:
+        self.devices = devices
+        self.fail: dict[str, Any] = {}
+        self.calls: dict[str, int] = {}
+        self.memory: dict[int, ctypes.Array[ctypes.c_char]] = {}
+        self.pinned: dict[int, ctypes.Array[ctypes.c_char]] = {}
+        self.registered: dict[int, int] = {}
+        self.streams: dict[int, list[Callable[[], object]]] = {}
+        self.events: set[int] = set()
+        self.programs: set[int] = set()
+        self.modules: set[int] = set()
+        self.launches: list[tuple[Any, ...]] = []
+        self.refuse_read_only = False
+        self.compile_error: str | None = None
+        self._next = 0x1000
+
+    def _handle(self) -> int:
+        self._next += 0x10
+        return self._next
+
+    def live(self) -> dict[str, int]:
+        return {
+            name: len(getattr(self, name))
+            for name in ("memory", "pinned", "registered", "streams", "events", "programs", "modules")
+        }
+
+    def _flush(self, stream: int) -> None:
+        for op in self.streams.get(stream, []):
+            op()
+        self.streams[stream] = []
+
+    # -- calls (each returns the vendor tuple) --
+    def device_props(self, index: int) -> tuple[Any, ...]:
+        return OK, types.SimpleNamespace(
+            name=f"Fake GPU {index}".encode() + b"\0\0", total=1 << 30, arch="fk_1"
+        )
+
+    def attribute(self, attr: DeviceAttr, index: int) -> tuple[Any, ...]:
+        return OK, {
+            DeviceAttr.ASYNC_ENGINE_COUNT: 2,
+            DeviceAttr.HOST_REGISTER: 1,
+            DeviceAttr.HOST_REGISTER_READ_ONLY: 1,
+        }[attr]
+
+    def malloc(self, n: int) -> tuple[Any, ...]:
+        buf = ctypes.create_string_buffer(n)
+        self.memory[ctypes.addressof(buf)] = buf
+        return OK, ctypes.addressof(buf)
+
+    def free(self, pointer: int) -> tuple[Any, ...]:
+        return (OK,) if self.memory.pop(pointer, None) is not None else (FakeError.fakeErrorInvalidValue,)
+
+    def host_alloc(self, n: int) -> tuple[Any, ...]:
+        buf = ctypes.create_string_buffer(n)
+        self.pinned[ctypes.addressof(buf)] = buf
+        return OK, ctypes.addressof(buf)
+
+    def host_free(self, pointer: int) -> tuple[Any, ...]:
+        return (OK,) if self.pinned.pop(pointer, None) is not None else (FakeError.fakeErrorInvalidValue,)
+
+    def host_register(self, pointer: int, n: int, flags: int) -> tuple[Any, ...]:
+        if self.refuse_read_only and flags & READ_ONLY_FLAG:
+            return (FakeError.fakeErrorInvalidValue,)
+        self.registered[pointer] = n
+        return (OK,)
+
+    def host_unregister(self, pointer: int) -> tuple[Any, ...]:
+        return (OK,) if self.registered.pop(pointer, None) is not None else (FakeError.fakeErrorInvalidValue,)
+
+    def stream_create(self) -> tuple[Any, ...]:
+        handle = self._handle()
+        self.streams[handle] = []
+        return OK, handle
+
+    def stream_destroy(self, stream: int) -> tuple[Any, ...]:
+        return (OK,) if self.streams.pop(stream, None) is not None else (FakeError.fakeErrorInvalidHandle,)
+
+    def stream_synchronize(self, stream: int) -> tuple[Any, ...]:
+        self._flush(stream)
+        return (OK,)
+
+    def stream_query(self, stream: int) -> tuple[Any, ...]:
+        return (FakeError.fakeErrorNotReady,) if self.streams.get(stream) else (OK,)
+
+    def event_create(self, timing: bool) -> tuple[Any, ...]:
+        handle = self._handle()
+        self.events.add(handle)
+        return OK, handle
+
+    def event_destroy(self, event: int) -> tuple[Any, ...]:
+        self.events.discard(event)
+        return (OK,)
+
+    def device_synchronize(self) -> tuple[Any, ...]:
+        for stream in self.streams:
+            self._flush(stream)
+        return (OK,)
+
+    def memcpy_async(self, dst: int, src: int, n: int, kind: CopyKind, stream: int) -> tuple[Any, ...]:
+        self.streams[stream].append(lambda: ctypes.memmove(dst, src, n))
+        return (OK,)
+
+    def memset_async(self, dst: int, value: int, n: int, stream: int) -> tuple[Any, ...]:
+        self.streams[stream].append(lambda: ctypes.memset(dst, value, n))
+        return (OK,)
+
+    def program_create(self, source: bytes, name: bytes) -> tuple[Any, ...]:
+        handle = self._handle()
+        self.programs.add(handle)
+        return OK, handle
+
+    def program_compile(self, program: int, options: list[bytes]) -> tuple[Any, ...]:
+        return (
+            (FakeRtcError.FAKERTC_ERROR_COMPILATION,)
+            if self.compile_error
+            else (FakeRtcError.FAKERTC_SUCCESS,)
+        )
+
+    def program_destroy(self, program: int) -> tuple[Any, ...]:
+        self.programs.discard(program)
+        return (FakeRtcError.FAKERTC_SUCCESS,)
+
+    def module_load(self, image: bytes) -> tuple[Any, ...]:
+        handle = self._handle()
+        self.modules.add(handle)
+        return OK, handle
+
+    def module_get_function(self, module: int, name: bytes) -> tuple[Any, ...]:
+        return (OK, (module, name)) if name.startswith(b"es_") else (FakeError.fakeErrorNotFound, None)
+
+    def module_unload(self, module: int) -> tuple[Any, ...]:
+        self.modules.discard(module)
+        return (OK,)
+
+    def launch(self, *args: Any) -> tuple[Any, ...]:
+        self.launches.append(args)
+        return (OK,)
+
+    def table(self) -> ApiTable:
+        def call(name: str, fn: Callable[..., Any], errors: ErrorTable = ERRORS) -> Call:
+            def run(*args: Any) -> Any:
+                self.calls[name] = self.calls.get(name, 0) + 1
+                if name in self.fail:
+                    return (self.fail[name], None)
+                return fn(*args)
+
+            return Call(name, run, errors)
+
+        ok = lambda *_: (OK,)  # noqa: E731
+        return ApiTable(
+            backend_name="fake",
+            bindings_version="0",
+            init=call("fakeInit", ok),
+            device_count=call("fakeGetDeviceCount", lambda: (OK, self.devices)),
+            set_device=call("fakeSetDevice", ok),
+            device_props=call("fakeGetDeviceProperties", self.device_props),
+            device_attribute=call("fakeDeviceGetAttribute", self.attribute),
+            read_props=lambda p: DeviceInfo(_gpu.decode_text(p.name), p.total, p.arch),
+            register_flags=lambda _p, read_only: 1 | READ_ONLY_FLAG if read_only else 0,
+            mem_info=call("fakeMemGetInfo", lambda: (OK, FREE_BYTES, 1 << 30)),
+            can_access_peer=call("fakeDeviceCanAccessPeer", lambda i, j: (OK, 1)),
+            enable_peer_access=call("fakeDeviceEnablePeerAccess", ok),
+            device_synchronize=call("fakeDeviceSynchronize", self.device_synchronize),
+            driver_version=call("fakeDriverGetVersion", lambda: (OK, 1)),
+            malloc=call("fakeMalloc", self.malloc),
+            free=call("fakeFree", self.free),
+            host_alloc=call("fakeHostAlloc", self.host_alloc),
+            host_free=call("fakeFreeHost", self.host_free),
+            host_register=call("fakeHostRegister", self.host_register),
+            host_unregister=call("fakeHostUnregister", self.host_unregister),
+            stream_create=call("fakeStreamCreate", self.stream_create),
+            stream_destroy=call("fakeStreamDestroy", self.stream_destroy),
+            stream_synchronize=call("fakeStreamSynchronize", self.stream_synchronize),
+            stream_query=call("fakeStreamQuery", self.stream_query),
+            stream_wait_event=call("fakeStreamWaitEvent", ok),
+            event_create=call("fakeEventCreate", self.event_create),
+            event_destroy=call("fakeEventDestroy", self.event_destroy),
+            event_record=call("fakeEventRecord", ok),
+            event_synchronize=call("fakeEventSynchronize", lambda e: self.device_synchronize()),
+            event_query=call("fakeEventQuery", ok),
+            event_elapsed=call("fakeEventElapsedTime", lambda a, b: (OK, 1.5)),
+            memcpy_async=call("fakeMemcpyAsync", self.memcpy_async),
+            memcpy_peer_async=call(
+                "fakeMemcpyPeerAsync",
+                lambda d, di, s, si, n, st: self.memcpy_async(d, s, n, CopyKind.DEVICE_TO_DEVICE, st),
+            ),
+            memset_async=call("fakeMemsetAsync", self.memset_async),
+            compile_options=lambda arch: [f"--arch={arch}".encode()],
+            program_create=call("fakertcCreateProgram", self.program_create, RTC_ERRORS),
+            program_compile=call("fakertcCompileProgram", self.program_compile, RTC_ERRORS),
+            program_log=call(
+                "fakertcGetProgramLog",
+                lambda p: (FakeRtcError.FAKERTC_SUCCESS, self.compile_error),
+                RTC_ERRORS,
+            ),
+            program_code=call(
+                "fakertcGetCode", lambda p: (FakeRtcError.FAKERTC_SUCCESS, b"image"), RTC_ERRORS
+            ),
+            program_destroy=call("fakertcDestroyProgram", self.program_destroy, RTC_ERRORS),
+            module_load=call("fakeModuleLoadData", self.module_load),
+            module_get_function=call("fakeModuleGetFunction", self.module_get_function),
+            module_unload=call("fakeModuleUnload", self.module_unload),
+            launch=call("fakeModuleLaunchKernel", self.launch),
+        )
+
+
+class FakeBackend(GpuBackend):
+    name = "fake"
+    vendor = Vendor.NVIDIA
+
+
+@pytest.fixture
+def fake() -> FakeGpu:
+    return FakeGpu()
+
+
+@pytest.fixture
+def backend(fake: FakeGpu) -> Any:
+    with FakeBackend(fake.table()) as be:
+        yield be
+
+
+# -- error tuples become typed exceptions ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("code", "exc_type", "text"),
+    [
+        (FakeError.fakeErrorMemoryAllocation, OutOfDeviceMemory, "out of memory"),
+        (FakeError.fakeErrorInvalidValue, InvalidArgument, "invalid argument"),
+        (FakeError.fakeErrorNoDevice, BackendUnavailable, "no device"),
+        (FakeError.fakeErrorInvalidHandle, DeviceError, "invalid or destroyed handle"),
+        (FakeError.fakeErrorLaunchFailure, DeviceError, "failed"),
+    ],
+)
+def test_error_code_becomes_typed_exception_naming_call_code_device_and_hint(
+    code: FakeError, exc_type: type[Exception], text: str
+) -> None:
+    failing = Call("fakeThing", lambda *_: (code, None), ERRORS)
+    with pytest.raises(exc_type) as info:
+        invoke(failing, 1, device="fake:0")
+    message = str(info.value)
+    assert f"fakeThing on fake:0: {text}" in message
+    assert f"[{code.name} ({int(code)})]" in message
+    assert info.value.hint  # type: ignore[attr-defined]
+    assert message.endswith(info.value.hint)  # type: ignore[attr-defined]
+
+
+def test_success_returns_outputs_not_the_tuple() -> None:
+    assert invoke(Call("fakeNone", lambda: (OK,), ERRORS)) is None
+    assert invoke(Call("fakeOne", lambda: (OK, 7), ERRORS)) == 7
+    assert invoke(Call("fakeTwo", lambda: (OK, 7, 8), ERRORS)) == (7, 8)
+
+
+def test_missing_library_raises_backend_unavailable_naming_it() -> None:
+    def missing() -> Any:
+        raise RuntimeError("failed to dlopen 'libhiprtc.so'")
+
+    with pytest.raises(BackendUnavailable, match=r"fakertcCreateProgram.*libhiprtc\.so"):
+        invoke(Call("fakertcCreateProgram", missing, RTC_ERRORS), device="fake:0")
+
+
+def test_code_unknown_to_the_bindings_raises_device_error() -> None:
+    def unknown() -> Any:
+        raise ValueError("12345 is not a valid hipError_t")
+
+    with pytest.raises(DeviceError, match=r"fakeQuery on fake:0: returned an unknown code: 12345"):
+        invoke(Call("fakeQuery", unknown, ERRORS), device="fake:0")
+
+
+def test_allocation_failure_names_bytes_asked_and_free(backend: Any, fake: FakeGpu) -> None:
+    fake.fail["fakeMalloc"] = FakeError.fakeErrorMemoryAllocation
+    with pytest.raises(OutOfDeviceMemory) as info:
+        backend.device(0).alloc(4096)
+    message = str(info.value)
+    assert "fakeMalloc on fake:0" in message
+    assert "cannot allocate 4096 bytes" in message
+    assert f"{FREE_BYTES} bytes free" in message
+    assert "fakeErrorMemoryAllocation (2)" in message
+
+
+def test_failed_stream_creation_is_a_device_error_and_leaks_nothing(backend: Any, fake: FakeGpu) -> None:
+    fake.fail["fakeStreamCreate"] = FakeError.fakeErrorLaunchFailure
+    with pytest.raises(DeviceError, match="fakeStreamCreate on fake:0"):
+        backend.device(0).stream()
+    assert fake.live()["streams"] == 0
+
+
+def test_backend_without_devices_is_unavailable(fake: FakeGpu) -> None:
+    fake.devices = 0
+    with pytest.raises(BackendUnavailable, match="no fake device"):
+        FakeBackend(fake.table())
+
+
+def test_unknown_backend_option_is_rejected(fake: FakeGpu) -> None:
+    with pytest.raises(InvalidArgument, match=r"takes no options.*profile"):
+        FakeBackend(fake.table(), profile="cuda-h200")
+
+
+# -- behaviour of the shared implementation --------------------------------------------------
+
+
+def test_bytes_round_trip_through_device_and_pinned_memory(backend: Any) -> None:
+    dev = backend.device(0)
+    data = np.random.default_rng(1).integers(0, 256, 1000, dtype=np.uint8)
+    buf = dev.upload(data)
+    assert np.array_equal(buf.read(), data)
+    pinned = dev.alloc_pinned(1000)
+    assert pinned.kind is HostMemory.PINNED
+    stream = dev.stream()
+    stream.copy_d2h(pinned, 0, buf, 0, 1000)
+    stream.synchronize()
+    assert np.array_equal(pinned.array, data)
+
+
+def test_device_description_and_interop(backend: Any) -> None:
+    dev = backend.device(0)
+    assert (dev.name, dev.arch, dev.total_memory) == ("Fake GPU 0", "fk_1", 1 << 30)
+    assert dev.free_memory() == FREE_BYTES
+    caps = dev.capabilities
+    assert caps.async_copies and caps.host_register and caps.host_register_read_only
+    buf = dev.alloc(64)
+    iface = buf.__cuda_array_interface__
+    assert iface == {
+        "version": 3,
+        "shape": (64,),
+        "typestr": "|u1",
+        "data": (buf.address, False),
+        "strides": None,
+        "stream": None,
+    }
+
+
+def test_stream_query_reports_not_ready_as_false(backend: Any) -> None:
+    dev = backend.device(0)
+    buf = dev.alloc(16)
+    stream = dev.stream()
+    stream.memset(buf, 0, 16, 7)
+    assert stream.query() is False
+    stream.synchronize()
+    assert stream.query() is True
+    assert buf.read().tolist() == [7] * 16
+
+
+def test_copy_source_stays_alive_until_the_stream_is_done(backend: Any) -> None:
+    dev = backend.device(0)
+    buf = dev.alloc(4096)
+    stream = dev.stream()
+    source = np.full(4096, 42, dtype=np.uint8)
+    alive = weakref.ref(source)
+    stream.copy_h2d(buf, 0, dev.wrap_host(source), 0, 4096)
+    del source
+    gc.collect()
+    assert alive() is not None, "the array was dropped while its copy was still queued"
+    stream.synchronize()
+    gc.collect()
+    assert alive() is None
+    assert buf.read().tolist() == [42] * 4096
+
+
+def test_event_completion_releases_sources_recorded_before_it(backend: Any) -> None:
+    dev = backend.device(0)
+    buf = dev.alloc(8)
+    stream = dev.stream()
+    event = dev.event()
+    first = np.ones(8, dtype=np.uint8)
+    second = np.ones(8, dtype=np.uint8)
+    first_ref, second_ref = weakref.ref(first), weakref.ref(second)
+    stream.copy_h2d(buf, 0, dev.wrap_host(first), 0, 8)
+    stream.record(event)
+    stream.copy_h2d(buf, 0, dev.wrap_host(second), 0, 8)
+    del first, second
+    event.synchronize()
+    gc.collect()
+    assert first_ref() is None
+    assert second_ref() is not None
+
+
+def test_peer_access_already_enabled_counts_as_success() -> None:
+    fake = FakeGpu(devices=2)
+    fake.fail["fakeDeviceEnablePeerAccess"] = FakeError.fakeErrorPeerAccessAlreadyEnabled
+    with FakeBackend(fake.table()) as be:
+        d0, d1 = be.device(0), be.device(1)
+        d0.enable_peer_access(d1)
+        assert d0.capabilities.peer_access == frozenset({1})
+        assert d0.can_access_peer(d1)
+
+
+def test_kernel_launch_passes_addresses_and_typed_scalars(backend: Any, fake: FakeGpu) -> None:
+    dev = backend.device(0)
+    kernel = dev.compile('extern "C" __global__ void es_fill(char* p, int n) {}', "es_fill")
+    buf = dev.alloc(32)
+    stream = dev.stream()
+    stream.launch(kernel, 2, (64, 1), [buf.view(8), np.int32(24)])
+    function, grid, block, shared, handle, values, ctypes_types = fake.launches[-1]
+    assert (grid, block, shared, handle) == ((2, 1, 1), (64, 1, 1), 0, stream.handle)
+    assert values == (buf.address + 8, 24)
+    assert ctypes_types == (ctypes.c_void_p, ctypes.c_int32)
+
+
+def test_compiled_image_is_cached_per_arch_and_source(backend: Any, fake: FakeGpu) -> None:
+    source = 'extern "C" __global__ void es_cached_a() {}\nextern "C" __global__ void es_cached_b() {}'
+    dev = backend.device(0)
+    a = dev.compile(source, "es_cached_a")
+    assert dev.compile(source, "es_cached_a") is a
+    dev.compile(source, "es_cached_b")
+    assert fake.calls["fakertcCreateProgram"] == 1
+    assert fake.calls["fakeModuleLoadData"] == 1
+    with FakeBackend(fake.table()) as other:  # a new device object of the same arch loads, not compiles
+        other.device(0).compile(source, "es_cached_a")
+    assert fake.calls["fakertcCreateProgram"] == 1
+    assert fake.calls["fakeModuleLoadData"] == 2
+
+
+def test_compile_error_carries_the_log_and_destroys_the_program(backend: Any, fake: FakeGpu) -> None:
+    fake.compile_error = "moe.cu(3): error: identifier 'x' is undefined"
+    with pytest.raises(KernelCompileError) as info:
+        backend.device(0).compile('extern "C" __global__ void es_bad() { x; }', "es_bad")
+    message = str(info.value)
+    assert "es_bad did not compile for fk_1" in message
+    assert "identifier 'x' is undefined" in message
+    assert "FAKERTC_ERROR_COMPILATION (6)" in message
+    assert fake.live()["programs"] == 0
+
+
+def test_unknown_kernel_name_raises_and_unloads_the_module(backend: Any, fake: FakeGpu) -> None:
+    with pytest.raises(InvalidArgument, match=r"fakeModuleGetFunction on fake:0: name not found"):
+        backend.device(0).compile('extern "C" __global__ void es_k() {}', "missing_kernel")
+    assert fake.live()["modules"] == 0
+
+
+def test_refused_read_only_registration_falls_back_with_one_warning(
+    backend: Any, fake: FakeGpu, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake.refuse_read_only = True
+    dev = backend.device(0)
+    data = np.ones(4096, dtype=np.uint8)
+    data.flags.writeable = False
+    host = dev.wrap_host(data)
+    with caplog.at_level(logging.WARNING, logger=_gpu.__name__), pytest.raises(DeviceError) as info:
+        host.register()
+    assert "read-only host registration of 4096 bytes was refused" in str(info.value)
+    assert "pinned memory" in str(info.value)
+    assert host.kind is HostMemory.PAGEABLE
+    assert not dev.capabilities.host_register_read_only
+    with pytest.raises(DeviceError, match="not supported"):
+        host.register()
+    assert fake.calls["fakeHostRegister"] == 1
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "fake:0" in warnings[0].getMessage() and "4096" in warnings[0].getMessage()
+
+
+def test_close_releases_every_native_handle(fake: FakeGpu) -> None:
+    be = FakeBackend(fake.table())
+    dev = be.device(0)
+    registered = dev.wrap_host(np.zeros(512, dtype=np.uint8))
+    registered.register()
+    held: list[Any] = [
+        dev.stream(),
+        dev.event(timing=True),
+        dev.alloc(128),
+        dev.alloc_pinned(256),
+        registered,
+        dev.compile('extern "C" __global__ void es_k() {}', "es_k"),
+    ]
+    assert all(fake.live()[k] for k in ("memory", "pinned", "registered", "streams", "events", "modules"))
+    be.close()
+    assert fake.live() == dict.fromkeys(fake.live(), 0)
+    assert all(obj.closed for obj in held[:5])
+
+
+def test_dropped_objects_are_released_by_garbage_collection(backend: Any, fake: FakeGpu) -> None:
+    dev = backend.device(0)
+    before = fake.live()
+    buf, event = dev.alloc(128), dev.event()
+    pinned = dev.alloc_pinned(64)
+    view = pinned.array[:8]
+    del buf, event, pinned
+    gc.collect()
+    assert fake.live()["memory"] == before["memory"]
+    assert fake.live()["events"] == before["events"]
+    assert fake.live()["pinned"] == 1, "pinned memory freed while a numpy view of it is alive"
+    del view
+    gc.collect()
+    assert fake.live()["pinned"] == 0
+
+
+def test_release_at_exit_ignores_a_dying_driver(fake: FakeGpu) -> None:
+    be = FakeBackend(fake.table())
+    dev = be.device(0)
+    dev.alloc(64)
+    dev.stream()
+    fake.fail["fakeFree"] = FakeError.fakeErrorLaunchFailure
+    _gpu._release_at_exit()
+    assert fake.calls["fakeFree"] == 1
+    assert fake.live()["streams"] == 0
+    assert be.closed
+
+
+# -- probes and the registry -------------------------------------------------------------------
+
+
+def _hide(monkeypatch: pytest.MonkeyPatch, *modules: str) -> None:
+    for name in modules:
+        monkeypatch.setitem(sys.modules, name, None)  # makes `import name` raise ImportError
+
+
+# Every name the CUDA backend's error table looks up, with the numbers the probe tests use.
+CudaError = enum.IntEnum(
+    "CudaError",
+    {  # type: ignore[misc]
+        **{name: 1000 + i for i, name in enumerate(cuda._RUNTIME_PROBLEMS)},
+        "cudaSuccess": 0,
+        "cudaErrorInsufficientDriver": 35,
+        "cudaErrorNoDevice": 100,
+    },
+)
+
+
+def _fake_cuda_bindings(monkeypatch: pytest.MonkeyPatch, device_count: tuple[Any, ...]) -> None:
+    runtime = mock.MagicMock(name="runtime")
+    runtime.cudaError_t = CudaError
+    runtime.cudaGetDeviceCount = lambda: device_count
+    package = types.ModuleType("cuda.bindings")
+    for name, module in (("runtime", runtime), ("driver", mock.MagicMock()), ("nvrtc", mock.MagicMock())):
+        setattr(package, name, module)
+        monkeypatch.setitem(sys.modules, f"cuda.bindings.{name}", module)
+    monkeypatch.setitem(sys.modules, "cuda", types.ModuleType("cuda"))
+    monkeypatch.setitem(sys.modules, "cuda.bindings", package)
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: None)  # the driver library "loads"
+
+
+def test_cuda_probe_without_cuda_python(monkeypatch: pytest.MonkeyPatch) -> None:
+    _hide(monkeypatch, "cuda.bindings.runtime")
+    assert cuda.probe() == "cuda-python is not installed (pip install 'expertstream[cuda]')"
+
+
+def test_explicit_cuda_backend_raises_unavailable_naming_the_missing_package(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _hide(monkeypatch, "cuda.bindings.runtime")
+    with pytest.raises(BackendUnavailable) as info:
+        expertstream.backend("cuda")
+    assert "cuda-python is not installed" in str(info.value)
+    assert "expertstream.backend('cuda')" in str(info.value)
+
+
+def test_cuda_probe_without_driver(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_cuda_bindings(monkeypatch, (0, 1))
+
+    def no_driver(name: str) -> None:
+        raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setattr(ctypes, "CDLL", no_driver)
+    assert cuda.probe() == "libcuda.so.1 not found: no NVIDIA driver"
+
+
+@pytest.mark.parametrize(
+    ("device_count", "reason"),
+    [
+        ((100, 0), "no CUDA device"),
+        ((0, 0), "no CUDA device"),
+        ((35, 0), "cudaGetDeviceCount failed: driver too old [cudaErrorInsufficientDriver (35)]"),
+        ((0, 2), None),
+    ],
+)
+def test_cuda_probe_counts_devices(
+    monkeypatch: pytest.MonkeyPatch, device_count: tuple[int, int], reason: str | None
+) -> None:
+    _fake_cuda_bindings(monkeypatch, (CudaError(device_count[0]), device_count[1]))
+    assert cuda.probe() == reason
+
+
+def test_hip_probe_without_hip_python(monkeypatch: pytest.MonkeyPatch) -> None:
+    _hide(monkeypatch, "hip")
+    assert hip.probe() == "hip-python is not installed (pip install 'expertstream[hip]')"
+    with pytest.raises(BackendUnavailable, match="hip-python is not installed"):
+        expertstream.backend("hip")
+
+
+def _no_rocm_sdk_and_no_loader_hit(monkeypatch: pytest.MonkeyPatch) -> None:
+    _hide(monkeypatch, "rocm_sdk")
+
+    def not_on_loader_path(name: str) -> None:
+        raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setattr(ctypes, "CDLL", not_on_loader_path)
+
+
+def test_hip_probe_names_every_place_it_looked(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setitem(sys.modules, "hip", types.ModuleType("hip"))
+    _no_rocm_sdk_and_no_loader_hit(monkeypatch)
+    monkeypatch.setenv("ROCM_PATH", str(tmp_path))
+    reason = hip.probe()
+    assert reason is not None and reason.startswith("libamdhip64.so not found; looked in: ")
+    places = [
+        "rocm_sdk (not installed)",
+        f"{tmp_path / 'lib' / 'libamdhip64.so'} ($ROCM_PATH)",
+        "the dynamic loader's path",
+    ]
+    positions = [reason.index(place) for place in places]
+    assert positions == sorted(positions)
+
+
+def test_hip_library_search_falls_back_to_rocm_home_then_opt_rocm(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _no_rocm_sdk_and_no_loader_hit(monkeypatch)
+    monkeypatch.delenv("ROCM_PATH", raising=False)
+    monkeypatch.setenv("ROCM_HOME", str(tmp_path))
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "libamdhip64.so").write_bytes(b"")
+    found, places = hip.find_library("libamdhip64.so")
+    assert found == str(tmp_path / "lib" / "libamdhip64.so")
+    assert places[-1].endswith("($ROCM_HOME)")
+    monkeypatch.delenv("ROCM_HOME")
+    found, places = hip.find_library("libamdhip64.so")
+    assert any(p.startswith("/opt/rocm/lib/libamdhip64.so (default") for p in places)
+    if not Path("/opt/rocm/lib/libamdhip64.so").exists():
+        assert found is None
