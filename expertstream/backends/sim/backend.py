@@ -28,6 +28,11 @@ class SimBackend(Backend):
     def devices(self) -> Sequence[SimDevice]:
         return self._devices
 
+    def device(self, index: int = 0) -> SimDevice:
+        device = super().device(index)
+        assert isinstance(device, SimDevice)
+        return device
+
     @property
     def profile(self) -> Profile:
         return self._sim.profile
@@ -55,6 +60,9 @@ class SimBackend(Backend):
 
     def host_resume_at(self, timestamp: float) -> None:
         self._sim.host_resume_at(timestamp)
+
+    def __enter__(self) -> SimBackend:
+        return self
 
     def describe(self) -> dict[str, Any]:
         out = super().describe()

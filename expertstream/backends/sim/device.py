@@ -11,13 +11,11 @@ from ..base import (
     Capabilities,
     Device,
     DeviceError,
-    Event,
     HostBuffer,
     HostMemory,
     InvalidArgument,
     Kernel,
     OutOfDeviceMemory,
-    Stream,
     Usage,
     as_host_bytes,
     check_range,
@@ -101,11 +99,11 @@ class SimDevice(Device):
             self._used -= buffer.alloc_size
 
     # -- streams, events, kernels --------------------------------------------------------
-    def stream(self, name: str | None = None) -> Stream:
+    def stream(self, name: str | None = None) -> SimStream:
         """A new stream; ``name`` labels it in the timeline (default "stream <id>")."""
         return SimStream(self, self.sim.new_stream(self.index, self.label, name))
 
-    def stream_from_handle(self, handle: int) -> Stream:
+    def stream_from_handle(self, handle: int) -> SimStream:
         call = "Device.stream_from_handle"
         state = self.sim.stream_by_id(int(handle)) if isinstance(handle, (int, np.integer)) else None
         if state is None or state.destroyed:
@@ -120,7 +118,7 @@ class SimDevice(Device):
             )
         return SimStream(self, state, owned=False)
 
-    def event(self, timing: bool = False) -> Event:
+    def event(self, timing: bool = False) -> SimEvent:
         return SimEvent(self, timing)
 
     def compile(self, source: str, name: str) -> Kernel:

@@ -8,6 +8,7 @@ nothing wrote shows up in results.
 from __future__ import annotations
 
 import mmap
+import sys
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -18,6 +19,9 @@ if TYPE_CHECKING:
     from .device import SimDevice
 
 GARBAGE_BYTE = 0xCD
+# Python exposes MAP_NORESERVE only from 3.13; without it Linux refuses mappings larger than
+# the commit limit even though nothing is ever written to them.
+_LINUX_NORESERVE = 0x4000 if sys.platform.startswith("linux") else 0
 
 
 class SimDeviceBuffer(DeviceBuffer):
@@ -69,7 +73,7 @@ def untouched_host_bytes(nbytes: int) -> tuple[np.ndarray, Any]:
     if nbytes == 0:
         empty = np.empty(0, dtype=np.uint8)
         return empty, empty
-    flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0) | getattr(mmap, "MAP_NORESERVE", 0)
+    flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0) | getattr(mmap, "MAP_NORESERVE", _LINUX_NORESERVE)
     mapping = mmap.mmap(-1, nbytes, flags=flags)
     return np.frombuffer(mapping, dtype=np.uint8), mapping
 
