@@ -100,15 +100,18 @@ def test_concurrent_callers_are_serialized_and_exact(backend: Backend) -> None:
         half = data.nbytes // 2
         dsts = [device.alloc(half), device.alloc(data.nbytes - half)]
         errors: list[BaseException] = []
+        finished: list[float] = []
+        start_time = backend.host_timestamp()
 
         def worker(index: int) -> None:
+            backend.host_resume_at(start_time)
             try:
-                start = index * half
                 with device.stream() as stream:
-                    ring.copy(stream, dsts[index], 0, start, dsts[index].nbytes)
+                    ring.copy(stream, dsts[index], 0, index * half, dsts[index].nbytes)
                     stream.synchronize()
             except BaseException as exc:  # reported below
                 errors.append(exc)
+            finished.append(backend.host_timestamp())
 
         threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
         for t in threads:
@@ -116,6 +119,8 @@ def test_concurrent_callers_are_serialized_and_exact(backend: Backend) -> None:
         for t in threads:
             t.join()
         assert not errors
+        for timestamp in finished:  # the joins, told to the backend
+            backend.host_resume_at(timestamp)
         assert np.array_equal(np.concatenate([d.read() for d in dsts]), data)
         for d in dsts:
             d.close()
