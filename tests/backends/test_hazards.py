@@ -390,3 +390,24 @@ def test_many_ordered_operations_pass(sim: SimBackend) -> None:
         compute.record(free[k])
     compute.synchronize()
     assert np.array_equal(out.read().reshape(500, 256)[:, 0], np.arange(500) % 3)
+
+
+def test_unregistering_host_memory_with_a_pending_copy(sim: SimBackend) -> None:
+    dev = sim.device(0)
+    stream = dev.stream()
+    host = dev.wrap_host(np.zeros(4096, dtype=np.uint8))
+    host.register()
+    buf = dev.alloc(4096)
+    stream.copy_h2d(buf, 0, host, 0, 4096)
+    with pytest.raises(HazardError, match="use-after-free"):
+        host.unregister()
+    stream.synchronize()
+    host.unregister()
+
+
+def test_pageable_host_memory_may_be_freed_once_the_copy_returns(sim: SimBackend) -> None:
+    dev = sim.device(0)
+    stream = dev.stream()
+    host = dev.wrap_host(np.zeros(4096, dtype=np.uint8))
+    stream.copy_h2d(dev.alloc(4096), 0, host, 0, 4096)
+    host.close()  # the runtime staged the pageable bytes before the call returned

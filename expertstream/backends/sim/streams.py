@@ -36,6 +36,12 @@ def _device_bytes(buf: DeviceBuffer, offset: int, n: int) -> np.ndarray | None:
     return None if array is None else array[offset : offset + n]
 
 
+def _page_locked(host: HostBuffer) -> tuple[HostBuffer, ...]:
+    # Only page-locked memory is read or written by the DMA after the call returns; pageable
+    # bytes are staged (or the call waits), so the caller may reuse or free them at once.
+    return (host,) if host.is_page_locked else ()
+
+
 def _copy_effect(dst: np.ndarray | None, src: np.ndarray | None) -> Callable[[], None] | None:
     if dst is None or src is None:
         return None
@@ -68,7 +74,7 @@ class SimStream(Stream):
             profile.copy_latency_s, n / (profile.h2d_pageable_bps if pageable else profile.h2d_pinned_bps),
             blocks_host=pageable and profile.pageable_blocks_host,
             effect=_copy_effect(_device_bytes(dst, dst_offset, n), source),
-            touches=(Touch(dst, dst_offset, dst_offset + n, write=True),), host_buffers=(src,),
+            touches=(Touch(dst, dst_offset, dst_offset + n, write=True),), host_buffers=_page_locked(src),
         ))
 
     def _copy_d2h(self, dst: HostBuffer, dst_offset: int, src: DeviceBuffer, src_offset: int, n: int) -> None:
@@ -79,7 +85,7 @@ class SimStream(Stream):
             profile.copy_latency_s, n / (profile.d2h_pageable_bps if pageable else profile.d2h_bps),
             blocks_host=pageable and profile.pageable_blocks_host,
             effect=_copy_effect(dst.array[dst_offset : dst_offset + n], _device_bytes(src, src_offset, n)),
-            touches=(Touch(src, src_offset, src_offset + n, write=False),), host_buffers=(dst,),
+            touches=(Touch(src, src_offset, src_offset + n, write=False),), host_buffers=_page_locked(dst),
         ))
 
     def _copy_d2d(self, dst: DeviceBuffer, dst_offset: int, src: DeviceBuffer, src_offset: int, n: int) -> None:
@@ -105,13 +111,14 @@ class SimStream(Stream):
 
     def _record(self, event: Event) -> None:
         assert isinstance(event, SimEvent)
-        event.recorded = self._sim.record(self.state, "record")
+        event.recorded = self._sim.record(self._live_state("Stream.record"), "record")
 
     def _wait(self, event: Event) -> None:
         assert isinstance(event, SimEvent)
         # A wait binds to the record current now; a later re-record does not move it.
         name = "wait" if event.recorded is not None else "wait (never recorded: no-op)"
-        self._sim.submit(self.state, Work(OpKind.WAIT, name, "event wait", "Stream.wait"), event.recorded)
+        work = Work(OpKind.WAIT, name, "event wait", "Stream.wait")
+        self._sim.submit(self._live_state(work.call), work, event.recorded)
 
     def _launch(
         self, kernel: Kernel, grid: tuple[int, int, int], block: tuple[int, int, int], args: tuple[Any, ...],
@@ -132,10 +139,10 @@ class SimStream(Stream):
         ))
 
     def _touch(self, call: str, access: Access) -> Touch:
-        if not isinstance(access, Access):
+        if not isinstance(access, Access) or not isinstance(access.view, BufferView):
             raise InvalidArgument(
-                f"kernel twin returned {type(access).__name__} where an Access belongs", call=call,
-                device=self.device.label,
+                f"the kernel twin's accesses must be Access objects over BufferViews, got {access!r}", call=call,
+                device=self.device.label, hint="use Access(buffer.view(offset, nbytes), write=...)",
             )
         view, buf = access.view, access.view.buffer
         if buf.closed:
@@ -150,7 +157,14 @@ class SimStream(Stream):
         return Touch(buf, view.offset, view.end, access.write, access.padded_from)
 
     def _submit(self, work: Work) -> None:
-        self._sim.submit(self.state, work)
+        self._sim.submit(self._live_state(work.call), work)
+
+    def _live_state(self, call: str) -> StreamState:
+        if self.state.destroyed:  # only a from_handle wrapper can outlive its stream
+            raise UseAfterClose(
+                f"the stream behind handle {self.state.id} was destroyed", call=call, device=self.device.label
+            )
+        return self.state
 
     def synchronize(self) -> None:
         self._sim.synchronize_stream(self.state)
