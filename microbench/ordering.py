@@ -84,6 +84,8 @@ def _pattern(backend: Backend, sizes: list[int], host_memory: HostMemory, order:
     free = [device.event() for _ in range(SLOTS)]
     worker = _Worker(backend) if order == "scheduler" else None
 
+    enqueued: dict[int, _Done] = {}
+
     def fire(j: int) -> None:
         slot = j % SLOTS
 
@@ -92,14 +94,15 @@ def _pattern(backend: Backend, sizes: list[int], host_memory: HostMemory, order:
             copy.copy_h2d(slots[slot], 0, sources[j], 0, sizes[j])
             copy.record(ready[slot])
 
+        enqueued[j] = _Done(backend)
         if worker is not None and not sources[j].is_page_locked:
-            worker.submit(job)
+            worker.submit(job, enqueued[j])
         else:
             job()
+            enqueued[j].set()
 
     def wait(j: int) -> None:
-        if worker is not None:
-            worker.drain()  # the copy for j must be enqueued before its ready event is waited on
+        enqueued[j].join()  # the copy for j must be enqueued before its ready event is waited on
         compute.wait(ready[j % SLOTS])
 
     start = backend.host_timestamp()
@@ -152,32 +155,41 @@ def _host(device: Any, nbytes: int, kind: HostMemory) -> HostBuffer:
     return host
 
 
+class _Done:
+    """Set by the thread that enqueued a copy; the waiter resumes at that thread's clock."""
+
+    def __init__(self, backend: Backend) -> None:
+        self._backend = backend
+        self._event = threading.Event()
+        self._at = 0.0
+
+    def set(self) -> None:
+        self._at = self._backend.host_timestamp()
+        self._event.set()
+
+    def join(self) -> None:
+        self._event.wait()
+        self._backend.host_resume_at(self._at)
+
+
 class _Worker:
     """A copy thread, as in the scheduler: jobs run in order with the submitter's clock."""
 
     def __init__(self, backend: Backend) -> None:
         self._backend = backend
-        self._jobs: queue.Queue[tuple[Callable[[], None], float] | None] = queue.Queue()
-        self._done_at = 0.0
+        self._jobs: queue.Queue[tuple[Callable[[], None], _Done, float] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
 
-    def submit(self, job: Callable[[], None]) -> None:
-        self._jobs.put((job, self._backend.host_timestamp()))
+    def submit(self, job: Callable[[], None], done: _Done) -> None:
+        self._jobs.put((job, done, self._backend.host_timestamp()))
 
     def _loop(self) -> None:
         while (item := self._jobs.get()) is not None:
-            job, at = item
+            job, done, at = item
             self._backend.host_resume_at(at)
             job()
-            self._done_at = self._backend.host_timestamp()
-            self._jobs.task_done()
-        self._jobs.task_done()
-
-    def drain(self) -> None:
-        """Wait until every submitted job is enqueued (the launching thread does not go back in time)."""
-        self._jobs.join()
-        self._backend.host_resume_at(self._done_at)
+            done.set()
 
     def stop(self) -> None:
         self._jobs.put(None)

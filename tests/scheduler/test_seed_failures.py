@@ -167,12 +167,12 @@ def test_wait_after_the_next_copy_delays_the_next_split(profile: str) -> None:
     right = ordering.run_pattern(profile, HostMemory.PAGEABLE, "scheduler", n_splits=6)
     # The wrong order holds split i+1 until the i+2 copy ends: several ms per split.
     assert wrong.max_stall_ms > 5.0
-    assert right.max_stall_ms < 0.1
+    assert right.max_stall_ms < 0.5  # launch latency only
     assert right.wall_ms < wrong.wall_ms
 
 
 def test_with_pinned_memory_both_orders_behave_the_same() -> None:
     wrong = ordering.run_pattern("rocm-r9700", HostMemory.PINNED, "wait-after-copy", n_splits=6)
     right = ordering.run_pattern("rocm-r9700", HostMemory.PINNED, "scheduler", n_splits=6)
-    assert wrong.max_stall_ms < 0.1 and right.max_stall_ms < 0.1
+    assert wrong.max_stall_ms < 0.5 and right.max_stall_ms < 0.5
     assert wrong.wall_ms == pytest.approx(right.wall_ms, rel=1e-3)
