@@ -1,12 +1,9 @@
-"""The CUDA and HIP backends, written once over a small table of vendor calls.
+"""The CUDA and HIP backends, written once over the vendor call table of _gpu_api.
 
-cuda-python and hip-python expose the same shape of API: every call returns a tuple whose
-first item is an int-like error code. A vendor module (cuda.py, hip.py) fills an ``ApiTable``
-with its calls, each adapted to one argument order, plus a map from its error codes to the
-``Problem`` they mean. Everything else lives here: checking codes and raising the typed
-exceptions of base.py, setting the device current, keeping copy sources alive while the
-device reads them, caching compiled kernels, and releasing native handles exactly once
-(on close(), when the owner is garbage collected, or at interpreter exit).
+Everything but the vendor calls lives here: setting the device current, keeping copy sources
+alive while the device reads them, caching compiled kernels, and releasing native handles
+exactly once (on close(), when the owner is garbage collected, or at interpreter exit, in the
+order streams, events, device memory, host memory, modules).
 """
 
 from __future__ import annotations
@@ -14,19 +11,18 @@ from __future__ import annotations
 import atexit
 import ctypes
 import dataclasses
-import enum
 import hashlib
-import importlib.metadata
 import logging
 import threading
 import weakref
 from collections import deque
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
+from ._gpu_api import HINTS, ApiTable, Call, CopyKind, DeviceAttr, Problem, invoke, poll
 from .base import (
     Backend,
     BackendError,
@@ -49,176 +45,22 @@ from .base import (
 )
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T", "GpuEvent", "GpuKernel")
 
 # A stream holding this many unreleased copy sources asks the device whether it is done, so
 # that a producer that never synchronizes does not accumulate references forever.
 _PRUNE_PENDING_AT = 256
 
 
-# --------------------------------------------------------------------------------------
-# Error codes
-# --------------------------------------------------------------------------------------
-
-
-class Problem(enum.Enum):
-    """What a vendor error code means, whatever its number; the value is the message text."""
-
-    OUT_OF_MEMORY = "out of memory"
-    INVALID_VALUE = "invalid argument"
-    INVALID_DEVICE = "invalid device"
-    INVALID_HANDLE = "invalid or destroyed handle"
-    NOT_FOUND = "name not found"
-    NOT_READY = "not ready"
-    NO_DEVICE = "no device"
-    DRIVER_TOO_OLD = "driver too old"
-    NOT_INITIALIZED = "runtime not initialized"
-    ILLEGAL_ADDRESS = "illegal memory access"
-    ALREADY_REGISTERED = "host memory already registered"
-    NOT_REGISTERED = "host memory not registered"
-    PEER_ALREADY_ENABLED = "peer access already enabled"
-    PEER_UNSUPPORTED = "peer access not supported"
-    SHUTTING_DOWN = "runtime shutting down"
-    COMPILATION = "compilation failed"
-    INVALID_OPTION = "invalid compiler option"
-    UNKNOWN = "failed"
-
-
-_EXCEPTION_FOR: Mapping[Problem, type[BackendError]] = {
-    Problem.OUT_OF_MEMORY: OutOfDeviceMemory,
-    Problem.INVALID_VALUE: InvalidArgument,
-    Problem.INVALID_DEVICE: InvalidArgument,
-    Problem.NOT_FOUND: InvalidArgument,
-    Problem.NO_DEVICE: BackendUnavailable,
-    Problem.DRIVER_TOO_OLD: BackendUnavailable,
-    Problem.COMPILATION: KernelCompileError,
-    Problem.INVALID_OPTION: KernelCompileError,
-}
-
-_HINTS: Mapping[Problem, str] = {
-    Problem.OUT_OF_MEMORY: "free device memory or ask for less (fewer or smaller slots)",
-    Problem.INVALID_VALUE: "check the sizes, pointers and flags of the call",
-    Problem.INVALID_DEVICE: "use a device index below the device count",
-    Problem.INVALID_HANDLE: "the stream, event or module was destroyed or belongs to another device",
-    Problem.NOT_FOUND: 'kernel names must match an extern "C" __global__ function of the source',
-    Problem.NO_DEVICE: "check that the driver sees a GPU and the *_VISIBLE_DEVICES variables",
-    Problem.DRIVER_TOO_OLD: "install a driver at least as new as the runtime the bindings were built for",
-    Problem.NOT_INITIALIZED: "the runtime failed to start; check the driver installation",
-    Problem.ILLEGAL_ADDRESS: "a kernel or copy touched memory outside its buffer; restart the process",
-    Problem.ALREADY_REGISTERED: "this host range is registered already; unregister it first",
-    Problem.NOT_REGISTERED: "only registered host memory can be unregistered",
-    Problem.PEER_UNSUPPORTED: "these devices cannot reach each other; stage the data through host memory",
-    Problem.SHUTTING_DOWN: "the process is exiting",
-    Problem.COMPILATION: "fix the kernel source; the log names the line",
-    Problem.INVALID_OPTION: "the compiler rejected an option (is the architecture supported?)",
-}
-_DEFAULT_HINT = "if it persists the device may be in a bad state; restart the process"
-
-
-@dataclass(frozen=True)
-class ErrorTable:
-    """One family of vendor return codes (runtime/driver, or run-time compiler)."""
-
-    problems: Mapping[int, Problem]  # codes not listed read as Problem.UNKNOWN
-
-    @classmethod
-    def by_name(cls, codes: Any, problems: Mapping[str, Problem]) -> ErrorTable:
-        """Build from the names of a vendor's error enum, so the numbers come from the bindings."""
-        return cls({int(getattr(codes, name)): problem for name, problem in problems.items()})
-
-    def problem(self, code: int) -> Problem:
-        return self.problems.get(code, Problem.UNKNOWN)
-
-
-@dataclass(frozen=True)
-class Call:
-    """One vendor function: the name messages show, the callable, and how to read its codes."""
-
-    name: str
-    fn: Callable[..., Any]  # returns the vendor's tuple: (error code, *outputs)
-    errors: ErrorTable
-
-
-def code_text(err: Any) -> str:
-    """'cudaErrorMemoryAllocation (2)' for an enum member, 'code 2' for a bare int."""
-    name = getattr(err, "name", None)
-    return f"{name} ({int(err)})" if name else f"code {int(err)}"
-
-
-def error_for(call: Call, err: Any, device: str | None, detail: str = "") -> BackendError:
-    """The typed exception for a failed call: names the call, device, code and a hint."""
-    problem = call.errors.problem(int(err))
-    cls = _EXCEPTION_FOR.get(problem, DeviceError)
-    message = f"{problem.value}: {detail}" if detail else problem.value
-    return cls(
-        message, call=call.name, device=device, code=code_text(err), hint=_HINTS.get(problem, _DEFAULT_HINT)
-    )
-
-
-def _run(call: Call, args: tuple[Any, ...], device: str | None) -> tuple[Any, tuple[Any, ...]]:
-    """Call the vendor function; return (error code, outputs). Exceptions become typed errors."""
-    try:
-        result = call.fn(*args)
-    except RuntimeError as exc:  # both bindings raise this (or a subclass) for a missing library or symbol
-        raise BackendUnavailable(
-            f"a library the bindings need could not be loaded: {exc}",
-            call=call.name,
-            device=device,
-            hint="install the vendor runtime (and for kernels its run-time compiler)",
-        ) from None
-    except ValueError as exc:  # hip-python raises this for a code its enum does not know
-        raise DeviceError(f"returned an unknown code: {exc}", call=call.name, device=device) from None
-    return result[0], tuple(result[1:])
-
-
-def invoke(call: Call, *args: Any, device: str | None = None, accept: Collection[Problem] = ()) -> Any:
-    """Run a vendor call; return its output (None, one value, or a tuple) or raise.
-
-    ``accept`` lists problems that count as success (peer access already enabled).
-    """
-    err, outputs = _run(call, args, device)
-    if int(err) != 0 and call.errors.problem(int(err)) not in accept:
-        raise error_for(call, err, device)
-    if not outputs:
-        return None
-    return outputs[0] if len(outputs) == 1 else outputs
-
-
-def poll(call: Call, *args: Any, device: str | None = None) -> bool:
-    """Run a query call: True when done, False when the vendor says 'not ready'."""
-    err, _ = _run(call, args, device)
-    if int(err) == 0:
-        return True
-    if call.errors.problem(int(err)) is Problem.NOT_READY:
-        return False
-    raise error_for(call, err, device)
-
-
-def unusable_reason(device_count: Call, what: str) -> str | None:
-    """Why no device of a backend can be used, from its device-count call (None: usable)."""
-    try:
-        err, outputs = _run(device_count, (), None)
-    except BackendError as exc:
-        return str(exc)
-    problem = device_count.errors.problem(int(err))
-    if problem is Problem.NO_DEVICE or (int(err) == 0 and not outputs[0]):
-        return f"no {what} device"
-    if int(err):
-        return f"{device_count.name} failed: {problem.value} [{code_text(err)}]"
-    return None
-
-
-def decode_text(value: Any) -> str:
-    """A C string from the bindings (bytes with trailing NULs, or str) as str."""
-    return (
-        value.decode(errors="replace").rstrip("\0") if isinstance(value, (bytes, bytearray)) else str(value)
-    )
-
-
-def package_version(distribution: str) -> str:
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
+def _native(obj: Any, cls: type[_T], call: str, device: GpuDevice) -> _T:
+    """``obj`` as this backend's own class, or InvalidArgument (an event or kernel of another backend)."""
+    if not isinstance(obj, cls) or obj.device.backend is not device.backend:
+        raise InvalidArgument(
+            f"{obj!r} does not belong to the {device.backend.name} backend of {device.label}",
+            call=call,
+            device=device.label,
+        )
+    return obj
 
 
 Steps = Sequence[tuple[Call, tuple[Any, ...]]]
@@ -241,85 +83,6 @@ def _finalizer(owner: object, steps: Steps, device: str, *keep_alive: Any) -> we
     release = weakref.finalize(owner, _release_quietly, steps, device, *keep_alive)
     release.atexit = False
     return release
-
-
-# --------------------------------------------------------------------------------------
-# The vendor table
-# --------------------------------------------------------------------------------------
-
-
-class CopyKind(enum.Enum):
-    HOST_TO_DEVICE = "h2d"
-    DEVICE_TO_HOST = "d2h"
-    DEVICE_TO_DEVICE = "d2d"
-
-
-class DeviceAttr(enum.Enum):
-    ASYNC_ENGINE_COUNT = "async_engine_count"
-    HOST_REGISTER = "host_register"
-    HOST_REGISTER_READ_ONLY = "host_register_read_only"  # a vendor may map this to "worth attempting"
-
-
-@dataclass(frozen=True)
-class DeviceInfo:
-    name: str
-    total_memory: int
-    arch: str
-
-
-@dataclass(frozen=True)
-class ApiTable:
-    """A vendor's calls in one shape. Handles of streams and events travel as ints."""
-
-    backend_name: str
-    bindings_version: str
-    # devices
-    init: Call  # ()
-    device_count: Call  # () -> int
-    set_device: Call  # (index)
-    device_props: Call  # (index) -> the vendor's properties object
-    device_attribute: Call  # (DeviceAttr, index) -> int
-    read_props: Callable[[Any], DeviceInfo]
-    register_flags: Callable[[Any, bool], int]  # (properties, read_only) -> host-register flags
-    mem_info: Call  # () -> (free, total) of the current device
-    can_access_peer: Call  # (index, peer) -> int
-    enable_peer_access: Call  # (peer) from the current device
-    device_synchronize: Call  # ()
-    driver_version: Call  # () -> int
-    # memory
-    malloc: Call  # (nbytes) -> pointer
-    free: Call  # (pointer)
-    host_alloc: Call  # (nbytes) -> pointer to portable page-locked memory
-    host_free: Call  # (pointer)
-    host_register: Call  # (pointer, nbytes, flags)
-    host_unregister: Call  # (pointer)
-    # streams and events
-    stream_create: Call  # () -> non-blocking stream handle
-    stream_destroy: Call  # (stream)
-    stream_synchronize: Call  # (stream)
-    stream_query: Call  # (stream)
-    stream_wait_event: Call  # (stream, event)
-    event_create: Call  # (timing: bool) -> event handle
-    event_destroy: Call  # (event)
-    event_record: Call  # (event, stream)
-    event_synchronize: Call  # (event)
-    event_query: Call  # (event)
-    event_elapsed: Call  # (start, end) -> milliseconds
-    # copies
-    memcpy_async: Call  # (dst, src, nbytes, CopyKind, stream)
-    memcpy_peer_async: Call  # (dst, dst_index, src, src_index, nbytes, stream)
-    memset_async: Call  # (pointer, value, nbytes, stream)
-    # kernels
-    compile_options: Callable[[str], list[bytes]]  # arch -> compiler options
-    program_create: Call  # (source bytes, name bytes) -> program
-    program_compile: Call  # (program, options)
-    program_log: Call  # (program) -> str
-    program_code: Call  # (program) -> bytes
-    program_destroy: Call  # (program)
-    module_load: Call  # (image bytes) -> module
-    module_get_function: Call  # (module, name bytes) -> function
-    module_unload: Call  # (module)
-    launch: Call  # (function, grid, block, shared_mem, stream, values, ctypes types)
 
 
 # --------------------------------------------------------------------------------------
@@ -378,7 +141,7 @@ class GpuEvent(Event):
         self._completed()
 
     def _elapsed_ms(self, end: Event) -> float:
-        assert isinstance(end, GpuEvent)
+        end = _native(end, GpuEvent, "Event.elapsed_ms", self._device)
         end.synchronize()
         return float(
             invoke(self._device.api.event_elapsed, self.handle, end.handle, device=self._device.label)
@@ -489,13 +252,13 @@ class GpuStream(Stream):
         self._enqueue(self._api.memset_async, dst.address + offset, value, n, self._handle)
 
     def _record(self, event: Event) -> None:
-        assert isinstance(event, GpuEvent)
+        event = _native(event, GpuEvent, "Stream.record", self._device)
         self._enqueue(self._api.event_record, event.handle, self._handle)
         with self._lock:
             event._recorded = (self, self._seq)
 
     def _wait(self, event: Event) -> None:
-        assert isinstance(event, GpuEvent)
+        event = _native(event, GpuEvent, "Stream.wait", self._device)
         self._enqueue(self._api.stream_wait_event, self._handle, event.handle)
 
     def _launch(
@@ -506,7 +269,7 @@ class GpuStream(Stream):
         args: tuple[Any, ...],
         shared_mem: int,
     ) -> None:
-        assert isinstance(kernel, GpuKernel)
+        kernel = _native(kernel, GpuKernel, "Stream.launch", self._device)
         values, types = pack_kernel_args(args)
         self._enqueue(self._api.launch, kernel.function, grid, block, shared_mem, self._handle, values, types)
 
@@ -569,6 +332,7 @@ class GpuDevice(Device):
         self._live = _Live()
         self._modules: dict[str, Any] = {}  # source hash -> loaded module
         self._kernels: dict[tuple[str, str], GpuKernel] = {}
+        self._compile_lock = threading.Lock()
 
     def _attribute(self, attr: DeviceAttr) -> int:
         return int(invoke(self.api.device_attribute, attr, self.index, device=self.label))
@@ -681,9 +445,14 @@ class GpuDevice(Device):
     # -- kernels ------------------------------------------------------------------------
     def compile(self, source: str, name: str) -> Kernel:
         key = hashlib.sha256(source.encode()).hexdigest()
-        kernel = self._kernels.get((key, name))
-        if kernel is not None:
-            return kernel
+        with self._compile_lock:  # two threads asking for one kernel load its module once
+            kernel = self._kernels.get((key, name))
+            if kernel is None:
+                kernel = self._load_kernel(source, key, name)
+                self._kernels[(key, name)] = kernel
+        return kernel
+
+    def _load_kernel(self, source: str, key: str, name: str) -> GpuKernel:
         self.activate()
         module = self._modules.get(key)
         loaded_here = module is None
@@ -696,16 +465,15 @@ class GpuDevice(Device):
                 _release_quietly([(self.api.module_unload, (module,))], self.label)
             raise
         self._modules[key] = module
-        kernel = GpuKernel(self, name, function)
-        self._kernels[(key, name)] = kernel
-        return kernel
+        return GpuKernel(self, name, function)
 
     # -- host memory --------------------------------------------------------------------
     def alloc_pinned(self, nbytes: int) -> HostBuffer:
-        if not isinstance(nbytes, int) or nbytes < 0:
+        if not isinstance(nbytes, (int, np.integer)) or isinstance(nbytes, bool) or nbytes < 0:
             raise InvalidArgument(
                 f"cannot allocate {nbytes!r} pinned bytes", call="Device.alloc_pinned", device=self.label
             )
+        nbytes = int(nbytes)
         if nbytes == 0:
             return HostBuffer(self, np.empty(0, dtype=np.uint8), HostMemory.PINNED)
         self.activate()
@@ -863,7 +631,7 @@ class GpuBackend(Backend):
         count = int(invoke(api.device_count))
         if count == 0:
             raise BackendUnavailable(
-                f"no {self.name} device", call=api.device_count.name, hint=_HINTS[Problem.NO_DEVICE]
+                f"no {self.name} device", call=api.device_count.name, hint=HINTS[Problem.NO_DEVICE]
             )
         self._devices = [GpuDevice(self, i) for i in range(count)]
         self.closed = False
@@ -896,18 +664,4 @@ def _release_at_exit() -> None:
     _open_backends.clear()
 
 
-__all__ = [
-    "ApiTable",
-    "Call",
-    "CopyKind",
-    "DeviceAttr",
-    "DeviceInfo",
-    "ErrorTable",
-    "GpuBackend",
-    "Problem",
-    "decode_text",
-    "invoke",
-    "package_version",
-    "poll",
-    "unusable_reason",
-]
+__all__ = ["GpuBackend", "GpuBuffer", "GpuDevice", "GpuEvent", "GpuKernel", "GpuStream"]

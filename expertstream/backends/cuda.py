@@ -9,14 +9,14 @@ import ctypes
 import importlib
 from typing import Any
 
-from ._gpu import (
+from ._gpu import GpuBackend
+from ._gpu_api import (
     ApiTable,
     Call,
     CopyKind,
     DeviceAttr,
     DeviceInfo,
     ErrorTable,
-    GpuBackend,
     Problem,
     decode_text,
     package_version,

@@ -23,15 +23,16 @@ import pytest
 
 import expertstream
 from expertstream.backends import _gpu, cuda, hip
-from expertstream.backends._gpu import (
+from expertstream.backends._gpu import GpuBackend
+from expertstream.backends._gpu_api import (
     ApiTable,
     Call,
     CopyKind,
     DeviceAttr,
     DeviceInfo,
     ErrorTable,
-    GpuBackend,
     Problem,
+    decode_text,
     invoke,
 )
 from expertstream.backends.base import (
@@ -240,7 +241,7 @@ class FakeGpu:
             set_device=call("fakeSetDevice", ok),
             device_props=call("fakeGetDeviceProperties", self.device_props),
             device_attribute=call("fakeDeviceGetAttribute", self.attribute),
-            read_props=lambda p: DeviceInfo(_gpu.decode_text(p.name), p.total, p.arch),
+            read_props=lambda p: DeviceInfo(decode_text(p.name), p.total, p.arch),
             register_flags=lambda _p, read_only: 1 | READ_ONLY_FLAG if read_only else 0,
             mem_info=call("fakeMemGetInfo", lambda: (OK, FREE_BYTES, 1 << 30)),
             can_access_peer=call("fakeDeviceCanAccessPeer", lambda i, j: (OK, 1)),
@@ -471,6 +472,14 @@ def test_peer_access_already_enabled_counts_as_success() -> None:
         assert d0.can_access_peer(d1)
 
 
+def test_event_of_another_backend_is_refused(backend: Any, fake: FakeGpu) -> None:
+    with FakeBackend(fake.table()) as other:
+        foreign = other.device(0).event()
+        stream = backend.device(0).stream()
+        with pytest.raises(InvalidArgument, match="Stream.wait on fake:0: .* does not belong"):
+            stream.wait(foreign)
+
+
 def test_kernel_launch_passes_addresses_and_typed_scalars(backend: Any, fake: FakeGpu) -> None:
     dev = backend.device(0)
     kernel = dev.compile('extern "C" __global__ void es_fill(char* p, int n) {}', "es_fill")
@@ -591,15 +600,13 @@ def _hide(monkeypatch: pytest.MonkeyPatch, *modules: str) -> None:
 
 
 # Every name the CUDA backend's error table looks up, with the numbers the probe tests use.
-CudaError = enum.IntEnum(
-    "CudaError",
-    {  # type: ignore[misc]
-        **{name: 1000 + i for i, name in enumerate(cuda._RUNTIME_PROBLEMS)},
-        "cudaSuccess": 0,
-        "cudaErrorInsufficientDriver": 35,
-        "cudaErrorNoDevice": 100,
-    },
-)
+_CUDA_CODES = {
+    **{name: 1000 + i for i, name in enumerate(cuda._RUNTIME_PROBLEMS)},
+    "cudaSuccess": 0,
+    "cudaErrorInsufficientDriver": 35,
+    "cudaErrorNoDevice": 100,
+}
+CudaError = enum.IntEnum("CudaError", _CUDA_CODES)  # type: ignore[misc]
 
 
 def _fake_cuda_bindings(monkeypatch: pytest.MonkeyPatch, device_count: tuple[Any, ...]) -> None:
