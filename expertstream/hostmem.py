@@ -131,7 +131,6 @@ class StagingRing:
         self.source = source
         self.device = source.device
         self.chunk_bytes = chunk_bytes
-        self._threads = threads
         self._slots: list[_Slot] = []
         try:
             for _ in range(chunks):
@@ -139,9 +138,14 @@ class StagingRing:
         except BaseException:
             self._free_slots()
             raise
-        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="expertstream-ring")
+        # Parts go to the workers in turn rather than to whichever is idle, so that what each
+        # thread does (and, on the simulator, its clock) does not depend on OS scheduling.
+        self._workers = [
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"expertstream-ring-{i}") for i in range(threads)
+        ]
         self._lock = threading.Lock()
         self._next_slot = 0
+        self._next_worker = 0
         self.bytes_staged = 0
         self.closed = False
 
@@ -188,11 +192,12 @@ class StagingRing:
         slot = self._slots[self._next_slot]
         self._next_slot = (self._next_slot + 1) % len(self._slots)
         handoff = self.device.backend.host_timestamp()
-        parts = tuple(
-            self._pool.submit(self._fill_part, slot, piece.src_offset + offset, offset, n, handoff)
-            for offset, n in _parts(piece.nbytes, self._threads)
-        )
-        return _Fill(piece, slot, parts)
+        parts = []
+        for offset, n in _parts(piece.nbytes, len(self._workers)):
+            worker = self._workers[self._next_worker]
+            self._next_worker = (self._next_worker + 1) % len(self._workers)
+            parts.append(worker.submit(self._fill_part, slot, piece.src_offset + offset, offset, n, handoff))
+        return _Fill(piece, slot, tuple(parts))
 
     def _fill_part(self, slot: _Slot, src_offset: int, chunk_offset: int, nbytes: int, handoff: float) -> float:
         backend = self.device.backend
@@ -213,7 +218,8 @@ class StagingRing:
             if self.closed:
                 return
             self.closed = True
-            self._pool.shutdown(wait=True)
+            for worker in self._workers:
+                worker.shutdown(wait=True)
             self._free_slots()
 
     def _free_slots(self) -> None:
