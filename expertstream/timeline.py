@@ -30,10 +30,6 @@ class OpKind(str, enum.Enum):
     HOST_SYNC = "host_sync"  # a host thread blocked in synchronize / event synchronize
     HOST_REGISTER = "host_register"  # page-locking host memory in place
 
-    @property
-    def on_host(self) -> bool:
-        return self in (OpKind.HOST_COPY, OpKind.HOST_SYNC, OpKind.HOST_REGISTER)
-
 
 @dataclass(frozen=True)
 class TimelineOp:
@@ -50,10 +46,6 @@ class TimelineOp:
     stream_name: str = ""
     nbytes: int = 0
     host_blocked: bool = False  # the issuing thread could not go on before ``end``
-
-    @property
-    def duration(self) -> float:
-        return self.end - self.start
 
 
 def _track_names(ops: list[TimelineOp]) -> list[dict[str, Any]]:
