@@ -174,6 +174,8 @@ class Scheduler:
     # -- per-run setup and teardown ---------------------------------------------------------
     def _prepare(self, plan: Plan, stats: RunStats) -> _RunState:
         state = _RunState(units={}, pending={}, blocks_host={}, released={}, next_fire={})
+        for ring in self._rings.values():
+            ring.reset_run()  # a run that fires nothing (decode) must not report the last run's waits
         scratch_sizes: dict[Device, list[int]] = {}
         slot_bytes: dict[Device, int] = {}
         for index, split in enumerate(plan.splits):
