@@ -58,16 +58,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def _command_modules() -> list[Callable[[Any], None]]:
     from .model import commands as model_commands
+    from .moe import commands as moe_commands
 
-    registers: list[Callable[[Any], None]] = [model_commands.register]
-    try:
-        from . import run as run_commands
-    except ModuleNotFoundError as exc:
-        if exc.name != f"{__package__}.run":
-            raise
-    else:
-        registers.append(run_commands.register)
-    return registers
+    return [model_commands.register, moe_commands.register]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -158,6 +158,25 @@ def _router_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
     w_bytes.view(np.float32)[:] = (exps / exps.sum(axis=1, keepdims=True)).reshape(-1)
 
 
+def _rms_norm_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
+    h_bytes, x_bytes, n_tokens, n = args
+    h = h_bytes.view(np.float32).reshape(int(n_tokens), int(n))
+    mean_square = np.einsum("tn,tn->t", h, h, dtype=np.float32) / np.float32(n)
+    scale = np.float32(1) / np.sqrt(mean_square + np.float32(1e-6))
+    x_bytes.view(np.float32).reshape(int(n_tokens), int(n))[:] = h * scale[:, None]
+
+
+def _add_inplace_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
+    h_bytes, delta_bytes, _n = args
+    h = h_bytes.view(np.float32)
+    h += delta_bytes.view(np.float32)
+
+
+def _add_inplace_accesses(args: Args) -> Sequence[Access]:
+    h, delta = _as_view(args[0]), _as_view(args[1])
+    return [Access(h, write=False), Access(delta, write=False), Access(h, write=True)]
+
+
 def _reads_then_writes(n_reads: int, n_writes: int) -> Any:
     def accesses(args: Args) -> Sequence[Access]:
         views = [_as_view(a) for a in args[: n_reads + n_writes]]
@@ -190,6 +209,15 @@ def _register() -> None:
             "moe_router_topk", _router_run, _reads_then_writes(2, 2),
             lambda args: 2.0 * int(args[4]) * int(args[5]) * int(args[6]),
         )
+    )
+    register_kernel(
+        KernelSpec(
+            "moe_rms_norm", _rms_norm_run, _reads_then_writes(1, 1),
+            lambda args: 3.0 * int(args[2]) * int(args[3]),
+        )
+    )
+    register_kernel(
+        KernelSpec("moe_add_inplace", _add_inplace_run, _add_inplace_accesses, lambda args: float(args[2]))
     )
     log.debug("registered the MoE kernel twins")
 

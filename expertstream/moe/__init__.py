@@ -1,0 +1,1 @@
+"""Prefill and decode of MoE models with host-resident experts: runner, measurement, commands."""
