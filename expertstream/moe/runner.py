@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -163,38 +163,44 @@ class MoeRunner:
             raise
 
     # -- setup -------------------------------------------------------------------------------
-    def _alloc(
-        self, nbytes: int, usage: Usage = Usage.COMPUTE, data: np.ndarray | None = None
-    ) -> DeviceBuffer:
+    def _alloc(self, nbytes: int, usage: Usage = Usage.COMPUTE) -> DeviceBuffer:
         buf = self.device.alloc(max(nbytes, 4), usage)
         self._buffers.append(buf)
-        if data is not None and self.data:
-            buf.write(data)
+        return buf
+
+    def _input(self, nbytes: int, usage: Usage, make: Callable[[], np.ndarray]) -> DeviceBuffer:
+        """A buffer holding ``make()``; zeros where the backend holds no data (nothing reads it unwritten)."""
+        buf = self._alloc(nbytes, usage)
+        if self.data:
+            buf.write(make())
+        else:
+            with self.device.stream() as stream:
+                stream.memset(buf, 0, buf.alloc_size)
+                stream.synchronize()
         return buf
 
     def _allocate(self) -> None:
-        model, batching = self.model, self.batching
+        model, batching, seed = self.model, self.batching, self.seed
         row = model.n_embd * 4
         n_ub = len(batching.ubatches())
         self._routers = {
-            layer.index: self._alloc(
-                model.n_expert * row,
-                Usage.WEIGHTS,
-                _router_floats(model, layer.router) if self.data else None,
+            layer.index: self._input(
+                model.n_expert * row, Usage.WEIGHTS, functools.partial(_router_floats, model, layer.router)
             ).view(0, model.n_expert * row)
             for layer in model.layers
         }
         self._scratch = _Scratch(self.device, batching.ubatch_tokens, model)
-        self._embed = self._alloc(batching.tokens * row, data=self._embeddings(0, batching.tokens))
-        self._hidden = self._alloc(batching.tokens * row)
+        tokens, steps = batching.tokens, batching.decode_steps
+        self._embed = self._input(
+            tokens * row, Usage.COMPUTE, functools.partial(embeddings, seed, 0, tokens, model.n_embd)
+        )
+        self._hidden = self._alloc(tokens * row)
         self._ids = self._alloc(model.n_layer * n_ub * batching.ubatch_tokens * model.top_k * 4)
-        steps = batching.decode_steps
-        self._decode_embed = self._alloc(steps * row, data=self._embeddings(batching.tokens, steps))
+        self._decode_embed = self._input(
+            steps * row, Usage.COMPUTE, functools.partial(embeddings, seed, tokens, steps, model.n_embd)
+        )
         self._decode_hidden = self._alloc(steps * row)
         self._decode_ids = self._alloc(model.n_layer * model.top_k * 4)
-
-    def _embeddings(self, first: int, count: int) -> np.ndarray | None:
-        return embeddings(self.seed, first, count, self.model.n_embd) if self.data and count else None
 
     # -- plans ---------------------------------------------------------------------------------
     def prefill_plan(self, experts: ExpertData, ubatches: Sequence[int] | None = None) -> Plan:

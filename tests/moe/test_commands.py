@@ -1,0 +1,152 @@
+"""The prefill and demo commands: table, JSON, trace, and a non-zero exit when rows disagree."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from expertstream.backends.base import Backend
+from expertstream.cli import main
+from expertstream.moe.runner import MoeRunner
+
+SMALL = ["--tokens", "32", "--ubatch", "16"]
+ROW_KEYS = {
+    "slots": int,
+    "host_memory": str,
+    "ttft_s": float,
+    "prefill_tokens_per_s": float,
+    "h2d_gbps": float,
+    "h2d_pct_of_peak": float,
+    "overlap_efficiency": float,
+    "stall_ms": float,
+    "output_sha256": str,
+    "decode_tokens_per_s": float,
+    "fires": int,
+}
+
+
+def _prefill(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["prefill", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_json_rows_per_slot_setting(
+    backend: Backend, tiny_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = _prefill(
+        capsys,
+        str(tiny_path),
+        "--backend",
+        backend.name,
+        *SMALL,
+        "--slots",
+        "0,3",
+        "--host-memory",
+        "pinned,mmap",
+        "--decode",
+        "3",
+        "--json",
+    )
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["backend"] == backend.name and doc["model"]["n_expert"] == 8 and doc["device"]
+    assert [(r["host_memory"], r["slots"]) for r in doc["rows"]] == [
+        ("pinned", 0),
+        ("pinned", 3),
+        ("mmap", 0),
+        ("mmap", 3),
+    ]
+    for row in doc["rows"]:
+        for key, kind in ROW_KEYS.items():
+            assert isinstance(row[key], kind), key
+        assert row["ttft_s"] > 0 and 0 < row["h2d_pct_of_peak"] and row["overlap_efficiency"] > 0
+        assert len(row["output_sha256"]) == 64 and row["decode_steps"] == 3
+        assert (row["fires"] > 0) == (row["slots"] > 0)
+    assert len({r["output_sha256"] for r in doc["rows"]}) == 1
+    assert doc["compute_only_sha256"] == doc["rows"][0]["prefill_sha256"]
+
+
+def test_exit_status_names_rows_whose_outputs_differ(
+    backend: Backend, tiny_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_output = MoeRunner.prefill_output
+    calls = {"n": 0}
+
+    def corrupt_third(self: MoeRunner) -> np.ndarray:
+        calls["n"] += 1  # 1: compute-only baseline, 2: slots 0, 3: slots 2
+        out = real_output(self).copy()
+        if calls["n"] == 3:
+            out[0, 0] += 1.0
+        return out
+
+    monkeypatch.setattr(MoeRunner, "prefill_output", corrupt_third)
+    code, _, err = _prefill(
+        capsys, str(tiny_path), "--backend", backend.name, *SMALL, "--slots", "0,2", "--host-memory", "pinned"
+    )
+    assert code == 1
+    assert "outputs differ between rows: slots=0/pinned, slots=2/pinned" in err
+
+
+def test_trace_is_a_chrome_trace_of_copies_and_kernels(
+    tiny_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "trace.json"
+    code, out, _ = _prefill(
+        capsys, str(tiny_path), "--backend", "sim", *SMALL, "--slots", "3", "--trace", str(trace)
+    )
+    assert code == 0 and "slots" in out
+    events = json.loads(trace.read_text())["traceEvents"]
+    kinds = {e.get("cat") for e in events}
+    assert {"h2d", "kernel"} <= kinds
+    assert any(e.get("name") == "moe_mul_mat_id_q4_0_m32" for e in events)
+
+
+def test_timing_only_full_scale_overlaps_copies(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _prefill(
+        capsys,
+        "--backend",
+        "sim",
+        "--timing-only",
+        "--preset",
+        "qwen3-30b-a3b",
+        "--layers",
+        "2",
+        "--tokens",
+        "4096",
+        "--ubatch",
+        "2048",
+        "--slots",
+        "0,3",
+        "--json",
+    )
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["timing_only"] and doc["model"]["n_expert"] == 128
+    off, on = doc["rows"]
+    assert off["output_sha256"] == on["output_sha256"] == ""
+    assert on["fires"] == 2 * 2 * 3
+    assert on["ttft_s"] < off["ttft_s"], "copies overlap compute with slots"
+
+
+def test_sim_options_need_the_sim_backend(tiny_path: Path) -> None:
+    with pytest.raises(SystemExit, match="need --backend sim"):
+        main(["prefill", str(tiny_path), "--backend", "auto", "--timing-only"])
+
+
+def test_bad_slot_list_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["prefill", "--slots", "0,1"])
+    assert "slots=1 cannot overlap" in capsys.readouterr().err
+
+
+def test_demo_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out
+    lines = out.strip().splitlines()
+    assert lines[3].split()[:2] == ["slots", "host"]
+    assert [line.split()[0] for line in lines[4:]] == ["0", "2", "3"]
+    assert len({line.split()[-1] for line in lines[4:]}) == 1

@@ -1,0 +1,85 @@
+"""Prefill and decode through the scheduler give the same bytes whatever the slots and host memory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from expertstream.backends.base import Backend, InvalidArgument
+from expertstream.hostmem import HostMemoryMode, HostWeights
+from expertstream.model import MoeModel
+from expertstream.moe.measure import measure_compute_only
+from expertstream.moe.runner import Batching, MoeRunner, embeddings, sha256
+from expertstream.scheduler import Scheduler
+
+# Two ubatches, so the lookahead crosses a ubatch boundary; 16 tokens x top-2 = 32 ids >= 2 x 8
+# experts: prefill scale.
+PREFILL = Batching(tokens=32, ubatch=16)
+MODES = (HostMemoryMode.MMAP, HostMemoryMode.REGISTERED, HostMemoryMode.PINNED, HostMemoryMode.RING)
+SMALL_RING = {"ring_chunk_bytes": 60_000, "ring_chunks": 3, "ring_threads": 2}
+
+
+def _prefill(runner: MoeRunner, weights: HostWeights, slots: int) -> tuple[np.ndarray, int]:
+    with Scheduler(slots=slots) as scheduler:
+        stats = scheduler.run(runner.prefill_plan(weights))
+    return runner.prefill_output(), int(stats.total("fires"))
+
+
+def test_prefill_is_identical_for_every_slot_count_and_host_memory(backend: Backend, tiny_path: Path) -> None:
+    device = backend.device(0)
+    hashes: dict[tuple[str, int], str] = {}
+    with MoeModel.open(tiny_path) as model, MoeRunner(device, model, PREFILL) as runner:
+        for mode in MODES:
+            with HostWeights.open(model, device, mode, **SMALL_RING) as weights:
+                for slots in (0, 2, 3, 4):
+                    output, fires = _prefill(runner, weights, slots)
+                    assert np.isfinite(output).all(), (mode, slots)
+                    # 2 ubatches x 2 layers x 3 expert tensors, each copied ahead when slots > 0
+                    assert fires == (12 if slots else 0), (mode, slots)
+                    hashes[(weights.mode.value, slots)] = sha256(output)
+        _, all_layers, resident = measure_compute_only(backend, runner, warmup=False)
+    assert all_layers
+    assert set(hashes.values()) == {resident}, hashes
+
+
+def test_outputs_depend_on_the_inputs(backend: Backend, tiny_path: Path) -> None:
+    device = backend.device(0)
+    with MoeModel.open(tiny_path) as model, HostWeights.open(model, device, "pinned") as weights:
+        digests = set()
+        for seed in (0, 1):
+            with MoeRunner(device, model, PREFILL, seed=seed) as runner:
+                output, _ = _prefill(runner, weights, 3)
+                digests.add(sha256(output))
+                # each layer adds its MoE output to the hidden state: the result is not the input
+                assert not np.allclose(output, embeddings(seed, 0, PREFILL.tokens, model.n_embd), atol=1e-3)
+    assert len(digests) == 2
+
+
+def test_decode_steps_are_identical_with_and_without_slots(backend: Backend, tiny_path: Path) -> None:
+    device = backend.device(0)
+    batching = Batching(tokens=16, ubatch=16, decode_steps=50)
+    outputs = {}
+    with MoeModel.open(tiny_path) as model, MoeRunner(device, model, batching) as runner:
+        expert_bytes = sum(t.nbytes for t in model.expert_tensors)
+        with HostWeights.open(model, device, "registered") as weights:
+            for slots in (0, 3):
+                with Scheduler(slots=slots) as scheduler:
+                    scheduler.run(runner.prefill_plan(weights))  # leaves slots allocated, as in a session
+                    for step in range(batching.decode_steps):
+                        stats = scheduler.run(runner.decode_plan(weights, step))
+                        assert stats.total("fires") == 0, "decode keeps the stock path"
+                        assert 0 < stats.total("bytes_stock") < expert_bytes, "only used experts are copied"
+                outputs[slots] = runner.decode_output()
+    assert np.isfinite(outputs[0]).all()
+    assert sha256(outputs[0]) == sha256(outputs[3])
+    assert len({sha256(row) for row in outputs[0]}) == batching.decode_steps
+
+
+def test_bad_batching_and_steps_are_named(backend: Backend, tiny_path: Path) -> None:
+    with pytest.raises(InvalidArgument, match="ubatch >= 1"):
+        Batching(tokens=8, ubatch=0)
+    with MoeModel.open(tiny_path) as model, MoeRunner(backend.device(0), model, Batching(8, 8, 2)) as runner:
+        with pytest.raises(InvalidArgument, match="decode step 2 is outside 0..1"):
+            runner.decode_plan({}, 2)
