@@ -35,6 +35,7 @@ class Settings:
     host_memory: tuple[HostMemoryMode, ...]
     seed: int = 0
     warmup: bool = True  # run the first ubatch once per row before timing (compiles, allocates slots)
+    ring_threads: int | None = None  # host threads filling the staging ring (None: hostmem's default)
 
 
 @dataclass(frozen=True)
@@ -150,7 +151,8 @@ def measure(
         progress("compute only")
         result = Measurement(Baselines(peak, compute_s, all_layers, compute_sha))
         for mode in settings.host_memory:
-            with HostWeights.open(model, device, mode) as weights:
+            ring = {} if settings.ring_threads is None else {"ring_threads": settings.ring_threads}
+            with HostWeights.open(model, device, mode, **ring) as weights:
                 for slots in settings.slots:
                     result.rows.append(
                         _measure_row(backend, runner, weights, slots, settings, result.baselines)

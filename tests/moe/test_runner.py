@@ -80,6 +80,9 @@ def test_decode_steps_are_identical_with_and_without_slots(backend: Backend, tin
 def test_bad_batching_and_steps_are_named(backend: Backend, tiny_path: Path) -> None:
     with pytest.raises(InvalidArgument, match="ubatch >= 1"):
         Batching(tokens=8, ubatch=0)
-    with MoeModel.open(tiny_path) as model, MoeRunner(backend.device(0), model, Batching(8, 8, 2)) as runner:
-        with pytest.raises(InvalidArgument, match="decode step 2 is outside 0..1"):
-            runner.decode_plan({}, 2)
+    with (
+        MoeModel.open(tiny_path) as model,
+        MoeRunner(backend.device(0), model, Batching(8, 8, 2)) as runner,
+        pytest.raises(InvalidArgument, match="decode step 2 is outside 0..1"),
+    ):
+        runner.decode_plan({}, 2)
