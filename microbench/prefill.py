@@ -31,6 +31,7 @@ from expertstream.backends.base import Backend, Device
 from expertstream.hostmem import HostMemoryMode
 from expertstream.model import PRESETS, MoeModel, make_model
 from expertstream.moe.measure import Measurement, Settings, measure
+from expertstream.moe.placeholder import write_sparse_model
 from expertstream.moe.report import Row, format_table
 from expertstream.moe.runner import Batching
 
@@ -287,6 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--decode-steps", type=int, default=1000)
     parser.add_argument("--quick", action="store_true", help="a small matrix (smoke runs)")
+    parser.add_argument(
+        "--timing-only", action="store_true", help="simulator without data, on a sparse model (no decode)"
+    )
     parser.add_argument("--no-peer", action="store_true", help="skip the torch peer")
     parser.add_argument("--out", type=Path, help="write the JSON document here after every case")
     parser.add_argument(
@@ -294,18 +298,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
-    cases = quick_matrix() if args.quick else full_matrix(args.decode_steps)
-    with expertstream.backend(args.backend) as backend, tempfile.TemporaryDirectory() as folder:
+    decode_steps = 0 if args.timing_only else args.decode_steps
+    cases = quick_matrix() if args.quick else full_matrix(decode_steps)
+    options = {"data": False} if args.timing_only else {}
+    with expertstream.backend(args.backend, **options) as backend, tempfile.TemporaryDirectory() as folder:
         device = backend.device(0)
+        layers = min(args.layers, PRESETS[args.preset].n_layer)
+        write = write_sparse_model if args.timing_only else make_model
         path = (
             Path(args.model)
             if args.model
-            else make_model(
-                args.preset,
-                "Q4_0",
-                Path(folder) / "model.gguf",
-                layers=min(args.layers, PRESETS[args.preset].n_layer),
-            )
+            else write(args.preset, "Q4_0", Path(folder) / "model.gguf", layers=layers)
         )
         peer = not args.no_peer and backend.name == "cuda"
         results: list[CaseResult] = []

@@ -153,6 +153,12 @@ class MoeRunner:
         self.batching = batching
         self.seed = seed
         self.data = holds_data(device.backend)
+        if batching.decode_steps and not self.data:
+            raise InvalidArgument(
+                "decode needs a backend that holds data: its stock path reads the routing ids back",
+                call="MoeRunner",
+                hint="run decode steps with data, or leave them out of timing-only runs",
+            )
         self.kernels = MoeKernels(device)
         self._buffers: list[DeviceBuffer] = []
         self._scratch: _Scratch | None = None
