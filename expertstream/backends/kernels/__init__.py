@@ -60,13 +60,6 @@ def scratch_bytes(n_tokens: int, top_k: int, n_expert: int) -> int:
     return 4 * layout.scratch_words(n_tokens * top_k, n_expert, min(TileM))
 
 
-def choose_tile_m(n_pairs: int, n_expert: int) -> TileM:
-    """The tile height that wastes fewer rows for this many pairs per expert on average."""
-    if n_pairs >= layout.TALL_TILE_MIN_PAIRS_PER_EXPERT * n_expert:
-        return TileM.TALL
-    return TileM.SHORT
-
-
 def _positive(call: str, **values: int) -> None:
     for name, value in values.items():
         if not isinstance(value, (int, np.integer)) or not 1 <= value <= layout.MAX_INT32:
@@ -126,9 +119,9 @@ class MoeKernels:
         call = "MoeKernels.mul_mat_id"
         fmt = weight_format(w_type)
         _positive(call, n_expert=n_expert, n_out=n_out, n_in=n_in, n_tokens=n_tokens, top_k=top_k)
-        self._check_mul_mat_id_shapes(call, fmt, n_expert, n_in, n_tokens * top_k)
+        self._check_mul_mat_id_shapes(call, fmt, n_expert, n_out, n_in, n_tokens * top_k)
         n_pairs = n_tokens * top_k
-        tile_m = choose_tile_m(n_pairs, n_expert)
+        tile_m = fmt.tile_for(n_pairs, n_expert)
         tiles = layout.max_tiles(n_pairs, n_expert, tile_m)
         w_bytes = n_expert * n_out * fmt.row_bytes(n_in)
         w_view = _view(call, "w", w, padded_size(w_bytes, fmt.qtype, n_in), 2)
@@ -224,7 +217,9 @@ class MoeKernels:
         self.close()
 
     @staticmethod
-    def _check_mul_mat_id_shapes(call: str, fmt: WeightFormat, n_expert: int, n_in: int, n_pairs: int) -> None:
+    def _check_mul_mat_id_shapes(
+        call: str, fmt: WeightFormat, n_expert: int, n_out: int, n_in: int, n_pairs: int
+    ) -> None:
         if n_expert > layout.MAX_EXPERTS:
             raise InvalidArgument(f"at most {layout.MAX_EXPERTS} experts are supported, got {n_expert}", call=call)
         if n_in % fmt.block_elements:
@@ -232,6 +227,10 @@ class MoeKernels:
                 f"n_in {n_in} is not a multiple of the {fmt.qtype.name} block size {fmt.block_elements}", call=call
             )
         _fits_int32(call, pairs=n_pairs)
+        expert_bytes = n_out * fmt.row_bytes(fmt.padded_row_elements(n_in))
+        if expert_bytes > layout.MAX_INT32:
+            raise InvalidArgument(f"one expert's rows take {expert_bytes} bytes, over the 2 GiB the kernel addresses",
+                                  call=call)
         if layout.max_tiles(n_pairs, n_expert, min(TileM)) > layout.MAX_GRID_Y:
             raise InvalidArgument(
                 f"{n_pairs} (token, slot) pairs need more than {layout.MAX_GRID_Y} tiles", call=call,
@@ -254,4 +253,4 @@ def _fits_int32(call: str, **counts: int) -> None:
             raise InvalidArgument(f"{name} has {count} elements, more than int32 indexing allows", call=call)
 
 
-__all__ = ["MoeKernels", "choose_tile_m", "kernel_source", "scratch_bytes"]
+__all__ = ["MoeKernels", "kernel_source", "scratch_bytes"]

@@ -28,8 +28,10 @@ ELEMENTWISE_THREADS = 256
 MAX_GRID_Y = 65535
 MAX_INT32 = 2**31 - 1
 
-# Pairs per expert at or above which the taller tile wins (measured: see
-# docs/results/cuda-h200-kernels.md); below it the shorter tile wastes fewer rows.
+# Average pairs per expert from which the tall tile is used, for the types that have one.
+# Measured on the H200 (docs/results/cuda-h200-kernels.md): at 32 per expert (ubatch 512
+# of Qwen3-30B-A3B) the short tile wastes fewer rows and wins; from 128 the tall one wins,
+# except for Q8_0, whose tall kernel needs too many registers and loses everywhere.
 TALL_TILE_MIN_PAIRS_PER_EXPERT = 48
 
 
@@ -48,6 +50,8 @@ class WeightFormat:
     suffix: str  # kernel name part
     block_elements: int
     block_bytes: int
+    tiles: tuple[TileM, ...]  # the tile heights compiled for this type
+
 
     @property
     def quantized(self) -> bool:
@@ -65,14 +69,20 @@ class WeightFormat:
     def kernel_name(self, tile_m: TileM) -> str:
         return f"moe_mul_mat_id_{self.suffix}_m{int(tile_m)}"
 
+    def tile_for(self, n_pairs: int, n_expert: int) -> TileM:
+        """The tile height that runs faster for this many (token, slot) pairs per expert."""
+        if TileM.TALL in self.tiles and n_pairs >= TALL_TILE_MIN_PAIRS_PER_EXPERT * n_expert:
+            return TileM.TALL
+        return TileM.SHORT
+
 
 FORMATS: dict[GGMLQuantizationType, WeightFormat] = {
     f.qtype: f
     for f in (
-        WeightFormat(GGMLQuantizationType.Q4_0, "q4_0", 32, 18),
-        WeightFormat(GGMLQuantizationType.Q8_0, "q8_0", 32, 34),
-        WeightFormat(GGMLQuantizationType.F16, "f16", 1, 2),
-        WeightFormat(GGMLQuantizationType.BF16, "bf16", 1, 2),
+        WeightFormat(GGMLQuantizationType.Q4_0, "q4_0", 32, 18, (TileM.SHORT, TileM.TALL)),
+        WeightFormat(GGMLQuantizationType.Q8_0, "q8_0", 32, 34, (TileM.SHORT,)),
+        WeightFormat(GGMLQuantizationType.F16, "f16", 1, 2, (TileM.SHORT, TileM.TALL)),
+        WeightFormat(GGMLQuantizationType.BF16, "bf16", 1, 2, (TileM.SHORT, TileM.TALL)),
     )
 }
 

@@ -20,7 +20,7 @@ from gguf.quants import dequantize
 from ..base import BufferView
 from ..sim.kernels import Access, Dim3Tuple, KernelSpec, register_kernel
 from . import layout
-from .layout import FORMATS, TileM, WeightFormat
+from .layout import FORMATS, WeightFormat
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +188,7 @@ def _reads_then_writes(n_reads: int, n_writes: int) -> Any:
 def _register() -> None:
     register_kernel(KernelSpec("moe_group_by_expert", _group_run, _group_accesses, _group_flops))
     for fmt in FORMATS.values():
-        for tile_m in TileM:
+        for tile_m in fmt.tiles:
             register_kernel(
                 KernelSpec(
                     fmt.kernel_name(tile_m), _mul_mat_id_runner(fmt), _mul_mat_id_accesses_for(fmt),

@@ -1,0 +1,203 @@
+"""Throughput of the MoE expert matmul (mul_mat_id) on Qwen3-30B-A3B-shaped tensors.
+
+128 experts, top-8 routing drawn uniformly per token, n_embd 2048, n_ff 768: gate/up
+[128][768][2048] with one activation row per token, down [128][2048][768] with one per
+(token, slot). Each row is the median of ``--repeats`` calls (device grouping plus the tiled
+kernel) timed with timing events, as TFLOP/s of useful work (2 * tokens * top_k * n_out *
+n_in) and against the time the tensor takes to cross the bus at the pinned host-to-device
+bandwidth (measured here unless ``--bandwidth-gbs`` is given).
+
+    python -m microbench.kernels --backend cuda [--json] [--ubatch 512 2048 4096] [--types Q4_0 F16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+from gguf import GGMLQuantizationType
+
+from expertstream.backends.base import Backend, Device, DeviceBuffer, Stream, Usage
+from expertstream.backends.kernels import MoeKernels
+from expertstream.backends.kernels import reference as ref
+from expertstream.backends.kernels.layout import FORMATS, weight_format
+
+from ._common import MIB, Column, emit, environment, median, open_backend
+from ._common import parser as common_parser
+
+log = logging.getLogger(__name__)
+
+N_EXPERT = 128
+TOP_K = 8
+FP32_SIMT_PEAK_TFLOPS = 67.0  # H100/H200 SXM datasheet, plain fp32 FMA
+BANDWIDTH_PROBE_BYTES = 256 * MIB
+
+
+@dataclass(frozen=True)
+class TensorShape:
+    name: str
+    n_out: int
+    n_in: int
+    x_per_slot: bool
+
+
+SHAPES = (TensorShape("gate/up", 768, 2048, False), TensorShape("down", 2048, 768, True))
+
+
+@dataclass(frozen=True)
+class Row:
+    type: str
+    tensor: str
+    ubatch: int
+    tile_m: int
+    kernel_ms: float
+    tflops: float
+    peak_fraction: float
+    tensor_mb: float
+    transfer_ms: float
+    kernel_over_transfer: float
+
+
+def pinned_bandwidth_gbs(device: Device, stream: Stream, repeats: int) -> float:
+    """Median host-to-device bandwidth from pinned memory, in GB/s."""
+    with (
+        device.alloc_pinned(BANDWIDTH_PROBE_BYTES) as host,
+        device.alloc(BANDWIDTH_PROBE_BYTES) as dst,
+        device.event(timing=True) as start,
+        device.event(timing=True) as end,
+    ):
+        host.array.fill(0x5A)
+        times = []
+        for _ in range(repeats + 1):
+            stream.record(start)
+            stream.copy_h2d(dst, 0, host, 0, BANDWIDTH_PROBE_BYTES)
+            stream.record(end)
+            end.synchronize()
+            times.append(start.elapsed_ms(end))
+    return BANDWIDTH_PROBE_BYTES / median(times[1:]) / 1e6
+
+
+def upload_weights(
+    device: Device, rng: np.random.Generator, w_type: GGMLQuantizationType, shape: TensorShape
+) -> DeviceBuffer:
+    """A [128][n_out][n_in] tensor: one random expert repeated (the data does not change the speed)."""
+    one = ref.random_weights(rng, w_type, shape.n_out, shape.n_in).reshape(-1)
+    whole = np.tile(one, N_EXPERT)
+    buf = device.alloc(whole.nbytes, Usage.WEIGHTS, row_type=w_type, ne0=shape.n_in)
+    buf.write(whole)
+    return buf
+
+
+def time_ms(device: Device, stream: Stream, launch: Any, warmup: int, repeats: int) -> float:
+    with device.event(timing=True) as start, device.event(timing=True) as end:
+        for _ in range(warmup):
+            launch()
+        times = []
+        for _ in range(repeats):
+            stream.record(start)
+            launch()
+            stream.record(end)
+            end.synchronize()
+            times.append(start.elapsed_ms(end))
+    return median(times)
+
+
+def measure(
+    device: Device, stream: Stream, kernels: MoeKernels, args: argparse.Namespace, bandwidth_gbs: float
+) -> list[Row]:
+    rng = np.random.default_rng(args.seed)
+    rows = []
+    for type_name in args.types:
+        w_type = GGMLQuantizationType[type_name]
+        for shape in SHAPES:
+            with upload_weights(device, rng, w_type, shape) as w:
+                for ubatch in args.ubatch:
+                    row = measure_one(device, stream, kernels, args, rng, w, w_type, shape, ubatch, bandwidth_gbs)
+                    rows.append(row)
+                    log.info("%s", row)
+    return rows
+
+
+def measure_one(
+    device: Device, stream: Stream, kernels: MoeKernels, args: argparse.Namespace, rng: np.random.Generator,
+    w: DeviceBuffer, w_type: GGMLQuantizationType, shape: TensorShape, ubatch: int, bandwidth_gbs: float,
+) -> Row:
+    n_pairs = ubatch * TOP_K
+    ids = np.argsort(rng.random((ubatch, N_EXPERT)), axis=1)[:, :TOP_K].astype(np.int32)
+    x_rows = n_pairs if shape.x_per_slot else ubatch
+    x = rng.standard_normal((x_rows, shape.n_in), dtype=np.float32)
+    with device.upload(x) as x_buf, device.upload(ids) as ids_buf, device.alloc(n_pairs * shape.n_out * 4) as y:
+
+        def launch() -> None:
+            kernels.mul_mat_id(
+                stream, w, w_type, N_EXPERT, shape.n_out, shape.n_in, x_buf, shape.x_per_slot, ids_buf, ubatch,
+                TOP_K, y,
+            )
+
+        ms = time_ms(device, stream, launch, args.warmup, args.repeats)
+    tflops = 2.0 * n_pairs * shape.n_out * shape.n_in / (ms * 1e-3) / 1e12
+    transfer_ms = w.alloc_size / (bandwidth_gbs * 1e9) * 1e3
+    return Row(
+        w_type.name, shape.name, ubatch, int(weight_format(w_type).tile_for(n_pairs, N_EXPERT)), ms, tflops,
+        tflops / FP32_SIMT_PEAK_TFLOPS, w.alloc_size / 1e6, transfer_ms, ms / transfer_ms,
+    )
+
+
+def run(be: Backend, args: argparse.Namespace) -> dict[str, Any]:
+    device = be.device(args.device)
+    with device.stream() as stream, MoeKernels(device) as kernels:
+        if args.bandwidth_gbs:
+            bandwidth, source = args.bandwidth_gbs, "assumed"
+        else:
+            bandwidth, source = pinned_bandwidth_gbs(device, stream, args.repeats), "measured"
+        rows = measure(device, stream, kernels, args, bandwidth)
+        device.synchronize()
+    return {
+        **environment(be, device),
+        "n_expert": N_EXPERT,
+        "top_k": TOP_K,
+        "routing": "uniform random, distinct experts per token",
+        "bandwidth_gbs": bandwidth,
+        "bandwidth_source": source,
+        "fp32_simt_peak_tflops": FP32_SIMT_PEAK_TFLOPS,
+        "repeats": args.repeats,
+        "rows": [asdict(r) for r in rows],
+    }
+
+
+COLUMNS: Sequence[Column] = (
+    Column("type", "type"),
+    Column("tensor", "tensor"),
+    Column("ubatch", "ubatch"),
+    Column("tile_m", "tile"),
+    Column("kernel_ms", "kernel ms", "{:.3f}"),
+    Column("tflops", "TFLOP/s", "{:.1f}"),
+    Column("peak_fraction", "of fp32 peak", "{:.0%}"),
+    Column("tensor_mb", "MB", "{:.0f}"),
+    Column("transfer_ms", "transfer ms", "{:.2f}"),
+    Column("kernel_over_transfer", "kernel/transfer", "{:.0%}"),
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = common_parser("kernels", "mul_mat_id TFLOP/s on Qwen3-30B-A3B expert shapes, against transfer time.")
+    p.add_argument("--ubatch", type=int, nargs="+", default=[512, 2048, 4096], help="tokens per call")
+    p.add_argument("--types", nargs="+", default=[f.qtype.name for f in FORMATS.values()],
+                   choices=[f.qtype.name for f in FORMATS.values()])
+    p.add_argument("--repeats", type=int, default=20, help="timed calls per row; the median is reported")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--bandwidth-gbs", type=float, help="assume this pinned bandwidth instead of measuring it")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    with open_backend(args) as be:
+        result = run(be, args)
+    emit(args, result, COLUMNS, "mul_mat_id on Qwen3-30B-A3B expert tensors")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

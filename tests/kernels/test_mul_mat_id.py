@@ -1,0 +1,162 @@
+"""mul_mat_id against the float64 reference on every usable backend, for every weight type.
+
+Fresh random inputs each run; outputs are poisoned with NaN before each launch, so an
+element the kernel did not write fails the finiteness check.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType
+
+from expertstream.backends.base import Device, HazardError, InvalidArgument, Stream, Usage
+from expertstream.backends.kernels import MoeKernels
+from expertstream.backends.kernels import reference as ref
+from expertstream.backends.kernels.layout import TileM, weight_format
+
+from . import tensors
+from .tensors import ALL_TYPES, QUANTIZED, Shape
+
+
+def n_in_for(w_type: GGMLQuantizationType) -> int:
+    """768 for quantized types (not a multiple of 512: the padding tail is read); 200 for
+    F16/BF16 (not a multiple of the 32-element k step)."""
+    return 768 if w_type in QUANTIZED else 200
+
+
+def check(y: np.ndarray, expected: np.ndarray) -> None:
+    assert np.isfinite(y).all(), f"{np.count_nonzero(~np.isfinite(y))} outputs unwritten or not finite"
+    err = ref.relative_error(y, expected)
+    assert err < ref.MUL_MAT_ID_RTOL, f"relative error {err:.3g} over {ref.MUL_MAT_ID_RTOL}"
+
+
+@pytest.mark.parametrize("x_per_slot", [False, True], ids=["shared_x", "x_per_slot"])
+@pytest.mark.parametrize("w_type", ALL_TYPES, ids=lambda t: t.name)
+def test_matches_reference(
+    device: Device, kernels: MoeKernels, stream: Stream, rng: np.random.Generator,
+    w_type: GGMLQuantizationType, x_per_slot: bool,
+) -> None:
+    # n_out 150 spans two output tiles, the second partial; expert 5 of 7 stays unused, and
+    # expert 6 (the last, whose last row reads the padding tail) is used.
+    shape = Shape(n_expert=7, n_out=150, n_in=n_in_for(w_type), n_tokens=13, top_k=3, x_per_slot=x_per_slot)
+    ids = tensors.distinct_ids(rng, shape.n_tokens, shape.top_k, np.array([0, 1, 2, 3, 4, 6]))
+    if 6 not in ids[0]:
+        ids[0, 0] = 6
+    problem = tensors.make_problem(device, rng, w_type, shape, ids)
+    check(tensors.run(kernels, stream, problem), problem.reference())
+
+
+@pytest.mark.parametrize("w_type", ALL_TYPES, ids=lambda t: t.name)
+def test_single_token(
+    device: Device, kernels: MoeKernels, stream: Stream, rng: np.random.Generator, w_type: GGMLQuantizationType
+) -> None:
+    shape = Shape(n_expert=4, n_out=64, n_in=n_in_for(w_type), n_tokens=1, top_k=2)
+    problem = tensors.make_problem(device, rng, w_type, shape, tensors.distinct_ids(rng, 1, 2, np.arange(4)))
+    check(tensors.run(kernels, stream, problem), problem.reference())
+
+
+@pytest.mark.parametrize("w_type", ALL_TYPES, ids=lambda t: t.name)
+def test_many_tokens_on_one_expert(
+    device: Device, kernels: MoeKernels, stream: Stream, rng: np.random.Generator, w_type: GGMLQuantizationType
+) -> None:
+    # Every token's first slot goes to expert 2: its bucket spans several tiles of either
+    # height, and the type's tallest tile is chosen.
+    shape = Shape(n_expert=6, n_out=40, n_in=n_in_for(w_type), n_tokens=150, top_k=2, x_per_slot=True)
+    fmt = weight_format(w_type)
+    assert fmt.tile_for(shape.n_pairs, shape.n_expert) is max(fmt.tiles)
+    ids = np.empty((shape.n_tokens, 2), np.int32)
+    ids[:, 0] = 2
+    ids[:, 1] = rng.choice([0, 4, 5], shape.n_tokens)
+    problem = tensors.make_problem(device, rng, w_type, shape, ids)
+    check(tensors.run(kernels, stream, problem), problem.reference())
+
+
+@pytest.mark.parametrize("w_type", ALL_TYPES, ids=lambda t: t.name)
+def test_bit_identical_across_runs_and_groupings(
+    device: Device, kernels: MoeKernels, stream: Stream, rng: np.random.Generator, w_type: GGMLQuantizationType
+) -> None:
+    shape = Shape(n_expert=5, n_out=130, n_in=n_in_for(w_type), n_tokens=150, top_k=2)
+    fmt = weight_format(w_type)
+    assert fmt.tile_for(shape.n_pairs, shape.n_expert) is max(fmt.tiles)
+    problem = tensors.make_problem(device, rng, w_type, shape, tensors.distinct_ids(rng, 150, 2, np.arange(5)))
+    first = tensors.run(kernels, stream, problem)
+    second = tensors.run(kernels, stream, problem)
+    assert first.tobytes() == second.tobytes(), "two runs on the same inputs differ"
+
+    # The same first three tokens alone: other tile contents and the short tile kernel.
+    few = Shape(shape.n_expert, shape.n_out, shape.n_in, n_tokens=3, top_k=2)
+    assert fmt.tile_for(few.n_pairs, few.n_expert) is TileM.SHORT
+    alone = tensors.Problem(
+        few, w_type, problem.w, problem.x[:3], problem.ids[:3], problem.w_buf,
+        device.upload(problem.x[:3]), device.upload(problem.ids[:3]),
+    )
+    assert tensors.run(kernels, stream, alone).tobytes() == first[:3].tobytes(), "results depend on grouping"
+
+
+def test_out_of_range_ids_give_nan_rows(
+    device: Device, kernels: MoeKernels, stream: Stream, rng: np.random.Generator
+) -> None:
+    w_type = GGMLQuantizationType.Q8_0
+    shape = Shape(n_expert=4, n_out=48, n_in=256, n_tokens=5, top_k=2)
+    ids = tensors.distinct_ids(rng, 5, 2, np.arange(4))
+    ids[1, 0] = -1
+    ids[3, 1] = 4
+    problem = tensors.make_problem(device, rng, w_type, shape, ids)
+    y = tensors.run(kernels, stream, problem)
+    expected = problem.reference()
+    bad = np.zeros(ids.shape, bool)
+    bad[1, 0] = bad[3, 1] = True
+    assert np.isnan(y[bad]).all(), "rows of out-of-range ids must be NaN"
+    check(y[~bad], expected[~bad])
+
+
+@pytest.mark.parametrize("w_type", QUANTIZED, ids=lambda t: t.name)
+def test_dirty_padding_tail_is_not_silently_read(
+    backend_name: str, device: Device, kernels: MoeKernels, stream: Stream, rng: np.random.Generator,
+    w_type: GGMLQuantizationType,
+) -> None:
+    """The kernel really reads the padding tail: garbage there (f16 NaN scales) must show."""
+    shape = Shape(n_expert=3, n_out=20, n_in=768, n_tokens=4, top_k=3)
+    ids = np.tile(np.arange(3, dtype=np.int32), (4, 1))
+    problem = tensors.make_problem(device, rng, w_type, shape, ids)
+    tail_at = tensors.tensor_bytes(w_type, shape)
+    tail = problem.w_buf.alloc_size - tail_at
+    assert tail > 0
+    problem.w_buf.write(np.full(tail, 0xFF, np.uint8), tail_at)
+    if backend_name == "sim":
+        with pytest.raises(HazardError, match="stale padding"):
+            tensors.run(kernels, stream, problem)
+        device.synchronize()
+        return
+    y = tensors.run(kernels, stream, problem)
+    # Only the last row of the last expert reads into the tail: output column n_out - 1.
+    assert np.isnan(y[:, 2, -1]).all(), "a NaN padding tail was not read"
+    assert np.isfinite(y[:, :2]).all() and np.isfinite(y[:, 2, :-1]).all()
+
+
+def test_rejects_unsupported_type_naming_the_supported(device: Device, kernels: MoeKernels, stream: Stream) -> None:
+    buf = device.alloc(1 << 16)
+    with pytest.raises(InvalidArgument, match="Q4_1.*supported types: Q4_0, Q8_0, F16, BF16"):
+        kernels.mul_mat_id(stream, buf, GGMLQuantizationType.Q4_1, 2, 8, 64, buf, False, buf, 1, 1, buf)
+
+
+def test_rejects_tensor_without_its_padding(device: Device, kernels: MoeKernels, stream: Stream) -> None:
+    w_type = GGMLQuantizationType.Q4_0
+    unpadded = 2 * 8 * 768 // 32 * 18
+    w = device.alloc(unpadded, Usage.WEIGHTS)  # no row_type: no padding tail allocated
+    other = device.alloc(1 << 16)
+    with pytest.raises(InvalidArgument, match=rf"w holds {unpadded} bytes but the shapes need \d+"):
+        kernels.mul_mat_id(stream, w, w_type, 2, 8, 768, other, False, other, 1, 1, other)
+
+
+def test_rejects_row_not_a_multiple_of_the_block(device: Device, kernels: MoeKernels, stream: Stream) -> None:
+    buf = device.alloc(1 << 16)
+    with pytest.raises(InvalidArgument, match="n_in 100 is not a multiple of the Q8_0 block size 32"):
+        kernels.mul_mat_id(stream, buf, GGMLQuantizationType.Q8_0, 2, 8, 100, buf, False, buf, 1, 1, buf)
+
+
+def test_rejects_non_positive_sizes(device: Device, kernels: MoeKernels, stream: Stream) -> None:
+    buf = device.alloc(1 << 16)
+    with pytest.raises(InvalidArgument, match="n_tokens must be a positive int32, got 0"):
+        kernels.mul_mat_id(stream, buf, GGMLQuantizationType.F16, 2, 8, 64, buf, False, buf, 0, 1, buf)
