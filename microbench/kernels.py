@@ -116,34 +116,66 @@ def measure(
         for shape in SHAPES:
             with upload_weights(device, rng, w_type, shape) as w:
                 for ubatch in args.ubatch:
-                    row = measure_one(device, stream, kernels, args, rng, w, w_type, shape, ubatch, bandwidth_gbs)
+                    row = measure_one(
+                        device, stream, kernels, args, rng, w, w_type, shape, ubatch, bandwidth_gbs
+                    )
                     rows.append(row)
                     log.info("%s", row)
     return rows
 
 
 def measure_one(
-    device: Device, stream: Stream, kernels: MoeKernels, args: argparse.Namespace, rng: np.random.Generator,
-    w: DeviceBuffer, w_type: GGMLQuantizationType, shape: TensorShape, ubatch: int, bandwidth_gbs: float,
+    device: Device,
+    stream: Stream,
+    kernels: MoeKernels,
+    args: argparse.Namespace,
+    rng: np.random.Generator,
+    w: DeviceBuffer,
+    w_type: GGMLQuantizationType,
+    shape: TensorShape,
+    ubatch: int,
+    bandwidth_gbs: float,
 ) -> Row:
     n_pairs = ubatch * TOP_K
     ids = np.argsort(rng.random((ubatch, N_EXPERT)), axis=1)[:, :TOP_K].astype(np.int32)
     x_rows = n_pairs if shape.x_per_slot else ubatch
     x = rng.standard_normal((x_rows, shape.n_in), dtype=np.float32)
-    with device.upload(x) as x_buf, device.upload(ids) as ids_buf, device.alloc(n_pairs * shape.n_out * 4) as y:
+    with (
+        device.upload(x) as x_buf,
+        device.upload(ids) as ids_buf,
+        device.alloc(n_pairs * shape.n_out * 4) as y,
+    ):
 
         def launch() -> None:
             kernels.mul_mat_id(
-                stream, w, w_type, N_EXPERT, shape.n_out, shape.n_in, x_buf, shape.x_per_slot, ids_buf, ubatch,
-                TOP_K, y,
+                stream,
+                w,
+                w_type,
+                N_EXPERT,
+                shape.n_out,
+                shape.n_in,
+                x_buf,
+                shape.x_per_slot,
+                ids_buf,
+                ubatch,
+                TOP_K,
+                y,
             )
 
         ms = time_ms(device, stream, launch, args.warmup, args.repeats)
     tflops = 2.0 * n_pairs * shape.n_out * shape.n_in / (ms * 1e-3) / 1e12
     transfer_ms = w.alloc_size / (bandwidth_gbs * 1e9) * 1e3
     return Row(
-        w_type.name, shape.name, ubatch, int(weight_format(w_type).tile_for(n_pairs, N_EXPERT)), ms, tflops,
-        tflops / FP32_SIMT_PEAK_TFLOPS, w.alloc_size / 1e6, transfer_ms, ms / transfer_ms,
+        w_type.name,
+        shape.name,
+        ubatch,
+        int(weight_format(w_type).tile_for(n_pairs, N_EXPERT)),
+        ms,
+        tflops,
+        tflops / FP32_SIMT_PEAK_TFLOPS,
+        w.alloc_size / 1e6,
+        transfer_ms,
+        ms / transfer_ms,
     )
 
 
@@ -186,8 +218,12 @@ COLUMNS: Sequence[Column] = (
 def main(argv: list[str] | None = None) -> int:
     p = common_parser("kernels", "mul_mat_id TFLOP/s on Qwen3-30B-A3B expert shapes, against transfer time.")
     p.add_argument("--ubatch", type=int, nargs="+", default=[512, 2048, 4096], help="tokens per call")
-    p.add_argument("--types", nargs="+", default=[f.qtype.name for f in FORMATS.values()],
-                   choices=[f.qtype.name for f in FORMATS.values()])
+    p.add_argument(
+        "--types",
+        nargs="+",
+        default=[f.qtype.name for f in FORMATS.values()],
+        choices=[f.qtype.name for f in FORMATS.values()],
+    )
     p.add_argument("--repeats", type=int, default=20, help="timed calls per row; the median is reported")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--bandwidth-gbs", type=float, help="assume this pinned bandwidth instead of measuring it")

@@ -79,8 +79,18 @@ def run(kernels: MoeKernels, stream: Stream, p: Problem, ids_buf: DeviceBuffer |
     s = p.shape
     y_buf = poisoned(kernels.device, s.n_pairs * s.n_out * 4)
     kernels.mul_mat_id(
-        stream, p.w_buf, p.w_type, s.n_expert, s.n_out, s.n_in, p.x_buf, s.x_per_slot,
-        ids_buf or p.ids_buf, s.n_tokens, s.top_k, y_buf,
+        stream,
+        p.w_buf,
+        p.w_type,
+        s.n_expert,
+        s.n_out,
+        s.n_in,
+        p.x_buf,
+        s.x_per_slot,
+        ids_buf or p.ids_buf,
+        s.n_tokens,
+        s.top_k,
+        y_buf,
     )
     stream.synchronize()
     y = y_buf.read().view(np.float32).reshape(s.n_tokens, s.top_k, s.n_out)

@@ -17,7 +17,9 @@ def read_f32(buf: DeviceBuffer, shape: tuple[int, ...]) -> np.ndarray:
 
 
 @pytest.mark.parametrize("n", [1, 1000, 70_001])
-def test_swiglu(device: Device, kernels: MoeKernels, stream: Stream, rng: np.random.Generator, n: int) -> None:
+def test_swiglu(
+    device: Device, kernels: MoeKernels, stream: Stream, rng: np.random.Generator, n: int
+) -> None:
     gate = (rng.standard_normal(n) * 4).astype(np.float32)
     up = rng.standard_normal(n).astype(np.float32)
     out = poisoned(device, n * 4)
@@ -31,7 +33,13 @@ def test_swiglu(device: Device, kernels: MoeKernels, stream: Stream, rng: np.ran
 
 @pytest.mark.parametrize(("n_tokens", "top_k", "n"), [(1, 1, 7), (5, 8, 300), (33, 3, 1027)])
 def test_weighted_sum(
-    device: Device, kernels: MoeKernels, stream: Stream, rng: np.random.Generator, n_tokens: int, top_k: int, n: int
+    device: Device,
+    kernels: MoeKernels,
+    stream: Stream,
+    rng: np.random.Generator,
+    n_tokens: int,
+    top_k: int,
+    n: int,
 ) -> None:
     y = rng.standard_normal((n_tokens, top_k, n)).astype(np.float32)
     weights = rng.random((n_tokens, top_k)).astype(np.float32)

@@ -34,8 +34,12 @@ def check(y: np.ndarray, expected: np.ndarray) -> None:
 @pytest.mark.parametrize("x_per_slot", [False, True], ids=["shared_x", "x_per_slot"])
 @pytest.mark.parametrize("w_type", ALL_TYPES, ids=lambda t: t.name)
 def test_matches_reference(
-    device: Device, kernels: MoeKernels, stream: Stream, rng: np.random.Generator,
-    w_type: GGMLQuantizationType, x_per_slot: bool,
+    device: Device,
+    kernels: MoeKernels,
+    stream: Stream,
+    rng: np.random.Generator,
+    w_type: GGMLQuantizationType,
+    x_per_slot: bool,
 ) -> None:
     # n_out 150 spans two output tiles, the second partial; expert 5 of 7 stays unused, and
     # expert 6 (the last, whose last row reads the padding tail) is used.
@@ -49,7 +53,11 @@ def test_matches_reference(
 
 @pytest.mark.parametrize("w_type", ALL_TYPES, ids=lambda t: t.name)
 def test_single_token(
-    device: Device, kernels: MoeKernels, stream: Stream, rng: np.random.Generator, w_type: GGMLQuantizationType
+    device: Device,
+    kernels: MoeKernels,
+    stream: Stream,
+    rng: np.random.Generator,
+    w_type: GGMLQuantizationType,
 ) -> None:
     shape = Shape(n_expert=4, n_out=64, n_in=n_in_for(w_type), n_tokens=1, top_k=2)
     problem = tensors.make_problem(device, rng, w_type, shape, tensors.distinct_ids(rng, 1, 2, np.arange(4)))
@@ -58,7 +66,11 @@ def test_single_token(
 
 @pytest.mark.parametrize("w_type", ALL_TYPES, ids=lambda t: t.name)
 def test_many_tokens_on_one_expert(
-    device: Device, kernels: MoeKernels, stream: Stream, rng: np.random.Generator, w_type: GGMLQuantizationType
+    device: Device,
+    kernels: MoeKernels,
+    stream: Stream,
+    rng: np.random.Generator,
+    w_type: GGMLQuantizationType,
 ) -> None:
     # Every token's first slot goes to expert 2: its bucket spans several tiles of either
     # height, and the type's tallest tile is chosen.
@@ -74,12 +86,18 @@ def test_many_tokens_on_one_expert(
 
 @pytest.mark.parametrize("w_type", ALL_TYPES, ids=lambda t: t.name)
 def test_bit_identical_across_runs_and_groupings(
-    device: Device, kernels: MoeKernels, stream: Stream, rng: np.random.Generator, w_type: GGMLQuantizationType
+    device: Device,
+    kernels: MoeKernels,
+    stream: Stream,
+    rng: np.random.Generator,
+    w_type: GGMLQuantizationType,
 ) -> None:
     shape = Shape(n_expert=5, n_out=130, n_in=n_in_for(w_type), n_tokens=150, top_k=2)
     fmt = weight_format(w_type)
     assert fmt.tile_for(shape.n_pairs, shape.n_expert) is max(fmt.tiles)
-    problem = tensors.make_problem(device, rng, w_type, shape, tensors.distinct_ids(rng, 150, 2, np.arange(5)))
+    problem = tensors.make_problem(
+        device, rng, w_type, shape, tensors.distinct_ids(rng, 150, 2, np.arange(5))
+    )
     first = tensors.run(kernels, stream, problem)
     second = tensors.run(kernels, stream, problem)
     assert first.tobytes() == second.tobytes(), "two runs on the same inputs differ"
@@ -88,8 +106,14 @@ def test_bit_identical_across_runs_and_groupings(
     few = Shape(shape.n_expert, shape.n_out, shape.n_in, n_tokens=3, top_k=2)
     assert fmt.tile_for(few.n_pairs, few.n_expert) is TileM.SHORT
     alone = tensors.Problem(
-        few, w_type, problem.w, problem.x[:3], problem.ids[:3], problem.w_buf,
-        device.upload(problem.x[:3]), device.upload(problem.ids[:3]),
+        few,
+        w_type,
+        problem.w,
+        problem.x[:3],
+        problem.ids[:3],
+        problem.w_buf,
+        device.upload(problem.x[:3]),
+        device.upload(problem.ids[:3]),
     )
     assert tensors.run(kernels, stream, alone).tobytes() == first[:3].tobytes(), "results depend on grouping"
 
@@ -113,7 +137,11 @@ def test_out_of_range_ids_give_nan_rows(
 
 @pytest.mark.parametrize("w_type", QUANTIZED, ids=lambda t: t.name)
 def test_dirty_padding_tail_is_not_silently_read(
-    backend_name: str, device: Device, kernels: MoeKernels, stream: Stream, rng: np.random.Generator,
+    backend_name: str,
+    device: Device,
+    kernels: MoeKernels,
+    stream: Stream,
+    rng: np.random.Generator,
     w_type: GGMLQuantizationType,
 ) -> None:
     """The kernel really reads the padding tail: garbage there (f16 NaN scales) must show."""
@@ -135,7 +163,9 @@ def test_dirty_padding_tail_is_not_silently_read(
     assert np.isfinite(y[:, :2]).all() and np.isfinite(y[:, 2, :-1]).all()
 
 
-def test_rejects_unsupported_type_naming_the_supported(device: Device, kernels: MoeKernels, stream: Stream) -> None:
+def test_rejects_unsupported_type_naming_the_supported(
+    device: Device, kernels: MoeKernels, stream: Stream
+) -> None:
     buf = device.alloc(1 << 16)
     with pytest.raises(InvalidArgument, match="Q4_1.*supported types: Q4_0, Q8_0, F16, BF16"):
         kernels.mul_mat_id(stream, buf, GGMLQuantizationType.Q4_1, 2, 8, 64, buf, False, buf, 1, 1, buf)

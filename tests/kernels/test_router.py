@@ -33,8 +33,14 @@ def route(
     ("n_tokens", "n_embd", "n_expert", "top_k"), [(1, 16, 4, 1), (21, 70, 128, 8), (9, 33, 40, 32)]
 )
 def test_integer_logits_select_exactly(
-    device: Device, kernels: MoeKernels, stream: Stream, rng: np.random.Generator,
-    n_tokens: int, n_embd: int, n_expert: int, top_k: int,
+    device: Device,
+    kernels: MoeKernels,
+    stream: Stream,
+    rng: np.random.Generator,
+    n_tokens: int,
+    n_embd: int,
+    n_expert: int,
+    top_k: int,
 ) -> None:
     # Small integers make every float32 logit exact, so ties are real and the ids must
     # match the reference exactly, ties going to the lower id.
@@ -48,7 +54,9 @@ def test_integer_logits_select_exactly(
 
 
 def test_all_tied_logits_pick_the_lowest_ids(device: Device, kernels: MoeKernels, stream: Stream) -> None:
-    ids, weights = route(device, kernels, stream, np.zeros((3, 8), np.float32), np.ones((50, 8), np.float32), 5)
+    ids, weights = route(
+        device, kernels, stream, np.zeros((3, 8), np.float32), np.ones((50, 8), np.float32), 5
+    )
     np.testing.assert_array_equal(ids, np.tile(np.arange(5, dtype=np.int32), (3, 1)))
     np.testing.assert_allclose(weights, 0.2, rtol=1e-6)
 

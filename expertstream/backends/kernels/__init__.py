@@ -71,11 +71,15 @@ def _view(call: str, name: str, arg: ViewLike, nbytes: int, align: int) -> Buffe
     if isinstance(arg, DeviceBuffer):
         arg = arg.view()
     if not isinstance(arg, BufferView):
-        raise InvalidArgument(f"{name} must be a DeviceBuffer or BufferView, got {type(arg).__name__}", call=call)
+        raise InvalidArgument(
+            f"{name} must be a DeviceBuffer or BufferView, got {type(arg).__name__}", call=call
+        )
     if arg.nbytes < nbytes:
         raise InvalidArgument(f"{name} holds {arg.nbytes} bytes but the shapes need {nbytes}", call=call)
     if arg.offset % align:
-        raise InvalidArgument(f"{name} starts at byte offset {arg.offset}, not a multiple of {align}", call=call)
+        raise InvalidArgument(
+            f"{name} starts at byte offset {arg.offset}, not a multiple of {align}", call=call
+        )
     return BufferView(arg.buffer, arg.offset, nbytes)
 
 
@@ -133,14 +137,26 @@ class MoeKernels:
             self._own_scratch(words * 4) if scratch is None else _view(call, "scratch", scratch, words * 4, 4)
         )
         stream.launch(
-            self.kernel("moe_group_by_expert"), 1, layout.GROUP_THREADS,
+            self.kernel("moe_group_by_expert"),
+            1,
+            layout.GROUP_THREADS,
             (ids_view, scratch_view, _i32(n_pairs), _i32(n_expert), _i32(tile_m), _i32(tiles)),
         )
         stream.launch(
-            self.kernel(fmt.kernel_name(tile_m)), (-(-n_out // layout.TILE_N), tiles), layout.MMID_THREADS,
+            self.kernel(fmt.kernel_name(tile_m)),
+            (-(-n_out // layout.TILE_N), tiles),
+            layout.MMID_THREADS,
             (
-                w_view, x_view, scratch_view, y_view, _i32(n_expert), _i32(n_out), _i32(n_in), _i32(top_k),
-                _i32(1 if x_per_slot else 0), _i32(tiles),
+                w_view,
+                x_view,
+                scratch_view,
+                y_view,
+                _i32(n_expert),
+                _i32(n_out),
+                _i32(n_in),
+                _i32(top_k),
+                _i32(1 if x_per_slot else 0),
+                _i32(tiles),
             ),
         )
 
@@ -163,7 +179,9 @@ class MoeKernels:
             _view(call, "y", y, n_tokens * top_k * n * 4, 4),
             _view(call, "weights", weights, n_tokens * top_k * 4, 4),
             _view(call, "out", out, n_tokens * n * 4, 4),
-            _i32(n_tokens), _i32(top_k), _i32(n),
+            _i32(n_tokens),
+            _i32(top_k),
+            _i32(n),
         )
         grid = (-(-n // layout.ELEMENTWISE_THREADS), min(n_tokens, layout.MAX_GRID_Y))
         stream.launch(self.kernel("moe_weighted_sum"), grid, layout.ELEMENTWISE_THREADS, args)
@@ -199,7 +217,10 @@ class MoeKernels:
             _view(call, "router", router, n_expert * n_embd * 4, 4),
             _view(call, "ids", ids, n_tokens * top_k * 4, 4),
             _view(call, "weights", weights, n_tokens * top_k * 4, 4),
-            _i32(n_tokens), _i32(n_embd), _i32(n_expert), _i32(top_k),
+            _i32(n_tokens),
+            _i32(n_embd),
+            _i32(n_expert),
+            _i32(top_k),
         )
         blocks = -(-n_tokens // layout.ROUTER_TOKENS)
         stream.launch(self.kernel("moe_router_topk"), blocks, layout.ROUTER_THREADS, args)
@@ -221,19 +242,24 @@ class MoeKernels:
         call: str, fmt: WeightFormat, n_expert: int, n_out: int, n_in: int, n_pairs: int
     ) -> None:
         if n_expert > layout.MAX_EXPERTS:
-            raise InvalidArgument(f"at most {layout.MAX_EXPERTS} experts are supported, got {n_expert}", call=call)
+            raise InvalidArgument(
+                f"at most {layout.MAX_EXPERTS} experts are supported, got {n_expert}", call=call
+            )
         if n_in % fmt.block_elements:
             raise InvalidArgument(
-                f"n_in {n_in} is not a multiple of the {fmt.qtype.name} block size {fmt.block_elements}", call=call
+                f"n_in {n_in} is not a multiple of the {fmt.qtype.name} block size {fmt.block_elements}",
+                call=call,
             )
         _fits_int32(call, pairs=n_pairs)
         expert_bytes = n_out * fmt.row_bytes(fmt.padded_row_elements(n_in))
         if expert_bytes > layout.MAX_INT32:
-            raise InvalidArgument(f"one expert's rows take {expert_bytes} bytes, over the 2 GiB the kernel addresses",
-                                  call=call)
+            raise InvalidArgument(
+                f"one expert's rows take {expert_bytes} bytes, over the 2 GiB the kernel addresses", call=call
+            )
         if layout.max_tiles(n_pairs, n_expert, min(TileM)) > layout.MAX_GRID_Y:
             raise InvalidArgument(
-                f"{n_pairs} (token, slot) pairs need more than {layout.MAX_GRID_Y} tiles", call=call,
+                f"{n_pairs} (token, slot) pairs need more than {layout.MAX_GRID_Y} tiles",
+                call=call,
                 hint="split the batch",
             )
 

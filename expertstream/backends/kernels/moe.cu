@@ -246,10 +246,12 @@ __device__ void mul_mat_id_tile(const unsigned char* __restrict__ w, const float
     // The padded part of quantized rows: thread tid reads row n0 + tid directly.
     float tail_sum = 0.0f;
     if (BlockFormat<TYPE>::quantized && n0 + tid < n_out) {
-        const int padded_steps = (n_in + MOE_ROW_PADDING - 1) / MOE_ROW_PADDING * (MOE_ROW_PADDING / MOE_TILE_K);
+        const int padded_steps =
+            (n_in + MOE_ROW_PADDING - 1) / MOE_ROW_PADDING * (MOE_ROW_PADDING / MOE_TILE_K);
         const unsigned char* row = w_expert + (long long)(n0 + tid) * row_bytes;
         for (int ks = k_steps; ks < padded_steps; ++ks) {
-            const unsigned short* block = (const unsigned short*)(row + (long long)ks * BlockFormat<TYPE>::bytes);
+            const unsigned short* block =
+                (const unsigned short*)(row + (long long)ks * BlockFormat<TYPE>::bytes);
             unsigned short halves[HALVES];
 #pragma unroll
             for (int h = 0; h < HALVES; ++h) {
@@ -470,11 +472,13 @@ extern "C" __global__ void __launch_bounds__(ROUTER_THREADS) moe_router_topk(
         float acc0 = 0.0f;
         float acc1 = 0.0f;
         for (int k0 = 0; k0 < n_embd; k0 += 32) {
-            x_chunk[group][lane] = (t < n_tokens && k0 + lane < n_embd) ? x[(long long)t * n_embd + k0 + lane] : 0.0f;
+            const bool x_inside = t < n_tokens && k0 + lane < n_embd;
+            x_chunk[group][lane] = x_inside ? x[(long long)t * n_embd + k0 + lane] : 0.0f;
             for (int i = tid; i < ROUTER_EXPERT_CHUNK * 32; i += ROUTER_THREADS) {
                 const int e = e0 + i / 32;
                 const int k = k0 + i % 32;
-                r_chunk[i / 32][i % 32] = (e < n_expert && k < n_embd) ? router[(long long)e * n_embd + k] : 0.0f;
+                const bool r_inside = e < n_expert && k < n_embd;
+                r_chunk[i / 32][i % 32] = r_inside ? router[(long long)e * n_embd + k] : 0.0f;
             }
             __syncthreads();
 #pragma unroll
