@@ -112,9 +112,10 @@ CUDA_H200 = Profile(
     d2d_bps=2.0e12,  # assumed: a copy reads and writes every byte, ~40% of the 4.8 TB/s HBM3e peak
     peer_bps=50e9,  # assumed: peers over PCIe Gen5 x16
     memset_bps=3.0e12,  # assumed: write-only traffic, ~60% of the HBM3e peak
-    # A target, not a measurement: the effective rate the MoE kernel work aims for. Replace it
-    # with the measured rate of the project's kernels.
-    flops_per_s=13e12,
+    # measured: mul_mat_id, Q4_0, Qwen3-30B-A3B expert shapes at ubatch 512 (18.3 TFLOP/s gate/up,
+    # 16.1 down; docs/results/cuda-h200-kernels.md). Larger ubatches run faster (~28 at 2048, ~33 at
+    # 4096), so at those sizes this profile is pessimistic about compute.
+    flops_per_s=17.5e12,
     launch_latency_s=5e-6,  # assumed: typical kernel launch latency
     copy_latency_s=10e-6,  # assumed: DMA setup; with enqueue_s it matches the measured 1.26 ms for 64 MB
     enqueue_s=30e-6,  # measured: cudaMemcpyAsync from Python returns in ~0.03 ms
