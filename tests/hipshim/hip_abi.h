@@ -21,17 +21,13 @@ typedef struct ihipEvent_t *hipEvent_t;
 typedef struct ihipModule_t *hipModule_t;
 typedef struct ihipModuleSymbol_t *hipFunction_t;
 
+/* The codes the shim returns by name; CUDA's own codes pass through errors.c's table. */
 enum {
     hipSuccess = 0,
     hipErrorInvalidValue = 1,
-    hipErrorOutOfMemory = 2,
-    hipErrorNotInitialized = 3,
     hipErrorInvalidMemcpyDirection = 21,
     hipErrorInvalidDevice = 101,
-    hipErrorInvalidHandle = 400,
-    hipErrorNotFound = 500,
     hipErrorNotReady = 600,
-    hipErrorNotSupported = 801,
     hipErrorUnknown = 999,
 };
 
