@@ -31,6 +31,9 @@ PRESETS: dict[str, ModelPreset] = {
                     n_ff_exp=768),
         ModelPreset("gpt-oss-20b", "gpt-oss", n_layer=24, n_expert=32, top_k=4, n_embd=2880,
                     n_ff_exp=2880),
+        # 512 experts, top-10, 48 MoE layers: the expert layout of the seed's ROCm measurements.
+        ModelPreset("qwen3-next-80b-a3b", "qwen3next", n_layer=48, n_expert=512, top_k=10, n_embd=2048,
+                    n_ff_exp=512),
     )
 }
 
