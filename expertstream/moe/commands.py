@@ -75,6 +75,12 @@ def register(subparsers: Any) -> None:
         default=_mode_list("auto"),
         help="comma list of mmap, registered, pinned, ring, auto",
     )
+    prefill.add_argument(
+        "--ring-threads",
+        type=_positive,
+        default=None,
+        help="host threads filling the staging ring (ring mode)",
+    )
     prefill.add_argument("--decode", type=int, default=0, metavar="STEPS", help="decode steps of one token")
     prefill.add_argument(
         "--seed", type=int, default=0, help="seed of the input embeddings (and of a made model)"
@@ -163,7 +169,11 @@ def _prefill(args: argparse.Namespace) -> int:
             )
         device = backend.device(args.device)
         settings = Settings(
-            Batching(args.tokens, args.ubatch, args.decode), args.slots, args.host_memory, args.seed
+            Batching(args.tokens, args.ubatch, args.decode),
+            args.slots,
+            args.host_memory,
+            args.seed,
+            ring_threads=args.ring_threads,
         )
         with _model(args, backend) as model:
             progress = Progress(2 + len(settings.slots) * len(settings.host_memory))
