@@ -53,8 +53,8 @@ def _release_ms(profile: str, kind: HostMemory, wait_before_copy2: bool) -> floa
 def test_pageable_wait_enqueued_after_the_next_copy_is_released_late_on_cuda() -> None:
     before = _release_ms("cuda-h200", HostMemory.PAGEABLE, wait_before_copy2=True)
     after = _release_ms("cuda-h200", HostMemory.PAGEABLE, wait_before_copy2=False)
-    assert 8.5 <= before <= 10.5  # measured 9.9 ms
-    assert 125 <= after <= 160  # measured 135 ms: the host sat blocked inside copy2's enqueue
+    assert 7.0 <= before <= 10.5  # measured 9.9 ms, and 7.6..7.8 ms in docs/results/cuda-h200.md
+    assert 125 <= after <= 160  # measured 135 ms, and 127..128 ms: the host sat blocked inside copy2's enqueue
 
 
 def test_pinned_release_does_not_depend_on_the_order() -> None:

@@ -106,7 +106,9 @@ CUDA_H200 = Profile(
     device_name="NVIDIA H200",
     memory_bytes=141 * 10**9,  # datasheet: 141 GB HBM3e
     h2d_pinned_bps=55.4e9,  # measured: pinned and registered H2D, 64 MB..1 GB
-    h2d_pageable_bps=7.5e9,  # measured: pageable numpy and unregistered mmap gave 6.8..8.7 GB/s
+    # measured: pageable numpy and unregistered mmap gave 6.7..9.2 GB/s; the 1 GiB copy of the
+    # event-order bench took ~127 ms (8.4 GB/s), docs/results/cuda-h200.md
+    h2d_pageable_bps=8.4e9,
     d2h_bps=55.4e9,  # assumed: the PCIe link is symmetric
     d2h_pageable_bps=7.5e9,  # assumed: staged through a pinned bounce buffer like H2D
     d2d_bps=2.0e12,  # assumed: a copy reads and writes every byte, ~40% of the 4.8 TB/s HBM3e peak
@@ -118,7 +120,7 @@ CUDA_H200 = Profile(
     flops_per_s=17.5e12,
     launch_latency_s=5e-6,  # assumed: typical kernel launch latency
     copy_latency_s=10e-6,  # assumed: DMA setup; with enqueue_s it matches the measured 1.26 ms for 64 MB
-    enqueue_s=30e-6,  # measured: cudaMemcpyAsync from Python returns in ~0.03 ms
+    enqueue_s=15e-6,  # measured: six enqueues of the event-order bench took 0.04..0.08 ms from Python
     host_memcpy_bps=8.1e9,  # measured: numpy.copyto mmap -> pinned, one thread
     host_register_bps=_GIB / 26e-3,  # measured: registering 1 GB took 26 ms
     pageable_blocks_host=True,  # measured: the host is blocked for the whole pageable copy
