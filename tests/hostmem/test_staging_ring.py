@@ -61,18 +61,19 @@ def test_ring_chunks_shrink_to_the_largest_tensor(backend: Backend, tiny_path: P
 
 @pytest.mark.parametrize(
     ("chunk_bytes", "chunks", "threads"),
-    [(4096, 2, 1), (10_000, 3, 4), (1 << 20, 4, 3), (3 << 20, 2, 8)],
+    # The last chunk size is split between threads (parts of at least 4 MiB).
+    [(4096, 2, 1), (10_000, 3, 4), (1 << 20, 4, 3), (9 << 20, 2, 3)],
 )
 def test_ring_copies_exact_bytes_for_any_geometry(
     backend: Backend, chunk_bytes: int, chunks: int, threads: int
 ) -> None:
     device = backend.device(0)
-    data = _pattern(5 * (1 << 20) + 12_345)
+    data = _pattern(3 * chunk_bytes + 12_345)
     with StagingRing(device.wrap_host(data), chunk_bytes=chunk_bytes, chunks=chunks, threads=threads) as ring:
         dst = device.alloc(data.nbytes)
         with device.stream() as stream:
             # Several calls in a row reuse the chunks; offsets are deliberately unaligned.
-            cuts = [0, 1, 777, 4096 * 3 + 5, 2 * (1 << 20) + 9, data.nbytes]
+            cuts = [0, 1, 777, chunk_bytes + 5, 2 * chunk_bytes + 9, data.nbytes]
             for start, end in itertools.pairwise(cuts):
                 ring.region(0, data.nbytes).enqueue_h2d(stream, dst, start, start, end - start)
             stream.synchronize()

@@ -1,0 +1,130 @@
+"""Streaming a model's expert tensors to the device from each host memory mode.
+
+For each mode (and each ring geometry asked for) the model's tensors are placed with
+HostWeights, then every expert tensor is copied in turn into one device buffer on one
+stream, as a layer-by-layer prefetch would. ``gb_per_s`` is all those bytes over the time
+from the first enqueue to the stream being done (the median of ``--repeats`` passes);
+``open_ms`` is placing the weights (registration, or the pinned copy). The model is written
+with make-model into a temporary directory unless ``--model`` names a GGUF file.
+
+    python -m microbench.hostmem_modes --backend cuda --preset qwen3-30b-a3b --layers 8 \\
+        --ring-threads 1 4 8 12
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from expertstream.backends.base import Backend, Device, DeviceBuffer, Stream
+from expertstream.hostmem import DEFAULT_RING_CHUNK_BYTES, DEFAULT_RING_CHUNKS, HostMemoryMode, HostWeights
+from expertstream.model import MoeModel, make_model
+
+from ._common import MIB, Column, emit, environment, median, open_backend
+from ._common import parser as common_parser
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Row:
+    requested: str
+    mode: str
+    ring_threads: int | None
+    ring_chunk_mib: float | None
+    bytes: int
+    gb_per_s: float
+    pass_ms: float
+    open_ms: float
+    pinned_mib: float
+    note: str = ""
+
+
+def stream_experts(be: Backend, weights: HostWeights, stream: Stream, dst: DeviceBuffer) -> float:
+    """Seconds to copy every expert tensor once, from the first enqueue until the stream is done."""
+    start = be.host_timestamp()
+    for tensor in weights.model.expert_tensors:
+        weights[tensor.name].enqueue_h2d(stream, dst, 0, 0, tensor.nbytes)
+    stream.synchronize()
+    return be.host_timestamp() - start
+
+
+def measure(
+    be: Backend, device: Device, model: MoeModel, args: argparse.Namespace, mode: HostMemoryMode, threads: int | None
+) -> Row:
+    ring = {"ring_chunk_bytes": args.ring_chunk_mb * MIB, "ring_chunks": args.ring_chunks}
+    if threads is not None:
+        ring["ring_threads"] = threads
+    total = sum(t.nbytes for t in model.expert_tensors)
+    largest = max(t.nbytes for t in model.expert_tensors)
+    opened = be.host_timestamp()
+    with HostWeights.open(model, device, mode, **ring) as weights:
+        open_ms = (be.host_timestamp() - opened) * 1e3
+        with device.stream() as stream, device.alloc(largest) as dst:
+            stream_experts(be, weights, stream, dst)  # warm-up: page faults, first-use costs
+            seconds = median([stream_experts(be, weights, stream, dst) for _ in range(args.repeats)])
+        used = weights.mode
+        note = "; ".join(f"fell back: {f.reason}" for f in weights.stats.fallbacks)
+        pinned = weights.stats.pinned_bytes
+    is_ring = used is HostMemoryMode.RING
+    chunk = min(args.ring_chunk_mb * MIB, largest) / MIB if is_ring else None
+    return Row(
+        mode.value, used.value, threads if is_ring else None, chunk, total, total / seconds / 1e9,
+        seconds * 1e3, open_ms, pinned / MIB, note,
+    )
+
+
+def run(be: Backend, args: argparse.Namespace, path: Path) -> dict[str, Any]:
+    device = be.device(args.device)
+    rows = []
+    with MoeModel.open(path) as model:
+        for name in args.modes:
+            mode = HostMemoryMode(name)
+            for threads in args.ring_threads if mode is HostMemoryMode.RING else [None]:
+                row = measure(be, device, model, args, mode, threads)
+                log.info("%s", row)
+                rows.append(asdict(row))
+        shape = repr(model)
+    return {**environment(be, device), "model": shape, "repeats": args.repeats, "rows": rows}
+
+
+COLUMNS = (
+    Column("requested", "requested"),
+    Column("mode", "used"),
+    Column("ring_threads", "threads"),
+    Column("ring_chunk_mib", "chunk MiB", "{:g}"),
+    Column("bytes", "bytes"),
+    Column("gb_per_s", "GB/s", "{:.1f}"),
+    Column("pass_ms", "pass ms", "{:.1f}"),
+    Column("open_ms", "open ms", "{:.1f}"),
+    Column("pinned_mib", "pinned MiB", "{:g}"),
+    Column("note", ""),
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = common_parser("hostmem_modes", "Expert-tensor streaming bandwidth from each host memory mode.")
+    p.add_argument("--model", type=Path, help="a GGUF MoE model; default: write one with --preset")
+    p.add_argument("--preset", default="qwen3-30b-a3b")
+    p.add_argument("--type", dest="qtype", default="Q4_0")
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--modes", nargs="+", default=[m.value for m in HostMemoryMode if m is not HostMemoryMode.AUTO],
+                   choices=[m.value for m in HostMemoryMode])
+    p.add_argument("--ring-threads", type=int, nargs="+", default=[1, 4, 8])
+    p.add_argument("--ring-chunk-mb", type=int, default=DEFAULT_RING_CHUNK_BYTES // MIB)
+    p.add_argument("--ring-chunks", type=int, default=DEFAULT_RING_CHUNKS)
+    p.add_argument("--repeats", type=int, default=3, help="passes per row; the median is reported")
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="hostmem-modes-") as tmp, open_backend(args) as be:
+        path = args.model or make_model(args.preset, args.qtype, Path(tmp) / "model.gguf", layers=args.layers)
+        result = run(be, args, path)
+    emit(args, result, COLUMNS, "expert streaming by host memory mode")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
