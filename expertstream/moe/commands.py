@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -22,8 +21,6 @@ from .measure import Measurement, Settings, measure
 from .placeholder import write_sparse_model
 from .report import Progress, as_json, format_table, mismatched
 from .runner import Batching, holds_data
-
-logger = logging.getLogger(__name__)
 
 DEMO = {"tokens": 64, "ubatch": 16, "slots": "0,2,3", "decode": 4}
 

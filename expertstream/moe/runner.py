@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,8 +37,6 @@ from ..hostmem import HostSource
 from ..model import MoeLayer, MoeModel, TensorInfo
 from ..scheduler import Bindings, Input, MulMatId, Plan, Split
 from . import standin
-
-logger = logging.getLogger(__name__)
 
 ExpertData = Mapping[str, "HostSource | BufferView"]
 """Expert tensor name -> host-resident source, or device bytes of its padded size."""
