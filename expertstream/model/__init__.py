@@ -5,7 +5,7 @@ from __future__ import annotations
 from .layout import EXPERT_TYPES, ModelError, TensorRole, parse_expert_type
 from .loader import MoeLayer, MoeModel, TensorInfo
 from .presets import PRESETS, ModelPreset, get_preset
-from .writer import TensorSpec, generate, make_model, tensor_specs
+from .writer import TensorSpec, generate, make_model, start_model_file, tensor_specs
 
 __all__ = [
     "EXPERT_TYPES",
@@ -21,5 +21,6 @@ __all__ = [
     "get_preset",
     "make_model",
     "parse_expert_type",
+    "start_model_file",
     "tensor_specs",
 ]

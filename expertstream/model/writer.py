@@ -138,6 +138,43 @@ def add_metadata(
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
 
+def start_model_file(
+    preset: ModelPreset | str,
+    qtype: GGMLQuantizationType | str,
+    path: str | Path,
+    *,
+    layers: int | None = None,
+) -> tuple[gguf.GGUFWriter, list[TensorSpec]]:
+    """Write the header, metadata and tensor infos of a model file; the data is the caller's.
+
+    Returns the open writer, positioned for ``write_tensor_data`` of each spec in order, and
+    the specs. ``layers`` keeps only the first N layers. The caller closes the writer. Bad
+    arguments raise InvalidArgument before the file is touched.
+    """
+    preset = get_preset(preset) if isinstance(preset, str) else preset
+    qtype = parse_expert_type(qtype)
+    n_layer = preset.n_layer if layers is None else layers
+    if not 1 <= n_layer <= preset.n_layer:
+        raise InvalidArgument(f"{preset.name} has layers 1..{preset.n_layer}; asked for {n_layer}")
+    specs = tensor_specs(preset, qtype, n_layer)
+    path = Path(path)
+    writer = gguf.GGUFWriter(path, preset.arch)
+    try:
+        add_metadata(writer, preset, n_layer, qtype)
+        for spec in specs:
+            writer.add_tensor_info(
+                spec.name, spec.byte_shape, np.dtype(np.uint8), spec.nbytes, raw_dtype=spec.qtype
+            )
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+    except BaseException:
+        writer.close()
+        path.unlink(missing_ok=True)
+        raise
+    return writer, specs
+
+
 def make_model(
     preset: ModelPreset | str,
     qtype: GGMLQuantizationType | str,
@@ -151,25 +188,11 @@ def make_model(
     ``layers`` keeps only the first N layers (a smaller file with the same tensor sizes).
     Memory stays bounded by the largest single tensor. A partial file is removed on error.
     """
-    preset = get_preset(preset) if isinstance(preset, str) else preset
-    qtype = parse_expert_type(qtype)
-    n_layer = preset.n_layer if layers is None else layers
-    if not 1 <= n_layer <= preset.n_layer:
-        raise InvalidArgument(f"{preset.name} has layers 1..{preset.n_layer}; asked for {n_layer}")
     if seed < 0:
         raise InvalidArgument(f"seed must be non-negative, got {seed}")
     path = Path(path)
-    specs = tensor_specs(preset, qtype, n_layer)
-    writer = gguf.GGUFWriter(path, preset.arch)
+    writer, specs = start_model_file(preset, qtype, path, layers=layers)
     try:
-        add_metadata(writer, preset, n_layer, qtype)
-        for spec in specs:
-            writer.add_tensor_info(
-                spec.name, spec.byte_shape, np.dtype(np.uint8), spec.nbytes, raw_dtype=spec.qtype
-            )
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_ti_data_to_file()
         for spec in specs:
             writer.write_tensor_data(generate(spec, seed))
     except BaseException:
@@ -177,6 +200,6 @@ def make_model(
         path.unlink(missing_ok=True)
         raise
     writer.close()
-    size = path.stat().st_size
-    logger.info("wrote %s: %s, %s, %d layers, %d bytes", path, preset.name, qtype.name, n_layer, size)
+    n_layer = specs[-1].layer + 1
+    logger.info("wrote %s: %s, %d layers, %d bytes", path, writer.arch, n_layer, path.stat().st_size)
     return path

@@ -11,7 +11,16 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from expertstream.model import EXPERT_TYPES, ModelError, MoeModel, generate, get_preset, make_model, tensor_specs
+from expertstream.model import (
+    EXPERT_TYPES,
+    ModelError,
+    MoeModel,
+    generate,
+    get_preset,
+    make_model,
+    start_model_file,
+    tensor_specs,
+)
 
 TINY = get_preset("tiny")
 
@@ -94,3 +103,15 @@ def test_closed_model_refuses_access(tmp_path: Path) -> None:
     with pytest.raises(ModelError, match="closed"):
         model.raw("blk.0.ffn_up_exps.weight")
     assert view.nbytes > 0  # views handed out earlier stay valid
+
+
+def test_start_model_file_leaves_the_data_to_the_caller(tmp_path: Path) -> None:
+    path = tmp_path / "zeros.gguf"
+    writer, specs = start_model_file("tiny", "Q8_0", path, layers=1)
+    for spec in specs:
+        writer.write_tensor_data(np.zeros(spec.nbytes, dtype=np.uint8))
+    writer.close()
+    reference = make_model("tiny", "Q8_0", tmp_path / "random.gguf", layers=1)
+    with MoeModel.open(path) as zeros, MoeModel.open(reference) as model:
+        assert zeros.tensors == model.tensors  # same names, types, shapes and offsets
+        assert not any(zeros.raw(name).any() for name in zeros.tensors)
