@@ -78,9 +78,12 @@ class HostRegion:
         return not self.buffer.is_page_locked
 
     def enqueue_h2d(self, stream: Stream, dst: DeviceBuffer, dst_offset: int, offset: int, nbytes: int) -> None:
-        if offset < 0 or offset + nbytes > self.length:
-            raise InvalidArgument(f"range [{offset}, {offset + nbytes}) is outside a {self.length}-byte host region")
+        self._check_range(offset, nbytes)
         stream.copy_h2d(dst, dst_offset, self.buffer, self.start + offset, nbytes)
+
+    def _check_range(self, offset: int, nbytes: int) -> None:
+        if offset < 0 or nbytes < 0 or offset + nbytes > self.length:
+            raise InvalidArgument(f"range [{offset}, {offset + nbytes}) is outside a {self.length}-byte host region")
 
 
 # --------------------------------------------------------------------------------------
@@ -154,7 +157,7 @@ class StagingRing:
         return sum(slot.buffer.nbytes for slot in self._slots)
 
     def region(self, start: int, length: int) -> RingRegion:
-        return RingRegion(self, start, length)
+        return RingRegion(self.source, start, length, self)
 
     def copy(self, stream: Stream, dst: DeviceBuffer, dst_offset: int, src_offset: int, nbytes: int) -> None:
         """Enqueue a copy of ``source[src_offset : src_offset + nbytes]`` into ``dst`` on ``stream``."""
@@ -256,30 +259,17 @@ def _parts(nbytes: int, threads: int) -> list[tuple[int, int]]:
 
 
 @dataclass(frozen=True)
-class RingRegion:
-    """A byte range of a StagingRing's source; copies from it go through the ring."""
+class RingRegion(HostRegion):
+    """A byte range of a StagingRing's source; copies from it go through the ring's chunks."""
 
     ring: StagingRing
-    start: int
-    length: int
-
-    def __post_init__(self) -> None:
-        if self.start < 0 or self.length < 0 or self.start + self.length > self.ring.source.nbytes:
-            raise InvalidArgument(
-                f"ring region [{self.start}, {self.start + self.length}) is outside {self.ring.source!r}"
-            )
-
-    @property
-    def nbytes(self) -> int:
-        return self.length
 
     @property
     def blocks_host(self) -> bool:
         return True  # the caller waits for the chunk fills
 
     def enqueue_h2d(self, stream: Stream, dst: DeviceBuffer, dst_offset: int, offset: int, nbytes: int) -> None:
-        if offset < 0 or nbytes < 0 or offset + nbytes > self.length:
-            raise InvalidArgument(f"range [{offset}, {offset + nbytes}) is outside a {self.length}-byte ring region")
+        self._check_range(offset, nbytes)
         self.ring.copy(stream, dst, dst_offset, self.start + offset, nbytes)
 
 
