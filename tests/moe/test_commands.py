@@ -143,10 +143,15 @@ def test_bad_slot_list_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert "slots=1 cannot overlap" in capsys.readouterr().err
 
 
-def test_demo_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
+def test_demo_prints_speed_at_scale_and_equal_bytes(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo"]) == 0
     out = capsys.readouterr().out
-    lines = out.strip().splitlines()
-    assert lines[3].split()[:2] == ["slots", "host"]
-    assert [line.split()[0] for line in lines[4:]] == ["0", "2", "3"]
-    assert len({line.split()[-1] for line in lines[4:]}) == 1
+    speed, _, data = out.partition("Bytes:")
+    assert "timing only" in speed and "128 experts" in speed
+    speed_rows = [line.split() for line in speed.splitlines() if line.split()[:1] in (["0"], ["3"])]
+    assert [row[0] for row in speed_rows] == ["0", "3"]
+    ttft = {row[0]: float(row[2]) for row in speed_rows}
+    assert ttft["3"] < ttft["0"], "the lookahead must shorten prefill at real expert sizes"
+    data_rows = [line.split() for line in data.splitlines() if line.split()[:1] in (["0"], ["2"], ["3"])]
+    assert [row[0] for row in data_rows] == ["0", "2", "3"]
+    assert len({row[-1] for row in data_rows}) == 1
