@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-from expertstream.backends.base import Backend, Device, DeviceBuffer, HostBuffer, HostMemory, Usage, row_size
+from expertstream.backends.base import Backend, Device, DeviceBuffer, HostBuffer, HostMemory, row_size
 from expertstream.hostmem import HostRegion
 from expertstream.scheduler import Input, MulMatId, Plan, Split
 
