@@ -1,0 +1,187 @@
+"""The simulator's rocm-r9700 profile next to the seed's measurements on the Radeon AI PRO R9700.
+
+Two comparisons, each simulated cell beside the seed's figure and the relative error
+(simulated - seed) / seed; where the seed gives a range, against its middle:
+
+- event order: ``microbench.event_order`` on the profile (copy1 64 MiB, copy2 1 GiB) against the
+  seed's HIP microbench (B released at 1.3 ms, or 22 ms for a pageable wait issued after copy2);
+- prefill tokens/s: ``expertstream.moe.measure`` (what `expertstream prefill` runs) in timing-only
+  mode on the ``qwen3.8-flash-next`` preset (Q4_0), ubatch 4096, slots 0/2/3/4, pinned and mmap,
+  at the seed's prompt lengths, against the seed's tables.
+
+    python -m microbench.rocm_seed [--tokens 27000,64000,150000,190000] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import expertstream
+from expertstream.hostmem import HostMemoryMode
+from expertstream.model import MoeModel
+from expertstream.moe.measure import Settings, measure
+from expertstream.moe.placeholder import write_sparse_model
+from expertstream.moe.report import Row, format_table
+from expertstream.moe.runner import Batching
+
+from . import event_order
+
+log = logging.getLogger("microbench.rocm_seed")
+
+PROFILE = "rocm-r9700"
+PRESET = "qwen3.8-flash-next"
+QTYPE = "Q4_0"
+UBATCH = 4096
+SLOTS = (0, 2, 3, 4)
+MODES = (HostMemoryMode.PINNED, HostMemoryMode.MMAP)
+TOKENS = (27000, 64000, 150000, 190000)
+
+# The seed's HIP microbench: when stream B was released, in ms, by (host memory, B's wait order).
+SEED_EVENT_ORDER_MS = {
+    ("pinned", "before"): 1.3,
+    ("pinned", "after"): 1.3,
+    ("pageable", "before"): 1.3,
+    ("pageable", "after"): 22.0,
+}
+
+
+@dataclass(frozen=True)
+class SeedRow:
+    """One row of the seed's prefill tables: t/s (low, high) by prompt length in thousands of tokens."""
+
+    slots: int
+    host_memory: str  # the simulated mode it is compared with
+    source: str
+    tokens_per_s: dict[int, tuple[float, float]]
+
+
+SEED_PREFILL = (
+    SeedRow(0, "pinned", "stock copy path (mmap)", {27: (1014, 1014), 64: (1079, 1079), 190: (917, 917)}),
+    SeedRow(0, "mmap", "stock copy path (mmap)", {27: (1014, 1014), 64: (1079, 1079), 190: (917, 917)}),
+    SeedRow(2, "mmap", "PR branch, mmap", {27: (1059, 1059), 64: (1051, 1051)}),
+    SeedRow(3, "pinned", "PR branch, pinned", {27: (1459, 1532), 64: (1484, 1484)}),
+    SeedRow(3, "pinned", "own staging ring, 3 slots",
+            {27: (1518, 1518), 64: (1473, 1473), 150: (1329, 1329), 190: (1232, 1232)}),
+    SeedRow(3, "mmap", "PR branch, mmap", {27: (1319, 1319), 64: (1292, 1292)}),
+    SeedRow(4, "pinned", "own staging ring, 4 or 6 slots", {27: (1555, 1563), 64: (1597, 1600)}),
+    SeedRow(4, "mmap", "PR branch, mmap", {27: (1318, 1318), 64: (1291, 1291)}),
+)
+
+
+def relative_error(simulated: float, low: float, high: float) -> float:
+    return simulated / ((low + high) / 2) - 1
+
+
+def event_order_rows() -> list[dict[str, Any]]:
+    args = argparse.Namespace(device=0, copy1_mb=64, copy2_mb=1024, repeats=1)
+    with expertstream.backend("sim", profile=PROFILE, data=False) as backend:
+        rows: list[dict[str, Any]] = event_order.run(backend, args)["rows"]
+    for row in rows:
+        seed = SEED_EVENT_ORDER_MS.get((row["host_memory"], row["wait"]))
+        row["seed_ms"] = seed
+        row["rel_error"] = None if seed is None else relative_error(row["released_ms"], seed, seed)
+    return rows
+
+
+def prefill_rows(model: MoeModel, tokens: int) -> list[Row]:
+    """Every (host memory, slots) row at one prompt length, on a fresh simulated device."""
+    settings = Settings(Batching(tokens, UBATCH), SLOTS, MODES)
+    with expertstream.backend("sim", profile=PROFILE, data=False) as backend:
+        result = measure(backend, backend.device(0), model, settings, lambda what: log.info("%d: %s", tokens, what))
+    return result.rows
+
+
+def comparisons(rows: list[Row]) -> list[dict[str, Any]]:
+    """One entry per seed row: the simulated t/s at each prompt length with the seed's figure."""
+    simulated = {(r.slots, r.host_memory, r.tokens): r.prefill_tokens_per_s for r in rows}
+    lengths = sorted({r.tokens for r in rows})
+    out = []
+    for seed in SEED_PREFILL:
+        cells = []
+        for tokens in lengths:
+            value = simulated.get((seed.slots, seed.host_memory, tokens))
+            figure = seed.tokens_per_s.get(round(tokens / 1000))
+            error = None if value is None or figure is None else relative_error(value, *figure)
+            cells.append({"tokens": tokens, "simulated": value, "seed": figure, "rel_error": error})
+        out.append({"slots": seed.slots, "host_memory": seed.host_memory, "source": seed.source, "cells": cells})
+    return out
+
+
+def _cell(cell: dict[str, Any]) -> str:
+    if cell["simulated"] is None:
+        return "-"
+    if cell["seed"] is None:
+        return f"{cell['simulated']:.0f} (no seed figure)"
+    low, high = cell["seed"]
+    seed = f"{low:.0f}" if low == high else f"{low:.0f}-{high:.0f}"
+    return f"{cell['simulated']:.0f} vs {seed} ({cell['rel_error']:+.1%})"
+
+
+def print_report(events: list[dict[str, Any]], rows: list[Row], compared: list[dict[str, Any]]) -> None:
+    print(f"event order on {PROFILE} (copy1 64 MiB, copy2 1 GiB): released ms, simulated vs seed")
+    print("| host memory | B waits | simulated ms | seed ms | rel. error | host blocked ms |")
+    print("|---|---|---|---|---|---|")
+    for e in events:
+        seed = "-" if e["seed_ms"] is None else f"{e['seed_ms']:g}"
+        error = "-" if e["rel_error"] is None else f"{e['rel_error']:+.1%}"
+        print(f"| {e['host_memory']} | {e['wait']} | {e['released_ms']:.2f} | {seed} | {error} | "
+              f"{e['host_blocked_ms']:.2f} |")
+    lengths = sorted({r.tokens for r in rows})
+    print(f"\nprefill t/s on {PROFILE}, {PRESET} {QTYPE}, ubatch {UBATCH}: simulated vs seed (rel. error)")
+    print("| slots | host | seed row | " + " | ".join(f"{t} tokens" for t in lengths) + " |")
+    print("|---|---|---|" + "---|" * len(lengths))
+    for c in compared:
+        cells = " | ".join(_cell(cell) for cell in c["cells"])
+        print(f"| {c['slots']} | {c['host_memory']} | {c['source']} | {cells} |")
+    for tokens in lengths:
+        print(f"\n{tokens} tokens:")
+        print(format_table([r for r in rows if r.tokens == tokens]))
+
+
+def _token_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a comma list of token counts, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"token counts must be >= 1, got {text!r}")
+    return values
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m microbench.rocm_seed", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tokens", type=_token_list, default=TOKENS, help="comma list of prompt lengths")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
+    args = parser.parse_args(argv)
+    events = event_order_rows()
+    with tempfile.TemporaryDirectory(prefix="rocm-seed-") as folder:
+        path = write_sparse_model(PRESET, QTYPE, Path(folder) / f"{PRESET}-{QTYPE}.gguf")
+        with MoeModel.open(path) as model:
+            expert_bytes = sum(t.nbytes for t in model.expert_tensors)
+            rows = [row for tokens in args.tokens for row in prefill_rows(model, tokens)]
+    compared = comparisons(rows)
+    if args.json:
+        document = {
+            "profile": PROFILE,
+            "preset": PRESET,
+            "expert_type": QTYPE,
+            "expert_bytes": expert_bytes,
+            "ubatch": UBATCH,
+            "event_order": events,
+            "prefill": [asdict(r) for r in rows],
+            "compared": compared,
+        }
+        print(json.dumps(document, indent=2))
+    else:
+        print_report(events, rows, compared)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
