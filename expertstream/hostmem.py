@@ -20,14 +20,15 @@ from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, runtime_checkable
 
-from .backends.base import (
+from .backends.base import (  # HostSource and HostRegion are part of the backend contract
     Device,
     DeviceBuffer,
     DeviceError,
     Event,
     HostBuffer,
+    HostRegion,
+    HostSource,
     InvalidArgument,
     Stream,
     UseAfterClose,
@@ -37,53 +38,6 @@ from .model.loader import MoeModel, TensorInfo
 
 logger = logging.getLogger(__name__)
 
-
-@runtime_checkable
-class HostSource(Protocol):
-    """Bytes in host memory that can be copied to a device buffer."""
-
-    @property
-    def nbytes(self) -> int: ...
-
-    @property
-    def blocks_host(self) -> bool:
-        """True when enqueuing a copy from here can block the calling thread (pageable memory)."""
-        ...
-
-    def enqueue_h2d(self, stream: Stream, dst: DeviceBuffer, dst_offset: int, offset: int, nbytes: int) -> None:
-        """Enqueue a copy of ``[offset, offset + nbytes)`` of this source into ``dst`` on ``stream``."""
-        ...
-
-
-@dataclass(frozen=True)
-class HostRegion:
-    """A byte range of a HostBuffer."""
-
-    buffer: HostBuffer
-    start: int
-    length: int
-
-    def __post_init__(self) -> None:
-        if self.start < 0 or self.length < 0 or self.start + self.length > self.buffer.nbytes:
-            raise InvalidArgument(
-                f"host region [{self.start}, {self.start + self.length}) is outside {self.buffer!r}"
-            )
-
-    @property
-    def nbytes(self) -> int:
-        return self.length
-
-    @property
-    def blocks_host(self) -> bool:
-        return not self.buffer.is_page_locked
-
-    def enqueue_h2d(self, stream: Stream, dst: DeviceBuffer, dst_offset: int, offset: int, nbytes: int) -> None:
-        self._check_range(offset, nbytes)
-        stream.copy_h2d(dst, dst_offset, self.buffer, self.start + offset, nbytes)
-
-    def _check_range(self, offset: int, nbytes: int) -> None:
-        if offset < 0 or nbytes < 0 or offset + nbytes > self.length:
-            raise InvalidArgument(f"range [{offset}, {offset + nbytes}) is outside a {self.length}-byte host region")
 
 
 # --------------------------------------------------------------------------------------
@@ -287,7 +241,7 @@ class HostMemoryMode(enum.Enum):
 
 
 @dataclass(frozen=True)
-class Fallback:
+class HostMemoryFallback:
     requested: HostMemoryMode
     used: HostMemoryMode
     reason: str
@@ -295,7 +249,7 @@ class Fallback:
 
 @dataclass
 class HostWeightsStats:
-    fallbacks: list[Fallback] = field(default_factory=list)
+    fallbacks: list[HostMemoryFallback] = field(default_factory=list)
     registered_bytes: int = 0  # host memory page-locked in place
     pinned_bytes: int = 0  # pinned memory allocated: the copy, or the ring's chunks
 
@@ -459,7 +413,7 @@ def _note_fallback(
     tensors: list[TensorInfo],
     ring: _RingOptions,
 ) -> None:
-    stats.fallbacks.append(Fallback(requested, HostMemoryMode.RING, reason))
+    stats.fallbacks.append(HostMemoryFallback(requested, HostMemoryMode.RING, reason))
     total = sum(t.nbytes for t in tensors)
     # An explicit request the platform refused is worth a warning; AUTO only chose.
     level = logging.WARNING if requested is HostMemoryMode.REGISTERED else logging.INFO

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar, Protocol, Union, runtime_checkable
 
 import numpy as np
 
@@ -302,6 +302,54 @@ class HostBuffer:
 
     def __repr__(self) -> str:
         return f"HostBuffer({self.kind.value}, {self.nbytes} bytes{', read-only' if self.read_only else ''})"
+
+
+@runtime_checkable
+class HostSource(Protocol):
+    """Host bytes a scheduler can copy to a device: a HostBuffer region or a staging ring."""
+
+    @property
+    def nbytes(self) -> int: ...
+
+    @property
+    def blocks_host(self) -> bool:
+        """True when enqueuing a copy from here can block the calling thread (pageable memory)."""
+        ...
+
+    def enqueue_h2d(self, stream: Stream, dst: DeviceBuffer, dst_offset: int, offset: int, nbytes: int) -> None:
+        """Enqueue a copy of ``[offset, offset + nbytes)`` of this source into ``dst`` on ``stream``."""
+        ...
+
+
+@dataclass(frozen=True)
+class HostRegion:
+    """A byte range of a HostBuffer."""
+
+    buffer: HostBuffer
+    start: int
+    length: int
+
+    def __post_init__(self) -> None:
+        if self.start < 0 or self.length < 0 or self.start + self.length > self.buffer.nbytes:
+            raise InvalidArgument(
+                f"host region [{self.start}, {self.start + self.length}) is outside {self.buffer!r}"
+            )
+
+    @property
+    def nbytes(self) -> int:
+        return self.length
+
+    @property
+    def blocks_host(self) -> bool:
+        return not self.buffer.is_page_locked
+
+    def enqueue_h2d(self, stream: Stream, dst: DeviceBuffer, dst_offset: int, offset: int, nbytes: int) -> None:
+        self._check_range(offset, nbytes)
+        stream.copy_h2d(dst, dst_offset, self.buffer, self.start + offset, nbytes)
+
+    def _check_range(self, offset: int, nbytes: int) -> None:
+        if offset < 0 or nbytes < 0 or offset + nbytes > self.length:
+            raise InvalidArgument(f"range [{offset}, {offset + nbytes}) is outside a {self.length}-byte host region")
 
 
 def as_host_bytes(obj: Any) -> tuple[np.ndarray, Any]:

@@ -31,9 +31,8 @@ from typing import Any
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from ..backends.base import Backend, BufferView, Device, DeviceBuffer, InvalidArgument, Stream, Usage
+from ..backends.base import Backend, BufferView, Device, DeviceBuffer, HostSource, InvalidArgument, Stream, Usage
 from ..backends.kernels import MoeKernels
-from ..hostmem import HostSource
 from ..model import MoeLayer, MoeModel, TensorInfo
 from ..scheduler import Bindings, Input, MulMatId, Plan, Split
 from . import standin

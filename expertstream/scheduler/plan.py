@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ..backends.base import BufferView, Device, InvalidArgument, RowType, Stream, Usage, padded_size
-from ..hostmem import HostSource
+from ..backends.base import BufferView, Device, HostSource, InvalidArgument, RowType, Stream, Usage, padded_size
 
 Bindings = Mapping[str, BufferView]
 """Input name -> device bytes to read (for host inputs: ``padded_size`` bytes, tail zeroed)."""

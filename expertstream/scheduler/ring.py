@@ -12,7 +12,9 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 from ..backends.base import BackendError, BufferView, Device, DeviceBuffer, Event, Stream, Usage
@@ -33,6 +35,7 @@ class Unit:
     valid: bool = True  # False once it must take the stock path (ring off before it was fired)
     recorded: threading.Event = field(default_factory=threading.Event)
     recorded_at: float = 0.0  # host clock of the thread that enqueued the ready record
+    error: BaseException | None = None  # why its fill failed, raised to the consumer
     view: BufferView | None = None  # the slot bytes the split reads, once consumed
 
 
@@ -43,7 +46,9 @@ class _Slot:
     free: Event
 
 
-class StagingRing:
+class SlotRing:
+    """The staging slots of one device and the stream and thread that fill them."""
+
     def __init__(self, device: Device, n_slots: int) -> None:
         self.device = device
         self.n_slots = n_slots
@@ -52,8 +57,10 @@ class StagingRing:
         self._copy_stream: Stream | None = None
         self._slots: list[_Slot] = []
         self._worker: _CopyWorker | None = None
-        self._wait_events: list[tuple[Event, Event]] = []
-        self._waits_used = 0
+        # Timing events around ready waits, for the stats: pairs in flight, and pairs to reuse.
+        self._timed_waits: deque[tuple[Event, Event]] = deque()
+        self._spare_pairs: list[tuple[Event, Event]] = []
+        self._waited_ms = 0.0
 
     # -- configuration (only between runs, after drain) --------------------------------
     def configure(self, n_slots: int, slot_bytes: int) -> None:
@@ -66,7 +73,8 @@ class StagingRing:
         self.n_slots = n_slots
 
     def reset_run(self) -> None:
-        self._waits_used = 0
+        self._harvest(block=True)  # the previous run drained: every pair is complete
+        self._waited_ms = 0.0
 
     # -- the three operations of the lookahead ------------------------------------------
     def fire(self, unit: Unit, stats: DeviceStats, blocks_host: bool) -> None:
@@ -88,8 +96,8 @@ class StagingRing:
         """Make ``compute`` wait until the unit's slot is filled; return the bytes to read."""
         if not unit.recorded.is_set():
             unit.recorded.wait()
-        if self._worker is not None:
-            self._worker.raise_error()
+        if unit.error is not None:
+            raise unit.error
         backend = self.device.backend
         backend.host_resume_at(unit.recorded_at)
         slot = self._slots[unit.position % self.n_slots]
@@ -111,7 +119,8 @@ class StagingRing:
     # -- bookkeeping ---------------------------------------------------------------------
     def ready_wait_ms(self) -> float:
         """Time the compute stream spent waiting on ready events this run (after drain)."""
-        return sum(b.elapsed_ms(a) for b, a in self._wait_events[: self._waits_used])
+        self._harvest(block=True)
+        return self._waited_ms
 
     def drain(self) -> None:
         """Wait until every fired copy is done; the worker's errors surface here."""
@@ -123,18 +132,22 @@ class StagingRing:
             self._worker.raise_error()
 
     def close(self) -> None:
-        self.drain()
-        if self._worker is not None:
-            self._worker.stop()
-            self._worker = None
-        self._free_slots(0)
-        for before, after in self._wait_events:
-            before.close()
-            after.close()
-        self._wait_events.clear()
-        if self._copy_stream is not None:
-            self._copy_stream.close()
-            self._copy_stream = None
+        """Drain, then release everything, even if draining failed."""
+        try:
+            self.drain()
+        finally:
+            if self._worker is not None:
+                self._worker.stop()
+                self._worker = None
+            self._free_slots(0)
+            for before, after in [*self._timed_waits, *self._spare_pairs]:
+                before.close()
+                after.close()
+            self._timed_waits.clear()
+            self._spare_pairs.clear()
+            if self._copy_stream is not None:
+                self._copy_stream.close()
+                self._copy_stream = None
 
     # -- internals -------------------------------------------------------------------------
     def _fill_job(self, slot: _Slot, unit: Unit) -> Callable[[], None]:
@@ -152,6 +165,9 @@ class StagingRing:
                     # The slot may have held a larger tensor: clear the tail the kernels will read.
                     copy_stream.memset(slot.buffer, nbytes, padded - nbytes, 0)
                 copy_stream.record(slot.ready)
+            except BaseException as exc:
+                unit.error = exc  # the consumer must not read a slot this fill never completed
+                raise
             finally:  # a failed fill must not leave the consumer waiting forever
                 unit.recorded_at = backend.host_timestamp()
                 unit.recorded.set()
@@ -165,18 +181,19 @@ class StagingRing:
             return None
         if index < len(self._slots):
             return self._slots[index]
-        try:
-            if self._copy_stream is None:
-                self._copy_stream = self.device.stream()
-            buffer = self.device.alloc(self.slot_bytes, Usage.COMPUTE)
+        with ExitStack() as undo:
             try:
-                ready, free = self.device.event(), self.device.event()
-            except BackendError:
-                buffer.close()
-                raise
-        except BackendError as exc:
-            self._turn_off(index, exc, stats)
-            return None
+                if self._copy_stream is None:
+                    self._copy_stream = self.device.stream()
+                buffer = self.device.alloc(self.slot_bytes, Usage.COMPUTE)
+                undo.callback(buffer.close)
+                ready = self.device.event()
+                undo.callback(ready.close)
+                free = self.device.event()
+            except BackendError as exc:
+                self._turn_off(index, exc, stats)
+                return None
+            undo.pop_all()
         self._slots.append(_Slot(buffer, ready, free))
         return self._slots[index]
 
@@ -185,28 +202,40 @@ class StagingRing:
         # run's drain; every later unit takes the stock path.
         self.disabled = True
         stats.fallbacks[Fallback.ALLOC_FAILED] += 1
+        try:
+            free = f"{self.device.free_memory()} bytes free"
+        except BackendError:
+            free = "free memory unknown"
         log.warning(
-            "%s: lookahead prefetch turned off: allocating staging slot %d of %d (%d bytes) failed with "
-            "%d bytes free (%s); using the stock copy path",
-            self.device.label, index + 1, self.n_slots, self.slot_bytes, self.device.free_memory(), exc.detail,
+            "%s: lookahead prefetch turned off: allocating staging slot %d of %d (%d bytes) failed with %s (%s); "
+            "using the stock copy path",
+            self.device.label, index + 1, self.n_slots, self.slot_bytes, free, exc.detail,
         )
 
     def _wait_event_pair(self) -> tuple[Event, Event] | None:
         """Timing events around one ready wait; None if the device cannot give more (stats only)."""
-        if self._waits_used == len(self._wait_events):
+        self._harvest(block=False)
+        if self._spare_pairs:
+            pair = self._spare_pairs.pop()
+        else:
             try:
-                before = self.device.event(timing=True)
-                try:
+                with ExitStack() as undo:
+                    before = self.device.event(timing=True)
+                    undo.callback(before.close)
                     after = self.device.event(timing=True)
-                except BackendError:
-                    before.close()
-                    raise
+                    undo.pop_all()
             except BackendError:
                 return None
-            self._wait_events.append((before, after))
-        pair = self._wait_events[self._waits_used]
-        self._waits_used += 1
+            pair = (before, after)
+        self._timed_waits.append(pair)
         return pair
+
+    def _harvest(self, block: bool) -> None:
+        """Add up the waits that are over and keep their events for reuse (never blocks unless asked)."""
+        while self._timed_waits and (block or self._timed_waits[0][1].query()):
+            before, after = self._timed_waits.popleft()
+            self._waited_ms += before.elapsed_ms(after)
+            self._spare_pairs.append((before, after))
 
     def _worker_thread(self) -> _CopyWorker:
         if self._worker is None:

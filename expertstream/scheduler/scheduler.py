@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 from ..backends.base import BufferView, Device, Stream, Usage
 from .plan import Input, MulMatId, Plan, Split
-from .ring import StagingRing, Unit
+from .ring import SlotRing, Unit
 from .stats import DeviceStats, Fallback, RunStats
 from .stock import StockCopier
+
+log = logging.getLogger(__name__)
 
 MAX_SLOTS = 8
 DEFAULT_PREFILL_FACTOR = 2
@@ -59,7 +63,7 @@ class Scheduler:
         self._streams: dict[Device, Stream] = dict(streams or {})
         self._owned_streams: list[Stream] = []
         self._stock: dict[Device, StockCopier] = {}
-        self._rings: dict[Device, StagingRing] = {}
+        self._rings: dict[Device, SlotRing] = {}
         self._prefetch_off: set[Device] = set()  # devices whose ring failed; stock path until slots change
         self.last_stats = RunStats()
 
@@ -106,8 +110,10 @@ class Scheduler:
             for index, split in enumerate(plan.splits):
                 self._launch(split, index, state, stats)
                 self._prepare_next(plan, index + 1, state, stats)
-        finally:
-            self._drain(plan, stats)
+        except BaseException:
+            self._drain(plan, stats, failing=True)  # the original error is the one to see
+            raise
+        self._drain(plan, stats, failing=False)
         self.last_stats = stats
         return stats
 
@@ -163,7 +169,7 @@ class Scheduler:
         self._fire_through(ring, state, device, state.released[device] + ring.n_slots - 1, device_stats)
 
     def _fire_through(
-        self, ring: StagingRing, state: _RunState, device: Device, position: int, stats: DeviceStats
+        self, ring: SlotRing, state: _RunState, device: Device, position: int, stats: DeviceStats
     ) -> None:
         """Fire this device's units in order up to ``position``."""
         pending = state.pending[device]
@@ -228,41 +234,50 @@ class Scheduler:
             return []
         return [i for i in split.inputs if i.is_host and i.name in routing.weights and i.usage is Usage.WEIGHTS]
 
-    def _ring(self, device: Device) -> StagingRing:
+    def _ring(self, device: Device) -> SlotRing:
         ring = self._rings.get(device)
         if ring is None:
-            ring = self._rings[device] = StagingRing(device, self._slots)
+            ring = self._rings[device] = SlotRing(device, self._slots)
         return ring
 
-    def _drain(self, plan: Plan, stats: RunStats) -> None:
+    def _drain(self, plan: Plan, stats: RunStats, *, failing: bool) -> None:
+        """Wait for every device's copies and kernels; nothing may be freed before this."""
         errors: list[BaseException] = []
         for device in plan.devices:
+            ring = self._rings.get(device)
             try:
-                ring = self._rings.get(device)
                 if ring is not None:
                     ring.drain()
-                self.stream(device).synchronize()
-                if ring is not None:
-                    stats.device(device.label).ready_wait_ms = ring.ready_wait_ms()
-                    if ring.disabled:  # nothing can use its slots any more: give the memory back
-                        ring.close()
-                        del self._rings[device]
-                        self._prefetch_off.add(device)
-            except BaseException as exc:  # drain every device before reporting
+            except BaseException as exc:
                 errors.append(exc)
-        if errors:
+            try:
+                self.stream(device).synchronize()  # even if the ring failed: kernels may read slots
+                if ring is not None and not errors:
+                    stats.device(device.label).ready_wait_ms = ring.ready_wait_ms()
+                if ring is not None and ring.disabled:  # nothing can use its slots any more
+                    ring.close()
+                    del self._rings[device]
+                    self._prefetch_off.add(device)
+            except BaseException as exc:
+                errors.append(exc)
+        for extra in errors[0 if failing else 1 :]:
+            log.error("while draining after an error: %s", extra)
+        if errors and not failing:
             raise errors[0]
 
     def close(self) -> None:
-        for ring in self._rings.values():
-            ring.close()
+        """Release rings, scratch and owned streams, each after the work that uses it is done."""
+        with ExitStack() as stack:
+            for stream in self._owned_streams:
+                stack.callback(stream.close)
+            for copier in self._stock.values():
+                stack.callback(copier.close)
+            for ring in self._rings.values():
+                stack.callback(ring.close)
+            for stream in self._streams.values():
+                stack.callback(stream.synchronize)  # runs first: kernels may still read slots and scratch
         self._rings.clear()
-        for copier in self._stock.values():
-            copier.close()
         self._stock.clear()
-        for stream in self._owned_streams:
-            stream.synchronize()
-            stream.close()
         self._owned_streams.clear()
         self._streams.clear()
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import enum
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
-class Fallback:
+class Fallback(str, enum.Enum):
     """Why a prefetch-eligible input took the stock copy path instead (stats keys)."""
 
     ALLOC_FAILED = "alloc_failed"  # slots, stream or events could not be allocated: prefetch turned off
@@ -26,11 +27,11 @@ class DeviceStats:
     ids_readbacks: int = 0  # decode-scale host syncs to read routing ids
     ready_wait_ms: float = 0.0  # time the compute stream waited on staging-slot ready events
     untimed_waits: int = 0  # ready waits left out of ready_wait_ms (no timing event could be made)
-    fallbacks: Counter[str] = field(default_factory=Counter)
+    fallbacks: Counter[Fallback] = field(default_factory=Counter)
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        out["fallbacks"] = dict(self.fallbacks)
+        out["fallbacks"] = {reason.value: n for reason, n in self.fallbacks.items()}
         return out
 
 

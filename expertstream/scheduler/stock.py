@@ -30,8 +30,15 @@ class StockCopier:
                 continue
             stream.synchronize()  # a pending kernel may still read the old scratch
             if k < len(self._scratch):
-                self._scratch[k].close()
-            buf = self.device.alloc(size, Usage.COMPUTE)
+                self._scratch[k].close()  # first: the old buffer may be most of the free memory
+            try:
+                buf = self.device.alloc(size, Usage.COMPUTE)
+            except BaseException:
+                # Never keep a closed buffer: drop it and the ones after it; the next run remakes them.
+                for later in self._scratch[k + 1 :]:
+                    later.close()
+                del self._scratch[k:]
+                raise
             # Zeroed once so that rows of experts a decode step does not copy hold defined bytes.
             stream.memset(buf, 0, size, 0)
             if k < len(self._scratch):

@@ -11,7 +11,7 @@ import pytest
 
 import expertstream
 from expertstream.backends.base import Backend, DeviceError
-from expertstream.hostmem import Fallback, HostMemoryMode, HostWeights
+from expertstream.hostmem import HostMemoryFallback, HostMemoryMode, HostWeights
 
 SMALL_RING = {"ring_chunk_bytes": 50_000, "ring_chunks": 3, "ring_threads": 2}
 
@@ -67,7 +67,9 @@ def test_refused_registration_falls_back_to_ring_with_one_warning(
     assert "staging ring of 3 x 50000 pinned bytes" in message
     assert weights.mode is HostMemoryMode.RING
     assert weights.stats.fallbacks == [
-        Fallback(HostMemoryMode.REGISTERED, HostMemoryMode.RING, "read-only host registration is not supported")
+        HostMemoryFallback(
+            HostMemoryMode.REGISTERED, HostMemoryMode.RING, "read-only host registration is not supported"
+        )
     ]
     assert weights.stats.registered_bytes == 0
     assert _round_trips(weights)

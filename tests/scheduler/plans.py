@@ -7,8 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-from expertstream.backends.base import Backend, Device, DeviceBuffer, HostBuffer, HostMemory, row_size
-from expertstream.hostmem import HostRegion
+from expertstream.backends.base import Backend, Device, DeviceBuffer, HostBuffer, HostMemory, HostRegion, row_size
 from expertstream.scheduler import Input, MulMatId, Plan, Split
 
 from . import digest

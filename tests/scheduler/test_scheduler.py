@@ -147,3 +147,61 @@ def test_changing_slot_count_frees_what_is_unused(backend: Backend) -> None:
         sched.run(built.plan)
         built.check()
     built.close()
+
+
+class _FailingSource:
+    """A pageable source whose third copy fails, as a vanished file mapping would."""
+
+    def __init__(self, inner, counter: dict[str, int]) -> None:  # type: ignore[no-untyped-def]
+        self._inner = inner
+        self._counter = counter
+
+    @property
+    def nbytes(self) -> int:
+        return int(self._inner.nbytes)
+
+    @property
+    def blocks_host(self) -> bool:
+        return True
+
+    def enqueue_h2d(self, stream, dst, dst_offset, offset, nbytes) -> None:  # type: ignore[no-untyped-def]
+        self._counter["n"] += 1
+        if self._counter["n"] == 3:
+            raise OSError("the weights file went away")
+        self._inner.enqueue_h2d(stream, dst, dst_offset, offset, nbytes)
+
+
+def test_a_failed_copy_on_the_worker_reaches_the_caller(backend: Backend) -> None:
+    import dataclasses
+
+    from expertstream.scheduler import Plan
+
+    built = plans.build(backend, plans.uniform_specs(6, host=HostMemory.PAGEABLE), seed=8)
+    counter = {"n": 0}
+    splits = []
+    for split in built.plan.splits:
+        inp = split.inputs[0]
+        failing = dataclasses.replace(inp, host=_FailingSource(inp.host, counter))
+        splits.append(dataclasses.replace(split, inputs=(failing,)))
+    with Scheduler(slots=3) as sched:
+        with pytest.raises(OSError, match="went away"):
+            sched.run(Plan.of(splits))
+        counter["n"] = -100  # the source works again: the scheduler must still be usable
+        sched.run(Plan.of(splits))
+    built.check()
+    built.close()
+
+
+def test_slots_zero_creates_no_stream_or_event(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    device = backend.device(0)
+    built = plans.build(backend, plans.uniform_specs(3), seed=9)
+    with Scheduler(slots=0) as sched:
+        sched.stream(device)  # the compute stream exists before counting
+        made: list[str] = []
+        real_stream, real_event = device.stream, device.event
+        monkeypatch.setattr(device, "stream", lambda *a, **k: made.append("stream") or real_stream(*a, **k))
+        monkeypatch.setattr(device, "event", lambda *a, **k: made.append("event") or real_event(*a, **k))
+        sched.run(built.plan)
+    assert made == []
+    built.check()
+    built.close()
