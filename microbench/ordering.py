@@ -4,7 +4,7 @@ The pattern is the scheduler's (N = 3 slots, the copy for split i+2 fired while 
 computes), built here by hand from backend primitives so that each order can be run:
 
 - ``wait-after-copy``: after launching split i the host enqueues the copy for split i+2, then
-  the compute stream's wait for split i+1 (the seed's first version);
+  the compute stream's wait for split i+1 (the first llama.cpp implementation, PR #28414);
 - ``wait-before-copy``: the wait for split i+1 first, then the copy for i+2, same thread;
 - ``scheduler``: the wait first, and copies from memory that can block the host are enqueued
   by a copy worker thread (what expertstream's scheduler does).
@@ -35,7 +35,7 @@ ORDERS = ("wait-after-copy", "wait-before-copy", "scheduler")
 PROFILES = ("cuda-h200", "rocm-r9700")
 KERNEL = "es_bench_split"
 SLOTS = 3
-# The seed's ROCm timeline: up/gate tensors of ~891 MB and down tensors of ~629 MB per layer.
+# The ROCm timeline reported in the review of llama.cpp PR #28414: up/gate tensors of ~891 MB and down tensors of ~629 MB per layer.
 TENSOR_BYTES = (891_000_000, 891_000_000, 629_000_000)
 
 

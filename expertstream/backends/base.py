@@ -457,7 +457,7 @@ def check_range(call: str, buf: DeviceBuffer | HostBuffer, offset: int, nbytes: 
 
 
 def _check_kinds(call: str, dst: object, dst_type: type, src: object, src_type: type | None) -> None:
-    """Refuse a device buffer where host memory is expected and the reverse (the seed's unchecked is_host)."""
+    """Refuse a device buffer where host memory is expected and the reverse (an unchecked is_host once sent device pointers to host copies)."""
     for role, obj, expected in (("destination", dst, dst_type), ("source", src, src_type)):
         if expected is not None and not isinstance(obj, expected):
             raise InvalidArgument(
@@ -689,7 +689,7 @@ class Stream(abc.ABC):
                 if buf.closed:
                     raise UseAfterClose(f"argument {i} {buf!r} is closed", call=call, device=self.device.label)
                 if buf.device is not self.device and buf.device.index not in self.device.capabilities.peer_access:
-                    # The seed's multi-GPU bug: a kernel handed another device's memory reads garbage.
+                    # Staging slots on the wrong GPU: a kernel handed another device's memory reads garbage.
                     raise HazardError(
                         f"cross-device access: argument {i} lives on {buf.device.label}, which "
                         f"{self.device.label} cannot access",

@@ -31,11 +31,11 @@ PRESETS: dict[str, ModelPreset] = {
                     n_ff_exp=768),
         ModelPreset("gpt-oss-20b", "gpt-oss", n_layer=24, n_expert=32, top_k=4, n_embd=2880,
                     n_ff_exp=2880),
-        # 512 experts, top-10, 48 MoE layers: the expert layout of the seed's ROCm measurements.
+        # 512 experts, top-10, 48 MoE layers: the expert layout of the R9700 measurements in llama.cpp PR #28414.
         ModelPreset("qwen3-next-80b-a3b", "qwen3next", n_layer=48, n_expert=512, top_k=10, n_embd=2048,
                     n_ff_exp=512),
-        # The seed's R9700 model: ffn_down has ne0 = 640, and its 891 MB (Q8_0) and 629 MB (Q5_1)
-        # sizes give n_embd = 2560. In Q4_0 its experts take 67.9 GB (the seed's mixed quants ~72 GB).
+        # The R9700 model of llama.cpp PR #28414: ffn_down has ne0 = 640, and its 891 MB (Q8_0) and 629 MB (Q5_1)
+        # sizes give n_embd = 2560. In Q4_0 its experts take 67.9 GB (its mixed quants ~72 GB).
         ModelPreset("qwen3.8-flash-next", "qwen3next", n_layer=48, n_expert=512, top_k=10, n_embd=2560,
                     n_ff_exp=640),
     )

@@ -98,8 +98,8 @@ def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-# Figures marked "measured" come from the lent H200 (PCIe Gen5 x16); "seed" from the R9700
-# figures reported with the lookahead-prefetch proposal; "assumed" have no measurement yet.
+# Figures marked "measured" come from an H200 (PCIe Gen5 x16); "reported" from the R9700 figures
+# in llama.cpp PR #28414 and its review; "assumed" have no measurement yet.
 CUDA_H200 = Profile(
     name="cuda-h200",
     vendor_like="nvidia",
@@ -133,14 +133,14 @@ ROCM_R9700 = Profile(
     vendor_like="amd",
     device_name="AMD Radeon AI PRO R9700",
     memory_bytes=32 * _GIB,  # datasheet: 32 GB GDDR6
-    h2d_pinned_bps=53e9,  # seed: hipMemcpy 53 GB/s pinned
-    h2d_pageable_bps=53e9,  # seed: hipMemcpy 53 GB/s pageable too
+    h2d_pinned_bps=53e9,  # reported: hipMemcpy 53 GB/s pinned
+    h2d_pageable_bps=53e9,  # reported: hipMemcpy 53 GB/s pageable too
     d2h_bps=53e9,  # assumed: the PCIe link is symmetric
     d2h_pageable_bps=53e9,  # assumed: like H2D
     d2d_bps=0.26e12,  # assumed: a copy reads and writes every byte, ~40% of the 644 GB/s GDDR6 peak
     peer_bps=50e9,  # assumed: peers over PCIe 5.0 x16
     memset_bps=0.39e12,  # assumed: write-only traffic, ~60% of the GDDR6 peak
-    # From the seed's prefill figures on the 72 GB expert set at ub 4096: stock 1014 t/s means
+    # From the R9700 prefill figures on the 72 GB expert set at ub 4096: stock 1014 t/s means
     # 4.04 s per ubatch, of which 72 GB / 53 GB/s = 1.36 s is the serial copy, so ~2.7 s is
     # compute; with overlap 1600 t/s means ~2.6 s per ubatch, compute-bound. That compute holds
     # ~2.3e9 active expert weights (72 GB at ~4.8 bits each, 10 of 512 experts) x 2 flops x 4096
