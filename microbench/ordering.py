@@ -35,7 +35,8 @@ ORDERS = ("wait-after-copy", "wait-before-copy", "scheduler")
 PROFILES = ("cuda-h200", "rocm-r9700")
 KERNEL = "es_bench_split"
 SLOTS = 3
-# The ROCm timeline reported in the review of llama.cpp PR #28414: up/gate tensors of ~891 MB and down tensors of ~629 MB per layer.
+# The ROCm timeline reported in the review of llama.cpp PR #28414: up/gate tensors of ~891 MB
+# and down tensors of ~629 MB per layer.
 TENSOR_BYTES = (891_000_000, 891_000_000, 629_000_000)
 
 

@@ -15,9 +15,12 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, Union, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Union, runtime_checkable
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from ..timeline import TimelineOp
 
 MATRIX_ROW_PADDING = 512
 """Kernels read quantized rows in blocks of this many elements (as ggml's MMQ does)."""
@@ -457,7 +460,10 @@ def check_range(call: str, buf: DeviceBuffer | HostBuffer, offset: int, nbytes: 
 
 
 def _check_kinds(call: str, dst: object, dst_type: type, src: object, src_type: type | None) -> None:
-    """Refuse a device buffer where host memory is expected and the reverse (an unchecked is_host once sent device pointers to host copies)."""
+    """Refuse a device buffer where host memory is expected, and the reverse.
+
+    An unchecked is_host once handed device pointers to host-to-device copies.
+    """
     for role, obj, expected in (("destination", dst, dst_type), ("source", src, src_type)):
         if expected is not None and not isinstance(obj, expected):
             raise InvalidArgument(
@@ -910,6 +916,16 @@ class Backend(abc.ABC):
 
     def host_resume_at(self, timestamp: float) -> None:  # noqa: B027 - a no-op unless time is virtual
         """Tell the backend the calling thread is now at least at ``timestamp`` (a handoff)."""
+
+    @property
+    def holds_data(self) -> bool:
+        """False when buffers hold no bytes (the simulator's timing-only mode): outputs are meaningless."""
+        return True
+
+    @property
+    def timeline(self) -> Sequence[TimelineOp] | None:
+        """Every operation with its start and end, where the backend records them (the simulator)."""
+        return None
 
     def describe(self) -> dict[str, Any]:
         """A JSON-ready description: name, vendor, devices with memory and capabilities."""

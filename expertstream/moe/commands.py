@@ -20,7 +20,7 @@ from ..timeline import write_chrome_trace
 from .measure import Measurement, Settings, measure
 from .placeholder import write_sparse_model
 from .report import Progress, as_json, format_table, mismatched
-from .runner import Batching, holds_data
+from .runner import Batching
 
 
 def _slot_list(text: str) -> tuple[int, ...]:
@@ -148,7 +148,7 @@ def _model(args: argparse.Namespace, backend: Backend) -> Iterator[MoeModel]:
         return
     with tempfile.TemporaryDirectory(prefix="expertstream-") as folder:
         path = Path(folder) / f"{args.preset}-{args.qtype}.gguf"
-        if holds_data(backend):
+        if backend.holds_data:
             make_model(args.preset, args.qtype, path, layers=args.layers, seed=args.seed)
         else:
             write_sparse_model(args.preset, args.qtype, path, layers=args.layers)
@@ -160,8 +160,7 @@ def _prefill(args: argparse.Namespace) -> int:
     if args.decode < 0:
         raise SystemExit(f"expertstream prefill: --decode must be >= 0, got {args.decode}")
     with _open(args) as backend:
-        timeline = getattr(backend, "timeline", None)
-        if args.trace and timeline is None:
+        if args.trace and backend.timeline is None:
             raise SystemExit(
                 f"expertstream prefill: --trace writes the simulator's timeline; the {backend.name} backend "
                 "records none. Run with --backend sim for a trace."
@@ -182,7 +181,7 @@ def _prefill(args: argparse.Namespace) -> int:
                 progress.close()
             header = _header(backend, device.name, model, settings, result)
         if args.trace:
-            write_chrome_trace(backend.timeline, args.trace)  # type: ignore[attr-defined]
+            write_chrome_trace(backend.timeline or (), args.trace)
     if args.json:
         print(json.dumps(as_json(header, result.rows), indent=2))
     else:
@@ -194,12 +193,12 @@ def _header(
     backend: Backend, device_name: str, model: MoeModel, settings: Settings, result: Measurement
 ) -> dict[str, Any]:
     base = result.baselines
-    profile = getattr(backend, "profile", None)
+    profile = backend.describe().get("profile")  # simulators describe theirs
     return {
         "backend": backend.name,
         "device": device_name,
-        "profile": getattr(profile, "name", None),
-        "timing_only": not holds_data(backend),
+        "profile": profile["name"] if profile else None,
+        "timing_only": not backend.holds_data,
         "model": {
             "path": str(model.path),
             "arch": model.arch,

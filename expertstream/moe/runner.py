@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from ..backends.base import Backend, BufferView, Device, DeviceBuffer, HostSource, InvalidArgument, Stream, Usage
+from ..backends.base import BufferView, Device, DeviceBuffer, HostSource, InvalidArgument, Stream, Usage
 from ..backends.kernels import MoeKernels
 from ..model import MoeLayer, MoeModel, TensorInfo
 from ..scheduler import Bindings, Input, MulMatId, Plan, Split
@@ -41,11 +41,6 @@ ExpertData = Mapping[str, "HostSource | BufferView"]
 """Expert tensor name -> host-resident source, or device bytes of its padded size."""
 
 GATE, UP, DOWN, ROUTER = "gate", "up", "down", "router"
-
-
-def holds_data(backend: Backend) -> bool:
-    """False for a simulator in timing-only mode, where buffers hold no bytes and kernels do not run."""
-    return bool(getattr(backend, "data", True))
 
 
 @dataclass(frozen=True)
@@ -148,7 +143,7 @@ class MoeRunner:
         self.model = model
         self.batching = batching
         self.seed = seed
-        self.data = holds_data(device.backend)
+        self.data = device.backend.holds_data
         if batching.decode_steps and not self.data:
             raise InvalidArgument(
                 "decode needs a backend that holds data: its stock path reads the routing ids back",

@@ -38,7 +38,7 @@ class SimBackend(Backend):
         return self._sim.profile
 
     @property
-    def data(self) -> bool:
+    def holds_data(self) -> bool:
         """False in timing-only mode: no memory behind buffers, kernels not run."""
         return self._sim.data
 
@@ -67,7 +67,7 @@ class SimBackend(Backend):
     def describe(self) -> dict[str, Any]:
         out = super().describe()
         out["profile"] = dataclasses.asdict(self.profile)
-        out["data"] = self.data
+        out["data"] = self.holds_data
         out["check_hazards"] = self.check_hazards
         return out
 
