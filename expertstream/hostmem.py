@@ -18,6 +18,7 @@ import threading
 from collections import deque
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -91,7 +92,12 @@ class StagingRing:
         self._slots: list[_Slot] = []
         try:
             for _ in range(chunks):
-                self._slots.append(_Slot(self.device.alloc_pinned(chunk_bytes), self.device.event()))
+                chunk = self.device.alloc_pinned(chunk_bytes)
+                try:
+                    self._slots.append(_Slot(chunk, self.device.event()))
+                except BaseException:
+                    chunk.close()
+                    raise
         except BaseException:
             self._free_slots()
             raise
@@ -175,15 +181,19 @@ class StagingRing:
             if self.closed:
                 return
             self.closed = True
-            for worker in self._workers:
-                worker.shutdown(wait=True)
-            self._free_slots()
+            try:
+                for worker in self._workers:
+                    worker.shutdown(wait=True)
+            finally:
+                self._free_slots()
 
     def _free_slots(self) -> None:
-        for slot in self._slots:
-            slot.free_event.synchronize()
-            slot.buffer.close()
-            slot.free_event.close()
+        with ExitStack() as stack:  # every chunk is released even if one step fails
+            for slot in self._slots:
+                stack.callback(slot.free_event.close)
+                stack.callback(slot.buffer.close)
+                stack.callback(slot.free_event.synchronize)  # runs first: a DMA may still read it
+        self._slots.clear()
 
     def __enter__(self) -> StagingRing:
         return self
@@ -326,10 +336,11 @@ class HostWeights(Mapping[str, HostSource]):
         if self.closed:
             return
         self.closed = True
-        for resource in reversed(self._resources):
-            resource.close()
-        if self._owns_model:
-            self.model.close()
+        with ExitStack() as stack:
+            if self._owns_model:
+                stack.callback(self.model.close)
+            for resource in self._resources:
+                stack.callback(resource.close)  # closed last-made first
 
     def __enter__(self) -> HostWeights:
         return self

@@ -513,7 +513,7 @@ class GpuDevice(Device):
         # Some platforms advertise registration but refuse a read-only mapping: say so once,
         # then report the capability as absent so callers stage through pinned memory instead.
         self._can_register_ro = False
-        log.warning(
+        log.info(
             "%s refused read-only host registration of %d bytes (%s, flags 0x%x); read-only memory "
             "will not be registered on this device",
             self.label,

@@ -843,16 +843,24 @@ class Device(abc.ABC):
         size = self.alloc_size(int(nbytes), row_type, ne0)
         buf = self._alloc(int(nbytes), size, usage)
         if usage is not Usage.COMPUTE and size > nbytes:
-            stream = self._utility_stream()
-            stream.memset(buf, int(nbytes), size - int(nbytes), 0)
-            stream.synchronize()
+            try:
+                stream = self._utility_stream()
+                stream.memset(buf, int(nbytes), size - int(nbytes), 0)
+                stream.synchronize()
+            except BaseException:
+                buf.close()
+                raise
         return buf
 
     def upload(self, data: Any, usage: Usage = Usage.ANY) -> DeviceBuffer:
         """Allocate a buffer holding a copy of ``data`` (synchronous)."""
         arr, _ = as_host_bytes(data)
         buf = self.alloc(arr.nbytes, usage)
-        buf.write(arr)
+        try:
+            buf.write(arr)
+        except BaseException:
+            buf.close()
+            raise
         return buf
 
     def wrap_host(self, obj: Any) -> HostBuffer:
