@@ -234,16 +234,7 @@ def _document(backend: Backend, device: Device, model: MoeModel, results: list[C
     return {
         "backend": backend.name,
         "device": device.name,
-        "model": {
-            "preset_shapes": model.arch,
-            "n_layer": model.n_layer,
-            "n_expert": model.n_expert,
-            "top_k": model.top_k,
-            "n_embd": model.n_embd,
-            "n_ff": model.n_ff,
-            "expert_type": model.layers[0].gate.qtype.name,
-            "expert_bytes": sum(t.nbytes for t in model.expert_tensors),
-        },
+        "model": model.summary(),
         "cases": [
             {
                 "case": {**asdict(r.case), "modes": [m.value for m in r.case.modes]},

@@ -110,6 +110,20 @@ class MoeModel:
     def expert_tensors(self) -> tuple[TensorInfo, ...]:
         return tuple(t for layer in self.layers for t in layer.experts)
 
+    def summary(self) -> dict[str, Any]:
+        """A JSON-ready description of the model's MoE shape."""
+        return {
+            "path": str(self.path),
+            "arch": self.arch,
+            "n_layer": self.n_layer,
+            "n_expert": self.n_expert,
+            "top_k": self.top_k,
+            "n_embd": self.n_embd,
+            "n_ff": self.n_ff,
+            "expert_type": self.layers[0].gate.qtype.name,
+            "expert_bytes": sum(t.nbytes for t in self.expert_tensors),
+        }
+
     def tensor(self, name: str) -> TensorInfo:
         try:
             return self.tensors[name]
