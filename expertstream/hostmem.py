@@ -37,7 +37,7 @@ from .backends.base import (  # HostSource and HostRegion are part of the backen
 )
 from .model.loader import MoeModel, TensorInfo
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 
 
@@ -428,7 +428,7 @@ def _note_fallback(
     total = sum(t.nbytes for t in tensors)
     # An explicit request the platform refused is worth a warning; AUTO only chose.
     level = logging.WARNING if requested is HostMemoryMode.REGISTERED else logging.INFO
-    logger.log(
+    log.log(
         level,
         "registered host memory is unavailable on %s (%s): %s; streaming %d bytes of tensors through a "
         "staging ring of %d x %d pinned bytes instead",

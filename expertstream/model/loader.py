@@ -18,7 +18,7 @@ from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
 
 from .layout import EXPERT_ROLES, ModelError, TensorRole, type_names
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ class MoeModel:
         dims = _read_dims(path, reader)
         found = {t.name: t for t in reader.tensors}
         layers = tuple(_read_layer(path, found, dims, i) for i in range(dims.n_layer))
-        logger.debug("opened %s: %s, %d layers, %d experts", path, dims.arch, dims.n_layer, dims.n_expert)
+        log.debug("opened %s: %s, %d layers, %d experts", path, dims.arch, dims.n_layer, dims.n_expert)
         return cls(path, reader, dims, layers)
 
     @property

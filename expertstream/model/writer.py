@@ -21,7 +21,7 @@ from ..backends.base import InvalidArgument, row_size
 from .layout import EXPERT_ROLES, TensorRole, parse_expert_type
 from .presets import ModelPreset, get_preset
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 _FILE_TYPES = {
     GGMLQuantizationType.Q4_0: LlamaFileType.MOSTLY_Q4_0,
@@ -201,5 +201,5 @@ def make_model(
         raise
     writer.close()
     n_layer = specs[-1].layer + 1
-    logger.info("wrote %s: %s, %d layers, %d bytes", path, writer.arch, n_layer, path.stat().st_size)
+    log.info("wrote %s: %s, %d layers, %d bytes", path, writer.arch, n_layer, path.stat().st_size)
     return path

@@ -21,7 +21,7 @@ from ..scheduler import Plan, RunStats, Scheduler
 from .report import Row
 from .runner import Batching, ExpertData, MoeRunner, sha256
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 PROBE_MIN_BYTES = 16 << 20
 PROBE_MAX_BYTES = 256 << 20
@@ -102,7 +102,7 @@ class _DeviceExperts:
             self.close()
             raise
         if not self.all_layers:
-            logger.warning(
+            log.warning(
                 "%d bytes of experts do not fit in half of %s's free memory: the compute-only baseline uses "
                 "layer 0's experts for every layer",
                 padded,

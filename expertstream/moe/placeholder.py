@@ -17,7 +17,7 @@ import gguf
 from ..model import ModelPreset
 from ..model.writer import start_model_file
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 
 def write_sparse_model(
@@ -35,5 +35,5 @@ def write_sparse_model(
     data_start = gguf.GGUFWriter.ggml_pad(path.stat().st_size, align)
     total = data_start + sum(gguf.GGUFWriter.ggml_pad(spec.nbytes, align) for spec in specs)
     os.truncate(path, total)
-    logger.info("wrote sparse %s: %d tensors, %d bytes", path, len(specs), total)
+    log.info("wrote sparse %s: %d tensors, %d bytes", path, len(specs), total)
     return path
