@@ -1,15 +1,15 @@
-"""The simulator's rocm-r9700 profile next to the seed's measurements on the Radeon AI PRO R9700.
+"""The simulator's rocm-r9700 profile next to the reported measurements on the Radeon AI PRO R9700.
 
-Two comparisons, each simulated cell beside the seed's figure and the relative error
-(simulated - seed) / seed; where the seed gives a range, against its middle:
+Two comparisons, each simulated cell beside the reported figure and the relative error
+(simulated - reported) / reported; where the PR #28414 report gives a range, against its middle:
 
 - event order: ``microbench.event_order`` on the profile (copy1 64 MiB, copy2 1 GiB) against the
-  seed's HIP microbench (B released at 1.3 ms, or 22 ms for a pageable wait issued after copy2);
+  reported HIP microbench (B released at 1.3 ms, or 22 ms for a pageable wait issued after copy2);
 - prefill tokens/s: ``expertstream.moe.measure`` (what `expertstream prefill` runs) in timing-only
   mode on the ``qwen3.8-flash-next`` preset (Q4_0), ubatch 4096, slots 0/2/3/4, pinned and mmap,
-  at the seed's prompt lengths, against the seed's tables.
+  at the reported prompt lengths, against the reported tables.
 
-    python -m microbench.rocm_seed [--tokens 27000,64000,150000,190000] [--json]
+    python -m microbench.rocm_r9700 [--tokens 27000,64000,150000,190000] [--json]
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from expertstream.moe.runner import Batching
 
 from . import event_order
 
-log = logging.getLogger("microbench.rocm_seed")
+log = logging.getLogger("microbench.rocm_r9700")
 
 PROFILE = "rocm-r9700"
 PRESET = "qwen3.8-flash-next"
@@ -42,8 +42,8 @@ SLOTS = (0, 2, 3, 4)
 MODES = (HostMemoryMode.PINNED, HostMemoryMode.MMAP)
 TOKENS = (27000, 64000, 150000, 190000)
 
-# The seed's HIP microbench: when stream B was released, in ms, by (host memory, B's wait order).
-SEED_EVENT_ORDER_MS = {
+# The reported HIP microbench: when stream B was released, in ms, by (host memory, B's wait order).
+REPORTED_EVENT_ORDER_MS = {
     ("pinned", "before"): 1.3,
     ("pinned", "after"): 1.3,
     ("pageable", "before"): 1.3,
@@ -52,8 +52,8 @@ SEED_EVENT_ORDER_MS = {
 
 
 @dataclass(frozen=True)
-class SeedRow:
-    """One row of the seed's prefill tables: t/s (low, high) by prompt length in thousands of tokens."""
+class ReportedRow:
+    """One row of the reported prefill tables: t/s (low, high) by prompt length in thousands of tokens."""
 
     slots: int
     host_memory: str  # the simulated mode it is compared with
@@ -61,16 +61,16 @@ class SeedRow:
     tokens_per_s: dict[int, tuple[float, float]]
 
 
-SEED_PREFILL = (
-    SeedRow(0, "pinned", "stock copy path (mmap)", {27: (1014, 1014), 64: (1079, 1079), 190: (917, 917)}),
-    SeedRow(0, "mmap", "stock copy path (mmap)", {27: (1014, 1014), 64: (1079, 1079), 190: (917, 917)}),
-    SeedRow(2, "mmap", "PR branch, mmap", {27: (1059, 1059), 64: (1051, 1051)}),
-    SeedRow(3, "pinned", "PR branch, pinned", {27: (1459, 1532), 64: (1484, 1484)}),
-    SeedRow(3, "pinned", "own staging ring, 3 slots",
+REPORTED_PREFILL = (
+    ReportedRow(0, "pinned", "stock copy path (mmap)", {27: (1014, 1014), 64: (1079, 1079), 190: (917, 917)}),
+    ReportedRow(0, "mmap", "stock copy path (mmap)", {27: (1014, 1014), 64: (1079, 1079), 190: (917, 917)}),
+    ReportedRow(2, "mmap", "PR branch, mmap", {27: (1059, 1059), 64: (1051, 1051)}),
+    ReportedRow(3, "pinned", "PR branch, pinned", {27: (1459, 1532), 64: (1484, 1484)}),
+    ReportedRow(3, "pinned", "own staging ring, 3 slots",
             {27: (1518, 1518), 64: (1473, 1473), 150: (1329, 1329), 190: (1232, 1232)}),
-    SeedRow(3, "mmap", "PR branch, mmap", {27: (1319, 1319), 64: (1292, 1292)}),
-    SeedRow(4, "pinned", "own staging ring, 4 or 6 slots", {27: (1555, 1563), 64: (1597, 1600)}),
-    SeedRow(4, "mmap", "PR branch, mmap", {27: (1318, 1318), 64: (1291, 1291)}),
+    ReportedRow(3, "mmap", "PR branch, mmap", {27: (1319, 1319), 64: (1292, 1292)}),
+    ReportedRow(4, "pinned", "own staging ring, 4 or 6 slots", {27: (1555, 1563), 64: (1597, 1600)}),
+    ReportedRow(4, "mmap", "PR branch, mmap", {27: (1318, 1318), 64: (1291, 1291)}),
 )
 
 
@@ -83,9 +83,9 @@ def event_order_rows() -> list[dict[str, Any]]:
     with expertstream.backend("sim", profile=PROFILE, data=False) as backend:
         rows: list[dict[str, Any]] = event_order.run(backend, args)["rows"]
     for row in rows:
-        seed = SEED_EVENT_ORDER_MS.get((row["host_memory"], row["wait"]))
-        row["seed_ms"] = seed
-        row["rel_error"] = None if seed is None else relative_error(row["released_ms"], seed, seed)
+        reported = REPORTED_EVENT_ORDER_MS.get((row["host_memory"], row["wait"]))
+        row["reported_ms"] = reported
+        row["rel_error"] = None if reported is None else relative_error(row["released_ms"], reported, reported)
     return rows
 
 
@@ -98,43 +98,45 @@ def prefill_rows(model: MoeModel, tokens: int) -> list[Row]:
 
 
 def comparisons(rows: list[Row]) -> list[dict[str, Any]]:
-    """One entry per seed row: the simulated t/s at each prompt length with the seed's figure."""
+    """One entry per reported row: the simulated t/s at each prompt length with the reported figure."""
     simulated = {(r.slots, r.host_memory, r.tokens): r.prefill_tokens_per_s for r in rows}
     lengths = sorted({r.tokens for r in rows})
     out = []
-    for seed in SEED_PREFILL:
+    for reported in REPORTED_PREFILL:
         cells = []
         for tokens in lengths:
-            value = simulated.get((seed.slots, seed.host_memory, tokens))
-            figure = seed.tokens_per_s.get(round(tokens / 1000))
+            value = simulated.get((reported.slots, reported.host_memory, tokens))
+            figure = reported.tokens_per_s.get(round(tokens / 1000))
             error = None if value is None or figure is None else relative_error(value, *figure)
-            cells.append({"tokens": tokens, "simulated": value, "seed": figure, "rel_error": error})
-        out.append({"slots": seed.slots, "host_memory": seed.host_memory, "source": seed.source, "cells": cells})
+            cells.append({"tokens": tokens, "simulated": value, "reported": figure, "rel_error": error})
+        out.append(
+            {"slots": reported.slots, "host_memory": reported.host_memory, "source": reported.source, "cells": cells}
+        )
     return out
 
 
 def _cell(cell: dict[str, Any]) -> str:
     if cell["simulated"] is None:
         return "-"
-    if cell["seed"] is None:
-        return f"{cell['simulated']:.0f} (no seed figure)"
-    low, high = cell["seed"]
-    seed = f"{low:.0f}" if low == high else f"{low:.0f}-{high:.0f}"
-    return f"{cell['simulated']:.0f} vs {seed} ({cell['rel_error']:+.1%})"
+    if cell["reported"] is None:
+        return f"{cell['simulated']:.0f} (no reported figure)"
+    low, high = cell["reported"]
+    reported = f"{low:.0f}" if low == high else f"{low:.0f}-{high:.0f}"
+    return f"{cell['simulated']:.0f} vs {reported} ({cell['rel_error']:+.1%})"
 
 
 def print_report(events: list[dict[str, Any]], rows: list[Row], compared: list[dict[str, Any]]) -> None:
-    print(f"event order on {PROFILE} (copy1 64 MiB, copy2 1 GiB): released ms, simulated vs seed")
-    print("| host memory | B waits | simulated ms | seed ms | rel. error | host blocked ms |")
+    print(f"event order on {PROFILE} (copy1 64 MiB, copy2 1 GiB): released ms, simulated vs reported")
+    print("| host memory | B waits | simulated ms | reported ms | rel. error | host blocked ms |")
     print("|---|---|---|---|---|---|")
     for e in events:
-        seed = "-" if e["seed_ms"] is None else f"{e['seed_ms']:g}"
+        reported = "-" if e["reported_ms"] is None else f"{e['reported_ms']:g}"
         error = "-" if e["rel_error"] is None else f"{e['rel_error']:+.1%}"
-        print(f"| {e['host_memory']} | {e['wait']} | {e['released_ms']:.2f} | {seed} | {error} | "
+        print(f"| {e['host_memory']} | {e['wait']} | {e['released_ms']:.2f} | {reported} | {error} | "
               f"{e['host_blocked_ms']:.2f} |")
     lengths = sorted({r.tokens for r in rows})
-    print(f"\nprefill t/s on {PROFILE}, {PRESET} {QTYPE}, ubatch {UBATCH}: simulated vs seed (rel. error)")
-    print("| slots | host | seed row | " + " | ".join(f"{t} tokens" for t in lengths) + " |")
+    print(f"\nprefill t/s on {PROFILE}, {PRESET} {QTYPE}, ubatch {UBATCH}: simulated vs reported (rel. error)")
+    print("| slots | host | reported row | " + " | ".join(f"{t} tokens" for t in lengths) + " |")
     print("|---|---|---|" + "---|" * len(lengths))
     for c in compared:
         cells = " | ".join(_cell(cell) for cell in c["cells"])
@@ -155,12 +157,12 @@ def _token_list(text: str) -> tuple[int, ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m microbench.rocm_seed", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m microbench.rocm_r9700", description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=_token_list, default=TOKENS, help="comma list of prompt lengths")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
     args = parser.parse_args(argv)
     events = event_order_rows()
-    with tempfile.TemporaryDirectory(prefix="rocm-seed-") as folder:
+    with tempfile.TemporaryDirectory(prefix="rocm-r9700-") as folder:
         path = write_sparse_model(PRESET, QTYPE, Path(folder) / f"{PRESET}-{QTYPE}.gguf")
         with MoeModel.open(path) as model:
             expert_bytes = sum(t.nbytes for t in model.expert_tensors)
