@@ -66,7 +66,7 @@ def test_decode_steps_are_identical_with_and_without_slots(backend: Backend, tin
         with HostWeights.open(model, device, "registered") as weights:
             for slots in (0, 3):
                 with Scheduler(slots=slots) as scheduler:
-                    scheduler.run(runner.prefill_plan(weights))  # leaves slots allocated, as in a session
+                    scheduler.run(runner.prefill_plan(weights))  # leaves slots allocated, as a long-lived process would
                     for step in range(batching.decode_steps):
                         stats = scheduler.run(runner.decode_plan(weights, step))
                         assert stats.total("fires") == 0, "decode keeps the stock path"
