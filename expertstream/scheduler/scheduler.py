@@ -111,9 +111,9 @@ class Scheduler:
                 self._launch(split, index, state, stats)
                 self._prepare_next(plan, index + 1, state, stats)
         except BaseException:
-            self._drain(plan, stats, failing=True)  # the original error is the one to see
+            self._drain(plan, state, stats, failing=True)  # the original error is the one to see
             raise
-        self._drain(plan, stats, failing=False)
+        self._drain(plan, state, stats, failing=False)
         self.last_stats = stats
         return stats
 
@@ -240,11 +240,12 @@ class Scheduler:
             ring = self._rings[device] = SlotRing(device, self._slots)
         return ring
 
-    def _drain(self, plan: Plan, stats: RunStats, *, failing: bool) -> None:
+    def _drain(self, plan: Plan, state: _RunState, stats: RunStats, *, failing: bool) -> None:
         """Wait for every device's copies and kernels; nothing may be freed before this."""
         errors: list[BaseException] = []
         for device in plan.devices:
-            ring = self._rings.get(device)
+            # Only rings this run used have work in flight: a decode step leaves them alone.
+            ring = self._rings.get(device) if device in state.pending else None
             try:
                 if ring is not None:
                     ring.drain()
