@@ -13,14 +13,17 @@ import enum
 import mmap
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Union, runtime_checkable
 
 import numpy as np
 
+from ..timeline import OpKind
+
 if TYPE_CHECKING:
     from ..timeline import TimelineOp
+    from .tracing import EventTracer
 
 MATRIX_ROW_PADDING = 512
 """Kernels read quantized rows in blocks of this many elements (as ggml's MMQ does)."""
@@ -609,7 +612,9 @@ class Stream(abc.ABC):
         check_range(call, src, src_offset, nbytes)
         self._check_same_device(call, dst)
         if nbytes:
-            self._copy_h2d(dst, dst_offset, src, src_offset, nbytes)
+            self._traced(
+                OpKind.H2D, "copy_h2d", nbytes, lambda: self._copy_h2d(dst, dst_offset, src, src_offset, nbytes)
+            )
 
     def copy_d2h(self, dst: HostBuffer, dst_offset: int, src: DeviceBuffer, src_offset: int, nbytes: int) -> None:
         call = "Stream.copy_d2h"
@@ -621,7 +626,9 @@ class Stream(abc.ABC):
         if dst.read_only:
             raise InvalidArgument("cannot copy into read-only host memory", call=call, device=self.device.label)
         if nbytes:
-            self._copy_d2h(dst, dst_offset, src, src_offset, nbytes)
+            self._traced(
+                OpKind.D2H, "copy_d2h", nbytes, lambda: self._copy_d2h(dst, dst_offset, src, src_offset, nbytes)
+            )
 
     def copy_d2d(
         self, dst: DeviceBuffer, dst_offset: int, src: DeviceBuffer, src_offset: int, nbytes: int
@@ -641,7 +648,9 @@ class Stream(abc.ABC):
                     hint="call enable_peer_access() first, or stage the copy through host memory",
                 )
         if nbytes:
-            self._copy_d2d(dst, dst_offset, src, src_offset, nbytes)
+            self._traced(
+                OpKind.D2D, "copy_d2d", nbytes, lambda: self._copy_d2d(dst, dst_offset, src, src_offset, nbytes)
+            )
 
     def memset(self, dst: DeviceBuffer, offset: int, nbytes: int, value: int = 0) -> None:
         call = "Stream.memset"
@@ -652,7 +661,7 @@ class Stream(abc.ABC):
         if not 0 <= value <= 255:
             raise InvalidArgument(f"memset value {value} is not a byte", call=call, device=self.device.label)
         if nbytes:
-            self._memset(dst, offset, nbytes, value)
+            self._traced(OpKind.MEMSET, "memset", nbytes, lambda: self._memset(dst, offset, nbytes, value))
 
     def record(self, event: Event) -> None:
         """Mark the current end of this stream in ``event`` (re-recording re-arms it)."""
@@ -710,7 +719,15 @@ class Stream(abc.ABC):
                     device=self.device.label,
                     hint="pass numpy scalars such as np.int32(n) or np.float32(x)",
                 )
-        self._launch(kernel, dim3(grid), dim3(block), tuple(args), shared_mem)
+        grid3, block3, arg_tuple = dim3(grid), dim3(block), tuple(args)
+        self._traced(OpKind.KERNEL, kernel.name, 0, lambda: self._launch(kernel, grid3, block3, arg_tuple, shared_mem))
+
+    def _traced(self, kind: OpKind, name: str, nbytes: int, enqueue: Callable[[], None]) -> None:
+        tracer = self.device.backend._tracer
+        if tracer is None:
+            enqueue()
+        else:
+            tracer.around(self, kind, name, nbytes, enqueue)
 
     def close(self) -> None:
         """Destroy the stream (after its work is done); streams from from_handle are left alone."""
@@ -897,6 +914,7 @@ class Backend(abc.ABC):
 
     name: ClassVar[str]
     vendor: ClassVar[Vendor]
+    _tracer: EventTracer | None = None
 
     @property
     @abc.abstractmethod
@@ -912,6 +930,9 @@ class Backend(abc.ABC):
         return devs[index]
 
     def close(self) -> None:
+        if self._tracer is not None:
+            self._tracer.close()
+            self._tracer = None
         for d in self.devices:
             d.close()
 
@@ -932,8 +953,19 @@ class Backend(abc.ABC):
 
     @property
     def timeline(self) -> Sequence[TimelineOp] | None:
-        """Every operation with its start and end, where the backend records them (the simulator)."""
-        return None
+        """Every operation with its start and end: always on the simulator, after start_trace() elsewhere."""
+        return None if self._tracer is None else self._tracer.timeline()
+
+    def start_trace(self) -> None:
+        """Record every copy, memset and kernel from now on, for ``timeline``.
+
+        Costs two timing events per operation; a backend that always records (the simulator)
+        ignores it.
+        """
+        if self._tracer is None and self.timeline is None:
+            from .tracing import EventTracer
+
+            self._tracer = EventTracer()
 
     def describe(self) -> dict[str, Any]:
         """A JSON-ready description: name, vendor, devices with memory and capabilities."""

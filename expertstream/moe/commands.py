@@ -82,7 +82,7 @@ def register(subparsers: Any) -> None:
     )
     prefill.add_argument("--json", action="store_true", help="print one JSON object")
     prefill.add_argument(
-        "--trace", metavar="FILE.json", help="write a Chrome/Perfetto trace (simulator only)"
+        "--trace", metavar="FILE.json", help="write a Chrome/Perfetto trace of every copy and kernel per stream"
     )
     model = prefill.add_argument_group("model made when none is given")
     model.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
@@ -160,11 +160,8 @@ def _prefill(args: argparse.Namespace) -> int:
     if args.decode < 0:
         raise SystemExit(f"expertstream prefill: --decode must be >= 0, got {args.decode}")
     with _open(args) as backend:
-        if args.trace and backend.timeline is None:
-            raise SystemExit(
-                f"expertstream prefill: --trace writes the simulator's timeline; the {backend.name} backend "
-                "records none. Run with --backend sim for a trace."
-            )
+        if args.trace:
+            backend.start_trace()  # GPUs: timing events around every copy and kernel; the simulator always records
         device = backend.device(args.device)
         settings = Settings(
             Batching(args.tokens, args.ubatch, args.decode),

@@ -92,11 +92,11 @@ def test_exit_status_names_rows_whose_outputs_differ(
 
 
 def test_trace_is_a_chrome_trace_of_copies_and_kernels(
-    tiny_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    backend_name: str, tiny_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     trace = tmp_path / "trace.json"
     code, out, _ = _prefill(
-        capsys, str(tiny_path), "--backend", "sim", *SMALL, "--slots", "3", "--trace", str(trace)
+        capsys, str(tiny_path), "--backend", backend_name, *SMALL, "--slots", "3", "--trace", str(trace)
     )
     assert code == 0 and "slots" in out
     events = json.loads(trace.read_text())["traceEvents"]
