@@ -181,7 +181,7 @@ def _measure_row(
         if settings.warmup:
             scheduler.run(runner.prefill_plan(experts, [0]))
         wall, stats = _timed_run(backend, scheduler, runner.prefill_plan(experts), settings.repeats)
-        decode_s, decode_bytes = _decode(backend, runner, scheduler, experts)
+        decode_step_s, decode_bytes = _decode(backend, runner, scheduler, experts)
     prefill_out = runner.prefill_output() if runner.data else None
     decode_out = runner.decode_output() if runner.data and batching.decode_steps else None
     moved = int(stats.total("bytes_prefetched") + stats.total("bytes_stock"))
@@ -212,7 +212,7 @@ def _measure_row(
         fallbacks=fallbacks,
         prefill_sha256=sha256(prefill_out) if prefill_out is not None else "",
         decode_steps=batching.decode_steps,
-        decode_tokens_per_s=batching.decode_steps / decode_s if batching.decode_steps else None,
+        decode_tokens_per_s=1.0 / decode_step_s if batching.decode_steps else None,
         decode_bytes=decode_bytes,
         decode_sha256=sha256(decode_out) if decode_out is not None else None,
         output_sha256=sha256(*(a for a in (prefill_out, decode_out) if a is not None)) if runner.data else "",
@@ -225,11 +225,16 @@ def _measure_row(
 def _decode(
     backend: Backend, runner: MoeRunner, scheduler: Scheduler, experts: ExpertData
 ) -> tuple[float, int]:
-    """Seconds and expert bytes of every decode step, each its own plan."""
-    total_s, moved = 0.0, 0
+    """Median seconds of one decode step (each its own plan) and the expert bytes of all steps.
+
+    The median, not the sum: a few steps that a busy host delays would otherwise decide a
+    comparison whose target band (+-2%) is narrower than such noise.
+    """
+    step_s: list[float] = []
+    moved = 0
     for step in range(runner.batching.decode_steps):
         plan = runner.decode_plan(experts, step)  # built outside the timed region, as a runtime caches it
         wall, stats = _timed_run(backend, scheduler, plan)
-        total_s += wall
+        step_s.append(wall)
         moved += int(stats.total("bytes_prefetched") + stats.total("bytes_stock"))
-    return total_s, moved
+    return (float(np.median(step_s)) if step_s else 0.0), moved
