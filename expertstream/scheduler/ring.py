@@ -36,6 +36,8 @@ class Unit:
     recorded: threading.Event = field(default_factory=threading.Event)
     recorded_at: float = 0.0  # host clock of the thread that enqueued the ready record
     error: BaseException | None = None  # why its fill failed, raised to the consumer
+    waited: threading.Event = field(default_factory=threading.Event)  # its consumer's wait is enqueued
+    waited_at: float = 0.0
     view: BufferView | None = None  # the slot bytes the split reads, once consumed
 
 
@@ -77,8 +79,13 @@ class SlotRing:
         self._waited_ms = 0.0
 
     # -- the three operations of the lookahead ------------------------------------------
-    def fire(self, unit: Unit, stats: DeviceStats, blocks_host: bool) -> None:
-        """Enqueue the copy of ``unit`` into its slot (or hand it to the copy worker)."""
+    def fire(self, unit: Unit, stats: DeviceStats, blocks_host: bool, previous: Unit | None) -> None:
+        """Enqueue the copy of ``unit`` into its slot, or hand it to the copy worker.
+
+        The worker enqueues it only once the consumer's wait for ``previous`` is enqueued: on ROCm
+        a wait issued after a pageable copy resolves against the copy stream's tail, so a copy that
+        slipped in ahead of that wait would hold the previous split back until it ends.
+        """
         unit.fired = True
         slot = self._slot(unit.position % self.n_slots, stats)
         if slot is None:
@@ -86,11 +93,11 @@ class SlotRing:
             return
         stats.fires += 1
         stats.bytes_prefetched += unit.input.nbytes
-        job = self._fill_job(slot, unit)
         if blocks_host:
-            self._worker_thread().submit(job)
+            gate = previous if previous is not None and previous.valid else None
+            self._worker_thread().submit(self._fill_job(slot, unit, gate))
         else:
-            job()
+            self._fill_job(slot, unit, None)()
 
     def consume(self, compute: Stream, unit: Unit, stats: DeviceStats) -> BufferView:
         """Make ``compute`` wait until the unit's slot is filled; return the bytes to read."""
@@ -109,6 +116,8 @@ class SlotRing:
             compute.record(pair[0])
             compute.wait(slot.ready)
             compute.record(pair[1])
+        unit.waited_at = backend.host_timestamp()
+        unit.waited.set()
         stats.consumed += 1
         return slot.buffer.view(0, unit.input.padded_nbytes)
 
@@ -150,7 +159,7 @@ class SlotRing:
                 self._copy_stream = None
 
     # -- internals -------------------------------------------------------------------------
-    def _fill_job(self, slot: _Slot, unit: Unit) -> Callable[[], None]:
+    def _fill_job(self, slot: _Slot, unit: Unit, gate: Unit | None) -> Callable[[], None]:
         copy_stream = self._copy_stream
         assert copy_stream is not None and unit.input.host is not None
         source = unit.input.host
@@ -158,6 +167,9 @@ class SlotRing:
         backend = self.device.backend
 
         def job() -> None:
+            if gate is not None:
+                gate.waited.wait()
+                backend.host_resume_at(gate.waited_at)
             try:
                 copy_stream.wait(slot.free)  # no overwrite while a kernel may still read the slot
                 source.enqueue_h2d(copy_stream, slot.buffer, 0, 0, nbytes)

@@ -147,11 +147,12 @@ class Scheduler:
         """Right after split index-1 is launched: wait for split index's slots, then fire ahead.
 
         The ordering rule, and why: the compute stream's wait for split j is enqueued after
-        split j-1 is launched and after j's own copy is enqueued, but before the copy of any
-        later split. A copy from pageable memory can hold the enqueuing thread until the copy
-        is done (CUDA, and ROCm in stream order); a wait enqueued after it would let split j
-        start only when the *next* split's copy ends. Copies for split i+N-1 go out while split
-        i computes, each behind the free event of the slot it reuses.
+        split j-1 is launched and after j's own copy is enqueued, with no other copy enqueued in
+        between. A copy from pageable memory can hold the enqueuing thread until the copy is
+        done (CUDA, and ROCm in stream order), and on ROCm a wait enqueued after such a copy
+        resolves against the copy stream's tail; either way a wait enqueued after the next
+        split's copy would let split j start only when that copy ends. Copies for split i+N-1
+        go out while split i computes, each behind the free event of the slot it reuses.
         """
         if index >= len(plan.splits):
             return
@@ -173,8 +174,9 @@ class Scheduler:
     ) -> None:
         """Fire this device's units in order up to ``position``."""
         pending = state.pending[device]
-        while state.next_fire[device] < len(pending) and pending[state.next_fire[device]].position <= position:
-            ring.fire(pending[state.next_fire[device]], stats, state.blocks_host[device])
+        while (index := state.next_fire[device]) < len(pending) and pending[index].position <= position:
+            previous = pending[index - 1] if index else None
+            ring.fire(pending[index], stats, state.blocks_host[device], previous)
             state.next_fire[device] += 1
 
     # -- per-run setup and teardown ---------------------------------------------------------
@@ -243,6 +245,10 @@ class Scheduler:
     def _drain(self, plan: Plan, state: _RunState, stats: RunStats, *, failing: bool) -> None:
         """Wait for every device's copies and kernels; nothing may be freed before this."""
         errors: list[BaseException] = []
+        if failing:  # copies queued behind a consumer wait that will never come must not wait forever
+            for units in state.pending.values():
+                for unit in units:
+                    unit.waited.set()
         for device in plan.devices:
             # Only rings this run used have work in flight: a decode step leaves them alone.
             ring = self._rings.get(device) if device in state.pending else None

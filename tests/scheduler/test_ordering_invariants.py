@@ -1,0 +1,55 @@
+"""The scheduler's ordering rules, read off the simulator's timeline (enqueue order, all threads)."""
+
+from __future__ import annotations
+
+import pytest
+
+import expertstream
+from expertstream.backends.base import HostMemory
+from expertstream.scheduler import Scheduler
+from expertstream.timeline import OpKind
+
+from . import plans
+
+LAYERS = 9
+
+
+@pytest.mark.parametrize("host", [HostMemory.PINNED, HostMemory.PAGEABLE])
+@pytest.mark.parametrize("slots", [2, 3, 4, 8])
+def test_waits_and_fires_follow_the_rules(slots: int, host: HostMemory) -> None:
+    with expertstream.backend("sim") as backend:
+        built = plans.build(backend, plans.uniform_specs(LAYERS, host=host), seed=slots)
+        with Scheduler(slots=slots) as sched:
+            compute = sched.stream(backend.device(0)).handle
+            start = len(backend.timeline)
+            sched.run(built.plan)
+            ops = backend.timeline[start:]
+        built.check()
+        built.close()
+
+    kernels = [i for i, op in enumerate(ops) if op.kind is OpKind.KERNEL]
+    ready_waits = [i for i, op in enumerate(ops) if op.kind is OpKind.WAIT and op.stream == compute]
+    copies = [i for i, op in enumerate(ops) if op.kind is OpKind.H2D]
+    assert len(kernels) == len(ready_waits) == len(copies) == LAYERS  # one slot fill per split
+    copy_stream = ops[copies[0]].stream
+    assert copy_stream != compute
+
+    for j in range(LAYERS):
+        # Rule 1: the wait for split j comes after its copy and after split j-1's launch, and no
+        # copy is enqueued between that launch and the wait.
+        previous_launch = kernels[j - 1] if j else -1
+        assert previous_launch < ready_waits[j] < kernels[j]
+        assert ready_waits[j] > copies[j]
+        assert not [c for c in copies if previous_launch < c < ready_waits[j] and c != copies[j]]
+    for i in range(LAYERS - slots + 1):
+        # Rule 4: the copy for split i+N-1 is fired after split i is launched, before split i+1. A
+        # pageable copy is enqueued by the copy worker, which waits out the copy before it (the
+        # copy stream could not start it earlier anyway), so only its lower bound is in enqueue order.
+        ahead = copies[i + slots - 1]
+        assert kernels[i] < ahead
+        if host is not HostMemory.PAGEABLE:
+            assert i + 1 == LAYERS or ahead < kernels[i + 1]
+    for j in range(slots, LAYERS):
+        # Rule 2: a copy into a reused slot sits behind a real wait on the copy stream.
+        behind = [op for op in ops[: copies[j]] if op.stream == copy_stream and op.kind is not OpKind.MEMSET]
+        assert behind[-1].kind is OpKind.WAIT and "never recorded" not in behind[-1].name
