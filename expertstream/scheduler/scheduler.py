@@ -181,46 +181,32 @@ class Scheduler:
 
     # -- per-run setup and teardown ---------------------------------------------------------
     def _prepare(self, plan: Plan, stats: RunStats) -> _RunState:
+        """Decide which inputs go through a ring, once per run, and size scratch and slots for them."""
         state = _RunState(units={}, pending={}, blocks_host={}, released={}, next_fire={})
-        for ring in self._rings.values():
-            ring.reset_run()  # a run that fires nothing (decode) must not report the last run's waits
         scratch_sizes: dict[Device, list[int]] = {}
         slot_bytes: dict[Device, int] = {}
         for index, split in enumerate(plan.splits):
-            eligible = self._eligible_inputs(split)
-            room = self._slots - 1  # one slot is always held by the split computing now
-            if len(eligible) > room > 0:
-                stats.device(split.device.label).fallbacks[Fallback.TOO_MANY_INPUTS] += len(eligible) - room
-                eligible = eligible[:room]
-            if eligible and split.device in self._prefetch_off:
-                stats.device(split.device.label).fallbacks[Fallback.DISABLED] += len(eligible)
-                eligible = []
-            if eligible:
-                self._ring(split.device)
-            eligible_names = {inp.name for inp in eligible}
+            eligible = {inp.name for inp in self._prefetched_inputs(split, stats.device(split.device.label))}
             sizes = scratch_sizes.setdefault(split.device, [])
-            host_position = 0
-            for inp in split.inputs:
-                if not inp.is_host:
-                    continue
-                if inp.name in eligible_names:
+            for position, inp in enumerate(i for i in split.inputs if i.is_host):
+                if inp.name in eligible:
+                    assert inp.host is not None
                     pending = state.pending.setdefault(split.device, [])
                     unit = Unit(index, inp, position=len(pending))
                     pending.append(unit)
                     state.units.setdefault(index, []).append(unit)
                     slot_bytes[split.device] = max(slot_bytes.get(split.device, 0), inp.padded_nbytes)
-                    assert inp.host is not None
-                    state.blocks_host[split.device] = state.blocks_host.get(split.device, False) or inp.host.blocks_host
+                    blocks = state.blocks_host.get(split.device, False)
+                    state.blocks_host[split.device] = blocks or inp.host.blocks_host
                 # Every host input keeps a stock scratch too: its slot may be lost mid-run.
-                if host_position == len(sizes):
+                if position == len(sizes):
                     sizes.append(0)
-                sizes[host_position] = max(sizes[host_position], inp.padded_nbytes)
-                host_position += 1
+                sizes[position] = max(sizes[position], inp.padded_nbytes)
         for device, sizes in scratch_sizes.items():
             if sizes:
                 self._stock.setdefault(device, StockCopier(device)).reserve(sizes, self.stream(device))
         for device, size in slot_bytes.items():
-            ring = self._rings[device]
+            ring = self._ring(device)
             if size > ring.slot_bytes:
                 self.stream(device).synchronize()  # earlier kernels may still read the old slots
                 ring.drain()
@@ -229,6 +215,18 @@ class Scheduler:
             state.released[device] = -1
             state.next_fire[device] = 0
         return state
+
+    def _prefetched_inputs(self, split: Split, stats: DeviceStats) -> list[Input]:
+        """The inputs of ``split`` that go through the ring this run."""
+        eligible = self._eligible_inputs(split)
+        room = self._slots - 1  # one slot is always held by the split computing now
+        if len(eligible) > room > 0:
+            stats.fallbacks[Fallback.TOO_MANY_INPUTS] += len(eligible) - room
+            eligible = eligible[:room]
+        if eligible and split.device in self._prefetch_off:
+            stats.fallbacks[Fallback.DISABLED] += len(eligible)
+            return []
+        return eligible
 
     def _eligible_inputs(self, split: Split) -> list[Input]:
         routing = split.mul_mat_id
