@@ -4,7 +4,7 @@ A copy into a slot waits (on the copy stream) for the slot's free event, recorde
 last kernel that read it; the consumer waits (on its compute stream) for the slot's ready
 event, recorded after the copy and the clearing of the slot's padded tail. Sources whose copy
 can block the host (pageable memory) are copied from a worker thread so that compute launches
-keep flowing meanwhile.
+keep flowing meanwhile, each copy only after the consumer's wait for the previous unit.
 """
 
 from __future__ import annotations
