@@ -27,6 +27,7 @@ from .base import (
     Backend,
     BackendError,
     BackendUnavailable,
+    BufferView,
     Capabilities,
     Device,
     DeviceBuffer,
@@ -41,7 +42,6 @@ from .base import (
     Stream,
     Usage,
     Vendor,
-    pack_kernel_args,
 )
 
 log = logging.getLogger(__name__)
@@ -663,5 +663,32 @@ def _release_at_exit() -> None:
             device._release_at_exit()
     _open_backends.clear()
 
+
+
+def pack_kernel_args(args: Sequence[Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """Values and ctypes types for a kernel launch, shared by the CUDA and HIP backends."""
+    import ctypes
+
+    scalar_types: dict[np.dtype[Any], Any] = {
+        np.dtype(np.int32): ctypes.c_int32,
+        np.dtype(np.uint32): ctypes.c_uint32,
+        np.dtype(np.int64): ctypes.c_int64,
+        np.dtype(np.uint64): ctypes.c_uint64,
+        np.dtype(np.float32): ctypes.c_float,
+        np.dtype(np.float64): ctypes.c_double,
+    }
+    values: list[Any] = []
+    types: list[Any] = []
+    for arg in args:
+        if isinstance(arg, (DeviceBuffer, BufferView)):
+            values.append(arg.address)
+            types.append(ctypes.c_void_p)
+        else:
+            ctype = scalar_types.get(np.asarray(arg).dtype)
+            if ctype is None:
+                raise InvalidArgument(f"unsupported kernel scalar type {np.asarray(arg).dtype}")
+            values.append(arg.item())
+            types.append(ctype)
+    return tuple(values), tuple(types)
 
 __all__ = ["GpuBackend", "GpuBuffer", "GpuDevice", "GpuEvent", "GpuKernel", "GpuStream"]

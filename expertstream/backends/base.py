@@ -999,30 +999,3 @@ class Backend(abc.ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}: {len(self.devices)} device(s)>"
-
-
-def pack_kernel_args(args: Sequence[Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """Values and ctypes types for a kernel launch, shared by the CUDA and HIP backends."""
-    import ctypes
-
-    scalar_types: dict[np.dtype[Any], Any] = {
-        np.dtype(np.int32): ctypes.c_int32,
-        np.dtype(np.uint32): ctypes.c_uint32,
-        np.dtype(np.int64): ctypes.c_int64,
-        np.dtype(np.uint64): ctypes.c_uint64,
-        np.dtype(np.float32): ctypes.c_float,
-        np.dtype(np.float64): ctypes.c_double,
-    }
-    values: list[Any] = []
-    types: list[Any] = []
-    for arg in args:
-        if isinstance(arg, (DeviceBuffer, BufferView)):
-            values.append(arg.address)
-            types.append(ctypes.c_void_p)
-        else:
-            ctype = scalar_types.get(np.asarray(arg).dtype)
-            if ctype is None:
-                raise InvalidArgument(f"unsupported kernel scalar type {np.asarray(arg).dtype}")
-            values.append(arg.item())
-            types.append(ctype)
-    return tuple(values), tuple(types)

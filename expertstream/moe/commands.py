@@ -135,9 +135,14 @@ def _open(args: argparse.Namespace) -> Backend:
         options["profile"] = args.sim_profile
     if args.timing_only:
         options["data"] = False
-    if options and args.backend != "sim":
-        raise SystemExit("expertstream prefill: --sim-profile and --timing-only need --backend sim")
-    return open_backend(args.backend, **options)
+    if not options:
+        return open_backend(args.backend)
+    if args.backend not in ("auto", "sim"):
+        raise SystemExit(
+            f"expertstream prefill: --sim-profile and --timing-only describe the simulator, not {args.backend}; "
+            "use --backend sim (or leave --backend out)"
+        )
+    return open_backend("sim", **options)
 
 
 @contextmanager

@@ -132,9 +132,13 @@ def test_timing_only_full_scale_overlaps_copies(capsys: pytest.CaptureFixture[st
     assert on["ttft_s"] < off["ttft_s"], "copies overlap compute with slots"
 
 
-def test_sim_options_need_the_sim_backend(tiny_path: Path) -> None:
-    with pytest.raises(SystemExit, match="need --backend sim"):
-        main(["prefill", str(tiny_path), "--backend", "auto", "--timing-only"])
+def test_sim_options_refuse_another_backend_and_choose_the_simulator_otherwise(
+    tiny_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit, match="describe the simulator, not cuda"):
+        main(["prefill", str(tiny_path), "--backend", "cuda", "--timing-only"])
+    code, out, _ = _prefill(capsys, str(tiny_path), *SMALL, "--slots", "0", "--timing-only")
+    assert code == 0 and "backend sim" in out and "timing only" in out
 
 
 def test_bad_slot_list_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
