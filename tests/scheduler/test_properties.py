@@ -88,7 +88,7 @@ def run_scenario(scn: Scenario) -> None:
         second.close()
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios)
 def test_random_plans_give_the_stock_bytes_without_hazards(scn: Scenario) -> None:
     run_scenario(scn)
