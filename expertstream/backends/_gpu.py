@@ -373,13 +373,7 @@ class GpuDevice(Device):
             try:
                 pointer = int(invoke(self.api.malloc, alloc_size, device=self.label))
             except OutOfDeviceMemory as exc:
-                raise OutOfDeviceMemory(
-                    f"cannot allocate {alloc_size} bytes; {self._free_text()}",
-                    call=exc.call,
-                    device=self.label,
-                    code=exc.code,
-                    hint=exc.hint,
-                ) from None
+                raise exc.with_detail(f"cannot allocate {alloc_size} bytes; {self._free_text()}") from None
         buf = GpuBuffer(self, nbytes, alloc_size, usage, pointer)
         self._live.buffers.add(buf)
         return buf
@@ -585,13 +579,7 @@ def _compiled_image(device: GpuDevice, source: str, key: str, name: str) -> byte
             invoke(api.program_compile, program, api.compile_options(device.arch), device=device.label)
         except KernelCompileError as exc:
             compiler_log = _program_log(device, program)
-            raise KernelCompileError(
-                f"{name} did not compile for {device.arch}:\n{compiler_log}",
-                call=exc.call,
-                device=device.label,
-                code=exc.code,
-                hint=exc.hint,
-            ) from None
+            raise exc.with_detail(f"{name} did not compile for {device.arch}:\n{compiler_log}") from None
         image = bytes(invoke(api.program_code, program, device=device.label))
     finally:
         _release_quietly([(api.program_destroy, (program,))], device.label)

@@ -88,6 +88,10 @@ class BackendError(ExpertStreamError):
             text += f". {hint}"
         super().__init__(text)
 
+    def with_detail(self, message: str) -> BackendError:
+        """The same error (type, call, device, code, hint) with a fuller message."""
+        return type(self)(message, call=self.call, device=self.device, code=self.code, hint=self.hint)
+
 
 class BackendUnavailable(BackendError):
     """The requested backend cannot run here (missing library, driver or device)."""
