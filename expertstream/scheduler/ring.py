@@ -226,7 +226,8 @@ class SlotRing:
 
     def _wait_event_pair(self) -> tuple[Event, Event] | None:
         """Timing events around one ready wait; None if the device cannot give more (stats only)."""
-        self._harvest(block=False)
+        if not self._spare_pairs:
+            self._harvest(block=False)  # only then: each harvest queries events, on the per-split path
         if self._spare_pairs:
             pair = self._spare_pairs.pop()
         else:
