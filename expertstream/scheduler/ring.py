@@ -28,10 +28,8 @@ log = logging.getLogger(__name__)
 class Unit:
     """One prefetch-eligible host input of one split, in this device's firing order."""
 
-    split_index: int
     input: Input
     position: int  # order among this device's units in the plan
-    fired: bool = False
     valid: bool = True  # False once it must take the stock path (ring off before it was fired)
     recorded: threading.Event = field(default_factory=threading.Event)
     recorded_at: float = 0.0  # host clock of the thread that enqueued the ready record
@@ -86,7 +84,6 @@ class SlotRing:
         a wait issued after a pageable copy resolves against the copy stream's tail, so a copy that
         slipped in ahead of that wait would hold the previous split back until it ends.
         """
-        unit.fired = True
         slot = self._slot(unit.position % self.n_slots, stats)
         if slot is None:
             unit.valid = False

@@ -192,7 +192,7 @@ class Scheduler:
                 if inp.name in eligible:
                     assert inp.host is not None
                     pending = state.pending.setdefault(split.device, [])
-                    unit = Unit(index, inp, position=len(pending))
+                    unit = Unit(inp, position=len(pending))
                     pending.append(unit)
                     state.units.setdefault(index, []).append(unit)
                     slot_bytes[split.device] = max(slot_bytes.get(split.device, 0), inp.padded_nbytes)
