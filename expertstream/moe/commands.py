@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..backends import backend as open_backend
-from ..backends.base import Backend
+from ..backends.base import Backend, Vendor
 from ..hostmem import HostMemoryMode
 from ..model import EXPERT_TYPES, PRESETS, MoeModel, make_model
 from ..scheduler import check_slots
@@ -116,9 +116,10 @@ def _demo(args: argparse.Namespace) -> int:
     parser = argparse.ArgumentParser(prog="expertstream demo")
     register(parser.add_subparsers())
     extra = ["--json"] if args.json else []
-    with open_backend("auto") as probe:
-        on_sim = probe.name == "sim"
-    if not on_sim:
+    with open_backend("auto") as default:
+        # Without a GPU the kernels are numpy twins: real sizes only run in virtual time.
+        simulated = default.vendor is Vendor.SIM
+    if not simulated:
         return _prefill(parser.parse_args(["prefill", *DEMO_SPEED, "--decode", "16", *extra]))
     if not args.json:
         print("Speed: real expert sizes, simulated H200, virtual time (no data moved)")
