@@ -51,8 +51,13 @@ def tests_hip(session: nox.Session) -> None:
 def tests_hip_on_cuda(session: nox.Session) -> None:
     """The HIP backend on NVIDIA silicon through the HIP-to-CUDA shim (needs nvcc and a CUDA device)."""
     session.install("-e", ".[test,hip]")
-    session.run("bash", str(ROOT / "tests" / "hipshim" / "run_tests.sh"), *session.posargs, external=True,
-                env={"PYTHON": os.path.join(session.bin, "python")})
+    session.run(
+        "bash",
+        str(ROOT / "tests" / "hipshim" / "run_tests.sh"),
+        *session.posargs,
+        external=True,
+        env={"PYTHON": os.path.join(session.bin, "python")},
+    )
 
 
 @nox.session

@@ -32,11 +32,14 @@ def _info(args: argparse.Namespace) -> int:
         print(f"{entry['name']:5} {state}")
         for dev in entry["devices"]:
             caps = dev["capabilities"]
-            flags = ", ".join(k for k in ("async_copies", "events", "host_register", "host_register_read_only")
-                              if caps[k])
+            flags = ", ".join(
+                k for k in ("async_copies", "events", "host_register", "host_register_read_only") if caps[k]
+            )
             peers = ",".join(map(str, caps["peer_access"])) or "none"
-            print(f"      [{dev['index']}] {dev['name']} ({dev['arch']}), {dev['total_memory'] / 2**30:.1f} GiB, "
-                  f"{dev['free_memory'] / 2**30:.1f} GiB free; {flags}; peers: {peers}")
+            print(
+                f"      [{dev['index']}] {dev['name']} ({dev['arch']}), {dev['total_memory'] / 2**30:.1f} GiB, "
+                f"{dev['free_memory'] / 2**30:.1f} GiB free; {flags}; peers: {peers}"
+            )
     return 0
 
 

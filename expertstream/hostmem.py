@@ -40,7 +40,6 @@ from .model.loader import MoeModel, TensorInfo
 log = logging.getLogger(__name__)
 
 
-
 # --------------------------------------------------------------------------------------
 # Staging ring: pinned chunks fed from pageable memory by host threads
 # --------------------------------------------------------------------------------------
@@ -432,7 +431,12 @@ def _note_fallback(
         level,
         "registered host memory is unavailable on %s (%s): %s; streaming %d bytes of tensors through a "
         "staging ring of %d x %d pinned bytes instead",
-        device.label, device.name, reason, total, ring.chunks, _chunk_bytes(tensors, ring),
+        device.label,
+        device.name,
+        reason,
+        total,
+        ring.chunks,
+        _chunk_bytes(tensors, ring),
     )
 
 
@@ -444,9 +448,7 @@ def _chunk_bytes(tensors: list[TensorInfo], ring: _RingOptions) -> int:
 def _ring(model: MoeModel, device: Device, tensors: list[TensorInfo], ring: _RingOptions) -> StagingRing:
     mapping = device.wrap_host(model.mapping)
     try:
-        return StagingRing(
-            mapping, chunk_bytes=_chunk_bytes(tensors, ring), chunks=ring.chunks, threads=ring.threads
-        )
+        return StagingRing(mapping, chunk_bytes=_chunk_bytes(tensors, ring), chunks=ring.chunks, threads=ring.threads)
     except BaseException:
         mapping.close()
         raise

@@ -60,13 +60,25 @@ def _track_names(ops: list[TimelineOp]) -> list[dict[str, Any]]:
         if op.device is not None and op.stream is not None:
             streams.setdefault((op.device, op.stream), op.stream_name)
     for (dev, stream), stream_name in sorted(streams.items()):
-        meta.append({
-            "ph": "M", "name": "thread_name", "pid": dev + 1, "tid": stream,
-            "args": {"name": stream_name or f"stream {stream}"},
-        })
+        meta.append(
+            {
+                "ph": "M",
+                "name": "thread_name",
+                "pid": dev + 1,
+                "tid": stream,
+                "args": {"name": stream_name or f"stream {stream}"},
+            }
+        )
     for thread in sorted({op.thread for op in ops}):
-        meta.append({"ph": "M", "name": "thread_name", "pid": _HOST_PID, "tid": thread,
-                     "args": {"name": f"host thread {thread}"}})
+        meta.append(
+            {
+                "ph": "M",
+                "name": "thread_name",
+                "pid": _HOST_PID,
+                "tid": thread,
+                "args": {"name": f"host thread {thread}"},
+            }
+        )
     return meta
 
 
@@ -89,8 +101,17 @@ def _events(op: TimelineOp) -> list[dict[str, Any]]:
     out: list[dict[str, Any]]
     if op.kind is OpKind.RECORD:
         # A record takes no time: an instant marker on its stream's track.
-        out = [{"name": op.name, "cat": op.kind.value, "ph": "i", "s": "t", "pid": op.device + 1,
-                "tid": op.stream, "ts": op.start * _US_PER_S}]
+        out = [
+            {
+                "name": op.name,
+                "cat": op.kind.value,
+                "ph": "i",
+                "s": "t",
+                "pid": op.device + 1,
+                "tid": op.stream,
+                "ts": op.start * _US_PER_S,
+            }
+        ]
     else:
         out = [_span(op, op.device + 1, op.stream, op.start, op.end, op.name)]
     if op.host_blocked and op.end > op.issued:

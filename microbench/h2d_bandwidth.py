@@ -61,9 +61,7 @@ def measure_kind(
             time_copy(be, stream, (start, end), dst, source.buffer, min(sizes))  # warm-up
             rows = []
             for size in sizes:
-                trials = [
-                    time_copy(be, stream, (start, end), dst, source.buffer, size) for _ in range(args.repeats)
-                ]
+                trials = [time_copy(be, stream, (start, end), dst, source.buffer, size) for _ in range(args.repeats)]
                 device_ms = median([t[0] for t in trials])
                 rows.append(
                     Row(
@@ -80,8 +78,7 @@ def measure_kind(
     except BackendError as exc:  # e.g. read-only registration refused: report the row, keep going
         log.warning("%s: %s", kind.value, exc)
         return [
-            Row(kind.value, size, size / MIB, None, None, None, None, f"unavailable: {exc.detail}")
-            for size in sizes
+            Row(kind.value, size, size / MIB, None, None, None, None, f"unavailable: {exc.detail}") for size in sizes
         ]
 
 
@@ -106,13 +103,9 @@ COLUMNS = (
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = common_parser(
-        "h2d_bandwidth", "Host-to-device bandwidth and host-blocked time by host memory kind and size."
-    )
+    p = common_parser("h2d_bandwidth", "Host-to-device bandwidth and host-blocked time by host memory kind and size.")
     p.add_argument("--sizes-mb", type=int, nargs="+", default=[64, 256, 1024], help="copy sizes in MiB")
-    p.add_argument(
-        "--kinds", nargs="+", default=[k.value for k in HostKind], choices=[k.value for k in HostKind]
-    )
+    p.add_argument("--kinds", nargs="+", default=[k.value for k in HostKind], choices=[k.value for k in HostKind])
     p.add_argument("--repeats", type=int, default=5, help="copies per row; the median is reported")
     args = p.parse_args(argv)
     with open_backend(args) as be:

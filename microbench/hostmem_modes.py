@@ -73,8 +73,16 @@ def measure(
     is_ring = used is HostMemoryMode.RING
     chunk = min(args.ring_chunk_mb * MIB, largest) / MIB if is_ring else None
     return Row(
-        mode.value, used.value, threads if is_ring else None, chunk, total, total / seconds / 1e9,
-        seconds * 1e3, open_ms, pinned / MIB, note,
+        mode.value,
+        used.value,
+        threads if is_ring else None,
+        chunk,
+        total,
+        total / seconds / 1e9,
+        seconds * 1e3,
+        open_ms,
+        pinned / MIB,
+        note,
     )
 
 
@@ -112,8 +120,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preset", default="qwen3-30b-a3b")
     p.add_argument("--type", dest="qtype", default="Q4_0")
     p.add_argument("--layers", type=int, default=8)
-    p.add_argument("--modes", nargs="+", default=[m.value for m in HostMemoryMode if m is not HostMemoryMode.AUTO],
-                   choices=[m.value for m in HostMemoryMode])
+    p.add_argument(
+        "--modes",
+        nargs="+",
+        default=[m.value for m in HostMemoryMode if m is not HostMemoryMode.AUTO],
+        choices=[m.value for m in HostMemoryMode],
+    )
     p.add_argument("--ring-threads", type=int, nargs="+", default=[1, 4, 8])
     p.add_argument("--ring-chunk-mb", type=int, default=DEFAULT_RING_CHUNK_BYTES // MIB)
     p.add_argument("--ring-chunks", type=int, default=DEFAULT_RING_CHUNKS)

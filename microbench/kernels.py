@@ -116,9 +116,7 @@ def measure(
         for shape in SHAPES:
             with upload_weights(device, rng, w_type, shape) as w:
                 for ubatch in args.ubatch:
-                    row = measure_one(
-                        device, stream, kernels, args, rng, w, w_type, shape, ubatch, bandwidth_gbs
-                    )
+                    row = measure_one(device, stream, kernels, args, rng, w, w_type, shape, ubatch, bandwidth_gbs)
                     rows.append(row)
                     log.info("%s", row)
     return rows

@@ -43,12 +43,14 @@ TENSOR_BYTES = (891_000_000, 891_000_000, 629_000_000)
 def _register_twin() -> None:
     from expertstream.backends.sim import Access, KernelSpec, register_kernel
 
-    register_kernel(KernelSpec(
-        KERNEL,
-        run=lambda args, grid, block: None,
-        accesses=lambda args: [Access(args[0], write=False)],
-        flops=lambda args: float(args[1]),
-    ))
+    register_kernel(
+        KernelSpec(
+            KERNEL,
+            run=lambda args, grid, block: None,
+            accesses=lambda args: [Access(args[0], write=False)],
+            flops=lambda args: float(args[1]),
+        )
+    )
 
 
 @dataclass(frozen=True)
@@ -62,19 +64,26 @@ class Row:
     stalls_ms: tuple[float, ...]
 
 
-def run_pattern(profile: str, host_memory: HostMemory, order: str, n_splits: int = 12,
-                compute_ms: float = 12.0) -> Row:
+def run_pattern(profile: str, host_memory: HostMemory, order: str, n_splits: int = 12, compute_ms: float = 12.0) -> Row:
     """Run the pattern once on a fresh simulated backend and measure every split's stall."""
     _register_twin()
     with expertstream.backend("sim", profile=profile, data=False) as backend:
         sizes = [TENSOR_BYTES[j % len(TENSOR_BYTES)] for j in range(n_splits)]
         stalls, wall = _pattern(backend, sizes, host_memory, order, compute_ms)
-    return Row(profile, host_memory.value, order, float(np.mean(stalls)), float(np.max(stalls)), wall,
-               tuple(round(s, 3) for s in stalls))
+    return Row(
+        profile,
+        host_memory.value,
+        order,
+        float(np.mean(stalls)),
+        float(np.max(stalls)),
+        wall,
+        tuple(round(s, 3) for s in stalls),
+    )
 
 
-def _pattern(backend: Backend, sizes: list[int], host_memory: HostMemory, order: str,
-             compute_ms: float) -> tuple[list[float], float]:
+def _pattern(
+    backend: Backend, sizes: list[int], host_memory: HostMemory, order: str, compute_ms: float
+) -> tuple[list[float], float]:
     device = backend.device(0)
     kernel = device.compile("", KERNEL)
     flops = compute_ms * 1e-3 * backend.profile.flops_per_s  # type: ignore[attr-defined]
@@ -214,11 +223,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"{'profile':11} {'host':9} {'order':17} {'mean stall ms':>13} {'max stall ms':>12} {'wall ms':>9}")
     for r in rows:
-        print(f"{r.profile:11} {r.host_memory:9} {r.order:17} {r.mean_stall_ms:13.2f} {r.max_stall_ms:12.2f} "
-              f"{r.wall_ms:9.1f}")
+        print(
+            f"{r.profile:11} {r.host_memory:9} {r.order:17} {r.mean_stall_ms:13.2f} {r.max_stall_ms:12.2f} "
+            f"{r.wall_ms:9.1f}"
+        )
     return 0
 
 
 if __name__ == "__main__":
     raise SystemExit(main())
-

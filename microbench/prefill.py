@@ -144,9 +144,7 @@ def targets(results: list[CaseResult]) -> list[tuple[str, str, bool | None]]:
                 None if best is None else best >= floor,
             )
         )
-    fast_rows = [
-        row for row in _rows(results) if row.slots and row.host_memory in (REGISTERED.value, PINNED.value)
-    ]
+    fast_rows = [row for row in _rows(results) if row.slots and row.host_memory in (REGISTERED.value, PINNED.value)]
     worst = max((1 / row.overlap_efficiency for row in fast_rows), default=None)
     lines.append(
         (
@@ -158,16 +156,13 @@ def targets(results: list[CaseResult]) -> list[tuple[str, str, bool | None]]:
     for result in results:
         for peer in result.peer:
             ours = [
-                r
-                for r in result.measurement.rows
-                if r.host_memory == PINNED.value and r.slots == peer["prefetch_step"]
+                r for r in result.measurement.rows if r.host_memory == PINNED.value and r.slots == peer["prefetch_step"]
             ]
             if ours:
                 ratio = ours[0].ttft_s / peer["wall_s"]
                 lines.append(
                     (
-                        f"wall / torch peer wall <= 1.00 ({result.case.name}, pinned, "
-                        f"{peer['prefetch_step']} buffers)",
+                        f"wall / torch peer wall <= 1.00 ({result.case.name}, pinned, {peer['prefetch_step']} buffers)",
                         f"{ratio:.3f}",
                         ratio <= 1.0,
                     )
@@ -198,8 +193,7 @@ def _decode_targets(results: list[CaseResult]) -> list[tuple[str, str, bool | No
             runs = f"{len(rows)} interleaved rows each" if len(rows) > 1 else "one row each"
             lines.append(
                 (
-                    f"decode t/s slots {slots} / slots 0 within 1 +- 0.02 ({result.case.decode_steps} steps, "
-                    f"{runs})",
+                    f"decode t/s slots {slots} / slots 0 within 1 +- 0.02 ({result.case.decode_steps} steps, {runs})",
                     f"{ratio:.4f}",
                     abs(ratio - 1) <= 0.02,
                 )
@@ -275,8 +269,7 @@ def _print(results: list[CaseResult], out: Any) -> None:
         print(format_table(result.measurement.rows), file=out)
         for peer in result.peer:
             print(
-                f"   torch peer, {peer['prefetch_step']} buffers: {peer['wall_s']:.4f} s, "
-                f"{peer['h2d_gbps']:.1f} GB/s",
+                f"   torch peer, {peer['prefetch_step']} buffers: {peer['wall_s']:.4f} s, {peer['h2d_gbps']:.1f} GB/s",
                 file=out,
             )
     print("\ntargets:", file=out)
@@ -286,13 +279,9 @@ def _print(results: list[CaseResult], out: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m microbench.prefill", description=__doc__.split("\n\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m microbench.prefill", description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", default="auto", help="auto, cuda, hip or sim")
-    parser.add_argument(
-        "--model", help="a GGUF model (default: make --preset with --layers in a temp folder)"
-    )
+    parser.add_argument("--model", help="a GGUF model (default: make --preset with --layers in a temp folder)")
     parser.add_argument("--preset", default="qwen3-30b-a3b", choices=sorted(PRESETS))
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--decode-steps", type=int, default=1000)
@@ -302,9 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-peer", action="store_true", help="skip the torch peer")
     parser.add_argument("--out", type=Path, help="write the JSON document here after every case")
-    parser.add_argument(
-        "--json", action="store_true", help="print the JSON document (the tables go to stderr)"
-    )
+    parser.add_argument("--json", action="store_true", help="print the JSON document (the tables go to stderr)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     decode_steps = 0 if args.timing_only else args.decode_steps
@@ -315,9 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         layers = min(args.layers, PRESETS[args.preset].n_layer)
         write = write_sparse_model if args.timing_only else make_model
         path = (
-            Path(args.model)
-            if args.model
-            else write(args.preset, "Q4_0", Path(folder) / "model.gguf", layers=layers)
+            Path(args.model) if args.model else write(args.preset, "Q4_0", Path(folder) / "model.gguf", layers=layers)
         )
         peer = not args.no_peer and backend.name == "cuda"
         results: list[CaseResult] = []

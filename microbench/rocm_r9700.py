@@ -66,8 +66,12 @@ REPORTED_PREFILL = (
     ReportedRow(0, "mmap", "stock copy path (mmap)", {27: (1014, 1014), 64: (1079, 1079), 190: (917, 917)}),
     ReportedRow(2, "mmap", "PR branch, mmap", {27: (1059, 1059), 64: (1051, 1051)}),
     ReportedRow(3, "pinned", "PR branch, pinned", {27: (1459, 1532), 64: (1484, 1484)}),
-    ReportedRow(3, "pinned", "own staging ring, 3 slots",
-            {27: (1518, 1518), 64: (1473, 1473), 150: (1329, 1329), 190: (1232, 1232)}),
+    ReportedRow(
+        3,
+        "pinned",
+        "own staging ring, 3 slots",
+        {27: (1518, 1518), 64: (1473, 1473), 150: (1329, 1329), 190: (1232, 1232)},
+    ),
     ReportedRow(3, "mmap", "PR branch, mmap", {27: (1319, 1319), 64: (1292, 1292)}),
     ReportedRow(4, "pinned", "own staging ring, 4 or 6 slots", {27: (1555, 1563), 64: (1597, 1600)}),
     ReportedRow(4, "mmap", "PR branch, mmap", {27: (1318, 1318), 64: (1291, 1291)}),
@@ -132,8 +136,10 @@ def print_report(events: list[dict[str, Any]], rows: list[Row], compared: list[d
     for e in events:
         reported = "-" if e["reported_ms"] is None else f"{e['reported_ms']:g}"
         error = "-" if e["rel_error"] is None else f"{e['rel_error']:+.1%}"
-        print(f"| {e['host_memory']} | {e['wait']} | {e['released_ms']:.2f} | {reported} | {error} | "
-              f"{e['host_blocked_ms']:.2f} |")
+        print(
+            f"| {e['host_memory']} | {e['wait']} | {e['released_ms']:.2f} | {reported} | {error} | "
+            f"{e['host_blocked_ms']:.2f} |"
+        )
     lengths = sorted({r.tokens for r in rows})
     print(f"\nprefill t/s on {PROFILE}, {PRESET} {QTYPE}, ubatch {UBATCH}: simulated vs reported (rel. error)")
     print("| slots | host | reported row | " + " | ".join(f"{t} tokens" for t in lengths) + " |")

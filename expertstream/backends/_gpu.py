@@ -143,9 +143,7 @@ class GpuEvent(Event):
     def _elapsed_ms(self, end: Event) -> float:
         end = _native(end, GpuEvent, "Event.elapsed_ms", self._device)
         end.synchronize()
-        return float(
-            invoke(self._device.api.event_elapsed, self.handle, end.handle, device=self._device.label)
-        )
+        return float(invoke(self._device.api.event_elapsed, self.handle, end.handle, device=self._device.label))
 
     def _completed(self) -> None:
         if self._recorded is not None:
@@ -229,14 +227,10 @@ class GpuStream(Stream):
         )
         self._keep(dst)
 
-    def _copy_d2d(
-        self, dst: DeviceBuffer, dst_offset: int, src: DeviceBuffer, src_offset: int, n: int
-    ) -> None:
+    def _copy_d2d(self, dst: DeviceBuffer, dst_offset: int, src: DeviceBuffer, src_offset: int, n: int) -> None:
         dst_addr, src_addr = dst.address + dst_offset, src.address + src_offset
         if dst.device is src.device:
-            self._enqueue(
-                self._api.memcpy_async, dst_addr, src_addr, n, CopyKind.DEVICE_TO_DEVICE, self._handle
-            )
+            self._enqueue(self._api.memcpy_async, dst_addr, src_addr, n, CopyKind.DEVICE_TO_DEVICE, self._handle)
         else:
             self._enqueue(
                 self._api.memcpy_peer_async,
@@ -431,9 +425,7 @@ class GpuDevice(Device):
                 hint="stage the data through host memory",
             )
         self.activate()
-        invoke(
-            self.api.enable_peer_access, other.index, device=self.label, accept={Problem.PEER_ALREADY_ENABLED}
-        )
+        invoke(self.api.enable_peer_access, other.index, device=self.label, accept={Problem.PEER_ALREADY_ENABLED})
         self._peers.add(other.index)
 
     # -- kernels ------------------------------------------------------------------------
@@ -499,9 +491,7 @@ class GpuDevice(Device):
                 raise
             self._refuse_read_only(host, flags, exc)
         # The array rides along with the release so the memory outlives its registration.
-        self._live.host[host] = _finalizer(
-            host, [(self.api.host_unregister, (host.address,))], self.label, host.array
-        )
+        self._live.host[host] = _finalizer(host, [(self.api.host_unregister, (host.address,))], self.label, host.array)
 
     def _refuse_read_only(self, host: HostBuffer, flags: int, exc: BackendError) -> None:
         # Some platforms advertise registration but refuse a read-only mapping: say so once,
@@ -652,7 +642,6 @@ def _release_at_exit() -> None:
     _open_backends.clear()
 
 
-
 def pack_kernel_args(args: Sequence[Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """Values and ctypes types for a kernel launch, shared by the CUDA and HIP backends."""
     import ctypes
@@ -678,5 +667,6 @@ def pack_kernel_args(args: Sequence[Any]) -> tuple[tuple[Any, ...], tuple[Any, .
             values.append(arg.item())
             types.append(ctype)
     return tuple(values), tuple(types)
+
 
 __all__ = ["GpuBackend", "GpuBuffer", "GpuDevice", "GpuEvent", "GpuKernel", "GpuStream"]

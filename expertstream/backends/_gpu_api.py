@@ -121,9 +121,7 @@ def error_for(call: Call, err: Any, device: str | None, detail: str = "") -> Bac
     problem = call.errors.problem(int(err))
     cls = _EXCEPTION_FOR.get(problem, DeviceError)
     message = f"{problem.value}: {detail}" if detail else problem.value
-    return cls(
-        message, call=call.name, device=device, code=code_text(err), hint=HINTS.get(problem, _DEFAULT_HINT)
-    )
+    return cls(message, call=call.name, device=device, code=code_text(err), hint=HINTS.get(problem, _DEFAULT_HINT))
 
 
 def _run(call: Call, args: tuple[Any, ...], device: str | None) -> tuple[Any, tuple[Any, ...]]:
@@ -181,9 +179,7 @@ def unusable_reason(device_count: Call, what: str) -> str | None:
 
 def decode_text(value: Any) -> str:
     """A C string from the bindings (bytes with trailing NULs, or str) as str."""
-    return (
-        value.decode(errors="replace").rstrip("\0") if isinstance(value, (bytes, bytearray)) else str(value)
-    )
+    return value.decode(errors="replace").rstrip("\0") if isinstance(value, (bytes, bytearray)) else str(value)
 
 
 def package_version(distribution: str) -> str:

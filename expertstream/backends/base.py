@@ -341,9 +341,7 @@ class HostRegion:
 
     def __post_init__(self) -> None:
         if self.start < 0 or self.length < 0 or self.start + self.length > self.buffer.nbytes:
-            raise InvalidArgument(
-                f"host region [{self.start}, {self.start + self.length}) is outside {self.buffer!r}"
-            )
+            raise InvalidArgument(f"host region [{self.start}, {self.start + self.length}) is outside {self.buffer!r}")
 
     @property
     def nbytes(self) -> int:
@@ -445,10 +443,7 @@ class DeviceBuffer(abc.ABC):
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"0x{self.address:x}"
-        return (
-            f"DeviceBuffer({self.device.label}, {self.usage.value}, {self.nbytes}/{self.alloc_size} bytes, "
-            f"{state})"
-        )
+        return f"DeviceBuffer({self.device.label}, {self.usage.value}, {self.nbytes}/{self.alloc_size} bytes, {state})"
 
 
 def check_range(call: str, buf: DeviceBuffer | HostBuffer, offset: int, nbytes: int) -> None:
@@ -576,9 +571,7 @@ class Stream(abc.ABC):
     def _copy_d2h(self, dst: HostBuffer, dst_offset: int, src: DeviceBuffer, src_offset: int, n: int) -> None: ...
 
     @abc.abstractmethod
-    def _copy_d2d(
-        self, dst: DeviceBuffer, dst_offset: int, src: DeviceBuffer, src_offset: int, n: int
-    ) -> None: ...
+    def _copy_d2d(self, dst: DeviceBuffer, dst_offset: int, src: DeviceBuffer, src_offset: int, n: int) -> None: ...
 
     @abc.abstractmethod
     def _memset(self, dst: DeviceBuffer, offset: int, n: int, value: int) -> None: ...
@@ -591,7 +584,11 @@ class Stream(abc.ABC):
 
     @abc.abstractmethod
     def _launch(
-        self, kernel: Kernel, grid: tuple[int, int, int], block: tuple[int, int, int], args: tuple[Any, ...],
+        self,
+        kernel: Kernel,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        args: tuple[Any, ...],
         shared_mem: int,
     ) -> None: ...
 
@@ -634,9 +631,7 @@ class Stream(abc.ABC):
                 OpKind.D2H, "copy_d2h", nbytes, lambda: self._copy_d2h(dst, dst_offset, src, src_offset, nbytes)
             )
 
-    def copy_d2d(
-        self, dst: DeviceBuffer, dst_offset: int, src: DeviceBuffer, src_offset: int, nbytes: int
-    ) -> None:
+    def copy_d2d(self, dst: DeviceBuffer, dst_offset: int, src: DeviceBuffer, src_offset: int, nbytes: int) -> None:
         """Copy device -> device; across devices it needs peer access enabled."""
         call = "Stream.copy_d2d"
         self._check_open(call)
@@ -699,9 +694,7 @@ class Stream(abc.ABC):
         call = f"Stream.launch({kernel.name})"
         self._check_open(call)
         if kernel.device is not self.device:
-            raise InvalidArgument(
-                f"{kernel!r} was compiled for another device", call=call, device=self.device.label
-            )
+            raise InvalidArgument(f"{kernel!r} was compiled for another device", call=call, device=self.device.label)
         for i, arg in enumerate(args):
             if isinstance(arg, (DeviceBuffer, BufferView)):
                 buf = arg if isinstance(arg, DeviceBuffer) else arg.buffer
@@ -928,7 +921,8 @@ class Backend(abc.ABC):
         devs = self.devices
         if not 0 <= index < len(devs):
             raise InvalidArgument(
-                f"no device {index}; this backend has {len(devs)}", call="Backend.device",
+                f"no device {index}; this backend has {len(devs)}",
+                call="Backend.device",
                 hint=f"use an index in 0..{len(devs) - 1}",
             )
         return devs[index]

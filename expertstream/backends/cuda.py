@@ -161,9 +161,7 @@ def _table() -> ApiTable:
         driver_version=rt("cudaDriverGetVersion"),
         malloc=rt("cudaMalloc"),
         free=rt("cudaFree"),
-        host_alloc=Call(
-            "cudaHostAlloc", lambda n: runtime.cudaHostAlloc(n, runtime.cudaHostAllocPortable), errors
-        ),
+        host_alloc=Call("cudaHostAlloc", lambda n: runtime.cudaHostAlloc(n, runtime.cudaHostAllocPortable), errors),
         host_free=rt("cudaFreeHost"),
         host_register=rt("cudaHostRegister"),
         host_unregister=rt("cudaHostUnregister"),
@@ -175,9 +173,7 @@ def _table() -> ApiTable:
         stream_destroy=rt("cudaStreamDestroy"),
         stream_synchronize=rt("cudaStreamSynchronize"),
         stream_query=rt("cudaStreamQuery"),
-        stream_wait_event=Call(
-            "cudaStreamWaitEvent", lambda s, e: runtime.cudaStreamWaitEvent(s, e, 0), errors
-        ),
+        stream_wait_event=Call("cudaStreamWaitEvent", lambda s, e: runtime.cudaStreamWaitEvent(s, e, 0), errors),
         event_create=Call(
             "cudaEventCreateWithFlags",
             lambda timing: runtime.cudaEventCreateWithFlags(
@@ -198,9 +194,7 @@ def _table() -> ApiTable:
         memcpy_peer_async=rt("cudaMemcpyPeerAsync"),
         memset_async=rt("cudaMemsetAsync"),
         compile_options=lambda arch: [f"--gpu-architecture={arch}".encode()],
-        program_create=rtc(
-            "nvrtcCreateProgram", lambda src, name: nvrtc.nvrtcCreateProgram(src, name, 0, [], [])
-        ),
+        program_create=rtc("nvrtcCreateProgram", lambda src, name: nvrtc.nvrtcCreateProgram(src, name, 0, [], [])),
         program_compile=rtc(
             "nvrtcCompileProgram",
             lambda program, options: nvrtc.nvrtcCompileProgram(program, len(options), options),

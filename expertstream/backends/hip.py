@@ -211,9 +211,7 @@ def _table() -> ApiTable:
         register_flags=register_flags,
         mem_info=rt("hipMemGetInfo"),
         can_access_peer=rt("hipDeviceCanAccessPeer"),
-        enable_peer_access=rt(
-            "hipDeviceEnablePeerAccess", lambda peer: hip.hipDeviceEnablePeerAccess(peer, 0)
-        ),
+        enable_peer_access=rt("hipDeviceEnablePeerAccess", lambda peer: hip.hipDeviceEnablePeerAccess(peer, 0)),
         device_synchronize=rt("hipDeviceSynchronize"),
         driver_version=rt("hipDriverGetVersion"),
         malloc=rt("hipMalloc"),
@@ -222,27 +220,21 @@ def _table() -> ApiTable:
         host_free=rt("hipHostFree"),
         host_register=rt("hipHostRegister"),
         host_unregister=rt("hipHostUnregister"),
-        stream_create=rt(
-            "hipStreamCreateWithFlags", lambda: hip.hipStreamCreateWithFlags(hip.hipStreamNonBlocking)
-        ),
+        stream_create=rt("hipStreamCreateWithFlags", lambda: hip.hipStreamCreateWithFlags(hip.hipStreamNonBlocking)),
         stream_destroy=rt("hipStreamDestroy"),
         stream_synchronize=rt("hipStreamSynchronize"),
         stream_query=rt("hipStreamQuery"),
         stream_wait_event=rt("hipStreamWaitEvent", lambda s, e: hip.hipStreamWaitEvent(s, e, 0)),
         event_create=rt(
             "hipEventCreateWithFlags",
-            lambda timing: hip.hipEventCreateWithFlags(
-                hip.hipEventDefault if timing else hip.hipEventDisableTiming
-            ),
+            lambda timing: hip.hipEventCreateWithFlags(hip.hipEventDefault if timing else hip.hipEventDisableTiming),
         ),
         event_destroy=rt("hipEventDestroy"),
         event_record=rt("hipEventRecord"),
         event_synchronize=rt("hipEventSynchronize"),
         event_query=rt("hipEventQuery"),
         event_elapsed=rt("hipEventElapsedTime"),
-        memcpy_async=rt(
-            "hipMemcpyAsync", lambda dst, src, n, kind, s: hip.hipMemcpyAsync(dst, src, n, kinds[kind], s)
-        ),
+        memcpy_async=rt("hipMemcpyAsync", lambda dst, src, n, kind, s: hip.hipMemcpyAsync(dst, src, n, kinds[kind], s)),
         memcpy_peer_async=rt("hipMemcpyPeerAsync"),
         memset_async=rt("hipMemsetAsync"),
         compile_options=lambda arch: [f"--offload-arch={arch}".encode()],
@@ -256,9 +248,7 @@ def _table() -> ApiTable:
         program_log=rtc("hiprtcGetProgramLog", program_log),
         program_code=rtc("hiprtcGetCode", program_code),
         # hiprtcDestroyProgram takes a pointer to the handle; passing the handle itself crashes.
-        program_destroy=rtc(
-            "hiprtcDestroyProgram", lambda program: hiprtc.hiprtcDestroyProgram(program.createRef())
-        ),
+        program_destroy=rtc("hiprtcDestroyProgram", lambda program: hiprtc.hiprtcDestroyProgram(program.createRef())),
         module_load=rt("hipModuleLoadData"),
         module_get_function=rt("hipModuleGetFunction"),
         module_unload=rt("hipModuleUnload"),

@@ -80,10 +80,21 @@ class EventTracer:
             op.end.synchronize()
             start = origin_host + origin.elapsed_ms(op.start) / 1e3
             end = origin_host + origin.elapsed_ms(op.end) / 1e3
-            self._done.append(TimelineOp(
-                op.kind, op.name, start, end, op.thread, op.issued, device=op.device.index, stream=op.stream,
-                stream_name=f"stream {op.stream}", nbytes=op.nbytes, host_blocked=op.blocked,
-            ))
+            self._done.append(
+                TimelineOp(
+                    op.kind,
+                    op.name,
+                    start,
+                    end,
+                    op.thread,
+                    op.issued,
+                    device=op.device.index,
+                    stream=op.stream,
+                    stream_name=f"stream {op.stream}",
+                    nbytes=op.nbytes,
+                    host_blocked=op.blocked,
+                )
+            )
             op.start.close()
             op.end.close()
         return tuple(self._done)

@@ -62,9 +62,7 @@ def parse_expert_type(qtype: GGMLQuantizationType | str) -> GGMLQuantizationType
     if isinstance(qtype, str):
         member = GGMLQuantizationType.__members__.get(qtype.upper())
         if member is None:
-            raise InvalidArgument(
-                f"unknown tensor type {qtype!r}", hint=f"choose one of {type_names(EXPERT_TYPES)}"
-            )
+            raise InvalidArgument(f"unknown tensor type {qtype!r}", hint=f"choose one of {type_names(EXPERT_TYPES)}")
         qtype = member
     if qtype not in EXPERT_TYPES:
         raise InvalidArgument(

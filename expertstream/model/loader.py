@@ -80,9 +80,7 @@ class MoeModel:
         self.n_embd = dims.n_embd
         self.n_ff = dims.n_ff
         self.layers = layers
-        self.tensors: Mapping[str, TensorInfo] = {
-            t.name: t for layer in layers for t in (layer.router, *layer.experts)
-        }
+        self.tensors: Mapping[str, TensorInfo] = {t.name: t for layer in layers for t in (layer.router, *layer.experts)}
         self._reader: GGUFReader | None = reader
 
     @classmethod
@@ -195,9 +193,7 @@ def _read_tensor(
     qtype = GGMLQuantizationType(tensor.tensor_type)
     if qtype not in role.allowed_types:
         kind = "router" if role is TensorRole.ROUTER else "expert"
-        raise ModelError(
-            f"{path}: {name} is {qtype.name}; supported {kind} types are {type_names(role.allowed_types)}"
-        )
+        raise ModelError(f"{path}: {name} is {qtype.name}; supported {kind} types are {type_names(role.allowed_types)}")
     ne = tuple(int(d) for d in tensor.shape)
     expected = role.ne(dims.n_embd, dims.n_ff, dims.n_expert)
     if ne != expected:

@@ -27,17 +27,13 @@ PRESETS: dict[str, ModelPreset] = {
     p.name: p
     for p in (
         ModelPreset("tiny", "qwen3moe", n_layer=2, n_expert=8, top_k=2, n_embd=256, n_ff_exp=192),
-        ModelPreset("qwen3-30b-a3b", "qwen3moe", n_layer=48, n_expert=128, top_k=8, n_embd=2048,
-                    n_ff_exp=768),
-        ModelPreset("gpt-oss-20b", "gpt-oss", n_layer=24, n_expert=32, top_k=4, n_embd=2880,
-                    n_ff_exp=2880),
+        ModelPreset("qwen3-30b-a3b", "qwen3moe", n_layer=48, n_expert=128, top_k=8, n_embd=2048, n_ff_exp=768),
+        ModelPreset("gpt-oss-20b", "gpt-oss", n_layer=24, n_expert=32, top_k=4, n_embd=2880, n_ff_exp=2880),
         # 512 experts, top-10, 48 MoE layers: the expert layout of the R9700 measurements in llama.cpp PR #28414.
-        ModelPreset("qwen3-next-80b-a3b", "qwen3next", n_layer=48, n_expert=512, top_k=10, n_embd=2048,
-                    n_ff_exp=512),
+        ModelPreset("qwen3-next-80b-a3b", "qwen3next", n_layer=48, n_expert=512, top_k=10, n_embd=2048, n_ff_exp=512),
         # The R9700 model of llama.cpp PR #28414: ffn_down has ne0 = 640, and its 891 MB (Q8_0) and 629 MB (Q5_1)
         # sizes give n_embd = 2560. In Q4_0 its experts take 67.9 GB (its mixed quants ~72 GB).
-        ModelPreset("qwen3.8-flash-next", "qwen3next", n_layer=48, n_expert=512, top_k=10, n_embd=2560,
-                    n_ff_exp=640),
+        ModelPreset("qwen3.8-flash-next", "qwen3next", n_layer=48, n_expert=512, top_k=10, n_embd=2560, n_ff_exp=640),
     )
 }
 
@@ -47,6 +43,4 @@ def get_preset(name: str) -> ModelPreset:
     try:
         return PRESETS[name]
     except KeyError:
-        raise InvalidArgument(
-            f"unknown model preset {name!r}", hint=f"choose one of {', '.join(PRESETS)}"
-        ) from None
+        raise InvalidArgument(f"unknown model preset {name!r}", hint=f"choose one of {', '.join(PRESETS)}") from None

@@ -124,9 +124,7 @@ def _set_block_scales(raw: np.ndarray, qtype: GGMLQuantizationType, biased_expon
     high_byte |= np.uint8(biased_exponent << 2)
 
 
-def add_metadata(
-    writer: gguf.GGUFWriter, preset: ModelPreset, n_layer: int, qtype: GGMLQuantizationType
-) -> None:
+def add_metadata(writer: gguf.GGUFWriter, preset: ModelPreset, n_layer: int, qtype: GGMLQuantizationType) -> None:
     """The architecture's keys a loader needs, under gguf's names for ``preset.arch``."""
     writer.add_name(preset.name)
     writer.add_block_count(n_layer)
@@ -162,9 +160,7 @@ def start_model_file(
     try:
         add_metadata(writer, preset, n_layer, qtype)
         for spec in specs:
-            writer.add_tensor_info(
-                spec.name, spec.byte_shape, np.dtype(np.uint8), spec.nbytes, raw_dtype=spec.qtype
-            )
+            writer.add_tensor_info(spec.name, spec.byte_shape, np.dtype(np.uint8), spec.nbytes, raw_dtype=spec.qtype)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()

@@ -54,16 +54,12 @@ def register(subparsers: Any) -> None:
         "host memory mode; report time to first token, tokens/s, H2D bandwidth, overlap and an output hash "
         "that must be equal across rows (exit status 1 if not).",
     )
-    prefill.add_argument(
-        "model", nargs="?", help="a GGUF MoE model (default: make --preset in a temporary folder)"
-    )
+    prefill.add_argument("model", nargs="?", help="a GGUF MoE model (default: make --preset in a temporary folder)")
     prefill.add_argument("--backend", default="auto", help="auto, cuda, hip or sim (default auto)")
     prefill.add_argument("--device", type=int, default=0, help="device index")
     prefill.add_argument("--tokens", type=_positive, default=512, help="prompt tokens")
     prefill.add_argument("--ubatch", type=_positive, default=512, help="tokens per ubatch")
-    prefill.add_argument(
-        "--slots", type=_slot_list, default=_slot_list("0,2,3,4"), help="comma list, e.g. 0,2,3,4"
-    )
+    prefill.add_argument("--slots", type=_slot_list, default=_slot_list("0,2,3,4"), help="comma list, e.g. 0,2,3,4")
     prefill.add_argument(
         "--host-memory",
         type=_mode_list,
@@ -77,9 +73,7 @@ def register(subparsers: Any) -> None:
         help="host threads filling the staging ring (ring mode)",
     )
     prefill.add_argument("--decode", type=int, default=0, metavar="STEPS", help="decode steps of one token")
-    prefill.add_argument(
-        "--seed", type=int, default=0, help="seed of the input embeddings (and of a made model)"
-    )
+    prefill.add_argument("--seed", type=int, default=0, help="seed of the input embeddings (and of a made model)")
     prefill.add_argument("--json", action="store_true", help="print one JSON object")
     prefill.add_argument(
         "--trace", metavar="FILE.json", help="write a Chrome/Perfetto trace of every copy and kernel per stream"
@@ -125,8 +119,10 @@ def _demo(args: argparse.Namespace) -> int:
         print("Speed: real expert sizes, simulated H200, virtual time (no data moved)")
     code = _prefill(parser.parse_args(["prefill", "--backend", "sim", "--timing-only", *DEMO_SPEED, *extra]))
     if not args.json:
-        print("\nBytes: a tiny model with data; the output hash must be the same in every row (its copies "
-              "take microseconds, so its times measure per-call overhead, not streaming)")
+        print(
+            "\nBytes: a tiny model with data; the output hash must be the same in every row (its copies "
+            "take microseconds, so its times measure per-call overhead, not streaming)"
+        )
     return code or _prefill(parser.parse_args(["prefill", "--backend", "sim", *DEMO_BYTES, *extra]))
 
 

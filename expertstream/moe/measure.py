@@ -118,9 +118,7 @@ class _DeviceExperts:
         self._buffers.clear()
 
 
-def _timed_run(
-    backend: Backend, scheduler: Scheduler, plan: Plan, repeats: int = 1
-) -> tuple[float, RunStats]:
+def _timed_run(backend: Backend, scheduler: Scheduler, plan: Plan, repeats: int = 1) -> tuple[float, RunStats]:
     """The fastest of ``repeats`` runs of ``plan``, and the stats of the last."""
     best = float("inf")
     for _ in range(max(1, repeats)):
@@ -156,18 +154,14 @@ def measure(
     with MoeRunner(device, model, settings.batching, seed=settings.seed) as runner:
         peak = measure_h2d_peak(backend, device, probe_bytes(model))
         progress("H2D peak")
-        compute_s, all_layers, compute_sha = measure_compute_only(
-            backend, runner, settings.warmup, settings.repeats
-        )
+        compute_s, all_layers, compute_sha = measure_compute_only(backend, runner, settings.warmup, settings.repeats)
         progress("compute only")
         result = Measurement(Baselines(peak, compute_s, all_layers, compute_sha))
         for mode in settings.host_memory:
             ring = {} if settings.ring_threads is None else {"ring_threads": settings.ring_threads}
             with HostWeights.open(model, device, mode, **ring) as weights:
                 for slots in settings.slots:
-                    result.rows.append(
-                        _measure_row(backend, runner, weights, slots, settings, result.baselines)
-                    )
+                    result.rows.append(_measure_row(backend, runner, weights, slots, settings, result.baselines))
                     progress(f"slots {slots}, {weights.mode.value}")
         return result
 
@@ -216,15 +210,11 @@ def _measure_row(
         decode_bytes=decode_bytes,
         decode_sha256=sha256(decode_out) if decode_out is not None else None,
         output_sha256=sha256(*(a for a in (prefill_out, decode_out) if a is not None)) if runner.data else "",
-        nonfinite=sum(
-            int(np.count_nonzero(~np.isfinite(a))) for a in (prefill_out, decode_out) if a is not None
-        ),
+        nonfinite=sum(int(np.count_nonzero(~np.isfinite(a))) for a in (prefill_out, decode_out) if a is not None),
     )
 
 
-def _decode(
-    backend: Backend, runner: MoeRunner, scheduler: Scheduler, experts: ExpertData
-) -> tuple[float, int]:
+def _decode(backend: Backend, runner: MoeRunner, scheduler: Scheduler, experts: ExpertData) -> tuple[float, int]:
     """Median seconds of one decode step (each its own plan) and the expert bytes of all steps.
 
     The median, not the sum: a few steps that a busy host delays would otherwise decide a

@@ -65,9 +65,7 @@ class Batching:
 
     def ubatches(self) -> list[tuple[int, int]]:
         """(first token, token count) of each ubatch."""
-        return [
-            (start, min(self.ubatch, self.tokens - start)) for start in range(0, self.tokens, self.ubatch)
-        ]
+        return [(start, min(self.ubatch, self.tokens - start)) for start in range(0, self.tokens, self.ubatch)]
 
 
 def _router_floats(model: MoeModel, info: TensorInfo) -> np.ndarray:
@@ -82,10 +80,7 @@ def _router_floats(model: MoeModel, info: TensorInfo) -> np.ndarray:
 
 def embeddings(seed: int, first: int, count: int, n_embd: int) -> np.ndarray:
     """Deterministic float32 input embeddings of tokens first..first+count-1 (unit RMS)."""
-    rows = [
-        np.random.default_rng([seed, first + i]).standard_normal(n_embd, dtype=np.float32)
-        for i in range(count)
-    ]
+    rows = [np.random.default_rng([seed, first + i]).standard_normal(n_embd, dtype=np.float32) for i in range(count)]
     return np.stack(rows) if rows else np.empty((0, n_embd), np.float32)
 
 

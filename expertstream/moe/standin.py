@@ -27,9 +27,7 @@ def _exact(call: str, name: str, view: BufferView, nbytes: int) -> BufferView:
     return BufferView(view.buffer, view.offset, nbytes)
 
 
-def rms_norm(
-    kernels: MoeKernels, stream: Stream, h: BufferView, x: BufferView, n_tokens: int, n: int
-) -> None:
+def rms_norm(kernels: MoeKernels, stream: Stream, h: BufferView, x: BufferView, n_tokens: int, n: int) -> None:
     """x[t, :] = h[t, :] / sqrt(mean(h[t, :] ** 2) + 1e-6), float32 rows of n elements."""
     call = "rms_norm"
     nbytes = n_tokens * n * 4

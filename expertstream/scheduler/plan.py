@@ -129,8 +129,7 @@ class Plan:
             previous = last_seen.get(key)
             if previous is not None and previous != index - 1:
                 raise InvalidArgument(
-                    f"splits {self.splits[previous].name!r} and {split.name!r} share routing ids but are not "
-                    "adjacent",
+                    f"splits {self.splits[previous].name!r} and {split.name!r} share routing ids but are not adjacent",
                     hint="give each layer its own ids buffer",
                 )
             last_seen[key] = index

@@ -218,7 +218,12 @@ class SlotRing:
         log.warning(
             "%s: lookahead prefetch turned off: allocating staging slot %d of %d (%d bytes) failed with %s (%s); "
             "using the stock copy path",
-            self.device.label, index + 1, self.n_slots, self.slot_bytes, free, exc.detail,
+            self.device.label,
+            index + 1,
+            self.n_slots,
+            self.slot_bytes,
+            free,
+            exc.detail,
         )
 
     def _wait_event_pair(self) -> tuple[Event, Event] | None:

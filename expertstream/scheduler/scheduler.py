@@ -291,4 +291,3 @@ class Scheduler:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-

@@ -54,9 +54,7 @@ class PrefetchOffloader:
         self.prefetch_step = prefetch_step
         self.host = list(pinned)
         largest = max(h.numel() for h in self.host)
-        self.pool = [
-            torch.empty(largest, dtype=torch.uint8, device=self.device) for _ in range(prefetch_step)
-        ]
+        self.pool = [torch.empty(largest, dtype=torch.uint8, device=self.device) for _ in range(prefetch_step)]
         self.copy_stream = torch.cuda.Stream(self.device)
         self._cycles_per_s = self._calibrate()
 

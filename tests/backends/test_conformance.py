@@ -36,9 +36,7 @@ def _pinned(device: Device, data: np.ndarray) -> HostBuffer:
     return host
 
 
-@pytest.mark.parametrize(
-    ("n", "dst_offset", "src_offset"), [(1, 0, 0), (3, 1, 7), (4095, 129, 3), (65537, 7, 1)]
-)
+@pytest.mark.parametrize(("n", "dst_offset", "src_offset"), [(1, 0, 0), (3, 1, 7), (4095, 129, 3), (65537, 7, 1)])
 def test_h2d_d2h_round_trip_odd_sizes_and_offsets(device: Device, n: int, dst_offset: int, src_offset: int) -> None:
     data = _bytes(n + src_offset, seed=n)
     stream = device.stream()

@@ -117,9 +117,7 @@ class FakeGpu:
 
     # -- calls (each returns the vendor tuple) --
     def device_props(self, index: int) -> tuple[Any, ...]:
-        return OK, types.SimpleNamespace(
-            name=f"Fake GPU {index}".encode() + b"\0\0", total=1 << 30, arch="fk_1"
-        )
+        return OK, types.SimpleNamespace(name=f"Fake GPU {index}".encode() + b"\0\0", total=1 << 30, arch="fk_1")
 
     def attribute(self, attr: DeviceAttr, index: int) -> tuple[Any, ...]:
         return OK, {
@@ -196,11 +194,7 @@ class FakeGpu:
         return OK, handle
 
     def program_compile(self, program: int, options: list[bytes]) -> tuple[Any, ...]:
-        return (
-            (FakeRtcError.FAKERTC_ERROR_COMPILATION,)
-            if self.compile_error
-            else (FakeRtcError.FAKERTC_SUCCESS,)
-        )
+        return (FakeRtcError.FAKERTC_ERROR_COMPILATION,) if self.compile_error else (FakeRtcError.FAKERTC_SUCCESS,)
 
     def program_destroy(self, program: int) -> tuple[Any, ...]:
         self.programs.discard(program)
@@ -279,9 +273,7 @@ class FakeGpu:
                 lambda p: (FakeRtcError.FAKERTC_SUCCESS, self.compile_error),
                 RTC_ERRORS,
             ),
-            program_code=call(
-                "fakertcGetCode", lambda p: (FakeRtcError.FAKERTC_SUCCESS, b"image"), RTC_ERRORS
-            ),
+            program_code=call("fakertcGetCode", lambda p: (FakeRtcError.FAKERTC_SUCCESS, b"image"), RTC_ERRORS),
             program_destroy=call("fakertcDestroyProgram", self.program_destroy, RTC_ERRORS),
             module_load=call("fakeModuleLoadData", self.module_load),
             module_get_function=call("fakeModuleGetFunction", self.module_get_function),

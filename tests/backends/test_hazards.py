@@ -51,7 +51,9 @@ def _peek_twin(args: tuple[Any, ...], grid: tuple[int, int, int], block: tuple[i
 PEEK_VIEWS: dict[str, BufferView] = {}
 PEEK_KERNEL = register_kernel(
     KernelSpec(
-        "hazard_test_peek", run=_peek_twin, accesses=lambda args: [Access(PEEK_VIEWS["view"], write=False)],
+        "hazard_test_peek",
+        run=_peek_twin,
+        accesses=lambda args: [Access(PEEK_VIEWS["view"], write=False)],
         flops=lambda args: 0.0,
     )
 )

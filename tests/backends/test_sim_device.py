@@ -38,7 +38,9 @@ def _copy_twin(args: tuple[Any, ...], grid: tuple[int, int, int], block: tuple[i
 
 COPY = register_kernel(
     KernelSpec(
-        "device_test_copy", run=_copy_twin, flops=lambda args: 0.0,
+        "device_test_copy",
+        run=_copy_twin,
+        flops=lambda args: 0.0,
         accesses=lambda args: [Access(args[0].view(), write=False), Access(args[1].view(), write=True)],
     )
 )
@@ -106,7 +108,7 @@ def test_pageable_bytes_are_staged_when_the_copy_does_not_block() -> None:
 
 def test_unknown_kernel_says_how_to_register_a_twin() -> None:
     with _open() as sim, pytest.raises(KernelCompileError) as info:
-        sim.device(0).compile("extern \"C\" __global__ void k() {}", "no_such_kernel")
+        sim.device(0).compile('extern "C" __global__ void k() {}', "no_such_kernel")
     assert "'no_such_kernel'" in str(info.value) and "register_kernel" in str(info.value)
 
 
@@ -155,8 +157,9 @@ def test_host_registration_follows_the_profile(tmp_path: Path) -> None:
         before = sim.host_time()
         host.register()
         assert sim.host_time() == pytest.approx(before + (1 << 20) / sim.profile.host_register_bps)
-    with _open(profile={"base": "cuda-h200", "host_register": False}) as sim, pytest.raises(
-        DeviceError, match="host registration is not supported"
+    with (
+        _open(profile={"base": "cuda-h200", "host_register": False}) as sim,
+        pytest.raises(DeviceError, match="host registration is not supported"),
     ):
         sim.device(0).wrap_host(np.zeros(64, dtype=np.uint8)).register()
 

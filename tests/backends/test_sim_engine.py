@@ -166,8 +166,10 @@ def test_short_copy_backfills_an_idle_gap_of_the_copy_engine() -> None:
         a.copy_h2d(buf, 0, pinned, 0, MIB)  # ready at 10 ms
         c.copy_h2d(buf, MIB, pinned, 0, MIB)  # enqueued later, fits before it
         d.copy_h2d(buf, 2 * MIB, pinned, 0, GIB - 2 * MIB)  # too long for the gap: after a's copy
-        (late,), (early,), (long,) = _ops(sim, OpKind.H2D, a.handle), _ops(sim, OpKind.H2D, c.handle), _ops(
-            sim, OpKind.H2D, d.handle
+        (late,), (early,), (long,) = (
+            _ops(sim, OpKind.H2D, a.handle),
+            _ops(sim, OpKind.H2D, c.handle),
+            _ops(sim, OpKind.H2D, d.handle),
         )
         assert early.end <= late.start and late.start >= 10e-3
         assert long.start >= late.end
@@ -181,8 +183,10 @@ def test_copies_overlap_compute_but_share_their_engine() -> None:
         s1.copy_h2d(x, 0, pinned, 0, GIB)
         s2.copy_h2d(y, 0, pinned, 0, GIB)
         s3.memset(z, 0, GIB, 0)
-        (c1,), (c2,), (m,) = _ops(sim, OpKind.H2D, s1.handle), _ops(sim, OpKind.H2D, s2.handle), _ops(
-            sim, OpKind.MEMSET, s3.handle
+        (c1,), (c2,), (m,) = (
+            _ops(sim, OpKind.H2D, s1.handle),
+            _ops(sim, OpKind.H2D, s2.handle),
+            _ops(sim, OpKind.MEMSET, s3.handle),
         )
         assert c2.start >= c1.end  # one H2D engine
         assert m.start < c1.end  # the compute engine runs alongside

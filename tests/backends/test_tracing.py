@@ -25,7 +25,9 @@ def test_event_tracer_records_every_operation_in_stream_order(backend: Backend) 
     ops = tracer.timeline()
     stream.synchronize()
     assert [(op.kind, op.name, op.nbytes) for op in ops] == [
-        (OpKind.H2D, "copy_h2d", N), (OpKind.MEMSET, "memset", 4096), (OpKind.D2H, "copy_d2h", N)
+        (OpKind.H2D, "copy_h2d", N),
+        (OpKind.MEMSET, "memset", 4096),
+        (OpKind.D2H, "copy_d2h", N),
     ]
     assert all(op.start <= op.end for op in ops)
     assert all(a.end <= b.start + 1e-6 for a, b in zip(ops, ops[1:], strict=False)), "one stream runs in order"

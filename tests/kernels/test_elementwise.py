@@ -17,9 +17,7 @@ def read_f32(buf: DeviceBuffer, shape: tuple[int, ...]) -> np.ndarray:
 
 
 @pytest.mark.parametrize("n", [1, 1000, 70_001])
-def test_swiglu(
-    device: Device, kernels: MoeKernels, stream: Stream, rng: np.random.Generator, n: int
-) -> None:
+def test_swiglu(device: Device, kernels: MoeKernels, stream: Stream, rng: np.random.Generator, n: int) -> None:
     gate = (rng.standard_normal(n) * 4).astype(np.float32)
     up = rng.standard_normal(n).astype(np.float32)
     out = poisoned(device, n * 4)

@@ -95,9 +95,7 @@ def test_bit_identical_across_runs_and_groupings(
     shape = Shape(n_expert=5, n_out=130, n_in=n_in_for(w_type), n_tokens=150, top_k=2)
     fmt = weight_format(w_type)
     assert fmt.tile_for(shape.n_pairs, shape.n_expert) is max(fmt.tiles)
-    problem = tensors.make_problem(
-        device, rng, w_type, shape, tensors.distinct_ids(rng, 150, 2, np.arange(5))
-    )
+    problem = tensors.make_problem(device, rng, w_type, shape, tensors.distinct_ids(rng, 150, 2, np.arange(5)))
     first = tensors.run(kernels, stream, problem)
     second = tensors.run(kernels, stream, problem)
     assert first.tobytes() == second.tobytes(), "two runs on the same inputs differ"
@@ -163,9 +161,7 @@ def test_dirty_padding_tail_is_not_silently_read(
     assert np.isfinite(y[:, :2]).all() and np.isfinite(y[:, 2, :-1]).all()
 
 
-def test_rejects_unsupported_type_naming_the_supported(
-    device: Device, kernels: MoeKernels, stream: Stream
-) -> None:
+def test_rejects_unsupported_type_naming_the_supported(device: Device, kernels: MoeKernels, stream: Stream) -> None:
     buf = device.alloc(1 << 16)
     with pytest.raises(InvalidArgument, match="Q4_1.*supported types: Q4_0, Q8_0, F16, BF16"):
         kernels.mul_mat_id(stream, buf, GGMLQuantizationType.Q4_1, 2, 8, 64, buf, False, buf, 1, 1, buf)

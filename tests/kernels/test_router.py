@@ -54,9 +54,7 @@ def test_integer_logits_select_exactly(
 
 
 def test_all_tied_logits_pick_the_lowest_ids(device: Device, kernels: MoeKernels, stream: Stream) -> None:
-    ids, weights = route(
-        device, kernels, stream, np.zeros((3, 8), np.float32), np.ones((50, 8), np.float32), 5
-    )
+    ids, weights = route(device, kernels, stream, np.zeros((3, 8), np.float32), np.ones((50, 8), np.float32), 5)
     np.testing.assert_array_equal(ids, np.tile(np.arange(5, dtype=np.int32), (3, 1)))
     np.testing.assert_allclose(weights, 0.2, rtol=1e-6)
 

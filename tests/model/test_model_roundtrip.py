@@ -31,7 +31,12 @@ def test_tiny_model_round_trips_metadata_shapes_and_bytes(tmp_path: Path, qtype:
     file_bytes = path.read_bytes()
     with MoeModel.open(path) as model:
         assert (model.arch, model.n_layer, model.n_expert, model.top_k, model.n_embd, model.n_ff) == (
-            "qwen3moe", TINY.n_layer, TINY.n_expert, TINY.top_k, TINY.n_embd, TINY.n_ff_exp,
+            "qwen3moe",
+            TINY.n_layer,
+            TINY.n_expert,
+            TINY.top_k,
+            TINY.n_embd,
+            TINY.n_ff_exp,
         )
         specs = tensor_specs(TINY, qtype, TINY.n_layer)
         assert sorted(model.tensors) == sorted(s.name for s in specs)

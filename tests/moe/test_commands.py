@@ -34,9 +34,7 @@ def _prefill(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, 
     return code, out, err
 
 
-def test_json_rows_per_slot_setting(
-    backend: Backend, tiny_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_json_rows_per_slot_setting(backend: Backend, tiny_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = _prefill(
         capsys,
         str(tiny_path),

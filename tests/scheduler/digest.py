@@ -104,12 +104,30 @@ def compile_digest(device: Device) -> Kernel:
 
 
 def launch(
-    stream: Stream, kernel: Kernel, w: BufferView, out: BufferView, ids: BufferView, n_ids: int, n_expert: int,
-    expert_nbytes: int, nbytes: int,
+    stream: Stream,
+    kernel: Kernel,
+    w: BufferView,
+    out: BufferView,
+    ids: BufferView,
+    n_ids: int,
+    n_expert: int,
+    expert_nbytes: int,
+    nbytes: int,
 ) -> None:
     total = n_outputs(n_expert, expert_nbytes)
     stream.launch(
-        kernel, (-(-total // 128),), (128,),
-        (w, out, ids, np.int32(n_ids), np.int32(n_expert), np.int64(expert_nbytes), np.int64(nbytes),
-         np.int64(w.nbytes), np.int32(CHUNK)),
+        kernel,
+        (-(-total // 128),),
+        (128,),
+        (
+            w,
+            out,
+            ids,
+            np.int32(n_ids),
+            np.int32(n_expert),
+            np.int64(expert_nbytes),
+            np.int64(nbytes),
+            np.int64(w.nbytes),
+            np.int32(CHUNK),
+        ),
     )

@@ -77,14 +77,36 @@ def build(backend: Backend, specs: list[LayerSpec], seed: int) -> BuiltPlan:
         built.outputs.append((out, expected))
         built.resources += [host, ids_buf]
         weights = Input(
-            "w", nbytes, host=HostRegion(host, 0, nbytes), row_type=spec.row_type, ne0=spec.ne0,
+            "w",
+            nbytes,
+            host=HostRegion(host, 0, nbytes),
+            row_type=spec.row_type,
+            ne0=spec.ne0,
             expert_nbytes=expert_nbytes,
         )
 
-        def compute(stream, bindings, *, kernel=kernel, out=out, ids_buf=ids_buf, spec=spec,
-                    expert_nbytes=expert_nbytes, nbytes=nbytes):  # type: ignore[no-untyped-def]
-            digest.launch(stream, kernel, bindings["w"], out.view(), ids_buf.view(), spec.n_ids, spec.n_expert,
-                          expert_nbytes, nbytes)
+        def compute(
+            stream,
+            bindings,
+            *,
+            kernel=kernel,
+            out=out,
+            ids_buf=ids_buf,
+            spec=spec,
+            expert_nbytes=expert_nbytes,
+            nbytes=nbytes,
+        ):  # type: ignore[no-untyped-def]
+            digest.launch(
+                stream,
+                kernel,
+                bindings["w"],
+                out.view(),
+                ids_buf.view(),
+                spec.n_ids,
+                spec.n_expert,
+                expert_nbytes,
+                nbytes,
+            )
 
         routing = MulMatId(ids_buf.view(), spec.n_ids, spec.n_expert, ("w",))
         splits.append(Split(f"layer{index}", device, (weights,), compute, routing))
@@ -98,20 +120,23 @@ def random_specs(rng: np.random.Generator, n_layers: int, n_devices: int, prefil
         n_expert = int(rng.integers(2, 9))
         prefill = rng.random() < prefill_share
         n_ids = int(rng.integers(2 * n_expert, 4 * n_expert + 1)) if prefill else int(rng.integers(1, 2 * n_expert))
-        specs.append(LayerSpec(
-            device=int(rng.integers(0, n_devices)),
-            n_expert=n_expert,
-            rows=int(rng.integers(1, 4)),
-            ne0=int(rng.choice([64, 96, 160, 512, 544, 768])),
-            row_type=ROW_TYPES[int(rng.integers(0, len(ROW_TYPES)))],
-            n_ids=n_ids,
-            host=(HostMemory.PAGEABLE, HostMemory.PINNED, HostMemory.REGISTERED)[int(rng.integers(0, 3))],
-        ))
+        specs.append(
+            LayerSpec(
+                device=int(rng.integers(0, n_devices)),
+                n_expert=n_expert,
+                rows=int(rng.integers(1, 4)),
+                ne0=int(rng.choice([64, 96, 160, 512, 544, 768])),
+                row_type=ROW_TYPES[int(rng.integers(0, len(ROW_TYPES)))],
+                n_ids=n_ids,
+                host=(HostMemory.PAGEABLE, HostMemory.PINNED, HostMemory.REGISTERED)[int(rng.integers(0, 3))],
+            )
+        )
     return specs
 
 
-def uniform_specs(n_layers: int, *, prefill: bool = True, host: HostMemory = HostMemory.PINNED,
-                  device: int = 0) -> list[LayerSpec]:
+def uniform_specs(
+    n_layers: int, *, prefill: bool = True, host: HostMemory = HostMemory.PINNED, device: int = 0
+) -> list[LayerSpec]:
     """Layers whose padded sizes alternate, so rotating slots see larger and smaller tensors."""
     shapes = [(Q.Q4_0, 768, 3), (Q.Q8_0, 160, 2), (Q.Q4_0, 544, 1), (Q.F16, 96, 2)]
     specs = []

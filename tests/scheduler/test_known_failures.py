@@ -124,7 +124,9 @@ def test_device_resident_weights_never_go_through_a_host_copy(sim2) -> None:
     ids = dev.upload(np.zeros(8, dtype=np.int32))
     seen = {}
     split = Split(
-        "resident", dev, (Input("w", 4096, device_data=weights.view(), expert_nbytes=1024),),
+        "resident",
+        dev,
+        (Input("w", 4096, device_data=weights.view(), expert_nbytes=1024),),
         compute=lambda stream, bindings: seen.update(bindings),
         mul_mat_id=MulMatId(ids.view(), 8, 4, ("w",)),
     )

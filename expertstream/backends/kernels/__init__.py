@@ -71,15 +71,11 @@ def _view(call: str, name: str, arg: ViewLike, nbytes: int, align: int) -> Buffe
     if isinstance(arg, DeviceBuffer):
         arg = arg.view()
     if not isinstance(arg, BufferView):
-        raise InvalidArgument(
-            f"{name} must be a DeviceBuffer or BufferView, got {type(arg).__name__}", call=call
-        )
+        raise InvalidArgument(f"{name} must be a DeviceBuffer or BufferView, got {type(arg).__name__}", call=call)
     if arg.nbytes < nbytes:
         raise InvalidArgument(f"{name} holds {arg.nbytes} bytes but the shapes need {nbytes}", call=call)
     if arg.offset % align:
-        raise InvalidArgument(
-            f"{name} starts at byte offset {arg.offset}, not a multiple of {align}", call=call
-        )
+        raise InvalidArgument(f"{name} starts at byte offset {arg.offset}, not a multiple of {align}", call=call)
     return BufferView(arg.buffer, arg.offset, nbytes)
 
 
@@ -207,8 +203,7 @@ class MoeKernels:
             )
         if top_k > min(n_expert, layout.ROUTER_MAX_K):
             raise InvalidArgument(
-                f"top_k {top_k} exceeds min(n_expert, {layout.ROUTER_MAX_K}) = "
-                f"{min(n_expert, layout.ROUTER_MAX_K)}",
+                f"top_k {top_k} exceeds min(n_expert, {layout.ROUTER_MAX_K}) = {min(n_expert, layout.ROUTER_MAX_K)}",
                 call=call,
             )
         _fits_int32(call, x=n_tokens * n_embd, router=n_expert * n_embd)
@@ -242,9 +237,7 @@ class MoeKernels:
         call: str, fmt: WeightFormat, n_expert: int, n_out: int, n_in: int, n_pairs: int
     ) -> None:
         if n_expert > layout.MAX_EXPERTS:
-            raise InvalidArgument(
-                f"at most {layout.MAX_EXPERTS} experts are supported, got {n_expert}", call=call
-            )
+            raise InvalidArgument(f"at most {layout.MAX_EXPERTS} experts are supported, got {n_expert}", call=call)
         if n_in % fmt.block_elements:
             raise InvalidArgument(
                 f"n_in {n_in} is not a multiple of the {fmt.qtype.name} block size {fmt.block_elements}",

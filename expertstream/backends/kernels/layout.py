@@ -52,7 +52,6 @@ class WeightFormat:
     block_bytes: int
     tiles: tuple[TileM, ...]  # the tile heights compiled for this type
 
-
     @property
     def quantized(self) -> bool:
         return self.block_elements > 1
@@ -98,7 +97,8 @@ def weight_format(w_type: RowType) -> WeightFormat:
         supported = ", ".join(f.qtype.name for f in FORMATS.values())
         shown = qtype.name if qtype is not None else repr(w_type)
         raise InvalidArgument(
-            f"mul_mat_id does not support weight type {shown}", call="MoeKernels.mul_mat_id",
+            f"mul_mat_id does not support weight type {shown}",
+            call="MoeKernels.mul_mat_id",
             hint=f"supported types: {supported}",
         )
     return fmt

@@ -28,9 +28,7 @@ def relative_error(out: np.ndarray, ref: np.ndarray) -> float:
     return float(diff / max(float(np.linalg.norm(np.asarray(ref, np.float64))), np.finfo(np.float64).tiny))
 
 
-def random_weights(
-    rng: np.random.Generator, w_type: RowType, n_rows: int, n_in: int, scale: float = 1.0
-) -> np.ndarray:
+def random_weights(rng: np.random.Generator, w_type: RowType, n_rows: int, n_in: int, scale: float = 1.0) -> np.ndarray:
     """Random valid rows of ``w_type``: uint8 [n_rows, row_bytes], values of magnitude ~scale.
 
     Quantized blocks get random quants and a random positive f16 scale, which is much faster
@@ -71,8 +69,10 @@ def mul_mat_id(
     ids = np.asarray(ids)
     n_tokens, top_k = ids.shape
     xs = np.asarray(x, np.float64)
-    per_slot = xs.reshape(n_tokens, top_k, n_in) if xs.ndim == 3 else np.broadcast_to(
-        xs.reshape(n_tokens, 1, n_in), (n_tokens, top_k, n_in)
+    per_slot = (
+        xs.reshape(n_tokens, top_k, n_in)
+        if xs.ndim == 3
+        else np.broadcast_to(xs.reshape(n_tokens, 1, n_in), (n_tokens, top_k, n_in))
     )
     y = np.full((n_tokens, top_k, n_out), np.nan)
     for e in np.unique(ids):

@@ -191,34 +191,38 @@ def _register() -> None:
         for tile_m in fmt.tiles:
             register_kernel(
                 KernelSpec(
-                    fmt.kernel_name(tile_m), _mul_mat_id_runner(fmt), _mul_mat_id_accesses_for(fmt),
+                    fmt.kernel_name(tile_m),
+                    _mul_mat_id_runner(fmt),
+                    _mul_mat_id_accesses_for(fmt),
                     _mul_mat_id_flops,
                 )
             )
-    register_kernel(
-        KernelSpec("moe_swiglu", _swiglu_run, _reads_then_writes(2, 1), lambda args: 4.0 * int(args[3]))
-    )
+    register_kernel(KernelSpec("moe_swiglu", _swiglu_run, _reads_then_writes(2, 1), lambda args: 4.0 * int(args[3])))
     register_kernel(
         KernelSpec(
-            "moe_weighted_sum", _weighted_sum_run, _reads_then_writes(2, 1),
+            "moe_weighted_sum",
+            _weighted_sum_run,
+            _reads_then_writes(2, 1),
             lambda args: 2.0 * int(args[3]) * int(args[4]) * int(args[5]),
         )
     )
     register_kernel(
         KernelSpec(
-            "moe_router_topk", _router_run, _reads_then_writes(2, 2),
+            "moe_router_topk",
+            _router_run,
+            _reads_then_writes(2, 2),
             lambda args: 2.0 * int(args[4]) * int(args[5]) * int(args[6]),
         )
     )
     register_kernel(
         KernelSpec(
-            "moe_rms_norm", _rms_norm_run, _reads_then_writes(1, 1),
+            "moe_rms_norm",
+            _rms_norm_run,
+            _reads_then_writes(1, 1),
             lambda args: 3.0 * int(args[2]) * int(args[3]),
         )
     )
-    register_kernel(
-        KernelSpec("moe_add_inplace", _add_inplace_run, _add_inplace_accesses, lambda args: float(args[2]))
-    )
+    register_kernel(KernelSpec("moe_add_inplace", _add_inplace_run, _add_inplace_accesses, lambda args: float(args[2])))
     log.debug("registered the MoE kernel twins")
 
 

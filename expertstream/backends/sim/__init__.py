@@ -29,7 +29,8 @@ def open(**options: Any) -> SimBackend:
     unknown = sorted(set(options) - set(_OPTIONS))
     if unknown:
         raise InvalidArgument(
-            f"unknown simulator option(s) {', '.join(unknown)}", call="backend('sim')",
+            f"unknown simulator option(s) {', '.join(unknown)}",
+            call="backend('sim')",
             hint=f"options: {', '.join(_OPTIONS)}",
         )
     devices = options.get("devices", 1)

@@ -108,9 +108,17 @@ class Simulation:
                 self._effects.apply_until(end)
             self._timeline.append(
                 TimelineOp(
-                    kind=work.kind, name=work.name, start=reached if work.kind is OpKind.WAIT else start, end=end,
-                    thread=self.clocks.thread_index(), issued=issued, device=stream.device, stream=stream.id,
-                    stream_name=stream.name, nbytes=work.nbytes, host_blocked=work.blocks_host,
+                    kind=work.kind,
+                    name=work.name,
+                    start=reached if work.kind is OpKind.WAIT else start,
+                    end=end,
+                    thread=self.clocks.thread_index(),
+                    issued=issued,
+                    device=stream.device,
+                    stream=stream.id,
+                    stream_name=stream.name,
+                    nbytes=work.nbytes,
+                    host_blocked=work.blocks_host,
                 )
             )
             return end
@@ -195,8 +203,16 @@ class Simulation:
 
     def _host_op(self, kind: OpKind, name: str, start: float, end: float, nbytes: int) -> None:
         self._timeline.append(
-            TimelineOp(kind=kind, name=name, start=start, end=end, thread=self.clocks.thread_index(),
-                       issued=start, nbytes=nbytes, host_blocked=True)
+            TimelineOp(
+                kind=kind,
+                name=name,
+                start=start,
+                end=end,
+                thread=self.clocks.thread_index(),
+                issued=start,
+                nbytes=nbytes,
+                host_blocked=True,
+            )
         )
 
     def host_timestamp(self) -> HostTimestamp:

@@ -108,12 +108,16 @@ class SimDevice(Device):
         state = self.sim.stream_by_id(int(handle)) if isinstance(handle, (int, np.integer)) else None
         if state is None or state.destroyed:
             raise InvalidArgument(
-                f"no live simulated stream has handle {handle!r}", call=call, device=self.label,
+                f"no live simulated stream has handle {handle!r}",
+                call=call,
+                device=self.label,
                 hint="pass the .handle of a stream of this device that is not closed",
             )
         if state.device != self.index:
             raise InvalidArgument(
-                f"stream {handle} belongs to {state.device_label}", call=call, device=self.label,
+                f"stream {handle} belongs to {state.device_label}",
+                call=call,
+                device=self.label,
                 hint="wrap it with that device",
             )
         return SimStream(self, state, owned=False)
@@ -139,7 +143,9 @@ class SimDevice(Device):
             raise InvalidArgument("a device cannot be its own peer", call=call, device=self.label)
         if not self._peer_access_allowed:
             raise DeviceError(
-                f"peer access from {self.label} to {other.label} is not available", call=call, device=self.label,
+                f"peer access from {self.label} to {other.label} is not available",
+                call=call,
+                device=self.label,
                 hint="open the simulator with peer_access=True, or stage the data through host memory",
             )
         self._peers.add(other.index)
@@ -156,8 +162,11 @@ class SimDevice(Device):
     def placeholder_host(self, nbytes: int, kind: HostMemory = HostMemory.PAGEABLE) -> HostBuffer:
         """Host memory of ``nbytes`` that takes no RAM until written: stands for weights in timing-only runs."""
         if kind is HostMemory.REGISTERED:
-            raise InvalidArgument("placeholder memory is pageable or pinned", call="SimDevice.placeholder_host",
-                                  hint="register() it afterwards")
+            raise InvalidArgument(
+                "placeholder memory is pageable or pinned",
+                call="SimDevice.placeholder_host",
+                hint="register() it afterwards",
+            )
         array, owner = untouched_host_bytes(int(nbytes))
         return SimHostBuffer(self, array, kind, owner=owner)
 
@@ -179,10 +188,11 @@ class SimDevice(Device):
         if not profile.host_register:
             raise DeviceError(
                 f"host registration is not supported by simulator profile {profile.name!r}",
-                call="HostBuffer.register", device=self.label, hint="copy the data into pinned memory instead",
+                call="HostBuffer.register",
+                device=self.label,
+                hint="copy the data into pinned memory instead",
             )
-        self.sim.host_work(OpKind.HOST_REGISTER, "host register", host.nbytes / profile.host_register_bps,
-                           host.nbytes)
+        self.sim.host_work(OpKind.HOST_REGISTER, "host register", host.nbytes / profile.host_register_bps, host.nbytes)
 
     def _host_unregister(self, host: HostBuffer) -> None:
         self.sim.check_release(host, "HostBuffer.unregister")

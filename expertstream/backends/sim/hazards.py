@@ -152,9 +152,7 @@ class HazardChecker:
 
     def __init__(self) -> None:
         self._clocks: dict[int, VectorClock] = {}
-        self._buffers: weakref.WeakKeyDictionary[DeviceBuffer | HostBuffer, _BufferState] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._buffers: weakref.WeakKeyDictionary[DeviceBuffer | HostBuffer, _BufferState] = weakref.WeakKeyDictionary()
 
     # -- clocks --------------------------------------------------------------------------
     def knowledge(self, agent: int) -> VectorClock:

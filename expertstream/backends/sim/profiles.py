@@ -79,7 +79,7 @@ class Profile:
         if missing:
             raise InvalidArgument(
                 f"profile is missing field(s) {', '.join(missing)}",
-                hint=f"give them, or name a built-in to start from with \"base\" ({', '.join(BUILTIN_PROFILES)})",
+                hint=f'give them, or name a built-in to start from with "base" ({", ".join(BUILTIN_PROFILES)})',
             )
         return cls(**values)
 

@@ -69,45 +69,82 @@ class SimStream(Stream):
         source = src.array[src_offset : src_offset + n]
         if self._sim.data and pageable and not profile.pageable_blocks_host:
             source = source.copy()  # the runtime stages pageable bytes before the call returns
-        self._submit(Work(
-            OpKind.H2D, f"h2d {src.kind.value}", "h2d copy", "Stream.copy_h2d", n, EngineKind.H2D,
-            profile.copy_latency_s, n / (profile.h2d_pageable_bps if pageable else profile.h2d_pinned_bps),
-            blocks_host=pageable and profile.pageable_blocks_host,
-            effect=_copy_effect(_device_bytes(dst, dst_offset, n), source),
-            touches=(Touch(dst, dst_offset, dst_offset + n, write=True),), host_buffers=_page_locked(src),
-        ))
+        self._submit(
+            Work(
+                OpKind.H2D,
+                f"h2d {src.kind.value}",
+                "h2d copy",
+                "Stream.copy_h2d",
+                n,
+                EngineKind.H2D,
+                profile.copy_latency_s,
+                n / (profile.h2d_pageable_bps if pageable else profile.h2d_pinned_bps),
+                blocks_host=pageable and profile.pageable_blocks_host,
+                effect=_copy_effect(_device_bytes(dst, dst_offset, n), source),
+                touches=(Touch(dst, dst_offset, dst_offset + n, write=True),),
+                host_buffers=_page_locked(src),
+            )
+        )
 
     def _copy_d2h(self, dst: HostBuffer, dst_offset: int, src: DeviceBuffer, src_offset: int, n: int) -> None:
         profile = self._sim.profile
         pageable = dst.kind is HostMemory.PAGEABLE
-        self._submit(Work(
-            OpKind.D2H, f"d2h {dst.kind.value}", "d2h copy", "Stream.copy_d2h", n, EngineKind.D2H,
-            profile.copy_latency_s, n / (profile.d2h_pageable_bps if pageable else profile.d2h_bps),
-            blocks_host=pageable and profile.pageable_blocks_host,
-            effect=_copy_effect(dst.array[dst_offset : dst_offset + n], _device_bytes(src, src_offset, n)),
-            touches=(Touch(src, src_offset, src_offset + n, write=False),), host_buffers=_page_locked(dst),
-        ))
+        self._submit(
+            Work(
+                OpKind.D2H,
+                f"d2h {dst.kind.value}",
+                "d2h copy",
+                "Stream.copy_d2h",
+                n,
+                EngineKind.D2H,
+                profile.copy_latency_s,
+                n / (profile.d2h_pageable_bps if pageable else profile.d2h_bps),
+                blocks_host=pageable and profile.pageable_blocks_host,
+                effect=_copy_effect(dst.array[dst_offset : dst_offset + n], _device_bytes(src, src_offset, n)),
+                touches=(Touch(src, src_offset, src_offset + n, write=False),),
+                host_buffers=_page_locked(dst),
+            )
+        )
 
     def _copy_d2d(self, dst: DeviceBuffer, dst_offset: int, src: DeviceBuffer, src_offset: int, n: int) -> None:
         profile = self._sim.profile
         peer = dst.device is not self.device or src.device is not self.device
-        self._submit(Work(
-            OpKind.D2D, "d2d peer" if peer else "d2d", "d2d copy", "Stream.copy_d2d", n, EngineKind.D2D,
-            profile.copy_latency_s, n / (profile.peer_bps if peer else profile.d2d_bps),
-            effect=_copy_effect(_device_bytes(dst, dst_offset, n), _device_bytes(src, src_offset, n)),
-            touches=(Touch(src, src_offset, src_offset + n, write=False),
-                     Touch(dst, dst_offset, dst_offset + n, write=True)),
-        ))
+        self._submit(
+            Work(
+                OpKind.D2D,
+                "d2d peer" if peer else "d2d",
+                "d2d copy",
+                "Stream.copy_d2d",
+                n,
+                EngineKind.D2D,
+                profile.copy_latency_s,
+                n / (profile.peer_bps if peer else profile.d2d_bps),
+                effect=_copy_effect(_device_bytes(dst, dst_offset, n), _device_bytes(src, src_offset, n)),
+                touches=(
+                    Touch(src, src_offset, src_offset + n, write=False),
+                    Touch(dst, dst_offset, dst_offset + n, write=True),
+                ),
+            )
+        )
 
     def _memset(self, dst: DeviceBuffer, offset: int, n: int, value: int) -> None:
         profile = self._sim.profile
         target = _device_bytes(dst, offset, n)
-        self._submit(Work(
-            OpKind.MEMSET, f"memset {value:#04x}", "memset", "Stream.memset", n, EngineKind.COMPUTE,
-            profile.launch_latency_s, n / profile.memset_bps,
-            effect=None if target is None else functools.partial(target.fill, value),
-            touches=(Touch(dst, offset, offset + n, write=True),), zero_fill=value == 0,
-        ))
+        self._submit(
+            Work(
+                OpKind.MEMSET,
+                f"memset {value:#04x}",
+                "memset",
+                "Stream.memset",
+                n,
+                EngineKind.COMPUTE,
+                profile.launch_latency_s,
+                n / profile.memset_bps,
+                effect=None if target is None else functools.partial(target.fill, value),
+                touches=(Touch(dst, offset, offset + n, write=True),),
+                zero_fill=value == 0,
+            )
+        )
 
     def _record(self, event: Event) -> None:
         assert isinstance(event, SimEvent)
@@ -121,7 +158,11 @@ class SimStream(Stream):
         self._sim.submit(self._live_state(work.call), work, event.recorded)
 
     def _launch(
-        self, kernel: Kernel, grid: tuple[int, int, int], block: tuple[int, int, int], args: tuple[Any, ...],
+        self,
+        kernel: Kernel,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        args: tuple[Any, ...],
         shared_mem: int,
     ) -> None:
         assert isinstance(kernel, SimKernel)
@@ -133,16 +174,28 @@ class SimStream(Stream):
             arrays = tuple(_argument_bytes(a) for a in args)
             effect = functools.partial(_run_twin, spec.run, spec.name, arrays, grid, block, self.device.label)
         profile = self._sim.profile
-        self._submit(Work(
-            OpKind.KERNEL, spec.name, f"kernel {spec.name!r}", call, 0, EngineKind.COMPUTE,
-            profile.launch_latency_s, float(spec.flops(args)) / profile.flops_per_s, effect=effect, touches=touches,
-        ))
+        self._submit(
+            Work(
+                OpKind.KERNEL,
+                spec.name,
+                f"kernel {spec.name!r}",
+                call,
+                0,
+                EngineKind.COMPUTE,
+                profile.launch_latency_s,
+                float(spec.flops(args)) / profile.flops_per_s,
+                effect=effect,
+                touches=touches,
+            )
+        )
 
     def _touch(self, call: str, access: Access) -> Touch:
         if not isinstance(access, Access) or not isinstance(access.view, BufferView):
             raise InvalidArgument(
-                f"the kernel twin's accesses must be Access objects over BufferViews, got {access!r}", call=call,
-                device=self.device.label, hint="use Access(buffer.view(offset, nbytes), write=...)",
+                f"the kernel twin's accesses must be Access objects over BufferViews, got {access!r}",
+                call=call,
+                device=self.device.label,
+                hint="use Access(buffer.view(offset, nbytes), write=...)",
             )
         view, buf = access.view, access.view.buffer
         if buf.closed:
@@ -152,7 +205,9 @@ class SimStream(Stream):
                 HazardKind.CROSS_DEVICE,
                 f"cross-device hazard: the kernel touches {buf!r} bytes [{view.offset}, {view.end}) on "
                 f"{buf.device.label}, which {self.device.label} cannot access",
-                call=call, device=self.device.label, hint="allocate it on the launching device or enable peer access",
+                call=call,
+                device=self.device.label,
+                hint="allocate it on the launching device or enable peer access",
             )
         return Touch(buf, view.offset, view.end, access.write, access.padded_from)
 
@@ -188,8 +243,12 @@ def _argument_bytes(arg: Any) -> Any:
 
 
 def _run_twin(
-    run: Callable[..., None], name: str, args: tuple[Any, ...], grid: tuple[int, int, int],
-    block: tuple[int, int, int], device: str,
+    run: Callable[..., None],
+    name: str,
+    args: tuple[Any, ...],
+    grid: tuple[int, int, int],
+    block: tuple[int, int, int],
+    device: str,
 ) -> None:
     try:
         run(args, grid, block)
@@ -213,11 +272,21 @@ class SimEvent(Event):
         assert isinstance(end, SimEvent)
         call = "Event.elapsed_ms"
         if self.recorded is None or end.recorded is None:
-            raise DeviceError("both events must have been recorded", call=call, device=self.device.label,
-                              code="invalid handle", hint="record both events before asking for the time between")
+            raise DeviceError(
+                "both events must have been recorded",
+                call=call,
+                device=self.device.label,
+                code="invalid handle",
+                hint="record both events before asking for the time between",
+            )
         if not (self.query() and end.query()):
-            raise DeviceError("the events have not completed yet", call=call, device=self.device.label,
-                              code="not ready", hint="synchronize the later event first")
+            raise DeviceError(
+                "the events have not completed yet",
+                call=call,
+                device=self.device.label,
+                code="not ready",
+                hint="synchronize the later event first",
+            )
         return (end.recorded.time - self.recorded.time) * 1e3
 
     def _destroy(self) -> None:
