@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 from .backends import BackendStatus, available_backends, backend
-from .backends.base import (
-    Backend,
+from .backends.base import Backend, HostMemory, Usage, Vendor
+from .errors import (
     BackendError,
     BackendUnavailable,
     DeviceError,
     ExpertStreamError,
     HazardError,
-    HostMemory,
     InvalidArgument,
     KernelCompileError,
     OutOfDeviceMemory,
-    Usage,
     UseAfterClose,
-    Vendor,
 )
 
 __version__ = "0.1.0"

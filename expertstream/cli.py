@@ -11,7 +11,7 @@ from typing import Any
 
 from . import __version__
 from .backends import available_backends, backend
-from .backends.base import ExpertStreamError
+from .errors import ExpertStreamError
 
 log = logging.getLogger(__name__)
 

@@ -22,20 +22,10 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .backends.base import (  # HostSource and HostRegion are part of the backend contract
-    Device,
-    DeviceBuffer,
-    DeviceError,
-    Event,
-    HostBuffer,
-    HostRegion,
-    HostSource,
-    InvalidArgument,
-    Stream,
-    UseAfterClose,
-    check_range,
-)
+from .backends.base import Device, DeviceBuffer, Event, HostBuffer, Stream, check_range
+from .errors import DeviceError, InvalidArgument, UseAfterClose
 from .model.loader import MoeModel, TensorInfo
+from .scheduler.source import HostRegion, HostSource
 
 log = logging.getLogger(__name__)
 

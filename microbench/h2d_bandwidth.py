@@ -16,7 +16,8 @@ import logging
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from expertstream.backends.base import Backend, BackendError, DeviceBuffer, Event, HostBuffer, Stream
+from expertstream.backends.base import Backend, DeviceBuffer, Event, HostBuffer, Stream
+from expertstream.errors import BackendError
 
 from ._common import MIB, Column, HostKind, blocked_ms, emit, environment, host_memory, median, open_backend
 from ._common import parser as common_parser

@@ -22,9 +22,9 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from expertstream.backends.base import Backend, Device, DeviceBuffer, Stream, Usage
-from expertstream.backends.kernels import MoeKernels
-from expertstream.backends.kernels import reference as ref
-from expertstream.backends.kernels.layout import FORMATS, weight_format
+from expertstream.kernels import MoeKernels
+from expertstream.kernels import reference as ref
+from expertstream.kernels.layout import FORMATS, weight_format
 
 from ._common import MIB, Column, emit, environment, median, open_backend
 from ._common import parser as common_parser

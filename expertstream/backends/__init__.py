@@ -12,7 +12,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from .base import Backend, BackendUnavailable, InvalidArgument
+from ..errors import BackendUnavailable, InvalidArgument
+from .base import Backend
 
 ENV_VAR = "EXPERTSTREAM_BACKEND"
 _MODULES = {"cuda": ".cuda", "hip": ".hip", "sim": ".sim"}

@@ -22,23 +22,25 @@ from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
+from ..errors import (
+    BackendError,
+    BackendUnavailable,
+    DeviceError,
+    InvalidArgument,
+    KernelCompileError,
+    OutOfDeviceMemory,
+)
 from ._gpu_api import HINTS, ApiTable, Call, CopyKind, DeviceAttr, Problem, invoke, poll
 from .base import (
     Backend,
-    BackendError,
-    BackendUnavailable,
     BufferView,
     Capabilities,
     Device,
     DeviceBuffer,
-    DeviceError,
     Event,
     HostBuffer,
     HostMemory,
-    InvalidArgument,
     Kernel,
-    KernelCompileError,
-    OutOfDeviceMemory,
     Stream,
     Usage,
     Vendor,

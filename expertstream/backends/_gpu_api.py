@@ -16,7 +16,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .base import (
+from ..errors import (
     BackendError,
     BackendUnavailable,
     DeviceError,

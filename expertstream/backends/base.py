@@ -15,18 +15,28 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Union, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Union
 
 import numpy as np
 
+from .._deprecated import moved
+from ..errors import (  # the contract raises these; importable from here as well
+    BackendError,
+    BackendUnavailable,
+    DeviceError,
+    ExpertStreamError,
+    HazardError,
+    InvalidArgument,
+    KernelCompileError,
+    OutOfDeviceMemory,
+    UseAfterClose,
+)
+from ..ggml import RowType, padded_size
 from ..timeline import OpKind
 
 if TYPE_CHECKING:
     from ..timeline import TimelineOp
     from .tracing import EventTracer
-
-MATRIX_ROW_PADDING = 512
-"""Kernels read quantized rows in blocks of this many elements (as ggml's MMQ does)."""
 
 
 # --------------------------------------------------------------------------------------
@@ -52,121 +62,6 @@ class HostMemory(enum.Enum):
     PAGEABLE = "pageable"  # ordinary memory or a file mapping: copies from it may block the host
     PINNED = "pinned"  # page-locked allocation owned by the backend
     REGISTERED = "registered"  # ordinary memory page-locked in place by host registration
-
-
-# --------------------------------------------------------------------------------------
-# Errors
-# --------------------------------------------------------------------------------------
-
-
-class ExpertStreamError(Exception):
-    """Base of every error this package raises on purpose."""
-
-
-class BackendError(ExpertStreamError):
-    """A backend call failed. The message names the call, device, code and a hint."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        call: str | None = None,
-        device: str | None = None,
-        code: str | None = None,
-        hint: str | None = None,
-    ) -> None:
-        self.call = call
-        self.device = device
-        self.code = code
-        self.hint = hint
-        self.detail = message
-        where = " on ".join(p for p in (call, device) if p)
-        text = f"{where}: {message}" if where else message
-        if code:
-            text += f" [{code}]"
-        if hint:
-            text += f". {hint}"
-        super().__init__(text)
-
-    def with_detail(self, message: str) -> BackendError:
-        """The same error (type, call, device, code, hint) with a fuller message."""
-        return type(self)(message, call=self.call, device=self.device, code=self.code, hint=self.hint)
-
-
-class BackendUnavailable(BackendError):
-    """The requested backend cannot run here (missing library, driver or device)."""
-
-
-class OutOfDeviceMemory(BackendError, MemoryError):
-    """A device allocation did not fit."""
-
-
-class InvalidArgument(BackendError, ValueError):
-    """A call got an argument that can never work (range, type, device mismatch)."""
-
-
-class UseAfterClose(BackendError):
-    """An operation touched a buffer, stream or event that was already closed."""
-
-
-class KernelCompileError(BackendError):
-    """Run-time compilation (NVRTC / hipRTC) failed; the message carries the log."""
-
-
-class DeviceError(BackendError):
-    """Any other failure reported by the driver or runtime."""
-
-
-class HazardError(BackendError):
-    """The simulated backend found a missing ordering (a race) or another silent bug."""
-
-
-# --------------------------------------------------------------------------------------
-# Row types and padding
-# --------------------------------------------------------------------------------------
-
-RowType = Union[int, "enum.IntEnum"]  # a gguf.GGMLQuantizationType, or its integer value
-
-
-def _quant_info(row_type: RowType) -> tuple[int, int]:
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    try:
-        qtype = GGMLQuantizationType(int(row_type))
-    except ValueError:
-        raise InvalidArgument(
-            f"unknown ggml row type {row_type!r}", hint="pass a gguf.GGMLQuantizationType member"
-        ) from None
-    return GGML_QUANT_SIZES[qtype]
-
-
-def is_quantized(row_type: RowType) -> bool:
-    """True for block-quantized types (Q4_0, Q8_0, ...), False for F32/F16/BF16 and integers."""
-    block_size, _ = _quant_info(row_type)
-    return block_size > 1
-
-
-def row_size(row_type: RowType, ne: int) -> int:
-    """Bytes taken by ``ne`` elements of ``row_type`` (ne must be a multiple of the block size)."""
-    block_size, type_size = _quant_info(row_type)
-    if ne % block_size:
-        raise InvalidArgument(f"{ne} elements is not a multiple of the block size {block_size}")
-    return ne // block_size * type_size
-
-
-def padded_size(nbytes: int, row_type: RowType | None, ne0: int | None) -> int:
-    """Size to allocate for a tensor of ``nbytes`` whose rows have ``ne0`` elements.
-
-    Quantized tensors whose rows are not a multiple of MATRIX_ROW_PADDING get one extra
-    (partial) row's worth of bytes, because the kernels read whole 512-element blocks past
-    the end of the last row. The extra bytes must be zero when a kernel reads them.
-    """
-    if nbytes < 0:
-        raise InvalidArgument(f"negative size {nbytes}")
-    if row_type is None or ne0 is None or not is_quantized(row_type):
-        return nbytes
-    rem = ne0 % MATRIX_ROW_PADDING
-    return nbytes + (row_size(row_type, MATRIX_ROW_PADDING - rem) if rem else 0)
 
 
 # --------------------------------------------------------------------------------------
@@ -312,52 +207,6 @@ class HostBuffer:
 
     def __repr__(self) -> str:
         return f"HostBuffer({self.kind.value}, {self.nbytes} bytes{', read-only' if self.read_only else ''})"
-
-
-@runtime_checkable
-class HostSource(Protocol):
-    """Host bytes a scheduler can copy to a device: a HostBuffer region or a staging ring."""
-
-    @property
-    def nbytes(self) -> int: ...
-
-    @property
-    def blocks_host(self) -> bool:
-        """True when enqueuing a copy from here can block the calling thread (pageable memory)."""
-        ...
-
-    def enqueue_h2d(self, stream: Stream, dst: DeviceBuffer, dst_offset: int, offset: int, nbytes: int) -> None:
-        """Enqueue a copy of ``[offset, offset + nbytes)`` of this source into ``dst`` on ``stream``."""
-        ...
-
-
-@dataclass(frozen=True)
-class HostRegion:
-    """A byte range of a HostBuffer."""
-
-    buffer: HostBuffer
-    start: int
-    length: int
-
-    def __post_init__(self) -> None:
-        if self.start < 0 or self.length < 0 or self.start + self.length > self.buffer.nbytes:
-            raise InvalidArgument(f"host region [{self.start}, {self.start + self.length}) is outside {self.buffer!r}")
-
-    @property
-    def nbytes(self) -> int:
-        return self.length
-
-    @property
-    def blocks_host(self) -> bool:
-        return not self.buffer.is_page_locked
-
-    def enqueue_h2d(self, stream: Stream, dst: DeviceBuffer, dst_offset: int, offset: int, nbytes: int) -> None:
-        self._check_range(offset, nbytes)
-        stream.copy_h2d(dst, dst_offset, self.buffer, self.start + offset, nbytes)
-
-    def _check_range(self, offset: int, nbytes: int) -> None:
-        if offset < 0 or nbytes < 0 or offset + nbytes > self.length:
-            raise InvalidArgument(f"range [{offset}, {offset + nbytes}) is outside a {self.length}-byte host region")
 
 
 def as_host_bytes(obj: Any) -> tuple[np.ndarray, Any]:
@@ -997,3 +846,46 @@ class Backend(abc.ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}: {len(self.devices)} device(s)>"
+
+
+__all__ = [
+    "Backend",
+    "BackendError",
+    "BackendUnavailable",
+    "BufferView",
+    "Capabilities",
+    "Device",
+    "DeviceBuffer",
+    "DeviceError",
+    "Dim3",
+    "Event",
+    "ExpertStreamError",
+    "HazardError",
+    "HostBuffer",
+    "HostMemory",
+    "InvalidArgument",
+    "Kernel",
+    "KernelArg",
+    "KernelCompileError",
+    "OutOfDeviceMemory",
+    "RowType",
+    "Stream",
+    "Usage",
+    "UseAfterClose",
+    "Vendor",
+    "as_host_bytes",
+    "check_range",
+    "dim3",
+]
+
+__getattr__ = moved(
+    __name__,
+    {
+        "MATRIX_ROW_PADDING": "expertstream.ggml.MATRIX_ROW_PADDING",
+        "is_quantized": "expertstream.ggml.is_quantized",
+        "row_size": "expertstream.ggml.row_size",
+        "padded_size": "expertstream.ggml.padded_size",
+        "HostSource": "expertstream.scheduler.source.HostSource",
+        "HostRegion": "expertstream.scheduler.source.HostRegion",
+    },
+)

@@ -9,6 +9,7 @@ import ctypes
 import importlib
 from typing import Any
 
+from ..errors import BackendUnavailable
 from ._gpu import GpuBackend
 from ._gpu_api import (
     ApiTable,
@@ -22,7 +23,7 @@ from ._gpu_api import (
     package_version,
     unusable_reason,
 )
-from .base import BackendUnavailable, Vendor
+from .base import Vendor
 
 DRIVER_LIBRARY = "libcuda.so.1"
 INSTALL_HINT = "pip install 'expertstream[cuda]'"

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..errors import BackendUnavailable
 from ._gpu import GpuBackend
 from ._gpu_api import (
     ApiTable,
@@ -27,7 +28,7 @@ from ._gpu_api import (
     package_version,
     unusable_reason,
 )
-from .base import BackendUnavailable, Vendor
+from .base import Vendor
 
 LIBRARY = "libamdhip64.so"
 INSTALL_HINT = "pip install 'expertstream[hip]' and install ROCm (or set ROCM_PATH to it)"

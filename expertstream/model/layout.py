@@ -10,7 +10,7 @@ import enum
 
 from gguf import GGMLQuantizationType
 
-from ..backends.base import ExpertStreamError, InvalidArgument
+from ..errors import ExpertStreamError, InvalidArgument
 
 
 class ModelError(ExpertStreamError):

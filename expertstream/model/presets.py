@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..backends.base import InvalidArgument
+from ..errors import InvalidArgument
 
 
 @dataclass(frozen=True)

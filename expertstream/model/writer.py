@@ -17,7 +17,8 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType, LlamaFileType
 
-from ..backends.base import InvalidArgument, row_size
+from ..errors import InvalidArgument
+from ..ggml import row_size
 from .layout import EXPERT_ROLES, TensorRole, parse_expert_type
 from .presets import ModelPreset, get_preset
 

@@ -31,10 +31,12 @@ from typing import Any
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from ..backends.base import BufferView, Device, DeviceBuffer, HostSource, InvalidArgument, Stream, Usage
-from ..backends.kernels import MoeKernels
+from ..backends.base import BufferView, Device, DeviceBuffer, Stream, Usage
+from ..errors import InvalidArgument
+from ..kernels import MoeKernels
 from ..model import MoeLayer, MoeModel, TensorInfo
 from ..scheduler import Bindings, Input, MulMatId, Plan, Split
+from ..scheduler.source import HostSource
 from . import standin
 
 ExpertData = Mapping[str, "HostSource | BufferView"]

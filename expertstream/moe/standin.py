@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backends.base import BufferView, InvalidArgument, Stream
-from ..backends.kernels import MoeKernels
+from ..backends.base import BufferView, Stream
+from ..errors import InvalidArgument
+from ..kernels import MoeKernels
 
 _NORM_THREADS = 256  # a power of two: the kernel's tree reduction halves it
 _ADD_THREADS = 256

@@ -5,7 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ..backends.base import BufferView, Device, HostSource, InvalidArgument, RowType, Stream, Usage, padded_size
+from ..backends.base import BufferView, Device, Stream, Usage
+from ..errors import InvalidArgument
+from ..ggml import RowType, padded_size
+from ..scheduler.source import HostSource
 
 Bindings = Mapping[str, BufferView]
 """Input name -> device bytes to read (for host inputs: ``padded_size`` bytes, tail zeroed)."""

@@ -17,7 +17,8 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 
-from ..backends.base import BackendError, BufferView, Device, DeviceBuffer, Event, Stream, Usage
+from ..backends.base import BufferView, Device, DeviceBuffer, Event, Stream, Usage
+from ..errors import BackendError
 from .plan import Input
 from .stats import DeviceStats, Fallback
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backends.base import BufferView, Device, DeviceBuffer, InvalidArgument, Stream, Usage
+from ..backends.base import BufferView, Device, DeviceBuffer, Stream, Usage
+from ..errors import InvalidArgument
 from .plan import Input, MulMatId, Split
 from .stats import DeviceStats
 

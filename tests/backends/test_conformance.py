@@ -9,18 +9,9 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
 
-from expertstream.backends.base import (
-    Device,
-    DeviceError,
-    HostBuffer,
-    HostMemory,
-    InvalidArgument,
-    OutOfDeviceMemory,
-    Stream,
-    Usage,
-    UseAfterClose,
-    row_size,
-)
+from expertstream.backends.base import Device, HostBuffer, HostMemory, Stream, Usage
+from expertstream.errors import DeviceError, InvalidArgument, OutOfDeviceMemory, UseAfterClose
+from expertstream.ggml import row_size
 
 Q4_0 = GGMLQuantizationType.Q4_0
 F16 = GGMLQuantizationType.F16

@@ -35,15 +35,8 @@ from expertstream.backends._gpu_api import (
     decode_text,
     invoke,
 )
-from expertstream.backends.base import (
-    BackendUnavailable,
-    DeviceError,
-    HostMemory,
-    InvalidArgument,
-    KernelCompileError,
-    OutOfDeviceMemory,
-    Vendor,
-)
+from expertstream.backends.base import HostMemory, Vendor
+from expertstream.errors import BackendUnavailable, DeviceError, InvalidArgument, KernelCompileError, OutOfDeviceMemory
 
 
 class FakeError(enum.IntEnum):

@@ -9,17 +9,9 @@ import numpy as np
 import pytest
 
 import expertstream
-from expertstream.backends.base import (
-    BufferView,
-    DeviceBuffer,
-    HazardError,
-    InvalidArgument,
-    Kernel,
-    Stream,
-    Usage,
-    UseAfterClose,
-)
+from expertstream.backends.base import BufferView, DeviceBuffer, Kernel, Stream, Usage
 from expertstream.backends.sim import Access, HazardKind, KernelSpec, SimBackend, register_kernel
+from expertstream.errors import HazardError, InvalidArgument, UseAfterClose
 
 NO_PADDING = np.int64(-1)
 

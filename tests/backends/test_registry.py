@@ -9,8 +9,9 @@ import pytest
 
 import expertstream
 from expertstream.backends import ENV_VAR
-from expertstream.backends.base import BackendUnavailable, InvalidArgument, Vendor
+from expertstream.backends.base import Vendor
 from expertstream.backends.sim import SimBackend
+from expertstream.errors import BackendUnavailable, InvalidArgument
 
 
 class _Opened:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import mmap
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,16 +13,9 @@ import pytest
 from gguf import GGMLQuantizationType
 
 import expertstream
-from expertstream.backends.base import (
-    DeviceError,
-    InvalidArgument,
-    KernelCompileError,
-    OutOfDeviceMemory,
-    Stream,
-    Usage,
-    UseAfterClose,
-)
+from expertstream.backends.base import Stream, Usage
 from expertstream.backends.sim import Access, KernelSpec, SimBackend, register_kernel
+from expertstream.errors import DeviceError, InvalidArgument, KernelCompileError, OutOfDeviceMemory, UseAfterClose
 
 
 def _open(**options: Any) -> SimBackend:
@@ -121,11 +114,20 @@ def test_a_failing_twin_surfaces_when_the_host_synchronizes() -> None:
             stream.synchronize()
 
 
-def test_kernel_twins_register_on_import() -> None:
-    twins = "expertstream.backends.kernels.twins"
-    if importlib.util.find_spec(twins) is None:
-        pytest.skip("this installation has no kernel twins")
-    assert twins in sys.modules  # imported by importing the simulator
+def test_the_kernels_package_registers_its_twins_and_the_simulator_does_not_import_it() -> None:
+    code = (
+        "import sys, expertstream.backends.sim as sim\n"
+        "assert 'expertstream.kernels' not in sys.modules, 'the simulator imported the kernels'\n"
+        "with sim.open() as b:\n"
+        "    try:\n"
+        "        b.device(0).compile('', 'moe_swiglu')\n"
+        "    except Exception as exc:\n"
+        "        print('before:', type(exc).__name__)\n"
+        "    import expertstream.kernels\n"
+        "    print('after:', b.device(0).compile('', 'moe_swiglu').name)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["before:", "KernelCompileError", "after:", "moe_swiglu"]
 
 
 def test_stream_handles_are_checked() -> None:

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 import expertstream
-from expertstream.backends.base import HostMemory, InvalidArgument, Usage
+from expertstream.backends.base import HostMemory, Usage
 from expertstream.backends.sim import PROFILE_ENV, Access, KernelSpec, Profile, SimBackend, register_kernel
+from expertstream.errors import InvalidArgument
 from expertstream.timeline import OpKind, to_chrome_trace, write_chrome_trace
 
 MIB = 1 << 20

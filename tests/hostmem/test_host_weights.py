@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from expertstream.backends.base import Backend, Device, HostBuffer, InvalidArgument, UseAfterClose
+from expertstream.backends.base import Backend, Device, HostBuffer
+from expertstream.errors import InvalidArgument, UseAfterClose
 from expertstream.hostmem import HostMemoryMode, HostRegion, HostSource, HostWeights, RingRegion
 from expertstream.model import MoeModel
 

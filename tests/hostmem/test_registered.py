@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import expertstream
-from expertstream.backends.base import Backend, DeviceError
+from expertstream.backends.base import Backend
+from expertstream.errors import DeviceError
 from expertstream.hostmem import HostMemoryFallback, HostMemoryMode, HostWeights
 
 SMALL_RING = {"ring_chunk_bytes": 50_000, "ring_chunks": 3, "ring_threads": 2}

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from expertstream.backends.base import Backend, HostBuffer, InvalidArgument, UseAfterClose
+from expertstream.backends.base import Backend, HostBuffer
+from expertstream.errors import InvalidArgument, UseAfterClose
 from expertstream.hostmem import HostMemoryMode, HostWeights, StagingRing
 
 

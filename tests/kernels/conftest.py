@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from expertstream.backends.base import Device, Stream
-from expertstream.backends.kernels import MoeKernels
+from expertstream.kernels import MoeKernels
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,9 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from expertstream.backends.base import Device, DeviceBuffer, Stream, Usage
-from expertstream.backends.kernels import MoeKernels
-from expertstream.backends.kernels import reference as ref
-from expertstream.backends.kernels.layout import weight_format
+from expertstream.kernels import MoeKernels
+from expertstream.kernels import reference as ref
+from expertstream.kernels.layout import weight_format
 
 POISON = 0xFF  # every float32 made of these bytes is a NaN: an unwritten output cannot pass
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from expertstream.backends.base import Device, DeviceBuffer, InvalidArgument, Stream
-from expertstream.backends.kernels import MoeKernels
-from expertstream.backends.kernels import reference as ref
+from expertstream.backends.base import Device, DeviceBuffer, Stream
+from expertstream.errors import InvalidArgument
+from expertstream.kernels import MoeKernels
+from expertstream.kernels import reference as ref
 
 from .tensors import poisoned
 

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
 
-from expertstream.backends.base import Device, HazardError, InvalidArgument, Stream, Usage
-from expertstream.backends.kernels import MoeKernels
-from expertstream.backends.kernels import reference as ref
-from expertstream.backends.kernels.layout import TileM, weight_format
+from expertstream.backends.base import Device, Stream, Usage
+from expertstream.errors import HazardError, InvalidArgument
+from expertstream.kernels import MoeKernels
+from expertstream.kernels import reference as ref
+from expertstream.kernels.layout import TileM, weight_format
 
 from . import tensors
 from .tensors import ALL_TYPES, QUANTIZED, Shape

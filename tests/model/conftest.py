@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
 
-from expertstream.backends.base import row_size
+from expertstream.ggml import row_size
 from expertstream.model import ModelPreset, TensorRole, get_preset
 
 TINY = get_preset("tiny")

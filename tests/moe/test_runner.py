@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from expertstream.backends.base import Backend, InvalidArgument
+from expertstream.backends.base import Backend
+from expertstream.errors import InvalidArgument
 from expertstream.hostmem import HostMemoryMode, HostWeights
 from expertstream.model import MoeModel
 from expertstream.moe.measure import measure_compute_only

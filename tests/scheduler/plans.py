@@ -7,8 +7,10 @@ from dataclasses import dataclass, field
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-from expertstream.backends.base import Backend, Device, DeviceBuffer, HostBuffer, HostMemory, HostRegion, row_size
+from expertstream.backends.base import Backend, Device, DeviceBuffer, HostBuffer, HostMemory
+from expertstream.ggml import row_size
 from expertstream.scheduler import Input, MulMatId, Plan, Split
+from expertstream.scheduler.source import HostRegion
 
 from . import digest
 

@@ -11,7 +11,9 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 
 import expertstream
-from expertstream.backends.base import HazardError, HostMemory, InvalidArgument, Usage, padded_size
+from expertstream.backends.base import HostMemory, Usage
+from expertstream.errors import HazardError, InvalidArgument
+from expertstream.ggml import padded_size
 from expertstream.scheduler import Input, MulMatId, Plan, Scheduler, Split
 from microbench import ordering
 

@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import expertstream
-from expertstream.backends.base import Backend, DeviceError, OutOfDeviceMemory
+from expertstream.backends.base import Backend
+from expertstream.errors import DeviceError, OutOfDeviceMemory
 from expertstream.scheduler import Scheduler
 
 from . import plans

@@ -7,7 +7,8 @@ import logging
 import numpy as np
 import pytest
 
-from expertstream.backends.base import Backend, HostMemory, OutOfDeviceMemory
+from expertstream.backends.base import Backend, HostMemory
+from expertstream.errors import OutOfDeviceMemory
 from expertstream.scheduler import Fallback, Scheduler
 
 from . import plans

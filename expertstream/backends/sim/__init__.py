@@ -6,17 +6,15 @@ check_hazards=True)``. Kernels run as Python twins registered with ``register_ke
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
-from ..base import InvalidArgument
+from ...errors import InvalidArgument
 from .backend import SimBackend
 from .hazards import HazardKind, SimHazardError
 from .kernels import Access, KernelSpec, register_kernel
 from .profiles import BUILTIN_PROFILES, PROFILE_ENV, Profile, resolve_profile
 
 _OPTIONS = ("profile", "devices", "peer_access", "data", "check_hazards")
-_TWINS = "expertstream.backends.kernels.twins"
 
 
 def probe() -> str | None:
@@ -58,10 +56,3 @@ __all__ = [
     "probe",
     "register_kernel",
 ]
-
-# The kernel twins register themselves on import; they may not be part of this installation.
-try:
-    importlib.import_module(_TWINS)
-except ModuleNotFoundError as exc:
-    if exc.name not in (_TWINS, _TWINS.rpartition(".")[0]):
-        raise

@@ -6,20 +6,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ...errors import DeviceError, InvalidArgument, OutOfDeviceMemory
 from ...timeline import OpKind
-from ..base import (
-    Capabilities,
-    Device,
-    DeviceError,
-    HostBuffer,
-    HostMemory,
-    InvalidArgument,
-    Kernel,
-    OutOfDeviceMemory,
-    Usage,
-    as_host_bytes,
-    check_range,
-)
+from ..base import Capabilities, Device, HostBuffer, HostMemory, Kernel, Usage, as_host_bytes, check_range
 from .core import Simulation
 from .kernels import SimKernel, lookup_kernel
 from .memory import GARBAGE_BYTE, SimDeviceBuffer, SimHostBuffer, untouched_host_bytes

@@ -16,7 +16,8 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from ..base import DeviceBuffer, HazardError, HostBuffer, Usage
+from ...errors import HazardError
+from ..base import DeviceBuffer, HostBuffer, Usage
 
 VectorClock = dict[int, int]
 

@@ -13,7 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..base import BufferView, Kernel, KernelCompileError
+from ...errors import KernelCompileError
+from ..base import BufferView, Kernel
 
 if TYPE_CHECKING:
     from ..base import Device

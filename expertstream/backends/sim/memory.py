@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..base import DeviceBuffer, HostBuffer, HostMemory, InvalidArgument, Usage
+from ...errors import InvalidArgument
+from ..base import DeviceBuffer, HostBuffer, HostMemory, Usage
 
 if TYPE_CHECKING:
     from .device import SimDevice

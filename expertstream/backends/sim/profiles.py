@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
 
-from ..base import InvalidArgument
+from ...errors import InvalidArgument
 
 PROFILE_ENV = "EXPERTSTREAM_SIM_PROFILE"
 DEFAULT_PROFILE = "cuda-h200"

@@ -8,19 +8,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ...errors import DeviceError, InvalidArgument, UseAfterClose
 from ...timeline import OpKind
-from ..base import (
-    BufferView,
-    DeviceBuffer,
-    DeviceError,
-    Event,
-    HostBuffer,
-    HostMemory,
-    InvalidArgument,
-    Kernel,
-    Stream,
-    UseAfterClose,
-)
+from ..base import BufferView, DeviceBuffer, Event, HostBuffer, HostMemory, Kernel, Stream
 from .core import Recorded, StreamState, Work
 from .engine import EngineKind
 from .hazards import HazardKind, SimHazardError, Touch

@@ -29,21 +29,17 @@ from importlib import resources
 
 import numpy as np
 
-from ..base import (
-    BufferView,
-    Device,
-    DeviceBuffer,
-    InvalidArgument,
-    Kernel,
-    RowType,
-    Stream,
-    Usage,
-    padded_size,
-)
-from . import layout
+from ..backends import sim
+from ..backends.base import BufferView, Device, DeviceBuffer, Kernel, Stream, Usage
+from ..errors import InvalidArgument
+from ..ggml import RowType, padded_size
+from . import layout, twins
 from .layout import TileM, WeightFormat, weight_format
 
 log = logging.getLogger(__name__)
+
+for _spec in twins.twin_specs():
+    sim.register_kernel(_spec)
 
 SOURCE_NAME = "moe.cu"
 

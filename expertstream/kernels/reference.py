@@ -12,7 +12,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from ..base import RowType
+from ..ggml import RowType
 from .layout import weight_format
 
 # float32 accumulation over a few thousand terms lands near 1e-6; a wrong block, row or

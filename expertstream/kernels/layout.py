@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 from gguf import GGMLQuantizationType
 
-from ..base import MATRIX_ROW_PADDING, InvalidArgument, RowType
+from ..errors import InvalidArgument
+from ..ggml import MATRIX_ROW_PADDING, RowType
 
 TILE_N = 128  # outputs per block of mul_mat_id
 TILE_K = 32  # elements per k step: one quantization block

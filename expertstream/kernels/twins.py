@@ -1,4 +1,4 @@
-"""numpy twins of the kernels in moe.cu, registered with the simulated backend at import.
+"""numpy twins of the kernels in moe.cu: what the simulated backend runs for them.
 
 Each twin takes the launch arguments in the kernel's order, computes what the kernel
 computes (float32, vectorized, for CI-sized shapes) and declares every byte range it reads
@@ -10,19 +10,17 @@ share the call, so results do not depend on how tokens are grouped.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 from gguf.quants import dequantize
 
-from ..base import BufferView
-from ..sim.kernels import Access, Dim3Tuple, KernelSpec, register_kernel
+from ..backends.base import BufferView
+from ..backends.sim import Access, KernelSpec
+from ..backends.sim.kernels import Dim3Tuple
 from . import layout
 from .layout import FORMATS, WeightFormat
-
-log = logging.getLogger(__name__)
 
 Args = tuple[Any, ...]
 
@@ -185,11 +183,12 @@ def _reads_then_writes(n_reads: int, n_writes: int) -> Any:
     return accesses
 
 
-def _register() -> None:
-    register_kernel(KernelSpec("moe_group_by_expert", _group_run, _group_accesses, _group_flops))
+def twin_specs() -> list[KernelSpec]:
+    """The twin of every kernel in moe.cu, for the simulator's kernel registry."""
+    specs = [KernelSpec("moe_group_by_expert", _group_run, _group_accesses, _group_flops)]
     for fmt in FORMATS.values():
         for tile_m in fmt.tiles:
-            register_kernel(
+            specs.append(
                 KernelSpec(
                     fmt.kernel_name(tile_m),
                     _mul_mat_id_runner(fmt),
@@ -197,8 +196,8 @@ def _register() -> None:
                     _mul_mat_id_flops,
                 )
             )
-    register_kernel(KernelSpec("moe_swiglu", _swiglu_run, _reads_then_writes(2, 1), lambda args: 4.0 * int(args[3])))
-    register_kernel(
+    specs.append(KernelSpec("moe_swiglu", _swiglu_run, _reads_then_writes(2, 1), lambda args: 4.0 * int(args[3])))
+    specs.append(
         KernelSpec(
             "moe_weighted_sum",
             _weighted_sum_run,
@@ -206,7 +205,7 @@ def _register() -> None:
             lambda args: 2.0 * int(args[3]) * int(args[4]) * int(args[5]),
         )
     )
-    register_kernel(
+    specs.append(
         KernelSpec(
             "moe_router_topk",
             _router_run,
@@ -214,7 +213,7 @@ def _register() -> None:
             lambda args: 2.0 * int(args[4]) * int(args[5]) * int(args[6]),
         )
     )
-    register_kernel(
+    specs.append(
         KernelSpec(
             "moe_rms_norm",
             _rms_norm_run,
@@ -222,8 +221,5 @@ def _register() -> None:
             lambda args: 3.0 * int(args[2]) * int(args[3]),
         )
     )
-    register_kernel(KernelSpec("moe_add_inplace", _add_inplace_run, _add_inplace_accesses, lambda args: float(args[2])))
-    log.debug("registered the MoE kernel twins")
-
-
-_register()
+    specs.append(KernelSpec("moe_add_inplace", _add_inplace_run, _add_inplace_accesses, lambda args: float(args[2])))
+    return specs

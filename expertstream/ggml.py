@@ -1,0 +1,62 @@
+"""ggml row types: block sizes, row sizes and the padding kernels read past a row's end.
+
+Shared by the model code (sizing tensors in a file), the kernels (weight layouts) and the
+backends (padded allocations) without any of them importing another.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Union
+
+from .errors import InvalidArgument
+
+MATRIX_ROW_PADDING = 512
+"""Kernels read quantized rows in blocks of this many elements (as ggml's MMQ does)."""
+
+
+RowType = Union[int, "enum.IntEnum"]  # a gguf.GGMLQuantizationType, or its integer value
+
+
+def _quant_info(row_type: RowType) -> tuple[int, int]:
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    try:
+        qtype = GGMLQuantizationType(int(row_type))
+    except ValueError:
+        raise InvalidArgument(
+            f"unknown ggml row type {row_type!r}", hint="pass a gguf.GGMLQuantizationType member"
+        ) from None
+    return GGML_QUANT_SIZES[qtype]
+
+
+def is_quantized(row_type: RowType) -> bool:
+    """True for block-quantized types (Q4_0, Q8_0, ...), False for F32/F16/BF16 and integers."""
+    block_size, _ = _quant_info(row_type)
+    return block_size > 1
+
+
+def row_size(row_type: RowType, ne: int) -> int:
+    """Bytes taken by ``ne`` elements of ``row_type`` (ne must be a multiple of the block size)."""
+    block_size, type_size = _quant_info(row_type)
+    if ne % block_size:
+        raise InvalidArgument(f"{ne} elements is not a multiple of the block size {block_size}")
+    return ne // block_size * type_size
+
+
+def padded_size(nbytes: int, row_type: RowType | None, ne0: int | None) -> int:
+    """Size to allocate for a tensor of ``nbytes`` whose rows have ``ne0`` elements.
+
+    Quantized tensors whose rows are not a multiple of MATRIX_ROW_PADDING get one extra
+    (partial) row's worth of bytes, because the kernels read whole 512-element blocks past
+    the end of the last row. The extra bytes must be zero when a kernel reads them.
+    """
+    if nbytes < 0:
+        raise InvalidArgument(f"negative size {nbytes}")
+    if row_type is None or ne0 is None or not is_quantized(row_type):
+        return nbytes
+    rem = ne0 % MATRIX_ROW_PADDING
+    return nbytes + (row_size(row_type, MATRIX_ROW_PADDING - rem) if rem else 0)
+
+
+__all__ = ["MATRIX_ROW_PADDING", "RowType", "is_quantized", "padded_size", "row_size"]
