@@ -1,0 +1,29 @@
+"""Host memory for a model's tensors: the placement policy and the staging ring it may use."""
+
+from __future__ import annotations
+
+from ..scheduler.source import HostRegion, HostSource
+from .placement import (
+    DEFAULT_RING_CHUNK_BYTES,
+    DEFAULT_RING_CHUNKS,
+    DEFAULT_RING_THREADS,
+    HostMemoryFallback,
+    HostMemoryMode,
+    HostWeights,
+    HostWeightsStats,
+)
+from .staging import RingRegion, StagingRing
+
+__all__ = [
+    "DEFAULT_RING_CHUNKS",
+    "DEFAULT_RING_CHUNK_BYTES",
+    "DEFAULT_RING_THREADS",
+    "HostMemoryFallback",
+    "HostMemoryMode",
+    "HostRegion",
+    "HostSource",
+    "HostWeights",
+    "HostWeightsStats",
+    "RingRegion",
+    "StagingRing",
+]

@@ -1,0 +1,259 @@
+"""Where a model's tensors live in host memory, which decides how fast they reach the device.
+
+``HostWeights`` puts a model's tensors in host memory in one of four ways: the file mapping as
+it is (pageable: slow, and copies block the host), the mapping registered in place (DMA
+speed), one pinned copy of the tensors (DMA speed, a full copy in RAM), or a staging ring of a
+few pinned chunks fed from the mapping by host threads (``staging``). Each tensor becomes a
+``HostSource`` the scheduler can copy from.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..backends.base import Device, HostBuffer
+from ..errors import DeviceError, InvalidArgument
+from ..model.loader import MoeModel, TensorInfo
+from ..scheduler.source import HostRegion, HostSource
+from .staging import StagingRing
+
+log = logging.getLogger(__name__)
+
+
+class HostMemoryMode(enum.Enum):
+    MMAP = "mmap"  # the file mapping itself: pageable
+    REGISTERED = "registered"  # the mapping page-locked in place, read-only
+    PINNED = "pinned"  # one pinned allocation holding a copy of the tensors
+    RING = "ring"  # a staging ring of pinned chunks fed from the mapping
+    AUTO = "auto"  # registered where the device supports it, else ring
+
+
+@dataclass(frozen=True)
+class HostMemoryFallback:
+    requested: HostMemoryMode
+    used: HostMemoryMode
+    reason: str
+
+
+@dataclass
+class HostWeightsStats:
+    fallbacks: list[HostMemoryFallback] = field(default_factory=list)
+    registered_bytes: int = 0  # host memory page-locked in place
+    pinned_bytes: int = 0  # pinned memory allocated: the copy, or the ring's chunks
+
+
+DEFAULT_RING_CHUNK_BYTES = 64 << 20
+DEFAULT_RING_CHUNKS = 4
+# One thread memcpys from a file mapping at a fraction of PCIe speed (6 GB/s through the ring
+# on the H200 host); 12 threads gave 27-32 GB/s there, 8 gave 23-24 and 16 no more than 12.
+DEFAULT_RING_THREADS = min(12, os.cpu_count() or 1)
+_PINNED_ALIGN = 4096
+
+
+class HostWeights(Mapping[str, HostSource]):
+    """A model's tensors (routers and experts) by name, each a HostSource in host memory.
+
+    ``mode`` is the mode actually used (AUTO and a refused REGISTERED resolve to another);
+    ``stats`` records fallbacks with their reason and the page-locked bytes. Close it (or
+    use it as a context manager) after the copies from it have finished.
+    """
+
+    def __init__(
+        self,
+        model: MoeModel,
+        device: Device,
+        mode: HostMemoryMode,
+        regions: dict[str, HostSource],
+        resources: list[HostBuffer | StagingRing],
+        stats: HostWeightsStats,
+        owns_model: bool,
+    ) -> None:
+        self.model = model
+        self.device = device
+        self.mode = mode
+        self.stats = stats
+        self._regions = regions
+        self._resources = resources
+        self._owns_model = owns_model
+        self.closed = False
+
+    @classmethod
+    def open(
+        cls,
+        model_or_path: MoeModel | str | Path,
+        device: Device,
+        mode: HostMemoryMode | str = HostMemoryMode.AUTO,
+        *,
+        ring_chunk_bytes: int = DEFAULT_RING_CHUNK_BYTES,
+        ring_chunks: int = DEFAULT_RING_CHUNKS,
+        ring_threads: int = DEFAULT_RING_THREADS,
+    ) -> HostWeights:
+        """Place the tensors of a model (or of the GGUF file at a path, opened and owned here)."""
+        requested = _parse_mode(mode)
+        owns_model = not isinstance(model_or_path, MoeModel)
+        model = MoeModel.open(model_or_path) if not isinstance(model_or_path, MoeModel) else model_or_path
+        try:
+            ring = _RingOptions(ring_chunk_bytes, ring_chunks, ring_threads)
+            return cls(model, device, *_place(model, device, requested, ring), owns_model=owns_model)
+        except BaseException:
+            if owns_model:
+                model.close()
+            raise
+
+    def __getitem__(self, name: str) -> HostSource:
+        return self._regions[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._regions)
+
+    def __len__(self) -> int:
+        return len(self._regions)
+
+    def close(self) -> None:
+        """Unregister or free the host memory (pending copies must be finished first)."""
+        if self.closed:
+            return
+        self.closed = True
+        with ExitStack() as stack:
+            if self._owns_model:
+                stack.callback(self.model.close)
+            for resource in self._resources:
+                stack.callback(resource.close)  # closed last-made first
+
+    def __enter__(self) -> HostWeights:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"HostWeights({self.mode.value}, {len(self)} tensors on {self.device.label})"
+
+
+def _parse_mode(mode: HostMemoryMode | str) -> HostMemoryMode:
+    try:
+        return HostMemoryMode(mode)
+    except ValueError:
+        raise InvalidArgument(
+            f"unknown host memory mode {mode!r}",
+            call="HostWeights.open",
+            hint=f"choose one of {', '.join(m.value for m in HostMemoryMode)}",
+        ) from None
+
+
+@dataclass(frozen=True)
+class _RingOptions:
+    chunk_bytes: int
+    chunks: int
+    threads: int
+
+
+_Placement = tuple[HostMemoryMode, dict[str, HostSource], list[HostBuffer | StagingRing], HostWeightsStats]
+
+
+def _place(model: MoeModel, device: Device, requested: HostMemoryMode, ring: _RingOptions) -> _Placement:
+    stats = HostWeightsStats()
+    tensors = list(model.tensors.values())
+    if requested is HostMemoryMode.MMAP:
+        mapping = device.wrap_host(model.mapping)
+        return requested, _regions(mapping, tensors), [mapping], stats
+    if requested is HostMemoryMode.PINNED:
+        pinned, regions = _pinned_copy(model, device, tensors)
+        stats.pinned_bytes = pinned.nbytes
+        return requested, regions, [pinned], stats
+    if requested in (HostMemoryMode.REGISTERED, HostMemoryMode.AUTO):
+        mapping = device.wrap_host(model.mapping)
+        reason = _register(mapping)
+        if reason is None:
+            stats.registered_bytes = mapping.nbytes
+            return HostMemoryMode.REGISTERED, _regions(mapping, tensors), [mapping], stats
+        mapping.close()
+        _note_fallback(stats, requested, reason, device, tensors, ring)
+    staging = _ring(model, device, tensors, ring)
+    stats.pinned_bytes = staging.pinned_bytes
+    ring_regions: dict[str, HostSource] = {t.name: staging.region(t.offset, t.nbytes) for t in tensors}
+    # Closed in reverse: the ring (which waits for its DMAs) before the mapping it reads.
+    return HostMemoryMode.RING, ring_regions, [staging.source, staging], stats
+
+
+def _regions(buffer: HostBuffer, tensors: list[TensorInfo]) -> dict[str, HostSource]:
+    return {t.name: HostRegion(buffer, t.offset, t.nbytes) for t in tensors}
+
+
+def _register(mapping: HostBuffer) -> str | None:
+    """Register the mapping read-only in place; the reason if the platform refuses."""
+    caps = mapping.device.capabilities
+    if not caps.host_register:
+        return "host registration is not supported"
+    if not caps.host_register_read_only:
+        return "read-only host registration is not supported"
+    try:
+        mapping.register(read_only=True)
+    except DeviceError as exc:
+        return f"{exc.detail} [{exc.code}]" if exc.code else exc.detail
+    return None
+
+
+def _note_fallback(
+    stats: HostWeightsStats,
+    requested: HostMemoryMode,
+    reason: str,
+    device: Device,
+    tensors: list[TensorInfo],
+    ring: _RingOptions,
+) -> None:
+    stats.fallbacks.append(HostMemoryFallback(requested, HostMemoryMode.RING, reason))
+    total = sum(t.nbytes for t in tensors)
+    # An explicit request the platform refused is worth a warning; AUTO only chose.
+    level = logging.WARNING if requested is HostMemoryMode.REGISTERED else logging.INFO
+    log.log(
+        level,
+        "registered host memory is unavailable on %s (%s): %s; streaming %d bytes of tensors through a "
+        "staging ring of %d x %d pinned bytes instead",
+        device.label,
+        device.name,
+        reason,
+        total,
+        ring.chunks,
+        _chunk_bytes(tensors, ring),
+    )
+
+
+def _chunk_bytes(tensors: list[TensorInfo], ring: _RingOptions) -> int:
+    # No copy is larger than the largest tensor, so a bigger chunk would be wasted.
+    return max(1, min(ring.chunk_bytes, max((t.nbytes for t in tensors), default=1)))
+
+
+def _ring(model: MoeModel, device: Device, tensors: list[TensorInfo], ring: _RingOptions) -> StagingRing:
+    mapping = device.wrap_host(model.mapping)
+    try:
+        return StagingRing(mapping, chunk_bytes=_chunk_bytes(tensors, ring), chunks=ring.chunks, threads=ring.threads)
+    except BaseException:
+        mapping.close()
+        raise
+
+
+def _pinned_copy(
+    model: MoeModel, device: Device, tensors: list[TensorInfo]
+) -> tuple[HostBuffer, dict[str, HostSource]]:
+    """One pinned allocation holding every tensor, each at a page-aligned offset."""
+    offsets: dict[str, int] = {}
+    total = 0
+    for t in tensors:
+        offsets[t.name] = total
+        total += -(-t.nbytes // _PINNED_ALIGN) * _PINNED_ALIGN
+    pinned = device.alloc_pinned(total)
+    try:
+        with device.wrap_host(model.mapping) as mapping:
+            for t in tensors:
+                device.host_copy(pinned, offsets[t.name], mapping, t.offset, t.nbytes)
+    except BaseException:
+        pinned.close()
+        raise
+    return pinned, {t.name: HostRegion(pinned, offsets[t.name], t.nbytes) for t in tensors}
