@@ -13,7 +13,7 @@ Each layer is four splits, in this order for every ubatch of tokens:
 The routing ids come from the router split before the three expert splits that read them,
 and each (layer, ubatch) has its own ids, so the stock path's ids read-back is right and the
 three splits sharing them are adjacent. Prefill is ONE plan over all ubatches in order, so the
-staging ring keeps copying across ubatch boundaries. Activation scratch is shared by all
+lookahead keeps copying across ubatch boundaries. Activation scratch is shared by all
 splits: they run in order on one compute stream. Decode runs one plan per step of one token.
 
 Inputs are deterministic embeddings from a seed, copied into the hidden state by the first

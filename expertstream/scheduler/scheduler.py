@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from ..backends.base import BufferView, Device, Stream, Usage
 from .plan import Input, MulMatId, Plan, Split
-from .ring import SlotRing, Unit
+from .prefetch import PrefetchSlots, Unit
 from .stats import DeviceStats, Fallback, RunStats
 from .stock import StockCopier
 
@@ -33,7 +33,7 @@ def check_slots(slots: int) -> int:
 
 @dataclass
 class _RunState:
-    """Which inputs of which splits go through the ring in this run."""
+    """Which inputs of which splits are prefetched in this run."""
 
     units: dict[int, list[Unit]]  # split index -> its units, in position order
     pending: dict[Device, list[Unit]]  # device -> its units in firing order
@@ -63,8 +63,8 @@ class Scheduler:
         self._streams: dict[Device, Stream] = dict(streams or {})
         self._owned_streams: list[Stream] = []
         self._stock: dict[Device, StockCopier] = {}
-        self._rings: dict[Device, SlotRing] = {}
-        self._prefetch_off: set[Device] = set()  # devices whose ring failed; stock path until slots change
+        self._prefetch: dict[Device, PrefetchSlots] = {}
+        self._prefetch_off: set[Device] = set()  # devices whose prefetch failed; stock path until slots change
         self.last_stats = RunStats()
 
     # -- configuration -------------------------------------------------------------------
@@ -76,14 +76,14 @@ class Scheduler:
     def slots(self, slots: int) -> None:
         """Change the slot count between runs; what is no longer used is freed after a drain."""
         self._slots = check_slots(slots)
-        for device, ring in list(self._rings.items()):
-            ring.drain()
+        for device, prefetch in list(self._prefetch.items()):
+            prefetch.drain()
             self.stream(device).synchronize()  # kernels may still read a slot about to be freed
             if slots == 0:
-                ring.close()
-                del self._rings[device]
+                prefetch.close()
+                del self._prefetch[device]
             else:
-                ring.configure(slots, ring.slot_bytes)
+                prefetch.keep(slots)
         self._prefetch_off.clear()
 
     def stream(self, device: Device) -> Stream:
@@ -137,10 +137,10 @@ class Scheduler:
                 bindings[inp.name] = copier.copy(stream, split, inp, host_position, decode_routing, device_stats)
             host_position += 1
         split.compute(stream, bindings)
-        ring = self._rings.get(split.device)
+        prefetch = self._prefetch.get(split.device)
         for unit in units.values():
-            assert ring is not None
-            ring.release(stream, unit)
+            assert prefetch is not None
+            prefetch.release(stream, unit)
             state.released[split.device] = unit.position
 
     def _prepare_next(self, plan: Plan, index: int, state: _RunState, stats: RunStats) -> None:
@@ -160,28 +160,28 @@ class Scheduler:
         if not units:
             return
         device = plan.splits[index].device
-        ring = self._rings[device]
+        prefetch = self._prefetch[device]
         device_stats = stats.device(device.label)
-        self._fire_through(ring, state, device, units[-1].position, device_stats)
+        self._fire_through(prefetch, state, device, units[-1].position, device_stats)
         compute = self.stream(device)
         for unit in units:
             if unit.valid:
-                unit.view = ring.consume(compute, unit, device_stats)
-        self._fire_through(ring, state, device, state.released[device] + ring.n_slots - 1, device_stats)
+                unit.view = prefetch.consume(compute, unit, device_stats)
+        self._fire_through(prefetch, state, device, state.released[device] + prefetch.n_slots - 1, device_stats)
 
     def _fire_through(
-        self, ring: SlotRing, state: _RunState, device: Device, position: int, stats: DeviceStats
+        self, prefetch: PrefetchSlots, state: _RunState, device: Device, position: int, stats: DeviceStats
     ) -> None:
         """Fire this device's units in order up to ``position``."""
         pending = state.pending[device]
         while (index := state.next_fire[device]) < len(pending) and pending[index].position <= position:
             previous = pending[index - 1] if index else None
-            ring.fire(pending[index], stats, state.blocks_host[device], previous)
+            prefetch.fire(pending[index], stats, state.blocks_host[device], previous)
             state.next_fire[device] += 1
 
     # -- per-run setup and teardown ---------------------------------------------------------
     def _prepare(self, plan: Plan, stats: RunStats) -> _RunState:
-        """Decide which inputs go through a ring, once per run, and size scratch and slots for them."""
+        """Decide which inputs are prefetched, once per run, and size scratch and slots for them."""
         state = _RunState(units={}, pending={}, blocks_host={}, released={}, next_fire={})
         scratch_sizes: dict[Device, list[int]] = {}
         slot_bytes: dict[Device, int] = {}
@@ -206,18 +206,18 @@ class Scheduler:
             if sizes:
                 self._stock.setdefault(device, StockCopier(device)).reserve(sizes, self.stream(device))
         for device, size in slot_bytes.items():
-            ring = self._ring(device)
-            if size > ring.slot_bytes:
+            prefetch = self._prefetch_for(device)
+            if size > prefetch.slot_bytes:
                 self.stream(device).synchronize()  # earlier kernels may still read the old slots
-                ring.drain()
-            ring.configure(self._slots, size)
-            ring.reset_run()
+                prefetch.drain()
+            prefetch.configure(self._slots, size)
+            prefetch.reset_run()
             state.released[device] = -1
             state.next_fire[device] = 0
         return state
 
     def _prefetched_inputs(self, split: Split, stats: DeviceStats) -> list[Input]:
-        """The inputs of ``split`` that go through the ring this run."""
+        """The inputs of ``split`` that are prefetched this run."""
         eligible = self._eligible_inputs(split)
         room = self._slots - 1  # one slot is always held by the split computing now
         if len(eligible) > room > 0:
@@ -234,11 +234,11 @@ class Scheduler:
             return []
         return [i for i in split.inputs if i.is_host and i.name in routing.weights and i.usage is Usage.WEIGHTS]
 
-    def _ring(self, device: Device) -> SlotRing:
-        ring = self._rings.get(device)
-        if ring is None:
-            ring = self._rings[device] = SlotRing(device, self._slots)
-        return ring
+    def _prefetch_for(self, device: Device) -> PrefetchSlots:
+        prefetch = self._prefetch.get(device)
+        if prefetch is None:
+            prefetch = self._prefetch[device] = PrefetchSlots(device)
+        return prefetch
 
     def _drain(self, plan: Plan, state: _RunState, stats: RunStats, *, failing: bool) -> None:
         """Wait for every device's copies and kernels; nothing may be freed before this."""
@@ -248,20 +248,20 @@ class Scheduler:
                 for unit in units:
                     unit.waited.set()
         for device in plan.devices:
-            # Only rings this run used have work in flight: a decode step leaves them alone.
-            ring = self._rings.get(device) if device in state.pending else None
+            # Only the prefetch slots this run used have work in flight: a decode step leaves them alone.
+            prefetch = self._prefetch.get(device) if device in state.pending else None
             try:
-                if ring is not None:
-                    ring.drain()
+                if prefetch is not None:
+                    prefetch.drain()
             except BaseException as exc:
                 errors.append(exc)
             try:
-                self.stream(device).synchronize()  # even if the ring failed: kernels may read slots
-                if ring is not None and not errors:
-                    stats.device(device.label).ready_wait_ms = ring.ready_wait_ms()
-                if ring is not None and ring.disabled:  # nothing can use its slots any more
-                    ring.close()
-                    del self._rings[device]
+                self.stream(device).synchronize()  # even if the prefetch failed: kernels may read slots
+                if prefetch is not None and not errors:
+                    stats.device(device.label).ready_wait_ms = prefetch.ready_wait_ms()
+                if prefetch is not None and prefetch.disabled:  # nothing can use its slots any more
+                    prefetch.close()
+                    del self._prefetch[device]
                     self._prefetch_off.add(device)
             except BaseException as exc:
                 errors.append(exc)
@@ -271,17 +271,17 @@ class Scheduler:
             raise errors[0]
 
     def close(self) -> None:
-        """Release rings, scratch and owned streams, each after the work that uses it is done."""
+        """Release prefetch slots, scratch and owned streams, each after the work that uses it is done."""
         with ExitStack() as stack:
             for stream in self._owned_streams:
                 stack.callback(stream.close)
             for copier in self._stock.values():
                 stack.callback(copier.close)
-            for ring in self._rings.values():
-                stack.callback(ring.close)
+            for prefetch in self._prefetch.values():
+                stack.callback(prefetch.close)
             for stream in self._streams.values():
                 stack.callback(stream.synchronize)  # runs first: kernels may still read slots and scratch
-        self._rings.clear()
+        self._prefetch.clear()
         self._stock.clear()
         self._owned_streams.clear()
         self._streams.clear()

@@ -77,7 +77,7 @@ def test_per_device_rings_keep_slots_on_their_device(sim2) -> None:
     built = plans.build(sim2, specs, seed=11)
     with Scheduler(slots=3) as sched:
         stats = sched.run(built.plan)
-        for device, ring in sched._rings.items():
+        for device, ring in sched._prefetch.items():
             assert all(slot.buffer.device is device for slot in ring._slots)
     assert all(stats.device(d.label).consumed == 4 for d in sim2.devices)
     built.check()

@@ -55,7 +55,7 @@ def test_slots_zero_allocates_nothing_for_prefetch(backend: Backend, monkeypatch
     monkeypatch.setattr(device, "alloc", lambda n, *a, **k: sizes.append(n) or real_alloc(n, *a, **k))
     with Scheduler(slots=0) as sched:
         sched.run(built.plan)
-        assert not sched._rings
+        assert not sched._prefetch
         # One scratch buffer for the one host input position, nothing else.
         assert sizes == [max(inp.padded_nbytes for s in built.plan.splits for inp in s.inputs)]
     built.check()
@@ -113,7 +113,7 @@ def test_allocation_failure_falls_back_once(
             return real_alloc(n, *args, **kwargs)
 
         monkeypatch.setattr(device, "alloc", failing_alloc)
-        with caplog.at_level(logging.WARNING, logger="expertstream.scheduler.ring"):
+        with caplog.at_level(logging.WARNING, logger="expertstream.scheduler"):
             stats = sched.run(built.plan)
             built.check()
             again = sched.run(built.plan)
@@ -134,7 +134,7 @@ def test_changing_slot_count_frees_what_is_unused(backend: Backend) -> None:
     built = plans.build(backend, plans.uniform_specs(6), seed=7)
     with Scheduler(slots=4) as sched:
         sched.run(built.plan)
-        ring = sched._rings[device]
+        ring = sched._prefetch[device]
         assert len(ring._slots) == 4
         dropped = [slot.buffer for slot in ring._slots[2:]]
         sched.slots = 2
@@ -144,7 +144,7 @@ def test_changing_slot_count_frees_what_is_unused(backend: Backend) -> None:
         built.check()
         kept = [slot.buffer for slot in ring._slots]
         sched.slots = 0
-        assert not sched._rings and all(buf.closed for buf in kept)
+        assert not sched._prefetch and all(buf.closed for buf in kept)
         sched.run(built.plan)
         built.check()
     built.close()

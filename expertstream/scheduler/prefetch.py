@@ -1,4 +1,4 @@
-"""The lookahead staging ring of one device: a copy stream, N slots, a ready and a free event each.
+"""Lookahead prefetch on one device: a copy stream, N device slots, a ready and a free event each.
 
 A copy into a slot waits (on the copy stream) for the slot's free event, recorded after the
 last kernel that read it; the consumer waits (on its compute stream) for the slot's ready
@@ -47,12 +47,15 @@ class _Slot:
     free: Event
 
 
-class SlotRing:
-    """The staging slots of one device and the stream and thread that fill them."""
+class PrefetchSlots:
+    """The prefetch slots of one device and the stream and thread that fill them.
 
-    def __init__(self, device: Device, n_slots: int) -> None:
+    The scheduler owns the slot count; a PrefetchSlots learns it for each run in ``configure``.
+    """
+
+    def __init__(self, device: Device) -> None:
         self.device = device
-        self.n_slots = n_slots
+        self.n_slots = 0
         self.slot_bytes = 0
         self.disabled = False
         self._copy_stream: Stream | None = None
@@ -65,13 +68,17 @@ class SlotRing:
 
     # -- configuration (only between runs, after drain) --------------------------------
     def configure(self, n_slots: int, slot_bytes: int) -> None:
-        """Keep what still fits, free the rest. Callers drain first."""
+        """Set up for a run: keep the slots that still fit, free the rest. Callers drain first."""
         if slot_bytes > self.slot_bytes:
             self._free_slots(0)
             self.slot_bytes = slot_bytes
-        elif n_slots < len(self._slots):
-            self._free_slots(n_slots)
+        self.keep(n_slots)
         self.n_slots = n_slots
+
+    def keep(self, n_slots: int) -> None:
+        """Free the slots past the first ``n_slots``. Callers drain first."""
+        if n_slots < len(self._slots):
+            self._free_slots(n_slots)
 
     def reset_run(self) -> None:
         self._harvest(block=True)  # the previous run drained: every pair is complete
@@ -185,7 +192,7 @@ class SlotRing:
         return job
 
     def _slot(self, index: int, stats: DeviceStats) -> _Slot | None:
-        """The slot, allocated on first use; None (and the ring off) if allocation fails."""
+        """The slot, allocated on first use; None (and prefetch off) if allocation fails."""
         if self.disabled:
             stats.fallbacks[Fallback.DISABLED] += 1
             return None
