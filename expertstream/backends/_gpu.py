@@ -16,7 +16,7 @@ import logging
 import threading
 import weakref
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
@@ -30,7 +30,7 @@ from ..errors import (
     KernelCompileError,
     OutOfDeviceMemory,
 )
-from ._gpu_api import HINTS, ApiTable, Call, CopyKind, DeviceAttr, Problem, invoke, poll
+from ._gpu_api import HINTS, ApiTable, Call, CopyKind, DeviceAttr, Problem, invoke, poll, unusable_reason
 from .base import (
     Backend,
     BufferView,
@@ -644,18 +644,18 @@ def _release_at_exit() -> None:
     _open_backends.clear()
 
 
+_SCALAR_TYPES: dict[np.dtype[Any], Any] = {
+    np.dtype(np.int32): ctypes.c_int32,
+    np.dtype(np.uint32): ctypes.c_uint32,
+    np.dtype(np.int64): ctypes.c_int64,
+    np.dtype(np.uint64): ctypes.c_uint64,
+    np.dtype(np.float32): ctypes.c_float,
+    np.dtype(np.float64): ctypes.c_double,
+}
+
+
 def pack_kernel_args(args: Sequence[Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """Values and ctypes types for a kernel launch, shared by the CUDA and HIP backends."""
-    import ctypes
-
-    scalar_types: dict[np.dtype[Any], Any] = {
-        np.dtype(np.int32): ctypes.c_int32,
-        np.dtype(np.uint32): ctypes.c_uint32,
-        np.dtype(np.int64): ctypes.c_int64,
-        np.dtype(np.uint64): ctypes.c_uint64,
-        np.dtype(np.float32): ctypes.c_float,
-        np.dtype(np.float64): ctypes.c_double,
-    }
     values: list[Any] = []
     types: list[Any] = []
     for arg in args:
@@ -663,7 +663,7 @@ def pack_kernel_args(args: Sequence[Any]) -> tuple[tuple[Any, ...], tuple[Any, .
             values.append(arg.address)
             types.append(ctypes.c_void_p)
         else:
-            ctype = scalar_types.get(np.asarray(arg).dtype)
+            ctype = _SCALAR_TYPES.get(np.asarray(arg).dtype)
             if ctype is None:
                 raise InvalidArgument(f"unsupported kernel scalar type {np.asarray(arg).dtype}")
             values.append(arg.item())
@@ -671,4 +671,29 @@ def pack_kernel_args(args: Sequence[Any]) -> tuple[tuple[Any, ...], tuple[Any, .
     return tuple(values), tuple(types)
 
 
-__all__ = ["GpuBackend", "GpuBuffer", "GpuDevice", "GpuEvent", "GpuKernel", "GpuStream"]
+@dataclass(frozen=True)
+class GpuVendor:
+    """What a vendor module adds to the shared implementation: how to find it and its table.
+
+    ``missing()`` says why the vendor's bindings or library cannot be loaded (None if they
+    can); ``table()`` builds the call table, importing the bindings.
+    """
+
+    name: str  # "CUDA"
+    backend_class: type[GpuBackend]
+    install_hint: str
+    missing: Callable[[], str | None]
+    table: Callable[[], ApiTable]
+
+    def probe(self) -> str | None:
+        """None if a device of this vendor can be used here, else why not."""
+        return self.missing() or unusable_reason(self.table().device_count, self.name)
+
+    def open(self, **options: Any) -> GpuBackend:
+        reason = self.probe()
+        if reason is not None:
+            raise BackendUnavailable(reason, call=f"{self.backend_class.name}.open", hint=self.install_hint)
+        return self.backend_class(self.table(), **options)
+
+
+__all__ = ["GpuBackend", "GpuVendor", "GpuBuffer", "GpuDevice", "GpuEvent", "GpuKernel", "GpuStream"]

@@ -182,6 +182,25 @@ def decode_text(value: Any) -> str:
     return value.decode(errors="replace").rstrip("\0") if isinstance(value, (bytes, bytearray)) else str(value)
 
 
+def sized_output(
+    get_size: Callable[[Any], tuple[Any, int]],
+    get: Callable[[Any, Any], tuple[Any]],
+    new_buffer: Callable[[int], Any],
+    finish: Callable[[Any], Any],
+) -> Callable[[Any], tuple[Any, ...]]:
+    """A getter for a compiler output (log or code): ask its size, then fetch it into a buffer."""
+
+    def fetch(program: Any) -> tuple[Any, ...]:
+        err, size = get_size(program)
+        if int(err):
+            return (err, None)
+        buffer = new_buffer(size)
+        (err,) = get(program, buffer)
+        return (err, finish(buffer))
+
+    return fetch
+
+
 def package_version(distribution: str) -> str:
     try:
         return importlib.metadata.version(distribution)

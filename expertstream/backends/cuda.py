@@ -9,8 +9,7 @@ import ctypes
 import importlib
 from typing import Any
 
-from ..errors import BackendUnavailable
-from ._gpu import GpuBackend
+from ._gpu import GpuBackend, GpuVendor
 from ._gpu_api import (
     ApiTable,
     Call,
@@ -21,10 +20,11 @@ from ._gpu_api import (
     Problem,
     decode_text,
     package_version,
-    unusable_reason,
+    sized_output,
 )
 from .base import Vendor
 
+AUTO_ORDER = 10  # auto-detection tries cuda, then hip, then the simulator
 DRIVER_LIBRARY = "libcuda.so.1"
 INSTALL_HINT = "pip install 'expertstream[cuda]'"
 
@@ -68,8 +68,7 @@ class CudaBackend(GpuBackend):
     vendor = Vendor.NVIDIA
 
 
-def probe() -> str | None:
-    """None if a CUDA device can be used here, else why not."""
+def _missing() -> str | None:
     try:
         importlib.import_module("cuda.bindings.runtime")
     except ImportError:
@@ -78,14 +77,7 @@ def probe() -> str | None:
         ctypes.CDLL(DRIVER_LIBRARY)
     except OSError:
         return f"{DRIVER_LIBRARY} not found: no NVIDIA driver"
-    return unusable_reason(_table().device_count, "CUDA")
-
-
-def open(**options: Any) -> CudaBackend:  # noqa: A001 - the registry's name for it
-    reason = probe()
-    if reason is not None:
-        raise BackendUnavailable(reason, call="cuda.open", hint=INSTALL_HINT)
-    return CudaBackend(_table(), **options)
+    return None
 
 
 def _table() -> ApiTable:
@@ -105,21 +97,9 @@ def _table() -> ApiTable:
     def rtc(name: str, fn: Any = None) -> Call:
         return Call(name, fn or getattr(nvrtc, name), rtc_errors)
 
-    def program_log(program: Any) -> tuple[Any, ...]:
-        err, size = nvrtc.nvrtcGetProgramLogSize(program)
-        if int(err):
-            return (err, None)
-        log = b" " * size
-        (err,) = nvrtc.nvrtcGetProgramLog(program, log)
-        return (err, decode_text(log))
-
-    def program_code(program: Any) -> tuple[Any, ...]:
-        err, size = nvrtc.nvrtcGetCUBINSize(program)
-        if int(err):
-            return (err, None)
-        cubin = b" " * size
-        (err,) = nvrtc.nvrtcGetCUBIN(program, cubin)
-        return (err, cubin)
+    # NVRTC writes into a bytes object of the size it reported.
+    program_log = sized_output(nvrtc.nvrtcGetProgramLogSize, nvrtc.nvrtcGetProgramLog, bytes, decode_text)
+    program_code = sized_output(nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN, bytes, bytes)
 
     def launch(
         function: Any,
@@ -208,3 +188,8 @@ def _table() -> ApiTable:
         module_unload=drv("cuModuleUnload"),
         launch=drv("cuLaunchKernel", launch),
     )
+
+
+VENDOR = GpuVendor("CUDA", CudaBackend, INSTALL_HINT, _missing, _table)
+probe = VENDOR.probe
+open = VENDOR.open  # noqa: A001 - the registry's name for it

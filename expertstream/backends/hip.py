@@ -14,8 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..errors import BackendUnavailable
-from ._gpu import GpuBackend
+from ._gpu import GpuBackend, GpuVendor
 from ._gpu_api import (
     ApiTable,
     Call,
@@ -26,10 +25,11 @@ from ._gpu_api import (
     Problem,
     decode_text,
     package_version,
-    unusable_reason,
+    sized_output,
 )
 from .base import Vendor
 
+AUTO_ORDER = 20  # auto-detection tries cuda, then hip, then the simulator
 LIBRARY = "libamdhip64.so"
 INSTALL_HINT = "pip install 'expertstream[hip]' and install ROCm (or set ROCM_PATH to it)"
 
@@ -79,8 +79,7 @@ class HipBackend(GpuBackend):
     vendor = Vendor.AMD
 
 
-def probe() -> str | None:
-    """None if a HIP device can be used here, else why not (naming where the library was sought)."""
+def _missing() -> str | None:
     try:
         importlib.import_module("hip")
     except ImportError:
@@ -88,14 +87,7 @@ def probe() -> str | None:
     found, places = find_library(LIBRARY)
     if found is None:
         return f"{LIBRARY} not found; looked in: " + "; ".join(places)
-    return unusable_reason(_table().device_count, "HIP")
-
-
-def open(**options: Any) -> HipBackend:  # noqa: A001 - the registry's name for it
-    reason = probe()
-    if reason is not None:
-        raise BackendUnavailable(reason, call="hip.open", hint=INSTALL_HINT)
-    return HipBackend(_table(), **options)
+    return None
 
 
 def find_library(filename: str) -> tuple[str | None, list[str]]:
@@ -160,21 +152,9 @@ def _table() -> ApiTable:
     def rtc(name: str, fn: Any = None) -> Call:
         return Call(name, fn or getattr(hiprtc, name), rtc_errors)
 
-    def program_log(program: Any) -> tuple[Any, ...]:
-        err, size = hiprtc.hiprtcGetProgramLogSize(program)
-        if int(err):
-            return (err, None)
-        log = bytearray(size)
-        (err,) = hiprtc.hiprtcGetProgramLog(program, log)
-        return (err, decode_text(log))
-
-    def program_code(program: Any) -> tuple[Any, ...]:
-        err, size = hiprtc.hiprtcGetCodeSize(program)
-        if int(err):
-            return (err, None)
-        code = bytearray(size)
-        (err,) = hiprtc.hiprtcGetCode(program, code)
-        return (err, bytes(code))
+    # hipRTC writes into a writable buffer of the size it reported.
+    program_log = sized_output(hiprtc.hiprtcGetProgramLogSize, hiprtc.hiprtcGetProgramLog, bytearray, decode_text)
+    program_code = sized_output(hiprtc.hiprtcGetCodeSize, hiprtc.hiprtcGetCode, bytearray, bytes)
 
     def launch(
         function: Any,
@@ -255,3 +235,8 @@ def _table() -> ApiTable:
         module_unload=rt("hipModuleUnload"),
         launch=rt("hipModuleLaunchKernel", launch),
     )
+
+
+VENDOR = GpuVendor("HIP", HipBackend, INSTALL_HINT, _missing, _table)
+probe = VENDOR.probe
+open = VENDOR.open  # noqa: A001 - the registry's name for it

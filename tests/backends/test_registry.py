@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import types
+import zipfile
+from pathlib import Path
 
 import pytest
 
 import expertstream
-from expertstream.backends import ENV_VAR
+from expertstream.backends import ENTRY_POINT_GROUP, ENV_VAR, resolve_name
 from expertstream.backends.base import Vendor
 from expertstream.backends.sim import SimBackend
 from expertstream.errors import BackendUnavailable, InvalidArgument
@@ -24,6 +27,7 @@ def _fake_vendor(monkeypatch: pytest.MonkeyPatch, name: str, reason: str | None)
     module = types.ModuleType(f"expertstream.backends.{name}")
     module.probe = lambda: reason  # type: ignore[attr-defined]
     module.open = lambda **options: _Opened(name)  # type: ignore[attr-defined]
+    module.AUTO_ORDER = {"cuda": 10, "hip": 20}.get(name)  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, module.__name__, module)
 
 
@@ -106,3 +110,65 @@ def test_sim_options_are_checked() -> None:
         expertstream.backend("sim", data="yes")
     with expertstream.backend("sim", devices=3) as backend:
         assert [d.index for d in backend.devices] == [0, 1, 2]
+
+
+_THIRD_PARTY_MODULE = '''
+"""A third-party backend: the simulator under another name, tried before the built-in ones."""
+from expertstream.backends.sim import SimBackend, open as open_sim
+
+AUTO_ORDER = 5
+
+
+class TinyVendorBackend(SimBackend):
+    name = "tinyvendor"
+
+
+def probe():
+    return None
+
+
+def open(**options):
+    backend = open_sim(**options)
+    backend.__class__ = TinyVendorBackend
+    return backend
+'''
+
+
+def _wheel(directory: Path) -> Path:
+    """A minimal wheel of a package that registers one backend in the entry-point group."""
+    dist = "tinyvendor_backend-1.0.dist-info"
+    files = {
+        "tinyvendor_backend.py": _THIRD_PARTY_MODULE,
+        f"{dist}/METADATA": "Metadata-Version: 2.1\nName: tinyvendor-backend\nVersion: 1.0\n",
+        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{dist}/entry_points.txt": f"[{ENTRY_POINT_GROUP}]\ntinyvendor = tinyvendor_backend\n",
+    }
+    record = "".join(f"{name},,\n" for name in files) + f"{dist}/RECORD,,\n"
+    path = directory / "tinyvendor_backend-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as wheel:
+        for name, text in {**files, f"{dist}/RECORD": record}.items():
+            wheel.writestr(name, text)
+    return path
+
+
+def test_a_third_party_backend_installed_with_pip_is_found_by_name_and_by_auto(
+    no_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    target = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(target),
+         str(_wheel(tmp_path))],
+        check=True,
+    )  # fmt: skip
+    assert "tinyvendor" not in {s.name for s in expertstream.available_backends()}
+    no_env.syspath_prepend(str(target))
+    no_env.delitem(sys.modules, "tinyvendor_backend", raising=False)
+    try:
+        assert {"cuda", "hip", "sim", "tinyvendor"} <= {s.name for s in expertstream.available_backends()}
+        with expertstream.backend("tinyvendor", devices=2) as named:
+            assert named.name == "tinyvendor" and len(named.devices) == 2
+        assert resolve_name() == "tinyvendor"  # its AUTO_ORDER comes before the built-in ones
+        no_env.setenv(ENV_VAR, "sim")
+        assert resolve_name() == "sim"
+    finally:
+        sys.modules.pop("tinyvendor_backend", None)

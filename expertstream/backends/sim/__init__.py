@@ -14,6 +14,7 @@ from .hazards import HazardKind, SimHazardError
 from .kernels import Access, KernelSpec, register_kernel
 from .profiles import BUILTIN_PROFILES, PROFILE_ENV, Profile, resolve_profile
 
+AUTO_ORDER = 90  # the fallback of auto-detection: it runs everywhere
 _OPTIONS = ("profile", "devices", "peer_access", "data", "check_hazards")
 
 
@@ -44,6 +45,7 @@ def open(**options: Any) -> SimBackend:
 
 
 __all__ = [
+    "AUTO_ORDER",
     "BUILTIN_PROFILES",
     "PROFILE_ENV",
     "Access",
