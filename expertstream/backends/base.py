@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Union
 
 import numpy as np
 
+from .._closing import Closing
 from .._deprecated import moved
 from ..errors import (  # the contract raises these; importable from here as well
     BackendError,
@@ -103,7 +104,7 @@ KernelArg = Union["DeviceBuffer", BufferView, np.integer, np.floating]
 # --------------------------------------------------------------------------------------
 
 
-class HostBuffer:
+class HostBuffer(Closing):
     """Host memory that copies read from or write to.
 
     Wraps a numpy array, a bytes-like object or an mmap (read-only mappings allowed), or
@@ -199,12 +200,6 @@ class HostBuffer:
         if self.closed:
             raise UseAfterClose("host buffer is closed", call=call, device=self.device.label)
 
-    def __enter__(self) -> HostBuffer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         return f"HostBuffer({self.kind.value}, {self.nbytes} bytes{', read-only' if self.read_only else ''})"
 
@@ -237,7 +232,7 @@ def as_host_bytes(obj: Any) -> tuple[np.ndarray, Any]:
 # --------------------------------------------------------------------------------------
 
 
-class DeviceBuffer(abc.ABC):
+class DeviceBuffer(abc.ABC, Closing):
     """Device memory: ``nbytes`` of tensor data inside ``alloc_size`` allocated bytes."""
 
     def __init__(self, device: Device, nbytes: int, alloc_size: int, usage: Usage) -> None:
@@ -284,12 +279,6 @@ class DeviceBuffer(abc.ABC):
         stream.copy_h2d(self, offset, host, 0, host.nbytes)
         stream.synchronize()
 
-    def __enter__(self) -> DeviceBuffer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"0x{self.address:x}"
         return f"DeviceBuffer({self.device.label}, {self.usage.value}, {self.nbytes}/{self.alloc_size} bytes, {state})"
@@ -330,7 +319,7 @@ def _check_kinds(call: str, dst: object, dst_type: type, src: object, src_type: 
 # --------------------------------------------------------------------------------------
 
 
-class Event(abc.ABC):
+class Event(abc.ABC, Closing):
     """A marker in a stream. Waits bind to the most recent record at the time they are enqueued."""
 
     def __init__(self, device: Device, timing: bool) -> None:
@@ -371,12 +360,6 @@ class Event(abc.ABC):
         if self.closed:
             raise UseAfterClose("event is closed", call=call, device=self.device.label)
 
-    def __enter__(self) -> Event:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
 
 class Kernel:
     """A compiled kernel bound to one device."""
@@ -399,7 +382,7 @@ def dim3(d: Dim3) -> tuple[int, int, int]:
     return (int(t[0]), int(t[1]) if len(t) > 1 else 1, int(t[2]) if len(t) > 2 else 1)
 
 
-class Stream(abc.ABC):
+class Stream(abc.ABC, Closing):
     """An in-order queue of device work. Every enqueue returns at once unless noted."""
 
     def __init__(self, device: Device, *, owned: bool = True) -> None:
@@ -600,12 +583,6 @@ class Stream(abc.ABC):
         """Wrap a stream created elsewhere (torch.cuda.Stream().cuda_stream, cupy's ptr)."""
         return device.stream_from_handle(handle)
 
-    def __enter__(self) -> Stream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
 
 # --------------------------------------------------------------------------------------
 # Devices and backends
@@ -755,7 +732,7 @@ class Device(abc.ABC):
         return f"<{type(self).__name__} {self.label} {self.name!r}>"
 
 
-class Backend(abc.ABC):
+class Backend(abc.ABC, Closing):
     """One vendor runtime and its devices. Exactly one is active per use; see backends.backend()."""
 
     name: ClassVar[str]
@@ -837,12 +814,6 @@ class Backend(abc.ABC):
                 for d in self.devices
             ],
         }
-
-    def __enter__(self) -> Backend:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}: {len(self.devices)} device(s)>"

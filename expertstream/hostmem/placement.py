@@ -17,6 +17,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .._closing import Closing
 from ..backends.base import Device, HostBuffer
 from ..errors import DeviceError, InvalidArgument
 from ..model.loader import MoeModel, TensorInfo
@@ -56,7 +57,7 @@ DEFAULT_RING_THREADS = min(12, os.cpu_count() or 1)
 _PINNED_ALIGN = 4096
 
 
-class HostWeights(Mapping[str, HostSource]):
+class HostWeights(Mapping[str, HostSource], Closing):
     """A model's tensors (routers and experts) by name, each a HostSource in host memory.
 
     ``mode`` is the mode actually used (AUTO and a refused REGISTERED resolve to another);
@@ -125,12 +126,6 @@ class HostWeights(Mapping[str, HostSource]):
                 stack.callback(self.model.close)
             for resource in self._resources:
                 stack.callback(resource.close)  # closed last-made first
-
-    def __enter__(self) -> HostWeights:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"HostWeights({self.mode.value}, {len(self)} tensors on {self.device.label})"

@@ -12,6 +12,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import ExitStack
 from dataclasses import dataclass
 
+from .._closing import Closing
 from ..backends.base import DeviceBuffer, Event, HostBuffer, Stream, check_range
 from ..errors import InvalidArgument, UseAfterClose
 from ..scheduler.source import HostRegion
@@ -37,7 +38,7 @@ class _Fill:
     parts: tuple[Future[float], ...]  # each returns the filling thread's clock when done
 
 
-class StagingRing:
+class StagingRing(Closing):
     """Copies from pageable host memory at DMA speed through a few pinned chunks.
 
     ``copy`` splits a range into chunk-sized pieces. A pool of host threads memcpys piece
@@ -165,12 +166,6 @@ class StagingRing:
                 stack.callback(slot.buffer.close)
                 stack.callback(slot.free_event.synchronize)  # runs first: a DMA may still read it
         self._slots.clear()
-
-    def __enter__(self) -> StagingRing:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 # A fill is not split into parts smaller than this: on the H200 host, 64 MiB chunks split

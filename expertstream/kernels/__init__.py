@@ -29,6 +29,7 @@ from importlib import resources
 
 import numpy as np
 
+from .._closing import Closing
 from ..backends import sim
 from ..backends.base import BufferView, Device, DeviceBuffer, Kernel, Stream, Usage
 from ..errors import InvalidArgument
@@ -79,7 +80,7 @@ def _i32(value: int) -> np.int32:
     return np.int32(value)
 
 
-class MoeKernels:
+class MoeKernels(Closing):
     """Typed launchers for the MoE kernels on one device."""
 
     def __init__(self, device: Device) -> None:
@@ -221,12 +222,6 @@ class MoeKernels:
         for buf in self._scratch:
             buf.close()
         self._scratch.clear()
-
-    def __enter__(self) -> MoeKernels:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     @staticmethod
     def _check_mul_mat_id_shapes(

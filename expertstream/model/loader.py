@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
 
+from .._closing import Closing
 from .layout import EXPERT_ROLES, ModelError, TensorRole, type_names
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ class _Dims:
     n_ff: int
 
 
-class MoeModel:
+class MoeModel(Closing):
     """A GGUF MoE model mapped read-only; use as a context manager or call close()."""
 
     def __init__(self, path: Path, reader: GGUFReader, dims: _Dims, layers: tuple[MoeLayer, ...]) -> None:
@@ -136,12 +137,6 @@ class MoeModel:
     def close(self) -> None:
         """Drop this model's reference to the mapping; views handed out keep it alive."""
         self._reader = None
-
-    def __enter__(self) -> MoeModel:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return (

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 from gguf import GGMLQuantizationType
 
+from .._closing import Closing
 from ..backends.base import BufferView, Device, DeviceBuffer, Stream, Usage
 from ..errors import InvalidArgument
 from ..kernels import MoeKernels
@@ -128,7 +129,7 @@ class _Tokens:
     label: str
 
 
-class MoeRunner:
+class MoeRunner(Closing):
     """One model's MoE layers on one device: routers, activations, inputs and outputs.
 
     Expert weights are not owned here: each plan takes them as an ExpertData mapping, so the
@@ -372,12 +373,6 @@ class MoeRunner:
         for buf in self._buffers:
             buf.close()
         self._buffers.clear()
-
-    def __enter__(self) -> MoeRunner:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _expert_input(role: str, info: TensorInfo, data: HostSource | BufferView) -> Input:

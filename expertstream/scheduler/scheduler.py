@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 
+from .._closing import Closing
 from ..backends.base import BufferView, Device, Stream, Usage
 from .plan import Input, MulMatId, Plan, Split
 from .prefetch import PrefetchSlots, Unit
@@ -42,7 +43,7 @@ class _RunState:
     next_fire: dict[Device, int]  # device -> index into pending of the next unit to fire
 
 
-class Scheduler:
+class Scheduler(Closing):
     """Runs plans on their devices' compute streams.
 
     ``slots=0`` is the stock path: no prefetch state, nothing allocated for it. ``slots`` in
@@ -285,9 +286,3 @@ class Scheduler:
         self._stock.clear()
         self._owned_streams.clear()
         self._streams.clear()
-
-    def __enter__(self) -> Scheduler:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -61,9 +61,6 @@ class SimBackend(Backend):
     def host_resume_at(self, timestamp: float) -> None:
         self._sim.host_resume_at(timestamp)
 
-    def __enter__(self) -> SimBackend:
-        return self
-
     def describe(self) -> dict[str, Any]:
         out = super().describe()
         out["profile"] = dataclasses.asdict(self.profile)
