@@ -64,4 +64,5 @@ def tests_hip_on_cuda(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     session.install("-e", ".[dev,test]")
     session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
     session.run("mypy")
