@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Union
 
 import numpy as np
 
+from .. import ggml
 from .._closing import Closing
 from .._deprecated import moved
 from ..errors import (  # the contract raises these; importable from here as well
@@ -32,7 +33,7 @@ from ..errors import (  # the contract raises these; importable from here as wel
     OutOfDeviceMemory,
     UseAfterClose,
 )
-from ..ggml import RowType, padded_size
+from ..ggml import RowType
 from ..timeline import OpKind
 
 if TYPE_CHECKING:
@@ -661,7 +662,7 @@ class Device(abc.ABC):
     # -- validated API ------------------------------------------------------------------
     def alloc_size(self, nbytes: int, row_type: RowType | None = None, ne0: int | None = None) -> int:
         """Bytes to allocate for a tensor, including the quantized-row padding kernels read."""
-        return padded_size(nbytes, row_type, ne0)
+        return ggml.padded_size(nbytes, row_type, ne0)
 
     def alloc(
         self,

@@ -28,6 +28,12 @@ log = logging.getLogger(__name__)
 
 
 class HostMemoryMode(enum.Enum):
+    """How a model's tensors are placed in host memory (``--host-memory``).
+
+    A placement decides which kind of host buffer (``backends.base.HostMemory``: pageable,
+    pinned, registered) the tensors end up in, and whether a staging ring sits in front.
+    """
+
     MMAP = "mmap"  # the file mapping itself: pageable
     REGISTERED = "registered"  # the mapping page-locked in place, read-only
     PINNED = "pinned"  # one pinned allocation holding a copy of the tensors

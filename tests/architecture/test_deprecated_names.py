@@ -1,0 +1,52 @@
+"""Names that moved keep working for one release, each with a DeprecationWarning naming the new home."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+import expertstream.ggml
+import expertstream.scheduler
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("padded_size", expertstream.ggml.padded_size),
+        ("row_size", expertstream.ggml.row_size),
+        ("is_quantized", expertstream.ggml.is_quantized),
+        ("MATRIX_ROW_PADDING", expertstream.ggml.MATRIX_ROW_PADDING),
+        ("HostRegion", expertstream.scheduler.HostRegion),
+        ("HostSource", expertstream.scheduler.HostSource),
+    ],
+)
+def test_moved_contract_names_resolve_with_a_warning(old: str, new: object) -> None:
+    base = importlib.import_module("expertstream.backends.base")
+    with pytest.warns(DeprecationWarning, match=f"backends.base.{old} moved to expertstream"):
+        assert getattr(base, old) is new
+
+
+def test_unknown_names_still_raise_attribute_error() -> None:
+    base = importlib.import_module("expertstream.backends.base")
+    with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
+        base.not_a_name  # noqa: B018
+
+
+def test_the_old_kernels_package_path_still_imports() -> None:
+    code = (
+        "import warnings; warnings.simplefilter('error')\n"
+        "try:\n"
+        "    import expertstream.backends.kernels\n"
+        "except DeprecationWarning as w:\n"
+        "    print(w)\n"
+        "warnings.simplefilter('ignore')\n"
+        "from expertstream.backends.kernels import MoeKernels\n"
+        "from expertstream.backends.kernels.reference import mul_mat_id\n"
+        "import expertstream.kernels as k\n"
+        "print(MoeKernels is k.MoeKernels, mul_mat_id is k.reference.mul_mat_id)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "moved to expertstream.kernels" in out and out.strip().endswith("True True")
