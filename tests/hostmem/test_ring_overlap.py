@@ -29,7 +29,9 @@ def _ring_ops(chunks: int, threads: int, nbytes: int) -> tuple[list[TimelineOp],
             assert np.array_equal(dst.read(), data)
             dst.close()
         ops = [op for op in sim.timeline if op.nbytes]
-    fills = [op for op in ops if op.kind is OpKind.HOST_COPY]
+    # Threads append to the timeline in whatever order the OS runs them: order fills by their
+    # virtual start, which the ring's in-turn hand-out of parts to threads makes deterministic.
+    fills = sorted((op for op in ops if op.kind is OpKind.HOST_COPY), key=lambda op: (op.start, str(op.thread)))
     dmas = [op for op in ops if op.kind is OpKind.H2D and op.nbytes <= MIB]
     return fills, dmas
 
