@@ -496,7 +496,7 @@ def _refusal(what: str, obj: object, device: Device, call: str, foreign: bool) -
         hint = f"pass an int handle, an object with __cuda_stream__, or a torch or CuPy {what}"
     else:
         hint = f"the {device.backend.name} backend has no native {what}s of other libraries"
-    return InvalidArgument(f"cannot wrap a {type_name(obj)} as a {what}", call=call, device=device.label, hint=hint)
+    return InvalidArgument(f"cannot wrap {type_name(obj)} as a {what}", call=call, device=device.label, hint=hint)
 
 
 __all__ = [
