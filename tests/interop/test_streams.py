@@ -67,9 +67,9 @@ def test_foreign_stream_objects(device: Device, kind: type) -> None:
 
 def test_refusals_name_the_type(device: Device) -> None:
     for obj in (object(), 1.5, True, "stream"):
-        with pytest.raises(InvalidArgument, match="cannot wrap a"):
+        with pytest.raises(InvalidArgument, match=f"cannot wrap {type(obj).__qualname__} as a stream"):
             device.stream_from(obj)
-    with pytest.raises(InvalidArgument, match="returned"):
+    with pytest.raises(InvalidArgument, match="returned" if _is_gpu(device) else "Bad"):
         device.stream_from(type("Bad", (), {"__cuda_stream__": lambda self: (3, 1)})())
     event = device.event()
     with pytest.raises(InvalidArgument, match="use it as it is"):
