@@ -45,6 +45,7 @@ from .base import (
     Usage,
     Vendor,
 )
+from .interop import DLDeviceType
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T", "GpuEvent", "GpuKernel")
@@ -104,18 +105,6 @@ class GpuBuffer(DeviceBuffer):
     def address(self) -> int:
         return self._pointer
 
-    @property
-    def __cuda_array_interface__(self) -> dict[str, Any]:
-        """Lets torch.as_tensor / cupy.asarray wrap the bytes without a copy."""
-        return {
-            "version": 3,
-            "shape": (self.alloc_size,),
-            "typestr": "|u1",
-            "data": (self._pointer, False),
-            "strides": None,
-            "stream": None,
-        }
-
     def _free(self) -> None:
         if self._release.detach() is not None and self._pointer:
             self._device.activate()
@@ -123,12 +112,13 @@ class GpuBuffer(DeviceBuffer):
 
 
 class GpuEvent(Event):
-    def __init__(self, device: GpuDevice, timing: bool, handle: int) -> None:
-        super().__init__(device, timing)
+    def __init__(self, device: GpuDevice, timing: bool, handle: int, *, owned: bool = True) -> None:
+        super().__init__(device, timing, owned=owned)
         self._device = device
         self.handle = handle
         self._recorded: tuple[GpuStream, int] | None = None  # stream and its pending sequence number
-        self._release = _finalizer(self, [(device.api.event_destroy, (handle,))], device.label)
+        steps = [(device.api.event_destroy, (handle,))] if owned else []
+        self._release = _finalizer(self, steps, device.label)
 
     def query(self) -> bool:
         self._check_open("Event.query")
@@ -314,6 +304,8 @@ class _Live:
 
 
 class GpuDevice(Device):
+    foreign_handles = True
+
     def __init__(self, backend: GpuBackend, index: int) -> None:
         super().__init__(backend, index, "")
         self.api = backend.api
@@ -361,6 +353,10 @@ class GpuDevice(Device):
     def arch(self) -> str:
         return self._info.arch
 
+    @property
+    def dlpack_device(self) -> tuple[DLDeviceType, int]:
+        return (DLDeviceType.CUDA if self.backend.vendor is Vendor.NVIDIA else DLDeviceType.ROCM, self.index)
+
     # -- device memory ------------------------------------------------------------------
     def _alloc(self, nbytes: int, alloc_size: int, usage: Usage) -> DeviceBuffer:
         pointer = 0
@@ -397,6 +393,17 @@ class GpuDevice(Device):
         stream = GpuStream(self, handle, owned=False)
         self._live.streams.add(stream)
         return stream
+
+    def event_from_handle(self, handle: int, timing: bool = False) -> Event:
+        if not isinstance(handle, int) or isinstance(handle, bool) or handle == 0:
+            raise InvalidArgument(
+                f"an event handle is a non-zero int, got {handle!r}",
+                call="Device.event_from_handle",
+                device=self.label,
+            )
+        event = GpuEvent(self, timing, handle, owned=False)
+        self._live.events.add(event)
+        return event
 
     def event(self, timing: bool = False) -> Event:
         self.activate()

@@ -35,6 +35,7 @@ from ..errors import (  # the contract raises these; importable from here as wel
 )
 from ..ggml import RowType
 from ..timeline import OpKind
+from .interop import DLDeviceType, TypedView, event_handle, stream_handle, typed_view
 
 if TYPE_CHECKING:
     from ..timeline import TimelineOp
@@ -80,9 +81,41 @@ class Capabilities:
     peer_access: frozenset[int] = field(default_factory=frozenset)  # device indices reachable
 
 
+class _Exported(abc.ABC):
+    """DLPack and the CUDA array interface over a byte range: uint8 and 1-D unless as_array says otherwise."""
+
+    _api_name: ClassVar[str]
+
+    @abc.abstractmethod
+    def _export_view(self) -> BufferView: ...
+
+    def as_array(
+        self, dtype: Any = np.uint8, shape: int | Sequence[int] | None = None, *, stream: Stream | None = None
+    ) -> TypedView:
+        """A row-major ``dtype`` array of ``shape`` over the first bytes, for other libraries.
+
+        ``stream`` is the producer stream: the one whose enqueued work writes these bytes (see
+        backends.interop for how consumers are ordered after it). Raises InvalidArgument if
+        the bytes are too few or misaligned for the shape and type, or the type is unsupported.
+        """
+        return typed_view(self._export_view(), dtype, shape, stream, f"{self._api_name}.as_array")
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        return self.as_array().__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> tuple[DLDeviceType, int]:
+        return self._export_view().buffer.device.dlpack_device
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        return self.as_array().__cuda_array_interface__
+
+
 @dataclass(frozen=True)
-class BufferView:
+class BufferView(_Exported):
     """A byte range of a device buffer; what kernels take as a pointer argument."""
+
+    _api_name: ClassVar[str] = "BufferView"
 
     buffer: DeviceBuffer
     offset: int
@@ -95,6 +128,9 @@ class BufferView:
     @property
     def end(self) -> int:
         return self.offset + self.nbytes
+
+    def _export_view(self) -> BufferView:
+        return self
 
 
 KernelArg = Union["DeviceBuffer", BufferView, np.integer, np.floating]
@@ -233,8 +269,10 @@ def as_host_bytes(obj: Any) -> tuple[np.ndarray, Any]:
 # --------------------------------------------------------------------------------------
 
 
-class DeviceBuffer(abc.ABC, Closing):
+class DeviceBuffer(_Exported, Closing):
     """Device memory: ``nbytes`` of tensor data inside ``alloc_size`` allocated bytes."""
+
+    _api_name: ClassVar[str] = "DeviceBuffer"
 
     def __init__(self, device: Device, nbytes: int, alloc_size: int, usage: Usage) -> None:
         self.device = device
@@ -251,6 +289,13 @@ class DeviceBuffer(abc.ABC, Closing):
     @abc.abstractmethod
     def _free(self) -> None:
         """Release the memory. Called once."""
+
+    def _dlpack_pointer(self) -> int:
+        """Where a DLPack consumer finds byte 0, in the memory of ``device.dlpack_device``."""
+        return self.address
+
+    def _export_view(self) -> BufferView:
+        return self.view()
 
     def view(self, offset: int = 0, nbytes: int | None = None) -> BufferView:
         n = self.alloc_size - offset if nbytes is None else nbytes
@@ -323,9 +368,10 @@ def _check_kinds(call: str, dst: object, dst_type: type, src: object, src_type: 
 class Event(abc.ABC, Closing):
     """A marker in a stream. Waits bind to the most recent record at the time they are enqueued."""
 
-    def __init__(self, device: Device, timing: bool) -> None:
+    def __init__(self, device: Device, timing: bool, *, owned: bool = True) -> None:
         self.device = device
         self.timing = timing
+        self.owned = owned  # False for events wrapped with event_from: close() leaves them alone
         self.closed = False
 
     @abc.abstractmethod
@@ -353,8 +399,10 @@ class Event(abc.ABC, Closing):
         return self._elapsed_ms(end)
 
     def close(self) -> None:
+        """Destroy the event; events from event_from are left alone."""
         if not self.closed:
-            self._destroy()
+            if self.owned:
+                self._destroy()
             self.closed = True
 
     def _check_open(self, call: str) -> None:
@@ -584,6 +632,15 @@ class Stream(abc.ABC, Closing):
         """Wrap a stream created elsewhere (torch.cuda.Stream().cuda_stream, cupy's ptr)."""
         return device.stream_from_handle(handle)
 
+    @property
+    def __cuda_stream__(self) -> Callable[[], tuple[int, int]]:
+        """The CUDA stream protocol, on CUDA streams only: ``stream.__cuda_stream__()`` is (0, handle)."""
+        if self.device.dlpack_device[0] is not DLDeviceType.CUDA:
+            raise AttributeError(f"__cuda_stream__ exists on CUDA streams only, not on {self.device.label}")
+        self._check_open("Stream.__cuda_stream__")
+        handle = self.handle
+        return lambda: (0, handle)
+
 
 # --------------------------------------------------------------------------------------
 # Devices and backends
@@ -592,6 +649,8 @@ class Stream(abc.ABC, Closing):
 
 class Device(abc.ABC):
     """One GPU (or one simulated GPU)."""
+
+    foreign_handles: ClassVar[bool] = False  # whether streams and events of other libraries can exist here
 
     def __init__(self, backend: Backend, index: int, name: str) -> None:
         self.backend = backend
@@ -630,7 +689,21 @@ class Device(abc.ABC):
         """A new non-blocking stream."""
 
     @abc.abstractmethod
-    def stream_from_handle(self, handle: int) -> Stream: ...
+    def stream_from_handle(self, handle: int) -> Stream:
+        """Wrap a native stream handle; the wrapper does not own it."""
+
+    def event_from_handle(self, handle: int, timing: bool = False) -> Event:
+        """Wrap a native event handle; the wrapper does not own it (``timing``: it was created with timing)."""
+        raise InvalidArgument(
+            f"the {self.backend.name} backend has no native event handles",
+            call="Device.event_from_handle",
+            device=self.label,
+        )
+
+    @property
+    @abc.abstractmethod
+    def dlpack_device(self) -> tuple[DLDeviceType, int]:
+        """Where this device's buffers live for DLPack: (device type, device id)."""
 
     @abc.abstractmethod
     def event(self, timing: bool = False) -> Event: ...
@@ -703,6 +776,19 @@ class Device(abc.ABC):
             buf.close()
             raise
         return buf
+
+    def stream_from(self, obj: Any) -> Stream:
+        """Wrap a stream of this device made elsewhere; closing the wrapper leaves it alone.
+
+        Takes a Stream of this device, an int handle, and on GPUs a torch.cuda.Stream, a CuPy
+        stream or any object with ``__cuda_stream__``. Anything else is an InvalidArgument
+        naming its type.
+        """
+        return self.stream_from_handle(stream_handle(obj, self, foreign=self.foreign_handles))
+
+    def event_from(self, obj: Any, timing: bool = False) -> Event:
+        """Wrap an event made elsewhere (an int handle, torch.cuda.Event, CuPy event); not owned."""
+        return self.event_from_handle(event_handle(obj, self, foreign=self.foreign_handles), timing)
 
     def wrap_host(self, obj: Any) -> HostBuffer:
         """Wrap a numpy array, bytes-like object or mmap as pageable host memory (no copy)."""

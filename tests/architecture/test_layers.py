@@ -24,6 +24,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "model": {"errors", "ggml", "_closing"},
     "hostmem": {"backends", "scheduler", "model", "errors", "_closing"},
     "moe": {"backends", "kernels", "scheduler", "model", "hostmem", *LEAVES},
+    "interop": {"backends", "scheduler", *LEAVES},
 }
 # Modules that may import anything: the command line and the package's front door.
 ENTRY_MODULES = {"expertstream", "expertstream.__main__", "expertstream.cli"}

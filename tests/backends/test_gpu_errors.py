@@ -402,6 +402,27 @@ def test_device_description_and_interop(backend: Any) -> None:
     }
 
 
+def test_dlpack_orders_another_consumer_stream_after_the_producer(backend: Any, fake: FakeGpu) -> None:
+    dev = backend.device(0)
+    buf, producer, consumer = dev.alloc(64), dev.stream(), dev.stream()
+    typed = buf.view(16).as_array(np.float32, (2, 4), stream=producer)
+    assert typed.__cuda_array_interface__["stream"] == producer.handle
+    assert producer.__cuda_stream__() == (0, producer.handle)
+    events_before = len(fake.events)
+    with mock.patch.object(dev, "event", wraps=dev.event) as make_event:
+        for stream, orders in ((producer.handle, False), (-1, False), (consumer.handle, True), (None, True)):
+            make_event.reset_mock()
+            typed.__dlpack__(stream=stream)  # the capsule, never consumed, deletes its tensor
+            assert make_event.called is orders, stream
+    assert len(fake.events) == events_before  # the ordering events were destroyed again
+    with pytest.raises(BufferError):
+        typed.__dlpack__(stream=0)  # reserved on CUDA
+    unowned = dev.stream_from(types.SimpleNamespace(cuda_stream=consumer.handle))
+    unowned.close()
+    consumer.synchronize()  # closing the wrapper did not destroy the stream
+    assert len(fake.streams) >= 2
+
+
 def test_stream_query_reports_not_ready_as_false(backend: Any) -> None:
     dev = backend.device(0)
     buf = dev.alloc(16)

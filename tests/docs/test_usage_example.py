@@ -1,4 +1,8 @@
-"""The Python example in docs/usage.md runs as written (on the default backend)."""
+"""The Python examples in docs/usage.md run as written.
+
+The first (scheduler and kernels) runs here on the simulator; the second (torch) runs in
+tests/interop/test_torch_program.py on every backend torch can reach.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +14,15 @@ import pytest
 USAGE = Path(__file__).resolve().parents[2] / "docs" / "usage.md"
 
 
+def usage_blocks() -> list[str]:
+    """The ```python blocks of docs/usage.md, in order."""
+    return re.findall(r"```python\n(.*?)```", USAGE.read_text(), flags=re.S)
+
+
 def test_usage_example_runs(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("EXPERTSTREAM_BACKEND", "sim")
-    blocks = re.findall(r"```python\n(.*?)```", USAGE.read_text(), flags=re.S)
-    assert len(blocks) == 1
+    blocks = usage_blocks()
+    assert len(blocks) == 2
     exec(compile(blocks[0], str(USAGE), "exec"), {"__name__": "usage_example"})
     lines = capsys.readouterr().out.split("\n")
     assert lines[0] == "0 0 fires" and lines[1] == "3 4 fires"

@@ -9,6 +9,7 @@ import numpy as np
 from ...errors import DeviceError, InvalidArgument, OutOfDeviceMemory
 from ...timeline import OpKind
 from ..base import Capabilities, Device, HostBuffer, HostMemory, Kernel, Usage, as_host_bytes, check_range
+from ..interop import DLDeviceType
 from .core import Simulation
 from .kernels import SimKernel, lookup_kernel
 from .memory import GARBAGE_BYTE, SimDeviceBuffer, SimHostBuffer, untouched_host_bytes
@@ -53,6 +54,11 @@ class SimDevice(Device):
     @property
     def arch(self) -> str:
         return self.sim.profile.name
+
+    @property
+    def dlpack_device(self) -> tuple[DLDeviceType, int]:
+        """Simulated device bytes are numpy arrays: other libraries see them as CPU memory."""
+        return (DLDeviceType.CPU, 0)
 
     # -- device memory -------------------------------------------------------------------
     def _alloc(self, nbytes: int, alloc_size: int, usage: Usage) -> SimDeviceBuffer:

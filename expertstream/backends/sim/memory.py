@@ -42,6 +42,16 @@ class SimDeviceBuffer(DeviceBuffer):
         self.sim_device.release(self)
         self.array = None
 
+    def _dlpack_pointer(self) -> int:
+        if self.array is None:
+            raise InvalidArgument(
+                "a timing-only simulator holds no bytes to export",
+                call="__dlpack__",
+                device=self.device.label,
+                hint="open the simulator with data=True",
+            )
+        return int(self.array.ctypes.data)
+
     def read(self, offset: int = 0, nbytes: int | None = None) -> np.ndarray:
         if self.array is None and not self.closed:
             raise InvalidArgument(
