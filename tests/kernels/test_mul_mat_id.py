@@ -162,10 +162,13 @@ def test_dirty_padding_tail_is_not_silently_read(
     assert np.isfinite(y[:, :2]).all() and np.isfinite(y[:, 2, :-1]).all()
 
 
-def test_rejects_unsupported_type_naming_the_supported(device: Device, kernels: MoeKernels, stream: Stream) -> None:
+@pytest.mark.parametrize("w_type", [GGMLQuantizationType.TQ1_0, GGMLQuantizationType.Q8_1], ids=lambda t: t.name)
+def test_rejects_unsupported_type_naming_the_supported(
+    device: Device, kernels: MoeKernels, stream: Stream, w_type: GGMLQuantizationType
+) -> None:
     buf = device.alloc(1 << 16)
-    with pytest.raises(InvalidArgument, match="Q4_1.*supported types: Q4_0, Q8_0, F16, BF16"):
-        kernels.mul_mat_id(stream, buf, GGMLQuantizationType.Q4_1, 2, 8, 64, buf, False, buf, 1, 1, buf)
+    with pytest.raises(InvalidArgument, match=f"{w_type.name}.*supported types: Q4_0, Q4_1, .*Q6_K, .*BF16, F32"):
+        kernels.mul_mat_id(stream, buf, w_type, 2, 8, 256, buf, False, buf, 1, 1, buf)
 
 
 def test_rejects_tensor_without_its_padding(device: Device, kernels: MoeKernels, stream: Stream) -> None:
