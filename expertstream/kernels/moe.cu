@@ -218,8 +218,10 @@ template <> __device__ void decode_slice<ES_TYPE_Q5_0>(const unsigned short* uni
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
         const int q = (int)block_byte(units, 6 + j);
-        out[j] = d * (float)(((q & 0xf) | (((qh >> j) & 1) << 4)) - 16);
-        out[j + 16] = d * (float)(((q >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16);
+        const int high_low = (int)((qh >> j) & 1u) << 4;
+        const int high_high = (int)((qh >> (j + 16)) & 1u) << 4;
+        out[j] = d * (float)(((q & 0xf) | high_low) - 16);
+        out[j + 16] = d * (float)(((q >> 4) | high_high) - 16);
     }
 }
 
@@ -230,8 +232,10 @@ template <> __device__ void decode_slice<ES_TYPE_Q5_1>(const unsigned short* uni
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
         const int q = (int)block_byte(units, 8 + j);
-        out[j] = fmaf(d, (float)((q & 0xf) | (((qh >> j) & 1) << 4)), m);
-        out[j + 16] = fmaf(d, (float)((q >> 4) | (((qh >> (j + 16)) & 1) << 4)), m);
+        const int high_low = (int)((qh >> j) & 1u) << 4;
+        const int high_high = (int)((qh >> (j + 16)) & 1u) << 4;
+        out[j] = fmaf(d, (float)((q & 0xf) | high_low), m);
+        out[j + 16] = fmaf(d, (float)((q >> 4) | high_high), m);
     }
 }
 
