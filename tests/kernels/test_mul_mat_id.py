@@ -203,7 +203,11 @@ def test_dirty_padding_tail_is_not_silently_read(
     assert np.isfinite(y[:, :2]).all() and np.isfinite(y[:, 2, :-1]).all()
 
 
-@pytest.mark.parametrize("w_type", [GGMLQuantizationType.TQ1_0, GGMLQuantizationType.Q8_1], ids=lambda t: t.name)
+@pytest.mark.parametrize(
+    "w_type",
+    [_T.IQ1_S, _T.IQ1_M, _T.IQ2_XXS, _T.IQ2_XS, _T.IQ2_S, _T.IQ3_XXS, _T.IQ3_S, _T.TQ1_0, _T.Q8_1],
+    ids=lambda t: t.name,
+)
 def test_rejects_unsupported_type_naming_the_supported(
     device: Device, kernels: MoeKernels, stream: Stream, w_type: GGMLQuantizationType
 ) -> None:

@@ -9,7 +9,7 @@ import pytest
 from gguf import GGMLQuantizationType
 
 from expertstream import InvalidArgument
-from expertstream.model import ModelError, MoeModel, get_preset, make_model
+from expertstream.model import ModelError, MoeModel, get_preset, make_model, parse_expert_type
 
 TINY = get_preset("tiny")
 CustomWriter = Callable[..., Path]  # the custom_model fixture
@@ -90,3 +90,15 @@ def test_make_model_refuses_bad_arguments_and_writes_nothing(
     with pytest.raises(InvalidArgument, match=message):
         make_model(args["preset"], args["qtype"], path, layers=args["layers"], seed=args["seed"])  # type: ignore[arg-type]
     assert not path.exists()
+
+
+@pytest.mark.parametrize("name", ["q4_k", "Q4_K", " q4_K "])
+def test_expert_type_names_are_case_insensitive(name: str) -> None:
+    assert parse_expert_type(name) is GGMLQuantizationType.Q4_K
+
+
+def test_unsupported_expert_type_error_names_tensor_type_and_supported() -> None:
+    with pytest.raises(InvalidArgument) as err:
+        parse_expert_type("iq2_xxs", tensor="blk.3.ffn_up_exps.weight")
+    assert "blk.3.ffn_up_exps.weight: IQ2_XXS is not a supported expert type" in str(err.value)
+    assert SUPPORTED in str(err.value)
