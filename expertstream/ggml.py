@@ -9,6 +9,8 @@ from __future__ import annotations
 import enum
 from typing import Union
 
+from gguf import GGMLQuantizationType as _T
+
 from .errors import InvalidArgument
 
 MATRIX_ROW_PADDING = 512
@@ -59,4 +61,13 @@ def padded_size(nbytes: int, row_type: RowType | None, ne0: int | None) -> int:
     return nbytes + (row_size(row_type, MATRIX_ROW_PADDING - rem) if rem else 0)
 
 
-__all__ = ["MATRIX_ROW_PADDING", "RowType", "is_quantized", "padded_size", "row_size"]
+EXPERT_TYPES: tuple[_T, ...] = (
+    _T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1, _T.Q8_0,
+    _T.Q2_K, _T.Q3_K, _T.Q4_K, _T.Q5_K, _T.Q6_K,
+    _T.IQ4_NL, _T.IQ4_XS, _T.MXFP4,
+    _T.F16, _T.BF16, _T.F32,
+)  # fmt: skip
+"""The expert weight types the MoE kernels read (``kernels.layout.FORMATS`` has one format each)."""
+
+
+__all__ = ["EXPERT_TYPES", "MATRIX_ROW_PADDING", "RowType", "is_quantized", "padded_size", "row_size"]

@@ -6,8 +6,8 @@ method only enqueues work on the given stream.
 
 Shapes (all float32 unless noted, row-major, contiguous):
 
-- ``mul_mat_id``: w [n_expert][n_out][n_in] of ``w_type`` (Q4_0, Q8_0, F16 or BF16) with
-  ggml's padding tail for quantized rows; x [n_tokens, n_in] shared by all slots, or
+- ``mul_mat_id``: w [n_expert][n_out][n_in] of ``w_type`` (layout.FORMATS lists the
+  supported types) with ggml's padding tail for quantized rows; x [n_tokens, n_in] shared by all slots, or
   [n_tokens, top_k, n_in] when ``x_per_slot``; ids int32 [n_tokens, top_k];
   y [n_tokens, top_k, n_out]. Ids outside [0, n_expert) give NaN rows, never a stray read.
 - ``swiglu``: out[i] = silu(gate[i]) * up[i] for n elements.
@@ -121,7 +121,7 @@ class MoeKernels(Closing):
         tile_m = fmt.tile_for(n_pairs, n_expert)
         tiles = layout.max_tiles(n_pairs, n_expert, tile_m)
         w_bytes = n_expert * n_out * fmt.row_bytes(n_in)
-        w_view = _view(call, "w", w, padded_size(w_bytes, fmt.qtype, n_in), 2)
+        w_view = _view(call, "w", w, padded_size(w_bytes, fmt.qtype, n_in), fmt.unit_bytes)
         x_view = _view(call, "x", x, (n_pairs if x_per_slot else n_tokens) * n_in * 4, 4)
         ids_view = _view(call, "ids", ids, n_pairs * 4, 4)
         y_view = _view(call, "y", y, n_pairs * n_out * 4, 4)

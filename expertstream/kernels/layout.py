@@ -8,13 +8,13 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from gguf import GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ..errors import InvalidArgument
 from ..ggml import MATRIX_ROW_PADDING, RowType
 
 TILE_N = 128  # outputs per block of mul_mat_id
-TILE_K = 32  # elements per k step: one quantization block
+TILE_K = 32  # elements per k step: one block, or one 32-element slice of a 256-element block
 MMID_THREADS = 128
 GROUP_THREADS = 1024
 MAX_EXPERTS = 1024  # experts the grouping kernel can bucket
@@ -52,6 +52,7 @@ class WeightFormat:
     block_elements: int
     block_bytes: int
     tiles: tuple[TileM, ...]  # the tile heights compiled for this type
+    unit_bytes: int = 2  # the kernel reads the tensor in units of this many bytes: w is aligned to it
 
     @property
     def quantized(self) -> bool:
@@ -76,13 +77,37 @@ class WeightFormat:
         return TileM.SHORT
 
 
+def _format(
+    qtype: GGMLQuantizationType, tiles: tuple[TileM, ...] = (TileM.SHORT,), unit_bytes: int = 2
+) -> WeightFormat:
+    block_elements, block_bytes = GGML_QUANT_SIZES[qtype]
+    return WeightFormat(qtype, qtype.name.lower(), block_elements, block_bytes, tiles, unit_bytes)
+
+
+_T = GGMLQuantizationType
+_BOTH = (TileM.SHORT, TileM.TALL)
+
+# Types not measured on the H200 compile the short tile only. MXFP4 blocks take 17 bytes
+# and F32 elements 4, so those two are read in bytes and in 32-bit words.
 FORMATS: dict[GGMLQuantizationType, WeightFormat] = {
     f.qtype: f
     for f in (
-        WeightFormat(GGMLQuantizationType.Q4_0, "q4_0", 32, 18, (TileM.SHORT, TileM.TALL)),
-        WeightFormat(GGMLQuantizationType.Q8_0, "q8_0", 32, 34, (TileM.SHORT,)),
-        WeightFormat(GGMLQuantizationType.F16, "f16", 1, 2, (TileM.SHORT, TileM.TALL)),
-        WeightFormat(GGMLQuantizationType.BF16, "bf16", 1, 2, (TileM.SHORT, TileM.TALL)),
+        _format(_T.Q4_0, _BOTH),
+        _format(_T.Q4_1),
+        _format(_T.Q5_0),
+        _format(_T.Q5_1),
+        _format(_T.Q8_0),
+        _format(_T.Q2_K),
+        _format(_T.Q3_K),
+        _format(_T.Q4_K),
+        _format(_T.Q5_K),
+        _format(_T.Q6_K),
+        _format(_T.IQ4_NL),
+        _format(_T.IQ4_XS),
+        _format(_T.MXFP4, unit_bytes=1),
+        _format(_T.F16, _BOTH),
+        _format(_T.BF16, _BOTH),
+        _format(_T.F32, unit_bytes=4),
     )
 }
 

@@ -7,20 +7,33 @@
 //   64 on most AMD GPUs);
 // - explicit fmaf, so both compilers accumulate with the same contraction.
 //
-// Weight layouts are ggml's: a 3-D expert tensor [n_expert][n_out][n_in] of rows of
-// n_in elements, contiguous. Q4_0 blocks are an f16 scale and 16 bytes of nibbles per
-// 32 elements (low nibbles are elements 0..15); Q8_0 blocks an f16 scale and 32 int8.
+// Weight layouts are ggml's (ggml-common.h): a 3-D expert tensor [n_expert][n_out][n_in]
+// of rows of n_in elements, contiguous, each row a run of blocks. The matrix kernel steps
+// k by 32 elements: one block of the 32-element types, one slice of the 256-element ones
+// (K-quants, IQ4_XS), which it decodes with the block's shared scales.
 
+#define ES_TYPE_F32 0
 #define ES_TYPE_F16 1
 #define ES_TYPE_Q4_0 2
+#define ES_TYPE_Q4_1 3
+#define ES_TYPE_Q5_0 6
+#define ES_TYPE_Q5_1 7
 #define ES_TYPE_Q8_0 8
+#define ES_TYPE_Q2_K 10
+#define ES_TYPE_Q3_K 11
+#define ES_TYPE_Q4_K 12
+#define ES_TYPE_Q5_K 13
+#define ES_TYPE_Q6_K 14
+#define ES_TYPE_IQ4_NL 20
+#define ES_TYPE_IQ4_XS 23
 #define ES_TYPE_BF16 30
+#define ES_TYPE_MXFP4 39
 
-// Must match expertstream/backends/kernels/layout.py.
+// Must match expertstream/kernels/layout.py.
 #define MOE_MAX_EXPERTS 1024      // buckets in the grouping kernel (plus one for bad ids)
 #define MOE_SCRATCH_HEADER 4      // ints before the tile table
 #define MOE_TILE_N 128            // outputs per block in mul_mat_id
-#define MOE_TILE_K 32             // elements per k step: one quantization block
+#define MOE_TILE_K 32             // elements per k step: one block or one 32-element slice
 #define MOE_ROW_PADDING 512       // quantized rows are read in blocks of this many elements
 #define MOE_MMID_THREADS 128
 #define MOE_GROUP_THREADS 1024
@@ -58,62 +71,340 @@ __device__ float bf16_to_float(unsigned int h) {
     return bits_to_float(h << 16);
 }
 
-// Per-type layout of one 32-element block as it is read from memory, in 16-bit units.
+// How each type is read. Per k step the kernel stages, for every row of the tile,
+// `slice_units` units of `Unit` (16 bits for most types; bytes for MXFP4, whose 17-byte
+// blocks break 16-bit alignment; 32-bit words for F32): unit h of slice s is unit
+// unit_of(s, h) of the block. decode_slice turns the staged units of slice s into 32
+// floats. `bytes` is the size of one block (of 32 elements for the float types).
 template <int TYPE> struct BlockFormat;
-template <> struct BlockFormat<ES_TYPE_Q4_0> {
-    static const int bytes = 18;
+
+// 32-element blocks: the slice is the whole block.
+#define ES_WHOLE_BLOCK(TYPE, UNIT, BYTES)                                    \
+    template <> struct BlockFormat<TYPE> {                                   \
+        typedef UNIT Unit;                                                   \
+        static const int bytes = BYTES;                                      \
+        static const int slices = 1;                                         \
+        static const int slice_units = BYTES / (int)sizeof(UNIT);            \
+        static const bool quantized = TYPE != ES_TYPE_F32 && TYPE != ES_TYPE_F16 && TYPE != ES_TYPE_BF16; \
+        __device__ static int unit_of(int, int h) { return h; }              \
+    };
+
+ES_WHOLE_BLOCK(ES_TYPE_Q4_0, unsigned short, 18)
+ES_WHOLE_BLOCK(ES_TYPE_Q4_1, unsigned short, 20)
+ES_WHOLE_BLOCK(ES_TYPE_Q5_0, unsigned short, 22)
+ES_WHOLE_BLOCK(ES_TYPE_Q5_1, unsigned short, 24)
+ES_WHOLE_BLOCK(ES_TYPE_Q8_0, unsigned short, 34)
+ES_WHOLE_BLOCK(ES_TYPE_IQ4_NL, unsigned short, 18)
+ES_WHOLE_BLOCK(ES_TYPE_MXFP4, unsigned char, 17)
+ES_WHOLE_BLOCK(ES_TYPE_F16, unsigned short, 64)
+ES_WHOLE_BLOCK(ES_TYPE_BF16, unsigned short, 64)
+ES_WHOLE_BLOCK(ES_TYPE_F32, unsigned int, 128)
+
+// 256-element blocks: slice s stages the block's scales and the quants of its 32 elements.
+// Q2_K: scales[16] qs[64] d dmin. Slice s = 4 * half + j: the scale pair of bytes
+// 8 * half + 2j, 2-bit quants j of the 32 bytes of its half, d and dmin.
+template <> struct BlockFormat<ES_TYPE_Q2_K> {
+    typedef unsigned short Unit;
+    static const int bytes = 84;
+    static const int slices = 8;
+    static const int slice_units = 19;
     static const bool quantized = true;
+    __device__ static int unit_of(int s, int h) {
+        return h == 0 ? 4 * (s >> 2) + (s & 3) : (h < 17 ? 8 + 16 * (s >> 2) + h - 1 : 40 + h - 17);
+    }
 };
-template <> struct BlockFormat<ES_TYPE_Q8_0> {
-    static const int bytes = 34;
+// Q3_K: hmask[32] qs[64] scales[12] d. Slice s = 4 * half + j: all of hmask (bit s), the
+// 32 quant bytes of its half, the scales and d.
+template <> struct BlockFormat<ES_TYPE_Q3_K> {
+    typedef unsigned short Unit;
+    static const int bytes = 110;
+    static const int slices = 8;
+    static const int slice_units = 39;
     static const bool quantized = true;
+    __device__ static int unit_of(int s, int h) {
+        return h < 16 ? h : (h < 32 ? 16 + 16 * (s >> 2) + h - 16 : 48 + h - 32);
+    }
 };
-template <> struct BlockFormat<ES_TYPE_F16> {
-    static const int bytes = 64;
-    static const bool quantized = false;
+// Q4_K: d dmin scales[12] qs[128]. Slice s: the header and the 32 bytes of group s / 2,
+// whose low nibbles are slice 2g and high nibbles slice 2g + 1.
+template <> struct BlockFormat<ES_TYPE_Q4_K> {
+    typedef unsigned short Unit;
+    static const int bytes = 144;
+    static const int slices = 8;
+    static const int slice_units = 24;
+    static const bool quantized = true;
+    __device__ static int unit_of(int s, int h) { return h < 8 ? h : 8 + 16 * (s >> 1) + h - 8; }
 };
-template <> struct BlockFormat<ES_TYPE_BF16> {
-    static const int bytes = 64;
-    static const bool quantized = false;
+// Q5_K: d dmin scales[12] qh[32] qs[128]: as Q4_K, plus all of qh (bit s).
+template <> struct BlockFormat<ES_TYPE_Q5_K> {
+    typedef unsigned short Unit;
+    static const int bytes = 176;
+    static const int slices = 8;
+    static const int slice_units = 40;
+    static const bool quantized = true;
+    __device__ static int unit_of(int s, int h) { return h < 24 ? h : 24 + 16 * (s >> 1) + h - 24; }
+};
+// Q6_K: ql[128] qh[64] scales[16] d. Slice s = 4 * half + r: 32 ql bytes (nibble r / 2 of
+// part r % 2 of the half), the 32 qh bytes of the half (bits 2r..2r+1), a scale pair, d.
+template <> struct BlockFormat<ES_TYPE_Q6_K> {
+    typedef unsigned short Unit;
+    static const int bytes = 210;
+    static const int slices = 8;
+    static const int slice_units = 34;
+    static const bool quantized = true;
+    __device__ static int unit_of(int s, int h) {
+        const int half = s >> 2;
+        const int r = s & 3;
+        if (h < 16) {
+            return 32 * half + 16 * (r & 1) + h;
+        }
+        if (h < 32) {
+            return 64 + 16 * half + h - 16;
+        }
+        return h == 32 ? 96 + 4 * half + r : 104;
+    }
+};
+// IQ4_XS: d scales_h scales_l[4] qs[128]. Slice s: the header and its 16 quant bytes.
+template <> struct BlockFormat<ES_TYPE_IQ4_XS> {
+    typedef unsigned short Unit;
+    static const int bytes = 136;
+    static const int slices = 8;
+    static const int slice_units = 12;
+    static const bool quantized = true;
+    __device__ static int unit_of(int s, int h) { return h < 4 ? h : 4 + 8 * s + h - 4; }
 };
 
-__device__ unsigned int block_byte(const unsigned short* halves, int i) {
-    return (halves[i >> 1] >> ((i & 1) * 8)) & 0xffu;
+__device__ unsigned int block_byte(const unsigned short* units, int i) {
+    return (units[i >> 1] >> ((i & 1) * 8)) & 0xffu;
 }
 
-// Decode one block from its 16-bit units into 32 floats.
-template <int TYPE> __device__ void decode_block(const unsigned short* halves, float* out);
+__device__ unsigned int block_byte(const unsigned char* units, int i) {
+    return units[i];
+}
 
-template <> __device__ void decode_block<ES_TYPE_Q4_0>(const unsigned short* halves, float* out) {
-    const float d = half_to_float(halves[0]);
+__device__ const signed char IQ4_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                               1,    13,   25,  38,  53,  69,  89,  113};
+__device__ const signed char MXFP4_VALUES[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+// Decode staged slice s into 32 floats, with the float32 operations of ggml's reference
+// dequantization in its order (the Python twins in quants.py repeat them).
+template <int TYPE>
+__device__ void decode_slice(const typename BlockFormat<TYPE>::Unit* units, int s, float* out);
+
+template <> __device__ void decode_slice<ES_TYPE_Q4_0>(const unsigned short* units, int, float* out) {
+    const float d = half_to_float(units[0]);
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
-        const int q = (int)block_byte(halves, 2 + j);
+        const int q = (int)block_byte(units, 2 + j);
         out[j] = d * (float)((q & 0xf) - 8);
         out[j + 16] = d * (float)((q >> 4) - 8);
     }
 }
 
-template <> __device__ void decode_block<ES_TYPE_Q8_0>(const unsigned short* halves, float* out) {
-    const float d = half_to_float(halves[0]);
+template <> __device__ void decode_slice<ES_TYPE_Q4_1>(const unsigned short* units, int, float* out) {
+    const float d = half_to_float(units[0]);
+    const float m = half_to_float(units[1]);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+        const int q = (int)block_byte(units, 4 + j);
+        out[j] = fmaf(d, (float)(q & 0xf), m);
+        out[j + 16] = fmaf(d, (float)(q >> 4), m);
+    }
+}
+
+template <> __device__ void decode_slice<ES_TYPE_Q5_0>(const unsigned short* units, int, float* out) {
+    const float d = half_to_float(units[0]);
+    const unsigned int qh = units[1] | ((unsigned int)units[2] << 16);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+        const int q = (int)block_byte(units, 6 + j);
+        const int high_low = (int)((qh >> j) & 1u) << 4;
+        const int high_high = (int)((qh >> (j + 16)) & 1u) << 4;
+        out[j] = d * (float)(((q & 0xf) | high_low) - 16);
+        out[j + 16] = d * (float)(((q >> 4) | high_high) - 16);
+    }
+}
+
+template <> __device__ void decode_slice<ES_TYPE_Q5_1>(const unsigned short* units, int, float* out) {
+    const float d = half_to_float(units[0]);
+    const float m = half_to_float(units[1]);
+    const unsigned int qh = units[2] | ((unsigned int)units[3] << 16);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+        const int q = (int)block_byte(units, 8 + j);
+        const int high_low = (int)((qh >> j) & 1u) << 4;
+        const int high_high = (int)((qh >> (j + 16)) & 1u) << 4;
+        out[j] = fmaf(d, (float)((q & 0xf) | high_low), m);
+        out[j + 16] = fmaf(d, (float)((q >> 4) | high_high), m);
+    }
+}
+
+template <> __device__ void decode_slice<ES_TYPE_Q8_0>(const unsigned short* units, int, float* out) {
+    const float d = half_to_float(units[0]);
 #pragma unroll
     for (int j = 0; j < 32; ++j) {
-        const int q = (int)block_byte(halves, 2 + j);
+        const int q = (int)block_byte(units, 2 + j);
         out[j] = d * (float)(q >= 128 ? q - 256 : q);
     }
 }
 
-template <> __device__ void decode_block<ES_TYPE_F16>(const unsigned short* halves, float* out) {
+template <> __device__ void decode_slice<ES_TYPE_IQ4_NL>(const unsigned short* units, int, float* out) {
+    const float d = half_to_float(units[0]);
 #pragma unroll
-    for (int j = 0; j < 32; ++j) {
-        out[j] = half_to_float(halves[j]);
+    for (int j = 0; j < 16; ++j) {
+        const int q = (int)block_byte(units, 2 + j);
+        out[j] = d * (float)IQ4_VALUES[q & 0xf];
+        out[j + 16] = d * (float)IQ4_VALUES[q >> 4];
     }
 }
 
-template <> __device__ void decode_block<ES_TYPE_BF16>(const unsigned short* halves, float* out) {
+// Half the E8M0 scale, 2^(e - 128); subnormal below e = 2, as ggml computes it.
+__device__ float e8m0_half(unsigned int e) {
+    return bits_to_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
+}
+
+template <> __device__ void decode_slice<ES_TYPE_MXFP4>(const unsigned char* units, int, float* out) {
+    const float d = e8m0_half(units[0]);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+        const int q = units[1 + j];
+        out[j] = d * (float)MXFP4_VALUES[q & 0xf];
+        out[j + 16] = d * (float)MXFP4_VALUES[q >> 4];
+    }
+}
+
+template <> __device__ void decode_slice<ES_TYPE_F16>(const unsigned short* units, int, float* out) {
 #pragma unroll
     for (int j = 0; j < 32; ++j) {
-        out[j] = bf16_to_float(halves[j]);
+        out[j] = half_to_float(units[j]);
+    }
+}
+
+template <> __device__ void decode_slice<ES_TYPE_BF16>(const unsigned short* units, int, float* out) {
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+        out[j] = bf16_to_float(units[j]);
+    }
+}
+
+template <> __device__ void decode_slice<ES_TYPE_F32>(const unsigned int* units, int, float* out) {
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+        out[j] = bits_to_float(units[j]);
+    }
+}
+
+template <> __device__ void decode_slice<ES_TYPE_Q2_K>(const unsigned short* units, int s, float* out) {
+    const float d = half_to_float(units[17]);
+    const float dmin = half_to_float(units[18]);
+    const int shift = 2 * (s & 3);
+#pragma unroll
+    for (int part = 0; part < 2; ++part) {
+        const int sc = (int)block_byte(units, part);
+        const float dl = d * (float)(sc & 0xf);
+        const float ml = dmin * (float)(sc >> 4);
+#pragma unroll
+        for (int l = 0; l < 16; ++l) {
+            const int q = ((int)block_byte(units, 2 + 16 * part + l) >> shift) & 3;
+            out[16 * part + l] = dl * (float)q - ml;
+        }
+    }
+}
+
+// Scale i (0..15) of Q3_K from its 12 packed bytes: low 4 bits from byte i % 8 (nibble i / 8),
+// high 2 bits from byte 8 + i % 4 (bits 2 * (i / 4)).
+__device__ int q3_k_scale(const unsigned short* units, int packed_at, int i) {
+    const int low = ((int)block_byte(units, packed_at + (i & 7)) >> (4 * (i >> 3))) & 0xf;
+    const int high = ((int)block_byte(units, packed_at + 8 + (i & 3)) >> (2 * (i >> 2))) & 3;
+    return (low | (high << 4)) - 32;
+}
+
+template <> __device__ void decode_slice<ES_TYPE_Q3_K>(const unsigned short* units, int s, float* out) {
+    const float d = half_to_float(units[38]);
+    const int shift = 2 * (s & 3);
+#pragma unroll
+    for (int part = 0; part < 2; ++part) {
+        const float dl = d * (float)q3_k_scale(units, 64, 2 * s + part);
+#pragma unroll
+        for (int l = 0; l < 16; ++l) {
+            const int e = 16 * part + l;
+            const int low = ((int)block_byte(units, 32 + e) >> shift) & 3;
+            const int high = ((int)block_byte(units, e) >> s) & 1;
+            out[e] = dl * (float)(low - (high ? 0 : 4));
+        }
+    }
+}
+
+// Scale and min j (0..7) of Q4_K / Q5_K from their 12 packed bytes at byte 4.
+__device__ void k4_scale_min(const unsigned short* units, int j, int* sc, int* m) {
+    const int at = 4;
+    if (j < 4) {
+        *sc = (int)block_byte(units, at + j) & 63;
+        *m = (int)block_byte(units, at + j + 4) & 63;
+    } else {
+        const int high = (int)block_byte(units, at + j + 4);
+        *sc = (high & 0xf) | (((int)block_byte(units, at + j - 4) >> 6) << 4);
+        *m = (high >> 4) | (((int)block_byte(units, at + j) >> 6) << 4);
+    }
+}
+
+template <> __device__ void decode_slice<ES_TYPE_Q4_K>(const unsigned short* units, int s, float* out) {
+    int sc;
+    int m;
+    k4_scale_min(units, s, &sc, &m);
+    const float d = half_to_float(units[0]) * (float)sc;
+    const float dm = half_to_float(units[1]) * (float)m;
+    const int shift = 4 * (s & 1);
+#pragma unroll
+    for (int l = 0; l < 32; ++l) {
+        const int q = ((int)block_byte(units, 16 + l) >> shift) & 0xf;
+        out[l] = d * (float)q - dm;
+    }
+}
+
+template <> __device__ void decode_slice<ES_TYPE_Q5_K>(const unsigned short* units, int s, float* out) {
+    int sc;
+    int m;
+    k4_scale_min(units, s, &sc, &m);
+    const float d = half_to_float(units[0]) * (float)sc;
+    const float dm = half_to_float(units[1]) * (float)m;
+    const int shift = 4 * (s & 1);
+#pragma unroll
+    for (int l = 0; l < 32; ++l) {
+        const int low = ((int)block_byte(units, 48 + l) >> shift) & 0xf;
+        const int high = ((int)block_byte(units, 16 + l) >> s) & 1;
+        out[l] = d * (float)(low | (high << 4)) - dm;
+    }
+}
+
+template <> __device__ void decode_slice<ES_TYPE_Q6_K>(const unsigned short* units, int s, float* out) {
+    const float d = half_to_float(units[33]);
+    const int r = s & 3;
+    const int low_shift = 4 * (r >> 1);
+    const int high_shift = 2 * r;
+#pragma unroll
+    for (int part = 0; part < 2; ++part) {
+        const int sc = (int)block_byte(units, 64 + part);
+        const float dl = d * (float)(sc >= 128 ? sc - 256 : sc);
+#pragma unroll
+        for (int l = 0; l < 16; ++l) {
+            const int e = 16 * part + l;
+            const int low = ((int)block_byte(units, e) >> low_shift) & 0xf;
+            const int high = ((int)block_byte(units, 32 + e) >> high_shift) & 3;
+            out[e] = dl * (float)((low | (high << 4)) - 32);
+        }
+    }
+}
+
+template <> __device__ void decode_slice<ES_TYPE_IQ4_XS>(const unsigned short* units, int s, float* out) {
+    const int low = ((int)block_byte(units, 4 + (s >> 1)) >> (4 * (s & 1))) & 0xf;
+    const int high = (units[1] >> (2 * s)) & 3;
+    const float dl = half_to_float(units[0]) * (float)((low | (high << 4)) - 32);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+        const int q = (int)block_byte(units, 8 + j);
+        out[j] = dl * (float)IQ4_VALUES[q & 0xf];
+        out[j + 16] = dl * (float)IQ4_VALUES[q >> 4];
     }
 }
 
@@ -195,14 +486,18 @@ template <int TYPE, int TILE_M>
 __device__ void mul_mat_id_tile(const unsigned char* __restrict__ w, const float* __restrict__ x,
                                 const int* __restrict__ scratch, float* __restrict__ y, int n_expert,
                                 int n_out, int n_in, int top_k, int x_per_slot, int max_tiles) {
-    const int HALVES = BlockFormat<TYPE>::bytes / 2;
-    const int RAW_STRIDE = HALVES + (HALVES % 2 == 0 ? 2 : 1);  // odd words per row: no bank conflicts
+    typedef typename BlockFormat<TYPE>::Unit Unit;
+    const int UNITS = BlockFormat<TYPE>::slice_units;
+    const int SLICES = BlockFormat<TYPE>::slices;
+    const int BLOCK_BYTES = BlockFormat<TYPE>::bytes;
+    const int ROW_WORDS = (UNITS * (int)sizeof(Unit) + 3) / 4;
+    const int RAW_STRIDE = (ROW_WORDS | 1) * 4 / (int)sizeof(Unit);  // odd words per row: no bank conflicts
     const int TM = TILE_M / 8;
     const int LDS = MOE_TILE_K + 4;  // floats per shared row; keeps rows 16-byte aligned
 
     __shared__ vec4 x_tile[TILE_M][LDS / 4];
     __shared__ vec4 w_tile[MOE_TILE_N][LDS / 4];
-    __shared__ unsigned short raw[MOE_TILE_N * RAW_STRIDE];
+    __shared__ Unit raw[MOE_TILE_N * RAW_STRIDE];
     __shared__ int src_row[TILE_M];
     __shared__ int dst_row[TILE_M];
     __shared__ float tail[MOE_TILE_N];
@@ -237,8 +532,8 @@ __device__ void mul_mat_id_tile(const unsigned char* __restrict__ w, const float
     }
 
     const long long row_bytes = BlockFormat<TYPE>::quantized
-                                    ? (long long)(n_in / MOE_TILE_K) * BlockFormat<TYPE>::bytes
-                                    : (long long)n_in * 2;
+                                    ? (long long)(n_in / (MOE_TILE_K * SLICES)) * BLOCK_BYTES
+                                    : (long long)n_in * (BLOCK_BYTES / MOE_TILE_K);
     const unsigned char* w_expert = w + (long long)expert * n_out * row_bytes;
     const int expert_row_bytes = (int)row_bytes;
     const int k_steps = (n_in + MOE_TILE_K - 1) / MOE_TILE_K;
@@ -250,15 +545,14 @@ __device__ void mul_mat_id_tile(const unsigned char* __restrict__ w, const float
             (n_in + MOE_ROW_PADDING - 1) / MOE_ROW_PADDING * (MOE_ROW_PADDING / MOE_TILE_K);
         const unsigned char* row = w_expert + (long long)(n0 + tid) * row_bytes;
         for (int ks = k_steps; ks < padded_steps; ++ks) {
-            const unsigned short* block =
-                (const unsigned short*)(row + (long long)ks * BlockFormat<TYPE>::bytes);
-            unsigned short halves[HALVES];
+            const Unit* block = (const Unit*)(row + (long long)(ks / SLICES) * BLOCK_BYTES);
+            Unit staged[UNITS];
 #pragma unroll
-            for (int h = 0; h < HALVES; ++h) {
-                halves[h] = block[h];
+            for (int h = 0; h < UNITS; ++h) {
+                staged[h] = block[BlockFormat<TYPE>::unit_of(ks % SLICES, h)];
             }
             float v[32];
-            decode_block<TYPE>(halves, v);
+            decode_slice<TYPE>(staged, ks % SLICES, v);
 #pragma unroll
             for (int j = 0; j < 32; ++j) {
                 tail_sum += 0.0f * v[j];
@@ -278,25 +572,25 @@ __device__ void mul_mat_id_tile(const unsigned char* __restrict__ w, const float
         }
     }
 
-    // One k step's global data, staged in registers: thread tid holds 16-bit unit
+    // One k step's global data, staged in registers: thread tid holds staged unit
     // tid + r * MOE_MMID_THREADS of the raw weight tile (consecutive threads read
     // consecutive units of a row: coalesced) and activation row tid / 32 + r * 4, column
-    // tid % 32.
+    // tid % 32. For the float types unit h is element k0 + h.
     const int X_PER_THREAD = TILE_M * MOE_TILE_K / MOE_MMID_THREADS;
-    unsigned short raw_regs[HALVES];
+    Unit raw_regs[UNITS];
     float x_regs[X_PER_THREAD];
     auto load_step = [&](int ks) {
         const int k0 = ks * MOE_TILE_K;
 #pragma unroll
-        for (int r = 0; r < HALVES; ++r) {
+        for (int r = 0; r < UNITS; ++r) {
             const int i = tid + r * MOE_MMID_THREADS;
-            const int n = i / HALVES;
-            const int h = i - n * HALVES;
-            unsigned short v = 0;
+            const int n = i / UNITS;
+            const int h = i - n * UNITS;
+            Unit v = 0;
             if (n0 + n < n_out && (BlockFormat<TYPE>::quantized || k0 + h < n_in)) {
                 // 32-bit offsets inside one expert (the launcher checks they fit): fewer registers.
-                const int offset = (n0 + n) * expert_row_bytes + ks * BlockFormat<TYPE>::bytes;
-                v = ((const unsigned short*)(w_expert + offset))[h];
+                const int offset = (n0 + n) * expert_row_bytes + (ks / SLICES) * BLOCK_BYTES;
+                v = ((const Unit*)(w_expert + offset))[BlockFormat<TYPE>::unit_of(ks % SLICES, h)];
             }
             raw_regs[r] = v;
         }
@@ -309,10 +603,10 @@ __device__ void mul_mat_id_tile(const unsigned char* __restrict__ w, const float
     };
     auto store_step = [&]() {
 #pragma unroll
-        for (int r = 0; r < HALVES; ++r) {
+        for (int r = 0; r < UNITS; ++r) {
             const int i = tid + r * MOE_MMID_THREADS;
-            const int n = i / HALVES;
-            raw[n * RAW_STRIDE + i - n * HALVES] = raw_regs[r];
+            const int n = i / UNITS;
+            raw[n * RAW_STRIDE + i - n * UNITS] = raw_regs[r];
         }
 #pragma unroll
         for (int r = 0; r < X_PER_THREAD; ++r) {
@@ -330,7 +624,7 @@ __device__ void mul_mat_id_tile(const unsigned char* __restrict__ w, const float
         __syncthreads();
         {
             float v[32];
-            decode_block<TYPE>(raw + tid * RAW_STRIDE, v);
+            decode_slice<TYPE>(raw + tid * RAW_STRIDE, ks % SLICES, v);
 #pragma unroll
             for (int q = 0; q < 8; ++q) {
                 vec4 packed;
@@ -394,11 +688,23 @@ __device__ void mul_mat_id_tile(const unsigned char* __restrict__ w, const float
 
 MOE_MUL_MAT_ID(moe_mul_mat_id_q4_0_m32, ES_TYPE_Q4_0, 32)
 MOE_MUL_MAT_ID(moe_mul_mat_id_q4_0_m64, ES_TYPE_Q4_0, 64)
+MOE_MUL_MAT_ID(moe_mul_mat_id_q4_1_m32, ES_TYPE_Q4_1, 32)
+MOE_MUL_MAT_ID(moe_mul_mat_id_q5_0_m32, ES_TYPE_Q5_0, 32)
+MOE_MUL_MAT_ID(moe_mul_mat_id_q5_1_m32, ES_TYPE_Q5_1, 32)
 MOE_MUL_MAT_ID(moe_mul_mat_id_q8_0_m32, ES_TYPE_Q8_0, 32)
+MOE_MUL_MAT_ID(moe_mul_mat_id_q2_k_m32, ES_TYPE_Q2_K, 32)
+MOE_MUL_MAT_ID(moe_mul_mat_id_q3_k_m32, ES_TYPE_Q3_K, 32)
+MOE_MUL_MAT_ID(moe_mul_mat_id_q4_k_m32, ES_TYPE_Q4_K, 32)
+MOE_MUL_MAT_ID(moe_mul_mat_id_q5_k_m32, ES_TYPE_Q5_K, 32)
+MOE_MUL_MAT_ID(moe_mul_mat_id_q6_k_m32, ES_TYPE_Q6_K, 32)
+MOE_MUL_MAT_ID(moe_mul_mat_id_iq4_nl_m32, ES_TYPE_IQ4_NL, 32)
+MOE_MUL_MAT_ID(moe_mul_mat_id_iq4_xs_m32, ES_TYPE_IQ4_XS, 32)
+MOE_MUL_MAT_ID(moe_mul_mat_id_mxfp4_m32, ES_TYPE_MXFP4, 32)
 MOE_MUL_MAT_ID(moe_mul_mat_id_f16_m32, ES_TYPE_F16, 32)
 MOE_MUL_MAT_ID(moe_mul_mat_id_f16_m64, ES_TYPE_F16, 64)
 MOE_MUL_MAT_ID(moe_mul_mat_id_bf16_m32, ES_TYPE_BF16, 32)
 MOE_MUL_MAT_ID(moe_mul_mat_id_bf16_m64, ES_TYPE_BF16, 64)
+MOE_MUL_MAT_ID(moe_mul_mat_id_f32_m32, ES_TYPE_F32, 32)
 
 // ---------------------------------------------------------------------------------
 // Elementwise and reduction kernels.

@@ -1,8 +1,8 @@
 """Float64 references for the MoE kernels, and random test tensors in every weight type.
 
-Weights are dequantized with ``gguf.quants.dequantize`` (exact: every supported type
-decodes to float32 without rounding) and multiplied in float64, so the only differences
-from a kernel are the kernel's own float32 roundings. The error bounds below are what the
+Weights are dequantized with ``gguf.quants.dequantize`` (llama.cpp's own Python decoder,
+float32 values) and multiplied in float64, so the only differences from a kernel are the
+kernel's own float32 roundings. The error bounds below are what the
 tests allow for ||out - ref|| / ||ref||.
 """
 
@@ -28,27 +28,67 @@ def relative_error(out: np.ndarray, ref: np.ndarray) -> float:
     return float(diff / max(float(np.linalg.norm(np.asarray(ref, np.float64))), np.finfo(np.float64).tiny))
 
 
-def random_weights(rng: np.random.Generator, w_type: RowType, n_rows: int, n_in: int, scale: float = 1.0) -> np.ndarray:
-    """Random valid rows of ``w_type``: uint8 [n_rows, row_bytes], values of magnitude ~scale.
+_T = GGMLQuantizationType
 
-    Quantized blocks get random quants and a random positive f16 scale, which is much faster
-    than quantizing random floats and covers every quant value.
+# Byte offsets of the f16 scales in each block: random bytes there could be NaN or huge.
+F16_SCALE_FIELDS: dict[GGMLQuantizationType, tuple[int, ...]] = {
+    _T.Q4_0: (0,),
+    _T.Q4_1: (0, 2),
+    _T.Q5_0: (0,),
+    _T.Q5_1: (0, 2),
+    _T.Q8_0: (0,),
+    _T.Q2_K: (80, 82),
+    _T.Q3_K: (108,),
+    _T.Q4_K: (0, 2),
+    _T.Q5_K: (0, 2),
+    _T.Q6_K: (208,),
+    _T.IQ4_NL: (0,),
+    _T.IQ4_XS: (0,),
+}
+
+
+def random_blocks(rng: np.random.Generator, qtype: GGMLQuantizationType, n_blocks: int) -> np.ndarray:
+    """uint8 [n_blocks, block_bytes] of random quants with finite scales of magnitude ~1.
+
+    Random bytes cover every quant value and bit pattern, much faster than quantizing
+    random floats; only the scale fields are made sane.
     """
+    fmt = weight_format(qtype)
+    blocks = rng.integers(0, 256, (n_blocks, fmt.block_bytes), dtype=np.uint8)
+    if fmt.qtype is _T.MXFP4:
+        blocks[:, 0] = rng.integers(126, 130, n_blocks)  # E8M0 exponents around 2^0
+        return blocks
+    for at in F16_SCALE_FIELDS[fmt.qtype]:
+        blocks[:, at : at + 2] = rng.uniform(0.5, 1.5, (n_blocks, 1)).astype(np.float16).view(np.uint8)
+    return blocks
+
+
+def _scaled(blocks: np.ndarray, qtype: GGMLQuantizationType, factor: float) -> np.ndarray:
+    """``blocks`` with every decoded value multiplied by about ``factor`` (through the scales)."""
+    scaled = blocks.copy()
+    if qtype is _T.MXFP4:
+        step = int(np.clip(round(np.log2(factor)), -100, 100))
+        scaled[:, 0] = np.clip(blocks[:, 0].astype(np.int32) + step, 2, 254)
+        return scaled
+    for at in F16_SCALE_FIELDS[qtype]:
+        field = np.ascontiguousarray(blocks[:, at : at + 2]).view(np.float16).astype(np.float64)
+        scaled[:, at : at + 2] = (field * factor).astype(np.float16).view(np.uint8)
+    return scaled
+
+
+def random_weights(rng: np.random.Generator, w_type: RowType, n_rows: int, n_in: int, scale: float = 1.0) -> np.ndarray:
+    """Random valid rows of ``w_type``: uint8 [n_rows, row_bytes], values of RMS ~scale."""
     fmt = weight_format(w_type)
-    if fmt.qtype is GGMLQuantizationType.F16:
-        return (rng.standard_normal((n_rows, n_in)) * scale).astype(np.float16).view(np.uint8)
-    if fmt.qtype is GGMLQuantizationType.BF16:
-        bits = (rng.standard_normal((n_rows, n_in)) * scale).astype(np.float32).view(np.uint32)
-        return (bits >> 16).astype(np.uint16).view(np.uint8)
-    n_blocks = n_rows * (n_in // fmt.block_elements)
-    if fmt.qtype is GGMLQuantizationType.Q4_0:
-        d = rng.uniform(0.5, 1.5, n_blocks) * scale / 8
-        quants = rng.integers(0, 256, (n_blocks, 16), dtype=np.uint8)
-    else:
-        d = rng.uniform(0.5, 1.5, n_blocks) * scale / 127
-        quants = rng.integers(-127, 128, (n_blocks, 32), dtype=np.int8).view(np.uint8)
-    blocks = np.concatenate([d.astype(np.float16).reshape(-1, 1).view(np.uint8), quants], axis=1)
-    return blocks.reshape(n_rows, fmt.row_bytes(n_in))
+    if not fmt.quantized:
+        values = rng.standard_normal((n_rows, n_in)) * scale
+        if fmt.qtype is _T.BF16:
+            bits = values.astype(np.float32).view(np.uint32)
+            return (bits >> 16).astype(np.uint16).view(np.uint8)
+        dtype = np.float16 if fmt.qtype is _T.F16 else np.float32
+        return values.astype(dtype).view(np.uint8)
+    blocks = random_blocks(rng, fmt.qtype, n_rows * (n_in // fmt.block_elements))
+    rms = float(np.sqrt(np.mean(np.square(dequantize(blocks, fmt.qtype), dtype=np.float64))))
+    return _scaled(blocks, fmt.qtype, scale / rms).reshape(n_rows, fmt.row_bytes(n_in))
 
 
 def dequantize_rows(w: np.ndarray, w_type: RowType, n_rows: int, n_in: int) -> np.ndarray:

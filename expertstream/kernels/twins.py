@@ -14,12 +14,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from gguf.quants import dequantize
 
 from ..backends.base import BufferView
 from ..backends.sim import Access, KernelSpec
 from ..backends.sim.kernels import Dim3Tuple
-from . import layout
+from . import layout, quants
 from .layout import FORMATS, WeightFormat
 
 Args = tuple[Any, ...]
@@ -74,7 +73,7 @@ def _padded_rows(w_bytes: np.ndarray, fmt: WeightFormat, expert: int, n_out: int
     rows = np.lib.stride_tricks.as_strided(
         w_bytes[start:], shape=(n_out, width), strides=(row_bytes, 1), writeable=False
     )
-    return np.asarray(dequantize(np.ascontiguousarray(rows), fmt.qtype), np.float32)
+    return quants.decode_rows(rows, fmt.qtype)
 
 
 def _mul_mat_id_runner(fmt: WeightFormat) -> Any:

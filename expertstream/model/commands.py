@@ -20,7 +20,9 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--preset", required=True, choices=sorted(PRESETS), help="model shapes to imitate")
     types = [t.name for t in EXPERT_TYPES]
-    parser.add_argument("--type", dest="qtype", default="Q4_0", choices=types, help="expert weight type")
+    parser.add_argument(
+        "--type", dest="qtype", default="Q4_0", type=str.upper, choices=types, help="expert weight type, any case"
+    )
     parser.add_argument("-o", "--output", required=True, help="the .gguf file to write")
     parser.add_argument("--layers", type=int, default=None, help="write only the first N layers")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")

@@ -11,18 +11,23 @@ import enum
 from gguf import GGMLQuantizationType
 
 from ..errors import ExpertStreamError, InvalidArgument
+from ..ggml import EXPERT_TYPES
+
+__all__ = [
+    "EXPERT_ROLES",
+    "EXPERT_TYPES",
+    "ROUTER_TYPES",
+    "ModelError",
+    "TensorRole",
+    "parse_expert_type",
+    "type_names",
+]
 
 
 class ModelError(ExpertStreamError):
     """A model file lacks something this package needs, or holds something it cannot stream."""
 
 
-EXPERT_TYPES = (
-    GGMLQuantizationType.Q4_0,
-    GGMLQuantizationType.Q8_0,
-    GGMLQuantizationType.F16,
-    GGMLQuantizationType.BF16,
-)
 ROUTER_TYPES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
 
 
@@ -57,15 +62,18 @@ def type_names(types: tuple[GGMLQuantizationType, ...]) -> str:
     return ", ".join(t.name for t in types)
 
 
-def parse_expert_type(qtype: GGMLQuantizationType | str) -> GGMLQuantizationType:
-    """An expert weight type from its gguf name ('Q4_0') or enum member; InvalidArgument otherwise."""
+def parse_expert_type(qtype: GGMLQuantizationType | str, tensor: str | None = None) -> GGMLQuantizationType:
+    """An expert weight type from its gguf name in any case ('Q4_K', 'q4_k') or enum member.
+
+    InvalidArgument otherwise, naming ``tensor`` when given, the type and the supported ones.
+    """
+    where = f"{tensor}: " if tensor else ""
+    hint = f"supported expert types are {type_names(EXPERT_TYPES)}"
     if isinstance(qtype, str):
-        member = GGMLQuantizationType.__members__.get(qtype.upper())
+        member = GGMLQuantizationType.__members__.get(qtype.strip().upper())
         if member is None:
-            raise InvalidArgument(f"unknown tensor type {qtype!r}", hint=f"choose one of {type_names(EXPERT_TYPES)}")
+            raise InvalidArgument(f"{where}unknown tensor type {qtype!r}", hint=hint)
         qtype = member
     if qtype not in EXPERT_TYPES:
-        raise InvalidArgument(
-            f"{qtype.name} is not a supported expert type", hint=f"choose one of {type_names(EXPERT_TYPES)}"
-        )
+        raise InvalidArgument(f"{where}{qtype.name} is not a supported expert type", hint=hint)
     return qtype

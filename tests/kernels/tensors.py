@@ -10,13 +10,13 @@ from gguf import GGMLQuantizationType
 from expertstream.backends.base import Device, DeviceBuffer, Stream, Usage
 from expertstream.kernels import MoeKernels
 from expertstream.kernels import reference as ref
-from expertstream.kernels.layout import weight_format
+from expertstream.kernels.layout import FORMATS, weight_format
 
 POISON = 0xFF  # every float32 made of these bytes is a NaN: an unwritten output cannot pass
 
-QUANTIZED = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q8_0)
-FLOAT = (GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
-ALL_TYPES = QUANTIZED + FLOAT
+ALL_TYPES = tuple(FORMATS)
+QUANTIZED = tuple(t for t in ALL_TYPES if FORMATS[t].quantized)
+FLOAT = tuple(t for t in ALL_TYPES if not FORMATS[t].quantized)
 
 
 @dataclass(frozen=True)

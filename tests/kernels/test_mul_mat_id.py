@@ -117,6 +117,47 @@ def test_bit_identical_across_runs_and_groupings(
     assert tensors.run(kernels, stream, alone).tobytes() == first[:3].tobytes(), "results depend on grouping"
 
 
+_T = GGMLQuantizationType
+
+
+@pytest.mark.parametrize(
+    ("up_type", "down_type"),
+    [(_T.Q4_K, _T.Q6_K), (_T.IQ4_XS, _T.Q8_0), (_T.MXFP4, _T.BF16), (_T.Q2_K, _T.Q3_K), (_T.Q5_K, _T.F32)],
+    ids=lambda t: t.name,
+)
+def test_two_types_in_one_call_sequence(
+    device: Device,
+    kernels: MoeKernels,
+    stream: Stream,
+    rng: np.random.Generator,
+    up_type: GGMLQuantizationType,
+    down_type: GGMLQuantizationType,
+) -> None:
+    """An up projection then a down projection of another type, as mixed quantizations store
+    them: one stream, one scratch, the second fed with the first's output."""
+    up_shape = Shape(n_expert=5, n_out=512, n_in=768, n_tokens=9, top_k=2)
+    ids = tensors.distinct_ids(rng, up_shape.n_tokens, up_shape.top_k, np.arange(5))
+    up = tensors.make_problem(device, rng, up_type, up_shape, ids)
+    down_shape = Shape(n_expert=5, n_out=768, n_in=512, n_tokens=9, top_k=2, x_per_slot=True)
+    w_down = ref.random_weights(rng, down_type, down_shape.n_expert * down_shape.n_out, down_shape.n_in)
+    w_down_buf = device.alloc(w_down.nbytes, Usage.WEIGHTS, row_type=down_type, ne0=down_shape.n_in)
+    w_down_buf.write(w_down)
+    hidden = tensors.poisoned(device, up_shape.n_pairs * up_shape.n_out * 4)
+    out = tensors.poisoned(device, down_shape.n_pairs * down_shape.n_out * 4)
+    for w_buf, w_type, s, x_buf, y_buf in (
+        (up.w_buf, up_type, up_shape, up.x_buf, hidden),
+        (w_down_buf, down_type, down_shape, hidden, out),
+    ):
+        kernels.mul_mat_id(
+            stream, w_buf, w_type, s.n_expert, s.n_out, s.n_in, x_buf, s.x_per_slot, up.ids_buf, 9, 2, y_buf
+        )
+    stream.synchronize()
+    y_up = hidden.read().view(np.float32).reshape(9, 2, up_shape.n_out)
+    check(y_up, up.reference())
+    y_down = out.read().view(np.float32).reshape(9, 2, down_shape.n_out)
+    check(y_down, ref.mul_mat_id(w_down, down_type, 5, down_shape.n_out, down_shape.n_in, y_up, ids))
+
+
 def test_out_of_range_ids_give_nan_rows(
     device: Device, kernels: MoeKernels, stream: Stream, rng: np.random.Generator
 ) -> None:
@@ -162,10 +203,17 @@ def test_dirty_padding_tail_is_not_silently_read(
     assert np.isfinite(y[:, :2]).all() and np.isfinite(y[:, 2, :-1]).all()
 
 
-def test_rejects_unsupported_type_naming_the_supported(device: Device, kernels: MoeKernels, stream: Stream) -> None:
+@pytest.mark.parametrize(
+    "w_type",
+    [_T.IQ1_S, _T.IQ1_M, _T.IQ2_XXS, _T.IQ2_XS, _T.IQ2_S, _T.IQ3_XXS, _T.IQ3_S, _T.TQ1_0, _T.Q8_1],
+    ids=lambda t: t.name,
+)
+def test_rejects_unsupported_type_naming_the_supported(
+    device: Device, kernels: MoeKernels, stream: Stream, w_type: GGMLQuantizationType
+) -> None:
     buf = device.alloc(1 << 16)
-    with pytest.raises(InvalidArgument, match="Q4_1.*supported types: Q4_0, Q8_0, F16, BF16"):
-        kernels.mul_mat_id(stream, buf, GGMLQuantizationType.Q4_1, 2, 8, 64, buf, False, buf, 1, 1, buf)
+    with pytest.raises(InvalidArgument, match=f"{w_type.name}.*supported types: Q4_0, Q4_1, .*Q6_K, .*BF16, F32"):
+        kernels.mul_mat_id(stream, buf, w_type, 2, 8, 256, buf, False, buf, 1, 1, buf)
 
 
 def test_rejects_tensor_without_its_padding(device: Device, kernels: MoeKernels, stream: Stream) -> None:

@@ -18,7 +18,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 def test_make_model_command_writes_and_describes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "tiny.gguf"
-    args = _parse(["make-model", "--preset", "tiny", "--type", "BF16", "-o", str(out), "--layers", "1", "--seed", "5"])
+    args = _parse(["make-model", "--preset", "tiny", "--type", "bf16", "-o", str(out), "--layers", "1", "--seed", "5"])
     assert args.run(args) == 0
     text = capsys.readouterr().out
     assert f"{out}: {out.stat().st_size} bytes" in text
@@ -29,4 +29,4 @@ def test_make_model_command_writes_and_describes(tmp_path: Path, capsys: pytest.
 
 def test_make_model_command_rejects_unknown_type() -> None:
     with pytest.raises(SystemExit):
-        _parse(["make-model", "--preset", "tiny", "--type", "Q6_K", "-o", "x.gguf"])
+        _parse(["make-model", "--preset", "tiny", "--type", "TQ2_0", "-o", "x.gguf"])

@@ -9,12 +9,15 @@ import pytest
 from gguf import GGMLQuantizationType
 
 from expertstream import InvalidArgument
-from expertstream.model import ModelError, MoeModel, get_preset, make_model
+from expertstream.model import ModelError, MoeModel, get_preset, make_model, parse_expert_type
 
 TINY = get_preset("tiny")
 CustomWriter = Callable[..., Path]  # the custom_model fixture
 
-SUPPORTED = "supported expert types are Q4_0, Q8_0, F16, BF16"
+SUPPORTED = (
+    "supported expert types are Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4, "
+    "F16, BF16, F32"
+)
 
 
 def test_valid_custom_file_loads(custom_model: CustomWriter) -> None:
@@ -22,7 +25,7 @@ def test_valid_custom_file_loads(custom_model: CustomWriter) -> None:
         assert model.layers[1].down.qtype is GGMLQuantizationType.Q8_0
 
 
-@pytest.mark.parametrize("bad_type", [GGMLQuantizationType.Q6_K, GGMLQuantizationType.F32], ids=lambda t: t.name)
+@pytest.mark.parametrize("bad_type", [GGMLQuantizationType.TQ1_0, GGMLQuantizationType.Q8_1], ids=lambda t: t.name)
 def test_unsupported_expert_type_names_tensor_and_supported_types(
     custom_model: CustomWriter, bad_type: GGMLQuantizationType
 ) -> None:
@@ -73,7 +76,7 @@ def test_truncated_file_is_refused(tmp_path: Path) -> None:
     ("kwargs", "message"),
     [
         ({"preset": "no-such-model"}, "unknown model preset 'no-such-model'"),
-        ({"qtype": "Q6_K"}, "Q6_K is not a supported expert type"),
+        ({"qtype": "tq2_0"}, "TQ2_0 is not a supported expert type"),
         ({"qtype": "Q9_9"}, "unknown tensor type 'Q9_9'"),
         ({"layers": 3}, "tiny has layers 1..2; asked for 3"),
         ({"seed": -1}, "seed must be non-negative"),
@@ -87,3 +90,15 @@ def test_make_model_refuses_bad_arguments_and_writes_nothing(
     with pytest.raises(InvalidArgument, match=message):
         make_model(args["preset"], args["qtype"], path, layers=args["layers"], seed=args["seed"])  # type: ignore[arg-type]
     assert not path.exists()
+
+
+@pytest.mark.parametrize("name", ["q4_k", "Q4_K", " q4_K "])
+def test_expert_type_names_are_case_insensitive(name: str) -> None:
+    assert parse_expert_type(name) is GGMLQuantizationType.Q4_K
+
+
+def test_unsupported_expert_type_error_names_tensor_type_and_supported() -> None:
+    with pytest.raises(InvalidArgument) as err:
+        parse_expert_type("iq2_xxs", tensor="blk.3.ffn_up_exps.weight")
+    assert "blk.3.ffn_up_exps.weight: IQ2_XXS is not a supported expert type" in str(err.value)
+    assert SUPPORTED in str(err.value)

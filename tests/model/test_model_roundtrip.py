@@ -12,7 +12,6 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from expertstream.model import (
-    EXPERT_TYPES,
     ModelError,
     MoeModel,
     generate,
@@ -24,8 +23,16 @@ from expertstream.model import (
 
 TINY = get_preset("tiny")
 
+# The expert types make_model generates weights for; the kernels read more (EXPERT_TYPES).
+WRITTEN_TYPES = (
+    GGMLQuantizationType.Q4_0,
+    GGMLQuantizationType.Q8_0,
+    GGMLQuantizationType.F16,
+    GGMLQuantizationType.BF16,
+)
 
-@pytest.mark.parametrize("qtype", EXPERT_TYPES, ids=lambda t: t.name)
+
+@pytest.mark.parametrize("qtype", WRITTEN_TYPES, ids=lambda t: t.name)
 def test_tiny_model_round_trips_metadata_shapes_and_bytes(tmp_path: Path, qtype: GGMLQuantizationType) -> None:
     path = make_model("tiny", qtype, tmp_path / "tiny.gguf", seed=7)
     file_bytes = path.read_bytes()
@@ -79,7 +86,7 @@ def test_layers_option_writes_fewer_layers_with_the_same_shapes(tmp_path: Path) 
         assert list(model.tensors) == [s.name for s in tensor_specs(TINY, GGMLQuantizationType.F16, 1)]
 
 
-@pytest.mark.parametrize("qtype", EXPERT_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", WRITTEN_TYPES, ids=lambda t: t.name)
 def test_generated_weights_are_finite_and_scaled_to_fan_in(qtype: GGMLQuantizationType) -> None:
     for spec in tensor_specs(TINY, qtype, 1):
         values = dequantize(generate(spec, seed=0).reshape(spec.byte_shape), spec.qtype)
@@ -90,7 +97,7 @@ def test_generated_weights_are_finite_and_scaled_to_fan_in(qtype: GGMLQuantizati
 
 
 @pytest.mark.parametrize("preset", ["qwen3-30b-a3b", "gpt-oss-20b"])
-@pytest.mark.parametrize("qtype", EXPERT_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", WRITTEN_TYPES, ids=lambda t: t.name)
 def test_large_preset_shapes_agree_with_gguf(preset: str, qtype: GGMLQuantizationType) -> None:
     p = get_preset(preset)
     specs = tensor_specs(p, qtype, 1)

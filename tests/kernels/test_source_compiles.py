@@ -1,0 +1,42 @@
+"""moe.cu compiles with NVRTC, without warnings, for the architectures the CUDA backend targets.
+
+NVRTC needs no GPU, so this runs wherever cuda-bindings is installed; elsewhere it is
+skipped with the reason. hipRTC compiles the same source on the HIP backend's own run.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from expertstream.kernels import kernel_source
+from expertstream.kernels.layout import FORMATS
+
+nvrtc = pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings (NVRTC) is not installed")
+
+
+def _log(program: object) -> str:
+    _, size = nvrtc.nvrtcGetProgramLogSize(program)
+    text = b" " * size
+    nvrtc.nvrtcGetProgramLog(program, text)
+    return text.decode(errors="replace").strip("\x00 \n")
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
+def test_kernel_source_compiles_cleanly(arch: str) -> None:
+    err, program = nvrtc.nvrtcCreateProgram(kernel_source().encode(), b"moe.cu", 0, [], [])
+    assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, err
+    try:
+        names = [fmt.kernel_name(tile) for fmt in FORMATS.values() for tile in fmt.tiles]
+        for name in names:
+            (err,) = nvrtc.nvrtcAddNameExpression(program, name.encode())
+            assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, err
+        options = [f"--gpu-architecture={arch}".encode()]
+        (err,) = nvrtc.nvrtcCompileProgram(program, len(options), options)
+        log = _log(program)
+        assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, log
+        assert log == "", f"warnings:\n{log}"
+        for name in names:
+            err, lowered = nvrtc.nvrtcGetLoweredName(program, name.encode())
+            assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS and lowered == name.encode(), (name, err, lowered)
+    finally:
+        nvrtc.nvrtcDestroyProgram(program)
