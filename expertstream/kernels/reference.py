@@ -147,7 +147,9 @@ def route(
     return ids.astype(np.int32), weights * routing.scale
 
 
-def swiglu_oai(gate: np.ndarray, up: np.ndarray, alpha: float = SWIGLU_OAI_ALPHA, limit: float = SWIGLU_OAI_LIMIT) -> np.ndarray:
+def swiglu_oai(
+    gate: np.ndarray, up: np.ndarray, alpha: float = SWIGLU_OAI_ALPHA, limit: float = SWIGLU_OAI_LIMIT
+) -> np.ndarray:
     g = np.minimum(np.asarray(gate, np.float64), limit)
     u = np.clip(np.asarray(up, np.float64), -limit, limit)
     return g / (1.0 + np.exp(-alpha * g)) * (u + 1.0)

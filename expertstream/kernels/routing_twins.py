@@ -47,9 +47,7 @@ def _logits_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
 
 
 def _select_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
-    logits_b, bias_b, ids_b, w_b, n_tokens, n_expert, top_k, gating, has_bias, n_group, n_group_used, norm, scale = (
-        args
-    )
+    logits_b, bias_b, ids_b, w_b, n_tokens, n_expert, top_k, gating, has_bias, n_group, n_group_used, norm, scale = args
     n_tokens, n_expert, top_k = int(n_tokens), int(n_expert), int(top_k)
     logits = logits_b.view(_F32).reshape(n_tokens, n_expert)
     if int(gating) == Gating.SOFTMAX:
@@ -137,6 +135,9 @@ def twin_specs() -> list[KernelSpec]:
         KernelSpec("moe_swiglu_oai", _swiglu_oai_run, _access(False, False, True), lambda a: 8.0 * int(a[3])),
         KernelSpec("moe_add_expert_bias", _expert_bias_run, _expert_bias_accesses, lambda a: float(a[3]) * float(a[4])),
         KernelSpec(
-            "moe_shared_gate", _shared_gate_run, _shared_gate_accesses, lambda a: 2.0 * int(a[3]) * (int(a[4]) + int(a[5]))
+            "moe_shared_gate",
+            _shared_gate_run,
+            _shared_gate_accesses,
+            lambda a: 2.0 * int(a[3]) * (int(a[4]) + int(a[5])),
         ),
     ]
