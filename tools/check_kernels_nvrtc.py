@@ -1,6 +1,6 @@
 """Compile moe.cu with NVRTC for one GPU architecture, without a GPU: catches source errors.
 
-    python3 tools/check_kernels_nvrtc.py [--arch sm_90]
+python3 tools/check_kernels_nvrtc.py [--arch sm_90]
 """
 
 from __future__ import annotations
