@@ -93,13 +93,6 @@ def embeddings(seed: int, first: int, count: int, n_embd: int) -> np.ndarray:
     return np.stack(rows) if rows else np.empty((0, n_embd), np.float32)
 
 
-def _padded_raw(model: MoeModel, info: TensorInfo) -> np.ndarray:
-    """A tensor's bytes followed by the zero tail mul_mat_id reads past quantized rows."""
-    out = np.zeros(padded_size(info.nbytes, info.qtype, info.ne0), np.uint8)
-    out[: info.nbytes] = model.raw(info)
-    return out
-
-
 @dataclass(frozen=True)
 class _SharedExpert:
     """A layer's shared expert(s): device-resident weights of one dense FFN."""
@@ -203,9 +196,11 @@ class MoeRunner:
         self._buffers.append(buf)
         return buf
 
-    def _input(self, nbytes: int, usage: Usage, make: Callable[[], np.ndarray]) -> DeviceBuffer:
+    def _input(
+        self, nbytes: int, usage: Usage, make: Callable[[], np.ndarray], alloc_bytes: int | None = None
+    ) -> DeviceBuffer:
         """A buffer holding ``make()``; zeros where the backend holds no data (nothing reads it unwritten)."""
-        buf = self._alloc(nbytes, usage)
+        buf = self._alloc(max(nbytes, alloc_bytes or 0), usage)
         if self.data:
             buf.write(make())
         else:
@@ -247,7 +242,12 @@ class MoeRunner:
             n = info.nbytes // (4 if info.qtype is GGMLQuantizationType.F32 else 2)
             return self._input(n * 4, Usage.WEIGHTS, functools.partial(_router_floats, self.model, info)).view(0, n * 4)
         nbytes = padded_size(info.nbytes, info.qtype, info.ne0)
-        return self._input(nbytes, Usage.WEIGHTS, functools.partial(_padded_raw, self.model, info)).view(0, nbytes)
+        buf = self._input(info.nbytes, Usage.WEIGHTS, functools.partial(self.model.raw, info), alloc_bytes=nbytes)
+        if nbytes > info.nbytes:  # mul_mat_id reads the tail of quantized rows: it must be zeros
+            with self.device.stream() as stream:
+                stream.memset(buf, info.nbytes, nbytes - info.nbytes, 0)
+                stream.synchronize()
+        return buf.view(0, nbytes)
 
     def _layer_extras(self, index: int) -> _LayerExtras:
         def find(name: str) -> TensorInfo | None:

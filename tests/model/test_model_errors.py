@@ -73,7 +73,7 @@ def test_truncated_file_is_refused(tmp_path: Path) -> None:
     ("kwargs", "message"),
     [
         ({"preset": "no-such-model"}, "unknown model preset 'no-such-model'"),
-        ({"qtype": "Q6_K"}, "Q6_K is not a supported expert type"),
+        ({"qtype": "Q2_K"}, "the writer cannot fill Q2_K"),
         ({"qtype": "Q9_9"}, "unknown tensor type 'Q9_9'"),
         ({"layers": 3}, "tiny has layers 1..2; asked for 3"),
         ({"seed": -1}, "seed must be non-negative"),
