@@ -34,12 +34,12 @@ from ..backends import sim
 from ..backends.base import BufferView, Device, DeviceBuffer, Kernel, Stream, Usage
 from ..errors import InvalidArgument
 from ..ggml import RowType, padded_size
-from . import layout, twins
+from . import layout, routing_twins, twins
 from .layout import TileM, WeightFormat, weight_format
 
 log = logging.getLogger(__name__)
 
-for _spec in twins.twin_specs():
+for _spec in (*twins.twin_specs(), *routing_twins.twin_specs()):
     sim.register_kernel(_spec)
 
 SOURCE_NAME = "moe.cu"

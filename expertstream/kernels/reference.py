@@ -8,12 +8,15 @@ tests allow for ||out - ref|| / ||ref||.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from ..ggml import RowType
 from .layout import weight_format
+from .routing import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, WEIGHTS_SUM_MIN, Activation, Gating, Routing
 
 # float32 accumulation over a few thousand terms lands near 1e-6; a wrong block, row or
 # scale lands above 1e-2.
@@ -140,3 +143,107 @@ def router_topk(x: np.ndarray, router: np.ndarray, top_k: int) -> tuple[np.ndarr
     selected = np.take_along_axis(logits, order, axis=1)
     exps = np.exp(selected - selected[:, :1])
     return order.astype(np.int32), exps / exps.sum(axis=1, keepdims=True)
+
+
+# -- routing and expert FFN per architecture (see routing.py) -------------------------------
+
+
+def _top_k(values: np.ndarray, top_k: int) -> np.ndarray:
+    index = np.broadcast_to(np.arange(values.shape[1]), values.shape)
+    return np.lexsort((index, -values), axis=1)[:, :top_k]
+
+
+def _softmax(v: np.ndarray) -> np.ndarray:
+    exps = np.exp(v - v.max(axis=1, keepdims=True))
+    return exps / exps.sum(axis=1, keepdims=True)
+
+
+def route(
+    logits: np.ndarray, routing: Routing, top_k: int, sel_bias: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """ids int32 and float64 weights [n_tokens, top_k] from router logits, as ``routing`` says."""
+    logits = np.asarray(logits, np.float64)
+    if routing.gating is Gating.SOFTMAX:
+        probs = _softmax(logits)
+    elif routing.gating is Gating.SIGMOID:
+        probs = 1.0 / (1.0 + np.exp(-logits))
+    else:
+        probs = logits
+    sel = probs + np.asarray(sel_bias, np.float64) if sel_bias is not None else probs.copy()
+    if routing.n_group > 1:
+        n_tokens, n_expert = sel.shape
+        groups = sel.reshape(n_tokens, routing.n_group, n_expert // routing.n_group).copy()
+        score = -np.sort(-groups, axis=2)[:, :, :2].sum(axis=2)
+        dropped = np.ones(score.shape, bool)
+        np.put_along_axis(dropped, _top_k(score, routing.n_group_used), False, axis=1)
+        groups[dropped] = -np.inf
+        sel = groups.reshape(n_tokens, n_expert)
+    ids = _top_k(sel, top_k)
+    weights = np.take_along_axis(probs, ids, axis=1)
+    if routing.gating is Gating.SOFTMAX_WEIGHT:
+        weights = _softmax(weights)
+    if routing.norm:
+        weights = weights / np.maximum(weights.sum(axis=1, keepdims=True), WEIGHTS_SUM_MIN)
+    return ids.astype(np.int32), weights * routing.scale
+
+
+def swiglu_oai(
+    gate: np.ndarray, up: np.ndarray, alpha: float = SWIGLU_OAI_ALPHA, limit: float = SWIGLU_OAI_LIMIT
+) -> np.ndarray:
+    g = np.minimum(np.asarray(gate, np.float64), limit)
+    u = np.clip(np.asarray(up, np.float64), -limit, limit)
+    return g / (1.0 + np.exp(-alpha * g)) * (u + 1.0)
+
+
+@dataclass(frozen=True)
+class FfnWeights:
+    """One MoE layer's weights as float64 arrays in numpy order (outputs, inputs)."""
+
+    router: np.ndarray  # [n_expert, n_embd]
+    gate: np.ndarray  # [n_expert, n_ff, n_embd]
+    up: np.ndarray  # [n_expert, n_ff, n_embd]
+    down: np.ndarray  # [n_expert, n_embd, n_ff]
+    router_bias: np.ndarray | None = None  # [n_expert]
+    selection_bias: np.ndarray | None = None  # [n_expert], for choosing only
+    gate_bias: np.ndarray | None = None  # [n_expert, n_ff]
+    up_bias: np.ndarray | None = None
+    down_bias: np.ndarray | None = None  # [n_expert, n_embd]
+    shared_gate: np.ndarray | None = None  # [n_ff_shared, n_embd]
+    shared_up: np.ndarray | None = None
+    shared_down: np.ndarray | None = None  # [n_embd, n_ff_shared]
+    shared_gate_inp: np.ndarray | None = None  # [n_embd]: sigmoid gate of the shared expert
+
+
+def moe_ffn(
+    x: np.ndarray, weights: FfnWeights, routing: Routing, top_k: int, activation: Activation = Activation.SILU
+) -> np.ndarray:
+    """The MoE block's output [n_tokens, n_embd] for normalized input x, in float64."""
+    x = np.asarray(x, np.float64)
+    logits = x @ weights.router.T
+    if weights.router_bias is not None:
+        logits = logits + weights.router_bias
+    ids, route_weights = route(logits, routing, top_k, weights.selection_bias)
+    act = swiglu if activation is Activation.SILU else swiglu_oai
+    out = np.zeros_like(x)
+    for k in range(top_k):
+        e = ids[:, k]
+        g = np.einsum("tfe,te->tf", weights.gate[e], x)
+        u = np.einsum("tfe,te->tf", weights.up[e], x)
+        if weights.gate_bias is not None and weights.up_bias is not None:
+            g, u = g + weights.gate_bias[e], u + weights.up_bias[e]
+        y = np.einsum("tnf,tf->tn", weights.down[e], act(g, u))
+        if weights.down_bias is not None:
+            y = y + weights.down_bias[e]
+        out += route_weights[:, k : k + 1] * y
+    if weights.shared_gate is not None and weights.shared_up is not None and weights.shared_down is not None:
+        shared = swiglu(x @ weights.shared_gate.T, x @ weights.shared_up.T) @ weights.shared_down.T
+        if weights.shared_gate_inp is not None:
+            shared = shared / (1.0 + np.exp(-(x @ weights.shared_gate_inp)))[:, None]
+        out += shared
+    return out
+
+
+def rms_norm(h: np.ndarray) -> np.ndarray:
+    """The runner's weightless stand-in norm, in float64."""
+    h = np.asarray(h, np.float64)
+    return h / np.sqrt((h * h).mean(axis=1, keepdims=True) + 1e-6)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from .layout import EXPERT_TYPES, ModelError, TensorRole, parse_expert_type
 from .loader import MoeLayer, MoeModel, TensorInfo
 from .presets import PRESETS, ModelPreset, get_preset
-from .writer import TensorSpec, generate, make_model, start_model_file, tensor_specs
+from .writer import TensorSpec, file_specs, generate, make_model, start_model_file, tensor_specs
 
 __all__ = [
     "EXPERT_TYPES",
@@ -17,6 +17,7 @@ __all__ = [
     "TensorInfo",
     "TensorRole",
     "TensorSpec",
+    "file_specs",
     "generate",
     "get_preset",
     "make_model",

@@ -5,10 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .layout import EXPERT_TYPES
 from .loader import MoeModel
 from .presets import PRESETS
-from .writer import make_model
+from .writer import make_model, type_choices
 
 
 def register(subparsers: Any) -> None:
@@ -19,9 +18,13 @@ def register(subparsers: Any) -> None:
         description="Write a GGUF file with a preset's MoE shapes and deterministic random expert weights.",
     )
     parser.add_argument("--preset", required=True, choices=sorted(PRESETS), help="model shapes to imitate")
-    types = [t.name for t in EXPERT_TYPES]
     parser.add_argument(
-        "--type", dest="qtype", default="Q4_0", type=str.upper, choices=types, help="expert weight type, any case"
+        "--type",
+        dest="qtype",
+        default="Q4_0",
+        type=str.upper,
+        choices=type_choices(),
+        help="expert weight type, or a llama.cpp mix (Q4_K_M, ...) with its per-tensor choices",
     )
     parser.add_argument("-o", "--output", required=True, help="the .gguf file to write")
     parser.add_argument("--layers", type=int, default=None, help="write only the first N layers")

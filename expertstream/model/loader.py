@@ -129,6 +129,24 @@ class MoeModel(Closing):
         except KeyError:
             raise ModelError(f"{self.path}: no tensor {name!r} in this model") from None
 
+    def metadata(self, key: str) -> Any:
+        """The value of metadata ``key``, or None when the file lacks it."""
+        if self._reader is None:
+            raise ModelError(f"{self.path}: the model is closed")
+        field = self._reader.get_field(key)
+        return None if field is None else field.contents()
+
+    def optional_tensor(self, name: str) -> TensorInfo | None:
+        """Any tensor of the file by name (not only the MoE layers' four), or None."""
+        if self._reader is None:
+            raise ModelError(f"{self.path}: the model is closed")
+        for tensor in self._reader.tensors:
+            if tensor.name == name:
+                qtype = GGMLQuantizationType(tensor.tensor_type)
+                ne = tuple(int(d) for d in tensor.shape)
+                return TensorInfo(name, qtype, ne, int(tensor.n_bytes), int(tensor.data_offset))
+        return None
+
     def raw(self, tensor: str | TensorInfo) -> np.ndarray:
         """The bytes of a tensor as a read-only view of the mapping."""
         info = self.tensor(tensor) if isinstance(tensor, str) else tensor

@@ -1,26 +1,33 @@
 """Write synthetic GGUF MoE models: real architecture shapes, deterministic random weights.
 
-Benchmark files are several GB, so tensors are streamed to the file one at a time (tensor
-infos first, then each tensor's data) and quantized blocks are built directly from random
-bytes with a bounded f16 scale instead of quantizing floats. Every tensor's bytes depend
-only on (seed, layer, role), so ``generate`` reproduces exactly what a file holds.
+A file is complete for llama.cpp's loader of its architecture (model/tensors.py lists the
+tensors, ``add_metadata`` the keys, with a small SentencePiece vocabulary). Benchmark files
+are several GB, so tensors are streamed to the file one at a time (tensor infos first, then
+each tensor's data) and quantized blocks are built directly from random bytes with a bounded
+scale instead of quantizing floats. Every tensor's bytes depend only on (seed, name), so
+``generate`` reproduces exactly what a file holds.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
 import numpy as np
 from gguf import GGMLQuantizationType, LlamaFileType
+from gguf.quants import dequantize
 
 from ..errors import InvalidArgument
 from ..ggml import row_size
-from .layout import EXPERT_ROLES, TensorRole, parse_expert_type
+from .layout import EXPERT_ROLES, TensorRole
+from .mixes import MIX_DEFAULTS, MIX_FILE_TYPES, TensorShape, mix_types
 from .presets import ModelPreset, get_preset
+from .tensors import Init, TensorPlan, file_tensors
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +36,34 @@ _FILE_TYPES = {
     GGMLQuantizationType.Q8_0: LlamaFileType.MOSTLY_Q8_0,
     GGMLQuantizationType.F16: LlamaFileType.MOSTLY_F16,
     GGMLQuantizationType.BF16: LlamaFileType.MOSTLY_BF16,
+    GGMLQuantizationType.Q4_K: LlamaFileType.MOSTLY_Q4_K_S,
+    GGMLQuantizationType.Q5_K: LlamaFileType.MOSTLY_Q5_K_S,
+    GGMLQuantizationType.Q6_K: LlamaFileType.MOSTLY_Q6_K,
+    GGMLQuantizationType.Q5_0: LlamaFileType.MOSTLY_Q5_0,
+    GGMLQuantizationType.Q5_1: LlamaFileType.MOSTLY_Q5_1,
+    GGMLQuantizationType.Q4_1: LlamaFileType.MOSTLY_Q4_1,
+    GGMLQuantizationType.IQ4_XS: LlamaFileType.MOSTLY_IQ4_XS,
+    GGMLQuantizationType.IQ4_NL: LlamaFileType.MOSTLY_IQ4_NL,
+    GGMLQuantizationType.MXFP4: LlamaFileType.MOSTLY_MXFP4_MOE,
+    GGMLQuantizationType.Q2_K: LlamaFileType.MOSTLY_Q2_K,
+    GGMLQuantizationType.Q3_K: LlamaFileType.MOSTLY_Q3_K_M,
 }
+# Byte offsets of the f16 scales (d, and dmin or m) inside one block, for the types whose
+# scale the writer sets by calibration (see _calibrated_exponent); MXFP4's is an E8M0 byte.
+_SCALE_OFFSETS = {
+    GGMLQuantizationType.Q4_1: (0, 2),
+    GGMLQuantizationType.Q5_0: (0,),
+    GGMLQuantizationType.Q5_1: (0, 2),
+    GGMLQuantizationType.Q4_K: (0, 2),
+    GGMLQuantizationType.Q5_K: (0, 2),
+    GGMLQuantizationType.Q6_K: (208,),
+    GGMLQuantizationType.IQ4_NL: (0,),
+    GGMLQuantizationType.IQ4_XS: (0,),
+    GGMLQuantizationType.MXFP4: (0,),
+    GGMLQuantizationType.Q2_K: (80, 82),
+    GGMLQuantizationType.Q3_K: (108,),
+}
+WRITABLE_TYPES = (*_FILE_TYPES,)
 
 # RMS of the integer part of one weight: q - 8 for Q4_0 (q uniform in 0..15), q for Q8_0
 # (uniform int8), and 1 for float types whose magnitude is set by the exponent alone.
@@ -46,13 +80,14 @@ _MANTISSA_RMS = math.sqrt(7 / 3)
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """One tensor the writer emits: its name, role, layer, type and shape (ggml order)."""
+    """One tensor the writer emits: its name, role, layer, type, shape (ggml order) and values."""
 
     name: str
-    role: TensorRole
+    role: TensorRole | None  # None for the tensors outside the MoE block's four
     layer: int
     qtype: GGMLQuantizationType
     ne: tuple[int, ...]
+    init: Init = Init.WEIGHT
 
     @property
     def row_bytes(self) -> int:
@@ -68,21 +103,58 @@ class TensorSpec:
         return (*reversed(self.ne[1:]), self.row_bytes)
 
 
-def tensor_specs(preset: ModelPreset, qtype: GGMLQuantizationType, n_layer: int) -> list[TensorSpec]:
-    """The router (F32) and the three expert tensors of each of the first ``n_layer`` layers."""
-    specs = []
-    for layer in range(n_layer):
-        for role in (TensorRole.ROUTER, *EXPERT_ROLES):
-            specs.append(
-                TensorSpec(
-                    name=role.tensor_name(layer),
-                    role=role,
-                    layer=layer,
-                    qtype=GGMLQuantizationType.F32 if role is TensorRole.ROUTER else qtype,
-                    ne=role.ne(preset.n_embd, preset.n_ff_exp, preset.n_expert),
-                )
-            )
-    return specs
+TypeChoice = GGMLQuantizationType | str
+
+
+def parse_type(choice: TypeChoice) -> GGMLQuantizationType | str:
+    """A single tensor type (any the writer can fill) or the name of a llama.cpp mix."""
+    if isinstance(choice, str):
+        name = choice.upper()
+        if name in MIX_DEFAULTS:
+            return name
+        member = GGMLQuantizationType.__members__.get(name)
+        if member is None:
+            raise InvalidArgument(f"unknown tensor type {choice!r}", hint=f"choose one of {', '.join(type_choices())}")
+        choice = member
+    if choice not in WRITABLE_TYPES:
+        raise InvalidArgument(
+            f"the writer cannot fill {choice.name}", hint=f"choose one of {', '.join(type_choices())}"
+        )
+    return choice
+
+
+def type_choices() -> list[str]:
+    """What ``--type`` accepts: llama.cpp mix names, then single types."""
+    singles = [t.name for t in WRITABLE_TYPES if t.name not in MIX_DEFAULTS]
+    return [*MIX_DEFAULTS, *singles]
+
+
+def tensor_specs(preset: ModelPreset, qtype: TypeChoice, n_layer: int) -> list[TensorSpec]:
+    """The router (F32) and the three expert tensors of each MoE layer among the first ``n_layer``."""
+    moe = {role.tensor_name(i) for i in range(n_layer) for role in TensorRole}
+    return [s for s in file_specs(preset, qtype, n_layer) if s.name in moe]
+
+
+def file_specs(preset: ModelPreset, choice: TypeChoice, n_layer: int) -> list[TensorSpec]:
+    """Every tensor of a complete file with the first ``n_layer`` layers, with its type."""
+    plans = file_tensors(preset, n_layer)
+    parsed = parse_type(choice)
+    if isinstance(parsed, str):
+        types = mix_types(
+            parsed, [TensorShape(p.name, p.ne) for p in plans], preset.n_expert, preset.n_head // preset.n_head_kv
+        )
+    else:
+        types = {p.name: _single_type(p, parsed) for p in plans}
+    return [TensorSpec(p.name, p.role, p.layer, types[p.name], p.ne, p.init) for p in plans]
+
+
+def _single_type(plan: TensorPlan, qtype: GGMLQuantizationType) -> GGMLQuantizationType:
+    """Experts in ``qtype``; other matrices too where their rows fit its blocks (else F16); vectors F32."""
+    if plan.role is TensorRole.ROUTER or len(plan.ne) < 2 or plan.init is not Init.WEIGHT:
+        return GGMLQuantizationType.F32
+    if plan.role in EXPERT_ROLES or plan.ne[0] % gguf.GGML_QUANT_SIZES[qtype][0] == 0:
+        return qtype
+    return GGMLQuantizationType.F16
 
 
 def generate(spec: TensorSpec, seed: int) -> np.ndarray:
@@ -90,23 +162,37 @@ def generate(spec: TensorSpec, seed: int) -> np.ndarray:
 
     Weights have an RMS of about 1/sqrt(fan_in) so that activations stay O(1) layer after
     layer. Float experts get random sign and mantissa with one fixed exponent; quantized
-    blocks get random quants and a positive f16 scale with one fixed exponent.
+    blocks get random quants and a positive scale with one fixed exponent. Norm weights are
+    ones, biases small, the selection bias one shared offset plus small noise per expert
+    (a shared offset does not change which experts are chosen).
     """
-    stream = np.random.SeedSequence([seed, spec.layer, list(TensorRole).index(spec.role)])
+    role_index = list(TensorRole).index(spec.role) if spec.role is not None else 100 + zlib.crc32(spec.name.encode())
+    stream = np.random.SeedSequence([seed, spec.layer, role_index])
     target_rms = 1.0 / math.sqrt(spec.ne[0])
     if spec.qtype is GGMLQuantizationType.F32:
         rng = np.random.Generator(np.random.PCG64(stream))
-        values = rng.standard_normal(spec.nbytes // 4, dtype=np.float32) * np.float32(target_rms)
+        n = spec.nbytes // 4
+        if spec.init is Init.ONES:
+            values = np.ones(n, np.float32)
+        elif spec.init is Init.BIAS:
+            values = rng.standard_normal(n, dtype=np.float32) * np.float32(0.02)
+        elif spec.init is Init.SELECTION_BIAS:
+            values = np.float32(0.5) + rng.standard_normal(n, dtype=np.float32) * np.float32(0.01)
+        else:
+            values = rng.standard_normal(n, dtype=np.float32) * np.float32(target_rms)
         return values.view(np.uint8)
     words = np.random.PCG64(stream).random_raw(-(-spec.nbytes // 8))
     raw = words.view(np.uint8)[: spec.nbytes]
-    exponent = round(math.log2(target_rms / (_UNIT_RMS[spec.qtype] * _MANTISSA_RMS)))
-    if spec.qtype is GGMLQuantizationType.F16:
-        _set_float_exponent(raw.view(np.uint16), exponent + 15, mantissa_bits=10)
-    elif spec.qtype is GGMLQuantizationType.BF16:
-        _set_float_exponent(raw.view(np.uint16), exponent + 127, mantissa_bits=7)
+    if spec.qtype in _UNIT_RMS:
+        exponent = round(math.log2(target_rms / (_UNIT_RMS[spec.qtype] * _MANTISSA_RMS)))
+        if spec.qtype is GGMLQuantizationType.F16:
+            _set_float_exponent(raw.view(np.uint16), exponent + 15, mantissa_bits=10)
+        elif spec.qtype is GGMLQuantizationType.BF16:
+            _set_float_exponent(raw.view(np.uint16), exponent + 127, mantissa_bits=7)
+        else:
+            _set_block_scales(raw, spec.qtype, exponent + 15)
     else:
-        _set_block_scales(raw, spec.qtype, exponent + 15)
+        _set_scales(raw, spec.qtype, round(math.log2(target_rms)) - _calibrated_exponent(spec.qtype))
     return raw
 
 
@@ -125,41 +211,123 @@ def _set_block_scales(raw: np.ndarray, qtype: GGMLQuantizationType, biased_expon
     high_byte |= np.uint8(biased_exponent << 2)
 
 
-def add_metadata(writer: gguf.GGUFWriter, preset: ModelPreset, n_layer: int, qtype: GGMLQuantizationType) -> None:
-    """The architecture's keys a loader needs, under gguf's names for ``preset.arch``."""
+def _set_scales(raw: np.ndarray, qtype: GGMLQuantizationType, exponent: int) -> None:
+    """Give every scale field of every block a positive value of about 2**exponent."""
+    _, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    blocks = raw.reshape(-1, type_size)
+    if qtype is GGMLQuantizationType.MXFP4:
+        blocks[:, 0] = np.uint8(127 + exponent)
+        return
+    for offset in _SCALE_OFFSETS[qtype]:
+        high_byte = blocks[:, offset + 1]
+        high_byte &= np.uint8(0x03)
+        high_byte |= np.uint8((exponent + 15) << 2)
+
+
+@functools.cache
+def _calibrated_exponent(qtype: GGMLQuantizationType) -> int:
+    """log2 of the RMS that random blocks with scale exponent 0 dequantize to, rounded."""
+    block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    raw = np.random.PCG64(0).random_raw(64 * type_size // 8 + 1).view(np.uint8)[: 64 * type_size].copy()
+    _set_scales(raw, qtype, 0)
+    values = np.asarray(dequantize(raw.reshape(1, -1), qtype), np.float64)
+    return round(math.log2(float(np.sqrt(np.mean(values**2)))))
+
+
+def add_metadata(writer: gguf.GGUFWriter, preset: ModelPreset, n_layer: int, file_type: LlamaFileType) -> None:
+    """The keys llama.cpp's loader reads for ``preset.arch``, and a small SentencePiece vocabulary."""
+    arch = preset.arch
     writer.add_name(preset.name)
     writer.add_block_count(n_layer)
+    writer.add_context_length(preset.n_ctx)
     writer.add_embedding_length(preset.n_embd)
+    writer.add_feed_forward_length(preset.dense_ff if arch != "llama" else preset.n_ff_exp)
+    writer.add_head_count(preset.n_head)
+    writer.add_head_count_kv(preset.n_head_kv)
+    writer.add_rope_freq_base(preset.rope_base)
+    writer.add_layer_norm_rms_eps(preset.norm_eps)
     writer.add_expert_count(preset.n_expert)
     writer.add_expert_used_count(preset.top_k)
     writer.add_expert_feed_forward_length(preset.n_ff_exp)
-    writer.add_file_type(_FILE_TYPES[qtype])
+    if arch == "deepseek2":
+        rope = preset.rope_dim or preset.head_dim
+        writer.add_uint32(f"{arch}.attention.kv_lora_rank", preset.kv_lora_rank)
+        # multi-head latent attention stored as MQA: keys are the latent plus the rotated part
+        writer.add_key_length(preset.kv_lora_rank + rope)
+        writer.add_value_length(preset.kv_lora_rank)
+        writer.add_uint32(f"{arch}.attention.key_length_mla", preset.qk_nope_dim + rope)
+        writer.add_uint32(f"{arch}.attention.value_length_mla", preset.v_head_dim)
+    else:
+        writer.add_key_length(preset.head_dim)
+        writer.add_value_length(preset.head_dim)
+    writer.add_rope_dimension_count(preset.rope_dim or preset.head_dim)
+    if preset.sliding_window:
+        writer.add_uint32(f"{arch}.attention.sliding_window", preset.sliding_window)
+    if preset.n_shared:
+        writer.add_uint32(f"{arch}.expert_shared_count", preset.n_shared)
+        if arch == "qwen2moe":
+            writer.add_uint32(f"{arch}.expert_shared_feed_forward_length", preset.shared_ff)
+    if arch in ("deepseek2", "glm4moe"):
+        writer.add_uint32(f"{arch}.leading_dense_block_count", min(preset.n_dense_lead, n_layer))
+        writer.add_float32(f"{arch}.expert_weights_scale", preset.weights_scale or 1.0)
+        writer.add_bool(f"{arch}.expert_weights_norm", bool(preset.weights_norm))
+        if preset.gating is not None:
+            writer.add_uint32(f"{arch}.expert_gating_func", preset.gating)
+    if arch == "glm4moe":
+        writer.add_uint32(f"{arch}.nextn_predict_layers", 0)
+    if preset.n_group > 1:
+        writer.add_uint32(f"{arch}.expert_group_count", preset.n_group)
+        writer.add_uint32(f"{arch}.expert_group_used_count", preset.n_group_used)
+    writer.add_file_type(file_type)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    _add_vocabulary(writer, preset.n_vocab)
+
+
+def _add_vocabulary(writer: gguf.GGUFWriter, n_vocab: int) -> None:
+    """A SentencePiece ("llama") vocabulary: <unk>, <s>, </s>, the 256 byte tokens, then word pieces."""
+    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256))]
+    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL] + [gguf.TokenType.BYTE] * 256
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    pieces = [f"\u2581{a}" for a in letters] + [f"\u2581{a}{b}" for a in letters for b in letters]
+    if n_vocab < len(tokens) + 1 or n_vocab - len(tokens) > len(pieces):
+        raise InvalidArgument(f"vocabulary size {n_vocab} is outside {len(tokens) + 1}..{len(tokens) + len(pieces)}")
+    words = [p.encode().decode("unicode_escape") for p in pieces[: n_vocab - len(tokens)]]
+    scores = [0.0] * len(tokens) + [-float(i) for i in range(len(words))]
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list([*tokens, *words])
+    writer.add_token_scores(scores)
+    writer.add_token_types([*types, *[gguf.TokenType.NORMAL] * len(words)])
+    writer.add_unk_token_id(0)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_add_bos_token(True)
 
 
 def start_model_file(
     preset: ModelPreset | str,
-    qtype: GGMLQuantizationType | str,
+    qtype: TypeChoice,
     path: str | Path,
     *,
     layers: int | None = None,
 ) -> tuple[gguf.GGUFWriter, list[TensorSpec]]:
     """Write the header, metadata and tensor infos of a model file; the data is the caller's.
 
-    Returns the open writer, positioned for ``write_tensor_data`` of each spec in order, and
-    the specs. ``layers`` keeps only the first N layers. The caller closes the writer. Bad
+    ``qtype`` is one tensor type for the experts or a llama.cpp mix name ('Q4_K_M'). Returns
+    the open writer, positioned for ``write_tensor_data`` of each spec in order, and the
+    specs. ``layers`` keeps only the first N layers. The caller closes the writer. Bad
     arguments raise InvalidArgument before the file is touched.
     """
     preset = get_preset(preset) if isinstance(preset, str) else preset
-    qtype = parse_expert_type(qtype)
+    parsed = parse_type(qtype)
     n_layer = preset.n_layer if layers is None else layers
     if not 1 <= n_layer <= preset.n_layer:
         raise InvalidArgument(f"{preset.name} has layers 1..{preset.n_layer}; asked for {n_layer}")
-    specs = tensor_specs(preset, qtype, n_layer)
+    specs = file_specs(preset, parsed, n_layer)
+    file_type = MIX_FILE_TYPES[parsed] if isinstance(parsed, str) else _FILE_TYPES[parsed]
     path = Path(path)
     writer = gguf.GGUFWriter(path, preset.arch)
     try:
-        add_metadata(writer, preset, n_layer, qtype)
+        add_metadata(writer, preset, n_layer, file_type)
         for spec in specs:
             writer.add_tensor_info(spec.name, spec.byte_shape, np.dtype(np.uint8), spec.nbytes, raw_dtype=spec.qtype)
         writer.write_header_to_file()
@@ -174,13 +342,13 @@ def start_model_file(
 
 def make_model(
     preset: ModelPreset | str,
-    qtype: GGMLQuantizationType | str,
+    qtype: TypeChoice,
     path: str | Path,
     *,
     layers: int | None = None,
     seed: int = 0,
 ) -> Path:
-    """Write a synthetic model with ``preset``'s shapes and expert type ``qtype`` to ``path``.
+    """Write a synthetic model with ``preset``'s shapes and types ``qtype`` (a type or a mix) to ``path``.
 
     ``layers`` keeps only the first N layers (a smaller file with the same tensor sizes).
     Memory stays bounded by the largest single tensor. A partial file is removed on error.

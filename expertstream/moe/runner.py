@@ -3,12 +3,16 @@
 Each layer is four splits, in this order for every ubatch of tokens:
 
 - ``router``: a weightless RMS norm of the hidden state (a stand-in for attention and
-  normalization, see standin.py), then router_topk with the layer's device-resident router
-  into the routing ids and weights of this layer and ubatch;
-- ``gate``: mul_mat_id over the layer's gate experts;
-- ``up``: mul_mat_id over the up experts, then SwiGLU of gate and up;
-- ``down``: mul_mat_id over the down experts (one input row per token and slot), the
-  routing-weighted sum over slots, and the residual add into the hidden state.
+  normalization, see standin.py), then the architecture's routing (moe/arch.py) with the
+  layer's device-resident router into the routing ids and weights of this layer and ubatch:
+  router_topk where a softmax over the selected logits is exact, else router logits (with
+  gpt-oss's router bias) and router_select (gating, selection bias, groups, norm, scale);
+- ``gate``: mul_mat_id over the layer's gate experts (+ per-expert biases where the file has them);
+- ``up``: mul_mat_id over the up experts (+ biases), then SwiGLU (gpt-oss: its clamped form);
+- ``down``: mul_mat_id over the down experts (one input row per token and slot, + biases), the
+  routing-weighted sum over slots, the shared expert where the file has one (a dense FFN of
+  device-resident weights, run as mul_mat_id over one expert, with qwen2moe's sigmoid gate),
+  and the residual add into the hidden state.
 
 The routing ids come from the router split before the three expert splits that read them,
 and each (layer, ubatch) has its own ids, so the stock path's ids read-back is right and the
@@ -34,11 +38,14 @@ from gguf import GGMLQuantizationType
 from .._closing import Closing
 from ..backends.base import BufferView, Device, DeviceBuffer, Stream, Usage
 from ..errors import InvalidArgument
-from ..kernels import MoeKernels
+from ..ggml import padded_size
+from ..kernels import MoeKernels, routing
+from ..kernels.routing import Activation
 from ..model import MoeLayer, MoeModel, TensorInfo
 from ..scheduler import Bindings, Input, MulMatId, Plan, Split
 from ..scheduler.source import HostSource
 from . import standin
+from .arch import FfnConfig, ffn_config
 
 ExpertData = Mapping[str, "HostSource | BufferView"]
 """Expert tensor name -> host-resident source, or device bytes of its padded size."""
@@ -87,12 +94,37 @@ def embeddings(seed: int, first: int, count: int, n_embd: int) -> np.ndarray:
     return np.stack(rows) if rows else np.empty((0, n_embd), np.float32)
 
 
+@dataclass(frozen=True)
+class _SharedExpert:
+    """A layer's shared expert(s): device-resident weights of one dense FFN."""
+
+    gate: TensorInfo
+    up: TensorInfo
+    down: TensorInfo
+    weights: dict[str, BufferView]  # "gate", "up", "down", and "gate_inp" when gated
+
+
+@dataclass(frozen=True)
+class _LayerExtras:
+    """The optional per-layer tensors an architecture adds, device-resident (float32 biases)."""
+
+    router_bias: BufferView | None = None
+    selection_bias: BufferView | None = None
+    expert_bias: dict[str, BufferView] | None = None  # role -> [n_expert, n_out]
+    shared: _SharedExpert | None = None
+
+
 class _Scratch:
     """Activation buffers for up to ``rows`` tokens, shared by every split of a plan."""
 
-    def __init__(self, device: Device, rows: int, model: MoeModel) -> None:
+    def __init__(self, device: Device, rows: int, model: MoeModel, n_ff_shared: int = 0) -> None:
         pairs = rows * model.top_k
         sizes = {
+            "logits": rows * model.n_expert * 4,
+            "shared_gate": rows * n_ff_shared * 4,
+            "shared_up": rows * n_ff_shared * 4,
+            "shared_act": rows * n_ff_shared * 4,
+            "shared_down": rows * model.n_embd * 4,
             "x": rows * model.n_embd * 4,
             "route_weights": pairs * 4,
             "gate": pairs * model.n_ff * 4,
@@ -104,7 +136,7 @@ class _Scratch:
         self.buffers: dict[str, DeviceBuffer] = {}
         try:
             for name, size in sizes.items():
-                self.buffers[name] = device.alloc(size, Usage.COMPUTE)
+                self.buffers[name] = device.alloc(max(size, 4), Usage.COMPUTE)
         except BaseException:
             self.close()
             raise
@@ -127,6 +159,7 @@ class _Tokens:
     count: int
     ids: BufferView
     label: str
+    layer: int
 
 
 class MoeRunner(Closing):
@@ -149,6 +182,7 @@ class MoeRunner(Closing):
                 hint="run decode steps with data, or leave them out of timing-only runs",
             )
         self.kernels = MoeKernels(device)
+        self.ffn: FfnConfig = ffn_config(model.arch, model.metadata)
         self._buffers: list[DeviceBuffer] = []
         self._scratch: _Scratch | None = None
         try:
@@ -163,9 +197,11 @@ class MoeRunner(Closing):
         self._buffers.append(buf)
         return buf
 
-    def _input(self, nbytes: int, usage: Usage, make: Callable[[], np.ndarray]) -> DeviceBuffer:
+    def _input(
+        self, nbytes: int, usage: Usage, make: Callable[[], np.ndarray], alloc_bytes: int | None = None
+    ) -> DeviceBuffer:
         """A buffer holding ``make()``; zeros where the backend holds no data (nothing reads it unwritten)."""
-        buf = self._alloc(nbytes, usage)
+        buf = self._alloc(max(nbytes, alloc_bytes or 0), usage)
         if self.data:
             buf.write(make())
         else:
@@ -184,7 +220,11 @@ class MoeRunner(Closing):
             ).view(0, model.n_expert * row)
             for layer in model.layers
         }
-        self._scratch = _Scratch(self.device, batching.ubatch_tokens, model)
+        self._extras = {layer.index: self._layer_extras(layer.index) for layer in model.layers}
+        n_ff_shared = max((e.shared.gate.ne[1] for e in self._extras.values() if e.shared), default=0)
+        self._scratch = _Scratch(self.device, batching.ubatch_tokens, model, n_ff_shared)
+        rows = batching.ubatch_tokens
+        self._zero_ids = self._input(rows * 4, Usage.COMPUTE, functools.partial(np.zeros, rows, np.int32))
         tokens, steps = batching.tokens, batching.decode_steps
         self._embed = self._input(
             tokens * row, Usage.COMPUTE, functools.partial(embeddings, seed, 0, tokens, model.n_embd)
@@ -196,6 +236,44 @@ class MoeRunner(Closing):
         )
         self._decode_hidden = self._alloc(steps * row)
         self._decode_ids = self._alloc(model.n_layer * model.top_k * 4)
+
+    def _resident(self, info: TensorInfo) -> BufferView:
+        """A device copy of a float tensor as float32, or of a quantized one with its zero tail."""
+        if info.qtype in (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16):
+            n = info.nbytes // (4 if info.qtype is GGMLQuantizationType.F32 else 2)
+            return self._input(n * 4, Usage.WEIGHTS, functools.partial(_router_floats, self.model, info)).view(0, n * 4)
+        nbytes = padded_size(info.nbytes, info.qtype, info.ne0)
+        buf = self._input(info.nbytes, Usage.WEIGHTS, functools.partial(self.model.raw, info), alloc_bytes=nbytes)
+        if nbytes > info.nbytes:  # mul_mat_id reads the tail of quantized rows: it must be zeros
+            with self.device.stream() as stream:
+                stream.memset(buf, info.nbytes, nbytes - info.nbytes, 0)
+                stream.synchronize()
+        return buf.view(0, nbytes)
+
+    def _layer_extras(self, index: int) -> _LayerExtras:
+        def find(name: str) -> TensorInfo | None:
+            return self.model.optional_tensor(f"blk.{index}.{name}")
+
+        def resident(name: str) -> BufferView | None:
+            info = find(name)
+            return None if info is None else self._resident(info)
+
+        biases = {role: resident(f"ffn_{role}_exps.bias") for role in (GATE, UP, DOWN)}
+        expert_bias = {r: b for r, b in biases.items() if b is not None}
+        shared = None
+        gate, up, down = (find(f"ffn_{role}_shexp.weight") for role in (GATE, UP, DOWN))
+        if gate is not None and up is not None and down is not None:
+            weights = {role: self._resident(info) for role, info in ((GATE, gate), (UP, up), (DOWN, down))}
+            gate_inp = resident("ffn_gate_inp_shexp.weight")
+            if gate_inp is not None:
+                weights["gate_inp"] = gate_inp
+            shared = _SharedExpert(gate, up, down, weights)
+        return _LayerExtras(
+            router_bias=resident("ffn_gate_inp.bias"),
+            selection_bias=resident("exp_probs_b.bias"),
+            expert_bias=expert_bias or None,
+            shared=shared,
+        )
 
     # -- plans ---------------------------------------------------------------------------------
     def prefill_plan(self, experts: ExpertData, ubatches: Sequence[int] | None = None) -> Plan:
@@ -215,6 +293,7 @@ class MoeRunner(Closing):
                     count=count,
                     ids=self._ids.view(ids_at, count * self.model.top_k * 4),
                     label=f"ub{u}",
+                    layer=layer.index,
                 )
                 splits += self._layer_splits(layer, tokens, experts)
         return Plan.of(splits)
@@ -233,6 +312,7 @@ class MoeRunner(Closing):
                 count=1,
                 ids=self._decode_ids.view(layer.index * ids_bytes, ids_bytes),
                 label=f"step{step}",
+                layer=layer.index,
             )
             splits += self._layer_splits(layer, tokens, experts)
         return Plan.of(splits)
@@ -273,32 +353,127 @@ class MoeRunner(Closing):
             )
         x = scratch.view("x", tokens.hidden.nbytes)
         standin.rms_norm(self.kernels, stream, tokens.hidden, x, tokens.count, model.n_embd)
-        self.kernels.router_topk(
+        extras = self._extras[tokens.layer]
+        route_weights = scratch.view("route_weights", tokens.ids.nbytes)
+        if self.ffn.routing.is_softmax_topk and extras.router_bias is None and extras.selection_bias is None:
+            self.kernels.router_topk(
+                stream,
+                x,
+                bindings[ROUTER],
+                tokens.count,
+                model.n_embd,
+                model.n_expert,
+                model.top_k,
+                tokens.ids,
+                route_weights,
+            )
+            return
+        logits = scratch.view("logits", tokens.count * model.n_expert * 4)
+        routing.router_logits(
+            self.kernels,
             stream,
             x,
             bindings[ROUTER],
+            extras.router_bias,
+            logits,
             tokens.count,
             model.n_embd,
             model.n_expert,
+        )
+        routing.router_select(
+            self.kernels,
+            stream,
+            logits,
+            extras.selection_bias,
+            self.ffn.routing,
+            tokens.count,
+            model.n_expert,
             model.top_k,
             tokens.ids,
-            scratch.view("route_weights", tokens.ids.nbytes),
+            route_weights,
         )
 
     def _gate(self, tokens: _Tokens, info: TensorInfo, stream: Stream, bindings: Bindings) -> None:
         self._mul_mat_id(stream, bindings[GATE], info, tokens, "x", False, "gate")
+        self._add_expert_bias(stream, tokens, GATE, "gate", info.ne[1])
 
     def _up(self, tokens: _Tokens, info: TensorInfo, stream: Stream, bindings: Bindings) -> None:
         self._mul_mat_id(stream, bindings[UP], info, tokens, "x", False, "up")
+        self._add_expert_bias(stream, tokens, UP, "up", info.ne[1])
         n = tokens.count * self.model.top_k * self.model.n_ff
+        self._activation(n, "gate", "up", "act", stream)
+
+    def _activation(self, n: int, gate: str, up: str, out: str, stream: Stream, oai: bool = True) -> None:
         scratch = self._active_scratch()
-        self.kernels.swiglu(
-            stream, scratch.view("gate", n * 4), scratch.view("up", n * 4), scratch.view("act", n * 4), n
+        views = (scratch.view(gate, n * 4), scratch.view(up, n * 4), scratch.view(out, n * 4))
+        if oai and self.ffn.ffn.activation is Activation.SWIGLU_OAI:
+            routing.swiglu_oai(self.kernels, stream, *views, n)
+        else:
+            self.kernels.swiglu(stream, *views, n)
+
+    def _add_expert_bias(self, stream: Stream, tokens: _Tokens, role: str, y: str, n_out: int) -> None:
+        biases = self._extras[tokens.layer].expert_bias
+        if biases is None or role not in biases:
+            return
+        pairs = tokens.count * self.model.top_k
+        scratch = self._active_scratch()
+        routing.add_expert_bias(
+            self.kernels,
+            stream,
+            scratch.view(y, pairs * n_out * 4),
+            biases[role],
+            tokens.ids,
+            pairs,
+            n_out,
+            self.model.n_expert,
+        )
+
+    def _shared_expert(self, stream: Stream, tokens: _Tokens, shared: _SharedExpert) -> None:
+        """moe += the shared expert's FFN of x (times sigmoid(x . gate_inp) where gated)."""
+        model, scratch = self.model, self._active_scratch()
+        ids = self._zero_ids.view(0, tokens.count * 4)
+        for role, info, x, y in (
+            (GATE, shared.gate, "x", "shared_gate"),
+            (UP, shared.up, "x", "shared_up"),
+            (DOWN, shared.down, "shared_act", "shared_down"),
+        ):
+            n_in, n_out = info.ne[0], info.ne[1]
+            self.kernels.mul_mat_id(
+                stream,
+                shared.weights[role],
+                info.qtype,
+                1,
+                n_out,
+                n_in,
+                scratch.view(x, tokens.count * n_in * 4),
+                False,
+                ids,
+                tokens.count,
+                1,
+                scratch.view(y, tokens.count * n_out * 4),
+            )
+            if role == UP:
+                self._activation(tokens.count * n_out, "shared_gate", "shared_up", "shared_act", stream, oai=False)
+        out = scratch.view("shared_down", tokens.hidden.nbytes)
+        if "gate_inp" in shared.weights:
+            routing.shared_gate(
+                self.kernels,
+                stream,
+                scratch.view("x", tokens.hidden.nbytes),
+                shared.weights["gate_inp"],
+                out,
+                tokens.count,
+                model.n_embd,
+                model.n_embd,
+            )
+        standin.add_inplace(
+            self.kernels, stream, scratch.view("moe", tokens.hidden.nbytes), out, tokens.count * model.n_embd
         )
 
     def _down(self, tokens: _Tokens, info: TensorInfo, stream: Stream, bindings: Bindings) -> None:
         model, scratch = self.model, self._active_scratch()
         self._mul_mat_id(stream, bindings[DOWN], info, tokens, "act", True, "down")
+        self._add_expert_bias(stream, tokens, DOWN, "down", model.n_embd)
         pairs = tokens.count * model.top_k
         moe = scratch.view("moe", tokens.hidden.nbytes)
         self.kernels.weighted_sum(
@@ -310,6 +485,9 @@ class MoeRunner(Closing):
             model.top_k,
             model.n_embd,
         )
+        shared = self._extras[tokens.layer].shared
+        if shared is not None:
+            self._shared_expert(stream, tokens, shared)
         standin.add_inplace(self.kernels, stream, tokens.hidden, moe, tokens.count * model.n_embd)
 
     def _mul_mat_id(

@@ -29,4 +29,4 @@ def test_make_model_command_writes_and_describes(tmp_path: Path, capsys: pytest.
 
 def test_make_model_command_rejects_unknown_type() -> None:
     with pytest.raises(SystemExit):
-        _parse(["make-model", "--preset", "tiny", "--type", "TQ2_0", "-o", "x.gguf"])
+        _parse(["make-model", "--preset", "tiny", "--type", "Q7_K", "-o", "x.gguf"])

@@ -76,7 +76,7 @@ def test_truncated_file_is_refused(tmp_path: Path) -> None:
     ("kwargs", "message"),
     [
         ({"preset": "no-such-model"}, "unknown model preset 'no-such-model'"),
-        ({"qtype": "tq2_0"}, "TQ2_0 is not a supported expert type"),
+        ({"qtype": "F32"}, "the writer cannot fill F32"),
         ({"qtype": "Q9_9"}, "unknown tensor type 'Q9_9'"),
         ({"layers": 3}, "tiny has layers 1..2; asked for 3"),
         ({"seed": -1}, "seed must be non-negative"),

@@ -1,0 +1,247 @@
+"""Launchers of the per-architecture routing and FFN kernels of moe.cu.
+
+How an MoE block turns router logits into expert ids and weights differs by architecture
+(llama.cpp's build_moe_ffn names the knobs; moe/arch.py reads them from a file):
+
+- ``Gating.SOFTMAX``: probabilities are a softmax over all experts (qwen2moe, qwen3moe,
+  mixtral, deepseek-v2);
+- ``Gating.SIGMOID``: each expert's probability is sigmoid(logit) (deepseek-v3, glm4moe);
+- ``Gating.SOFTMAX_WEIGHT``: experts are selected by logit and the weights are a softmax
+  over the selected logits (gpt-oss).
+
+A selection bias (``exp_probs_b``) is added to the probabilities for choosing experts only;
+with ``n_group > 1`` only the ``n_group_used`` groups whose two best selection values sum
+highest stay selectable. The weights are the chosen probabilities, divided by their sum
+(floored at 2^-14) when ``norm``, times ``scale``.
+
+Shapes are float32 row-major: x [n_tokens, n_embd], router [n_expert, n_embd], logits
+[n_tokens, n_expert], ids int32 and weights [n_tokens, top_k].
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..backends.base import BufferView, DeviceBuffer, Stream
+from ..errors import InvalidArgument
+from . import layout
+
+if TYPE_CHECKING:
+    from . import MoeKernels
+
+ViewLike = DeviceBuffer | BufferView
+
+SELECT_THREADS = 128  # must match moe.cu
+SELECT_MAX_GROUPS = 64
+LOGITS_TOKENS = 8
+SHARED_GATE_THREADS = 256
+SWIGLU_OAI_ALPHA = 1.702
+SWIGLU_OAI_LIMIT = 7.0
+WEIGHTS_SUM_MIN = 6.103515625e-5
+
+
+class Gating(enum.IntEnum):
+    """How router logits become expert probabilities; values are llama.cpp's expert_gating_func."""
+
+    SOFTMAX = 1
+    SIGMOID = 2
+    SOFTMAX_WEIGHT = 3
+
+
+class Activation(enum.Enum):
+    """The gated activation of the experts' gate and up projections."""
+
+    SILU = "silu"  # silu(gate) * up
+    SWIGLU_OAI = "swiglu_oai"  # gpt-oss: clamped, sigmoid(alpha * gate), (up + 1)
+
+
+@dataclass(frozen=True)
+class Routing:
+    """How one architecture selects and weights its experts."""
+
+    gating: Gating = Gating.SOFTMAX
+    norm: bool = True
+    scale: float = 1.0
+    n_group: int = 1
+    n_group_used: int = 1
+
+    @property
+    def is_softmax_topk(self) -> bool:
+        """True when router_topk (softmax over the selected logits) computes exactly this."""
+        return self.gating is Gating.SOFTMAX and self.norm and self.scale == 1.0 and self.n_group <= 1
+
+
+def _view(call: str, name: str, arg: ViewLike, nbytes: int) -> BufferView:
+    if isinstance(arg, DeviceBuffer):
+        arg = arg.view()
+    if not isinstance(arg, BufferView) or arg.nbytes < nbytes or arg.offset % 4:
+        raise InvalidArgument(f"{name} must be a 4-byte aligned buffer or view of at least {nbytes} bytes", call=call)
+    return BufferView(arg.buffer, arg.offset, nbytes)
+
+
+def _positive(call: str, **values: int) -> None:
+    for name, value in values.items():
+        if not 1 <= value <= layout.MAX_INT32:
+            raise InvalidArgument(f"{name} must be a positive int32, got {value!r}", call=call)
+
+
+def router_logits(
+    kernels: MoeKernels,
+    stream: Stream,
+    x: ViewLike,
+    router: ViewLike,
+    bias: ViewLike | None,
+    logits: ViewLike,
+    n_tokens: int,
+    n_embd: int,
+    n_expert: int,
+) -> None:
+    """logits = x @ router^T (+ bias per expert)."""
+    call = "router_logits"
+    _positive(call, n_tokens=n_tokens, n_embd=n_embd, n_expert=n_expert)
+    router_view = _view(call, "router", router, n_expert * n_embd * 4)
+    args = (
+        _view(call, "x", x, n_tokens * n_embd * 4),
+        router_view,
+        router_view if bias is None else _view(call, "bias", bias, n_expert * 4),
+        _view(call, "logits", logits, n_tokens * n_expert * 4),
+        np.int32(n_tokens),
+        np.int32(n_embd),
+        np.int32(n_expert),
+        np.int32(0 if bias is None else 1),
+    )
+    grid = (-(-n_expert // 32), -(-n_tokens // LOGITS_TOKENS))
+    if grid[1] > layout.MAX_GRID_Y:
+        raise InvalidArgument(f"{n_tokens} tokens are more than one launch handles", call=call, hint="split the batch")
+    stream.launch(kernels.kernel("moe_router_logits"), grid, LOGITS_TOKENS * 32, args)
+
+
+def router_select(
+    kernels: MoeKernels,
+    stream: Stream,
+    logits: ViewLike,
+    sel_bias: ViewLike | None,
+    routing: Routing,
+    n_tokens: int,
+    n_expert: int,
+    top_k: int,
+    ids: ViewLike,
+    weights: ViewLike,
+) -> None:
+    """ids, weights of each token from its logits, as ``routing`` says."""
+    call = "router_select"
+    _positive(call, n_tokens=n_tokens, n_expert=n_expert, top_k=top_k)
+    if n_expert > layout.ROUTER_MAX_EXPERTS or top_k > min(n_expert, layout.ROUTER_MAX_K):
+        raise InvalidArgument(
+            f"router_select handles at most {layout.ROUTER_MAX_EXPERTS} experts and top_k <= "
+            f"min(n_expert, {layout.ROUTER_MAX_K}); got {n_expert} experts, top_k {top_k}",
+            call=call,
+        )
+    if routing.n_group > 1 and (
+        routing.n_group > SELECT_MAX_GROUPS
+        or n_expert % routing.n_group
+        or n_expert // routing.n_group < 2
+        or not 1 <= routing.n_group_used <= routing.n_group
+    ):
+        raise InvalidArgument(
+            f"{routing.n_group} expert groups (using {routing.n_group_used}) do not fit {n_expert} experts",
+            call=call,
+            hint=f"groups must split the experts evenly, at least 2 per group, at most {SELECT_MAX_GROUPS} groups",
+        )
+    if n_tokens > 2**31 - 1:
+        raise InvalidArgument(f"{n_tokens} tokens are more than one launch handles", call=call)
+    logits_view = _view(call, "logits", logits, n_tokens * n_expert * 4)
+    args = (
+        logits_view,
+        logits_view if sel_bias is None else _view(call, "sel_bias", sel_bias, n_expert * 4),
+        _view(call, "ids", ids, n_tokens * top_k * 4),
+        _view(call, "weights", weights, n_tokens * top_k * 4),
+        np.int32(n_tokens),
+        np.int32(n_expert),
+        np.int32(top_k),
+        np.int32(int(routing.gating)),
+        np.int32(0 if sel_bias is None else 1),
+        np.int32(max(routing.n_group, 1)),
+        np.int32(routing.n_group_used),
+        np.int32(1 if routing.norm else 0),
+        np.float32(routing.scale),
+    )
+    stream.launch(kernels.kernel("moe_router_select"), n_tokens, SELECT_THREADS, args)
+
+
+def swiglu_oai(
+    kernels: MoeKernels,
+    stream: Stream,
+    gate: ViewLike,
+    up: ViewLike,
+    out: ViewLike,
+    n: int,
+    alpha: float = SWIGLU_OAI_ALPHA,
+    limit: float = SWIGLU_OAI_LIMIT,
+) -> None:
+    """out = min(gate, limit) * sigmoid(alpha * min(gate, limit)) * (clamp(up, -limit, limit) + 1)."""
+    call = "swiglu_oai"
+    _positive(call, n=n)
+    views = [_view(call, name, arg, n * 4) for name, arg in (("gate", gate), ("up", up), ("out", out))]
+    blocks = min(-(-n // layout.ELEMENTWISE_THREADS), layout.MAX_GRID_Y)
+    stream.launch(
+        kernels.kernel("moe_swiglu_oai"),
+        blocks,
+        layout.ELEMENTWISE_THREADS,
+        (*views, np.int32(n), np.float32(alpha), np.float32(limit)),
+    )
+
+
+def add_expert_bias(
+    kernels: MoeKernels,
+    stream: Stream,
+    y: ViewLike,
+    bias: ViewLike,
+    ids: ViewLike,
+    n_pairs: int,
+    n_out: int,
+    n_expert: int,
+) -> None:
+    """y[p, :] += bias[ids[p], :] for y [n_pairs, n_out] and bias [n_expert, n_out]."""
+    call = "add_expert_bias"
+    _positive(call, n_pairs=n_pairs, n_out=n_out, n_expert=n_expert)
+    args = (
+        _view(call, "y", y, n_pairs * n_out * 4),
+        _view(call, "bias", bias, n_expert * n_out * 4),
+        _view(call, "ids", ids, n_pairs * 4),
+        np.int32(n_pairs),
+        np.int32(n_out),
+        np.int32(n_expert),
+    )
+    grid = (-(-n_out // layout.ELEMENTWISE_THREADS), min(n_pairs, layout.MAX_GRID_Y))
+    stream.launch(kernels.kernel("moe_add_expert_bias"), grid, layout.ELEMENTWISE_THREADS, args)
+
+
+def shared_gate(
+    kernels: MoeKernels,
+    stream: Stream,
+    x: ViewLike,
+    w: ViewLike,
+    y: ViewLike,
+    n_tokens: int,
+    n_embd: int,
+    n: int,
+) -> None:
+    """y[t, :] *= sigmoid(x[t, :] . w) for y [n_tokens, n]: the gate of qwen2moe's shared expert."""
+    call = "shared_gate"
+    _positive(call, n_tokens=n_tokens, n_embd=n_embd, n=n)
+    args = (
+        _view(call, "x", x, n_tokens * n_embd * 4),
+        _view(call, "w", w, n_embd * 4),
+        _view(call, "y", y, n_tokens * n * 4),
+        np.int32(n_tokens),
+        np.int32(n_embd),
+        np.int32(n),
+    )
+    stream.launch(
+        kernels.kernel("moe_shared_gate"), n_tokens, SHARED_GATE_THREADS, args, shared_mem=SHARED_GATE_THREADS * 4
+    )

@@ -1,0 +1,117 @@
+"""The tensors of a complete model file per architecture, as llama.cpp's loader creates them.
+
+llama.cpp refuses a file that lacks a required tensor or holds one it does not create, so
+each list is exactly what its loader asks for (optional tensors included only where the
+real models have them). Shapes are in ggml order.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from .layout import TensorRole
+from .presets import ModelPreset
+
+
+class Init(enum.Enum):
+    """How the writer fills a tensor."""
+
+    WEIGHT = "weight"  # random, RMS 1/sqrt(fan-in)
+    ONES = "ones"  # norm weights
+    BIAS = "bias"  # small random
+    SELECTION_BIAS = "selection_bias"  # a shared offset plus small noise per expert
+
+
+@dataclass(frozen=True)
+class TensorPlan:
+    name: str
+    ne: tuple[int, ...]
+    layer: int
+    role: TensorRole | None = None
+    init: Init = Init.WEIGHT
+
+
+def file_tensors(p: ModelPreset, n_layer: int) -> list[TensorPlan]:
+    """Every tensor of a file with ``p``'s first ``n_layer`` layers, global ones first."""
+    plans = [
+        TensorPlan("token_embd.weight", (p.n_embd, p.n_vocab), 0),
+        TensorPlan("output_norm.weight", (p.n_embd,), 0, init=Init.ONES),
+        TensorPlan("output.weight", (p.n_embd, p.n_vocab), 0),
+    ]
+    for i in range(n_layer):
+        plans += _layer(p, i)
+    return plans
+
+
+def _layer(p: ModelPreset, i: int) -> list[TensorPlan]:
+    def t(part: str, *ne: int, init: Init = Init.WEIGHT, role: TensorRole | None = None) -> TensorPlan:
+        return TensorPlan(f"blk.{i}.{part}", tuple(ne), i, role, init)
+
+    def norm(part: str, n: int) -> TensorPlan:
+        return t(f"{part}.weight", n, init=Init.ONES)
+
+    def bias(part: str, *ne: int) -> TensorPlan:
+        return t(f"{part}.bias", *ne, init=Init.BIAS)
+
+    out = [norm("attn_norm", p.n_embd)]
+    out += _attention(p, t, norm, bias)
+    # the norm before the FFN: gpt-oss and glm4moe call it post_attention_norm
+    out.append(norm("post_attention_norm" if p.arch in ("gpt-oss", "glm4moe") else "ffn_norm", p.n_embd))
+    if i < p.n_dense_lead:
+        return out + [
+            t("ffn_gate.weight", p.n_embd, p.dense_ff),
+            t("ffn_up.weight", p.n_embd, p.dense_ff),
+            t("ffn_down.weight", p.dense_ff, p.n_embd),
+        ]
+    out.append(t("ffn_gate_inp.weight", p.n_embd, p.n_expert, role=TensorRole.ROUTER))
+    if p.arch == "gpt-oss":
+        out.append(bias("ffn_gate_inp", p.n_expert))
+    if p.arch == "glm4moe" or (p.arch == "deepseek2" and p.gating == 2):
+        out.append(t("exp_probs_b.bias", p.n_expert, init=Init.SELECTION_BIAS))
+    out += [
+        t("ffn_gate_exps.weight", p.n_embd, p.n_ff_exp, p.n_expert, role=TensorRole.GATE),
+        t("ffn_up_exps.weight", p.n_embd, p.n_ff_exp, p.n_expert, role=TensorRole.UP),
+        t("ffn_down_exps.weight", p.n_ff_exp, p.n_embd, p.n_expert, role=TensorRole.DOWN),
+    ]
+    if p.arch == "gpt-oss":
+        out += [
+            bias("ffn_gate_exps", p.n_ff_exp, p.n_expert),
+            bias("ffn_up_exps", p.n_ff_exp, p.n_expert),
+            bias("ffn_down_exps", p.n_embd, p.n_expert),
+        ]
+    if p.n_shared:
+        ff = p.shared_ff
+        if p.arch == "qwen2moe":
+            out.append(t("ffn_gate_inp_shexp.weight", p.n_embd))
+        out += [
+            t("ffn_gate_shexp.weight", p.n_embd, ff),
+            t("ffn_up_shexp.weight", p.n_embd, ff),
+            t("ffn_down_shexp.weight", ff, p.n_embd),
+        ]
+    return out
+
+
+def _attention(p: ModelPreset, t: Any, norm: Any, bias: Any) -> list[TensorPlan]:
+    if p.arch == "deepseek2":
+        rope = p.rope_dim or p.head_dim
+        q_dim = p.n_head * (p.qk_nope_dim + rope)
+        return [
+            t("attn_q.weight", p.n_embd, q_dim),
+            t("attn_kv_a_mqa.weight", p.n_embd, p.kv_lora_rank + rope),
+            norm("attn_kv_a_norm", p.kv_lora_rank),
+            t("attn_k_b.weight", p.qk_nope_dim, p.kv_lora_rank, p.n_head),
+            t("attn_v_b.weight", p.kv_lora_rank, p.v_head_dim, p.n_head),
+            t("attn_output.weight", p.n_head * p.v_head_dim, p.n_embd),
+        ]
+    q, kv = p.n_head * p.head_dim, p.n_head_kv * p.head_dim
+    out = [t("attn_q.weight", p.n_embd, q), t("attn_k.weight", p.n_embd, kv), t("attn_v.weight", p.n_embd, kv)]
+    if p.arch in ("qwen2moe", "gpt-oss", "glm4moe"):
+        out += [bias("attn_q", q), bias("attn_k", kv), bias("attn_v", kv)]
+    out.append(t("attn_output.weight", q, p.n_embd))
+    if p.arch == "gpt-oss":
+        out += [bias("attn_output", p.n_embd), t("attn_sinks.weight", p.n_head, init=Init.BIAS)]
+    if p.arch == "qwen3moe":
+        out += [norm("attn_q_norm", p.head_dim), norm("attn_k_norm", p.head_dim)]
+    return out

@@ -1,0 +1,154 @@
+"""make-model files carry every key and tensor llama.cpp's loader requires for their architecture."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from expertstream.model import file_specs, get_preset, make_model
+from expertstream.model.mixes import use_more_bits
+
+# Keys llama.cpp's load_hparams / vocab loader read as required (get_key without `false`),
+# per architecture, on top of the ones every architecture needs.
+COMMON_KEYS = [
+    "general.architecture",
+    "{arch}.context_length",
+    "{arch}.embedding_length",
+    "{arch}.block_count",
+    "{arch}.attention.head_count",
+    "{arch}.attention.layer_norm_rms_epsilon",
+    "{arch}.expert_count",
+    "{arch}.expert_used_count",
+    "tokenizer.ggml.model",
+    "tokenizer.ggml.tokens",
+]
+ARCH_KEYS = {
+    "qwen3moe": [],
+    "llama": [],
+    "qwen2moe": [],
+    "gpt-oss": ["{arch}.expert_feed_forward_length", "{arch}.attention.sliding_window"],
+    "deepseek2": [
+        "{arch}.leading_dense_block_count",
+        "{arch}.attention.kv_lora_rank",
+        "{arch}.expert_feed_forward_length",
+        "{arch}.expert_shared_count",
+        "{arch}.expert_weights_scale",
+    ],
+    "glm4moe": [
+        "{arch}.expert_feed_forward_length",
+        "{arch}.expert_shared_count",
+        "{arch}.expert_weights_scale",
+    ],
+}
+# Per-layer tensors llama.cpp creates as required, besides attn_norm and the router and experts.
+ARCH_TENSORS = {
+    "qwen3moe": ["attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm", "ffn_norm"],
+    "llama": ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm"],
+    "qwen2moe": [
+        "attn_q",
+        "attn_k",
+        "attn_v",
+        "attn_output",
+        "ffn_norm",
+        "ffn_gate_inp_shexp",
+        "ffn_gate_shexp",
+        "ffn_up_shexp",
+        "ffn_down_shexp",
+    ],  # fmt: skip
+    "gpt-oss": ["attn_q", "attn_k", "attn_v", "attn_output", "attn_sinks", "post_attention_norm"],
+    "deepseek2": [
+        "attn_q",
+        "attn_kv_a_mqa",
+        "attn_kv_a_norm",
+        "attn_k_b",
+        "attn_v_b",
+        "attn_output",
+        "ffn_norm",
+        "ffn_gate_shexp",
+        "ffn_up_shexp",
+        "ffn_down_shexp",
+    ],  # fmt: skip
+    "glm4moe": [
+        "attn_q",
+        "attn_k",
+        "attn_v",
+        "attn_output",
+        "post_attention_norm",
+        "ffn_gate_shexp",
+        "ffn_up_shexp",
+        "ffn_down_shexp",
+    ],  # fmt: skip
+}
+ARCH_BIASES = {
+    "qwen2moe": ["attn_q", "attn_k", "attn_v"],
+    "gpt-oss": [
+        "attn_q",
+        "attn_k",
+        "attn_v",
+        "attn_output",
+        "ffn_gate_inp",
+        "ffn_gate_exps",
+        "ffn_up_exps",
+        "ffn_down_exps",
+    ],
+    "glm4moe": ["attn_q", "attn_k", "attn_v", "exp_probs_b"],
+}
+PRESETS = ["tiny", "tiny-mixtral", "tiny-qwen2moe", "tiny-gpt-oss", "tiny-deepseek2", "tiny-glm4moe"]
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_file_has_every_required_key_and_tensor(tmp_path: Path, preset: str) -> None:
+    p = get_preset(preset)
+    reader = gguf.GGUFReader(make_model(preset, "Q8_0", tmp_path / "m.gguf"))
+    keys = set(reader.fields)
+    for key in COMMON_KEYS + ARCH_KEYS[p.arch]:
+        assert key.format(arch=p.arch) in keys, key
+    assert reader.get_field("general.architecture").contents() == p.arch  # type: ignore[union-attr]
+    names = {t.name for t in reader.tensors}
+    for name in ("token_embd.weight", "output_norm.weight", "output.weight"):
+        assert name in names
+    for i in range(p.n_layer):
+        for part in [
+            "attn_norm",
+            "ffn_gate_inp",
+            "ffn_gate_exps",
+            "ffn_up_exps",
+            "ffn_down_exps",
+            *ARCH_TENSORS[p.arch],
+        ]:
+            assert f"blk.{i}.{part}.weight" in names, (i, part)
+        for part in ARCH_BIASES.get(p.arch, []):
+            assert f"blk.{i}.{part}.bias" in names, (i, part)
+    tokens = reader.get_field("tokenizer.ggml.tokens")
+    assert tokens is not None and "<0x0A>" in tokens.contents()  # SentencePiece's newline byte token
+    # every tensor's bytes are where the header says, and nothing else is written
+    assert len(names) == len(file_specs(p, "Q8_0", p.n_layer))
+
+
+def test_deepseek_v2_lite_writes_its_leading_dense_layer() -> None:
+    specs = {s.name: s for s in file_specs(get_preset("deepseek-v2-lite"), "Q8_0", 2)}
+    assert specs["blk.0.ffn_gate.weight"].ne == (2048, 10944)
+    assert "blk.0.ffn_gate_inp.weight" not in specs
+    assert specs["blk.1.ffn_gate_shexp.weight"].ne == (2048, 2 * 1408)
+    assert specs["blk.1.attn_k_b.weight"].ne == (128, 512, 16)
+
+
+def test_q4_k_m_raises_ffn_down_by_llama_cpp_rule() -> None:
+    p = get_preset("qwen3-30b-a3b")
+    specs = {s.name: s.qtype for s in file_specs(p, "Q4_K_M", p.n_layer)}
+    for i in range(p.n_layer):
+        assert specs[f"blk.{i}.ffn_gate_exps.weight"] is T.Q4_K
+        expected = T.Q6_K if use_more_bits(i, p.n_layer) else T.Q4_K
+        assert specs[f"blk.{i}.ffn_down_exps.weight"] is expected, i
+    assert specs["blk.0.ffn_gate_inp.weight"] is T.F32
+    assert specs["output.weight"] is T.Q6_K
+
+
+def test_mixes_fall_back_where_rows_do_not_fit_256() -> None:
+    specs = {s.name: s.qtype for s in file_specs(get_preset("gpt-oss-20b"), "Q4_K_M", 1)}
+    assert specs["blk.0.ffn_gate_exps.weight"] is T.Q5_0  # 2880 is not a multiple of 256
+    mx = {s.name: s.qtype for s in file_specs(get_preset("gpt-oss-20b"), "MXFP4_MOE", 1)}
+    assert mx["blk.0.ffn_up_exps.weight"] is T.MXFP4 and mx["blk.0.attn_q.weight"] is T.Q8_0

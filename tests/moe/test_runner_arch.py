@@ -1,0 +1,71 @@
+"""The runner's MoE layers per architecture against a float64 forward pass over the file's weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf.quants import dequantize
+
+from expertstream.backends.base import Backend
+from expertstream.hostmem import HostWeights
+from expertstream.kernels import reference as ref
+from expertstream.model import MoeModel, make_model
+from expertstream.moe.arch import ffn_config
+from expertstream.moe.runner import Batching, MoeRunner, embeddings
+from expertstream.scheduler import Scheduler
+
+PRESETS = ["tiny", "tiny-mixtral", "tiny-qwen2moe", "tiny-gpt-oss", "tiny-deepseek2", "tiny-glm4moe"]
+BATCHING = Batching(tokens=24, ubatch=16)
+
+
+def _floats(model: MoeModel, name: str) -> np.ndarray | None:
+    info = model.optional_tensor(name)
+    if info is None:
+        return None
+    rows = np.asarray(model.raw(info)).reshape(*reversed(info.ne[1:]), -1)
+    return np.asarray(dequantize(rows, info.qtype), np.float64).reshape(tuple(reversed(info.ne)))
+
+
+def _layer_weights(model: MoeModel, i: int) -> ref.FfnWeights:
+    def get(part: str) -> np.ndarray | None:
+        return _floats(model, f"blk.{i}.{part}")
+
+    def need(part: str) -> np.ndarray:
+        value = get(part)
+        assert value is not None, part
+        return value
+
+    return ref.FfnWeights(
+        router=need("ffn_gate_inp.weight"),
+        gate=need("ffn_gate_exps.weight"),
+        up=need("ffn_up_exps.weight"),
+        down=need("ffn_down_exps.weight"),
+        router_bias=get("ffn_gate_inp.bias"),
+        selection_bias=get("exp_probs_b.bias"),
+        gate_bias=get("ffn_gate_exps.bias"),
+        up_bias=get("ffn_up_exps.bias"),
+        down_bias=get("ffn_down_exps.bias"),
+        shared_gate=get("ffn_gate_shexp.weight"),
+        shared_up=get("ffn_up_shexp.weight"),
+        shared_down=get("ffn_down_shexp.weight"),
+        shared_gate_inp=get("ffn_gate_inp_shexp.weight"),
+    )
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_prefill_matches_the_float64_forward_pass(backend: Backend, tmp_path: Path, preset: str) -> None:
+    path = make_model(preset, "Q8_0", tmp_path / f"{preset}.gguf", seed=5)
+    device = backend.device(0)
+    with MoeModel.open(path) as model, MoeRunner(device, model, BATCHING, seed=2) as runner:
+        with HostWeights.open(model, device, "pinned") as weights, Scheduler(slots=2) as scheduler:
+            scheduler.run(runner.prefill_plan(weights))
+        out = runner.prefill_output()
+        cfg = ffn_config(model.arch, model.metadata)
+        h = embeddings(2, 0, BATCHING.tokens, model.n_embd).astype(np.float64)
+        for layer in model.layers:
+            x = ref.rms_norm(h)
+            h = h + ref.moe_ffn(x, _layer_weights(model, layer.index), cfg.routing, model.top_k, cfg.ffn.activation)
+    err = ref.relative_error(out, h)
+    assert err < 1e-4, f"{preset}: relative error {err:.3g}"
