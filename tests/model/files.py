@@ -10,8 +10,7 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from expertstream.ggml import row_size
-from expertstream.model import TensorRole
+from expertstream.model import TensorRole, TensorSpec, generate
 
 N_EMBD = 64
 Tensors = dict[str, tuple[GGMLQuantizationType, np.ndarray]]
@@ -19,14 +18,12 @@ TOP_K = 2
 
 
 def layer_tensors(layer: int, n_expert: int, n_ff: int, seed: int = 0) -> Tensors:
-    """The four MoE tensors of one layer (F32 router, Q8_0 experts) with seeded random bytes."""
-    rng = np.random.default_rng([seed, layer])
-    out = {}
+    """The four MoE tensors of one layer (F32 router, Q8_0 experts) with the writer's seeded weights."""
+    out: Tensors = {}
     for role in TensorRole:
-        ne = role.ne(N_EMBD, n_ff, n_expert)
         qtype = GGMLQuantizationType.F32 if role is TensorRole.ROUTER else GGMLQuantizationType.Q8_0
-        shape = (*reversed(ne[1:]), row_size(qtype, ne[0]))
-        out[role.tensor_name(layer)] = (qtype, rng.integers(0, 256, shape, dtype=np.uint8))
+        spec = TensorSpec(role.tensor_name(layer), role, layer, qtype, role.ne(N_EMBD, n_ff, n_expert))
+        out[spec.name] = (qtype, generate(spec, seed).reshape(spec.byte_shape))
     return out
 
 

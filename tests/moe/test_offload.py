@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from expertstream.backends.base import Backend
@@ -76,3 +77,26 @@ def test_gpu_memory_sizes(text: str, value: object) -> None:
 def test_bad_gpu_memory_is_named() -> None:
     with pytest.raises(InvalidArgument, match="cannot read '24X' as a memory size"):
         parse_gpu_memory("24X")
+
+
+def test_a_leading_dense_layer_is_skipped_and_the_embeddings_enter_at_the_first_moe_layer(
+    backend: Backend, tmp_path: Path
+) -> None:
+    from model import files  # tests/model/files.py: pytest puts tests/ on sys.path
+
+    widths = [(0, 0), (8, 96), (8, 96)]
+    keys = files.moe_keys("qwen3moe", 3, 8, 96, leading_dense_block_count=1)
+    path = files.write_file(tmp_path / "dense0.gguf", "qwen3moe", keys, files.model_tensors(widths, seed=4))
+    device = backend.device(0)
+    digests = set()
+    with MoeModel.open(path) as model, MoeRunner(device, model, PREFILL) as runner:
+        assert [layer.index for layer in model.layers] == [1, 2]
+        with HostWeights.open(model, device, "pinned") as weights:
+            for slots in (0, 3):
+                with Scheduler(slots=slots) as scheduler:
+                    stats = scheduler.run(runner.prefill_plan(weights))
+                assert stats.total("bytes_prefetched") + stats.total("bytes_stock") > 0
+                output = runner.prefill_output()
+                assert np.isfinite(output).all() and output.any(), "the embeddings reached the hidden state"
+                digests.add(sha256(output))
+    assert len(digests) == 1
