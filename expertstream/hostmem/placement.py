@@ -4,7 +4,8 @@
 it is (pageable: slow, and copies block the host), the mapping registered in place (DMA
 speed), one pinned copy of the tensors (DMA speed, a full copy in RAM), or a staging ring of a
 few pinned chunks fed from the mapping by host threads (``staging``). Each tensor becomes a
-``HostSource`` the scheduler can copy from.
+``HostSource`` the scheduler can copy from. A split model has one mapping per shard, each
+wrapped (and registered) on its own; one ring reads them all.
 """
 
 from __future__ import annotations
@@ -159,32 +160,65 @@ _Placement = tuple[HostMemoryMode, dict[str, HostSource], list[HostBuffer | Stag
 
 
 def _place(model: MoeModel, device: Device, requested: HostMemoryMode, ring: _RingOptions) -> _Placement:
+    """One mapping (and registration) per shard; a ring reads every shard's mapping."""
     stats = HostWeightsStats()
     tensors = list(model.tensors.values())
-    if requested is HostMemoryMode.MMAP:
-        mapping = device.wrap_host(model.mapping)
-        return requested, _regions(mapping, tensors), [mapping], stats
     if requested is HostMemoryMode.PINNED:
         pinned, regions = _pinned_copy(model, device, tensors)
         stats.pinned_bytes = pinned.nbytes
         return requested, regions, [pinned], stats
-    if requested in (HostMemoryMode.REGISTERED, HostMemoryMode.AUTO):
-        mapping = device.wrap_host(model.mapping)
-        reason = _register(mapping)
-        if reason is None:
-            stats.registered_bytes = mapping.nbytes
-            return HostMemoryMode.REGISTERED, _regions(mapping, tensors), [mapping], stats
-        mapping.close()
-        _note_fallback(stats, requested, reason, device, tensors, ring)
-    staging = _ring(model, device, tensors, ring)
+    mappings = _wrap_mappings(model, device)
+    try:
+        if requested is HostMemoryMode.MMAP:
+            return requested, _regions(mappings, tensors), list(mappings), stats
+        if requested in (HostMemoryMode.REGISTERED, HostMemoryMode.AUTO):
+            reason = _register_all(mappings)
+            if reason is None:
+                stats.registered_bytes = sum(m.nbytes for m in mappings)
+                return HostMemoryMode.REGISTERED, _regions(mappings, tensors), list(mappings), stats
+            _note_fallback(stats, requested, reason, device, tensors, ring)
+            # Fresh, unregistered mappings for the ring: some shards may have been registered.
+            _close_all(mappings)
+            mappings = _wrap_mappings(model, device)
+        chunk_bytes = _chunk_bytes(tensors, ring)
+        staging = StagingRing(mappings, chunk_bytes=chunk_bytes, chunks=ring.chunks, threads=ring.threads)
+    except BaseException:
+        _close_all(mappings)
+        raise
     stats.pinned_bytes = staging.pinned_bytes
-    ring_regions: dict[str, HostSource] = {t.name: staging.region(t.offset, t.nbytes) for t in tensors}
-    # Closed in reverse: the ring (which waits for its DMAs) before the mapping it reads.
-    return HostMemoryMode.RING, ring_regions, [staging.source, staging], stats
+    ring_regions: dict[str, HostSource] = {t.name: staging.region(t.offset, t.nbytes, t.shard) for t in tensors}
+    # Closed in reverse: the ring (which waits for its DMAs) before the mappings it reads.
+    return HostMemoryMode.RING, ring_regions, [*mappings, staging], stats
 
 
-def _regions(buffer: HostBuffer, tensors: list[TensorInfo]) -> dict[str, HostSource]:
-    return {t.name: HostRegion(buffer, t.offset, t.nbytes) for t in tensors}
+def _wrap_mappings(model: MoeModel, device: Device) -> list[HostBuffer]:
+    mappings: list[HostBuffer] = []
+    try:
+        for array in model.mappings:
+            mappings.append(device.wrap_host(array))
+    except BaseException:
+        _close_all(mappings)
+        raise
+    return mappings
+
+
+def _close_all(buffers: list[HostBuffer]) -> None:
+    with ExitStack() as stack:
+        for buffer in buffers:
+            stack.callback(buffer.close)
+
+
+def _regions(mappings: list[HostBuffer], tensors: list[TensorInfo]) -> dict[str, HostSource]:
+    return {t.name: HostRegion(mappings[t.shard], t.offset, t.nbytes) for t in tensors}
+
+
+def _register_all(mappings: list[HostBuffer]) -> str | None:
+    """Register every shard's mapping read-only in place; the reason if the platform refuses one."""
+    for mapping in mappings:
+        reason = _register(mapping)
+        if reason is not None:
+            return reason if len(mappings) == 1 else f"{reason} (shard {mappings.index(mapping) + 1})"
+    return None
 
 
 def _register(mapping: HostBuffer) -> str | None:
@@ -231,19 +265,10 @@ def _chunk_bytes(tensors: list[TensorInfo], ring: _RingOptions) -> int:
     return max(1, min(ring.chunk_bytes, max((t.nbytes for t in tensors), default=1)))
 
 
-def _ring(model: MoeModel, device: Device, tensors: list[TensorInfo], ring: _RingOptions) -> StagingRing:
-    mapping = device.wrap_host(model.mapping)
-    try:
-        return StagingRing(mapping, chunk_bytes=_chunk_bytes(tensors, ring), chunks=ring.chunks, threads=ring.threads)
-    except BaseException:
-        mapping.close()
-        raise
-
-
 def _pinned_copy(
     model: MoeModel, device: Device, tensors: list[TensorInfo]
 ) -> tuple[HostBuffer, dict[str, HostSource]]:
-    """One pinned allocation holding every tensor, each at a page-aligned offset."""
+    """One pinned allocation holding every tensor of every shard, each at a page-aligned offset."""
     offsets: dict[str, int] = {}
     total = 0
     for t in tensors:
@@ -251,9 +276,12 @@ def _pinned_copy(
         total += -(-t.nbytes // _PINNED_ALIGN) * _PINNED_ALIGN
     pinned = device.alloc_pinned(total)
     try:
-        with device.wrap_host(model.mapping) as mapping:
+        mappings = _wrap_mappings(model, device)
+        try:
             for t in tensors:
-                device.host_copy(pinned, offsets[t.name], mapping, t.offset, t.nbytes)
+                device.host_copy(pinned, offsets[t.name], mappings[t.shard], t.offset, t.nbytes)
+        finally:
+            _close_all(mappings)
     except BaseException:
         pinned.close()
         raise

@@ -1,13 +1,15 @@
-"""The staging ring: pinned chunks fed from pageable memory (a file mapping) by host threads.
+"""The staging ring: pinned chunks fed from pageable memory (file mappings) by host threads.
 
-A mechanism only: it copies any byte range of one pageable HostBuffer to a device at DMA speed
-through a few page-locked chunks. Which tensors go through it is ``placement``'s decision.
+A mechanism only: it copies any byte range of one of a few pageable HostBuffers (the mappings
+of a model's shards) to a device at DMA speed through one set of page-locked chunks. Which
+tensors go through it is ``placement``'s decision.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -26,6 +28,7 @@ class _Slot:
 
 @dataclass(frozen=True)
 class _Piece:
+    source: HostBuffer
     src_offset: int
     dst_offset: int
     nbytes: int
@@ -51,15 +54,19 @@ class StagingRing(Closing):
     copy worker. One caller at a time: concurrent callers are serialized by a lock.
     """
 
-    def __init__(self, source: HostBuffer, *, chunk_bytes: int, chunks: int, threads: int) -> None:
+    def __init__(
+        self, sources: HostBuffer | Sequence[HostBuffer], *, chunk_bytes: int, chunks: int, threads: int
+    ) -> None:
         if chunk_bytes < 1 or chunks < 2 or threads < 1:
             raise InvalidArgument(
                 f"a staging ring needs chunk_bytes >= 1, chunks >= 2 and threads >= 1; got "
                 f"{chunk_bytes}, {chunks}, {threads}",
                 call="StagingRing",
             )
-        self.source = source
-        self.device = source.device
+        self.sources = (sources,) if isinstance(sources, HostBuffer) else tuple(sources)
+        if not self.sources or any(s.device is not self.sources[0].device for s in self.sources):
+            raise InvalidArgument("a staging ring needs one or more sources of one device", call="StagingRing")
+        self.device = self.sources[0].device
         self.chunk_bytes = chunk_bytes
         self._slots: list[_Slot] = []
         try:
@@ -88,22 +95,26 @@ class StagingRing(Closing):
     def pinned_bytes(self) -> int:
         return sum(slot.buffer.nbytes for slot in self._slots)
 
-    def region(self, start: int, length: int) -> RingRegion:
-        return RingRegion(self.source, start, length, self)
+    def region(self, start: int, length: int, source: int = 0) -> RingRegion:
+        """Bytes ``[start, start + length)`` of source number ``source``, copied through this ring."""
+        return RingRegion(self.sources[source], start, length, self, source)
 
-    def copy(self, stream: Stream, dst: DeviceBuffer, dst_offset: int, src_offset: int, nbytes: int) -> None:
-        """Enqueue a copy of ``source[src_offset : src_offset + nbytes]`` into ``dst`` on ``stream``."""
+    def copy(
+        self, stream: Stream, dst: DeviceBuffer, dst_offset: int, src_offset: int, nbytes: int, source: int = 0
+    ) -> None:
+        """Enqueue a copy of ``sources[source][src_offset : src_offset + nbytes]`` into ``dst`` on ``stream``."""
         call = "StagingRing.copy"
         if stream.device is not self.device:
             raise InvalidArgument(
                 f"the ring's chunks are pinned for {self.device.label}", call=call, device=stream.device.label
             )
         check_range(call, dst, dst_offset, nbytes)
-        check_range(call, self.source, src_offset, nbytes)
+        host = self.sources[source]
+        check_range(call, host, src_offset, nbytes)
         with self._lock:
             if self.closed:
                 raise UseAfterClose("staging ring is closed", call=call, device=self.device.label)
-            self._pipeline(stream, dst, _pieces(src_offset, dst_offset, nbytes, self.chunk_bytes))
+            self._pipeline(stream, dst, _pieces(host, src_offset, dst_offset, nbytes, self.chunk_bytes))
 
     def _pipeline(self, stream: Stream, dst: DeviceBuffer, pieces: deque[_Piece]) -> None:
         in_flight: deque[_Fill] = deque()
@@ -131,14 +142,18 @@ class StagingRing(Closing):
         for offset, n in _parts(piece.nbytes, len(self._workers)):
             worker = self._workers[self._next_worker]
             self._next_worker = (self._next_worker + 1) % len(self._workers)
-            parts.append(worker.submit(self._fill_part, slot, piece.src_offset + offset, offset, n, handoff))
+            parts.append(
+                worker.submit(self._fill_part, slot, piece.source, piece.src_offset + offset, offset, n, handoff)
+            )
         return _Fill(piece, slot, tuple(parts))
 
-    def _fill_part(self, slot: _Slot, src_offset: int, chunk_offset: int, nbytes: int, handoff: float) -> float:
+    def _fill_part(
+        self, slot: _Slot, source: HostBuffer, src_offset: int, chunk_offset: int, nbytes: int, handoff: float
+    ) -> float:
         backend = self.device.backend
         backend.host_resume_at(handoff)
         slot.free_event.synchronize()
-        self.device.host_copy(slot.buffer, chunk_offset, self.source, src_offset, nbytes)
+        self.device.host_copy(slot.buffer, chunk_offset, source, src_offset, nbytes)
         return backend.host_timestamp()
 
     def _finish_fill(self, fill: _Fill) -> None:
@@ -174,9 +189,9 @@ class StagingRing(Closing):
 _MIN_PART_BYTES = 4 << 20
 
 
-def _pieces(src_offset: int, dst_offset: int, nbytes: int, chunk_bytes: int) -> deque[_Piece]:
+def _pieces(source: HostBuffer, src_offset: int, dst_offset: int, nbytes: int, chunk_bytes: int) -> deque[_Piece]:
     return deque(
-        _Piece(src_offset + start, dst_offset + start, min(chunk_bytes, nbytes - start))
+        _Piece(source, src_offset + start, dst_offset + start, min(chunk_bytes, nbytes - start))
         for start in range(0, nbytes, chunk_bytes)
     )
 
@@ -190,9 +205,10 @@ def _parts(nbytes: int, threads: int) -> list[tuple[int, int]]:
 
 @dataclass(frozen=True)
 class RingRegion(HostRegion):
-    """A byte range of a StagingRing's source; copies from it go through the ring's chunks."""
+    """A byte range of one of a StagingRing's sources; copies from it go through the ring's chunks."""
 
     ring: StagingRing
+    source: int = 0  # index into ring.sources
 
     @property
     def blocks_host(self) -> bool:
@@ -200,4 +216,4 @@ class RingRegion(HostRegion):
 
     def enqueue_h2d(self, stream: Stream, dst: DeviceBuffer, dst_offset: int, offset: int, nbytes: int) -> None:
         self._check_range(offset, nbytes)
-        self.ring.copy(stream, dst, dst_offset, self.start + offset, nbytes)
+        self.ring.copy(stream, dst, dst_offset, self.start + offset, nbytes, self.source)

@@ -18,6 +18,7 @@ from ..model import EXPERT_TYPES, PRESETS, MoeModel, make_model
 from ..scheduler import check_slots
 from ..timeline import write_chrome_trace
 from .measure import Measurement, Settings, measure
+from .offload import parse_gpu_memory
 from .placeholder import write_sparse_model
 from .report import Progress, as_json, format_table, mismatched
 from .runner import Batching
@@ -36,6 +37,20 @@ def _mode_list(text: str) -> tuple[HostMemoryMode, ...]:
     except ValueError:
         choices = ", ".join(m.value for m in HostMemoryMode)
         raise argparse.ArgumentTypeError(f"host memory modes are {choices}; got {text!r}") from None
+
+
+def _gpu_memory(text: str) -> int | str:
+    try:
+        return parse_gpu_memory(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
 
 
 def _positive(text: str) -> int:
@@ -71,6 +86,22 @@ def register(subparsers: Any) -> None:
         type=_positive,
         default=None,
         help="host threads filling the staging ring (ring mode)",
+    )
+    prefill.add_argument(
+        "--n-cpu-moe",
+        "-ncmoe",
+        type=_non_negative,
+        default=None,
+        metavar="N",
+        help="keep the experts of the first N MoE layers in host memory (streamed); the rest stay on the device",
+    )
+    prefill.add_argument(
+        "--gpu-memory",
+        type=_gpu_memory,
+        default=None,
+        metavar="SIZE|auto",
+        help="device memory to use (e.g. 24G, 512M; auto: what is free): as many layers' experts stay on the "
+        "device as fit beside the staging slots, the rest stream",
     )
     prefill.add_argument("--decode", type=int, default=0, metavar="STEPS", help="decode steps of one token")
     prefill.add_argument("--seed", type=int, default=0, help="seed of the input embeddings (and of a made model)")
@@ -171,6 +202,8 @@ def _prefill(args: argparse.Namespace) -> int:
             args.host_memory,
             args.seed,
             ring_threads=args.ring_threads,
+            n_cpu_moe=args.n_cpu_moe,
+            gpu_memory=args.gpu_memory,
         )
         with _model(args, backend) as model:
             progress = Progress(2 + len(settings.slots) * len(settings.host_memory))

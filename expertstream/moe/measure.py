@@ -18,6 +18,7 @@ from ..backends.base import Backend, BufferView, Device, DeviceBuffer, Usage
 from ..hostmem import HostMemoryMode, HostWeights
 from ..model import MoeModel
 from ..scheduler import Plan, RunStats, Scheduler
+from .offload import GpuMemory, ResidentExperts, plan_offload
 from .report import Row
 from .runner import Batching, ExpertData, MoeRunner, sha256
 
@@ -37,6 +38,8 @@ class Settings:
     warmup: bool = True  # run the first ubatch once per row before timing (compiles, allocates slots)
     repeats: int = 1  # timed prefill runs per row; the fastest counts
     ring_threads: int | None = None  # host threads filling the staging ring (None: hostmem's default)
+    n_cpu_moe: int | None = None  # experts of the first N MoE layers stream; None: all, unless gpu_memory
+    gpu_memory: GpuMemory | None = None  # stream only as many leading layers as needed to fit the rest
 
 
 @dataclass(frozen=True)
@@ -157,20 +160,36 @@ def measure(
         compute_s, all_layers, compute_sha = measure_compute_only(backend, runner, settings.warmup, settings.repeats)
         progress("compute only")
         result = Measurement(Baselines(peak, compute_s, all_layers, compute_sha))
-        for mode in settings.host_memory:
-            ring = {} if settings.ring_threads is None else {"ring_threads": settings.ring_threads}
-            with HostWeights.open(model, device, mode, **ring) as weights:
-                for slots in settings.slots:
-                    result.rows.append(_measure_row(backend, runner, weights, slots, settings, result.baselines))
-                    progress(f"slots {slots}, {weights.mode.value}")
+        offload = plan_offload(
+            model,
+            device,
+            n_cpu_moe=settings.n_cpu_moe,
+            gpu_memory=settings.gpu_memory,
+            slots=max(settings.slots, default=0),
+            in_use=runner.device_bytes,
+        )
+        with ResidentExperts(model, device, offload, upload_data=runner.data) as resident:
+            for mode in settings.host_memory:
+                ring = {} if settings.ring_threads is None else {"ring_threads": settings.ring_threads}
+                with HostWeights.open(model, device, mode, **ring) as weights:
+                    for slots in settings.slots:
+                        row = _measure_row(backend, runner, weights, resident, slots, settings, result.baselines)
+                        result.rows.append(row)
+                        progress(f"slots {slots}, {weights.mode.value}")
         return result
 
 
 def _measure_row(
-    backend: Backend, runner: MoeRunner, weights: HostWeights, slots: int, settings: Settings, base: Baselines
+    backend: Backend,
+    runner: MoeRunner,
+    weights: HostWeights,
+    resident: ResidentExperts,
+    slots: int,
+    settings: Settings,
+    base: Baselines,
 ) -> Row:
     batching = settings.batching
-    experts: ExpertData = weights
+    experts: ExpertData = resident.experts(weights)
     with Scheduler(slots=slots) as scheduler:
         if settings.warmup:
             scheduler.run(runner.prefill_plan(experts, [0]))
@@ -211,6 +230,9 @@ def _measure_row(
         decode_sha256=sha256(decode_out) if decode_out is not None else None,
         output_sha256=sha256(*(a for a in (prefill_out, decode_out) if a is not None)) if runner.data else "",
         nonfinite=sum(int(np.count_nonzero(~np.isfinite(a))) for a in (prefill_out, decode_out) if a is not None),
+        layers_streamed=resident.plan.layers_streamed,
+        layers_resident=resident.plan.layers_resident,
+        streamed_bytes_per_ubatch=resident.plan.streamed_bytes_per_ubatch,
     )
 
 

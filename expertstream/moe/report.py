@@ -34,6 +34,9 @@ class Row:
     decode_sha256: str | None = None
     output_sha256: str = ""  # prefill and decode outputs together; empty when the backend holds no data
     nonfinite: int = 0  # NaN or infinite output values: a wrong byte read somewhere
+    layers_streamed: int = 0  # MoE layers whose experts stream from host memory (partial offload)
+    layers_resident: int = 0  # MoE layers whose experts were uploaded once and stay on the device
+    streamed_bytes_per_ubatch: int = 0  # expert bytes the streamed layers copy for each prefill ubatch
 
     @property
     def label(self) -> str:

@@ -155,7 +155,7 @@ class _Tokens:
     """The hidden rows one split group works on and where their routing lives."""
 
     hidden: BufferView
-    embed: BufferView | None  # copied into ``hidden`` before layer 0; None for later layers
+    embed: BufferView | None  # copied into ``hidden`` before the first MoE layer; None for later ones
     count: int
     ids: BufferView
     label: str
@@ -275,6 +275,12 @@ class MoeRunner(Closing):
             shared=shared,
         )
 
+    @property
+    def device_bytes(self) -> int:
+        """Device memory this runner holds (routers, activations, inputs, outputs)."""
+        scratch = self._scratch.buffers.values() if self._scratch is not None else ()
+        return sum(buf.alloc_size for buf in (*self._buffers, *scratch))
+
     # -- plans ---------------------------------------------------------------------------------
     def prefill_plan(self, experts: ExpertData, ubatches: Sequence[int] | None = None) -> Plan:
         """Every layer of the given ubatches (default: all, in order) as one plan."""
@@ -289,7 +295,7 @@ class MoeRunner(Closing):
                 ids_at = (u * self.model.n_layer + layer.index) * ids_stride
                 tokens = _Tokens(
                     hidden=self._hidden.view(first * row, count * row),
-                    embed=self._embed.view(first * row, count * row) if layer.index == 0 else None,
+                    embed=self._embed.view(first * row, count * row) if layer is self.model.layers[0] else None,
                     count=count,
                     ids=self._ids.view(ids_at, count * self.model.top_k * 4),
                     label=f"ub{u}",
@@ -308,7 +314,7 @@ class MoeRunner(Closing):
         for layer in self.model.layers:
             tokens = _Tokens(
                 hidden=self._decode_hidden.view(step * row, row),
-                embed=self._decode_embed.view(step * row, row) if layer.index == 0 else None,
+                embed=self._decode_embed.view(step * row, row) if layer is self.model.layers[0] else None,
                 count=1,
                 ids=self._decode_ids.view(layer.index * ids_bytes, ids_bytes),
                 label=f"step{step}",

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-from expertstream.backends.base import Backend, Device, DeviceBuffer, HostBuffer, HostMemory
+from expertstream.backends.base import Backend, Device, DeviceBuffer, HostBuffer, HostMemory, Usage
 from expertstream.ggml import row_size
 from expertstream.scheduler import Input, MulMatId, Plan, Split
 from expertstream.scheduler.source import HostRegion
@@ -26,6 +27,7 @@ class LayerSpec:
     row_type: Q
     n_ids: int
     host: HostMemory
+    resident: bool = False  # the weights live on the device (uploaded once), not in host memory
 
 
 @dataclass
@@ -70,22 +72,23 @@ def build(backend: Backend, specs: list[LayerSpec], seed: int) -> BuiltPlan:
         expert_nbytes = spec.rows * row_size(spec.row_type, spec.ne0)
         nbytes = spec.n_expert * expert_nbytes
         data = rng.integers(0, 256, nbytes, dtype=np.uint8)
-        host = host_buffer(device, data, spec.host)
         ids = rng.integers(0, spec.n_expert, spec.n_ids, dtype=np.int32)
         ids_buf = device.upload(ids)
         out = device.alloc(4 * digest.n_outputs(spec.n_expert, expert_nbytes))
         padded = device.alloc_size(nbytes, spec.row_type, spec.ne0)
         expected = digest.reference(data, ids, spec.n_expert, expert_nbytes, padded)
         built.outputs.append((out, expected))
-        built.resources += [host, ids_buf]
-        weights = Input(
-            "w",
-            nbytes,
-            host=HostRegion(host, 0, nbytes),
-            row_type=spec.row_type,
-            ne0=spec.ne0,
-            expert_nbytes=expert_nbytes,
-        )
+        where: dict[str, Any]
+        if spec.resident:
+            resident = device.alloc(nbytes, Usage.WEIGHTS, row_type=spec.row_type, ne0=spec.ne0)
+            resident.write(data)
+            built.resources += [resident, ids_buf]
+            where = {"device_data": resident.view()}
+        else:
+            host = host_buffer(device, data, spec.host)
+            built.resources += [host, ids_buf]
+            where = {"host": HostRegion(host, 0, nbytes)}
+        weights = Input("w", nbytes, row_type=spec.row_type, ne0=spec.ne0, expert_nbytes=expert_nbytes, **where)
 
         def compute(
             stream,
@@ -116,7 +119,10 @@ def build(backend: Backend, specs: list[LayerSpec], seed: int) -> BuiltPlan:
     return built
 
 
-def random_specs(rng: np.random.Generator, n_layers: int, n_devices: int, prefill_share: float) -> list[LayerSpec]:
+def random_specs(
+    rng: np.random.Generator, n_layers: int, n_devices: int, prefill_share: float, resident_share: float = 0.0
+) -> list[LayerSpec]:
+    """Random layers; with ``resident_share`` > 0 that share of them keeps its weights on the device."""
     specs = []
     for _ in range(n_layers):
         n_expert = int(rng.integers(2, 9))
@@ -131,6 +137,8 @@ def random_specs(rng: np.random.Generator, n_layers: int, n_devices: int, prefil
                 row_type=ROW_TYPES[int(rng.integers(0, len(ROW_TYPES)))],
                 n_ids=n_ids,
                 host=(HostMemory.PAGEABLE, HostMemory.PINNED, HostMemory.REGISTERED)[int(rng.integers(0, 3))],
+                # Drawn only when asked for, so that the layers of existing seeds stay what they were.
+                resident=bool(resident_share) and bool(rng.random() < resident_share),
             )
         )
     return specs

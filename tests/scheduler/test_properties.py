@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ class Scenario:
     fail_call: int | None  # the k-th ring-side allocation (slot, event or stream) fails
     fail_kind: str
     seed: int
+    resident_share: float = 0.0  # layers whose weights are device-resident (partial offload)
 
 
 scenarios = st.builds(
@@ -72,7 +74,8 @@ def failing(backend: Backend, kind: str, call: int | None) -> Iterator[None]:
 def run_scenario(scn: Scenario) -> None:
     rng = np.random.default_rng(scn.seed)
     with expertstream.backend("sim", devices=scn.n_devices, peer_access=False) as backend:
-        first = plans.build(backend, plans.random_specs(rng, scn.n_layers, scn.n_devices, scn.prefill_share), scn.seed)
+        specs = plans.random_specs(rng, scn.n_layers, scn.n_devices, scn.prefill_share, scn.resident_share)
+        first = plans.build(backend, specs, scn.seed)
         # A second plan with other (often larger) tensors forces slot reallocation mid-sequence.
         second = plans.build(backend, plans.random_specs(rng, scn.n_layers + 1, scn.n_devices, 1.0), scn.seed + 1)
         with Scheduler(slots=0) as sched:
@@ -108,3 +111,9 @@ REGRESSIONS = [
 @pytest.mark.parametrize("scn", REGRESSIONS, ids=lambda s: f"dev{s.n_devices}-L{s.n_layers}-slots{s.slot_sequence}")
 def test_fixed_seed_regressions(scn: Scenario) -> None:
     run_scenario(scn)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios, st.sampled_from([0.3, 0.5, 0.8]))
+def test_plans_with_device_resident_layers_give_the_stock_bytes(scn: Scenario, resident_share: float) -> None:
+    run_scenario(dataclasses.replace(scn, resident_share=resident_share))
