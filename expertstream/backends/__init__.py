@@ -49,6 +49,17 @@ def available_backends() -> list[BackendStatus]:
     return out
 
 
+def auto_choice() -> str:
+    """The backend name ``backend("auto")`` opens: $EXPERTSTREAM_BACKEND, else the first usable of cuda, hip, sim."""
+    chosen = os.environ.get(ENV_VAR, "").strip().lower()
+    if chosen:
+        return chosen
+    for candidate in _AUTO_ORDER:
+        if _probe(candidate) is None:
+            return candidate
+    raise BackendUnavailable("no backend is usable, not even the simulator")  # pragma: no cover
+
+
 def backend(name: str = "auto", **options: Any) -> Backend:
     """Open a backend: an explicit name wins, then $EXPERTSTREAM_BACKEND, then auto-detection.
 
@@ -56,13 +67,9 @@ def backend(name: str = "auto", **options: Any) -> Backend:
     exists, else the simulator. An explicit name never falls back: if it cannot run,
     BackendUnavailable says why and what else is usable.
     """
+    from_env = name == "auto" and bool(os.environ.get(ENV_VAR, "").strip())
     if name == "auto":
-        name = os.environ.get(ENV_VAR, "").strip().lower() or "auto"
-    if name == "auto":
-        for candidate in _AUTO_ORDER:
-            if _probe(candidate) is None:
-                return _module(candidate).open(**options)
-        raise BackendUnavailable("no backend is usable, not even the simulator")  # pragma: no cover
+        name = auto_choice()
     if name not in _MODULES:
         raise InvalidArgument(
             f"unknown backend {name!r}", call="expertstream.backend", hint=f"choose one of auto, {', '.join(_MODULES)}"
@@ -73,9 +80,10 @@ def backend(name: str = "auto", **options: Any) -> Backend:
         raise BackendUnavailable(
             reason,
             call=f"expertstream.backend({name!r})",
-            hint=f"usable here: {', '.join(usable) or 'none'}; pass one of them or unset {ENV_VAR}",
+            hint=f"usable here: {', '.join(usable) or 'none'}; "
+            + (f"set {ENV_VAR} to one of them or unset it" if from_env else "pass one of them"),
         )
     return _module(name).open(**options)
 
 
-__all__ = ["BackendStatus", "available_backends", "backend"]
+__all__ = ["BackendStatus", "auto_choice", "available_backends", "backend"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -179,10 +180,12 @@ def make_model(
     *,
     layers: int | None = None,
     seed: int = 0,
+    on_tensor: Callable[[TensorSpec], None] | None = None,
 ) -> Path:
     """Write a synthetic model with ``preset``'s shapes and expert type ``qtype`` to ``path``.
 
     ``layers`` keeps only the first N layers (a smaller file with the same tensor sizes).
+    ``on_tensor`` is called after each tensor is written (a progress bar).
     Memory stays bounded by the largest single tensor. A partial file is removed on error.
     """
     if seed < 0:
@@ -192,6 +195,8 @@ def make_model(
     try:
         for spec in specs:
             writer.write_tensor_data(generate(spec, seed))
+            if on_tensor is not None:
+                on_tensor(spec)
     except BaseException:
         writer.close()
         path.unlink(missing_ok=True)
