@@ -55,7 +55,7 @@ def _stream_roles(ops: list[TimelineOp]) -> dict[tuple[int, int], str]:
     """A name per (device, stream): its role (compute: runs kernels; copy: only copies) and run.
 
     A scheduler opens its streams per run, so the k-th stream of a role on a device is run k. A
-    name a backend gave the stream (other than the default "stream N") is kept.
+    name a backend gave the stream (other than the default "stream N") is kept instead.
     """
     kinds: dict[tuple[int, int], set[OpKind]] = {}
     given: dict[tuple[int, int], str] = {}
@@ -80,17 +80,17 @@ def _stream_roles(ops: list[TimelineOp]) -> dict[tuple[int, int], str]:
         seen[(dev, role)] = seen.get((dev, role), 0) + 1
         name = f"{role} (run {seen[(dev, role)]})" if counts[(dev, role)] > 1 else role
         custom = given[key] and not given[key].startswith("stream ")
-        names[key] = f"{given[key]}: {name}" if custom else name
+        names[key] = given[key] if custom else name
     return names
 
 
 def _thread_roles(ops: list[TimelineOp]) -> dict[int, str]:
-    """Host thread 0 issues the work; threads that only copy between host buffers are copy workers."""
+    """Threads other than the first that only copy between host buffers are copy workers."""
     names: dict[int, str] = {}
     for thread in sorted({op.thread for op in ops}):
         own = {op.kind for op in ops if op.thread == thread}
         worker = thread != 0 and own <= {OpKind.HOST_COPY, OpKind.HOST_SYNC, OpKind.HOST_REGISTER}
-        names[thread] = f"copy worker {thread}" if worker else ("main" if thread == 0 else f"host thread {thread}")
+        names[thread] = f"copy worker {thread}" if worker else f"host thread {thread}"
     return names
 
 

@@ -12,7 +12,7 @@ from expertstream.backends.base import Backend
 from expertstream.cli import main
 from expertstream.moe.runner import MoeRunner
 
-SMALL = ["--tokens", "32", "--ubatch", "16"]
+SMALL = ["--tokens", "32", "--ubatch", "16", "-r", "1"]
 ROW_KEYS = {
     "slots": int,
     "host_memory": str,
