@@ -106,6 +106,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             code: int = args.run(args)
         sys.stdout.flush()
     except ExpertStreamError as exc:
+        if isinstance(exc.__context__, KeyboardInterrupt):  # cleaning up after Ctrl-C failed: still a stop
+            print(f"expertstream: interrupted ({exc})", file=sys.stderr)
+            return Exit.INTERRUPTED
         print(f"expertstream: error: {exc}", file=sys.stderr)
         return Exit.USAGE
     except BrokenPipeError:

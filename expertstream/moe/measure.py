@@ -117,6 +117,7 @@ class _DeviceExperts:
                         buf.write(model.raw(info))
                     self.views[info.name] = buf.view()
         except BaseException:
+            device.synchronize()  # an upload may still be reading into a buffer about to be freed
             self.close()
             raise
         if not self.all_layers:
