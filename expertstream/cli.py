@@ -1,19 +1,38 @@
-"""The `expertstream` command line: info, make-model, prefill, demo."""
+"""The `expertstream` command line: info, make-model, prefill (bench), demo, plot."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import os
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import __version__
-from .backends import available_backends, backend
+from .backends import ENV_VAR, available_backends, backend, resolve_name
+from .clitools import EXIT_STATUS_HELP, Exit, HelpFormatter, prompt_interrupt
 from .errors import ExpertStreamError
 
 log = logging.getLogger(__name__)
+
+
+def _auto() -> tuple[str | None, str]:
+    """What backend("auto") opens here, and why (or None and why nothing can be opened)."""
+    chosen = resolve_name()
+    from_env = os.environ.get(ENV_VAR, "").strip()
+    statuses = {s.name: s for s in available_backends()}
+    if from_env:
+        status = statuses.get(chosen)
+        if status is None:
+            return None, f"{ENV_VAR}={from_env} names no backend; known: {', '.join(statuses)}"
+        if not status.usable:
+            return None, f"{ENV_VAR}={from_env} asks for {chosen}, which is not usable: {status.reason}"
+        return chosen, f"from {ENV_VAR}"
+    return chosen, "the first usable of cuda, hip, sim"
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -24,9 +43,12 @@ def _info(args: argparse.Namespace) -> int:
             with backend(status.name) as be:
                 entry["devices"] = be.describe()["devices"]
         rows.append(entry)
+    auto, why = _auto()
     if args.json:
-        print(json.dumps({"version": __version__, "backends": rows}, indent=2))
+        doc = {"version": __version__, "auto": auto, "auto_reason": why, "backends": rows}
+        print(json.dumps(doc, indent=2))
         return 0
+    print(f"auto: {auto or 'none'} ({why})")
     for entry in rows:
         state = "usable" if entry["usable"] else f"not usable: {entry['reason']}"
         print(f"{entry['name']:5} {state}")
@@ -43,15 +65,21 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
-Command = Callable[[argparse.Namespace], int]
-
-
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="expertstream", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="expertstream", description=__doc__, epilog=EXIT_STATUS_HELP, formatter_class=HelpFormatter
+    )
     parser.add_argument("--version", action="version", version=f"expertstream {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
     sub = parser.add_subparsers(dest="command", required=True)
-    info = sub.add_parser("info", help="backends, devices and capabilities")
+    info = sub.add_parser(
+        "info",
+        help="backends, devices and capabilities, and what auto picks",
+        description=f"List every backend, whether it can run here, its devices, and the one `auto` opens "
+        f"(${ENV_VAR} if set, else the first usable of cuda, hip, sim).",
+        epilog=EXIT_STATUS_HELP,
+        formatter_class=HelpFormatter,
+    )
     info.add_argument("--json", action="store_true", help="print one JSON object")
     info.set_defaults(run=_info)
     for register in _command_modules():
@@ -60,21 +88,39 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _command_modules() -> list[Callable[[Any], None]]:
+    from . import plot
     from .model import commands as model_commands
     from .moe import commands as moe_commands
 
-    return [model_commands.register, moe_commands.register]
+    return [model_commands.register, moe_commands.register, plot.register]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
+    args.command_line = shlex.join(["expertstream", *argv])
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
-        code: int = args.run(args)
+        with prompt_interrupt():
+            code: int = args.run(args)
+        sys.stdout.flush()
     except ExpertStreamError as exc:
+        if isinstance(exc.__context__, KeyboardInterrupt):  # cleaning up after Ctrl-C failed: still a stop
+            print(f"expertstream: interrupted ({exc})", file=sys.stderr)
+            return Exit.INTERRUPTED
         print(f"expertstream: error: {exc}", file=sys.stderr)
-        return 2
+        return Exit.USAGE
+    except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly, and let nothing write to the closed pipe at exit.
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return Exit.BROKEN_PIPE
+    except OSError as exc:  # a file that cannot be read or written: one line, not a traceback
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"expertstream: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return Exit.USAGE
     except KeyboardInterrupt:
-        return 130
+        print("expertstream: interrupted", file=sys.stderr)
+        return Exit.INTERRUPTED
     return code

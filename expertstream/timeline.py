@@ -48,6 +48,52 @@ class TimelineOp:
     host_blocked: bool = False  # the issuing thread could not go on before ``end``
 
 
+_COPIES = frozenset({OpKind.H2D, OpKind.D2H, OpKind.D2D, OpKind.MEMSET})
+
+
+def _stream_roles(ops: list[TimelineOp]) -> dict[tuple[int, int], str]:
+    """A name per (device, stream): its role (compute: runs kernels; copy: only copies) and run.
+
+    A scheduler opens its streams per run, so the k-th stream of a role on a device is run k. A
+    name a backend gave the stream (other than the default "stream N") is kept instead.
+    """
+    kinds: dict[tuple[int, int], set[OpKind]] = {}
+    given: dict[tuple[int, int], str] = {}
+    first: dict[tuple[int, int], float] = {}
+    for op in ops:
+        if op.device is not None and op.stream is not None:
+            key = (op.device, op.stream)
+            kinds.setdefault(key, set()).add(op.kind)
+            given.setdefault(key, op.stream_name)
+            first[key] = min(first.get(key, op.start), op.start)
+    roles = {
+        key: ("compute" if OpKind.KERNEL in found else "copy" if found & _COPIES else "events")
+        for key, found in kinds.items()
+    }
+    counts: dict[tuple[int, str], int] = {}
+    for (dev, _), role in roles.items():
+        counts[(dev, role)] = counts.get((dev, role), 0) + 1
+    seen: dict[tuple[int, str], int] = {}
+    names: dict[tuple[int, int], str] = {}
+    for key in sorted(roles, key=lambda k: (k[0], first[k])):
+        dev, role = key[0], roles[key]
+        seen[(dev, role)] = seen.get((dev, role), 0) + 1
+        name = f"{role} (run {seen[(dev, role)]})" if counts[(dev, role)] > 1 else role
+        custom = given[key] and not given[key].startswith("stream ")
+        names[key] = given[key] if custom else name
+    return names
+
+
+def _thread_roles(ops: list[TimelineOp]) -> dict[int, str]:
+    """Threads other than the first that only copy between host buffers are copy workers."""
+    names: dict[int, str] = {}
+    for thread in sorted({op.thread for op in ops}):
+        own = {op.kind for op in ops if op.thread == thread}
+        worker = thread != 0 and own <= {OpKind.HOST_COPY, OpKind.HOST_SYNC, OpKind.HOST_REGISTER}
+        names[thread] = f"copy worker {thread}" if worker else f"host thread {thread}"
+    return names
+
+
 def _track_names(ops: list[TimelineOp]) -> list[dict[str, Any]]:
     meta: list[dict[str, Any]] = [
         {"ph": "M", "name": "process_name", "pid": _HOST_PID, "args": {"name": "host"}},
@@ -55,30 +101,10 @@ def _track_names(ops: list[TimelineOp]) -> list[dict[str, Any]]:
     devices = sorted({op.device for op in ops if op.device is not None})
     for dev in devices:
         meta.append({"ph": "M", "name": "process_name", "pid": dev + 1, "args": {"name": f"device {dev}"}})
-    streams: dict[tuple[int, int], str] = {}
-    for op in ops:
-        if op.device is not None and op.stream is not None:
-            streams.setdefault((op.device, op.stream), op.stream_name)
-    for (dev, stream), stream_name in sorted(streams.items()):
-        meta.append(
-            {
-                "ph": "M",
-                "name": "thread_name",
-                "pid": dev + 1,
-                "tid": stream,
-                "args": {"name": stream_name or f"stream {stream}"},
-            }
-        )
-    for thread in sorted({op.thread for op in ops}):
-        meta.append(
-            {
-                "ph": "M",
-                "name": "thread_name",
-                "pid": _HOST_PID,
-                "tid": thread,
-                "args": {"name": f"host thread {thread}"},
-            }
-        )
+    for (dev, stream), name in sorted(_stream_roles(ops).items()):
+        meta.append({"ph": "M", "name": "thread_name", "pid": dev + 1, "tid": stream, "args": {"name": name}})
+    for thread, name in _thread_roles(ops).items():
+        meta.append({"ph": "M", "name": "thread_name", "pid": _HOST_PID, "tid": thread, "args": {"name": name}})
     return meta
 
 

@@ -12,7 +12,8 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from gguf import GGUFReader, GGUFValueType, ReaderField
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, ReaderField
 
 from .layout import ModelError
 
@@ -48,7 +49,7 @@ def read_gguf(path: Path) -> GGUFReader:
     try:
         return GGUFReader(path)
     except _READER_ERRORS as exc:
-        raise ModelError(f"{path}: cannot read as GGUF: {type(exc).__name__}: {exc}") from exc
+        raise ModelError(_damage(path, exc)) from exc
 
 
 class Metadata:
@@ -116,3 +117,49 @@ class Metadata:
     def _malformed(self, key: str, field: ReaderField, expected: str) -> ModelError:
         kinds = "/".join(t.name for t in field.types) or "no value"
         return ModelError(f"{self.path}: metadata key {key!r} holds {kinds}; expected {expected}")
+
+
+_GGUF_HEADER = struct.Struct("<4sIQQ")  # magic, version, tensor count, metadata key count
+
+
+def _damage(path: Path, exc: BaseException) -> str:
+    """What is wrong with a file GGUFReader could not take apart, as precisely as can be said."""
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as f:
+            magic, version, n_tensors, n_kv = _GGUF_HEADER.unpack(f.read(_GGUF_HEADER.size))
+    except struct.error:
+        return f"{path}: not a GGUF file: {size} bytes, shorter than a GGUF header"
+    if magic != b"GGUF":
+        return f"{path}: not a GGUF file (starts with {magic!r})"
+    # Each tensor info and metadata entry takes at least 8 bytes (a length or a count).
+    if 8 * (n_tensors + n_kv) > size:
+        return (
+            f"{path}: corrupt GGUF header: it declares {n_tensors} tensors and {n_kv} metadata keys, "
+            f"more than a file of {size} bytes can describe"
+        )
+    expected = _data_end(path)
+    if expected is not None and expected > size:
+        return f"{path}: truncated: its header describes {expected} bytes of file, the file has {size}"
+    return f"{path}: cannot read as GGUF ({size} bytes): {type(exc).__name__}: {exc}"
+
+
+class _LayoutOnly(GGUFReader):
+    """A reader that only adds up where the tensor data ends, without viewing it."""
+
+    data_end = 0
+
+    def _build_tensors(self, start_offs: int, fields: list[ReaderField]) -> None:
+        for field in fields:
+            _, _, _, dims, raw_dtype, offset = field.parts
+            block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(int(raw_dtype[0]))]
+            n_bytes = int(np.prod(dims)) * type_size // block
+            self.data_end = max(self.data_end, start_offs + int(offset[0]) + n_bytes)
+        self.tensors = []
+
+
+def _data_end(path: Path) -> int | None:
+    try:
+        return _LayoutOnly(path).data_end
+    except Exception:  # the header itself is damaged: no size to compare against
+        return None

@@ -14,6 +14,7 @@ import functools
 import logging
 import math
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -347,10 +348,12 @@ def make_model(
     *,
     layers: int | None = None,
     seed: int = 0,
+    on_tensor: Callable[[TensorSpec], None] | None = None,
 ) -> Path:
     """Write a synthetic model with ``preset``'s shapes and types ``qtype`` (a type or a mix) to ``path``.
 
     ``layers`` keeps only the first N layers (a smaller file with the same tensor sizes).
+    ``on_tensor`` is called after each tensor is written (a progress bar).
     Memory stays bounded by the largest single tensor. A partial file is removed on error.
     """
     if seed < 0:
@@ -360,6 +363,8 @@ def make_model(
     try:
         for spec in specs:
             writer.write_tensor_data(generate(spec, seed))
+            if on_tensor is not None:
+                on_tensor(spec)
     except BaseException:
         writer.close()
         path.unlink(missing_ok=True)

@@ -1,42 +1,96 @@
-"""`expertstream prefill` and `expertstream demo`: the main job, measured per slot setting."""
+"""`expertstream prefill` (alias `bench`) and `expertstream demo`: the main job, measured per setting.
+
+`prefill` takes llama-bench's spelling beside its own (-m, -p, -n, -b, -ub, -ncmoe, -lm/--no-mmap,
+-r, -o); comma lists of prompt sizes, decode steps, batches, ubatches, slot counts and host memory
+modes expand into a matrix of rows.
+"""
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import os
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ..backends import ENV_VAR
 from ..backends import backend as open_backend
 from ..backends.base import Backend, Vendor
+from ..clitools import EXIT_STATUS_HELP, HelpFormatter, UsageError, progress_bar, scratch_folder, writable_path
 from ..hostmem import HostMemoryMode
-from ..model import EXPERT_TYPES, PRESETS, MoeModel, make_model
+from ..model import PRESETS, MoeModel, make_model
+from ..model.commands import expert_type_option, open_model
 from ..scheduler import check_slots
 from ..timeline import write_chrome_trace
-from .measure import Measurement, Settings, measure
+from .measure import Measurement, Settings, measure, measure_h2d_peak, probe_bytes, ticks
 from .offload import parse_gpu_memory
 from .placeholder import write_sparse_model
-from .report import Progress, as_json, format_table, mismatched
+from .provenance import provenance
+from .report import COLUMNS_HELP, Row, as_csv, as_json, as_jsonl, format_markdown, format_table, mismatched
 from .runner import Batching
+
+FORMATS = ("text", "md", "csv", "json", "jsonl")
+LOAD_MODES = {"mmap": HostMemoryMode.MMAP, "none": HostMemoryMode.PINNED}  # llama-bench's -lm
+
+
+def _int_list(minimum: int) -> Callable[[str], tuple[int, ...]]:
+    def parse(text: str) -> tuple[int, ...]:
+        try:
+            values = tuple(int(part) for part in text.split(",") if part.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a comma list of integers, got {text!r}") from None
+        if not values:
+            raise argparse.ArgumentTypeError(f"expected at least one value, got {text!r}")
+        low = [v for v in values if v < minimum]
+        if low:
+            raise argparse.ArgumentTypeError(f"values must be >= {minimum}, got {low[0]}")
+        return values
+
+    return parse
 
 
 def _slot_list(text: str) -> tuple[int, ...]:
     try:
-        return tuple(check_slots(int(part)) for part in text.split(",") if part.strip())
+        values = tuple(check_slots(int(part)) for part in text.split(",") if part.strip())
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected slot counts such as 0,3; got {text!r}")
+    return values
 
 
 def _mode_list(text: str) -> tuple[HostMemoryMode, ...]:
+    choices = ", ".join(m.value for m in HostMemoryMode)
     try:
-        return tuple(HostMemoryMode(part.strip()) for part in text.split(",") if part.strip())
+        values = tuple(HostMemoryMode(part.strip().lower()) for part in text.split(",") if part.strip())
     except ValueError:
-        choices = ", ".join(m.value for m in HostMemoryMode)
         raise argparse.ArgumentTypeError(f"host memory modes are {choices}; got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected host memory modes ({choices}); got {text!r}")
+    return values
+
+
+def _load_modes(text: str) -> tuple[HostMemoryMode, ...]:
+    try:
+        values = tuple(LOAD_MODES[part.strip().lower()] for part in text.split(",") if part.strip())
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"load modes are mmap, none; got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected load modes (mmap, none); got {text!r}")
+    return values
+
+
+def _n_cpu_moe(text: str) -> tuple[str, ...]:
+    values = tuple(part.strip().lower() for part in text.split(",") if part.strip())
+    if not values or any(v != "all" and not v.isdigit() for v in values):
+        raise argparse.ArgumentTypeError(f"expected 'all' or layer counts, got {text!r}")
+    return values
 
 
 def _gpu_memory(text: str) -> int | str:
@@ -60,40 +114,61 @@ def _positive(text: str) -> int:
     return value
 
 
+PREFILL_EPILOG = f"""\
+Prefill runs every layer of every ubatch as one plan, so the staging ring keeps copying across
+ubatch boundaries. A made model (no MODEL) holds data on GPUs and on the simulator; at real
+model sizes the simulator's numpy kernels take minutes, so on a machine without a GPU use
+--timing-only for full-size runs.
+
+{COLUMNS_HELP}
+
+JSON (-o json) is one document: the run's provenance (version, git commit, device, driver,
+library versions, seed, command line), the model, and one object per row with every column
+above plus transfer_floor_tokens_per_s and compute_only_tokens_per_s.
+
+{EXIT_STATUS_HELP}"""
+
+
 def register(subparsers: Any) -> None:
-    """Add the prefill and demo subcommands to the CLI's subparsers."""
+    """Add the prefill (alias bench) and demo subcommands to the CLI's subparsers."""
     prefill = subparsers.add_parser(
         "prefill",
-        help="MoE prefill (and decode) with host-resident experts, one row per slot setting",
-        description="Run a GGUF MoE model's expert layers through the scheduler for each slot setting and "
-        "host memory mode; report time to first token, tokens/s, H2D bandwidth, overlap and an output hash "
-        "that must be equal across rows (exit status 1 if not).",
+        aliases=["bench"],
+        help="MoE prefill (and decode) with host-resident experts, one row per setting",
+        description="Run a GGUF MoE model's expert layers through the scheduler for each setting (prompt "
+        "size, ubatch, decode steps, slot count, host memory mode); report time to first token, tokens/s, "
+        "H2D bandwidth, overlap and an output hash that must be equal across rows.",
+        epilog=PREFILL_EPILOG,
+        formatter_class=HelpFormatter,
     )
     prefill.add_argument("model", nargs="?", help="a GGUF MoE model (default: make --preset in a temporary folder)")
-    prefill.add_argument("--backend", default="auto", help="auto, cuda, hip or sim (default auto)")
+    prefill.add_argument("-m", "--model", dest="model_flag", metavar="MODEL", help="the same, llama-bench's way")
+    prefill.add_argument("--backend", default="auto", help="auto, cuda, hip or sim (auto honours $" + ENV_VAR + ")")
     prefill.add_argument("--device", type=int, default=0, help="device index")
-    prefill.add_argument("--tokens", type=_positive, default=512, help="prompt tokens")
-    prefill.add_argument("--ubatch", type=_positive, default=512, help="tokens per ubatch")
-    prefill.add_argument("--slots", type=_slot_list, default=_slot_list("0,2,3,4"), help="comma list, e.g. 0,2,3,4")
+    prefill.add_argument("-p", "--tokens", type=_int_list(1), default="512", help="prompt tokens (comma list)")
     prefill.add_argument(
-        "--host-memory",
-        type=_mode_list,
-        default=_mode_list("auto"),
-        help="comma list of mmap, registered, pinned, ring, auto",
+        "-n", "--decode", type=_int_list(0), default="0", metavar="STEPS", help="decode steps of one token (comma list)"
     )
     prefill.add_argument(
-        "--ring-threads",
-        type=_positive,
-        default=None,
-        help="host threads filling the staging ring (ring mode)",
+        "-b", "--batch", type=_int_list(1), default=None, help="logical batch (comma list); ubatch is at most this"
+    )
+    prefill.add_argument("-ub", "--ubatch", type=_int_list(1), default="512", help="tokens per ubatch (comma list)")
+    prefill.add_argument("--slots", type=_slot_list, default="0,2,3,4", help="staging slots (comma list; 0 = stock)")
+    prefill.add_argument(
+        "--host-memory", type=_mode_list, default=None, help="comma list of mmap, registered, pinned, ring, auto (auto)"
     )
     prefill.add_argument(
-        "--n-cpu-moe",
+        "-lm", "--load-mode", type=_load_modes, default=None, help="llama-bench's: mmap (= mmap) or none (= pinned)"
+    )
+    prefill.add_argument("--no-mmap", action="store_true", help="the same as -lm none")
+    prefill.add_argument(
         "-ncmoe",
-        type=_non_negative,
+        "--n-cpu-moe",
+        type=_n_cpu_moe,
         default=None,
         metavar="N",
-        help="keep the experts of the first N MoE layers in host memory (streamed); the rest stay on the device",
+        help="keep the experts of the first N MoE layers in host memory (streamed); the rest are uploaded once and "
+        "stay on the device. 'all' streams every layer; a comma list runs each (default: all)",
     )
     prefill.add_argument(
         "--gpu-memory",
@@ -101,18 +176,20 @@ def register(subparsers: Any) -> None:
         default=None,
         metavar="SIZE|auto",
         help="device memory to use (e.g. 24G, 512M; auto: what is free): as many layers' experts stay on the "
-        "device as fit beside the staging slots, the rest stream",
+        "device as fit beside the staging slots, the rest stream (default: every layer streams)",
     )
-    prefill.add_argument("--decode", type=int, default=0, metavar="STEPS", help="decode steps of one token")
+    prefill.add_argument("-r", "--repetitions", type=_positive, default=3, help="timed runs per row, after a warm-up")
+    prefill.add_argument("--ring-threads", type=_positive, default=None, help="host threads filling the staging ring")
     prefill.add_argument("--seed", type=int, default=0, help="seed of the input embeddings (and of a made model)")
-    prefill.add_argument("--json", action="store_true", help="print one JSON object")
+    prefill.add_argument("-o", "--output-format", choices=FORMATS, default="text", help="how to print the rows")
+    prefill.add_argument("--json", action="store_true", help="the same as -o json")
     prefill.add_argument(
         "--trace", metavar="FILE.json", help="write a Chrome/Perfetto trace of every copy and kernel per stream"
     )
     model = prefill.add_argument_group("model made when none is given")
-    model.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
-    model.add_argument("--type", dest="qtype", default="Q4_0", choices=[t.name for t in EXPERT_TYPES])
-    model.add_argument("--layers", type=_positive, default=None, help="keep only the first N layers")
+    model.add_argument("--preset", type=str.lower, default=None, choices=sorted(PRESETS), help="shapes (tiny)")
+    model.add_argument("--type", dest="qtype", default=None, **expert_type_option(), help="expert type (Q4_0)")
+    model.add_argument("--layers", type=_positive, default=None, help="keep only the first N layers (all)")
     sim = prefill.add_argument_group("simulator (--backend sim)")
     sim.add_argument("--sim-profile", help="cuda-h200, rocm-r9700, or a profile JSON file")
     sim.add_argument(
@@ -128,8 +205,10 @@ def register(subparsers: Any) -> None:
         description="Prefill Qwen3-30B-A3B-shaped expert layers (8 layers, Q4_0) with slots 0 and 3 on the "
         "default backend. On the simulator that run is timing only (virtual time at real sizes), and a "
         "second run on a tiny model with data checks that every slot setting gives the same bytes.",
+        epilog=f"{COLUMNS_HELP}\n\n{EXIT_STATUS_HELP}",
+        formatter_class=HelpFormatter,
     )
-    demo.add_argument("--json", action="store_true", help="print one JSON object per run")
+    demo.add_argument("--json", action="store_true", help="print one JSON document with both runs")
     demo.set_defaults(run=_demo)
 
 
@@ -140,21 +219,125 @@ DEMO_BYTES = ["--preset", "tiny", "--tokens", "64", "--ubatch", "16", "--slots",
 def _demo(args: argparse.Namespace) -> int:
     parser = argparse.ArgumentParser(prog="expertstream demo")
     register(parser.add_subparsers())
-    extra = ["--json"] if args.json else []
+
+    def prefill(*argv: str) -> Report:
+        sub = parser.parse_args(["prefill", *argv])
+        sub.command_line = args.command_line
+        return _measure_all(sub)
+
     with open_backend("auto") as default:
         # Without a GPU the kernels are numpy twins: real sizes only run in virtual time.
         simulated = default.vendor is Vendor.SIM
     if not simulated:
-        return _prefill(parser.parse_args(["prefill", *DEMO_SPEED, "--decode", "16", *extra]))
-    if not args.json:
-        print("Speed: real expert sizes, simulated H200, virtual time (no data moved)")
-    code = _prefill(parser.parse_args(["prefill", "--backend", "sim", "--timing-only", *DEMO_SPEED, *extra]))
-    if not args.json:
-        print(
-            "\nBytes: a tiny model with data; the output hash must be the same in every row (its copies "
-            "take microseconds, so its times measure per-call overhead, not streaming)"
-        )
-    return code or _prefill(parser.parse_args(["prefill", "--backend", "sim", *DEMO_BYTES, *extra]))
+        reports = [prefill(*DEMO_SPEED, "--decode", "16")]
+    else:
+        reports = [prefill("--backend", "sim", "--timing-only", *DEMO_SPEED)]
+        if not args.json:
+            print("Speed: real expert sizes, simulated H200, virtual time (no data moved)")
+            _print(reports[0], "text")
+            print(
+                "\nBytes: a tiny model with data; the output hash must be the same in every row (its copies "
+                "take microseconds, so its times measure per-call overhead, not streaming)"
+            )
+        reports.append(prefill("--backend", "sim", *DEMO_BYTES))
+    if args.json:
+        print(json.dumps({"runs": [r.document() for r in reports]}, indent=2))
+    elif simulated:
+        _print(reports[1], "text")
+    else:
+        _print(reports[0], "text")
+    return max(r.check() for r in reports)
+
+
+@dataclass
+class Report:
+    """The header shared by every row of a prefill command and one Measurement per batching."""
+
+    header: dict[str, Any]
+    results: list[Measurement] = field(default_factory=list)
+
+    @property
+    def rows(self) -> list[Row]:
+        return [row for result in self.results for row in result.rows]
+
+    def document(self) -> dict[str, Any]:
+        first = self.results[0].baselines
+        baselines = {
+            "h2d_peak_gbps": first.h2d_peak_gbps,
+            "compute_only_s": first.compute_only_s,  # of the first batching; every row has its own
+            "compute_only_all_layers": first.compute_only_all_layers,
+            "compute_only_sha256": first.compute_only_sha256,
+        }
+        return as_json({**self.header, **baselines}, self.rows)
+
+    def check(self) -> int:
+        """0 when every row's output agrees (with the others and the compute-only run), else 1."""
+        differing = mismatched(self.rows)
+        if differing:
+            _error(f"outputs differ between rows: {', '.join(differing)}")
+            return 1
+        broken = [f"{r.label} ({r.nonfinite})" for r in self.rows if r.nonfinite]
+        if broken:
+            _error(f"non-finite outputs in rows: {', '.join(broken)}")
+            return 1
+        for result in self.results:
+            reference = result.baselines.compute_only_sha256
+            if reference is not None and result.rows and result.rows[0].prefill_sha256 != reference:
+                _error("streamed outputs differ from the device-resident (compute-only) run")
+                return 1
+        return 0
+
+
+def _error(message: str) -> None:
+    print(f"expertstream prefill: {message}", file=sys.stderr)
+
+
+def _check_arguments(args: argparse.Namespace) -> None:
+    """Refuse, before anything runs, what cannot mean what it says."""
+    if args.model is not None and args.model_flag is not None:
+        raise UsageError("give the model once: as MODEL or as -m, not both")
+    args.model = args.model if args.model is not None else args.model_flag
+    if args.model is not None:
+        given = [
+            flag
+            for flag, value in (("--preset", args.preset), ("--type", args.qtype), ("--layers", args.layers))
+            if value is not None
+        ]
+        if given:
+            raise UsageError(
+                f"{', '.join(given)} describe a model to make; with a model file ({args.model}) leave them out"
+            )
+    modes = [m for m in (args.host_memory, args.load_mode, (HostMemoryMode.PINNED,) if args.no_mmap else None) if m]
+    if len(modes) > 1:
+        raise UsageError("choose host memory once: --host-memory, -lm or --no-mmap")
+    args.host_memory = modes[0] if modes else (HostMemoryMode.AUTO,)
+    if args.json:
+        args.output_format = "json"
+    if args.trace:
+        args.trace = writable_path(args.trace, "--trace")
+    if args.timing_only and any(args.decode):
+        raise UsageError("-n/--decode needs data: leave decode steps out of --timing-only runs")
+
+
+def _batchings(args: argparse.Namespace) -> list[tuple[Batching, int | None]]:
+    """Every (prompt, batch, ubatch, decode) combination, with the logical batch when -b was given."""
+    out: list[tuple[Batching, int | None]] = []
+    for tokens, batch, ubatch, decode in itertools.product(
+        args.tokens, args.batch or (None,), args.ubatch, args.decode
+    ):
+        effective = ubatch if batch is None else min(ubatch, batch)
+        if batch is not None and batch % effective:
+            raise UsageError(f"-b {batch} is not a multiple of -ub {ubatch}: ubatches would not tile the batch")
+        out.append((Batching(tokens, effective, decode), batch))
+    return out
+
+
+def _n_cpu_moe_values(args: argparse.Namespace) -> list[int | None]:
+    """The -ncmoe settings to run: None streams every layer (or what --gpu-memory decides)."""
+    values = args.n_cpu_moe or ("all",)
+    if args.gpu_memory is not None and args.n_cpu_moe:
+        raise UsageError("-ncmoe and --gpu-memory both choose which layers stream: give one of them")
+    return [None if value == "all" else int(value) for value in values]
 
 
 def _open(args: argparse.Namespace) -> Backend:
@@ -165,10 +348,16 @@ def _open(args: argparse.Namespace) -> Backend:
         options["data"] = False
     if not options:
         return open_backend(args.backend)
+    what = "--timing-only" if args.timing_only else "--sim-profile"
     if args.backend not in ("auto", "sim"):
-        raise SystemExit(
-            f"expertstream prefill: --sim-profile and --timing-only describe the simulator, not {args.backend}; "
-            "use --backend sim (or leave --backend out)"
+        raise UsageError(
+            f"{what} is simulator-only, not for {args.backend}; use --backend sim (or leave --backend out)"
+        )
+    from_env = os.environ.get(ENV_VAR, "").strip().lower()
+    if args.backend == "auto" and from_env not in ("", "sim"):
+        raise UsageError(
+            f"{what} is simulator-only, but {ENV_VAR}={from_env} asks for {from_env}; "
+            f"pass --backend sim or unset {ENV_VAR}"
         )
     return open_backend("sim", **options)
 
@@ -176,73 +365,106 @@ def _open(args: argparse.Namespace) -> Backend:
 @contextmanager
 def _model(args: argparse.Namespace, backend: Backend) -> Iterator[MoeModel]:
     if args.model is not None:
-        with MoeModel.open(args.model) as model:
+        with open_model(args.model) as model:
             yield model
         return
-    with tempfile.TemporaryDirectory(prefix="expertstream-") as folder:
-        path = Path(folder) / f"{args.preset}-{args.qtype}.gguf"
+    preset, qtype = args.preset or "tiny", args.qtype or "Q4_0"
+    with tempfile.TemporaryDirectory(prefix="expertstream-") as folder, scratch_folder(folder):
+        path = Path(folder) / f"{preset}-{qtype}.gguf"
         if backend.holds_data:
-            make_model(args.preset, args.qtype, path, layers=args.layers, seed=args.seed)
+            with progress_bar(0, f"making {path.name}", "B", unit_scale=True, unit_divisor=1024) as bar:
+                make_model(
+                    preset, qtype, path, layers=args.layers, seed=args.seed, on_tensor=lambda s: bar.update(s.nbytes)
+                )
         else:
-            write_sparse_model(args.preset, args.qtype, path, layers=args.layers)
+            write_sparse_model(preset, qtype, path, layers=args.layers)
         with MoeModel.open(path) as model:
             yield model
 
 
-def _prefill(args: argparse.Namespace) -> int:
-    if args.decode < 0:
-        raise SystemExit(f"expertstream prefill: --decode must be >= 0, got {args.decode}")
+def _measure_all(args: argparse.Namespace) -> Report:
+    _check_arguments(args)
+    batchings = _batchings(args)
     with _open(args) as backend:
         if args.trace:
             backend.start_trace()  # GPUs: timing events around every copy and kernel; the simulator always records
         device = backend.device(args.device)
-        settings = Settings(
-            Batching(args.tokens, args.ubatch, args.decode),
-            args.slots,
-            args.host_memory,
-            args.seed,
-            ring_threads=args.ring_threads,
-            n_cpu_moe=args.n_cpu_moe,
-            gpu_memory=args.gpu_memory,
-        )
         with _model(args, backend) as model:
-            progress = Progress(2 + len(settings.slots) * len(settings.host_memory))
-            try:
-                result = measure(backend, device, model, settings, progress.step)
-            finally:
-                progress.close()
-            header = _header(backend, device.name, model, settings, result)
+            runs = [
+                (
+                    Settings(
+                        batching,
+                        args.slots,
+                        args.host_memory,
+                        args.seed,
+                        repeats=args.repetitions,
+                        ring_threads=args.ring_threads,
+                        n_cpu_moe=n_cpu_moe,
+                        gpu_memory=args.gpu_memory,
+                    ),
+                    batch,
+                )
+                for (batching, batch), n_cpu_moe in itertools.product(batchings, _n_cpu_moe_values(args))
+            ]
+            settings = [setting for setting, _ in runs]
+            total = sum(ticks(s, s.batching) for s in settings)
+            report = Report(_header(backend, device.name, model, args))
+            with progress_bar(total, "prefill", "ub") as bar:
+
+                def step(what: str) -> None:
+                    bar.set_postfix_str(what, refresh=False)
+                    bar.update()
+
+                peak = measure_h2d_peak(backend, device, probe_bytes(model))
+                for setting, batch in runs:
+                    result = measure(backend, device, model, setting, step, h2d_peak_gbps=peak)
+                    if batch is not None:
+                        result.rows = [replace(row, batch=batch) for row in result.rows]
+                    report.results.append(result)
         if args.trace:
             write_chrome_trace(backend.timeline or (), args.trace)
-    if args.json:
-        print(json.dumps(as_json(header, result.rows), indent=2))
+    return report
+
+
+def _prefill(args: argparse.Namespace) -> int:
+    report = _measure_all(args)
+    _print(report, args.output_format)
+    return report.check()
+
+
+def _print(report: Report, fmt: str) -> None:
+    if fmt == "json":
+        print(json.dumps(report.document(), indent=2))
+    elif fmt == "jsonl":
+        print(as_jsonl(report.header, report.rows))
+    elif fmt == "csv":
+        print(as_csv(report.rows))
+    elif fmt == "md":
+        print(format_markdown(report.rows))
     else:
-        _print_table(header, result)
-    return _check(result)
+        _print_summary(report)
+        print(format_table(report.rows))
 
 
-def _header(
-    backend: Backend, device_name: str, model: MoeModel, settings: Settings, result: Measurement
-) -> dict[str, Any]:
-    base = result.baselines
+def _header(backend: Backend, device_name: str, model: MoeModel, args: argparse.Namespace) -> dict[str, Any]:
     profile = backend.describe().get("profile")  # simulators describe theirs
+    first = args.tokens[0], args.ubatch[0], args.decode[0]
     return {
+        **provenance(backend, args.device, args.command_line),
         "backend": backend.name,
         "device": device_name,
         "profile": profile["name"] if profile else None,
         "timing_only": not backend.holds_data,
+        "seed": args.seed,
         "model": model.summary(),
-        "tokens": settings.batching.tokens,
-        "ubatch": settings.batching.ubatch,
-        "decode_steps": settings.batching.decode_steps,
-        "h2d_peak_gbps": base.h2d_peak_gbps,
-        "compute_only_s": base.compute_only_s,
-        "compute_only_all_layers": base.compute_only_all_layers,
-        "compute_only_sha256": base.compute_only_sha256,
+        "tokens": first[0],
+        "ubatch": first[1],
+        "decode_steps": first[2],
     }
 
 
-def _print_table(header: dict[str, Any], result: Measurement) -> None:
+def _print_summary(report: Report) -> None:
+    header = report.header
     model = header["model"]
     where = header["device"] + (f" (profile {header['profile']})" if header["profile"] else "")
     print(f"backend {header['backend']}: {where}{', timing only' if header['timing_only'] else ''}")
@@ -250,28 +472,10 @@ def _print_table(header: dict[str, Any], result: Measurement) -> None:
         f"model: {model['arch']}, {model['n_layer']} layers, {model['n_expert']} experts, "
         f"top-{model['top_k']}, {model['expert_type']}, {model['expert_bytes'] / 1e9:.3f} GB of experts"
     )
-    print(
-        f"{header['tokens']} tokens in ubatches of {header['ubatch']}; pinned H2D peak "
-        f"{header['h2d_peak_gbps']:.1f} GB/s; compute only {header['compute_only_s']:.4f} s"
-        f"{'' if header['compute_only_all_layers'] else ' (layer 0 weights for all layers)'}"
-    )
-    print(format_table(result.rows))
-
-
-def _check(result: Measurement) -> int:
-    differing = mismatched(result.rows)
-    if differing:
-        print(f"expertstream prefill: outputs differ between rows: {', '.join(differing)}", file=sys.stderr)
-        return 1
-    broken = [f"{r.label} ({r.nonfinite})" for r in result.rows if r.nonfinite]
-    if broken:
-        print(f"expertstream prefill: non-finite outputs in rows: {', '.join(broken)}", file=sys.stderr)
-        return 1
-    reference = result.baselines.compute_only_sha256
-    if reference is not None and result.rows and result.rows[0].prefill_sha256 != reference:
+    for result in report.results:
+        base, row = result.baselines, result.rows[0]
         print(
-            "expertstream prefill: streamed outputs differ from the device-resident (compute-only) run",
-            file=sys.stderr,
+            f"{row.tokens} tokens in ubatches of {row.ubatch}; pinned H2D peak "
+            f"{base.h2d_peak_gbps:.1f} GB/s; compute only {base.compute_only_s:.4f} s"
+            f"{'' if base.compute_only_all_layers else ' (layer 0 weights for all layers)'}"
         )
-        return 1
-    return 0

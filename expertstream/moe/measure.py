@@ -8,19 +8,20 @@ prefill plan with every expert tensor already on the device (compute only).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..backends.base import Backend, BufferView, Device, DeviceBuffer, Usage
+from ..backends.base import Backend, BufferView, Device, DeviceBuffer, Stream, Usage
 from ..hostmem import HostMemoryMode, HostWeights
 from ..model import MoeModel
-from ..scheduler import Plan, RunStats, Scheduler
+from ..scheduler import Bindings, Plan, RunStats, Scheduler, Split
 from .offload import GpuMemory, ResidentExperts, plan_offload
 from .report import Row
-from .runner import Batching, ExpertData, MoeRunner, sha256
+from .runner import ROUTER, Batching, ExpertData, MoeRunner, sha256
 
 log = logging.getLogger(__name__)
 
@@ -35,17 +36,34 @@ class Settings:
     slots: tuple[int, ...]
     host_memory: tuple[HostMemoryMode, ...]
     seed: int = 0
-    warmup: bool = True  # run the first ubatch once per row before timing (compiles, allocates slots)
-    repeats: int = 1  # timed prefill runs per row; the fastest counts
+    warmup: bool = True  # run the first ubatch (and decode step) once per row before timing
+    repeats: int = 1  # timed runs per row; rows report their mean and standard deviation
     ring_threads: int | None = None  # host threads filling the staging ring (None: hostmem's default)
     n_cpu_moe: int | None = None  # experts of the first N MoE layers stream; None: all, unless gpu_memory
     gpu_memory: GpuMemory | None = None  # stream only as many leading layers as needed to fit the rest
 
 
+Progress = Callable[[str], None]
+"""Called as each ubatch (or decode step) is enqueued, with a label; it may raise KeyboardInterrupt."""
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Mean and sample standard deviation of repeated measurements (sd 0 for one)."""
+
+    mean: float
+    sd: float
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Spread:
+        data = np.asarray(values, dtype=np.float64)
+        return cls(float(data.mean()), float(data.std(ddof=1)) if data.size > 1 else 0.0)
+
+
 @dataclass(frozen=True)
 class Baselines:
     h2d_peak_gbps: float
-    compute_only_s: float
+    compute_only_s: float  # mean over the repetitions
     compute_only_all_layers: bool  # False: one layer's weights stood in for every layer (did not fit)
     compute_only_sha256: str | None  # the outputs when every layer's own weights were used
 
@@ -102,6 +120,7 @@ class _DeviceExperts:
                         buf.write(model.raw(info))
                     self.views[info.name] = buf.view()
         except BaseException:
+            device.synchronize()  # an upload may still be reading into a buffer about to be freed
             self.close()
             raise
         if not self.all_layers:
@@ -121,27 +140,54 @@ class _DeviceExperts:
         self._buffers.clear()
 
 
-def _timed_run(backend: Backend, scheduler: Scheduler, plan: Plan, repeats: int = 1) -> tuple[float, RunStats]:
-    """The fastest of ``repeats`` runs of ``plan``, and the stats of the last."""
-    best = float("inf")
+def _ticking(plan: Plan, progress: Progress, what: str) -> Plan:
+    """``plan`` whose first split of each ubatch (layer 0's router) reports progress before it is enqueued.
+
+    A KeyboardInterrupt raised there (or by Ctrl-C) stops the run between splits.
+    """
+
+    def tick(split: Split) -> Split:
+        compute = split.compute
+
+        def reported(stream: Stream, bindings: Bindings) -> None:
+            progress(f"{what} {split.name.rsplit('.', 1)[-1]}")
+            compute(stream, bindings)
+
+        return dataclasses.replace(split, compute=reported)
+
+    return Plan.of([tick(s) if s.name.startswith(f"{ROUTER}.L0.") else s for s in plan.splits])
+
+
+def _timed_runs(backend: Backend, scheduler: Scheduler, plan: Plan, repeats: int = 1) -> tuple[list[float], RunStats]:
+    """Seconds of each of ``repeats`` runs of ``plan``, and the stats of the last."""
+    times: list[float] = []
     for _ in range(max(1, repeats)):
         start = backend.host_timestamp()
         stats = scheduler.run(plan)
-        best = min(best, backend.host_timestamp() - start)
-    return best, stats
+        times.append(backend.host_timestamp() - start)
+    return times, stats
+
+
+def ticks(settings: Settings, batching: Batching) -> int:
+    """How many times ``measure`` calls its progress callback for one batching (a progress bar's total)."""
+    warm = 1 if settings.warmup else 0
+    prefill = settings.repeats * len(batching.ubatches()) + warm
+    decode = settings.repeats * batching.decode_steps + (warm if batching.decode_steps else 0)
+    return prefill + len(settings.slots) * len(settings.host_memory) * (prefill + decode)
 
 
 def measure_compute_only(
-    backend: Backend, runner: MoeRunner, warmup: bool, repeats: int = 1
+    backend: Backend, runner: MoeRunner, warmup: bool, repeats: int = 1, progress: Progress = lambda what: None
 ) -> tuple[float, bool, str | None]:
     experts = _DeviceExperts(runner)
     try:
         with Scheduler(slots=0) as scheduler:
             if warmup:
-                scheduler.run(runner.prefill_plan(experts.views, [0]))
-            wall, _ = _timed_run(backend, scheduler, runner.prefill_plan(experts.views), repeats)
+                scheduler.run(_ticking(runner.prefill_plan(experts.views, [0]), progress, "compute only, warm-up"))
+            plan = _ticking(runner.prefill_plan(experts.views), progress, "compute only")
+            times, _ = _timed_runs(backend, scheduler, plan, repeats)
         digest = sha256(runner.prefill_output()) if runner.data and experts.all_layers else None
-        return wall, experts.all_layers, digest
+        return Spread.of(times).mean, experts.all_layers, digest
     finally:
         experts.close()
 
@@ -151,14 +197,18 @@ def measure(
     device: Device,
     model: MoeModel,
     settings: Settings,
-    progress: Callable[[str], None] = lambda what: None,
+    progress: Progress = lambda what: None,
+    h2d_peak_gbps: float | None = None,
 ) -> Measurement:
-    """Baselines, then one Row per (host memory mode, slot count), modes outermost."""
+    """Baselines, then one Row per (host memory mode, slot count), modes outermost.
+
+    ``h2d_peak_gbps`` reuses a peak measured before (one per device is enough for a matrix of runs).
+    """
     with MoeRunner(device, model, settings.batching, seed=settings.seed) as runner:
-        peak = measure_h2d_peak(backend, device, probe_bytes(model))
-        progress("H2D peak")
-        compute_s, all_layers, compute_sha = measure_compute_only(backend, runner, settings.warmup, settings.repeats)
-        progress("compute only")
+        peak = h2d_peak_gbps or measure_h2d_peak(backend, device, probe_bytes(model))
+        compute_s, all_layers, compute_sha = measure_compute_only(
+            backend, runner, settings.warmup, settings.repeats, progress
+        )
         result = Measurement(Baselines(peak, compute_s, all_layers, compute_sha))
         offload = plan_offload(
             model,
@@ -173,9 +223,10 @@ def measure(
                 ring = {} if settings.ring_threads is None else {"ring_threads": settings.ring_threads}
                 with HostWeights.open(model, device, mode, **ring) as weights:
                     for slots in settings.slots:
-                        row = _measure_row(backend, runner, weights, resident, slots, settings, result.baselines)
+                        row = _measure_row(
+                            backend, runner, weights, resident, slots, settings, result.baselines, progress
+                        )
                         result.rows.append(row)
-                        progress(f"slots {slots}, {weights.mode.value}")
         return result
 
 
@@ -187,45 +238,58 @@ def _measure_row(
     slots: int,
     settings: Settings,
     base: Baselines,
+    progress: Progress,
 ) -> Row:
     batching = settings.batching
     experts: ExpertData = resident.experts(weights)
+    what = f"slots {slots}, {weights.mode.value}"
     with Scheduler(slots=slots) as scheduler:
         if settings.warmup:
-            scheduler.run(runner.prefill_plan(experts, [0]))
-        wall, stats = _timed_run(backend, scheduler, runner.prefill_plan(experts), settings.repeats)
-        decode_step_s, decode_bytes = _decode(backend, runner, scheduler, experts)
+            scheduler.run(_ticking(runner.prefill_plan(experts, [0]), progress, f"{what}, warm-up"))
+        times, stats = _timed_runs(
+            backend, scheduler, _ticking(runner.prefill_plan(experts), progress, what), settings.repeats
+        )
+        decode_rates, decode_bytes = _decode(backend, runner, scheduler, experts, settings, progress, what)
     prefill_out = runner.prefill_output() if runner.data else None
     decode_out = runner.decode_output() if runner.data and batching.decode_steps else None
     moved = int(stats.total("bytes_prefetched") + stats.total("bytes_stock"))
+    wall = Spread.of(times)
+    rate = Spread.of([batching.tokens / t for t in times])
+    decode_rate = Spread.of(decode_rates) if decode_rates else None
     transfer_s = moved / (base.h2d_peak_gbps * 1e9)
-    stall_ms = stats.total("ready_wait_ms") if slots else max(0.0, wall - base.compute_only_s) * 1e3
     fallbacks: dict[str, int] = {}
     for dev in stats.devices.values():
         for key, count in dev.fallbacks.items():
             fallbacks[key] = fallbacks.get(key, 0) + count
     for fallback in weights.stats.fallbacks:
         fallbacks[f"host_memory_{fallback.requested.value}"] = 1
-    h2d_gbps = moved / wall / 1e9
+    h2d_gbps = moved / wall.mean / 1e9
     return Row(
         slots=slots,
         host_memory=weights.mode.value,
         tokens=batching.tokens,
         ubatch=batching.ubatch,
-        ttft_s=wall,
-        prefill_tokens_per_s=batching.tokens / wall,
+        repetitions=len(times),
+        ttft_s=wall.mean,
+        ttft_sd_s=wall.sd,
+        prefill_tokens_per_s=rate.mean,
+        prefill_tokens_per_s_sd=rate.sd,
+        bytes_per_ubatch=moved // len(batching.ubatches()),
         h2d_bytes=moved,
         h2d_gbps=h2d_gbps,
+        h2d_peak_gbps=base.h2d_peak_gbps,
         h2d_pct_of_peak=100.0 * h2d_gbps / base.h2d_peak_gbps,
         transfer_only_s=transfer_s,
         compute_only_s=base.compute_only_s,
-        overlap_efficiency=max(transfer_s, base.compute_only_s) / wall,
-        stall_ms=stall_ms,
+        overlap_efficiency=max(transfer_s, base.compute_only_s) / wall.mean,
+        slot_wait_ms=stats.total("ready_wait_ms") / len(times) if slots else None,
+        over_compute_ms=(wall.mean - base.compute_only_s) * 1e3,
         fires=int(stats.total("fires")),
         fallbacks=fallbacks,
         prefill_sha256=sha256(prefill_out) if prefill_out is not None else "",
         decode_steps=batching.decode_steps,
-        decode_tokens_per_s=1.0 / decode_step_s if batching.decode_steps else None,
+        decode_tokens_per_s=decode_rate.mean if decode_rate else None,
+        decode_tokens_per_s_sd=decode_rate.sd if decode_rate else None,
         decode_bytes=decode_bytes,
         decode_sha256=sha256(decode_out) if decode_out is not None else None,
         output_sha256=sha256(*(a for a in (prefill_out, decode_out) if a is not None)) if runner.data else "",
@@ -236,17 +300,35 @@ def _measure_row(
     )
 
 
-def _decode(backend: Backend, runner: MoeRunner, scheduler: Scheduler, experts: ExpertData) -> tuple[float, int]:
-    """Median seconds of one decode step (each its own plan) and the expert bytes of all steps.
+def _decode(
+    backend: Backend,
+    runner: MoeRunner,
+    scheduler: Scheduler,
+    experts: ExpertData,
+    settings: Settings,
+    progress: Progress,
+    what: str,
+) -> tuple[list[float], int]:
+    """Decode tokens/s of each repetition (from its median step) and the expert bytes of one repetition.
 
     The median, not the sum: a few steps that a busy host delays would otherwise decide a
-    comparison whose target band (+-2%) is narrower than such noise.
+    comparison whose target band (+-2%) is narrower than such noise. A warm-up step first,
+    so that the first row does not pay for what the first decode plan sets up.
     """
-    step_s: list[float] = []
+    steps = runner.batching.decode_steps
+    if not steps:
+        return [], 0
+    if settings.warmup:
+        scheduler.run(_ticking(runner.decode_plan(experts, 0), progress, f"{what}, decode warm-up"))
+    rates: list[float] = []
     moved = 0
-    for step in range(runner.batching.decode_steps):
-        plan = runner.decode_plan(experts, step)  # built outside the timed region, as a runtime caches it
-        wall, stats = _timed_run(backend, scheduler, plan)
-        step_s.append(wall)
-        moved += int(stats.total("bytes_prefetched") + stats.total("bytes_stock"))
-    return (float(np.median(step_s)) if step_s else 0.0), moved
+    for _ in range(settings.repeats):
+        step_s: list[float] = []
+        moved = 0
+        for step in range(steps):
+            plan = _ticking(runner.decode_plan(experts, step), progress, f"{what}, decode")  # built untimed
+            (wall,), stats = _timed_runs(backend, scheduler, plan)
+            step_s.append(wall)
+            moved += int(stats.total("bytes_prefetched") + stats.total("bytes_stock"))
+        rates.append(1.0 / float(np.median(step_s)))
+    return rates, moved

@@ -1,16 +1,22 @@
-"""Rows of a prefill run (one per slot setting), their table, their JSON and the hash check."""
+"""Rows of a prefill run (one per setting), their table, CSV, JSON and the hash check."""
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from typing import Any, TextIO
+import csv
+import io
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 
 @dataclass(frozen=True)
 class Row:
-    """What one slot setting did. Times come from backend.host_timestamp (virtual on the simulator)."""
+    """What one setting did. Times come from backend.host_timestamp (virtual on the simulator).
+
+    Times and rates are the mean over ``repetitions`` timed runs after a warm-up; ``*_sd`` is
+    their sample standard deviation (0 for one repetition).
+    """
 
     slots: int
     host_memory: str  # the mode used, after any fallback
@@ -18,29 +24,66 @@ class Row:
     ubatch: int
     ttft_s: float  # wall time of the whole prefill plan
     prefill_tokens_per_s: float
-    h2d_bytes: int  # expert bytes copied during prefill (lookahead and stock)
+    h2d_bytes: int  # expert bytes copied during one prefill (lookahead and stock)
     h2d_gbps: float
     h2d_pct_of_peak: float  # of the pinned H2D peak measured in the same run
-    transfer_only_s: float  # h2d_bytes at the measured peak
+    transfer_only_s: float  # h2d_bytes at the measured peak: the floor a transfer-bound prefill cannot beat
     compute_only_s: float  # the same plan with every expert tensor device-resident
-    overlap_efficiency: float  # max(transfer_only_s, compute_only_s) / ttft_s
-    stall_ms: float  # slots > 0: the compute stream's waits on slot-ready events; 0: ttft - compute-only
+    overlap_efficiency: float  # max(transfer_only_s, compute_only_s) / ttft_s: 1.0 is perfect overlap
+    over_compute_ms: float  # ttft minus compute only: what streaming added to the prefill
+    slot_wait_ms: float | None  # slots > 0: the compute stream's waits on slot-ready events; None for 0
     fires: int
     fallbacks: dict[str, int]
     prefill_sha256: str
+    repetitions: int = 1
+    ttft_sd_s: float = 0.0
+    prefill_tokens_per_s_sd: float = 0.0
+    layers_streamed: int = 0  # MoE layers whose experts stream from host memory (llama.cpp's n_cpu_moe)
+    bytes_per_ubatch: int = 0  # expert bytes copied per ubatch
+    h2d_peak_gbps: float = 0.0
+    batch: int | None = None  # llama.cpp's logical batch (-b), when given
     decode_steps: int = 0
     decode_tokens_per_s: float | None = None
-    decode_bytes: int = 0  # expert bytes the decode steps copied (used experts only)
+    decode_tokens_per_s_sd: float | None = None
+    decode_bytes: int = 0  # expert bytes one repetition of the decode steps copied (used experts only)
     decode_sha256: str | None = None
     output_sha256: str = ""  # prefill and decode outputs together; empty when the backend holds no data
     nonfinite: int = 0  # NaN or infinite output values: a wrong byte read somewhere
-    layers_streamed: int = 0  # MoE layers whose experts stream from host memory (partial offload)
     layers_resident: int = 0  # MoE layers whose experts were uploaded once and stay on the device
-    streamed_bytes_per_ubatch: int = 0  # expert bytes the streamed layers copy for each prefill ubatch
+    streamed_bytes_per_ubatch: int = 0  # expert bytes the streamed layers hold: what one ubatch must copy
 
     @property
     def label(self) -> str:
         return f"slots={self.slots}/{self.host_memory}"
+
+    @property
+    def transfer_floor_tokens_per_s(self) -> float | None:
+        """The prefill rate if copies at the H2D peak were all that took time (None: nothing copied)."""
+        return self.tokens / self.transfer_only_s if self.transfer_only_s else None
+
+    @property
+    def compute_only_tokens_per_s(self) -> float | None:
+        """The prefill rate with every expert already on the device."""
+        return self.tokens / self.compute_only_s if self.compute_only_s else None
+
+
+COLUMNS_HELP = """\
+columns (times and rates are the mean over -r repetitions after a warm-up; +- is the sample sd):
+  slots          staging slots: 0 is the stock path (each expert tensor copied right before the
+                 split that reads it); N >= 2 copies split i+N-1 while split i computes
+  host           host memory the weights were copied from (after any fallback)
+  ttft s         time to first token: the whole prefill
+  prefill t/s    prompt tokens per second (the mean of each repetition's rate)
+  H2D GB/s       expert bytes copied per second of prefill; % peak: of the pinned H2D peak
+  overlap        max(transfer only, compute only) / ttft, where transfer only is the expert bytes
+                 at the H2D peak and compute only is the same prefill with every expert already on
+                 the device; 1.00 means copies are fully hidden behind compute (or vice versa)
+  +compute ms    ttft minus compute only: the time streaming added
+  slot wait ms   slots > 0: how long the compute stream waited for slots to be filled ("-" for 0)
+  p, ub          prompt tokens and tokens per ubatch
+  streamed       MoE layers streamed from host memory / all MoE layers, and expert bytes copied per ubatch
+  decode t/s     decode tokens per second (median step of each repetition; "-" without -n)
+  output sha256  hash of the outputs; every row must agree (exit status 1 if not)"""
 
 
 def mismatched(rows: Sequence[Row]) -> list[str]:
@@ -52,25 +95,68 @@ def mismatched(rows: Sequence[Row]) -> list[str]:
     return [rows[0].label, *(r.label for r in differing)] if differing else []
 
 
+def row_json(row: Row) -> dict[str, Any]:
+    return {
+        **asdict(row),
+        "transfer_floor_tokens_per_s": row.transfer_floor_tokens_per_s,
+        "compute_only_tokens_per_s": row.compute_only_tokens_per_s,
+    }
+
+
 def as_json(header: dict[str, Any], rows: Sequence[Row]) -> dict[str, Any]:
-    return {**header, "rows": [asdict(r) for r in rows]}
+    return {**header, "rows": [row_json(r) for r in rows]}
 
 
-_COLUMNS = (
+def as_jsonl(header: dict[str, Any], rows: Sequence[Row]) -> str:
+    """One JSON object per row, each carrying the run's header (llama-bench's jsonl)."""
+    return "\n".join(json.dumps({**header, **row_json(r)}) for r in rows)
+
+
+def as_csv(rows: Sequence[Row]) -> str:
+    names = [f.name for f in fields(Row)] + ["transfer_floor_tokens_per_s", "compute_only_tokens_per_s"]
+    out = io.StringIO()
+    writer = csv.DictWriter(out, names, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        values = row_json(row)
+        values["fallbacks"] = json.dumps(values["fallbacks"], sort_keys=True)
+        writer.writerow(values)
+    return out.getvalue().rstrip("\n")
+
+
+def _streamed(row: Row) -> str:
+    layers = f"{row.layers_streamed}/{row.layers_streamed + row.layers_resident}L"
+    return f"{layers}/{row.bytes_per_ubatch / 1e6:.1f}MB"
+
+
+def _decode_rate(row: Row, sd: bool) -> str:
+    value = row.decode_tokens_per_s_sd if sd else row.decode_tokens_per_s
+    return "-" if value is None else f"{value:.1f}"
+
+
+_COLUMNS: tuple[tuple[str, int, Callable[[Row], str]], ...] = (
     ("slots", 5, lambda r: str(r.slots)),
     ("host", 10, lambda r: r.host_memory),
     ("ttft s", 9, lambda r: f"{r.ttft_s:.4f}"),
+    ("+-", 7, lambda r: f"{r.ttft_sd_s:.4f}"),
     ("prefill t/s", 11, lambda r: f"{r.prefill_tokens_per_s:.0f}"),
+    ("+-", 6, lambda r: f"{r.prefill_tokens_per_s_sd:.0f}"),
     ("H2D GB/s", 8, lambda r: f"{r.h2d_gbps:.1f}"),
     ("% peak", 6, lambda r: f"{r.h2d_pct_of_peak:.0f}"),
     ("overlap", 7, lambda r: f"{r.overlap_efficiency:.2f}"),
-    ("stall ms", 9, lambda r: f"{r.stall_ms:.1f}"),
-    ("decode t/s", 10, lambda r: "-" if r.decode_tokens_per_s is None else f"{r.decode_tokens_per_s:.1f}"),
+    ("+compute ms", 11, lambda r: f"{r.over_compute_ms:.1f}"),
+    ("slot wait ms", 12, lambda r: "-" if r.slot_wait_ms is None else f"{r.slot_wait_ms:.1f}"),
+    ("p", 6, lambda r: str(r.tokens)),
+    ("ub", 5, lambda r: str(r.ubatch)),
+    ("streamed", 12, _streamed),
+    ("decode t/s", 10, lambda r: _decode_rate(r, False)),
+    ("+-", 5, lambda r: _decode_rate(r, True)),
     ("output sha256", 16, lambda r: r.output_sha256[:16] or "(no data)"),
 )
 
 
 def format_table(rows: Sequence[Row]) -> str:
+    """Aligned columns, one line per row, no spaces inside a cell."""
     header = "  ".join(f"{name:>{width}}" for name, width, _ in _COLUMNS)
     lines = [header]
     for row in rows:
@@ -78,26 +164,10 @@ def format_table(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
-class Progress:
-    """A one-line progress bar on stderr, drawn only when stderr is a terminal."""
-
-    def __init__(self, total: int, stream: TextIO | None = None) -> None:
-        self.total = max(1, total)
-        self.done = 0
-        self._stream = stream if stream is not None else sys.stderr
-        self.enabled = self._stream.isatty()
-
-    def step(self, what: str) -> None:
-        self.done += 1
-        if not self.enabled:
-            return
-        width = 30
-        filled = width * min(self.done, self.total) // self.total
-        bar = "#" * filled + "." * (width - filled)
-        self._stream.write(f"\r[{bar}] {self.done}/{self.total} {what[:40]:<40}")
-        self._stream.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            self._stream.write("\r" + " " * 80 + "\r")
-            self._stream.flush()
+def format_markdown(rows: Sequence[Row]) -> str:
+    """A Markdown table, like llama-bench's default output."""
+    lines = ["| " + " | ".join(name for name, _, _ in _COLUMNS) + " |"]
+    lines.append("|" + "|".join("---:" for _ in _COLUMNS) + "|")
+    for row in rows:
+        lines.append("| " + " | ".join(cell(row) for _, _, cell in _COLUMNS) + " |")
+    return "\n".join(lines)

@@ -9,11 +9,12 @@ from pathlib import Path
 import expertstream
 
 PACKAGE = Path(expertstream.__file__).parent
-LEAVES = {"errors", "ggml", "timeline", "_closing", "_deprecated"}
+LEAVES = {"errors", "ggml", "timeline", "_closing", "_deprecated", "clitools"}
 
 # Which top-level parts of expertstream each part may import (besides itself).
 MAY_IMPORT: dict[str, set[str]] = {
     "errors": set(),
+    "clitools": {"errors"},
     "ggml": {"errors"},
     "timeline": set(),
     "_closing": set(),
@@ -21,10 +22,11 @@ MAY_IMPORT: dict[str, set[str]] = {
     "backends": {"errors", "ggml", "timeline", "_closing", "_deprecated"},
     "kernels": {"backends", "errors", "ggml", "_closing"},
     "scheduler": {"backends", "errors", "ggml", "_closing"},
-    "model": {"errors", "ggml", "_closing"},
+    "model": {"errors", "ggml", "_closing", "clitools"},
     "hostmem": {"backends", "scheduler", "model", "errors", "_closing"},
     "moe": {"backends", "kernels", "scheduler", "model", "hostmem", *LEAVES},
     "interop": {"backends", "scheduler", *LEAVES},
+    "plot": {"clitools", "errors", "timeline"},
 }
 # Modules that may import anything: the command line and the package's front door.
 ENTRY_MODULES = {"expertstream", "expertstream.__main__", "expertstream.cli"}
@@ -64,11 +66,13 @@ def _imports(path: Path, module: str) -> Iterator[tuple[str, int]]:
                 target = node.module or ""
             if target.split(".")[0] != "expertstream":
                 continue
-            if node.module is None or target.count(".") == 1:  # `from . import x`: x may be a module
-                for alias in node.names:
-                    yield f"{target}.{alias.name}", node.lineno
-            else:
-                yield target, node.lineno
+            for alias in node.names:  # `from . import x`: x may be a module or a name
+                yield (f"{target}.{alias.name}" if _is_module(f"{target}.{alias.name}") else target), node.lineno
+
+
+def _is_module(name: str) -> bool:
+    path = PACKAGE.parent.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
 def _part(module: str) -> str:

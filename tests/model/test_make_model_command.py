@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import errno
+import os
 from pathlib import Path
 
+import gguf
 import pytest
 
+from expertstream.cli import main
 from expertstream.model import MoeModel, commands
 
 
@@ -30,3 +34,42 @@ def test_make_model_command_writes_and_describes(tmp_path: Path, capsys: pytest.
 def test_make_model_command_rejects_unknown_type() -> None:
     with pytest.raises(SystemExit):
         _parse(["make-model", "--preset", "tiny", "--type", "Q7_K", "-o", "x.gguf"])
+
+
+def _main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    code = main(["make-model", "--preset", "tiny", "--layers", "1", *argv])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    return code, err
+
+
+def test_make_model_refuses_a_missing_folder_or_a_folder_as_output(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _main(capsys, "-o", str(tmp_path / "missing" / "m.gguf")) == (
+        2,
+        f"expertstream: error: -o {tmp_path / 'missing' / 'm.gguf'}: folder {tmp_path / 'missing'} does not exist\n",
+    )
+    code, err = _main(capsys, "-o", str(tmp_path))
+    assert code == 2 and "is a folder" in err
+
+
+def test_make_model_reports_a_failed_write_in_one_line_and_removes_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(self: gguf.GGUFWriter, tensor: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(gguf.GGUFWriter, "write_tensor_data", full)
+    out = tmp_path / "m.gguf"
+    code, err = _main(capsys, "-o", str(out))
+    assert code == 2 and f"cannot write {out}: No space left on device" in err
+    assert not out.exists()
+
+
+def test_make_model_into_a_read_only_place_is_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(os, "access", lambda path, mode: False)
+    code, err = _main(capsys, "-o", str(tmp_path / "m.gguf"))
+    assert code == 2 and "not writable" in err

@@ -60,7 +60,7 @@ def test_wrong_shape_is_named_with_both_shapes(custom_model: CustomWriter) -> No
 def test_not_a_gguf_file(tmp_path: Path) -> None:
     path = tmp_path / "junk.gguf"
     path.write_bytes(b"not a model at all")
-    with pytest.raises(ModelError, match="cannot read as GGUF"):
+    with pytest.raises(ModelError, match="not a GGUF file"):
         MoeModel.open(path)
 
 

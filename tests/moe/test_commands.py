@@ -12,7 +12,7 @@ from expertstream.backends.base import Backend
 from expertstream.cli import main
 from expertstream.moe.runner import MoeRunner
 
-SMALL = ["--tokens", "32", "--ubatch", "16"]
+SMALL = ["--tokens", "32", "--ubatch", "16", "-r", "1"]
 ROW_KEYS = {
     "slots": int,
     "host_memory": str,
@@ -21,7 +21,11 @@ ROW_KEYS = {
     "h2d_gbps": float,
     "h2d_pct_of_peak": float,
     "overlap_efficiency": float,
-    "stall_ms": float,
+    "over_compute_ms": float,
+    "ttft_sd_s": float,
+    "prefill_tokens_per_s_sd": float,
+    "layers_streamed": int,
+    "bytes_per_ubatch": int,
     "output_sha256": str,
     "decode_tokens_per_s": float,
     "fires": int,
@@ -133,8 +137,8 @@ def test_timing_only_full_scale_overlaps_copies(capsys: pytest.CaptureFixture[st
 def test_sim_options_refuse_another_backend_and_choose_the_simulator_otherwise(
     tiny_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with pytest.raises(SystemExit, match="describe the simulator, not cuda"):
-        main(["prefill", str(tiny_path), "--backend", "cuda", "--timing-only"])
+    code, _, err = _prefill(capsys, str(tiny_path), "--backend", "cuda", "--timing-only")
+    assert code == 2 and "--timing-only is simulator-only, not for cuda" in err
     code, out, _ = _prefill(capsys, str(tiny_path), *SMALL, "--slots", "0", "--timing-only")
     assert code == 0 and "backend sim" in out and "timing only" in out
 
