@@ -219,10 +219,13 @@ def _set_scales(raw: np.ndarray, qtype: GGMLQuantizationType, exponent: int) -> 
     if qtype is GGMLQuantizationType.MXFP4:
         blocks[:, 0] = np.uint8(127 + exponent)
         return
+    # Super-block types multiply d by 6-bit sub-scales, so a small target can ask for a d below
+    # f16's normal range; the smallest normal exponent then gives a somewhat larger RMS instead.
+    biased = max(1, min(30, exponent + 15))
     for offset in _SCALE_OFFSETS[qtype]:
         high_byte = blocks[:, offset + 1]
         high_byte &= np.uint8(0x03)
-        high_byte |= np.uint8((exponent + 15) << 2)
+        high_byte |= np.uint8(biased << 2)
 
 
 @functools.cache
