@@ -10,14 +10,13 @@ import pytest
 from expertstream.backends.base import Device
 from expertstream.backends.interop import DLDeviceType
 
+from .reach import torch_reaching
+
 
 def _torch_on(device: Device) -> Any:
-    torch = pytest.importorskip("torch", reason="torch is not installed")
     if device.dlpack_device[0] is DLDeviceType.CPU:
         pytest.skip("the simulator has no foreign streams, events or device tensors")
-    if not torch.cuda.is_available():
-        pytest.skip(f"this torch ({torch.__version__}) has no GPU")
-    return torch
+    return torch_reaching(device)
 
 
 def test_torch_streams_and_events_wrap_without_ownership(device: Device) -> None:

@@ -15,15 +15,15 @@ from expertstream.errors import InvalidArgument
 from expertstream.interop import dlpack_compute, typed_bindings
 from expertstream.scheduler import HostRegion, Input, MulMatId, Plan, Scheduler, Split
 
+from .reach import torch_reaching
+
 USAGE = Path(__file__).resolve().parents[2] / "docs" / "usage.md"
 
 
 def test_the_torch_program_of_usage_md(
     device: Device, backend_name: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    torch = pytest.importorskip("torch", reason="torch is not installed")
-    if device.dlpack_device[0] is not DLDeviceType.CPU and not torch.cuda.is_available():
-        pytest.skip(f"this torch ({torch.__version__}) cannot reach the {backend_name} device")
+    torch_reaching(device)
     block = next(b for b in re.findall(r"```python\n(.*?)```", USAGE.read_text(), flags=re.S) if "torch_compute" in b)
     monkeypatch.setenv("EXPERTSTREAM_BACKEND", backend_name)
     exec(compile(block, str(USAGE), "exec"), {"__name__": "usage_torch_example"})
