@@ -44,7 +44,16 @@ class UsageError(ExpertStreamError):
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Defaults after every option's help; descriptions and epilogs keep their line breaks."""
+    """Defaults after every option's help; descriptions and epilogs keep their line breaks.
+
+    An option whose help already says its default, or that has none, gets no second one.
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "default" in text or any(action.default is v for v in (None, False, argparse.SUPPRESS)):
+            return text
+        return super()._get_help_string(action)
 
 
 def writable_path(path: str | os.PathLike[str], flag: str) -> Path:
