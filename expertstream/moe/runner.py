@@ -41,7 +41,7 @@ from ..errors import InvalidArgument
 from ..ggml import padded_size
 from ..kernels import MoeKernels, routing
 from ..kernels.routing import Activation
-from ..model import MoeLayer, MoeModel, TensorInfo
+from ..model import ModelError, MoeLayer, MoeModel, TensorInfo
 from ..scheduler import Bindings, Input, MulMatId, Plan, Split
 from ..scheduler.source import HostSource
 from . import standin
@@ -181,6 +181,7 @@ class MoeRunner(Closing):
                 call="MoeRunner",
                 hint="run decode steps with data, or leave them out of timing-only runs",
             )
+        _check_uniform_layers(model)
         self.kernels = MoeKernels(device)
         self.ffn: FfnConfig = ffn_config(model.arch, model.metadata)
         self._buffers: list[DeviceBuffer] = []
@@ -571,3 +572,14 @@ def sha256(*arrays: np.ndarray) -> str:
     for array in arrays:
         digest.update(np.ascontiguousarray(array).tobytes())
     return digest.hexdigest()
+
+
+def _check_uniform_layers(model: MoeModel) -> None:
+    """The runner sizes routing and activations once per model: refuse layers of other widths."""
+    widths = {(layer.n_expert, layer.n_ff) for layer in model.layers}
+    if len(widths) > 1:
+        shown = ", ".join(f"{n_expert} experts x {n_ff}" for n_expert, n_ff in sorted(widths))
+        raise ModelError(
+            f"{model.path}: MoE layers differ in expert count or width ({shown}); the prefill runner "
+            "needs one expert shape for every MoE layer"
+        )
