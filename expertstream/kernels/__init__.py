@@ -35,6 +35,7 @@ from ..backends.base import BufferView, Device, DeviceBuffer, Kernel, Stream, Us
 from ..errors import InvalidArgument
 from ..ggml import RowType, padded_size
 from . import layout, routing_twins, twins
+from .args import ViewLike, positive, view
 from .layout import TileM, WeightFormat, weight_format
 
 log = logging.getLogger(__name__)
@@ -43,8 +44,6 @@ for _spec in (*twins.twin_specs(), *routing_twins.twin_specs()):
     sim.register_kernel(_spec)
 
 SOURCE_NAME = "moe.cu"
-
-ViewLike = DeviceBuffer | BufferView
 
 
 def kernel_source() -> str:
@@ -55,25 +54,6 @@ def kernel_source() -> str:
 def scratch_bytes(n_tokens: int, top_k: int, n_expert: int) -> int:
     """Bytes of grouping scratch mul_mat_id needs for this many pairs and experts (any tile)."""
     return 4 * layout.scratch_words(n_tokens * top_k, n_expert, min(TileM))
-
-
-def _positive(call: str, **values: int) -> None:
-    for name, value in values.items():
-        if not isinstance(value, (int, np.integer)) or not 1 <= value <= layout.MAX_INT32:
-            raise InvalidArgument(f"{name} must be a positive int32, got {value!r}", call=call)
-
-
-def _view(call: str, name: str, arg: ViewLike, nbytes: int, align: int) -> BufferView:
-    """``arg`` as a view of exactly ``nbytes``, checked for size and alignment."""
-    if isinstance(arg, DeviceBuffer):
-        arg = arg.view()
-    if not isinstance(arg, BufferView):
-        raise InvalidArgument(f"{name} must be a DeviceBuffer or BufferView, got {type(arg).__name__}", call=call)
-    if arg.nbytes < nbytes:
-        raise InvalidArgument(f"{name} holds {arg.nbytes} bytes but the shapes need {nbytes}", call=call)
-    if arg.offset % align:
-        raise InvalidArgument(f"{name} starts at byte offset {arg.offset}, not a multiple of {align}", call=call)
-    return BufferView(arg.buffer, arg.offset, nbytes)
 
 
 def _i32(value: int) -> np.int32:
@@ -115,20 +95,18 @@ class MoeKernels(Closing):
         """y[t, k, :] = W[ids[t, k]] @ x[t] (or x[t, k]) with float32 accumulation."""
         call = "MoeKernels.mul_mat_id"
         fmt = weight_format(w_type)
-        _positive(call, n_expert=n_expert, n_out=n_out, n_in=n_in, n_tokens=n_tokens, top_k=top_k)
+        positive(call, n_expert=n_expert, n_out=n_out, n_in=n_in, n_tokens=n_tokens, top_k=top_k)
         self._check_mul_mat_id_shapes(call, fmt, n_expert, n_out, n_in, n_tokens * top_k)
         n_pairs = n_tokens * top_k
         tile_m = fmt.tile_for(n_pairs, n_expert)
         tiles = layout.max_tiles(n_pairs, n_expert, tile_m)
         w_bytes = n_expert * n_out * fmt.row_bytes(n_in)
-        w_view = _view(call, "w", w, padded_size(w_bytes, fmt.qtype, n_in), fmt.unit_bytes)
-        x_view = _view(call, "x", x, (n_pairs if x_per_slot else n_tokens) * n_in * 4, 4)
-        ids_view = _view(call, "ids", ids, n_pairs * 4, 4)
-        y_view = _view(call, "y", y, n_pairs * n_out * 4, 4)
+        w_view = view(call, "w", w, padded_size(w_bytes, fmt.qtype, n_in), fmt.unit_bytes)
+        x_view = view(call, "x", x, (n_pairs if x_per_slot else n_tokens) * n_in * 4, 4)
+        ids_view = view(call, "ids", ids, n_pairs * 4, 4)
+        y_view = view(call, "y", y, n_pairs * n_out * 4, 4)
         words = layout.scratch_words(n_pairs, n_expert, tile_m)
-        scratch_view = (
-            self._own_scratch(words * 4) if scratch is None else _view(call, "scratch", scratch, words * 4, 4)
-        )
+        scratch_view = self._own_scratch(words * 4) if scratch is None else view(call, "scratch", scratch, words * 4, 4)
         stream.launch(
             self.kernel("moe_group_by_expert"),
             1,
@@ -156,8 +134,8 @@ class MoeKernels(Closing):
     def swiglu(self, stream: Stream, gate: ViewLike, up: ViewLike, out: ViewLike, n: int) -> None:
         """out[i] = gate[i] / (1 + exp(-gate[i])) * up[i] for i < n."""
         call = "MoeKernels.swiglu"
-        _positive(call, n=n)
-        views = [_view(call, name, arg, n * 4, 4) for name, arg in (("gate", gate), ("up", up), ("out", out))]
+        positive(call, n=n)
+        views = [view(call, name, arg, n * 4, 4) for name, arg in (("gate", gate), ("up", up), ("out", out))]
         blocks = min(-(-n // layout.ELEMENTWISE_THREADS), layout.MAX_GRID_Y)
         stream.launch(self.kernel("moe_swiglu"), blocks, layout.ELEMENTWISE_THREADS, (*views, _i32(n)))
 
@@ -166,12 +144,12 @@ class MoeKernels(Closing):
     ) -> None:
         """out[t, :] = sum over k ascending of weights[t, k] * y[t, k, :]."""
         call = "MoeKernels.weighted_sum"
-        _positive(call, n_tokens=n_tokens, top_k=top_k, n=n)
+        positive(call, n_tokens=n_tokens, top_k=top_k, n=n)
         _fits_int32(call, y=n_tokens * top_k * n)
         args = (
-            _view(call, "y", y, n_tokens * top_k * n * 4, 4),
-            _view(call, "weights", weights, n_tokens * top_k * 4, 4),
-            _view(call, "out", out, n_tokens * n * 4, 4),
+            view(call, "y", y, n_tokens * top_k * n * 4, 4),
+            view(call, "weights", weights, n_tokens * top_k * 4, 4),
+            view(call, "out", out, n_tokens * n * 4, 4),
             _i32(n_tokens),
             _i32(top_k),
             _i32(n),
@@ -193,7 +171,7 @@ class MoeKernels(Closing):
     ) -> None:
         """ids, weights = top_k of x @ router^T per token, softmax over the selected logits."""
         call = "MoeKernels.router_topk"
-        _positive(call, n_tokens=n_tokens, n_embd=n_embd, n_expert=n_expert, top_k=top_k)
+        positive(call, n_tokens=n_tokens, n_embd=n_embd, n_expert=n_expert, top_k=top_k)
         if n_expert > layout.ROUTER_MAX_EXPERTS:
             raise InvalidArgument(
                 f"router_topk handles at most {layout.ROUTER_MAX_EXPERTS} experts, got {n_expert}", call=call
@@ -205,10 +183,10 @@ class MoeKernels(Closing):
             )
         _fits_int32(call, x=n_tokens * n_embd, router=n_expert * n_embd)
         args = (
-            _view(call, "x", x, n_tokens * n_embd * 4, 4),
-            _view(call, "router", router, n_expert * n_embd * 4, 4),
-            _view(call, "ids", ids, n_tokens * top_k * 4, 4),
-            _view(call, "weights", weights, n_tokens * top_k * 4, 4),
+            view(call, "x", x, n_tokens * n_embd * 4, 4),
+            view(call, "router", router, n_expert * n_embd * 4, 4),
+            view(call, "ids", ids, n_tokens * top_k * 4, 4),
+            view(call, "weights", weights, n_tokens * top_k * 4, 4),
             _i32(n_tokens),
             _i32(n_embd),
             _i32(n_expert),

@@ -26,14 +26,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..backends.base import BufferView, DeviceBuffer, Stream
+from ..backends.base import Stream
 from ..errors import InvalidArgument
 from . import layout
+from .args import ViewLike, positive, view
 
 if TYPE_CHECKING:
     from . import MoeKernels
 
-ViewLike = DeviceBuffer | BufferView
 
 SELECT_THREADS = 128  # must match moe.cu
 SELECT_MAX_GROUPS = 64
@@ -75,20 +75,6 @@ class Routing:
         return self.gating is Gating.SOFTMAX and self.norm and self.scale == 1.0 and self.n_group <= 1
 
 
-def _view(call: str, name: str, arg: ViewLike, nbytes: int) -> BufferView:
-    if isinstance(arg, DeviceBuffer):
-        arg = arg.view()
-    if not isinstance(arg, BufferView) or arg.nbytes < nbytes or arg.offset % 4:
-        raise InvalidArgument(f"{name} must be a 4-byte aligned buffer or view of at least {nbytes} bytes", call=call)
-    return BufferView(arg.buffer, arg.offset, nbytes)
-
-
-def _positive(call: str, **values: int) -> None:
-    for name, value in values.items():
-        if not 1 <= value <= layout.MAX_INT32:
-            raise InvalidArgument(f"{name} must be a positive int32, got {value!r}", call=call)
-
-
 def router_logits(
     kernels: MoeKernels,
     stream: Stream,
@@ -102,13 +88,13 @@ def router_logits(
 ) -> None:
     """logits = x @ router^T (+ bias per expert)."""
     call = "router_logits"
-    _positive(call, n_tokens=n_tokens, n_embd=n_embd, n_expert=n_expert)
-    router_view = _view(call, "router", router, n_expert * n_embd * 4)
+    positive(call, n_tokens=n_tokens, n_embd=n_embd, n_expert=n_expert)
+    router_view = view(call, "router", router, n_expert * n_embd * 4)
     args = (
-        _view(call, "x", x, n_tokens * n_embd * 4),
+        view(call, "x", x, n_tokens * n_embd * 4),
         router_view,
-        router_view if bias is None else _view(call, "bias", bias, n_expert * 4),
-        _view(call, "logits", logits, n_tokens * n_expert * 4),
+        router_view if bias is None else view(call, "bias", bias, n_expert * 4),
+        view(call, "logits", logits, n_tokens * n_expert * 4),
         np.int32(n_tokens),
         np.int32(n_embd),
         np.int32(n_expert),
@@ -134,7 +120,7 @@ def router_select(
 ) -> None:
     """ids, weights of each token from its logits, as ``routing`` says."""
     call = "router_select"
-    _positive(call, n_tokens=n_tokens, n_expert=n_expert, top_k=top_k)
+    positive(call, n_tokens=n_tokens, n_expert=n_expert, top_k=top_k)
     if n_expert > layout.ROUTER_MAX_EXPERTS or top_k > min(n_expert, layout.ROUTER_MAX_K):
         raise InvalidArgument(
             f"router_select handles at most {layout.ROUTER_MAX_EXPERTS} experts and top_k <= "
@@ -154,12 +140,12 @@ def router_select(
         )
     if n_tokens > 2**31 - 1:
         raise InvalidArgument(f"{n_tokens} tokens are more than one launch handles", call=call)
-    logits_view = _view(call, "logits", logits, n_tokens * n_expert * 4)
+    logits_view = view(call, "logits", logits, n_tokens * n_expert * 4)
     args = (
         logits_view,
-        logits_view if sel_bias is None else _view(call, "sel_bias", sel_bias, n_expert * 4),
-        _view(call, "ids", ids, n_tokens * top_k * 4),
-        _view(call, "weights", weights, n_tokens * top_k * 4),
+        logits_view if sel_bias is None else view(call, "sel_bias", sel_bias, n_expert * 4),
+        view(call, "ids", ids, n_tokens * top_k * 4),
+        view(call, "weights", weights, n_tokens * top_k * 4),
         np.int32(n_tokens),
         np.int32(n_expert),
         np.int32(top_k),
@@ -185,8 +171,8 @@ def swiglu_oai(
 ) -> None:
     """out = min(gate, limit) * sigmoid(alpha * min(gate, limit)) * (clamp(up, -limit, limit) + 1)."""
     call = "swiglu_oai"
-    _positive(call, n=n)
-    views = [_view(call, name, arg, n * 4) for name, arg in (("gate", gate), ("up", up), ("out", out))]
+    positive(call, n=n)
+    views = [view(call, name, arg, n * 4) for name, arg in (("gate", gate), ("up", up), ("out", out))]
     blocks = min(-(-n // layout.ELEMENTWISE_THREADS), layout.MAX_GRID_Y)
     stream.launch(
         kernels.kernel("moe_swiglu_oai"),
@@ -208,11 +194,11 @@ def add_expert_bias(
 ) -> None:
     """y[p, :] += bias[ids[p], :] for y [n_pairs, n_out] and bias [n_expert, n_out]."""
     call = "add_expert_bias"
-    _positive(call, n_pairs=n_pairs, n_out=n_out, n_expert=n_expert)
+    positive(call, n_pairs=n_pairs, n_out=n_out, n_expert=n_expert)
     args = (
-        _view(call, "y", y, n_pairs * n_out * 4),
-        _view(call, "bias", bias, n_expert * n_out * 4),
-        _view(call, "ids", ids, n_pairs * 4),
+        view(call, "y", y, n_pairs * n_out * 4),
+        view(call, "bias", bias, n_expert * n_out * 4),
+        view(call, "ids", ids, n_pairs * 4),
         np.int32(n_pairs),
         np.int32(n_out),
         np.int32(n_expert),
@@ -233,11 +219,11 @@ def shared_gate(
 ) -> None:
     """y[t, :] *= sigmoid(x[t, :] . w) for y [n_tokens, n]: the gate of qwen2moe's shared expert."""
     call = "shared_gate"
-    _positive(call, n_tokens=n_tokens, n_embd=n_embd, n=n)
+    positive(call, n_tokens=n_tokens, n_embd=n_embd, n=n)
     args = (
-        _view(call, "x", x, n_tokens * n_embd * 4),
-        _view(call, "w", w, n_embd * 4),
-        _view(call, "y", y, n_tokens * n * 4),
+        view(call, "x", x, n_tokens * n_embd * 4),
+        view(call, "w", w, n_embd * 4),
+        view(call, "y", y, n_tokens * n * 4),
         np.int32(n_tokens),
         np.int32(n_embd),
         np.int32(n),
