@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..backends.base import Backend, BufferView, Device, DeviceBuffer, Stream, Usage
+from ..backends.base import Backend, Device, Stream, Usage
 from ..hostmem import HostMemoryMode, HostWeights
 from ..model import MoeModel
 from ..scheduler import Bindings, Plan, RunStats, Scheduler, Split
-from .offload import GpuMemory, ResidentExperts, plan_offload
+from .offload import GpuMemory, ResidentExperts, UploadedExperts, plan_offload
 from .report import Row
 from .runner import ROUTER, Batching, ExpertData, MoeRunner, sha256
 
@@ -100,29 +100,16 @@ def probe_bytes(model: MoeModel) -> int:
     return int(np.clip(4 * largest, PROBE_MIN_BYTES, PROBE_MAX_BYTES))
 
 
-class _DeviceExperts:
+class _DeviceExperts(UploadedExperts):
     """Every expert tensor uploaded once (or layer 0's standing in for all when memory is short)."""
 
     def __init__(self, runner: MoeRunner) -> None:
         model, device = runner.model, runner.device
-        self.views: dict[str, BufferView] = {}
-        self._buffers: list[DeviceBuffer] = []
         padded = sum(device.alloc_size(t.nbytes, t.qtype, t.ne0) for t in model.expert_tensors)
         # Half of what is free: the staging slots and activations of later runs need the rest.
         self.all_layers = padded <= device.free_memory() // 2
         layers = model.layers if self.all_layers else model.layers[:1]
-        try:
-            for layer in layers:
-                for info in layer.experts:
-                    buf = device.alloc(info.nbytes, Usage.WEIGHTS, row_type=info.qtype, ne0=info.ne0)
-                    self._buffers.append(buf)
-                    if runner.data:
-                        buf.write(model.raw(info))
-                    self.views[info.name] = buf.view()
-        except BaseException:
-            device.synchronize()  # an upload may still be reading into a buffer about to be freed
-            self.close()
-            raise
+        super().__init__(model, device, layers, upload_data=runner.data)
         if not self.all_layers:
             log.warning(
                 "%d bytes of experts do not fit in half of %s's free memory: the compute-only baseline uses "
@@ -133,11 +120,6 @@ class _DeviceExperts:
             for layer in model.layers[1:]:
                 for info, first in zip(layer.experts, model.layers[0].experts, strict=True):
                     self.views[info.name] = self.views[first.name]
-
-    def close(self) -> None:
-        for buf in self._buffers:
-            buf.close()
-        self._buffers.clear()
 
 
 def _ticking(plan: Plan, progress: Progress, what: str) -> Plan:

@@ -15,9 +15,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from .._closing import Closing
 from ..backends.base import BufferView, Device, DeviceBuffer, Usage
 from ..errors import InvalidArgument
-from ..model import MoeModel, TensorInfo
+from ..model import MoeLayer, MoeModel, TensorInfo
 from ..scheduler.source import HostSource
 from .runner import ExpertData
 
@@ -141,18 +142,14 @@ def _plan(model: MoeModel, device: Device, n_stream: int) -> OffloadPlan:
     return plan
 
 
-class ResidentExperts:
-    """The experts of an OffloadPlan's resident layers, uploaded once; close() frees them."""
+class UploadedExperts(Closing):
+    """The expert tensors of some layers, copied to the device once; close() frees them."""
 
-    def __init__(self, model: MoeModel, device: Device, plan: OffloadPlan, *, upload_data: bool = True) -> None:
-        self.plan = plan
+    def __init__(self, model: MoeModel, device: Device, layers: Iterable[MoeLayer], *, upload_data: bool) -> None:
         self.views: dict[str, BufferView] = {}
         self._buffers: list[DeviceBuffer] = []
-        resident = set(plan.resident)
         try:
-            for layer in model.layers:
-                if layer.index not in resident:
-                    continue
+            for layer in layers:
                 for info in layer.experts:
                     buf = device.alloc(info.nbytes, Usage.WEIGHTS, row_type=info.qtype, ne0=info.ne0)
                     self._buffers.append(buf)
@@ -160,12 +157,9 @@ class ResidentExperts:
                         buf.write(model.raw(info))
                     self.views[info.name] = buf.view()
         except BaseException:
+            device.synchronize()  # an upload may still be reading into a buffer about to be freed
             self.close()
             raise
-
-    def experts(self, host: Mapping[str, HostSource]) -> ExpertData:
-        """Resident experts as device views, every other tensor from ``host``."""
-        return {name: self.views.get(name, source) for name, source in host.items()}
 
     def close(self) -> None:
         for buf in self._buffers:
@@ -173,8 +167,16 @@ class ResidentExperts:
         self._buffers.clear()
         self.views.clear()
 
-    def __enter__(self) -> ResidentExperts:
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+class ResidentExperts(UploadedExperts):
+    """The experts of an OffloadPlan's resident layers, uploaded once; close() frees them."""
+
+    def __init__(self, model: MoeModel, device: Device, plan: OffloadPlan, *, upload_data: bool = True) -> None:
+        self.plan = plan
+        resident = set(plan.resident)
+        layers = [layer for layer in model.layers if layer.index in resident]
+        super().__init__(model, device, layers, upload_data=upload_data)
+
+    def experts(self, host: Mapping[str, HostSource]) -> ExpertData:
+        """Resident experts as device views, every other tensor from ``host``."""
+        return {name: self.views.get(name, source) for name, source in host.items()}
