@@ -49,9 +49,12 @@ _FILE_TYPES = {
     GGMLQuantizationType.Q2_K: LlamaFileType.MOSTLY_Q2_K,
     GGMLQuantizationType.Q3_K: LlamaFileType.MOSTLY_Q3_K_M,
 }
-# Byte offsets of the f16 scales (d, and dmin or m) inside one block, for the types whose
-# scale the writer sets by calibration (see _calibrated_exponent); MXFP4's is an E8M0 byte.
+# Byte offsets of the f16 scales (d, and dmin or m) inside one block. Q4_0 and Q8_0 get their
+# exponent from the exact RMS of their quants (_UNIT_RMS), the others by calibration (see
+# _calibrated_exponent); MXFP4's scale is an E8M0 byte.
 _SCALE_OFFSETS = {
+    GGMLQuantizationType.Q4_0: (0,),
+    GGMLQuantizationType.Q8_0: (0,),
     GGMLQuantizationType.Q4_1: (0, 2),
     GGMLQuantizationType.Q5_0: (0,),
     GGMLQuantizationType.Q5_1: (0, 2),
@@ -191,7 +194,7 @@ def generate(spec: TensorSpec, seed: int) -> np.ndarray:
         elif spec.qtype is GGMLQuantizationType.BF16:
             _set_float_exponent(raw.view(np.uint16), exponent + 127, mantissa_bits=7)
         else:
-            _set_block_scales(raw, spec.qtype, exponent + 15)
+            _set_scales(raw, spec.qtype, exponent)
     else:
         _set_scales(raw, spec.qtype, round(math.log2(target_rms)) - _calibrated_exponent(spec.qtype))
     return raw
@@ -202,14 +205,6 @@ def _set_float_exponent(words: np.ndarray, biased_exponent: int, mantissa_bits: 
     keep = np.uint16(0x8000 | ((1 << mantissa_bits) - 1))
     words &= keep
     words |= np.uint16(biased_exponent << mantissa_bits)
-
-
-def _set_block_scales(raw: np.ndarray, qtype: GGMLQuantizationType, biased_exponent: int) -> None:
-    """Make each block's leading f16 scale positive with a fixed exponent (random mantissa)."""
-    _, type_size = gguf.GGML_QUANT_SIZES[qtype]
-    high_byte = raw.reshape(-1, type_size)[:, 1]  # little-endian f16: sign, exponent, 2 mantissa bits
-    high_byte &= np.uint8(0x03)
-    high_byte |= np.uint8(biased_exponent << 2)
 
 
 def _set_scales(raw: np.ndarray, qtype: GGMLQuantizationType, exponent: int) -> None:
