@@ -5,7 +5,9 @@ it is (pageable: slow, and copies block the host), the mapping registered in pla
 speed), one pinned copy of the tensors (DMA speed, a full copy in RAM), or a staging ring of a
 few pinned chunks fed from the mapping by host threads (``staging``). Each tensor becomes a
 ``HostSource`` the scheduler can copy from. A split model has one mapping per shard, each
-wrapped (and registered) on its own; one ring reads them all.
+wrapped (and registered) on its own; one ring reads them all. With a layer split over several
+devices, a staging ring is per device (its chunks and events are that device's): each tensor
+goes through the ring of the device it is copied to.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import enum
 import logging
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,14 +103,20 @@ class HostWeights(Mapping[str, HostSource], Closing):
         ring_chunk_bytes: int = DEFAULT_RING_CHUNK_BYTES,
         ring_chunks: int = DEFAULT_RING_CHUNKS,
         ring_threads: int = DEFAULT_RING_THREADS,
+        copied_to: Mapping[str, Device] | None = None,
     ) -> HostWeights:
-        """Place the tensors of a model (or of the GGUF file at a path, opened and owned here)."""
+        """Place the tensors of a model (or of the GGUF file at a path, opened and owned here).
+
+        ``copied_to`` names, for a layer split, the device a tensor is copied to where it is not
+        ``device``; only a staging ring depends on it.
+        """
         requested = _parse_mode(mode)
         owns_model = not isinstance(model_or_path, MoeModel)
         model = MoeModel.open(model_or_path) if not isinstance(model_or_path, MoeModel) else model_or_path
         try:
             ring = _RingOptions(ring_chunk_bytes, ring_chunks, ring_threads)
-            return cls(model, device, *_place(model, device, requested, ring), owns_model=owns_model)
+            targets = dict(copied_to or {})
+            return cls(model, device, *_place(model, device, requested, ring, targets), owns_model=owns_model)
         except BaseException:
             if owns_model:
                 model.close()
@@ -159,8 +167,10 @@ class _RingOptions:
 _Placement = tuple[HostMemoryMode, dict[str, HostSource], list[HostBuffer | StagingRing], HostWeightsStats]
 
 
-def _place(model: MoeModel, device: Device, requested: HostMemoryMode, ring: _RingOptions) -> _Placement:
-    """One mapping (and registration) per shard; a ring reads every shard's mapping."""
+def _place(
+    model: MoeModel, device: Device, requested: HostMemoryMode, ring: _RingOptions, targets: dict[str, Device]
+) -> _Placement:
+    """One mapping (and registration) per shard; a ring (one per target device) reads every shard's mapping."""
     stats = HostWeightsStats()
     tensors = list(model.tensors.values())
     if requested is HostMemoryMode.PINNED:
@@ -168,6 +178,7 @@ def _place(model: MoeModel, device: Device, requested: HostMemoryMode, ring: _Ri
         stats.pinned_bytes = pinned.nbytes
         return requested, regions, [pinned], stats
     mappings = _wrap_mappings(model, device)
+    resources: list[HostBuffer | StagingRing] = list(mappings)
     try:
         if requested is HostMemoryMode.MMAP:
             return requested, _regions(mappings, tensors), list(mappings), stats
@@ -180,15 +191,25 @@ def _place(model: MoeModel, device: Device, requested: HostMemoryMode, ring: _Ri
             # Fresh, unregistered mappings for the ring: some shards may have been registered.
             _close_all(mappings)
             mappings = _wrap_mappings(model, device)
+            resources = list(mappings)
+        ring_regions: dict[str, HostSource] = {}
+        by_device: dict[Device, list[TensorInfo]] = {}
+        for t in tensors:
+            by_device.setdefault(targets.get(t.name, device), []).append(t)
         chunk_bytes = _chunk_bytes(tensors, ring)
-        staging = StagingRing(mappings, chunk_bytes=chunk_bytes, chunks=ring.chunks, threads=ring.threads)
+        for target, mine in by_device.items():
+            sources = mappings if target is device else _wrap_mappings(model, target)
+            if target is not device:
+                resources.extend(sources)
+            staging = StagingRing(sources, chunk_bytes=chunk_bytes, chunks=ring.chunks, threads=ring.threads)
+            # Closed in reverse: a ring (which waits for its DMAs) before the mappings it reads.
+            resources.append(staging)
+            stats.pinned_bytes += staging.pinned_bytes
+            ring_regions.update({t.name: staging.region(t.offset, t.nbytes, t.shard) for t in mine})
     except BaseException:
-        _close_all(mappings)
+        _close_all(resources)
         raise
-    stats.pinned_bytes = staging.pinned_bytes
-    ring_regions: dict[str, HostSource] = {t.name: staging.region(t.offset, t.nbytes, t.shard) for t in tensors}
-    # Closed in reverse: the ring (which waits for its DMAs) before the mappings it reads.
-    return HostMemoryMode.RING, ring_regions, [*mappings, staging], stats
+    return HostMemoryMode.RING, ring_regions, resources, stats
 
 
 def _wrap_mappings(model: MoeModel, device: Device) -> list[HostBuffer]:
@@ -202,7 +223,7 @@ def _wrap_mappings(model: MoeModel, device: Device) -> list[HostBuffer]:
     return mappings
 
 
-def _close_all(buffers: list[HostBuffer]) -> None:
+def _close_all(buffers: Sequence[HostBuffer | StagingRing]) -> None:
     with ExitStack() as stack:
         for buffer in buffers:
             stack.callback(buffer.close)

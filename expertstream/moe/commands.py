@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..backends import ENV_VAR
+from ..backends import ENV_VAR, resolve_name
 from ..backends import backend as open_backend
 from ..backends.base import Backend, Vendor
 from ..clitools import EXIT_STATUS_HELP, HelpFormatter, UsageError, progress_bar, scratch_folder, writable_path
@@ -37,6 +37,13 @@ from .runner import Batching
 
 FORMATS = ("text", "md", "csv", "json", "jsonl")
 LOAD_MODES = {"mmap": HostMemoryMode.MMAP, "none": HostMemoryMode.PINNED}  # llama-bench's -lm
+
+
+def _device_list(text: str) -> tuple[int, ...]:
+    devices = _int_list(0)(text)
+    if len(set(devices)) != len(devices):
+        raise argparse.ArgumentTypeError(f"a device is named twice in {text!r}")
+    return devices
 
 
 def _int_list(minimum: int) -> Callable[[str], tuple[int, ...]]:
@@ -144,7 +151,14 @@ def register(subparsers: Any) -> None:
     prefill.add_argument("model", nargs="?", help="a GGUF MoE model (default: make --preset in a temporary folder)")
     prefill.add_argument("-m", "--model", dest="model_flag", metavar="MODEL", help="the same, llama-bench's way")
     prefill.add_argument("--backend", default="auto", help="auto, cuda, hip or sim (auto honours $" + ENV_VAR + ")")
-    prefill.add_argument("--device", type=int, default=0, help="device index")
+    prefill.add_argument(
+        "--device",
+        "--devices",
+        dest="device",
+        type=_device_list,
+        default="0",
+        help="device index, or a comma list that splits the layers in order over those devices (e.g. 0,1)",
+    )
     prefill.add_argument("-p", "--tokens", type=_int_list(1), default="512", help="prompt tokens (comma list)")
     prefill.add_argument(
         "-n", "--decode", type=_int_list(0), default="0", metavar="STEPS", help="decode steps of one token (comma list)"
@@ -342,12 +356,16 @@ def _n_cpu_moe_values(args: argparse.Namespace) -> list[int | None]:
 
 def _open(args: argparse.Namespace) -> Backend:
     options: dict[str, Any] = {}
+    if max(args.device) > 0 and resolve_name(args.backend) == "sim":
+        options["devices"] = max(args.device) + 1  # the simulator has as many devices as the run names
     if args.sim_profile is not None:
         options["profile"] = args.sim_profile
     if args.timing_only:
         options["data"] = False
     if not options:
         return open_backend(args.backend)
+    if not (args.sim_profile or args.timing_only):
+        return open_backend("sim", **options)
     what = "--timing-only" if args.timing_only else "--sim-profile"
     if args.backend not in ("auto", "sim"):
         raise UsageError(
@@ -388,7 +406,7 @@ def _measure_all(args: argparse.Namespace) -> Report:
     with _open(args) as backend:
         if args.trace:
             backend.start_trace()  # GPUs: timing events around every copy and kernel; the simulator always records
-        device = backend.device(args.device)
+        devices = [backend.device(index) for index in args.device]
         with _model(args, backend) as model:
             runs = [
                 (
@@ -408,16 +426,18 @@ def _measure_all(args: argparse.Namespace) -> Report:
             ]
             settings = [setting for setting, _ in runs]
             total = sum(ticks(s, s.batching) for s in settings)
-            report = Report(_header(backend, device.name, model, args))
+            names = sorted({d.name for d in devices})
+            shown = names[0] if len(devices) == 1 else f"{len(devices)} x {' + '.join(names)}"
+            report = Report(_header(backend, shown, model, args))
             with progress_bar(total, "prefill", "ub") as bar:
 
                 def step(what: str) -> None:
                     bar.set_postfix_str(what, refresh=False)
                     bar.update()
 
-                peak = measure_h2d_peak(backend, device, probe_bytes(model))
+                peak = measure_h2d_peak(backend, devices, probe_bytes(model))
                 for setting, batch in runs:
-                    result = measure(backend, device, model, setting, step, h2d_peak_gbps=peak)
+                    result = measure(backend, devices, model, setting, step, h2d_peak_gbps=peak)
                     if batch is not None:
                         result.rows = [replace(row, batch=batch) for row in result.rows]
                     report.results.append(result)

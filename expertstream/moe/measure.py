@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -74,25 +75,38 @@ class Measurement:
     rows: list[Row] = field(default_factory=list)
 
 
-def measure_h2d_peak(backend: Backend, device: Device, nbytes: int) -> float:
-    """Pinned host -> device bandwidth in GB/s: the best of a few copies of ``nbytes``."""
-    host = device.alloc_pinned(nbytes)
-    dst = device.alloc(nbytes, Usage.COMPUTE)
-    stream = device.stream()
-    try:
-        stream.copy_h2d(dst, 0, host, 0, nbytes)  # warm-up: first-touch and mapping costs
-        stream.synchronize()
+def measure_h2d_peak(backend: Backend, devices: Device | Sequence[Device], nbytes: int) -> float:
+    """Pinned host -> device bandwidth in GB/s: the best of a few copies of ``nbytes``.
+
+    With several devices every device copies ``nbytes`` at once and the rate is their sum:
+    what a layer split can draw from host memory together (links that share a host
+    bottleneck show here, not as the sum of each alone).
+    """
+    targets = (devices,) if isinstance(devices, Device) else tuple(devices)
+    with ExitStack() as stack:
+        copies = []
+        for device in targets:
+            host = device.alloc_pinned(nbytes)
+            stack.callback(host.close)
+            dst = device.alloc(nbytes, Usage.COMPUTE)
+            stack.callback(dst.close)
+            stream = device.stream()
+            stack.callback(stream.close)
+            copies.append((stream, dst, host))
+
+        def copy_all() -> None:
+            for stream, dst, host in copies:
+                stream.copy_h2d(dst, 0, host, 0, nbytes)
+            for stream, _, _ in copies:
+                stream.synchronize()
+
+        copy_all()  # warm-up: first-touch and mapping costs
         best = float("inf")
         for _ in range(PROBE_REPEATS):
             start = backend.host_timestamp()
-            stream.copy_h2d(dst, 0, host, 0, nbytes)
-            stream.synchronize()
+            copy_all()
             best = min(best, backend.host_timestamp() - start)
-        return nbytes / best / 1e9
-    finally:
-        stream.close()
-        dst.close()
-        host.close()
+        return len(targets) * nbytes / best / 1e9
 
 
 def probe_bytes(model: MoeModel) -> int:
@@ -104,22 +118,28 @@ class _DeviceExperts(UploadedExperts):
     """Every expert tensor uploaded once (or layer 0's standing in for all when memory is short)."""
 
     def __init__(self, runner: MoeRunner) -> None:
-        model, device = runner.model, runner.device
-        padded = sum(device.alloc_size(t.nbytes, t.qtype, t.ne0) for t in model.expert_tensors)
+        model, split = runner.model, runner.layer_split
+        padded = dict.fromkeys(split.devices, 0)
+        for layer in model.layers:
+            device = split.device_of(layer.index)
+            padded[device] += sum(device.alloc_size(t.nbytes, t.qtype, t.ne0) for t in layer.experts)
         # Half of what is free: the staging slots and activations of later runs need the rest.
-        self.all_layers = padded <= device.free_memory() // 2
-        layers = model.layers if self.all_layers else model.layers[:1]
-        super().__init__(model, device, layers, upload_data=runner.data)
+        self.all_layers = all(padded[d] <= d.free_memory() // 2 for d in split.devices)
+        # Short of memory, each device's first layer stands in for its others.
+        firsts = {split.device_of(layer.index): layer for layer in reversed(model.layers)}
+        layers = model.layers if self.all_layers else list(firsts.values())
+        super().__init__(model, split, layers, upload_data=runner.data)
         if not self.all_layers:
             log.warning(
-                "%d bytes of experts do not fit in half of %s's free memory: the compute-only baseline uses "
-                "layer 0's experts for every layer",
-                padded,
-                device.label,
+                "%s bytes of experts do not fit in half of the free memory of %s: the compute-only baseline uses "
+                "each device's first layer's experts for its every layer",
+                "+".join(str(n) for n in padded.values()),
+                ", ".join(d.label for d in split.devices),
             )
-            for layer in model.layers[1:]:
-                for info, first in zip(layer.experts, model.layers[0].experts, strict=True):
-                    self.views[info.name] = self.views[first.name]
+            for layer in model.layers:
+                first = firsts[split.device_of(layer.index)]
+                for info, stand_in in zip(layer.experts, first.experts, strict=True):
+                    self.views[info.name] = self.views[stand_in.name]
 
 
 def _ticking(plan: Plan, progress: Progress, what: str) -> Plan:
@@ -176,7 +196,7 @@ def measure_compute_only(
 
 def measure(
     backend: Backend,
-    device: Device,
+    devices: Device | Sequence[Device],
     model: MoeModel,
     settings: Settings,
     progress: Progress = lambda what: None,
@@ -184,26 +204,29 @@ def measure(
 ) -> Measurement:
     """Baselines, then one Row per (host memory mode, slot count), modes outermost.
 
-    ``h2d_peak_gbps`` reuses a peak measured before (one per device is enough for a matrix of runs).
+    ``h2d_peak_gbps`` reuses a peak measured before (one per device set is enough for a matrix of
+    runs). Several devices split the layers between them (layersplit.py).
     """
-    with MoeRunner(device, model, settings.batching, seed=settings.seed) as runner:
-        peak = h2d_peak_gbps or measure_h2d_peak(backend, device, probe_bytes(model))
+    with MoeRunner(devices, model, settings.batching, seed=settings.seed) as runner:
+        split = runner.layer_split
+        peak = h2d_peak_gbps or measure_h2d_peak(backend, split.devices, probe_bytes(model))
         compute_s, all_layers, compute_sha = measure_compute_only(
             backend, runner, settings.warmup, settings.repeats, progress
         )
         result = Measurement(Baselines(peak, compute_s, all_layers, compute_sha))
         offload = plan_offload(
             model,
-            device,
+            split,
             n_cpu_moe=settings.n_cpu_moe,
             gpu_memory=settings.gpu_memory,
             slots=max(settings.slots, default=0),
-            in_use=runner.device_bytes,
+            in_use={d: runner.device_bytes_on(d) for d in split.devices},
         )
-        with ResidentExperts(model, device, offload, upload_data=runner.data) as resident:
+        copied_to = {t.name: split.device_of(layer.index) for layer in model.layers for t in layer.experts}
+        with ResidentExperts(model, split, offload, upload_data=runner.data) as resident:
             for mode in settings.host_memory:
                 ring = {} if settings.ring_threads is None else {"ring_threads": settings.ring_threads}
-                with HostWeights.open(model, device, mode, **ring) as weights:
+                with HostWeights.open(model, split.devices[0], mode, copied_to=copied_to, **ring) as weights:
                     for slots in settings.slots:
                         row = _measure_row(
                             backend, runner, weights, resident, slots, settings, result.baselines, progress
@@ -279,6 +302,8 @@ def _measure_row(
         layers_streamed=resident.plan.layers_streamed,
         layers_resident=resident.plan.layers_resident,
         streamed_bytes_per_ubatch=resident.plan.streamed_bytes_per_ubatch,
+        devices=len(runner.devices),
+        crossing=",".join(runner.crossings),
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import platform
 import subprocess
+from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -44,15 +45,18 @@ def library_versions() -> dict[str, str]:
     return versions
 
 
-def provenance(backend: Backend, device: int, command_line: str) -> dict[str, Any]:
-    """JSON-ready facts that make a result reproducible and comparable."""
+def provenance(backend: Backend, device: int | Sequence[int], command_line: str) -> dict[str, Any]:
+    """JSON-ready facts that make a result reproducible and comparable (``device``: index or layer split)."""
     described = backend.describe()
     devices = described.get("devices", [])
+    split = [device] if isinstance(device, int) else list(device)
+    device = split[0]
     return {
         "version": __version__,
         "git_commit": git_commit(),
         "python": platform.python_version(),
         "device_index": device,
+        "device_split": split,  # the devices the layers are split over, in order
         "device_arch": devices[device]["arch"] if device < len(devices) else None,
         "driver_version": described.get("driver_version"),
         "bindings_version": described.get("bindings_version"),

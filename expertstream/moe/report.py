@@ -51,6 +51,8 @@ class Row:
     nonfinite: int = 0  # NaN or infinite output values: a wrong byte read somewhere
     layers_resident: int = 0  # MoE layers whose experts were uploaded once and stay on the device
     streamed_bytes_per_ubatch: int = 0  # expert bytes the streamed layers hold: what one ubatch must copy
+    devices: int = 1  # devices the layers are split over
+    crossing: str = ""  # how the hidden state crosses between them: "peer" or "host" per boundary
 
     @property
     def label(self) -> str:

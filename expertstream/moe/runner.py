@@ -1,4 +1,4 @@
-"""MoE prefill and decode of a GGUF model through the scheduler, on one device.
+"""MoE prefill and decode of a GGUF model through the scheduler, on one device or a layer split.
 
 Each layer is four splits, in this order for every ubatch of tokens:
 
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,7 @@ from ..scheduler import Bindings, Input, MulMatId, Plan, Split
 from ..scheduler.source import HostSource
 from . import standin
 from .arch import FfnConfig, ffn_config
+from .layersplit import Crossing, LayerSplit, Link
 
 ExpertData = Mapping[str, "HostSource | BufferView"]
 """Expert tensor name -> host-resident source, or device bytes of its padded size."""
@@ -154,45 +156,37 @@ class _Scratch:
 class _Tokens:
     """The hidden rows one split group works on and where their routing lives."""
 
+    part: _Part
     hidden: BufferView
     embed: BufferView | None  # copied into ``hidden`` before the first MoE layer; None for later ones
     count: int
     ids: BufferView
     label: str
     layer: int
+    receive: Crossing | None = None  # rows arriving from the previous device before this layer
+    send: Crossing | None = None  # rows leaving for the next device after this layer
 
 
-class MoeRunner(Closing):
-    """One model's MoE layers on one device: routers, activations, inputs and outputs.
+class _Part(Closing):
+    """What one device of a layer split holds: its layers' routers and extras, activations, outputs."""
 
-    Expert weights are not owned here: each plan takes them as an ExpertData mapping, so the
-    same runner serves every host memory mode and the device-resident (compute-only) case.
-    """
-
-    def __init__(self, device: Device, model: MoeModel, batching: Batching, *, seed: int = 0) -> None:
+    def __init__(
+        self, device: Device, model: MoeModel, batching: Batching, layers: Sequence[int], *, seed: int, first: bool
+    ) -> None:
         self.device = device
         self.model = model
         self.batching = batching
-        self.seed = seed
         self.data = device.backend.holds_data
-        if batching.decode_steps and not self.data:
-            raise InvalidArgument(
-                "decode needs a backend that holds data: its stock path reads the routing ids back",
-                call="MoeRunner",
-                hint="run decode steps with data, or leave them out of timing-only runs",
-            )
-        _check_uniform_layers(model)
+        self.position = {index: i for i, index in enumerate(layers)}  # layer index -> its place on this device
         self.kernels = MoeKernels(device)
-        self.ffn: FfnConfig = ffn_config(model.arch, model.metadata)
         self._buffers: list[DeviceBuffer] = []
         self._scratch: _Scratch | None = None
         try:
-            self._allocate()
+            self._allocate(seed, first)
         except BaseException:
             self.close()
             raise
 
-    # -- setup -------------------------------------------------------------------------------
     def _alloc(self, nbytes: int, usage: Usage = Usage.COMPUTE) -> DeviceBuffer:
         buf = self.device.alloc(max(nbytes, 4), usage)
         self._buffers.append(buf)
@@ -211,32 +205,35 @@ class MoeRunner(Closing):
                 stream.synchronize()
         return buf
 
-    def _allocate(self) -> None:
-        model, batching, seed = self.model, self.batching, self.seed
+    def _allocate(self, seed: int, first: bool) -> None:
+        model, batching = self.model, self.batching
         row = model.n_embd * 4
         n_ub = len(batching.ubatches())
-        self._routers = {
+        mine = [layer for layer in model.layers if layer.index in self.position]
+        self.routers = {
             layer.index: self._input(
                 model.n_expert * row, Usage.WEIGHTS, functools.partial(_router_floats, model, layer.router)
             ).view(0, model.n_expert * row)
-            for layer in model.layers
+            for layer in mine
         }
-        self._extras = {layer.index: self._layer_extras(layer.index) for layer in model.layers}
-        n_ff_shared = max((e.shared.gate.ne[1] for e in self._extras.values() if e.shared), default=0)
+        self.extras = {layer.index: self._layer_extras(layer.index) for layer in mine}
+        n_ff_shared = max((e.shared.gate.ne[1] for e in self.extras.values() if e.shared), default=0)
         self._scratch = _Scratch(self.device, batching.ubatch_tokens, model, n_ff_shared)
         rows = batching.ubatch_tokens
-        self._zero_ids = self._input(rows * 4, Usage.COMPUTE, functools.partial(np.zeros, rows, np.int32))
+        self.zero_ids = self._input(rows * 4, Usage.COMPUTE, functools.partial(np.zeros, rows, np.int32))
         tokens, steps = batching.tokens, batching.decode_steps
-        self._embed = self._input(
-            tokens * row, Usage.COMPUTE, functools.partial(embeddings, seed, 0, tokens, model.n_embd)
-        )
-        self._hidden = self._alloc(tokens * row)
-        self._ids = self._alloc(model.n_layer * n_ub * batching.ubatch_tokens * model.top_k * 4)
-        self._decode_embed = self._input(
-            steps * row, Usage.COMPUTE, functools.partial(embeddings, seed, tokens, steps, model.n_embd)
-        )
-        self._decode_hidden = self._alloc(steps * row)
-        self._decode_ids = self._alloc(model.n_layer * model.top_k * 4)
+        self.embed = self.decode_embed = None
+        if first:
+            self.embed = self._input(
+                tokens * row, Usage.COMPUTE, functools.partial(embeddings, seed, 0, tokens, model.n_embd)
+            )
+            self.decode_embed = self._input(
+                steps * row, Usage.COMPUTE, functools.partial(embeddings, seed, tokens, steps, model.n_embd)
+            )
+        self.hidden = self._alloc(tokens * row)
+        self.ids = self._alloc(len(mine) * n_ub * batching.ubatch_tokens * model.top_k * 4)
+        self.decode_hidden = self._alloc(steps * row)
+        self.decode_ids = self._alloc(len(mine) * model.top_k * 4)
 
     def _resident(self, info: TensorInfo) -> BufferView:
         """A device copy of a float tensor as float32, or of a quantized one with its zero tail."""
@@ -278,9 +275,86 @@ class MoeRunner(Closing):
 
     @property
     def device_bytes(self) -> int:
-        """Device memory this runner holds (routers, activations, inputs, outputs)."""
         scratch = self._scratch.buffers.values() if self._scratch is not None else ()
         return sum(buf.alloc_size for buf in (*self._buffers, *scratch))
+
+    def scratch(self) -> _Scratch:
+        if self._scratch is None:
+            raise InvalidArgument("the runner is closed", call="MoeRunner")
+        return self._scratch
+
+    def close(self) -> None:
+        self.kernels.close()
+        if self._scratch is not None:
+            self._scratch.close()
+            self._scratch = None
+        for buf in self._buffers:
+            buf.close()
+        self._buffers.clear()
+
+
+class MoeRunner(Closing):
+    """One model's MoE layers on one device, or split over several: routers, activations, outputs.
+
+    With several devices the layers are split in order (``LayerSplit``): each device holds its
+    layers' routers, its own activations and routing, and runs its splits on its own compute
+    stream; the hidden state crosses between devices once per ubatch (layersplit.py).
+
+    Expert weights are not owned here: each plan takes them as an ExpertData mapping, so the
+    same runner serves every host memory mode and the device-resident (compute-only) case.
+    Device-resident experts must be on their layer's device (``device_of``).
+    """
+
+    def __init__(
+        self, devices: Device | Sequence[Device], model: MoeModel, batching: Batching, *, seed: int = 0
+    ) -> None:
+        self.devices: tuple[Device, ...] = (devices,) if isinstance(devices, Device) else tuple(devices)
+        self.model = model
+        self.batching = batching
+        self.seed = seed
+        self.layer_split = LayerSplit(model, self.devices)
+        self.device = self.devices[0]
+        self.data = self.device.backend.holds_data
+        if batching.decode_steps and not self.data:
+            raise InvalidArgument(
+                "decode needs a backend that holds data: its stock path reads the routing ids back",
+                call="MoeRunner",
+                hint="run decode steps with data, or leave them out of timing-only runs",
+            )
+        _check_uniform_layers(model)
+        self.ffn: FfnConfig = ffn_config(model.arch, model.metadata)
+        self._parts: list[_Part] = []
+        self._links: list[Link] = []
+        try:
+            for i, device in enumerate(self.devices):
+                layers = self.layer_split.layers[device]
+                self._parts.append(_Part(device, model, batching, layers, seed=seed, first=i == 0))
+            row = model.n_embd * 4
+            bounce = (batching.tokens * row, batching.decode_steps * row)
+            for sender, receiver in itertools.pairwise(self.devices):
+                self._links.append(Link(sender, receiver, bounce))
+        except BaseException:
+            self.close()
+            raise
+        self._part_of = {index: part for part in self._parts for index in part.position}
+
+    def device_of(self, layer_index: int) -> Device:
+        """The device that runs MoE layer ``layer_index`` (where its resident experts must be)."""
+        return self.layer_split.device_of(layer_index)
+
+    @property
+    def crossings(self) -> tuple[str, ...]:
+        """How the hidden state crosses each device boundary: "peer" or "host"."""
+        return tuple(link.via for link in self._links)
+
+    @property
+    def device_bytes(self) -> int:
+        """Device memory this runner holds on all its devices (routers, activations, inputs, outputs)."""
+        return sum(part.device_bytes for part in self._parts)
+
+    def device_bytes_on(self, device: Device) -> int:
+        """Device memory this runner holds on ``device``."""
+        return sum(part.device_bytes for part in self._parts if part.device is device)
 
     # -- plans ---------------------------------------------------------------------------------
     def prefill_plan(self, experts: ExpertData, ubatches: Sequence[int] | None = None) -> Plan:
@@ -292,15 +366,20 @@ class MoeRunner(Closing):
         splits: list[Split] = []
         for u in chosen:
             first, count = all_ubatches[u]
+            rows = (first * row, count * row)
             for layer in self.model.layers:
-                ids_at = (u * self.model.n_layer + layer.index) * ids_stride
+                part = self._part_of[layer.index]
+                place = part.position[layer.index]
+                ids_at = (u * len(part.position) + place) * ids_stride
                 tokens = _Tokens(
-                    hidden=self._hidden.view(first * row, count * row),
-                    embed=self._embed.view(first * row, count * row) if layer is self.model.layers[0] else None,
+                    part=part,
+                    hidden=part.hidden.view(*rows),
+                    embed=part.embed.view(*rows) if part.embed is not None and place == 0 else None,
                     count=count,
-                    ids=self._ids.view(ids_at, count * self.model.top_k * 4),
+                    ids=part.ids.view(ids_at, count * self.model.top_k * 4),
                     label=f"ub{u}",
                     layer=layer.index,
+                    **self._crossings(part, place, rows, decode=False),
                 )
                 splits += self._layer_splits(layer, tokens, experts)
         return Plan.of(splits)
@@ -313,28 +392,46 @@ class MoeRunner(Closing):
         ids_bytes = self.model.top_k * 4
         splits: list[Split] = []
         for layer in self.model.layers:
+            part = self._part_of[layer.index]
+            place = part.position[layer.index]
             tokens = _Tokens(
-                hidden=self._decode_hidden.view(step * row, row),
-                embed=self._decode_embed.view(step * row, row) if layer is self.model.layers[0] else None,
+                part=part,
+                hidden=part.decode_hidden.view(step * row, row),
+                embed=part.decode_embed.view(step * row, row) if part.decode_embed is not None and place == 0 else None,
                 count=1,
-                ids=self._decode_ids.view(layer.index * ids_bytes, ids_bytes),
+                ids=part.decode_ids.view(place * ids_bytes, ids_bytes),
                 label=f"step{step}",
                 layer=layer.index,
+                **self._crossings(part, place, (step * row, row), decode=True),
             )
             splits += self._layer_splits(layer, tokens, experts)
         return Plan.of(splits)
+
+    def _crossings(self, part: _Part, place: int, rows: tuple[int, int], *, decode: bool) -> dict[str, Crossing]:
+        """The crossing into this layer (first on a later device) and out of it (last on an earlier one)."""
+
+        def hidden(p: _Part) -> BufferView:
+            return (p.decode_hidden if decode else p.hidden).view(*rows)
+
+        i = self._parts.index(part)
+        found: dict[str, Crossing] = {}
+        if place == 0 and i > 0:
+            found["receive"] = self._links[i - 1].crossing(hidden(self._parts[i - 1]), hidden(part), int(decode))
+        if place == len(part.position) - 1 and i < len(self._parts) - 1:
+            found["send"] = self._links[i].crossing(hidden(part), hidden(self._parts[i + 1]), int(decode))
+        return found
 
     def _layer_splits(self, layer: MoeLayer, tokens: _Tokens, experts: ExpertData) -> list[Split]:
         model = self.model
         name = f"L{layer.index}.{tokens.label}"
         n_ids = tokens.count * model.top_k
-        router = Input(ROUTER, layer.router.nbytes, device_data=self._routers[layer.index])
+        router = Input(ROUTER, layer.router.nbytes, device_data=tokens.part.routers[layer.index])
         return [
-            Split(f"router.{name}", self.device, (router,), functools.partial(self._route, tokens)),
+            Split(f"router.{name}", tokens.part.device, (router,), functools.partial(self._route, tokens)),
             *(
                 Split(
                     f"{role}.{name}",
-                    self.device,
+                    tokens.part.device,
                     (_expert_input(role, info, experts[info.name]),),
                     functools.partial(compute, tokens, info),
                     MulMatId(tokens.ids, n_ids, model.n_expert, (role,)),
@@ -349,7 +446,7 @@ class MoeRunner(Closing):
 
     # -- what each split enqueues ------------------------------------------------------------
     def _route(self, tokens: _Tokens, stream: Stream, bindings: Bindings) -> None:
-        model, scratch = self.model, self._active_scratch()
+        model, scratch = self.model, tokens.part.scratch()
         if tokens.embed is not None:
             stream.copy_d2d(
                 tokens.hidden.buffer,
@@ -358,12 +455,14 @@ class MoeRunner(Closing):
                 tokens.embed.offset,
                 tokens.hidden.nbytes,
             )
+        if tokens.receive is not None:
+            tokens.receive.receive(stream)
         x = scratch.view("x", tokens.hidden.nbytes)
-        standin.rms_norm(self.kernels, stream, tokens.hidden, x, tokens.count, model.n_embd)
-        extras = self._extras[tokens.layer]
+        standin.rms_norm(tokens.part.kernels, stream, tokens.hidden, x, tokens.count, model.n_embd)
+        extras = tokens.part.extras[tokens.layer]
         route_weights = scratch.view("route_weights", tokens.ids.nbytes)
         if self.ffn.routing.is_softmax_topk and extras.router_bias is None and extras.selection_bias is None:
-            self.kernels.router_topk(
+            tokens.part.kernels.router_topk(
                 stream,
                 x,
                 bindings[ROUTER],
@@ -377,7 +476,7 @@ class MoeRunner(Closing):
             return
         logits = scratch.view("logits", tokens.count * model.n_expert * 4)
         routing.router_logits(
-            self.kernels,
+            tokens.part.kernels,
             stream,
             x,
             bindings[ROUTER],
@@ -388,7 +487,7 @@ class MoeRunner(Closing):
             model.n_expert,
         )
         routing.router_select(
-            self.kernels,
+            tokens.part.kernels,
             stream,
             logits,
             extras.selection_bias,
@@ -408,24 +507,24 @@ class MoeRunner(Closing):
         self._mul_mat_id(stream, bindings[UP], info, tokens, "x", False, "up")
         self._add_expert_bias(stream, tokens, UP, "up", info.ne[1])
         n = tokens.count * self.model.top_k * self.model.n_ff
-        self._activation(n, "gate", "up", "act", stream)
+        self._activation(tokens.part, n, "gate", "up", "act", stream)
 
-    def _activation(self, n: int, gate: str, up: str, out: str, stream: Stream, oai: bool = True) -> None:
-        scratch = self._active_scratch()
+    def _activation(self, part: _Part, n: int, gate: str, up: str, out: str, stream: Stream, oai: bool = True) -> None:
+        scratch = part.scratch()
         views = (scratch.view(gate, n * 4), scratch.view(up, n * 4), scratch.view(out, n * 4))
         if oai and self.ffn.ffn.activation is Activation.SWIGLU_OAI:
-            routing.swiglu_oai(self.kernels, stream, *views, n)
+            routing.swiglu_oai(part.kernels, stream, *views, n)
         else:
-            self.kernels.swiglu(stream, *views, n)
+            part.kernels.swiglu(stream, *views, n)
 
     def _add_expert_bias(self, stream: Stream, tokens: _Tokens, role: str, y: str, n_out: int) -> None:
-        biases = self._extras[tokens.layer].expert_bias
+        biases = tokens.part.extras[tokens.layer].expert_bias
         if biases is None or role not in biases:
             return
         pairs = tokens.count * self.model.top_k
-        scratch = self._active_scratch()
+        scratch = tokens.part.scratch()
         routing.add_expert_bias(
-            self.kernels,
+            tokens.part.kernels,
             stream,
             scratch.view(y, pairs * n_out * 4),
             biases[role],
@@ -437,15 +536,15 @@ class MoeRunner(Closing):
 
     def _shared_expert(self, stream: Stream, tokens: _Tokens, shared: _SharedExpert) -> None:
         """moe += the shared expert's FFN of x (times sigmoid(x . gate_inp) where gated)."""
-        model, scratch = self.model, self._active_scratch()
-        ids = self._zero_ids.view(0, tokens.count * 4)
+        model, scratch = self.model, tokens.part.scratch()
+        ids = tokens.part.zero_ids.view(0, tokens.count * 4)
         for role, info, x, y in (
             (GATE, shared.gate, "x", "shared_gate"),
             (UP, shared.up, "x", "shared_up"),
             (DOWN, shared.down, "shared_act", "shared_down"),
         ):
             n_in, n_out = info.ne[0], info.ne[1]
-            self.kernels.mul_mat_id(
+            tokens.part.kernels.mul_mat_id(
                 stream,
                 shared.weights[role],
                 info.qtype,
@@ -460,11 +559,13 @@ class MoeRunner(Closing):
                 scratch.view(y, tokens.count * n_out * 4),
             )
             if role == UP:
-                self._activation(tokens.count * n_out, "shared_gate", "shared_up", "shared_act", stream, oai=False)
+                self._activation(
+                    tokens.part, tokens.count * n_out, "shared_gate", "shared_up", "shared_act", stream, oai=False
+                )
         out = scratch.view("shared_down", tokens.hidden.nbytes)
         if "gate_inp" in shared.weights:
             routing.shared_gate(
-                self.kernels,
+                tokens.part.kernels,
                 stream,
                 scratch.view("x", tokens.hidden.nbytes),
                 shared.weights["gate_inp"],
@@ -474,16 +575,16 @@ class MoeRunner(Closing):
                 model.n_embd,
             )
         standin.add_inplace(
-            self.kernels, stream, scratch.view("moe", tokens.hidden.nbytes), out, tokens.count * model.n_embd
+            tokens.part.kernels, stream, scratch.view("moe", tokens.hidden.nbytes), out, tokens.count * model.n_embd
         )
 
     def _down(self, tokens: _Tokens, info: TensorInfo, stream: Stream, bindings: Bindings) -> None:
-        model, scratch = self.model, self._active_scratch()
+        model, scratch = self.model, tokens.part.scratch()
         self._mul_mat_id(stream, bindings[DOWN], info, tokens, "act", True, "down")
         self._add_expert_bias(stream, tokens, DOWN, "down", model.n_embd)
         pairs = tokens.count * model.top_k
         moe = scratch.view("moe", tokens.hidden.nbytes)
-        self.kernels.weighted_sum(
+        tokens.part.kernels.weighted_sum(
             stream,
             scratch.view("down", pairs * model.n_embd * 4),
             scratch.view("route_weights", pairs * 4),
@@ -492,10 +593,12 @@ class MoeRunner(Closing):
             model.top_k,
             model.n_embd,
         )
-        shared = self._extras[tokens.layer].shared
+        shared = tokens.part.extras[tokens.layer].shared
         if shared is not None:
             self._shared_expert(stream, tokens, shared)
-        standin.add_inplace(self.kernels, stream, tokens.hidden, moe, tokens.count * model.n_embd)
+        standin.add_inplace(tokens.part.kernels, stream, tokens.hidden, moe, tokens.count * model.n_embd)
+        if tokens.send is not None:
+            tokens.send.send(stream)
 
     def _mul_mat_id(
         self,
@@ -509,9 +612,9 @@ class MoeRunner(Closing):
     ) -> None:
         n_in, n_out, n_expert = info.ne[0], info.ne[1], info.ne[2]
         pairs = tokens.count * self.model.top_k
-        scratch = self._active_scratch()
+        scratch = tokens.part.scratch()
         x_rows = pairs if x_per_slot else tokens.count
-        self.kernels.mul_mat_id(
+        tokens.part.kernels.mul_mat_id(
             stream,
             w,
             info.qtype,
@@ -526,16 +629,12 @@ class MoeRunner(Closing):
             scratch.view(y, pairs * n_out * 4),
         )
 
-    def _active_scratch(self) -> _Scratch:
-        if self._scratch is None:
-            raise InvalidArgument("the runner is closed", call="MoeRunner")
-        return self._scratch
-
     # -- outputs -------------------------------------------------------------------------------
     def prefill_output(self) -> np.ndarray:
         """The final hidden state of every prompt token, float32 [tokens, n_embd]."""
         return (
-            self._hidden.read(0, self.batching.tokens * self.model.n_embd * 4)
+            self._parts[-1]
+            .hidden.read(0, self.batching.tokens * self.model.n_embd * 4)
             .view(np.float32)
             .reshape(self.batching.tokens, self.model.n_embd)
         )
@@ -544,20 +643,18 @@ class MoeRunner(Closing):
         """The final hidden state of every decode step, float32 [steps, n_embd]."""
         steps = self.batching.decode_steps
         return (
-            self._decode_hidden.read(0, steps * self.model.n_embd * 4)
+            self._parts[-1]
+            .decode_hidden.read(0, steps * self.model.n_embd * 4)
             .view(np.float32)
             .reshape(steps, self.model.n_embd)
         )
 
     def close(self) -> None:
         """Free the device memory; work that uses it must be finished."""
-        self.kernels.close()
-        if self._scratch is not None:
-            self._scratch.close()
-            self._scratch = None
-        for buf in self._buffers:
-            buf.close()
-        self._buffers.clear()
+        for closing in (*self._links, *self._parts):
+            closing.close()
+        self._links.clear()
+        self._parts.clear()
 
 
 def _expert_input(role: str, info: TensorInfo, data: HostSource | BufferView) -> Input:
