@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from types import SimpleNamespace
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -54,9 +54,9 @@ def _run(runner: MoeRunner, model: MoeModel, mode: HostMemoryMode, slots: int) -
         stats = scheduler.run(runner.prefill_plan(weights))
         if slots:
             # every device prefetched its own layers' experts: 2 ubatches x 1 layer x 3 tensors each
-            assert {label: dev.fires for label, dev in stats.devices.items()} == {
-                d.label: 6 for d in runner.devices
-            }, stats.devices
+            assert {label: dev.fires for label, dev in stats.devices.items()} == {d.label: 6 for d in runner.devices}, (
+                stats.devices
+            )
         for step in range(BATCHING.decode_steps):
             scheduler.run(runner.decode_plan(weights, step))
     prefill, decode = runner.prefill_output(), runner.decode_output()
