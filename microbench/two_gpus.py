@@ -144,7 +144,7 @@ def outputs(
                                     "decode_sha256": sha256(decode)[:16] if batching.decode_steps else "-",
                                 }
                             )
-                            log.info("%s", rows[-1])
+                            log.info("%s", " ".join(f"{k}={v}" for k, v in rows[-1].items()))
     return rows
 
 

@@ -10,7 +10,7 @@
 #   make     write the full file (qwen3-30b-a3b shapes, $TYPE) into $MODELS
 #   prefill  `expertstream bench` on it: GPU 0 alone, then GPUs 0,1; slots 0 and 3 at $UBATCH
 # Environment: MODELS (/tmp/models), OUT (.), TYPE (Q4_K_M), TOKENS (8192), UBATCH (512,2048,4096),
-# REPS (2), DECODE (1000), LAYERS_CHECK (8), HOST (registered), BACKEND (cuda).
+# REPS (2), DECODE (1000), LAYERS_CHECK (2), HOST (registered), BACKEND (cuda).
 set -euo pipefail
 MODELS=${MODELS:-/tmp/models}
 OUT=${OUT:-.}
@@ -19,7 +19,7 @@ TOKENS=${TOKENS:-8192}
 UBATCH=${UBATCH:-512,2048,4096}
 REPS=${REPS:-2}
 DECODE=${DECODE:-1000}
-LAYERS_CHECK=${LAYERS_CHECK:-8}
+LAYERS_CHECK=${LAYERS_CHECK:-2}
 HOST=${HOST:-registered}
 BACKEND=${BACKEND:-cuda}
 python=${PYTHON:-python3}
@@ -38,7 +38,7 @@ for stage in "$@"; do
             --layers "$LAYERS_CHECK" -o "$check" >/dev/null
         "$python" -m microbench.two_gpus --backend "$BACKEND" --mb 64 --repeats 2 --model "$check" \
             --tokens 2048 --ubatch 512 --decode "$DECODE" --host-memory registered,pinned,ring,mmap --slots 0,2,3 \
-            --out "$OUT/outputs.json" | tee "$OUT/outputs.txt" ;;
+            --out "$OUT/outputs.json" 2>"$OUT/outputs.log" | tee "$OUT/outputs.txt" ;;
     make)
         mkdir -p "$MODELS"
         [[ -f $full ]] || "$python" -m expertstream make-model --preset qwen3-30b-a3b --type "$TYPE" -o "$full" \
