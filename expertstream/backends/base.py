@@ -166,6 +166,8 @@ class HostBuffer(Closing):
         self._pinned_handle = pinned_handle
         self._registered_read_only = False
         self.closed = False
+        if kind is HostMemory.PINNED:
+            device._count_page_locked(self.nbytes)
 
     @property
     def nbytes(self) -> int:
@@ -212,6 +214,7 @@ class HostBuffer(Closing):
             self.device._host_register(self, ro)
         self._registered_read_only = ro
         self.kind = HostMemory.REGISTERED
+        self.device._count_page_locked(self.nbytes)
 
     def unregister(self) -> None:
         self._check_open("HostBuffer.unregister")
@@ -220,6 +223,7 @@ class HostBuffer(Closing):
         if self.nbytes:
             self.device._host_unregister(self)
         self.kind = HostMemory.PAGEABLE
+        self.device._count_page_locked(-self.nbytes)
 
     def close(self) -> None:
         """Unregister or free the memory. Pending copies must be finished first."""
@@ -229,6 +233,7 @@ class HostBuffer(Closing):
             self.unregister()
         elif self.kind is HostMemory.PINNED:
             self.device._host_free_pinned(self)
+            self.device._count_page_locked(-self.nbytes)
         self.closed = True
         self.array = np.empty(0, dtype=np.uint8)
         self._owner = None
@@ -658,10 +663,20 @@ class Device(abc.ABC):
         self.name = name
         self._utility: Stream | None = None
         self._utility_lock = threading.Lock()
+        self._page_locked_bytes = 0
 
     @property
     def label(self) -> str:
         return f"{self.backend.name}:{self.index}"
+
+    @property
+    def page_locked_bytes(self) -> int:
+        """Host memory page-locked through this device and not yet released (pinned and registered)."""
+        return self._page_locked_bytes
+
+    def _count_page_locked(self, nbytes: int) -> None:
+        with self._utility_lock:
+            self._page_locked_bytes += nbytes
 
     # -- primitives ---------------------------------------------------------------------
     @property
