@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 from typing import Union
 
+import numpy as np
 from gguf import GGMLQuantizationType as _T
 
 from .errors import InvalidArgument
@@ -64,10 +65,40 @@ def padded_size(nbytes: int, row_type: RowType | None, ne0: int | None) -> int:
 EXPERT_TYPES: tuple[_T, ...] = (
     _T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1, _T.Q8_0,
     _T.Q2_K, _T.Q3_K, _T.Q4_K, _T.Q5_K, _T.Q6_K,
+    _T.IQ1_S, _T.IQ1_M, _T.IQ2_XXS, _T.IQ2_XS, _T.IQ2_S, _T.IQ3_XXS, _T.IQ3_S,
     _T.IQ4_NL, _T.IQ4_XS, _T.MXFP4,
     _T.F16, _T.BF16, _T.F32,
 )  # fmt: skip
 """The expert weight types the MoE kernels read (``kernels.layout.FORMATS`` has one format each)."""
 
 
-__all__ = ["EXPERT_TYPES", "MATRIX_ROW_PADDING", "RowType", "is_quantized", "padded_size", "row_size"]
+_IQ1_M_SCALES = slice(48, 56)  # the four 16-bit scale words of an IQ1_M block
+_NIBBLE_SHIFTS = np.array([0, 4, 8, 12], np.uint16)
+
+
+def iq1_m_scale_bits(blocks: np.ndarray) -> np.ndarray:
+    """uint16 [n]: the f16 bits of the scale of each IQ1_M block (uint8 [n, 56]).
+
+    IQ1_M has no scale field: scale word i keeps bits 4i..4i+3 of it in its top nibble.
+    """
+    words = np.ascontiguousarray(blocks[:, _IQ1_M_SCALES]).view("<u2")
+    return np.bitwise_or.reduce((words >> np.uint16(12)) << _NIBBLE_SHIFTS, axis=1).astype(np.uint16)
+
+
+def set_iq1_m_scale_bits(blocks: np.ndarray, bits: np.ndarray) -> None:
+    """Store the f16 bits ``bits`` [n] as the scale of each IQ1_M block, in place."""
+    words = np.ascontiguousarray(blocks[:, _IQ1_M_SCALES]).view("<u2")
+    nibbles = (np.asarray(bits, np.uint16)[:, None] >> _NIBBLE_SHIFTS) & np.uint16(0xF)
+    blocks[:, _IQ1_M_SCALES] = ((words & np.uint16(0x0FFF)) | (nibbles << np.uint16(12))).view(np.uint8)
+
+
+__all__ = [
+    "EXPERT_TYPES",
+    "iq1_m_scale_bits",
+    "set_iq1_m_scale_bits",
+    "MATRIX_ROW_PADDING",
+    "RowType",
+    "is_quantized",
+    "padded_size",
+    "row_size",
+]

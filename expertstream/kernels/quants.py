@@ -6,17 +6,21 @@ that a decoded value is the kernel's value bit for bit. 256-element blocks are d
 eight 32-element slices (the kernel's k step): arrays are shaped [n, 8, 32] on the way.
 
 Written from the block layouts in ggml-common.h, independently of gguf.quants, which
-reference.py uses to check them.
+reference.py uses to check them. The i-quants' lattice grids are read from the tables in
+moe.cu, so the checks against gguf.quants cover the kernel's tables too.
 """
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Callable
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ..errors import InvalidArgument
+from ..ggml import iq1_m_scale_bits
 
 Decoder = Callable[[np.ndarray], np.ndarray]
 
@@ -24,6 +28,9 @@ SLICES = 8  # 32-element slices of a 256-element block
 
 IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
 MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.float32)  # e2m1, doubled
+IQ1_DELTA = np.float32(0.125)
+IQ2_GRID_VALUES = np.array([0x08, 0x19, 0x2B], np.float32)
+IQ3XXS_GRID_VALUES = np.array([0x04, 0x0C, 0x14, 0x1C, 0x24, 0x2C, 0x34, 0x3E], np.float32)
 
 
 def _f16(blocks: np.ndarray, at: int) -> np.ndarray:
@@ -182,6 +189,133 @@ def _iq4_xs(b: np.ndarray) -> np.ndarray:
     return (dl * IQ4_VALUES[q]).reshape(-1, 256)
 
 
+# -- 256-element i-quant blocks ------------------------------------------------------------
+
+
+@functools.cache
+def grid_entries(name: str) -> np.ndarray:
+    """uint16 entries of the lattice grid table ``name`` (IQ2XXS_GRID, ...) as moe.cu holds them."""
+    from . import kernel_source  # the package imports this module first
+
+    table = re.search(rf"const unsigned short {name}\[(\d+)\] = \{{([^}}]*)\}};", kernel_source())
+    if table is None:
+        raise InvalidArgument(f"moe.cu has no grid table {name}")
+    entries = np.array([int(v, 16) for v in table.group(2).replace(",", " ").split()], np.uint16)
+    if entries.size != int(table.group(1)):
+        raise InvalidArgument(f"grid table {name} holds {entries.size} entries, declared {table.group(1)}")
+    return entries
+
+
+@functools.cache
+def grid_points(name: str) -> np.ndarray:
+    """float32 [entries, elements]: each grid point's values, decoded from its codes as moe.cu does."""
+    entries = grid_entries(name)[:, None]
+    if name.startswith("IQ3"):
+        codes = (entries >> np.arange(0, 16, 4, dtype=np.uint16)) & 7  # a nibble per element, 4 elements
+        values = IQ3XXS_GRID_VALUES[codes] if name == "IQ3XXS_GRID" else 2 * codes.astype(np.float32) + 1
+    else:
+        codes = (entries >> np.arange(0, 16, 2, dtype=np.uint16)) & 3  # 2 bits per element, 8 elements
+        values = IQ2_GRID_VALUES[codes] if name.startswith("IQ2") else codes.astype(np.float32) - 1
+    return np.ascontiguousarray(values, np.float32)
+
+
+def _sign_bits(index: np.ndarray) -> np.ndarray:
+    """The 8 sign bits of 7-bit sign indices: bit 7 makes the number of set bits even."""
+    index = index.astype(np.uint32)
+    parity = index ^ (index >> 4)
+    parity ^= parity >> 2
+    parity ^= parity >> 1
+    return index | ((parity & 1) << 7)
+
+
+def _signs(bits: np.ndarray) -> np.ndarray:
+    """float32 [..., 8] of -1 where bit j of each value is set, else 1."""
+    return np.where(_bits(bits, 8) == 1, np.float32(-1), np.float32(1))
+
+
+def _packed_sign_indices(words: np.ndarray) -> np.ndarray:
+    """[..., 4, 8] signs from the four 7-bit sign indices in the low 28 bits of each word."""
+    return _signs(_sign_bits((words[..., None] >> np.arange(0, 28, 7, dtype=np.uint32)) & 127))
+
+
+def _u32_slices(part: np.ndarray) -> np.ndarray:
+    """uint32 [n, 8] from 32 bytes: one little-endian word per slice."""
+    return np.ascontiguousarray(part).view("<u4")
+
+
+def _half_scales(d: np.ndarray, packed: np.ndarray) -> np.ndarray:
+    """IQ2_XS/IQ2_S: d * (0.5 + nibble) * 0.25 per 16 elements, [n, 8, 2, 1] from 8 bytes of nibble pairs."""
+    nibbles = np.stack([packed & 0xF, packed >> 4], axis=-1).astype(np.float32)
+    return (d[:, :, None] * (np.float32(0.5) + nibbles) * np.float32(0.25))[..., None]
+
+
+def _iq1_s(b: np.ndarray) -> np.ndarray:
+    qs = _by_slice(b[:, 2:34], SLICES).astype(np.uint16)
+    qh = _u16(b, 34, SLICES)
+    dl = _f16(b, 0) * (2 * ((qh >> 12) & 7) + 1).astype(np.float32)
+    delta = np.where(qh & 0x8000, -IQ1_DELTA, IQ1_DELTA)
+    index = qs | (((qh[..., None] >> np.arange(0, 12, 3, dtype=np.uint16)) & 7) << 8)
+    values = grid_points("IQ1S_GRID")[index]  # [n, 8, 4, 8]
+    return (dl[:, :, None, None] * (values + delta[:, :, None, None])).reshape(-1, 256)
+
+
+def _iq1_m(b: np.ndarray) -> np.ndarray:
+    n = b.shape[0]
+    qs = _by_slice(b[:, 0:32], SLICES).astype(np.uint16)
+    qh = _by_slice(b[:, 32:48], SLICES)
+    high = np.stack([qh & 0xF, qh >> 4], axis=-1).reshape(n, SLICES, 4)  # a nibble per grid point
+    d = iq1_m_scale_bits(b).view(np.float16).astype(np.float32)[:, None, None]
+    scales = (_u16(b, 48, 4)[:, :, None] >> np.arange(0, 12, 3, dtype=np.uint16)) & 7
+    dl = d * (2 * scales.reshape(n, SLICES, 2) + 1).astype(np.float32)  # per 16 elements
+    delta = np.where(high & 8, -IQ1_DELTA, IQ1_DELTA)
+    values = grid_points("IQ1S_GRID")[qs | ((high & 7).astype(np.uint16) << 8)]
+    points = values + delta[..., None]  # [n, 8, 4, 8]
+    return (np.repeat(dl, 2, axis=2)[..., None] * points).reshape(-1, 256)
+
+
+def _iq2_xxs(b: np.ndarray) -> np.ndarray:
+    sub = _by_slice(b[:, 2:66], SLICES)  # per slice: 4 index bytes, then the sign and scale word
+    aux = _u32_slices(sub[:, :, 4:])[..., 0]
+    db = _f16(b, 0) * (np.float32(0.5) + (aux >> 28).astype(np.float32)) * np.float32(0.25)
+    values = grid_points("IQ2XXS_GRID")[sub[:, :, :4]]
+    return (db[:, :, None, None] * values * _packed_sign_indices(aux)).reshape(-1, 256)
+
+
+def _iq2_xs(b: np.ndarray) -> np.ndarray:
+    q = _u16(b, 2, 32).reshape(-1, SLICES, 4)
+    db = _half_scales(_f16(b, 0), b[:, 66:74])
+    values = grid_points("IQ2XS_GRID")[q & 511]
+    return (np.repeat(db, 2, axis=2) * values * _signs(_sign_bits(q >> 9))).reshape(-1, 256)
+
+
+def _iq2_s(b: np.ndarray) -> np.ndarray:
+    qs = _by_slice(b[:, 2:34], SLICES).astype(np.uint16)
+    high = (b[:, 66:74, None] >> np.arange(0, 8, 2, dtype=np.uint8)) & 3
+    db = _half_scales(_f16(b, 0), b[:, 74:82])
+    values = grid_points("IQ2S_GRID")[qs | (high.astype(np.uint16) << 8)]
+    signs = _signs(_by_slice(b[:, 34:66], SLICES))
+    return (np.repeat(db, 2, axis=2) * values * signs).reshape(-1, 256)
+
+
+def _iq3_xxs(b: np.ndarray) -> np.ndarray:
+    n = b.shape[0]
+    aux = _u32_slices(b[:, 66:98])
+    db = _f16(b, 0) * (np.float32(0.5) + (aux >> 28).astype(np.float32)) * np.float32(0.5)
+    values = grid_points("IQ3XXS_GRID")[_by_slice(b[:, 2:66], SLICES)].reshape(n, SLICES, 4, 8)
+    return (db[:, :, None, None] * values * _packed_sign_indices(aux)).reshape(-1, 256)
+
+
+def _iq3_s(b: np.ndarray) -> np.ndarray:
+    n = b.shape[0]
+    qs = _by_slice(b[:, 2:66], SLICES).astype(np.uint16)
+    high = _bits(b[:, 66:74], 8).astype(np.uint16)  # bit i of qh[s]: 9th index bit of point i
+    scales = np.stack([b[:, 106:110] & 0xF, b[:, 106:110] >> 4], axis=-1).reshape(n, SLICES)
+    db = _f16(b, 0) * (1 + 2 * scales).astype(np.float32)
+    values = grid_points("IQ3S_GRID")[qs | (high << 8)].reshape(n, SLICES, 4, 8)
+    signs = _signs(_by_slice(b[:, 74:106], SLICES))
+    return (db[:, :, None, None] * values * signs).reshape(-1, 256)
+
+
 # -- float types ---------------------------------------------------------------------------
 
 
@@ -209,6 +343,13 @@ DECODERS: dict[GGMLQuantizationType, Decoder] = {
     _T.Q4_K: _q4_k,
     _T.Q5_K: _q5_k,
     _T.Q6_K: _q6_k,
+    _T.IQ1_S: _iq1_s,
+    _T.IQ1_M: _iq1_m,
+    _T.IQ2_XXS: _iq2_xxs,
+    _T.IQ2_XS: _iq2_xs,
+    _T.IQ2_S: _iq2_s,
+    _T.IQ3_XXS: _iq3_xxs,
+    _T.IQ3_S: _iq3_s,
     _T.IQ4_NL: _iq4_nl,
     _T.IQ4_XS: _iq4_xs,
     _T.MXFP4: _mxfp4,

@@ -14,7 +14,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from ..ggml import RowType
+from ..ggml import RowType, iq1_m_scale_bits, set_iq1_m_scale_bits
 from .layout import weight_format
 from .routing import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, WEIGHTS_SUM_MIN, Activation, Gating, Routing
 
@@ -45,9 +45,15 @@ F16_SCALE_FIELDS: dict[GGMLQuantizationType, tuple[int, ...]] = {
     _T.Q4_K: (0, 2),
     _T.Q5_K: (0, 2),
     _T.Q6_K: (208,),
+    _T.IQ1_S: (0,),
+    _T.IQ2_XXS: (0,),
+    _T.IQ2_XS: (0,),
+    _T.IQ2_S: (0,),
+    _T.IQ3_XXS: (0,),
+    _T.IQ3_S: (0,),
     _T.IQ4_NL: (0,),
     _T.IQ4_XS: (0,),
-}
+}  # IQ1_M keeps its f16 scale in nibbles (ggml.iq1_m_scale_bits)
 
 
 def random_blocks(rng: np.random.Generator, qtype: GGMLQuantizationType, n_blocks: int) -> np.ndarray:
@@ -61,6 +67,9 @@ def random_blocks(rng: np.random.Generator, qtype: GGMLQuantizationType, n_block
     if fmt.qtype is _T.MXFP4:
         blocks[:, 0] = rng.integers(126, 130, n_blocks)  # E8M0 exponents around 2^0
         return blocks
+    if fmt.qtype is _T.IQ1_M:
+        set_iq1_m_scale_bits(blocks, rng.uniform(0.5, 1.5, n_blocks).astype(np.float16).view(np.uint16))
+        return blocks
     for at in F16_SCALE_FIELDS[fmt.qtype]:
         blocks[:, at : at + 2] = rng.uniform(0.5, 1.5, (n_blocks, 1)).astype(np.float16).view(np.uint8)
     return blocks
@@ -72,6 +81,10 @@ def _scaled(blocks: np.ndarray, qtype: GGMLQuantizationType, factor: float) -> n
     if qtype is _T.MXFP4:
         step = int(np.clip(round(np.log2(factor)), -100, 100))
         scaled[:, 0] = np.clip(blocks[:, 0].astype(np.int32) + step, 2, 254)
+        return scaled
+    if qtype is _T.IQ1_M:
+        scale = iq1_m_scale_bits(blocks).view(np.float16).astype(np.float64)
+        set_iq1_m_scale_bits(scaled, (scale * factor).astype(np.float16).view(np.uint16))
         return scaled
     for at in F16_SCALE_FIELDS[qtype]:
         field = np.ascontiguousarray(blocks[:, at : at + 2]).view(np.float16).astype(np.float64)

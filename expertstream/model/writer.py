@@ -24,7 +24,7 @@ from gguf import GGMLQuantizationType, LlamaFileType
 from gguf.quants import dequantize
 
 from ..errors import InvalidArgument
-from ..ggml import row_size
+from ..ggml import iq1_m_scale_bits, row_size, set_iq1_m_scale_bits
 from .layout import EXPERT_ROLES, TensorRole
 from .mixes import MIX_DEFAULTS, MIX_FILE_TYPES, TensorShape, mix_types
 from .presets import ModelPreset, get_preset
@@ -48,10 +48,19 @@ _FILE_TYPES = {
     GGMLQuantizationType.MXFP4: LlamaFileType.MOSTLY_MXFP4_MOE,
     GGMLQuantizationType.Q2_K: LlamaFileType.MOSTLY_Q2_K,
     GGMLQuantizationType.Q3_K: LlamaFileType.MOSTLY_Q3_K_M,
+    GGMLQuantizationType.IQ1_S: LlamaFileType.MOSTLY_IQ1_S,
+    GGMLQuantizationType.IQ1_M: LlamaFileType.MOSTLY_IQ1_M,
+    GGMLQuantizationType.IQ2_XXS: LlamaFileType.MOSTLY_IQ2_XXS,
+    GGMLQuantizationType.IQ2_XS: LlamaFileType.MOSTLY_IQ2_XS,
+    GGMLQuantizationType.IQ2_S: LlamaFileType.MOSTLY_IQ2_M,  # llama.cpp's IQ2_M is the mix of IQ2_S tensors
+    GGMLQuantizationType.IQ3_XXS: LlamaFileType.MOSTLY_IQ3_XXS,
+    GGMLQuantizationType.IQ3_S: LlamaFileType.MOSTLY_IQ3_S,
 }
 # Byte offsets of the f16 scales (d, and dmin or m) inside one block. Q4_0 and Q8_0 get their
 # exponent from the exact RMS of their quants (_UNIT_RMS), the others by calibration (see
-# _calibrated_exponent); MXFP4's scale is an E8M0 byte.
+# _calibrated_exponent); MXFP4's scale is an E8M0 byte. Random bytes are valid blocks of every
+# type once the scales are set: the i-quants' grid and sign indices have exactly as many bits
+# as their tables have entries.
 _SCALE_OFFSETS = {
     GGMLQuantizationType.Q4_0: (0,),
     GGMLQuantizationType.Q8_0: (0,),
@@ -66,7 +75,13 @@ _SCALE_OFFSETS = {
     GGMLQuantizationType.MXFP4: (0,),
     GGMLQuantizationType.Q2_K: (80, 82),
     GGMLQuantizationType.Q3_K: (108,),
-}
+    GGMLQuantizationType.IQ1_S: (0,),
+    GGMLQuantizationType.IQ2_XXS: (0,),
+    GGMLQuantizationType.IQ2_XS: (0,),
+    GGMLQuantizationType.IQ2_S: (0,),
+    GGMLQuantizationType.IQ3_XXS: (0,),
+    GGMLQuantizationType.IQ3_S: (0,),
+}  # IQ1_M keeps its scale in the top nibbles of its scale words (ggml.iq1_m_scale_bits)
 WRITABLE_TYPES = (*_FILE_TYPES,)
 
 # RMS of the integer part of one weight: q - 8 for Q4_0 (q uniform in 0..15), q for Q8_0
@@ -144,9 +159,8 @@ def file_specs(preset: ModelPreset, choice: TypeChoice, n_layer: int) -> list[Te
     plans = file_tensors(preset, n_layer)
     parsed = parse_type(choice)
     if isinstance(parsed, str):
-        types = mix_types(
-            parsed, [TensorShape(p.name, p.ne) for p in plans], preset.n_expert, preset.n_head // preset.n_head_kv
-        )
+        shapes = [TensorShape(p.name, p.ne) for p in plans]
+        types = mix_types(parsed, shapes, preset.n_expert, preset.n_head // preset.n_head_kv, n_layer)
     else:
         types = {p.name: _single_type(p, parsed) for p in plans}
     return [TensorSpec(p.name, p.role, p.layer, types[p.name], p.ne, p.init) for p in plans]
@@ -217,6 +231,10 @@ def _set_scales(raw: np.ndarray, qtype: GGMLQuantizationType, exponent: int) -> 
     # Super-block types multiply d by 6-bit sub-scales, so a small target can ask for a d below
     # f16's normal range; the smallest normal exponent then gives a somewhat larger RMS instead.
     biased = max(1, min(30, exponent + 15))
+    if qtype is GGMLQuantizationType.IQ1_M:
+        mantissa = iq1_m_scale_bits(blocks) & np.uint16(0x03FF)
+        set_iq1_m_scale_bits(blocks, mantissa | np.uint16(biased << 10))
+        return
     for offset in _SCALE_OFFSETS[qtype]:
         high_byte = blocks[:, offset + 1]
         high_byte &= np.uint8(0x03)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
+from gguf import quants as gguf_quants
 from gguf.quants import dequantize
 
 from expertstream.errors import InvalidArgument
@@ -32,6 +33,26 @@ def test_decoder_matches_gguf_bit_for_bit(rng: np.random.Generator, qtype: GGMLQ
     assert not differ.any(), (
         f"{np.count_nonzero(differ)} of {differ.size} values differ, first at {np.argwhere(differ)[0]}"
     )
+
+
+@pytest.mark.parametrize(
+    ("table", "grid"),
+    [
+        ("IQ1S_GRID", gguf_quants.IQ1_S),
+        ("IQ2XXS_GRID", gguf_quants.IQ2_XXS),
+        ("IQ2XS_GRID", gguf_quants.IQ2_XS),
+        ("IQ2S_GRID", gguf_quants.IQ2_S),
+        ("IQ3XXS_GRID", gguf_quants.IQ3_XXS),
+        ("IQ3S_GRID", gguf_quants.IQ3_S),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_kernel_grid_tables_hold_every_point_of_ggmls_grids(table: str, grid: type) -> None:
+    """Random blocks reach a few hundred grid points per run; this checks all of them."""
+    grid.init_grid()
+    theirs = grid.grid.reshape(grid.grid_shape)
+    assert quants.grid_entries(table).size == grid.grid_shape[0]
+    assert np.array_equal(quants.grid_points(table), theirs)
 
 
 @pytest.mark.parametrize("qtype", QUANTIZED, ids=lambda t: t.name)

@@ -10,6 +10,7 @@ from gguf import GGMLQuantizationType as T
 
 from expertstream.model import file_specs, get_preset, make_model
 from expertstream.model.mixes import use_more_bits
+from expertstream.model.writer import parse_type, type_choices
 
 # Keys llama.cpp's load_hparams / vocab loader read as required (get_key without `false`),
 # per architecture, on top of the ones every architecture needs.
@@ -152,3 +153,82 @@ def test_mixes_fall_back_where_rows_do_not_fit_256() -> None:
     assert specs["blk.0.ffn_gate_exps.weight"] is T.Q5_0  # 2880 is not a multiple of 256
     mx = {s.name: s.qtype for s in file_specs(get_preset("gpt-oss-20b"), "MXFP4_MOE", 1)}
     assert mx["blk.0.ffn_up_exps.weight"] is T.MXFP4 and mx["blk.0.attn_q.weight"] is T.Q8_0
+
+
+def test_q4_k_m_counts_ffn_down_by_layer_not_by_tensor() -> None:
+    """gpt-oss has an ffn_down bias per layer: llama.cpp's layer count is still 24, not 48."""
+    p = get_preset("gpt-oss-20b")
+    specs = {s.name: s.qtype for s in file_specs(p, "Q4_K_M", p.n_layer)}
+    for i in range(p.n_layer):
+        expected = T.Q8_0 if use_more_bits(i, p.n_layer) else T.Q5_0  # Q6_K / Q4_K fall back: 2880 rows
+        assert specs[f"blk.{i}.ffn_down_exps.weight"] is expected, i
+
+
+def _mix(preset: str, mix: str) -> dict[str, T]:
+    p = get_preset(preset)
+    return {s.name: s.qtype for s in file_specs(p, mix, p.n_layer)}
+
+
+@pytest.mark.parametrize(
+    ("mix", "experts", "first_downs", "attn_output", "token_embd"),
+    [
+        ("IQ1_S", T.IQ1_S, T.Q2_K, T.IQ2_XXS, T.Q2_K),
+        ("IQ1_M", T.IQ1_M, T.Q2_K, T.IQ2_XXS, T.Q2_K),
+        ("IQ2_XXS", T.IQ2_XXS, T.Q2_K, T.IQ2_XXS, T.Q2_K),
+        ("IQ2_XS", T.IQ2_XS, T.Q2_K, T.IQ2_XS, T.Q2_K),
+        ("IQ2_S", T.IQ2_XS, T.IQ3_S, T.IQ3_S, T.IQ3_S),
+        ("IQ2_M", T.IQ2_S, T.IQ3_S, T.IQ3_S, T.IQ3_S),
+    ],
+)
+def test_low_bit_iq_mixes_follow_llama_cpp(mix: str, experts: T, first_downs: T, attn_output: T, token_embd: T) -> None:
+    specs = _mix("qwen3-30b-a3b", mix)  # 48 layers, 128 experts, GQA 8
+    for i in range(48):
+        assert specs[f"blk.{i}.ffn_gate_exps.weight"] is experts
+        assert specs[f"blk.{i}.ffn_up_exps.weight"] is experts
+        assert specs[f"blk.{i}.ffn_down_exps.weight"] is (first_downs if i < 48 // 8 else experts), i
+        assert specs[f"blk.{i}.attn_v.weight"] is T.Q4_K
+        assert specs[f"blk.{i}.attn_k.weight"] is experts
+        assert specs[f"blk.{i}.attn_output.weight"] is attn_output
+    assert specs["output.weight"] is T.Q5_K
+    assert specs["token_embd.weight"] is token_embd
+
+
+def test_iq_mixes_with_eight_experts_raise_attention() -> None:
+    specs = _mix("mixtral-8x7b", "IQ2_XS")
+    assert specs["blk.0.attn_k.weight"] is T.Q4_K
+    assert specs["blk.0.attn_output.weight"] is T.Q5_K
+    assert specs["blk.0.attn_q.weight"] is T.IQ2_XS
+    iq3 = _mix("mixtral-8x7b", "IQ3_XXS")
+    assert iq3["blk.0.attn_v.weight"] is iq3["blk.0.attn_k.weight"] is T.Q8_0
+    assert iq3["blk.0.attn_output.weight"] is T.Q5_K
+
+
+def test_iq3_mixes_follow_llama_cpp() -> None:
+    xxs = _mix("qwen3-30b-a3b", "IQ3_XXS")
+    assert xxs["blk.0.ffn_down_exps.weight"] is xxs["blk.0.ffn_gate_exps.weight"] is T.IQ3_XXS
+    assert xxs["blk.0.attn_k.weight"] is xxs["blk.0.attn_q.weight"] is T.IQ2_S
+    assert xxs["blk.0.attn_v.weight"] is T.Q4_K
+    assert xxs["blk.0.attn_output.weight"] is T.IQ3_S
+    assert (xxs["output.weight"], xxs["token_embd.weight"]) == (T.Q5_K, T.IQ3_S)
+    xs = _mix("qwen3-30b-a3b", "IQ3_XS")
+    for i in range(48):
+        middle = 48 // 8 <= i < 7 * 48 // 8
+        assert xs[f"blk.{i}.ffn_up_exps.weight"] is (T.IQ3_XXS if middle else T.IQ3_S), i
+        assert xs[f"blk.{i}.ffn_down_exps.weight"] is T.IQ3_S
+    m = _mix("qwen3-30b-a3b", "IQ3_M")
+    assert [m[f"blk.{i}.ffn_down_exps.weight"] for i in (0, 5, 6)] == [T.Q4_K, T.Q4_K, T.IQ3_S]
+    assert m["blk.0.attn_output.weight"] is T.Q4_K and m["output.weight"] is T.Q6_K
+
+
+def test_iq_mixes_fall_back_to_iq4_nl_where_rows_do_not_fit_256() -> None:
+    specs = _mix("gpt-oss-20b", "IQ2_XXS")  # 2880-wide rows
+    assert specs["blk.5.ffn_gate_exps.weight"] is T.IQ4_NL
+    assert specs["blk.0.ffn_down_exps.weight"] is T.Q4_0  # Q2_K in the first eighth, then its fallback
+    assert specs["output.weight"] is T.Q8_0
+
+
+def test_iq_mix_names_are_types_make_model_takes() -> None:
+    assert parse_type("iq2_xxs") == "IQ2_XXS"
+    assert {"IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ3_XXS", "IQ3_XS", "IQ3_S", "IQ3_M"} <= set(
+        type_choices()
+    )

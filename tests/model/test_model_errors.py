@@ -15,8 +15,8 @@ TINY = get_preset("tiny")
 CustomWriter = Callable[..., Path]  # the custom_model fixture
 
 SUPPORTED = (
-    "supported expert types are Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4, "
-    "F16, BF16, F32"
+    "supported expert types are Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, "
+    "IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_NL, IQ4_XS, MXFP4, F16, BF16, F32"
 )
 
 
@@ -99,6 +99,6 @@ def test_expert_type_names_are_case_insensitive(name: str) -> None:
 
 def test_unsupported_expert_type_error_names_tensor_type_and_supported() -> None:
     with pytest.raises(InvalidArgument) as err:
-        parse_expert_type("iq2_xxs", tensor="blk.3.ffn_up_exps.weight")
-    assert "blk.3.ffn_up_exps.weight: IQ2_XXS is not a supported expert type" in str(err.value)
+        parse_expert_type("tq2_0", tensor="blk.3.ffn_up_exps.weight")
+    assert "blk.3.ffn_up_exps.weight: TQ2_0 is not a supported expert type" in str(err.value)
     assert SUPPORTED in str(err.value)

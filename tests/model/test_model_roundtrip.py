@@ -14,6 +14,8 @@ from gguf.quants import dequantize
 from expertstream.model import (
     ModelError,
     MoeModel,
+    TensorRole,
+    TensorSpec,
     generate,
     get_preset,
     make_model,
@@ -94,6 +96,24 @@ def test_generated_weights_are_finite_and_scaled_to_fan_in(qtype: GGMLQuantizati
         rms = float(np.sqrt(np.mean(values.astype(np.float64) ** 2)))
         target = 1 / math.sqrt(spec.ne[0])
         assert target / 2 < rms < target * 2, (spec.name, rms, target)
+
+
+_T = GGMLQuantizationType
+
+
+@pytest.mark.parametrize(
+    "qtype", [_T.IQ1_S, _T.IQ1_M, _T.IQ2_XXS, _T.IQ2_XS, _T.IQ2_S, _T.IQ3_XXS, _T.IQ3_S], ids=lambda t: t.name
+)
+def test_generated_i_quant_blocks_are_finite_and_scaled_to_fan_in(qtype: GGMLQuantizationType) -> None:
+    """Random bytes with a set scale are valid i-quant blocks: every index and sign pattern is."""
+    spec = TensorSpec("blk.0.ffn_up_exps.weight", TensorRole.UP, 0, qtype, (2048, 16, 4))
+    raw = generate(spec, seed=0)
+    values = dequantize(raw.reshape(spec.byte_shape), qtype)
+    assert np.isfinite(values).all()
+    rms = float(np.sqrt(np.mean(values.astype(np.float64) ** 2)))
+    target = 1 / math.sqrt(spec.ne[0])
+    assert target / 2 < rms < target * 2, (rms, target)
+    assert np.array_equal(raw, generate(spec, seed=0))
 
 
 @pytest.mark.parametrize("preset", ["qwen3-30b-a3b", "gpt-oss-20b"])

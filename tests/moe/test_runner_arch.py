@@ -56,7 +56,19 @@ def _layer_weights(model: MoeModel, i: int) -> ref.FfnWeights:
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_prefill_matches_the_float64_forward_pass(backend: Backend, tmp_path: Path, preset: str) -> None:
-    path = make_model(preset, "Q8_0", tmp_path / f"{preset}.gguf", seed=5)
+    _check_prefill(backend, make_model(preset, "Q8_0", tmp_path / f"{preset}.gguf", seed=5))
+
+
+@pytest.mark.parametrize("mix", ["IQ1_M", "IQ2_XXS", "IQ3_S"])
+def test_prefill_of_an_i_quant_mix_matches_the_float64_forward_pass(backend: Backend, tmp_path: Path, mix: str) -> None:
+    """i-quant gate and up experts beside IQ4_NL down experts (192-wide rows fall back), as llama.cpp mixes them."""
+    path = make_model("tiny", mix, tmp_path / f"tiny-{mix}.gguf", seed=5)
+    with MoeModel.open(path) as model:
+        assert (model.layers[0].up.qtype.name, model.layers[0].down.qtype.name) == (mix, "IQ4_NL")
+    _check_prefill(backend, path)
+
+
+def _check_prefill(backend: Backend, path: Path) -> None:
     device = backend.device(0)
     with MoeModel.open(path) as model, MoeRunner(device, model, BATCHING, seed=2) as runner:
         with HostWeights.open(model, device, "pinned") as weights, Scheduler(slots=2) as scheduler:
@@ -68,4 +80,4 @@ def test_prefill_matches_the_float64_forward_pass(backend: Backend, tmp_path: Pa
             x = ref.rms_norm(h)
             h = h + ref.moe_ffn(x, _layer_weights(model, layer.index), cfg.routing, model.top_k, cfg.ffn.activation)
     err = ref.relative_error(out, h)
-    assert err < 1e-4, f"{preset}: relative error {err:.3g}"
+    assert err < 1e-4, f"{path.name}: relative error {err:.3g}"
