@@ -21,6 +21,12 @@ if TYPE_CHECKING:
     from .device import SimDevice
 
 
+# A fill kernel runs on its stream's queue beside other streams' kernels: it takes no engine that
+# kernels wait for (booking it on the compute engine made a tail clear enqueued on a copy stream
+# hold back kernels that were ready before it).
+_MEMSET_ENGINE: dict[str, EngineKind | None] = {"fill-kernel": None, "copy-engine": EngineKind.D2D}
+
+
 def _device_bytes(buf: DeviceBuffer, offset: int, n: int) -> np.ndarray | None:
     array = buf.array if isinstance(buf, SimDeviceBuffer) else None
     return None if array is None else array[offset : offset + n]
@@ -127,7 +133,7 @@ class SimStream(Stream):
                 "memset",
                 "Stream.memset",
                 n,
-                EngineKind.COMPUTE,
+                _MEMSET_ENGINE[profile.memset_engine],
                 profile.launch_latency_s,
                 n / profile.memset_bps,
                 effect=None if target is None else functools.partial(target.fill, value),
