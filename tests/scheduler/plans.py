@@ -54,7 +54,7 @@ class BuiltPlan:
 def host_buffer(device: Device, data: np.ndarray, kind: HostMemory) -> HostBuffer:
     if kind is HostMemory.PINNED:
         host = device.alloc_pinned(data.nbytes)
-        host.array[:] = data
+        host.numpy(write=True)[:] = data
         return host
     host = device.wrap_host(data)
     if kind is HostMemory.REGISTERED:
