@@ -205,14 +205,8 @@ class HazardChecker:
     def commit(self, op: OpInfo, clock: VectorClock, touches: Sequence[Touch]) -> None:
         self._clocks[op.agent] = clock
         for touch in touches:
-            if touch.end <= touch.start:
-                continue
-            state = self._state(touch.buffer)
-            if touch.write:
-                state.ranges.write(touch.start, touch.end, op)
-            else:
-                state.ranges.read(touch.start, touch.end, op)
-            state.users[op.agent] = op
+            if touch.end > touch.start:
+                self._record(op, touch).users[op.agent] = op
 
     def host_access(self, thread_agent: int, thread: int, touches: Sequence[Touch], what: str, call: str) -> None:
         """A host thread reads or writes host bytes: raise if device work may still use them.
@@ -234,11 +228,7 @@ class HazardChecker:
                 raise _report(conflict, op, touch, call)
         self._clocks[thread_agent] = clock
         for touch in touches:
-            ranges = self._state(touch.buffer).ranges
-            if touch.write:
-                ranges.write(touch.start, touch.end, op)
-            else:
-                ranges.read(touch.start, touch.end, op)
+            self._record(op, touch)
 
     def check_release(self, buffer: DeviceBuffer | HostBuffer, thread_agent: int, thread: int, call: str) -> None:
         """Raise unless all work touching ``buffer`` is ordered before the calling host thread."""
@@ -263,6 +253,14 @@ class HazardChecker:
         if state is None:
             state = _BufferState(buffer.alloc_size if isinstance(buffer, DeviceBuffer) else buffer.nbytes)
             self._buffers[buffer] = state
+        return state
+
+    def _record(self, op: OpInfo, touch: Touch) -> _BufferState:
+        state = self._state(touch.buffer)
+        if touch.write:
+            state.ranges.write(touch.start, touch.end, op)
+        else:
+            state.ranges.read(touch.start, touch.end, op)
         return state
 
     def _tracked(self, buffer: DeviceBuffer | HostBuffer) -> bool:
