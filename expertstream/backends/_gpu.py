@@ -316,7 +316,7 @@ class GpuDevice(Device):
         self._async_engines = self._attribute(DeviceAttr.ASYNC_ENGINE_COUNT)
         self._can_register = bool(self._attribute(DeviceAttr.HOST_REGISTER))
         self._can_register_ro = bool(self._attribute(DeviceAttr.HOST_REGISTER_READ_ONLY))
-        self._peers: set[int] = set()
+        self._peers: set[GpuDevice] = set()  # devices, not indices: another backend's device 0 is not ours
         self._live = _Live()
         self._modules: dict[str, Any] = {}  # source hash -> loaded module
         self._kernels: dict[tuple[str, str], GpuKernel] = {}
@@ -346,7 +346,7 @@ class GpuDevice(Device):
             events=True,
             host_register=self._can_register,
             host_register_read_only=self._can_register and self._can_register_ro,
-            peer_access=frozenset(self._peers),
+            peer_access=frozenset(peer.index for peer in self._peers),
         )
 
     @property
@@ -418,9 +418,9 @@ class GpuDevice(Device):
             stream._release_all()
 
     def enable_peer_access(self, other: Device) -> None:
-        if other is self or other.index in self._peers:
+        if other is self or other in self._peers:
             return
-        if not isinstance(other, GpuDevice) or other.api is not self.api:
+        if not isinstance(other, GpuDevice) or other.backend is not self.backend:
             raise InvalidArgument(
                 f"{other.label} belongs to another backend",
                 call="Device.enable_peer_access",
@@ -435,7 +435,7 @@ class GpuDevice(Device):
             )
         self.activate()
         invoke(self.api.enable_peer_access, other.index, device=self.label, accept={Problem.PEER_ALREADY_ENABLED})
-        self._peers.add(other.index)
+        self._peers.add(other)
 
     # -- kernels ------------------------------------------------------------------------
     def compile(self, source: str, name: str) -> Kernel:

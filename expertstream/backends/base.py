@@ -145,7 +145,8 @@ class HostBuffer(Closing):
     """Host memory that copies read from or write to.
 
     Wraps a numpy array, a bytes-like object or an mmap (read-only mappings allowed), or
-    owns a pinned allocation. ``array`` is a flat uint8 view of the bytes.
+    owns a pinned allocation. ``array`` is a flat uint8 view of the bytes, for backends;
+    host code takes its views with ``numpy()``, which the simulator checks against copies.
     """
 
     def __init__(
@@ -184,6 +185,28 @@ class HostBuffer(Closing):
     @property
     def is_page_locked(self) -> bool:
         return self.kind in (HostMemory.PINNED, HostMemory.REGISTERED)
+
+    def numpy(self, offset: int = 0, nbytes: int | None = None, *, write: bool = False) -> np.ndarray:
+        """A flat uint8 view of bytes ``[offset, offset + nbytes)`` for host code: read-only unless ``write``.
+
+        Copies read and write page-locked memory after they were enqueued: take a view once the
+        copies touching those bytes are done (synchronize their stream, or an event recorded
+        after them). The simulator raises HazardError for a view that overlaps a copy not yet
+        ordered before the calling thread, as it does for device-side hazards.
+        """
+        call = "HostBuffer.numpy"
+        n = self.nbytes - offset if nbytes is None else nbytes
+        check_range(call, self, offset, n)
+        if write and self.read_only:
+            raise InvalidArgument(
+                "cannot write read-only host memory", call=call, device=self.device.label, hint="take a read view"
+            )
+        self.device._check_host_access(self, offset, n, write, call)
+        view = self.array[offset : offset + n]
+        if not write:
+            view = view.view()
+            view.flags.writeable = False
+        return view
 
     def register(self, read_only: bool | None = None) -> None:
         """Page-lock this memory in place so copies from it run at full DMA speed.
@@ -525,7 +548,7 @@ class Stream(abc.ABC, Closing):
         check_range(call, dst, dst_offset, nbytes)
         check_range(call, src, src_offset, nbytes)
         for buf in (dst, src):
-            if buf.device is not self.device and buf.device.index not in self.device.capabilities.peer_access:
+            if not self.device.can_access_peer(buf.device):
                 raise InvalidArgument(
                     f"{buf!r} is on {buf.device.label} and {self.device.label} has no peer access to it",
                     call=call,
@@ -586,7 +609,7 @@ class Stream(abc.ABC, Closing):
                 buf = arg if isinstance(arg, DeviceBuffer) else arg.buffer
                 if buf.closed:
                     raise UseAfterClose(f"argument {i} {buf!r} is closed", call=call, device=self.device.label)
-                if buf.device is not self.device and buf.device.index not in self.device.capabilities.peer_access:
+                if not self.device.can_access_peer(buf.device):
                     # Staging slots on the wrong GPU: a kernel handed another device's memory reads garbage.
                     raise HazardError(
                         f"cross-device access: argument {i} lives on {buf.device.label}, which "
@@ -817,7 +840,13 @@ class Device(abc.ABC):
         np.copyto(dst.array[dst_offset : dst_offset + nbytes], src.array[src_offset : src_offset + nbytes])
 
     def can_access_peer(self, other: Device) -> bool:
-        return other is self or other.index in self.capabilities.peer_access
+        """Whether this device's kernels and copies may touch ``other``'s memory (a device of this backend)."""
+        return other is self or (other.backend is self.backend and other.index in self.capabilities.peer_access)
+
+    def _check_host_access(  # noqa: B027 - a no-op unless a backend checks host accesses
+        self, host: HostBuffer, offset: int, nbytes: int, write: bool, call: str
+    ) -> None:
+        """The calling thread is about to read (or write) these host bytes; the simulator checks them."""
 
     def _utility_stream(self) -> Stream:
         with self._utility_lock:

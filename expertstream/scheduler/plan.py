@@ -98,8 +98,16 @@ class Split:
             if unknown:
                 raise InvalidArgument(f"split {self.name!r}: MUL_MAT_ID weights {sorted(unknown)} are not inputs")
             for inp in self.inputs:
-                if inp.name in mmid.weights and inp.expert_nbytes is None:
+                if inp.name not in mmid.weights:
+                    continue
+                if inp.expert_nbytes is None:
                     raise InvalidArgument(f"split {self.name!r}: expert weights {inp.name!r} need expert_nbytes")
+                if inp.expert_nbytes * mmid.n_expert != inp.nbytes:
+                    raise InvalidArgument(
+                        f"split {self.name!r}: input {inp.name!r} holds {inp.nbytes} bytes, but {mmid.n_expert} "
+                        f"experts of {inp.expert_nbytes} bytes make {inp.expert_nbytes * mmid.n_expert}",
+                        hint="expert_nbytes is the bytes of one expert's matrix: the tensor's bytes / n_expert",
+                    )
 
 
 @dataclass(frozen=True)

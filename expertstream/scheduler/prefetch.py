@@ -45,6 +45,7 @@ class _Slot:
     buffer: DeviceBuffer
     ready: Event
     free: Event
+    read: bool = False  # a split has read it: a fill must wait for its free event first
 
 
 class PrefetchSlots:
@@ -106,33 +107,43 @@ class PrefetchSlots:
 
     def consume(self, compute: Stream, unit: Unit, stats: DeviceStats) -> BufferView:
         """Make ``compute`` wait until the unit's slot is filled; return the bytes to read."""
-        if not unit.recorded.is_set():
-            unit.recorded.wait()
-        if unit.error is not None:
-            raise unit.error
-        backend = self.device.backend
-        backend.host_resume_at(unit.recorded_at)
-        slot = self._slots[unit.position % self.n_slots]
+        # The timing records around the wait go out before and after the part the copy worker
+        # waits for (the fill's record, then this wait), so they cost its next copy nothing.
         pair = self._wait_event_pair()
         if pair is None:
             stats.untimed_waits += 1
-            compute.wait(slot.ready)
         else:
             compute.record(pair[0])
-            compute.wait(slot.ready)
-            compute.record(pair[1])
+        try:
+            if not unit.recorded.is_set():
+                unit.recorded.wait()
+            if unit.error is not None:
+                raise unit.error
+        except BaseException:
+            if pair is not None:
+                self._spare_pairs.append(pair)  # no wait to time: the pair is free again
+            raise
+        backend = self.device.backend
+        backend.host_resume_at(unit.recorded_at)
+        slot = self._slots[unit.position % self.n_slots]
+        compute.wait(slot.ready)
         unit.waited_at = backend.host_timestamp()
         unit.waited.set()
+        if pair is not None:
+            compute.record(pair[1])
+            self._timed_waits.append(pair)
         stats.consumed += 1
         return slot.buffer.view(0, unit.input.padded_nbytes)
 
     def release(self, compute: Stream, unit: Unit) -> None:
         """Mark the slot reusable once the kernels enqueued so far on ``compute`` are done."""
-        compute.record(self._slots[unit.position % self.n_slots].free)
+        slot = self._slots[unit.position % self.n_slots]
+        compute.record(slot.free)
+        slot.read = True
 
     # -- bookkeeping ---------------------------------------------------------------------
     def ready_wait_ms(self) -> float:
-        """Time the compute stream spent waiting on ready events this run (after drain)."""
+        """Time the compute stream spent waiting on ready events this run (after drain; waits for the last)."""
         self._harvest(block=True)
         return self._waited_ms
 
@@ -170,17 +181,20 @@ class PrefetchSlots:
         source = unit.input.host
         nbytes, padded = unit.input.nbytes, unit.input.padded_nbytes
         backend = self.device.backend
+        read = slot.read  # a fresh slot has no kernel to wait for
 
         def job() -> None:
-            if gate is not None:
-                gate.waited.wait()
-                backend.host_resume_at(gate.waited_at)
             try:
-                copy_stream.wait(slot.free)  # no overwrite while a kernel may still read the slot
-                source.enqueue_h2d(copy_stream, slot.buffer, 0, 0, nbytes)
+                if read:
+                    copy_stream.wait(slot.free)  # no overwrite while a kernel may still read the slot
                 if padded > nbytes:
                     # The slot may have held a larger tensor: clear the tail the kernels will read.
+                    # Before the gate: only the copy must wait for it, and the clear costs it nothing.
                     copy_stream.memset(slot.buffer, nbytes, padded - nbytes, 0)
+                if gate is not None:
+                    gate.waited.wait()
+                    backend.host_resume_at(gate.waited_at)
+                source.enqueue_h2d(copy_stream, slot.buffer, 0, 0, nbytes)
                 copy_stream.record(slot.ready)
             except BaseException as exc:
                 unit.error = exc  # the consumer must not read a slot this fill never completed
@@ -235,7 +249,7 @@ class PrefetchSlots:
         )
 
     def _wait_event_pair(self) -> tuple[Event, Event] | None:
-        """Timing events around one ready wait; None if the device cannot give more (stats only)."""
+        """Two timing events for one ready wait, to record around it; None if the device cannot give more."""
         if not self._spare_pairs:
             self._harvest(block=False)  # only then: each harvest queries events, on the per-split path
         if self._spare_pairs:
@@ -250,13 +264,17 @@ class PrefetchSlots:
             except BackendError:
                 return None
             pair = (before, after)
-        self._timed_waits.append(pair)
         return pair
 
     def _harvest(self, block: bool) -> None:
-        """Add up the waits that are over and keep their events for reuse (never blocks unless asked)."""
-        while self._timed_waits and (block or self._timed_waits[0][1].query()):
-            before, after = self._timed_waits.popleft()
+        """Add up the waits that are over and keep their events for reuse; ``block``: wait for each in turn."""
+        while self._timed_waits:
+            before, after = self._timed_waits[0]
+            if block:
+                after.synchronize()
+            elif not after.query():
+                return
+            self._timed_waits.popleft()
             self._waited_ms += before.elapsed_ms(after)
             self._spare_pairs.append((before, after))
 

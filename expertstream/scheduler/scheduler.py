@@ -154,21 +154,44 @@ class Scheduler(Closing):
         resolves against the copy stream's tail; either way a wait enqueued after the next
         split's copy would let split j start only when that copy ends. Copies for split i+N-1
         go out while split i computes, each behind the free event of the slot it reuses.
+
+        The rule is per device: the other devices' copies go out before split j's wait, as
+        soon as their slots allow, so that devices copy at the same time instead of in turn.
         """
         if index >= len(plan.splits):
             return
+        device = plan.splits[index].device
         units = [u for u in state.units.get(index, ()) if u.valid]
+        if units:
+            self._fire_through(self._prefetch[device], state, device, units[-1].position, stats.device(device.label))
+        for other in state.pending:
+            if other is not device:
+                self._fire_ahead(other, state, stats)
         if not units:
             return
-        device = plan.splits[index].device
+        if state.blocks_host[device]:
+            # The copy worker holds each copy until the wait before it is enqueued: hand it the
+            # fills now, so that it has waited for their slots and cleared their tails by then.
+            self._fire_ahead(device, state, stats)
         prefetch = self._prefetch[device]
-        device_stats = stats.device(device.label)
-        self._fire_through(prefetch, state, device, units[-1].position, device_stats)
         compute = self.stream(device)
+        device_stats = stats.device(device.label)
         for unit in units:
             if unit.valid:
                 unit.view = prefetch.consume(compute, unit, device_stats)
-        self._fire_through(prefetch, state, device, state.released[device] + prefetch.n_slots - 1, device_stats)
+        self._fire_ahead(device, state, stats)
+
+    def _fire_ahead(self, device: Device, state: _RunState, stats: RunStats) -> None:
+        """Fire ``device``'s units as far ahead as its slots allow.
+
+        A unit's slot is free for a fill once the split that last read it has been launched (the
+        fill waits on the copy stream for its kernels). Copies enqueued here at once keep one
+        slot for the split computing now: they stop N-1 past the last released unit. Copies
+        the worker holds back until the wait before them (rule 5) may take all N.
+        """
+        prefetch = self._prefetch[device]
+        depth = prefetch.n_slots if state.blocks_host[device] else prefetch.n_slots - 1
+        self._fire_through(prefetch, state, device, state.released[device] + depth, stats.device(device.label))
 
     def _fire_through(
         self, prefetch: PrefetchSlots, state: _RunState, device: Device, position: int, stats: DeviceStats
@@ -248,9 +271,18 @@ class Scheduler(Closing):
             for units in state.pending.values():
                 for unit in units:
                     unit.waited.set()
+        # Only the prefetch slots this run used have work in flight: a decode step leaves them alone.
+        used = {device: self._prefetch[device] for device in plan.devices if device in state.pending}
+        if not failing:
+            # First, every device's, each as soon as its wait is over: reading the wait times then
+            # overlaps the copies and kernels still running instead of following them.
+            try:
+                for device, slots in used.items():
+                    stats.device(device.label).ready_wait_ms = slots.ready_wait_ms()
+            except BaseException as exc:
+                errors.append(exc)
         for device in plan.devices:
-            # Only the prefetch slots this run used have work in flight: a decode step leaves them alone.
-            prefetch = self._prefetch.get(device) if device in state.pending else None
+            prefetch = used.get(device)
             try:
                 if prefetch is not None:
                     prefetch.drain()
@@ -258,8 +290,6 @@ class Scheduler(Closing):
                 errors.append(exc)
             try:
                 self.stream(device).synchronize()  # even if the prefetch failed: kernels may read slots
-                if prefetch is not None and not errors:
-                    stats.device(device.label).ready_wait_ms = prefetch.ready_wait_ms()
                 if prefetch is not None and prefetch.disabled:  # nothing can use its slots any more
                     prefetch.close()
                     del self._prefetch[device]

@@ -39,6 +39,13 @@ class HostRegion:
     length: int
 
     def __post_init__(self) -> None:
+        if not isinstance(self.buffer, HostBuffer):
+            raise InvalidArgument(
+                f"a host region is a range of a HostBuffer, not of a {type(self.buffer).__name__}",
+                call="HostRegion",
+                hint="wrap host memory with device.wrap_host() or alloc_pinned(); device-resident data enters a "
+                "plan as Input(device_data=buffer.view())",
+            )
         if self.start < 0 or self.length < 0 or self.start + self.length > self.buffer.nbytes:
             raise InvalidArgument(f"host region [{self.start}, {self.start + self.length}) is outside {self.buffer!r}")
 

@@ -23,8 +23,25 @@ def _bytes(n: int, seed: int) -> np.ndarray:
 
 def _pinned(device: Device, data: np.ndarray) -> HostBuffer:
     host = device.alloc_pinned(data.nbytes)
-    host.array[:] = data
+    host.numpy(write=True)[:] = data
     return host
+
+
+def test_host_views_for_reading_and_writing_page_locked_memory(device: Device) -> None:
+    data = _bytes(4096, seed=11)
+    stream = device.stream()
+    with device.alloc_pinned(4096) as host, device.alloc(4096) as buf:
+        host.numpy(write=True)[:] = data
+        stream.copy_h2d(buf, 0, host, 0, 4096)
+        stream.synchronize()
+        host.numpy(1024, 16, write=True)[:] = 0
+        stream.copy_d2h(host, 0, buf, 0, 2048)
+        stream.synchronize()
+        view = host.numpy(1000, 100)
+        assert np.array_equal(view, data[1000:1100]) and not view.flags.writeable
+        with pytest.raises(InvalidArgument, match="outside"):
+            host.numpy(4000, 100)
+    stream.close()
 
 
 @pytest.mark.parametrize(("n", "dst_offset", "src_offset"), [(1, 0, 0), (3, 1, 7), (4095, 129, 3), (65537, 7, 1)])

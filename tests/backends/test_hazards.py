@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import expertstream
-from expertstream.backends.base import BufferView, DeviceBuffer, Kernel, Stream, Usage
+from expertstream.backends.base import BufferView, DeviceBuffer, HostBuffer, Kernel, Stream, Usage
 from expertstream.backends.sim import Access, HazardKind, KernelSpec, SimBackend, register_kernel
 from expertstream.errors import HazardError, InvalidArgument, UseAfterClose
 
@@ -405,3 +405,135 @@ def test_pageable_host_memory_may_be_freed_once_the_copy_returns(sim: SimBackend
     host = dev.wrap_host(np.zeros(4096, dtype=np.uint8))
     stream.copy_h2d(dev.alloc(4096), 0, host, 0, 4096)
     host.close()  # the runtime staged the pageable bytes before the call returned
+
+
+def test_empty_padded_range_is_not_stale_padding(sim: SimBackend) -> None:
+    dev = sim.device(0)
+    stream = dev.stream()
+    slot, out = dev.alloc(1024, Usage.COMPUTE), dev.alloc(1024, Usage.COMPUTE)
+    host = dev.alloc_pinned(1024)
+    stream.copy_h2d(slot, 0, host, 0, 1024)  # the bytes at and after 600 were written by a copy
+    _launch_copy(stream, slot.view(0, 600), out.view(0, 600), padded_from=600)  # nothing padded to read
+    with pytest.raises(HazardError, match="stale padding"):
+        _launch_copy(stream, slot.view(0, 601), out.view(0, 601), padded_from=600)
+
+
+# -- peer access belongs to device objects ----------------------------------------------------
+
+
+def test_peer_access_does_not_reach_another_backends_device_of_that_index() -> None:
+    with (
+        expertstream.backend("sim", devices=2, peer_access=True) as mine,
+        expertstream.backend("sim", devices=2, peer_access=True) as theirs,
+    ):
+        dev0, dev1 = mine.devices
+        dev1.enable_peer_access(dev0)
+        foreign = theirs.device(0)
+        assert dev1.can_access_peer(dev0) and not dev1.can_access_peer(foreign)
+        assert dev1.capabilities.peer_access == {0}
+        stream = dev1.stream()
+        out = dev1.alloc(64, Usage.COMPUTE)
+        _launch_copy(stream, dev0.upload(_data(64)).view(), out.view())  # a peer of this backend: allowed
+        their_buf = foreign.upload(_data(64))
+        with pytest.raises(HazardError, match="cross-device"):
+            _launch_copy(stream, their_buf.view(), out.view())
+        with pytest.raises(InvalidArgument, match="no peer access"):
+            stream.copy_d2d(out, 0, their_buf, 0, 64)
+        with pytest.raises(InvalidArgument, match="not a device of this backend"):
+            dev1.enable_peer_access(foreign)
+        stream.synchronize()
+
+
+# -- host side: page-locked memory the device still reads or writes ---------------------------
+
+
+@pytest.fixture(params=["pinned", "registered"])
+def locked(request: pytest.FixtureRequest, sim: SimBackend) -> Iterator[HostBuffer]:
+    dev = sim.device(0)
+    if request.param == "pinned":
+        host = dev.alloc_pinned(4096)
+    else:
+        host = dev.wrap_host(np.zeros(4096, dtype=np.uint8))
+        host.register()
+    yield host
+    sim.device(0).synchronize()
+    host.close()
+
+
+def test_host_write_into_a_buffer_a_copy_still_reads(sim: SimBackend, locked: HostBuffer) -> None:
+    dev = sim.device(0)
+    stream = dev.stream(name="copy")
+    locked.numpy(write=True)[:] = 1
+    stream.copy_h2d(dev.alloc(4096), 0, locked, 1024, 2048)
+    with pytest.raises(HazardError) as info:
+        locked.numpy(2048, 1024, write=True)  # overlaps the bytes the DMA reads
+    assert info.value.kind is HazardKind.WRITE_AFTER_READ  # type: ignore[attr-defined]
+    text = str(info.value)
+    assert "host write (numpy view) on host thread 0" in text and "h2d copy on stream" in text
+    assert f"{locked!r} bytes [2048, 3072)" in text and "synchronize" in text
+    with pytest.raises(HazardError, match="write-after-read"):
+        dev.host_copy(locked, 0, dev.wrap_host(np.zeros(4096, dtype=np.uint8)), 0, 4096)
+    locked.numpy(0, 1024, write=True)[:] = 2  # bytes the copy does not read
+    assert locked.numpy(1024, 2048).tolist() == [1] * 2048  # reading what a copy reads is fine
+    stream.synchronize()
+    locked.numpy(write=True)[:] = 3  # ordered now
+
+
+def test_host_read_of_a_buffer_a_copy_still_writes(sim: SimBackend, locked: HostBuffer) -> None:
+    dev = sim.device(0)
+    stream = dev.stream()
+    data = _data(4096)
+    src = dev.upload(data)
+    done = dev.event()
+    stream.copy_d2h(locked, 0, src, 0, 4096)
+    stream.record(done)
+    with pytest.raises(HazardError) as info:
+        locked.numpy()
+    assert info.value.kind is HazardKind.READ_AFTER_WRITE  # type: ignore[attr-defined]
+    assert "d2h copy" in str(info.value)
+    with pytest.raises(HazardError, match="read-after-write"):
+        dev.host_copy(dev.wrap_host(np.zeros(16, dtype=np.uint8)), 0, locked, 0, 16)
+    done.synchronize()
+    assert np.array_equal(locked.numpy(), data)
+
+
+def test_host_write_on_one_thread_then_a_copy_from_another(sim: SimBackend) -> None:
+    import threading
+
+    dev = sim.device(0)
+    host = dev.alloc_pinned(256)
+    stamps = {}
+
+    def fill() -> None:
+        host.numpy(write=True)[:] = 7
+        stamps["filled"] = sim.host_timestamp()
+
+    thread = threading.Thread(target=fill)
+    thread.start()
+    thread.join()
+    stream, slot = dev.stream(), dev.alloc(256)
+    with pytest.raises(HazardError, match="read-after-write.*host write") as info:
+        stream.copy_h2d(slot, 0, host, 0, 256)  # nothing told this thread the fill is done
+    assert "host_resume_at" in str(info.value)
+    sim.host_resume_at(stamps["filled"])
+    stream.copy_h2d(slot, 0, host, 0, 256)
+    stream.synchronize()
+    assert slot.read().tolist() == [7] * 256
+
+
+def test_pageable_memory_is_the_hosts_again_once_the_call_returns(sim: SimBackend) -> None:
+    dev = sim.device(0)
+    stream = dev.stream()
+    host = dev.wrap_host(np.zeros(4096, dtype=np.uint8))
+    stream.copy_h2d(dev.alloc(4096), 0, host, 0, 4096)
+    host.numpy(write=True)[:] = 1  # the runtime staged the bytes (or the call waited)
+
+
+def test_read_views_are_read_only(sim: SimBackend) -> None:
+    host = sim.device(0).alloc_pinned(64)
+    with pytest.raises(ValueError, match="read-only"):
+        host.numpy()[:] = 1
+    with pytest.raises(InvalidArgument, match="read-only host memory"):
+        sim.device(0).wrap_host(b"abc").numpy(write=True)
+    with pytest.raises(InvalidArgument, match="outside"):
+        host.numpy(60, 8)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import resource
 import threading
@@ -161,7 +162,7 @@ def test_short_copy_backfills_an_idle_gap_of_the_copy_engine() -> None:
         a, b, c, d = (dev.stream() for _ in range(4))
         pinned, buf = dev.alloc_pinned(GIB), dev.alloc(GIB)
         gate = dev.event()
-        b.memset(dev.alloc(10_000), 0, 10_000, 0)  # 10 ms on the compute engine
+        b.memset(dev.alloc(10_000), 0, 10_000, 0)  # 10 ms on stream b
         b.record(gate)
         a.wait(gate)
         a.copy_h2d(buf, 0, pinned, 0, MIB)  # ready at 10 ms
@@ -191,6 +192,38 @@ def test_copies_overlap_compute_but_share_their_engine() -> None:
         )
         assert c2.start >= c1.end  # one H2D engine
         assert m.start < c1.end  # the compute engine runs alongside
+
+
+BUSY = register_kernel(
+    KernelSpec(
+        "engine_test_busy",
+        run=lambda args, grid, block: None,
+        accesses=lambda args: [Access(args[0], write=True)],
+        flops=lambda args: float(args[1]),
+    )
+)
+
+
+@pytest.mark.parametrize("engine", ["fill-kernel", "copy-engine"])
+def test_a_tail_clear_on_a_copy_stream_never_holds_back_a_kernel(engine: str) -> None:
+    # 10 000 bytes of memset take 10 ms, 20 MB of device-local copy 20 ms.
+    profile = {"base": "cuda-h200", "memset_bps": 1e6, "d2d_bps": 1e9, "memset_engine": engine}
+    with _open(profile=profile, data=False) as sim:
+        dev = sim.device(0)
+        copy, compute, other = dev.stream(), dev.stream(), dev.stream()
+        pinned, slot, out = dev.alloc_pinned(GIB), dev.alloc(GIB), dev.alloc(64)
+        copy.copy_h2d(slot, 0, pinned, 0, GIB - 10_000)
+        copy.memset(slot, GIB - 10_000, 10_000, 0)  # behind the copy: from ~19 ms
+        compute.launch(dev.compile("", BUSY.name), 1, 1, (out.view(), np.float64(0.02 * sim.profile.flops_per_s)))
+        other.copy_d2d(dev.alloc(20 * 10**6), 0, dev.alloc(20 * 10**6), 0, 20 * 10**6)
+        (memset,), (kernel,), (d2d,) = (
+            _ops(sim, OpKind.MEMSET, copy.handle),
+            _ops(sim, OpKind.KERNEL, compute.handle),
+            _ops(sim, OpKind.D2D, other.handle),
+        )
+        assert memset.start >= 19e-3
+        assert kernel.start < 1e-3  # ready first, so first: the memset is no kernel's obstacle
+        assert (d2d.start >= memset.end) == (engine == "copy-engine")  # a copy engine is shared
 
 
 # -- timing-only mode at full scale -----------------------------------------------------------
@@ -269,6 +302,9 @@ def test_user_profile_from_dict_and_json(tmp_path: Path) -> None:
         assert sim.device(0).total_memory == 1 << 30
     with _open(profile=custom) as sim:
         assert sim.device(0).arch == "my-card"
+    # Profiles written before memset_engine existed still load, with the fill-kernel default.
+    older = {k: v for k, v in dataclasses.asdict(custom).items() if k != "memset_engine"}
+    assert Profile.from_dict(older).memset_engine == "fill-kernel"
 
 
 def test_bad_profiles_are_refused_with_the_reason(tmp_path: Path) -> None:
@@ -278,6 +314,8 @@ def test_bad_profiles_are_refused_with_the_reason(tmp_path: Path) -> None:
         Profile.from_dict({"name": "half"})
     with pytest.raises(InvalidArgument, match="h2d_pinned_bps"):
         Profile.from_dict({"base": "cuda-h200", "h2d_pinned_bps": -1})
+    with pytest.raises(InvalidArgument, match="memset_engine must be one of"):
+        Profile.from_dict({"base": "cuda-h200", "memset_engine": "dma"})
     with pytest.raises(InvalidArgument, match="cuda-h200"):
         expertstream.backend("sim", profile="no-such-card")
     bad = tmp_path / "bad.json"

@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import expertstream
 from expertstream.backends.base import Backend, HostBuffer
-from expertstream.errors import InvalidArgument, UseAfterClose
+from expertstream.errors import HazardError, InvalidArgument, UseAfterClose
 from expertstream.hostmem import HostMemoryMode, HostWeights, StagingRing
 
 
@@ -149,3 +150,23 @@ def test_ring_refuses_out_of_range_and_closed_use(backend: Backend) -> None:
         with pytest.raises(UseAfterClose, match="staging ring is closed"):
             ring.copy(stream, dst, 0, 0, 100)
     dst.close()
+
+
+def test_a_refill_that_skips_its_wait_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The simulator's checker sees host copies into pinned chunks a DMA may still be reading."""
+    with expertstream.backend("sim") as sim:
+        device = sim.device(0)
+        data = _pattern(4 * 4096)
+        with StagingRing(device.wrap_host(data), chunk_bytes=4096, chunks=2, threads=1) as ring:
+            for slot in ring._slots:  # a refill that does not wait for the chunk's last DMA
+                monkeypatch.setattr(slot.free_event, "synchronize", lambda: None)
+            dst, stream = device.alloc(data.size), device.stream()
+            with pytest.raises(HazardError, match="write-after-read") as info:
+                ring.copy(stream, dst, 0, 0, data.size)
+            assert "host copy on host thread" in str(info.value) and "h2d copy on stream" in str(info.value)
+            monkeypatch.undo()
+            device.synchronize()
+            ring.copy(stream, dst, 0, 0, data.size)  # with its waits: no hazard, every byte right
+            stream.synchronize()
+            assert np.array_equal(dst.read(), data)
+            dst.close()

@@ -54,7 +54,7 @@ class BuiltPlan:
 def host_buffer(device: Device, data: np.ndarray, kind: HostMemory) -> HostBuffer:
     if kind is HostMemory.PINNED:
         host = device.alloc_pinned(data.nbytes)
-        host.array[:] = data
+        host.numpy(write=True)[:] = data
         return host
     host = device.wrap_host(data)
     if kind is HostMemory.REGISTERED:
@@ -63,60 +63,73 @@ def host_buffer(device: Device, data: np.ndarray, kind: HostMemory) -> HostBuffe
 
 
 def build(backend: Backend, specs: list[LayerSpec], seed: int) -> BuiltPlan:
+    """One split per layer, reading one expert tensor ``w``."""
+    return build_splits(backend, [[spec] for spec in specs], seed)
+
+
+def build_splits(backend: Backend, splits_of: list[list[LayerSpec]], seed: int) -> BuiltPlan:
+    """One split per list of specs, reading one expert tensor per spec (``w``, or ``w0``, ``w1``...).
+
+    The first spec of a split gives its device and routing (n_expert, n_ids); each spec gives
+    its tensor's shape and where it lives.
+    """
     rng = np.random.default_rng(seed)
     splits: list[Split] = []
     built = BuiltPlan(Plan(()), [])
-    for index, spec in enumerate(specs):
-        device = backend.device(spec.device)
+    for index, specs in enumerate(splits_of):
+        first = specs[0]
+        device = backend.device(first.device)
         kernel = digest.compile_digest(device)
-        expert_nbytes = spec.rows * row_size(spec.row_type, spec.ne0)
-        nbytes = spec.n_expert * expert_nbytes
-        data = rng.integers(0, 256, nbytes, dtype=np.uint8)
-        ids = rng.integers(0, spec.n_expert, spec.n_ids, dtype=np.int32)
+        names = ["w"] if len(specs) == 1 else [f"w{k}" for k in range(len(specs))]
+        data = [rng.integers(0, 256, first.n_expert * _expert_nbytes(spec), dtype=np.uint8) for spec in specs]
+        ids = rng.integers(0, first.n_expert, first.n_ids, dtype=np.int32)
         ids_buf = device.upload(ids)
-        out = device.alloc(4 * digest.n_outputs(spec.n_expert, expert_nbytes))
-        padded = device.alloc_size(nbytes, spec.row_type, spec.ne0)
-        expected = digest.reference(data, ids, spec.n_expert, expert_nbytes, padded)
-        built.outputs.append((out, expected))
-        where: dict[str, Any]
-        if spec.resident:
-            resident = device.alloc(nbytes, Usage.WEIGHTS, row_type=spec.row_type, ne0=spec.ne0)
-            resident.write(data)
-            built.resources += [resident, ids_buf]
-            where = {"device_data": resident.view()}
-        else:
-            host = host_buffer(device, data, spec.host)
-            built.resources += [host, ids_buf]
-            where = {"host": HostRegion(host, 0, nbytes)}
-        weights = Input("w", nbytes, row_type=spec.row_type, ne0=spec.ne0, expert_nbytes=expert_nbytes, **where)
+        built.resources.append(ids_buf)
+        inputs, reads = [], []
+        for name, spec, tensor in zip(names, specs, data, strict=True):
+            expert_nbytes = _expert_nbytes(spec)
+            out = device.alloc(4 * digest.n_outputs(first.n_expert, expert_nbytes))
+            padded = device.alloc_size(tensor.nbytes, spec.row_type, spec.ne0)
+            built.outputs.append((out, digest.reference(tensor, ids, first.n_expert, expert_nbytes, padded)))
+            inputs.append(_input(device, name, spec, tensor, expert_nbytes, built))
+            reads.append((name, out, expert_nbytes, tensor.nbytes))
 
-        def compute(
-            stream,
-            bindings,
-            *,
-            kernel=kernel,
-            out=out,
-            ids_buf=ids_buf,
-            spec=spec,
-            expert_nbytes=expert_nbytes,
-            nbytes=nbytes,
-        ):  # type: ignore[no-untyped-def]
-            digest.launch(
-                stream,
-                kernel,
-                bindings["w"],
-                out.view(),
-                ids_buf.view(),
-                spec.n_ids,
-                spec.n_expert,
-                expert_nbytes,
-                nbytes,
-            )
+        def compute(stream, bindings, *, kernel=kernel, ids_buf=ids_buf, first=first, reads=reads):  # type: ignore[no-untyped-def]
+            for name, out, expert_nbytes, nbytes in reads:
+                digest.launch(
+                    stream,
+                    kernel,
+                    bindings[name],
+                    out.view(),
+                    ids_buf.view(),
+                    first.n_ids,
+                    first.n_expert,
+                    expert_nbytes,
+                    nbytes,
+                )
 
-        routing = MulMatId(ids_buf.view(), spec.n_ids, spec.n_expert, ("w",))
-        splits.append(Split(f"layer{index}", device, (weights,), compute, routing))
+        routing = MulMatId(ids_buf.view(), first.n_ids, first.n_expert, tuple(names))
+        splits.append(Split(f"layer{index}", device, tuple(inputs), compute, routing))
     built.plan = Plan.of(splits)
     return built
+
+
+def _expert_nbytes(spec: LayerSpec) -> int:
+    return spec.rows * row_size(spec.row_type, spec.ne0)
+
+
+def _input(device: Device, name: str, spec: LayerSpec, data: np.ndarray, expert_nbytes: int, built: BuiltPlan) -> Input:
+    where: dict[str, Any]
+    if spec.resident:
+        resident = device.alloc(data.nbytes, Usage.WEIGHTS, row_type=spec.row_type, ne0=spec.ne0)
+        resident.write(data)
+        built.resources.append(resident)
+        where = {"device_data": resident.view()}
+    else:
+        host = host_buffer(device, data, spec.host)
+        built.resources.append(host)
+        where = {"host": HostRegion(host, 0, data.nbytes)}
+    return Input(name, data.nbytes, row_type=spec.row_type, ne0=spec.ne0, expert_nbytes=expert_nbytes, **where)
 
 
 def random_specs(

@@ -41,13 +41,17 @@ def test_waits_and_fires_follow_the_rules(slots: int, host: HostMemory) -> None:
         assert previous_launch < ready_waits[j] < kernels[j]
         assert ready_waits[j] > copies[j]
         assert not [c for c in copies if previous_launch < c < ready_waits[j] and c != copies[j]]
-    for i in range(LAYERS - slots + 1):
-        # Rule 4: the copy for split i+N-1 is fired after split i is launched, before split i+1. A
-        # pageable copy is enqueued by the copy worker, which waits out the copy before it (the
-        # copy stream could not start it earlier anyway), so only its lower bound is in enqueue order.
-        ahead = copies[i + slots - 1]
-        assert kernels[i] < ahead
-        if host is not HostMemory.PAGEABLE:
+    if host is HostMemory.PAGEABLE:
+        for j in range(LAYERS):
+            # Rule 5: the copy worker enqueues split j's copy only once the wait for split j-1 is
+            # enqueued, and only after the split that last read its slot was launched.
+            assert j == 0 or ready_waits[j - 1] < copies[j]
+            assert j < slots or kernels[j - slots] < copies[j]
+    else:
+        for i in range(LAYERS - slots + 1):
+            # Rule 4: the copy for split i+N-1 is fired after split i is launched, before split i+1.
+            ahead = copies[i + slots - 1]
+            assert kernels[i] < ahead
             assert i + 1 == LAYERS or ahead < kernels[i + 1]
     for j in range(slots, LAYERS):
         # Rule 2: a copy into a reused slot sits behind a real wait on the copy stream.

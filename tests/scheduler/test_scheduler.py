@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from expertstream.backends.base import Backend, HostMemory
-from expertstream.errors import OutOfDeviceMemory
+from expertstream.errors import InvalidArgument, OutOfDeviceMemory
 from expertstream.scheduler import Fallback, Scheduler
 
 from . import plans
@@ -92,6 +92,24 @@ def test_invalid_routing_ids_are_named(backend: Backend) -> None:
     with Scheduler() as sched, pytest.raises(ValueError, match="layer0.*routing id 99"):
         sched.run(built.plan)
     built.close()
+
+
+def test_a_host_region_over_device_memory_is_refused(backend: Backend) -> None:
+    from expertstream.scheduler import HostRegion
+
+    with backend.device(0).alloc(64) as buf, pytest.raises(InvalidArgument, match="not of a .*DeviceBuffer"):
+        HostRegion(buf, 0, 64)  # type: ignore[arg-type]
+
+
+def test_an_expert_size_that_does_not_make_the_tensor_is_named(backend: Backend) -> None:
+    from expertstream.scheduler import HostRegion, Input, MulMatId, Split
+
+    device = backend.device(0)
+    with device.upload(np.zeros(8, dtype=np.int32)) as ids:
+        host = device.wrap_host(np.zeros(4096, dtype=np.uint8))
+        weights = Input("up_exps", 4096, host=HostRegion(host, 0, 4096), expert_nbytes=512)  # 8 experts' worth
+        with pytest.raises(InvalidArgument, match=r"split 'layer3'.*'up_exps'.*4096 bytes.*4 experts of 512"):
+            Split("layer3", device, (weights,), lambda stream, bindings: None, MulMatId(ids.view(), 8, 4, ("up_exps",)))
 
 
 def test_allocation_failure_falls_back_once(

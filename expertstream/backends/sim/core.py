@@ -55,8 +55,7 @@ class Work:
     duration: float = 0.0
     blocks_host: bool = False
     effect: Callable[[], None] | None = None
-    touches: Sequence[Touch] = ()
-    host_buffers: Sequence[HostBuffer] = ()
+    touches: Sequence[Touch] = ()  # device bytes, and host bytes the device reaches after the call returns
     zero_fill: bool = False
 
 
@@ -100,7 +99,7 @@ class Simulation:
             stream.tail = end
             seq = next(self._enqueue_seq)
             if staged is not None and self.checker is not None:
-                self.checker.commit(staged[0], staged[1], work.touches, work.host_buffers)
+                self.checker.commit(staged[0], staged[1], work.touches)
             if work.effect is not None and self.data:
                 self._effects.push(start, seq, work.effect)
             if work.blocks_host:
@@ -225,6 +224,13 @@ class Simulation:
             self.clocks.advance_to(float(timestamp))
             if self.checker is not None and isinstance(timestamp, HostTimestamp):
                 self.checker.observe(self.thread_agent(), timestamp.knowledge)
+
+    def host_access(self, touches: Sequence[Touch], what: str, call: str) -> None:
+        """The calling thread reads or writes host bytes; raise a hazard if device work may still use them."""
+        if self.checker is None:
+            return
+        with self.lock:
+            self.checker.host_access(self.thread_agent(), self.clocks.thread_index(), touches, what, call)
 
     def check_release(self, buffer: DeviceBuffer | HostBuffer, call: str) -> None:
         """Raise a use-after-free hazard unless work touching ``buffer`` is ordered before this thread."""

@@ -11,6 +11,7 @@ from ...timeline import OpKind
 from ..base import Capabilities, Device, HostBuffer, HostMemory, Kernel, Usage, as_host_bytes, check_range
 from ..interop import DLDeviceType
 from .core import Simulation
+from .hazards import Touch
 from .kernels import SimKernel, lookup_kernel
 from .memory import GARBAGE_BYTE, SimDeviceBuffer, SimHostBuffer, untouched_host_bytes
 from .streams import SimEvent, SimStream
@@ -26,7 +27,7 @@ class SimDevice(Device):
         super().__init__(backend, index, sim.profile.device_name)
         self.sim = sim
         self._peer_access_allowed = peer_access_allowed
-        self._peers: set[int] = set()
+        self._peers: set[SimDevice] = set()  # devices, not indices: another backend's device 0 is not ours
         self._used = 0
         self._next_address = (index + 1) << 40  # distinct, plausible device addresses per device
         self._kernels: dict[str, SimKernel] = {}
@@ -48,7 +49,7 @@ class SimDevice(Device):
             events=True,
             host_register=profile.host_register,
             host_register_read_only=profile.host_register_read_only,
-            peer_access=frozenset(self._peers),
+            peer_access=frozenset(peer.index for peer in self._peers),
         )
 
     @property
@@ -143,7 +144,10 @@ class SimDevice(Device):
                 device=self.label,
                 hint="open the simulator with peer_access=True, or stage the data through host memory",
             )
-        self._peers.add(other.index)
+        self._peers.add(other)
+
+    def can_access_peer(self, other: Device) -> bool:
+        return other is self or other in self._peers
 
     # -- host memory ---------------------------------------------------------------------
     def alloc_pinned(self, nbytes: int) -> HostBuffer:
@@ -171,12 +175,24 @@ class SimDevice(Device):
 
     def host_copy(self, dst: HostBuffer, dst_offset: int, src: HostBuffer, src_offset: int, nbytes: int) -> None:
         """A memcpy on the calling thread, which it pays for at the profile's one-thread rate."""
-        if self.sim.data:
+        call = "Device.host_copy"
+        check_range(call, dst, dst_offset, nbytes)
+        check_range(call, src, src_offset, nbytes)
+        self.sim.host_access(
+            (
+                Touch(src, src_offset, src_offset + nbytes, write=False),
+                Touch(dst, dst_offset, dst_offset + nbytes, write=True),
+            ),
+            "host copy",
+            call,
+        )
+        if self.sim.data:  # timing-only: placeholder memory is never touched
             super().host_copy(dst, dst_offset, src, src_offset, nbytes)
-        else:  # timing-only: placeholder memory is never touched
-            check_range("Device.host_copy", dst, dst_offset, nbytes)
-            check_range("Device.host_copy", src, src_offset, nbytes)
         self.sim.host_work(OpKind.HOST_COPY, "host copy", nbytes / self.sim.profile.host_memcpy_bps, nbytes)
+
+    def _check_host_access(self, host: HostBuffer, offset: int, nbytes: int, write: bool, call: str) -> None:
+        what = "host write (numpy view)" if write else "host read (numpy view)"
+        self.sim.host_access((Touch(host, offset, offset + nbytes, write=write),), what, call)
 
     def _host_register(self, host: HostBuffer, read_only: bool) -> None:
         profile = self.sim.profile

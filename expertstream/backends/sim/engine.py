@@ -15,12 +15,15 @@ from dataclasses import dataclass, field
 
 
 class EngineKind(enum.Enum):
-    """The independent queues of one device: copies each way, device-local copies, compute."""
+    """The independent queues of one device: copies each way, device-local copies, compute.
+
+    A memset takes the D2D engine or none, as the profile's ``memset_engine`` says.
+    """
 
     H2D = "h2d"
     D2H = "d2h"
     D2D = "d2d"
-    COMPUTE = "compute"  # kernels and memsets
+    COMPUTE = "compute"  # kernels
 
 
 class BusyTrack:

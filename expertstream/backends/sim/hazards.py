@@ -4,13 +4,19 @@ Happens-before is tracked with vector clocks. Every stream and every host thread
 agent with a clock; an operation gets its stream's clock joined with the enqueuing thread's
 (what the host knew when it enqueued), plus the clocks of the events its stream waited for.
 An earlier operation E is ordered before a later one whose clock is C iff
-``C[E.agent] >= E.seq``. Per device buffer an interval map keeps, for every byte range, the
-last writer and the latest reader of each stream, so a check costs a few dictionary lookups.
+``C[E.agent] >= E.seq``. Per buffer an interval map keeps, for every byte range, the last
+writer and the latest reader of each agent, so a check costs a few dictionary lookups.
+
+Host buffers are tracked where device work reaches them after the call that enqueued it
+returned (page-locked memory, which the DMA reads or writes in place), and so are host-side
+accesses to them (host copies, numpy views handed out): a host thread's accesses are
+operations of its own agent, checked against device work like any other.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 import weakref
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -22,6 +28,11 @@ from ..base import DeviceBuffer, HostBuffer, Usage
 VectorClock = dict[int, int]
 
 _ORDERING_HINT = "record an event after the earlier operation and make the later one's stream wait for it"
+_HOST_HINT = "synchronize the stream, or an event recorded after that work, before the host touches those bytes"
+_HANDOFF_HINT = (
+    "enqueue from the thread that touched the bytes, or hand its Backend.host_timestamp() to the enqueuing "
+    "thread's host_resume_at() first"
+)
 
 
 class HazardKind(enum.Enum):
@@ -54,18 +65,24 @@ class OpInfo:
     zero_fill: bool = False  # a memset with value 0: what padding must have been last written by
 
     @property
+    def on_host(self) -> bool:
+        return self.agent < 0  # host threads have negative agent ids
+
+    @property
     def short(self) -> str:
-        return f"{self.what} on stream {self.agent}"
+        return f"{self.what} on {self.stream_name}" if self.on_host else f"{self.what} on stream {self.agent}"
 
     def __str__(self) -> str:
+        if self.on_host:
+            return self.short
         return f"{self.what} on stream {self.agent} ({self.stream_name!r} on {self.device})"
 
 
 @dataclass(frozen=True)
 class Touch:
-    """Bytes ``[start, end)`` of a device buffer that an operation reads or writes."""
+    """Bytes ``[start, end)`` of a device or host buffer that an operation reads or writes."""
 
-    buffer: DeviceBuffer
+    buffer: DeviceBuffer | HostBuffer
     start: int
     end: int
     write: bool
@@ -99,6 +116,8 @@ class _RangeMap:
         self._segs: list[_Segment] = [_Segment(None, {})]
 
     def segments(self, a: int, b: int) -> Iterator[tuple[int, int, _Segment]]:
+        if a >= b:
+            return  # an empty range touches nothing
         i = bisect_right(self._starts, a) - 1
         n = len(self._starts)
         while i < n and self._starts[i] < b:
@@ -135,8 +154,8 @@ class _RangeMap:
 class _BufferState:
     __slots__ = ("ranges", "users")
 
-    def __init__(self, size: int | None) -> None:
-        self.ranges = _RangeMap(size) if size is not None else None  # None for host buffers
+    def __init__(self, size: int) -> None:
+        self.ranges = _RangeMap(size)
         self.users: dict[int, OpInfo] = {}  # latest operation per stream that touched the buffer
 
 
@@ -183,22 +202,33 @@ class HazardChecker:
             if conflict is not None:
                 raise _report(conflict, op, touch, call)
 
-    def commit(
-        self, op: OpInfo, clock: VectorClock, touches: Sequence[Touch], host_buffers: Sequence[HostBuffer] = ()
-    ) -> None:
+    def commit(self, op: OpInfo, clock: VectorClock, touches: Sequence[Touch]) -> None:
         self._clocks[op.agent] = clock
         for touch in touches:
-            if touch.end <= touch.start:
-                continue
-            state = self._state(touch.buffer)
-            assert state.ranges is not None
-            if touch.write:
-                state.ranges.write(touch.start, touch.end, op)
-            else:
-                state.ranges.read(touch.start, touch.end, op)
-            state.users[op.agent] = op
-        for host in host_buffers:
-            self._state(host).users[op.agent] = op
+            if touch.end > touch.start:
+                self._record(op, touch).users[op.agent] = op
+
+    def host_access(self, thread_agent: int, thread: int, touches: Sequence[Touch], what: str, call: str) -> None:
+        """A host thread reads or writes host bytes: raise if device work may still use them.
+
+        Only buffers device work can reach after its call returned are checked and remembered
+        (page-locked ones, and any such work already touched), so that later device work is
+        checked against the host's access too.
+        """
+        touches = [t for t in touches if t.end > t.start and self._tracked(t.buffer)]
+        if not touches:
+            return
+        clock = dict(self._clocks.get(thread_agent, {}))
+        clock[thread_agent] = clock.get(thread_agent, 0) + 1
+        op = OpInfo(thread_agent, clock[thread_agent], what, f"host thread {thread}", touches[0].buffer.device.label)
+        for touch in touches:
+            conflicts_of = functools.partial(_ordering, write=touch.write, clock=clock, compute=False)
+            conflict = _first(self._state(touch.buffer).ranges.segments(touch.start, touch.end), conflicts_of)
+            if conflict is not None:
+                raise _report(conflict, op, touch, call)
+        self._clocks[thread_agent] = clock
+        for touch in touches:
+            self._record(op, touch)
 
     def check_release(self, buffer: DeviceBuffer | HostBuffer, thread_agent: int, thread: int, call: str) -> None:
         """Raise unless all work touching ``buffer`` is ordered before the calling host thread."""
@@ -221,14 +251,24 @@ class HazardChecker:
     def _state(self, buffer: DeviceBuffer | HostBuffer) -> _BufferState:
         state = self._buffers.get(buffer)
         if state is None:
-            state = _BufferState(buffer.alloc_size if isinstance(buffer, DeviceBuffer) else None)
+            state = _BufferState(buffer.alloc_size if isinstance(buffer, DeviceBuffer) else buffer.nbytes)
             self._buffers[buffer] = state
         return state
 
+    def _record(self, op: OpInfo, touch: Touch) -> _BufferState:
+        state = self._state(touch.buffer)
+        if touch.write:
+            state.ranges.write(touch.start, touch.end, op)
+        else:
+            state.ranges.read(touch.start, touch.end, op)
+        return state
+
+    def _tracked(self, buffer: DeviceBuffer | HostBuffer) -> bool:
+        return buffer in self._buffers or (isinstance(buffer, HostBuffer) and buffer.is_page_locked)
+
     def _first_conflict(self, touch: Touch, clock: Mapping[int, int]) -> _Conflict | None:
         ranges = self._state(touch.buffer).ranges
-        assert ranges is not None
-        compute = touch.buffer.usage is Usage.COMPUTE
+        compute = isinstance(touch.buffer, DeviceBuffer) and touch.buffer.usage is Usage.COMPUTE
         if touch.padded_from is not None:
             found = _first(ranges.segments(max(touch.padded_from, touch.start), touch.end), _stale_padding)
             if found is not None:
@@ -281,9 +321,10 @@ def _report(conflict: _Conflict, op: OpInfo, touch: Touch, call: str) -> SimHaza
     buf = touch.buffer
     span = f"bytes [{conflict.lo}, {conflict.hi})"
     other = conflict.other
-    missing = f"no event wait orders the {other.short} before the {op.short}" if other else ""
+    orders = "no synchronize or event wait" if op.on_host or (other and other.on_host) else "no event wait"
+    missing = f"{orders} orders the {other.short} before the {op.short}" if other else ""
     kind = conflict.kind
-    hint = _ORDERING_HINT
+    hint = _HOST_HINT if op.on_host else _HANDOFF_HINT if other and other.on_host else _ORDERING_HINT
     if kind is HazardKind.READ_AFTER_WRITE:
         text = f"read-after-write hazard: {op} reads {buf!r} {span} last written by {other}; {missing}"
     elif kind is HazardKind.UNINITIALIZED_READ:

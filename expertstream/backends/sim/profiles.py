@@ -23,6 +23,9 @@ DEFAULT_PROFILE = "cuda-h200"
 
 _GIB = 1 << 30
 _VENDORS = ("nvidia", "amd")
+# What runs a memset of device memory: a fill kernel on the stream's own queue, which shares the
+# execution units with other streams' kernels instead of waiting for them, or a copy engine.
+MEMSET_ENGINES = ("fill-kernel", "copy-engine")
 
 
 @dataclass(frozen=True)
@@ -49,10 +52,15 @@ class Profile:
     pageable_blocks_host: bool  # a copy from/to pageable memory returns only once it is done
     host_register: bool
     host_register_read_only: bool
+    memset_engine: str = "fill-kernel"  # one of MEMSET_ENGINES
 
     def __post_init__(self) -> None:
         if self.vendor_like not in _VENDORS:
             raise InvalidArgument(f"profile {self.name!r}: vendor_like must be one of {_VENDORS}")
+        if self.memset_engine not in MEMSET_ENGINES:
+            raise InvalidArgument(
+                f"profile {self.name!r}: memset_engine must be one of {MEMSET_ENGINES}, got {self.memset_engine!r}"
+            )
         if not isinstance(self.memory_bytes, int) or self.memory_bytes <= 0:
             raise InvalidArgument(f"profile {self.name!r}: memory_bytes must be a positive integer")
         for f in dataclasses.fields(self):
@@ -75,7 +83,8 @@ class Profile:
             )
         if base_name is not None:
             values = {**dataclasses.asdict(builtin_profile(str(base_name))), **values}
-        missing = sorted(known - set(values))
+        required = {f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING}
+        missing = sorted(required - set(values))
         if missing:
             raise InvalidArgument(
                 f"profile is missing field(s) {', '.join(missing)}",
@@ -126,6 +135,9 @@ CUDA_H200 = Profile(
     pageable_blocks_host=True,  # measured: the host is blocked for the whole pageable copy
     host_register=True,
     host_register_read_only=True,  # measured: cudaHostRegisterReadOnly of a PROT_READ mmap works
+    # assumed: not measured whether the driver fills with a kernel or a copy engine; either runs
+    # beside the kernels of other streams rather than after them.
+    memset_engine="fill-kernel",
 )
 
 ROCM_R9700 = Profile(
@@ -157,6 +169,7 @@ ROCM_R9700 = Profile(
     pageable_blocks_host=True,
     host_register=True,  # hipHostRegister exists
     host_register_read_only=False,  # HIP exposes no read-only registration flag
+    memset_engine="fill-kernel",  # ROCm's runtime fills device memory with a blit kernel on the stream's queue
 )
 
 BUILTIN_PROFILES: dict[str, Profile] = {p.name: p for p in (CUDA_H200, ROCM_R9700)}
@@ -192,4 +205,12 @@ def resolve_profile(spec: ProfileSpec) -> Profile:
     )
 
 
-__all__ = ["BUILTIN_PROFILES", "PROFILE_ENV", "Profile", "ProfileSpec", "builtin_profile", "resolve_profile"]
+__all__ = [
+    "BUILTIN_PROFILES",
+    "MEMSET_ENGINES",
+    "PROFILE_ENV",
+    "Profile",
+    "ProfileSpec",
+    "builtin_profile",
+    "resolve_profile",
+]

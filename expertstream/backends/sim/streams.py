@@ -21,15 +21,22 @@ if TYPE_CHECKING:
     from .device import SimDevice
 
 
+# A fill kernel runs on its stream's queue beside other streams' kernels: it takes no engine that
+# kernels wait for (booking it on the compute engine made a tail clear enqueued on a copy stream
+# hold back kernels that were ready before it).
+_MEMSET_ENGINE: dict[str, EngineKind | None] = {"fill-kernel": None, "copy-engine": EngineKind.D2D}
+
+
 def _device_bytes(buf: DeviceBuffer, offset: int, n: int) -> np.ndarray | None:
     array = buf.array if isinstance(buf, SimDeviceBuffer) else None
     return None if array is None else array[offset : offset + n]
 
 
-def _page_locked(host: HostBuffer) -> tuple[HostBuffer, ...]:
-    # Only page-locked memory is read or written by the DMA after the call returns; pageable
-    # bytes are staged (or the call waits), so the caller may reuse or free them at once.
-    return (host,) if host.is_page_locked else ()
+def _host_touch(host: HostBuffer, offset: int, n: int, *, write: bool, blocks_host: bool) -> tuple[Touch, ...]:
+    # The DMA reads or writes page-locked memory after the call returns; pageable bytes are
+    # staged (or the call waits), so the caller may reuse or free them at once.
+    deferred = host.is_page_locked or (write and not blocks_host)
+    return (Touch(host, offset, offset + n, write=write),) if deferred else ()
 
 
 def _copy_effect(dst: np.ndarray | None, src: np.ndarray | None) -> Callable[[], None] | None:
@@ -56,6 +63,7 @@ class SimStream(Stream):
     def _copy_h2d(self, dst: DeviceBuffer, dst_offset: int, src: HostBuffer, src_offset: int, n: int) -> None:
         profile = self._sim.profile
         pageable = src.kind is HostMemory.PAGEABLE
+        blocks_host = pageable and profile.pageable_blocks_host
         source = src.array[src_offset : src_offset + n]
         if self._sim.data and pageable and not profile.pageable_blocks_host:
             source = source.copy()  # the runtime stages pageable bytes before the call returns
@@ -69,16 +77,19 @@ class SimStream(Stream):
                 EngineKind.H2D,
                 profile.copy_latency_s,
                 n / (profile.h2d_pageable_bps if pageable else profile.h2d_pinned_bps),
-                blocks_host=pageable and profile.pageable_blocks_host,
+                blocks_host=blocks_host,
                 effect=_copy_effect(_device_bytes(dst, dst_offset, n), source),
-                touches=(Touch(dst, dst_offset, dst_offset + n, write=True),),
-                host_buffers=_page_locked(src),
+                touches=(
+                    Touch(dst, dst_offset, dst_offset + n, write=True),
+                    *_host_touch(src, src_offset, n, write=False, blocks_host=blocks_host),
+                ),
             )
         )
 
     def _copy_d2h(self, dst: HostBuffer, dst_offset: int, src: DeviceBuffer, src_offset: int, n: int) -> None:
         profile = self._sim.profile
         pageable = dst.kind is HostMemory.PAGEABLE
+        blocks_host = pageable and profile.pageable_blocks_host
         self._submit(
             Work(
                 OpKind.D2H,
@@ -89,10 +100,12 @@ class SimStream(Stream):
                 EngineKind.D2H,
                 profile.copy_latency_s,
                 n / (profile.d2h_pageable_bps if pageable else profile.d2h_bps),
-                blocks_host=pageable and profile.pageable_blocks_host,
+                blocks_host=blocks_host,
                 effect=_copy_effect(dst.array[dst_offset : dst_offset + n], _device_bytes(src, src_offset, n)),
-                touches=(Touch(src, src_offset, src_offset + n, write=False),),
-                host_buffers=_page_locked(dst),
+                touches=(
+                    Touch(src, src_offset, src_offset + n, write=False),
+                    *_host_touch(dst, dst_offset, n, write=True, blocks_host=blocks_host),
+                ),
             )
         )
 
@@ -127,7 +140,7 @@ class SimStream(Stream):
                 "memset",
                 "Stream.memset",
                 n,
-                EngineKind.COMPUTE,
+                _MEMSET_ENGINE[profile.memset_engine],
                 profile.launch_latency_s,
                 n / profile.memset_bps,
                 effect=None if target is None else functools.partial(target.fill, value),

@@ -1,0 +1,117 @@
+"""More slots never make a run slower, in the simulator's virtual time (deterministic, not wall time).
+
+Qwen3-30B-A3B's expert shapes in Q4_0: gate and up rows of 2048 elements, down rows of 768,
+whose padded tail every fill clears. Timing-only backends: no bytes, full-size tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+import expertstream
+from expertstream.backends.base import HostBuffer, HostMemory
+from expertstream.backends.sim import Access, KernelSpec, SimBackend, register_kernel
+from expertstream.ggml import row_size
+from expertstream.scheduler import Input, MulMatId, Plan, Scheduler, Split
+from expertstream.scheduler.source import HostRegion
+from expertstream.timeline import OpKind
+
+KERNEL = "es_test_timed_mul_mat_id"
+N_EXPERT, TOP_K = 128, 8
+SHAPES = (("gate", 768, 2048), ("up", 768, 2048), ("down", 2048, 768))  # rows, elements per row
+
+
+def _accesses(args: tuple) -> list[Access]:
+    weights, nbytes = args[0], int(args[1])
+    padded_from = weights.offset + nbytes if nbytes < weights.nbytes else None
+    return [Access(weights, write=False, padded_from=padded_from)]
+
+
+register_kernel(KernelSpec(KERNEL, run=lambda args, grid, block: None, accesses=_accesses, flops=lambda a: float(a[2])))
+
+
+def _device_of(layer: int, split: int, layers: int, devices: int, layout: str) -> int:
+    if layout == "layers":  # llama.cpp's layer split: the first half of the layers on device 0
+        return layer * devices // layers
+    return (3 * layer + split) % devices  # splits alternate between the devices
+
+
+@contextmanager
+def _qwen3_plan(backend: SimBackend, host: HostMemory, tokens: int, layers: int, layout: str) -> Iterator[Plan]:
+    n_ids = tokens * TOP_K
+    splits, resources = [], []
+    for layer in range(layers):
+        for k, (name, rows, ne0) in enumerate(SHAPES):
+            device = backend.device(_device_of(layer, k, layers, len(backend.devices), layout))
+            ids = device.alloc(4 * n_ids)
+            expert_nbytes = rows * row_size(Q.Q4_0, ne0)
+            nbytes = N_EXPERT * expert_nbytes
+            source: HostBuffer = device.placeholder_host(
+                nbytes, HostMemory.PINNED if host is HostMemory.PINNED else host
+            )
+            resources += [ids, source]
+            kernel = device.compile("", KERNEL)
+            flops = 2.0 * n_ids * rows * ne0
+
+            def compute(stream, bindings, kernel=kernel, nbytes=nbytes, flops=flops):  # type: ignore[no-untyped-def]
+                stream.launch(kernel, 1, 1, (bindings["w"], np.int64(nbytes), np.float64(flops)))
+
+            weights = Input(
+                "w", nbytes, host=HostRegion(source, 0, nbytes), row_type=Q.Q4_0, ne0=ne0, expert_nbytes=expert_nbytes
+            )
+            routing = MulMatId(ids.view(), n_ids, N_EXPERT, ("w",))
+            splits.append(Split(f"{name}.{layer}", device, (weights,), compute, routing))
+    try:
+        yield Plan.of(splits)
+    finally:
+        for resource in resources:
+            resource.close()
+
+
+def _run_ms(profile: str, devices: int, slots: int, host: HostMemory, tokens: int, layout: str = "layers") -> float:
+    with expertstream.backend("sim", profile=profile, devices=devices, data=False) as backend:
+        assert isinstance(backend, SimBackend)
+        with _qwen3_plan(backend, host, tokens, layers=4, layout=layout) as plan, Scheduler(slots=slots) as sched:
+            start = backend.host_time()
+            sched.run(plan)
+            return (backend.host_time() - start) * 1e3
+
+
+CASES = [(1, "layers"), (2, "layers"), (2, "alternate")]
+
+
+@pytest.mark.parametrize("tokens", [512, 4096])
+@pytest.mark.parametrize("host", [HostMemory.PINNED, HostMemory.PAGEABLE], ids=lambda h: h.value)
+@pytest.mark.parametrize(("devices", "layout"), CASES, ids=[f"{d}dev-{layout}" for d, layout in CASES])
+@pytest.mark.parametrize("profile", ["cuda-h200", "rocm-r9700"])
+def test_more_slots_are_never_slower(profile: str, devices: int, layout: str, host: HostMemory, tokens: int) -> None:
+    times = {slots: _run_ms(profile, devices, slots, host, tokens, layout) for slots in (0, 2, 3, 8)}
+    ordered = list(times.values())
+    assert all(later <= earlier for earlier, later in zip(ordered, ordered[1:], strict=False)), times
+    assert times[2] < times[0], times  # and the lookahead pays at all
+
+
+@pytest.mark.parametrize("profile", ["cuda-h200", "rocm-r9700"])
+def test_pageable_sources_on_two_devices_copy_at_once(profile: str) -> None:
+    with expertstream.backend("sim", profile=profile, devices=2, data=False) as backend:
+        assert isinstance(backend, SimBackend)
+        with (
+            _qwen3_plan(backend, HostMemory.PAGEABLE, 512, layers=2, layout="alternate") as plan,
+            Scheduler(slots=2) as sched,
+        ):
+            start = len(backend.timeline)
+            sched.run(plan)
+        copies = [op for op in backend.timeline[start:] if op.kind is OpKind.H2D]
+    assert {op.device for op in copies} == {0, 1}
+    overlapping = [
+        (a, b)
+        for a in copies
+        for b in copies
+        if a.device == 0 and b.device == 1 and a.start < b.end and b.start < a.end
+    ]
+    assert overlapping, "the two devices' copies took turns"
