@@ -315,8 +315,6 @@ def _check_arguments(args: argparse.Namespace) -> None:
         args.output_format = "json"
     if args.trace:
         args.trace = writable_path(args.trace, "--trace")
-    if args.timing_only and any(args.decode):
-        raise UsageError("-n/--decode needs data: leave decode steps out of --timing-only runs")
 
 
 def _batchings(args: argparse.Namespace) -> list[tuple[Batching, int | None]]:

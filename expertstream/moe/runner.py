@@ -43,6 +43,7 @@ from ..kernels import MoeKernels, routing
 from ..kernels.routing import Activation
 from ..model import ModelError, MoeLayer, MoeModel, TensorInfo
 from ..scheduler import Bindings, Input, MulMatId, Plan, Split
+from ..scheduler.scheduler import DEFAULT_PREFILL_FACTOR
 from ..scheduler.source import HostSource
 from . import standin
 from .arch import FfnConfig, ffn_config
@@ -86,6 +87,18 @@ def _router_floats(model: MoeModel, info: TensorInfo) -> np.ndarray:
         return np.ascontiguousarray(raw).view(np.float16).astype(np.float32)
     # BF16: the high half of a float32
     return (np.ascontiguousarray(raw).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def stand_in_routing(seed: int, first: int, count: int, layer: int, model: MoeModel) -> np.ndarray | None:
+    """top_k distinct experts per token drawn uniformly: what a timing-only run copies at decode scale.
+
+    Only the stock path at decode scale reads routing ids back (at the scheduler's default
+    prefill factor); elsewhere there is nothing to stand in for (None).
+    """
+    if count * model.top_k >= DEFAULT_PREFILL_FACTOR * model.n_expert:
+        return None
+    draws = np.random.default_rng([seed, first, layer]).random((count, model.n_expert))
+    return np.argsort(draws, axis=1)[:, : model.top_k].astype(np.int32).reshape(-1)
 
 
 def embeddings(seed: int, first: int, count: int, n_embd: int) -> np.ndarray:
@@ -175,12 +188,6 @@ class MoeRunner(Closing):
         self.batching = batching
         self.seed = seed
         self.data = device.backend.holds_data
-        if batching.decode_steps and not self.data:
-            raise InvalidArgument(
-                "decode needs a backend that holds data: its stock path reads the routing ids back",
-                call="MoeRunner",
-                hint="run decode steps with data, or leave them out of timing-only runs",
-            )
         _check_uniform_layers(model)
         self.kernels = MoeKernels(device)
         self.ffn: FfnConfig = ffn_config(model.arch, model.metadata)
@@ -302,7 +309,7 @@ class MoeRunner(Closing):
                     label=f"ub{u}",
                     layer=layer.index,
                 )
-                splits += self._layer_splits(layer, tokens, experts)
+                splits += self._layer_splits(layer, tokens, experts, first)
         return Plan.of(splits)
 
     def decode_plan(self, experts: ExpertData, step: int) -> Plan:
@@ -312,6 +319,7 @@ class MoeRunner(Closing):
         row = self.model.n_embd * 4
         ids_bytes = self.model.top_k * 4
         splits: list[Split] = []
+        token = self.batching.tokens + step  # the position of the decoded token
         for layer in self.model.layers:
             tokens = _Tokens(
                 hidden=self._decode_hidden.view(step * row, row),
@@ -321,13 +329,15 @@ class MoeRunner(Closing):
                 label=f"step{step}",
                 layer=layer.index,
             )
-            splits += self._layer_splits(layer, tokens, experts)
+            splits += self._layer_splits(layer, tokens, experts, token)
         return Plan.of(splits)
 
-    def _layer_splits(self, layer: MoeLayer, tokens: _Tokens, experts: ExpertData) -> list[Split]:
+    def _layer_splits(self, layer: MoeLayer, tokens: _Tokens, experts: ExpertData, first: int) -> list[Split]:
+        """The layer's four splits for ``tokens``, the first of which is at position ``first``."""
         model = self.model
         name = f"L{layer.index}.{tokens.label}"
         n_ids = tokens.count * model.top_k
+        stand_in_ids = None if self.data else stand_in_routing(self.seed, first, tokens.count, layer.index, model)
         router = Input(ROUTER, layer.router.nbytes, device_data=self._routers[layer.index])
         return [
             Split(f"router.{name}", self.device, (router,), functools.partial(self._route, tokens)),
@@ -337,7 +347,7 @@ class MoeRunner(Closing):
                     self.device,
                     (_expert_input(role, info, experts[info.name]),),
                     functools.partial(compute, tokens, info),
-                    MulMatId(tokens.ids, n_ids, model.n_expert, (role,)),
+                    MulMatId(tokens.ids, n_ids, model.n_expert, (role,), stand_in_ids),
                 )
                 for role, info, compute in (
                     (GATE, layer.gate, self._gate),

@@ -170,13 +170,13 @@ class SimDevice(Device):
         return SimHostBuffer(self, array, HostMemory.PAGEABLE, owner=owner)
 
     def host_copy(self, dst: HostBuffer, dst_offset: int, src: HostBuffer, src_offset: int, nbytes: int) -> None:
-        """A memcpy on the calling thread, which it pays for at the profile's one-thread rate."""
+        """A memcpy on the calling thread at the profile's one-thread rate, sharing the host memory bus."""
         if self.sim.data:
             super().host_copy(dst, dst_offset, src, src_offset, nbytes)
         else:  # timing-only: placeholder memory is never touched
             check_range("Device.host_copy", dst, dst_offset, nbytes)
             check_range("Device.host_copy", src, src_offset, nbytes)
-        self.sim.host_work(OpKind.HOST_COPY, "host copy", nbytes / self.sim.profile.host_memcpy_bps, nbytes)
+        self.sim.host_copy(nbytes)
 
     def _host_register(self, host: HostBuffer, read_only: bool) -> None:
         profile = self.sim.profile
