@@ -63,13 +63,14 @@ class KernelRate:
             return value
         try:
             if isinstance(value, Mapping):
-                return cls(str(value["kernel"]), tuple(value["shape"]), value["size"], value["flops_per_s"])
-            kernel, shape, size, rate = value
-            return cls(str(kernel), tuple(shape), size, rate)
+                kernel, shape, size, rate = (value[k] for k in ("kernel", "shape", "size", "flops_per_s"))
+            else:
+                kernel, shape, size, rate = value
+            shape = tuple(int(n) for n in shape)
         except (KeyError, TypeError, ValueError):
-            raise InvalidArgument(
-                f"a kernel rate must be {{kernel, shape, size, flops_per_s}}, got {value!r}"
-            ) from None
+            wanted = "{kernel, shape, size, flops_per_s}"
+            raise InvalidArgument(f"a kernel rate must be {wanted}, got {value!r}") from None
+        return cls(str(kernel), shape, size, rate)
 
 
 @dataclass(frozen=True)
