@@ -10,10 +10,10 @@ import pytest
 import expertstream
 from expertstream.backends.base import Backend
 from expertstream.errors import InvalidArgument
+from expertstream.ggml import padded_size
 from expertstream.hostmem import HostMemoryMode, HostWeights
 from expertstream.model import MoeModel
 from expertstream.moe.measure import measure_compute_only
-from expertstream.ggml import padded_size
 from expertstream.moe.runner import Batching, MoeRunner, embeddings, sha256, stand_in_routing
 from expertstream.scheduler import Scheduler
 from expertstream.scheduler.stock import expert_ranges
