@@ -23,6 +23,7 @@ keeps what it finished.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import sys
@@ -224,7 +225,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for ubatch in args.ubatch:
             settings = Settings(Batching(args.tokens, ubatch, args.decode_steps), SLOTS, MODES, repeats=args.repeats)
             step = time.perf_counter()
-            measured = measure(backend, device, model, settings, lambda w, u=ubatch: log.info("ub %d: %s", u, w))
+            measured = measure(backend, device, model, settings, functools.partial(_progress, f"ub {ubatch}"))
             run.timings[f"measure ub {ubatch}"] = time.perf_counter() - step
             step = time.perf_counter()
             predicted = predict_candidates(
@@ -243,6 +244,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             _write(run, args.out)
         run.timings["total"] = time.perf_counter() - started
     return _write(run, args.out)
+
+
+def _progress(what: str, step: str) -> None:
+    log.info("%s: %s", what, step)
 
 
 def _ints(text: str) -> tuple[int, ...]:

@@ -18,6 +18,7 @@ from ..backends.sim.profiles import Profile
 from ..errors import OutOfDeviceMemory
 from ..hostmem import HostMemoryMode
 from ..model import MoeModel
+from ..scheduler.stats import Fallback
 from .measure import Measurement, Settings, measure
 from .report import Row
 from .runner import Batching
@@ -37,8 +38,9 @@ def predict(profile: Profile, model: MoeModel, settings: Settings, memory_bytes:
     if memory_bytes is not None:
         profile = dataclasses.replace(profile, memory_bytes=int(memory_bytes))
     with open_backend("sim", profile=profile, data=False, check_hazards=False) as sim:
-        # Virtual time repeats exactly: one run per row, and nothing to warm up.
-        return measure(sim, sim.device(0), model, dataclasses.replace(settings, repeats=1, warmup=False))
+        # Virtual time repeats exactly: one timed run per row (after the warm-up, which sets up
+        # slots and scratch as it does on the device).
+        return measure(sim, sim.device(0), model, dataclasses.replace(settings, repeats=1))
 
 
 def with_predictions(rows: Sequence[Row], predicted: Sequence[Row]) -> list[Row]:
@@ -152,7 +154,7 @@ def predict_candidates(
         for row, (mode, slot_count) in zip(rows, itertools.product(modes, slots), strict=True):
             if row.host_memory != mode.value:
                 continue
-            if row.fallbacks.get("alloc_failed"):
+            if row.fallbacks.get(Fallback.ALLOC_FAILED) or row.fallbacks.get(Fallback.DISABLED):
                 candidates.append(Candidate(slot_count, mode, ubatch, None, "its staging slots cannot be allocated"))
             else:
                 candidates.append(Candidate(slot_count, mode, ubatch, seconds(row)))
