@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from expertstream.backends.sim.profiles import Profile, resolve_profile
+from expertstream.backends.sim.profiles import ROCM_R9700, Profile, resolve_profile
 from expertstream.cli import main
+from microbench import rocm_r9700_fit
 
 TOLERANCE = 0.02
 TAIL_BINDING = {
@@ -94,3 +95,18 @@ def test_bad_tune_input_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture
         Profile.from_dict(
             {"base": "cuda-h200", "kernel_rates": [{"kernel": "k", "shape": [], "size": 0, "flops_per_s": 1}]}
         )
+
+
+def test_the_rocm_profile_is_fitted_to_the_reported_figures() -> None:
+    """The built-in rocm-r9700 holds what microbench/rocm_r9700_fit.py fits (the stand-in's fit
+    simulates 27k tokens: run that script to check it; here its entry must exist)."""
+    fitted = rocm_r9700_fit.reported_fields(ROCM_R9700.launch_latency_s)
+    for field, value in fitted.items():
+        if field == "kernel_rates":
+            for rate in value:
+                assert ROCM_R9700.kernel_rate(rate.kernel, rate.shape, rate.size) == pytest.approx(
+                    sum(r.flops_per_s for r in value) / len(value), rel=1e-3
+                )
+        else:
+            assert getattr(ROCM_R9700, field) == value, field
+    assert any(r.kernel == rocm_r9700_fit.STAND_IN for r in ROCM_R9700.kernel_rates)

@@ -272,35 +272,44 @@ CUDA_H200 = Profile(
     kernel_rates=_h200_kernel_rates(),
 )
 
+# Fitted to the R9700 figures of the PR #28414 report only, through tune's own fit functions
+# (microbench/rocm_r9700_fit.py, which prints these values; docs/results/rocm-sim.md says which
+# figure fits what and what is predicted). `expertstream tune` on an AMD GPU replaces it.
+_R9700_GATE_UP = ("moe_mul_mat_id_q4_0_m64", (640, 2560), 80.0)  # mul_mat_id at ub 4096: shape, pairs per expert
 ROCM_R9700 = Profile(
     name="rocm-r9700",
     vendor_like="amd",
     device_name="AMD Radeon AI PRO R9700",
     memory_bytes=32 * _GIB,  # datasheet: 32 GB GDDR6
-    h2d_pinned_bps=53e9,  # reported: hipMemcpy 53 GB/s pinned
-    h2d_pageable_bps=53e9,  # reported: hipMemcpy 53 GB/s pageable too
+    h2d_pinned_bps=53e9,  # fitted: the hipMemcpy microbench, 53 GB/s pinned
+    h2d_pageable_bps=53e9,  # fitted: the same, pageable
     d2h_bps=53e9,  # assumed: the PCIe link is symmetric
     d2h_pageable_bps=53e9,  # assumed: like H2D
     d2d_bps=0.26e12,  # assumed: a copy reads and writes every byte, ~40% of the 644 GB/s GDDR6 peak
     peer_bps=50e9,  # assumed: peers over PCIe 5.0 x16
     memset_bps=0.39e12,  # assumed: write-only traffic, ~60% of the GDDR6 peak
-    # From the R9700 prefill figures on the 72 GB expert set at ub 4096: stock 1014 t/s means
-    # 4.04 s per ubatch, of which 72 GB / 53 GB/s = 1.36 s is the serial copy, so ~2.7 s is
-    # compute; with overlap 1600 t/s means ~2.6 s per ubatch, compute-bound. That compute holds
-    # ~2.3e9 active expert weights (72 GB at ~4.8 bits each, 10 of 512 experts) x 2 flops x 4096
-    # tokens = 1.9e13 flops of expert matmuls plus attention, so the MoE kernels ran at ~7.4e12
-    # flop/s or more; 8e12 rounds that up.
-    flops_per_s=8e12,
+    flops_per_s=4.8e13,  # assumed: kernels without a fitted rate run at mul_mat_id's
     launch_latency_s=5e-6,  # assumed: like the CUDA profile
     copy_latency_s=10e-6,  # assumed: like the CUDA profile
-    enqueue_s=30e-6,  # assumed: like the CUDA profile (the same Python binding overhead)
+    enqueue_s=30e-6,  # assumed: the same Python binding overhead as on CUDA, twice the H200's
     host_memcpy_bps=8.1e9,  # assumed: the H200 host's one-thread figure
     host_register_bps=_GIB / 26e-3,  # assumed: like the CUDA profile
-    # Documented ROCm behaviour: pageable copies are synchronous; large ranges are pinned chunk
-    # by chunk and the call returns when the DMA is done.
-    pageable_blocks_host=True,
+    # Fitted: the event order (B released at 1.3 ms with its wait before copy2, at 22 ms after)
+    # read as the report reads it: the runtime pins pageable memory on the fly and returns, and a
+    # wait enqueued after such a copy resolves against the copy stream's tail. (ROCm's
+    # documentation calls pageable copies synchronous instead; tune on an AMD GPU tells which.)
+    pageable_blocks_host=False,
+    pageable_wait_binds_tail=True,
     host_register=True,  # hipHostRegister exists
     host_register_read_only=False,  # HIP exposes no read-only registration flag
+    kernel_rates=(
+        # fitted: gate_L 2.49 ms and up_L 3.13 ms in the reported timeline (llama.cpp's kernels)
+        KernelRate(*_R9700_GATE_UP, 5.4011e13),
+        KernelRate(*_R9700_GATE_UP, 4.2950e13),
+        # fitted: the runner's stand-in for attention and the rest of a layer, at the rate that
+        # makes the stock path run 27k tokens at the reported 1014 t/s
+        KernelRate("moe_rms_norm", (), 3.0 * 4096 * 2560, 6.6718e8),
+    ),
 )
 
 BUILTIN_PROFILES: dict[str, Profile] = {p.name: p for p in (CUDA_H200, ROCM_R9700)}
