@@ -29,7 +29,7 @@ import numpy as np
 from ..backends.base import Backend, Device, DeviceBuffer, HostBuffer, Stream, Usage
 from ..errors import DeviceError
 from ..ggml import RowType
-from ..kernels import MoeKernels
+from ..kernels import MoeKernels, layout
 from ..kernels import reference as ref
 from ..kernels.layout import weight_format
 from . import standin
@@ -544,13 +544,14 @@ def _kernels(
             lambda: standin.rms_norm(kernels, stream, x.view(0, tokens * 4), y.view(0, tokens * 4), ubatch, n_embd),
             3.0 * tokens,
         )
-        time(
-            "moe_router_topk",
-            lambda: kernels.router_topk(
-                stream, x.view(), router.view(), ubatch, n_embd, n_expert, k, ids_buf.view(), route.view()
-            ),
-            2.0 * ubatch * n_embd * n_expert,
-        )
+        if n_expert <= layout.ROUTER_MAX_EXPERTS and k <= layout.ROUTER_MAX_K:  # else the runner routes otherwise
+            time(
+                "moe_router_topk",
+                lambda: kernels.router_topk(
+                    stream, x.view(), router.view(), ubatch, n_embd, n_expert, k, ids_buf.view(), route.view()
+                ),
+                2.0 * ubatch * n_embd * n_expert,
+            )
         n = pairs * n_ff
         time("moe_swiglu", lambda: kernels.swiglu(stream, x.view(), y.view(), z.view(), n), 4.0 * n)
         time(

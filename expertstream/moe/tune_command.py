@@ -13,10 +13,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from gguf import GGMLQuantizationType
+
 from ..backends import backend as open_backend
 from ..backends.base import Backend
 from ..backends.sim.profiles import Profile
 from ..clitools import EXIT_STATUS_HELP, HelpFormatter, UsageError, writable_path
+from ..kernels.layout import FORMATS
 from ..model import PRESETS, MoeModel
 from ..model.commands import open_model
 from .tune import DEFAULT_PRESET, DEFAULT_UBATCHES, Tuned, calibration_model, tune
@@ -48,10 +51,16 @@ def _comma_ints(text: str) -> tuple[int, ...]:
     return values
 
 
-def _types(text: str) -> tuple[str, ...]:
-    values = tuple(part.strip().upper() for part in text.split(",") if part.strip())
-    if not values:
-        raise argparse.ArgumentTypeError(f"expected expert types such as Q4_0,Q8_0; got {text!r}")
+def _types(text: str) -> tuple[GGMLQuantizationType, ...]:
+    names = [part.strip().upper() for part in text.split(",") if part.strip()]
+    known = ", ".join(f.qtype.name for f in FORMATS.values())
+    try:
+        values = tuple(GGMLQuantizationType[name] for name in names)
+    except KeyError as exc:
+        raise argparse.ArgumentTypeError(f"unknown expert type {exc.args[0]}; types: {known}") from None
+    unsupported = [t.name for t in values if t not in FORMATS]
+    if not values or unsupported:
+        raise argparse.ArgumentTypeError(f"expected expert types among {known}; got {text!r}")
     return values
 
 
@@ -108,7 +117,7 @@ def _model(args: argparse.Namespace, backend: Backend) -> Iterator[MoeModel]:
         with open_model(args.model) as model:
             yield model
         return
-    qtype = args.types[0] if args.types else "Q4_0"
+    qtype = args.types[0].name if args.types else "Q4_0"
     with tempfile.TemporaryDirectory(prefix="expertstream-tune-") as folder:
         path = calibration_model(backend, Path(folder), args.preset or DEFAULT_PRESET, qtype)
         with MoeModel.open(path) as model:
@@ -181,8 +190,12 @@ def summary(tuned: Tuned, backend_name: str) -> str:
         f"  host copies from a mapping, GB/s by threads: {copies} ({bus}); registration {register}, read-only "
         f"{'yes' if p.host_register_read_only else 'no'}"
     )
-    lines.append("  kernels, TFLOP/s by size (mul_mat_id: pairs per expert):")
-    lines += [f"    {line}" for line in _kernel_lines(p)]
+    kernels = _kernel_lines(p)
+    if kernels:
+        lines.append("  kernels, TFLOP/s by size (mul_mat_id: pairs per expert):")
+        lines += [f"    {line}" for line in kernels]
+    else:
+        lines.append("  kernels: every one measured is bound by launch overhead (no rate kept)")
     return "\n".join(lines)
 
 
