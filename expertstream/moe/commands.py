@@ -13,7 +13,7 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,7 +23,15 @@ from ..backends import ENV_VAR
 from ..backends import backend as open_backend
 from ..backends.base import Backend, Device, Vendor
 from ..backends.sim.profiles import Profile, resolve_profile
-from ..clitools import EXIT_STATUS_HELP, HelpFormatter, UsageError, progress_bar, scratch_folder, writable_path
+from ..clitools import (
+    EXIT_STATUS_HELP,
+    HelpFormatter,
+    UsageError,
+    int_list,
+    progress_bar,
+    scratch_folder,
+    writable_path,
+)
 from ..hostmem import HostMemoryMode
 from ..model import PRESETS, MoeModel, make_model
 from ..model.commands import expert_type_option, open_model
@@ -42,22 +50,6 @@ FORMATS = ("text", "md", "csv", "json", "jsonl")
 LOAD_MODES = {"mmap": HostMemoryMode.MMAP, "none": HostMemoryMode.PINNED}  # llama-bench's -lm
 
 
-def _int_list(minimum: int) -> Callable[[str], tuple[int, ...]]:
-    def parse(text: str) -> tuple[int, ...]:
-        try:
-            values = tuple(int(part) for part in text.split(",") if part.strip())
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a comma list of integers, got {text!r}") from None
-        if not values:
-            raise argparse.ArgumentTypeError(f"expected at least one value, got {text!r}")
-        low = [v for v in values if v < minimum]
-        if low:
-            raise argparse.ArgumentTypeError(f"values must be >= {minimum}, got {low[0]}")
-        return values
-
-    return parse
-
-
 AUTO = "auto"
 
 
@@ -74,7 +66,7 @@ def _slot_list(text: str) -> tuple[int, ...] | str:
 
 
 def _ubatch_list(text: str) -> tuple[int, ...] | str:
-    return AUTO if text.strip().lower() == AUTO else _int_list(1)(text)
+    return AUTO if text.strip().lower() == AUTO else int_list(1)(text)
 
 
 def _mode_list(text: str) -> tuple[HostMemoryMode, ...]:
@@ -157,12 +149,12 @@ def register(subparsers: Any) -> None:
     prefill.add_argument("-m", "--model", dest="model_flag", metavar="MODEL", help="the same, llama-bench's way")
     prefill.add_argument("--backend", default="auto", help="auto, cuda, hip or sim (auto honours $" + ENV_VAR + ")")
     prefill.add_argument("--device", type=int, default=0, help="device index")
-    prefill.add_argument("-p", "--tokens", type=_int_list(1), default="512", help="prompt tokens (comma list)")
+    prefill.add_argument("-p", "--tokens", type=int_list(1), default="512", help="prompt tokens (comma list)")
     prefill.add_argument(
-        "-n", "--decode", type=_int_list(0), default="0", metavar="STEPS", help="decode steps of one token (comma list)"
+        "-n", "--decode", type=int_list(0), default="0", metavar="STEPS", help="decode steps of one token (comma list)"
     )
     prefill.add_argument(
-        "-b", "--batch", type=_int_list(1), default=None, help="logical batch (comma list); ubatch is at most this"
+        "-b", "--batch", type=int_list(1), default=None, help="logical batch (comma list); ubatch is at most this"
     )
     prefill.add_argument(
         "-ub",

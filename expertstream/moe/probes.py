@@ -398,29 +398,32 @@ def _event_order(backend: Backend, device: Device, mapping: HostBuffer, bounds: 
     ):
         for kind, host in (("pinned", pinned), ("pageable", mapping)):
             for wait in ("before", "after"):
-                trials = [_event_order_once(backend, device, a, b, dst, host, copy1, copy2, wait) for _ in range(2)]
-                released, blocked = trials[-1]  # the first ran on cold memory
+                trials = [event_order_once(backend, device, (a, b), dst, host, (copy1, copy2), wait) for _ in range(2)]
+                released, _, blocked = trials[-1]  # the first ran on cold memory
                 rows.append(EventOrderTiming(kind, wait, released, blocked, copy2))
     return rows
 
 
-def _event_order_once(
+def event_order_once(
     backend: Backend,
     device: Device,
-    a: Stream,
-    b: Stream,
+    streams: tuple[Stream, Stream],
     dst: DeviceBuffer,
     host: HostBuffer,
-    copy1: int,
-    copy2: int,
+    sizes: tuple[int, int],
     wait: str,
-) -> tuple[float, float]:
+) -> tuple[float, float, float]:
+    """One trial: stream A copies copy1, records e1, copies copy2; B waits for e1, its wait enqueued
+    ``before`` or ``after`` copy2. Returns (seconds until B passes its wait by timing events, seconds
+    until the host saw it, host seconds inside the enqueue calls)."""
+    (a, b), (copy1, copy2) = streams, sizes
     with device.event(timing=True) as start, device.event(timing=True) as released, device.event() as e1:
 
         def consumer() -> None:
             b.wait(e1)
             b.record(released)
 
+        begun = backend.host_timestamp()
         blocked = _host_seconds(backend, lambda: a.record(start))
         blocked += _host_seconds(backend, lambda: a.copy_h2d(dst, 0, host, 0, copy1))
         blocked += _host_seconds(backend, lambda: a.record(e1))
@@ -430,8 +433,9 @@ def _event_order_once(
         if wait == "after":
             blocked += _host_seconds(backend, consumer)
         released.synchronize()
+        seen = backend.host_timestamp() - begun
         a.synchronize()
-        return start.elapsed_ms(released) / 1e3, blocked
+        return start.elapsed_ms(released) / 1e3, seen, blocked
 
 
 def _host_copies(
@@ -566,7 +570,7 @@ def _kernels(
         )
         for expert in shape.experts:
             fmt = weight_format(expert.w_type)
-            w = stack.enter_context(_expert_weights(device, rng, expert, n_expert))
+            w = stack.enter_context(expert_weights(device, rng, expert.w_type, expert.n_out, expert.n_in, n_expert))
             x_rows = pairs if expert.x_per_slot else ubatch
 
             def mul_mat_id(expert: ExpertShape = expert, w: DeviceBuffer = w, x_rows: int = x_rows) -> None:
@@ -598,20 +602,20 @@ def _kernels(
 
 
 @contextlib.contextmanager
-def _expert_weights(
-    device: Device, rng: np.random.Generator, expert: ExpertShape, n_expert: int
+def expert_weights(
+    device: Device, rng: np.random.Generator, w_type: RowType, n_out: int, n_in: int, n_expert: int
 ) -> Iterator[DeviceBuffer]:
-    """An [n_expert][n_out][n_in] tensor of ``expert.w_type``: one random expert repeated (speed does not
-    depend on the values), with its padded tail zeroed."""
-    fmt = weight_format(expert.w_type)
-    nbytes = n_expert * expert.n_out * fmt.row_bytes(expert.n_in)
-    buf = device.alloc(nbytes, Usage.WEIGHTS, row_type=expert.w_type, ne0=expert.n_in)
+    """An [n_expert][n_out][n_in] tensor of ``w_type``: one random expert repeated (speed does not
+    depend on the values), with its padded tail zeroed; zeros where the backend holds no data."""
+    fmt = weight_format(w_type)
+    nbytes = n_expert * n_out * fmt.row_bytes(n_in)
+    buf = device.alloc(nbytes, Usage.WEIGHTS, row_type=w_type, ne0=n_in)
     try:
         with device.stream() as stream:
             stream.memset(buf, 0, buf.alloc_size, 0)
             stream.synchronize()
         if device.backend.holds_data:
-            one = ref.random_weights(rng, expert.w_type, expert.n_out, expert.n_in).reshape(-1)
+            one = ref.random_weights(rng, w_type, n_out, n_in).reshape(-1)
             buf.write(np.tile(one, n_expert))
         yield buf
     finally:

@@ -18,7 +18,7 @@ from gguf import GGMLQuantizationType
 from ..backends import backend as open_backend
 from ..backends.base import Backend
 from ..backends.sim.profiles import Profile
-from ..clitools import EXIT_STATUS_HELP, HelpFormatter, UsageError, writable_path
+from ..clitools import EXIT_STATUS_HELP, HelpFormatter, UsageError, int_list, writable_path
 from ..kernels.layout import FORMATS
 from ..model import PRESETS, MoeModel
 from ..model.commands import open_model
@@ -39,16 +39,6 @@ kernels per expert type, tensor shape and ubatch, memcpy from a mapping per thre
 registration; then a few decode steps of the job fix the host time per call.
 
 {EXIT_STATUS_HELP}"""
-
-
-def _comma_ints(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a comma list of integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
-    return values
 
 
 def _types(text: str) -> tuple[GGMLQuantizationType, ...]:
@@ -87,9 +77,9 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--types", type=_types, default=None, help="expert types to measure (the model's, else Q4_0)")
     p.add_argument(
-        "-ub", "--ubatch", type=_comma_ints, default=DEFAULT_UBATCHES, help="ubatches to time the kernels at"
+        "-ub", "--ubatch", type=int_list(1), default=DEFAULT_UBATCHES, help="ubatches to time the kernels at"
     )
-    p.add_argument("--threads", type=_comma_ints, default=None, help="host thread counts to copy a mapping with")
+    p.add_argument("--threads", type=int_list(1), default=None, help="host thread counts to copy a mapping with")
     p.add_argument("--name", help="the profile's name (default: tuned-<device name>)")
     p.add_argument("--sim-profile", help="with --backend sim: the profile the simulated device has")
     p.add_argument("--json", action="store_true", help="print the profile and the raw timings as JSON")
