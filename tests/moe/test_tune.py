@@ -15,8 +15,16 @@ from typing import Any
 
 import pytest
 
+from expertstream.backends.base import Backend
 from expertstream.backends.sim.profiles import ROCM_R9700, Profile, resolve_profile
 from expertstream.cli import main
+from expertstream.hostmem import HostMemoryMode
+from expertstream.model import MoeModel
+from expertstream.moe.measure import Settings
+from expertstream.moe.predict import predict
+from expertstream.moe.probes import Bounds
+from expertstream.moe.runner import Batching
+from expertstream.moe.tune import tune
 from microbench import rocm_r9700_fit
 
 TOLERANCE = 0.02
@@ -110,3 +118,23 @@ def test_the_rocm_profile_is_fitted_to_the_reported_figures() -> None:
         else:
             assert getattr(ROCM_R9700, field) == value, field
     assert any(r.kernel == rocm_r9700_fit.STAND_IN for r in ROCM_R9700.kernel_rates)
+
+
+def test_tune_measures_every_backend(backend: Backend, tiny_path: Path) -> None:
+    """On a GPU: every probe runs, the profile is plausible and predicts the job it was tuned on."""
+    small = Bounds(
+        copy_bytes=(4 << 20, 16 << 20),
+        fill_bytes=(16 << 20, 64 << 20),
+        gate_bytes=16 << 20,
+        host_copy_bytes=16 << 20,
+        event_copy_bytes=(4 << 20, 16 << 20),
+    )
+    with MoeModel.open(tiny_path) as model:
+        tuned = tune(backend, backend.device(0), model, ubatches=(1, 64), host_threads=(1, 2), bounds=small)
+        profile = Profile.from_dict(tuned.document())
+        rates = [profile.h2d_pinned_bps, profile.h2d_pageable_bps, profile.d2h_bps, profile.memset_bps]
+        assert all(0 < rate < 1e13 for rate in rates)  # bytes/s: below 10 TB/s on any link or memory
+        assert 0 < profile.enqueue_s < 1e-2 and 0 <= profile.launch_latency_s < 1e-2
+        assert tuned.decode_step_s is not None and tuned.decode_step_s > 0
+        rows = predict(profile, model, Settings(Batching(32, 16, 2), (0, 3), (HostMemoryMode.REGISTERED,))).rows
+    assert len(rows) == 2 and all(r.ttft_s > 0 and r.decode_tokens_per_s for r in rows)
