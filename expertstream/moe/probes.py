@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..backends.base import Backend, Device, DeviceBuffer, HostBuffer, Stream, Usage
-from ..errors import DeviceError
+from ..errors import DeviceError, InvalidArgument
 from ..ggml import RowType
 from ..kernels import MoeKernels, layout
 from ..kernels import reference as ref
@@ -48,13 +48,17 @@ class Bounds:
     gate_bytes: int = 64 * MIB
     host_copy_bytes: int = 128 * MIB
     event_copy_bytes: tuple[int, int] = (16 * MIB, 128 * MIB)  # copy1, copy2 of the event-order probe
+    # The temporary file copies from pageable memory read: larger than a host's last-level cache,
+    # and read at moving offsets, so its bytes come from memory as a model's do.
+    mapping_bytes: int = 1 << 30
     repeats: int = 3
     copies: int = 4  # back-to-back copies per copy timing
     launches: int = 20  # back-to-back launches per kernel timing
 
-    @property
-    def mapping_bytes(self) -> int:
-        return max(*self.copy_bytes, self.host_copy_bytes, sum(self.event_copy_bytes))
+    def __post_init__(self) -> None:
+        largest = max(*self.copy_bytes, self.host_copy_bytes, sum(self.event_copy_bytes))
+        if self.mapping_bytes < largest:
+            raise InvalidArgument(f"a {self.mapping_bytes}-byte mapping cannot hold the {largest}-byte copy")
 
 
 DEFAULT_BOUNDS = Bounds()
@@ -151,16 +155,22 @@ def measure(
     host_threads: Sequence[int],
     bounds: Bounds = DEFAULT_BOUNDS,
     progress: Callable[[str], None] = lambda what: None,
+    pageable: HostBuffer | None = None,
 ) -> Measurements:
-    """Run every probe on ``device``; ``progress`` is told what runs next."""
+    """Run every probe on ``device``; ``progress`` is told what runs next.
+
+    ``pageable``: what copies and memcpys from pageable memory read (a model's file mapping, the
+    bytes the job reads) instead of the probes' temporary file.
+    """
     caps = device.capabilities
     with contextlib.ExitStack() as stack:
         kernels = stack.enter_context(MoeKernels(device))
         stream = stack.enter_context(device.stream())
         gate = stack.enter_context(_Gate.opened(device, stream, bounds.gate_bytes))
         mapping = stack.enter_context(_file_mapping(device, bounds.mapping_bytes))
+        source = _Cycle(pageable if pageable is not None and pageable.nbytes >= bounds.mapping_bytes else mapping)
         progress("copies")
-        copies = _copies(backend, device, stream, mapping, gate, bounds)
+        copies = _copies(backend, device, stream, source, gate, bounds)
         progress("launch overhead")
         enqueue_s, launch_s = _launch_overhead(backend, device, stream, kernels, gate, bounds)
         result = Measurements(
@@ -171,7 +181,7 @@ def measure(
         progress("event order")
         result.event_order = _event_order(backend, device, mapping, bounds)
         progress("host copies")
-        result.host_copies = _host_copies(backend, device, stream, mapping, host_threads, bounds)
+        result.host_copies = _host_copies(backend, device, stream, source, host_threads, bounds)
         for ubatch in ubatches:
             progress(f"kernels, ubatch {ubatch}")
             result.kernels += _kernels(backend, device, stream, kernels, gate, shape, ubatch, bounds)
@@ -215,6 +225,20 @@ class _Gate:
             stream.wait(go)
             yield
             stream.synchronize()
+
+
+class _Cycle:
+    """Offsets into a host buffer that move on with every read, so no read finds the last in a cache."""
+
+    def __init__(self, buffer: HostBuffer) -> None:
+        self.buffer = buffer
+        self._next = 0
+
+    def take(self, nbytes: int) -> int:
+        if self._next + nbytes > self.buffer.nbytes:
+            self._next = 0
+        offset, self._next = self._next, self._next + nbytes
+        return offset
 
 
 def back_to_back(
@@ -309,7 +333,7 @@ def _launch_overhead(
 
 
 def _copies(
-    backend: Backend, device: Device, stream: Stream, mapping: HostBuffer, gate: _Gate, bounds: Bounds
+    backend: Backend, device: Device, stream: Stream, source: _Cycle, gate: _Gate, bounds: Bounds
 ) -> list[CopyTiming]:
     """Page-locked and device-side copies back to back (their fixed cost is the DMA setup);
     pageable ones one at a time, since they may hold the host until they are done."""
@@ -340,7 +364,7 @@ def _copies(
                     )
                 )
         single_kinds: list[tuple[str, Callable[[int], None]]] = [
-            ("h2d-pageable", lambda n: stream.copy_h2d(dst, 0, mapping, 0, n)),
+            ("h2d-pageable", lambda n: stream.copy_h2d(dst, 0, source.buffer, source.take(n), n)),
             ("d2h-pageable", lambda n: stream.copy_d2h(pageable, 0, dst, 0, n)),
         ]
         for what, enqueue in single_kinds:
@@ -442,14 +466,14 @@ def _host_copies(
     backend: Backend,
     device: Device,
     stream: Stream,
-    mapping: HostBuffer,
+    source: _Cycle,
     thread_counts: Sequence[int],
     bounds: Bounds,
 ) -> list[HostCopyTiming]:
     """Memcpy from the mapping into pinned memory on 1..N threads while a DMA keeps the bus busy."""
     nbytes = bounds.host_copy_bytes
     rows = []
-    with device.alloc_pinned(nbytes) as pinned, device.alloc(nbytes) as dst:
+    with device.alloc_pinned(nbytes) as pinned, device.alloc_pinned(nbytes) as busy, device.alloc(nbytes) as dst:
         for threads in sorted(set(thread_counts)):
             # One executor per thread: each part has its own thread (and, on the simulator, its own clock).
             workers = [
@@ -460,8 +484,9 @@ def _host_copies(
                 for _ in range(bounds.repeats):
                     # The staging ring copies while DMAs read host memory: so does this probe.
                     for _ in range(4):
-                        stream.copy_h2d(dst, 0, pinned, 0, nbytes)
-                    trials.append(_parallel_copy(backend, device, workers, pinned, mapping, nbytes))
+                        stream.copy_h2d(dst, 0, busy, 0, nbytes)
+                    src = source.take(nbytes)
+                    trials.append(_parallel_copy(backend, device, workers, pinned, source.buffer, src, nbytes))
                     stream.synchronize()
             finally:
                 for worker in workers:
@@ -476,6 +501,7 @@ def _parallel_copy(
     workers: Sequence[ThreadPoolExecutor],
     dst: HostBuffer,
     src: HostBuffer,
+    src_offset: int,
     nbytes: int,
 ) -> float:
     """Seconds for ``workers`` to copy ``nbytes`` from ``src`` to ``dst``, one equal part each."""
@@ -484,7 +510,7 @@ def _parallel_copy(
 
     def part(offset: int) -> float:
         backend.host_resume_at(start)  # the handoff: each thread starts when the caller did
-        device.host_copy(dst, offset, src, offset, min(step, nbytes - offset))
+        device.host_copy(dst, offset, src, src_offset + offset, min(step, nbytes - offset))
         return backend.host_timestamp()
 
     parts = [worker.submit(part, offset) for worker, offset in zip(workers, range(0, nbytes, step), strict=False)]

@@ -15,6 +15,7 @@ profile has no entry for.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable, Sequence
@@ -223,7 +224,10 @@ def tune(
 ) -> Tuned:
     """Probe ``device``, fit a profile, and calibrate its host cost on the job's decode steps."""
     threads = host_threads or sorted({1, 2, 4, 8, DEFAULT_RING_THREADS} & set(range(1, DEFAULT_RING_THREADS + 1)))
-    measured = probes.measure(backend, device, model_shape(model, types), ubatches, threads, bounds, progress)
+    shape = model_shape(model, types)
+    largest = max(model.mappings, key=len)
+    with contextlib.closing(device.wrap_host(largest)) as pageable:
+        measured = probes.measure(backend, device, shape, ubatches, threads, bounds, progress, pageable)
     vendor = vendor_of(backend)
     base = BUILTIN_PROFILES[BASE_BY_VENDOR[vendor]]
     fields = fit(measured, base, name or _profile_name(device.name), vendor)

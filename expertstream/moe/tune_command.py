@@ -77,7 +77,11 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--types", type=_types, default=None, help="expert types to measure (the model's, else Q4_0)")
     p.add_argument(
-        "-ub", "--ubatch", type=int_list(1), default=DEFAULT_UBATCHES, help="ubatches to time the kernels at"
+        "-ub",
+        "--ubatch",
+        type=int_list(1),
+        default=",".join(map(str, DEFAULT_UBATCHES)),
+        help="ubatches to time the kernels at",
     )
     p.add_argument("--threads", type=int_list(1), default=None, help="host thread counts to copy a mapping with")
     p.add_argument("--name", help="the profile's name (default: tuned-<device name>)")

@@ -128,6 +128,7 @@ def test_tune_measures_every_backend(backend: Backend, tiny_path: Path) -> None:
         gate_bytes=16 << 20,
         host_copy_bytes=16 << 20,
         event_copy_bytes=(4 << 20, 16 << 20),
+        mapping_bytes=64 << 20,
     )
     with MoeModel.open(tiny_path) as model:
         tuned = tune(backend, backend.device(0), model, ubatches=(1, 64), host_threads=(1, 2), bounds=small)
