@@ -1,4 +1,4 @@
-"""The `expertstream` command line: info, make-model, prefill (bench), demo, plot."""
+"""The `expertstream` command line: info, make-model, prefill (bench), demo, tune, plot."""
 
 from __future__ import annotations
 
@@ -91,8 +91,9 @@ def _command_modules() -> list[Callable[[Any], None]]:
     from . import plot
     from .model import commands as model_commands
     from .moe import commands as moe_commands
+    from .moe import tune_command
 
-    return [model_commands.register, moe_commands.register, plot.register]
+    return [model_commands.register, moe_commands.register, tune_command.register, plot.register]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -56,6 +56,24 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
         return super()._get_help_string(action)
 
 
+def int_list(minimum: int) -> Callable[[str], tuple[int, ...]]:
+    """An argparse type: a comma list of integers, each >= ``minimum``."""
+
+    def parse(text: str) -> tuple[int, ...]:
+        try:
+            values = tuple(int(part) for part in text.split(",") if part.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a comma list of integers, got {text!r}") from None
+        if not values:
+            raise argparse.ArgumentTypeError(f"expected at least one value, got {text!r}")
+        low = [v for v in values if v < minimum]
+        if low:
+            raise argparse.ArgumentTypeError(f"values must be >= {minimum}, got {low[0]}")
+        return values
+
+    return parse
+
+
 def writable_path(path: str | os.PathLike[str], flag: str) -> Path:
     """``path`` if a file can be created or replaced there; UsageError naming ``flag`` otherwise.
 

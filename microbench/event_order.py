@@ -20,8 +20,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from expertstream.backends.base import Backend, Device, DeviceBuffer, HostBuffer, Stream
+from expertstream.moe.probes import event_order_once
 
-from ._common import MIB, Column, HostKind, blocked_ms, emit, environment, host_memory, median, open_backend
+from ._common import MIB, Column, HostKind, emit, environment, host_memory, median, open_backend
 from ._common import parser as common_parser
 
 KINDS = (HostKind.PINNED, HostKind.PAGEABLE, HostKind.REGISTERED)
@@ -50,31 +51,10 @@ class Setup:
 
 def run_once(setup: Setup, host: HostBuffer, wait: str) -> tuple[float, float, float]:
     """One trial: (released_ms by events, released_ms seen by the host, host-blocked ms)."""
-    be, a, b = setup.backend, setup.stream_a, setup.stream_b
-    start, released = setup.device.event(timing=True), setup.device.event(timing=True)
-    e1 = setup.device.event()
-    try:
-        t0 = be.host_timestamp()
-        blocked = blocked_ms(be, lambda: a.record(start))
-        blocked += blocked_ms(be, lambda: a.copy_h2d(setup.dst, 0, host, 0, setup.copy1))
-        blocked += blocked_ms(be, lambda: a.record(e1))
-
-        def consumer() -> None:
-            b.wait(e1)
-            b.record(released)
-
-        if wait == "before":
-            blocked += blocked_ms(be, consumer)
-        blocked += blocked_ms(be, lambda: a.copy_h2d(setup.dst, setup.copy1, host, setup.copy1, setup.copy2))
-        if wait == "after":
-            blocked += blocked_ms(be, consumer)
-        released.synchronize()
-        wall_ms = (be.host_timestamp() - t0) * 1e3
-        a.synchronize()
-        return start.elapsed_ms(released), wall_ms, blocked
-    finally:
-        for event in (start, released, e1):
-            event.close()
+    streams, sizes = (setup.stream_a, setup.stream_b), (setup.copy1, setup.copy2)
+    trial = event_order_once(setup.backend, setup.device, streams, setup.dst, host, sizes, wait)
+    released, seen, blocked = (seconds * 1e3 for seconds in trial)
+    return released, seen, blocked
 
 
 def measure(setup: Setup, kind: HostKind, repeats: int) -> list[Row]:

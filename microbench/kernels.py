@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from expertstream.backends.base import Backend, Device, DeviceBuffer, Stream, Usage
+from expertstream.backends.base import Backend, Device, DeviceBuffer, Stream
 from expertstream.kernels import MoeKernels
-from expertstream.kernels import reference as ref
 from expertstream.kernels.layout import FORMATS, weight_format
+from expertstream.moe.probes import expert_weights
 
 from ._common import MIB, Column, emit, environment, median, open_backend
 from ._common import parser as common_parser
@@ -81,17 +81,6 @@ def pinned_bandwidth_gbs(device: Device, stream: Stream, repeats: int) -> float:
     return BANDWIDTH_PROBE_BYTES / median(times[1:]) / 1e6
 
 
-def upload_weights(
-    device: Device, rng: np.random.Generator, w_type: GGMLQuantizationType, shape: TensorShape
-) -> DeviceBuffer:
-    """A [128][n_out][n_in] tensor: one random expert repeated (the data does not change the speed)."""
-    one = ref.random_weights(rng, w_type, shape.n_out, shape.n_in).reshape(-1)
-    whole = np.tile(one, N_EXPERT)
-    buf = device.alloc(whole.nbytes, Usage.WEIGHTS, row_type=w_type, ne0=shape.n_in)
-    buf.write(whole)
-    return buf
-
-
 def time_ms(device: Device, stream: Stream, launch: Any, warmup: int, repeats: int) -> float:
     with device.event(timing=True) as start, device.event(timing=True) as end:
         for _ in range(warmup):
@@ -114,7 +103,7 @@ def measure(
     for type_name in args.types:
         w_type = GGMLQuantizationType[type_name]
         for shape in SHAPES:
-            with upload_weights(device, rng, w_type, shape) as w:
+            with expert_weights(device, rng, w_type, shape.n_out, shape.n_in, N_EXPERT) as w:
                 for ubatch in args.ubatch:
                     row = measure_one(device, stream, kernels, args, rng, w, w_type, shape, ubatch, bandwidth_gbs)
                     rows.append(row)

@@ -7,7 +7,8 @@ computes), built here by hand from backend primitives so that each order can be 
   the compute stream's wait for split i+1 (the first llama.cpp implementation, PR #28414);
 - ``wait-before-copy``: the wait for split i+1 first, then the copy for i+2, same thread;
 - ``scheduler``: the wait first, and copies from memory that can block the host are enqueued
-  by a copy worker thread (what expertstream's scheduler does).
+  by a copy worker thread, each once the wait for the split before it is enqueued (what
+  expertstream's scheduler does).
 
 Stall of split j = how long its kernel started after both its data and the previous kernel
 were done. Times are virtual (the simulated backend in timing-only mode).
@@ -95,6 +96,7 @@ def _pattern(
     worker = _Worker(backend) if order == "scheduler" else None
 
     enqueued: dict[int, _Done] = {}
+    waited = [_Done(backend) for _ in sizes]
 
     def fire(j: int) -> None:
         slot = j % SLOTS
@@ -104,9 +106,14 @@ def _pattern(
             copy.copy_h2d(slots[slot], 0, sources[j], 0, sizes[j])
             copy.record(ready[slot])
 
+        def gated_job() -> None:
+            if j:
+                waited[j - 1].join()  # the worker's gate: behind the wait for the split before
+            job()
+
         enqueued[j] = _Done(backend)
         if worker is not None and not sources[j].is_page_locked:
-            worker.submit(job, enqueued[j])
+            worker.submit(gated_job, enqueued[j])
         else:
             job()
             enqueued[j].set()
@@ -114,6 +121,7 @@ def _pattern(
     def wait(j: int) -> None:
         enqueued[j].join()  # the copy for j must be enqueued before its ready event is waited on
         compute.wait(ready[j % SLOTS])
+        waited[j].set()
 
     start = backend.host_timestamp()
     for j in range(SLOTS - 1):

@@ -123,6 +123,12 @@ def _mul_mat_id_flops(args: Args) -> float:
     return 2.0 * n_pairs * n_out * n_in
 
 
+def mul_mat_id_rate_key(args: Args) -> tuple[tuple[int, int], float]:
+    """(n_out, n_in) of one expert and the (token, slot) pairs per expert: how fast the kernel runs."""
+    y, n_expert, n_out, n_in = _as_view(args[3]), int(args[4]), int(args[5]), int(args[6])
+    return (n_out, n_in), y.nbytes / (4 * n_out) / n_expert
+
+
 # -- elementwise, reductions, router -------------------------------------------------------
 
 
@@ -193,6 +199,7 @@ def twin_specs() -> list[KernelSpec]:
                     _mul_mat_id_runner(fmt),
                     _mul_mat_id_accesses_for(fmt),
                     _mul_mat_id_flops,
+                    mul_mat_id_rate_key,
                 )
             )
     specs.append(KernelSpec("moe_swiglu", _swiglu_run, _reads_then_writes(2, 1), lambda args: 4.0 * int(args[3])))

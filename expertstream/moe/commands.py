@@ -13,7 +13,7 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -21,8 +21,17 @@ from typing import Any
 
 from ..backends import ENV_VAR, resolve_name
 from ..backends import backend as open_backend
-from ..backends.base import Backend, Vendor
-from ..clitools import EXIT_STATUS_HELP, HelpFormatter, UsageError, progress_bar, scratch_folder, writable_path
+from ..backends.base import Backend, Device, Vendor
+from ..backends.sim.profiles import Profile, resolve_profile
+from ..clitools import (
+    EXIT_STATUS_HELP,
+    HelpFormatter,
+    UsageError,
+    int_list,
+    progress_bar,
+    scratch_folder,
+    writable_path,
+)
 from ..hostmem import HostMemoryMode
 from ..model import PRESETS, MoeModel, make_model
 from ..model.commands import expert_type_option, open_model
@@ -31,38 +40,29 @@ from ..timeline import write_chrome_trace
 from .measure import Measurement, Settings, measure, measure_h2d_peak, probe_bytes, ticks
 from .offload import parse_gpu_memory
 from .placeholder import write_sparse_model
+from .predict import MODE_CHOICES, SLOT_CHOICES, Choice, choose, predict, ubatch_choices, with_predictions
 from .provenance import provenance
 from .report import COLUMNS_HELP, Row, as_csv, as_json, as_jsonl, format_markdown, format_table, mismatched
 from .runner import Batching
+from .tune import tune
 
 FORMATS = ("text", "md", "csv", "json", "jsonl")
 LOAD_MODES = {"mmap": HostMemoryMode.MMAP, "none": HostMemoryMode.PINNED}  # llama-bench's -lm
 
 
 def _device_list(text: str) -> tuple[int, ...]:
-    devices = _int_list(0)(text)
+    devices = int_list(0)(text)
     if len(set(devices)) != len(devices):
         raise argparse.ArgumentTypeError(f"a device is named twice in {text!r}")
     return devices
 
 
-def _int_list(minimum: int) -> Callable[[str], tuple[int, ...]]:
-    def parse(text: str) -> tuple[int, ...]:
-        try:
-            values = tuple(int(part) for part in text.split(",") if part.strip())
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a comma list of integers, got {text!r}") from None
-        if not values:
-            raise argparse.ArgumentTypeError(f"expected at least one value, got {text!r}")
-        low = [v for v in values if v < minimum]
-        if low:
-            raise argparse.ArgumentTypeError(f"values must be >= {minimum}, got {low[0]}")
-        return values
-
-    return parse
+AUTO = "auto"
 
 
-def _slot_list(text: str) -> tuple[int, ...]:
+def _slot_list(text: str) -> tuple[int, ...] | str:
+    if text.strip().lower() == AUTO:
+        return AUTO
     try:
         values = tuple(check_slots(int(part)) for part in text.split(",") if part.strip())
     except ValueError as exc:
@@ -70,6 +70,10 @@ def _slot_list(text: str) -> tuple[int, ...]:
     if not values:
         raise argparse.ArgumentTypeError(f"expected slot counts such as 0,3; got {text!r}")
     return values
+
+
+def _ubatch_list(text: str) -> tuple[int, ...] | str:
+    return AUTO if text.strip().lower() == AUTO else int_list(1)(text)
 
 
 def _mode_list(text: str) -> tuple[HostMemoryMode, ...]:
@@ -159,17 +163,32 @@ def register(subparsers: Any) -> None:
         default="0",
         help="device index, or a comma list that splits the layers in order over those devices (e.g. 0,1)",
     )
-    prefill.add_argument("-p", "--tokens", type=_int_list(1), default="512", help="prompt tokens (comma list)")
+    prefill.add_argument("-p", "--tokens", type=int_list(1), default="512", help="prompt tokens (comma list)")
     prefill.add_argument(
-        "-n", "--decode", type=_int_list(0), default="0", metavar="STEPS", help="decode steps of one token (comma list)"
+        "-n", "--decode", type=int_list(0), default="0", metavar="STEPS", help="decode steps of one token (comma list)"
     )
     prefill.add_argument(
-        "-b", "--batch", type=_int_list(1), default=None, help="logical batch (comma list); ubatch is at most this"
+        "-b", "--batch", type=int_list(1), default=None, help="logical batch (comma list); ubatch is at most this"
     )
-    prefill.add_argument("-ub", "--ubatch", type=_int_list(1), default="512", help="tokens per ubatch (comma list)")
-    prefill.add_argument("--slots", type=_slot_list, default="0,2,3,4", help="staging slots (comma list; 0 = stock)")
     prefill.add_argument(
-        "--host-memory", type=_mode_list, default=None, help="comma list of mmap, registered, pinned, ring, auto (auto)"
+        "-ub",
+        "--ubatch",
+        type=_ubatch_list,
+        default="512",
+        help="tokens per ubatch (comma list), or auto: the fastest of 512..4096 by prediction",
+    )
+    prefill.add_argument(
+        "--slots",
+        type=_slot_list,
+        default="0,2,3,4",
+        help="staging slots (comma list; 0 = stock), or auto: the fastest that fits by prediction",
+    )
+    prefill.add_argument(
+        "--host-memory",
+        type=_mode_list,
+        default=None,
+        help="comma list of mmap, registered, pinned, ring, auto. Default: registered where the device can, "
+        "else ring; auto given alone: the fastest of registered, ring, mmap by prediction",
     )
     prefill.add_argument(
         "-lm", "--load-mode", type=_load_modes, default=None, help="llama-bench's: mmap (= mmap) or none (= pinned)"
@@ -193,6 +212,14 @@ def register(subparsers: Any) -> None:
         "device as fit beside the staging slots, the rest stream (default: every layer streams)",
     )
     prefill.add_argument("-r", "--repetitions", type=_positive, default=3, help="timed runs per row, after a warm-up")
+    prefill.add_argument(
+        "--predict",
+        nargs="?",
+        const="",
+        metavar="PROFILE.json",
+        help="print the simulator's prediction beside each row, with a profile from `expertstream tune` (on a "
+        "GPU without one: tune first, ~30 s; on the simulator: its own profile). The auto settings use it too",
+    )
     prefill.add_argument("--ring-threads", type=_positive, default=None, help="host threads filling the staging ring")
     prefill.add_argument("--seed", type=int, default=0, help="seed of the input embeddings (and of a made model)")
     prefill.add_argument("-o", "--output-format", choices=FORMATS, default="text", help="how to print the rows")
@@ -325,12 +352,18 @@ def _check_arguments(args: argparse.Namespace) -> None:
     if len(modes) > 1:
         raise UsageError("choose host memory once: --host-memory, -lm or --no-mmap")
     args.host_memory = modes[0] if modes else (HostMemoryMode.AUTO,)
+    # Given alone, auto is predicted; by default (or in a list) it is the fixed rule of hostmem.
+    args.host_memory_auto = bool(modes) and modes[0] == (HostMemoryMode.AUTO,)
+    if _automatic(args) and (len(args.tokens) > 1 or len(args.decode) > 1 or len(args.batch or ()) > 1):
+        raise UsageError("auto picks one setting for one prompt: give one -p, one -n and at most one -b")
     if args.json:
         args.output_format = "json"
     if args.trace:
         args.trace = writable_path(args.trace, "--trace")
-    if args.timing_only and any(args.decode):
-        raise UsageError("-n/--decode needs data: leave decode steps out of --timing-only runs")
+
+
+def _automatic(args: argparse.Namespace) -> bool:
+    return AUTO in (args.slots, args.ubatch) or args.host_memory_auto
 
 
 def _batchings(args: argparse.Namespace) -> list[tuple[Batching, int | None]]:
@@ -402,33 +435,26 @@ def _model(args: argparse.Namespace, backend: Backend) -> Iterator[MoeModel]:
 
 def _measure_all(args: argparse.Namespace) -> Report:
     _check_arguments(args)
-    batchings = _batchings(args)
+    if args.ubatch != AUTO:
+        _batchings(args)  # refuse a bad -b / -ub pair before anything is made or opened
     with _open(args) as backend:
         if args.trace:
             backend.start_trace()  # GPUs: timing events around every copy and kernel; the simulator always records
         devices = [backend.device(index) for index in args.device]
         with _model(args, backend) as model:
+            profile = _prediction_profile(args, backend, devices[0], model)
+            choice = _apply_auto(args, profile, model, devices) if _automatic(args) else None
             runs = [
-                (
-                    Settings(
-                        batching,
-                        args.slots,
-                        args.host_memory,
-                        args.seed,
-                        repeats=args.repetitions,
-                        ring_threads=args.ring_threads,
-                        n_cpu_moe=n_cpu_moe,
-                        gpu_memory=args.gpu_memory,
-                    ),
-                    batch,
-                )
-                for (batching, batch), n_cpu_moe in itertools.product(batchings, _n_cpu_moe_values(args))
+                (_settings(args, batching, n_cpu_moe), batch)
+                for (batching, batch), n_cpu_moe in itertools.product(_batchings(args), _n_cpu_moe_values(args))
             ]
             settings = [setting for setting, _ in runs]
             total = sum(ticks(s, s.batching) for s in settings)
             names = sorted({d.name for d in devices})
             shown = names[0] if len(devices) == 1 else f"{len(devices)} x {' + '.join(names)}"
             report = Report(_header(backend, shown, model, args))
+            if choice is not None:
+                report.header["auto"] = {**_picked(choice), "why": choice.explain()}
             with progress_bar(total, "prefill", "ub") as bar:
 
                 def step(what: str) -> None:
@@ -441,9 +467,75 @@ def _measure_all(args: argparse.Namespace) -> Report:
                     if batch is not None:
                         result.rows = [replace(row, batch=batch) for row in result.rows]
                     report.results.append(result)
+            if args.predict is not None:
+                assert profile is not None
+                for result, setting in zip(report.results, settings, strict=True):
+                    predicted = predict(profile, model, setting, devices=len(devices))
+                    result.rows = with_predictions(result.rows, predicted.rows)
         if args.trace:
             write_chrome_trace(backend.timeline or (), args.trace)
     return report
+
+
+def _settings(args: argparse.Namespace, batching: Batching, n_cpu_moe: int | None) -> Settings:
+    return Settings(
+        batching,
+        args.slots,
+        args.host_memory,
+        args.seed,
+        repeats=args.repetitions,
+        ring_threads=args.ring_threads,
+        n_cpu_moe=n_cpu_moe,
+        gpu_memory=args.gpu_memory,
+    )
+
+
+def _prediction_profile(args: argparse.Namespace, backend: Backend, device: Device, model: MoeModel) -> Profile | None:
+    """The profile predictions use: --predict's file, the simulator's own, or one tuned here and now."""
+    if args.predict is None and not _automatic(args):
+        return None
+    if args.predict:
+        return resolve_profile(args.predict)
+    if backend.vendor is Vendor.SIM:
+        return Profile.from_dict(backend.describe()["profile"])
+    _error("no profile given (--predict PROFILE.json): tuning this device first")
+    return tune(backend, device, model).profile
+
+
+def _apply_auto(args: argparse.Namespace, profile: Profile | None, model: MoeModel, devices: list[Device]) -> Choice:
+    """Resolve the auto settings by prediction; say in one line what was picked and why."""
+    assert profile is not None
+    tokens, decode = args.tokens[0], args.decode[0]
+    batch = args.batch[0] if args.batch else None
+    n_cpu_moe = _n_cpu_moe_values(args)[0]
+    base = _settings(args, Batching(tokens, min(tokens, 512), decode), n_cpu_moe)
+    choice = choose(
+        profile,
+        model,
+        base,
+        slots=SLOT_CHOICES if args.slots == AUTO else args.slots,
+        modes=MODE_CHOICES if args.host_memory_auto else args.host_memory,
+        ubatches=ubatch_choices(tokens, batch) if args.ubatch == AUTO else args.ubatch,
+        free_bytes=min(d.free_memory() for d in devices),
+        devices=len(devices),
+    )
+    _error(choice.explain())
+    if args.slots == AUTO:
+        args.slots = (choice.slots,)
+    if args.host_memory_auto:
+        args.host_memory = (choice.host_memory,)
+    if args.ubatch == AUTO:
+        args.ubatch = (choice.ubatch,)
+    return choice
+
+
+def _picked(choice: Choice) -> dict[str, Any]:
+    return {
+        "slots": choice.slots,
+        "host_memory": choice.host_memory.value,
+        "ubatch": choice.ubatch,
+        "predicted_s": choice.best.seconds,
+    }
 
 
 def _prefill(args: argparse.Namespace) -> int:

@@ -53,6 +53,8 @@ class Row:
     streamed_bytes_per_ubatch: int = 0  # expert bytes the streamed layers hold: what one ubatch must copy
     devices: int = 1  # devices the layers are split over
     crossing: str = ""  # how the hidden state crosses between them: "peer" or "host" per boundary
+    predicted_ttft_s: float | None = None  # the simulator's prediction with a tuned profile (prefill --predict)
+    predicted_decode_tokens_per_s: float | None = None
 
     @property
     def label(self) -> str:
@@ -85,7 +87,8 @@ columns (times and rates are the mean over -r repetitions after a warm-up; +- is
   p, ub          prompt tokens and tokens per ubatch
   streamed       MoE layers streamed from host memory / all MoE layers, and expert bytes copied per ubatch
   decode t/s     decode tokens per second (median step of each repetition; "-" without -n)
-  output sha256  hash of the outputs; every row must agree (exit status 1 if not)"""
+  output sha256  hash of the outputs; every row must agree (exit status 1 if not)
+  pred s, err    with --predict: the predicted ttft and (measured / predicted - 1); pred t/s: decode"""
 
 
 def mismatched(rows: Sequence[Row]) -> list[str]:
@@ -157,19 +160,42 @@ _COLUMNS: tuple[tuple[str, int, Callable[[Row], str]], ...] = (
 )
 
 
+def _error(measured: float | None, predicted: float | None) -> str:
+    return "-" if measured is None or not predicted else f"{measured / predicted - 1:+.1%}"
+
+
+_PREDICTED: tuple[tuple[str, int, Callable[[Row], str]], ...] = (
+    ("pred s", 9, lambda r: "-" if r.predicted_ttft_s is None else f"{r.predicted_ttft_s:.4f}"),
+    ("err", 6, lambda r: _error(r.ttft_s, r.predicted_ttft_s)),
+    (
+        "pred t/s",
+        8,
+        lambda r: "-" if r.predicted_decode_tokens_per_s is None else f"{r.predicted_decode_tokens_per_s:.1f}",
+    ),
+)
+
+
+def _columns(rows: Sequence[Row]) -> tuple[tuple[str, int, Callable[[Row], str]], ...]:
+    """Every column; the predicted ones only when some row has a prediction."""
+    predicted = any(r.predicted_ttft_s is not None for r in rows)
+    return _COLUMNS[:-1] + (_PREDICTED if predicted else ()) + _COLUMNS[-1:]
+
+
 def format_table(rows: Sequence[Row]) -> str:
     """Aligned columns, one line per row, no spaces inside a cell."""
-    header = "  ".join(f"{name:>{width}}" for name, width, _ in _COLUMNS)
+    columns = _columns(rows)
+    header = "  ".join(f"{name:>{width}}" for name, width, _ in columns)
     lines = [header]
     for row in rows:
-        lines.append("  ".join(f"{cell(row):>{width}}" for _, width, cell in _COLUMNS))
+        lines.append("  ".join(f"{cell(row):>{width}}" for _, width, cell in columns))
     return "\n".join(lines)
 
 
 def format_markdown(rows: Sequence[Row]) -> str:
     """A Markdown table, like llama-bench's default output."""
-    lines = ["| " + " | ".join(name for name, _, _ in _COLUMNS) + " |"]
-    lines.append("|" + "|".join("---:" for _ in _COLUMNS) + "|")
+    columns = _columns(rows)
+    lines = ["| " + " | ".join(name for name, _, _ in columns) + " |"]
+    lines.append("|" + "|".join("---:" for _ in columns) + "|")
     for row in rows:
-        lines.append("| " + " | ".join(cell(row) for _, _, cell in _COLUMNS) + " |")
+        lines.append("| " + " | ".join(cell(row) for _, _, cell in columns) + " |")
     return "\n".join(lines)

@@ -44,6 +44,7 @@ from ..kernels import MoeKernels, routing
 from ..kernels.routing import Activation
 from ..model import ModelError, MoeLayer, MoeModel, TensorInfo
 from ..scheduler import Bindings, Input, MulMatId, Plan, Split
+from ..scheduler.scheduler import DEFAULT_PREFILL_FACTOR
 from ..scheduler.source import HostSource
 from . import standin
 from .arch import FfnConfig, ffn_config
@@ -88,6 +89,18 @@ def _router_floats(model: MoeModel, info: TensorInfo) -> np.ndarray:
         return np.ascontiguousarray(raw).view(np.float16).astype(np.float32)
     # BF16: the high half of a float32
     return (np.ascontiguousarray(raw).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def stand_in_routing(seed: int, first: int, count: int, layer: int, model: MoeModel) -> np.ndarray | None:
+    """top_k distinct experts per token drawn uniformly: what a timing-only run copies at decode scale.
+
+    Only the stock path at decode scale reads routing ids back (at the scheduler's default
+    prefill factor); elsewhere there is nothing to stand in for (None).
+    """
+    if count * model.top_k >= DEFAULT_PREFILL_FACTOR * model.n_expert:
+        return None
+    draws = np.random.default_rng([seed, first, layer]).random((count, model.n_expert))
+    return np.argsort(draws, axis=1)[:, : model.top_k].astype(np.int32).reshape(-1)
 
 
 def embeddings(seed: int, first: int, count: int, n_embd: int) -> np.ndarray:
@@ -315,12 +328,6 @@ class MoeRunner(Closing):
         self.layer_split = LayerSplit(model, self.devices)
         self.device = self.devices[0]
         self.data = self.device.backend.holds_data
-        if batching.decode_steps and not self.data:
-            raise InvalidArgument(
-                "decode needs a backend that holds data: its stock path reads the routing ids back",
-                call="MoeRunner",
-                hint="run decode steps with data, or leave them out of timing-only runs",
-            )
         _check_uniform_layers(model)
         self.ffn: FfnConfig = ffn_config(model.arch, model.metadata)
         self._parts: list[_Part] = []
@@ -381,7 +388,7 @@ class MoeRunner(Closing):
                     layer=layer.index,
                     **self._crossings(part, place, rows, decode=False),
                 )
-                splits += self._layer_splits(layer, tokens, experts)
+                splits += self._layer_splits(layer, tokens, experts, first)
         return Plan.of(splits)
 
     def decode_plan(self, experts: ExpertData, step: int) -> Plan:
@@ -391,6 +398,7 @@ class MoeRunner(Closing):
         row = self.model.n_embd * 4
         ids_bytes = self.model.top_k * 4
         splits: list[Split] = []
+        token = self.batching.tokens + step  # the position of the decoded token
         for layer in self.model.layers:
             part = self._part_of[layer.index]
             place = part.position[layer.index]
@@ -404,7 +412,7 @@ class MoeRunner(Closing):
                 layer=layer.index,
                 **self._crossings(part, place, (step * row, row), decode=True),
             )
-            splits += self._layer_splits(layer, tokens, experts)
+            splits += self._layer_splits(layer, tokens, experts, token)
         return Plan.of(splits)
 
     def _crossings(self, part: _Part, place: int, rows: tuple[int, int], *, decode: bool) -> dict[str, Crossing]:
@@ -421,10 +429,12 @@ class MoeRunner(Closing):
             found["send"] = self._links[i].crossing(hidden(part), hidden(self._parts[i + 1]), int(decode))
         return found
 
-    def _layer_splits(self, layer: MoeLayer, tokens: _Tokens, experts: ExpertData) -> list[Split]:
+    def _layer_splits(self, layer: MoeLayer, tokens: _Tokens, experts: ExpertData, first: int) -> list[Split]:
+        """The layer's four splits for ``tokens``, the first of which is at position ``first``."""
         model = self.model
         name = f"L{layer.index}.{tokens.label}"
         n_ids = tokens.count * model.top_k
+        stand_in_ids = None if self.data else stand_in_routing(self.seed, first, tokens.count, layer.index, model)
         router = Input(ROUTER, layer.router.nbytes, device_data=tokens.part.routers[layer.index])
         return [
             Split(f"router.{name}", tokens.part.device, (router,), functools.partial(self._route, tokens)),
@@ -434,7 +444,7 @@ class MoeRunner(Closing):
                     tokens.part.device,
                     (_expert_input(role, info, experts[info.name]),),
                     functools.partial(compute, tokens, info),
-                    MulMatId(tokens.ids, n_ids, model.n_expert, (role,)),
+                    MulMatId(tokens.ids, n_ids, model.n_expert, (role,), stand_in_ids),
                 )
                 for role, info, compute in (
                     (GATE, layer.gate, self._gate),

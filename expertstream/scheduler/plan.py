@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..backends.base import BufferView, Device, Stream, Usage
 from ..errors import InvalidArgument
 from ..ggml import RowType, padded_size
@@ -53,12 +55,17 @@ class Input:
 
 @dataclass(frozen=True)
 class MulMatId:
-    """Routing of a MUL_MAT_ID split: which experts each token uses."""
+    """Routing of a MUL_MAT_ID split: which experts each token uses.
+
+    ``stand_in_ids``: the expert ids a backend that holds no data (the simulator's timing-only
+    mode) copies by at decode scale; the ids it reads back mean nothing there.
+    """
 
     ids: BufferView  # int32 [n_tokens, top_k] on the split's device
     n_ids: int  # n_tokens * top_k
     n_expert: int
     weights: tuple[str, ...]  # names of the inputs holding the expert matrices
+    stand_in_ids: np.ndarray | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.n_ids <= 0 or self.n_expert <= 0:
@@ -67,6 +74,11 @@ class MulMatId:
             raise InvalidArgument(
                 f"ids view holds {self.ids.nbytes} bytes; {self.n_ids} int32 ids need {4 * self.n_ids}"
             )
+        stand_in = self.stand_in_ids
+        if stand_in is not None and (
+            stand_in.size != self.n_ids or stand_in.size and not 0 <= stand_in.min() <= stand_in.max() < self.n_expert
+        ):
+            raise InvalidArgument(f"stand-in ids must be {self.n_ids} expert ids in 0..{self.n_expert - 1}")
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,13 @@ class StockCopier:
             stream.copy_d2h(self.device.wrap_host(ids), 0, routing.ids.buffer, routing.ids.offset, ids.nbytes)
             stream.synchronize()
             stats.ids_readbacks += 1
+            if not self.device.backend.holds_data:  # timing only: the read-back cost is paid, its bytes mean nothing
+                if routing.stand_in_ids is None:
+                    raise InvalidArgument(
+                        f"split {split.name!r}: a backend without data cannot read routing ids back",
+                        hint="give MulMatId stand_in_ids for timing-only runs",
+                    )
+                ids = routing.stand_in_ids.astype(np.int32, copy=False)
             bad = (ids < 0) | (ids >= routing.n_expert)
             if bad.any():
                 raise InvalidArgument(

@@ -44,7 +44,6 @@ def _never_measure(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--type", "q8_0", "--layers", "1", "MODEL"], "--type, --layers describe a model to make"),
         (["-ub", "16", "-b", "24"], "not a multiple of -ub 16"),
         (["--host-memory", "pinned", "--no-mmap"], "choose host memory once"),
-        (["--timing-only", "-n", "2"], "needs data"),
     ],
 )
 def test_usage_errors_exit_2_before_running(

@@ -7,13 +7,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import expertstream
 from expertstream.backends.base import Backend
 from expertstream.errors import InvalidArgument
+from expertstream.ggml import padded_size
 from expertstream.hostmem import HostMemoryMode, HostWeights
 from expertstream.model import MoeModel
 from expertstream.moe.measure import measure_compute_only
-from expertstream.moe.runner import Batching, MoeRunner, embeddings, sha256
+from expertstream.moe.runner import Batching, MoeRunner, embeddings, sha256, stand_in_routing
 from expertstream.scheduler import Scheduler
+from expertstream.scheduler.stock import expert_ranges
 
 # Two ubatches, so the lookahead crosses a ubatch boundary; 16 tokens x top-2 = 32 ids >= 2 x 8
 # experts: prefill scale.
@@ -87,3 +90,29 @@ def test_bad_batching_and_steps_are_named(backend: Backend, tiny_path: Path) -> 
         pytest.raises(InvalidArgument, match="decode step 2 is outside 0..1"),
     ):
         runner.decode_plan({}, 2)
+
+
+def test_timing_only_decode_copies_the_stand_in_experts(tiny_path: Path) -> None:
+    with (
+        expertstream.backend("sim", data=False) as backend,
+        MoeModel.open(tiny_path) as model,
+        MoeRunner(backend.device(0), model, Batching(4, 4, 3), seed=5) as runner,
+        HostWeights.open(model, backend.device(0), "pinned") as weights,
+        Scheduler(slots=3) as scheduler,
+    ):
+        for step in range(3):
+            stats = scheduler.run(runner.decode_plan(weights, step))
+            used = [np.unique(stand_in_routing(5, 4 + step, 1, layer.index, model)) for layer in model.layers]
+            expected = sum(
+                end - start
+                for layer, experts in zip(model.layers, used, strict=True)
+                for info in (layer.gate, layer.up, layer.down)
+                for start, end in expert_ranges(
+                    experts,
+                    info.slice_nbytes,
+                    info.nbytes,
+                    padded_size(info.nbytes, info.qtype, info.ne0) - info.nbytes,
+                )
+            )
+            assert stats.total("bytes_stock") == expected
+            assert stats.total("ids_readbacks") == len(model.layers)  # paid as on a GPU

@@ -31,6 +31,7 @@ class StreamState:
     name: str
     tail: float = 0.0  # when the last enqueued operation ends
     destroyed: bool = False
+    last_pageable: int = -1  # enqueue number of the last copy from or to pageable memory
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,8 @@ class Recorded:
 
     time: float
     knowledge: VectorClock
+    stream: StreamState | None = None  # where it was recorded
+    seq: int = -1  # its enqueue number there
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,7 @@ class Work:
     effect: Callable[[], None] | None = None
     touches: Sequence[Touch] = ()  # device bytes, and host bytes the device reaches after the call returns
     zero_fill: bool = False
+    pageable: bool = False  # a copy from or to pageable host memory
 
 
 class Simulation:
@@ -69,6 +73,7 @@ class Simulation:
         self._effects = EffectQueue()
         self._timeline: list[TimelineOp] = []
         self._tracks: dict[tuple[int, EngineKind], BusyTrack] = {}
+        self._host_bus = BusyTrack()  # host memory shared by every host thread's copies
         self._streams: dict[int, StreamState] = {}
         self._stream_ids = itertools.count(1)
         self._enqueue_seq = itertools.count()
@@ -92,12 +97,14 @@ class Simulation:
             staged = self._stage_hazards(stream, work, waited)
             issued = self.clocks.spend(self.profile.enqueue_s)
             reached = max(issued, stream.tail)
-            ready = max(reached, waited.time) if waited is not None else reached
+            ready = max(reached, self._released_at(waited)) if waited is not None else reached
             ready += work.latency
             start = self._tracks_for(stream.device, work.engine).place(ready, work.duration) if work.engine else ready
             end = start + work.duration
             stream.tail = end
             seq = next(self._enqueue_seq)
+            if work.pageable:
+                stream.last_pageable = seq
             if staged is not None and self.checker is not None:
                 self.checker.commit(staged[0], staged[1], work.touches)
             if work.effect is not None and self.data:
@@ -126,7 +133,14 @@ class Simulation:
         with self.lock:
             time = self.submit(stream, Work(OpKind.RECORD, name, "event record", "Stream.record"))
             knowledge = self.checker.knowledge(stream.id) if self.checker is not None else {}
-            return Recorded(time, knowledge)
+            return Recorded(time, knowledge, stream, next(self._enqueue_seq))
+
+    def _released_at(self, waited: Recorded) -> float:
+        """When a wait enqueued now on ``waited`` lets its stream go on."""
+        source = waited.stream
+        if self.profile.pageable_wait_binds_tail and source is not None and source.last_pageable > waited.seq:
+            return max(waited.time, source.tail)
+        return waited.time
 
     def _stage_hazards(
         self, stream: StreamState, work: Work, waited: Recorded | None
@@ -195,10 +209,21 @@ class Simulation:
         return -(self.clocks.thread_index() + 1)
 
     def host_work(self, kind: OpKind, name: str, seconds: float, nbytes: int) -> None:
-        """The calling thread spends ``seconds`` on host work (a memcpy, a registration)."""
+        """The calling thread spends ``seconds`` on host work (a registration)."""
         with self.lock:
             before = self.clocks.now()
             self._host_op(kind, name, before, self.clocks.spend(seconds), nbytes)
+
+    def host_copy(self, nbytes: int) -> None:
+        """The calling thread copies ``nbytes`` host -> host at one thread's rate, sharing the bus."""
+        profile = self.profile
+        with self.lock:
+            before = self.clocks.now()
+            end = before + nbytes / profile.host_memcpy_bps
+            if profile.host_memcpy_total_bps is not None:
+                on_bus = nbytes / profile.host_memcpy_total_bps
+                end = max(end, self._host_bus.place(before, on_bus) + on_bus)
+            self._host_op(OpKind.HOST_COPY, "host copy", before, self.clocks.advance_to(end), nbytes)
 
     def _host_op(self, kind: OpKind, name: str, start: float, end: float, nbytes: int) -> None:
         self._timeline.append(

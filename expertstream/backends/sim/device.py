@@ -188,7 +188,7 @@ class SimDevice(Device):
         )
         if self.sim.data:  # timing-only: placeholder memory is never touched
             super().host_copy(dst, dst_offset, src, src_offset, nbytes)
-        self.sim.host_work(OpKind.HOST_COPY, "host copy", nbytes / self.sim.profile.host_memcpy_bps, nbytes)
+        self.sim.host_copy(nbytes)  # at the one-thread rate, sharing the host memory bus
 
     def _check_host_access(self, host: HostBuffer, offset: int, nbytes: int, write: bool, call: str) -> None:
         what = "host write (numpy view)" if write else "host read (numpy view)"

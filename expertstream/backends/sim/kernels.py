@@ -18,6 +18,7 @@ from ..base import BufferView, Kernel
 
 if TYPE_CHECKING:
     from ..base import Device
+    from .profiles import Profile
 
 log = logging.getLogger(__name__)
 
@@ -42,14 +43,23 @@ class KernelSpec:
     """A kernel's Python twin.
 
     ``run(args, grid, block)`` gets the launch arguments with every DeviceBuffer/BufferView
-    replaced by a writable flat uint8 array of exactly its bytes; ``accesses(args)`` and
-    ``flops(args)`` get the arguments as given to launch.
+    replaced by a writable flat uint8 array of exactly its bytes; ``accesses(args)``,
+    ``flops(args)`` and ``rate_key(args)`` get the arguments as given to launch.
+    ``rate_key`` gives the (shape, size) under which a profile's measured kernel rates are looked
+    up; without it a launch is looked up as (), flops.
     """
 
     name: str
     run: Callable[[tuple[Any, ...], Dim3Tuple, Dim3Tuple], None]
     accesses: Callable[[tuple[Any, ...]], Sequence[Access]]
     flops: Callable[[tuple[Any, ...]], float]
+    rate_key: Callable[[tuple[Any, ...]], tuple[tuple[int, ...], float]] | None = None
+
+    def seconds(self, args: tuple[Any, ...], profile: Profile) -> float:
+        """How long one launch with ``args`` computes under ``profile`` (the launch latency aside)."""
+        flops = float(self.flops(args))
+        shape, size = self.rate_key(args) if self.rate_key is not None else ((), flops)
+        return flops / profile.kernel_rate(self.name, shape, size)
 
 
 _registry: dict[str, KernelSpec] = {}

@@ -1,17 +1,23 @@
 """Simulated device profiles: plain data describing one GPU and its host link.
 
 A profile is chosen by name (a built-in), given as a Profile object, as a dict
-(``Profile.from_dict``) or as the path of a JSON file holding such a dict. The
-EXPERTSTREAM_SIM_PROFILE environment variable sets the default.
+(``Profile.from_dict``) or as the path of a JSON file holding such a dict (what
+`expertstream tune` writes). The EXPERTSTREAM_SIM_PROFILE environment variable sets the default.
+
+Kernel time is ``flops / rate`` after the launch latency. The rate comes from ``kernel_rates``
+where the profile has entries for the kernel (measured per shape and size, interpolated in
+log(size) between them), else from ``flops_per_s``.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import functools
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
@@ -26,6 +32,48 @@ _VENDORS = ("nvidia", "amd")
 # What runs a memset of device memory: a fill kernel on the stream's own queue, which shares the
 # execution units with other streams' kernels instead of waiting for them, or a copy engine.
 MEMSET_ENGINES = ("fill-kernel", "copy-engine")
+
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class KernelRate:
+    """The measured rate of one kernel at one shape and size.
+
+    ``shape`` and ``size`` are what the kernel's twin reports for a launch (``KernelSpec.rate_key``):
+    for mul_mat_id the (n_out, n_in) of one expert and the (token, slot) pairs per expert; for
+    kernels without a key, an empty shape and the launch's flops.
+    """
+
+    kernel: str
+    shape: Shape
+    size: float
+    flops_per_s: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(int(n) for n in self.shape))
+        if not (_is_number(self.size) and self.size > 0 and _is_number(self.flops_per_s) and self.flops_per_s > 0):
+            raise InvalidArgument(
+                f"kernel rate of {self.kernel!r}: size and flops_per_s must be positive numbers, "
+                f"got {self.size!r} and {self.flops_per_s!r}"
+            )
+
+    @classmethod
+    def from_value(cls, value: KernelRate | Mapping[str, Any] | Sequence[Any]) -> KernelRate:
+        """A rate from itself, a dict with the field names, or a [kernel, shape, size, flops_per_s] list."""
+        if isinstance(value, KernelRate):
+            return value
+        try:
+            if isinstance(value, Mapping):
+                kernel, shape, size, rate = (value[k] for k in ("kernel", "shape", "size", "flops_per_s"))
+            else:
+                kernel, shape, size, rate = value
+            shape = tuple(int(n) for n in shape)
+        except (KeyError, TypeError, ValueError):
+            wanted = "{kernel, shape, size, flops_per_s}"
+            raise InvalidArgument(f"a kernel rate must be {wanted}, got {value!r}") from None
+        return cls(str(kernel), shape, size, rate)
 
 
 @dataclass(frozen=True)
@@ -53,6 +101,12 @@ class Profile:
     host_register: bool
     host_register_read_only: bool
     memset_engine: str = "fill-kernel"  # one of MEMSET_ENGINES
+    # All host threads copying at once (a shared memory bus); None: each thread gets host_memcpy_bps.
+    host_memcpy_total_bps: float | None = None
+    # A stream's wait on an event recorded before a pageable copy was enqueued behind it resolves
+    # at that stream's tail (the reported ROCm behaviour), not at the record.
+    pageable_wait_binds_tail: bool = False
+    kernel_rates: tuple[KernelRate, ...] = ()
 
     def __post_init__(self) -> None:
         if self.vendor_like not in _VENDORS:
@@ -63,12 +117,58 @@ class Profile:
             )
         if not isinstance(self.memory_bytes, int) or self.memory_bytes <= 0:
             raise InvalidArgument(f"profile {self.name!r}: memory_bytes must be a positive integer")
+        object.__setattr__(self, "kernel_rates", tuple(KernelRate.from_value(r) for r in self.kernel_rates))
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
+            if value is None and f.name == "host_memcpy_total_bps":
+                continue
             if f.name.endswith(("_bps", "_per_s")) and not (_is_number(value) and value > 0):
                 raise InvalidArgument(f"profile {self.name!r}: {f.name} must be a positive number, got {value!r}")
             if f.name.endswith("_s") and not f.name.endswith("_per_s") and not (_is_number(value) and value >= 0):
                 raise InvalidArgument(f"profile {self.name!r}: {f.name} must be a number >= 0, got {value!r}")
+            if f.type == "bool" and not isinstance(value, bool):
+                raise InvalidArgument(f"profile {self.name!r}: {f.name} must be true or false, got {value!r}")
+
+    def kernel_rate(self, kernel: str, shape: Shape, size: float) -> float:
+        """Flops per second of ``kernel`` at ``shape`` and ``size``: measured where the profile has it.
+
+        Entries of the nearest measured shape (by log distance) are interpolated in log(size) and
+        clamped at the smallest and largest measured size; a kernel without entries runs at
+        ``flops_per_s``.
+        """
+        by_shape = self._rate_index.get(kernel)
+        if not by_shape:
+            return self.flops_per_s
+        points = by_shape.get(shape) or by_shape[min(by_shape, key=lambda s: _shape_distance(s, shape))]
+        sizes = [p[0] for p in points]
+        i = bisect.bisect_left(sizes, size)
+        if i == 0:
+            return points[0][1]
+        if i == len(points):
+            return points[-1][1]
+        (s0, r0), (s1, r1) = points[i - 1], points[i]
+        t = math.log(size / s0) / math.log(s1 / s0)
+        return r0 + t * (r1 - r0)
+
+    @functools.cached_property
+    def _rate_index(self) -> dict[str, dict[Shape, list[tuple[float, float]]]]:
+        index: dict[str, dict[Shape, dict[float, list[float]]]] = {}
+        for r in self.kernel_rates:
+            index.setdefault(r.kernel, {}).setdefault(r.shape, {}).setdefault(float(r.size), []).append(r.flops_per_s)
+        # Two entries at one size (shapes the twin reports alike) count as their mean.
+        return {
+            kernel: {shape: [(at, sum(v) / len(v)) for at, v in sorted(by.items())] for shape, by in shapes.items()}
+            for kernel, shapes in index.items()
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data ``from_dict`` reads back (what a profile JSON file holds)."""
+        data = dataclasses.asdict(self)
+        data["kernel_rates"] = [
+            {"kernel": r.kernel, "shape": list(r.shape), "size": r.size, "flops_per_s": r.flops_per_s}
+            for r in self.kernel_rates
+        ]
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Profile:
@@ -107,8 +207,49 @@ def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _shape_distance(a: Shape, b: Shape) -> float:
+    if len(a) != len(b):
+        return math.inf
+    return sum(abs(math.log(max(x, 1) / max(y, 1))) for x, y in zip(a, b, strict=True))
+
+
 # Figures marked "measured" come from an H200 (PCIe Gen5 x16); "reported" from the R9700 figures
 # in llama.cpp PR #28414 and its review; "assumed" have no measurement yet.
+
+# Measured on the H200: mul_mat_id (grouping plus matrix kernel) in TFLOP/s on Qwen3-30B-A3B
+# expert shapes (128 experts, top-8, gate/up 768 x 2048, down 2048 x 768), uniform routing;
+# per type (ubatch, tile, gate/up, down). docs/results/cuda-h200-kernels.md (Q4_0, Q8_0, F16,
+# BF16) and docs/results/realfiles-h200/kernels-all-types.json (the others).
+_H200_MUL_MAT_ID: dict[str, tuple[tuple[int, int, float, float], ...]] = {
+    "Q4_0": ((512, 32, 18.3, 16.1), (2048, 64, 28.1, 28.9), (4096, 64, 33.0, 32.0)),
+    "Q8_0": ((512, 32, 16.2, 16.2), (2048, 32, 24.6, 23.3), (4096, 32, 27.0, 25.0)),
+    "F16": ((512, 32, 9.8, 10.8), (2048, 64, 18.4, 19.8), (4096, 64, 22.5, 22.5)),
+    "BF16": ((512, 32, 13.4, 13.6), (2048, 64, 19.2, 20.7), (4096, 64, 22.5, 23.4)),
+    "Q4_1": ((512, 32, 16.3, 17.0), (4096, 32, 27.8, 26.9)),
+    "Q5_0": ((512, 32, 15.2, 15.5), (4096, 32, 25.6, 24.6)),
+    "Q5_1": ((512, 32, 15.7, 14.7), (4096, 32, 26.6, 23.3)),
+    "Q2_K": ((512, 32, 8.1, 8.4), (4096, 32, 13.3, 13.4)),
+    "Q3_K": ((512, 32, 8.2, 8.2), (4096, 32, 13.4, 11.9)),
+    "Q4_K": ((512, 32, 12.8, 12.1), (4096, 32, 20.6, 18.6)),
+    "Q5_K": ((512, 32, 11.3, 10.3), (4096, 32, 17.9, 15.7)),
+    "Q6_K": ((512, 32, 8.4, 8.2), (4096, 32, 12.9, 12.0)),
+    "IQ4_NL": ((512, 32, 16.8, 16.1), (4096, 32, 26.5, 26.1)),
+    "IQ4_XS": ((512, 32, 15.6, 14.0), (4096, 32, 26.2, 23.4)),
+    "MXFP4": ((512, 32, 13.5, 13.5), (4096, 32, 23.4, 21.7)),
+    "F32": ((512, 32, 12.9, 12.4), (4096, 32, 21.8, 21.6)),
+}
+
+
+def _h200_kernel_rates() -> tuple[KernelRate, ...]:
+    rates = []
+    for type_name, rows in _H200_MUL_MAT_ID.items():
+        for ubatch, tile, gate_up, down in rows:
+            kernel, pairs_per_expert = f"moe_mul_mat_id_{type_name.lower()}_m{tile}", ubatch * 8 / 128
+            rates.append(KernelRate(kernel, (768, 2048), pairs_per_expert, gate_up * 1e12))
+            rates.append(KernelRate(kernel, (2048, 768), pairs_per_expert, down * 1e12))
+    return tuple(rates)
+
+
 CUDA_H200 = Profile(
     name="cuda-h200",
     vendor_like="nvidia",
@@ -123,9 +264,8 @@ CUDA_H200 = Profile(
     d2d_bps=2.0e12,  # assumed: a copy reads and writes every byte, ~40% of the 4.8 TB/s HBM3e peak
     peer_bps=50e9,  # assumed: peers over PCIe Gen5 x16
     memset_bps=3.0e12,  # assumed: write-only traffic, ~60% of the HBM3e peak
-    # measured: mul_mat_id, Q4_0, Qwen3-30B-A3B expert shapes at ubatch 512 (18.3 TFLOP/s gate/up,
-    # 16.1 down; docs/results/cuda-h200-kernels.md). Larger ubatches run faster (~28 at 2048, ~33 at
-    # 4096), so at those sizes this profile is pessimistic about compute.
+    # Kernels without a measured rate below: mul_mat_id, Q4_0, Qwen3-30B-A3B expert shapes at ubatch
+    # 512 (18.3 TFLOP/s gate/up, 16.1 down; docs/results/cuda-h200-kernels.md).
     flops_per_s=17.5e12,
     launch_latency_s=5e-6,  # assumed: typical kernel launch latency
     copy_latency_s=10e-6,  # assumed: DMA setup; with enqueue_s it matches the measured 1.26 ms for 64 MB
@@ -138,38 +278,51 @@ CUDA_H200 = Profile(
     # assumed: not measured whether the driver fills with a kernel or a copy engine; either runs
     # beside the kernels of other streams rather than after them.
     memset_engine="fill-kernel",
+    # measured: the staging ring (12 threads, 64 MiB chunks) moved 27.3-31.6 GB/s from a file
+    # mapping while its DMAs ran (docs/results/hostmem-h200.md)
+    host_memcpy_total_bps=29e9,
+    kernel_rates=_h200_kernel_rates(),
 )
 
+# Fitted to the R9700 figures of the PR #28414 report only, through tune's own fit functions
+# (microbench/rocm_r9700_fit.py, which prints these values; docs/results/rocm-sim.md says which
+# figure fits what and what is predicted). `expertstream tune` on an AMD GPU replaces it.
+_R9700_GATE_UP = ("moe_mul_mat_id_q4_0_m64", (640, 2560), 80.0)  # mul_mat_id at ub 4096: shape, pairs per expert
 ROCM_R9700 = Profile(
     name="rocm-r9700",
     vendor_like="amd",
     device_name="AMD Radeon AI PRO R9700",
     memory_bytes=32 * _GIB,  # datasheet: 32 GB GDDR6
-    h2d_pinned_bps=53e9,  # reported: hipMemcpy 53 GB/s pinned
-    h2d_pageable_bps=53e9,  # reported: hipMemcpy 53 GB/s pageable too
+    h2d_pinned_bps=53e9,  # fitted: the hipMemcpy microbench, 53 GB/s pinned
+    h2d_pageable_bps=53e9,  # fitted: the same, pageable
     d2h_bps=53e9,  # assumed: the PCIe link is symmetric
     d2h_pageable_bps=53e9,  # assumed: like H2D
     d2d_bps=0.26e12,  # assumed: a copy reads and writes every byte, ~40% of the 644 GB/s GDDR6 peak
     peer_bps=50e9,  # assumed: peers over PCIe 5.0 x16
     memset_bps=0.39e12,  # assumed: write-only traffic, ~60% of the GDDR6 peak
-    # From the R9700 prefill figures on the 72 GB expert set at ub 4096: stock 1014 t/s means
-    # 4.04 s per ubatch, of which 72 GB / 53 GB/s = 1.36 s is the serial copy, so ~2.7 s is
-    # compute; with overlap 1600 t/s means ~2.6 s per ubatch, compute-bound. That compute holds
-    # ~2.3e9 active expert weights (72 GB at ~4.8 bits each, 10 of 512 experts) x 2 flops x 4096
-    # tokens = 1.9e13 flops of expert matmuls plus attention, so the MoE kernels ran at ~7.4e12
-    # flop/s or more; 8e12 rounds that up.
-    flops_per_s=8e12,
+    flops_per_s=4.8e13,  # assumed: kernels without a fitted rate run at mul_mat_id's
     launch_latency_s=5e-6,  # assumed: like the CUDA profile
     copy_latency_s=10e-6,  # assumed: like the CUDA profile
-    enqueue_s=30e-6,  # assumed: like the CUDA profile (the same Python binding overhead)
+    enqueue_s=30e-6,  # assumed: the same Python binding overhead as on CUDA, twice the H200's
     host_memcpy_bps=8.1e9,  # assumed: the H200 host's one-thread figure
     host_register_bps=_GIB / 26e-3,  # assumed: like the CUDA profile
-    # Documented ROCm behaviour: pageable copies are synchronous; large ranges are pinned chunk
-    # by chunk and the call returns when the DMA is done.
-    pageable_blocks_host=True,
+    # Fitted: the event order (B released at 1.3 ms with its wait before copy2, at 22 ms after)
+    # read as the report reads it: the runtime pins pageable memory on the fly and returns, and a
+    # wait enqueued after such a copy resolves against the copy stream's tail. (ROCm's
+    # documentation calls pageable copies synchronous instead; tune on an AMD GPU tells which.)
+    pageable_blocks_host=False,
+    pageable_wait_binds_tail=True,
     host_register=True,  # hipHostRegister exists
     host_register_read_only=False,  # HIP exposes no read-only registration flag
     memset_engine="fill-kernel",  # ROCm's runtime fills device memory with a blit kernel on the stream's queue
+    kernel_rates=(
+        # fitted: gate_L 2.49 ms and up_L 3.13 ms in the reported timeline (llama.cpp's kernels)
+        KernelRate(*_R9700_GATE_UP, 5.4011e13),
+        KernelRate(*_R9700_GATE_UP, 4.2950e13),
+        # fitted: the runner's stand-in for attention and the rest of a layer, at the rate that
+        # makes the stock path run 27k tokens at the reported 1014 t/s
+        KernelRate("moe_rms_norm", (), 3.0 * 4096 * 2560, 6.6718e8),
+    ),
 )
 
 BUILTIN_PROFILES: dict[str, Profile] = {p.name: p for p in (CUDA_H200, ROCM_R9700)}
@@ -209,6 +362,8 @@ __all__ = [
     "BUILTIN_PROFILES",
     "MEMSET_ENGINES",
     "PROFILE_ENV",
+    "PROFILE_ENV",
+    "KernelRate",
     "Profile",
     "ProfileSpec",
     "builtin_profile",

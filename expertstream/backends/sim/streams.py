@@ -78,6 +78,7 @@ class SimStream(Stream):
                 profile.copy_latency_s,
                 n / (profile.h2d_pageable_bps if pageable else profile.h2d_pinned_bps),
                 blocks_host=blocks_host,
+                pageable=pageable,
                 effect=_copy_effect(_device_bytes(dst, dst_offset, n), source),
                 touches=(
                     Touch(dst, dst_offset, dst_offset + n, write=True),
@@ -101,6 +102,7 @@ class SimStream(Stream):
                 profile.copy_latency_s,
                 n / (profile.d2h_pageable_bps if pageable else profile.d2h_bps),
                 blocks_host=blocks_host,
+                pageable=pageable,
                 effect=_copy_effect(dst.array[dst_offset : dst_offset + n], _device_bytes(src, src_offset, n)),
                 touches=(
                     Touch(src, src_offset, src_offset + n, write=False),
@@ -186,7 +188,7 @@ class SimStream(Stream):
                 0,
                 EngineKind.COMPUTE,
                 profile.launch_latency_s,
-                float(spec.flops(args)) / profile.flops_per_s,
+                spec.seconds(args, profile),
                 effect=effect,
                 touches=touches,
             )

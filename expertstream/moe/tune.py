@@ -1,0 +1,253 @@
+"""`expertstream tune`: measure this GPU and its host link, and write a simulator profile.
+
+The probes (probes.py) time copies from each kind of host memory, the event-order question,
+memcpys from a mapping per thread count and the runner's kernels at several ubatches. ``fit``
+turns the timings into profile fields by inverting what the simulator does with each field,
+so tuning the simulator against itself gives its own profile back. ``calibrate_enqueue`` then
+runs a few decode steps of the job on the device and on the simulator and solves for the host
+time per call that makes them agree: decode is bound by the host (it reads routing ids back
+every layer), and the scheduler's own work per split is host time no single probe sees.
+
+The profile file holds the measured fields and names the built-in profile ("base") that
+supplies the rest: peer copies (one device cannot measure them) and the rate of kernels the
+profile has no entry for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..backends import backend as open_backend
+from ..backends.base import Backend, Device, Vendor
+from ..backends.sim.profiles import BUILTIN_PROFILES, KernelRate, Profile
+from ..hostmem import DEFAULT_RING_THREADS, HostMemoryMode
+from ..model import MoeModel, make_model
+from . import probes
+from .measure import Settings, measure
+from .placeholder import write_sparse_model
+from .probes import (
+    DEFAULT_BOUNDS,
+    Bounds,
+    EventOrderTiming,
+    ExpertShape,
+    HostCopyTiming,
+    KernelTiming,
+    Measurements,
+    ModelShape,
+    copy_fit,
+)
+from .runner import Batching
+
+log = logging.getLogger(__name__)
+
+DEFAULT_UBATCHES = (1, 512, 1024, 2048, 4096)
+DEFAULT_PRESET = "qwen3-30b-a3b"
+CALIBRATION_LAYERS = 2
+CALIBRATION_STEPS = 8
+BASE_BY_VENDOR = {"nvidia": "cuda-h200", "amd": "rocm-r9700"}
+# A kernel whose compute is less than this share of its measured time is bound by launch
+# overhead: its rate cannot be told apart from the latency, and the profile keeps no entry.
+MIN_COMPUTE_SHARE = 0.25
+# Host copies on N threads are bound by a shared bus when they reach less than this share of
+# N times the one-thread rate.
+SATURATED_SHARE = 0.9
+
+
+@dataclass
+class Tuned:
+    """What a tune run found: the raw timings, the fitted fields and the profile they make."""
+
+    measurements: Measurements
+    fields: dict[str, Any]  # the measured profile fields, as the JSON file holds them
+    base: str
+    profile: Profile
+    decode_step_s: float | None = None  # measured on the device, for the enqueue calibration
+
+    def document(self) -> dict[str, Any]:
+        """The profile file: the measured fields over a built-in base."""
+        return {"base": self.base, **self.fields}
+
+
+# -- fitting ---------------------------------------------------------------------------------
+
+
+def fit_copies(copies: Sequence[probes.CopyTiming]) -> dict[str, Any]:
+    """Rates from the slope between two sizes; DMA setup from back-to-back pinned copies' fixed cost."""
+    slope, setup = copy_fit(copies, "h2d-pinned")
+    rates: dict[str, Any] = {
+        "h2d_pinned_bps": 1 / slope,
+        "h2d_pageable_bps": 1 / copy_fit(copies, "h2d-pageable")[0],
+        "d2h_bps": 1 / copy_fit(copies, "d2h-pinned")[0],
+        "d2h_pageable_bps": 1 / copy_fit(copies, "d2h-pageable")[0],
+        "d2d_bps": 1 / copy_fit(copies, "d2d")[0],
+        "memset_bps": 1 / copy_fit(copies, "memset")[0],
+        "copy_latency_s": max(0.0, setup),
+    }
+    largest = max((c for c in copies if c.what == "h2d-pageable"), key=lambda c: c.nbytes)
+    rates["pageable_blocks_host"] = largest.host_blocked_s > 0.5 * largest.nbytes / rates["h2d_pageable_bps"]
+    return rates
+
+
+def fit_event_order(rows: Sequence[EventOrderTiming], pageable_bps: float, blocks_host: bool) -> bool:
+    """Whether a wait resolves at the tail of a stream with a pageable copy behind the record.
+
+    A wait issued after copy2 that releases only once copy2 is done, while the copy did not hold
+    the host, can only be the runtime binding the wait to the stream's tail. (Where the copy holds
+    the host, the late release is the host's, and the profile says so with pageable_blocks_host.)
+    """
+    released = {r.wait: r for r in rows if r.host_memory == "pageable"}
+    if blocks_host or "before" not in released or "after" not in released:
+        return False
+    late = released["after"].released_s - released["before"].released_s
+    return late > 0.5 * released["after"].copy2_bytes / pageable_bps
+
+
+def fit_host_copies(rows: Sequence[HostCopyTiming]) -> tuple[float, float | None]:
+    """(one thread's rate, the shared limit of all threads or None) from copies on 1..N threads."""
+    rate = {r.threads: r.nbytes / r.seconds for r in rows}
+    one = rate[min(rate)] / min(rate)  # per thread, from the fewest threads measured
+    most = max(rate)
+    total = rate[most] if rate[most] < SATURATED_SHARE * most * one else None
+    return one, total
+
+
+def fit_kernel(timing: KernelTiming, launch_s: float, other_rate: float) -> KernelRate | None:
+    """The kernel's rate once the launch latencies and the other kernels of the call are taken out."""
+    compute = timing.seconds - timing.launches * launch_s - timing.other_flops / other_rate
+    if compute < MIN_COMPUTE_SHARE * timing.seconds:
+        return None
+    return KernelRate(timing.kernel, timing.shape, timing.size, timing.flops / compute)
+
+
+def fit(m: Measurements, base: Profile, name: str, vendor_like: str) -> dict[str, Any]:
+    """The profile fields the measurements determine (enqueue_s before its calibration)."""
+    fields: dict[str, Any] = {"name": name, "vendor_like": vendor_like, "device_name": m.device_name}
+    fields["memory_bytes"] = int(m.memory_bytes)
+    fields.update(fit_copies(m.copies))
+    fields["pageable_wait_binds_tail"] = fit_event_order(
+        m.event_order, fields["h2d_pageable_bps"], fields["pageable_blocks_host"]
+    )
+    fields["launch_latency_s"] = m.launch_s
+    fields["enqueue_s"] = m.enqueue_s
+    per_thread, total = fit_host_copies(m.host_copies)
+    fields["host_memcpy_bps"] = per_thread
+    fields["host_memcpy_total_bps"] = total
+    fields["host_register"] = m.host_register
+    fields["host_register_read_only"] = m.host_register_read_only
+    if m.register_bytes_per_s is not None:
+        fields["host_register_bps"] = m.register_bytes_per_s
+    rates = [fit_kernel(k, m.launch_s, base.flops_per_s) for k in m.kernels]
+    fields["kernel_rates"] = [
+        {"kernel": r.kernel, "shape": list(r.shape), "size": r.size, "flops_per_s": r.flops_per_s}
+        for r in rates
+        if r is not None
+    ]
+    return fields
+
+
+# -- the decode calibration ------------------------------------------------------------------
+
+
+def decode_step_seconds(backend: Backend, device: Device, model: MoeModel, mode: HostMemoryMode) -> float:
+    """The median decode step of the job (stock path, routing ids read back per layer)."""
+    settings = Settings(Batching(8, 8, CALIBRATION_STEPS), (0,), (mode,), repeats=1)
+    row = measure(backend, device, model, settings).rows[0]
+    assert row.decode_tokens_per_s is not None
+    return 1.0 / row.decode_tokens_per_s
+
+
+def predicted_decode_step(profile: Profile, model: MoeModel, mode: HostMemoryMode) -> float:
+    with open_backend("sim", profile=profile, data=False, check_hazards=False) as sim:
+        return decode_step_seconds(sim, sim.device(0), model, mode)
+
+
+def calibrate_enqueue(profile: Profile, model: MoeModel, mode: HostMemoryMode, measured_s: float) -> float:
+    """The host seconds per call for which the simulator's decode step takes ``measured_s``.
+
+    The step is piecewise linear in that cost; two secant steps from the probes' value land
+    within a fraction of a percent.
+    """
+
+    def step(enqueue_s: float) -> float:
+        return predicted_decode_step(dataclasses.replace(profile, enqueue_s=enqueue_s), model, mode)
+
+    x0 = profile.enqueue_s
+    y0 = step(x0)
+    x1 = x0 * 2 if x0 > 0 else 10e-6
+    for _ in range(3):
+        if abs(y0 - measured_s) <= 1e-3 * measured_s:
+            return x0
+        y1 = step(x1)
+        if y1 == y0:
+            return x0
+        x0, y0, x1 = x1, y1, max(0.0, x1 + (measured_s - y1) * (x1 - x0) / (y1 - y0))
+    return x1
+
+
+# -- the whole run ---------------------------------------------------------------------------
+
+
+def model_shape(model: MoeModel, types: Sequence[Any] = ()) -> ModelShape:
+    """The runner's kernel shapes for ``model``; ``types`` replaces its expert types when given."""
+    experts: dict[tuple[Any, int, int, bool], ExpertShape] = {}
+    for layer in model.layers:
+        for info, per_slot in ((layer.gate, False), (layer.up, False), (layer.down, True)):
+            for w_type in types or (info.qtype,):
+                shape = ExpertShape(w_type, info.ne[1], info.ne0, per_slot)
+                experts[(int(w_type), shape.n_out, shape.n_in, per_slot)] = shape
+    return ModelShape(model.n_embd, model.n_ff, model.n_expert, model.top_k, tuple(experts.values()))
+
+
+def vendor_of(backend: Backend) -> str:
+    if backend.vendor is Vendor.SIM:
+        return str(backend.describe()["profile"]["vendor_like"])
+    return backend.vendor.value
+
+
+def tune(
+    backend: Backend,
+    device: Device,
+    model: MoeModel,
+    *,
+    types: Sequence[Any] = (),
+    ubatches: Sequence[int] = DEFAULT_UBATCHES,
+    host_threads: Sequence[int] | None = None,
+    bounds: Bounds = DEFAULT_BOUNDS,
+    name: str | None = None,
+    progress: Callable[[str], None] = lambda what: None,
+) -> Tuned:
+    """Probe ``device``, fit a profile, and calibrate its host cost on the job's decode steps."""
+    threads = host_threads or sorted({1, 2, 4, 8, DEFAULT_RING_THREADS} & set(range(1, DEFAULT_RING_THREADS + 1)))
+    shape = model_shape(model, types)
+    largest = max(model.mappings, key=len)
+    with contextlib.closing(device.wrap_host(largest)) as pageable:
+        measured = probes.measure(backend, device, shape, ubatches, threads, bounds, progress, pageable)
+    vendor = vendor_of(backend)
+    base = BUILTIN_PROFILES[BASE_BY_VENDOR[vendor]]
+    fields = fit(measured, base, name or _profile_name(device.name), vendor)
+    profile = Profile.from_dict({"base": base.name, **fields})
+    mode = HostMemoryMode.REGISTERED if profile.host_register_read_only else HostMemoryMode.PINNED
+    progress("decode steps")
+    step_s = decode_step_seconds(backend, device, model, mode)
+    progress("calibrating on the simulator")
+    fields["enqueue_s"] = calibrate_enqueue(profile, model, mode, step_s)
+    profile = dataclasses.replace(profile, enqueue_s=fields["enqueue_s"])
+    return Tuned(measured, fields, base.name, profile, step_s)
+
+
+def calibration_model(backend: Backend, folder: Path, preset: str, qtype: str) -> Path:
+    """A few layers of ``preset`` to calibrate on: with data on a GPU, a sparse file on a timing-only simulator."""
+    path = folder / f"{preset}-{qtype}-{CALIBRATION_LAYERS}l.gguf"
+    if backend.holds_data:
+        return make_model(preset, qtype, path, layers=CALIBRATION_LAYERS)
+    return write_sparse_model(preset, qtype, path, layers=CALIBRATION_LAYERS)
+
+
+def _profile_name(device_name: str) -> str:
+    return "tuned-" + "-".join(device_name.lower().split())

@@ -1,0 +1,107 @@
+"""Predictions are the job run in virtual time; `auto` picks the fastest predicted setting that fits."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import expertstream
+from expertstream.backends.sim.profiles import resolve_profile
+from expertstream.cli import main
+from expertstream.ggml import padded_size
+from expertstream.hostmem import HostMemoryMode
+from expertstream.model import MoeModel
+from expertstream.moe.measure import Settings
+from expertstream.moe.placeholder import write_sparse_model
+from expertstream.moe.predict import choose, predict, seconds
+from expertstream.moe.runner import Batching, MoeRunner
+
+REGISTERED, RING, MMAP = HostMemoryMode.REGISTERED, HostMemoryMode.RING, HostMemoryMode.MMAP
+
+
+@pytest.fixture(scope="module")
+def qwen3_layer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One layer of Qwen3-30B-A3B shapes, sparse: timing-only runs read no bytes."""
+    return write_sparse_model("qwen3-30b-a3b", "Q4_0", tmp_path_factory.mktemp("m") / "q.gguf", layers=1)
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_a_prediction_with_the_simulators_own_profile_is_what_it_measures(
+    qwen3_layer: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["prefill", str(qwen3_layer), "--backend", "sim", "--timing-only", "-p", "1024", "-ub", "512"]
+    code, out, _ = _run(
+        capsys, *argv, "-n", "2", "--slots", "0,3", "--host-memory", "registered,mmap", "-r", "1", "--json"
+    )
+    rows = json.loads(out)["rows"]
+    assert code == 0 and len(rows) == 4
+    assert all(r["predicted_ttft_s"] is None for r in rows)
+    code, out, _ = _run(
+        capsys, *argv, "-n", "2", "--slots", "0,3", "--host-memory", "registered,mmap", "-r", "1", "--json", "--predict"
+    )
+    predicted = json.loads(out)["rows"]
+    assert code == 0
+    for row in predicted:
+        assert row["predicted_ttft_s"] == pytest.approx(row["ttft_s"], rel=1e-9)
+        assert row["predicted_decode_tokens_per_s"] == pytest.approx(row["decode_tokens_per_s"], rel=1e-9)
+    code, out, _ = _run(capsys, *argv, "--slots", "3", "--predict", "rocm-r9700")
+    assert code == 0 and "pred s" in out and "err" in out  # another profile: a different prediction, shown
+
+
+def test_auto_picks_the_fastest_prediction_and_says_why(qwen3_layer: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["prefill", str(qwen3_layer), "--backend", "sim", "--timing-only", "-p", "2048", "-r", "1", "--json"]
+    code, out, err = _run(capsys, *argv, "-ub", "auto", "--slots", "auto", "--host-memory", "auto")
+    document = json.loads(out)
+    picked = document["auto"]
+    assert code == 0 and err.count("\n") == 1 and "auto picked" in err and picked["why"] in err
+    (row,) = document["rows"]
+    assert (row["slots"], row["host_memory"], row["ubatch"]) == (
+        picked["slots"],
+        picked["host_memory"],
+        picked["ubatch"],
+    )
+    # Nothing predicted faster among the same candidates: check it against every one predicted here.
+    profile = resolve_profile("cuda-h200")
+    with MoeModel.open(qwen3_layer) as model:
+        for ubatch in (512, 1024, 2048):
+            settings = Settings(Batching(2048, ubatch), (0, 2, 3, 4), (REGISTERED, RING, MMAP))
+            for other in predict(profile, model, settings).rows:
+                assert picked["predicted_s"] <= seconds(other) * 1.002, other.label
+
+
+def test_auto_leaves_out_slots_that_do_not_fit(qwen3_layer: Path) -> None:
+    profile = resolve_profile("cuda-h200")
+    batching = Batching(1024, 512)
+    with MoeModel.open(qwen3_layer) as model:
+        slot_bytes = max(padded_size(t.nbytes, t.qtype, t.ne0) for t in model.expert_tensors)
+        with expertstream.backend("sim", data=False) as sim, MoeRunner(sim.device(0), model, batching) as runner:
+            activations = runner.device_bytes
+        base = Settings(batching, (0,), (REGISTERED,))
+        roomy = choose(profile, model, base, slots=(0, 2, 4), modes=(REGISTERED,), ubatches=(512,), free_bytes=1 << 40)
+        tight = choose(
+            profile,
+            model,
+            base,
+            slots=(0, 2, 4),
+            modes=(REGISTERED,),
+            ubatches=(512,),
+            free_bytes=activations + int(3.5 * slot_bytes),  # room for 2 slots, or the stock scratch, not 4
+        )
+    assert roomy.slots > 0 and all(c.seconds is not None for c in roomy.candidates)
+    fits = {c.slots: c.seconds is not None for c in tight.candidates}
+    assert fits == {0: True, 2: True, 4: False}
+    assert tight.slots == 2 and "do not fit" in tight.explain() and "slots 4" in tight.explain()
+
+
+def test_auto_refuses_lists_it_cannot_pick_one_setting_for(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run(capsys, "prefill", "--backend", "sim", "--timing-only", "-p", "64,128", "--slots", "auto")
+    assert code == 2 and "one prompt" in err
+    code, _, err = _run(capsys, "prefill", "--backend", "sim", "--timing-only", "--predict", "no-such.json")
+    assert code == 2 and "no-such.json" in err
