@@ -95,6 +95,20 @@ def test_a_new_list_replaces_the_last_and_an_empty_one_ends_it(backend: Backend)
         assert (ring.unannounced_copies, ring.skipped_copies) == (1, 0)
 
 
+def test_closing_waits_for_the_fills_made_ahead() -> None:
+    with expertstream.backend("sim", profile="cuda-h200") as sim:
+        device = sim.device(0)
+        data = _pattern(9 << 20)
+        ring = StagingRing(device.wrap_host(data), chunk_bytes=4 << 20, chunks=2, threads=2)
+        chunks = [slot.buffer for slot in ring._slots]
+        ring.expect([ring.region(0, data.nbytes)])  # two chunks' fills start now; none is asked for
+        ring.close()
+        assert all(chunk.closed for chunk in chunks)
+        fills = [op for op in sim.timeline if op.kind is OpKind.HOST_COPY]
+        assert len(fills) == 2  # one per chunk (parts are 4 MiB at least)
+        assert sim.host_timestamp() >= max(op.end for op in fills), "chunks freed before their fills ended"
+
+
 def test_only_the_rings_own_regions_can_be_expected(backend: Backend) -> None:
     device = backend.device(0)
     data = device.wrap_host(_pattern(8192))
