@@ -213,7 +213,6 @@ class Scheduler(Closing):
                 if position == len(sizes):
                     sizes.append(0)
                 sizes[position] = max(sizes[position], inp.padded_nbytes)
-        state.lookaheads = expect_copies(whole_copies)  # first: host threads may start filling now
         for device, sizes in scratch_sizes.items():
             if sizes:
                 self._stock.setdefault(device, StockCopier(device)).reserve(sizes, self.stream(device))
@@ -226,6 +225,8 @@ class Scheduler(Closing):
             prefetch.reset_run()
             state.released[device] = -1
             state.next_fire[device] = 0
+        # Last, once nothing here can fail: the run's drain is what ends these lists.
+        state.lookaheads = expect_copies(whole_copies)
         return state
 
     def _prefetched_inputs(self, split: Split, stats: DeviceStats) -> list[Input]:
