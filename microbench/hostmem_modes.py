@@ -2,13 +2,15 @@
 
 For each mode (and each ring geometry asked for) the model's tensors are placed with
 HostWeights, then every expert tensor is copied in turn into one device buffer on one
-stream, as a layer-by-layer prefetch would. ``gb_per_s`` is all those bytes over the time
-from the first enqueue to the stream being done (the median of ``--repeats`` passes);
-``open_ms`` is placing the weights (registration, or the pinned copy). The model is written
-with make-model into a temporary directory unless ``--model`` names a GGUF file.
+stream, as a layer-by-layer prefetch would. Each pass first tells the sources the order of
+its copies, as the scheduler does for a run (``--ring-lookahead off`` leaves that out: the
+ring then drains at every tensor). ``gb_per_s`` is all those bytes over the time from the
+first enqueue to the stream being done (the median of ``--repeats`` passes); ``open_ms`` is
+placing the weights (registration, or the pinned copy). The model is written with make-model
+into a temporary directory unless ``--model`` names a GGUF file.
 
     python -m microbench.hostmem_modes --backend cuda --preset qwen3-30b-a3b --layers 8 \\
-        --ring-threads 1 4 8 12
+        --ring-threads 1 4 8 12 --ring-lookahead on off
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 from expertstream.backends.base import Backend, Device, DeviceBuffer, Stream
 from expertstream.hostmem import DEFAULT_RING_CHUNK_BYTES, DEFAULT_RING_CHUNKS, HostMemoryMode, HostWeights
 from expertstream.model import MoeModel, make_model
+from expertstream.scheduler.source import expect_copies
 
 from ._common import MIB, Column, emit, environment, median, open_backend
 from ._common import parser as common_parser
@@ -35,6 +38,7 @@ class Row:
     requested: str
     mode: str
     ring_threads: int | None
+    ring_lookahead: bool | None
     ring_chunk_mib: float | None
     bytes: int
     gb_per_s: float
@@ -44,17 +48,26 @@ class Row:
     note: str = ""
 
 
-def stream_experts(be: Backend, weights: HostWeights, stream: Stream, dst: DeviceBuffer) -> float:
+def stream_experts(be: Backend, weights: HostWeights, stream: Stream, dst: DeviceBuffer, lookahead: bool) -> float:
     """Seconds to copy every expert tensor once, from the first enqueue until the stream is done."""
+    tensors = weights.model.expert_tensors
     start = be.host_timestamp()
-    for tensor in weights.model.expert_tensors:
+    if lookahead:
+        expect_copies(weights[tensor.name] for tensor in tensors)
+    for tensor in tensors:
         weights[tensor.name].enqueue_h2d(stream, dst, 0, 0, tensor.nbytes)
     stream.synchronize()
     return be.host_timestamp() - start
 
 
 def measure(
-    be: Backend, device: Device, model: MoeModel, args: argparse.Namespace, mode: HostMemoryMode, threads: int | None
+    be: Backend,
+    device: Device,
+    model: MoeModel,
+    args: argparse.Namespace,
+    mode: HostMemoryMode,
+    threads: int | None,
+    lookahead: bool,
 ) -> Row:
     ring = {"ring_chunk_bytes": args.ring_chunk_mb * MIB, "ring_chunks": args.ring_chunks}
     if threads is not None:
@@ -65,8 +78,8 @@ def measure(
     with HostWeights.open(model, device, mode, **ring) as weights:
         open_ms = (be.host_timestamp() - opened) * 1e3
         with device.stream() as stream, device.alloc(largest) as dst:
-            stream_experts(be, weights, stream, dst)  # warm-up: page faults, first-use costs
-            seconds = median([stream_experts(be, weights, stream, dst) for _ in range(args.repeats)])
+            stream_experts(be, weights, stream, dst, lookahead)  # warm-up: page faults, first-use costs
+            seconds = median([stream_experts(be, weights, stream, dst, lookahead) for _ in range(args.repeats)])
         used = weights.mode
         note = "; ".join(f"fell back: {f.reason}" for f in weights.stats.fallbacks)
         pinned = weights.stats.pinned_bytes
@@ -76,6 +89,7 @@ def measure(
         mode.value,
         used.value,
         threads if is_ring else None,
+        lookahead if is_ring else None,
         chunk,
         total,
         total / seconds / 1e9,
@@ -92,10 +106,12 @@ def run(be: Backend, args: argparse.Namespace, path: Path) -> dict[str, Any]:
     with MoeModel.open(path) as model:
         for name in args.modes:
             mode = HostMemoryMode(name)
-            for threads in args.ring_threads if mode is HostMemoryMode.RING else [None]:
-                row = measure(be, device, model, args, mode, threads)
-                log.info("%s", row)
-                rows.append(asdict(row))
+            is_ring = mode is HostMemoryMode.RING
+            for threads in args.ring_threads if is_ring else [None]:
+                for lookahead in args.ring_lookahead if is_ring else ["on"]:
+                    row = measure(be, device, model, args, mode, threads, lookahead == "on")
+                    log.info("%s", row)
+                    rows.append(asdict(row))
         shape = repr(model)
     return {**environment(be, device), "model": shape, "repeats": args.repeats, "rows": rows}
 
@@ -104,6 +120,7 @@ COLUMNS = (
     Column("requested", "requested"),
     Column("mode", "used"),
     Column("ring_threads", "threads"),
+    Column("ring_lookahead", "lookahead"),
     Column("ring_chunk_mib", "chunk MiB", "{:g}"),
     Column("bytes", "bytes"),
     Column("gb_per_s", "GB/s", "{:.1f}"),
@@ -127,6 +144,13 @@ def main(argv: list[str] | None = None) -> int:
         choices=[m.value for m in HostMemoryMode],
     )
     p.add_argument("--ring-threads", type=int, nargs="+", default=[1, 4, 8])
+    p.add_argument(
+        "--ring-lookahead",
+        nargs="+",
+        default=["on"],
+        choices=["on", "off"],
+        help="tell the ring the order of the copies (on, as the scheduler does) or not (off)",
+    )
     p.add_argument("--ring-chunk-mb", type=int, default=DEFAULT_RING_CHUNK_BYTES // MIB)
     p.add_argument("--ring-chunks", type=int, default=DEFAULT_RING_CHUNKS)
     p.add_argument("--repeats", type=int, default=3, help="passes per row; the median is reported")

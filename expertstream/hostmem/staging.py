@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from .._closing import Closing
 from ..backends.base import DeviceBuffer, Event, HostBuffer, Stream, check_range
 from ..errors import InvalidArgument, UseAfterClose
-from ..scheduler.source import HostRegion
+from ..scheduler.source import HostRegion, HostSource
+
+_UNANNOUNCED = -1  # the ticket of the pieces of a copy that was not expected
 
 
 @dataclass(frozen=True)
@@ -28,9 +30,10 @@ class _Slot:
 
 @dataclass(frozen=True)
 class _Piece:
+    ticket: int  # the copy it belongs to: its place in the expected order, or _UNANNOUNCED
     source: HostBuffer
     src_offset: int
-    dst_offset: int
+    offset: int  # from the start of its copy
     nbytes: int
 
 
@@ -44,11 +47,17 @@ class _Fill:
 class StagingRing(Closing):
     """Copies from pageable host memory at DMA speed through a few pinned chunks.
 
-    ``copy`` splits a range into chunk-sized pieces. A pool of host threads memcpys piece
-    k+1 (and later ones, up to the number of chunks) into its chunk while the device DMAs
-    piece k from its own chunk. A chunk is refilled only after the event recorded behind
-    its previous DMA has completed, so the host never overwrites bytes a copy still reads.
-    Pinned memory stays at ``chunks * chunk_bytes`` whatever the size of the source.
+    ``copy`` splits a range into chunk-sized pieces. A pool of host threads memcpys the next
+    pieces (up to the number of chunks) into their chunks while the device DMAs earlier ones
+    from theirs. A chunk is refilled only after the event recorded behind its previous DMA
+    has completed, so the host never overwrites bytes a copy still reads. Pinned memory stays
+    at ``chunks * chunk_bytes`` whatever the size of the source.
+
+    Told the copies to come (``expect``, in the order they will be asked for), the threads
+    go on filling chunks for the next copies while the current one's last pieces are DMAed
+    and between calls, so the ring does not drain at every copy. A copy asked for out of that
+    order is still exact: the fills made ahead for copies announced before it are dropped, or,
+    if it was not announced at all, they are redone after it.
 
     ``copy`` blocks the calling thread until the last piece is enqueued; call it from a
     copy worker. One caller at a time: concurrent callers are serialized by a lock.
@@ -88,7 +97,16 @@ class StagingRing(Closing):
         self._lock = threading.Lock()
         self._next_slot = 0
         self._next_worker = 0
+        # The expected copies: tickets by (source, offset, nbytes), the lowest ticket still
+        # expected, the pieces not being filled yet, and the fills started (oldest first, at
+        # most one per chunk), which hold the pieces right before those queued.
+        self._tickets: dict[tuple[int, int, int], deque[int]] = {}
+        self._next_expected = 0
+        self._queue: deque[_Piece] = deque()
+        self._ahead: deque[_Fill] = deque()
         self.bytes_staged = 0
+        self.unannounced_copies = 0  # copies that were not expected: they waited for a fill of their own
+        self.skipped_copies = 0  # expected copies never asked for before a later one was
         self.closed = False
 
     @property
@@ -98,6 +116,27 @@ class StagingRing(Closing):
     def region(self, start: int, length: int, source: int = 0) -> RingRegion:
         """Bytes ``[start, start + length)`` of source number ``source``, copied through this ring."""
         return RingRegion(self.sources[source], start, length, self, source)
+
+    def expect(self, sources: Sequence[HostSource]) -> None:
+        """The copies to come, whole regions of this ring, in order; fills for them start now.
+
+        Replaces an earlier list (its fills are dropped); an empty one ends it.
+        """
+        call = "StagingRing.expect"
+        for region in sources:
+            if not isinstance(region, RingRegion) or region.ring is not self:
+                raise InvalidArgument(f"{region!r} is not a region of this staging ring", call=call)
+        with self._lock:
+            if self.closed:
+                raise UseAfterClose("staging ring is closed", call=call, device=self.device.label)
+            self._forget()
+            regions = [r for r in sources if isinstance(r, RingRegion) and r.length > 0]
+            for ticket, region in enumerate(regions):
+                self._tickets.setdefault((region.source, region.start, region.length), deque()).append(ticket)
+                self._queue.extend(
+                    _pieces(ticket, self.sources[region.source], region.start, region.length, self.chunk_bytes)
+                )
+            self._top_up()
 
     def copy(
         self, stream: Stream, dst: DeviceBuffer, dst_offset: int, src_offset: int, nbytes: int, source: int = 0
@@ -114,25 +153,74 @@ class StagingRing(Closing):
         with self._lock:
             if self.closed:
                 raise UseAfterClose("staging ring is closed", call=call, device=self.device.label)
-            self._pipeline(stream, dst, _pieces(host, src_offset, dst_offset, nbytes, self.chunk_bytes))
+            if nbytes == 0:
+                return
+            try:
+                ticket = self._claim((source, src_offset, nbytes))
+                if ticket == _UNANNOUNCED:
+                    # Its pieces go first; the fills made ahead are redone after them.
+                    self._requeue_ahead()
+                    self._queue.extendleft(reversed(_pieces(_UNANNOUNCED, host, src_offset, nbytes, self.chunk_bytes)))
+                self._pipeline(stream, dst, dst_offset, ticket)
+            except BaseException:
+                self._forget()  # no fill may outlive a failed copy: its chunk's next use is unknown
+                raise
 
-    def _pipeline(self, stream: Stream, dst: DeviceBuffer, pieces: deque[_Piece]) -> None:
-        in_flight: deque[_Fill] = deque()
-        try:
-            while pieces or in_flight:
-                while pieces and len(in_flight) < len(self._slots):
-                    in_flight.append(self._start_fill(pieces.popleft()))
-                fill = in_flight[0]
-                self._finish_fill(fill)
-                stream.copy_h2d(dst, fill.piece.dst_offset, fill.slot.buffer, 0, fill.piece.nbytes)
-                stream.record(fill.slot.free_event)
-                in_flight.popleft()
-                self.bytes_staged += fill.piece.nbytes
-        except BaseException:
-            # No fill may outlive this call: the next one would reuse its chunk.
-            for fill in in_flight:
-                wait(fill.parts)
-            raise
+    def _claim(self, key: tuple[int, int, int]) -> int:
+        """The ticket of the first expected copy of ``key`` (dropping those expected before it), or _UNANNOUNCED."""
+        tickets = self._tickets.get(key)
+        while tickets and tickets[0] < self._next_expected:
+            tickets.popleft()  # skipped earlier
+        if not tickets:
+            self.unannounced_copies += 1
+            return _UNANNOUNCED
+        ticket = tickets.popleft()
+        self.skipped_copies += ticket - self._next_expected
+        self._next_expected = ticket + 1
+        while self._ahead and self._ahead[0].piece.ticket < ticket:
+            self._settle(self._ahead.popleft())
+        while self._queue and self._queue[0].ticket < ticket:
+            self._queue.popleft()
+        return ticket
+
+    def _pipeline(self, stream: Stream, dst: DeviceBuffer, dst_offset: int, ticket: int) -> None:
+        """DMA the pieces of copy ``ticket``, which lead the queue, refilling each chunk as it frees."""
+        self._top_up()
+        while self._ahead and self._ahead[0].piece.ticket == ticket:
+            fill = self._ahead.popleft()
+            self._finish_fill(fill)
+            stream.copy_h2d(dst, dst_offset + fill.piece.offset, fill.slot.buffer, 0, fill.piece.nbytes)
+            stream.record(fill.slot.free_event)
+            self.bytes_staged += fill.piece.nbytes
+            self._top_up()  # the next fill takes the chunk just handed to the DMA, once it is read
+
+    def _top_up(self) -> None:
+        while self._queue and len(self._ahead) < len(self._slots):
+            self._ahead.append(self._start_fill(self._queue.popleft()))
+
+    def _requeue_ahead(self) -> None:
+        """Wait for the fills started ahead and queue their pieces again, first."""
+        pieces = [fill.piece for fill in self._ahead]
+        self._drop_ahead()
+        self._queue.extendleft(reversed(pieces))
+
+    def _forget(self) -> None:
+        """Drop every expected copy and wait for the fills started for them."""
+        self._drop_ahead()
+        self._queue.clear()
+        self._tickets.clear()
+        self._next_expected = 0
+
+    def _drop_ahead(self) -> None:
+        while self._ahead:
+            self._settle(self._ahead.popleft())
+
+    def _settle(self, fill: _Fill) -> None:
+        """Wait for a fill whose bytes will not be used; its chunk may be refilled after this."""
+        wait(fill.parts)
+        for part in fill.parts:
+            if part.exception() is None:
+                self.device.backend.host_resume_at(part.result())
 
     def _start_fill(self, piece: _Piece) -> _Fill:
         slot = self._slots[self._next_slot]
@@ -163,12 +251,13 @@ class StagingRing(Closing):
             self.device.backend.host_resume_at(part.result())
 
     def close(self) -> None:
-        """Wait for the DMAs still reading the chunks, then free them."""
+        """Wait for the fills and the DMAs still using the chunks, then free them."""
         with self._lock:
             if self.closed:
                 return
             self.closed = True
             try:
+                self._forget()
                 for worker in self._workers:
                     worker.shutdown(wait=True)
             finally:
@@ -189,11 +278,11 @@ class StagingRing(Closing):
 _MIN_PART_BYTES = 4 << 20
 
 
-def _pieces(source: HostBuffer, src_offset: int, dst_offset: int, nbytes: int, chunk_bytes: int) -> deque[_Piece]:
-    return deque(
-        _Piece(source, src_offset + start, dst_offset + start, min(chunk_bytes, nbytes - start))
+def _pieces(ticket: int, source: HostBuffer, src_offset: int, nbytes: int, chunk_bytes: int) -> list[_Piece]:
+    return [
+        _Piece(ticket, source, src_offset + start, start, min(chunk_bytes, nbytes - start))
         for start in range(0, nbytes, chunk_bytes)
-    )
+    ]
 
 
 def _parts(nbytes: int, threads: int) -> list[tuple[int, int]]:
@@ -213,6 +302,10 @@ class RingRegion(HostRegion):
     @property
     def blocks_host(self) -> bool:
         return True  # the caller waits for the chunk fills
+
+    @property
+    def lookahead(self) -> StagingRing:
+        return self.ring
 
     def enqueue_h2d(self, stream: Stream, dst: DeviceBuffer, dst_offset: int, offset: int, nbytes: int) -> None:
         self._check_range(offset, nbytes)

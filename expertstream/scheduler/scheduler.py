@@ -11,6 +11,7 @@ from .._closing import Closing
 from ..backends.base import BufferView, Device, Stream, Usage
 from .plan import Input, MulMatId, Plan, Split
 from .prefetch import PrefetchSlots, Unit
+from .source import HostSource, Lookahead, expect_copies
 from .stats import DeviceStats, Fallback, RunStats
 from .stock import StockCopier
 
@@ -41,6 +42,7 @@ class _RunState:
     blocks_host: dict[Device, bool]  # device -> some source may block the enqueuing thread
     released: dict[Device, int]  # device -> position of the last released unit
     next_fire: dict[Device, int]  # device -> index into pending of the next unit to fire
+    lookaheads: list[Lookahead]  # told this run's whole-source copies; their lists end with the run
 
 
 class Scheduler(Closing):
@@ -99,6 +101,11 @@ class Scheduler(Closing):
     def is_prefill_scale(self, routing: MulMatId) -> bool:
         return routing.n_ids >= self.prefill_factor * routing.n_expert
 
+    def _decode_routing(self, split: Split) -> MulMatId | None:
+        """The routing of a MUL_MAT_ID split below prefill scale, whose weights are copied expert by expert."""
+        routing = split.mul_mat_id
+        return routing if routing is not None and not self.is_prefill_scale(routing) else None
+
     # -- running ---------------------------------------------------------------------------
     def run(self, plan: Plan) -> RunStats:
         """Enqueue every split in order and wait for the devices; returns what was done."""
@@ -122,8 +129,7 @@ class Scheduler(Closing):
         device_stats = stats.device(split.device.label)
         stream = self.stream(split.device)
         units = {u.input.name: u for u in state.units.get(index, ()) if u.valid}
-        routing = split.mul_mat_id
-        decode_routing = routing if routing is not None and not self.is_prefill_scale(routing) else None
+        decode_routing = self._decode_routing(split)
         bindings: dict[str, BufferView] = {}
         host_position = 0
         for inp in split.inputs:
@@ -206,15 +212,19 @@ class Scheduler(Closing):
     # -- per-run setup and teardown ---------------------------------------------------------
     def _prepare(self, plan: Plan, stats: RunStats) -> _RunState:
         """Decide which inputs are prefetched, once per run, and size scratch and slots for them."""
-        state = _RunState(units={}, pending={}, blocks_host={}, released={}, next_fire={})
+        state = _RunState(units={}, pending={}, blocks_host={}, released={}, next_fire={}, lookaheads=[])
         scratch_sizes: dict[Device, list[int]] = {}
         slot_bytes: dict[Device, int] = {}
+        whole_copies: list[HostSource] = []  # in the order they are made, per device
         for index, split in enumerate(plan.splits):
             eligible = {inp.name for inp in self._prefetched_inputs(split, stats.device(split.device.label))}
             sizes = scratch_sizes.setdefault(split.device, [])
+            decode_routing = self._decode_routing(split)
             for position, inp in enumerate(i for i in split.inputs if i.is_host):
+                assert inp.host is not None
+                if decode_routing is None or inp.name not in decode_routing.weights:
+                    whole_copies.append(inp.host)  # a decode step copies only the experts its ids use
                 if inp.name in eligible:
-                    assert inp.host is not None
                     pending = state.pending.setdefault(split.device, [])
                     unit = Unit(inp, position=len(pending))
                     pending.append(unit)
@@ -238,6 +248,8 @@ class Scheduler(Closing):
             prefetch.reset_run()
             state.released[device] = -1
             state.next_fire[device] = 0
+        # Last, once nothing here can fail: the run's drain is what ends these lists.
+        state.lookaheads = expect_copies(whole_copies)
         return state
 
     def _prefetched_inputs(self, split: Split, stats: DeviceStats) -> list[Input]:
@@ -294,6 +306,11 @@ class Scheduler(Closing):
                     prefetch.close()
                     del self._prefetch[device]
                     self._prefetch_off.add(device)
+            except BaseException as exc:
+                errors.append(exc)
+        for lookahead in state.lookaheads:  # a failed run leaves copies it announced but never made
+            try:
+                lookahead.expect(())
             except BaseException as exc:
                 errors.append(exc)
         for extra in errors[0 if failing else 1 :]:

@@ -1,11 +1,14 @@
 """What the scheduler copies from: host bytes behind a small protocol.
 
 The scheduler owns this protocol; host memory modes implement it (a plain region of a host
-buffer here, a pinned staging ring in ``expertstream.hostmem``).
+buffer here, a pinned staging ring in ``expertstream.hostmem``). A source may also name a
+``Lookahead`` it shares with other sources: told the order of the whole-source copies to come,
+it can prepare them before they are asked for (a staging ring fills its chunks ahead).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -28,6 +31,43 @@ class HostSource(Protocol):
     def enqueue_h2d(self, stream: Stream, dst: DeviceBuffer, dst_offset: int, offset: int, nbytes: int) -> None:
         """Enqueue a copy of ``[offset, offset + nbytes)`` of this source into ``dst`` on ``stream``."""
         ...
+
+
+@runtime_checkable
+class Lookahead(Protocol):
+    """What some sources share and can prepare copies with, when told their order in advance."""
+
+    def expect(self, sources: Sequence[HostSource]) -> None:
+        """The whole-source copies to come from ``sources`` (this lookahead's), in the order asked.
+
+        Replaces an earlier list; an empty one ends it. Only a hint: copies asked for in another
+        order, or of other ranges, are still exact, only not prepared.
+        """
+        ...
+
+
+@runtime_checkable
+class LookaheadSource(Protocol):
+    """The optional part of a HostSource: the lookahead it shares with other sources."""
+
+    @property
+    def lookahead(self) -> Lookahead: ...
+
+
+def expect_copies(sources: Iterable[HostSource]) -> list[Lookahead]:
+    """Tell each lookahead behind ``sources`` its part of this order of whole-source copies.
+
+    Returns the lookaheads told, to end their lists with ``expect(())`` when the copies are over.
+    Sources without a lookahead (plain host memory) need no telling.
+    """
+    told: dict[int, tuple[Lookahead, list[HostSource]]] = {}
+    for source in sources:
+        if isinstance(source, LookaheadSource):
+            lookahead = source.lookahead
+            told.setdefault(id(lookahead), (lookahead, []))[1].append(source)
+    for lookahead, mine in told.values():
+        lookahead.expect(mine)
+    return [lookahead for lookahead, _ in told.values()]
 
 
 @dataclass(frozen=True)
@@ -66,4 +106,4 @@ class HostRegion:
             raise InvalidArgument(f"range [{offset}, {offset + nbytes}) is outside a {self.length}-byte host region")
 
 
-__all__ = ["HostRegion", "HostSource"]
+__all__ = ["HostRegion", "HostSource", "Lookahead", "LookaheadSource", "expect_copies"]

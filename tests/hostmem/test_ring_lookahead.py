@@ -1,0 +1,324 @@
+"""The staging ring told the copies to come: exact bytes in any order, chunks never overwritten
+under a DMA, and on the simulator's clock no drain between copies."""
+
+from __future__ import annotations
+
+import itertools
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import expertstream
+from expertstream.backends.base import Backend, DeviceBuffer, HostBuffer, Stream
+from expertstream.backends.sim import Profile, SimBackend
+from expertstream.errors import HazardError, InvalidArgument, UseAfterClose
+from expertstream.hostmem import HostMemoryMode, HostWeights, RingRegion, StagingRing
+from expertstream.model import MoeModel
+from expertstream.moe.measure import Settings, measure
+from expertstream.moe.placeholder import write_sparse_model
+from expertstream.moe.runner import Batching, MoeRunner, sha256
+from expertstream.scheduler import Scheduler
+from expertstream.scheduler.source import HostRegion, HostSource, expect_copies
+from expertstream.timeline import OpKind
+
+MIB = 1 << 20
+
+
+def _pattern(n: int) -> np.ndarray:
+    return (np.arange(n, dtype=np.uint64) * 2654435761 >> 7).astype(np.uint8)
+
+
+def _copy_all(regions: list[RingRegion], stream: Stream, dst: DeviceBuffer) -> None:
+    """Copy each region to its own place in ``dst``: at its offset in the source."""
+    for region in regions:
+        region.enqueue_h2d(stream, dst, region.start, 0, region.length)
+
+
+@pytest.mark.parametrize(("chunk_bytes", "chunks", "threads"), [(4096, 2, 1), (10_000, 3, 4), (9 << 20, 2, 3)])
+def test_expected_copies_are_exact(backend: Backend, chunk_bytes: int, chunks: int, threads: int) -> None:
+    device = backend.device(0)
+    data = _pattern(5 * chunk_bytes + 12_345)
+    with StagingRing(device.wrap_host(data), chunk_bytes=chunk_bytes, chunks=chunks, threads=threads) as ring:
+        # Unaligned cuts, a copy smaller than a chunk, one spanning several, one of zero bytes.
+        cuts = [0, 1, 777, 777, chunk_bytes + 5, 4 * chunk_bytes + 9, data.nbytes]
+        regions = [ring.region(a, b - a) for a, b in itertools.pairwise(cuts)]
+        ring.expect(regions)
+        with device.alloc(data.nbytes) as dst, device.stream() as stream:
+            _copy_all(regions, stream, dst)
+            stream.synchronize()
+            assert np.array_equal(dst.read(), data)
+        assert (ring.unannounced_copies, ring.skipped_copies) == (0, 0)
+        assert ring.bytes_staged == data.nbytes
+
+
+def test_copies_out_of_the_expected_order_are_exact(backend: Backend) -> None:
+    device = backend.device(0)
+    chunk = 10_000
+    data = _pattern(12 * chunk + 321)
+    with StagingRing(device.wrap_host(data), chunk_bytes=chunk, chunks=3, threads=2) as ring:
+        cuts = [0, 2 * chunk + 3, 3 * chunk, 5 * chunk + 1, 7 * chunk, 9 * chunk + 7, data.nbytes]
+        a, b, c, d, e, f = (ring.region(x, y - x) for x, y in itertools.pairwise(cuts))
+        ring.expect([a, b, c, d, e, f])
+        with device.alloc(data.nbytes) as dst, device.stream() as stream:
+            b.enqueue_h2d(stream, dst, b.start, 0, b.length)  # a is skipped: its fill is wasted
+            part = ring.region(c.start + 5, 100)  # not announced: the fills made ahead wait for it
+            part.enqueue_h2d(stream, dst, part.start, 0, part.length)
+            a.enqueue_h2d(stream, dst, a.start, 0, a.length)  # already skipped: not announced any more
+            c.enqueue_h2d(stream, dst, c.start, 0, c.length)  # back in order
+            e.enqueue_h2d(stream, dst, e.start, 0, e.length)  # d is skipped
+            d.enqueue_h2d(stream, dst, d.start, 0, d.length)
+            f.enqueue_h2d(stream, dst, f.start + 11, 11, f.length - 11)  # a part of f: not announced
+            f.enqueue_h2d(stream, dst, f.start, 0, 11)
+            stream.synchronize()
+            assert np.array_equal(dst.read(), data)
+        assert ring.skipped_copies == 2  # a and d
+        assert ring.unannounced_copies == 5  # part, a, d, and both parts of f
+
+
+def test_a_new_list_replaces_the_last_and_an_empty_one_ends_it(backend: Backend) -> None:
+    device = backend.device(0)
+    data = _pattern(50_000)
+    with StagingRing(device.wrap_host(data), chunk_bytes=4096, chunks=2, threads=2) as ring:
+        first, second = ring.region(0, 20_000), ring.region(20_000, 30_000)
+        ring.expect([first, second])
+        ring.expect([second, first])
+        with device.alloc(data.nbytes) as dst, device.stream() as stream:
+            _copy_all([second, first], stream, dst)
+            ring.expect(())
+            _copy_all([first], stream, dst)
+            stream.synchronize()
+            assert np.array_equal(dst.read(), data)
+        assert (ring.unannounced_copies, ring.skipped_copies) == (1, 0)
+
+
+def test_closing_waits_for_the_fills_made_ahead() -> None:
+    with expertstream.backend("sim", profile="cuda-h200") as sim:
+        device = sim.device(0)
+        data = _pattern(9 << 20)
+        ring = StagingRing(device.wrap_host(data), chunk_bytes=4 << 20, chunks=2, threads=2)
+        chunks = [slot.buffer for slot in ring._slots]
+        ring.expect([ring.region(0, data.nbytes)])  # two chunks' fills start now; none is asked for
+        ring.close()
+        assert all(chunk.closed for chunk in chunks)
+        fills = [op for op in sim.timeline if op.kind is OpKind.HOST_COPY]
+        assert len(fills) == 2  # one per chunk (parts are 4 MiB at least)
+        assert sim.host_timestamp() >= max(op.end for op in fills), "chunks freed before their fills ended"
+
+
+def test_only_the_rings_own_regions_can_be_expected(backend: Backend) -> None:
+    device = backend.device(0)
+    data = device.wrap_host(_pattern(8192))
+    with (
+        StagingRing(data, chunk_bytes=1024, chunks=2, threads=1) as ring,
+        StagingRing(data, chunk_bytes=1024, chunks=2, threads=1) as other,
+    ):
+        with pytest.raises(InvalidArgument, match="is not a region of this staging ring"):
+            ring.expect([other.region(0, 100)])
+        with pytest.raises(InvalidArgument, match="is not a region of this staging ring"):
+            ring.expect([HostRegion(data, 0, 100)])
+        ring.close()
+        with pytest.raises(UseAfterClose, match="staging ring is closed"):
+            ring.expect([ring.region(0, 100)])
+
+
+def test_each_ring_is_told_its_own_copies_in_order(backend: Backend) -> None:
+    device = backend.device(0)
+    data = device.wrap_host(_pattern(8192))
+    told: dict[int, list[HostSource]] = {}
+
+    class Recording(StagingRing):
+        def expect(self, sources: Sequence[HostSource]) -> None:
+            told[id(self)] = list(sources)
+
+    with (
+        Recording(data, chunk_bytes=1024, chunks=2, threads=1) as one,
+        Recording(data, chunk_bytes=1024, chunks=2, threads=1) as two,
+    ):
+        a, b, c = one.region(0, 10), one.region(10, 10), two.region(0, 10)
+        plain = HostRegion(data, 0, 10)
+        lookaheads = expect_copies([b, plain, c, a])
+        assert told == {id(one): [b, a], id(two): [c]}
+        assert lookaheads == [one, two]
+
+
+# -- chunk reuse, on the simulator's clock ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Use:
+    chunk: int  # id() of the pinned chunk
+    start: float
+    end: float
+
+
+class _ChunkUses:
+    """Every host write into the ring's chunks and every DMA from them, with its virtual interval."""
+
+    def __init__(self, sim: SimBackend, ring: StagingRing) -> None:
+        self.sim = sim
+        self.chunks = {id(slot.buffer) for slot in ring._slots}
+        self.writes: list[_Use] = []
+        self._dma_sources: list[int] = []
+        real_host_copy = ring.device.host_copy
+
+        def host_copy(dst: HostBuffer, dst_offset: int, src: HostBuffer, src_offset: int, nbytes: int) -> None:
+            start = sim.host_timestamp()
+            real_host_copy(dst, dst_offset, src, src_offset, nbytes)
+            self.writes.append(_Use(id(dst), start, sim.host_timestamp()))
+
+        ring.device.host_copy = host_copy  # type: ignore[method-assign]
+
+    def watch(self, stream: Stream) -> None:
+        real_copy_h2d = stream.copy_h2d
+
+        def copy_h2d(dst: DeviceBuffer, dst_offset: int, src: HostBuffer, src_offset: int, nbytes: int) -> None:
+            self._dma_sources.append(id(src))
+            real_copy_h2d(dst, dst_offset, src, src_offset, nbytes)
+
+        stream.copy_h2d = copy_h2d  # type: ignore[method-assign]
+
+    def reads(self) -> list[_Use]:
+        dmas = [op for op in self.sim.timeline if op.kind is OpKind.H2D]
+        assert len(dmas) == len(self._dma_sources)  # only the ring copies to the device here
+        return [_Use(chunk, op.start, op.end) for chunk, op in zip(self._dma_sources, dmas, strict=True)]
+
+
+def _overlapping(writes: list[_Use], reads: list[_Use]) -> list[tuple[_Use, _Use]]:
+    return [(w, r) for w in writes for r in reads if w.chunk == r.chunk and w.start < r.end and r.start < w.end]
+
+
+def _watched_copies(order: list[int]) -> tuple[list[_Use], list[_Use], bool]:
+    """Copy 6 tensors of 2.5 chunks through 3 chunks, in ``order``, all 6 announced in order.
+
+    Returns the chunk writes, the DMAs, and whether the device got the right bytes.
+    """
+    with expertstream.backend("sim", profile="cuda-h200") as sim:
+        assert isinstance(sim, SimBackend)
+        device = sim.device(0)
+        data = _pattern(6 * 5 * MIB // 2)
+        with StagingRing(device.wrap_host(data), chunk_bytes=MIB, chunks=3, threads=2) as ring:
+            uses = _ChunkUses(sim, ring)
+            tensors = [ring.region(k * 5 * MIB // 2, 5 * MIB // 2) for k in range(6)]
+            ring.expect(tensors)
+            with device.alloc(data.nbytes) as dst, device.stream() as stream:
+                uses.watch(stream)
+                _copy_all([tensors[k] for k in order], stream, dst)
+                stream.synchronize()
+                exact = np.array_equal(dst.read(), data)
+        return uses.writes, uses.reads(), exact
+
+
+@pytest.mark.parametrize("order", [[0, 1, 2, 3, 4, 5], [1, 0, 2, 4, 3, 5], [5, 4, 3, 2, 1, 0]])
+def test_no_chunk_is_written_while_a_dma_reads_it(order: list[int]) -> None:
+    writes, reads, exact = _watched_copies(order)
+    assert exact
+    assert len(reads) == 6 * 3  # 2.5 chunks each: three pieces
+    assert not _overlapping(writes, reads)
+
+
+def test_the_check_sees_a_chunk_refilled_before_its_dma_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Without the wait for the chunk's free event, fills start as soon as they are handed out.
+    original = StagingRing._fill_part
+
+    def no_wait(self, slot, *args):  # type: ignore[no-untyped-def]
+        return original(self, type(slot)(slot.buffer, self.device.event()), *args)
+
+    monkeypatch.setattr(StagingRing, "_fill_part", no_wait)
+    try:
+        writes, reads, _ = _watched_copies([0, 1, 2, 3, 4, 5])
+    except HazardError:
+        return  # a hazard checker that tracks host writes to pinned memory saw it first
+    assert _overlapping(writes, reads)
+
+
+# -- no drain between copies, on the simulator's clock -------------------------------------------
+
+
+def _pass_seconds(lookahead: bool) -> tuple[float, float]:
+    """Virtual seconds to copy 8 tensors of 2.5 chunks through 3 chunks, and the fill threads' idle time."""
+    with expertstream.backend("sim", profile="cuda-h200", data=False) as sim:
+        assert isinstance(sim, SimBackend)
+        device = sim.device(0)
+        source = device.placeholder_host(8 * 5 * MIB // 2)
+        with StagingRing(source, chunk_bytes=MIB, chunks=3, threads=1) as ring:
+            tensors = [ring.region(k * 5 * MIB // 2, 5 * MIB // 2) for k in range(8)]
+            if lookahead:
+                ring.expect(tensors)
+            with device.alloc(5 * MIB // 2) as dst, device.stream() as stream:
+                start = sim.host_timestamp()
+                for tensor in tensors:
+                    tensor.enqueue_h2d(stream, dst, 0, 0, tensor.length)
+                stream.synchronize()
+                seconds = sim.host_timestamp() - start
+        fills = sorted((op.start, op.end) for op in sim.timeline if op.kind is OpKind.HOST_COPY)
+        idle = sum(max(0.0, b[0] - a[1]) for a, b in itertools.pairwise(fills))
+        return seconds, idle
+
+
+def test_told_the_order_the_fill_threads_never_wait_between_copies() -> None:
+    with_order, idle = _pass_seconds(lookahead=True)
+    without, idle_without = _pass_seconds(lookahead=False)
+    # One thread fills at 8.1 GB/s, slower than the link: each copy's fills follow the last's.
+    assert idle == 0.0
+    assert idle_without > 0.0
+    assert with_order < without
+
+
+# -- through the scheduler -----------------------------------------------------------------------
+
+
+def test_prefill_through_the_ring_is_announced_and_exact(backend: Backend, tiny_path: Path) -> None:
+    device = backend.device(0)
+    batching = Batching(tokens=32, ubatch=16, decode_steps=2)
+    ring_options = {"ring_chunk_bytes": 60_000, "ring_chunks": 3, "ring_threads": 2}
+    outputs = {}
+    with MoeModel.open(tiny_path) as model, MoeRunner(device, model, batching) as runner:
+        with HostWeights.open(model, device, "pinned") as pinned, Scheduler(slots=3) as scheduler:
+            scheduler.run(runner.prefill_plan(pinned))
+            expected = sha256(runner.prefill_output())
+        with HostWeights.open(model, device, HostMemoryMode.RING, **ring_options) as weights:
+            ring = next(iter(weights.values()))
+            assert isinstance(ring, RingRegion)
+            for slots in (0, 3):
+                with Scheduler(slots=slots) as scheduler:
+                    before = ring.ring.unannounced_copies
+                    scheduler.run(runner.prefill_plan(weights))
+                    assert ring.ring.unannounced_copies == before, "every prefill copy was expected"
+                    assert ring.ring.skipped_copies == 0
+                    outputs[slots] = sha256(runner.prefill_output())
+                    # A decode step copies only the experts its ids use, and was not announced.
+                    scheduler.run(runner.decode_plan(weights, 0))
+                    assert ring.ring.unannounced_copies > before
+    assert outputs == {0: expected, 3: expected}
+
+
+# The H200 host's 12 fill threads together copied about 35 GB/s from a mapping into pinned
+# memory while DMAs read the chunks: slower than the link, as there.
+H200_HOST = Profile.from_dict({"base": "cuda-h200", "host_memcpy_bps": 35e9 / 12})
+
+
+@pytest.fixture(scope="module")
+def qwen3_four_layers() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="ring-lookahead-") as folder:
+        yield write_sparse_model("qwen3-30b-a3b", "Q4_0", Path(folder) / "qwen3.gguf", layers=4)
+
+
+def _prefill_seconds(path: Path, slots: tuple[int, ...]) -> dict[int, float]:
+    with expertstream.backend("sim", profile=H200_HOST, data=False) as sim, MoeModel.open(path) as model:
+        settings = Settings(Batching(4096, 2048), slots, (HostMemoryMode.RING,), ring_threads=12)
+        return {row.slots: row.ttft_s for row in measure(sim, sim.device(0), model, settings).rows}
+
+
+def test_lookahead_prefill_through_the_ring_is_never_slower(
+    qwen3_four_layers: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    told = _prefill_seconds(qwen3_four_layers, (0, 3))
+    assert told[3] <= told[0]
+    monkeypatch.setattr(StagingRing, "expect", lambda self, sources: None)
+    untold = _prefill_seconds(qwen3_four_layers, (0, 3))
+    assert told[0] <= untold[0]
+    assert told[3] < untold[3]
