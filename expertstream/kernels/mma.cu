@@ -359,7 +359,7 @@ __device__ void mul_mat_id_mma_tile(const unsigned char* __restrict__ w, const f
     const unsigned char* w_expert = w + (long long)expert * n_out * row_bytes;
     const int expert_row_bytes = (int)row_bytes;
     const int k_steps = (n_in + MOE_TILE_K - 1) / MOE_TILE_K;
-    // Activations are read four floats at a time where rows allow it.
+    // Activations are read four floats at a time where rows are 16-byte aligned.
     const bool x_vectors = (n_in % 4) == 0 && ((unsigned long long)x % 16) == 0;
 
     tail[tid] = n0 + tid < n_out ? padding_tail<TYPE>(w_expert + (long long)(n0 + tid) * row_bytes, n_in) : 0.0f;
@@ -383,37 +383,52 @@ __device__ void mul_mat_id_mma_tile(const unsigned char* __restrict__ w, const f
     // One k step's global data, staged in registers: thread tid holds staged unit
     // tid + r * MOE_MMA_THREADS of the raw weight tile (consecutive threads read
     // consecutive units of a row: coalesced) and the 4-float group tid + r * threads of
-    // the activation tile (row g / 8, columns 4 * (g % 8) ..).
+    // the activation tile (row g / 8, columns 4 * (g % 8) ..). Where each comes from is
+    // fixed over k and computed once. Weight rows past n_out and the activation rows of a
+    // tile's empty slots read row n_out - 1 and the tile's first pair instead: a product
+    // lands only in the output of its own weight row and activation row, and those outputs
+    // are never stored.
+    int raw_from[UNITS];  // byte offset in the expert: the row, and for one-slice blocks the unit
+#pragma unroll
+    for (int r = 0; r < UNITS; ++r) {
+        const int i = tid + r * MOE_MMA_THREADS;
+        const int n = i / UNITS;
+        const int row = n0 + n < n_out ? n0 + n : n_out - 1;
+        raw_from[r] = row * expert_row_bytes + (SLICES == 1 ? (i - n * UNITS) * (int)sizeof(Unit) : 0);
+    }
+    const float* x_from[X_VECS];
+#pragma unroll
+    for (int r = 0; r < X_VECS; ++r) {
+        const int m = tid / (MOE_TILE_K / 4) + r * (MOE_MMA_THREADS / (MOE_TILE_K / 4));
+        const int src = src_row[m] >= 0 ? src_row[m] : src_row[0];
+        x_from[r] = x + (long long)src * n_in + 4 * (tid % (MOE_TILE_K / 4));
+    }
     Unit raw_regs[UNITS];
     vec4 x_regs[X_VECS];
     auto load_step = [&](int ks) {
         const int k0 = ks * MOE_TILE_K;
+        const unsigned char* w_step = w_expert + (ks / SLICES) * BLOCK_BYTES;
+        // Quantized rows hold whole blocks; a float row's last step may be partial.
+        const bool full_step = BlockFormat<TYPE>::quantized || k0 + MOE_TILE_K <= n_in;
 #pragma unroll
         for (int r = 0; r < UNITS; ++r) {
-            const int i = tid + r * MOE_MMA_THREADS;
-            const int n = i / UNITS;
-            const int h = i - n * UNITS;
-            Unit v = 0;
-            if (n0 + n < n_out && (BlockFormat<TYPE>::quantized || k0 + h < n_in)) {
-                const int offset = (n0 + n) * expert_row_bytes + (ks / SLICES) * BLOCK_BYTES;
-                v = ((const Unit*)(w_expert + offset))[BlockFormat<TYPE>::unit_of(ks % SLICES, h)];
-            }
-            raw_regs[r] = v;
+            const int h = (tid + r * MOE_MMA_THREADS) % UNITS;
+            const int at = SLICES == 1 ? raw_from[r]
+                                       : raw_from[r] + BlockFormat<TYPE>::unit_of(ks % SLICES, h) * (int)sizeof(Unit);
+            raw_regs[r] = full_step || k0 + h < n_in ? *(const Unit*)(w_step + at) : (Unit)0;
         }
 #pragma unroll
         for (int r = 0; r < X_VECS; ++r) {
-            const int g = tid + r * MOE_MMA_THREADS;
-            const int src = src_row[g / (MOE_TILE_K / 4)];
-            const int k = k0 + 4 * (g % (MOE_TILE_K / 4));
-            const float* at = x + (long long)src * n_in + k;
+            const float* at = x_from[r] + k0;
             vec4 v;
-            if (src >= 0 && x_vectors && k < n_in) {
+            if (full_step && x_vectors) {
                 v = *(const vec4*)at;
             } else {
-                v.x = src >= 0 && k < n_in ? at[0] : 0.0f;
-                v.y = src >= 0 && k + 1 < n_in ? at[1] : 0.0f;
-                v.z = src >= 0 && k + 2 < n_in ? at[2] : 0.0f;
-                v.w = src >= 0 && k + 3 < n_in ? at[3] : 0.0f;
+                const int k = k0 + 4 * (tid % (MOE_TILE_K / 4));
+                v.x = k < n_in ? at[0] : 0.0f;
+                v.y = k + 1 < n_in ? at[1] : 0.0f;
+                v.z = k + 2 < n_in ? at[2] : 0.0f;
+                v.w = k + 3 < n_in ? at[3] : 0.0f;
             }
             x_regs[r] = v;
         }
