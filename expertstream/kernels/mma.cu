@@ -403,7 +403,11 @@ __device__ void mul_mat_id_mma_tile(const unsigned char* __restrict__ w, const f
         const int src = src_row[m] >= 0 ? src_row[m] : src_row[0];
         x_from[r] = x + (long long)src * n_in + 4 * (tid % (MOE_TILE_K / 4));
     }
-    Unit raw_regs[UNITS];
+    // Staged units are packed into 32-bit registers (two 16-bit units, four bytes): they are
+    // held across the matrix step, where registers are scarce.
+    const int UNIT_BITS = 8 * (int)sizeof(Unit);
+    const int PER_WORD = 32 / UNIT_BITS;
+    unsigned int raw_regs[(UNITS + PER_WORD - 1) / PER_WORD];
     vec4 x_regs[X_VECS];
     auto load_step = [&](int ks) {
         const int k0 = ks * MOE_TILE_K;
@@ -415,7 +419,12 @@ __device__ void mul_mat_id_mma_tile(const unsigned char* __restrict__ w, const f
             const int h = (tid + r * MOE_MMA_THREADS) % UNITS;
             const int at = SLICES == 1 ? raw_from[r]
                                        : raw_from[r] + BlockFormat<TYPE>::unit_of(ks % SLICES, h) * (int)sizeof(Unit);
-            raw_regs[r] = full_step || k0 + h < n_in ? *(const Unit*)(w_step + at) : (Unit)0;
+            const unsigned int unit = full_step || k0 + h < n_in ? *(const Unit*)(w_step + at) : (Unit)0;
+            if (r % PER_WORD == 0) {
+                raw_regs[r / PER_WORD] = unit;
+            } else {
+                raw_regs[r / PER_WORD] |= unit << (UNIT_BITS * (r % PER_WORD));
+            }
         }
 #pragma unroll
         for (int r = 0; r < X_VECS; ++r) {
@@ -438,7 +447,7 @@ __device__ void mul_mat_id_mma_tile(const unsigned char* __restrict__ w, const f
         for (int r = 0; r < UNITS; ++r) {
             const int i = tid + r * MOE_MMA_THREADS;
             const int n = i / UNITS;
-            raw[n * RAW_STRIDE + i - n * UNITS] = raw_regs[r];
+            raw[n * RAW_STRIDE + i - n * UNITS] = (Unit)(raw_regs[r / PER_WORD] >> (UNIT_BITS * (r % PER_WORD)));
         }
 #pragma unroll
         for (int r = 0; r < X_VECS; ++r) {
