@@ -41,6 +41,7 @@ from ..backends.base import BufferView, Device, DeviceBuffer, Stream, Usage
 from ..errors import InvalidArgument
 from ..ggml import padded_size
 from ..kernels import MoeKernels, routing
+from ..kernels.layout import MatrixPath
 from ..kernels.routing import Activation
 from ..model import ModelError, MoeLayer, MoeModel, TensorInfo
 from ..scheduler import Bindings, Input, MulMatId, Plan, Split
@@ -348,6 +349,11 @@ class MoeRunner(Closing):
     def device_of(self, layer_index: int) -> Device:
         """The device that runs MoE layer ``layer_index`` (where its resident experts must be)."""
         return self.layer_split.device_of(layer_index)
+
+    @property
+    def matrix_path(self) -> MatrixPath:
+        """The expert matmul path the kernels take (matrix cores or SIMT; one kind of device per run)."""
+        return self._parts[0].kernels.path
 
     @property
     def crossings(self) -> tuple[str, ...]:

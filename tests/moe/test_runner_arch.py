@@ -74,10 +74,12 @@ def _check_prefill(backend: Backend, path: Path) -> None:
         with HostWeights.open(model, device, "pinned") as weights, Scheduler(slots=2) as scheduler:
             scheduler.run(runner.prefill_plan(weights))
         out = runner.prefill_output()
+        matrix_path = runner.matrix_path
         cfg = ffn_config(model.arch, model.metadata)
         h = embeddings(2, 0, BATCHING.tokens, model.n_embd).astype(np.float64)
         for layer in model.layers:
             x = ref.rms_norm(h)
             h = h + ref.moe_ffn(x, _layer_weights(model, layer.index), cfg.routing, model.top_k, cfg.ffn.activation)
     err = ref.relative_error(out, h)
-    assert err < 1e-4, f"{path.name}: relative error {err:.3g}"
+    bound = 2 * ref.mul_mat_id_rtol(matrix_path)  # two matrix products deep per layer
+    assert err < bound, f"{path.name}: relative error {err:.3g} over {bound} ({matrix_path.value})"

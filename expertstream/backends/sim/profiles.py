@@ -92,6 +92,7 @@ class Profile:
     peer_bps: float  # between devices with peer access
     memset_bps: float
     flops_per_s: float  # effective rate of the MoE kernels, not the datasheet peak
+    matrix_cores: bool  # whether kernels take the matrix-core path (bf16 rounding in the twins)
     launch_latency_s: float  # kernels and memsets: from ready to running
     copy_latency_s: float  # DMA setup: from ready to moving bytes
     enqueue_s: float  # host time spent in one enqueue or query call
@@ -267,6 +268,7 @@ CUDA_H200 = Profile(
     # Kernels without a measured rate below: mul_mat_id, Q4_0, Qwen3-30B-A3B expert shapes at ubatch
     # 512 (18.3 TFLOP/s gate/up, 16.1 down; docs/results/cuda-h200-kernels.md).
     flops_per_s=17.5e12,
+    matrix_cores=True,  # datasheet: Hopper tensor cores (mma.sync bf16)
     launch_latency_s=5e-6,  # assumed: typical kernel launch latency
     copy_latency_s=10e-6,  # assumed: DMA setup; with enqueue_s it matches the measured 1.26 ms for 64 MB
     enqueue_s=15e-6,  # measured: six enqueues of the event-order bench took 0.04..0.08 ms from Python
@@ -301,6 +303,7 @@ ROCM_R9700 = Profile(
     peer_bps=50e9,  # assumed: peers over PCIe 5.0 x16
     memset_bps=0.39e12,  # assumed: write-only traffic, ~60% of the GDDR6 peak
     flops_per_s=4.8e13,  # assumed: kernels without a fitted rate run at mul_mat_id's
+    matrix_cores=True,  # datasheet: RDNA4 WMMA (gfx1201)
     launch_latency_s=5e-6,  # assumed: like the CUDA profile
     copy_latency_s=10e-6,  # assumed: like the CUDA profile
     enqueue_s=30e-6,  # assumed: the same Python binding overhead as on CUDA, twice the H200's
