@@ -81,7 +81,7 @@ class HostRegion:
     def __post_init__(self) -> None:
         if not isinstance(self.buffer, HostBuffer):
             raise InvalidArgument(
-                f"a host region is a range of a HostBuffer, not of a {type(self.buffer).__name__}",
+                f"a host region is a range of a HostBuffer, not of {_kind(self.buffer)}",
                 call="HostRegion",
                 hint="wrap host memory with device.wrap_host() or alloc_pinned(); device-resident data enters a "
                 "plan as Input(device_data=buffer.view())",
@@ -104,6 +104,11 @@ class HostRegion:
     def _check_range(self, offset: int, nbytes: int) -> None:
         if offset < 0 or nbytes < 0 or offset + nbytes > self.length:
             raise InvalidArgument(f"range [{offset}, {offset + nbytes}) is outside a {self.length}-byte host region")
+
+
+def _kind(obj: object) -> str:
+    """What was passed, in the contract's words (a backend's own buffer class is a DeviceBuffer)."""
+    return "a DeviceBuffer (device memory)" if isinstance(obj, DeviceBuffer) else f"a {type(obj).__name__}"
 
 
 __all__ = ["HostRegion", "HostSource", "Lookahead", "LookaheadSource", "expect_copies"]

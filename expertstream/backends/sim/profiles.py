@@ -241,13 +241,24 @@ _H200_MUL_MAT_ID: dict[str, tuple[tuple[int, int, float, float], ...]] = {
 }
 
 
+# measured: the matrix-core (bf16 mma.sync) mul_mat_id, `python -m microbench.kernels --backend cuda
+# --types Q4_0 Q4_K --ubatch 512 4096 --paths simt mma` on the H200 (docs/results/cuda-h200-kernels.md).
+# Other types on this path run at flops_per_s until measured.
+_H200_MUL_MAT_ID_MMA = {
+    "Q4_0": ((512, 64, 35.2, 30.4), (4096, 64, 96.5, 85.8)),
+    "Q4_K": ((512, 64, 30.5, 21.8), (4096, 64, 70.3, 56.0)),
+}
+
+
 def _h200_kernel_rates() -> tuple[KernelRate, ...]:
     rates = []
-    for type_name, rows in _H200_MUL_MAT_ID.items():
-        for ubatch, tile, gate_up, down in rows:
-            kernel, pairs_per_expert = f"moe_mul_mat_id_{type_name.lower()}_m{tile}", ubatch * 8 / 128
-            rates.append(KernelRate(kernel, (768, 2048), pairs_per_expert, gate_up * 1e12))
-            rates.append(KernelRate(kernel, (2048, 768), pairs_per_expert, down * 1e12))
+    for family, table in (("", _H200_MUL_MAT_ID), ("mma_", _H200_MUL_MAT_ID_MMA)):
+        for type_name, rows in table.items():
+            for ubatch, tile, gate_up, down in rows:
+                kernel = f"moe_mul_mat_id_{family}{type_name.lower()}_m{tile}"
+                pairs_per_expert = ubatch * 8 / 128
+                rates.append(KernelRate(kernel, (768, 2048), pairs_per_expert, gate_up * 1e12))
+                rates.append(KernelRate(kernel, (2048, 768), pairs_per_expert, down * 1e12))
     return tuple(rates)
 
 
