@@ -199,6 +199,7 @@ __device__ int mma_col(int lane, int) {
 
 #elif defined(MMA_WMMA_GFX11)
 
+typedef short mma_short8 __attribute__((ext_vector_type(8)));
 typedef short mma_short16 __attribute__((ext_vector_type(16)));
 typedef float mma_float8 __attribute__((ext_vector_type(8)));
 
@@ -213,12 +214,19 @@ struct MmaAcc {
     mma_float8 v;
 };
 
+// Two 16-byte reads: shared rows are 16-byte aligned, not 32.
+__device__ mma_short16 load_row16(const unsigned short* row) {
+    const mma_short8 low = *(const mma_short8*)row;
+    const mma_short8 high = *(const mma_short8*)(row + 8);
+    return __builtin_shufflevector(low, high, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+
 __device__ void mma_load_a(MmaA& a, const unsigned short* p, int lane) {
-    a.v = *(const mma_short16*)(p + (lane % 16) * MMA_LDK);
+    a.v = load_row16(p + (lane % 16) * MMA_LDK);
 }
 
 __device__ void mma_load_b(MmaB& b, const unsigned short* p, int lane) {
-    b.v = *(const mma_short16*)(p + (lane % 16) * MMA_LDK);
+    b.v = load_row16(p + (lane % 16) * MMA_LDK);
 }
 
 __device__ void mma_step(MmaAcc& c, const MmaA& a, const MmaB& b) {
