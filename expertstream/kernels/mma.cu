@@ -351,38 +351,14 @@ __device__ void mul_mat_id_mma_tile(const unsigned char* __restrict__ w, const f
     __shared__ int dst_row[TILE_M];
     __shared__ float tail[MOE_TILE_N];
 
-    const int tile = blockIdx.y;
-    if (tile >= scratch[0]) {
+    const int expert = begin_tile<TILE_M, MOE_MMA_THREADS>(scratch, y, src_row, dst_row, n_expert, n_out, top_k,
+                                                            x_per_slot, max_tiles);
+    if (expert < 0) {
         return;
     }
-    const int* entry = scratch + MOE_SCRATCH_HEADER + 3 * tile;
-    const int expert = entry[0];
-    const int first = entry[1];
-    const int count = entry[2];
-    const int* rows = scratch + MOE_SCRATCH_HEADER + 3 * max_tiles;
     const int tid = threadIdx.x;
     const int n0 = blockIdx.x * MOE_TILE_N;
-
-    for (int m = tid; m < TILE_M; m += MOE_MMA_THREADS) {
-        const int p = m < count ? rows[first + m] : -1;
-        dst_row[m] = p;
-        src_row[m] = p < 0 ? -1 : (x_per_slot ? p : p / top_k);
-    }
-    __syncthreads();
-
-    if (expert == n_expert) {  // the bucket of out-of-range ids
-        for (int i = tid; i < count * MOE_TILE_N; i += MOE_MMA_THREADS) {
-            const int o = n0 + i % MOE_TILE_N;
-            if (o < n_out) {
-                y[(long long)dst_row[i / MOE_TILE_N] * n_out + o] = bits_to_float(0x7fc00000u);
-            }
-        }
-        return;
-    }
-
-    const long long row_bytes = BlockFormat<TYPE>::quantized
-                                    ? (long long)(n_in / (MOE_TILE_K * SLICES)) * BLOCK_BYTES
-                                    : (long long)n_in * (BLOCK_BYTES / MOE_TILE_K);
+    const long long row_bytes = weight_row_bytes<TYPE>(n_in);
     const unsigned char* w_expert = w + (long long)expert * n_out * row_bytes;
     const int expert_row_bytes = (int)row_bytes;
     const int k_steps = (n_in + MOE_TILE_K - 1) / MOE_TILE_K;
