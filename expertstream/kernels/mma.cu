@@ -199,6 +199,7 @@ __device__ int mma_col(int lane, int) {
 
 #elif defined(MMA_WMMA_GFX11)
 
+typedef short mma_short8 __attribute__((ext_vector_type(8)));
 typedef short mma_short16 __attribute__((ext_vector_type(16)));
 typedef float mma_float8 __attribute__((ext_vector_type(8)));
 
@@ -213,12 +214,19 @@ struct MmaAcc {
     mma_float8 v;
 };
 
+// Two 16-byte reads: shared rows are 16-byte aligned, not 32.
+__device__ mma_short16 load_row16(const unsigned short* row) {
+    const mma_short8 low = *(const mma_short8*)row;
+    const mma_short8 high = *(const mma_short8*)(row + 8);
+    return __builtin_shufflevector(low, high, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+
 __device__ void mma_load_a(MmaA& a, const unsigned short* p, int lane) {
-    a.v = *(const mma_short16*)(p + (lane % 16) * MMA_LDK);
+    a.v = load_row16(p + (lane % 16) * MMA_LDK);
 }
 
 __device__ void mma_load_b(MmaB& b, const unsigned short* p, int lane) {
-    b.v = *(const mma_short16*)(p + (lane % 16) * MMA_LDK);
+    b.v = load_row16(p + (lane % 16) * MMA_LDK);
 }
 
 __device__ void mma_step(MmaAcc& c, const MmaA& a, const MmaB& b) {
@@ -343,38 +351,14 @@ __device__ void mul_mat_id_mma_tile(const unsigned char* __restrict__ w, const f
     __shared__ int dst_row[TILE_M];
     __shared__ float tail[MOE_TILE_N];
 
-    const int tile = blockIdx.y;
-    if (tile >= scratch[0]) {
+    const int expert = begin_tile<TILE_M, MOE_MMA_THREADS>(scratch, y, src_row, dst_row, n_expert, n_out, top_k,
+                                                            x_per_slot, max_tiles);
+    if (expert < 0) {
         return;
     }
-    const int* entry = scratch + MOE_SCRATCH_HEADER + 3 * tile;
-    const int expert = entry[0];
-    const int first = entry[1];
-    const int count = entry[2];
-    const int* rows = scratch + MOE_SCRATCH_HEADER + 3 * max_tiles;
     const int tid = threadIdx.x;
     const int n0 = blockIdx.x * MOE_TILE_N;
-
-    for (int m = tid; m < TILE_M; m += MOE_MMA_THREADS) {
-        const int p = m < count ? rows[first + m] : -1;
-        dst_row[m] = p;
-        src_row[m] = p < 0 ? -1 : (x_per_slot ? p : p / top_k);
-    }
-    __syncthreads();
-
-    if (expert == n_expert) {  // the bucket of out-of-range ids
-        for (int i = tid; i < count * MOE_TILE_N; i += MOE_MMA_THREADS) {
-            const int o = n0 + i % MOE_TILE_N;
-            if (o < n_out) {
-                y[(long long)dst_row[i / MOE_TILE_N] * n_out + o] = bits_to_float(0x7fc00000u);
-            }
-        }
-        return;
-    }
-
-    const long long row_bytes = BlockFormat<TYPE>::quantized
-                                    ? (long long)(n_in / (MOE_TILE_K * SLICES)) * BLOCK_BYTES
-                                    : (long long)n_in * (BLOCK_BYTES / MOE_TILE_K);
+    const long long row_bytes = weight_row_bytes<TYPE>(n_in);
     const unsigned char* w_expert = w + (long long)expert * n_out * row_bytes;
     const int expert_row_bytes = (int)row_bytes;
     const int k_steps = (n_in + MOE_TILE_K - 1) / MOE_TILE_K;

@@ -1148,6 +1148,51 @@ __device__ float padding_tail(const unsigned char* __restrict__ row, int n_in) {
     return tail_sum;
 }
 
+// The start of every mul_mat_id block: the tile of blockIdx.y from the grouping scratch,
+// its pairs' output rows (dst_row; -1 past the tile's count) and activation rows (src_row)
+// staged in shared memory. Returns the tile's expert, or -1 when the block has nothing more
+// to do: no tile (the grid is sized for the most tiles there can be), or the bucket of
+// out-of-range ids, whose outputs it fills with NaN. Either way the whole block returns.
+template <int TILE_M, int THREADS>
+__device__ int begin_tile(const int* __restrict__ scratch, float* __restrict__ y, int* src_row, int* dst_row,
+                          int n_expert, int n_out, int top_k, int x_per_slot, int max_tiles) {
+    const int tile = blockIdx.y;
+    if (tile >= scratch[0]) {
+        return -1;
+    }
+    const int* entry = scratch + MOE_SCRATCH_HEADER + 3 * tile;
+    const int expert = entry[0];
+    const int first = entry[1];
+    const int count = entry[2];
+    const int* rows = scratch + MOE_SCRATCH_HEADER + 3 * max_tiles;
+    const int tid = threadIdx.x;
+    for (int m = tid; m < TILE_M; m += THREADS) {
+        const int p = m < count ? rows[first + m] : -1;
+        dst_row[m] = p;
+        src_row[m] = p < 0 ? -1 : (x_per_slot ? p : p / top_k);
+    }
+    __syncthreads();
+    if (expert == n_expert) {
+        const int n0 = blockIdx.x * MOE_TILE_N;
+        for (int i = tid; i < count * MOE_TILE_N; i += THREADS) {
+            const int o = n0 + i % MOE_TILE_N;
+            if (o < n_out) {
+                y[(long long)dst_row[i / MOE_TILE_N] * n_out + o] = bits_to_float(0x7fc00000u);
+            }
+        }
+        return -1;
+    }
+    return expert;
+}
+
+// Bytes of one weight row of n_in elements.
+template <int TYPE>
+__device__ long long weight_row_bytes(int n_in) {
+    return BlockFormat<TYPE>::quantized
+               ? (long long)(n_in / (MOE_TILE_K * BlockFormat<TYPE>::slices)) * BlockFormat<TYPE>::bytes
+               : (long long)n_in * (BlockFormat<TYPE>::bytes / MOE_TILE_K);
+}
+
 template <int TYPE, int TILE_M>
 __device__ void mul_mat_id_tile(const unsigned char* __restrict__ w, const float* __restrict__ x,
                                 const int* __restrict__ scratch, float* __restrict__ y, int n_expert,
@@ -1168,38 +1213,14 @@ __device__ void mul_mat_id_tile(const unsigned char* __restrict__ w, const float
     __shared__ int dst_row[TILE_M];
     __shared__ float tail[MOE_TILE_N];
 
-    const int tile = blockIdx.y;
-    if (tile >= scratch[0]) {
+    const int expert = begin_tile<TILE_M, MOE_MMID_THREADS>(scratch, y, src_row, dst_row, n_expert, n_out, top_k,
+                                                             x_per_slot, max_tiles);
+    if (expert < 0) {
         return;
     }
-    const int* entry = scratch + MOE_SCRATCH_HEADER + 3 * tile;
-    const int expert = entry[0];
-    const int first = entry[1];
-    const int count = entry[2];
-    const int* rows = scratch + MOE_SCRATCH_HEADER + 3 * max_tiles;
     const int tid = threadIdx.x;
     const int n0 = blockIdx.x * MOE_TILE_N;
-
-    for (int m = tid; m < TILE_M; m += MOE_MMID_THREADS) {
-        const int p = m < count ? rows[first + m] : -1;
-        dst_row[m] = p;
-        src_row[m] = p < 0 ? -1 : (x_per_slot ? p : p / top_k);
-    }
-    __syncthreads();
-
-    if (expert == n_expert) {  // the bucket of out-of-range ids
-        for (int i = tid; i < count * MOE_TILE_N; i += MOE_MMID_THREADS) {
-            const int o = n0 + i % MOE_TILE_N;
-            if (o < n_out) {
-                y[(long long)dst_row[i / MOE_TILE_N] * n_out + o] = bits_to_float(0x7fc00000u);
-            }
-        }
-        return;
-    }
-
-    const long long row_bytes = BlockFormat<TYPE>::quantized
-                                    ? (long long)(n_in / (MOE_TILE_K * SLICES)) * BLOCK_BYTES
-                                    : (long long)n_in * (BLOCK_BYTES / MOE_TILE_K);
+    const long long row_bytes = weight_row_bytes<TYPE>(n_in);
     const unsigned char* w_expert = w + (long long)expert * n_out * row_bytes;
     const int expert_row_bytes = (int)row_bytes;
     const int k_steps = (n_in + MOE_TILE_K - 1) / MOE_TILE_K;

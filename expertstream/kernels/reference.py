@@ -22,9 +22,11 @@ from .routing import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, WEIGHTS_SUM_MIN, Activa
 # scale lands above 1e-2.
 MUL_MAT_ID_RTOL = 1e-4
 # The matrix-core path rounds weights and activations to bf16 (8 significant bits): each
-# product is off by ~2.3e-3 relative (rms), and so is a dot product of many of them
-# (2.0e-3..2.6e-3 over the types on random data); the bound leaves room for small samples.
-MUL_MAT_ID_BF16_RTOL = 5e-3
+# product is off by ~2.3e-3 relative (rms), and so is a dot product of many of them:
+# 2.3e-3..2.7e-3 median over the types on random data. Types with block minimums (Q4_1,
+# Q5_1, K-quants) cancel more, so samples of a hundred outputs reach 5e-3..7e-3; a wrong
+# block, scale or row lands far above the bound.
+MUL_MAT_ID_BF16_RTOL = 1e-2
 ELEMENTWISE_RTOL = 1e-6
 ROUTER_WEIGHTS_RTOL = 1e-6
 
