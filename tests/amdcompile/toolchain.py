@@ -128,7 +128,10 @@ def _apt_install() -> None:
             f"{', '.join(_missing_tools())} missing; as root: apt-get install {' '.join(SYSTEM_PACKAGES)}"
         )
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for command in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *SYSTEM_PACKAGES]):
+    for command in (
+        ["apt-get", "update", "-qq"],
+        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *SYSTEM_PACKAGES],
+    ):
         done = subprocess.run(command, capture_output=True, text=True, env=env)
         if done.returncode != 0:
             raise ToolchainMissing(f"`{' '.join(command)}` failed:\n{done.stderr.strip()}")
