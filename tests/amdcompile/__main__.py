@@ -1,7 +1,7 @@
 """Compile the kernel source as hipRTC does for AMD targets, without a GPU, and report what it emits.
 
     python -m tests.amdcompile fetch                  # clang-19 and ROCm's files from Debian (idempotent)
-    python -m tests.amdcompile check [--target gfx942 ...] [--keep DIR]
+    python -m tests.amdcompile check [--target gfx942 ...] [--keep DIR] [--source FILE]
 
 ``check`` prints the toolchain, the clang line per target and a table of instruction counts from
 the disassembly, and exits 1 if a target does not compile cleanly, lacks a kernel the package
@@ -29,23 +29,26 @@ def _required_kernels(source: str) -> set[str]:
     return by_type | hiprtc.defined_kernels(source)
 
 
+def _matrix_functions(result: hiprtc.Result) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for family in ("mfma", "wmma"):
+        found.update(result.disassembly.matrix_functions(family))
+    return found
+
+
 def _table(results: list[hiprtc.Result]) -> list[str]:
     rows = [
         "| target | family | compiles | kernels | instructions | v_mfma_* | v_wmma_* | matrix kernels |",
-        "| --- | --- | --- | ---: | ---: | ---: | ---: | --- |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for result in results:
         target = result.target
         if not result.compiled:
             rows.append(f"| {target.name} | {target.family} | no | | | | | |")
             continue
-        matrix = {}
-        for family in ("mfma", "wmma"):
-            matrix.update(result.disassembly.matrix_functions(family))
-        kernels = ", ".join(f"{name} ({count})" for name, count in sorted(matrix.items())) or "none"
         rows.append(
             f"| {target.name} | {target.family} | yes | {len(result.kernels)} | {result.disassembly.total()} "
-            f"| {result.matrix_count('mfma')} | {result.matrix_count('wmma')} | {kernels} |"
+            f"| {result.matrix_count('mfma')} | {result.matrix_count('wmma')} | {len(_matrix_functions(result))} |"
         )
     return rows
 
@@ -53,17 +56,19 @@ def _table(results: list[hiprtc.Result]) -> list[str]:
 def _mnemonics(results: list[hiprtc.Result]) -> list[str]:
     lines = []
     for result in results:
-        for family in ("mfma", "wmma"):
-            counts = result.disassembly.matrix(family)
-            if counts:
-                listed = ", ".join(f"{m} x{n}" for m, n in sorted(counts.items()))
-                lines.append(f"- {result.target.name}: {listed}")
+        per_kernel = _matrix_functions(result)
+        if not per_kernel:
+            continue
+        counts = result.disassembly.matrix("mfma") + result.disassembly.matrix("wmma")
+        listed = ", ".join(f"{m} x{n}" for m, n in sorted(counts.items()))
+        spread = f"{min(per_kernel.values())}-{max(per_kernel.values())} per kernel"
+        lines.append(f"- {result.target.name}: {listed} ({spread})")
     return lines
 
 
-def check(names: list[str], keep: Path | None) -> int:
+def check(names: list[str], keep: Path | None, source_file: Path | None) -> int:
     chain = toolchain.locate()
-    source = kernel_source()
+    source = source_file.read_text() if source_file else kernel_source()
     builtins = hiprtc.source_matrix_builtins(source)
     required = _required_kernels(source)
     targets = [hiprtc.TARGETS[name] for name in names]
@@ -84,7 +89,7 @@ def check(names: list[str], keep: Path | None) -> int:
     print("\n".join(_table(results)))
     mnemonics = _mnemonics(results)
     if mnemonics:
-        print("\nmatrix instructions by mnemonic:")
+        print("\nmatrix instructions by mnemonic, over the kernels that have them:")
         print("\n".join(mnemonics))
     failures = [problem for result in results for problem in hiprtc.problems(result, builtins, required)]
     print()
@@ -102,13 +107,14 @@ def main() -> int:
     checker = commands.add_parser("check", help="compile for each target and check the disassembly")
     checker.add_argument("--target", action="append", choices=sorted(hiprtc.TARGETS), help="default: all")
     checker.add_argument("--keep", type=Path, help="write each target's source, code object and disassembly here")
+    checker.add_argument("--source", type=Path, help="compile this file instead of the package's kernel source")
     args = parser.parse_args()
     try:
         if args.command == "fetch":
             chain = toolchain.fetch()
             print(f"AMD toolchain ready in {chain.root}: " + ", ".join(f"{p} {v}" for p, v in chain.packages.items()))
             return 0
-        return check(args.target or list(hiprtc.TARGETS), args.keep)
+        return check(args.target or list(hiprtc.TARGETS), args.keep, args.source)
     except toolchain.ToolchainMissing as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
