@@ -138,7 +138,7 @@ def compile_options(arch: str) -> list[bytes]:
 
     ``-std=c++17`` keeps the source in the dialect NVRTC compiles it in (hipRTC's default is
     C++14). The nox session kernels_amd compiles the kernel source with exactly these options
-    for gfx90a, gfx942, gfx1100 and gfx1201 (docs/results/kernels-amd-compile.md).
+    for gfx90a, gfx942, gfx1100, gfx1201 and gfx1030 (docs/results/kernels-amd-compile.md).
     """
     return [f"--offload-arch={arch}".encode(), b"-std=c++17"]
 
