@@ -8,10 +8,11 @@
   - rocm-device-libs-17 (trixie; ROCm 6.0): ocml, ockl and the oclc control libraries, LLVM 17
     bitcode that clang-19 reads. It predates gfx12, so it has no ISA-version library for gfx1200
     and gfx1201;
-  - those two one-constant libraries from rocm-device-libs-21 (sid; ROCm 7.0), re-encoded for
+  - those two one-constant libraries from rocm-device-libs-21 (forky or sid; ROCm 7.0), re-encoded for
     LLVM 19 with the data layout of the others (its other libraries are LLVM 21 bitcode, which
     clang-19 cannot read);
-  - libhiprtc-builtins6 (sid; ROCm 6.4): the hiprtc_runtime.h hipRTC includes in every program.
+  - libhiprtc-builtins6 (forky or sid; ROCm 6.4; else trixie's libhiprtc-builtins5, ROCm 5.7):
+    the hiprtc_runtime.h hipRTC includes in every program.
 
 The cache folder is $EXPERTSTREAM_AMD_TOOLCHAIN_DIR, else $XDG_CACHE_HOME (or ~/.cache)
 /expertstream/amd-toolchain. ``fetch()`` does nothing when the cache and the tools are there.
@@ -33,7 +34,7 @@ LLVM = 19
 SYSTEM_PACKAGES = (f"clang-{LLVM}", f"lld-{LLVM}", f"llvm-{LLVM}")
 TOOLS = ("clang", "ld.lld", "llvm-objdump", "llvm-objcopy", "llvm-nm", "llvm-dis", "llvm-as")
 MANIFEST = "toolchain.json"
-LAYOUT_VERSION = 1  # bump when the cache's shape changes, so an old cache is fetched again
+LAYOUT_VERSION = 2  # bump when the cache's shape changes, so an old cache is fetched again
 
 
 @dataclass(frozen=True)
@@ -41,10 +42,31 @@ class DebianPackage:
     name: str
     suite: str
 
+    def __str__(self) -> str:
+        return f"{self.name}/{self.suite}"
 
-DEVICE_LIBS = DebianPackage("rocm-device-libs-17", "trixie")
-GFX12_ISA_LIBS = DebianPackage("rocm-device-libs-21", "sid")
-HIPRTC_BUILTINS = DebianPackage("libhiprtc-builtins6", "sid")
+
+@dataclass(frozen=True)
+class Part:
+    """One thing the cache needs, and the packages that have it, the preferred first."""
+
+    role: str
+    candidates: tuple[DebianPackage, ...]
+
+
+# testing (forky) before unstable (sid): a package stays there longer once sid moves on.
+DEVICE_LIBS = Part("device libraries", (DebianPackage("rocm-device-libs-17", "trixie"),))
+GFX12_ISA_LIBS = Part(
+    "gfx12 ISA versions", (DebianPackage("rocm-device-libs-21", "forky"), DebianPackage("rocm-device-libs-21", "sid"))
+)
+HIPRTC_BUILTINS = Part(
+    "hipRTC header",
+    (
+        DebianPackage("libhiprtc-builtins6", "forky"),
+        DebianPackage("libhiprtc-builtins6", "sid"),
+        DebianPackage("libhiprtc-builtins5", "trixie"),
+    ),
+)
 GFX12_ISA_VERSIONS = {"1200": 12000, "1201": 12001}  # file suffix -> __oclc_ISA_version
 ARCHIVE = "http://deb.debian.org/debian"
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
@@ -142,42 +164,46 @@ def _apt_install() -> None:
 def _build_cache(scratch: Path, staged: Path) -> None:
     debs = _download([DEVICE_LIBS, GFX12_ISA_LIBS, HIPRTC_BUILTINS], scratch / "apt")
     trees = {}
-    for package, deb in debs.items():
-        tree = scratch / "unpacked" / package
+    for role, (_, deb) in debs.items():
+        tree = scratch / "unpacked" / deb.stem
         tree.mkdir(parents=True)
         _run("dpkg-deb", "-x", str(deb), str(tree))
-        trees[package] = tree
+        trees[role] = tree
     bitcode = staged / "bitcode"
     bitcode.mkdir(parents=True)
-    for library in _bitcode_dir(trees[DEVICE_LIBS.name]).glob("*.bc"):
+    for library in _bitcode_dir(trees[DEVICE_LIBS.role]).glob("*.bc"):
         shutil.copy2(library, bitcode / library.name)
     layout = _data_layout(bitcode / "oclc_isa_version_1100.bc")
-    newer = _bitcode_dir(trees[GFX12_ISA_LIBS.name])
+    newer = _bitcode_dir(trees[GFX12_ISA_LIBS.role])
     for suffix, value in GFX12_ISA_VERSIONS.items():
         name = f"oclc_isa_version_{suffix}.bc"
         _reencode_isa_version(newer / name, bitcode / name, layout, value)
     include = staged / "include"
     include.mkdir()
-    header = _hiprtc_header(trees[HIPRTC_BUILTINS.name], scratch)
+    header = _hiprtc_header(trees[HIPRTC_BUILTINS.role], scratch)
     (include / "hiprtc_runtime.h").write_bytes(header)
-    versions = {package: _run("dpkg-deb", "-f", str(deb), "Version").strip() for package, deb in debs.items()}
+    versions = {str(package): _run("dpkg-deb", "-f", str(deb), "Version").strip() for package, deb in debs.values()}
     versions.update({package: _installed_version(package) for package in SYSTEM_PACKAGES})
+    header_package = debs[HIPRTC_BUILTINS.role][0]
     manifest = {
         "layout": LAYOUT_VERSION,
-        "hip_version": _hip_version(versions[HIPRTC_BUILTINS.name]),
+        "hip_version": _hip_version(header_package, versions[str(header_package)]),
         "packages": versions,
     }
     (staged / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
 
 
-def _download(packages: list[DebianPackage], state: Path) -> dict[str, Path]:
-    """apt-get download from suites this machine does not use, with an apt state of its own."""
+def _download(parts: list[Part], state: Path) -> dict[str, tuple[DebianPackage, Path]]:
+    """apt-get download from suites this machine does not use, with an apt state of its own.
+
+    For each part, the first candidate the archive still has; its role -> (package, .deb).
+    """
     lists = state / "lists"
     (lists / "partial").mkdir(parents=True)
     (state / "cache" / "archives" / "partial").mkdir(parents=True)
     (state / "sources.list.d").mkdir()
     (state / "status").touch()
-    suites = sorted({package.suite for package in packages})
+    suites = sorted({package.suite for part in parts for package in part.candidates})
     (state / "sources.list").write_text(
         "".join(f"deb [signed-by={KEYRING}] {ARCHIVE} {suite} main\n" for suite in suites)
     )
@@ -190,16 +216,25 @@ def _download(packages: list[DebianPackage], state: Path) -> dict[str, Path]:
         "-oAPT::Sandbox::User=root",
     ]
     _run("apt-get", *options, "update", "-qq")
-    downloads = state / "debs"
-    downloads.mkdir()
-    names = [f"{package.name}/{package.suite}" for package in packages]
-    done = subprocess.run(["apt-get", *options, "download", *names], capture_output=True, text=True, cwd=downloads)
-    if done.returncode != 0:
-        raise ToolchainMissing(
-            f"apt-get download {' '.join(names)} failed; if Debian replaced a package, update "
-            f"tests/amdcompile/toolchain.py:\n{done.stderr.strip()}"
-        )
-    return {package.name: next(downloads.glob(f"{package.name}_*.deb")) for package in packages}
+    found: dict[str, tuple[DebianPackage, Path]] = {}
+    for part in parts:
+        errors = []
+        for package in part.candidates:
+            folder = state / "debs" / package.suite
+            folder.mkdir(parents=True, exist_ok=True)
+            done = subprocess.run(
+                ["apt-get", *options, "download", str(package)], capture_output=True, text=True, cwd=folder
+            )
+            if done.returncode == 0:
+                found[part.role] = (package, next(folder.glob(f"{package.name}_*.deb")))
+                break
+            errors.append(f"{package}: {done.stderr.strip()}")
+        else:
+            raise ToolchainMissing(
+                f"no package for the {part.role} is in Debian's archive any more; add a newer candidate in "
+                "tests/amdcompile/toolchain.py:\n" + "\n".join(errors)
+            )
+    return found
 
 
 def _bitcode_dir(tree: Path) -> Path:
@@ -243,8 +278,8 @@ def _installed_version(package: str) -> str:
     return _run("dpkg-query", "-W", "-f=${Version}", package).strip()
 
 
-def _hip_version(package_version: str) -> list[int]:
+def _hip_version(package: DebianPackage, package_version: str) -> list[int]:
     match = re.match(r"(\d+)\.(\d+)\.(\d+)", package_version)
     if not match:
-        raise ToolchainMissing(f"cannot read a HIP version from {HIPRTC_BUILTINS.name} {package_version}")
+        raise ToolchainMissing(f"cannot read a HIP version from {package} {package_version}")
     return [int(part) for part in match.groups()]
