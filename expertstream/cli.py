@@ -55,7 +55,9 @@ def _info(args: argparse.Namespace) -> int:
         for dev in entry["devices"]:
             caps = dev["capabilities"]
             flags = ", ".join(
-                k for k in ("async_copies", "events", "host_register", "host_register_read_only") if caps[k]
+                k
+                for k in ("async_copies", "events", "host_register", "host_register_read_only", "matrix_cores")
+                if caps[k]
             )
             peers = ",".join(map(str, caps["peer_access"])) or "none"
             print(

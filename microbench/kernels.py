@@ -5,9 +5,12 @@
 (token, slot). Each row is the median of ``--repeats`` calls (device grouping plus the tiled
 kernel) timed with timing events, as TFLOP/s of useful work (2 * tokens * top_k * n_out *
 n_in) and against the time the tensor takes to cross the bus at the pinned host-to-device
-bandwidth (measured here unless ``--bandwidth-gbs`` is given).
+bandwidth (measured here unless ``--bandwidth-gbs`` is given). Each path of mul_mat_id
+(``simt``: float32 FMAs; ``mma``: bf16 matrix cores) is measured at the tile height it
+picks, or at each height given with ``--tiles``.
 
     python -m microbench.kernels --backend cuda [--json] [--ubatch 512 2048 4096] [--types Q4_0 F16]
+        [--paths simt mma] [--tiles auto 32 64]
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from gguf import GGMLQuantizationType
 from expertstream.backends.base import Backend, Device, DeviceBuffer, Stream, Usage
 from expertstream.kernels import MoeKernels
 from expertstream.kernels import reference as ref
-from expertstream.kernels.layout import FORMATS, weight_format
+from expertstream.kernels.layout import FORMATS, MatrixPath, TileM, weight_format
 
 from ._common import MIB, Column, emit, environment, median, open_backend
 from ._common import parser as common_parser
@@ -34,6 +37,8 @@ log = logging.getLogger(__name__)
 N_EXPERT = 128
 TOP_K = 8
 FP32_SIMT_PEAK_TFLOPS = 67.0  # H100/H200 SXM datasheet, plain fp32 FMA
+BF16_DENSE_PEAK_TFLOPS = 989.0  # H100/H200 SXM datasheet, dense bf16 tensor cores
+PEAK_TFLOPS = {MatrixPath.SIMT: FP32_SIMT_PEAK_TFLOPS, MatrixPath.MMA: BF16_DENSE_PEAK_TFLOPS}
 BANDWIDTH_PROBE_BYTES = 256 * MIB
 
 
@@ -53,6 +58,7 @@ class Row:
     type: str
     tensor: str
     ubatch: int
+    path: str
     tile_m: int
     kernel_ms: float
     tflops: float
@@ -106,8 +112,21 @@ def time_ms(device: Device, stream: Stream, launch: Any, warmup: int, repeats: i
     return median(times)
 
 
+def tiles_to_measure(
+    args: argparse.Namespace, w_type: GGMLQuantizationType, path: MatrixPath, ubatch: int
+) -> list[TileM]:
+    """The asked tile heights the path has for the type, "auto" being the launcher's pick, each once."""
+    fmt = weight_format(w_type)
+    asked = [fmt.tile_for(ubatch * TOP_K, N_EXPERT, path) if t == "auto" else TileM(int(t)) for t in args.tiles]
+    return list(dict.fromkeys(t for t in asked if t in fmt.tiles_on(path)))
+
+
 def measure(
-    device: Device, stream: Stream, kernels: MoeKernels, args: argparse.Namespace, bandwidth_gbs: float
+    device: Device,
+    stream: Stream,
+    kernels: dict[MatrixPath, MoeKernels],
+    args: argparse.Namespace,
+    bandwidth_gbs: float,
 ) -> list[Row]:
     rng = np.random.default_rng(args.seed)
     rows = []
@@ -116,9 +135,13 @@ def measure(
         for shape in SHAPES:
             with upload_weights(device, rng, w_type, shape) as w:
                 for ubatch in args.ubatch:
-                    row = measure_one(device, stream, kernels, args, rng, w, w_type, shape, ubatch, bandwidth_gbs)
-                    rows.append(row)
-                    log.info("%s", row)
+                    for path, path_kernels in kernels.items():
+                        for tile in tiles_to_measure(args, w_type, path, ubatch):
+                            row = measure_one(
+                                device, stream, path_kernels, args, rng, w, w_type, shape, ubatch, bandwidth_gbs, tile
+                            )
+                            rows.append(row)
+                            log.info("%s", row)
     return rows
 
 
@@ -133,6 +156,7 @@ def measure_one(
     shape: TensorShape,
     ubatch: int,
     bandwidth_gbs: float,
+    tile: TileM,
 ) -> Row:
     n_pairs = ubatch * TOP_K
     ids = np.argsort(rng.random((ubatch, N_EXPERT)), axis=1)[:, :TOP_K].astype(np.int32)
@@ -158,19 +182,22 @@ def measure_one(
                 ubatch,
                 TOP_K,
                 y,
+                tile_m=tile,
             )
 
         ms = time_ms(device, stream, launch, args.warmup, args.repeats)
     tflops = 2.0 * n_pairs * shape.n_out * shape.n_in / (ms * 1e-3) / 1e12
     transfer_ms = w.alloc_size / (bandwidth_gbs * 1e9) * 1e3
+    path = kernels.path
     return Row(
         w_type.name,
         shape.name,
         ubatch,
-        int(weight_format(w_type).tile_for(n_pairs, N_EXPERT)),
+        path.value,
+        int(tile),
         ms,
         tflops,
-        tflops / FP32_SIMT_PEAK_TFLOPS,
+        tflops / PEAK_TFLOPS[path],
         w.alloc_size / 1e6,
         transfer_ms,
         ms / transfer_ms,
@@ -179,13 +206,18 @@ def measure_one(
 
 def run(be: Backend, args: argparse.Namespace) -> dict[str, Any]:
     device = be.device(args.device)
-    with device.stream() as stream, MoeKernels(device) as kernels:
-        if args.bandwidth_gbs:
-            bandwidth, source = args.bandwidth_gbs, "assumed"
-        else:
-            bandwidth, source = pinned_bandwidth_gbs(device, stream, args.repeats), "measured"
-        rows = measure(device, stream, kernels, args, bandwidth)
-        device.synchronize()
+    kernels = {MatrixPath(p): MoeKernels(device, MatrixPath(p)) for p in args.paths}
+    try:
+        with device.stream() as stream:
+            if args.bandwidth_gbs:
+                bandwidth, source = args.bandwidth_gbs, "assumed"
+            else:
+                bandwidth, source = pinned_bandwidth_gbs(device, stream, args.repeats), "measured"
+            rows = measure(device, stream, kernels, args, bandwidth)
+            device.synchronize()
+    finally:
+        for path_kernels in kernels.values():
+            path_kernels.close()
     return {
         **environment(be, device),
         "n_expert": N_EXPERT,
@@ -193,7 +225,7 @@ def run(be: Backend, args: argparse.Namespace) -> dict[str, Any]:
         "routing": "uniform random, distinct experts per token",
         "bandwidth_gbs": bandwidth,
         "bandwidth_source": source,
-        "fp32_simt_peak_tflops": FP32_SIMT_PEAK_TFLOPS,
+        "peak_tflops": {path.value: peak for path, peak in PEAK_TFLOPS.items()},
         "repeats": args.repeats,
         "rows": [asdict(r) for r in rows],
     }
@@ -203,10 +235,11 @@ COLUMNS: Sequence[Column] = (
     Column("type", "type"),
     Column("tensor", "tensor"),
     Column("ubatch", "ubatch"),
+    Column("path", "path"),
     Column("tile_m", "tile"),
     Column("kernel_ms", "kernel ms", "{:.3f}"),
     Column("tflops", "TFLOP/s", "{:.1f}"),
-    Column("peak_fraction", "of fp32 peak", "{:.0%}"),
+    Column("peak_fraction", "of path peak", "{:.0%}"),
     Column("tensor_mb", "MB", "{:.0f}"),
     Column("transfer_ms", "transfer ms", "{:.2f}"),
     Column("kernel_over_transfer", "kernel/transfer", "{:.0%}"),
@@ -221,6 +254,14 @@ def main(argv: list[str] | None = None) -> int:
         nargs="+",
         default=[f.qtype.name for f in FORMATS.values()],
         choices=[f.qtype.name for f in FORMATS.values()],
+    )
+    p.add_argument("--paths", nargs="+", default=[p.value for p in MatrixPath], choices=[p.value for p in MatrixPath])
+    p.add_argument(
+        "--tiles",
+        nargs="+",
+        default=["auto"],
+        choices=["auto", *(str(int(t)) for t in TileM)],
+        help="tile heights to measure; auto: the one the launcher picks",
     )
     p.add_argument("--repeats", type=int, default=20, help="timed calls per row; the median is reported")
     p.add_argument("--warmup", type=int, default=3)

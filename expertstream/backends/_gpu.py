@@ -347,6 +347,7 @@ class GpuDevice(Device):
             host_register=self._can_register,
             host_register_read_only=self._can_register and self._can_register_ro,
             peer_access=frozenset(self._peers),
+            matrix_cores=self.api.matrix_cores(self.arch),
         )
 
     @property

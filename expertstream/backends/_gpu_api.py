@@ -276,6 +276,7 @@ class ApiTable:
     memset_async: Call  # (pointer, value, nbytes, stream)
     # kernels
     compile_options: Callable[[str], list[bytes]]  # arch -> compiler options
+    matrix_cores: Callable[[str], bool]  # arch -> whether it has the bf16 matrix instructions kernels use
     program_create: Call  # (source bytes, name bytes) -> program
     program_compile: Call  # (program, options)
     program_log: Call  # (program) -> str

@@ -79,6 +79,8 @@ class Capabilities:
     host_register: bool
     host_register_read_only: bool
     peer_access: frozenset[int] = field(default_factory=frozenset)  # device indices reachable
+    # bf16 matrix instructions the kernels use (NVIDIA sm_80+, AMD gfx90a/gfx94x, gfx11, gfx12)
+    matrix_cores: bool = False
 
 
 class _Exported(abc.ABC):
@@ -896,6 +898,7 @@ class Backend(abc.ABC, Closing):
                         "host_register": d.capabilities.host_register,
                         "host_register_read_only": d.capabilities.host_register_read_only,
                         "peer_access": sorted(d.capabilities.peer_access),
+                        "matrix_cores": d.capabilities.matrix_cores,
                     },
                 }
                 for d in self.devices

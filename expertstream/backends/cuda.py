@@ -80,6 +80,11 @@ def _missing() -> str | None:
     return None
 
 
+def _has_bf16_mma(arch: str) -> bool:
+    """mma.sync with bf16 inputs exists from compute capability 8.0 ('sm_80') on."""
+    return int(arch.removeprefix("sm_")) >= 80
+
+
 def _table() -> ApiTable:
     from cuda.bindings import driver, nvrtc, runtime
 
@@ -175,6 +180,7 @@ def _table() -> ApiTable:
         memcpy_peer_async=rt("cudaMemcpyPeerAsync"),
         memset_async=rt("cudaMemsetAsync"),
         compile_options=lambda arch: [f"--gpu-architecture={arch}".encode()],
+        matrix_cores=_has_bf16_mma,
         program_create=rtc("nvrtcCreateProgram", lambda src, name: nvrtc.nvrtcCreateProgram(src, name, 0, [], [])),
         program_compile=rtc(
             "nvrtcCompileProgram",

@@ -11,6 +11,7 @@ import ctypes
 import importlib
 import importlib.util
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +149,15 @@ def _arch(gcn_arch_name: Any) -> str:
     return decode_text(gcn_arch_name).split(":", 1)[0]
 
 
+# MFMA with bf16 inputs (CDNA2, CDNA3) and WMMA (RDNA3, RDNA3.5, RDNA4): the targets mma.cu's
+# matrix step has a path for.
+_MATRIX_CORE_ARCHS = re.compile(r"gfx(90a|94[0-2]|110[0-3]|115[0-2]|120[01])")
+
+
+def _has_bf16_matrix_cores(arch: str) -> bool:
+    return _MATRIX_CORE_ARCHS.fullmatch(arch) is not None
+
+
 def _table() -> ApiTable:
     from hip import hip, hiprtc
 
@@ -229,6 +239,7 @@ def _table() -> ApiTable:
         memcpy_peer_async=rt("hipMemcpyPeerAsync"),
         memset_async=rt("hipMemsetAsync"),
         compile_options=compile_options,
+        matrix_cores=_has_bf16_matrix_cores,
         program_create=rtc(
             "hiprtcCreateProgram", lambda src, name: hiprtc.hiprtcCreateProgram(src, name, 0, None, None)
         ),

@@ -1,8 +1,14 @@
 """The MoE kernels: expert matmul by routing ids, SwiGLU, weighted sum of slots, router top-k.
 
-``MoeKernels(device)`` compiles moe.cu through ``device.compile`` (NVRTC, hipRTC, or the
-simulator's Python twins in twins.py) and launches it with validated arguments. Every
-method only enqueues work on the given stream.
+``MoeKernels(device)`` compiles moe.cu and mma.cu through ``device.compile`` (NVRTC,
+hipRTC, or the simulator's Python twins in twins.py) and launches them with validated
+arguments. Every method only enqueues work on the given stream.
+
+mul_mat_id has two paths (``layout.MatrixPath``): the matrix-core kernels of mma.cu (bf16
+inputs, float32 accumulation), taken on devices whose ``capabilities.matrix_cores`` is
+set, and the float32 SIMT kernels of moe.cu elsewhere. ``MoeKernels(device, path)`` picks
+one explicitly. On one device and path, outputs are byte-identical however the pairs are
+grouped into tiles.
 
 Shapes (all float32 unless noted, row-major, contiguous):
 
@@ -36,19 +42,35 @@ from ..errors import InvalidArgument
 from ..ggml import RowType, padded_size
 from . import layout, routing_twins, twins
 from .args import ViewLike, positive, view
-from .layout import TileM, WeightFormat, weight_format
+from .layout import MatrixPath, TileM, WeightFormat, weight_format
 
 log = logging.getLogger(__name__)
 
 for _spec in (*twins.twin_specs(), *routing_twins.twin_specs()):
     sim.register_kernel(_spec)
 
-SOURCE_NAME = "moe.cu"
+SOURCE_NAMES = ("moe.cu", "mma.cu")
 
 
 def kernel_source() -> str:
-    """The CUDA-C source of every kernel here, as NVRTC and hipRTC compile it."""
-    return resources.files(__package__).joinpath(SOURCE_NAME).read_text(encoding="ascii")
+    """The CUDA-C source of every kernel here, as NVRTC and hipRTC compile it.
+
+    moe.cu, then mma.cu, then one matrix-core kernel per weight type and tile height of
+    layout.FORMATS (each names its type by its ggml number, the template argument of the
+    block formats in moe.cu).
+    """
+    files = [resources.files(__package__).joinpath(name).read_text(encoding="ascii") for name in SOURCE_NAMES]
+    instances = [
+        f"MOE_MUL_MAT_ID_MMA({fmt.kernel_name(tile, MatrixPath.MMA)}, {int(fmt.qtype)}, {int(tile)})\n"
+        for fmt in layout.FORMATS.values()
+        for tile in fmt.tiles_on(MatrixPath.MMA)
+    ]
+    return "\n".join(files) + "\n" + "".join(instances)
+
+
+def default_path(device: Device) -> MatrixPath:
+    """The matrix-core path where the device has matrix cores, the SIMT path elsewhere."""
+    return MatrixPath.MMA if device.capabilities.matrix_cores else MatrixPath.SIMT
 
 
 def scratch_bytes(n_tokens: int, top_k: int, n_expert: int) -> int:
@@ -63,14 +85,17 @@ def _i32(value: int) -> np.int32:
 class MoeKernels(Closing):
     """Typed launchers for the MoE kernels on one device."""
 
-    def __init__(self, device: Device) -> None:
+    def __init__(self, device: Device, path: MatrixPath | None = None) -> None:
         self.device = device
+        self.path = default_path(device) if path is None else path
+        if self.path is MatrixPath.SIMT and device.capabilities.matrix_cores:
+            log.info("mul_mat_id on %s takes the float32 SIMT path although it has matrix cores", device.label)
         self._source = kernel_source()
         self._kernels: dict[str, Kernel] = {}
         self._scratch: list[DeviceBuffer] = []  # the last is current; earlier ones may still be in use
 
     def kernel(self, name: str) -> Kernel:
-        """Kernel ``name`` of moe.cu, compiled on first use."""
+        """Kernel ``name`` of the source, compiled on first use."""
         kernel = self._kernels.get(name)
         if kernel is None:
             kernel = self._kernels[name] = self.device.compile(self._source, name)
@@ -91,14 +116,27 @@ class MoeKernels(Closing):
         top_k: int,
         y: ViewLike,
         scratch: ViewLike | None = None,
+        tile_m: TileM | None = None,
     ) -> None:
-        """y[t, k, :] = W[ids[t, k]] @ x[t] (or x[t, k]) with float32 accumulation."""
+        """y[t, k, :] = W[ids[t, k]] @ x[t] (or x[t, k]) with float32 accumulation.
+
+        ``tile_m`` overrides the tile height chosen for the number of pairs per expert
+        (benchmarks compare them); results are the same bytes with either.
+        """
         call = "MoeKernels.mul_mat_id"
         fmt = weight_format(w_type)
         positive(call, n_expert=n_expert, n_out=n_out, n_in=n_in, n_tokens=n_tokens, top_k=top_k)
         self._check_mul_mat_id_shapes(call, fmt, n_expert, n_out, n_in, n_tokens * top_k)
         n_pairs = n_tokens * top_k
-        tile_m = fmt.tile_for(n_pairs, n_expert)
+        if tile_m is None:
+            tile_m = fmt.tile_for(n_pairs, n_expert, self.path)
+        elif tile_m not in fmt.tiles_on(self.path):
+            shown = ", ".join(str(int(t)) for t in fmt.tiles_on(self.path))
+            raise InvalidArgument(
+                f"{fmt.qtype.name} has no {int(tile_m)}-row tile on the {self.path.value} path",
+                call=call,
+                hint=f"tile heights there: {shown}",
+            )
         tiles = layout.max_tiles(n_pairs, n_expert, tile_m)
         w_bytes = n_expert * n_out * fmt.row_bytes(n_in)
         w_view = view(call, "w", w, padded_size(w_bytes, fmt.qtype, n_in), fmt.unit_bytes)
@@ -113,10 +151,11 @@ class MoeKernels(Closing):
             layout.GROUP_THREADS,
             (ids_view, scratch_view, _i32(n_pairs), _i32(n_expert), _i32(tile_m), _i32(tiles)),
         )
+        threads = layout.MMID_THREADS if self.path is MatrixPath.SIMT else layout.MMA_THREADS
         stream.launch(
-            self.kernel(fmt.kernel_name(tile_m)),
+            self.kernel(fmt.kernel_name(tile_m, self.path)),
             (-(-n_out // layout.TILE_N), tiles),
-            layout.MMID_THREADS,
+            threads,
             (
                 w_view,
                 x_view,
@@ -241,4 +280,4 @@ def _fits_int32(call: str, **counts: int) -> None:
             raise InvalidArgument(f"{name} has {count} elements, more than int32 indexing allows", call=call)
 
 
-__all__ = ["MoeKernels", "kernel_source", "scratch_bytes"]
+__all__ = ["MatrixPath", "MoeKernels", "default_path", "kernel_source", "scratch_bytes"]

@@ -1,6 +1,6 @@
-"""Facts shared by the device kernels (moe.cu), their launcher and their Python twins.
+"""Facts shared by the device kernels (moe.cu, mma.cu), their launcher and their Python twins.
 
-The numbers here must match the #defines at the top of moe.cu.
+The numbers here must match the #defines at the top of moe.cu and mma.cu.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from ..ggml import MATRIX_ROW_PADDING, RowType
 TILE_N = 128  # outputs per block of mul_mat_id
 TILE_K = 32  # elements per k step: one block, or one 32-element slice of a 256-element block
 MMID_THREADS = 128
+MMA_THREADS = 128  # threads per block of the matrix-core mul_mat_id (mma.cu)
 GROUP_THREADS = 1024
 MAX_EXPERTS = 1024  # experts the grouping kernel can bucket
 SCRATCH_HEADER = 4  # int32 words before the tile table
@@ -34,6 +35,9 @@ MAX_INT32 = 2**31 - 1
 # of Qwen3-30B-A3B) the short tile wastes fewer rows and wins; from 128 the tall one wins,
 # except for Q8_0, whose tall kernel needs too many registers and loses everywhere.
 TALL_TILE_MIN_PAIRS_PER_EXPERT = 48
+# The same for the matrix-core kernels. Not yet measured: there the products are cheap and
+# decoding the weights, done once per tile, dominates, so the tall tile should win earlier.
+MMA_TALL_TILE_MIN_PAIRS_PER_EXPERT = 24
 
 
 class TileM(enum.IntEnum):
@@ -41,6 +45,16 @@ class TileM(enum.IntEnum):
 
     SHORT = 32
     TALL = 64
+
+
+class MatrixPath(enum.Enum):
+    """How mul_mat_id multiplies: the kernel family, its rounding and its tolerance."""
+
+    SIMT = "simt"  # moe.cu: float32 FMAs, any device
+    MMA = "mma"  # mma.cu: bf16 inputs on matrix cores, float32 accumulation
+
+
+MMA_TILES = (TileM.SHORT, TileM.TALL)  # every type has both heights on matrix cores
 
 
 @dataclass(frozen=True)
@@ -67,12 +81,18 @@ class WeightFormat:
             return n_in
         return -(-n_in // MATRIX_ROW_PADDING) * MATRIX_ROW_PADDING
 
-    def kernel_name(self, tile_m: TileM) -> str:
-        return f"moe_mul_mat_id_{self.suffix}_m{int(tile_m)}"
+    def tiles_on(self, path: MatrixPath) -> tuple[TileM, ...]:
+        """The tile heights compiled for this type on ``path``."""
+        return self.tiles if path is MatrixPath.SIMT else MMA_TILES
 
-    def tile_for(self, n_pairs: int, n_expert: int) -> TileM:
+    def kernel_name(self, tile_m: TileM, path: MatrixPath = MatrixPath.SIMT) -> str:
+        family = "" if path is MatrixPath.SIMT else "mma_"
+        return f"moe_mul_mat_id_{family}{self.suffix}_m{int(tile_m)}"
+
+    def tile_for(self, n_pairs: int, n_expert: int, path: MatrixPath = MatrixPath.SIMT) -> TileM:
         """The tile height that runs faster for this many (token, slot) pairs per expert."""
-        if TileM.TALL in self.tiles and n_pairs >= TALL_TILE_MIN_PAIRS_PER_EXPERT * n_expert:
+        tall_from = TALL_TILE_MIN_PAIRS_PER_EXPERT if path is MatrixPath.SIMT else MMA_TALL_TILE_MIN_PAIRS_PER_EXPERT
+        if TileM.TALL in self.tiles_on(path) and n_pairs >= tall_from * n_expert:
             return TileM.TALL
         return TileM.SHORT
 

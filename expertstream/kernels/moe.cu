@@ -482,6 +482,37 @@ extern "C" __global__ void __launch_bounds__(MOE_GROUP_THREADS) moe_group_by_exp
 // finite values, NaN when they do not (a dirty tail shows).
 // ---------------------------------------------------------------------------------
 
+// What the padded part of one row adds to its dot products: quantized rows are read up to
+// the next multiple of MOE_ROW_PADDING elements, as ggml's MMQ reads them, against zero
+// activations, so this is 0 * w summed over the tail: zero when the bytes there decode to
+// finite values, NaN when they do not (a dirty tail shows). Zero for the float types.
+template <int TYPE>
+__device__ float padding_tail(const unsigned char* __restrict__ row, int n_in) {
+    typedef typename BlockFormat<TYPE>::Unit Unit;
+    const int UNITS = BlockFormat<TYPE>::slice_units;
+    const int SLICES = BlockFormat<TYPE>::slices;
+    float tail_sum = 0.0f;
+    if (!BlockFormat<TYPE>::quantized) {
+        return tail_sum;
+    }
+    const int padded_steps = (n_in + MOE_ROW_PADDING - 1) / MOE_ROW_PADDING * (MOE_ROW_PADDING / MOE_TILE_K);
+    for (int ks = n_in / MOE_TILE_K; ks < padded_steps; ++ks) {
+        const Unit* block = (const Unit*)(row + (long long)(ks / SLICES) * BlockFormat<TYPE>::bytes);
+        Unit staged[UNITS];
+#pragma unroll
+        for (int h = 0; h < UNITS; ++h) {
+            staged[h] = block[BlockFormat<TYPE>::unit_of(ks % SLICES, h)];
+        }
+        float v[32];
+        decode_slice<TYPE>(staged, ks % SLICES, v);
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+            tail_sum += 0.0f * v[j];
+        }
+    }
+    return tail_sum;
+}
+
 template <int TYPE, int TILE_M>
 __device__ void mul_mat_id_tile(const unsigned char* __restrict__ w, const float* __restrict__ x,
                                 const int* __restrict__ scratch, float* __restrict__ y, int n_expert,
@@ -539,26 +570,8 @@ __device__ void mul_mat_id_tile(const unsigned char* __restrict__ w, const float
     const int k_steps = (n_in + MOE_TILE_K - 1) / MOE_TILE_K;
 
     // The padded part of quantized rows: thread tid reads row n0 + tid directly.
-    float tail_sum = 0.0f;
-    if (BlockFormat<TYPE>::quantized && n0 + tid < n_out) {
-        const int padded_steps =
-            (n_in + MOE_ROW_PADDING - 1) / MOE_ROW_PADDING * (MOE_ROW_PADDING / MOE_TILE_K);
-        const unsigned char* row = w_expert + (long long)(n0 + tid) * row_bytes;
-        for (int ks = k_steps; ks < padded_steps; ++ks) {
-            const Unit* block = (const Unit*)(row + (long long)(ks / SLICES) * BLOCK_BYTES);
-            Unit staged[UNITS];
-#pragma unroll
-            for (int h = 0; h < UNITS; ++h) {
-                staged[h] = block[BlockFormat<TYPE>::unit_of(ks % SLICES, h)];
-            }
-            float v[32];
-            decode_slice<TYPE>(staged, ks % SLICES, v);
-#pragma unroll
-            for (int j = 0; j < 32; ++j) {
-                tail_sum += 0.0f * v[j];
-            }
-        }
-    }
+    const float tail_sum =
+        n0 + tid < n_out ? padding_tail<TYPE>(w_expert + (long long)(n0 + tid) * row_bytes, n_in) : 0.0f;
     tail[tid] = tail_sum;  // read after the k loop, whose barriers order it
 
     const int tm = tid / 16;

@@ -1,11 +1,13 @@
-"""numpy twins of the kernels in moe.cu: what the simulated backend runs for them.
+"""numpy twins of the kernels in moe.cu and mma.cu: what the simulated backend runs for them.
 
 Each twin takes the launch arguments in the kernel's order, computes what the kernel
 computes (float32, vectorized, for CI-sized shapes) and declares every byte range it reads
 or writes. The mul_mat_id twin reads quantized rows up to the next multiple of 512
 elements like the kernel, so a dirty padding tail turns outputs into NaN here too; its
 matrix product is an einsum, whose sum for one output does not depend on how many rows
-share the call, so results do not depend on how tokens are grouped.
+share the call, so results do not depend on how tokens are grouped. The twin of the
+matrix-core kernels first rounds decoded weights and activations to bf16 as they do
+(round to nearest even); their products are exact in float32, which they accumulate in.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from ..backends.base import BufferView
 from ..backends.sim import Access, KernelSpec
 from ..backends.sim.kernels import Dim3Tuple
 from . import layout, quants
-from .layout import FORMATS, WeightFormat
+from .layout import FORMATS, MatrixPath, WeightFormat
 
 Args = tuple[Any, ...]
 
@@ -76,7 +78,18 @@ def _padded_rows(w_bytes: np.ndarray, fmt: WeightFormat, expert: int, n_out: int
     return quants.decode_rows(rows, fmt.qtype)
 
 
-def _mul_mat_id_runner(fmt: WeightFormat) -> Any:
+def round_to_bf16(values: np.ndarray) -> np.ndarray:
+    """float32 values rounded to bf16 precision (nearest, ties to even), as float32; NaN stays NaN."""
+    bits = np.ascontiguousarray(values, np.float32).view(np.uint32)
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    quiet_nan = (bits & np.uint32(0xFFFF0000)) | np.uint32(0x00400000)
+    is_nan = (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    return np.where(is_nan, quiet_nan, rounded).view(np.float32)
+
+
+def _mul_mat_id_runner(fmt: WeightFormat, path: MatrixPath) -> Any:
+    rounded = round_to_bf16 if path is MatrixPath.MMA else np.asarray
+
     def run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
         w_bytes, x_bytes, scratch_bytes, y_bytes, n_expert, n_out, n_in, top_k, x_per_slot, max_tiles = args
         n_expert, n_out, n_in, top_k = int(n_expert), int(n_out), int(n_in), int(top_k)
@@ -93,9 +106,9 @@ def _mul_mat_id_runner(fmt: WeightFormat) -> Any:
                 y[pairs] = np.nan
                 continue
             if expert not in weights:
-                weights[expert] = _padded_rows(w_bytes, fmt, int(expert), n_out, n_in)
+                weights[expert] = rounded(_padded_rows(w_bytes, fmt, int(expert), n_out, n_in))
             acts = np.zeros((pairs.size, width), np.float32)
-            acts[:, :n_in] = x[pairs if x_per_slot else pairs // top_k]
+            acts[:, :n_in] = rounded(x[pairs if x_per_slot else pairs // top_k])
             y[pairs] = np.einsum("mk,nk->mn", acts, weights[expert])
 
     return run
@@ -183,18 +196,19 @@ def _reads_then_writes(n_reads: int, n_writes: int) -> Any:
 
 
 def twin_specs() -> list[KernelSpec]:
-    """The twin of every kernel in moe.cu, for the simulator's kernel registry."""
+    """The twin of every kernel in moe.cu and mma.cu, for the simulator's kernel registry."""
     specs = [KernelSpec("moe_group_by_expert", _group_run, _group_accesses, _group_flops)]
     for fmt in FORMATS.values():
-        for tile_m in fmt.tiles:
-            specs.append(
-                KernelSpec(
-                    fmt.kernel_name(tile_m),
-                    _mul_mat_id_runner(fmt),
-                    _mul_mat_id_accesses_for(fmt),
-                    _mul_mat_id_flops,
+        for path in MatrixPath:
+            for tile_m in fmt.tiles_on(path):
+                specs.append(
+                    KernelSpec(
+                        fmt.kernel_name(tile_m, path),
+                        _mul_mat_id_runner(fmt, path),
+                        _mul_mat_id_accesses_for(fmt),
+                        _mul_mat_id_flops,
+                    )
                 )
-            )
     specs.append(KernelSpec("moe_swiglu", _swiglu_run, _reads_then_writes(2, 1), lambda args: 4.0 * int(args[3])))
     specs.append(
         KernelSpec(

@@ -19,13 +19,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from expertstream.kernels import kernel_source
-from expertstream.kernels.layout import FORMATS
+from expertstream.kernels.layout import FORMATS, MatrixPath
 
 from . import hiprtc, toolchain
 
 
 def _required_kernels(source: str) -> set[str]:
-    by_type = {fmt.kernel_name(tile) for fmt in FORMATS.values() for tile in fmt.tiles}
+    by_type = {
+        fmt.kernel_name(tile, path) for fmt in FORMATS.values() for path in MatrixPath for tile in fmt.tiles_on(path)
+    }
     return by_type | hiprtc.defined_kernels(source)
 
 

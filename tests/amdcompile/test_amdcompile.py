@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from expertstream.backends import hip
 from expertstream.backends.hip import compile_options
 
 from . import hiprtc, toolchain
@@ -124,6 +125,13 @@ def test_the_compile_line_carries_the_hip_backends_options_after_hiprtcs_own() -
     assert line[start : start + len(backend)] == backend
     assert line.index("-D__HIPCC_RTC__") < start and line.index("hiprtc_runtime.h") < start
     assert line.index("-std=c++14") < line.index("-std=c++17"), "the backend's dialect must come last to win"
+
+
+@pytest.mark.parametrize("target", sorted(hiprtc.TARGETS))
+def test_the_backend_takes_the_matrix_path_exactly_where_the_session_asks_for_matrix_instructions(
+    target: str,
+) -> None:
+    assert hip._has_bf16_matrix_cores(target) == (hiprtc.TARGETS[target].matrix is not None)
 
 
 @pytest.fixture(scope="module")

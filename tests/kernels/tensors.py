@@ -10,7 +10,7 @@ from gguf import GGMLQuantizationType
 from expertstream.backends.base import Device, DeviceBuffer, Stream, Usage
 from expertstream.kernels import MoeKernels
 from expertstream.kernels import reference as ref
-from expertstream.kernels.layout import FORMATS, weight_format
+from expertstream.kernels.layout import FORMATS, TileM, weight_format
 
 POISON = 0xFF  # every float32 made of these bytes is a NaN: an unwritten output cannot pass
 
@@ -74,7 +74,9 @@ def make_problem(
     return Problem(s, w_type, w, x, ids, w_buf, device.upload(x), device.upload(np.ascontiguousarray(ids)))
 
 
-def run(kernels: MoeKernels, stream: Stream, p: Problem, ids_buf: DeviceBuffer | None = None) -> np.ndarray:
+def run(
+    kernels: MoeKernels, stream: Stream, p: Problem, ids_buf: DeviceBuffer | None = None, tile_m: TileM | None = None
+) -> np.ndarray:
     """y [n_tokens, top_k, n_out] from a freshly poisoned output buffer."""
     s = p.shape
     y_buf = poisoned(kernels.device, s.n_pairs * s.n_out * 4)
@@ -91,6 +93,7 @@ def run(kernels: MoeKernels, stream: Stream, p: Problem, ids_buf: DeviceBuffer |
         s.n_tokens,
         s.top_k,
         y_buf,
+        tile_m=tile_m,
     )
     stream.synchronize()
     y = y_buf.read().view(np.float32).reshape(s.n_tokens, s.top_k, s.n_out)

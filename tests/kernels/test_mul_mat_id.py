@@ -1,10 +1,13 @@
-"""mul_mat_id against the float64 reference on every usable backend, for every weight type.
+"""mul_mat_id against the float64 reference on every usable backend, for every weight type
+and both paths (float32 SIMT, bf16 matrix cores), each within its own tolerance.
 
 Fresh random inputs each run; outputs are poisoned with NaN before each launch, so an
 element the kernel did not write fails the finiteness check.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -14,10 +17,18 @@ from expertstream.backends.base import Device, Stream, Usage
 from expertstream.errors import HazardError, InvalidArgument
 from expertstream.kernels import MoeKernels
 from expertstream.kernels import reference as ref
-from expertstream.kernels.layout import TileM, weight_format
+from expertstream.kernels.layout import MatrixPath, TileM, weight_format
 
 from . import tensors
 from .tensors import ALL_TYPES, QUANTIZED, Shape
+
+
+@pytest.fixture(scope="module", params=list(MatrixPath), ids=lambda p: p.value)
+def kernels(device: Device, request: pytest.FixtureRequest) -> Iterator[MoeKernels]:
+    """Either path on any device: where the hardware lacks matrix cores, mma.cu's generic step runs."""
+    with MoeKernels(device, request.param) as k:
+        yield k
+        device.synchronize()
 
 
 def n_in_for(w_type: GGMLQuantizationType) -> int:
@@ -26,10 +37,11 @@ def n_in_for(w_type: GGMLQuantizationType) -> int:
     return 768 if w_type in QUANTIZED else 200
 
 
-def check(y: np.ndarray, expected: np.ndarray) -> None:
+def check(kernels: MoeKernels, y: np.ndarray, expected: np.ndarray) -> None:
     assert np.isfinite(y).all(), f"{np.count_nonzero(~np.isfinite(y))} outputs unwritten or not finite"
     err = ref.relative_error(y, expected)
-    assert err < ref.MUL_MAT_ID_RTOL, f"relative error {err:.3g} over {ref.MUL_MAT_ID_RTOL}"
+    bound = ref.mul_mat_id_rtol(kernels.path)
+    assert err < bound, f"relative error {err:.3g} over {bound} ({kernels.path.value})"
 
 
 @pytest.mark.parametrize("x_per_slot", [False, True], ids=["shared_x", "x_per_slot"])
@@ -49,7 +61,7 @@ def test_matches_reference(
     if 6 not in ids[0]:
         ids[0, 0] = 6
     problem = tensors.make_problem(device, rng, w_type, shape, ids)
-    check(tensors.run(kernels, stream, problem), problem.reference())
+    check(kernels, tensors.run(kernels, stream, problem), problem.reference())
 
 
 @pytest.mark.parametrize("w_type", ALL_TYPES, ids=lambda t: t.name)
@@ -62,7 +74,7 @@ def test_single_token(
 ) -> None:
     shape = Shape(n_expert=4, n_out=64, n_in=n_in_for(w_type), n_tokens=1, top_k=2)
     problem = tensors.make_problem(device, rng, w_type, shape, tensors.distinct_ids(rng, 1, 2, np.arange(4)))
-    check(tensors.run(kernels, stream, problem), problem.reference())
+    check(kernels, tensors.run(kernels, stream, problem), problem.reference())
 
 
 @pytest.mark.parametrize("w_type", ALL_TYPES, ids=lambda t: t.name)
@@ -77,12 +89,12 @@ def test_many_tokens_on_one_expert(
     # height, and the type's tallest tile is chosen.
     shape = Shape(n_expert=6, n_out=40, n_in=n_in_for(w_type), n_tokens=150, top_k=2, x_per_slot=True)
     fmt = weight_format(w_type)
-    assert fmt.tile_for(shape.n_pairs, shape.n_expert) is max(fmt.tiles)
+    assert fmt.tile_for(shape.n_pairs, shape.n_expert, kernels.path) is max(fmt.tiles_on(kernels.path))
     ids = np.empty((shape.n_tokens, 2), np.int32)
     ids[:, 0] = 2
     ids[:, 1] = rng.choice([0, 4, 5], shape.n_tokens)
     problem = tensors.make_problem(device, rng, w_type, shape, ids)
-    check(tensors.run(kernels, stream, problem), problem.reference())
+    check(kernels, tensors.run(kernels, stream, problem), problem.reference())
 
 
 @pytest.mark.parametrize("w_type", ALL_TYPES, ids=lambda t: t.name)
@@ -95,7 +107,7 @@ def test_bit_identical_across_runs_and_groupings(
 ) -> None:
     shape = Shape(n_expert=5, n_out=130, n_in=n_in_for(w_type), n_tokens=150, top_k=2)
     fmt = weight_format(w_type)
-    assert fmt.tile_for(shape.n_pairs, shape.n_expert) is max(fmt.tiles)
+    assert fmt.tile_for(shape.n_pairs, shape.n_expert, kernels.path) is max(fmt.tiles_on(kernels.path))
     problem = tensors.make_problem(device, rng, w_type, shape, tensors.distinct_ids(rng, 150, 2, np.arange(5)))
     first = tensors.run(kernels, stream, problem)
     second = tensors.run(kernels, stream, problem)
@@ -103,7 +115,7 @@ def test_bit_identical_across_runs_and_groupings(
 
     # The same first three tokens alone: other tile contents and the short tile kernel.
     few = Shape(shape.n_expert, shape.n_out, shape.n_in, n_tokens=3, top_k=2)
-    assert fmt.tile_for(few.n_pairs, few.n_expert) is TileM.SHORT
+    assert fmt.tile_for(few.n_pairs, few.n_expert, kernels.path) is TileM.SHORT
     alone = tensors.Problem(
         few,
         w_type,
@@ -115,6 +127,35 @@ def test_bit_identical_across_runs_and_groupings(
         device.upload(problem.ids[:3]),
     )
     assert tensors.run(kernels, stream, alone).tobytes() == first[:3].tobytes(), "results depend on grouping"
+
+
+@pytest.mark.parametrize("w_type", ALL_TYPES, ids=lambda t: t.name)
+def test_bit_identical_across_tile_heights(
+    device: Device,
+    kernels: MoeKernels,
+    stream: Stream,
+    rng: np.random.Generator,
+    w_type: GGMLQuantizationType,
+) -> None:
+    """Every tile height the path has for the type gives the same bytes: a pair's result does
+    not depend on which row of which tile computes it."""
+    tiles = weight_format(w_type).tiles_on(kernels.path)
+    shape = Shape(n_expert=3, n_out=70, n_in=n_in_for(w_type), n_tokens=50, top_k=2)
+    problem = tensors.make_problem(device, rng, w_type, shape, tensors.distinct_ids(rng, 50, 2, np.arange(3)))
+    results = [tensors.run(kernels, stream, problem, tile_m=tile) for tile in tiles]
+    check(kernels, results[0], problem.reference())
+    for tile, y in zip(tiles[1:], results[1:], strict=True):
+        assert y.tobytes() == results[0].tobytes(), f"{int(tile)}-row tiles give other bytes than {int(tiles[0])}"
+
+
+def test_rejects_a_tile_height_the_path_lacks(device: Device, stream: Stream) -> None:
+    buf = device.alloc(1 << 16)
+    q4_1 = GGMLQuantizationType.Q4_1
+    with (
+        MoeKernels(device, MatrixPath.SIMT) as simt,
+        pytest.raises(InvalidArgument, match="Q4_1 has no 64-row tile on the simt path"),
+    ):
+        simt.mul_mat_id(stream, buf, q4_1, 2, 8, 256, buf, False, buf, 1, 1, buf, tile_m=TileM.TALL)
 
 
 _T = GGMLQuantizationType
@@ -153,9 +194,9 @@ def test_two_types_in_one_call_sequence(
         )
     stream.synchronize()
     y_up = hidden.read().view(np.float32).reshape(9, 2, up_shape.n_out)
-    check(y_up, up.reference())
+    check(kernels, y_up, up.reference())
     y_down = out.read().view(np.float32).reshape(9, 2, down_shape.n_out)
-    check(y_down, ref.mul_mat_id(w_down, down_type, 5, down_shape.n_out, down_shape.n_in, y_up, ids))
+    check(kernels, y_down, ref.mul_mat_id(w_down, down_type, 5, down_shape.n_out, down_shape.n_in, y_up, ids))
 
 
 def test_out_of_range_ids_give_nan_rows(
@@ -172,7 +213,7 @@ def test_out_of_range_ids_give_nan_rows(
     bad = np.zeros(ids.shape, bool)
     bad[1, 0] = bad[3, 1] = True
     assert np.isnan(y[bad]).all(), "rows of out-of-range ids must be NaN"
-    check(y[~bad], expected[~bad])
+    check(kernels, y[~bad], expected[~bad])
 
 
 @pytest.mark.parametrize("w_type", QUANTIZED, ids=lambda t: t.name)

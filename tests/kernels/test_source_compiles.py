@@ -1,4 +1,6 @@
-"""moe.cu compiles with NVRTC, without warnings, for the architectures the CUDA backend targets.
+"""The kernel source (moe.cu, mma.cu) compiles with NVRTC, without warnings, for the
+architectures the CUDA backend targets: sm_80 and sm_90 take mma.cu's tensor-core step,
+sm_75 its generic one.
 
 NVRTC needs no GPU, so this runs wherever cuda-bindings is installed; elsewhere it is
 skipped with the reason. hipRTC compiles the same source on the HIP backend's own run.
@@ -9,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from expertstream.kernels import kernel_source
-from expertstream.kernels.layout import FORMATS
+from expertstream.kernels.layout import FORMATS, MatrixPath
 
 nvrtc = pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings (NVRTC) is not installed")
 
@@ -21,12 +23,17 @@ def _log(program: object) -> str:
     return text.decode(errors="replace").strip("\x00 \n")
 
 
-@pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
+@pytest.mark.parametrize("arch", ["sm_90", "sm_80", "sm_75"])
 def test_kernel_source_compiles_cleanly(arch: str) -> None:
     err, program = nvrtc.nvrtcCreateProgram(kernel_source().encode(), b"moe.cu", 0, [], [])
     assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, err
     try:
-        names = [fmt.kernel_name(tile) for fmt in FORMATS.values() for tile in fmt.tiles]
+        names = [
+            fmt.kernel_name(tile, path)
+            for fmt in FORMATS.values()
+            for path in MatrixPath
+            for tile in fmt.tiles_on(path)
+        ]
         for name in names:
             (err,) = nvrtc.nvrtcAddNameExpression(program, name.encode())
             assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, err

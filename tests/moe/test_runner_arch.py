@@ -68,4 +68,5 @@ def test_prefill_matches_the_float64_forward_pass(backend: Backend, tmp_path: Pa
             x = ref.rms_norm(h)
             h = h + ref.moe_ffn(x, _layer_weights(model, layer.index), cfg.routing, model.top_k, cfg.ffn.activation)
     err = ref.relative_error(out, h)
-    assert err < 1e-4, f"{preset}: relative error {err:.3g}"
+    bound = 2 * ref.mul_mat_id_rtol(runner.kernels.path)  # two matrix products deep per layer
+    assert err < bound, f"{preset}: relative error {err:.3g} over {bound} ({runner.kernels.path.value})"

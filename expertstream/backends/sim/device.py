@@ -49,6 +49,7 @@ class SimDevice(Device):
             host_register=profile.host_register,
             host_register_read_only=profile.host_register_read_only,
             peer_access=frozenset(self._peers),
+            matrix_cores=profile.matrix_cores,
         )
 
     @property

@@ -41,6 +41,7 @@ class Profile:
     peer_bps: float  # between devices with peer access
     memset_bps: float
     flops_per_s: float  # effective rate of the MoE kernels, not the datasheet peak
+    matrix_cores: bool  # whether kernels take the matrix-core path (bf16 rounding in the twins)
     launch_latency_s: float  # kernels and memsets: from ready to running
     copy_latency_s: float  # DMA setup: from ready to moving bytes
     enqueue_s: float  # host time spent in one enqueue or query call
@@ -118,6 +119,7 @@ CUDA_H200 = Profile(
     # 16.1 down; docs/results/cuda-h200-kernels.md). Larger ubatches run faster (~28 at 2048, ~33 at
     # 4096), so at those sizes this profile is pessimistic about compute.
     flops_per_s=17.5e12,
+    matrix_cores=True,  # datasheet: Hopper tensor cores (mma.sync bf16)
     launch_latency_s=5e-6,  # assumed: typical kernel launch latency
     copy_latency_s=10e-6,  # assumed: DMA setup; with enqueue_s it matches the measured 1.26 ms for 64 MB
     enqueue_s=15e-6,  # measured: six enqueues of the event-order bench took 0.04..0.08 ms from Python
@@ -147,6 +149,7 @@ ROCM_R9700 = Profile(
     # tokens = 1.9e13 flops of expert matmuls plus attention, so the MoE kernels ran at ~7.4e12
     # flop/s or more; 8e12 rounds that up.
     flops_per_s=8e12,
+    matrix_cores=True,  # datasheet: RDNA4 WMMA (gfx1201)
     launch_latency_s=5e-6,  # assumed: like the CUDA profile
     copy_latency_s=10e-6,  # assumed: like the CUDA profile
     enqueue_s=30e-6,  # assumed: like the CUDA profile (the same Python binding overhead)
