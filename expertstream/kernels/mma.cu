@@ -86,6 +86,28 @@ __device__ unsigned int pack_bf16x2(float low, float high) {
 // C[mma_row(l, i)][mma_col(l, i)].
 // ---------------------------------------------------------------------------------
 
+// NVIDIA's lane arithmetic, plain integer code outside the NVIDIA block so that a host test
+// checks it against the fragment layouts of the PTX ISA. ldmatrix .x4 loads four 8 x 8
+// matrices, lanes 8j..8j+7 naming the rows of matrix j. For A they are rows 0-7 and 8-15 of
+// k 0-7, then of k 8-15 (mma.sync's a0..a3): lane l names row l % 16 of the k half l / 16.
+__device__ int ldmatrix_a_offset(int lane) {
+    return (lane % 16) * MMA_LDK + (lane / 16) * 8;
+}
+
+// For B: k 0-7 and k 8-15 of columns 0-7 (b0, b1 of the first n8 step), then of columns 8-15.
+__device__ int ldmatrix_b_offset(int lane) {
+    return ((lane / 16) * 8 + lane % 8) * MMA_LDK + ((lane / 8) % 2) * 8;
+}
+
+// C of the two m16n8k16 steps: c0..c3 of columns 0-7, then of columns 8-15.
+__device__ int mma_sync_row(int lane, int i) {
+    return lane / 4 + 8 * ((i / 2) % 2);
+}
+
+__device__ int mma_sync_col(int lane, int i) {
+    return (i / 4) * 8 + 2 * (lane % 4) + i % 2;
+}
+
 #if defined(MMA_NVIDIA)
 
 struct MmaA {
@@ -111,15 +133,12 @@ __device__ void ldmatrix_x4(unsigned int* r, const unsigned short* p) {
                  : "memory");
 }
 
-// The four 8 x 8 matrices of A in the order mma.sync takes them: rows 0-7 and 8-15 of
-// k 0-7, then of k 8-15. Lane l names row l % 16 of the k half l / 16.
 __device__ void mma_load_a(MmaA& a, const unsigned short* p, int lane) {
-    ldmatrix_x4(a.r, p + (lane % 16) * MMA_LDK + (lane / 16) * 8);
+    ldmatrix_x4(a.r, p + ldmatrix_a_offset(lane));
 }
 
-// B's matrices: k 0-7 and 8-15 of columns 0-7, then of columns 8-15.
 __device__ void mma_load_b(MmaB& b, const unsigned short* p, int lane) {
-    ldmatrix_x4(b.r, p + ((lane / 16) * 8 + lane % 8) * MMA_LDK + ((lane / 8) % 2) * 8);
+    ldmatrix_x4(b.r, p + ldmatrix_b_offset(lane));
 }
 
 __device__ void mma_m16n8k16(float* c, const unsigned int* a, unsigned int b0, unsigned int b1) {
@@ -135,11 +154,11 @@ __device__ void mma_step(MmaAcc& c, const MmaA& a, const MmaB& b) {
 }
 
 __device__ int mma_row(int lane, int i) {
-    return lane / 4 + 8 * ((i / 2) % 2);
+    return mma_sync_row(lane, i);
 }
 
 __device__ int mma_col(int lane, int i) {
-    return (i / 4) * 8 + 2 * (lane % 4) + i % 2;
+    return mma_sync_col(lane, i);
 }
 
 #elif defined(MMA_MFMA)
@@ -403,7 +422,11 @@ __device__ void mul_mat_id_mma_tile(const unsigned char* __restrict__ w, const f
         const int src = src_row[m] >= 0 ? src_row[m] : src_row[0];
         x_from[r] = x + (long long)src * n_in + 4 * (tid % (MOE_TILE_K / 4));
     }
-    Unit raw_regs[UNITS];
+    // Staged units are packed into 32-bit registers (two 16-bit units, four bytes): they are
+    // held across the matrix step, where registers are scarce.
+    const int UNIT_BITS = 8 * (int)sizeof(Unit);
+    const int PER_WORD = 32 / UNIT_BITS;
+    unsigned int raw_regs[(UNITS + PER_WORD - 1) / PER_WORD];
     vec4 x_regs[X_VECS];
     auto load_step = [&](int ks) {
         const int k0 = ks * MOE_TILE_K;
@@ -415,7 +438,12 @@ __device__ void mul_mat_id_mma_tile(const unsigned char* __restrict__ w, const f
             const int h = (tid + r * MOE_MMA_THREADS) % UNITS;
             const int at = SLICES == 1 ? raw_from[r]
                                        : raw_from[r] + BlockFormat<TYPE>::unit_of(ks % SLICES, h) * (int)sizeof(Unit);
-            raw_regs[r] = full_step || k0 + h < n_in ? *(const Unit*)(w_step + at) : (Unit)0;
+            const unsigned int unit = full_step || k0 + h < n_in ? *(const Unit*)(w_step + at) : (Unit)0;
+            if (r % PER_WORD == 0) {
+                raw_regs[r / PER_WORD] = unit;
+            } else {
+                raw_regs[r / PER_WORD] |= unit << (UNIT_BITS * (r % PER_WORD));
+            }
         }
 #pragma unroll
         for (int r = 0; r < X_VECS; ++r) {
@@ -438,7 +466,7 @@ __device__ void mul_mat_id_mma_tile(const unsigned char* __restrict__ w, const f
         for (int r = 0; r < UNITS; ++r) {
             const int i = tid + r * MOE_MMA_THREADS;
             const int n = i / UNITS;
-            raw[n * RAW_STRIDE + i - n * UNITS] = raw_regs[r];
+            raw[n * RAW_STRIDE + i - n * UNITS] = (Unit)(raw_regs[r / PER_WORD] >> (UNIT_BITS * (r % PER_WORD)));
         }
 #pragma unroll
         for (int r = 0; r < X_VECS; ++r) {
