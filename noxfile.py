@@ -61,6 +61,22 @@ def tests_hip_on_cuda(session: nox.Session) -> None:
 
 
 @nox.session
+def kernels_amd(session: nox.Session) -> None:
+    """The kernel source compiled as hipRTC compiles it, for real AMD targets, without a GPU.
+
+    Installs clang-19 (apt) and fetches ROCm's device libraries and hipRTC header from Debian
+    (tests/amdcompile/toolchain.py), tests the checks, then compiles for gfx90a, gfx942, gfx1100,
+    gfx1201 and gfx1030 and fails unless each compiles cleanly and, once the source has the AMD
+    matrix-core path, emits MFMA/WMMA where the target has them. Arguments go to
+    `python -m tests.amdcompile check` (e.g. `-- --target gfx942 --keep out/amd`).
+    """
+    session.install("-e", ".[test]")
+    session.run("python", "-m", "tests.amdcompile", "fetch")
+    session.run("python", "-m", "pytest", "-q", "tests/amdcompile", env={"EXPERTSTREAM_REQUIRE_AMD_TOOLCHAIN": "1"})
+    session.run("python", "-m", "tests.amdcompile", "check", *session.posargs)
+
+
+@nox.session
 def lint(session: nox.Session) -> None:
     session.install("-e", ".[dev,test]")
     session.run("ruff", "check", ".")

@@ -134,6 +134,16 @@ def _rocm_sdk_library(filename: str, places: list[str]) -> str | None:
     return str(found[0]) if found else None
 
 
+def compile_options(arch: str) -> list[bytes]:
+    """The options hipRTC gets for ``arch`` (a bare target such as 'gfx942').
+
+    ``-std=c++17`` keeps the source in the dialect NVRTC compiles it in (hipRTC's default is
+    C++14). The nox session kernels_amd compiles the kernel source with exactly these options
+    for gfx90a, gfx942, gfx1100, gfx1201 and gfx1030 (docs/results/kernels-amd-compile.md).
+    """
+    return [f"--offload-arch={arch}".encode(), b"-std=c++17"]
+
+
 def _arch(gcn_arch_name: Any) -> str:
     # 'gfx942:sramecc+:xnack-' -> 'gfx942': hipRTC wants the bare target for --offload-arch.
     return decode_text(gcn_arch_name).split(":", 1)[0]
@@ -228,7 +238,7 @@ def _table() -> ApiTable:
         memcpy_async=rt("hipMemcpyAsync", lambda dst, src, n, kind, s: hip.hipMemcpyAsync(dst, src, n, kinds[kind], s)),
         memcpy_peer_async=rt("hipMemcpyPeerAsync"),
         memset_async=rt("hipMemsetAsync"),
-        compile_options=lambda arch: [f"--offload-arch={arch}".encode()],
+        compile_options=compile_options,
         matrix_cores=_has_bf16_matrix_cores,
         program_create=rtc(
             "hiprtcCreateProgram", lambda src, name: hiprtc.hiprtcCreateProgram(src, name, 0, None, None)
