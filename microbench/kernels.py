@@ -28,6 +28,7 @@ from gguf import GGMLQuantizationType
 
 from expertstream.backends.base import Backend, Device, DeviceBuffer, Stream
 from expertstream.kernels import MoeKernels
+from expertstream.kernels import reference as ref
 from expertstream.kernels.layout import FORMATS, MatrixPath, TileM, weight_format
 from expertstream.moe.probes import expert_weights
 
