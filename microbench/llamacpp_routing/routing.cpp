@@ -99,7 +99,7 @@ bool on_tensor(ggml_tensor * t, bool ask, void * user_data) {
         std::fprintf(stderr, "%s: expected I32 ids, got %s\n", t->name, ggml_type_name(t->type));
         std::exit(2);
     }
-    // the top-k tensor is a strided view of the argsort result: copy whole rows of the parent region
+    // the top-k tensor views the first k columns of the argsort result: each token's k ids at its row stride
     const int64_t k = t->ne[0];
     const int64_t n_tokens = t->ne[1];
     std::vector<int32_t> ids(k);
