@@ -8,11 +8,21 @@ real models have them). Shapes are in ggml order.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from .layout import TensorRole
 from .presets import ModelPreset
+
+# Magnitudes that keep each token's identity in the residual stream, so that routers deep in
+# llama.cpp's forward pass still spread tokens over the experts. An embedding is looked up, not
+# multiplied, so its rows get unit RMS rather than 1/sqrt(n_embd). Random attention averages the
+# values of many positions, which is nearly the same vector for every token: its output
+# projection is a tenth of the fan-in rule, so that this shared part stays small beside the
+# token's own embedding and the MoE outputs, which differ per token.
+EMBEDDING_RMS = 1.0
+ATTN_OUTPUT_GAIN = 0.1
 
 
 class Init(enum.Enum):
@@ -31,12 +41,13 @@ class TensorPlan:
     layer: int
     role: TensorRole | None = None
     init: Init = Init.WEIGHT
+    rms: float | None = None  # of a weight's values; None: 1/sqrt(fan-in)
 
 
 def file_tensors(p: ModelPreset, n_layer: int) -> list[TensorPlan]:
     """Every tensor of a file with ``p``'s first ``n_layer`` layers, global ones first."""
     plans = [
-        TensorPlan("token_embd.weight", (p.n_embd, p.n_vocab), 0),
+        TensorPlan("token_embd.weight", (p.n_embd, p.n_vocab), 0, rms=EMBEDDING_RMS),
         TensorPlan("output_norm.weight", (p.n_embd,), 0, init=Init.ONES),
         TensorPlan("output.weight", (p.n_embd, p.n_vocab), 0),
     ]
@@ -46,8 +57,10 @@ def file_tensors(p: ModelPreset, n_layer: int) -> list[TensorPlan]:
 
 
 def _layer(p: ModelPreset, i: int) -> list[TensorPlan]:
-    def t(part: str, *ne: int, init: Init = Init.WEIGHT, role: TensorRole | None = None) -> TensorPlan:
-        return TensorPlan(f"blk.{i}.{part}", tuple(ne), i, role, init)
+    def t(
+        part: str, *ne: int, init: Init = Init.WEIGHT, role: TensorRole | None = None, rms: float | None = None
+    ) -> TensorPlan:
+        return TensorPlan(f"blk.{i}.{part}", tuple(ne), i, role, init, rms)
 
     def norm(part: str, n: int) -> TensorPlan:
         return t(f"{part}.weight", n, init=Init.ONES)
@@ -103,15 +116,20 @@ def _attention(p: ModelPreset, t: Any, norm: Any, bias: Any) -> list[TensorPlan]
             norm("attn_kv_a_norm", p.kv_lora_rank),
             t("attn_k_b.weight", p.qk_nope_dim, p.kv_lora_rank, p.n_head),
             t("attn_v_b.weight", p.kv_lora_rank, p.v_head_dim, p.n_head),
-            t("attn_output.weight", p.n_head * p.v_head_dim, p.n_embd),
+            _attn_output(t, p.n_head * p.v_head_dim, p.n_embd),
         ]
     q, kv = p.n_head * p.head_dim, p.n_head_kv * p.head_dim
     out = [t("attn_q.weight", p.n_embd, q), t("attn_k.weight", p.n_embd, kv), t("attn_v.weight", p.n_embd, kv)]
     if p.arch in ("qwen2moe", "gpt-oss", "glm4moe"):
         out += [bias("attn_q", q), bias("attn_k", kv), bias("attn_v", kv)]
-    out.append(t("attn_output.weight", q, p.n_embd))
+    out.append(_attn_output(t, q, p.n_embd))
     if p.arch == "gpt-oss":
         out += [bias("attn_output", p.n_embd), t("attn_sinks.weight", p.n_head, init=Init.BIAS)]
     if p.arch == "qwen3moe":
         out += [norm("attn_q_norm", p.head_dim), norm("attn_k_norm", p.head_dim)]
     return out
+
+
+def _attn_output(t: Any, n_in: int, n_embd: int) -> TensorPlan:
+    plan: TensorPlan = t("attn_output.weight", n_in, n_embd, rms=ATTN_OUTPUT_GAIN / math.sqrt(n_in))
+    return plan

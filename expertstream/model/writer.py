@@ -56,42 +56,42 @@ _FILE_TYPES = {
     GGMLQuantizationType.IQ3_XXS: LlamaFileType.MOSTLY_IQ3_XXS,
     GGMLQuantizationType.IQ3_S: LlamaFileType.MOSTLY_IQ3_S,
 }
-# Byte offsets of the f16 scales (d, and dmin or m) inside one block. Q4_0 and Q8_0 get their
-# exponent from the exact RMS of their quants (_UNIT_RMS), the others by calibration (see
-# _calibrated_exponent); MXFP4's scale is an E8M0 byte. Random bytes are valid blocks of every
-# type once the scales are set: the i-quants' grid and sign indices have exactly as many bits
-# as their tables have entries.
-_SCALE_OFFSETS = {
-    GGMLQuantizationType.Q4_0: (0,),
-    GGMLQuantizationType.Q8_0: (0,),
-    GGMLQuantizationType.Q4_1: (0, 2),
-    GGMLQuantizationType.Q5_0: (0,),
-    GGMLQuantizationType.Q5_1: (0, 2),
-    GGMLQuantizationType.Q4_K: (0, 2),
-    GGMLQuantizationType.Q5_K: (0, 2),
-    GGMLQuantizationType.Q6_K: (208,),
-    GGMLQuantizationType.IQ4_NL: (0,),
-    GGMLQuantizationType.IQ4_XS: (0,),
-    GGMLQuantizationType.MXFP4: (0,),
-    GGMLQuantizationType.Q2_K: (80, 82),
-    GGMLQuantizationType.Q3_K: (108,),
-    GGMLQuantizationType.IQ1_S: (0,),
-    GGMLQuantizationType.IQ2_XXS: (0,),
-    GGMLQuantizationType.IQ2_XS: (0,),
-    GGMLQuantizationType.IQ2_S: (0,),
-    GGMLQuantizationType.IQ3_XXS: (0,),
-    GGMLQuantizationType.IQ3_S: (0,),
-}  # IQ1_M keeps its scale in the top nibbles of its scale words (ggml.iq1_m_scale_bits)
+# Byte offset of each block's f16 scale d (MXFP4's is an E8M0 byte at 0).
+_SCALE_OFFSET = {
+    GGMLQuantizationType.Q4_0: 0,
+    GGMLQuantizationType.Q8_0: 0,
+    GGMLQuantizationType.Q4_1: 0,
+    GGMLQuantizationType.Q5_0: 0,
+    GGMLQuantizationType.Q5_1: 0,
+    GGMLQuantizationType.Q4_K: 0,
+    GGMLQuantizationType.Q5_K: 0,
+    GGMLQuantizationType.Q6_K: 208,
+    GGMLQuantizationType.IQ4_NL: 0,
+    GGMLQuantizationType.IQ4_XS: 0,
+    GGMLQuantizationType.MXFP4: 0,
+    GGMLQuantizationType.Q2_K: 80,
+    GGMLQuantizationType.Q3_K: 108,
+    GGMLQuantizationType.IQ1_S: 0,
+    GGMLQuantizationType.IQ2_XXS: 0,
+    GGMLQuantizationType.IQ2_XS: 0,
+    GGMLQuantizationType.IQ2_S: 0,
+    GGMLQuantizationType.IQ3_XXS: 0,
+    GGMLQuantizationType.IQ3_S: 0,
+}  # IQ1_M keeps its scale in the top nibbles of its scale words (ggml.iq1_m_scale_bits).
+# Random bytes are valid blocks of every type once the scales are set: the i-quants' grid and
+# sign indices have exactly as many bits as their tables have entries.
+# Types whose blocks add a minimum to unsigned quants: byte offset of the f16 minimum (or of
+# dmin, the k-quants' scale of their sub-block minimums) and the mean of the quants, which
+# the minimum cancels so that every block's values average zero.
+_MINIMUM = {
+    GGMLQuantizationType.Q4_1: (2, 7.5),
+    GGMLQuantizationType.Q5_1: (2, 15.5),
+    GGMLQuantizationType.Q4_K: (2, 7.5),
+    GGMLQuantizationType.Q5_K: (2, 15.5),
+    GGMLQuantizationType.Q2_K: (82, 1.5),
+}
 WRITABLE_TYPES = (*_FILE_TYPES,)
 
-# RMS of the integer part of one weight: q - 8 for Q4_0 (q uniform in 0..15), q for Q8_0
-# (uniform int8), and 1 for float types whose magnitude is set by the exponent alone.
-_UNIT_RMS = {
-    GGMLQuantizationType.Q4_0: float(np.sqrt(np.mean(np.arange(-8, 8) ** 2))),
-    GGMLQuantizationType.Q8_0: float(np.sqrt(np.mean(np.arange(-128, 128) ** 2))),
-    GGMLQuantizationType.F16: 1.0,
-    GGMLQuantizationType.BF16: 1.0,
-}
 # RMS of 1 + m for a uniformly random mantissa m in [0, 1): a random-mantissa float with
 # exponent e has RMS magnitude 2**e times this.
 _MANTISSA_RMS = math.sqrt(7 / 3)
@@ -107,6 +107,7 @@ class TensorSpec:
     qtype: GGMLQuantizationType
     ne: tuple[int, ...]
     init: Init = Init.WEIGHT
+    rms: float | None = None  # of a weight's values; None: 1/sqrt(fan-in)
 
     @property
     def row_bytes(self) -> int:
@@ -163,7 +164,7 @@ def file_specs(preset: ModelPreset, choice: TypeChoice, n_layer: int) -> list[Te
         types = mix_types(parsed, shapes, preset.n_expert, preset.n_head // preset.n_head_kv, n_layer)
     else:
         types = {p.name: _single_type(p, parsed) for p in plans}
-    return [TensorSpec(p.name, p.role, p.layer, types[p.name], p.ne, p.init) for p in plans]
+    return [TensorSpec(p.name, p.role, p.layer, types[p.name], p.ne, p.init, p.rms) for p in plans]
 
 
 def _single_type(plan: TensorPlan, qtype: GGMLQuantizationType) -> GGMLQuantizationType:
@@ -179,14 +180,18 @@ def generate(spec: TensorSpec, seed: int) -> np.ndarray:
     """The raw bytes (flat uint8) the writer stores for ``spec`` with ``seed``.
 
     Weights have an RMS of about 1/sqrt(fan_in) so that activations stay O(1) layer after
-    layer. Float experts get random sign and mantissa with one fixed exponent; quantized
-    blocks get random quants and a positive scale with one fixed exponent. Norm weights are
-    ones, biases small, the selection bias one shared offset plus small noise per expert
-    (a shared offset does not change which experts are chosen).
+    layer, or the RMS their plan names (embeddings, attention output: model/tensors.py).
+    Every weight averages zero: an offset shared by all of a tensor's values would add one
+    vector to every token's hidden state, layer after layer, until every router picks the
+    same few experts. Float weights get random sign and mantissa with one fixed exponent;
+    quantized blocks get random quants and a scale of random sign (and, with a minimum, the
+    one that centres the block). Norm weights are ones, biases small, the selection bias one
+    shared offset plus small noise per expert (a shared offset does not change which
+    experts are chosen).
     """
     role_index = list(TensorRole).index(spec.role) if spec.role is not None else 100 + zlib.crc32(spec.name.encode())
     stream = np.random.SeedSequence([seed, spec.layer, role_index])
-    target_rms = 1.0 / math.sqrt(spec.ne[0])
+    target_rms = spec.rms if spec.rms is not None else 1.0 / math.sqrt(spec.ne[0])
     if spec.qtype is GGMLQuantizationType.F32:
         rng = np.random.Generator(np.random.PCG64(stream))
         n = spec.nbytes // 4
@@ -201,16 +206,14 @@ def generate(spec: TensorSpec, seed: int) -> np.ndarray:
         return values.view(np.uint8)
     words = np.random.PCG64(stream).random_raw(-(-spec.nbytes // 8))
     raw = words.view(np.uint8)[: spec.nbytes]
-    if spec.qtype in _UNIT_RMS:
-        exponent = round(math.log2(target_rms / (_UNIT_RMS[spec.qtype] * _MANTISSA_RMS)))
+    if spec.qtype in (GGMLQuantizationType.F16, GGMLQuantizationType.BF16):
+        exponent = round(math.log2(target_rms / _MANTISSA_RMS))
         if spec.qtype is GGMLQuantizationType.F16:
             _set_float_exponent(raw.view(np.uint16), exponent + 15, mantissa_bits=10)
-        elif spec.qtype is GGMLQuantizationType.BF16:
-            _set_float_exponent(raw.view(np.uint16), exponent + 127, mantissa_bits=7)
         else:
-            _set_scales(raw, spec.qtype, exponent)
+            _set_float_exponent(raw.view(np.uint16), exponent + 127, mantissa_bits=7)
     else:
-        _set_scales(raw, spec.qtype, round(math.log2(target_rms)) - _calibrated_exponent(spec.qtype))
+        _set_scales(raw, spec.qtype, target_rms / _unit_scale_rms(spec.qtype))
     return raw
 
 
@@ -221,34 +224,61 @@ def _set_float_exponent(words: np.ndarray, biased_exponent: int, mantissa_bits: 
     words |= np.uint16(biased_exponent << mantissa_bits)
 
 
-def _set_scales(raw: np.ndarray, qtype: GGMLQuantizationType, exponent: int) -> None:
-    """Give every scale field of every block a positive value of about 2**exponent."""
+def _set_scales(raw: np.ndarray, qtype: GGMLQuantizationType, scale: float) -> None:
+    """Give every block a scale of random sign and magnitude ``scale`` times 1 plus its random mantissa.
+
+    Blocks with a minimum get the one that centres their values on zero. Small scales become
+    f16 subnormals (k-quants multiply d by large sub-scales); MXFP4's E8M0 scale is the power
+    of two nearest ``scale``.
+    """
     _, type_size = gguf.GGML_QUANT_SIZES[qtype]
     blocks = raw.reshape(-1, type_size)
     if qtype is GGMLQuantizationType.MXFP4:
-        blocks[:, 0] = np.uint8(127 + exponent)
+        blocks[:, 0] = np.uint8(127 + round(math.log2(scale)))
         return
-    # Super-block types multiply d by 6-bit sub-scales, so a small target can ask for a d below
-    # f16's normal range; the smallest normal exponent then gives a somewhat larger RMS instead.
-    biased = max(1, min(30, exponent + 15))
     if qtype is GGMLQuantizationType.IQ1_M:
-        mantissa = iq1_m_scale_bits(blocks) & np.uint16(0x03FF)
-        set_iq1_m_scale_bits(blocks, mantissa | np.uint16(biased << 10))
+        bits = iq1_m_scale_bits(blocks)
+        d = np.where(bits & 0x8000, -1.0, 1.0) * scale * (1.0 + (bits & 0x3FF) / 1024.0)
+        set_iq1_m_scale_bits(blocks, np.asarray(d, np.float16).view(np.uint16))
         return
-    for offset in _SCALE_OFFSETS[qtype]:
-        high_byte = blocks[:, offset + 1]
-        high_byte &= np.uint8(0x03)
-        high_byte |= np.uint8(biased << 2)
+    offset = _SCALE_OFFSET[qtype]
+    bits = blocks[:, offset].astype(np.uint16) | (blocks[:, offset + 1].astype(np.uint16) << 8)
+    sign = np.where(bits & 0x8000, -1.0, 1.0)
+    d = sign * scale * (1.0 + (bits & 0x3FF) / 1024.0)
+    _put_f16(blocks, offset, d)
+    if qtype not in _MINIMUM:
+        return
+    min_offset, quant_mean = _MINIMUM[qtype]
+    if qtype in (GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q5_1):
+        _put_f16(blocks, min_offset, -d * quant_mean)  # x = d q + m
+        return
+    # k-quants: x = d sc q - dmin m per sub-block; m = sc and dmin = d * mean(q) centre it
+    _put_f16(blocks, min_offset, d * quant_mean)
+    if qtype is GGMLQuantizationType.Q2_K:
+        sub = blocks[:, :16]  # sc in the low nibble, m in the high one
+        sub[:] = (sub & 0x0F) * np.uint8(0x11)
+    else:
+        packed = blocks[:, 4:16]  # 6-bit sc and m: bytes 0-3 and 4-7 low bits, 8-11 one nibble each
+        packed[:, 4:8] = packed[:, 0:4]
+        packed[:, 8:12] = (packed[:, 8:12] & 0x0F) * np.uint8(0x11)
+
+
+def _put_f16(blocks: np.ndarray, offset: int, values: np.ndarray) -> None:
+    """Store ``values`` (one per block) as little-endian f16 at byte ``offset`` of each block."""
+    bits = np.asarray(values, np.float16).view(np.uint16)
+    blocks[:, offset] = (bits & 0xFF).astype(np.uint8)
+    blocks[:, offset + 1] = (bits >> 8).astype(np.uint8)
 
 
 @functools.cache
-def _calibrated_exponent(qtype: GGMLQuantizationType) -> int:
-    """log2 of the RMS that random blocks with scale exponent 0 dequantize to, rounded."""
-    block, type_size = gguf.GGML_QUANT_SIZES[qtype]
-    raw = np.random.PCG64(0).random_raw(64 * type_size // 8 + 1).view(np.uint8)[: 64 * type_size].copy()
-    _set_scales(raw, qtype, 0)
+def _unit_scale_rms(qtype: GGMLQuantizationType) -> float:
+    """The RMS that random blocks of ``qtype`` dequantize to with ``_set_scales`` scale 1."""
+    _, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    n = 1024
+    raw = np.random.PCG64(0).random_raw(n * type_size // 8 + 1).view(np.uint8)[: n * type_size].copy()
+    _set_scales(raw, qtype, 1.0)
     values = np.asarray(dequantize(raw.reshape(1, -1), qtype), np.float64)
-    return round(math.log2(float(np.sqrt(np.mean(values**2)))))
+    return float(np.sqrt(np.mean(values**2)))
 
 
 def add_metadata(writer: gguf.GGUFWriter, preset: ModelPreset, n_layer: int, file_type: LlamaFileType) -> None:
@@ -269,6 +299,9 @@ def add_metadata(writer: gguf.GGUFWriter, preset: ModelPreset, n_layer: int, fil
     if arch == "deepseek2":
         rope = preset.rope_dim or preset.head_dim
         writer.add_uint32(f"{arch}.attention.kv_lora_rank", preset.kv_lora_rank)
+        # llama.cpp reads q_lora_rank unless the layer count is a Lite model's (26 or 27); 0 means a plain
+        # attn_q, so that files with fewer layers (--layers) load too
+        writer.add_uint32(f"{arch}.attention.q_lora_rank", preset.q_lora_rank)
         # multi-head latent attention stored as MQA: keys are the latent plus the rotated part
         writer.add_key_length(preset.kv_lora_rank + rope)
         writer.add_value_length(preset.kv_lora_rank)

@@ -34,6 +34,7 @@ ARCH_KEYS = {
     "deepseek2": [
         "{arch}.leading_dense_block_count",
         "{arch}.attention.kv_lora_rank",
+        "{arch}.attention.q_lora_rank",  # required unless the layer count is a Lite model's
         "{arch}.expert_feed_forward_length",
         "{arch}.expert_shared_count",
         "{arch}.expert_weights_scale",

@@ -61,8 +61,12 @@ def test_prefill_matches_the_float64_forward_pass(backend: Backend, tmp_path: Pa
 
 @pytest.mark.parametrize("mix", ["IQ1_M", "IQ2_XXS", "IQ3_S"])
 def test_prefill_of_an_i_quant_mix_matches_the_float64_forward_pass(backend: Backend, tmp_path: Path, mix: str) -> None:
-    """i-quant gate and up experts beside IQ4_NL down experts (192-wide rows fall back), as llama.cpp mixes them."""
-    path = make_model("tiny", mix, tmp_path / f"tiny-{mix}.gguf", seed=5)
+    """i-quant gate and up experts beside IQ4_NL down experts (192-wide rows fall back), as llama.cpp mixes them.
+
+    One layer: its routing comes from the exact inputs, so the comparison measures the kernels' rounding
+    and not a later layer's near-tie between experts that a rounding difference can flip.
+    """
+    path = make_model("tiny", mix, tmp_path / f"tiny-{mix}.gguf", seed=5, layers=1)
     with MoeModel.open(path) as model:
         assert (model.layers[0].up.qtype.name, model.layers[0].down.qtype.name) == (mix, "IQ4_NL")
     _check_prefill(backend, path)
