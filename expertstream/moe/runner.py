@@ -183,7 +183,7 @@ class MoeRunner(Closing):
             )
         _check_uniform_layers(model)
         self.kernels = MoeKernels(device)
-        self.ffn: FfnConfig = ffn_config(model.arch, model.metadata)
+        self.ffn: FfnConfig = ffn_config(model.arch, model.metadata, str(model.path))
         self._buffers: list[DeviceBuffer] = []
         self._scratch: _Scratch | None = None
         try:

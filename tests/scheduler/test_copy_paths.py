@@ -1,0 +1,145 @@
+"""Which thread enqueues a copy, which bytes a decode step copies, and prefetch coming back after a failure."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+from expertstream.backends.base import Backend, DeviceBuffer, HostMemory, Stream
+from expertstream.errors import OutOfDeviceMemory
+from expertstream.ggml import row_size
+from expertstream.scheduler import Fallback, Input, MulMatId, Plan, Scheduler, Split
+from expertstream.scheduler.source import HostRegion, HostSource
+
+from . import plans
+
+
+class _ThreadRecordingSource:
+    """A host source that notes which thread enqueues each of its copies."""
+
+    def __init__(self, inner: HostSource, threads: list[threading.Thread]) -> None:
+        self._inner = inner
+        self._threads = threads
+
+    @property
+    def nbytes(self) -> int:
+        return self._inner.nbytes
+
+    @property
+    def blocks_host(self) -> bool:
+        return self._inner.blocks_host
+
+    def enqueue_h2d(self, stream: Stream, dst: DeviceBuffer, dst_offset: int, offset: int, nbytes: int) -> None:
+        self._threads.append(threading.current_thread())
+        self._inner.enqueue_h2d(stream, dst, dst_offset, offset, nbytes)
+
+
+def _recording(plan: Plan, threads: list[threading.Thread]) -> Plan:
+    splits = []
+    for split in plan.splits:
+        inputs = tuple(
+            dataclasses.replace(inp, host=_ThreadRecordingSource(inp.host, threads)) if inp.host is not None else inp
+            for inp in split.inputs
+        )
+        splits.append(dataclasses.replace(split, inputs=inputs))
+    return Plan.of(splits)
+
+
+@pytest.mark.parametrize("host", [HostMemory.PAGEABLE, HostMemory.PINNED, HostMemory.REGISTERED])
+def test_only_copies_that_can_block_leave_the_launching_thread(backend: Backend, host: HostMemory) -> None:
+    built = plans.build(backend, plans.uniform_specs(6, host=host), seed=21)
+    threads: list[threading.Thread] = []
+    with Scheduler(slots=3) as sched:
+        stats = sched.run(_recording(built.plan, threads))
+    built.check()
+    dev = stats.device(backend.device(0).label)
+    assert dev.fires == dev.consumed == 6 and dev.stock_copies == 0
+    assert len(threads) == 6
+    launching = threading.current_thread()
+    if host is HostMemory.PAGEABLE:
+        # A pageable copy holds the thread that enqueues it until it is done: never the launcher.
+        assert launching not in threads
+        assert len(set(threads)) == 1, "one copy worker per device, in order"
+    else:
+        assert threads == [launching] * 6
+    built.close()
+
+
+def _decode_split(backend: Backend, ids: list[int], seen: dict[str, object]) -> tuple[Split, np.ndarray, list]:
+    """One decode-scale MUL_MAT_ID split over 4 experts of 8 Q4_0 rows of 96 (rows padded for 512-wide reads)."""
+    device = backend.device(0)
+    n_expert, rows, ne0 = 4, 8, 96
+    expert_nbytes = rows * row_size(Q.Q4_0, ne0)
+    data = np.random.default_rng(5).integers(1, 256, n_expert * expert_nbytes, dtype=np.uint8)
+    host = device.wrap_host(data)
+    ids_buf = device.upload(np.array(ids, dtype=np.int32))
+    weights = Input(
+        "w", data.nbytes, host=HostRegion(host, 0, data.nbytes), row_type=Q.Q4_0, ne0=ne0, expert_nbytes=expert_nbytes
+    )
+
+    def compute(stream: Stream, bindings) -> None:  # type: ignore[no-untyped-def]
+        seen["w"] = bindings["w"]
+
+    routing = MulMatId(ids_buf.view(), len(ids), n_expert, ("w",))
+    return Split("layer0", device, (weights,), compute, routing), data, [host, ids_buf]
+
+
+@pytest.mark.parametrize(("ids", "runs"), [([1, 1], [(1, 1)]), ([2, 0], [(0, 0), (2, 2)]), ([1, 2], [(1, 2)])])
+def test_decode_copies_the_bytes_kernels_read_past_each_used_run_of_experts(
+    backend: Backend, ids: list[int], runs: list[tuple[int, int]]
+) -> None:
+    seen: dict[str, object] = {}
+    split, data, resources = _decode_split(backend, ids, seen)
+    weights = split.inputs[0]
+    assert weights.expert_nbytes is not None
+    expert, overrun = weights.expert_nbytes, weights.padded_nbytes - weights.nbytes
+    assert 0 < overrun < expert
+    with Scheduler(slots=0) as sched:
+        stats = sched.run(Plan.of([split]))
+        view = seen["w"]
+        scratch = view.buffer.read(view.offset, view.nbytes)  # type: ignore[attr-defined]
+    dev = stats.device(split.device.label)
+    assert dev.stock_copies == len(runs)
+    assert dev.bytes_stock == sum((last + 1 - first) * expert + overrun for first, last in runs)
+    for first, last in runs:
+        end = (last + 1) * expert + overrun  # the run's experts, then what a row read past the last one reaches
+        assert np.array_equal(scratch[first * expert : end], data[first * expert : end]), (first, last)
+    for resource in resources:
+        resource.close()
+
+
+def test_prefetch_returns_after_a_failed_allocation_once_the_slot_count_changes(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    device = backend.device(0)
+    built = plans.build(backend, plans.uniform_specs(6), seed=22)
+    with Scheduler(slots=3) as sched:
+        sched.slots = 0
+        sched.run(built.plan)  # scratch exists now: every later allocation is a staging slot
+        sched.slots = 3
+        real_alloc = device.alloc
+        made: list[DeviceBuffer] = []
+
+        def second_slot_fails(n, *args, **kwargs):  # type: ignore[no-untyped-def]
+            if len(made) == 1:
+                raise OutOfDeviceMemory(f"cannot allocate {n} bytes", call="alloc", device=device.label)
+            made.append(real_alloc(n, *args, **kwargs))
+            return made[-1]
+
+        monkeypatch.setattr(device, "alloc", second_slot_fails)
+        failed = sched.run(built.plan)
+        built.check()
+        assert failed.device(device.label).fallbacks[Fallback.ALLOC_FAILED] == 1
+        assert made[0].closed, "the turned-off ring's slot is freed once the run has drained"
+        monkeypatch.setattr(device, "alloc", real_alloc)
+        sched.slots = 2
+        again = sched.run(built.plan)
+        built.check()
+    dev = again.device(device.label)
+    assert dev.fires == dev.consumed == 6
+    assert dev.fallbacks[Fallback.DISABLED] == 0 and dev.stock_copies == 0
+    built.close()
