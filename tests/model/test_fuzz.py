@@ -3,9 +3,9 @@
 Seeds are small models the project's writer makes (single files of several architectures and
 a split model); each mutation class (tests/model/fuzz.py) damages one file of a seed. For every
 case the loader must either open the model, with every tensor inside its file, or raise a
-ModelError naming the file; any other exception, a case that takes longer than a few seconds,
-or an allocation beyond a fixed bound (an address-space limit while the cases run) fails the
-test with the case that caused it. The cases are a fixed sequence: ``nox -s tests`` runs the
+ModelError naming the file; any other exception, a case that takes more than a few seconds of
+CPU time, or an allocation beyond a fixed bound (an address-space limit while the cases run)
+fails the test with the case that caused it. The cases are a fixed sequence: ``nox -s tests`` runs the
 first FUZZ_FILES (default 1,000) of it, ``nox -s fuzz`` 10,000 or more.
 """
 
@@ -37,7 +37,7 @@ from . import fuzz
 
 FUZZ_SEED = 13
 FUZZ_FILES = int(os.environ.get("EXPERTSTREAM_FUZZ_FILES", "1000"))
-CASE_SECONDS = 5  # far beyond any honest case: a case this slow loops on a declared count
+CASE_SECONDS = 5  # CPU seconds, far beyond any honest case: one this slow loops on a declared count
 ADDRESS_SPACE_MARGIN = 1 << 30  # no case may allocate this much
 SEED_ARRAY_ITEMS = 6  # the writer's vocabulary arrays, cut short: the same structure, parsed 40x faster
 TRACE_EVERY = 25  # measure the allocation peak of every 25th case with tracemalloc
@@ -74,17 +74,19 @@ class _TookTooLong(BaseException):
 
 
 @contextmanager
-def _time_limit(seconds: int) -> Iterator[None]:
-    def expire(signum: int, frame: object) -> None:
-        raise _TookTooLong(f"still running after {seconds} s")
+def _cpu_time_limit(seconds: int) -> Iterator[None]:
+    """Raise _TookTooLong into the block once it has used ``seconds`` of CPU time (not wall time)."""
 
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    def expire(signum: int, frame: object) -> None:
+        raise _TookTooLong(f"still running after {seconds} s of CPU time")
+
+    previous = signal.signal(signal.SIGPROF, expire)
+    signal.setitimer(signal.ITIMER_PROF, seconds)
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, previous)
 
 
 @contextmanager
@@ -136,7 +138,7 @@ def _run_case(seed: Seed, mutation: str, index: int, folder: Path, tally: Tally)
     if traced:
         tracemalloc.start()
     try:
-        with _time_limit(CASE_SECONDS), MoeModel.open(paths[0]) as model:
+        with _cpu_time_limit(CASE_SECONDS), MoeModel.open(paths[0]) as model:
             _use(model)
         tally.loaded += 1
     except ModelError as exc:

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Mapping
 
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from expertstream.backends.base import Backend, DeviceBuffer, HostMemory, Stream
-from expertstream.errors import OutOfDeviceMemory
+from expertstream.backends.base import Backend, BufferView, DeviceBuffer, HostMemory, Stream
+from expertstream.errors import InvalidArgument, OutOfDeviceMemory
 from expertstream.ggml import row_size
 from expertstream.scheduler import Fallback, Input, MulMatId, Plan, Scheduler, Split
 from expertstream.scheduler.source import HostRegion, HostSource
+from expertstream.scheduler.stock import expert_ranges
 
 from . import plans
 
@@ -64,44 +66,51 @@ def test_only_copies_that_can_block_leave_the_launching_thread(backend: Backend,
         # A pageable copy holds the thread that enqueues it until it is done: never the launcher.
         assert launching not in threads
         assert len(set(threads)) == 1, "one copy worker per device, in order"
+        assert threads[0].name == f"expertstream-copy-{backend.device(0).label}"
     else:
         assert threads == [launching] * 6
     built.close()
 
 
-def _decode_split(backend: Backend, ids: list[int], seen: dict[str, object]) -> tuple[Split, np.ndarray, list]:
-    """One decode-scale MUL_MAT_ID split over 4 experts of 8 Q4_0 rows of 96 (rows padded for 512-wide reads)."""
+N_EXPERT, ROWS, NE0 = 4, 8, 96  # Q4_0 rows of 96: padded so that 512-wide reads stay inside
+
+
+def _decode_splits(
+    backend: Backend, ids: list[int], seen: dict[str, BufferView], *, layers: int = 1, qtype: Q = Q.Q4_0
+) -> tuple[list[Split], np.ndarray, list]:
+    """Decode-scale MUL_MAT_ID splits over 4 experts of 8 rows of 96, all routed by one ids buffer."""
     device = backend.device(0)
-    n_expert, rows, ne0 = 4, 8, 96
-    expert_nbytes = rows * row_size(Q.Q4_0, ne0)
-    data = np.random.default_rng(5).integers(1, 256, n_expert * expert_nbytes, dtype=np.uint8)
+    expert_nbytes = ROWS * row_size(qtype, NE0)
+    data = np.random.default_rng(5).integers(1, 256, N_EXPERT * expert_nbytes, dtype=np.uint8)
     host = device.wrap_host(data)
     ids_buf = device.upload(np.array(ids, dtype=np.int32))
-    weights = Input(
-        "w", data.nbytes, host=HostRegion(host, 0, data.nbytes), row_type=Q.Q4_0, ne0=ne0, expert_nbytes=expert_nbytes
-    )
+    region = HostRegion(host, 0, data.nbytes)
+    weights = Input("w", data.nbytes, host=region, row_type=qtype, ne0=NE0, expert_nbytes=expert_nbytes)
+    routing = MulMatId(ids_buf.view(), len(ids), N_EXPERT, ("w",))
+    splits = []
+    for layer in range(layers):
 
-    def compute(stream: Stream, bindings) -> None:  # type: ignore[no-untyped-def]
-        seen["w"] = bindings["w"]
+        def compute(stream: Stream, bindings: Mapping[str, BufferView], *, name: str = f"layer{layer}") -> None:
+            seen[name] = bindings["w"]
 
-    routing = MulMatId(ids_buf.view(), len(ids), n_expert, ("w",))
-    return Split("layer0", device, (weights,), compute, routing), data, [host, ids_buf]
+        splits.append(Split(f"layer{layer}", device, (weights,), compute, routing))
+    return splits, data, [host, ids_buf]
 
 
 @pytest.mark.parametrize(("ids", "runs"), [([1, 1], [(1, 1)]), ([2, 0], [(0, 0), (2, 2)]), ([1, 2], [(1, 2)])])
 def test_decode_copies_the_bytes_kernels_read_past_each_used_run_of_experts(
     backend: Backend, ids: list[int], runs: list[tuple[int, int]]
 ) -> None:
-    seen: dict[str, object] = {}
-    split, data, resources = _decode_split(backend, ids, seen)
+    seen: dict[str, BufferView] = {}
+    (split,), data, resources = _decode_splits(backend, ids, seen)
     weights = split.inputs[0]
     assert weights.expert_nbytes is not None
     expert, overrun = weights.expert_nbytes, weights.padded_nbytes - weights.nbytes
     assert 0 < overrun < expert
     with Scheduler(slots=0) as sched:
         stats = sched.run(Plan.of([split]))
-        view = seen["w"]
-        scratch = view.buffer.read(view.offset, view.nbytes)  # type: ignore[attr-defined]
+        view = seen["layer0"]
+        scratch = view.buffer.read(view.offset, view.nbytes)
     dev = stats.device(split.device.label)
     assert dev.stock_copies == len(runs)
     assert dev.bytes_stock == sum((last + 1 - first) * expert + overrun for first, last in runs)
@@ -110,6 +119,64 @@ def test_decode_copies_the_bytes_kernels_read_past_each_used_run_of_experts(
         assert np.array_equal(scratch[first * expert : end], data[first * expert : end]), (first, last)
     for resource in resources:
         resource.close()
+
+
+def test_splits_sharing_routing_ids_read_them_back_once(backend: Backend) -> None:
+    seen: dict[str, BufferView] = {}
+    splits, data, resources = _decode_splits(backend, [3, 3], seen, layers=3)
+    with Scheduler(slots=0) as sched:
+        stats = sched.run(Plan.of(splits))
+        again = sched.run(Plan.of(splits[:1]))  # a new run reads them again: the device may have rewritten them
+    assert stats.device(splits[0].device.label).ids_readbacks == 1
+    assert again.device(splits[0].device.label).ids_readbacks == 1
+    for resource in resources:
+        resource.close()
+
+
+@pytest.mark.parametrize(("ids", "named"), [([4, 99], 4), ([-1, 0], -1), ([2, 7], 7)])
+def test_an_expert_id_outside_the_experts_is_named(backend: Backend, ids: list[int], named: int) -> None:
+    (split,), _data, resources = _decode_splits(backend, ids, {})
+    with Scheduler() as sched, pytest.raises(InvalidArgument) as err:
+        sched.run(Plan.of([split]))
+    assert err.value.detail == f"split 'layer0': routing id {named} is outside 0..3"
+    assert err.value.hint == "the router produced invalid expert ids; check n_expert and the ids buffer"
+    for resource in resources:
+        resource.close()
+
+
+def test_rows_that_need_no_padding_get_no_tail_clearing(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    (split,), data, resources = _decode_splits(backend, [0, 2], {}, qtype=Q.F16)
+    assert split.inputs[0].padded_nbytes == split.inputs[0].nbytes
+    sizes: list[int] = []
+    stream_type = type(backend.device(0).stream())
+    real_memset = stream_type.memset
+
+    def counting_memset(self, dst, offset, nbytes, value=0):  # type: ignore[no-untyped-def]
+        sizes.append(nbytes)
+        real_memset(self, dst, offset, nbytes, value)
+
+    monkeypatch.setattr(stream_type, "memset", counting_memset)
+    with Scheduler(slots=0) as sched:
+        sched.run(Plan.of([split]))
+    assert sizes == [data.nbytes], "only the scratch's one zeroing; no empty tail to clear"
+    for resource in resources:
+        resource.close()
+
+
+@pytest.mark.parametrize(
+    ("used", "ranges"),
+    [
+        ([], []),
+        ([2], [(20, 33)]),
+        ([0, 1, 3, 5, 6], [(0, 23), (30, 43), (50, 70)]),
+        ([6], [(60, 70)]),  # the last expert: the tensor's own padding follows, cleared separately
+        ([0, 2, 4], [(0, 13), (20, 33), (40, 53)]),
+    ],
+)
+def test_expert_ranges_cover_each_run_and_what_rows_read_past_it(
+    used: list[int], ranges: list[tuple[int, int]]
+) -> None:
+    assert expert_ranges(np.array(used, dtype=np.int32), 10, 70, 3) == ranges
 
 
 def test_prefetch_returns_after_a_failed_allocation_once_the_slot_count_changes(

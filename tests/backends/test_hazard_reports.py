@@ -1,0 +1,123 @@
+"""Each hazard the simulator reports names the call, the device and what to do about it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+
+import expertstream
+from expertstream.backends.base import Device, Usage
+from expertstream.backends.sim import Access, HazardKind, KernelSpec, SimBackend, register_kernel
+from expertstream.errors import HazardError
+
+ORDERING = "record an event after the earlier operation and make the later one's stream wait for it"
+UNWRITTEN = "write or clear those bytes first"
+PADDING = "clear the padding with memset(buffer, offset, n, 0) after every copy into the buffer"
+
+
+def _read_padded(args: tuple[Any, ...]) -> Sequence[Access]:
+    src, padded_from = args
+    return [Access(src, write=False, padded_from=int(padded_from))]
+
+
+READ_PADDED = register_kernel(
+    KernelSpec(
+        "hazard_report_read_padded", run=lambda args, grid, block: None, accesses=_read_padded, flops=lambda args: 0.0
+    )
+)
+
+
+@pytest.fixture
+def sim() -> Iterator[SimBackend]:
+    backend = expertstream.backend("sim", profile="cuda-h200", devices=1, check_hazards=True)
+    assert isinstance(backend, SimBackend)
+    yield backend
+    backend.close()
+
+
+def _read_after_write(dev: Device) -> None:
+    s1, s2 = dev.stream(), dev.stream()
+    buf, out = dev.alloc(256), dev.alloc(256)
+    s1.memset(buf, 0, 256, 1)
+    s2.copy_d2d(out, 0, buf, 0, 256)
+
+
+def _write_after_read(dev: Device) -> None:
+    s1, s2 = dev.stream(), dev.stream()
+    buf, out = dev.alloc(256), dev.alloc(256)
+    s1.memset(buf, 0, 256, 1)
+    s1.synchronize()
+    s1.copy_d2d(out, 0, buf, 0, 256)
+    s2.memset(buf, 0, 256, 2)
+
+
+def _write_after_write(dev: Device) -> None:
+    s1, s2 = dev.stream(), dev.stream()
+    buf = dev.alloc(256)
+    s1.memset(buf, 0, 256, 1)
+    s2.memset(buf, 0, 256, 2)
+
+
+def _uninitialized_read(dev: Device) -> None:
+    stream = dev.stream()
+    scratch, out = dev.alloc(256, Usage.COMPUTE), dev.alloc(256)
+    stream.copy_d2d(out, 0, scratch, 0, 256)
+
+
+def _stale_padding(dev: Device, *, zeroed_first: bool) -> None:
+    stream = dev.stream()
+    slot = dev.alloc(256, Usage.COMPUTE)
+    host = dev.alloc_pinned(256)
+    host.array[:] = 7
+    if zeroed_first:
+        stream.memset(slot, 0, 256, 0)
+    stream.copy_h2d(slot, 0, host, 0, 256 if zeroed_first else 200)
+    stream.launch(dev.compile("", READ_PADDED.name), 1, 1, (slot.view(), np.int64(200)))
+
+
+CASES: list[tuple[Callable[[Device], None], HazardKind, str, str, str]] = [
+    (_read_after_write, HazardKind.READ_AFTER_WRITE, "Stream.copy_d2d", ORDERING, "last written by memset"),
+    (_write_after_read, HazardKind.WRITE_AFTER_READ, "Stream.memset", ORDERING, "that d2d copy on stream"),
+    (_write_after_write, HazardKind.WRITE_AFTER_WRITE, "Stream.memset", ORDERING, "also written by memset"),
+    (_uninitialized_read, HazardKind.UNINITIALIZED_READ, "Stream.copy_d2d", UNWRITTEN, "which nothing has written"),
+    (
+        lambda dev: _stale_padding(dev, zeroed_first=False),
+        HazardKind.STALE_PADDING,
+        "Stream.launch(hazard_report_read_padded)",
+        PADDING,
+        "reads padding bytes [200, 256) of",
+    ),
+    (
+        lambda dev: _stale_padding(dev, zeroed_first=True),
+        HazardKind.STALE_PADDING,
+        "Stream.launch(hazard_report_read_padded)",
+        PADDING,
+        "wrote after they were last zeroed",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("make", "kind", "call", "hint", "says"), CASES, ids=[c[1].value + str(i) for i, c in enumerate(CASES)]
+)
+def test_a_hazard_report_names_call_device_and_remedy(
+    sim: SimBackend, make: Callable[[Device], None], kind: HazardKind, call: str, hint: str, says: str
+) -> None:
+    dev = sim.device(0)
+    with pytest.raises(HazardError) as info:
+        make(dev)
+    err = info.value
+    assert getattr(err, "kind", None) is kind
+    assert (err.call, err.device, err.hint) == (call, dev.label, hint)
+    assert str(err).startswith(f"{call} on {dev.label}: {kind.value}")
+    assert str(err).endswith(f". {hint}")
+    assert says in str(err)
+
+
+def test_stale_padding_never_zeroed_says_so(sim: SimBackend) -> None:
+    with pytest.raises(HazardError) as info:
+        _stale_padding(sim.device(0), zeroed_first=False)
+    assert "of DeviceBuffer" in str(info.value) and " that were never zeroed." in str(info.value)
