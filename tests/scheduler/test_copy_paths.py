@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from expertstream.backends.base import Backend, BufferView, DeviceBuffer, HostMemory, Stream
+from expertstream.backends.base import Backend, BufferView, DeviceBuffer, HostMemory, Stream, Usage
 from expertstream.errors import InvalidArgument, OutOfDeviceMemory
 from expertstream.ggml import row_size
 from expertstream.scheduler import Fallback, Input, MulMatId, Plan, Scheduler, Split
@@ -114,9 +114,12 @@ def test_decode_copies_the_bytes_kernels_read_past_each_used_run_of_experts(
     dev = stats.device(split.device.label)
     assert dev.stock_copies == len(runs)
     assert dev.bytes_stock == sum((last + 1 - first) * expert + overrun for first, last in runs)
+    copied = np.zeros(scratch.size, dtype=bool)
     for first, last in runs:
         end = (last + 1) * expert + overrun  # the run's experts, then what a row read past the last one reaches
         assert np.array_equal(scratch[first * expert : end], data[first * expert : end]), (first, last)
+        copied[first * expert : end] = True
+    assert not scratch[~copied].any(), "experts not copied read as zeros (the scratch is zeroed when made)"
     for resource in resources:
         resource.close()
 
@@ -210,3 +213,57 @@ def test_prefetch_returns_after_a_failed_allocation_once_the_slot_count_changes(
     assert dev.fires == dev.consumed == 6
     assert dev.fallbacks[Fallback.DISABLED] == 0 and dev.stock_copies == 0
     built.close()
+
+
+def _split_with_inputs(backend: Backend, sizes: list[int], resources: list) -> Split:
+    """One split whose host inputs (one per scratch position) have the given sizes."""
+    device = backend.device(0)
+    inputs = []
+    for position, size in enumerate(sizes):
+        host = device.wrap_host(np.full(size, position + 1, dtype=np.uint8))
+        resources.append(host)
+        inputs.append(Input(f"in{position}", size, host=HostRegion(host, 0, size)))
+    return Split("s", device, tuple(inputs), lambda stream, bindings: None)
+
+
+def test_scratch_grows_per_position_and_a_failed_growth_leaves_nothing_stale(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    device = backend.device(0)
+    resources: list = []
+    with Scheduler(slots=0) as sched:
+        stats = sched.run(Plan.of([_split_with_inputs(backend, [100, 10, 10], resources)]))
+        assert list(stats.devices) == [device.label] and stats.device(device.label).device == device.label
+        scratch = list(sched._stock[device]._scratch)
+        assert [buf.usage for buf in scratch] == [Usage.COMPUTE] * 3  # garbage until written
+        sched.run(Plan.of([_split_with_inputs(backend, [50, 100, 10], resources)]))  # only position 1 grows
+        assert scratch[1].closed and not scratch[0].closed and not scratch[2].closed
+        scratch = list(sched._stock[device]._scratch)
+        real_alloc = device.alloc
+
+        def no_room(n, *args, **kwargs):  # type: ignore[no-untyped-def]
+            if n > 200:
+                raise OutOfDeviceMemory(f"cannot allocate {n} bytes", call="alloc", device=device.label)
+            return real_alloc(n, *args, **kwargs)
+
+        monkeypatch.setattr(device, "alloc", no_room)
+        with pytest.raises(OutOfDeviceMemory):
+            sched.run(Plan.of([_split_with_inputs(backend, [300, 10, 10], resources)]))
+        assert all(buf.closed for buf in scratch), "the grown position and the ones after it are dropped"
+        monkeypatch.setattr(device, "alloc", real_alloc)
+        sched.run(Plan.of([_split_with_inputs(backend, [300, 100, 10], resources)]))  # remade from scratch
+        remade = sched._stock[device]._scratch
+        assert all(b.alloc_size >= n and not b.closed for b, n in zip(remade, [300, 100, 10], strict=True))
+    for resource in resources:
+        resource.close()
+
+
+def test_a_device_without_host_inputs_still_has_its_stats(backend: Backend) -> None:
+    device = backend.device(0)
+    buf = device.alloc(16)
+    split = Split("resident", device, (Input("x", 16, device_data=buf.view()),), lambda stream, bindings: None)
+    with Scheduler(slots=3) as sched:
+        stats = sched.run(Plan.of([split]))
+    assert list(stats.devices) == [device.label]
+    assert stats.as_dict()[device.label]["device"] == device.label
+    buf.close()
