@@ -267,3 +267,27 @@ def test_a_device_without_host_inputs_still_has_its_stats(backend: Backend) -> N
     assert list(stats.devices) == [device.label]
     assert stats.as_dict()[device.label]["device"] == device.label
     buf.close()
+
+
+def test_device_and_host_inputs_of_one_split_each_get_their_own_bytes(backend: Backend) -> None:
+    device = backend.device(0)
+    resources: list = []
+    resident = device.upload(np.arange(16, dtype=np.uint8))
+    host_split = _split_with_inputs(backend, [40, 24, 8], resources)
+    seen: dict[str, BufferView] = {}
+
+    def compute(stream: Stream, bindings: Mapping[str, BufferView]) -> None:
+        seen.update(bindings)
+
+    inputs = (host_split.inputs[0], Input("resident", 16, device_data=resident.view()), *host_split.inputs[1:])
+    split = Split("mixed", device, inputs, compute)
+    with Scheduler(slots=0) as sched:
+        sched.run(Plan.of([split]))
+        got = {name: view.buffer.read(view.offset, view.nbytes) for name, view in seen.items()}
+    assert sorted(got) == ["in0", "in1", "in2", "resident"]
+    assert seen["resident"].buffer is resident
+    for position, size in enumerate([40, 24, 8]):
+        assert got[f"in{position}"].tolist() == [position + 1] * size
+    resident.close()
+    for resource in resources:
+        resource.close()

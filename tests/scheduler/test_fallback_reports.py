@@ -152,3 +152,45 @@ def test_stats_as_dict_names_fallbacks_by_their_values() -> None:
     out = stats.as_dict()
     assert out["device"] == "sim:0" and out["fires"] == 2
     assert out["fallbacks"] == {"too_many_inputs": 3}
+
+
+def test_a_failing_compute_function_is_the_one_error_seen(backend: Backend, caplog: pytest.LogCaptureFixture) -> None:
+    built = plans.build(backend, plans.uniform_specs(4), seed=34)
+
+    def compute_fails(stream, bindings) -> None:  # type: ignore[no-untyped-def]
+        raise RuntimeError("the compute function failed")
+
+    splits = [dataclasses.replace(s, compute=compute_fails) if i == 1 else s for i, s in enumerate(built.plan.splits)]
+    with (
+        Scheduler(slots=3) as sched,
+        caplog.at_level(logging.DEBUG, logger="expertstream.scheduler"),
+        pytest.raises(RuntimeError, match="compute function failed"),
+    ):
+        sched.run(Plan.of(splits))
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+    built.close()
+
+
+def test_an_error_while_draining_a_run_is_raised_and_the_stats_kept(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    device = backend.device(0)
+    built = plans.build(backend, plans.uniform_specs(2), seed=35)
+    with Scheduler(slots=0) as sched:
+        stats = sched.run(built.plan)  # the scratch exists: the next run syncs only when it drains
+        assert sched.last_stats is stats
+        compute = sched.stream(device)
+        real_synchronize = compute.synchronize
+        calls = {"n": 0}
+
+        def fails_once() -> None:
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise DeviceError("the device fell off the bus", call="synchronize", device=device.label)
+            real_synchronize()
+
+        monkeypatch.setattr(compute, "synchronize", fails_once)
+        with pytest.raises(DeviceError, match="fell off the bus"):
+            sched.run(built.plan)
+        assert sched.last_stats is stats, "a run that failed leaves the last good run's stats"
+    built.close()
