@@ -186,7 +186,7 @@ class _Walk:
         elements = 1
         for n in ne:
             elements *= n
-        return _TensorExtent(name, offset, elements // block * type_size)
+        return _TensorExtent(name, offset, elements * type_size // block)  # as ggml and gguf count bytes
 
     def check_data(self, extents: list[_TensorExtent]) -> None:
         data_start = -(-self.at // self.alignment) * self.alignment
