@@ -222,3 +222,13 @@ def test_splitting_a_middle_segment_keeps_each_byte_with_its_writer(sim: SimBack
         s2.copy_d2d(out, 0, buf, 200, 100)
     with pytest.raises(HazardError, match=r"bytes \[150, 160\) last written by memset"):
         s2.copy_d2d(out, 0, buf, 100, 100)
+
+
+def test_an_empty_access_does_not_keep_a_buffer_in_use(sim: SimBackend) -> None:
+    dev = sim.device(0)
+    stream = dev.stream()
+    untouched, other = dev.alloc(256), dev.alloc(256)
+    stream.memset(other, 0, 256, 0)
+    stream.launch(dev.compile("", TWO_VIEWS.name), 1, 1, (untouched.view(0, 0), other.view(), np.int64(1)))
+    untouched.close()  # the kernel reads none of its bytes: nothing to wait for
+    stream.synchronize()
