@@ -67,6 +67,7 @@ def test_only_copies_that_can_block_leave_the_launching_thread(backend: Backend,
         assert launching not in threads
         assert len(set(threads)) == 1, "one copy worker per device, in order"
         assert threads[0].name == f"expertstream-copy-{backend.device(0).label}"
+        assert threads[0].daemon, "a scheduler left open must not keep the interpreter from exiting"
     else:
         assert threads == [launching] * 6
     built.close()
