@@ -5,8 +5,10 @@ a split model); each mutation class (tests/model/fuzz.py) damages one file of a 
 case the loader must either open the model, with every tensor inside its file, or raise a
 ModelError naming the file; any other exception, a case that takes more than a few seconds of
 CPU time, or an allocation beyond a fixed bound (an address-space limit while the cases run)
-fails the test with the case that caused it. The cases are a fixed sequence: ``nox -s tests`` runs the
-first FUZZ_FILES (default 1,000) of it, ``nox -s fuzz`` 10,000 or more.
+fails the test with the case that caused it. The cases are a fixed sequence: ``nox -s tests`` runs
+the first FUZZ_FILES (default 1,000) of it, ``nox -s fuzz`` 10,000 or more. Besides them, every file
+of every seed is cut at each boundary of its structure and one byte either side (about 6,000
+files), each of which must be refused.
 """
 
 from __future__ import annotations
@@ -186,3 +188,38 @@ def test_mutated_files_load_or_raise_model_error(
         tally.failures[:5]
     )
     assert tally.traced_peak < 64 << 20
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the memory bound uses Linux's address-space limit")
+def test_every_cut_at_a_structural_boundary_is_refused(
+    seeds: list[Seed], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each file of each seed cut at every boundary of its structure, and one byte either side."""
+    tally = Tally()
+    cuts = 0
+    with _bounded_address_space(ADDRESS_SPACE_MARGIN):
+        for seed in seeds:
+            for shard, fmap in enumerate(seed.maps):
+                targets = [tmp_path / p.name for p in seed.paths]
+                for source, target in zip(seed.paths, targets, strict=True):
+                    target.unlink(missing_ok=True)
+                    target.write_bytes(source.read_bytes())
+                for cut in sorted(
+                    {c for b in fmap.boundaries[:-1] for c in (b - 1, b, b + 1) if 0 <= c < len(fmap.data)}
+                ):
+                    targets[shard].unlink()
+                    targets[shard].write_bytes(fmap.data[:cut])
+                    cuts += 1
+                    try:
+                        with _cpu_time_limit(CASE_SECONDS), MoeModel.open(targets[0]) as model:
+                            _use(model)
+                        tally.failures.append(f"{seed.name} file {shard + 1} cut at {cut}: loaded")
+                    except ModelError as exc:
+                        if str(tmp_path) not in str(exc):
+                            tally.failures.append(f"{seed.name} file {shard + 1} cut at {cut}: names no file: {exc}")
+                    except (Exception, _TookTooLong) as exc:  # noqa: BLE001 - every other escape is a finding
+                        tally.failures.append(f"{seed.name} file {shard + 1} cut at {cut}: {type(exc).__name__}: {exc}")
+    with capsys.disabled():
+        print(f"\nevery structural boundary: {cuts} cuts, {len(tally.failures)} not refused with a ModelError")
+    assert cuts > 5000
+    assert not tally.failures, f"{len(tally.failures)} of {cuts} cuts:\n" + "\n".join(tally.failures[:5])
