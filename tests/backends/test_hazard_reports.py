@@ -232,3 +232,12 @@ def test_an_empty_access_does_not_keep_a_buffer_in_use(sim: SimBackend) -> None:
     stream.launch(dev.compile("", TWO_VIEWS.name), 1, 1, (untouched.view(0, 0), other.view(), np.int64(1)))
     untouched.close()  # the kernel reads none of its bytes: nothing to wait for
     stream.synchronize()
+
+
+def test_an_empty_view_inside_unwritten_compute_memory_reads_nothing(sim: SimBackend) -> None:
+    dev = sim.device(0)
+    stream = dev.stream()
+    scratch, out = dev.alloc(256, Usage.COMPUTE), dev.alloc(256)
+    stream.memset(out, 0, 256, 0)
+    stream.launch(dev.compile("", TWO_VIEWS.name), 1, 1, (scratch.view(5, 0), out.view(), np.int64(0)))
+    stream.synchronize()
