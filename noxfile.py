@@ -77,6 +77,29 @@ def kernels_amd(session: nox.Session) -> None:
 
 
 @nox.session
+def fuzz(session: nox.Session) -> None:
+    """The GGUF loader against 10,000 mutated files (CI's `tests` runs the first 1,000 of them).
+
+    EXPERTSTREAM_FUZZ_FILES sets another count; the cases are the same fixed sequence.
+    """
+    session.install("-e", ".[test]")
+    session.env["EXPERTSTREAM_FUZZ_FILES"] = os.environ.get("EXPERTSTREAM_FUZZ_FILES", "10000")
+    _pytest(session, "-q", "tests/model/test_fuzz.py", "-p", "no:cacheprovider")
+
+
+@nox.session
+def mutation(session: nox.Session) -> None:
+    """Mutation testing of scheduler/ and the simulator's hazard checker (mutmut; an hour or more; not CI).
+
+    Scope and tests are in pyproject.toml's [tool.mutmut]; posargs name mutants to re-run.
+    """
+    session.install("-e", ".[test]", "mutmut>=3.3")
+    session.run("mutmut", "run", *session.posargs)
+    session.run("mutmut", "results")
+    session.run("mutmut", "export-cicd-stats")
+
+
+@nox.session
 def lint(session: nox.Session) -> None:
     session.install("-e", ".[dev,test]")
     session.run("ruff", "check", ".")

@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 FF_PER_USED_EXPERT_ARCHS = frozenset({"qwen2moe", "qwen3moe", "qwen3next", "qwen3vlmoe", "qwen35moe"})
 # llama.cpp declares these architectures' expert tensors with n_ff (feed_forward_length).
 FF_IS_EXPERT_WIDTH_ARCHS = frozenset({"llama", "phimoe", "olmoe", "flex-olmo", "grok", "dbrx"})
+# Per-layer values are expanded to one per block: a block count is refused far above llama.cpp's
+# own limit (LLAMA_MAX_LAYERS, 512) before it can size anything.
+MAX_BLOCKS = 4096
 
 
 @dataclass(frozen=True)
@@ -181,8 +184,7 @@ class MoeModel(Closing):
 
     def metadata(self, key: str) -> Any:
         """The value of metadata ``key`` (from the first shard), or None when the file lacks it."""
-        field = self._open_shards()[0].reader.get_field(key)
-        return None if field is None else field.contents()
+        return self._open_shards()[0].metadata.value(key)
 
     def optional_tensor(self, name: str) -> TensorInfo | None:
         """Any tensor of the model by name (not only the MoE layers' four), or None."""
@@ -218,6 +220,11 @@ class MoeModel(Closing):
 def _read_dims(meta: Metadata) -> _Dims:
     arch = meta.string("general.architecture")
     n_layer = meta.integer(f"{arch}.block_count")
+    if n_layer > MAX_BLOCKS:
+        raise ModelError(
+            f"{meta.path}: metadata key {f'{arch}.block_count'!r} is {n_layer}; at most {MAX_BLOCKS} blocks are "
+            "supported (llama.cpp supports 512)"
+        )
     top_k = meta.integer(f"{arch}.expert_used_count")
     n_embd = meta.integer(f"{arch}.embedding_length")
     n_expert = meta.per_layer(f"{arch}.expert_count", n_layer)

@@ -1,7 +1,8 @@
 """Read GGUF files and their metadata keys, turning every malformed file into a ModelError.
 
-``read_gguf`` wraps gguf.GGUFReader: whatever a truncated or corrupt file makes the reader
-raise becomes a ModelError naming the file. ``Metadata`` reads typed keys the way llama.cpp
+``read_gguf`` checks a file's structure (model/structure.py) before gguf.GGUFReader parses
+it, so that a truncated or corrupt file is a ModelError naming the file and the damage, never
+an unbounded loop or allocation inside the reader. ``Metadata`` reads typed keys the way llama.cpp
 does: an integer key, or for per-layer values an integer key or an array with one entry per
 layer (llama.cpp's ``get_key_or_arr``), each missing or malformed key named with the file.
 """
@@ -12,10 +13,10 @@ import struct
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, ReaderField
+from gguf import GGUFReader, GGUFValueType, ReaderField
 
 from .layout import ModelError
+from .structure import check_structure
 
 _INT_TYPES = frozenset(
     {
@@ -31,7 +32,7 @@ _INT_TYPES = frozenset(
 )
 
 # What gguf.GGUFReader raises on a file it cannot parse (short reads, unknown enum values,
-# absurd counts that run past the end, bad UTF-8 names, duplicated tensors).
+# bad UTF-8, duplicates). check_structure refuses all of these first; this is the last guard.
 _READER_ERRORS = (
     OSError,
     ValueError,
@@ -39,17 +40,17 @@ _READER_ERRORS = (
     KeyError,
     TypeError,
     OverflowError,
-    MemoryError,
     struct.error,
 )
 
 
 def read_gguf(path: Path) -> GGUFReader:
     """Map ``path`` read-only and parse its header; ModelError names the file if it cannot."""
+    check_structure(path)
     try:
         return GGUFReader(path)
     except _READER_ERRORS as exc:
-        raise ModelError(_damage(path, exc)) from exc
+        raise ModelError(f"{path}: cannot read as GGUF: {type(exc).__name__}: {exc}") from exc
 
 
 class Metadata:
@@ -61,6 +62,11 @@ class Metadata:
 
     def has(self, key: str) -> bool:
         return self._reader.get_field(key) is not None
+
+    def value(self, key: str) -> Any:
+        """The value of ``key`` as gguf decodes it (a number, string or list), or None when absent."""
+        field = self._reader.get_field(key)
+        return None if field is None else self._contents(key, field)
 
     def string(self, key: str) -> str:
         field = self._require(key)
@@ -117,49 +123,3 @@ class Metadata:
     def _malformed(self, key: str, field: ReaderField, expected: str) -> ModelError:
         kinds = "/".join(t.name for t in field.types) or "no value"
         return ModelError(f"{self.path}: metadata key {key!r} holds {kinds}; expected {expected}")
-
-
-_GGUF_HEADER = struct.Struct("<4sIQQ")  # magic, version, tensor count, metadata key count
-
-
-def _damage(path: Path, exc: BaseException) -> str:
-    """What is wrong with a file GGUFReader could not take apart, as precisely as can be said."""
-    size = path.stat().st_size
-    try:
-        with open(path, "rb") as f:
-            magic, version, n_tensors, n_kv = _GGUF_HEADER.unpack(f.read(_GGUF_HEADER.size))
-    except struct.error:
-        return f"{path}: not a GGUF file: {size} bytes, shorter than a GGUF header"
-    if magic != b"GGUF":
-        return f"{path}: not a GGUF file (starts with {magic!r})"
-    # Each tensor info and metadata entry takes at least 8 bytes (a length or a count).
-    if 8 * (n_tensors + n_kv) > size:
-        return (
-            f"{path}: corrupt GGUF header: it declares {n_tensors} tensors and {n_kv} metadata keys, "
-            f"more than a file of {size} bytes can describe"
-        )
-    expected = _data_end(path)
-    if expected is not None and expected > size:
-        return f"{path}: truncated: its header describes {expected} bytes of file, the file has {size}"
-    return f"{path}: cannot read as GGUF ({size} bytes): {type(exc).__name__}: {exc}"
-
-
-class _LayoutOnly(GGUFReader):
-    """A reader that only adds up where the tensor data ends, without viewing it."""
-
-    data_end = 0
-
-    def _build_tensors(self, start_offs: int, fields: list[ReaderField]) -> None:
-        for field in fields:
-            _, _, _, dims, raw_dtype, offset = field.parts
-            block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(int(raw_dtype[0]))]
-            n_bytes = int(np.prod(dims)) * type_size // block
-            self.data_end = max(self.data_end, start_offs + int(offset[0]) + n_bytes)
-        self.tensors = []
-
-
-def _data_end(path: Path) -> int | None:
-    try:
-        return _LayoutOnly(path).data_end
-    except Exception:  # the header itself is damaged: no size to compare against
-        return None

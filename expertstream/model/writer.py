@@ -359,23 +359,28 @@ def start_model_file(
     path: str | Path,
     *,
     layers: int | None = None,
+    split_max_tensors: int = 0,
 ) -> tuple[gguf.GGUFWriter, list[TensorSpec]]:
     """Write the header, metadata and tensor infos of a model file; the data is the caller's.
 
     ``qtype`` is one tensor type for the experts or a llama.cpp mix name ('Q4_K_M'). Returns
     the open writer, positioned for ``write_tensor_data`` of each spec in order, and the
-    specs. ``layers`` keeps only the first N layers. The caller closes the writer. Bad
-    arguments raise InvalidArgument before the file is touched.
+    specs. ``layers`` keeps only the first N layers. ``split_max_tensors`` > 0 writes shards
+    of at most that many tensors, named as gguf-split names them
+    (``writer.format_shard_names(path)``). The caller closes the writer. Bad arguments raise
+    InvalidArgument before the file is touched.
     """
     preset = get_preset(preset) if isinstance(preset, str) else preset
     parsed = parse_type(qtype)
     n_layer = preset.n_layer if layers is None else layers
     if not 1 <= n_layer <= preset.n_layer:
         raise InvalidArgument(f"{preset.name} has layers 1..{preset.n_layer}; asked for {n_layer}")
+    if split_max_tensors < 0:
+        raise InvalidArgument(f"split_max_tensors must be 0 (one file) or positive, got {split_max_tensors}")
     specs = file_specs(preset, parsed, n_layer)
     file_type = MIX_FILE_TYPES[parsed] if isinstance(parsed, str) else _FILE_TYPES[parsed]
     path = Path(path)
-    writer = gguf.GGUFWriter(path, preset.arch)
+    writer = gguf.GGUFWriter(path, preset.arch, split_max_tensors=split_max_tensors)
     try:
         add_metadata(writer, preset, n_layer, file_type)
         for spec in specs:
@@ -384,10 +389,16 @@ def start_model_file(
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
     except BaseException:
-        writer.close()
-        path.unlink(missing_ok=True)
+        _discard(writer, path)
         raise
     return writer, specs
+
+
+def _discard(writer: gguf.GGUFWriter, path: Path) -> None:
+    """Close ``writer`` and remove every file it started (each shard of a split model)."""
+    writer.close()
+    for shard in writer.format_shard_names(path):
+        shard.unlink(missing_ok=True)
 
 
 def make_model(
@@ -398,27 +409,31 @@ def make_model(
     layers: int | None = None,
     seed: int = 0,
     on_tensor: Callable[[TensorSpec], None] | None = None,
+    split_max_tensors: int = 0,
 ) -> Path:
     """Write a synthetic model with ``preset``'s shapes and types ``qtype`` (a type or a mix) to ``path``.
 
     ``layers`` keeps only the first N layers (a smaller file with the same tensor sizes).
     ``on_tensor`` is called after each tensor is written (a progress bar).
-    Memory stays bounded by the largest single tensor. A partial file is removed on error.
+    ``split_max_tensors`` > 0 splits the model as gguf-split does, at most that many tensors
+    a shard; the path returned is then the first shard's (``PREFIX-00001-of-0000N.gguf``).
+    Memory stays bounded by the largest single tensor. Partial files are removed on error.
     """
     if seed < 0:
         raise InvalidArgument(f"seed must be non-negative, got {seed}")
     path = Path(path)
-    writer, specs = start_model_file(preset, qtype, path, layers=layers)
+    writer, specs = start_model_file(preset, qtype, path, layers=layers, split_max_tensors=split_max_tensors)
     try:
         for spec in specs:
             writer.write_tensor_data(generate(spec, seed))
             if on_tensor is not None:
                 on_tensor(spec)
     except BaseException:
-        writer.close()
-        path.unlink(missing_ok=True)
+        _discard(writer, path)
         raise
     writer.close()
+    shards = writer.format_shard_names(path)
     n_layer = specs[-1].layer + 1
-    log.info("wrote %s: %s, %d layers, %d bytes", path, writer.arch, n_layer, path.stat().st_size)
-    return path
+    size = sum(shard.stat().st_size for shard in shards)
+    log.info("wrote %s: %s, %d layers, %d shard(s), %d bytes", shards[0], writer.arch, n_layer, len(shards), size)
+    return shards[0]

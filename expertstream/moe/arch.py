@@ -15,6 +15,7 @@ from typing import Any
 
 from ..errors import InvalidArgument
 from ..kernels.routing import Activation, Gating, Routing
+from ..model import ModelError
 
 
 @dataclass(frozen=True)
@@ -84,22 +85,65 @@ def arch_ffn(arch: str) -> ArchFfn:
         ) from None
 
 
-def ffn_config(arch: str, metadata: Callable[[str], Any]) -> FfnConfig:
-    """The MoE block of a file of ``arch`` whose key ``{arch}.name`` is ``metadata(name)`` (None if absent)."""
+def ffn_config(arch: str, metadata: Callable[[str], Any], source: str | None = None) -> FfnConfig:
+    """The MoE block of a file of ``arch`` whose key ``{arch}.name`` is ``metadata(name)`` (None if absent).
+
+    A key of the wrong type or out of range is a ModelError naming the key (and ``source``, the file).
+    """
     ffn = arch_ffn(arch)
-
-    def key(name: str, default: Any) -> Any:
-        value = metadata(f"{arch}.{name}")
-        return default if value is None else value
-
+    keys = _Keys(arch, metadata, source)
     gating, norm, scale = ffn.gating, ffn.norm, 1.0
     if ffn.routing_keys:
-        gating_value = int(key("expert_gating_func", 0))
-        gating = Gating(gating_value) if gating_value else ffn.gating  # 0 means unset in llama.cpp
-        norm = bool(key("expert_weights_norm", ffn.norm))
-        scale = float(key("expert_weights_scale", 1.0))
-    n_group = int(key("expert_group_count", 0))
-    routing = Routing(gating, norm, scale, n_group if n_group > 1 else 1, int(key("expert_group_used_count", 1)))
-    n_shared = int(key("expert_shared_count", 1 if ffn.shared_experts else 0)) if ffn.shared_experts else 0
-    n_dense = int(key("leading_dense_block_count", 0)) if ffn.dense_lead else 0
+        gating_value = keys.integer("expert_gating_func", 0)
+        if gating_value:  # 0 means unset in llama.cpp
+            if gating_value not in Gating._value2member_map_:
+                known = ", ".join(f"{g.value} ({g.name.lower()})" for g in Gating)
+                raise keys.error("expert_gating_func", gating_value, f"one of {known}")
+            gating = Gating(gating_value)
+        norm = keys.boolean("expert_weights_norm", ffn.norm)
+        scale = keys.real("expert_weights_scale", 1.0)
+    n_group = keys.integer("expert_group_count", 0)
+    n_group_used = keys.integer("expert_group_used_count", 1)
+    if n_group > 1 and not 1 <= n_group_used <= n_group:
+        raise keys.error("expert_group_used_count", n_group_used, f"1..{n_group} (the expert group count)")
+    routing = Routing(gating, norm, scale, n_group if n_group > 1 else 1, n_group_used)
+    n_shared = keys.integer("expert_shared_count", 1) if ffn.shared_experts else 0
+    n_dense = keys.integer("leading_dense_block_count", 0) if ffn.dense_lead else 0
     return FfnConfig(ffn, routing, n_shared, n_dense)
+
+
+class _Keys:
+    """Typed reads of one file's ``{arch}.*`` routing keys, with llama.cpp's defaults when absent."""
+
+    def __init__(self, arch: str, metadata: Callable[[str], Any], source: str | None) -> None:
+        self.arch = arch
+        self.metadata = metadata
+        self.source = source
+
+    def integer(self, name: str, default: int) -> int:
+        value = self.metadata(f"{self.arch}.{name}")
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise self.error(name, value, "a non-negative integer")
+        return value
+
+    def boolean(self, name: str, default: bool) -> bool:
+        value = self.metadata(f"{self.arch}.{name}")
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise self.error(name, value, "a boolean")
+        return value
+
+    def real(self, name: str, default: float) -> float:
+        value = self.metadata(f"{self.arch}.{name}")
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise self.error(name, value, "a number")
+        return float(value)
+
+    def error(self, name: str, value: Any, expected: str) -> ModelError:
+        where = f"{self.source}: " if self.source else ""
+        return ModelError(f"{where}metadata key {f'{self.arch}.{name}'!r} is {value!r}; expected {expected}")

@@ -330,7 +330,7 @@ class MoeRunner(Closing):
         self.device = self.devices[0]
         self.data = self.device.backend.holds_data
         _check_uniform_layers(model)
-        self.ffn: FfnConfig = ffn_config(model.arch, model.metadata)
+        self.ffn: FfnConfig = ffn_config(model.arch, model.metadata, str(model.path))
         self._parts: list[_Part] = []
         self._links: list[Link] = []
         try:

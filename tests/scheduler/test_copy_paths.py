@@ -1,0 +1,294 @@
+"""Which thread enqueues a copy, which bytes a decode step copies, and prefetch coming back after a failure."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Mapping
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+from expertstream.backends.base import Backend, BufferView, DeviceBuffer, HostMemory, Stream, Usage
+from expertstream.errors import InvalidArgument, OutOfDeviceMemory
+from expertstream.ggml import row_size
+from expertstream.scheduler import Fallback, Input, MulMatId, Plan, Scheduler, Split
+from expertstream.scheduler.source import HostRegion, HostSource
+from expertstream.scheduler.stock import expert_ranges
+
+from . import plans
+
+
+class _ThreadRecordingSource:
+    """A host source that notes which thread enqueues each of its copies."""
+
+    def __init__(self, inner: HostSource, threads: list[threading.Thread]) -> None:
+        self._inner = inner
+        self._threads = threads
+
+    @property
+    def nbytes(self) -> int:
+        return self._inner.nbytes
+
+    @property
+    def blocks_host(self) -> bool:
+        return self._inner.blocks_host
+
+    def enqueue_h2d(self, stream: Stream, dst: DeviceBuffer, dst_offset: int, offset: int, nbytes: int) -> None:
+        self._threads.append(threading.current_thread())
+        self._inner.enqueue_h2d(stream, dst, dst_offset, offset, nbytes)
+
+
+def _recording(plan: Plan, threads: list[threading.Thread]) -> Plan:
+    splits = []
+    for split in plan.splits:
+        inputs = tuple(
+            dataclasses.replace(inp, host=_ThreadRecordingSource(inp.host, threads)) if inp.host is not None else inp
+            for inp in split.inputs
+        )
+        splits.append(dataclasses.replace(split, inputs=inputs))
+    return Plan.of(splits)
+
+
+@pytest.mark.parametrize("host", [HostMemory.PAGEABLE, HostMemory.PINNED, HostMemory.REGISTERED])
+def test_only_copies_that_can_block_leave_the_launching_thread(backend: Backend, host: HostMemory) -> None:
+    built = plans.build(backend, plans.uniform_specs(6, host=host), seed=21)
+    threads: list[threading.Thread] = []
+    with Scheduler(slots=3) as sched:
+        stats = sched.run(_recording(built.plan, threads))
+    built.check()
+    dev = stats.device(backend.device(0).label)
+    assert dev.fires == dev.consumed == 6 and dev.stock_copies == 0
+    assert len(threads) == 6
+    launching = threading.current_thread()
+    if host is HostMemory.PAGEABLE:
+        # A pageable copy holds the thread that enqueues it until it is done: never the launcher.
+        assert launching not in threads
+        assert len(set(threads)) == 1, "one copy worker per device, in order"
+        assert threads[0].name == f"expertstream-copy-{backend.device(0).label}"
+        assert threads[0].daemon, "a scheduler left open must not keep the interpreter from exiting"
+    else:
+        assert threads == [launching] * 6
+    built.close()
+
+
+N_EXPERT, ROWS, NE0 = 4, 8, 96  # Q4_0 rows of 96: padded so that 512-wide reads stay inside
+
+
+def _decode_splits(
+    backend: Backend, ids: list[int], seen: dict[str, BufferView], *, layers: int = 1, qtype: Q = Q.Q4_0
+) -> tuple[list[Split], np.ndarray, list]:
+    """Decode-scale MUL_MAT_ID splits over 4 experts of 8 rows of 96, all routed by one ids buffer."""
+    device = backend.device(0)
+    expert_nbytes = ROWS * row_size(qtype, NE0)
+    data = np.random.default_rng(5).integers(1, 256, N_EXPERT * expert_nbytes, dtype=np.uint8)
+    host = device.wrap_host(data)
+    ids_buf = device.upload(np.array(ids, dtype=np.int32))
+    region = HostRegion(host, 0, data.nbytes)
+    weights = Input("w", data.nbytes, host=region, row_type=qtype, ne0=NE0, expert_nbytes=expert_nbytes)
+    routing = MulMatId(ids_buf.view(), len(ids), N_EXPERT, ("w",))
+    splits = []
+    for layer in range(layers):
+
+        def compute(stream: Stream, bindings: Mapping[str, BufferView], *, name: str = f"layer{layer}") -> None:
+            seen[name] = bindings["w"]
+
+        splits.append(Split(f"layer{layer}", device, (weights,), compute, routing))
+    return splits, data, [host, ids_buf]
+
+
+@pytest.mark.parametrize(("ids", "runs"), [([1, 1], [(1, 1)]), ([2, 0], [(0, 0), (2, 2)]), ([1, 2], [(1, 2)])])
+def test_decode_copies_the_bytes_kernels_read_past_each_used_run_of_experts(
+    backend: Backend, ids: list[int], runs: list[tuple[int, int]]
+) -> None:
+    seen: dict[str, BufferView] = {}
+    (split,), data, resources = _decode_splits(backend, ids, seen)
+    weights = split.inputs[0]
+    assert weights.expert_nbytes is not None
+    expert, overrun = weights.expert_nbytes, weights.padded_nbytes - weights.nbytes
+    assert 0 < overrun < expert
+    with Scheduler(slots=0) as sched:
+        stats = sched.run(Plan.of([split]))
+        view = seen["layer0"]
+        scratch = view.buffer.read(view.offset, view.nbytes)
+    dev = stats.device(split.device.label)
+    assert dev.stock_copies == len(runs)
+    assert dev.bytes_stock == sum((last + 1 - first) * expert + overrun for first, last in runs)
+    copied = np.zeros(scratch.size, dtype=bool)
+    for first, last in runs:
+        end = (last + 1) * expert + overrun  # the run's experts, then what a row read past the last one reaches
+        assert np.array_equal(scratch[first * expert : end], data[first * expert : end]), (first, last)
+        copied[first * expert : end] = True
+    assert not scratch[~copied].any(), "experts not copied read as zeros (the scratch is zeroed when made)"
+    for resource in resources:
+        resource.close()
+
+
+def test_splits_sharing_routing_ids_read_them_back_once(backend: Backend) -> None:
+    seen: dict[str, BufferView] = {}
+    splits, data, resources = _decode_splits(backend, [3, 3], seen, layers=3)
+    with Scheduler(slots=0) as sched:
+        stats = sched.run(Plan.of(splits))
+        again = sched.run(Plan.of(splits[:1]))  # a new run reads them again: the device may have rewritten them
+    assert stats.device(splits[0].device.label).ids_readbacks == 1
+    assert again.device(splits[0].device.label).ids_readbacks == 1
+    for resource in resources:
+        resource.close()
+
+
+@pytest.mark.parametrize(("ids", "named"), [([4, 99], 4), ([-1, 0], -1), ([2, 7], 7)])
+def test_an_expert_id_outside_the_experts_is_named(backend: Backend, ids: list[int], named: int) -> None:
+    (split,), _data, resources = _decode_splits(backend, ids, {})
+    with Scheduler() as sched, pytest.raises(InvalidArgument) as err:
+        sched.run(Plan.of([split]))
+    assert err.value.detail == f"split 'layer0': routing id {named} is outside 0..3"
+    assert err.value.hint == "the router produced invalid expert ids; check n_expert and the ids buffer"
+    for resource in resources:
+        resource.close()
+
+
+def test_rows_that_need_no_padding_get_no_tail_clearing(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    (split,), data, resources = _decode_splits(backend, [0, 2], {}, qtype=Q.F16)
+    assert split.inputs[0].padded_nbytes == split.inputs[0].nbytes
+    sizes: list[int] = []
+    stream_type = type(backend.device(0).stream())
+    real_memset = stream_type.memset
+
+    def counting_memset(self, dst, offset, nbytes, value=0):  # type: ignore[no-untyped-def]
+        sizes.append(nbytes)
+        real_memset(self, dst, offset, nbytes, value)
+
+    monkeypatch.setattr(stream_type, "memset", counting_memset)
+    with Scheduler(slots=0) as sched:
+        sched.run(Plan.of([split]))
+    assert sizes == [data.nbytes], "only the scratch's one zeroing; no empty tail to clear"
+    for resource in resources:
+        resource.close()
+
+
+@pytest.mark.parametrize(
+    ("used", "ranges"),
+    [
+        ([], []),
+        ([2], [(20, 33)]),
+        ([0, 1, 3, 5, 6], [(0, 23), (30, 43), (50, 70)]),
+        ([6], [(60, 70)]),  # the last expert: the tensor's own padding follows, cleared separately
+        ([0, 2, 4], [(0, 13), (20, 33), (40, 53)]),
+    ],
+)
+def test_expert_ranges_cover_each_run_and_what_rows_read_past_it(
+    used: list[int], ranges: list[tuple[int, int]]
+) -> None:
+    assert expert_ranges(np.array(used, dtype=np.int32), 10, 70, 3) == ranges
+
+
+def test_prefetch_returns_after_a_failed_allocation_once_the_slot_count_changes(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    device = backend.device(0)
+    built = plans.build(backend, plans.uniform_specs(6), seed=22)
+    with Scheduler(slots=3) as sched:
+        sched.slots = 0
+        sched.run(built.plan)  # scratch exists now: every later allocation is a staging slot
+        sched.slots = 3
+        real_alloc = device.alloc
+        made: list[DeviceBuffer] = []
+
+        def second_slot_fails(n, *args, **kwargs):  # type: ignore[no-untyped-def]
+            if len(made) == 1:
+                raise OutOfDeviceMemory(f"cannot allocate {n} bytes", call="alloc", device=device.label)
+            made.append(real_alloc(n, *args, **kwargs))
+            return made[-1]
+
+        monkeypatch.setattr(device, "alloc", second_slot_fails)
+        failed = sched.run(built.plan)
+        built.check()
+        assert failed.device(device.label).fallbacks[Fallback.ALLOC_FAILED] == 1
+        assert made[0].closed, "the turned-off ring's slot is freed once the run has drained"
+        monkeypatch.setattr(device, "alloc", real_alloc)
+        sched.slots = 2
+        again = sched.run(built.plan)
+        built.check()
+    dev = again.device(device.label)
+    assert dev.fires == dev.consumed == 6
+    assert dev.fallbacks[Fallback.DISABLED] == 0 and dev.stock_copies == 0
+    built.close()
+
+
+def _split_with_inputs(backend: Backend, sizes: list[int], resources: list) -> Split:
+    """One split whose host inputs (one per scratch position) have the given sizes."""
+    device = backend.device(0)
+    inputs = []
+    for position, size in enumerate(sizes):
+        host = device.wrap_host(np.full(size, position + 1, dtype=np.uint8))
+        resources.append(host)
+        inputs.append(Input(f"in{position}", size, host=HostRegion(host, 0, size)))
+    return Split("s", device, tuple(inputs), lambda stream, bindings: None)
+
+
+def test_scratch_grows_per_position_and_a_failed_growth_leaves_nothing_stale(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    device = backend.device(0)
+    resources: list = []
+    with Scheduler(slots=0) as sched:
+        stats = sched.run(Plan.of([_split_with_inputs(backend, [100, 10, 10], resources)]))
+        assert list(stats.devices) == [device.label] and stats.device(device.label).device == device.label
+        scratch = list(sched._stock[device]._scratch)
+        assert [buf.usage for buf in scratch] == [Usage.COMPUTE] * 3  # garbage until written
+        sched.run(Plan.of([_split_with_inputs(backend, [50, 100, 10], resources)]))  # only position 1 grows
+        assert scratch[1].closed and not scratch[0].closed and not scratch[2].closed
+        scratch = list(sched._stock[device]._scratch)
+        real_alloc = device.alloc
+
+        def no_room(n, *args, **kwargs):  # type: ignore[no-untyped-def]
+            if n > 200:
+                raise OutOfDeviceMemory(f"cannot allocate {n} bytes", call="alloc", device=device.label)
+            return real_alloc(n, *args, **kwargs)
+
+        monkeypatch.setattr(device, "alloc", no_room)
+        with pytest.raises(OutOfDeviceMemory):
+            sched.run(Plan.of([_split_with_inputs(backend, [300, 10, 10], resources)]))
+        assert all(buf.closed for buf in scratch), "the grown position and the ones after it are dropped"
+        monkeypatch.setattr(device, "alloc", real_alloc)
+        sched.run(Plan.of([_split_with_inputs(backend, [300, 100, 10], resources)]))  # remade from scratch
+        remade = sched._stock[device]._scratch
+        assert all(b.alloc_size >= n and not b.closed for b, n in zip(remade, [300, 100, 10], strict=True))
+    for resource in resources:
+        resource.close()
+
+
+def test_a_device_without_host_inputs_still_has_its_stats(backend: Backend) -> None:
+    device = backend.device(0)
+    buf = device.alloc(16)
+    split = Split("resident", device, (Input("x", 16, device_data=buf.view()),), lambda stream, bindings: None)
+    with Scheduler(slots=3) as sched:
+        stats = sched.run(Plan.of([split]))
+    assert list(stats.devices) == [device.label]
+    assert stats.as_dict()[device.label]["device"] == device.label
+    buf.close()
+
+
+def test_device_and_host_inputs_of_one_split_each_get_their_own_bytes(backend: Backend) -> None:
+    device = backend.device(0)
+    resources: list = []
+    resident = device.upload(np.arange(16, dtype=np.uint8))
+    host_split = _split_with_inputs(backend, [40, 24, 8], resources)
+    seen: dict[str, BufferView] = {}
+
+    def compute(stream: Stream, bindings: Mapping[str, BufferView]) -> None:
+        seen.update(bindings)
+
+    inputs = (host_split.inputs[0], Input("resident", 16, device_data=resident.view()), *host_split.inputs[1:])
+    split = Split("mixed", device, inputs, compute)
+    with Scheduler(slots=0) as sched:
+        sched.run(Plan.of([split]))
+        got = {name: view.buffer.read(view.offset, view.nbytes) for name, view in seen.items()}
+    assert sorted(got) == ["in0", "in1", "in2", "resident"]
+    assert seen["resident"].buffer is resident
+    for position, size in enumerate([40, 24, 8]):
+        assert got[f"in{position}"].tolist() == [position + 1] * size
+    resident.close()
+    for resource in resources:
+        resource.close()
