@@ -123,8 +123,7 @@ def outputs(
     with MoeModel.open(path) as model:
         for placement in ([devices[0]], list(devices)):
             with MoeRunner(placement, model, batching) as runner:
-                split = runner.layer_split
-                copied_to = {t.name: split.device_of(layer.index) for layer in model.layers for t in layer.experts}
+                copied_to = runner.layer_split.expert_devices
                 for mode in modes:
                     with HostWeights.open(model, placement[0], mode, copied_to=copied_to) as weights:
                         for n in slots:

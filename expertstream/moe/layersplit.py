@@ -56,6 +56,8 @@ class LayerSplit:
             self.layers[device] = tuple(layer.index for layer in layers[start : start + count])
             start += count
         self._device_of = {index: device for device, indexes in self.layers.items() for index in indexes}
+        # Where each expert tensor is copied to: what a staging ring per device needs (HostWeights.open).
+        self.expert_devices = {t.name: self.device_of(layer.index) for layer in layers for t in layer.experts}
 
     def device_of(self, layer_index: int) -> Device:
         return self._device_of[layer_index]

@@ -222,11 +222,10 @@ def measure(
             slots=max(settings.slots, default=0),
             in_use={d: runner.device_bytes_on(d) for d in split.devices},
         )
-        copied_to = {t.name: split.device_of(layer.index) for layer in model.layers for t in layer.experts}
         with ResidentExperts(model, split, offload, upload_data=runner.data) as resident:
             for mode in settings.host_memory:
                 ring = {} if settings.ring_threads is None else {"ring_threads": settings.ring_threads}
-                with HostWeights.open(model, split.devices[0], mode, copied_to=copied_to, **ring) as weights:
+                with HostWeights.open(model, split.devices[0], mode, copied_to=split.expert_devices, **ring) as weights:
                     for slots in settings.slots:
                         row = _measure_row(
                             backend, runner, weights, resident, slots, settings, result.baselines, progress

@@ -45,8 +45,7 @@ def two(request: pytest.FixtureRequest, backend_name: str, backend: Backend) -> 
 
 
 def _run(runner: MoeRunner, model: MoeModel, mode: HostMemoryMode, slots: int) -> tuple[str, str]:
-    split = runner.layer_split
-    copied_to = {t.name: split.device_of(layer.index) for layer in model.layers for t in layer.experts}
+    copied_to = runner.layer_split.expert_devices
     with (
         HostWeights.open(model, runner.device, mode, copied_to=copied_to, **SMALL_RING) as weights,
         Scheduler(slots=slots) as scheduler,
@@ -132,7 +131,7 @@ def test_a_split_needs_distinct_devices_and_a_layer_each(tiny_path: Path) -> Non
 
 def test_layers_are_split_in_order_as_evenly_as_they_go() -> None:
     # Leading dense layers have no MoE layer: indexes need not start at 0.
-    model = SimpleNamespace(layers=[SimpleNamespace(index=i) for i in range(1, 6)])
+    model = SimpleNamespace(layers=[SimpleNamespace(index=i, experts=()) for i in range(1, 6)])
     with expertstream.backend("sim", devices=2) as sim:
         split = LayerSplit(model, sim.devices)  # type: ignore[arg-type]
         assert split.layers == {sim.devices[0]: (1, 2, 3), sim.devices[1]: (4, 5)}
