@@ -8,10 +8,10 @@ from typing import Any
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-from expertstream.backends.base import Backend, Device, DeviceBuffer, HostBuffer, HostMemory, Usage
+from expertstream.backends.base import Backend, Device, DeviceBuffer, HostBuffer, HostMemory, Stream, Usage
 from expertstream.ggml import row_size
 from expertstream.scheduler import Input, MulMatId, Plan, Split
-from expertstream.scheduler.source import HostRegion
+from expertstream.scheduler.source import HostRegion, HostSource
 
 from . import digest
 
@@ -168,3 +168,27 @@ def uniform_specs(
         n_expert = 4
         specs.append(LayerSpec(device, n_expert, rows, ne0, row_type, 2 * n_expert if prefill else 3, host))
     return specs
+
+
+class FailingSource:
+    """A pageable source whose ``fail_on``-th copy (counted over every source sharing ``counter``) fails,
+    as a vanished file mapping would."""
+
+    def __init__(self, inner: HostSource, counter: dict[str, int], fail_on: int) -> None:
+        self._inner = inner
+        self._counter = counter
+        self._fail_on = fail_on
+
+    @property
+    def nbytes(self) -> int:
+        return int(self._inner.nbytes)
+
+    @property
+    def blocks_host(self) -> bool:
+        return True
+
+    def enqueue_h2d(self, stream: Stream, dst: DeviceBuffer, dst_offset: int, offset: int, nbytes: int) -> None:
+        self._counter["n"] = self._counter.get("n", 0) + 1
+        if self._counter["n"] == self._fail_on:
+            raise OSError("the weights file went away")
+        self._inner.enqueue_h2d(stream, dst, dst_offset, offset, nbytes)

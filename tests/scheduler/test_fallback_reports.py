@@ -99,28 +99,6 @@ def test_ready_waits_are_timed_or_counted_as_untimed(backend: Backend, monkeypat
     built.close()
 
 
-class _SecondCopyFails:
-    """A pageable source whose second copy fails."""
-
-    def __init__(self, inner, counter: dict[str, int]) -> None:  # type: ignore[no-untyped-def]
-        self._inner = inner
-        self._counter = counter
-
-    @property
-    def nbytes(self) -> int:
-        return int(self._inner.nbytes)
-
-    @property
-    def blocks_host(self) -> bool:
-        return True
-
-    def enqueue_h2d(self, stream, dst, dst_offset, offset, nbytes) -> None:  # type: ignore[no-untyped-def]
-        self._counter["n"] += 1
-        if self._counter["n"] == 2:
-            raise OSError("the weights file went away")
-        self._inner.enqueue_h2d(stream, dst, dst_offset, offset, nbytes)
-
-
 def test_a_copy_failing_on_the_worker_while_the_run_fails_is_logged_not_lost(
     backend: Backend, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -132,7 +110,9 @@ def test_a_copy_failing_on_the_worker_while_the_run_fails_is_logged_not_lost(
 
     splits = []
     for index, split in enumerate(built.plan.splits):
-        inputs = tuple(dataclasses.replace(inp, host=_SecondCopyFails(inp.host, counter)) for inp in split.inputs)
+        inputs = tuple(
+            dataclasses.replace(inp, host=plans.FailingSource(inp.host, counter, fail_on=2)) for inp in split.inputs
+        )
         compute = compute_fails if index == 0 else split.compute
         splits.append(dataclasses.replace(split, inputs=inputs, compute=compute))
     # Split 1's copy was handed to the worker before split 0 ran; it fails while the run unwinds.

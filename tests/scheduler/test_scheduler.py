@@ -168,28 +168,6 @@ def test_changing_slot_count_frees_what_is_unused(backend: Backend) -> None:
     built.close()
 
 
-class _FailingSource:
-    """A pageable source whose third copy fails, as a vanished file mapping would."""
-
-    def __init__(self, inner, counter: dict[str, int]) -> None:  # type: ignore[no-untyped-def]
-        self._inner = inner
-        self._counter = counter
-
-    @property
-    def nbytes(self) -> int:
-        return int(self._inner.nbytes)
-
-    @property
-    def blocks_host(self) -> bool:
-        return True
-
-    def enqueue_h2d(self, stream, dst, dst_offset, offset, nbytes) -> None:  # type: ignore[no-untyped-def]
-        self._counter["n"] += 1
-        if self._counter["n"] == 3:
-            raise OSError("the weights file went away")
-        self._inner.enqueue_h2d(stream, dst, dst_offset, offset, nbytes)
-
-
 def test_a_failed_copy_on_the_worker_reaches_the_caller(backend: Backend) -> None:
     import dataclasses
 
@@ -200,7 +178,7 @@ def test_a_failed_copy_on_the_worker_reaches_the_caller(backend: Backend) -> Non
     splits = []
     for split in built.plan.splits:
         inp = split.inputs[0]
-        failing = dataclasses.replace(inp, host=_FailingSource(inp.host, counter))
+        failing = dataclasses.replace(inp, host=plans.FailingSource(inp.host, counter, fail_on=3))
         splits.append(dataclasses.replace(split, inputs=(failing,)))
     with Scheduler(slots=3) as sched:
         with pytest.raises(OSError, match="went away"):
