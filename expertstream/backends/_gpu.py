@@ -348,6 +348,7 @@ class GpuDevice(Device):
             host_register_read_only=self._can_register and self._can_register_ro,
             peer_access=frozenset(peer.index for peer in self._peers),
             matrix_cores=self.api.matrix_cores(self.arch),
+            int8_matrix_cores=self.api.int8_matrix_cores(self.arch),
         )
 
     @property

@@ -277,6 +277,7 @@ class ApiTable:
     # kernels
     compile_options: Callable[[str], list[bytes]]  # arch -> compiler options
     matrix_cores: Callable[[str], bool]  # arch -> whether it has the bf16 matrix instructions kernels use
+    int8_matrix_cores: Callable[[str], bool]  # arch -> whether it has the int8 ones int8.cu uses
     program_create: Call  # (source bytes, name bytes) -> program
     program_compile: Call  # (program, options)
     program_log: Call  # (program) -> str

@@ -81,6 +81,8 @@ class Capabilities:
     peer_access: frozenset[int] = field(default_factory=frozenset)  # device indices reachable
     # bf16 matrix instructions the kernels use (NVIDIA sm_80+, AMD gfx90a/gfx94x, gfx11, gfx12)
     matrix_cores: bool = False
+    # int8 matrix instructions the int8 kernels use (NVIDIA sm_80+: mma.sync m16n8k32 s8)
+    int8_matrix_cores: bool = False
 
 
 class _Exported(abc.ABC):
@@ -943,6 +945,7 @@ class Backend(abc.ABC, Closing):
                         "host_register_read_only": d.capabilities.host_register_read_only,
                         "peer_access": sorted(d.capabilities.peer_access),
                         "matrix_cores": d.capabilities.matrix_cores,
+                        "int8_matrix_cores": d.capabilities.int8_matrix_cores,
                     },
                 }
                 for d in self.devices

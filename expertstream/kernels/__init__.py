@@ -4,11 +4,15 @@
 hipRTC, or the simulator's Python twins in twins.py) and launches them with validated
 arguments. Every method only enqueues work on the given stream.
 
-mul_mat_id has two paths (``layout.MatrixPath``): the matrix-core kernels of mma.cu (bf16
-inputs, float32 accumulation), taken on devices whose ``capabilities.matrix_cores`` is
-set, and the float32 SIMT kernels of moe.cu elsewhere. ``MoeKernels(device, path)`` picks
-one explicitly. On one device and path, outputs are byte-identical however the pairs are
-grouped into tiles.
+mul_mat_id has three paths (``layout.MatrixPath``): the float32 SIMT kernels of moe.cu, the
+bf16 matrix-core kernels of mma.cu (float32 accumulation), and the int8 kernels of int8.cu
+(weight quants times activations quantized per 32-element block, int32 products, float32
+accumulation) for the types that have one. By default each type takes the path
+``layout.default_path`` gives for the device's capabilities: SIMT without matrix cores, INT8
+for the types of ``layout.INT8_DEFAULT_TYPES`` where int8 matrix instructions exist, MMA
+otherwise. ``MoeKernels(device, path)`` asks for one path for every type (types without an
+int8 kernel take MMA when INT8 is asked for); ``path_for`` says which one a type takes. On
+one device and path, outputs are byte-identical however the pairs are grouped into tiles.
 
 Shapes (all float32 unless noted, row-major, contiguous):
 
@@ -23,7 +27,7 @@ Shapes (all float32 unless noted, row-major, contiguous):
   [n_tokens, top_k] = softmax over the selected logits.
 
 Scratch: mul_mat_id groups the pairs by expert on the device into an int32 scratch buffer
-of ``scratch_bytes(...)``. Pass ``scratch`` to own it; without it the instance uses one
+of ``scratch_bytes(...)``, where the int8 path also keeps the quantized activations. Pass ``scratch`` to own it; without it the instance uses one
 buffer of its own, grown when a call needs more and freed by ``close()``. That buffer is
 shared by every call of the instance, so calls on concurrent streams must pass their own.
 """
@@ -49,33 +53,40 @@ log = logging.getLogger(__name__)
 for _spec in (*twins.twin_specs(), *routing_twins.twin_specs()):
     sim.register_kernel(_spec)
 
-SOURCE_NAMES = ("moe.cu", "mma.cu")
+SOURCE_NAMES = ("moe.cu", "mma.cu", "int8.cu")
 
 
 def kernel_source() -> str:
     """The CUDA-C source of every kernel here, as NVRTC and hipRTC compile it.
 
-    moe.cu, then mma.cu, then one matrix-core kernel per weight type and tile height of
-    layout.FORMATS (each names its type by its ggml number, the template argument of the
-    block formats in moe.cu).
+    moe.cu, mma.cu and int8.cu, then one matrix-core kernel per weight type, path and tile
+    height of layout.FORMATS (each names its type by its ggml number, the template argument of
+    the block formats in moe.cu).
     """
     files = [resources.files(__package__).joinpath(name).read_text(encoding="ascii") for name in SOURCE_NAMES]
     instances = [
-        f"MOE_MUL_MAT_ID_MMA({fmt.kernel_name(tile, MatrixPath.MMA)}, {int(fmt.qtype)}, {int(tile)})\n"
+        f"{macro}({fmt.kernel_name(tile, path)}, {int(fmt.qtype)}, {int(tile)})\n"
+        for path, macro in ((MatrixPath.MMA, "MOE_MUL_MAT_ID_MMA"), (MatrixPath.INT8, "MOE_MUL_MAT_ID_INT8"))
         for fmt in layout.FORMATS.values()
-        for tile in fmt.tiles_on(MatrixPath.MMA)
+        for tile in fmt.tiles_on(path)
     ]
     return "\n".join(files) + "\n" + "".join(instances)
 
 
-def default_path(device: Device) -> MatrixPath:
-    """The matrix-core path where the device has matrix cores, the SIMT path elsewhere."""
-    return MatrixPath.MMA if device.capabilities.matrix_cores else MatrixPath.SIMT
+def default_path(device: Device, w_type: RowType) -> MatrixPath:
+    """The path ``w_type`` takes on ``device`` by default (layout.default_path, from its capabilities)."""
+    caps = device.capabilities
+    return layout.default_path(w_type, caps.matrix_cores, caps.int8_matrix_cores)
 
 
-def scratch_bytes(n_tokens: int, top_k: int, n_expert: int) -> int:
-    """Bytes of grouping scratch mul_mat_id needs for this many pairs and experts (any tile)."""
-    return 4 * layout.scratch_words(n_tokens * top_k, n_expert, min(TileM))
+def scratch_bytes(n_tokens: int, top_k: int, n_expert: int, n_in: int, x_per_slot: bool = False) -> int:
+    """Bytes of scratch mul_mat_id needs for this many pairs and experts (any tile, any path).
+
+    The grouping words, then for the int8 path the activations quantized per 32-element block.
+    """
+    n_pairs = n_tokens * top_k
+    x_rows = n_pairs if x_per_slot else n_tokens
+    return layout.quantized_x_offset(n_pairs, n_expert, min(TileM)) + layout.quantized_x_bytes(x_rows, n_in)
 
 
 def _i32(value: int) -> np.int32:
@@ -87,12 +98,26 @@ class MoeKernels(Closing):
 
     def __init__(self, device: Device, path: MatrixPath | None = None) -> None:
         self.device = device
-        self.path = default_path(device) if path is None else path
-        if self.path is MatrixPath.SIMT and device.capabilities.matrix_cores:
+        # None: each type takes its default path on this device (layout.default_path).
+        self.path = path
+        if path is MatrixPath.SIMT and device.capabilities.matrix_cores:
             log.info("mul_mat_id on %s takes the float32 SIMT path although it has matrix cores", device.label)
         self._source = kernel_source()
         self._kernels: dict[str, Kernel] = {}
         self._scratch: list[DeviceBuffer] = []  # the last is current; earlier ones may still be in use
+
+    def path_for(self, w_type: RowType) -> MatrixPath:
+        """The path mul_mat_id takes for ``w_type``: the one asked for (types without an int8 kernel
+        take MMA there), else the device's default for the type."""
+        if self.path is None:
+            return default_path(self.device, w_type)
+        return weight_format(w_type).path_on(self.path)
+
+    def mul_mat_id_kernel(self, w_type: RowType, n_pairs: int, n_expert: int) -> str:
+        """The name of the matrix kernel mul_mat_id launches for this type and number of pairs."""
+        path = self.path_for(w_type)
+        fmt = weight_format(w_type)
+        return fmt.kernel_name(fmt.tile_for(n_pairs, n_expert, path), path)
 
     def kernel(self, name: str) -> Kernel:
         """Kernel ``name`` of the source, compiled on first use."""
@@ -125,35 +150,55 @@ class MoeKernels(Closing):
         """
         call = "MoeKernels.mul_mat_id"
         fmt = weight_format(w_type)
+        path = self.path_for(w_type)
         positive(call, n_expert=n_expert, n_out=n_out, n_in=n_in, n_tokens=n_tokens, top_k=top_k)
         self._check_mul_mat_id_shapes(call, fmt, n_expert, n_out, n_in, n_tokens * top_k)
         n_pairs = n_tokens * top_k
         if tile_m is None:
-            tile_m = fmt.tile_for(n_pairs, n_expert, self.path)
-        elif tile_m not in fmt.tiles_on(self.path):
-            shown = ", ".join(str(int(t)) for t in fmt.tiles_on(self.path))
+            tile_m = fmt.tile_for(n_pairs, n_expert, path)
+        elif tile_m not in fmt.tiles_on(path):
+            shown = ", ".join(str(int(t)) for t in fmt.tiles_on(path))
             raise InvalidArgument(
-                f"{fmt.qtype.name} has no {int(tile_m)}-row tile on the {self.path.value} path",
+                f"{fmt.qtype.name} has no {int(tile_m)}-row tile on the {path.value} path",
                 call=call,
                 hint=f"tile heights there: {shown}",
             )
         tiles = layout.max_tiles(n_pairs, n_expert, tile_m)
         w_bytes = n_expert * n_out * fmt.row_bytes(n_in)
         w_view = view(call, "w", w, padded_size(w_bytes, fmt.qtype, n_in), fmt.unit_bytes)
-        x_view = view(call, "x", x, (n_pairs if x_per_slot else n_tokens) * n_in * 4, 4)
+        x_rows = n_pairs if x_per_slot else n_tokens
+        x_view = x_floats = view(call, "x", x, x_rows * n_in * 4, 4)
         ids_view = view(call, "ids", ids, n_pairs * 4, 4)
         y_view = view(call, "y", y, n_pairs * n_out * 4, 4)
         words = layout.scratch_words(n_pairs, n_expert, tile_m)
-        scratch_view = self._own_scratch(words * 4) if scratch is None else view(call, "scratch", scratch, words * 4, 4)
+        need = words * 4
+        if path is MatrixPath.INT8:
+            xq_at = layout.quantized_x_offset(n_pairs, n_expert, tile_m)
+            need = xq_at + layout.quantized_x_bytes(x_rows, n_in)
+        align = layout.SCRATCH_ALIGN if path is MatrixPath.INT8 else 4
+        whole = self._own_scratch(need) if scratch is None else view(call, "scratch", scratch, need, align)
+        scratch_view = BufferView(whole.buffer, whole.offset, words * 4)
+        if path is MatrixPath.INT8:
+            # The int8 kernel reads the activations as the quantizer leaves them in the scratch.
+            x_view = BufferView(whole.buffer, whole.offset + xq_at, need - xq_at)
+            quant_blocks = x_rows * (n_in // layout.QUANT_BLOCK)
+            stream.launch(
+                self.kernel("moe_quantize_x"),
+                -(-quant_blocks // layout.QUANT_THREADS),
+                layout.QUANT_THREADS,
+                (x_floats, x_view, _i32(x_rows), _i32(n_in)),
+            )
         stream.launch(
             self.kernel("moe_group_by_expert"),
             1,
             layout.GROUP_THREADS,
             (ids_view, scratch_view, _i32(n_pairs), _i32(n_expert), _i32(tile_m), _i32(tiles)),
         )
-        threads = layout.MMID_THREADS if self.path is MatrixPath.SIMT else layout.MMA_THREADS
+        threads = {MatrixPath.SIMT: layout.MMID_THREADS, MatrixPath.MMA: layout.MMA_THREADS}.get(
+            path, layout.INT8_THREADS
+        )
         stream.launch(
-            self.kernel(fmt.kernel_name(tile_m, self.path)),
+            self.kernel(fmt.kernel_name(tile_m, path)),
             (-(-n_out // layout.TILE_N), tiles),
             threads,
             (

@@ -17,6 +17,10 @@ TILE_N = 128  # outputs per block of mul_mat_id
 TILE_K = 32  # elements per k step: one block, or one 32-element slice of a 256-element block
 MMID_THREADS = 128
 MMA_THREADS = 128  # threads per block of the matrix-core mul_mat_id (mma.cu)
+INT8_THREADS = 256  # threads per block of the int8 mul_mat_id (int8.cu)
+QUANT_THREADS = 256  # threads per block of the activation quantizer (int8.cu), one per 32-element block
+QUANT_BLOCK = 32  # activation elements sharing one int8 scale
+SCRATCH_ALIGN = 16  # bytes: where the quantized activations start in the scratch
 GROUP_THREADS = 1024
 MAX_EXPERTS = 1024  # experts the grouping kernel can bucket
 SCRATCH_HEADER = 4  # int32 words before the tile table
@@ -38,6 +42,9 @@ TALL_TILE_MIN_PAIRS_PER_EXPERT = 48
 # The same for the matrix-core kernels. Not yet measured: there the products are cheap and
 # decoding the weights, done once per tile, dominates, so the tall tile should win earlier.
 MMA_TALL_TILE_MIN_PAIRS_PER_EXPERT = 24
+# The same for the int8 kernels (heights 32, 64, 128). Not yet measured: the weights of a tile are
+# read once per block whatever its height, so the tallest tile that is mostly full should win.
+INT8_TILE_MIN_PAIRS_PER_EXPERT = {64: 24, 128: 96}
 
 
 class TileM(enum.IntEnum):
@@ -45,6 +52,7 @@ class TileM(enum.IntEnum):
 
     SHORT = 32
     TALL = 64
+    TALLEST = 128  # int8 path only
 
 
 class MatrixPath(enum.Enum):
@@ -52,9 +60,16 @@ class MatrixPath(enum.Enum):
 
     SIMT = "simt"  # moe.cu: float32 FMAs, any device
     MMA = "mma"  # mma.cu: bf16 inputs on matrix cores, float32 accumulation
+    INT8 = "int8"  # int8.cu: weights as int8, activations quantized per 32-block, int32 products
 
 
 MMA_TILES = (TileM.SHORT, TileM.TALL)  # every type has both heights on matrix cores
+INT8_TILES = (TileM.SHORT, TileM.TALL, TileM.TALLEST)  # for the types with an int8 kernel
+
+# The path mul_mat_id takes per weight type on devices with int8 matrix instructions
+# (Capabilities.int8_matrix_cores); types not listed take the bf16 matrix-core path. Only types with
+# an int8 kernel (WeightFormat.int8) may be listed. Keep whichever path measures faster on the H200.
+INT8_DEFAULT_TYPES = frozenset({GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_K})
 
 
 @dataclass(frozen=True)
@@ -67,6 +82,7 @@ class WeightFormat:
     block_bytes: int
     tiles: tuple[TileM, ...]  # the tile heights compiled for this type
     unit_bytes: int = 2  # the kernel reads the tensor in units of this many bytes: w is aligned to it
+    int8: bool = False  # whether int8.cu has a kernel for this type (MatrixPath.INT8)
 
     @property
     def quantized(self) -> bool:
@@ -82,15 +98,26 @@ class WeightFormat:
         return -(-n_in // MATRIX_ROW_PADDING) * MATRIX_ROW_PADDING
 
     def tiles_on(self, path: MatrixPath) -> tuple[TileM, ...]:
-        """The tile heights compiled for this type on ``path``."""
-        return self.tiles if path is MatrixPath.SIMT else MMA_TILES
+        """The tile heights compiled for this type on ``path`` (none on INT8 for types without it)."""
+        if path is MatrixPath.SIMT:
+            return self.tiles
+        if path is MatrixPath.INT8:
+            return INT8_TILES if self.int8 else ()
+        return MMA_TILES
+
+    def path_on(self, path: MatrixPath) -> MatrixPath:
+        """The path this type takes where ``path`` is asked for: types without an int8 kernel take MMA."""
+        return MatrixPath.MMA if path is MatrixPath.INT8 and not self.int8 else path
 
     def kernel_name(self, tile_m: TileM, path: MatrixPath = MatrixPath.SIMT) -> str:
-        family = "" if path is MatrixPath.SIMT else "mma_"
+        family = {MatrixPath.SIMT: "", MatrixPath.MMA: "mma_", MatrixPath.INT8: "int8_"}[path]
         return f"moe_mul_mat_id_{family}{self.suffix}_m{int(tile_m)}"
 
     def tile_for(self, n_pairs: int, n_expert: int, path: MatrixPath = MatrixPath.SIMT) -> TileM:
         """The tile height that runs faster for this many (token, slot) pairs per expert."""
+        if path is MatrixPath.INT8:
+            tiles = [t for t in self.tiles_on(path) if n_pairs >= INT8_TILE_MIN_PAIRS_PER_EXPERT.get(t, 0) * n_expert]
+            return max(tiles, default=TileM.SHORT)
         tall_from = TALL_TILE_MIN_PAIRS_PER_EXPERT if path is MatrixPath.SIMT else MMA_TALL_TILE_MIN_PAIRS_PER_EXPERT
         if TileM.TALL in self.tiles_on(path) and n_pairs >= tall_from * n_expert:
             return TileM.TALL
@@ -98,10 +125,10 @@ class WeightFormat:
 
 
 def _format(
-    qtype: GGMLQuantizationType, tiles: tuple[TileM, ...] = (TileM.SHORT,), unit_bytes: int = 2
+    qtype: GGMLQuantizationType, tiles: tuple[TileM, ...] = (TileM.SHORT,), unit_bytes: int = 2, int8: bool = False
 ) -> WeightFormat:
     block_elements, block_bytes = GGML_QUANT_SIZES[qtype]
-    return WeightFormat(qtype, qtype.name.lower(), block_elements, block_bytes, tiles, unit_bytes)
+    return WeightFormat(qtype, qtype.name.lower(), block_elements, block_bytes, tiles, unit_bytes, int8)
 
 
 _T = GGMLQuantizationType
@@ -112,14 +139,14 @@ _BOTH = (TileM.SHORT, TileM.TALL)
 FORMATS: dict[GGMLQuantizationType, WeightFormat] = {
     f.qtype: f
     for f in (
-        _format(_T.Q4_0, _BOTH),
+        _format(_T.Q4_0, _BOTH, int8=True),
         _format(_T.Q4_1),
         _format(_T.Q5_0),
         _format(_T.Q5_1),
         _format(_T.Q8_0),
         _format(_T.Q2_K),
         _format(_T.Q3_K),
-        _format(_T.Q4_K),
+        _format(_T.Q4_K, int8=True),
         _format(_T.Q5_K),
         _format(_T.Q6_K),
         _format(_T.IQ1_S),
@@ -165,3 +192,22 @@ def max_tiles(n_pairs: int, n_expert: int, tile_m: int) -> int:
 def scratch_words(n_pairs: int, n_expert: int, tile_m: int) -> int:
     """int32 words of grouping scratch: header, tile triples, then one row entry per pair."""
     return SCRATCH_HEADER + 3 * max_tiles(n_pairs, n_expert, tile_m) + n_pairs
+
+
+def default_path(w_type: RowType, matrix_cores: bool, int8_matrix_cores: bool) -> MatrixPath:
+    """The path mul_mat_id takes for ``w_type`` on a device with these matrix instructions."""
+    if not matrix_cores:
+        return MatrixPath.SIMT
+    if int8_matrix_cores and weight_format(w_type).qtype in INT8_DEFAULT_TYPES:
+        return MatrixPath.INT8
+    return MatrixPath.MMA
+
+
+def quantized_x_bytes(n_rows: int, n_in: int) -> int:
+    """Bytes of activations quantized for the int8 path: int8 values, then (d, s) floats per 32-block."""
+    return n_rows * n_in + n_rows * (n_in // QUANT_BLOCK) * 8
+
+
+def quantized_x_offset(n_pairs: int, n_expert: int, tile_m: int) -> int:
+    """Byte offset of the quantized activations in the scratch: after the grouping words, aligned."""
+    return -(-4 * scratch_words(n_pairs, n_expert, tile_m) // SCRATCH_ALIGN) * SCRATCH_ALIGN

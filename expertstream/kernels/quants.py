@@ -371,3 +371,40 @@ def decode_rows(rows: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
     with np.errstate(over="ignore", invalid="ignore"):  # dirty padding decodes to inf/NaN on purpose
         values = decoder(blocks)
     return values.reshape(n_rows, -1)
+
+
+# -- the int8 path: integer quants and per-32-block scales ---------------------------------
+
+
+def _q4_0_int8(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    q = _nibbles(b[:, 2:18]).astype(np.int8) - np.int8(8)
+    return q[:, None, :], _f16(b, 0), np.zeros((b.shape[0], 1), np.float32)
+
+
+def _q4_k_int8(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    sc, m = _k4_scales(b[:, 4:16])
+    d, dmin = _f16(b, 0), _f16(b, 2)
+    q = _low_nibble_slices(b[:, 16:144]).astype(np.int8)
+    return q, d * sc[:, :, 0], dmin * m[:, :, 0]
+
+
+INT8_SPLITS: dict[GGMLQuantizationType, Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]] = {
+    _T.Q4_0: _q4_0_int8,
+    _T.Q4_K: _q4_k_int8,
+}
+
+
+def int8_rows(rows: np.ndarray, qtype: GGMLQuantizationType) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What the int8 kernels take from uint8 rows [n_rows, row_bytes] of ``qtype``, per 32-element
+    block: int8 quants [n_rows, blocks, 32] and float32 [n_rows, blocks] multipliers of their dot
+    (Q4_0: d; Q4_K: d * sc) and of the activations' sum term (Q4_K: dmin * m; else 0).
+
+    Element k of the row decodes to d * q[k] - m, as decode_rows gives it.
+    """
+    split = INT8_SPLITS.get(qtype)
+    if split is None:
+        raise InvalidArgument(f"no int8 kernel for {qtype.name}")
+    _, block_bytes = GGML_QUANT_SIZES[qtype]
+    n_rows = rows.shape[0]
+    q, d, m = split(np.ascontiguousarray(rows, np.uint8).reshape(-1, block_bytes))
+    return q.reshape(n_rows, -1, 32), d.reshape(n_rows, -1), m.reshape(n_rows, -1)

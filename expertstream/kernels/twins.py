@@ -1,4 +1,4 @@
-"""numpy twins of the kernels in moe.cu and mma.cu: what the simulated backend runs for them.
+"""numpy twins of the kernels in moe.cu, mma.cu and int8.cu: what the simulated backend runs for them.
 
 Each twin takes the launch arguments in the kernel's order, computes what the kernel
 computes (float32, vectorized, for CI-sized shapes) and declares every byte range it reads
@@ -8,6 +8,10 @@ matrix product is an einsum, whose sum for one output does not depend on how man
 share the call, so results do not depend on how tokens are grouped. The twin of the
 matrix-core kernels first rounds decoded weights and activations to bf16 as they do
 (round to nearest even); their products are exact in float32, which they accumulate in.
+The twin of the activation quantizer of the int8 path reproduces its bytes exactly; the twin
+of the int8 kernels takes those bytes, computes each 32-element block's integer dot exactly
+and scales and sums the blocks in float32 in ascending k, as the kernels do (without their
+fused multiply-adds, so results agree within rounding, not bit for bit).
 """
 
 from __future__ import annotations
@@ -87,7 +91,71 @@ def round_to_bf16(values: np.ndarray) -> np.ndarray:
     return np.where(is_nan, quiet_nan, rounded).view(np.float32)
 
 
+def quantize_x(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """float32 rows [n_rows, n_in] quantized as moe_quantize_x does: int8 q [n_rows, blocks, 32],
+    float32 d and s = d * sum(q) [n_rows, blocks]. d = amax / 127 and q = rint(x / d) clamped to
+    +-127 in float32; a block with a NaN or infinity gets d = NaN and q = 0, an all-zero one d = 0."""
+    n_rows, n_in = x.shape
+    blocks = np.ascontiguousarray(x, np.float32).reshape(n_rows, n_in // layout.QUANT_BLOCK, layout.QUANT_BLOCK)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        finite = np.isfinite(blocks).all(axis=-1)
+        amax = np.where(finite, np.abs(np.where(np.isfinite(blocks), blocks, 0)).max(axis=-1), 0).astype(np.float32)
+        d = np.where(finite, amax / np.float32(127), np.float32(np.nan)).astype(np.float32)
+        usable = finite & (d > 0)
+        ratio = blocks / np.where(usable, d, np.float32(1))[..., None]
+        q = np.where(usable[..., None], np.clip(np.rint(ratio), -127, 127), 0).astype(np.int8)
+        s = d * q.sum(axis=-1, dtype=np.int32).astype(np.float32)
+    return q, d, s
+
+
+def pack_quantized_x(q: np.ndarray, d: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """uint8 [n_rows, row bytes]: each row's int8 q, then its (d, s) pairs, padded to 16 bytes."""
+    n_rows, n_blocks, _ = q.shape
+    n_in = n_blocks * layout.QUANT_BLOCK
+    out = np.zeros((n_rows, layout.quantized_x_bytes(1, n_in)), np.uint8)
+    out[:, :n_in] = q.reshape(n_rows, n_in).view(np.uint8)
+    pairs = np.stack([d, s], axis=-1).astype(np.float32).reshape(n_rows, -1)
+    out[:, n_in : n_in + 8 * n_blocks] = pairs.view(np.uint8)
+    return out
+
+
+def unpack_quantized_x(rows: np.ndarray, n_in: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(q, d, s) from rows as pack_quantized_x lays them out."""
+    n_rows = rows.shape[0]
+    n_blocks = n_in // layout.QUANT_BLOCK
+    q = np.ascontiguousarray(rows[:, :n_in]).view(np.int8).reshape(n_rows, n_blocks, layout.QUANT_BLOCK)
+    pairs = np.ascontiguousarray(rows[:, n_in : n_in + 8 * n_blocks]).view(np.float32).reshape(n_rows, n_blocks, 2)
+    return q, pairs[..., 0], pairs[..., 1]
+
+
+# args: x, xq, n_rows, n_in
+
+
+def _quantize_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
+    x_bytes, xq_bytes, n_rows, n_in = args
+    n_rows, n_in = int(n_rows), int(n_in)
+    x = x_bytes.view(np.float32).reshape(n_rows, n_in)
+    xq_bytes.reshape(n_rows, -1)[:] = pack_quantized_x(*quantize_x(x))
+
+
+def _int8_products(
+    xq: tuple[np.ndarray, np.ndarray, np.ndarray], w: tuple[np.ndarray, np.ndarray, np.ndarray]
+) -> np.ndarray:
+    """float32 [m, n]: per 32-block integer dots of activations and weights, scaled and summed in k order."""
+    q_x, d_x, s_x = xq
+    q_w, d_w, m_w = w
+    dots = np.einsum("mbk,nbk->bmn", q_x.astype(np.int32), q_w.astype(np.int32))
+    acc = np.zeros((q_x.shape[0], q_w.shape[0]), np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for b in range(dots.shape[0]):
+            acc += (d_x[:, b, None] * d_w[None, :, b]) * dots[b].astype(np.float32)
+            acc -= m_w[None, :, b] * s_x[:, b, None]
+    return acc
+
+
 def _mul_mat_id_runner(fmt: WeightFormat, path: MatrixPath) -> Any:
+    if path is MatrixPath.INT8:
+        return _int8_runner(fmt)
     rounded = round_to_bf16 if path is MatrixPath.MMA else np.asarray
 
     def run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
@@ -110,6 +178,37 @@ def _mul_mat_id_runner(fmt: WeightFormat, path: MatrixPath) -> Any:
             acts = np.zeros((pairs.size, width), np.float32)
             acts[:, :n_in] = rounded(x[pairs if x_per_slot else pairs // top_k])
             y[pairs] = np.einsum("mk,nk->mn", acts, weights[expert])
+
+    return run
+
+
+def _int8_runner(fmt: WeightFormat) -> Any:
+    def run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
+        w_bytes, xq_bytes, scratch_bytes, y_bytes, n_expert, n_out, n_in, top_k, x_per_slot, max_tiles = args
+        n_expert, n_out, n_in, top_k = int(n_expert), int(n_out), int(n_in), int(top_k)
+        words = scratch_bytes.view(np.int32)
+        table = words[layout.SCRATCH_HEADER : layout.SCRATCH_HEADER + 3 * int(max_tiles)].reshape(-1, 3)
+        rows = words[layout.SCRATCH_HEADER + 3 * int(max_tiles) :]
+        xq = unpack_quantized_x(xq_bytes.reshape(-1, layout.quantized_x_bytes(1, n_in)), n_in)
+        y = y_bytes.view(np.float32).reshape(-1, n_out)
+        row_bytes = fmt.row_bytes(n_in)
+        weights: dict[int, tuple[tuple[np.ndarray, np.ndarray, np.ndarray], np.ndarray]] = {}
+        for expert, first, count in table[: int(words[0])]:
+            pairs = rows[first : first + count]
+            if expert == n_expert:  # ids out of range
+                y[pairs] = np.nan
+                continue
+            if expert not in weights:
+                start = int(expert) * n_out * row_bytes
+                own = w_bytes[start : start + n_out * row_bytes].reshape(n_out, row_bytes)
+                # What the padded part of each row adds: 0 * w, NaN where a tail value is not finite.
+                padded = _padded_rows(w_bytes, fmt, int(expert), n_out, n_in)[:, n_in:]
+                with np.errstate(invalid="ignore"):
+                    tail = (np.float32(0) * padded).sum(axis=1, dtype=np.float32)
+                weights[expert] = (quants.int8_rows(own, fmt.qtype), tail)
+            split, tail = weights[expert]
+            x_rows = pairs if x_per_slot else pairs // top_k
+            y[pairs] = _int8_products(tuple(part[x_rows] for part in xq), split) + tail  # type: ignore[arg-type]
 
     return run
 
@@ -202,8 +301,13 @@ def _reads_then_writes(n_reads: int, n_writes: int) -> Any:
 
 
 def twin_specs() -> list[KernelSpec]:
-    """The twin of every kernel in moe.cu and mma.cu, for the simulator's kernel registry."""
+    """The twin of every kernel in moe.cu, mma.cu and int8.cu, for the simulator's kernel registry."""
     specs = [KernelSpec("moe_group_by_expert", _group_run, _group_accesses, _group_flops)]
+    specs.append(
+        KernelSpec(
+            "moe_quantize_x", _quantize_run, _reads_then_writes(1, 1), lambda args: 3.0 * int(args[2]) * int(args[3])
+        )
+    )
     for fmt in FORMATS.values():
         for path in MatrixPath:
             for tile_m in fmt.tiles_on(path):

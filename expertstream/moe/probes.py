@@ -616,7 +616,7 @@ def _kernels(
                 )
 
             time(
-                fmt.kernel_name(fmt.tile_for(pairs, n_expert, kernels.path), kernels.path),
+                kernels.mul_mat_id_kernel(expert.w_type, pairs, n_expert),
                 mul_mat_id,
                 2.0 * pairs * expert.n_out * expert.n_in,
                 shape=(expert.n_out, expert.n_in),

@@ -260,6 +260,7 @@ class FakeGpu:
             memset_async=call("fakeMemsetAsync", self.memset_async),
             compile_options=lambda arch: [f"--arch={arch}".encode()],
             matrix_cores=lambda arch: False,
+            int8_matrix_cores=lambda arch: False,
             program_create=call("fakertcCreateProgram", self.program_create, RTC_ERRORS),
             program_compile=call("fakertcCompileProgram", self.program_compile, RTC_ERRORS),
             program_log=call(

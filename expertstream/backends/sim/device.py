@@ -51,6 +51,7 @@ class SimDevice(Device):
             host_register_read_only=profile.host_register_read_only,
             peer_access=frozenset(peer.index for peer in self._peers),
             matrix_cores=profile.matrix_cores,
+            int8_matrix_cores=profile.int8_matrix_cores,
         )
 
     @property
