@@ -44,7 +44,7 @@ TALL_TILE_MIN_PAIRS_PER_EXPERT = 48
 MMA_TALL_TILE_MIN_PAIRS_PER_EXPERT = 24
 # The same for the int8 kernels (heights 32, 64, 128). Not yet measured: the weights of a tile are
 # read once per block whatever its height, so the tallest tile that is mostly full should win.
-INT8_TILE_MIN_PAIRS_PER_EXPERT = {64: 24, 128: 96}
+INT8_TILE_MIN_PAIRS_PER_EXPERT = {64: 16, 128: 48}
 
 
 class TileM(enum.IntEnum):
@@ -203,9 +203,15 @@ def default_path(w_type: RowType, matrix_cores: bool, int8_matrix_cores: bool) -
     return MatrixPath.MMA
 
 
+def quantized_x_row_bytes(n_in: int) -> int:
+    """Bytes of one activation row quantized for the int8 path: n_in int8 values, then (d, s) floats
+    per 32-element block, padded to 16 bytes (int8.cu's int8_x_row_bytes)."""
+    return -(-(n_in + n_in // QUANT_BLOCK * 8) // SCRATCH_ALIGN) * SCRATCH_ALIGN
+
+
 def quantized_x_bytes(n_rows: int, n_in: int) -> int:
-    """Bytes of activations quantized for the int8 path: int8 values, then (d, s) floats per 32-block."""
-    return n_rows * n_in + n_rows * (n_in // QUANT_BLOCK) * 8
+    """Bytes of ``n_rows`` activation rows quantized for the int8 path."""
+    return n_rows * quantized_x_row_bytes(n_in)
 
 
 def quantized_x_offset(n_pairs: int, n_expert: int, tile_m: int) -> int:

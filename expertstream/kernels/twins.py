@@ -112,7 +112,7 @@ def pack_quantized_x(q: np.ndarray, d: np.ndarray, s: np.ndarray) -> np.ndarray:
     """uint8 [n_rows, row bytes]: each row's int8 q, then its (d, s) pairs, padded to 16 bytes."""
     n_rows, n_blocks, _ = q.shape
     n_in = n_blocks * layout.QUANT_BLOCK
-    out = np.zeros((n_rows, layout.quantized_x_bytes(1, n_in)), np.uint8)
+    out = np.zeros((n_rows, layout.quantized_x_row_bytes(n_in)), np.uint8)
     out[:, :n_in] = q.reshape(n_rows, n_in).view(np.uint8)
     pairs = np.stack([d, s], axis=-1).astype(np.float32).reshape(n_rows, -1)
     out[:, n_in : n_in + 8 * n_blocks] = pairs.view(np.uint8)
@@ -189,7 +189,7 @@ def _int8_runner(fmt: WeightFormat) -> Any:
         words = scratch_bytes.view(np.int32)
         table = words[layout.SCRATCH_HEADER : layout.SCRATCH_HEADER + 3 * int(max_tiles)].reshape(-1, 3)
         rows = words[layout.SCRATCH_HEADER + 3 * int(max_tiles) :]
-        xq = unpack_quantized_x(xq_bytes.reshape(-1, layout.quantized_x_bytes(1, n_in)), n_in)
+        xq = unpack_quantized_x(xq_bytes.reshape(-1, layout.quantized_x_row_bytes(n_in)), n_in)
         y = y_bytes.view(np.float32).reshape(-1, n_out)
         row_bytes = fmt.row_bytes(n_in)
         weights: dict[int, tuple[tuple[np.ndarray, np.ndarray, np.ndarray], np.ndarray]] = {}

@@ -6,7 +6,8 @@ of one host thread, __syncthreads hands over to the next fiber, so a block runs 
 from barrier to barrier, each round in a fresh random order of its threads (a read that a
 barrier does not order after its write sees the old value in some rounds), blocks one after
 another; __shared__ variables are static. mma.cu takes its
-generic matrix step there (fp32 FMAs over the bf16 tiles), so everything but the vendor's
+generic matrix step there (fp32 FMAs over the bf16 tiles), and int8.cu its generic integer
+step over the int8 tiles after the activation quantizer, so everything but the vendor's
 matrix instruction runs: the raw-block staging, the decode into bf16 tiles, the double
 buffering and its barriers, the padding tail and the epilogue. Results are checked against
 the float64 reference within each path's tolerance, and for the same bytes across tile
@@ -25,7 +26,7 @@ import pytest
 from gguf import GGMLQuantizationType
 
 from expertstream.ggml import padded_size
-from expertstream.kernels import kernel_source, layout
+from expertstream.kernels import kernel_source, layout, twins
 from expertstream.kernels import reference as ref
 from expertstream.kernels.layout import FORMATS, MatrixPath, TileM, weight_format
 
@@ -61,6 +62,8 @@ using std::min;
 
 _DRIVER = """
 typedef void (*MulMatId)(const unsigned char*, const float*, const int*, float*, int, int, int, int, int, int);
+typedef void (*MulMatIdInt8)(const unsigned char*, const unsigned char*, const int*, float*, int, int, int, int, int,
+                             int);
 
 static const std::function<void()>* block_body;
 
@@ -110,6 +113,7 @@ template <typename T> static std::vector<T> read_array(size_t n) {
 int main(int argc, char** argv) {
     const int kernel = atoi(argv[1]);
     const int tile_m = atoi(argv[2]);
+    const bool int8 = atoi(argv[3]) != 0;
     std::vector<int> shape = read_array<int>(7);
     const int n_expert = shape[0], n_out = shape[1], n_in = shape[2], n_tokens = shape[3], top_k = shape[4];
     const int x_per_slot = shape[5], w_bytes = shape[6];
@@ -127,16 +131,38 @@ int main(int argc, char** argv) {
         moe_group_by_expert(ids.data(), scratch.data(), n_pairs, n_expert, tile_m, max_tiles);
     });
     MulMatId kernels[] = {%s};
-    const unsigned threads = MOE_MMID_THREADS;
+    MulMatIdInt8 int8_kernels[] = {%s};
+    // The int8 kernels read the activations as moe_quantize_x leaves them.
+    const int x_rows = x_per_slot ? n_pairs : n_tokens;
+    std::vector<unsigned char> xq((size_t)x_rows * int8_x_row_bytes(n_in) + 16);
+    unsigned char* xq_at = xq.data() + (16 - (size_t)xq.data() %% 16) %% 16;
+    if (int8) {
+        const int blocks = x_rows * (n_in / MOE_QUANT_BLOCK);
+        for (unsigned bx = 0; bx < (unsigned)(blocks + MOE_QUANT_THREADS - 1) / MOE_QUANT_THREADS; ++bx) {
+            blockIdx = EsDim3{bx, 0, 0};
+            blockDim = EsDim3{MOE_QUANT_THREADS, 1, 1};
+            run_block(MOE_QUANT_THREADS, [&] { moe_quantize_x(x.data(), xq_at, x_rows, n_in); });
+        }
+    }
+    const unsigned threads = int8 ? MOE_INT8_THREADS : MOE_MMID_THREADS;
     for (unsigned by = 0; by < (unsigned)max_tiles; ++by) {
         for (unsigned bx = 0; bx < (unsigned)(n_out + MOE_TILE_N - 1) / MOE_TILE_N; ++bx) {
             blockIdx = EsDim3{bx, by, 0};
             blockDim = EsDim3{threads, 1, 1};
             run_block(threads, [&] {
-                kernels[kernel](w.data(), x.data(), scratch.data(), y.data(), n_expert, n_out, n_in, top_k,
-                                x_per_slot, max_tiles);
+                if (int8) {
+                    int8_kernels[kernel](w.data(), xq_at, scratch.data(), y.data(), n_expert, n_out, n_in, top_k,
+                                         x_per_slot, max_tiles);
+                } else {
+                    kernels[kernel](w.data(), x.data(), scratch.data(), y.data(), n_expert, n_out, n_in, top_k,
+                                    x_per_slot, max_tiles);
+                }
             });
         }
+    }
+    if (argc > 4) {  // the quantized activations instead of the outputs
+        fwrite(xq_at, 1, xq.size() - 16, stdout);
+        return 0;
     }
     fwrite(y.data(), sizeof(float), y.size(), stdout);
     return 0;
@@ -144,6 +170,8 @@ int main(int argc, char** argv) {
 """
 
 KERNELS = [(fmt.qtype, path, tile) for fmt in FORMATS.values() for path in MatrixPath for tile in fmt.tiles_on(path)]
+FLOAT_KERNELS = [k for k in KERNELS if k[1] is not MatrixPath.INT8]
+INT8_KERNELS = [k for k in KERNELS if k[1] is MatrixPath.INT8]
 
 
 @pytest.fixture(scope="module")
@@ -156,9 +184,9 @@ def host_kernels(tmp_path_factory: pytest.TempPathFactory) -> Path:
     simt_part = source[: source.index('extern "C" __global__ void moe_swiglu(')]
     mma_part = source[source.index("// mul_mat_id on matrix cores") :]
     assert layout.MMA_THREADS == layout.MMID_THREADS  # the driver launches both with one block size
-    names = ", ".join(FORMATS[t].kernel_name(tile, path) for t, path, tile in KERNELS)
+    names = [", ".join(FORMATS[t].kernel_name(tile, path) for t, path, tile in kinds) for kinds in (FLOAT_KERNELS, INT8_KERNELS)]
     folder = tmp_path_factory.mktemp("host_kernels")
-    (folder / "kernels.cpp").write_text(_PRELUDE + simt_part + mma_part + _DRIVER % names)
+    (folder / "kernels.cpp").write_text(_PRELUDE + simt_part + mma_part + _DRIVER % tuple(names))
     build = subprocess.run(
         [CXX, "-std=c++17", "-O1", "-o", str(folder / "kernels"), str(folder / "kernels.cpp")],
         capture_output=True,
@@ -173,6 +201,19 @@ def with_tail(w: np.ndarray, w_type: GGMLQuantizationType, n_in: int, fill: int 
     padded = np.full(padded_size(w.nbytes, w_type, n_in), fill, np.uint8)
     padded[: w.nbytes] = w.reshape(-1)
     return padded
+
+
+def quantize_on_host(binary: Path, x: np.ndarray) -> np.ndarray:
+    """The bytes moe_quantize_x writes for float32 rows x [n_rows, n_in] (one token, top-1 Q4_0 problem)."""
+    n_rows, n_in = x.shape
+    w = np.zeros(padded_size(n_in // 32 * 18, GGMLQuantizationType.Q4_0, n_in), np.uint8)
+    header = struct.pack("7i", 1, 1, n_in, n_rows, 1, 0, w.nbytes)
+    data = header + w.tobytes() + np.ascontiguousarray(x, np.float32).tobytes() + np.zeros(n_rows, np.int32).tobytes()
+    kernel = INT8_KERNELS.index((GGMLQuantizationType.Q4_0, MatrixPath.INT8, TileM.SHORT))
+    run = subprocess.run(
+        [str(binary), str(kernel), "32", "1", "quantized"], input=data, capture_output=True, check=True
+    )
+    return np.frombuffer(run.stdout, np.uint8).reshape(n_rows, -1)
 
 
 def run_on_host(
@@ -190,8 +231,11 @@ def run_on_host(
     n_tokens, top_k = ids.shape
     header = struct.pack("7i", n_expert, n_out, n_in, n_tokens, top_k, int(x.ndim == 3), padded.nbytes)
     data = header + padded.tobytes() + np.ascontiguousarray(x, np.float32).tobytes() + ids.astype(np.int32).tobytes()
-    kernel = KERNELS.index((w_type, path, tile))
-    run = subprocess.run([str(binary), str(kernel), str(int(tile))], input=data, capture_output=True, check=True)
+    int8 = path is MatrixPath.INT8
+    kernel = (INT8_KERNELS if int8 else FLOAT_KERNELS).index((w_type, path, tile))
+    run = subprocess.run(
+        [str(binary), str(kernel), str(int(tile)), str(int(int8))], input=data, capture_output=True, check=True
+    )
     return np.frombuffer(run.stdout, np.float32).reshape(n_tokens, top_k, n_out)
 
 
@@ -212,7 +256,7 @@ def test_kernels_match_reference_and_agree_across_tiles(
         bad = ids >= n_expert
         for path in MatrixPath:
             results = []
-            for tile in fmt.tiles_on(path):
+            for tile in fmt.tiles_on(path):  # none on INT8 for types without an int8 kernel
                 y = run_on_host(
                     host_kernels, w_type, path, tile, with_tail(w, w_type, n_in), x, ids, n_expert, n_out, n_in
                 )
@@ -226,7 +270,7 @@ def test_kernels_match_reference_and_agree_across_tiles(
 
 
 @pytest.mark.parametrize("w_type", [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_K], ids=lambda t: t.name)
-def test_dirty_padding_tail_shows_on_both_paths(
+def test_dirty_padding_tail_shows_on_every_path(
     host_kernels: Path, rng: np.random.Generator, w_type: GGMLQuantizationType
 ) -> None:
     n_expert, n_out, n_in = 2, 20, 768
@@ -239,3 +283,39 @@ def test_dirty_padding_tail_shows_on_both_paths(
         last_expert = ids == n_expert - 1
         assert np.isnan(y[last_expert][:, -1]).all(), f"{path.value}: a NaN padding tail was not read"
         assert np.isfinite(y[~last_expert]).all() and np.isfinite(y[last_expert][:, :-1]).all()
+
+
+def test_activation_quantizer_writes_the_twins_bytes(host_kernels: Path, rng: np.random.Generator) -> None:
+    """moe_quantize_x and twins.quantize_x agree bit for bit, including rounding ties, zero,
+    NaN and infinite blocks, and values whose quotient lands on the clamp."""
+    n_in = 96
+    x = (rng.standard_normal((7, n_in)) * np.exp(rng.uniform(-20, 20, (7, 1)))).astype(np.float32)
+    x[1, :32] = 0.0  # an all-zero block: d = 0, q = 0
+    x[2, 40] = np.nan
+    x[3, 70] = -np.inf
+    x[4, :32] = np.arange(32, dtype=np.float32) - 12.7  # amax 18.3: quotients near .5 ties
+    x[5, 32:64] = np.float32(127) * np.arange(-16, 16, dtype=np.float32) / 2  # exact ties: q = k / 2 * 127 / d
+    x[6, 64:] = np.float32(1e-44)  # subnormal: d rounds to 0
+    expected = twins.pack_quantized_x(*twins.quantize_x(x))
+    got = quantize_on_host(host_kernels, x)
+    assert got.shape == expected.shape
+    assert got.tobytes() == expected.tobytes(), np.argwhere(got != expected)[:5]
+    q, d, _ = twins.unpack_quantized_x(got, n_in)
+    assert np.isnan(d[2, 1]) and np.isnan(d[3, 2]) and (q[2, 1] == 0).all() and d[1, 0] == 0
+
+
+def test_int8_q4_0_row_of_an_odd_number_of_blocks(host_kernels: Path, rng: np.random.Generator) -> None:
+    """A Q4_0 row of 17 blocks ends in a k step of one block: results match and agree across tiles."""
+    w_type = GGMLQuantizationType.Q4_0
+    n_expert, n_out, n_in, n_tokens, top_k = 3, 40, 544, 20, 2
+    w = ref.random_weights(rng, w_type, n_expert * n_out, n_in)
+    ids = np.stack([rng.choice(n_expert, top_k, replace=False) for _ in range(n_tokens)]).astype(np.int32)
+    x = rng.standard_normal((n_tokens, n_in)).astype(np.float32)
+    expected = ref.mul_mat_id(w, w_type, n_expert, n_out, n_in, x, ids)
+    results = [
+        run_on_host(host_kernels, w_type, MatrixPath.INT8, tile, with_tail(w, w_type, n_in), x, ids, n_expert, n_out, n_in)
+        for tile in FORMATS[w_type].tiles_on(MatrixPath.INT8)
+    ]
+    err = ref.relative_error(results[0], expected)
+    assert err < ref.mul_mat_id_rtol(MatrixPath.INT8), err
+    assert all(r.tobytes() == results[0].tobytes() for r in results)

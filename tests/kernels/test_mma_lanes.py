@@ -93,3 +93,104 @@ def _registers(tile: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         regs[:, j, 0] = rows[t // 4, 2 * (t % 4)]
         regs[:, j, 1] = rows[t // 4, 2 * (t % 4) + 1]
     return regs
+
+
+# -- int8.cu: ldmatrix for the s8 A fragment of mma.sync m16n8k32, and the B words --------------
+
+_INT8_DRIVER = """
+#include <cstdio>
+#include <cstdlib>
+int main() {
+    for (int lane = 0; lane < 32; ++lane) printf("%d %d %d\\n", int8_ldmatrix_a_offset(lane), int8_b_row(lane),
+                                                 int8_b_quad(lane));
+    unsigned int words[8];
+    for (int i = 0; i < 8; ++i) words[i] = (unsigned int)strtoul(getenv(i < 4 ? "LOW" : "HIGH"), 0, 16) * (i + 1);
+    for (int i = 0; i < 8; ++i) printf("%u ", words[i]);
+    printf("\\n");
+    for (int kb = 0; kb < 2; ++kb) {
+        for (int quad = 0; quad < 4; ++quad) {
+            unsigned int b0, b1, k0, k1;
+            Int8Format<ES_TYPE_Q4_0>::b_words(words, kb, quad, &b0, &b1);
+            Int8Format<ES_TYPE_Q4_K>::b_words(words, kb, quad, &k0, &k1);
+            printf("%u %u %u %u\\n", b0, b1, k0, k1);
+        }
+    }
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def int8_lanes(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
+    """(INT8_X_STRIDE, int [32, 3]: a offset, b row, b quad per lane; the 8 weight words; the
+    [2 blocks, 4 quads, 4] b0/b1 words of Q4_0 then Q4_K for them)."""
+    if CXX is None:
+        pytest.skip("no C++ compiler (c++, g++ or clang++) on PATH")
+    source = kernel_source()
+    stride = re.search(r"#define INT8_X_STRIDE (\d+)", source)
+    words = re.search(r"#define INT8_W_WORDS (\d+)", source)
+    assert stride and words
+    functions = source[source.index("template <int TYPE> struct Int8Format;") : source.index("#if defined(INT8_NVIDIA)")]
+    prelude = (
+        "#define __device__\n#define ES_TYPE_Q4_0 2\n#define ES_TYPE_Q4_K 12\n"
+        f"#define INT8_X_STRIDE {stride.group(1)}\n#define INT8_W_WORDS {words.group(1)}\n"
+        "struct Int8Scales { float d, s; };\nfloat half_to_float(unsigned int);\n"
+        "void k4_scale_min(const unsigned short*, int, int*, int*);\n"
+    )
+    folder = tmp_path_factory.mktemp("int8_lanes")
+    (folder / "lanes.cpp").write_text(prelude + functions + _INT8_DRIVER)
+    subprocess.run([CXX, "-std=c++17", "-o", str(folder / "lanes"), str(folder / "lanes.cpp")], check=True)
+    env = {"LOW": "9e3c5a17", "HIGH": "1f2e3d4c"}
+    out = subprocess.run([str(folder / "lanes")], capture_output=True, text=True, check=True, env=env).stdout
+    lines = out.splitlines()
+    table = np.array([line.split() for line in lines[:32]], int)
+    row_words = np.array(lines[32].split(), np.uint64).astype(np.uint32)
+    fragments = np.array([line.split() for line in lines[33:]], np.uint64).astype(np.uint32).reshape(2, 4, 4)
+    return int(stride.group(1)), table, row_words, fragments
+
+
+def test_ldmatrix_gives_the_int8_mma_its_a_fragments(int8_lanes: tuple[int, np.ndarray, np.ndarray, np.ndarray]) -> None:
+    stride, table, _, _ = int8_lanes
+    a = np.arange(16 * stride).reshape(16, stride)  # A[m][k] (one byte each) at a[m, k]
+    flat = a.reshape(-1)
+    t = np.arange(32)
+    g, c = t // 4, t % 4
+    # ldmatrix .x4 (b16): lanes 8j..8j+7 name the rows of matrix j; lane t gets bytes 4 (t % 4)..+3
+    # of row t / 4 of each matrix.
+    regs = np.empty((32, 4, 4), a.dtype)
+    for j in range(4):
+        rows = np.stack([flat[table[8 * j + r, 0] : table[8 * j + r, 0] + 16] for r in range(8)])
+        for byte in range(4):
+            regs[:, j, byte] = rows[g, 4 * c + byte]
+    # PTX ISA, m16n8k32 .s8 A: a0 = A[g][4c..], a1 = A[g+8][4c..], a2 = A[g][16+4c..], a3 = A[g+8][16+4c..]
+    for reg, (row, col) in enumerate([(g, 4 * c), (g + 8, 4 * c), (g, 16 + 4 * c), (g + 8, 16 + 4 * c)]):
+        for byte in range(4):
+            assert (regs[:, reg, byte] == a[row, col + byte]).all(), (reg, byte)
+
+
+def test_each_lane_reads_the_b_column_the_int8_mma_asks_of_it(
+    int8_lanes: tuple[int, np.ndarray, np.ndarray, np.ndarray],
+) -> None:
+    _, table, _, _ = int8_lanes
+    t = np.arange(32)
+    # PTX ISA, m16n8k32 .s8 B: b0 = B[4c..4c+3][g], b1 = B[16+4c..16+4c+3][g]
+    assert (table[:, 1] == t // 4).all() and (table[:, 2] == t % 4).all()
+
+
+def test_b_words_hold_the_quants_of_k_4c_and_16_plus_4c(
+    int8_lanes: tuple[int, np.ndarray, np.ndarray, np.ndarray],
+) -> None:
+    _, _, row_words, fragments = int8_lanes
+    row_bytes = row_words.view(np.uint8)  # the 32 nibble bytes of a staged weight row
+    low, high = (row_bytes & 0xF).astype(np.int64), (row_bytes >> 4).astype(np.int64)
+    for kb in range(2):
+        # Q4_0: block kb is bytes 16kb..16kb+15; element k < 16 in the low nibble of byte k, k >= 16
+        # in the high nibble of byte k - 16; the value is the nibble minus 8.
+        q4_0 = np.concatenate([low[16 * kb : 16 * kb + 16], high[16 * kb : 16 * kb + 16]]) - 8
+        # Q4_K: sub-block kb of the 64-element chunk: element k in nibble kb of byte k.
+        q4_k = (low if kb == 0 else high)[:32]
+        for quad in range(4):
+            got = fragments[kb, quad].view(np.int8).reshape(4, 4).astype(np.int64)  # b0, b1 of Q4_0, Q4_K
+            for expected, b0, b1 in ((q4_0, got[0], got[1]), (q4_k, got[2], got[3])):
+                assert (b0 == expected[4 * quad : 4 * quad + 4]).all(), (kb, quad)
+                assert (b1 == expected[16 + 4 * quad : 16 + 4 * quad + 4]).all(), (kb, quad)

@@ -1,5 +1,6 @@
 """mul_mat_id against the float64 reference on every usable backend, for every weight type
-and both paths (float32 SIMT, bf16 matrix cores), each within its own tolerance.
+and every path (float32 SIMT, bf16 matrix cores, int8 where the type has it: the others take
+the bf16 path when int8 is asked for), each within its own tolerance.
 
 Fresh random inputs each run; outputs are poisoned with NaN before each launch, so an
 element the kernel did not write fails the finiteness check.
@@ -37,11 +38,12 @@ def n_in_for(w_type: GGMLQuantizationType) -> int:
     return 768 if w_type in QUANTIZED else 200
 
 
-def check(kernels: MoeKernels, y: np.ndarray, expected: np.ndarray) -> None:
+def check(kernels: MoeKernels, w_type: GGMLQuantizationType, y: np.ndarray, expected: np.ndarray) -> None:
     assert np.isfinite(y).all(), f"{np.count_nonzero(~np.isfinite(y))} outputs unwritten or not finite"
     err = ref.relative_error(y, expected)
-    bound = ref.mul_mat_id_rtol(kernels.path)
-    assert err < bound, f"relative error {err:.3g} over {bound} ({kernels.path.value})"
+    path = kernels.path_for(w_type)
+    bound = ref.mul_mat_id_rtol(path)
+    assert err < bound, f"relative error {err:.3g} over {bound} ({path.value})"
 
 
 @pytest.mark.parametrize("x_per_slot", [False, True], ids=["shared_x", "x_per_slot"])
@@ -61,7 +63,7 @@ def test_matches_reference(
     if 6 not in ids[0]:
         ids[0, 0] = 6
     problem = tensors.make_problem(device, rng, w_type, shape, ids)
-    check(kernels, tensors.run(kernels, stream, problem), problem.reference())
+    check(kernels, w_type, tensors.run(kernels, stream, problem), problem.reference())
 
 
 @pytest.mark.parametrize("w_type", ALL_TYPES, ids=lambda t: t.name)
@@ -74,7 +76,7 @@ def test_single_token(
 ) -> None:
     shape = Shape(n_expert=4, n_out=64, n_in=n_in_for(w_type), n_tokens=1, top_k=2)
     problem = tensors.make_problem(device, rng, w_type, shape, tensors.distinct_ids(rng, 1, 2, np.arange(4)))
-    check(kernels, tensors.run(kernels, stream, problem), problem.reference())
+    check(kernels, w_type, tensors.run(kernels, stream, problem), problem.reference())
 
 
 @pytest.mark.parametrize("w_type", ALL_TYPES, ids=lambda t: t.name)
@@ -89,12 +91,14 @@ def test_many_tokens_on_one_expert(
     # height, and the type's tallest tile is chosen.
     shape = Shape(n_expert=6, n_out=40, n_in=n_in_for(w_type), n_tokens=150, top_k=2, x_per_slot=True)
     fmt = weight_format(w_type)
-    assert fmt.tile_for(shape.n_pairs, shape.n_expert, kernels.path) is max(fmt.tiles_on(kernels.path))
+    assert fmt.tile_for(shape.n_pairs, shape.n_expert, kernels.path_for(w_type)) is max(
+        fmt.tiles_on(kernels.path_for(w_type))
+    )
     ids = np.empty((shape.n_tokens, 2), np.int32)
     ids[:, 0] = 2
     ids[:, 1] = rng.choice([0, 4, 5], shape.n_tokens)
     problem = tensors.make_problem(device, rng, w_type, shape, ids)
-    check(kernels, tensors.run(kernels, stream, problem), problem.reference())
+    check(kernels, w_type, tensors.run(kernels, stream, problem), problem.reference())
 
 
 @pytest.mark.parametrize("w_type", ALL_TYPES, ids=lambda t: t.name)
@@ -107,7 +111,9 @@ def test_bit_identical_across_runs_and_groupings(
 ) -> None:
     shape = Shape(n_expert=5, n_out=130, n_in=n_in_for(w_type), n_tokens=150, top_k=2)
     fmt = weight_format(w_type)
-    assert fmt.tile_for(shape.n_pairs, shape.n_expert, kernels.path) is max(fmt.tiles_on(kernels.path))
+    assert fmt.tile_for(shape.n_pairs, shape.n_expert, kernels.path_for(w_type)) is max(
+        fmt.tiles_on(kernels.path_for(w_type))
+    )
     problem = tensors.make_problem(device, rng, w_type, shape, tensors.distinct_ids(rng, 150, 2, np.arange(5)))
     first = tensors.run(kernels, stream, problem)
     second = tensors.run(kernels, stream, problem)
@@ -115,7 +121,7 @@ def test_bit_identical_across_runs_and_groupings(
 
     # The same first three tokens alone: other tile contents and the short tile kernel.
     few = Shape(shape.n_expert, shape.n_out, shape.n_in, n_tokens=3, top_k=2)
-    assert fmt.tile_for(few.n_pairs, few.n_expert, kernels.path) is TileM.SHORT
+    assert fmt.tile_for(few.n_pairs, few.n_expert, kernels.path_for(w_type)) is TileM.SHORT
     alone = tensors.Problem(
         few,
         w_type,
@@ -139,11 +145,11 @@ def test_bit_identical_across_tile_heights(
 ) -> None:
     """Every tile height the path has for the type gives the same bytes: a pair's result does
     not depend on which row of which tile computes it."""
-    tiles = weight_format(w_type).tiles_on(kernels.path)
+    tiles = weight_format(w_type).tiles_on(kernels.path_for(w_type))
     shape = Shape(n_expert=3, n_out=70, n_in=n_in_for(w_type), n_tokens=50, top_k=2)
     problem = tensors.make_problem(device, rng, w_type, shape, tensors.distinct_ids(rng, 50, 2, np.arange(3)))
     results = [tensors.run(kernels, stream, problem, tile_m=tile) for tile in tiles]
-    check(kernels, results[0], problem.reference())
+    check(kernels, w_type, results[0], problem.reference())
     for tile, y in zip(tiles[1:], results[1:], strict=True):
         assert y.tobytes() == results[0].tobytes(), f"{int(tile)}-row tiles give other bytes than {int(tiles[0])}"
 
@@ -202,9 +208,9 @@ def test_two_types_in_one_call_sequence(
         )
     stream.synchronize()
     y_up = hidden.read().view(np.float32).reshape(9, 2, up_shape.n_out)
-    check(kernels, y_up, up.reference())
+    check(kernels, up_type, y_up, up.reference())
     y_down = out.read().view(np.float32).reshape(9, 2, down_shape.n_out)
-    check(kernels, y_down, ref.mul_mat_id(w_down, down_type, 5, down_shape.n_out, down_shape.n_in, y_up, ids))
+    check(kernels, down_type, y_down, ref.mul_mat_id(w_down, down_type, 5, down_shape.n_out, down_shape.n_in, y_up, ids))
 
 
 def test_out_of_range_ids_give_nan_rows(
@@ -221,7 +227,7 @@ def test_out_of_range_ids_give_nan_rows(
     bad = np.zeros(ids.shape, bool)
     bad[1, 0] = bad[3, 1] = True
     assert np.isnan(y[bad]).all(), "rows of out-of-range ids must be NaN"
-    check(kernels, y[~bad], expected[~bad])
+    check(kernels, w_type, y[~bad], expected[~bad])
 
 
 @pytest.mark.parametrize("w_type", QUANTIZED, ids=lambda t: t.name)
