@@ -56,8 +56,14 @@ def _info(args: argparse.Namespace) -> int:
             caps = dev["capabilities"]
             flags = ", ".join(
                 k
-                for k in ("async_copies", "events", "host_register", "host_register_read_only", "matrix_cores",
-                          "int8_matrix_cores")
+                for k in (
+                    "async_copies",
+                    "events",
+                    "host_register",
+                    "host_register_read_only",
+                    "matrix_cores",
+                    "int8_matrix_cores",
+                )
                 if caps[k]
             )
             peers = ",".join(map(str, caps["peer_access"])) or "none"

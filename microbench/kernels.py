@@ -6,13 +6,14 @@
 kernel) timed with timing events, as TFLOP/s of useful work (2 * tokens * top_k * n_out *
 n_in) and against the time the tensor takes to cross the bus at the pinned host-to-device
 bandwidth (measured here unless ``--bandwidth-gbs`` is given). Each path of mul_mat_id
-(``simt``: float32 FMAs; ``mma``: bf16 matrix cores) is measured at the tile height it
+(``simt``: float32 FMAs; ``mma``: bf16 matrix cores; ``int8``: int8 matrix cores, for the types
+that have it, its time including the activation quantizer) is measured at the tile height it
 picks, or at each height given with ``--tiles``, all on the same routing and activations;
 "vs simt" is each output's relative difference from the SIMT path's (about 2.4e-3 for the
-bf16 path, from its rounding).
+bf16 path, from its rounding; about 5e-3 for the int8 path).
 
     python -m microbench.kernels --backend cuda [--json] [--ubatch 512 2048 4096] [--types Q4_0 F16]
-        [--paths simt mma] [--tiles auto 32 64]
+        [--paths simt mma int8] [--tiles auto 32 64 128]
 """
 
 from __future__ import annotations
@@ -41,7 +42,12 @@ N_EXPERT = 128
 TOP_K = 8
 FP32_SIMT_PEAK_TFLOPS = 67.0  # H100/H200 SXM datasheet, plain fp32 FMA
 BF16_DENSE_PEAK_TFLOPS = 989.0  # H100/H200 SXM datasheet, dense bf16 tensor cores
-PEAK_TFLOPS = {MatrixPath.SIMT: FP32_SIMT_PEAK_TFLOPS, MatrixPath.MMA: BF16_DENSE_PEAK_TFLOPS}
+INT8_DENSE_PEAK_TOPS = 1979.0  # H100/H200 SXM datasheet, dense int8 tensor cores
+PEAK_TFLOPS = {
+    MatrixPath.SIMT: FP32_SIMT_PEAK_TFLOPS,
+    MatrixPath.MMA: BF16_DENSE_PEAK_TFLOPS,
+    MatrixPath.INT8: INT8_DENSE_PEAK_TOPS,
+}
 BANDWIDTH_PROBE_BYTES = 256 * MIB
 
 
@@ -108,7 +114,8 @@ def time_ms(device: Device, stream: Stream, launch: Any, warmup: int, repeats: i
 def tiles_to_measure(
     args: argparse.Namespace, w_type: GGMLQuantizationType, path: MatrixPath, ubatch: int
 ) -> list[TileM]:
-    """The asked tile heights the path has for the type, "auto" being the launcher's pick, each once."""
+    """The asked tile heights the path has for the type, "auto" being the launcher's pick, each once
+    (none where the type lacks the path: no int8 rows for types without an int8 kernel)."""
     fmt = weight_format(w_type)
     asked = [fmt.tile_for(ubatch * TOP_K, N_EXPERT, path) if t == "auto" else TileM(int(t)) for t in args.tiles]
     return list(dict.fromkeys(t for t in asked if t in fmt.tiles_on(path)))

@@ -27,9 +27,10 @@ Shapes (all float32 unless noted, row-major, contiguous):
   [n_tokens, top_k] = softmax over the selected logits.
 
 Scratch: mul_mat_id groups the pairs by expert on the device into an int32 scratch buffer
-of ``scratch_bytes(...)``, where the int8 path also keeps the quantized activations. Pass ``scratch`` to own it; without it the instance uses one
-buffer of its own, grown when a call needs more and freed by ``close()``. That buffer is
-shared by every call of the instance, so calls on concurrent streams must pass their own.
+of ``scratch_bytes(...)``, where the int8 path also keeps the quantized activations (16-byte
+aligned there). Pass ``scratch`` to own it; without it the instance uses one buffer of its
+own, grown when a call needs more and freed by ``close()``. That buffer is shared by every
+call of the instance, so calls on concurrent streams must pass their own.
 """
 
 from __future__ import annotations

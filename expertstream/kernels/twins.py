@@ -208,7 +208,8 @@ def _int8_runner(fmt: WeightFormat) -> Any:
                 weights[expert] = (quants.int8_rows(own, fmt.qtype), tail)
             split, tail = weights[expert]
             x_rows = pairs if x_per_slot else pairs // top_k
-            y[pairs] = _int8_products(tuple(part[x_rows] for part in xq), split) + tail  # type: ignore[arg-type]
+            q_x, d_x, s_x = xq
+            y[pairs] = _int8_products((q_x[x_rows], d_x[x_rows], s_x[x_rows]), split) + tail
 
     return run
 

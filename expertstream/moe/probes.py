@@ -595,7 +595,6 @@ def _kernels(
             float(tokens),
         )
         for expert in shape.experts:
-            fmt = weight_format(expert.w_type)
             w = stack.enter_context(expert_weights(device, rng, expert.w_type, expert.n_out, expert.n_in, n_expert))
             x_rows = pairs if expert.x_per_slot else ubatch
 

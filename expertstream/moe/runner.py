@@ -351,9 +351,10 @@ class MoeRunner(Closing):
         return self.layer_split.device_of(layer_index)
 
     @property
-    def matrix_path(self) -> MatrixPath:
-        """The expert matmul path the kernels take (matrix cores or SIMT; one kind of device per run)."""
-        return self._parts[0].kernels.path
+    def matrix_paths(self) -> frozenset[MatrixPath]:
+        """The expert matmul paths the kernels take for the model's expert types (one kind of device per run)."""
+        kernels = self._parts[0].kernels
+        return frozenset(kernels.path_for(t.qtype) for layer in self.model.layers for t in layer.experts)
 
     @property
     def crossings(self) -> tuple[str, ...]:

@@ -184,7 +184,10 @@ def host_kernels(tmp_path_factory: pytest.TempPathFactory) -> Path:
     simt_part = source[: source.index('extern "C" __global__ void moe_swiglu(')]
     mma_part = source[source.index("// mul_mat_id on matrix cores") :]
     assert layout.MMA_THREADS == layout.MMID_THREADS  # the driver launches both with one block size
-    names = [", ".join(FORMATS[t].kernel_name(tile, path) for t, path, tile in kinds) for kinds in (FLOAT_KERNELS, INT8_KERNELS)]
+    names = [
+        ", ".join(FORMATS[t].kernel_name(tile, path) for t, path, tile in kinds)
+        for kinds in (FLOAT_KERNELS, INT8_KERNELS)
+    ]
     folder = tmp_path_factory.mktemp("host_kernels")
     (folder / "kernels.cpp").write_text(_PRELUDE + simt_part + mma_part + _DRIVER % tuple(names))
     build = subprocess.run(
@@ -313,7 +316,9 @@ def test_int8_q4_0_row_of_an_odd_number_of_blocks(host_kernels: Path, rng: np.ra
     x = rng.standard_normal((n_tokens, n_in)).astype(np.float32)
     expected = ref.mul_mat_id(w, w_type, n_expert, n_out, n_in, x, ids)
     results = [
-        run_on_host(host_kernels, w_type, MatrixPath.INT8, tile, with_tail(w, w_type, n_in), x, ids, n_expert, n_out, n_in)
+        run_on_host(
+            host_kernels, w_type, MatrixPath.INT8, tile, with_tail(w, w_type, n_in), x, ids, n_expert, n_out, n_in
+        )
         for tile in FORMATS[w_type].tiles_on(MatrixPath.INT8)
     ]
     err = ref.relative_error(results[0], expected)

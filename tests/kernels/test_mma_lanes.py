@@ -130,7 +130,9 @@ def int8_lanes(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, np.ndarra
     stride = re.search(r"#define INT8_X_STRIDE (\d+)", source)
     words = re.search(r"#define INT8_W_WORDS (\d+)", source)
     assert stride and words
-    functions = source[source.index("template <int TYPE> struct Int8Format;") : source.index("#if defined(INT8_NVIDIA)")]
+    functions = source[
+        source.index("template <int TYPE> struct Int8Format;") : source.index("#if defined(INT8_NVIDIA)")
+    ]
     prelude = (
         "#define __device__\n#define ES_TYPE_Q4_0 2\n#define ES_TYPE_Q4_K 12\n"
         f"#define INT8_X_STRIDE {stride.group(1)}\n#define INT8_W_WORDS {words.group(1)}\n"
@@ -149,7 +151,9 @@ def int8_lanes(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, np.ndarra
     return int(stride.group(1)), table, row_words, fragments
 
 
-def test_ldmatrix_gives_the_int8_mma_its_a_fragments(int8_lanes: tuple[int, np.ndarray, np.ndarray, np.ndarray]) -> None:
+def test_ldmatrix_gives_the_int8_mma_its_a_fragments(
+    int8_lanes: tuple[int, np.ndarray, np.ndarray, np.ndarray],
+) -> None:
     stride, table, _, _ = int8_lanes
     a = np.arange(16 * stride).reshape(16, stride)  # A[m][k] (one byte each) at a[m, k]
     flat = a.reshape(-1)

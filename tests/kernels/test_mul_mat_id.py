@@ -210,7 +210,9 @@ def test_two_types_in_one_call_sequence(
     y_up = hidden.read().view(np.float32).reshape(9, 2, up_shape.n_out)
     check(kernels, up_type, y_up, up.reference())
     y_down = out.read().view(np.float32).reshape(9, 2, down_shape.n_out)
-    check(kernels, down_type, y_down, ref.mul_mat_id(w_down, down_type, 5, down_shape.n_out, down_shape.n_in, y_up, ids))
+    check(
+        kernels, down_type, y_down, ref.mul_mat_id(w_down, down_type, 5, down_shape.n_out, down_shape.n_in, y_up, ids)
+    )
 
 
 def test_out_of_range_ids_give_nan_rows(
