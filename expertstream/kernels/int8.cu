@@ -504,7 +504,7 @@ __device__ void mul_mat_id_int8_tile(const unsigned char* __restrict__ w, const 
 }
 
 #define MOE_MUL_MAT_ID_INT8(NAME, TYPE, TILE_M)                                                             \
-    extern "C" __global__ void __launch_bounds__(MOE_INT8_THREADS)                                          \
+    extern "C" __global__ void __launch_bounds__(MOE_INT8_THREADS, 2)                                       \
         NAME(const unsigned char* __restrict__ w, const unsigned char* __restrict__ xq,                     \
              const int* __restrict__ scratch, float* __restrict__ y, int n_expert, int n_out, int n_in,    \
              int top_k, int x_per_slot, int max_tiles) {                                                   \
