@@ -614,14 +614,16 @@ def _kernels(
                     y.view(0, pairs * expert.n_out * 4),
                 )
 
+            # The grouping kernel, and on the int8 path the activation quantizer before it.
+            quantized = kernels.path_for(expert.w_type) is layout.MatrixPath.INT8
             time(
                 kernels.mul_mat_id_kernel(expert.w_type, pairs, n_expert),
                 mul_mat_id,
                 2.0 * pairs * expert.n_out * expert.n_in,
                 shape=(expert.n_out, expert.n_in),
                 size=pairs / n_expert,
-                launches=2,
-                other_flops=float(pairs),  # the grouping kernel
+                launches=3 if quantized else 2,
+                other_flops=float(pairs) + (3.0 * x_rows * expert.n_in if quantized else 0.0),
             )
     return rows
 
