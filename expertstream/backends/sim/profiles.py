@@ -252,27 +252,26 @@ _H200_MUL_MAT_ID_MMA = {
 }
 
 
-# assumed: the int8 kernels (int8.cu) are not measured yet; until they are, the tile heights they
-# pick at the measured ubatches (64 at 512, 128 at 4096) get the bf16 path's measured rate for the
-# type. The short tile, picked only for few pairs per expert, runs at flops_per_s as mma's does.
-_INT8_TILES = (64, 128)
+# measured: the int8 mul_mat_id (int8.cu, activations quantized per 32-block, mma.sync s8; the
+# quantizer's time included), `python -m microbench.kernels --backend cuda --types Q4_0 Q4_K --ubatch
+# 512 4096 --paths mma int8 --tiles 32 64 128 --repeats 10` on the H200, 2026-12-01
+# (docs/results/cuda-h200-kernels.md). Each ubatch row lists the tile the launcher picks there.
+_H200_MUL_MAT_ID_INT8 = {
+    "Q4_0": ((512, 64, 30.4, 27.2), (4096, 128, 75.0, 68.2)),
+    "Q4_K": ((512, 64, 26.0, 22.5), (4096, 128, 70.2, 59.0)),
+}
 
 
 def _h200_kernel_rates() -> tuple[KernelRate, ...]:
     rates = []
-    tables = (
-        ("", _H200_MUL_MAT_ID, None),
-        ("mma_", _H200_MUL_MAT_ID_MMA, None),
-        ("int8_", _H200_MUL_MAT_ID_MMA, _INT8_TILES),
-    )
-    for family, table, tiles in tables:
+    tables = (("", _H200_MUL_MAT_ID), ("mma_", _H200_MUL_MAT_ID_MMA), ("int8_", _H200_MUL_MAT_ID_INT8))
+    for family, table in tables:
         for type_name, rows in table.items():
-            for ubatch, measured_tile, gate_up, down in rows:
-                for tile in tiles or (measured_tile,):
-                    kernel = f"moe_mul_mat_id_{family}{type_name.lower()}_m{tile}"
-                    pairs_per_expert = ubatch * 8 / 128
-                    rates.append(KernelRate(kernel, (768, 2048), pairs_per_expert, gate_up * 1e12))
-                    rates.append(KernelRate(kernel, (2048, 768), pairs_per_expert, down * 1e12))
+            for ubatch, tile, gate_up, down in rows:
+                kernel = f"moe_mul_mat_id_{family}{type_name.lower()}_m{tile}"
+                pairs_per_expert = ubatch * 8 / 128
+                rates.append(KernelRate(kernel, (768, 2048), pairs_per_expert, gate_up * 1e12))
+                rates.append(KernelRate(kernel, (2048, 768), pairs_per_expert, down * 1e12))
     return tuple(rates)
 
 
