@@ -169,6 +169,8 @@ def measure(
         gate = stack.enter_context(_Gate.opened(device, stream, bounds.gate_bytes))
         mapping = stack.enter_context(_file_mapping(device, bounds.mapping_bytes))
         source = _Cycle(pageable if pageable is not None and pageable.nbytes >= bounds.mapping_bytes else mapping)
+        progress("compile kernels")  # on a GPU, NVRTC or hipRTC (or the on-disk cache's images)
+        kernels.prepare(e.w_type for e in shape.experts)
         progress("copies")
         copies = _copies(backend, device, stream, source, gate, bounds)
         progress("launch overhead")
