@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,10 +69,35 @@ class Tuned:
     base: str
     profile: Profile
     decode_step_s: float | None = None  # measured on the device, for the enqueue calibration
+    phases_s: dict[str, float] = dataclasses.field(default_factory=dict)  # wall seconds per phase, in order
 
     def document(self) -> dict[str, Any]:
         """The profile file: the measured fields over a built-in base."""
         return {"base": self.base, **self.fields}
+
+
+class PhaseClock:
+    """Wall seconds per phase: each phase runs from its ``start`` to the next one's (or ``stop``).
+
+    Wall time, not ``backend.host_timestamp()``: what a phase costs the user, compiles included.
+    """
+
+    def __init__(self, progress: Callable[[str], None] = lambda what: None) -> None:
+        self.seconds: dict[str, float] = {}
+        self._progress = progress
+        self._current: str | None = None
+        self._since = 0.0
+
+    def start(self, phase: str) -> None:
+        self.stop()
+        self._progress(phase)
+        self._current, self._since = phase, time.perf_counter()
+
+    def stop(self) -> None:
+        if self._current is not None:
+            elapsed = time.perf_counter() - self._since
+            self.seconds[self._current] = self.seconds.get(self._current, 0.0) + elapsed
+            self._current = None
 
 
 # -- fitting ---------------------------------------------------------------------------------
@@ -151,6 +177,28 @@ def fit(m: Measurements, base: Profile, name: str, vendor_like: str) -> dict[str
     return fields
 
 
+# The profile fields a tune run measures (host_register_bps only where registration works).
+FITTED_FIELDS = (
+    "memory_bytes",
+    "h2d_pinned_bps",
+    "h2d_pageable_bps",
+    "d2h_bps",
+    "d2h_pageable_bps",
+    "d2d_bps",
+    "memset_bps",
+    "copy_latency_s",
+    "pageable_blocks_host",
+    "pageable_wait_binds_tail",
+    "launch_latency_s",
+    "enqueue_s",
+    "host_memcpy_bps",
+    "host_memcpy_total_bps",
+    "host_register",
+    "host_register_read_only",
+    "kernel_rates",
+)
+
+
 # -- the decode calibration ------------------------------------------------------------------
 
 
@@ -222,23 +270,28 @@ def tune(
     name: str | None = None,
     progress: Callable[[str], None] = lambda what: None,
 ) -> Tuned:
-    """Probe ``device``, fit a profile, and calibrate its host cost on the job's decode steps."""
+    """Probe ``device``, fit a profile, and calibrate its host cost on the job's decode steps.
+
+    ``progress`` is told each phase as it starts; ``Tuned.phases_s`` says how long each took.
+    """
     threads = host_threads or sorted({1, 2, 4, 8, DEFAULT_RING_THREADS} & set(range(1, DEFAULT_RING_THREADS + 1)))
     shape = model_shape(model, types)
     largest = max(model.mappings, key=len)
+    clock = PhaseClock(progress)
     with contextlib.closing(device.wrap_host(largest)) as pageable:
-        measured = probes.measure(backend, device, shape, ubatches, threads, bounds, progress, pageable)
+        measured = probes.measure(backend, device, shape, ubatches, threads, bounds, clock.start, pageable)
     vendor = vendor_of(backend)
     base = BUILTIN_PROFILES[BASE_BY_VENDOR[vendor]]
     fields = fit(measured, base, name or _profile_name(device.name), vendor)
     profile = Profile.from_dict({"base": base.name, **fields})
     mode = HostMemoryMode.REGISTERED if profile.host_register_read_only else HostMemoryMode.PINNED
-    progress("decode steps")
+    clock.start("decode steps")
     step_s = decode_step_seconds(backend, device, model, mode)
-    progress("calibrating on the simulator")
+    clock.start("calibrating on the simulator")
     fields["enqueue_s"] = calibrate_enqueue(profile, model, mode, step_s)
     profile = dataclasses.replace(profile, enqueue_s=fields["enqueue_s"])
-    return Tuned(measured, fields, base.name, profile, step_s)
+    clock.stop()
+    return Tuned(measured, fields, base.name, profile, step_s, clock.seconds)
 
 
 def calibration_model(backend: Backend, folder: Path, preset: str, qtype: str) -> Path:

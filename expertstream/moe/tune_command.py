@@ -123,6 +123,7 @@ def _run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     with _opened(args) as backend, _model(args, backend) as model:
         device = backend.device(args.device)
+        opened_s = time.perf_counter() - started
         step = _progress()
         tuned = tune(
             backend,
@@ -136,6 +137,7 @@ def _run(args: argparse.Namespace) -> int:
         )
         step("")
     seconds = time.perf_counter() - started
+    phases = {"open device and model": opened_s, **tuned.phases_s}
     output.write_text(json.dumps(tuned.document(), indent=1) + "\n", encoding="utf-8")
     if args.json:
         document = {
@@ -143,10 +145,12 @@ def _run(args: argparse.Namespace) -> int:
             "measurements": dataclasses.asdict(tuned.measurements),
             "decode_step_s": tuned.decode_step_s,
             "seconds": seconds,
+            "phases_s": phases,
         }
         print(json.dumps(document, indent=1))
     else:
         print(summary(tuned, backend.name))
+        print(f"  phases, s: {', '.join(f'{name} {s:.1f}' for name, s in phases.items())}")
         print(f"profile written to {output} in {seconds:.1f} s (base {tuned.base}: peer copies, other kernels)")
     return 0
 

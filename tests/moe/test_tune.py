@@ -70,6 +70,7 @@ def test_tuning_the_simulator_recovers_its_profile(
         want = truth.kernel_rate(rate.kernel, rate.shape, rate.size)
         assert rate.flops_per_s == pytest.approx(want, rel=TOLERANCE), rate
     assert truth.device_name in printed and "profile written to" in printed
+    assert "phases, s: open device and model" in printed and "compile kernels" in printed  # the 30 s budget, visible
 
 
 def test_the_summary_says_where_the_wait_must_go(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
