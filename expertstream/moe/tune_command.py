@@ -185,9 +185,15 @@ def summary(tuned: Tuned, backend_name: str) -> str:
     bus = "no shared limit" if p.host_memcpy_total_bps is None else f"limit {p.host_memcpy_total_bps / 1e9:.1f} GB/s"
     register = "-" if m.register_bytes_per_s is None else f"{m.register_bytes_per_s / 1e9:.1f} GB/s"
     lines.append(
-        f"  host copies from a mapping, GB/s by threads: {copies} ({bus}); registration {register}, read-only "
+        f"  ring fills from a mapping, GB/s by threads: {copies} ({bus}); registration {register}, read-only "
         f"{'yes' if p.host_register_read_only else 'no'}"
     )
+    if m.ring_bytes_per_s is not None and m.ring_small is not None:
+        small = m.ring_small
+        lines.append(
+            f"  staging ring: streams {m.ring_bytes_per_s / 1e9:.1f} GB/s; a {small.nbytes / 1e6:.2f} MB copy (decode) "
+            f"{small.seconds_per_copy * 1e6:.0f} us, {p.host_copy_latency_s * 1e6:.0f} us of it fixed"
+        )
     kernels = _kernel_lines(p)
     if kernels:
         lines.append("  kernels, TFLOP/s by size (mul_mat_id: pairs per expert):")
