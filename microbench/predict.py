@@ -258,7 +258,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "tokens": args.tokens,
                 "decode_steps": args.decode_steps,
                 "repeats": args.repeats,
-                "command": shlex.join(sys.argv),
+                "command": shlex.join(["python3", "-m", "microbench.predict", *args.argv]),
                 "date": _now(),
             }
         )
@@ -305,7 +305,9 @@ def replay(folder: Path, out: Path | None) -> dict[str, Any]:
         raise InvalidArgument(
             f"cannot replay {folder}: {exc}", hint="give the --out folder of a predict run (predict.json, profile.json)"
         ) from None
-    args = _parser().parse_known_args(shlex.split(earlier["command"])[1:])[0]
+    args = _parser().parse_known_args(_arguments(earlier["command"]))[0]
+    # What the run recorded, not the defaults of today's parser.
+    args.tokens, args.decode_steps, args.repeats = earlier["tokens"], earlier["decode_steps"], earlier["repeats"]
     if args.model:
         raise InvalidArgument(
             f"cannot replay {folder}: it measured {args.model}, and a replay makes its model from a preset",
@@ -351,6 +353,13 @@ def replay(folder: Path, out: Path | None) -> dict[str, Any]:
     return _write(run, out)
 
 
+def _arguments(command: str) -> list[str]:
+    """The arguments of a recorded command line: what follows the script or module name."""
+    words = shlex.split(command)
+    at = next((i for i, w in enumerate(words) if w.endswith(("microbench.predict", "predict.py"))), 0)
+    return words[at + 1 :]
+
+
 def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
@@ -392,7 +401,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = _parser().parse_args(argv)
+    args.argv = argv
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     doc = replay(args.replay, args.out) if args.replay else run(args)
     print(markdown(doc))
