@@ -181,6 +181,11 @@ def markdown(doc: dict[str, Any]) -> str:
             f"REPLAY: the rows measured on {replay['measured_at']} by `{replay['command']}`, predicted again by "
             f"this simulator on {replay['replayed_at']} from the profile that run fitted.",
         ]
+        if replay.get("inferred"):
+            lines.append(
+                f"That profile does not record the kernels' path; it rated only matrix-core kernels, so the replay "
+                f"takes {replay['inferred']}."
+            )
         if replay["fields_from_base"]:
             lines.append(
                 f"That profile lacks field(s) tune now measures, taken from base {replay['base']!r}: "
@@ -313,7 +318,8 @@ def replay(folder: Path, out: Path | None) -> dict[str, Any]:
             f"cannot replay {folder}: it measured {args.model}, and a replay makes its model from a preset",
             hint="replay runs that made their model (no --model)",
         )
-    profile = Profile.from_dict(profile_document)
+    inferred = _inferred_path(profile_document)
+    profile = Profile.from_dict({**profile_document, **inferred})
     base = str(profile_document.get("base", ""))
     header = {k: v for k, v in earlier.items() if k not in ("profile", "rows", "auto", "timings_s", "free_bytes")}
     header["replay"] = {
@@ -322,7 +328,8 @@ def replay(folder: Path, out: Path | None) -> dict[str, Any]:
         "measured_at": earlier.get("date") or _measured_at(folder),
         "replayed_at": _now(),
         "base": base,
-        "fields_from_base": [f for f in FITTED_FIELDS if f not in profile_document],
+        "fields_from_base": [f for f in FITTED_FIELDS if f not in profile_document and f not in inferred],
+        "inferred": inferred,
     }
     run = Run(header, profile_document=profile_document, free_bytes=int(earlier["free_bytes"]))
     rows = earlier["rows"]
@@ -351,6 +358,16 @@ def replay(folder: Path, out: Path | None) -> dict[str, Any]:
                 _write(run, out)
     run.timings["total"] = time.perf_counter() - started
     return _write(run, out)
+
+
+def _inferred_path(profile: dict[str, Any]) -> dict[str, Any]:
+    """A profile written before tune recorded the kernels' path: the path of the kernels it rated."""
+    if "int8_matrix_cores" in profile:
+        return {}
+    names = [str(r["kernel"]) for r in profile.get("kernel_rates", [])]
+    if any("_mma_" in n for n in names) and not any("_int8_" in n for n in names):
+        return {"matrix_cores": True, "int8_matrix_cores": False}
+    return {}
 
 
 def _arguments(command: str) -> list[str]:

@@ -158,6 +158,8 @@ class Measurements:
     event_order: list[EventOrderTiming] = field(default_factory=list)
     kernels: list[KernelTiming] = field(default_factory=list)
     host_copies: list[HostCopyTiming] = field(default_factory=list)
+    matrix_cores: bool = False  # the device's capabilities: which mul_mat_id path its kernels took
+    int8_matrix_cores: bool = False
     ring_bytes_per_s: float | None = None  # the staging ring itself streaming, on the most threads
     ring_small: RingCopyTiming | None = None
 
@@ -194,6 +196,7 @@ def measure(
             device.name, device.total_memory, caps.host_register, caps.host_register_read_only, enqueue_s, launch_s
         )
         result.copies = copies
+        result.matrix_cores, result.int8_matrix_cores = caps.matrix_cores, caps.int8_matrix_cores
         result.register_bytes_per_s, result.host_register_read_only = _registration(backend, mapping)
         progress("event order")
         result.event_order = _event_order(backend, device, mapping, bounds)

@@ -166,6 +166,8 @@ def fit(m: Measurements, base: Profile, name: str, vendor_like: str) -> dict[str
     fields["host_memcpy_bps"] = per_thread
     fields["host_memcpy_total_bps"] = total
     fields["host_register"] = m.host_register
+    # The path the kernels took, so that the simulator runs (and rates) the same kernels.
+    fields["matrix_cores"], fields["int8_matrix_cores"] = m.matrix_cores, m.int8_matrix_cores
     fields["host_register_read_only"] = m.host_register_read_only
     if m.register_bytes_per_s is not None:
         fields["host_register_bps"] = m.register_bytes_per_s
@@ -197,6 +199,8 @@ FITTED_FIELDS = (
     "host_copy_latency_s",
     "host_register",
     "host_register_read_only",
+    "matrix_cores",
+    "int8_matrix_cores",
     "kernel_rates",
 )
 
