@@ -413,7 +413,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--decode-steps", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=1, help="timed runs per row after a warm-up")
     parser.add_argument("--out", type=Path, help="write predict.json, predict.md and profile.json here")
-    parser.add_argument("--replay", type=Path, metavar="DIR", help="predict an earlier run's rows again; measure nothing")
+    parser.add_argument(
+        "--replay", type=Path, metavar="DIR", help="predict an earlier run's rows again; measure nothing"
+    )
     return parser
 
 

@@ -68,7 +68,11 @@ class ImageCache:
             return None
         head = len(_MAGIC) + _DIGEST_BYTES
         image = data[head:]
-        if not data.startswith(_MAGIC) or len(data) <= head or hashlib.sha256(image).digest() != data[len(_MAGIC) : head]:
+        if (
+            not data.startswith(_MAGIC)
+            or len(data) <= head
+            or hashlib.sha256(image).digest() != data[len(_MAGIC) : head]
+        ):
             log.debug("kernel cache: %s is damaged: compiling", path)
             return None
         return image

@@ -20,8 +20,8 @@ import math
 import mmap
 import statistics
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -587,8 +587,9 @@ def ring_small_copies(
     """
     with (
         device.alloc(nbytes) as dst,
-        StagingRing(host, chunk_bytes=DEFAULT_RING_CHUNK_BYTES, chunks=DEFAULT_RING_CHUNKS, threads=DEFAULT_RING_THREADS)
-        as ring,
+        StagingRing(
+            host, chunk_bytes=DEFAULT_RING_CHUNK_BYTES, chunks=DEFAULT_RING_CHUNKS, threads=DEFAULT_RING_THREADS
+        ) as ring,
     ):
 
         def run() -> None:

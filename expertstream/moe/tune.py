@@ -248,7 +248,9 @@ def calibrate_enqueue(profile: Profile, model: MoeModel, mode: HostMemoryMode, m
     return solve(step, measured_s, x0, x0 * 2 if x0 > 0 else 10e-6)
 
 
-def _on_simulator(profile: Profile, nbytes: int, probe: Callable[[Backend, Device, Stream, HostBuffer], float]) -> float:
+def _on_simulator(
+    profile: Profile, nbytes: int, probe: Callable[[Backend, Device, Stream, HostBuffer], float]
+) -> float:
     """``probe`` on a timing-only simulator with ``profile``, over a sparse mapping of ``nbytes``."""
     with open_backend("sim", profile=profile, data=False, check_hazards=False) as sim:
         device = sim.device(0)

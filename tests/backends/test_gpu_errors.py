@@ -585,9 +585,11 @@ def test_a_damaged_entry_is_compiled_again_and_replaced(
     good = entry.read_bytes()
     for damaged in (good[:-1] + b"X", good[:10], b""):
         entry.write_bytes(damaged)
-        with caplog.at_level(logging.DEBUG, logger="expertstream.backends._image_cache"):
-            with _new_process(fake, monkeypatch) as again:
-                again.device(0).compile(source, "es_damaged")
+        with (
+            caplog.at_level(logging.DEBUG, logger="expertstream.backends._image_cache"),
+            _new_process(fake, monkeypatch) as again,
+        ):
+            again.device(0).compile(source, "es_damaged")
         assert "damaged" in caplog.text
         assert entry.read_bytes() == good  # the new compile replaced it
         caplog.clear()

@@ -134,8 +134,8 @@ def test_a_replay_predicts_the_rows_of_a_run_again(tmp_path: Path) -> None:
 
 
 def test_a_replay_of_a_folder_without_a_run_is_refused(tmp_path: Path) -> None:
-    from microbench import predict as bench
     from expertstream.errors import InvalidArgument
+    from microbench import predict as bench
 
     with pytest.raises(InvalidArgument, match="cannot replay"):
         bench.replay(tmp_path, None)
