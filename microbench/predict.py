@@ -16,16 +16,25 @@ In one process:
 Results are written after each ubatch (--out: predict.json, predict.md), so a run cut short
 keeps what it finished.
 
+``--replay DIR`` measures nothing: it reads an earlier run's predict.json (the measured rows) and
+profile.json (the profile tune fitted there), predicts every row again with this simulator on
+a sparse model of the same shape, and writes the same tables, marked as a replay. A profile
+written before tune measured some field lacks it; the replay then takes the base profile's
+value and names the fields it had to take.
+
     python -m microbench.predict --out results                 # a GPU; see docs/results/predict-h200.md
     python -m microbench.predict --backend sim --preset tiny --tokens 64 --ubatch 32,16 --decode-steps 2
+    python -m microbench.predict --replay results --out replayed
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import functools
 import json
 import logging
+import shlex
 import sys
 import tempfile
 import time
@@ -37,13 +46,16 @@ from typing import Any
 
 import expertstream
 from expertstream.backends.base import Backend
+from expertstream.backends.sim.profiles import Profile
+from expertstream.errors import InvalidArgument
 from expertstream.hostmem import HostMemoryMode
 from expertstream.model import PRESETS, MoeModel, make_model
 from expertstream.moe.measure import Settings, measure
+from expertstream.moe.placeholder import write_sparse_model
 from expertstream.moe.predict import Candidate, pick, predict_candidates, seconds
 from expertstream.moe.report import Row
 from expertstream.moe.runner import Batching
-from expertstream.moe.tune import Tuned, tune
+from expertstream.moe.tune import FITTED_FIELDS, Tuned, tune
 
 log = logging.getLogger("microbench.predict")
 
@@ -53,13 +65,30 @@ ROW_TARGET = 0.10
 AUTO_TARGET = 0.03
 
 
+@dataclass(frozen=True)
+class Measured:
+    """What a row measured that the checks compare: from this run's Row, or from an earlier run's JSON."""
+
+    ubatch: int
+    slots: int
+    host_memory: str
+    ttft_s: float
+    decode_steps: int
+    decode_tokens_per_s: float | None
+
+    @classmethod
+    def of(cls, row: Row) -> Measured:
+        return cls(row.ubatch, row.slots, row.host_memory, row.ttft_s, row.decode_steps, row.decode_tokens_per_s)
+
+
 @dataclass
 class Run:
     """Everything measured and predicted so far."""
 
     header: dict[str, Any]
     tuned: Tuned | None = None
-    rows: list[tuple[Row, Row]] = field(default_factory=list)  # (measured, predicted)
+    profile_document: dict[str, Any] | None = None  # replays: the profile file read back
+    rows: list[tuple[Measured, Row]] = field(default_factory=list)  # (measured, predicted)
     candidates: list[Candidate] = field(default_factory=list)
     free_bytes: int = 0
     timings: dict[str, float] = field(default_factory=dict)
@@ -69,7 +98,7 @@ def _error(measured: float | None, predicted: float | None) -> float | None:
     return None if not measured or not predicted else measured / predicted - 1
 
 
-def row_checks(measured: Row, predicted: Row) -> dict[str, Any]:
+def row_checks(measured: Measured, predicted: Row) -> dict[str, Any]:
     ttft = _error(measured.ttft_s, predicted.ttft_s)
     decode = _error(measured.decode_tokens_per_s, predicted.decode_tokens_per_s)
     errors = [e for e in (ttft, decode) if e is not None]
@@ -126,8 +155,9 @@ def auto_checks(run: Run) -> list[dict[str, Any]]:
 def document(run: Run) -> dict[str, Any]:
     return {
         **run.header,
-        "profile": run.tuned.document() if run.tuned else None,
-        "decode_step_s_for_tune": run.tuned.decode_step_s if run.tuned else None,
+        "profile": run.tuned.document() if run.tuned else run.profile_document,
+        "decode_step_s_for_tune": run.tuned.decode_step_s if run.tuned else run.header.get("decode_step_s_for_tune"),
+        "tune_phases_s": run.tuned.phases_s if run.tuned else run.header.get("tune_phases_s"),
         "free_bytes": run.free_bytes,
         "timings_s": run.timings,
         "rows": [row_checks(m, p) for m, p in run.rows],
@@ -144,11 +174,31 @@ def _num(value: float | None, fmt: str) -> str:
 
 
 def markdown(doc: dict[str, Any]) -> str:
-    lines = [
+    lines = []
+    replay = doc.get("replay")
+    if replay:
+        lines += [
+            f"REPLAY: the rows measured on {replay['measured_at']} by `{replay['command']}`, predicted again by "
+            f"this simulator on {replay['replayed_at']} from the profile that run fitted.",
+        ]
+        if replay.get("inferred"):
+            lines.append(
+                f"That profile does not record the kernels' path; it rated only matrix-core kernels, so the replay "
+                f"takes {replay['inferred']}."
+            )
+        if replay["fields_from_base"]:
+            lines.append(
+                f"That profile lacks field(s) tune now measures, taken from base {replay['base']!r}: "
+                f"{', '.join(replay['fields_from_base'])}. Those rows use assumed, not measured, values."
+            )
+        lines.append("")
+    phases = doc.get("tune_phases_s")
+    lines += [
         f"Device {doc['device']} ({doc['backend']}); model {doc['model']['arch']}, {doc['model']['n_layer']} layers, "
         f"{doc['model']['expert_type']}, {doc['model']['expert_bytes'] / 1e9:.2f} GB of experts; {doc['tokens']}-token "
         f"prompt, {doc['decode_steps']} decode steps; {doc['repeats']} timed run(s) per row after a warm-up.",
         f"Steps (s): {', '.join(f'{k} {v:.0f}' for k, v in doc['timings_s'].items())}.",
+        *([f"Tune phases (s): {', '.join(f'{k} {v:.1f}' for k, v in phases.items())}."] if phases else []),
         "",
         "| ubatch | slots | host | ttft s | predicted | err | decode t/s | predicted | err | within 10% |",
         "|---:|---:|---|---:|---:|---:|---:|---:|---:|---|",
@@ -184,8 +234,8 @@ def _write(run: Run, out: Path | None) -> dict[str, Any]:
         out.mkdir(parents=True, exist_ok=True)
         (out / "predict.json").write_text(json.dumps(doc, indent=1) + "\n")
         (out / "predict.md").write_text(markdown(doc) + "\n")
-        if run.tuned is not None:
-            (out / "profile.json").write_text(json.dumps(run.tuned.document(), indent=1) + "\n")
+        if doc["profile"] is not None:
+            (out / "profile.json").write_text(json.dumps(doc["profile"], indent=1) + "\n")
     return doc
 
 
@@ -213,7 +263,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "tokens": args.tokens,
                 "decode_steps": args.decode_steps,
                 "repeats": args.repeats,
-                "command": " ".join(sys.argv),
+                "command": shlex.join(["python3", "-m", "microbench.predict", *args.argv]),
+                "date": _now(),
             }
         )
         run.timings["model"] = time.perf_counter() - started
@@ -223,27 +274,122 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         run.timings["tune"] = time.perf_counter() - step
         _write(run, args.out)
         for ubatch in args.ubatch:
-            settings = Settings(Batching(args.tokens, ubatch, args.decode_steps), SLOTS, MODES, repeats=args.repeats)
+            settings = _settings(args, ubatch)
             step = time.perf_counter()
             measured = measure(backend, device, model, settings, functools.partial(_progress, f"ub {ubatch}"))
             run.timings[f"measure ub {ubatch}"] = time.perf_counter() - step
-            step = time.perf_counter()
-            predicted = predict_candidates(
-                run.tuned.profile,
-                model,
-                settings,
-                slots=SLOTS,
-                modes=MODES,
-                ubatches=(ubatch,),
-                memory_bytes=run.free_bytes,
-            )
-            rows, candidates = predicted[ubatch]
-            run.timings[f"predict ub {ubatch}"] = time.perf_counter() - step
-            run.rows += list(zip(measured.rows, rows, strict=True))
-            run.candidates += candidates
+            _predict(run, run.tuned.profile, model, settings, [Measured.of(r) for r in measured.rows])
             _write(run, args.out)
         run.timings["total"] = time.perf_counter() - started
     return _write(run, args.out)
+
+
+def _settings(args: argparse.Namespace, ubatch: int) -> Settings:
+    return Settings(Batching(args.tokens, ubatch, args.decode_steps), SLOTS, MODES, repeats=args.repeats)
+
+
+def _predict(run: Run, profile: Profile, model: MoeModel, settings: Settings, measured: Sequence[Measured]) -> None:
+    """Predict one ubatch's rows and candidates, and pair the rows with ``measured`` (same order)."""
+    ubatch = settings.batching.ubatch
+    step = time.perf_counter()
+    predicted = predict_candidates(
+        profile, model, settings, slots=SLOTS, modes=MODES, ubatches=(ubatch,), memory_bytes=run.free_bytes
+    )
+    rows, candidates = predicted[ubatch]
+    run.timings[f"predict ub {ubatch}"] = time.perf_counter() - step
+    run.rows += list(zip(measured, rows, strict=True))
+    run.candidates += candidates
+
+
+def replay(folder: Path, out: Path | None) -> dict[str, Any]:
+    """Predict an earlier run's measured rows again, from the profile that run fitted, on this simulator."""
+    try:
+        earlier = json.loads((folder / "predict.json").read_text())
+        profile_document = json.loads((folder / "profile.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise InvalidArgument(
+            f"cannot replay {folder}: {exc}", hint="give the --out folder of a predict run (predict.json, profile.json)"
+        ) from None
+    args = _parser().parse_known_args(_arguments(earlier["command"]))[0]
+    # What the run recorded, not the defaults of today's parser.
+    args.tokens, args.decode_steps, args.repeats = earlier["tokens"], earlier["decode_steps"], earlier["repeats"]
+    if args.model:
+        raise InvalidArgument(
+            f"cannot replay {folder}: it measured {args.model}, and a replay makes its model from a preset",
+            hint="replay runs that made their model (no --model)",
+        )
+    inferred = _inferred_path(profile_document)
+    profile = Profile.from_dict({**profile_document, **inferred})
+    base = str(profile_document.get("base", ""))
+    header = {k: v for k, v in earlier.items() if k not in ("profile", "rows", "auto", "timings_s", "free_bytes")}
+    header["replay"] = {
+        "of": str(folder),
+        "command": earlier["command"],
+        "measured_at": earlier.get("date") or _measured_at(folder),
+        "replayed_at": _now(),
+        "base": base,
+        "fields_from_base": [f for f in FITTED_FIELDS if f not in profile_document and f not in inferred],
+        "inferred": inferred,
+    }
+    run = Run(header, profile_document=profile_document, free_bytes=int(earlier["free_bytes"]))
+    rows = earlier["rows"]
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="predict-replay-") as tmp:
+        path = write_sparse_model(args.preset, args.type, Path(tmp) / "model.gguf", layers=args.layers)
+        with MoeModel.open(path) as model:
+            shape = {k: v for k, v in model.summary().items() if k != "path"}
+            wanted = {k: v for k, v in earlier["model"].items() if k != "path"}
+            if shape != wanted:
+                raise InvalidArgument(f"cannot replay {folder}: its model was {wanted}, the preset makes {shape}")
+            for ubatch in dict.fromkeys(r["ubatch"] for r in rows):
+                measured = [
+                    Measured(
+                        r["ubatch"],
+                        r["slots"],
+                        r["host_memory"],
+                        r["ttft_s"],
+                        earlier["decode_steps"],
+                        r["decode_tokens_per_s"],
+                    )
+                    for r in rows
+                    if r["ubatch"] == ubatch
+                ]
+                _predict(run, profile, model, _settings(args, ubatch), measured)
+                _write(run, out)
+    run.timings["total"] = time.perf_counter() - started
+    return _write(run, out)
+
+
+def _inferred_path(profile: dict[str, Any]) -> dict[str, Any]:
+    """A profile written before tune recorded the kernels' path: the path of the kernels it rated."""
+    if "int8_matrix_cores" in profile:
+        return {}
+    names = [str(r["kernel"]) for r in profile.get("kernel_rates", [])]
+    if any("_mma_" in n for n in names) and not any("_int8_" in n for n in names):
+        return {"matrix_cores": True, "int8_matrix_cores": False}
+    return {}
+
+
+def _arguments(command: str) -> list[str]:
+    """The arguments of a recorded command line: what follows the script or module name."""
+    words = shlex.split(command)
+    at = next((i for i, w in enumerate(words) if w.endswith(("microbench.predict", "predict.py"))), 0)
+    return words[at + 1 :]
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def _measured_at(folder: Path) -> str:
+    """When an earlier run that recorded no date measured: its log's first timestamp, else its file's time."""
+    log_file = folder / "predict.log"
+    if log_file.is_file():
+        first = log_file.read_text(errors="replace").split(",", 1)[0]
+        if first[:4].isdigit():
+            return first
+    stamp = (folder / "predict.json").stat().st_mtime
+    return datetime.datetime.fromtimestamp(stamp, datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 def _progress(what: str, step: str) -> None:
@@ -254,7 +400,7 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in text.split(",") if part.strip())
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m microbench.predict", description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", default="auto", help="auto, cuda, hip or sim")
     parser.add_argument("--model", help="a GGUF model (default: make --preset with --layers in a temporary folder)")
@@ -263,12 +409,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=None, help="keep the first N layers of the made model (all)")
     parser.add_argument("--tokens", type=int, default=4096, help="prompt tokens")
     parser.add_argument("--ubatch", type=_ints, default=(4096, 2048, 512), help="comma list, measured in this order")
-    parser.add_argument("--decode-steps", type=int, default=4)
+    # Many steps: their median is what a row reports, and a decode step on a GPU varies by tens of percent.
+    parser.add_argument("--decode-steps", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=1, help="timed runs per row after a warm-up")
     parser.add_argument("--out", type=Path, help="write predict.json, predict.md and profile.json here")
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--replay", type=Path, metavar="DIR", help="predict an earlier run's rows again; measure nothing"
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = _parser().parse_args(argv)
+    args.argv = argv
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
-    doc = run(args)
+    doc = replay(args.replay, args.out) if args.replay else run(args)
     print(markdown(doc))
     return 0
 

@@ -18,6 +18,14 @@ from expertstream.backends.base import Backend, Device
 _STATUSES = pytest.StashKey[dict[str, BackendStatus]]()
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _kernel_cache_of_this_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Compiled kernel images go to a folder of this run, never to the user's cache."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("EXPERTSTREAM_KERNEL_CACHE", str(tmp_path_factory.mktemp("kernel-cache")))
+        yield
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--backend",

@@ -30,6 +30,7 @@ from ..errors import (
     KernelCompileError,
     OutOfDeviceMemory,
 )
+from . import _image_cache
 from ._gpu_api import HINTS, ApiTable, Call, CopyKind, DeviceAttr, Problem, invoke, poll, unusable_reason
 from .base import (
     Backend,
@@ -562,7 +563,8 @@ class GpuDevice(Device):
 
 
 # Compiled images are shared by every device of one architecture and every backend opened
-# in the process: compiling is the slow part, loading per device is cheap.
+# in the process: compiling is the slow part, loading per device is cheap. Across processes
+# the on-disk cache (_image_cache) keeps them.
 _images: dict[tuple[str, str, str], bytes] = {}
 _images_lock = threading.Lock()
 
@@ -574,19 +576,46 @@ def _compiled_image(device: GpuDevice, source: str, key: str, name: str) -> byte
         image = _images.get(cache_key)
     if image is not None:
         return image
-    program = invoke(api.program_create, source.encode(), f"{name}.cu".encode(), device=device.label)
-    try:
-        try:
-            invoke(api.program_compile, program, api.compile_options(device.arch), device=device.label)
-        except KernelCompileError as exc:
-            compiler_log = _program_log(device, program)
-            raise exc.with_detail(f"{name} did not compile for {device.arch}:\n{compiler_log}") from None
-        image = bytes(invoke(api.program_code, program, device=device.label))
-    finally:
-        _release_quietly([(api.program_destroy, (program,))], device.label)
+    options = api.compile_options(device.arch)
+    disk, disk_key = _disk_entry(device, key, options)
+    image = disk.load(disk_key) if disk is not None else None
+    if image is None:
+        image = _compile(device, source, name, options)
+        if disk is not None:
+            disk.store(disk_key, image)
     with _images_lock:
         _images[cache_key] = image
     return image
+
+
+def _disk_entry(device: GpuDevice, key: str, options: list[bytes]) -> tuple[_image_cache.ImageCache | None, str]:
+    """The on-disk cache and the entry for this source, or (None, "") when off or versions are unknown."""
+    disk = _image_cache.open_cache()
+    if disk is None:
+        return None, ""
+    api = device.api
+    try:
+        compiler = invoke(api.compiler_version, device=device.label)
+        driver = invoke(api.driver_version, device=device.label)
+    except BackendError as exc:
+        log.debug("kernel cache off for %s: versions unknown (%s)", device.label, exc)
+        return None, ""
+    parts = (api.backend_name, api.bindings_version, str(driver), str(compiler), device.arch, key)
+    return disk, _image_cache.image_key(*parts, *(o.decode(errors="replace") for o in options))
+
+
+def _compile(device: GpuDevice, source: str, name: str, options: list[bytes]) -> bytes:
+    api = device.api
+    program = invoke(api.program_create, source.encode(), f"{name}.cu".encode(), device=device.label)
+    try:
+        try:
+            invoke(api.program_compile, program, options, device=device.label)
+        except KernelCompileError as exc:
+            compiler_log = _program_log(device, program)
+            raise exc.with_detail(f"{name} did not compile for {device.arch}:\n{compiler_log}") from None
+        return bytes(invoke(api.program_code, program, device=device.label))
+    finally:
+        _release_quietly([(api.program_destroy, (program,))], device.label)
 
 
 def _program_log(device: GpuDevice, program: Any) -> str:

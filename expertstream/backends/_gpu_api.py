@@ -276,6 +276,7 @@ class ApiTable:
     memset_async: Call  # (pointer, value, nbytes, stream)
     # kernels
     compile_options: Callable[[str], list[bytes]]  # arch -> compiler options
+    compiler_version: Call  # () -> (major, minor) of NVRTC or hipRTC
     matrix_cores: Callable[[str], bool]  # arch -> whether it has the bf16 matrix instructions kernels use
     int8_matrix_cores: Callable[[str], bool]  # arch -> whether it has the int8 ones int8.cu uses
     program_create: Call  # (source bytes, name bytes) -> program

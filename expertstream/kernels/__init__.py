@@ -1,8 +1,10 @@
 """The MoE kernels: expert matmul by routing ids, SwiGLU, weighted sum of slots, router top-k.
 
-``MoeKernels(device)`` compiles moe.cu and mma.cu through ``device.compile`` (NVRTC,
+``MoeKernels(device)`` compiles moe.cu, mma.cu and int8.cu through ``device.compile`` (NVRTC,
 hipRTC, or the simulator's Python twins in twins.py) and launches them with validated
-arguments. Every method only enqueues work on the given stream.
+arguments. Every method only enqueues work on the given stream. A kernel's module holds the
+shared code and the mul_mat_id instances of its own weight type only: a model of one type
+compiles two small modules, not every type's kernels.
 
 mul_mat_id has three paths (``layout.MatrixPath``): the float32 SIMT kernels of moe.cu, the
 bf16 matrix-core kernels of mma.cu (float32 accumulation), and the int8 kernels of int8.cu
@@ -36,6 +38,7 @@ call of the instance, so calls on concurrent streams must pass their own.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from importlib import resources
 
 import numpy as np
@@ -57,21 +60,44 @@ for _spec in (*twins.twin_specs(), *routing_twins.twin_specs()):
 SOURCE_NAMES = ("moe.cu", "mma.cu", "int8.cu")
 
 
-def kernel_source() -> str:
-    """The CUDA-C source of every kernel here, as NVRTC and hipRTC compile it.
+def kernel_source(types: Iterable[RowType] | None = None) -> str:
+    """The CUDA-C source of the kernels, as NVRTC and hipRTC compile it.
 
-    moe.cu, mma.cu and int8.cu, then one matrix-core kernel per weight type, path and tile
-    height of layout.FORMATS (each names its type by its ggml number, the template argument of
-    the block formats in moe.cu).
+    moe.cu, mma.cu and int8.cu (the shared code and every kernel that is not per type), then
+    the mul_mat_id instances of ``types`` (every type of layout.FORMATS when None): one kernel
+    per path and tile height, each naming its type by its ggml number, the template argument
+    of the block formats in moe.cu. Compile time grows with the instances, so a module holds
+    only what its kernel needs (``module_types``).
     """
     files = [resources.files(__package__).joinpath(name).read_text(encoding="ascii") for name in SOURCE_NAMES]
+    formats = layout.FORMATS.values() if types is None else [weight_format(t) for t in dict.fromkeys(types)]
     instances = [
         f"{macro}({fmt.kernel_name(tile, path)}, {int(fmt.qtype)}, {int(tile)})\n"
-        for path, macro in ((MatrixPath.MMA, "MOE_MUL_MAT_ID_MMA"), (MatrixPath.INT8, "MOE_MUL_MAT_ID_INT8"))
-        for fmt in layout.FORMATS.values()
+        for fmt in formats
+        for path, macro in _INSTANCE_MACROS
         for tile in fmt.tiles_on(path)
     ]
     return "\n".join(files) + "\n" + "".join(instances)
+
+
+_INSTANCE_MACROS = (
+    (MatrixPath.SIMT, "MOE_MUL_MAT_ID"),
+    (MatrixPath.MMA, "MOE_MUL_MAT_ID_MMA"),
+    (MatrixPath.INT8, "MOE_MUL_MAT_ID_INT8"),
+)
+# The weight type of every per-type kernel, by name.
+_TYPE_OF_KERNEL: dict[str, RowType] = {
+    fmt.kernel_name(tile, path): fmt.qtype
+    for fmt in layout.FORMATS.values()
+    for path, _ in _INSTANCE_MACROS
+    for tile in fmt.tiles_on(path)
+}
+
+
+def module_types(kernel: str) -> tuple[RowType, ...]:
+    """The weight types whose instances the module holding ``kernel`` compiles: its own, or none."""
+    w_type = _TYPE_OF_KERNEL.get(kernel)
+    return () if w_type is None else (w_type,)
 
 
 def default_path(device: Device, w_type: RowType) -> MatrixPath:
@@ -103,7 +129,7 @@ class MoeKernels(Closing):
         self.path = path
         if path is MatrixPath.SIMT and device.capabilities.matrix_cores:
             log.info("mul_mat_id on %s takes the float32 SIMT path although it has matrix cores", device.label)
-        self._source = kernel_source()
+        self._sources: dict[tuple[RowType, ...], str] = {}  # by module_types
         self._kernels: dict[str, Kernel] = {}
         self._scratch: list[DeviceBuffer] = []  # the last is current; earlier ones may still be in use
 
@@ -121,11 +147,21 @@ class MoeKernels(Closing):
         return fmt.kernel_name(fmt.tile_for(n_pairs, n_expert, path), path)
 
     def kernel(self, name: str) -> Kernel:
-        """Kernel ``name`` of the source, compiled on first use."""
+        """Kernel ``name``, compiled on first use with the shared code and its own type's instances only."""
         kernel = self._kernels.get(name)
         if kernel is None:
-            kernel = self._kernels[name] = self.device.compile(self._source, name)
+            types = module_types(name)
+            source = self._sources.get(types)
+            if source is None:
+                source = self._sources[types] = kernel_source(types)
+            kernel = self._kernels[name] = self.device.compile(source, name)
         return kernel
+
+    def prepare(self, w_types: Iterable[RowType]) -> None:
+        """Compile now what the kernels of a model with experts of ``w_types`` need (else on first use)."""
+        self.kernel("moe_swiglu")
+        for w_type in w_types:
+            self.kernel(self.mul_mat_id_kernel(w_type, 1, 1))
 
     def mul_mat_id(
         self,
@@ -326,4 +362,4 @@ def _fits_int32(call: str, **counts: int) -> None:
             raise InvalidArgument(f"{name} has {count} elements, more than int32 indexing allows", call=call)
 
 
-__all__ = ["MatrixPath", "MoeKernels", "default_path", "kernel_source", "scratch_bytes"]
+__all__ = ["MatrixPath", "MoeKernels", "default_path", "kernel_source", "module_types", "scratch_bytes"]

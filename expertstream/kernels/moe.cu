@@ -1354,33 +1354,9 @@ __device__ void mul_mat_id_tile(const unsigned char* __restrict__ w, const float
         mul_mat_id_tile<TYPE, TILE_M>(w, x, scratch, y, n_expert, n_out, n_in, top_k, x_per_slot,      \
                                       max_tiles);                                                       \
     }
+// Instances (one per weight type and tile height of layout.FORMATS) are appended by
+// kernels.kernel_source, for the types a module needs.
 
-MOE_MUL_MAT_ID(moe_mul_mat_id_q4_0_m32, ES_TYPE_Q4_0, 32)
-MOE_MUL_MAT_ID(moe_mul_mat_id_q4_0_m64, ES_TYPE_Q4_0, 64)
-MOE_MUL_MAT_ID(moe_mul_mat_id_q4_1_m32, ES_TYPE_Q4_1, 32)
-MOE_MUL_MAT_ID(moe_mul_mat_id_q5_0_m32, ES_TYPE_Q5_0, 32)
-MOE_MUL_MAT_ID(moe_mul_mat_id_q5_1_m32, ES_TYPE_Q5_1, 32)
-MOE_MUL_MAT_ID(moe_mul_mat_id_q8_0_m32, ES_TYPE_Q8_0, 32)
-MOE_MUL_MAT_ID(moe_mul_mat_id_q2_k_m32, ES_TYPE_Q2_K, 32)
-MOE_MUL_MAT_ID(moe_mul_mat_id_q3_k_m32, ES_TYPE_Q3_K, 32)
-MOE_MUL_MAT_ID(moe_mul_mat_id_q4_k_m32, ES_TYPE_Q4_K, 32)
-MOE_MUL_MAT_ID(moe_mul_mat_id_q5_k_m32, ES_TYPE_Q5_K, 32)
-MOE_MUL_MAT_ID(moe_mul_mat_id_q6_k_m32, ES_TYPE_Q6_K, 32)
-MOE_MUL_MAT_ID(moe_mul_mat_id_iq4_nl_m32, ES_TYPE_IQ4_NL, 32)
-MOE_MUL_MAT_ID(moe_mul_mat_id_iq4_xs_m32, ES_TYPE_IQ4_XS, 32)
-MOE_MUL_MAT_ID(moe_mul_mat_id_iq1_s_m32, ES_TYPE_IQ1_S, 32)
-MOE_MUL_MAT_ID(moe_mul_mat_id_iq1_m_m32, ES_TYPE_IQ1_M, 32)
-MOE_MUL_MAT_ID(moe_mul_mat_id_iq2_xxs_m32, ES_TYPE_IQ2_XXS, 32)
-MOE_MUL_MAT_ID(moe_mul_mat_id_iq2_xs_m32, ES_TYPE_IQ2_XS, 32)
-MOE_MUL_MAT_ID(moe_mul_mat_id_iq2_s_m32, ES_TYPE_IQ2_S, 32)
-MOE_MUL_MAT_ID(moe_mul_mat_id_iq3_xxs_m32, ES_TYPE_IQ3_XXS, 32)
-MOE_MUL_MAT_ID(moe_mul_mat_id_iq3_s_m32, ES_TYPE_IQ3_S, 32)
-MOE_MUL_MAT_ID(moe_mul_mat_id_mxfp4_m32, ES_TYPE_MXFP4, 32)
-MOE_MUL_MAT_ID(moe_mul_mat_id_f16_m32, ES_TYPE_F16, 32)
-MOE_MUL_MAT_ID(moe_mul_mat_id_f16_m64, ES_TYPE_F16, 64)
-MOE_MUL_MAT_ID(moe_mul_mat_id_bf16_m32, ES_TYPE_BF16, 32)
-MOE_MUL_MAT_ID(moe_mul_mat_id_bf16_m64, ES_TYPE_BF16, 64)
-MOE_MUL_MAT_ID(moe_mul_mat_id_f32_m32, ES_TYPE_F32, 32)
 
 // ---------------------------------------------------------------------------------
 // Elementwise and reduction kernels.

@@ -12,6 +12,7 @@ import dataclasses
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from ..backends import backend as open_backend
 from ..backends.sim.profiles import Profile
@@ -56,7 +57,18 @@ def with_predictions(rows: Sequence[Row], predicted: Sequence[Row]) -> list[Row]
     ]
 
 
-def seconds(row: Row) -> float:
+class Costed(Protocol):
+    """What a setting's cost is made of (a Row, or measured rows read back from a file)."""
+
+    @property
+    def ttft_s(self) -> float: ...
+    @property
+    def decode_steps(self) -> int: ...
+    @property
+    def decode_tokens_per_s(self) -> float | None: ...
+
+
+def seconds(row: Costed) -> float:
     """What a setting costs: the prefill, then the decode steps."""
     decode = row.decode_steps / row.decode_tokens_per_s if row.decode_steps and row.decode_tokens_per_s else 0.0
     return row.ttft_s + decode

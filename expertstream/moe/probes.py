@@ -29,6 +29,7 @@ import numpy as np
 from ..backends.base import Backend, Device, DeviceBuffer, HostBuffer, Stream, Usage
 from ..errors import DeviceError, InvalidArgument
 from ..ggml import RowType
+from ..hostmem import DEFAULT_RING_CHUNK_BYTES, DEFAULT_RING_CHUNKS, DEFAULT_RING_THREADS, StagingRing
 from ..kernels import MoeKernels, layout
 from ..kernels import reference as ref
 from ..kernels.layout import weight_format
@@ -46,7 +47,8 @@ class Bounds:
     copy_bytes: tuple[int, int] = (16 * MIB, 64 * MIB)  # two sizes: rate from the difference
     fill_bytes: tuple[int, int] = (64 * MIB, 256 * MIB)  # memsets and device-local copies
     gate_bytes: int = 64 * MIB
-    host_copy_bytes: int = 128 * MIB
+    ring_bytes: int = 512 * MIB  # streamed through the staging ring (reported); its fills time up to 256 MiB
+    ring_copies: int = 32  # small copies through the ring, as a decode step makes them
     event_copy_bytes: tuple[int, int] = (16 * MIB, 128 * MIB)  # copy1, copy2 of the event-order probe
     # The temporary file copies from pageable memory read: larger than a host's last-level cache,
     # and read at moving offsets, so its bytes come from memory as a model's do.
@@ -56,7 +58,7 @@ class Bounds:
     launches: int = 20  # back-to-back launches per kernel timing
 
     def __post_init__(self) -> None:
-        largest = max(*self.copy_bytes, self.host_copy_bytes, sum(self.event_copy_bytes))
+        largest = max(*self.copy_bytes, self.ring_bytes, sum(self.event_copy_bytes))
         if self.mapping_bytes < largest:
             raise InvalidArgument(f"a {self.mapping_bytes}-byte mapping cannot hold the {largest}-byte copy")
 
@@ -104,9 +106,20 @@ class KernelTiming:
 
 @dataclass(frozen=True)
 class HostCopyTiming:
+    """``threads`` threads filling the staging ring's chunks (``nbytes`` in all) from a mapping."""
+
     threads: int
     nbytes: int
     seconds: float
+
+
+@dataclass(frozen=True)
+class RingCopyTiming:
+    """Copies of one expert's bytes through the staging ring, none announced (a decode step's)."""
+
+    nbytes: int
+    copies: int
+    seconds_per_copy: float
 
 
 @dataclass(frozen=True)
@@ -145,6 +158,10 @@ class Measurements:
     event_order: list[EventOrderTiming] = field(default_factory=list)
     kernels: list[KernelTiming] = field(default_factory=list)
     host_copies: list[HostCopyTiming] = field(default_factory=list)
+    matrix_cores: bool = False  # the device's capabilities: which mul_mat_id path its kernels took
+    int8_matrix_cores: bool = False
+    ring_bytes_per_s: float | None = None  # the staging ring itself streaming, on the most threads
+    ring_small: RingCopyTiming | None = None
 
 
 def measure(
@@ -167,8 +184,10 @@ def measure(
         kernels = stack.enter_context(MoeKernels(device))
         stream = stack.enter_context(device.stream())
         gate = stack.enter_context(_Gate.opened(device, stream, bounds.gate_bytes))
-        mapping = stack.enter_context(_file_mapping(device, bounds.mapping_bytes))
+        mapping = stack.enter_context(file_mapping(device, bounds.mapping_bytes))
         source = _Cycle(pageable if pageable is not None and pageable.nbytes >= bounds.mapping_bytes else mapping)
+        progress("compile kernels")  # on a GPU, NVRTC or hipRTC (or the on-disk cache's images)
+        kernels.prepare(e.w_type for e in shape.experts)
         progress("copies")
         copies = _copies(backend, device, stream, source, gate, bounds)
         progress("launch overhead")
@@ -177,11 +196,19 @@ def measure(
             device.name, device.total_memory, caps.host_register, caps.host_register_read_only, enqueue_s, launch_s
         )
         result.copies = copies
+        result.matrix_cores, result.int8_matrix_cores = caps.matrix_cores, caps.int8_matrix_cores
         result.register_bytes_per_s, result.host_register_read_only = _registration(backend, mapping)
         progress("event order")
         result.event_order = _event_order(backend, device, mapping, bounds)
-        progress("host copies")
+        progress("staging ring")
         result.host_copies = _host_copies(backend, device, stream, source, host_threads, bounds)
+        offset = source.take(bounds.ring_bytes)
+        ring_s = ring_stream(backend, device, stream, source.buffer, offset, bounds.ring_bytes, max(host_threads))
+        result.ring_bytes_per_s = bounds.ring_bytes / ring_s
+        expert_bytes = max(e.n_out * weight_format(e.w_type).row_bytes(e.n_in) for e in shape.experts)
+        offset = source.take(2 * bounds.ring_copies * expert_bytes)
+        per_copy = ring_small_copies(backend, device, stream, source.buffer, offset, expert_bytes, bounds.ring_copies)
+        result.ring_small = RingCopyTiming(expert_bytes, bounds.ring_copies, per_copy)
         for ubatch in ubatches:
             progress(f"kernels, ubatch {ubatch}")
             result.kernels += _kernels(backend, device, stream, kernels, gate, shape, ubatch, bounds)
@@ -272,7 +299,7 @@ def _host_seconds(backend: Backend, call: Callable[[], None]) -> float:
 
 
 @contextlib.contextmanager
-def _file_mapping(device: Device, nbytes: int) -> Iterator[HostBuffer]:
+def file_mapping(device: Device, nbytes: int) -> Iterator[HostBuffer]:
     """A read-only mapping of a temporary file of non-zero bytes, in the page cache, as model files are.
 
     Where the backend holds no data the file is sparse: nothing reads its bytes.
@@ -470,28 +497,34 @@ def _host_copies(
     thread_counts: Sequence[int],
     bounds: Bounds,
 ) -> list[HostCopyTiming]:
-    """Memcpy from the mapping into pinned memory on 1..N threads while a DMA keeps the bus busy."""
-    nbytes = bounds.host_copy_bytes
+    """The staging ring's fills on 1..N threads: memcpys from the mapping into pinned memory as
+    large as the ring's chunks together, while DMAs keep the bus busy as the ring's own do.
+
+    One pass over the range first: in the job the ring reads pages the process has mapped
+    already (the warm-up run read them), so the timed passes do not pay for first touch.
+    """
+    nbytes = min(DEFAULT_RING_CHUNK_BYTES * DEFAULT_RING_CHUNKS, bounds.ring_bytes)
+    chunk = min(DEFAULT_RING_CHUNK_BYTES, nbytes)
+    offset = source.take(nbytes)
     rows = []
-    with device.alloc_pinned(nbytes) as pinned, device.alloc_pinned(nbytes) as busy, device.alloc(nbytes) as dst:
-        for threads in sorted(set(thread_counts)):
+    with device.alloc_pinned(nbytes) as chunks, device.alloc_pinned(chunk) as busy, device.alloc(chunk) as dst:
+        for warm_up, threads in [(True, max(thread_counts)), *((False, t) for t in sorted(set(thread_counts)))]:
             # One executor per thread: each part has its own thread (and, on the simulator, its own clock).
             workers = [
                 ThreadPoolExecutor(max_workers=1, thread_name_prefix="expertstream-tune") for _ in range(threads)
             ]
             try:
                 trials = []
-                for _ in range(bounds.repeats):
-                    # The staging ring copies while DMAs read host memory: so does this probe.
-                    for _ in range(4):
-                        stream.copy_h2d(dst, 0, busy, 0, nbytes)
-                    src = source.take(nbytes)
-                    trials.append(_parallel_copy(backend, device, workers, pinned, source.buffer, src, nbytes))
+                for _ in range(1 if warm_up else bounds.repeats):
+                    for _ in range(nbytes // chunk * 4):
+                        stream.copy_h2d(dst, 0, busy, 0, chunk)
+                    trials.append(_parallel_copy(backend, device, workers, chunks, source.buffer, offset))
                     stream.synchronize()
             finally:
                 for worker in workers:
                     worker.shutdown()
-            rows.append(HostCopyTiming(threads, nbytes, statistics.median(trials)))
+            if not warm_up:
+                rows.append(HostCopyTiming(threads, nbytes, statistics.median(trials)))
     return rows
 
 
@@ -502,10 +535,15 @@ def _parallel_copy(
     dst: HostBuffer,
     src: HostBuffer,
     src_offset: int,
-    nbytes: int,
 ) -> float:
-    """Seconds for ``workers`` to copy ``nbytes`` from ``src`` to ``dst``, one equal part each."""
+    """Seconds for ``workers`` to fill ``dst`` from ``src``, one equal part each.
+
+    One part per thread, not the ring's many: on the simulator, whose host memory bus takes
+    copies in the order threads happen to reach it, many short parts per thread leave gaps
+    that depend on that order.
+    """
     start = backend.host_timestamp()
+    nbytes = dst.nbytes
     step = -(-nbytes // len(workers))
 
     def part(offset: int) -> float:
@@ -518,6 +556,49 @@ def _parallel_copy(
     for end in ends:
         backend.host_resume_at(end)
     return max(ends) - start
+
+
+def ring_stream(
+    backend: Backend, device: Device, stream: Stream, host: HostBuffer, offset: int, nbytes: int, threads: int
+) -> float:
+    """Seconds for a staging ring of the job's chunk geometry on ``threads`` threads to copy
+    ``host[offset : offset + nbytes]`` to the device, announced as a run announces its copies:
+    memcpys into pinned chunks and their DMAs overlapped, as --host-memory ring does."""
+    with (
+        device.alloc(nbytes) as dst,
+        StagingRing(host, chunk_bytes=DEFAULT_RING_CHUNK_BYTES, chunks=DEFAULT_RING_CHUNKS, threads=threads) as ring,
+    ):
+        region = ring.region(offset, nbytes)
+        start = backend.host_timestamp()
+        ring.expect([region])
+        region.enqueue_h2d(stream, dst, 0, 0, nbytes)
+        stream.synchronize()
+        return backend.host_timestamp() - start
+
+
+def ring_small_copies(
+    backend: Backend, device: Device, stream: Stream, host: HostBuffer, offset: int, nbytes: int, copies: int
+) -> float:
+    """Seconds per copy of ``nbytes`` through a staging ring, none announced: a decode step's copies
+    of the experts it uses, each filled by one ring thread and then DMAed.
+
+    The copies read every other ``nbytes`` of ``host`` from ``offset`` (``2 * copies * nbytes`` in
+    all), so that no two are adjacent, as a decode step's experts seldom are.
+    """
+    with (
+        device.alloc(nbytes) as dst,
+        StagingRing(
+            host, chunk_bytes=DEFAULT_RING_CHUNK_BYTES, chunks=DEFAULT_RING_CHUNKS, threads=DEFAULT_RING_THREADS
+        ) as ring,
+    ):
+
+        def run() -> None:
+            for i in range(copies):
+                ring.copy(stream, dst, 0, offset + 2 * i * nbytes, nbytes)
+            stream.synchronize()
+
+        run()  # warm-up: the ring's threads start, the pages are mapped
+        return _host_seconds(backend, run) / copies
 
 
 def _kernels(

@@ -18,13 +18,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..backends import backend as open_backend
-from ..backends.base import Backend, Device, Vendor
+from ..backends.base import Backend, Device, HostBuffer, Stream, Vendor
 from ..backends.sim.profiles import BUILTIN_PROFILES, KernelRate, Profile
 from ..hostmem import DEFAULT_RING_THREADS, HostMemoryMode
 from ..model import MoeModel, make_model
@@ -40,6 +41,7 @@ from .probes import (
     KernelTiming,
     Measurements,
     ModelShape,
+    RingCopyTiming,
     copy_fit,
 )
 from .runner import Batching
@@ -68,10 +70,35 @@ class Tuned:
     base: str
     profile: Profile
     decode_step_s: float | None = None  # measured on the device, for the enqueue calibration
+    phases_s: dict[str, float] = dataclasses.field(default_factory=dict)  # wall seconds per phase, in order
 
     def document(self) -> dict[str, Any]:
         """The profile file: the measured fields over a built-in base."""
         return {"base": self.base, **self.fields}
+
+
+class PhaseClock:
+    """Wall seconds per phase: each phase runs from its ``start`` to the next one's (or ``stop``).
+
+    Wall time, not ``backend.host_timestamp()``: what a phase costs the user, compiles included.
+    """
+
+    def __init__(self, progress: Callable[[str], None] = lambda what: None) -> None:
+        self.seconds: dict[str, float] = {}
+        self._progress = progress
+        self._current: str | None = None
+        self._since = 0.0
+
+    def start(self, phase: str) -> None:
+        self.stop()
+        self._progress(phase)
+        self._current, self._since = phase, time.perf_counter()
+
+    def stop(self) -> None:
+        if self._current is not None:
+            elapsed = time.perf_counter() - self._since
+            self.seconds[self._current] = self.seconds.get(self._current, 0.0) + elapsed
+            self._current = None
 
 
 # -- fitting ---------------------------------------------------------------------------------
@@ -109,7 +136,7 @@ def fit_event_order(rows: Sequence[EventOrderTiming], pageable_bps: float, block
 
 
 def fit_host_copies(rows: Sequence[HostCopyTiming]) -> tuple[float, float | None]:
-    """(one thread's rate, the shared limit of all threads or None) from copies on 1..N threads."""
+    """(one thread's rate, the shared limit of all threads or None) from the ring's fills on 1..N threads."""
     rate = {r.threads: r.nbytes / r.seconds for r in rows}
     one = rate[min(rate)] / min(rate)  # per thread, from the fewest threads measured
     most = max(rate)
@@ -139,6 +166,8 @@ def fit(m: Measurements, base: Profile, name: str, vendor_like: str) -> dict[str
     fields["host_memcpy_bps"] = per_thread
     fields["host_memcpy_total_bps"] = total
     fields["host_register"] = m.host_register
+    # The path the kernels took, so that the simulator runs (and rates) the same kernels.
+    fields["matrix_cores"], fields["int8_matrix_cores"] = m.matrix_cores, m.int8_matrix_cores
     fields["host_register_read_only"] = m.host_register_read_only
     if m.register_bytes_per_s is not None:
         fields["host_register_bps"] = m.register_bytes_per_s
@@ -149,6 +178,31 @@ def fit(m: Measurements, base: Profile, name: str, vendor_like: str) -> dict[str
         if r is not None
     ]
     return fields
+
+
+# The profile fields a tune run measures (host_register_bps only where registration works).
+FITTED_FIELDS = (
+    "memory_bytes",
+    "h2d_pinned_bps",
+    "h2d_pageable_bps",
+    "d2h_bps",
+    "d2h_pageable_bps",
+    "d2d_bps",
+    "memset_bps",
+    "copy_latency_s",
+    "pageable_blocks_host",
+    "pageable_wait_binds_tail",
+    "launch_latency_s",
+    "enqueue_s",
+    "host_memcpy_bps",
+    "host_memcpy_total_bps",
+    "host_copy_latency_s",
+    "host_register",
+    "host_register_read_only",
+    "matrix_cores",
+    "int8_matrix_cores",
+    "kernel_rates",
+)
 
 
 # -- the decode calibration ------------------------------------------------------------------
@@ -167,27 +221,60 @@ def predicted_decode_step(profile: Profile, model: MoeModel, mode: HostMemoryMod
         return decode_step_seconds(sim, sim.device(0), model, mode)
 
 
-def calibrate_enqueue(profile: Profile, model: MoeModel, mode: HostMemoryMode, measured_s: float) -> float:
-    """The host seconds per call for which the simulator's decode step takes ``measured_s``.
+def solve(simulated: Callable[[float], float], measured: float, x0: float, x1: float) -> float:
+    """The x >= 0 for which ``simulated(x)`` is ``measured``: secant steps from x0 and x1.
 
-    The step is piecewise linear in that cost; two secant steps from the probes' value land
-    within a fraction of a percent.
+    What the calibrations solve is piecewise linear in x, so three steps land within a
+    fraction of a percent.
     """
+    y0 = simulated(x0)
+    for _ in range(3):
+        if abs(y0 - measured) <= 1e-3 * measured:
+            return x0
+        y1 = simulated(x1)
+        if y1 == y0:
+            return x0
+        x0, y0, x1 = x1, y1, max(0.0, x1 + (measured - y1) * (x1 - x0) / (y1 - y0))
+    return x1
+
+
+def calibrate_enqueue(profile: Profile, model: MoeModel, mode: HostMemoryMode, measured_s: float) -> float:
+    """The host seconds per call for which the simulator's decode step takes ``measured_s``."""
 
     def step(enqueue_s: float) -> float:
         return predicted_decode_step(dataclasses.replace(profile, enqueue_s=enqueue_s), model, mode)
 
     x0 = profile.enqueue_s
-    y0 = step(x0)
-    x1 = x0 * 2 if x0 > 0 else 10e-6
-    for _ in range(3):
-        if abs(y0 - measured_s) <= 1e-3 * measured_s:
-            return x0
-        y1 = step(x1)
-        if y1 == y0:
-            return x0
-        x0, y0, x1 = x1, y1, max(0.0, x1 + (measured_s - y1) * (x1 - x0) / (y1 - y0))
-    return x1
+    return solve(step, measured_s, x0, x0 * 2 if x0 > 0 else 10e-6)
+
+
+def _on_simulator(
+    profile: Profile, nbytes: int, probe: Callable[[Backend, Device, Stream, HostBuffer], float]
+) -> float:
+    """``probe`` on a timing-only simulator with ``profile``, over a sparse mapping of ``nbytes``."""
+    with open_backend("sim", profile=profile, data=False, check_hazards=False) as sim:
+        device = sim.device(0)
+        with device.stream() as stream, probes.file_mapping(device, nbytes) as host:
+            return probe(sim, device, stream, host)
+
+
+def calibrate_host_copy_latency(profile: Profile, timing: RingCopyTiming) -> float:
+    """The fixed host seconds per memcpy for which the simulator's small ring copies take what they
+    took on the device: what a copy costs beyond its bytes (the handoff to a ring thread, the calls)."""
+
+    def per_copy(latency_s: float) -> float:
+        return _on_simulator(
+            dataclasses.replace(profile, host_copy_latency_s=latency_s),
+            2 * timing.copies * timing.nbytes,
+            lambda be, dev, stream, host: probes.ring_small_copies(
+                be, dev, stream, host, 0, timing.nbytes, timing.copies
+            ),
+        )
+
+    at_zero = per_copy(0.0)
+    if timing.seconds_per_copy <= at_zero:
+        return 0.0
+    return solve(per_copy, timing.seconds_per_copy, timing.seconds_per_copy - at_zero, 0.0)
 
 
 # -- the whole run ---------------------------------------------------------------------------
@@ -222,23 +309,31 @@ def tune(
     name: str | None = None,
     progress: Callable[[str], None] = lambda what: None,
 ) -> Tuned:
-    """Probe ``device``, fit a profile, and calibrate its host cost on the job's decode steps."""
+    """Probe ``device``, fit a profile, and calibrate its host cost on the job's decode steps.
+
+    ``progress`` is told each phase as it starts; ``Tuned.phases_s`` says how long each took.
+    """
     threads = host_threads or sorted({1, 2, 4, 8, DEFAULT_RING_THREADS} & set(range(1, DEFAULT_RING_THREADS + 1)))
     shape = model_shape(model, types)
     largest = max(model.mappings, key=len)
+    clock = PhaseClock(progress)
     with contextlib.closing(device.wrap_host(largest)) as pageable:
-        measured = probes.measure(backend, device, shape, ubatches, threads, bounds, progress, pageable)
+        measured = probes.measure(backend, device, shape, ubatches, threads, bounds, clock.start, pageable)
     vendor = vendor_of(backend)
     base = BUILTIN_PROFILES[BASE_BY_VENDOR[vendor]]
     fields = fit(measured, base, name or _profile_name(device.name), vendor)
     profile = Profile.from_dict({"base": base.name, **fields})
     mode = HostMemoryMode.REGISTERED if profile.host_register_read_only else HostMemoryMode.PINNED
-    progress("decode steps")
+    clock.start("decode steps")
     step_s = decode_step_seconds(backend, device, model, mode)
-    progress("calibrating on the simulator")
+    clock.start("calibrating on the simulator")
     fields["enqueue_s"] = calibrate_enqueue(profile, model, mode, step_s)
     profile = dataclasses.replace(profile, enqueue_s=fields["enqueue_s"])
-    return Tuned(measured, fields, base.name, profile, step_s)
+    if measured.ring_small is not None:
+        fields["host_copy_latency_s"] = calibrate_host_copy_latency(profile, measured.ring_small)
+        profile = dataclasses.replace(profile, host_copy_latency_s=fields["host_copy_latency_s"])
+    clock.stop()
+    return Tuned(measured, fields, base.name, profile, step_s, clock.seconds)
 
 
 def calibration_model(backend: Backend, folder: Path, preset: str, qtype: str) -> Path:

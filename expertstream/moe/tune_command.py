@@ -123,6 +123,7 @@ def _run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     with _opened(args) as backend, _model(args, backend) as model:
         device = backend.device(args.device)
+        opened_s = time.perf_counter() - started
         step = _progress()
         tuned = tune(
             backend,
@@ -136,6 +137,7 @@ def _run(args: argparse.Namespace) -> int:
         )
         step("")
     seconds = time.perf_counter() - started
+    phases = {"open device and model": opened_s, **tuned.phases_s}
     output.write_text(json.dumps(tuned.document(), indent=1) + "\n", encoding="utf-8")
     if args.json:
         document = {
@@ -143,10 +145,12 @@ def _run(args: argparse.Namespace) -> int:
             "measurements": dataclasses.asdict(tuned.measurements),
             "decode_step_s": tuned.decode_step_s,
             "seconds": seconds,
+            "phases_s": phases,
         }
         print(json.dumps(document, indent=1))
     else:
         print(summary(tuned, backend.name))
+        print(f"  phases, s: {', '.join(f'{name} {s:.1f}' for name, s in phases.items())}")
         print(f"profile written to {output} in {seconds:.1f} s (base {tuned.base}: peer copies, other kernels)")
     return 0
 
@@ -181,9 +185,15 @@ def summary(tuned: Tuned, backend_name: str) -> str:
     bus = "no shared limit" if p.host_memcpy_total_bps is None else f"limit {p.host_memcpy_total_bps / 1e9:.1f} GB/s"
     register = "-" if m.register_bytes_per_s is None else f"{m.register_bytes_per_s / 1e9:.1f} GB/s"
     lines.append(
-        f"  host copies from a mapping, GB/s by threads: {copies} ({bus}); registration {register}, read-only "
+        f"  ring fills from a mapping, GB/s by threads: {copies} ({bus}); registration {register}, read-only "
         f"{'yes' if p.host_register_read_only else 'no'}"
     )
+    if m.ring_bytes_per_s is not None and m.ring_small is not None:
+        small = m.ring_small
+        lines.append(
+            f"  staging ring: streams {m.ring_bytes_per_s / 1e9:.1f} GB/s; a {small.nbytes / 1e6:.2f} MB copy (decode) "
+            f"{small.seconds_per_copy * 1e6:.0f} us, {p.host_copy_latency_s * 1e6:.0f} us of it fixed"
+        )
     kernels = _kernel_lines(p)
     if kernels:
         lines.append("  kernels, TFLOP/s by size (mul_mat_id: pairs per expert):")

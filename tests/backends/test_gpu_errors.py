@@ -7,6 +7,7 @@ so the bytes, the error paths and the release of every native handle can be chec
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import enum
 import gc
 import logging
@@ -22,7 +23,7 @@ import numpy as np
 import pytest
 
 import expertstream
-from expertstream.backends import _gpu, cuda, hip
+from expertstream.backends import _gpu, _image_cache, cuda, hip
 from expertstream.backends._gpu import GpuBackend
 from expertstream.backends._gpu_api import (
     ApiTable,
@@ -261,6 +262,7 @@ class FakeGpu:
             compile_options=lambda arch: [f"--arch={arch}".encode()],
             matrix_cores=lambda arch: False,
             int8_matrix_cores=lambda arch: False,
+            compiler_version=call("fakertcVersion", lambda: (FakeRtcError.FAKERTC_SUCCESS, 1, 2), RTC_ERRORS),
             program_create=call("fakertcCreateProgram", self.program_create, RTC_ERRORS),
             program_compile=call("fakertcCompileProgram", self.program_compile, RTC_ERRORS),
             program_log=call(
@@ -512,6 +514,114 @@ def test_compiled_image_is_cached_per_arch_and_source(backend: Any, fake: FakeGp
         other.device(0).compile(source, "es_cached_a")
     assert fake.calls["fakertcCreateProgram"] == 1
     assert fake.calls["fakeModuleLoadData"] == 2
+
+
+@pytest.fixture
+def disk_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty on-disk kernel cache of this test; images compiled earlier in the process are forgotten."""
+    folder = tmp_path / "kernels"
+    monkeypatch.setenv(_image_cache.CACHE_ENV, str(folder))
+    monkeypatch.setattr(_gpu, "_images", {})
+    return folder
+
+
+def _new_process(fake: FakeGpu, monkeypatch: pytest.MonkeyPatch) -> GpuBackend:
+    """A backend as a fresh process opens it: nothing compiled in memory."""
+    monkeypatch.setattr(_gpu, "_images", {})
+    return FakeBackend(fake.table())
+
+
+def test_a_new_process_loads_the_image_an_earlier_one_compiled(
+    fake: FakeGpu, disk_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = 'extern "C" __global__ void es_disk() {}'
+    with FakeBackend(fake.table()) as first:
+        first.device(0).compile(source, "es_disk")
+    assert fake.calls["fakertcCreateProgram"] == 1 and len(list(disk_cache.glob("*.bin"))) == 1
+    assert not list(disk_cache.glob("*.tmp"))  # written through a temporary file, renamed into place
+    with _new_process(fake, monkeypatch) as second:
+        second.device(0).compile(source, "es_disk")
+    assert fake.calls["fakertcCreateProgram"] == 1  # loaded, not compiled
+    assert fake.calls["fakeModuleLoadData"] == 2
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["source", "compiler", "driver", "options", "bindings"],
+)
+def test_anything_that_decides_the_image_gives_another_entry(
+    fake: FakeGpu, disk_cache: Path, monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
+    source = 'extern "C" __global__ void es_keyed() {}'
+    with FakeBackend(fake.table()) as first:
+        first.device(0).compile(source, "es_keyed")
+    table = fake.table()
+    if change == "source":
+        source += "\n// another source"
+    elif change == "compiler":
+        table = dataclasses.replace(
+            table, compiler_version=Call("v", lambda: (FakeRtcError.FAKERTC_SUCCESS, 1, 3), RTC_ERRORS)
+        )
+    elif change == "driver":
+        table = dataclasses.replace(table, driver_version=Call("v", lambda: (OK, 2), ERRORS))
+    elif change == "options":
+        table = dataclasses.replace(table, compile_options=lambda arch: [f"--arch={arch}".encode(), b"-O2"])
+    else:
+        table = dataclasses.replace(table, bindings_version="1")
+    monkeypatch.setattr(_gpu, "_images", {})
+    with FakeBackend(table) as second:
+        second.device(0).compile(source, "es_keyed")
+    assert fake.calls["fakertcCreateProgram"] == 2
+    assert len(list(disk_cache.glob("*.bin"))) == 2
+
+
+def test_a_damaged_entry_is_compiled_again_and_replaced(
+    fake: FakeGpu, disk_cache: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    source = 'extern "C" __global__ void es_damaged() {}'
+    with FakeBackend(fake.table()) as first:
+        first.device(0).compile(source, "es_damaged")
+    (entry,) = disk_cache.glob("*.bin")
+    good = entry.read_bytes()
+    for damaged in (good[:-1] + b"X", good[:10], b""):
+        entry.write_bytes(damaged)
+        with (
+            caplog.at_level(logging.DEBUG, logger="expertstream.backends._image_cache"),
+            _new_process(fake, monkeypatch) as again,
+        ):
+            again.device(0).compile(source, "es_damaged")
+        assert "damaged" in caplog.text
+        assert entry.read_bytes() == good  # the new compile replaced it
+        caplog.clear()
+    assert fake.calls["fakertcCreateProgram"] == 4
+
+
+def test_an_unreadable_entry_or_unwritable_folder_only_costs_a_compile(
+    fake: FakeGpu, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    monkeypatch.setenv(_image_cache.CACHE_ENV, str(blocked / "kernels"))
+    source = 'extern "C" __global__ void es_unwritable() {}'
+    for _ in range(2):
+        with _new_process(fake, monkeypatch) as be:
+            be.device(0).compile(source, "es_unwritable")
+    assert fake.calls["fakertcCreateProgram"] == 2
+
+
+def test_the_cache_is_off_with_0_and_follows_xdg_cache_home(
+    fake: FakeGpu, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(_image_cache.CACHE_ENV, "0")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    source = 'extern "C" __global__ void es_off() {}'
+    for _ in range(2):
+        with _new_process(fake, monkeypatch) as be:
+            be.device(0).compile(source, "es_off")
+    assert fake.calls["fakertcCreateProgram"] == 2 and not list(tmp_path.rglob("*.bin"))
+    assert _image_cache.cache_folder({"XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "expertstream" / "kernels"
+    assert _image_cache.cache_folder({"HOME": "/h"}) == Path("~/.cache/expertstream/kernels").expanduser()
+    assert _image_cache.cache_folder({_image_cache.CACHE_ENV: str(tmp_path / "x")}) == tmp_path / "x"
 
 
 def test_compile_error_carries_the_log_and_destroys_the_program(backend: Any, fake: FakeGpu) -> None:

@@ -105,3 +105,37 @@ def test_auto_refuses_lists_it_cannot_pick_one_setting_for(capsys: pytest.Captur
     assert code == 2 and "one prompt" in err
     code, _, err = _run(capsys, "prefill", "--backend", "sim", "--timing-only", "--predict", "no-such.json")
     assert code == 2 and "no-such.json" in err
+
+
+def test_a_replay_predicts_the_rows_of_a_run_again(tmp_path: Path) -> None:
+    """``microbench.predict --replay``: the measured rows and the profile of an earlier run, predicted
+    again by this simulator; with the simulator unchanged, the predictions are the run's own."""
+    from microbench import predict as bench
+
+    first, again = tmp_path / "run", tmp_path / "replay"
+    argv = ["--backend", "sim", "--preset", "tiny", "--tokens", "32", "--ubatch", "16", "--decode-steps", "2"]
+    run = bench.main([*argv, "--out", str(first)])
+    assert run == 0 and bench.main(["--replay", str(first), "--out", str(again)]) == 0
+    original, replayed = (json.loads((d / "predict.json").read_text()) for d in (first, again))
+    assert replayed["replay"]["command"] == original["command"] and replayed["replay"]["fields_from_base"] == []
+    assert replayed["replay"]["measured_at"] == original["date"]
+    assert len(replayed["rows"]) == len(original["rows"]) == 12
+    for was, now in zip(original["rows"], replayed["rows"], strict=True):
+        assert now["ttft_s"] == was["ttft_s"] and now["decode_tokens_per_s"] == was["decode_tokens_per_s"]
+        assert now["predicted_ttft_s"] == pytest.approx(was["predicted_ttft_s"], rel=1e-9)
+        assert now["predicted_decode_tokens_per_s"] == pytest.approx(was["predicted_decode_tokens_per_s"], rel=1e-9)
+    assert [a["picked"] for a in replayed["auto"]] == [a["picked"] for a in original["auto"]]
+    assert (again / "predict.md").read_text().startswith("REPLAY: the rows measured on")
+    profile = json.loads((first / "profile.json").read_text())
+    del profile["host_copy_latency_s"]  # a profile from before tune measured it
+    (first / "profile.json").write_text(json.dumps(profile))
+    assert bench.main(["--replay", str(first), "--out", str(again)]) == 0
+    assert "host_copy_latency_s" in (again / "predict.md").read_text().split("\n\n")[0]
+
+
+def test_a_replay_of_a_folder_without_a_run_is_refused(tmp_path: Path) -> None:
+    from expertstream.errors import InvalidArgument
+    from microbench import predict as bench
+
+    with pytest.raises(InvalidArgument, match="cannot replay"):
+        bench.replay(tmp_path, None)

@@ -215,14 +215,16 @@ class Simulation:
             self._host_op(kind, name, before, self.clocks.spend(seconds), nbytes)
 
     def host_copy(self, nbytes: int) -> None:
-        """The calling thread copies ``nbytes`` host -> host at one thread's rate, sharing the bus."""
+        """The calling thread copies ``nbytes`` host -> host at one thread's rate, sharing the bus,
+        after the profile's fixed cost per copy."""
         profile = self.profile
         with self.lock:
             before = self.clocks.now()
-            end = before + nbytes / profile.host_memcpy_bps
+            moving = before + profile.host_copy_latency_s
+            end = moving + nbytes / profile.host_memcpy_bps
             if profile.host_memcpy_total_bps is not None:
                 on_bus = nbytes / profile.host_memcpy_total_bps
-                end = max(end, self._host_bus.place(before, on_bus) + on_bus)
+                end = max(end, self._host_bus.place(moving, on_bus) + on_bus)
             self._host_op(OpKind.HOST_COPY, "host copy", before, self.clocks.advance_to(end), nbytes)
 
     def _host_op(self, kind: OpKind, name: str, start: float, end: float, nbytes: int) -> None:

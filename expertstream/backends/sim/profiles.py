@@ -104,6 +104,9 @@ class Profile:
     memset_engine: str = "fill-kernel"  # one of MEMSET_ENGINES
     # All host threads copying at once (a shared memory bus); None: each thread gets host_memcpy_bps.
     host_memcpy_total_bps: float | None = None
+    # Host seconds a memcpy costs before its bytes move: handing it to the thread that does it
+    # (a staging ring's worker) and the call. Decode's many small copies through a ring pay it each.
+    host_copy_latency_s: float = 0.0
     # A stream's wait on an event recorded before a pageable copy was enqueued behind it resolves
     # at that stream's tail (the reported ROCm behaviour), not at the record.
     pageable_wait_binds_tail: bool = False

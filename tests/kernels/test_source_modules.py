@@ -1,0 +1,66 @@
+"""A kernel's module compiles the shared code and its own weight type's instances only.
+
+Compile time grows with the instances (every type's kernels took ~50 s through nvcc, one
+type's ~5 s), so a model of one type must not compile the others. The split keeps the
+contract: every kernel of the whole source is in exactly one per-type module, with the
+same name, and the shared kernels are in every module.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from gguf import GGMLQuantizationType
+
+import expertstream
+from expertstream.kernels import MoeKernels, kernel_source, module_types
+from expertstream.kernels.layout import FORMATS, MatrixPath
+
+_INSTANCE = re.compile(r"^MOE_MUL_MAT_ID\w*\((\w+),", re.M)
+
+
+def _instances(source: str) -> list[str]:
+    return _INSTANCE.findall(source)
+
+
+def test_every_kernel_of_the_whole_source_is_in_its_types_module() -> None:
+    whole = _instances(kernel_source())
+    names = [fmt.kernel_name(t, p) for fmt in FORMATS.values() for p in MatrixPath for t in fmt.tiles_on(p)]
+    assert sorted(whole) == sorted(names) and len(set(whole)) == len(whole)
+    assert _instances(kernel_source(())) == []  # the shared code alone
+    per_type = {fmt.qtype: _instances(kernel_source([fmt.qtype])) for fmt in FORMATS.values()}
+    assert sorted(n for names in per_type.values() for n in names) == sorted(whole)
+    for name in whole:
+        (w_type,) = module_types(name)
+        assert name in per_type[w_type]
+    assert module_types("moe_swiglu") == () and module_types("moe_group_by_expert") == ()
+    shared = kernel_source(())
+    assert all(kernel_source([t]).startswith(shared) for t in per_type)
+
+
+class _CountingDevice:
+    """Stands in for a device: records the sources it is asked to compile."""
+
+    def __init__(self, device: Any) -> None:
+        self._device = device
+        self.sources: dict[str, set[str]] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._device, name)
+
+    def compile(self, source: str, name: str) -> Any:
+        self.sources.setdefault(source, set()).add(name)
+        return self._device.compile(source, name)
+
+
+def test_a_model_of_one_type_compiles_two_modules() -> None:
+    q4_0 = GGMLQuantizationType.Q4_0
+    with expertstream.backend("sim", data=False) as sim:
+        device = _CountingDevice(sim.device(0))
+        with MoeKernels(device) as kernels:
+            kernels.prepare([q4_0])
+            kernels.prepare([q4_0])  # compiled once
+            for name in ("moe_weighted_sum", kernels.mul_mat_id_kernel(q4_0, 4096 * 8, 128)):
+                kernels.kernel(name)
+    assert set(device.sources) == {kernel_source(()), kernel_source([q4_0])}
