@@ -362,6 +362,12 @@ class DeviceBuffer(_Exported, Closing):
         return f"DeviceBuffer({self.device.label}, {self.usage.value}, {self.nbytes}/{self.alloc_size} bytes, {state})"
 
 
+def check_sharing(call: str, sharing: int) -> None:
+    """``sharing`` must be a positive count of copies."""
+    if not isinstance(sharing, (int, np.integer)) or isinstance(sharing, bool) or sharing < 1:
+        raise InvalidArgument(f"sharing must be a count of copies >= 1, got {sharing!r}", call=call)
+
+
 def check_range(call: str, buf: DeviceBuffer | HostBuffer, offset: int, nbytes: int) -> None:
     """Raise unless ``[offset, offset + nbytes)`` lies inside an open buffer."""
     if buf.closed:
@@ -837,10 +843,17 @@ class Device(abc.ABC):
         arr, owner = as_host_bytes(obj)
         return HostBuffer(self, arr, HostMemory.PAGEABLE, owner=owner)
 
-    def host_copy(self, dst: HostBuffer, dst_offset: int, src: HostBuffer, src_offset: int, nbytes: int) -> None:
-        """A memcpy between host buffers in the calling thread (the simulator charges its time)."""
+    def host_copy(
+        self, dst: HostBuffer, dst_offset: int, src: HostBuffer, src_offset: int, nbytes: int, *, sharing: int = 1
+    ) -> None:
+        """A memcpy between host buffers in the calling thread (the simulator charges its time).
+
+        ``sharing``: how many such copies the caller runs at once on its threads, this one
+        included. The simulator gives each that share of the host's memory bus.
+        """
         check_range("Device.host_copy", dst, dst_offset, nbytes)
         check_range("Device.host_copy", src, src_offset, nbytes)
+        check_sharing("Device.host_copy", sharing)
         np.copyto(dst.array[dst_offset : dst_offset + nbytes], src.array[src_offset : src_offset + nbytes])
 
     def can_access_peer(self, other: Device) -> bool:

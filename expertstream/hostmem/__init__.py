@@ -11,6 +11,7 @@ from .placement import (
     HostMemoryMode,
     HostWeights,
     HostWeightsStats,
+    default_ring_threads,
 )
 from .staging import RingRegion, StagingRing
 
@@ -26,4 +27,5 @@ __all__ = [
     "HostWeightsStats",
     "RingRegion",
     "StagingRing",
+    "default_ring_threads",
 ]

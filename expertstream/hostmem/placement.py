@@ -63,6 +63,17 @@ DEFAULT_RING_CHUNKS = 4
 # One thread memcpys from a file mapping at a fraction of PCIe speed (6 GB/s through the ring
 # on the H200 host); 12 threads gave 27-32 GB/s there, 8 gave 23-24 and 16 no more than 12.
 DEFAULT_RING_THREADS = min(12, os.cpu_count() or 1)
+
+
+def default_ring_threads(device: Device) -> int:
+    """The staging ring's threads on ``device``: the machine a simulator profile describes runs the
+    number it names (``ring_threads``), so a prediction does not take this host's core count;
+    everywhere else this host's default."""
+    profile = device.backend.describe().get("profile") or {}
+    threads = profile.get("ring_threads")
+    return int(threads) if threads else DEFAULT_RING_THREADS
+
+
 _PINNED_ALIGN = 4096
 
 
@@ -102,11 +113,12 @@ class HostWeights(Mapping[str, HostSource], Closing):
         *,
         ring_chunk_bytes: int = DEFAULT_RING_CHUNK_BYTES,
         ring_chunks: int = DEFAULT_RING_CHUNKS,
-        ring_threads: int = DEFAULT_RING_THREADS,
+        ring_threads: int | None = None,
         copied_to: Mapping[str, Device] | None = None,
     ) -> HostWeights:
         """Place the tensors of a model (or of the GGUF file at a path, opened and owned here).
 
+        ``ring_threads``: the staging ring's host threads (default: ``default_ring_threads``).
         ``copied_to`` names, for a layer split, the device a tensor is copied to where it is not
         ``device``; only a staging ring depends on it.
         """
@@ -114,7 +126,8 @@ class HostWeights(Mapping[str, HostSource], Closing):
         owns_model = not isinstance(model_or_path, MoeModel)
         model = MoeModel.open(model_or_path) if not isinstance(model_or_path, MoeModel) else model_or_path
         try:
-            ring = _RingOptions(ring_chunk_bytes, ring_chunks, ring_threads)
+            threads = default_ring_threads(device) if ring_threads is None else ring_threads
+            ring = _RingOptions(ring_chunk_bytes, ring_chunks, threads)
             targets = dict(copied_to or {})
             return cls(model, device, *_place(model, device, requested, ring, targets), owns_model=owns_model)
         except BaseException:

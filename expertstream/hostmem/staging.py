@@ -113,6 +113,11 @@ class StagingRing(Closing):
     def pinned_bytes(self) -> int:
         return sum(slot.buffer.nbytes for slot in self._slots)
 
+    @property
+    def threads(self) -> int:
+        """Host threads filling the chunks."""
+        return len(self._workers)
+
     def region(self, start: int, length: int, source: int = 0) -> RingRegion:
         """Bytes ``[start, start + length)`` of source number ``source``, copied through this ring."""
         return RingRegion(self.sources[source], start, length, self, source)
@@ -227,21 +232,32 @@ class StagingRing(Closing):
         self._next_slot = (self._next_slot + 1) % len(self._slots)
         handoff = self.device.backend.host_timestamp()
         parts = []
-        for offset, n in _parts(piece.nbytes, len(self._workers)):
+        pieces = _parts(piece.nbytes, len(self._workers))
+        for offset, n in pieces:
             worker = self._workers[self._next_worker]
             self._next_worker = (self._next_worker + 1) % len(self._workers)
             parts.append(
-                worker.submit(self._fill_part, slot, piece.source, piece.src_offset + offset, offset, n, handoff)
+                worker.submit(
+                    self._fill_part, slot, piece.source, piece.src_offset + offset, offset, n, handoff, len(pieces)
+                )
             )
         return _Fill(piece, slot, tuple(parts))
 
     def _fill_part(
-        self, slot: _Slot, source: HostBuffer, src_offset: int, chunk_offset: int, nbytes: int, handoff: float
+        self,
+        slot: _Slot,
+        source: HostBuffer,
+        src_offset: int,
+        chunk_offset: int,
+        nbytes: int,
+        handoff: float,
+        sharing: int,
     ) -> float:
         backend = self.device.backend
         backend.host_resume_at(handoff)
         slot.free_event.synchronize()
-        self.device.host_copy(slot.buffer, chunk_offset, source, src_offset, nbytes)
+        # The fill's parts copy at once, so each has that share of the host's memory bus.
+        self.device.host_copy(slot.buffer, chunk_offset, source, src_offset, nbytes, sharing=sharing)
         return backend.host_timestamp()
 
     def _finish_fill(self, fill: _Fill) -> None:

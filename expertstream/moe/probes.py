@@ -29,7 +29,7 @@ import numpy as np
 from ..backends.base import Backend, Device, DeviceBuffer, HostBuffer, Stream, Usage
 from ..errors import DeviceError, InvalidArgument
 from ..ggml import RowType
-from ..hostmem import DEFAULT_RING_CHUNK_BYTES, DEFAULT_RING_CHUNKS, DEFAULT_RING_THREADS, StagingRing
+from ..hostmem import DEFAULT_RING_CHUNK_BYTES, DEFAULT_RING_CHUNKS, StagingRing, default_ring_threads
 from ..kernels import MoeKernels, layout
 from ..kernels import reference as ref
 from ..kernels.layout import weight_format
@@ -536,22 +536,18 @@ def _parallel_copy(
     src: HostBuffer,
     src_offset: int,
 ) -> float:
-    """Seconds for ``workers`` to fill ``dst`` from ``src``, one equal part each.
-
-    One part per thread, not the ring's many: on the simulator, whose host memory bus takes
-    copies in the order threads happen to reach it, many short parts per thread leave gaps
-    that depend on that order.
-    """
+    """Seconds for ``workers`` to fill ``dst`` from ``src``, one equal part each, all at once."""
     start = backend.host_timestamp()
     nbytes = dst.nbytes
     step = -(-nbytes // len(workers))
+    offsets = range(0, nbytes, step)
 
     def part(offset: int) -> float:
         backend.host_resume_at(start)  # the handoff: each thread starts when the caller did
-        device.host_copy(dst, offset, src, src_offset + offset, min(step, nbytes - offset))
+        device.host_copy(dst, offset, src, src_offset + offset, min(step, nbytes - offset), sharing=len(offsets))
         return backend.host_timestamp()
 
-    parts = [worker.submit(part, offset) for worker, offset in zip(workers, range(0, nbytes, step), strict=False)]
+    parts = [worker.submit(part, offset) for worker, offset in zip(workers, offsets, strict=False)]
     ends = [p.result() for p in parts]
     for end in ends:
         backend.host_resume_at(end)
@@ -588,7 +584,7 @@ def ring_small_copies(
     with (
         device.alloc(nbytes) as dst,
         StagingRing(
-            host, chunk_bytes=DEFAULT_RING_CHUNK_BYTES, chunks=DEFAULT_RING_CHUNKS, threads=DEFAULT_RING_THREADS
+            host, chunk_bytes=DEFAULT_RING_CHUNK_BYTES, chunks=DEFAULT_RING_CHUNKS, threads=default_ring_threads(device)
         ) as ring,
     ):
 

@@ -27,7 +27,7 @@ from typing import Any
 from ..backends import backend as open_backend
 from ..backends.base import Backend, Device, HostBuffer, Stream, Vendor
 from ..backends.sim.profiles import BUILTIN_PROFILES, KernelRate, Profile
-from ..hostmem import DEFAULT_RING_THREADS, HostMemoryMode
+from ..hostmem import HostMemoryMode, default_ring_threads
 from ..model import MoeModel, make_model
 from . import probes
 from .measure import Settings, measure
@@ -201,6 +201,7 @@ FITTED_FIELDS = (
     "host_register_read_only",
     "matrix_cores",
     "int8_matrix_cores",
+    "ring_threads",
     "kernel_rates",
 )
 
@@ -313,7 +314,8 @@ def tune(
 
     ``progress`` is told each phase as it starts; ``Tuned.phases_s`` says how long each took.
     """
-    threads = host_threads or sorted({1, 2, 4, 8, DEFAULT_RING_THREADS} & set(range(1, DEFAULT_RING_THREADS + 1)))
+    ring_threads = default_ring_threads(device)
+    threads = host_threads or sorted({1, 2, 4, 8, ring_threads} & set(range(1, ring_threads + 1)))
     shape = model_shape(model, types)
     largest = max(model.mappings, key=len)
     clock = PhaseClock(progress)
@@ -322,6 +324,7 @@ def tune(
     vendor = vendor_of(backend)
     base = BUILTIN_PROFILES[BASE_BY_VENDOR[vendor]]
     fields = fit(measured, base, name or _profile_name(device.name), vendor)
+    fields["ring_threads"] = ring_threads
     profile = Profile.from_dict({"base": base.name, **fields})
     mode = HostMemoryMode.REGISTERED if profile.host_register_read_only else HostMemoryMode.PINNED
     clock.start("decode steps")

@@ -149,6 +149,48 @@ def test_enqueue_costs_and_blocking_calls_move_the_host_clock() -> None:
         assert sim.host_time() == pytest.approx(t + MIB / profile.host_memcpy_bps)
 
 
+@pytest.mark.parametrize("sharing", [1, 4, 12])
+def test_host_copies_take_their_share_of_the_memory_bus_whatever_order_threads_run(sharing: int) -> None:
+    """Copies that run at once each take 1 / sharing of the bus (or one thread's rate, if lower),
+    however the OS orders their threads: here one after another, last part first (each thread
+    lets the next one go once it has copied)."""
+    base = expertstream.backends.sim.BUILTIN_PROFILES["cuda-h200"]
+    profile = dataclasses.replace(base, host_memcpy_bps=5e9, host_memcpy_total_bps=20e9, host_copy_latency_s=0.0)
+    with _open(profile=profile, data=False) as sim:
+        dev = sim.device(0)
+        src, dst = dev.placeholder_host(sharing * MIB), dev.placeholder_host(sharing * MIB)
+        start = sim.host_timestamp()
+        ends: list[float] = []
+
+        go = [threading.Event() for _ in range(sharing)]
+
+        def part(i: int) -> None:
+            go[i].wait()
+            sim.host_resume_at(start)
+            dev.host_copy(dst, i * MIB, src, i * MIB, MIB, sharing=sharing)
+            ends.append(sim.host_time())
+            if i > 0:
+                go[i - 1].set()
+
+        threads = [threading.Thread(target=part, args=(i,)) for i in range(sharing)]
+        for thread in threads:
+            thread.start()
+        go[-1].set()
+        for thread in threads:
+            thread.join()
+        expected = start + MIB / min(5e9, 20e9 / sharing)
+        assert ends == [pytest.approx(expected)] * sharing
+
+
+@pytest.mark.parametrize("sharing", [0, -1, 1.5, True])
+def test_host_copy_refuses_a_sharing_that_is_not_a_count(sharing: Any) -> None:
+    with _open(data=False) as sim:
+        dev = sim.device(0)
+        host = dev.placeholder_host(MIB)
+        with pytest.raises(InvalidArgument, match="sharing"):
+            dev.host_copy(host, 0, host, 0, 16, sharing=sharing)
+
+
 # -- engines ----------------------------------------------------------------------------------
 
 

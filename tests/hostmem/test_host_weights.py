@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+import expertstream
 from expertstream.backends.base import Backend, Device, HostBuffer
+from expertstream.backends.sim import BUILTIN_PROFILES
 from expertstream.errors import InvalidArgument, UseAfterClose
-from expertstream.hostmem import HostMemoryMode, HostRegion, HostSource, HostWeights, RingRegion
+from expertstream.hostmem import (
+    DEFAULT_RING_THREADS,
+    HostMemoryMode,
+    HostRegion,
+    HostSource,
+    HostWeights,
+    RingRegion,
+    default_ring_threads,
+)
 from expertstream.model import MoeModel
 
 # Ring settings for tests: chunks smaller than a tensor (221184 bytes) and not dividing it.
@@ -117,3 +128,16 @@ def test_a_model_passed_in_stays_open(backend: Backend, tiny_path: Path) -> None
 def test_unknown_mode_is_refused(backend: Backend, tiny_path: Path) -> None:
     with pytest.raises(InvalidArgument, match="unknown host memory mode 'fast'"):
         HostWeights.open(tiny_path, backend.device(0), "fast")
+
+
+@pytest.mark.parametrize("named", [7, None])
+def test_a_simulated_machine_runs_the_ring_threads_its_profile_names(tiny_path: Path, named: int | None) -> None:
+    """A prediction of another machine's ring takes that machine's thread count, not this host's."""
+    profile = dataclasses.replace(BUILTIN_PROFILES["cuda-h200"], ring_threads=named)
+    with expertstream.backend("sim", profile=profile) as sim:
+        device = sim.device(0)
+        assert default_ring_threads(device) == (named or DEFAULT_RING_THREADS)
+        with HostWeights.open(tiny_path, device, HostMemoryMode.RING) as weights:
+            regions = [weights[name] for name in weights]
+            assert regions and all(isinstance(r, RingRegion) for r in regions)
+            assert {r.ring.threads for r in regions if isinstance(r, RingRegion)} == {named or DEFAULT_RING_THREADS}

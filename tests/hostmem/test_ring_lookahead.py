@@ -165,9 +165,11 @@ class _ChunkUses:
         self._dma_sources: list[int] = []
         real_host_copy = ring.device.host_copy
 
-        def host_copy(dst: HostBuffer, dst_offset: int, src: HostBuffer, src_offset: int, nbytes: int) -> None:
+        def host_copy(
+            dst: HostBuffer, dst_offset: int, src: HostBuffer, src_offset: int, nbytes: int, *, sharing: int = 1
+        ) -> None:
             start = sim.host_timestamp()
-            real_host_copy(dst, dst_offset, src, src_offset, nbytes)
+            real_host_copy(dst, dst_offset, src, src_offset, nbytes, sharing=sharing)
             self.writes.append(_Use(id(dst), start, sim.host_timestamp()))
 
         ring.device.host_copy = host_copy  # type: ignore[method-assign]

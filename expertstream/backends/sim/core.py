@@ -73,7 +73,6 @@ class Simulation:
         self._effects = EffectQueue()
         self._timeline: list[TimelineOp] = []
         self._tracks: dict[tuple[int, EngineKind], BusyTrack] = {}
-        self._host_bus = BusyTrack()  # host memory shared by every host thread's copies
         self._streams: dict[int, StreamState] = {}
         self._stream_ids = itertools.count(1)
         self._enqueue_seq = itertools.count()
@@ -214,17 +213,21 @@ class Simulation:
             before = self.clocks.now()
             self._host_op(kind, name, before, self.clocks.spend(seconds), nbytes)
 
-    def host_copy(self, nbytes: int) -> None:
-        """The calling thread copies ``nbytes`` host -> host at one thread's rate, sharing the bus,
-        after the profile's fixed cost per copy."""
+    def host_copy(self, nbytes: int, sharing: int = 1) -> None:
+        """The calling thread copies ``nbytes`` host -> host after the profile's fixed cost per copy,
+        at one thread's rate or at 1 / ``sharing`` of the host memory bus, whichever is lower.
+
+        The share is what the caller says it runs at once, not what other threads have booked: a
+        shared track takes copies in the order the OS happens to run their threads, so one run
+        would take different virtual times from one time to the next.
+        """
         profile = self.profile
+        rate = profile.host_memcpy_bps
+        if profile.host_memcpy_total_bps is not None:
+            rate = min(rate, profile.host_memcpy_total_bps / sharing)
         with self.lock:
             before = self.clocks.now()
-            moving = before + profile.host_copy_latency_s
-            end = moving + nbytes / profile.host_memcpy_bps
-            if profile.host_memcpy_total_bps is not None:
-                on_bus = nbytes / profile.host_memcpy_total_bps
-                end = max(end, self._host_bus.place(moving, on_bus) + on_bus)
+            end = before + profile.host_copy_latency_s + nbytes / rate
             self._host_op(OpKind.HOST_COPY, "host copy", before, self.clocks.advance_to(end), nbytes)
 
     def _host_op(self, kind: OpKind, name: str, start: float, end: float, nbytes: int) -> None:

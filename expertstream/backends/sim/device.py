@@ -8,7 +8,17 @@ import numpy as np
 
 from ...errors import DeviceError, InvalidArgument, OutOfDeviceMemory
 from ...timeline import OpKind
-from ..base import Capabilities, Device, HostBuffer, HostMemory, Kernel, Usage, as_host_bytes, check_range
+from ..base import (
+    Capabilities,
+    Device,
+    HostBuffer,
+    HostMemory,
+    Kernel,
+    Usage,
+    as_host_bytes,
+    check_range,
+    check_sharing,
+)
 from ..interop import DLDeviceType
 from .core import Simulation
 from .hazards import Touch
@@ -175,11 +185,15 @@ class SimDevice(Device):
         array, owner = as_host_bytes(obj)
         return SimHostBuffer(self, array, HostMemory.PAGEABLE, owner=owner)
 
-    def host_copy(self, dst: HostBuffer, dst_offset: int, src: HostBuffer, src_offset: int, nbytes: int) -> None:
-        """A memcpy on the calling thread, which it pays for at the profile's one-thread rate."""
+    def host_copy(
+        self, dst: HostBuffer, dst_offset: int, src: HostBuffer, src_offset: int, nbytes: int, *, sharing: int = 1
+    ) -> None:
+        """A memcpy on the calling thread, which it pays for at the profile's one-thread rate or at
+        its share of the host memory bus, whichever is lower."""
         call = "Device.host_copy"
         check_range(call, dst, dst_offset, nbytes)
         check_range(call, src, src_offset, nbytes)
+        check_sharing(call, sharing)
         self.sim.host_access(
             (
                 Touch(src, src_offset, src_offset + nbytes, write=False),
@@ -189,8 +203,8 @@ class SimDevice(Device):
             call,
         )
         if self.sim.data:  # timing-only: placeholder memory is never touched
-            super().host_copy(dst, dst_offset, src, src_offset, nbytes)
-        self.sim.host_copy(nbytes)  # at the one-thread rate, sharing the host memory bus
+            super().host_copy(dst, dst_offset, src, src_offset, nbytes, sharing=sharing)
+        self.sim.host_copy(nbytes, sharing)
 
     def _check_host_access(self, host: HostBuffer, offset: int, nbytes: int, write: bool, call: str) -> None:
         what = "host write (numpy view)" if write else "host read (numpy view)"

@@ -113,6 +113,9 @@ class Profile:
     kernel_rates: tuple[KernelRate, ...] = ()
     # whether Q4_0 and Q4_K take the int8 path by default (kernels/layout.INT8_DEFAULT_TYPES)
     int8_matrix_cores: bool = False
+    # Host threads a staging ring runs on the machine this profile describes (hostmem's default
+    # there); None: the default of the machine the simulation runs on.
+    ring_threads: int | None = None
 
     def __post_init__(self) -> None:
         if self.vendor_like not in _VENDORS:
@@ -124,6 +127,12 @@ class Profile:
         if not isinstance(self.memory_bytes, int) or self.memory_bytes <= 0:
             raise InvalidArgument(f"profile {self.name!r}: memory_bytes must be a positive integer")
         object.__setattr__(self, "kernel_rates", tuple(KernelRate.from_value(r) for r in self.kernel_rates))
+        if self.ring_threads is not None and (
+            not isinstance(self.ring_threads, int) or isinstance(self.ring_threads, bool) or self.ring_threads < 1
+        ):
+            raise InvalidArgument(
+                f"profile {self.name!r}: ring_threads must be a count >= 1, got {self.ring_threads!r}"
+            )
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if value is None and f.name == "host_memcpy_total_bps":
@@ -311,6 +320,7 @@ CUDA_H200 = Profile(
     # measured: the staging ring (12 threads, 64 MiB chunks) moved 27.3-31.6 GB/s from a file
     # mapping while its DMAs ran (docs/results/hostmem-h200.md)
     host_memcpy_total_bps=29e9,
+    ring_threads=12,  # measured host: 16 cores, so hostmem's default of min(12, cores)
     kernel_rates=_h200_kernel_rates(),
 )
 
