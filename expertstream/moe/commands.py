@@ -33,6 +33,7 @@ from ..clitools import (
     writable_path,
 )
 from ..hostmem import HostMemoryMode
+from ..kernels.layout import MatrixPath
 from ..model import PRESETS, MoeModel, make_model
 from ..model.commands import expert_type_option, open_model
 from ..scheduler import check_slots
@@ -221,6 +222,14 @@ def register(subparsers: Any) -> None:
         "GPU without one: tune first, ~30 s; on the simulator: its own profile). The auto settings use it too",
     )
     prefill.add_argument("--ring-threads", type=_positive, default=None, help="host threads filling the staging ring")
+    prefill.add_argument(
+        "--matrix-path",
+        choices=("auto", *(p.value for p in MatrixPath)),
+        default="auto",
+        help="mul_mat_id's kernels for every expert type: simt (float32), mma (bf16 matrix cores) or int8 "
+        "(activations quantized per 32-block; Q4_0 and Q4_K, other types take mma); auto: each type's "
+        "default on the device (default: %(default)s)",
+    )
     prefill.add_argument("--seed", type=int, default=0, help="seed of the input embeddings (and of a made model)")
     prefill.add_argument("-o", "--output-format", choices=FORMATS, default="text", help="how to print the rows")
     prefill.add_argument("--json", action="store_true", help="the same as -o json")
@@ -308,6 +317,7 @@ class Report:
             "compute_only_s": first.compute_only_s,  # of the first batching; every row has its own
             "compute_only_all_layers": first.compute_only_all_layers,
             "compute_only_sha256": first.compute_only_sha256,
+            "matrix_paths": self.results[0].matrix_paths,  # mul_mat_id's path per expert type
         }
         return as_json({**self.header, **baselines}, self.rows)
 
@@ -487,6 +497,7 @@ def _settings(args: argparse.Namespace, batching: Batching, n_cpu_moe: int | Non
         ring_threads=args.ring_threads,
         n_cpu_moe=n_cpu_moe,
         gpu_memory=args.gpu_memory,
+        matrix_path=None if args.matrix_path == "auto" else MatrixPath(args.matrix_path),
     )
 
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..backends.base import Backend, Device, Stream, Usage
 from ..hostmem import HostMemoryMode, HostWeights
+from ..kernels.layout import MatrixPath
 from ..model import MoeModel
 from ..scheduler import Bindings, Plan, RunStats, Scheduler, Split
 from .offload import GpuMemory, ResidentExperts, UploadedExperts, plan_offload
@@ -42,6 +43,7 @@ class Settings:
     ring_threads: int | None = None  # host threads filling the staging ring (None: hostmem's default)
     n_cpu_moe: int | None = None  # experts of the first N MoE layers stream; None: all, unless gpu_memory
     gpu_memory: GpuMemory | None = None  # stream only as many leading layers as needed to fit the rest
+    matrix_path: MatrixPath | None = None  # mul_mat_id's path for every type; None: each type's default
 
 
 Progress = Callable[[str], None]
@@ -73,6 +75,7 @@ class Baselines:
 class Measurement:
     baselines: Baselines
     rows: list[Row] = field(default_factory=list)
+    matrix_paths: dict[str, str] = field(default_factory=dict)  # mul_mat_id's path per expert type name
 
 
 def measure_h2d_peak(backend: Backend, devices: Device | Sequence[Device], nbytes: int) -> float:
@@ -207,13 +210,14 @@ def measure(
     ``h2d_peak_gbps`` reuses a peak measured before (one per device set is enough for a matrix of
     runs). Several devices split the layers between them (layersplit.py).
     """
-    with MoeRunner(devices, model, settings.batching, seed=settings.seed) as runner:
+    with MoeRunner(devices, model, settings.batching, seed=settings.seed, matrix_path=settings.matrix_path) as runner:
         split = runner.layer_split
         peak = h2d_peak_gbps or measure_h2d_peak(backend, split.devices, probe_bytes(model))
         compute_s, all_layers, compute_sha = measure_compute_only(
             backend, runner, settings.warmup, settings.repeats, progress
         )
-        result = Measurement(Baselines(peak, compute_s, all_layers, compute_sha))
+        paths = {name: path.value for name, path in runner.matrix_path_by_type.items()}
+        result = Measurement(Baselines(peak, compute_s, all_layers, compute_sha), matrix_paths=paths)
         offload = plan_offload(
             model,
             split,

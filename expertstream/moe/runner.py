@@ -185,14 +185,22 @@ class _Part(Closing):
     """What one device of a layer split holds: its layers' routers and extras, activations, outputs."""
 
     def __init__(
-        self, device: Device, model: MoeModel, batching: Batching, layers: Sequence[int], *, seed: int, first: bool
+        self,
+        device: Device,
+        model: MoeModel,
+        batching: Batching,
+        layers: Sequence[int],
+        *,
+        seed: int,
+        first: bool,
+        matrix_path: MatrixPath | None,
     ) -> None:
         self.device = device
         self.model = model
         self.batching = batching
         self.data = device.backend.holds_data
         self.position = {index: i for i, index in enumerate(layers)}  # layer index -> its place on this device
-        self.kernels = MoeKernels(device)
+        self.kernels = MoeKernels(device, matrix_path)
         self._buffers: list[DeviceBuffer] = []
         self._scratch: _Scratch | None = None
         try:
@@ -307,6 +315,21 @@ class _Part(Closing):
         self._buffers.clear()
 
 
+def check_matrix_path(device: Device, path: MatrixPath | None) -> None:
+    """Refuse a matrix path ``device`` has no instructions for (None: each type's default there)."""
+    caps = device.capabilities
+    if path is MatrixPath.MMA and not caps.matrix_cores:
+        missing = "bf16 matrix instructions"
+    elif path is MatrixPath.INT8 and not caps.int8_matrix_cores:
+        missing = "int8 matrix instructions"
+    else:
+        return
+    raise InvalidArgument(
+        f"{device.label} ({device.name}) has no {missing} for matrix path {path.value!r}",
+        hint="use auto (each expert type's default path on the device) or simt",
+    )
+
+
 class MoeRunner(Closing):
     """One model's MoE layers on one device, or split over several: routers, activations, outputs.
 
@@ -320,9 +343,17 @@ class MoeRunner(Closing):
     """
 
     def __init__(
-        self, devices: Device | Sequence[Device], model: MoeModel, batching: Batching, *, seed: int = 0
+        self,
+        devices: Device | Sequence[Device],
+        model: MoeModel,
+        batching: Batching,
+        *,
+        seed: int = 0,
+        matrix_path: MatrixPath | None = None,
     ) -> None:
         self.devices: tuple[Device, ...] = (devices,) if isinstance(devices, Device) else tuple(devices)
+        for device in self.devices:
+            check_matrix_path(device, matrix_path)
         self.model = model
         self.batching = batching
         self.seed = seed
@@ -336,7 +367,9 @@ class MoeRunner(Closing):
         try:
             for i, device in enumerate(self.devices):
                 layers = self.layer_split.layers[device]
-                self._parts.append(_Part(device, model, batching, layers, seed=seed, first=i == 0))
+                self._parts.append(
+                    _Part(device, model, batching, layers, seed=seed, first=i == 0, matrix_path=matrix_path)
+                )
             row = model.n_embd * 4
             bounce = (batching.tokens * row, batching.decode_steps * row)
             for sender, receiver in itertools.pairwise(self.devices):
@@ -351,10 +384,17 @@ class MoeRunner(Closing):
         return self.layer_split.device_of(layer_index)
 
     @property
-    def matrix_paths(self) -> frozenset[MatrixPath]:
-        """The expert matmul paths the kernels take for the model's expert types (one kind of device per run)."""
+    def matrix_path_by_type(self) -> dict[str, MatrixPath]:
+        """The expert matmul path the kernels take for each of the model's expert types, by type name
+        (one kind of device per run)."""
         kernels = self._parts[0].kernels
-        return frozenset(kernels.path_for(t.qtype) for layer in self.model.layers for t in layer.experts)
+        types = {t.qtype.name: t.qtype for layer in self.model.layers for t in layer.experts}
+        return {name: kernels.path_for(qtype) for name, qtype in sorted(types.items())}
+
+    @property
+    def matrix_paths(self) -> frozenset[MatrixPath]:
+        """The expert matmul paths the kernels take for the model's expert types."""
+        return frozenset(self.matrix_path_by_type.values())
 
     @property
     def crossings(self) -> tuple[str, ...]:

@@ -166,3 +166,23 @@ def test_demo_prints_speed_at_scale_and_equal_bytes(
     data_rows = [line.split() for line in data.splitlines() if line.split()[:1] in (["0"], ["2"], ["3"])]
     assert [row[0] for row in data_rows] == ["0", "2", "3"]
     assert len({row[-1] for row in data_rows}) == 1
+
+
+@pytest.mark.parametrize(("asked", "taken"), [("auto", "mma"), ("simt", "simt"), ("int8", "int8"), ("mma", "mma")])
+def test_matrix_path_is_chosen_and_reported(
+    tiny_path: Path, capsys: pytest.CaptureFixture[str], asked: str, taken: str
+) -> None:
+    code, out, _ = _prefill(
+        capsys, str(tiny_path), "--backend", "sim", "--sim-profile", "cuda-h200", *SMALL, "--slots", "0",
+        "--matrix-path", asked, "--json",
+    )  # fmt: skip
+    assert code == 0
+    assert json.loads(out)["matrix_paths"] == {"Q4_0": taken}
+
+
+def test_a_matrix_path_the_device_lacks_is_refused(tiny_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _prefill(
+        capsys, str(tiny_path), "--backend", "sim", "--sim-profile", "rocm-r9700", *SMALL, "--matrix-path", "int8"
+    )
+    assert code == 2
+    assert "no int8 matrix instructions" in err and "use auto" in err
