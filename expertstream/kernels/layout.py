@@ -69,9 +69,9 @@ INT8_TILES = (TileM.SHORT, TileM.TALL, TileM.TALLEST)  # for the types with an i
 # The path mul_mat_id takes per weight type on devices with int8 matrix instructions
 # (Capabilities.int8_matrix_cores); types not listed take the bf16 matrix-core path. Only types with
 # an int8 kernel (WeightFormat.int8) may be listed. Keep whichever path measures faster on the H200:
-# there the int8 kernels ran at 0.68-0.92x the bf16 ones for Q4_0 and Q4_K at ubatch 512 and 4096
-# (docs/results/cuda-h200-kernels.md), so none is listed; MoeKernels(device, MatrixPath.INT8) asks
-# for them.
+# there the int8 kernels ran at 0.77-0.80x the bf16 ones for Q4_0 and 0.93-1.10x for Q4_K (ubatch 512
+# and 4096, best tile against best tile; docs/results/cuda-h200-kernels.md), so none is listed;
+# MoeKernels(device, MatrixPath.INT8) or `prefill --matrix-path int8` asks for them.
 INT8_DEFAULT_TYPES: frozenset[GGMLQuantizationType] = frozenset()
 
 
