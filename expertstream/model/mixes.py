@@ -25,7 +25,8 @@ attn_output, ffn_up, ffn_gate, ffn_down). The rules that apply to MoE files:
 - A row length that is not a multiple of the chosen type's block falls back: the
   i-quants to IQ4_NL, Q2_K and Q3_K to Q4_0, Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0; F16
   where that does not fit either.
-- 1-D tensors, the router (ffn_gate_inp) and biases stay F32.
+- 1-D tensors, the router (ffn_gate_inp), convolution weights (ssm_conv1d) and biases stay F32.
+- Linear attention's attn_qkv counts as attn_v; attn_gate, ssm_ba and ssm_out take the default.
 
 The files are taken as quantized with an importance matrix, as llama.cpp requires for the
 1- and 2-bit i-quants and as published i-quant files are made (IQ3_XXS keeps IQ3_XXS in
@@ -121,7 +122,9 @@ class TensorShape:
 
 
 def is_quantizable(t: TensorShape) -> bool:
-    return len(t.ne) >= 2 and "ffn_gate_inp" not in t.name and not t.name.endswith(".bias")
+    return (
+        len(t.ne) >= 2 and "ffn_gate_inp" not in t.name and "ssm_conv1d" not in t.name and not t.name.endswith(".bias")
+    )
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,10 @@ the routing keys the architecture reads. The vocabulary is always small (``n_voc
 it sizes only the embedding and output tensors. ``tiny`` and the ``tiny-*`` presets are
 for tests; their ``n_ff_exp`` (192) is not a multiple of 512, so the down projection's
 rows need the quantized-row padding.
+
+qwen3next layers are hybrid: every ``full_attention_interval``-th layer has gated full
+attention, the others linear attention (a gated delta net, ``LinearAttention``), each with
+the same MoE block after it.
 """
 
 from __future__ import annotations
@@ -15,6 +19,31 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidArgument
+
+
+@dataclass(frozen=True)
+class LinearAttention:
+    """The gated delta net of qwen3next's recurrent layers: key and value heads of one width."""
+
+    k_heads: int  # llama.cpp's ssm.group_count
+    v_heads: int  # ssm.time_step_rank; a multiple of k_heads
+    head_dim: int  # ssm.state_size, of keys and values alike
+    conv_kernel: int  # ssm.conv_kernel: tokens the causal convolution spans
+    full_attention_interval: int  # layer i is full attention where (i + 1) % interval == 0
+
+    @property
+    def key_dim(self) -> int:
+        return self.k_heads * self.head_dim
+
+    @property
+    def value_dim(self) -> int:
+        """llama.cpp's ssm.inner_size."""
+        return self.v_heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the convolution: queries, keys and values side by side."""
+        return 2 * self.key_dim + self.value_dim
 
 
 @dataclass(frozen=True)
@@ -50,6 +79,7 @@ class ModelPreset:
     qk_nope_dim: int = 0
     v_head_dim: int = 0
     sliding_window: int = 0  # gpt-oss
+    linear: LinearAttention | None = None  # qwen3next's recurrent layers
 
     @property
     def dense_ff(self) -> int:
@@ -60,8 +90,26 @@ class ModelPreset:
         """Width of the shared-expert FFN: all shared experts side by side."""
         return self.n_shared * (self.n_ff_shexp if self.n_ff_shexp is not None else self.n_ff_exp)
 
+    def is_recurrent(self, layer: int) -> bool:
+        """Whether ``layer`` has linear attention rather than full attention."""
+        return self.linear is not None and (layer + 1) % self.linear.full_attention_interval != 0
+
 
 _TINY: dict[str, Any] = {"n_layer": 2, "n_expert": 8, "top_k": 2, "n_embd": 256, "n_ff_exp": 192}
+
+# Qwen3-Next-80B-A3B's config: gated attention of 16 query and 2 key-value heads of 256, a quarter of each
+# head rotated (theta 1e7), and linear attention of 16 key and 32 value heads of 128 with a 4-token
+# convolution in the three layers out of four that are not full attention.
+_QWEN3_NEXT: dict[str, Any] = {
+    "n_head": 16,
+    "n_head_kv": 2,
+    "head_dim": 256,
+    "rope_dim": 64,
+    "rope_base": 1e7,
+    "n_ctx": 262144,
+    "n_shared": 1,
+    "linear": LinearAttention(k_heads=16, v_heads=32, head_dim=128, conv_kernel=4, full_attention_interval=4),
+}
 
 PRESETS: dict[str, ModelPreset] = {
     p.name: p
@@ -89,6 +137,16 @@ PRESETS: dict[str, ModelPreset] = {
             rope_dim=32,
         ),
         ModelPreset("tiny-glm4moe", "glm4moe", **_TINY, n_shared=1, weights_norm=True, weights_scale=1.5, rope_dim=32),
+        # layer 0 linear attention (2 key heads, 4 value heads of 32), layer 1 full attention
+        ModelPreset(
+            "tiny-qwen3next",
+            "qwen3next",
+            **_TINY,
+            rope_dim=16,
+            n_shared=1,
+            n_ff_shexp=320,
+            linear=LinearAttention(k_heads=2, v_heads=4, head_dim=32, conv_kernel=4, full_attention_interval=2),
+        ),
         ModelPreset(
             "qwen3-30b-a3b",
             "qwen3moe",
@@ -195,11 +253,33 @@ PRESETS: dict[str, ModelPreset] = {
             weights_norm=True,
             weights_scale=1.0,
         ),
-        # 512 experts, top-10, 48 MoE layers: the expert layout of the R9700 measurements in llama.cpp PR #28414.
-        ModelPreset("qwen3-next-80b-a3b", "qwen3next", n_layer=48, n_expert=512, top_k=10, n_embd=2048, n_ff_exp=512),
+        # 512 experts, top-10, 48 MoE layers: the expert layout of the R9700 measurements in llama.cpp PR #28414,
+        # with one shared expert of 512 and the dense width of 5120 the real model has.
+        ModelPreset(
+            "qwen3-next-80b-a3b",
+            "qwen3next",
+            n_layer=48,
+            n_expert=512,
+            top_k=10,
+            n_embd=2048,
+            n_ff_exp=512,
+            n_ff=5120,
+            **_QWEN3_NEXT,
+        ),
         # The R9700 model of llama.cpp PR #28414: ffn_down has ne0 = 640, and its 891 MB (Q8_0) and 629 MB (Q5_1)
-        # sizes give n_embd = 2560. In Q4_0 its experts take 67.9 GB (its mixed quants ~72 GB).
-        ModelPreset("qwen3.8-flash-next", "qwen3next", n_layer=48, n_expert=512, top_k=10, n_embd=2560, n_ff_exp=640),
+        # sizes give n_embd = 2560. In Q4_0 its experts take 67.9 GB (its mixed quants ~72 GB). Its attention,
+        # linear attention and shared expert are not known: they are Qwen3-Next-80B-A3B's, with a shared
+        # expert as wide as a routed one.
+        ModelPreset(
+            "qwen3.8-flash-next",
+            "qwen3next",
+            n_layer=48,
+            n_expert=512,
+            top_k=10,
+            n_embd=2560,
+            n_ff_exp=640,
+            **_QWEN3_NEXT,
+        ),
     )
 }
 

@@ -20,7 +20,8 @@ from .presets import ModelPreset
 # multiplied, so its rows get unit RMS rather than 1/sqrt(n_embd). Random attention averages the
 # values of many positions, which is nearly the same vector for every token: its output
 # projection is a tenth of the fan-in rule, so that this shared part stays small beside the
-# token's own embedding and the MoE outputs, which differ per token.
+# token's own embedding and the MoE outputs, which differ per token. Linear attention's state
+# mixes earlier positions too: its output projection gets the same gain.
 EMBEDDING_RMS = 1.0
 ATTN_OUTPUT_GAIN = 0.1
 
@@ -32,6 +33,7 @@ class Init(enum.Enum):
     ONES = "ones"  # norm weights
     BIAS = "bias"  # small random
     SELECTION_BIAS = "selection_bias"  # a shared offset plus small noise per expert
+    DECAY = "decay"  # negative per-head decay rates of a linear-attention state (gated delta net's A)
 
 
 @dataclass(frozen=True)
@@ -69,9 +71,9 @@ def _layer(p: ModelPreset, i: int) -> list[TensorPlan]:
         return t(f"{part}.bias", *ne, init=Init.BIAS)
 
     out = [norm("attn_norm", p.n_embd)]
-    out += _attention(p, t, norm, bias)
-    # the norm before the FFN: gpt-oss and glm4moe call it post_attention_norm
-    out.append(norm("post_attention_norm" if p.arch in ("gpt-oss", "glm4moe") else "ffn_norm", p.n_embd))
+    out += _linear_attention(p, t, norm, bias) if p.is_recurrent(i) else _attention(p, t, norm, bias)
+    # the norm before the FFN: gpt-oss, glm4moe and qwen3next call it post_attention_norm
+    out.append(norm("post_attention_norm" if p.arch in ("gpt-oss", "glm4moe", "qwen3next") else "ffn_norm", p.n_embd))
     if i < p.n_dense_lead:
         return out + [
             t("ffn_gate.weight", p.n_embd, p.dense_ff),
@@ -96,7 +98,7 @@ def _layer(p: ModelPreset, i: int) -> list[TensorPlan]:
         ]
     if p.n_shared:
         ff = p.shared_ff
-        if p.arch == "qwen2moe":
+        if p.arch in ("qwen2moe", "qwen3next"):
             out.append(t("ffn_gate_inp_shexp.weight", p.n_embd))
         out += [
             t("ffn_gate_shexp.weight", p.n_embd, ff),
@@ -119,17 +121,40 @@ def _attention(p: ModelPreset, t: Any, norm: Any, bias: Any) -> list[TensorPlan]
             _attn_output(t, p.n_head * p.v_head_dim, p.n_embd),
         ]
     q, kv = p.n_head * p.head_dim, p.n_head_kv * p.head_dim
-    out = [t("attn_q.weight", p.n_embd, q), t("attn_k.weight", p.n_embd, kv), t("attn_v.weight", p.n_embd, kv)]
+    # qwen3next's query projection also gives each head a sigmoid gate on its output: twice as wide
+    q_out = 2 * q if p.arch == "qwen3next" else q
+    out = [t("attn_q.weight", p.n_embd, q_out), t("attn_k.weight", p.n_embd, kv), t("attn_v.weight", p.n_embd, kv)]
     if p.arch in ("qwen2moe", "gpt-oss", "glm4moe"):
         out += [bias("attn_q", q), bias("attn_k", kv), bias("attn_v", kv)]
     out.append(_attn_output(t, q, p.n_embd))
     if p.arch == "gpt-oss":
         out += [bias("attn_output", p.n_embd), t("attn_sinks.weight", p.n_head, init=Init.BIAS)]
-    if p.arch == "qwen3moe":
+    if p.arch in ("qwen3moe", "qwen3next"):
         out += [norm("attn_q_norm", p.head_dim), norm("attn_k_norm", p.head_dim)]
     return out
 
 
-def _attn_output(t: Any, n_in: int, n_embd: int) -> TensorPlan:
-    plan: TensorPlan = t("attn_output.weight", n_in, n_embd, rms=ATTN_OUTPUT_GAIN / math.sqrt(n_in))
+def _linear_attention(p: ModelPreset, t: Any, norm: Any, bias: Any) -> list[TensorPlan]:
+    """A gated delta net layer as qwen3next.cpp builds it, in the fused layout (attn_qkv and attn_gate).
+
+    The convolution weights stay F32 (llama.cpp never quantizes ssm_conv1d); beta and the
+    decay's time step come from ssm_ba, the decay rates from ssm_a (negative), and the output
+    is RMS-normed per value head (ssm_norm), gated by silu of attn_gate's projection.
+    """
+    lin = p.linear
+    assert lin is not None
+    return [
+        t("attn_qkv.weight", p.n_embd, lin.conv_dim),
+        t("attn_gate.weight", p.n_embd, lin.value_dim),
+        t("ssm_conv1d.weight", lin.conv_kernel, lin.conv_dim),
+        bias("ssm_dt", lin.v_heads),
+        t("ssm_a", lin.v_heads, init=Init.DECAY),
+        t("ssm_ba.weight", p.n_embd, 2 * lin.v_heads),
+        norm("ssm_norm", lin.head_dim),
+        _attn_output(t, lin.value_dim, p.n_embd, part="ssm_out"),
+    ]
+
+
+def _attn_output(t: Any, n_in: int, n_embd: int, part: str = "attn_output") -> TensorPlan:
+    plan: TensorPlan = t(f"{part}.weight", n_in, n_embd, rms=ATTN_OUTPUT_GAIN / math.sqrt(n_in))
     return plan

@@ -26,8 +26,8 @@ from gguf.quants import dequantize
 from ..errors import InvalidArgument
 from ..ggml import iq1_m_scale_bits, row_size, set_iq1_m_scale_bits
 from .layout import EXPERT_ROLES, TensorRole
-from .mixes import MIX_DEFAULTS, MIX_FILE_TYPES, TensorShape, mix_types
-from .presets import ModelPreset, get_preset
+from .mixes import MIX_DEFAULTS, MIX_FILE_TYPES, TensorShape, is_quantizable, mix_types
+from .presets import LinearAttention, ModelPreset, get_preset
 from .tensors import Init, TensorPlan, file_tensors
 
 log = logging.getLogger(__name__)
@@ -168,8 +168,11 @@ def file_specs(preset: ModelPreset, choice: TypeChoice, n_layer: int) -> list[Te
 
 
 def _single_type(plan: TensorPlan, qtype: GGMLQuantizationType) -> GGMLQuantizationType:
-    """Experts in ``qtype``; other matrices too where their rows fit its blocks (else F16); vectors F32."""
-    if plan.role is TensorRole.ROUTER or len(plan.ne) < 2 or plan.init is not Init.WEIGHT:
+    """Experts in ``qtype``; other matrices too where their rows fit its blocks (else F16); vectors F32.
+
+    What llama.cpp never quantizes (routers, convolution weights) stays F32 too.
+    """
+    if plan.init is not Init.WEIGHT or not is_quantizable(TensorShape(plan.name, plan.ne)):
         return GGMLQuantizationType.F32
     if plan.role in EXPERT_ROLES or plan.ne[0] % gguf.GGML_QUANT_SIZES[qtype][0] == 0:
         return qtype
@@ -187,7 +190,9 @@ def generate(spec: TensorSpec, seed: int) -> np.ndarray:
     quantized blocks get random quants and a scale of random sign (and, with a minimum, the
     one that centres the block). Norm weights are ones, biases small, the selection bias one
     shared offset plus small noise per expert (a shared offset does not change which
-    experts are chosen).
+    experts are chosen). Linear attention's decay rates are drawn from -16..-1, as its real
+    initialisation draws them from -16..0 but without rates near zero: a state that never
+    decays sums every earlier position into one vector that all tokens share.
     """
     role_index = list(TensorRole).index(spec.role) if spec.role is not None else 100 + zlib.crc32(spec.name.encode())
     stream = np.random.SeedSequence([seed, spec.layer, role_index])
@@ -201,6 +206,8 @@ def generate(spec: TensorSpec, seed: int) -> np.ndarray:
             values = rng.standard_normal(n, dtype=np.float32) * np.float32(0.02)
         elif spec.init is Init.SELECTION_BIAS:
             values = np.float32(0.5) + rng.standard_normal(n, dtype=np.float32) * np.float32(0.01)
+        elif spec.init is Init.DECAY:
+            values = -rng.uniform(1.0, 16.0, n).astype(np.float32)
         else:
             values = rng.standard_normal(n, dtype=np.float32) * np.float32(target_rms)
         return values.view(np.uint8)
@@ -315,8 +322,10 @@ def add_metadata(writer: gguf.GGUFWriter, preset: ModelPreset, n_layer: int, fil
         writer.add_uint32(f"{arch}.attention.sliding_window", preset.sliding_window)
     if preset.n_shared:
         writer.add_uint32(f"{arch}.expert_shared_count", preset.n_shared)
-        if arch == "qwen2moe":
+        if arch in ("qwen2moe", "qwen3next"):
             writer.add_uint32(f"{arch}.expert_shared_feed_forward_length", preset.shared_ff)
+    if preset.linear is not None:
+        _add_linear_attention(writer, preset.linear)
     if arch in ("deepseek2", "glm4moe"):
         writer.add_uint32(f"{arch}.leading_dense_block_count", min(preset.n_dense_lead, n_layer))
         writer.add_float32(f"{arch}.expert_weights_scale", preset.weights_scale or 1.0)
@@ -331,6 +340,16 @@ def add_metadata(writer: gguf.GGUFWriter, preset: ModelPreset, n_layer: int, fil
     writer.add_file_type(file_type)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     _add_vocabulary(writer, preset.n_vocab)
+
+
+def _add_linear_attention(writer: gguf.GGUFWriter, linear: LinearAttention) -> None:
+    """The keys of qwen3next's gated delta net, under llama.cpp's ssm.* names."""
+    writer.add_ssm_conv_kernel(linear.conv_kernel)
+    writer.add_ssm_inner_size(linear.value_dim)
+    writer.add_ssm_state_size(linear.head_dim)
+    writer.add_ssm_time_step_rank(linear.v_heads)
+    writer.add_ssm_group_count(linear.k_heads)
+    writer.add_full_attention_interval(linear.full_attention_interval)
 
 
 def _add_vocabulary(writer: gguf.GGUFWriter, n_vocab: int) -> None:

@@ -16,7 +16,7 @@ from expertstream.moe.arch import ffn_config
 from expertstream.moe.runner import Batching, MoeRunner, embeddings
 from expertstream.scheduler import Scheduler
 
-PRESETS = ["tiny", "tiny-mixtral", "tiny-qwen2moe", "tiny-gpt-oss", "tiny-deepseek2", "tiny-glm4moe"]
+PRESETS = ["tiny", "tiny-mixtral", "tiny-qwen2moe", "tiny-gpt-oss", "tiny-deepseek2", "tiny-glm4moe", "tiny-qwen3next"]
 BATCHING = Batching(tokens=24, ubatch=16)
 
 
