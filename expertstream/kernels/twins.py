@@ -16,7 +16,7 @@ fused multiply-adds, so results agree within rounding, not bit for bit).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -153,6 +153,22 @@ def _int8_products(
     return acc
 
 
+def _expert_groups(
+    scratch_bytes: np.ndarray, max_tiles: int, n_expert: int, y: np.ndarray
+) -> Iterator[tuple[int, np.ndarray]]:
+    """(expert, its pairs) from the grouping kernel's table in the scratch; the pairs of ids out of
+    range (grouped under ``n_expert``) get NaN outputs here and are not yielded."""
+    words = scratch_bytes.view(np.int32)
+    table = words[layout.SCRATCH_HEADER : layout.SCRATCH_HEADER + 3 * max_tiles].reshape(-1, 3)
+    rows = words[layout.SCRATCH_HEADER + 3 * max_tiles :]
+    for expert, first, count in table[: int(words[0])]:
+        pairs = rows[first : first + count]
+        if expert == n_expert:
+            y[pairs] = np.nan
+            continue
+        yield int(expert), pairs
+
+
 def _mul_mat_id_runner(fmt: WeightFormat, path: MatrixPath) -> Any:
     if path is MatrixPath.INT8:
         return _int8_runner(fmt)
@@ -161,18 +177,11 @@ def _mul_mat_id_runner(fmt: WeightFormat, path: MatrixPath) -> Any:
     def run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
         w_bytes, x_bytes, scratch_bytes, y_bytes, n_expert, n_out, n_in, top_k, x_per_slot, max_tiles = args
         n_expert, n_out, n_in, top_k = int(n_expert), int(n_out), int(n_in), int(top_k)
-        words = scratch_bytes.view(np.int32)
-        table = words[layout.SCRATCH_HEADER : layout.SCRATCH_HEADER + 3 * int(max_tiles)].reshape(-1, 3)
-        rows = words[layout.SCRATCH_HEADER + 3 * int(max_tiles) :]
         x = x_bytes.view(np.float32).reshape(-1, n_in)
         y = y_bytes.view(np.float32).reshape(-1, n_out)
         width = fmt.padded_row_elements(n_in)
         weights: dict[int, np.ndarray] = {}
-        for expert, first, count in table[: int(words[0])]:
-            pairs = rows[first : first + count]
-            if expert == n_expert:  # ids out of range
-                y[pairs] = np.nan
-                continue
+        for expert, pairs in _expert_groups(scratch_bytes, int(max_tiles), n_expert, y):
             if expert not in weights:
                 weights[expert] = rounded(_padded_rows(w_bytes, fmt, int(expert), n_out, n_in))
             acts = np.zeros((pairs.size, width), np.float32)
@@ -186,18 +195,11 @@ def _int8_runner(fmt: WeightFormat) -> Any:
     def run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
         w_bytes, xq_bytes, scratch_bytes, y_bytes, n_expert, n_out, n_in, top_k, x_per_slot, max_tiles = args
         n_expert, n_out, n_in, top_k = int(n_expert), int(n_out), int(n_in), int(top_k)
-        words = scratch_bytes.view(np.int32)
-        table = words[layout.SCRATCH_HEADER : layout.SCRATCH_HEADER + 3 * int(max_tiles)].reshape(-1, 3)
-        rows = words[layout.SCRATCH_HEADER + 3 * int(max_tiles) :]
         xq = unpack_quantized_x(xq_bytes.reshape(-1, layout.quantized_x_row_bytes(n_in)), n_in)
         y = y_bytes.view(np.float32).reshape(-1, n_out)
         row_bytes = fmt.row_bytes(n_in)
         weights: dict[int, tuple[tuple[np.ndarray, np.ndarray, np.ndarray], np.ndarray]] = {}
-        for expert, first, count in table[: int(words[0])]:
-            pairs = rows[first : first + count]
-            if expert == n_expert:  # ids out of range
-                y[pairs] = np.nan
-                continue
+        for expert, pairs in _expert_groups(scratch_bytes, int(max_tiles), n_expert, y):
             if expert not in weights:
                 start = int(expert) * n_out * row_bytes
                 own = w_bytes[start : start + n_out * row_bytes].reshape(n_out, row_bytes)
