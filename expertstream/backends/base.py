@@ -924,6 +924,12 @@ class Backend(abc.ABC, Closing):
         return True
 
     @property
+    def ring_threads(self) -> int | None:
+        """Host threads a staging ring runs on the machine this backend stands for, where it says
+        (a simulator profile describing another machine); None: this host's default."""
+        return None
+
+    @property
     def timeline(self) -> Sequence[TimelineOp] | None:
         """Every operation with its start and end: always on the simulator, after start_trace() elsewhere."""
         return None if self._tracer is None else self._tracer.timeline()

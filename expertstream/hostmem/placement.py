@@ -66,12 +66,10 @@ DEFAULT_RING_THREADS = min(12, os.cpu_count() or 1)
 
 
 def default_ring_threads(device: Device) -> int:
-    """The staging ring's threads on ``device``: the machine a simulator profile describes runs the
-    number it names (``ring_threads``), so a prediction does not take this host's core count;
-    everywhere else this host's default."""
-    profile = device.backend.describe().get("profile") or {}
-    threads = profile.get("ring_threads")
-    return int(threads) if threads else DEFAULT_RING_THREADS
+    """The staging ring's threads on ``device``: the number its backend names for the machine it
+    stands for (a simulator profile's ``ring_threads``), so a prediction does not take this host's
+    core count; else this host's default."""
+    return device.backend.ring_threads or DEFAULT_RING_THREADS
 
 
 _PINNED_ALIGN = 4096

@@ -232,13 +232,13 @@ class StagingRing(Closing):
         self._next_slot = (self._next_slot + 1) % len(self._slots)
         handoff = self.device.backend.host_timestamp()
         parts = []
-        pieces = _parts(piece.nbytes, len(self._workers))
-        for offset, n in pieces:
+        spans = _parts(piece.nbytes, len(self._workers))
+        for offset, n in spans:
             worker = self._workers[self._next_worker]
             self._next_worker = (self._next_worker + 1) % len(self._workers)
             parts.append(
                 worker.submit(
-                    self._fill_part, slot, piece.source, piece.src_offset + offset, offset, n, handoff, len(pieces)
+                    self._fill_part, slot, piece.source, piece.src_offset + offset, offset, n, handoff, len(spans)
                 )
             )
         return _Fill(piece, slot, tuple(parts))

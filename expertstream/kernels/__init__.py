@@ -106,6 +106,21 @@ def default_path(device: Device, w_type: RowType) -> MatrixPath:
     return layout.default_path(w_type, caps.matrix_cores, caps.int8_matrix_cores)
 
 
+def check_path(device: Device, path: MatrixPath | None) -> None:
+    """Refuse a path ``device`` has no matrix instructions for (None: each type's default there)."""
+    caps = device.capabilities
+    if path is MatrixPath.MMA and not caps.matrix_cores:
+        missing = "bf16 matrix instructions"
+    elif path is MatrixPath.INT8 and not caps.int8_matrix_cores:
+        missing = "int8 matrix instructions"
+    else:
+        return
+    raise InvalidArgument(
+        f"{device.label} ({device.name}) has no {missing} for matrix path {path.value!r}",
+        hint="use auto (each expert type's default path on the device) or simt",
+    )
+
+
 def scratch_bytes(n_tokens: int, top_k: int, n_expert: int, n_in: int, x_per_slot: bool = False) -> int:
     """Bytes of scratch mul_mat_id needs for this many pairs and experts (any tile, any path).
 
@@ -362,4 +377,4 @@ def _fits_int32(call: str, **counts: int) -> None:
             raise InvalidArgument(f"{name} has {count} elements, more than int32 indexing allows", call=call)
 
 
-__all__ = ["MatrixPath", "MoeKernels", "default_path", "kernel_source", "module_types", "scratch_bytes"]
+__all__ = ["MatrixPath", "MoeKernels", "check_path", "default_path", "kernel_source", "module_types", "scratch_bytes"]

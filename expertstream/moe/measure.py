@@ -228,8 +228,9 @@ def measure(
         )
         with ResidentExperts(model, split, offload, upload_data=runner.data) as resident:
             for mode in settings.host_memory:
-                ring = {} if settings.ring_threads is None else {"ring_threads": settings.ring_threads}
-                with HostWeights.open(model, split.devices[0], mode, copied_to=split.expert_devices, **ring) as weights:
+                with HostWeights.open(
+                    model, split.devices[0], mode, ring_threads=settings.ring_threads, copied_to=split.expert_devices
+                ) as weights:
                     for slots in settings.slots:
                         row = _measure_row(
                             backend, runner, weights, resident, slots, settings, result.baselines, progress

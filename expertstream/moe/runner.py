@@ -40,7 +40,7 @@ from .._closing import Closing
 from ..backends.base import BufferView, Device, DeviceBuffer, Stream, Usage
 from ..errors import InvalidArgument
 from ..ggml import padded_size
-from ..kernels import MoeKernels, routing
+from ..kernels import MoeKernels, check_path, routing
 from ..kernels.layout import MatrixPath
 from ..kernels.routing import Activation
 from ..model import ModelError, MoeLayer, MoeModel, TensorInfo
@@ -315,21 +315,6 @@ class _Part(Closing):
         self._buffers.clear()
 
 
-def check_matrix_path(device: Device, path: MatrixPath | None) -> None:
-    """Refuse a matrix path ``device`` has no instructions for (None: each type's default there)."""
-    caps = device.capabilities
-    if path is MatrixPath.MMA and not caps.matrix_cores:
-        missing = "bf16 matrix instructions"
-    elif path is MatrixPath.INT8 and not caps.int8_matrix_cores:
-        missing = "int8 matrix instructions"
-    else:
-        return
-    raise InvalidArgument(
-        f"{device.label} ({device.name}) has no {missing} for matrix path {path.value!r}",
-        hint="use auto (each expert type's default path on the device) or simt",
-    )
-
-
 class MoeRunner(Closing):
     """One model's MoE layers on one device, or split over several: routers, activations, outputs.
 
@@ -353,7 +338,7 @@ class MoeRunner(Closing):
     ) -> None:
         self.devices: tuple[Device, ...] = (devices,) if isinstance(devices, Device) else tuple(devices)
         for device in self.devices:
-            check_matrix_path(device, matrix_path)
+            check_path(device, matrix_path)
         self.model = model
         self.batching = batching
         self.seed = seed

@@ -43,6 +43,10 @@ class SimBackend(Backend):
         return self._sim.data
 
     @property
+    def ring_threads(self) -> int | None:
+        return self._sim.profile.ring_threads
+
+    @property
     def check_hazards(self) -> bool:
         return self._sim.checker is not None
 
