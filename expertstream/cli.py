@@ -63,6 +63,7 @@ def _info(args: argparse.Namespace) -> int:
                     "host_register_read_only",
                     "matrix_cores",
                     "int8_matrix_cores",
+                    "mma_fragments",
                 )
                 if caps[k]
             )

@@ -5,15 +5,19 @@
 (token, slot). Each row is the median of ``--repeats`` calls (device grouping plus the tiled
 kernel) timed with timing events, as TFLOP/s of useful work (2 * tokens * top_k * n_out *
 n_in) and against the time the tensor takes to cross the bus at the pinned host-to-device
-bandwidth (measured here unless ``--bandwidth-gbs`` is given). Each path of mul_mat_id
-(``simt``: float32 FMAs; ``mma``: bf16 matrix cores; ``int8``: int8 matrix cores, for the types
-that have it, its time including the activation quantizer) is measured at the tile height it
-picks, or at each height given with ``--tiles``, all on the same routing and activations;
+bandwidth (measured here unless ``--bandwidth-gbs`` is given). Each kernel family of mul_mat_id
+(``simt``: float32 FMAs; ``mma``: bf16 matrix cores through shared weight tiles; ``direct``: bf16
+matrix cores with weights decoded straight into fragments, for the types that have it on devices
+with mma_fragments, its time including the activation rounding; ``int8``: int8 matrix cores, for
+the types that have it, its time including the activation quantizer) is measured at the tile height
+it picks, or at each height given with ``--tiles``, all on the same routing and activations;
 "vs simt" is each output's relative difference from the SIMT path's (about 2.4e-3 for the
-bf16 path, from its rounding; about 5e-3 for the int8 path).
+bf16 paths, from their rounding; about 5e-3 for the int8 path). For the gate/up shape ``direct``
+also times gate, up and SwiGLU fused in one pass (tensor "gate+up", twice the work of one tensor)
+beside the three launches it replaces (tensor "gate,up,swiglu").
 
     python -m microbench.kernels --backend cuda [--json] [--ubatch 512 2048 4096] [--types Q4_0 F16]
-        [--paths simt mma int8] [--tiles auto 32 64 128]
+        [--paths simt mma direct int8] [--tiles auto 32 64 128]
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from expertstream.backends.base import Backend, Device, DeviceBuffer, Stream
-from expertstream.kernels import MoeKernels
+from expertstream.kernels import MoeKernels, layout
 from expertstream.kernels import reference as ref
 from expertstream.kernels.layout import FORMATS, MatrixPath, TileM, weight_format
 from expertstream.moe.probes import expert_weights
@@ -47,6 +51,13 @@ PEAK_TFLOPS = {
     MatrixPath.SIMT: FP32_SIMT_PEAK_TFLOPS,
     MatrixPath.MMA: BF16_DENSE_PEAK_TFLOPS,
     MatrixPath.INT8: INT8_DENSE_PEAK_TOPS,
+}
+# The kernel families measured: name -> (path, whether the MMA path takes the direct kernels).
+FAMILIES = {
+    "simt": (MatrixPath.SIMT, False),
+    "mma": (MatrixPath.MMA, False),
+    "direct": (MatrixPath.MMA, True),
+    "int8": (MatrixPath.INT8, False),
 }
 BANDWIDTH_PROBE_BYTES = 256 * MIB
 
@@ -112,19 +123,30 @@ def time_ms(device: Device, stream: Stream, launch: Any, warmup: int, repeats: i
 
 
 def tiles_to_measure(
-    args: argparse.Namespace, w_type: GGMLQuantizationType, path: MatrixPath, ubatch: int
+    args: argparse.Namespace, w_type: GGMLQuantizationType, family: str, kernels: MoeKernels, ubatch: int, n_in: int
 ) -> list[TileM]:
-    """The asked tile heights the path has for the type, "auto" being the launcher's pick, each once
-    (none where the type lacks the path: no int8 rows for types without an int8 kernel)."""
+    """The asked tile heights the family has for the type, "auto" being the launcher's pick, each once
+    (none where the type lacks the family: no int8 rows for types without an int8 kernel, no direct
+    rows for types without a direct kernel or on devices without mma_fragments)."""
     fmt = weight_format(w_type)
-    asked = [fmt.tile_for(ubatch * TOP_K, N_EXPERT, path) if t == "auto" else TileM(int(t)) for t in args.tiles]
-    return list(dict.fromkeys(t for t in asked if t in fmt.tiles_on(path)))
+    path, direct = FAMILIES[family]
+    have: tuple[TileM, ...]
+    if direct:
+        if not kernels.uses_direct(w_type, n_in):
+            return []
+        auto, have = layout.direct_tile_for(ubatch * TOP_K, N_EXPERT), layout.DIRECT_TILES
+    else:
+        if path is MatrixPath.MMA and kernels.uses_direct(w_type, n_in):
+            raise AssertionError("the mma family must not take the direct kernels")
+        auto, have = fmt.tile_for(ubatch * TOP_K, N_EXPERT, path), fmt.tiles_on(path)
+    asked = [auto if t == "auto" else TileM(int(t)) for t in args.tiles]
+    return list(dict.fromkeys(t for t in asked if t in have))
 
 
 def measure(
     device: Device,
     stream: Stream,
-    kernels: dict[MatrixPath, MoeKernels],
+    kernels: dict[str, MoeKernels],
     args: argparse.Namespace,
     bandwidth_gbs: float,
 ) -> list[Row]:
@@ -142,7 +164,7 @@ def measure(
 def measure_ubatch(
     device: Device,
     stream: Stream,
-    kernels: dict[MatrixPath, MoeKernels],
+    kernels: dict[str, MoeKernels],
     args: argparse.Namespace,
     rng: np.random.Generator,
     w: DeviceBuffer,
@@ -163,8 +185,9 @@ def measure_ubatch(
         device.upload(ids) as ids_buf,
         device.alloc(n_pairs * shape.n_out * 4) as y,
     ):
-        for path, path_kernels in sorted(kernels.items(), key=lambda item: item[0] is not MatrixPath.SIMT):
-            for tile in tiles_to_measure(args, w_type, path, ubatch):
+        for family, path_kernels in sorted(kernels.items(), key=lambda item: item[0] != "simt"):
+            path = FAMILIES[family][0]
+            for tile in tiles_to_measure(args, w_type, family, path_kernels, ubatch, shape.n_in):
 
                 def launch(path_kernels: MoeKernels = path_kernels, tile: TileM = tile) -> None:
                     path_kernels.mul_mat_id(
@@ -183,37 +206,63 @@ def measure_ubatch(
                         tile_m=tile,
                     )
 
-                ms = time_ms(device, stream, launch, args.warmup, args.repeats)
-                diff = None
-                if device.backend.holds_data:  # the timing-only simulator has no outputs to compare
-                    output = y.read().view(np.float32)
-                    if path is MatrixPath.SIMT and simt_output is None:
-                        simt_output = output
-                    diff = None if simt_output is None else ref.relative_error(output, simt_output)
-                tflops = 2.0 * n_pairs * shape.n_out * shape.n_in / (ms * 1e-3) / 1e12
-                transfer_ms = w.alloc_size / (bandwidth_gbs * 1e9) * 1e3
-                row = Row(
-                    w_type.name,
-                    shape.name,
-                    ubatch,
-                    path.value,
-                    int(tile),
-                    ms,
-                    tflops,
-                    tflops / PEAK_TFLOPS[path],
-                    w.alloc_size / 1e6,
-                    transfer_ms,
-                    ms / transfer_ms,
-                    diff,
-                )
-                rows.append(row)
-                log.info("%s", row)
+                def fused(path_kernels: MoeKernels = path_kernels, tile: TileM = tile) -> None:
+                    path_kernels.gate_up(
+                        stream,
+                        w,
+                        w,
+                        w_type,
+                        N_EXPERT,
+                        shape.n_out,
+                        shape.n_in,
+                        x_buf,
+                        ids_buf,
+                        ubatch,
+                        TOP_K,
+                        y,
+                        tile_m=tile,
+                    )
+
+                def unfused(path_kernels: MoeKernels = path_kernels, tile: TileM = tile) -> None:
+                    launch(path_kernels, tile)
+                    launch(path_kernels, tile)
+                    path_kernels.swiglu(stream, y, y, y, n_pairs * shape.n_out)
+
+                timed = [(shape.name, launch, 1)]
+                if FAMILIES[family][1] and not shape.x_per_slot:
+                    timed += [("gate+up", fused, 2), ("gate,up,swiglu", unfused, 2)]
+                for tensor, call, tensors in timed:
+                    ms = time_ms(device, stream, call, args.warmup, args.repeats)
+                    diff = None
+                    if device.backend.holds_data and tensors == 1:  # no outputs to compare in timing-only runs
+                        output = y.read().view(np.float32)
+                        if path is MatrixPath.SIMT and simt_output is None:
+                            simt_output = output
+                        diff = None if simt_output is None else ref.relative_error(output, simt_output)
+                    tflops = 2.0 * tensors * n_pairs * shape.n_out * shape.n_in / (ms * 1e-3) / 1e12
+                    transfer_ms = tensors * w.alloc_size / (bandwidth_gbs * 1e9) * 1e3
+                    row = Row(
+                        w_type.name,
+                        tensor,
+                        ubatch,
+                        family,
+                        int(tile),
+                        ms,
+                        tflops,
+                        tflops / PEAK_TFLOPS[path],
+                        tensors * w.alloc_size / 1e6,
+                        transfer_ms,
+                        ms / transfer_ms,
+                        diff,
+                    )
+                    rows.append(row)
+                    log.info("%s", row)
     return rows
 
 
 def run(be: Backend, args: argparse.Namespace) -> dict[str, Any]:
     device = be.device(args.device)
-    kernels = {MatrixPath(p): MoeKernels(device, MatrixPath(p)) for p in args.paths}
+    kernels = {f: MoeKernels(device, FAMILIES[f][0], direct=FAMILIES[f][1]) for f in args.paths}
     try:
         with device.stream() as stream:
             if args.bandwidth_gbs:
@@ -263,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         default=[f.qtype.name for f in FORMATS.values()],
         choices=[f.qtype.name for f in FORMATS.values()],
     )
-    p.add_argument("--paths", nargs="+", default=[p.value for p in MatrixPath], choices=[p.value for p in MatrixPath])
+    p.add_argument("--paths", nargs="+", default=list(FAMILIES), choices=list(FAMILIES), help="kernel families")
     p.add_argument(
         "--tiles",
         nargs="+",

@@ -350,6 +350,7 @@ class GpuDevice(Device):
             peer_access=frozenset(peer.index for peer in self._peers),
             matrix_cores=self.api.matrix_cores(self.arch),
             int8_matrix_cores=self.api.int8_matrix_cores(self.arch),
+            mma_fragments=self.api.mma_fragments(self.arch),
         )
 
     @property

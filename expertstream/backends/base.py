@@ -83,6 +83,8 @@ class Capabilities:
     matrix_cores: bool = False
     # int8 matrix instructions the int8 kernels use (NVIDIA sm_80+: mma.sync m16n8k32 s8)
     int8_matrix_cores: bool = False
+    # NVIDIA's mma.sync register fragments (sm_80+), into which direct.cu's kernels decode weights
+    mma_fragments: bool = False
 
 
 class _Exported(abc.ABC):
@@ -965,6 +967,7 @@ class Backend(abc.ABC, Closing):
                         "peer_access": sorted(d.capabilities.peer_access),
                         "matrix_cores": d.capabilities.matrix_cores,
                         "int8_matrix_cores": d.capabilities.int8_matrix_cores,
+                        "mma_fragments": d.capabilities.mma_fragments,
                     },
                 }
                 for d in self.devices

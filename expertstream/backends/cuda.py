@@ -182,6 +182,7 @@ def _table() -> ApiTable:
         compile_options=lambda arch: [f"--gpu-architecture={arch}".encode()],
         matrix_cores=_has_bf16_mma,
         int8_matrix_cores=_has_bf16_mma,  # mma.sync m16n8k32 s8 exists from sm_80 on, as bf16 does
+        mma_fragments=_has_bf16_mma,
         compiler_version=rtc("nvrtcVersion"),
         program_create=rtc("nvrtcCreateProgram", lambda src, name: nvrtc.nvrtcCreateProgram(src, name, 0, [], [])),
         program_compile=rtc(

@@ -242,6 +242,7 @@ def _table() -> ApiTable:
         matrix_cores=_has_bf16_matrix_cores,
         # int8.cu has no MFMA/WMMA i8 step yet: AMD devices take the bf16 path for every type.
         int8_matrix_cores=lambda arch: False,
+        mma_fragments=lambda arch: False,
         compiler_version=rtc("hiprtcVersion"),
         program_create=rtc(
             "hiprtcCreateProgram", lambda src, name: hiprtc.hiprtcCreateProgram(src, name, 0, None, None)

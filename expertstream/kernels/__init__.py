@@ -38,7 +38,7 @@ call of the instance, so calls on concurrent streams must pass their own.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from importlib import resources
 
 import numpy as np
@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 for _spec in (*twins.twin_specs(), *routing_twins.twin_specs()):
     sim.register_kernel(_spec)
 
-SOURCE_NAMES = ("moe.cu", "mma.cu", "int8.cu")
+SOURCE_NAMES = ("moe.cu", "mma.cu", "int8.cu", "direct.cu")
 
 
 def kernel_source(types: Iterable[RowType] | None = None) -> str:
@@ -72,12 +72,25 @@ def kernel_source(types: Iterable[RowType] | None = None) -> str:
     files = [resources.files(__package__).joinpath(name).read_text(encoding="ascii") for name in SOURCE_NAMES]
     formats = layout.FORMATS.values() if types is None else [weight_format(t) for t in dict.fromkeys(types)]
     instances = [
-        f"{macro}({fmt.kernel_name(tile, path)}, {int(fmt.qtype)}, {int(tile)})\n"
-        for fmt in formats
-        for path, macro in _INSTANCE_MACROS
-        for tile in fmt.tiles_on(path)
+        f"{macro}({name}, {int(fmt.qtype)}, {int(tile)})\n" for fmt in formats for name, macro, tile in _instances(fmt)
     ]
     return "\n".join(files) + "\n" + "".join(instances)
+
+
+def type_kernels(fmt: WeightFormat) -> list[str]:
+    """The names of every per-type kernel of ``fmt``: each path's tile heights, then the direct ones."""
+    return [name for name, _, _ in _instances(fmt)]
+
+
+def _instances(fmt: WeightFormat) -> Iterator[tuple[str, str, TileM]]:
+    """(kernel name, instance macro, tile height) of every per-type kernel of ``fmt``."""
+    for path, macro in _INSTANCE_MACROS:
+        for tile in fmt.tiles_on(path):
+            yield fmt.kernel_name(tile, path), macro, tile
+    if fmt.direct:
+        for tile in layout.DIRECT_TILES:
+            yield fmt.direct_kernel_name(tile), "MOE_MUL_MAT_ID_DIRECT", tile
+            yield fmt.direct_kernel_name(tile, gate_up=True), "MOE_GATE_UP_DIRECT", tile
 
 
 _INSTANCE_MACROS = (
@@ -87,10 +100,7 @@ _INSTANCE_MACROS = (
 )
 # The weight type of every per-type kernel, by name.
 _TYPE_OF_KERNEL: dict[str, RowType] = {
-    fmt.kernel_name(tile, path): fmt.qtype
-    for fmt in layout.FORMATS.values()
-    for path, _ in _INSTANCE_MACROS
-    for tile in fmt.tiles_on(path)
+    name: fmt.qtype for fmt in layout.FORMATS.values() for name, _, _ in _instances(fmt)
 }
 
 
@@ -124,11 +134,13 @@ def check_path(device: Device, path: MatrixPath | None) -> None:
 def scratch_bytes(n_tokens: int, top_k: int, n_expert: int, n_in: int, x_per_slot: bool = False) -> int:
     """Bytes of scratch mul_mat_id needs for this many pairs and experts (any tile, any path).
 
-    The grouping words, then for the int8 path the activations quantized per 32-element block.
+    The grouping words, then the activations as the matrix kernel reads them: quantized per
+    32-element block (int8 path) or rounded to bf16 (direct kernels).
     """
     n_pairs = n_tokens * top_k
     x_rows = n_pairs if x_per_slot else n_tokens
-    return layout.quantized_x_offset(n_pairs, n_expert, min(TileM)) + layout.quantized_x_bytes(x_rows, n_in)
+    converted = max(layout.quantized_x_bytes(x_rows, n_in), layout.direct_x_bytes(x_rows, n_in))
+    return layout.quantized_x_offset(n_pairs, n_expert, min(TileM)) + converted
 
 
 def _i32(value: int) -> np.int32:
@@ -138,10 +150,13 @@ def _i32(value: int) -> np.int32:
 class MoeKernels(Closing):
     """Typed launchers for the MoE kernels on one device."""
 
-    def __init__(self, device: Device, path: MatrixPath | None = None) -> None:
+    def __init__(self, device: Device, path: MatrixPath | None = None, direct: bool = True) -> None:
         self.device = device
         # None: each type takes its default path on this device (layout.default_path).
         self.path = path
+        # Whether the MMA path takes direct.cu's kernels where they apply (benchmarks turn it off to
+        # compare them with the shared-tile kernels of mma.cu).
+        self.direct = direct
         if path is MatrixPath.SIMT and device.capabilities.matrix_cores:
             log.info("mul_mat_id on %s takes the float32 SIMT path although it has matrix cores", device.label)
         self._sources: dict[tuple[RowType, ...], str] = {}  # by module_types
@@ -155,10 +170,24 @@ class MoeKernels(Closing):
             return default_path(self.device, w_type)
         return weight_format(w_type).path_on(self.path)
 
-    def mul_mat_id_kernel(self, w_type: RowType, n_pairs: int, n_expert: int) -> str:
-        """The name of the matrix kernel mul_mat_id launches for this type and number of pairs."""
+    def uses_direct(self, w_type: RowType, n_in: int) -> bool:
+        """Whether mul_mat_id of ``w_type`` rows of ``n_in`` elements takes a direct-decode kernel
+        (direct.cu): on the MMA path, on devices with mma_fragments, for the types that have one.
+        Only those kernels fuse gate, up and SwiGLU (``gate_up``) and scale by routing weights."""
+        fmt = weight_format(w_type)
+        return (
+            self.direct
+            and self.device.capabilities.mma_fragments
+            and self.path_for(w_type) is MatrixPath.MMA
+            and fmt.direct_fits(n_in)
+        )
+
+    def mul_mat_id_kernel(self, w_type: RowType, n_pairs: int, n_expert: int, n_in: int = layout.DIRECT_K) -> str:
+        """The name of the matrix kernel mul_mat_id launches for this type, number of pairs and rows."""
         path = self.path_for(w_type)
         fmt = weight_format(w_type)
+        if self.uses_direct(w_type, n_in):
+            return fmt.direct_kernel_name(layout.direct_tile_for(n_pairs, n_expert))
         return fmt.kernel_name(fmt.tile_for(n_pairs, n_expert, path), path)
 
     def kernel(self, name: str) -> Kernel:
@@ -177,6 +206,9 @@ class MoeKernels(Closing):
         self.kernel("moe_swiglu")
         for w_type in w_types:
             self.kernel(self.mul_mat_id_kernel(w_type, 1, 1))
+            if self.uses_direct(w_type, layout.DIRECT_K):
+                self.kernel(weight_format(w_type).direct_kernel_name(TileM.SHORT, gate_up=True))
+                self.kernel("moe_round_x_direct")
 
     def mul_mat_id(
         self,
@@ -194,11 +226,14 @@ class MoeKernels(Closing):
         y: ViewLike,
         scratch: ViewLike | None = None,
         tile_m: TileM | None = None,
+        route_weights: ViewLike | None = None,
     ) -> None:
         """y[t, k, :] = W[ids[t, k]] @ x[t] (or x[t, k]) with float32 accumulation.
 
         ``tile_m`` overrides the tile height chosen for the number of pairs per expert
-        (benchmarks compare them); results are the same bytes with either.
+        (benchmarks compare them); results are the same bytes with either. ``route_weights``
+        (float32 [n_tokens, top_k], direct kernels only: ``uses_direct``) scales each pair's row:
+        y[t, k, :] = route_weights[t, k] * (W[ids[t, k]] @ x).
         """
         call = "MoeKernels.mul_mat_id"
         fmt = weight_format(w_type)
@@ -206,22 +241,49 @@ class MoeKernels(Closing):
         positive(call, n_expert=n_expert, n_out=n_out, n_in=n_in, n_tokens=n_tokens, top_k=top_k)
         self._check_mul_mat_id_shapes(call, fmt, n_expert, n_out, n_in, n_tokens * top_k)
         n_pairs = n_tokens * top_k
+        direct = self.uses_direct(w_type, n_in)
+        if route_weights is not None and not direct:
+            raise InvalidArgument(
+                f"route_weights needs a direct-decode kernel, which {fmt.qtype.name} rows of {n_in} elements on "
+                f"{self.device.label} do not take",
+                call=call,
+                hint="check uses_direct() first, or scale the rows afterwards (weighted_sum)",
+            )
+        tiles_here = layout.DIRECT_TILES if direct else fmt.tiles_on(path)
         if tile_m is None:
-            tile_m = fmt.tile_for(n_pairs, n_expert, path)
-        elif tile_m not in fmt.tiles_on(path):
-            shown = ", ".join(str(int(t)) for t in fmt.tiles_on(path))
+            tile_m = layout.direct_tile_for(n_pairs, n_expert) if direct else fmt.tile_for(n_pairs, n_expert, path)
+        elif tile_m not in tiles_here:
+            shown = ", ".join(str(int(t)) for t in tiles_here)
             raise InvalidArgument(
                 f"{fmt.qtype.name} has no {int(tile_m)}-row tile on the {path.value} path",
                 call=call,
                 hint=f"tile heights there: {shown}",
             )
-        tiles = layout.max_tiles(n_pairs, n_expert, tile_m)
         w_bytes = n_expert * n_out * fmt.row_bytes(n_in)
-        w_view = view(call, "w", w, padded_size(w_bytes, fmt.qtype, n_in), fmt.unit_bytes)
+        align = layout.DIRECT_ALIGN if direct else fmt.unit_bytes
+        w_view = view(call, "w", w, padded_size(w_bytes, fmt.qtype, n_in), align)
         x_rows = n_pairs if x_per_slot else n_tokens
-        x_view = x_floats = view(call, "x", x, x_rows * n_in * 4, 4)
+        x_view = view(call, "x", x, x_rows * n_in * 4, 4)
         ids_view = view(call, "ids", ids, n_pairs * 4, 4)
         y_view = view(call, "y", y, n_pairs * n_out * 4, 4)
+        if direct:
+            weights_view = None if route_weights is None else view(call, "route_weights", route_weights, n_pairs * 4)
+            name = fmt.direct_kernel_name(tile_m)
+            self._direct(
+                stream,
+                call,
+                name,
+                (w_view,),
+                x_view,
+                ids_view,
+                y_view,
+                scratch,
+                tile_m,
+                (n_expert, n_out, n_in, n_tokens, top_k, x_per_slot),
+                weights_view,
+            )
+            return
+        tiles = layout.max_tiles(n_pairs, n_expert, tile_m)
         words = layout.scratch_words(n_pairs, n_expert, tile_m)
         need = words * 4
         if path is MatrixPath.INT8:
@@ -232,7 +294,7 @@ class MoeKernels(Closing):
         scratch_view = BufferView(whole.buffer, whole.offset, words * 4)
         if path is MatrixPath.INT8:
             # The int8 kernel reads the activations as the quantizer leaves them in the scratch.
-            x_view = BufferView(whole.buffer, whole.offset + xq_at, need - xq_at)
+            x_floats, x_view = x_view, BufferView(whole.buffer, whole.offset + xq_at, need - xq_at)
             quant_blocks = x_rows * (n_in // layout.QUANT_BLOCK)
             stream.launch(
                 self.kernel("moe_quantize_x"),
@@ -240,12 +302,7 @@ class MoeKernels(Closing):
                 layout.QUANT_THREADS,
                 (x_floats, x_view, _i32(x_rows), _i32(n_in)),
             )
-        stream.launch(
-            self.kernel("moe_group_by_expert"),
-            1,
-            layout.GROUP_THREADS,
-            (ids_view, scratch_view, _i32(n_pairs), _i32(n_expert), _i32(tile_m), _i32(tiles)),
-        )
+        self._group(stream, ids_view, scratch_view, n_pairs, n_expert, tile_m, tiles)
         threads = {MatrixPath.SIMT: layout.MMID_THREADS, MatrixPath.MMA: layout.MMA_THREADS}.get(
             path, layout.INT8_THREADS
         )
@@ -264,6 +321,128 @@ class MoeKernels(Closing):
                 _i32(top_k),
                 _i32(1 if x_per_slot else 0),
                 _i32(tiles),
+            ),
+        )
+
+    def gate_up(
+        self,
+        stream: Stream,
+        w_gate: ViewLike,
+        w_up: ViewLike,
+        w_type: RowType,
+        n_expert: int,
+        n_out: int,
+        n_in: int,
+        x: ViewLike,
+        ids: ViewLike,
+        n_tokens: int,
+        top_k: int,
+        y: ViewLike,
+        scratch: ViewLike | None = None,
+        tile_m: TileM | None = None,
+    ) -> None:
+        """y[t, k, :] = silu(G @ x[t]) * (U @ x[t]) with G, U = w_gate[ids[t, k]], w_up[ids[t, k]]:
+        gate, up and SwiGLU in one pass, on the direct kernels only (``uses_direct``). The same bytes
+        as mul_mat_id of each tensor followed by swiglu."""
+        call = "MoeKernels.gate_up"
+        fmt = weight_format(w_type)
+        positive(call, n_expert=n_expert, n_out=n_out, n_in=n_in, n_tokens=n_tokens, top_k=top_k)
+        self._check_mul_mat_id_shapes(call, fmt, n_expert, n_out, n_in, n_tokens * top_k)
+        if not self.uses_direct(w_type, n_in):
+            raise InvalidArgument(
+                f"gate_up needs a direct-decode kernel, which {fmt.qtype.name} rows of {n_in} elements on "
+                f"{self.device.label} do not take",
+                call=call,
+                hint="check uses_direct() first, or run mul_mat_id for each tensor and then swiglu",
+            )
+        n_pairs = n_tokens * top_k
+        if tile_m is None:
+            tile_m = layout.direct_tile_for(n_pairs, n_expert)
+        elif tile_m not in layout.DIRECT_TILES:
+            shown = ", ".join(str(int(t)) for t in layout.DIRECT_TILES)
+            raise InvalidArgument(f"no {int(tile_m)}-row tile for gate_up", call=call, hint=f"tile heights: {shown}")
+        w_bytes = padded_size(n_expert * n_out * fmt.row_bytes(n_in), fmt.qtype, n_in)
+        weights = tuple(
+            view(call, name, w, w_bytes, layout.DIRECT_ALIGN) for name, w in (("w_gate", w_gate), ("w_up", w_up))
+        )
+        self._direct(
+            stream,
+            call,
+            fmt.direct_kernel_name(tile_m, gate_up=True),
+            weights,
+            view(call, "x", x, n_tokens * n_in * 4, 4),
+            view(call, "ids", ids, n_pairs * 4, 4),
+            view(call, "y", y, n_pairs * n_out * 4, 4),
+            scratch,
+            tile_m,
+            (n_expert, n_out, n_in, n_tokens, top_k, False),
+            None,
+        )
+
+    def _group(
+        self, stream: Stream, ids: BufferView, scratch: BufferView, n_pairs: int, n_expert: int, tile_m: int, tiles: int
+    ) -> None:
+        stream.launch(
+            self.kernel("moe_group_by_expert"),
+            1,
+            layout.GROUP_THREADS,
+            (ids, scratch, _i32(n_pairs), _i32(n_expert), _i32(tile_m), _i32(tiles)),
+        )
+
+    def _direct(
+        self,
+        stream: Stream,
+        call: str,
+        name: str,
+        weights: tuple[BufferView, ...],
+        x: BufferView,
+        ids: BufferView,
+        y: BufferView,
+        scratch: ViewLike | None,
+        tile_m: TileM,
+        shape: tuple[int, int, int, int, int, bool],
+        route_weights: BufferView | None,
+    ) -> None:
+        """Round the activations into the scratch, group the pairs, launch direct kernel ``name``."""
+        n_expert, n_out, n_in, n_tokens, top_k, x_per_slot = shape
+        n_pairs = n_tokens * top_k
+        x_rows = n_pairs if x_per_slot else n_tokens
+        tiles = layout.max_tiles(n_pairs, n_expert, tile_m)
+        words = layout.scratch_words(n_pairs, n_expert, tile_m)
+        xb_at = layout.quantized_x_offset(n_pairs, n_expert, tile_m)
+        need = xb_at + layout.direct_x_bytes(x_rows, n_in)
+        whole = (
+            self._own_scratch(need) if scratch is None else view(call, "scratch", scratch, need, layout.SCRATCH_ALIGN)
+        )
+        scratch_view = BufferView(whole.buffer, whole.offset, words * 4)
+        xb = BufferView(whole.buffer, whole.offset + xb_at, need - xb_at)
+        round_words = x_rows * n_in // 2
+        stream.launch(
+            self.kernel("moe_round_x_direct"),
+            min(-(-round_words // layout.DIRECT_ROUND_THREADS), layout.MAX_GRID_Y),
+            layout.DIRECT_ROUND_THREADS,
+            (x, xb, _i32(x_rows), _i32(n_in)),
+        )
+        self._group(stream, ids, scratch_view, n_pairs, n_expert, tile_m, tiles)
+        gate_up = len(weights) == 2
+        outputs_per_block = layout.TILE_N // 2 if gate_up else layout.TILE_N
+        tail: tuple[BufferView | np.uint64, ...] = () if gate_up else (route_weights if route_weights is not None else np.uint64(0),)
+        stream.launch(
+            self.kernel(name),
+            (-(-n_out // outputs_per_block), tiles),
+            layout.DIRECT_THREADS,
+            (
+                *weights,
+                xb,
+                scratch_view,
+                y,
+                _i32(n_expert),
+                _i32(n_out),
+                _i32(n_in),
+                _i32(top_k),
+                _i32(1 if x_per_slot else 0),
+                _i32(tiles),
+                *tail,
             ),
         )
 
@@ -377,4 +556,13 @@ def _fits_int32(call: str, **counts: int) -> None:
             raise InvalidArgument(f"{name} has {count} elements, more than int32 indexing allows", call=call)
 
 
-__all__ = ["MatrixPath", "MoeKernels", "check_path", "default_path", "kernel_source", "module_types", "scratch_bytes"]
+__all__ = [
+    "MatrixPath",
+    "MoeKernels",
+    "check_path",
+    "default_path",
+    "kernel_source",
+    "module_types",
+    "scratch_bytes",
+    "type_kernels",
+]

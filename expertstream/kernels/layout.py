@@ -18,6 +18,10 @@ TILE_K = 32  # elements per k step: one block, or one 32-element slice of a 256-
 MMID_THREADS = 128
 MMA_THREADS = 128  # threads per block of the matrix-core mul_mat_id (mma.cu)
 INT8_THREADS = 256  # threads per block of the int8 mul_mat_id (int8.cu)
+DIRECT_THREADS = 128  # threads per block of the direct-decode mul_mat_id (direct.cu)
+DIRECT_K = 64  # elements per k step of the direct-decode kernels: n_in must be a multiple
+DIRECT_ROUND_THREADS = 256  # threads per block of moe_round_x_direct
+DIRECT_ALIGN = 4  # bytes: the direct kernels read Q4_K blocks in 32-bit words
 QUANT_THREADS = 256  # threads per block of the activation quantizer (int8.cu), one per 32-element block
 QUANT_BLOCK = 32  # activation elements sharing one int8 scale
 SCRATCH_ALIGN = 16  # bytes: where the quantized activations start in the scratch
@@ -45,6 +49,8 @@ MMA_TALL_TILE_MIN_PAIRS_PER_EXPERT = 24
 # The same for the int8 kernels (heights 32, 64, 128). Not yet measured: the weights of a tile are
 # read once per block whatever its height, so the tallest tile that is mostly full should win.
 INT8_TILE_MIN_PAIRS_PER_EXPERT = {64: 16, 128: 48}
+# The same for the direct-decode kernels (heights 32, 64, 128). Not yet measured.
+DIRECT_TILE_MIN_PAIRS_PER_EXPERT = {64: 24, 128: 80}
 
 
 class TileM(enum.IntEnum):
@@ -65,6 +71,7 @@ class MatrixPath(enum.Enum):
 
 MMA_TILES = (TileM.SHORT, TileM.TALL)  # every type has both heights on matrix cores
 INT8_TILES = (TileM.SHORT, TileM.TALL, TileM.TALLEST)  # for the types with an int8 kernel
+DIRECT_TILES = (TileM.SHORT, TileM.TALL, TileM.TALLEST)  # for the types with a direct-decode kernel
 
 # The path mul_mat_id takes per weight type on devices with int8 matrix instructions
 # (Capabilities.int8_matrix_cores); types not listed take the bf16 matrix-core path. Only types with
@@ -86,6 +93,7 @@ class WeightFormat:
     tiles: tuple[TileM, ...]  # the tile heights compiled for this type
     unit_bytes: int = 2  # the kernel reads the tensor in units of this many bytes: w is aligned to it
     int8: bool = False  # whether int8.cu has a kernel for this type (MatrixPath.INT8)
+    direct: bool = False  # whether direct.cu has kernels for this type (the MMA path on mma_fragments devices)
 
     @property
     def quantized(self) -> bool:
@@ -116,6 +124,14 @@ class WeightFormat:
         family = {MatrixPath.SIMT: "", MatrixPath.MMA: "mma_", MatrixPath.INT8: "int8_"}[path]
         return f"moe_mul_mat_id_{family}{self.suffix}_m{int(tile_m)}"
 
+    def direct_kernel_name(self, tile_m: TileM, gate_up: bool = False) -> str:
+        """The direct-decode kernel: mul_mat_id (optionally routing-weighted), or gate and up with SwiGLU."""
+        return f"moe_{'gate_up' if gate_up else 'mul_mat_id'}_direct_{self.suffix}_m{int(tile_m)}"
+
+    def direct_fits(self, n_in: int) -> bool:
+        """Whether the direct kernels take rows of ``n_in`` elements (whole k steps)."""
+        return self.direct and n_in % DIRECT_K == 0
+
     def tile_for(self, n_pairs: int, n_expert: int, path: MatrixPath = MatrixPath.SIMT) -> TileM:
         """The tile height that runs faster for this many (token, slot) pairs per expert."""
         if path is MatrixPath.INT8:
@@ -127,11 +143,21 @@ class WeightFormat:
         return TileM.SHORT
 
 
+def direct_tile_for(n_pairs: int, n_expert: int) -> TileM:
+    """The direct-decode kernel's tile height for this many (token, slot) pairs per expert."""
+    tiles = [t for t in DIRECT_TILES if n_pairs >= DIRECT_TILE_MIN_PAIRS_PER_EXPERT.get(t, 0) * n_expert]
+    return max(tiles, default=TileM.SHORT)
+
+
 def _format(
-    qtype: GGMLQuantizationType, tiles: tuple[TileM, ...] = (TileM.SHORT,), unit_bytes: int = 2, int8: bool = False
+    qtype: GGMLQuantizationType,
+    tiles: tuple[TileM, ...] = (TileM.SHORT,),
+    unit_bytes: int = 2,
+    int8: bool = False,
+    direct: bool = False,
 ) -> WeightFormat:
     block_elements, block_bytes = GGML_QUANT_SIZES[qtype]
-    return WeightFormat(qtype, qtype.name.lower(), block_elements, block_bytes, tiles, unit_bytes, int8)
+    return WeightFormat(qtype, qtype.name.lower(), block_elements, block_bytes, tiles, unit_bytes, int8, direct)
 
 
 _T = GGMLQuantizationType
@@ -142,14 +168,14 @@ _BOTH = (TileM.SHORT, TileM.TALL)
 FORMATS: dict[GGMLQuantizationType, WeightFormat] = {
     f.qtype: f
     for f in (
-        _format(_T.Q4_0, _BOTH, int8=True),
+        _format(_T.Q4_0, _BOTH, int8=True, direct=True),
         _format(_T.Q4_1),
         _format(_T.Q5_0),
         _format(_T.Q5_1),
         _format(_T.Q8_0),
         _format(_T.Q2_K),
         _format(_T.Q3_K),
-        _format(_T.Q4_K, int8=True),
+        _format(_T.Q4_K, int8=True, direct=True),
         _format(_T.Q5_K),
         _format(_T.Q6_K),
         _format(_T.IQ1_S),
@@ -220,3 +246,13 @@ def quantized_x_bytes(n_rows: int, n_in: int) -> int:
 def quantized_x_offset(n_pairs: int, n_expert: int, tile_m: int) -> int:
     """Byte offset of the quantized activations in the scratch: after the grouping words, aligned."""
     return -(-4 * scratch_words(n_pairs, n_expert, tile_m) // SCRATCH_ALIGN) * SCRATCH_ALIGN
+
+
+def direct_x_bytes(n_rows: int, n_in: int) -> int:
+    """Bytes of ``n_rows`` activation rows rounded to bf16 for the direct kernels (moe_round_x_direct)."""
+    return n_rows * n_in * 2
+
+
+def direct_pair_slot(pair: int) -> int:
+    """Word position of element pair ``pair`` (0..7) of a 16-element chunk in direct.cu's fragment order."""
+    return (pair % 2) * 4 + pair // 2

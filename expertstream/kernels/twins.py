@@ -244,6 +244,113 @@ def mul_mat_id_rate_key(args: Args) -> tuple[tuple[int, int], float]:
     return (n_out, n_in), y.nbytes / (4 * n_out) / n_expert
 
 
+# -- the direct-decode kernels (direct.cu) --------------------------------------------------
+# moe_round_x_direct args: x, xb, n_rows, n_in
+# moe_mul_mat_id_direct_*: w, xb, scratch, y, n_expert, n_out, n_in, top_k, x_per_slot, max_tiles, route_weights
+# moe_gate_up_direct_*: w_gate, w_up, xb, scratch, y, n_expert, n_out, n_in, top_k, x_per_slot, max_tiles
+
+# Element pair p of a chunk lies at word _PAIR_SLOTS[p] of the chunk in direct.cu's fragment order.
+_PAIR_SLOTS = np.array([layout.direct_pair_slot(p) for p in range(8)])
+
+
+def round_x_direct(x: np.ndarray) -> np.ndarray:
+    """uint16 bf16 bits [n_rows, n_in] of float32 rows as moe_round_x_direct writes them: rounded
+    to nearest even, each 16-element chunk's element pairs in fragment order."""
+    n_rows, n_in = x.shape
+    bits = (round_to_bf16(x).view(np.uint32) >> np.uint32(16)).astype(np.uint16)
+    pairs = bits.reshape(n_rows, n_in // 16, 8, 2)
+    out = np.empty_like(pairs)
+    out[:, :, _PAIR_SLOTS] = pairs
+    return out.reshape(n_rows, n_in)
+
+
+def unround_x_direct(xb: np.ndarray, n_in: int) -> np.ndarray:
+    """float32 [n_rows, n_in] in element order from rows as round_x_direct lays them out."""
+    pairs = np.ascontiguousarray(xb).view(np.uint16).reshape(-1, n_in // 16, 8, 2)[:, :, _PAIR_SLOTS]
+    return (pairs.reshape(-1, n_in).astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def _round_x_direct_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
+    x_bytes, xb_bytes, n_rows, n_in = args
+    x = x_bytes.view(np.float32).reshape(int(n_rows), int(n_in))
+    xb_bytes.view(np.uint16).reshape(int(n_rows), int(n_in))[:] = round_x_direct(x)
+
+
+def _direct_products(
+    fmt: WeightFormat, w_bytes: np.ndarray, x: np.ndarray, scratch_bytes: np.ndarray, y: np.ndarray, shape: Args
+) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """(expert, pairs, activations of the pairs padded to the kernel's row width) of each group."""
+    n_expert, n_out, n_in, top_k, x_per_slot, max_tiles = (int(v) for v in shape)
+    width = fmt.padded_row_elements(n_in)
+    for expert, pairs in _expert_groups(scratch_bytes, max_tiles, n_expert, y):
+        acts = np.zeros((pairs.size, width), np.float32)
+        acts[:, :n_in] = x[pairs if x_per_slot else pairs // top_k]
+        yield expert, pairs, acts
+
+
+def _direct_runner(fmt: WeightFormat, gate_up: bool) -> Any:
+    def run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
+        n_w = 2 if gate_up else 1
+        tensors, (xb_bytes, scratch_bytes, y_bytes), shape = args[:n_w], args[n_w : n_w + 3], args[n_w + 3 : n_w + 9]
+        n_out, n_in = int(shape[1]), int(shape[2])
+        x = unround_x_direct(xb_bytes, n_in)
+        y = y_bytes.view(np.float32).reshape(-1, n_out)
+        route_weights = args[-1] if not gate_up and isinstance(args[-1], np.ndarray) else None
+        weights: dict[tuple[int, int], np.ndarray] = {}
+        for expert, pairs, acts in _direct_products(fmt, tensors[0], x, scratch_bytes, y, shape):
+            out = []
+            for i, w_bytes in enumerate(tensors):
+                if (i, expert) not in weights:
+                    weights[i, expert] = round_to_bf16(_padded_rows(w_bytes, fmt, expert, n_out, n_in))
+                out.append(np.einsum("mk,nk->mn", acts, weights[i, expert]))
+            if gate_up:
+                with np.errstate(over="ignore"):
+                    y[pairs] = out[0] / (np.float32(1) + np.exp(-out[0])) * out[1]
+            elif route_weights is not None:
+                y[pairs] = route_weights.view(np.float32)[pairs, None] * out[0]
+            else:
+                y[pairs] = out[0]
+
+    return run
+
+
+def _direct_accesses_for(fmt: WeightFormat, gate_up: bool) -> Any:
+    def accesses(args: Args) -> Sequence[Access]:
+        n_w = 2 if gate_up else 1
+        n_expert, n_out, n_in = (int(v) for v in args[n_w + 3 : n_w + 6])
+        tensor_bytes = n_expert * n_out * fmt.row_bytes(n_in)
+        found = []
+        for w in args[:n_w]:
+            w_view = _as_view(w)
+            padded_from = w_view.offset + tensor_bytes if w_view.nbytes > tensor_bytes else None
+            found.append(Access(w_view, write=False, padded_from=padded_from))
+        found += [Access(_as_view(args[n_w]), write=False), Access(_as_view(args[n_w + 1]), write=False)]
+        if not gate_up and isinstance(args[-1], BufferView):
+            found.append(Access(args[-1], write=False))
+        found.append(Access(_as_view(args[n_w + 2]), write=True))
+        return found
+
+    return accesses
+
+
+def _direct_flops_for(gate_up: bool) -> Any:
+    def flops(args: Args) -> float:
+        n_w = 2 if gate_up else 1
+        y, n_out, n_in = _as_view(args[n_w + 2]), int(args[n_w + 4]), int(args[n_w + 5])
+        return 2.0 * n_w * (y.nbytes // (4 * n_out)) * n_out * n_in
+
+    return flops
+
+
+def _direct_rate_key_for(gate_up: bool) -> Any:
+    def key(args: Args) -> tuple[tuple[int, int], float]:
+        n_w = 2 if gate_up else 1
+        y, n_expert, n_out, n_in = _as_view(args[n_w + 2]), int(args[n_w + 3]), int(args[n_w + 4]), int(args[n_w + 5])
+        return (n_out, n_in), y.nbytes / (4 * n_out) / n_expert
+
+    return key
+
+
 # -- elementwise, reductions, router -------------------------------------------------------
 
 
@@ -321,6 +428,28 @@ def twin_specs() -> list[KernelSpec]:
                         _mul_mat_id_accesses_for(fmt),
                         _mul_mat_id_flops,
                         mul_mat_id_rate_key,
+                    )
+                )
+    specs.append(
+        KernelSpec(
+            "moe_round_x_direct",
+            _round_x_direct_run,
+            _reads_then_writes(1, 1),
+            lambda args: float(args[2]) * int(args[3]),
+        )
+    )
+    for fmt in FORMATS.values():
+        if not fmt.direct:
+            continue
+        for tile_m in layout.DIRECT_TILES:
+            for gate_up in (False, True):
+                specs.append(
+                    KernelSpec(
+                        fmt.direct_kernel_name(tile_m, gate_up),
+                        _direct_runner(fmt, gate_up),
+                        _direct_accesses_for(fmt, gate_up),
+                        _direct_flops_for(gate_up),
+                        _direct_rate_key_for(gate_up),
                     )
                 )
     specs.append(KernelSpec("moe_swiglu", _swiglu_run, _reads_then_writes(2, 1), lambda args: 4.0 * int(args[3])))

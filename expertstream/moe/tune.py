@@ -168,6 +168,7 @@ def fit(m: Measurements, base: Profile, name: str, vendor_like: str) -> dict[str
     fields["host_register"] = m.host_register
     # The path the kernels took, so that the simulator runs (and rates) the same kernels.
     fields["matrix_cores"], fields["int8_matrix_cores"] = m.matrix_cores, m.int8_matrix_cores
+    fields["mma_fragments"] = m.mma_fragments
     fields["host_register_read_only"] = m.host_register_read_only
     if m.register_bytes_per_s is not None:
         fields["host_register_bps"] = m.register_bytes_per_s
@@ -201,6 +202,7 @@ FITTED_FIELDS = (
     "host_register_read_only",
     "matrix_cores",
     "int8_matrix_cores",
+    "mma_fragments",
     "ring_threads",
     "kernel_rates",
 )

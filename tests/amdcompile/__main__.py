@@ -18,16 +18,14 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from expertstream.kernels import kernel_source
-from expertstream.kernels.layout import FORMATS, MatrixPath
+from expertstream.kernels import kernel_source, type_kernels
+from expertstream.kernels.layout import FORMATS
 
 from . import hiprtc, toolchain
 
 
 def _required_kernels(source: str) -> set[str]:
-    by_type = {
-        fmt.kernel_name(tile, path) for fmt in FORMATS.values() for path in MatrixPath for tile in fmt.tiles_on(path)
-    }
+    by_type = {name for fmt in FORMATS.values() for name in type_kernels(fmt)}
     return by_type | hiprtc.defined_kernels(source)
 
 

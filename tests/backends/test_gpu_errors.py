@@ -262,6 +262,7 @@ class FakeGpu:
             compile_options=lambda arch: [f"--arch={arch}".encode()],
             matrix_cores=lambda arch: False,
             int8_matrix_cores=lambda arch: False,
+            mma_fragments=lambda arch: False,
             compiler_version=call("fakertcVersion", lambda: (FakeRtcError.FAKERTC_SUCCESS, 1, 2), RTC_ERRORS),
             program_create=call("fakertcCreateProgram", self.program_create, RTC_ERRORS),
             program_compile=call("fakertcCompileProgram", self.program_compile, RTC_ERRORS),

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from expertstream.kernels import kernel_source
-from expertstream.kernels.layout import FORMATS, MatrixPath
+from expertstream.kernels import kernel_source, type_kernels
+from expertstream.kernels.layout import FORMATS
 
 nvrtc = pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings (NVRTC) is not installed")
 
@@ -28,12 +28,7 @@ def test_kernel_source_compiles_cleanly(arch: str) -> None:
     err, program = nvrtc.nvrtcCreateProgram(kernel_source().encode(), b"moe.cu", 0, [], [])
     assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, err
     try:
-        names = [
-            fmt.kernel_name(tile, path)
-            for fmt in FORMATS.values()
-            for path in MatrixPath
-            for tile in fmt.tiles_on(path)
-        ]
+        names = [name for fmt in FORMATS.values() for name in type_kernels(fmt)]
         for name in names:
             (err,) = nvrtc.nvrtcAddNameExpression(program, name.encode())
             assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, err

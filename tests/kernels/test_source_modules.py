@@ -14,10 +14,10 @@ from typing import Any
 from gguf import GGMLQuantizationType
 
 import expertstream
-from expertstream.kernels import MoeKernels, kernel_source, module_types
-from expertstream.kernels.layout import FORMATS, MatrixPath
+from expertstream.kernels import MoeKernels, kernel_source, module_types, type_kernels
+from expertstream.kernels.layout import FORMATS
 
-_INSTANCE = re.compile(r"^MOE_MUL_MAT_ID\w*\((\w+),", re.M)
+_INSTANCE = re.compile(r"^MOE_(?:MUL_MAT_ID|GATE_UP)\w*\((\w+),", re.M)
 
 
 def _instances(source: str) -> list[str]:
@@ -26,7 +26,7 @@ def _instances(source: str) -> list[str]:
 
 def test_every_kernel_of_the_whole_source_is_in_its_types_module() -> None:
     whole = _instances(kernel_source())
-    names = [fmt.kernel_name(t, p) for fmt in FORMATS.values() for p in MatrixPath for t in fmt.tiles_on(p)]
+    names = [name for fmt in FORMATS.values() for name in type_kernels(fmt)]
     assert sorted(whole) == sorted(names) and len(set(whole)) == len(whole)
     assert _instances(kernel_source(())) == []  # the shared code alone
     per_type = {fmt.qtype: _instances(kernel_source([fmt.qtype])) for fmt in FORMATS.values()}

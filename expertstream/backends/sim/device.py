@@ -62,6 +62,7 @@ class SimDevice(Device):
             peer_access=frozenset(peer.index for peer in self._peers),
             matrix_cores=profile.matrix_cores,
             int8_matrix_cores=profile.int8_matrix_cores,
+            mma_fragments=profile.mma_fragments,
         )
 
     @property

@@ -113,6 +113,8 @@ class Profile:
     kernel_rates: tuple[KernelRate, ...] = ()
     # whether Q4_0 and Q4_K take the int8 path by default (kernels/layout.INT8_DEFAULT_TYPES)
     int8_matrix_cores: bool = False
+    # whether Q4_0 and Q4_K take the direct-decode kernels of direct.cu (NVIDIA sm_80+)
+    mma_fragments: bool = False
     # Host threads a staging ring runs on the machine this profile describes (hostmem's default
     # there); None: the default of the machine the simulation runs on.
     ring_threads: int | None = None
@@ -306,6 +308,7 @@ CUDA_H200 = Profile(
     flops_per_s=17.5e12,
     matrix_cores=True,  # datasheet: Hopper tensor cores (mma.sync bf16)
     int8_matrix_cores=True,  # datasheet: Hopper tensor cores (mma.sync s8)
+    mma_fragments=True,  # sm_90: mma.sync m16n8k16 bf16
     launch_latency_s=5e-6,  # assumed: typical kernel launch latency
     copy_latency_s=10e-6,  # assumed: DMA setup; with enqueue_s it matches the measured 1.26 ms for 64 MB
     enqueue_s=15e-6,  # measured: six enqueues of the event-order bench took 0.04..0.08 ms from Python

@@ -1,0 +1,463 @@
+// mul_mat_id with the weights decoded straight into matrix fragments, for the 4-bit types whose
+// nibbles sit where NVIDIA's mma.sync m16n8k16 B fragments want them (Q4_0, Q4_K). Compiled
+// after moe.cu, mma.cu and int8.cu as one source with them (block formats, padding_tail,
+// begin_tile, weight_row_bytes, pack_bf16x2, the bf16 fragment helpers); the instances at the end
+// are generated from layout.FORMATS by kernel_source().
+//
+// The shared-tile kernels of mma.cu decode each weight row into a bf16 tile in shared memory and
+// then read it back into fragments: two barriers per 32 elements of k, every weight passing
+// through shared memory twice. Here each lane decodes the four weights of its own B fragment
+// from the quants in its registers, and only the activations go through shared memory:
+//
+// - moe_round_x_direct, once per call, rounds the activations to bf16 (nearest even, as the
+//   shared-tile kernels round them) and writes each 16-element chunk of a row in fragment
+//   order: its 32-bit words (element pairs) 0..7 go to word positions 0, 4, 1, 5, 2, 6, 3, 7.
+//   Fragment slots 2c, 2c+1, 2c+8, 2c+9 of a chunk (lane c = lane % 4) then hold elements
+//   4c .. 4c+3, the four consecutive elements whose nibbles lie in one 32-bit word of a Q4_0
+//   or Q4_K block: a lane reads one word per chunk pair and never shuffles.
+// - Per k step of DIRECT_K = 64 elements a block of 4 warps copies the step's activation rows
+//   (TILE_M x 64 bf16) into shared memory (cp.async on sm_80+, double-buffered, one barrier
+//   per step) while each lane holds the next step's quants of its weight rows in registers.
+//   Warp w owns weight rows 32w .. 32w+31 of the block's 128 in four n8 groups, and all TILE_M
+//   activation rows, so each weight is decoded exactly once per block.
+// - A weight is decoded with the float32 operations of decode_slice (the same values as the
+//   shared-tile kernels), rounded to bf16 and multiplied on the matrix unit with float32
+//   accumulation, k steps ascending and the four chunks of a step in k order.
+//
+// Results do not depend on the tile a pair lands in: an output is the sum of its own
+// activation row times its own weight row, by the same instruction sequence whatever the
+// other rows of the tile hold, so outputs are byte-identical across groupings and tile heights.
+//
+// Two epilogues besides the plain product:
+// - gate and up in one pass (GATE_UP): groups 0-1 of a warp hold 16 rows of the gate
+//   tensor and groups 2-3 the same 16 rows of the up tensor, so a lane holds the gate and up
+//   value of the same output and writes silu(gate) * up, with moe_swiglu's float operations;
+//   a block covers 64 outputs.
+// - the down projection scaled by each pair's routing weight (route_weights): y = w[p] * (W x),
+//   with the multiplication moe_weighted_sum would do, which then only adds slots up.
+//
+// On other targets (and in the host test harness) the fragments are read from shared memory
+// lane by lane and the matrix step is taken by fp32 FMAs through a per-warp exchange in shared
+// memory, so the source compiles and runs everywhere; the launcher picks these kernels only
+// where Capabilities.mma_fragments is set (NVIDIA sm_80+).
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define DIRECT_NVIDIA 1
+#else
+#define DIRECT_GENERIC 1
+#endif
+
+// Must match expertstream/kernels/layout.py.
+#define MOE_DIRECT_THREADS 128
+#define DIRECT_K 64                 // elements per k step
+#define DIRECT_LDK (DIRECT_K + 8)   // bf16 per shared activation row: 144 bytes, conflict-free for ldmatrix
+#define DIRECT_WARPS (MOE_DIRECT_THREADS / 32)
+#define DIRECT_GROUPS 4             // n8 groups per warp: 32 weight rows
+#define DIRECT_ROUND_THREADS 256
+
+
+static_assert(DIRECT_WARPS * DIRECT_GROUPS * 8 == MOE_TILE_N, "a block covers MOE_TILE_N weight rows");
+
+// Word position of element pair i (0..7) of a 16-element chunk in fragment order.
+__device__ int direct_pair_slot(int i) {
+    return (i % 2) * 4 + i / 2;
+}
+
+// xb = x rounded to bf16 with every 16-element chunk in fragment order; rows of n_in elements,
+// n_in a multiple of DIRECT_K. One thread per output word.
+extern "C" __global__ void __launch_bounds__(DIRECT_ROUND_THREADS)
+    moe_round_x_direct(const float* __restrict__ x, unsigned int* __restrict__ xb, int n_rows, int n_in) {
+    const long long words = (long long)n_rows * (n_in / 2);
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < words; i += stride) {
+        const long long chunk = i / 8;  // 8 words per chunk, chunks never straddle rows
+        const int pair = (int)(i % 8);
+        const float* from = x + 2 * i;
+        xb[chunk * 8 + direct_pair_slot(pair)] = pack_bf16x2(from[0], from[1]);
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Per-type fragment decoding. Staged holds what one lane reads for one k step of one weight
+// row; decode turns it into the B fragments of the step's four 16-element chunks:
+// b[2j], b[2j + 1] are the (b0, b1) registers of chunk j (elements 16j .. 16j+15 of the step).
+// ---------------------------------------------------------------------------------
+
+template <int TYPE> struct Direct;
+
+// Two 32-element blocks per step: d, then qs[16] whose byte j holds element j (low nibble) and
+// j + 16 (high). Lane c reads qs bytes 4c .. 4c+3 (two 16-bit units: blocks are 2-byte aligned).
+template <> struct Direct<ES_TYPE_Q4_0> {
+    struct Staged {
+        unsigned int d;     // block 0's d in the low half, block 1's in the high
+        unsigned int q[2];  // qs bytes 4c .. 4c+3 of each block
+    };
+    __device__ static void load(Staged& s, const unsigned char* __restrict__ row, int ks, int c) {
+        const unsigned short* b0 = (const unsigned short*)(row + (2 * ks) * 18);
+        const unsigned short* b1 = b0 + 9;
+        s.d = (unsigned int)b0[0] | ((unsigned int)b1[0] << 16);
+        s.q[0] = (unsigned int)b0[1 + 2 * c] | ((unsigned int)b0[2 + 2 * c] << 16);
+        s.q[1] = (unsigned int)b1[1 + 2 * c] | ((unsigned int)b1[2 + 2 * c] << 16);
+    }
+    __device__ static void decode(const Staged& s, unsigned int* b) {
+#pragma unroll
+        for (int blk = 0; blk < 2; ++blk) {
+            const float d = half_to_float((s.d >> (16 * blk)) & 0xffffu);
+            float lo[4];
+            float hi[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int q = (int)((s.q[blk] >> (8 * i)) & 0xffu);
+                lo[i] = d * (float)((q & 0xf) - 8);
+                hi[i] = d * (float)((q >> 4) - 8);
+            }
+            b[4 * blk + 0] = pack_bf16x2(lo[0], lo[1]);
+            b[4 * blk + 1] = pack_bf16x2(lo[2], lo[3]);
+            b[4 * blk + 2] = pack_bf16x2(hi[0], hi[1]);
+            b[4 * blk + 3] = pack_bf16x2(hi[2], hi[3]);
+        }
+    }
+};
+
+// One 64-element group g = ks % 4 of a 256-element block per step: d, dmin, scales[12], then
+// qs[128] whose byte 32g + l holds element 64g + l (low nibble, sub-block 2g) and 64g + 32 + l
+// (high, sub-block 2g + 1). Lane c reads words 4c and 16 + 4c of the group: chunks 0 and 2,
+// then 1 and 3.
+template <> struct Direct<ES_TYPE_Q4_K> {
+    struct Staged {
+        unsigned int dm;        // d | dmin << 16
+        unsigned int scales[3];
+        unsigned int q[2];
+        int group;
+    };
+    __device__ static void load(Staged& s, const unsigned char* __restrict__ row, int ks, int c) {
+        const unsigned int* block = (const unsigned int*)(row + (ks / 4) * 144);
+        s.group = ks % 4;
+        s.dm = block[0];
+        s.scales[0] = block[1];
+        s.scales[1] = block[2];
+        s.scales[2] = block[3];
+        s.q[0] = block[4 + 8 * s.group + c];
+        s.q[1] = block[4 + 8 * s.group + 4 + c];
+    }
+    __device__ static int scale_byte(const Staged& s, int i) {
+        return (int)((s.scales[i / 4] >> (8 * (i % 4))) & 0xffu);
+    }
+    // k4_scale_min's arithmetic on the scales held in registers.
+    __device__ static void scale_min(const Staged& s, int j, int* sc, int* m) {
+        if (j < 4) {
+            *sc = scale_byte(s, j) & 63;
+            *m = scale_byte(s, j + 4) & 63;
+        } else {
+            const int high = scale_byte(s, j + 4);
+            *sc = (high & 0xf) | ((scale_byte(s, j - 4) >> 6) << 4);
+            *m = (high >> 4) | ((scale_byte(s, j) >> 6) << 4);
+        }
+    }
+    __device__ static void decode(const Staged& s, unsigned int* b) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {  // sub-block 2g + half: the low, then the high nibbles
+            int sc;
+            int m;
+            scale_min(s, 2 * s.group + half, &sc, &m);
+            const float d = half_to_float(s.dm & 0xffffu) * (float)sc;
+            const float dm = half_to_float(s.dm >> 16) * (float)m;
+#pragma unroll
+            for (int word = 0; word < 2; ++word) {  // chunk 2 * half + word
+                float v[4];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int q = (int)((s.q[word] >> (8 * i + 4 * half)) & 0xfu);
+                    v[i] = d * (float)q - dm;
+                }
+                b[2 * (2 * half + word) + 0] = pack_bf16x2(v[0], v[1]);
+                b[2 * (2 * half + word) + 1] = pack_bf16x2(v[2], v[3]);
+            }
+        }
+    }
+};
+
+// ---------------------------------------------------------------------------------
+// The matrix step: acc (16 x 8, C fragment) += A (16 x 16 activations, row-major in shared
+// memory with rows of DIRECT_LDK bf16) times the B fragment (b0, b1).
+// ---------------------------------------------------------------------------------
+
+#if defined(DIRECT_NVIDIA)
+
+__device__ void direct_load_a(unsigned int* a, const unsigned short* tile, int lane) {
+    ldmatrix_x4(a, tile + (lane % 16) * DIRECT_LDK + (lane / 16) * 8);
+}
+
+__device__ void direct_mma(float* c, const unsigned int* a, unsigned int b0, unsigned int b1) {
+    mma_m16n8k16(c, a, b0, b1);
+}
+
+__device__ void direct_copy16(unsigned short* to, const unsigned short* from) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(shared_address(to)), "l"(from) : "memory");
+}
+
+__device__ void direct_copies_commit() {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+__device__ void direct_copies_wait() {
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+}
+
+#else  // DIRECT_GENERIC
+
+// a0..a3 of mma.sync's A fragment, read from the tile by each lane itself.
+__device__ void direct_load_a(unsigned int* a, const unsigned short* tile, int lane) {
+    const int g = lane / 4;
+    const int c = lane % 4;
+    const unsigned int* top = (const unsigned int*)(tile + g * DIRECT_LDK);
+    const unsigned int* bottom = (const unsigned int*)(tile + (g + 8) * DIRECT_LDK);
+    a[0] = top[c];
+    a[1] = bottom[c];
+    a[2] = top[4 + c];
+    a[3] = bottom[4 + c];
+}
+
+__shared__ unsigned int direct_exchange_a[DIRECT_WARPS][32][4];
+__shared__ unsigned int direct_exchange_b[DIRECT_WARPS][32][2];
+
+// k slot s of row (A) or column (B) r lies in lane 4r + (s % 8) / 2, register s / 8 (B) or
+// 2 (s / 8) (+1 for A rows 8..15), half s % 2.
+__device__ float direct_half(unsigned int word, int s) {
+    return bf16_to_float((word >> (16 * (s % 2))) & 0xffffu);
+}
+
+__device__ void direct_mma(float* c, const unsigned int* a, unsigned int b0, unsigned int b1) {
+    const int warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    for (int i = 0; i < 4; ++i) {
+        direct_exchange_a[warp][lane][i] = a[i];
+    }
+    direct_exchange_b[warp][lane][0] = b0;
+    direct_exchange_b[warp][lane][1] = b1;
+    __syncthreads();
+    for (int e = 0; e < 4; ++e) {
+        const int row = lane / 4 + 8 * (e / 2);
+        const int col = 2 * (lane % 4) + e % 2;
+        float sum = c[e];
+        for (int s = 0; s < 16; ++s) {
+            const unsigned int a_word = direct_exchange_a[warp][4 * (row % 8) + (s % 8) / 2][2 * (s / 8) + row / 8];
+            const unsigned int b_word = direct_exchange_b[warp][4 * col + (s % 8) / 2][s / 8];
+            sum = fmaf(direct_half(a_word, s), direct_half(b_word, s), sum);
+        }
+        c[e] = sum;
+    }
+    __syncthreads();
+}
+
+__device__ void direct_copy16(unsigned short* to, const unsigned short* from) {
+    const unsigned int* f = (const unsigned int*)from;
+    unsigned int* t = (unsigned int*)to;
+    t[0] = f[0];
+    t[1] = f[1];
+    t[2] = f[2];
+    t[3] = f[3];
+}
+
+__device__ void direct_copies_commit() {}
+
+__device__ void direct_copies_wait() {}
+
+#endif
+
+// ---------------------------------------------------------------------------------
+// The kernel: TILE_M pairs x 128 weight rows per block of 4 warps.
+// ---------------------------------------------------------------------------------
+
+// Weight row of tile row r (0..127) and whether it is read (rows past n_out are not):
+// plain and routed tiles take rows n0 .. n0+127 of w; a gate/up tile takes, per warp of 32,
+// 16 gate rows then the same 16 up rows, from output n0 / 2 + 16 * (r / 32).
+template <bool GATE_UP>
+__device__ const unsigned char* direct_row(const unsigned char* w_expert, const unsigned char* w2_expert, int r,
+                                           int n0, int n_out, long long row_bytes, bool* inside) {
+    int n;
+    const unsigned char* base = w_expert;
+    if (GATE_UP) {
+        n = n0 / 2 + 16 * (r / 32) + r % 16;
+        base = (r % 32) < 16 ? w_expert : w2_expert;
+    } else {
+        n = n0 + r;
+    }
+    *inside = n < n_out;
+    return base + (long long)(*inside ? n : n_out - 1) * row_bytes;
+}
+
+template <int TYPE, int TILE_M, bool GATE_UP>
+__device__ void mul_mat_id_direct_tile(const unsigned char* __restrict__ w, const unsigned char* __restrict__ w2,
+                                       const unsigned short* __restrict__ xb, const int* __restrict__ scratch,
+                                       const float* __restrict__ route_weights, float* __restrict__ y,
+                                       int n_expert, int n_out, int n_in, int top_k, int x_per_slot,
+                                       int max_tiles) {
+    typedef Direct<TYPE> D;
+    const int M_BLOCKS = TILE_M / 16;
+    const int X_COPIES = TILE_M * (DIRECT_K / 8) / MOE_DIRECT_THREADS;  // 16-byte copies per thread and step
+
+    __shared__ __attribute__((aligned(16))) unsigned short x_tile[2][TILE_M * DIRECT_LDK];
+    __shared__ int src_row[TILE_M];
+    __shared__ int dst_row[TILE_M];
+    __shared__ float tail[MOE_TILE_N];
+
+    // A gate/up block covers MOE_TILE_N / 2 outputs: its n0 counts tile rows, twice the outputs.
+    const int expert = begin_tile<TILE_M, MOE_DIRECT_THREADS>(scratch, y, src_row, dst_row, n_expert, n_out, top_k,
+                                                               x_per_slot, max_tiles);
+    if (expert < 0) {
+        return;
+    }
+    const int tid = threadIdx.x;
+    const int warp = tid / 32;
+    const int lane = tid % 32;
+    const int n0 = blockIdx.x * MOE_TILE_N;
+    const long long row_bytes = weight_row_bytes<TYPE>(n_in);
+    const unsigned char* w_expert = w + (long long)expert * n_out * row_bytes;
+    const unsigned char* w2_expert = GATE_UP ? w2 + (long long)expert * n_out * row_bytes : w_expert;
+    const int k_steps = n_in / DIRECT_K;
+
+    {
+        bool inside;
+        const unsigned char* row = direct_row<GATE_UP>(w_expert, w2_expert, tid, n0, n_out, row_bytes, &inside);
+        tail[tid] = inside ? padding_tail<TYPE>(row, n_in) : 0.0f;  // read after the k loop's barriers
+    }
+
+    // This lane's weight row in each of its warp's four n8 groups.
+    const unsigned char* rows[DIRECT_GROUPS];
+#pragma unroll
+    for (int j = 0; j < DIRECT_GROUPS; ++j) {
+        bool inside;
+        rows[j] = direct_row<GATE_UP>(w_expert, w2_expert, 32 * warp + 8 * j + lane / 4, n0, n_out, row_bytes, &inside);
+    }
+    // Where each of this thread's activation copies comes from; empty slots read the tile's first pair.
+    const unsigned short* x_from[X_COPIES];
+    int x_to[X_COPIES];
+#pragma unroll
+    for (int r = 0; r < X_COPIES; ++r) {
+        const int q = tid + r * MOE_DIRECT_THREADS;
+        const int m = q / (DIRECT_K / 8);
+        const int part = q % (DIRECT_K / 8);
+        const int src = src_row[m] >= 0 ? src_row[m] : src_row[0];
+        x_from[r] = xb + (long long)src * n_in + 8 * part;
+        x_to[r] = m * DIRECT_LDK + 8 * part;
+    }
+    auto copy_x = [&](int ks, int buf) {
+#pragma unroll
+        for (int r = 0; r < X_COPIES; ++r) {
+            direct_copy16(x_tile[buf] + x_to[r], x_from[r] + ks * DIRECT_K);
+        }
+        direct_copies_commit();
+    };
+
+    float acc[M_BLOCKS][DIRECT_GROUPS][4];
+#pragma unroll
+    for (int i = 0; i < M_BLOCKS; ++i) {
+#pragma unroll
+        for (int j = 0; j < DIRECT_GROUPS; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                acc[i][j][e] = 0.0f;
+            }
+        }
+    }
+
+    typename D::Staged staged[DIRECT_GROUPS];
+    copy_x(0, 0);
+#pragma unroll
+    for (int j = 0; j < DIRECT_GROUPS; ++j) {
+        D::load(staged[j], rows[j], 0, lane % 4);
+    }
+    for (int ks = 0; ks < k_steps; ++ks) {
+        const int buf = ks & 1;
+        direct_copies_wait();
+        // This step's activations are in for every thread, and every warp is done with the
+        // other buffer (read in the previous step), which the next copies overwrite.
+        __syncthreads();
+        if (ks + 1 < k_steps) {
+            copy_x(ks + 1, buf ^ 1);
+        }
+        unsigned int b[DIRECT_GROUPS][8];
+#pragma unroll
+        for (int j = 0; j < DIRECT_GROUPS; ++j) {
+            D::decode(staged[j], b[j]);
+        }
+        if (ks + 1 < k_steps) {
+#pragma unroll
+            for (int j = 0; j < DIRECT_GROUPS; ++j) {
+                D::load(staged[j], rows[j], ks + 1, lane % 4);  // in flight during the products
+            }
+        }
+#pragma unroll
+        for (int chunk = 0; chunk < DIRECT_K / 16; ++chunk) {
+#pragma unroll
+            for (int i = 0; i < M_BLOCKS; ++i) {
+                unsigned int a[4];
+                direct_load_a(a, x_tile[buf] + i * 16 * DIRECT_LDK + chunk * 16, lane);
+#pragma unroll
+                for (int j = 0; j < DIRECT_GROUPS; ++j) {
+                    direct_mma(acc[i][j], a, b[j][2 * chunk], b[j][2 * chunk + 1]);
+                }
+            }
+        }
+    }
+
+    // C element e of lane l: row l / 4 + 8 (e / 2), column 2 (l % 4) + e % 2 of its n8 group.
+#pragma unroll
+    for (int i = 0; i < M_BLOCKS; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int m = 16 * i + lane / 4 + 8 * (e / 2);
+            const int p = dst_row[m];
+            if (p < 0) {
+                continue;
+            }
+            const int col = 2 * (lane % 4) + e % 2;
+            if (GATE_UP) {
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    const int r = 32 * warp + 8 * j + col;  // the gate row; its up row is r + 16
+                    const int n = n0 / 2 + 16 * warp + 8 * j + col;
+                    if (n < n_out) {
+                        const float g = acc[i][j][e] + tail[r];
+                        const float u = acc[i][j + 2][e] + tail[r + 16];
+                        y[(long long)p * n_out + n] = g / (1.0f + expf(-g)) * u;
+                    }
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < DIRECT_GROUPS; ++j) {
+                    const int r = 32 * warp + 8 * j + col;
+                    if (n0 + r < n_out) {
+                        float v = acc[i][j][e] + tail[r];
+                        if (route_weights) {
+                            v = route_weights[p] * v;
+                        }
+                        y[(long long)p * n_out + n0 + r] = v;
+                    }
+                }
+            }
+        }
+    }
+}
+
+// The plain kernels take (w, xb, scratch, y, ..., route_weights), route_weights null or one float per
+// pair; the gate/up kernels (w_gate, w_up, xb, scratch, y, ...), y the activated [pairs, n_out] outputs.
+#define MOE_MUL_MAT_ID_DIRECT(NAME, TYPE, TILE_M)                                                          \
+    extern "C" __global__ void __launch_bounds__(MOE_DIRECT_THREADS)                                     \
+        NAME(const unsigned char* __restrict__ w, const unsigned short* __restrict__ xb,                \
+             const int* __restrict__ scratch, float* __restrict__ y, int n_expert, int n_out, int n_in,  \
+             int top_k, int x_per_slot, int max_tiles, const float* __restrict__ route_weights) {        \
+        mul_mat_id_direct_tile<TYPE, TILE_M, false>(w, w, xb, scratch, route_weights, y, n_expert, n_out, \
+                                                    n_in, top_k, x_per_slot, max_tiles);                 \
+    }
+
+#define MOE_GATE_UP_DIRECT(NAME, TYPE, TILE_M)                                                             \
+    extern "C" __global__ void __launch_bounds__(MOE_DIRECT_THREADS)                                     \
+        NAME(const unsigned char* __restrict__ w_gate, const unsigned char* __restrict__ w_up,          \
+             const unsigned short* __restrict__ xb, const int* __restrict__ scratch,                    \
+             float* __restrict__ y, int n_expert, int n_out, int n_in, int top_k, int x_per_slot,        \
+             int max_tiles) {                                                                            \
+        mul_mat_id_direct_tile<TYPE, TILE_M, true>(w_gate, w_up, xb, scratch, 0, y, n_expert, n_out, n_in, \
+                                                   top_k, x_per_slot, max_tiles);                        \
+    }

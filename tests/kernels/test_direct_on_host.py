@@ -1,0 +1,261 @@
+"""The direct-decode kernels of direct.cu, compiled for the host and run on CPU threads.
+
+The harness of test_kernels_on_host (each GPU thread a fiber, __syncthreads a hand-over, rounds
+in random order) runs the generic branch of direct.cu: fragments read lane by lane from the
+shared activation tile, the matrix step taken through a per-warp exchange in shared memory with
+mma.sync's fragment layout. Everything else is the code the GPU runs: the activation rounding
+into fragment order, the per-type fragment decoders, the double-buffered copies and their one
+barrier per step, the padding tail and the three epilogues. Results are checked against the
+float64 reference within the bf16 path's tolerance, for the same bytes across tile heights, and
+(to the bit) against the simulator's twins where they compute the same float32 operations.
+"""
+
+from __future__ import annotations
+
+import struct
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType
+
+from expertstream.kernels import kernel_source, layout, twins
+from expertstream.kernels import reference as ref
+from expertstream.kernels.layout import FORMATS, MatrixPath, TileM
+
+from .test_kernels_on_host import _PRELUDE, CXX, with_tail
+
+DIRECT_TYPES = [fmt.qtype for fmt in FORMATS.values() if fmt.direct]
+
+_DRIVER = """
+typedef void (*Plain)(const unsigned char*, const unsigned short*, const int*, float*, int, int, int, int, int, int,
+                      const float*);
+typedef void (*GateUp)(const unsigned char*, const unsigned char*, const unsigned short*, const int*, float*, int,
+                       int, int, int, int, int);
+
+static const std::function<void()>* block_body;
+
+static void fiber_main() {
+    (*block_body)();
+    finished[current] = 1;
+}
+
+static std::mt19937 round_order_rng(2468);
+
+static void run_block(unsigned threads, const std::function<void()>& body) {
+    const size_t stack_bytes = 64 * 1024;
+    std::vector<char> stacks(threads * stack_bytes);
+    fibers.assign(threads, ucontext_t());
+    finished.assign(threads, 0);
+    block_body = &body;
+    for (unsigned t = 0; t < threads; ++t) {
+        getcontext(&fibers[t]);
+        fibers[t].uc_stack.ss_sp = stacks.data() + t * stack_bytes;
+        fibers[t].uc_stack.ss_size = stack_bytes;
+        fibers[t].uc_link = &scheduler;
+        makecontext(&fibers[t], fiber_main, 0);
+    }
+    std::vector<unsigned> order(threads);
+    for (unsigned t = 0; t < threads; ++t) order[t] = t;
+    for (unsigned left = threads; left > 0;) {
+        std::shuffle(order.begin(), order.end(), round_order_rng);
+        for (unsigned t : order) {
+            if (!finished[t]) {
+                current = t;
+                threadIdx = EsDim3{t, 0, 0};
+                swapcontext(&scheduler, &fibers[t]);
+                left -= finished[t];
+            }
+        }
+    }
+}
+
+template <typename T> static std::vector<T> read_array(size_t n) {
+    std::vector<T> v(n);
+    if (n && fread(v.data(), sizeof(T), n, stdin) != n) exit(2);
+    return v;
+}
+
+// argv: kernel index, tile height, mode (0 plain, 1 routed, 2 gate/up), [rounded]: write the
+// rounded activations instead of the outputs.
+int main(int argc, char** argv) {
+    const int kernel = atoi(argv[1]);
+    const int tile_m = atoi(argv[2]);
+    const int mode = atoi(argv[3]);
+    std::vector<int> shape = read_array<int>(7);
+    const int n_expert = shape[0], n_out = shape[1], n_in = shape[2], n_tokens = shape[3], top_k = shape[4];
+    const int x_per_slot = shape[5], w_bytes = shape[6];
+    const int n_pairs = n_tokens * top_k;
+    const int x_rows = x_per_slot ? n_pairs : n_tokens;
+    std::vector<unsigned char> w = read_array<unsigned char>(w_bytes);
+    std::vector<unsigned char> w2 = read_array<unsigned char>(mode == 2 ? w_bytes : 0);
+    std::vector<float> x = read_array<float>((size_t)x_rows * n_in);
+    std::vector<int> ids = read_array<int>(n_pairs);
+    std::vector<float> route = read_array<float>(mode == 1 ? n_pairs : 0);
+    std::vector<unsigned short> xb((size_t)x_rows * n_in);
+    const long long words = (long long)x_rows * n_in / 2;
+    for (unsigned bx = 0; bx < (unsigned)((words + DIRECT_ROUND_THREADS - 1) / DIRECT_ROUND_THREADS); ++bx) {
+        blockIdx = EsDim3{bx, 0, 0};
+        blockDim = EsDim3{DIRECT_ROUND_THREADS, 1, 1};
+        gridDim = EsDim3{(unsigned)((words + DIRECT_ROUND_THREADS - 1) / DIRECT_ROUND_THREADS), 1, 1};
+        run_block(DIRECT_ROUND_THREADS, [&] { moe_round_x_direct(x.data(), (unsigned int*)xb.data(), x_rows, n_in); });
+    }
+    if (argc > 4) {
+        fwrite(xb.data(), sizeof(unsigned short), xb.size(), stdout);
+        return 0;
+    }
+    const int max_tiles = (n_pairs + tile_m - 1) / tile_m + n_expert + 1;
+    std::vector<int> scratch(MOE_SCRATCH_HEADER + 3 * max_tiles + n_pairs);
+    std::vector<float> y((size_t)n_pairs * n_out, NAN);
+    blockIdx = EsDim3{0, 0, 0};
+    blockDim = EsDim3{MOE_GROUP_THREADS, 1, 1};
+    run_block(MOE_GROUP_THREADS, [&] {
+        moe_group_by_expert(ids.data(), scratch.data(), n_pairs, n_expert, tile_m, max_tiles);
+    });
+    Plain plain[] = {%s};
+    GateUp gate_up[] = {%s};
+    const int per_block = mode == 2 ? MOE_TILE_N / 2 : MOE_TILE_N;
+    for (unsigned by = 0; by < (unsigned)max_tiles; ++by) {
+        for (unsigned bx = 0; bx < (unsigned)(n_out + per_block - 1) / per_block; ++bx) {
+            blockIdx = EsDim3{bx, by, 0};
+            blockDim = EsDim3{MOE_DIRECT_THREADS, 1, 1};
+            run_block(MOE_DIRECT_THREADS, [&] {
+                if (mode == 2) {
+                    gate_up[kernel](w.data(), w2.data(), xb.data(), scratch.data(), y.data(), n_expert, n_out, n_in,
+                                    top_k, x_per_slot, max_tiles);
+                } else {
+                    plain[kernel](w.data(), xb.data(), scratch.data(), y.data(), n_expert, n_out, n_in, top_k,
+                                  x_per_slot, max_tiles, mode == 1 ? route.data() : nullptr);
+                }
+            });
+        }
+    }
+    fwrite(y.data(), sizeof(float), y.size(), stdout);
+    return 0;
+}
+"""
+
+KERNELS = [(t, tile) for t in DIRECT_TYPES for tile in layout.DIRECT_TILES]
+PLAIN, ROUTED, GATE_UP = 0, 1, 2
+
+
+@pytest.fixture(scope="module")
+def direct_kernels(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if CXX is None:
+        pytest.skip("no C++ compiler (c++, g++ or clang++) on PATH")
+    source = kernel_source(DIRECT_TYPES)
+    simt_part = source[: source.index('extern "C" __global__ void moe_swiglu(')]
+    mma_part = source[source.index("// mul_mat_id on matrix cores") :]
+    names = [
+        ", ".join(FORMATS[t].direct_kernel_name(tile, gate_up) for t, tile in KERNELS) for gate_up in (False, True)
+    ]
+    folder = tmp_path_factory.mktemp("direct_kernels")
+    (folder / "kernels.cpp").write_text(_PRELUDE + simt_part + mma_part + _DRIVER % tuple(names))
+    build = subprocess.run(
+        [CXX, "-std=c++17", "-O1", "-o", str(folder / "kernels"), str(folder / "kernels.cpp")],
+        capture_output=True,
+        text=True,
+    )
+    assert build.returncode == 0, build.stderr[-4000:]
+    return folder / "kernels"
+
+
+def _run(binary: Path, args: list[str], data: bytes) -> bytes:
+    return subprocess.run([str(binary), *args], input=data, capture_output=True, check=True).stdout
+
+
+def run_direct(
+    binary: Path,
+    w_type: GGMLQuantizationType,
+    tile: TileM,
+    mode: int,
+    tensors: list[np.ndarray],
+    x: np.ndarray,
+    ids: np.ndarray,
+    n_expert: int,
+    n_out: int,
+    n_in: int,
+    route: np.ndarray | None = None,
+) -> np.ndarray:
+    n_tokens, top_k = ids.shape
+    header = struct.pack("7i", n_expert, n_out, n_in, n_tokens, top_k, int(x.ndim == 3), tensors[0].nbytes)
+    data = header + b"".join(t.tobytes() for t in tensors)
+    data += np.ascontiguousarray(x, np.float32).tobytes() + ids.astype(np.int32).tobytes()
+    if route is not None:
+        data += np.ascontiguousarray(route, np.float32).tobytes()
+    out = _run(binary, [str(KERNELS.index((w_type, tile))), str(int(tile)), str(mode)], data)
+    return np.frombuffer(out, np.float32).reshape(n_tokens, top_k, n_out)
+
+
+def _problem(rng: np.random.Generator, w_type: GGMLQuantizationType) -> tuple[int, int, int, np.ndarray]:
+    # n_out 150: two blocks of 128 rows (three of 64 outputs for gate/up), the last partial; n_in
+    # 256 (four k steps) padded to 512, so the padding tail is read.
+    n_expert, n_out, n_in, n_tokens, top_k = 4, 150, 256, 21, 3
+    ids = np.stack([rng.choice(n_expert, top_k, replace=False) for _ in range(n_tokens)]).astype(np.int32)
+    ids[4, 1] = n_expert  # an id out of range: its row is NaN
+    return n_expert, n_out, n_in, ids
+
+
+@pytest.mark.parametrize("w_type", DIRECT_TYPES, ids=lambda t: t.name)
+def test_direct_kernels_match_reference_and_agree_across_tiles(
+    direct_kernels: Path, rng: np.random.Generator, w_type: GGMLQuantizationType
+) -> None:
+    n_expert, n_out, n_in, ids = _problem(rng, w_type)
+    n_tokens, top_k = ids.shape
+    bad = ids >= n_expert
+    w = ref.random_weights(rng, w_type, n_expert * n_out, n_in)
+    for x_per_slot in (False, True):
+        x = rng.standard_normal((n_tokens, top_k, n_in) if x_per_slot else (n_tokens, n_in)).astype(np.float32)
+        expected = ref.mul_mat_id(w, w_type, n_expert, n_out, n_in, x, ids)
+        results = []
+        for tile in layout.DIRECT_TILES:
+            y = run_direct(
+                direct_kernels, w_type, tile, PLAIN, [with_tail(w, w_type, n_in)], x, ids, n_expert, n_out, n_in
+            )
+            assert np.isnan(y[bad]).all(), f"m{int(tile)}: rows of bad ids are not NaN"
+            assert np.isfinite(y[~bad]).all(), f"m{int(tile)}: outputs unwritten or not finite"
+            err = ref.relative_error(y[~bad], expected[~bad])
+            assert err < ref.mul_mat_id_rtol(MatrixPath.MMA), f"m{int(tile)}: relative error {err:.3g}"
+            results.append(y)
+        assert all(r.tobytes() == results[0].tobytes() for r in results), "tiles disagree"
+
+
+@pytest.mark.parametrize("w_type", DIRECT_TYPES, ids=lambda t: t.name)
+def test_gate_up_and_routed_epilogues(
+    direct_kernels: Path, rng: np.random.Generator, w_type: GGMLQuantizationType
+) -> None:
+    """gate_up gives silu(gate) * up of the plain kernel's outputs, and the routed kernel each pair's
+    weight times them, with the float32 operations of moe_swiglu and moe_weighted_sum."""
+    n_expert, n_out, n_in, ids = _problem(rng, w_type)
+    n_tokens, top_k = ids.shape
+    good = ids < n_expert
+    gate, up = (with_tail(ref.random_weights(rng, w_type, n_expert * n_out, n_in), w_type, n_in) for _ in range(2))
+    x = rng.standard_normal((n_tokens, n_in)).astype(np.float32)
+    tile = TileM.SHORT
+    g, u = (run_direct(direct_kernels, w_type, tile, PLAIN, [t], x, ids, n_expert, n_out, n_in) for t in (gate, up))
+    fused = run_direct(direct_kernels, w_type, tile, GATE_UP, [gate, up], x, ids, n_expert, n_out, n_in)
+    with np.errstate(over="ignore"):
+        expected = (g / (np.float32(1) + np.exp(-g)) * u).astype(np.float32)
+    assert np.isnan(fused[~good]).all()
+    np.testing.assert_allclose(fused[good], expected[good], rtol=1e-6, atol=1e-6)
+    route = rng.uniform(0.1, 1.0, ids.shape).astype(np.float32)
+    routed = run_direct(direct_kernels, w_type, tile, ROUTED, [gate], x, ids, n_expert, n_out, n_in, route)
+    assert routed[good].tobytes() == (route[..., None] * g)[good].tobytes()
+    assert np.isnan(routed[~good]).all()
+    tall = run_direct(direct_kernels, w_type, TileM.TALLEST, GATE_UP, [gate, up], x, ids, n_expert, n_out, n_in)
+    assert tall.tobytes() == fused.tobytes()
+
+
+def test_rounded_activations_are_the_twins_bytes(direct_kernels: Path, rng: np.random.Generator) -> None:
+    """moe_round_x_direct and twins.round_x_direct agree bit for bit (ties to even included), and the
+    twin's inverse gives back the rounded values in element order."""
+    n_rows, n_in = 5, 128
+    x = (rng.standard_normal((n_rows, n_in)) * np.exp(rng.uniform(-30, 30, (n_rows, 1)))).astype(np.float32)
+    x[1, :8] = np.array([1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), 2**-140, 0, -0.0, 3e38, -3e38], np.float32)
+    header = struct.pack("7i", 1, 1, n_in, n_rows, 1, 0, 0)
+    got = _run(direct_kernels, ["0", "32", "0", "rounded"], header + x.tobytes() + np.zeros(n_rows, np.int32).tobytes())
+    got_bits = np.frombuffer(got, np.uint16).reshape(n_rows, n_in)
+    assert got_bits.tobytes() == twins.round_x_direct(x).tobytes()
+    back = twins.unround_x_direct(got_bits, n_in)
+    assert back.tobytes() == twins.round_to_bf16(x).tobytes()
