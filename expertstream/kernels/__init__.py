@@ -426,7 +426,9 @@ class MoeKernels(Closing):
         self._group(stream, ids, scratch_view, n_pairs, n_expert, tile_m, tiles)
         gate_up = len(weights) == 2
         outputs_per_block = layout.TILE_N // 2 if gate_up else layout.TILE_N
-        tail: tuple[BufferView | np.uint64, ...] = () if gate_up else (route_weights if route_weights is not None else np.uint64(0),)
+        tail: tuple[BufferView | np.uint64, ...] = ()
+        if not gate_up:
+            tail = (route_weights if route_weights is not None else np.uint64(0),)
         stream.launch(
             self.kernel(name),
             (-(-n_out // outputs_per_block), tiles),
@@ -471,6 +473,35 @@ class MoeKernels(Closing):
         )
         grid = (-(-n // layout.ELEMENTWISE_THREADS), min(n_tokens, layout.MAX_GRID_Y))
         stream.launch(self.kernel("moe_weighted_sum"), grid, layout.ELEMENTWISE_THREADS, args)
+
+    def combine(
+        self,
+        stream: Stream,
+        y: ViewLike,
+        weights: ViewLike | None,
+        extra: ViewLike | None,
+        hidden: ViewLike,
+        n_tokens: int,
+        top_k: int,
+        n: int,
+    ) -> None:
+        """hidden[t, :] += sum over k ascending of weights[t, k] * y[t, k, :] (of y[t, k, :] where
+        ``weights`` is None: rows mul_mat_id's route_weights already scaled), + extra[t, :] if given."""
+        call = "MoeKernels.combine"
+        positive(call, n_tokens=n_tokens, top_k=top_k, n=n)
+        _fits_int32(call, y=n_tokens * top_k * n)
+        null = np.uint64(0)
+        args = (
+            view(call, "y", y, n_tokens * top_k * n * 4, 4),
+            null if weights is None else view(call, "weights", weights, n_tokens * top_k * 4, 4),
+            null if extra is None else view(call, "extra", extra, n_tokens * n * 4, 4),
+            view(call, "hidden", hidden, n_tokens * n * 4, 4),
+            _i32(n_tokens),
+            _i32(top_k),
+            _i32(n),
+        )
+        grid = (-(-n // layout.ELEMENTWISE_THREADS), min(n_tokens, layout.MAX_GRID_Y))
+        stream.launch(self.kernel("moe_combine"), grid, layout.ELEMENTWISE_THREADS, args)
 
     def router_topk(
         self,

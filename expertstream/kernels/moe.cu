@@ -1387,6 +1387,30 @@ extern "C" __global__ void moe_weighted_sum(const float* __restrict__ y, const f
     }
 }
 
+// The end of an MoE layer: hidden[t, i] += sum over k = 0..top_k-1, in that order, of
+// weights[t, k] * y[t, k, i] (as moe_weighted_sum sums), or of y[t, k, i] where weights is null
+// (rows the routing weights already scale), plus extra[t, i] (a shared expert's output) where
+// extra is not null.
+extern "C" __global__ void moe_combine(const float* __restrict__ y, const float* __restrict__ weights,
+                                       const float* __restrict__ extra, float* __restrict__ hidden, int n_tokens,
+                                       int top_k, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) {
+        return;
+    }
+    for (int t = blockIdx.y; t < n_tokens; t += gridDim.y) {
+        float acc = 0.0f;
+        for (int k = 0; k < top_k; ++k) {
+            const float v = y[((long long)t * top_k + k) * n + i];
+            acc = weights ? fmaf(weights[t * top_k + k], v, acc) : acc + v;
+        }
+        if (extra) {
+            acc += extra[(long long)t * n + i];
+        }
+        hidden[(long long)t * n + i] += acc;
+    }
+}
+
 // Total order for top-k: a larger logit wins, equal logits go to the lower id, NaN loses
 // to any number; an empty candidate (id < 0) never wins.
 __device__ bool router_better(float v, int e, float best_v, int best_e) {

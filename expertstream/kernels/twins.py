@@ -369,6 +369,30 @@ def _weighted_sum_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
         out += w[:, k] * y[:, k]
 
 
+# args: y, weights (or 0), extra (or 0), hidden, n_tokens, top_k, n
+
+
+def _combine_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
+    y_bytes, w_bytes, extra_bytes, hidden_bytes, n_tokens, top_k, n = args
+    n_tokens, top_k, n = int(n_tokens), int(top_k), int(n)
+    y = y_bytes.view(np.float32).reshape(n_tokens, top_k, n)
+    acc = np.zeros((n_tokens, n), np.float32)
+    for k in range(top_k):  # ascending k, as the kernel sums
+        if isinstance(w_bytes, np.ndarray):
+            acc += w_bytes.view(np.float32).reshape(n_tokens, top_k, 1)[:, k] * y[:, k]
+        else:
+            acc += y[:, k]
+    if isinstance(extra_bytes, np.ndarray):
+        acc += extra_bytes.view(np.float32).reshape(n_tokens, n)
+    hidden = hidden_bytes.view(np.float32).reshape(n_tokens, n)
+    hidden += acc
+
+
+def _combine_accesses(args: Args) -> Sequence[Access]:
+    reads = [Access(_as_view(a), write=False) for a in (*args[:3], args[3]) if not isinstance(a, np.generic)]
+    return [*reads, Access(_as_view(args[3]), write=True)]
+
+
 def _router_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
     x_bytes, r_bytes, ids_bytes, w_bytes, n_tokens, n_embd, n_expert, top_k = args
     x = x_bytes.view(np.float32).reshape(int(n_tokens), int(n_embd))
@@ -459,6 +483,14 @@ def twin_specs() -> list[KernelSpec]:
             _weighted_sum_run,
             _reads_then_writes(2, 1),
             lambda args: 2.0 * int(args[3]) * int(args[4]) * int(args[5]),
+        )
+    )
+    specs.append(
+        KernelSpec(
+            "moe_combine",
+            _combine_run,
+            _combine_accesses,
+            lambda args: 2.0 * int(args[4]) * int(args[5]) * int(args[6]),
         )
     )
     specs.append(

@@ -693,16 +693,20 @@ def _kernels(
                     y.view(0, pairs * expert.n_out * 4),
                 )
 
-            # The grouping kernel, and on the int8 path the activation quantizer before it.
+            # The grouping kernel, and before it the activation quantizer on the int8 path or the
+            # bf16 rounding of the direct kernels.
             quantized = kernels.path_for(expert.w_type) is layout.MatrixPath.INT8
+            rounded = kernels.uses_direct(expert.w_type, expert.n_in)
             time(
-                kernels.mul_mat_id_kernel(expert.w_type, pairs, n_expert),
+                kernels.mul_mat_id_kernel(expert.w_type, pairs, n_expert, expert.n_in),
                 mul_mat_id,
                 2.0 * pairs * expert.n_out * expert.n_in,
                 shape=(expert.n_out, expert.n_in),
                 size=pairs / n_expert,
-                launches=3 if quantized else 2,
-                other_flops=float(pairs) + (3.0 * x_rows * expert.n_in if quantized else 0.0),
+                launches=3 if quantized or rounded else 2,
+                other_flops=float(pairs)
+                + (3.0 * x_rows * expert.n_in if quantized else 0.0)
+                + (float(x_rows * expert.n_in) if rounded else 0.0),
             )
     return rows
 

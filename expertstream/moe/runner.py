@@ -1,6 +1,6 @@
 """MoE prefill and decode of a GGUF model through the scheduler, on one device or a layer split.
 
-Each layer is four splits, in this order for every ubatch of tokens:
+Each layer is four splits (three where gate and up fuse), in this order for every ubatch of tokens:
 
 - ``router``: a weightless RMS norm of the hidden state (a stand-in for attention and
   normalization, see standin.py), then the architecture's routing (moe/arch.py) with the
@@ -10,9 +10,16 @@ Each layer is four splits, in this order for every ubatch of tokens:
 - ``gate``: mul_mat_id over the layer's gate experts (+ per-expert biases where the file has them);
 - ``up``: mul_mat_id over the up experts (+ biases), then SwiGLU (gpt-oss: its clamped form);
 - ``down``: mul_mat_id over the down experts (one input row per token and slot, + biases), the
-  routing-weighted sum over slots, the shared expert where the file has one (a dense FFN of
-  device-resident weights, run as mul_mat_id over one expert, with qwen2moe's sigmoid gate),
-  and the residual add into the hidden state.
+  shared expert where the file has one (a dense FFN of device-resident weights, run as
+  mul_mat_id over one expert, with qwen2moe's sigmoid gate), then one kernel (combine) for the
+  routing-weighted sum over slots, the shared expert's output and the residual add into the
+  hidden state.
+
+Where the device's kernels decode the expert type straight into matrix fragments
+(MoeKernels.uses_direct: Q4_0 and Q4_K on NVIDIA sm_80+), the down projection scales each row
+by its routing weight as it writes it, so combine only adds the slots up; and, asked for with
+``fuse_gate_up`` where the layer has plain SwiGLU and no expert biases, one ``gate_up`` split
+reads both tensors and writes SwiGLU's output in one pass (the same bytes as the two splits).
 
 The routing ids come from the router split before the three expert splits that read them,
 and each (layer, ubatch) has its own ids, so the stock path's ids read-back is right and the
@@ -147,7 +154,6 @@ class _Scratch:
             "up": pairs * model.n_ff * 4,
             "act": pairs * model.n_ff * 4,
             "down": pairs * model.n_embd * 4,
-            "moe": rows * model.n_embd * 4,
         }
         self.buffers: dict[str, DeviceBuffer] = {}
         try:
@@ -335,8 +341,13 @@ class MoeRunner(Closing):
         *,
         seed: int = 0,
         matrix_path: MatrixPath | None = None,
+        fuse_gate_up: bool = False,
     ) -> None:
         self.devices: tuple[Device, ...] = (devices,) if isinstance(devices, Device) else tuple(devices)
+        # One gate_up split per layer where the kernels can (fuses_gate_up). Off by default: the
+        # split's two tensors take two staging slots at once, so with fewer than 3 slots one of them
+        # falls back to the stock copy (the scheduler counts it as too_many_inputs).
+        self.fuse_gate_up = fuse_gate_up
         for device in self.devices:
             check_path(device, matrix_path)
         self.model = model
@@ -468,23 +479,46 @@ class MoeRunner(Closing):
         n_ids = tokens.count * model.top_k
         stand_in_ids = None if self.data else stand_in_routing(self.seed, first, tokens.count, layer.index, model)
         router = Input(ROUTER, layer.router.nbytes, device_data=tokens.part.routers[layer.index])
+
+        def split(roles: tuple[str, ...], compute: Callable[[_Tokens, TensorInfo, Stream, Bindings], None]) -> Split:
+            infos = [getattr(layer, role) for role in roles]
+            return Split(
+                f"{'_'.join(roles)}.{name}",
+                tokens.part.device,
+                tuple(_expert_input(role, info, experts[info.name]) for role, info in zip(roles, infos, strict=True)),
+                functools.partial(compute, tokens, infos[0]),
+                MulMatId(tokens.ids, n_ids, model.n_expert, roles, stand_in_ids),
+            )
+
+        first_splits = (
+            [split((GATE, UP), self._gate_up)]
+            if self._fuses_gate_up(tokens.part, layer)
+            else [
+                split((GATE,), self._gate),
+                split((UP,), self._up),
+            ]
+        )
         return [
             Split(f"router.{name}", tokens.part.device, (router,), functools.partial(self._route, tokens)),
-            *(
-                Split(
-                    f"{role}.{name}",
-                    tokens.part.device,
-                    (_expert_input(role, info, experts[info.name]),),
-                    functools.partial(compute, tokens, info),
-                    MulMatId(tokens.ids, n_ids, model.n_expert, (role,), stand_in_ids),
-                )
-                for role, info, compute in (
-                    (GATE, layer.gate, self._gate),
-                    (UP, layer.up, self._up),
-                    (DOWN, layer.down, self._down),
-                )
-            ),
+            *first_splits,
+            split((DOWN,), self._down),
         ]
+
+    def fuses_gate_up(self) -> bool:
+        """Whether any layer runs gate, up and SwiGLU as one split (see the module's docstring)."""
+        return any(self._fuses_gate_up(self._part_of[layer.index], layer) for layer in self.model.layers)
+
+    def _fuses_gate_up(self, part: _Part, layer: MoeLayer) -> bool:
+        """Whether gate, up and SwiGLU of ``layer`` run as one pass (MoeKernels.gate_up) on ``part``."""
+        gate, up = layer.gate, layer.up
+        return (
+            self.fuse_gate_up
+            and gate.qtype == up.qtype
+            and gate.ne == up.ne
+            and self.ffn.ffn.activation is Activation.SILU
+            and part.extras[layer.index].expert_bias is None
+            and part.kernels.uses_direct(gate.qtype, gate.ne[0])
+        )
 
     # -- what each split enqueues ------------------------------------------------------------
     def _route(self, tokens: _Tokens, stream: Stream, bindings: Bindings) -> None:
@@ -577,7 +611,7 @@ class MoeRunner(Closing):
         )
 
     def _shared_expert(self, stream: Stream, tokens: _Tokens, shared: _SharedExpert) -> None:
-        """moe += the shared expert's FFN of x (times sigmoid(x . gate_inp) where gated)."""
+        """shared_down = the shared expert's FFN of x (times sigmoid(x . gate_inp) where gated)."""
         model, scratch = self.model, tokens.part.scratch()
         ids = tokens.part.zero_ids.view(0, tokens.count * 4)
         for role, info, x, y in (
@@ -616,29 +650,47 @@ class MoeRunner(Closing):
                 model.n_embd,
                 model.n_embd,
             )
-        standin.add_inplace(
-            tokens.part.kernels, stream, scratch.view("moe", tokens.hidden.nbytes), out, tokens.count * model.n_embd
+
+    def _gate_up(self, tokens: _Tokens, info: TensorInfo, stream: Stream, bindings: Bindings) -> None:
+        n_in, n_out, n_expert = info.ne[0], info.ne[1], info.ne[2]
+        scratch, pairs = tokens.part.scratch(), tokens.count * self.model.top_k
+        tokens.part.kernels.gate_up(
+            stream,
+            bindings[GATE],
+            bindings[UP],
+            info.qtype,
+            n_expert,
+            n_out,
+            n_in,
+            scratch.view("x", tokens.count * n_in * 4),
+            tokens.ids,
+            tokens.count,
+            self.model.top_k,
+            scratch.view("act", pairs * n_out * 4),
         )
 
     def _down(self, tokens: _Tokens, info: TensorInfo, stream: Stream, bindings: Bindings) -> None:
         model, scratch = self.model, tokens.part.scratch()
-        self._mul_mat_id(stream, bindings[DOWN], info, tokens, "act", True, "down")
-        self._add_expert_bias(stream, tokens, DOWN, "down", model.n_embd)
         pairs = tokens.count * model.top_k
-        moe = scratch.view("moe", tokens.hidden.nbytes)
-        tokens.part.kernels.weighted_sum(
+        route_weights = scratch.view("route_weights", pairs * 4)
+        biases = tokens.part.extras[tokens.layer].expert_bias
+        # Rows scaled as the kernel writes them, where it can and no bias is added after it.
+        routed = tokens.part.kernels.uses_direct(info.qtype, info.ne[0]) and not (biases and DOWN in biases)
+        self._mul_mat_id(stream, bindings[DOWN], info, tokens, "act", True, "down", route_weights if routed else None)
+        self._add_expert_bias(stream, tokens, DOWN, "down", model.n_embd)
+        shared = tokens.part.extras[tokens.layer].shared
+        if shared is not None:
+            self._shared_expert(stream, tokens, shared)
+        tokens.part.kernels.combine(
             stream,
             scratch.view("down", pairs * model.n_embd * 4),
-            scratch.view("route_weights", pairs * 4),
-            moe,
+            None if routed else route_weights,
+            None if shared is None else scratch.view("shared_down", tokens.hidden.nbytes),
+            tokens.hidden,
             tokens.count,
             model.top_k,
             model.n_embd,
         )
-        shared = tokens.part.extras[tokens.layer].shared
-        if shared is not None:
-            self._shared_expert(stream, tokens, shared)
-        standin.add_inplace(tokens.part.kernels, stream, tokens.hidden, moe, tokens.count * model.n_embd)
         if tokens.send is not None:
             tokens.send.send(stream)
 
@@ -651,6 +703,7 @@ class MoeRunner(Closing):
         x: str,
         x_per_slot: bool,
         y: str,
+        route_weights: BufferView | None = None,
     ) -> None:
         n_in, n_out, n_expert = info.ne[0], info.ne[1], info.ne[2]
         pairs = tokens.count * self.model.top_k
@@ -669,6 +722,7 @@ class MoeRunner(Closing):
             tokens.count,
             self.model.top_k,
             scratch.view(y, pairs * n_out * 4),
+            route_weights=route_weights,
         )
 
     # -- outputs -------------------------------------------------------------------------------

@@ -23,11 +23,16 @@ from expertstream.kernels.layout import MatrixPath, TileM, weight_format
 from . import tensors
 from .tensors import ALL_TYPES, QUANTIZED, Shape
 
+# Every path; the bf16 one both through the shared-tile kernels of mma.cu and (for the types that
+# have them, on devices with mma_fragments) through the direct kernels of direct.cu.
+FAMILIES = [(MatrixPath.SIMT, False), (MatrixPath.MMA, False), (MatrixPath.MMA, True), (MatrixPath.INT8, False)]
 
-@pytest.fixture(scope="module", params=list(MatrixPath), ids=lambda p: p.value)
+
+@pytest.fixture(scope="module", params=FAMILIES, ids=["simt", "mma", "direct", "int8"])
 def kernels(device: Device, request: pytest.FixtureRequest) -> Iterator[MoeKernels]:
-    """Either path on any device: where the hardware lacks matrix cores, mma.cu's generic step runs."""
-    with MoeKernels(device, request.param) as k:
+    """Any path on any device: where the hardware lacks matrix cores, mma.cu's generic step runs."""
+    path, direct = request.param
+    with MoeKernels(device, path, direct=direct) as k:
         yield k
         device.synchronize()
 

@@ -105,8 +105,9 @@ def test_trace_is_a_chrome_trace_of_copies_and_kernels(
     events = json.loads(trace.read_text())["traceEvents"]
     kinds = {e.get("cat") for e in events}
     assert {"h2d", "kernel"} <= kinds
-    # Q4_0 experts, on either mul_mat_id path, at any tile height
-    assert any(re.fullmatch(r"moe_mul_mat_id_(mma_|int8_)?q4_0_m\d+", e.get("name", "")) for e in events)
+    # Q4_0 experts, on any mul_mat_id kernel family, at any tile height
+    pattern = r"moe_(mul_mat_id|gate_up)_(mma_|int8_|direct_)?q4_0_m\d+"
+    assert any(re.fullmatch(pattern, e.get("name", "")) for e in events)
 
 
 def test_timing_only_full_scale_overlaps_copies(capsys: pytest.CaptureFixture[str]) -> None:

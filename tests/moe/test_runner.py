@@ -48,6 +48,26 @@ def test_prefill_is_identical_for_every_slot_count_and_host_memory(backend: Back
     assert set(hashes.values()) == {resident}, hashes
 
 
+def test_fused_gate_up_gives_the_same_bytes_in_fewer_splits(backend: Backend, tiny_path: Path) -> None:
+    device = backend.device(0)
+    with (
+        MoeModel.open(tiny_path) as model,
+        HostWeights.open(model, device, "pinned") as weights,
+        MoeRunner(device, model, PREFILL) as plain,
+        MoeRunner(device, model, PREFILL, fuse_gate_up=True) as fused,
+    ):
+        if not fused.fuses_gate_up():
+            pytest.skip(f"{device.label} has no direct kernel for {model.layers[0].gate.qtype.name}")
+        assert not plain.fuses_gate_up()
+        names = [s.name.split(".")[0] for s in fused.prefill_plan(weights).splits]
+        assert names.count("gate_up") == 4 and "gate" not in names and "up" not in names
+        for slots in (0, 3):
+            with Scheduler(slots=slots) as scheduler:
+                stats = scheduler.run(fused.prefill_plan(weights))
+            assert not any(d.fallbacks for d in stats.devices.values()), stats
+            assert sha256(fused.prefill_output()) == sha256(_prefill(plain, weights, slots)[0])
+
+
 def test_outputs_depend_on_the_inputs(backend: Backend, tiny_path: Path) -> None:
     device = backend.device(0)
     with MoeModel.open(tiny_path) as model, HostWeights.open(model, device, "pinned") as weights:

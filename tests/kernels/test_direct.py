@@ -1,0 +1,94 @@
+"""The direct-decode kernels (direct.cu) on every usable backend where they apply: mul_mat_id
+against the reference at every tile height, and their two fused epilogues against the launches
+they replace, to the bit (gate_up: mul_mat_id of gate and of up, then swiglu; route_weights:
+mul_mat_id, then each pair's weight times its row, as moe_weighted_sum multiplies).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType
+
+from expertstream.backends.base import Device, Stream
+from expertstream.errors import InvalidArgument
+from expertstream.kernels import MoeKernels
+from expertstream.kernels import reference as ref
+from expertstream.kernels.layout import DIRECT_TILES, FORMATS, MatrixPath
+
+from . import tensors
+from .tensors import Shape
+
+DIRECT_TYPES = [t for t, fmt in FORMATS.items() if fmt.direct]
+
+
+def _direct_kernels(kernels: MoeKernels, w_type: GGMLQuantizationType, n_in: int) -> None:
+    if not kernels.uses_direct(w_type, n_in):
+        pytest.skip(f"{kernels.device.label} takes no direct kernel for {w_type.name} (mma_fragments unset)")
+
+
+@pytest.mark.parametrize("w_type", DIRECT_TYPES, ids=lambda t: t.name)
+def test_tiles_match_reference_and_each_other(
+    device: Device, kernels: MoeKernels, stream: Stream, rng: np.random.Generator, w_type: GGMLQuantizationType
+) -> None:
+    shape = Shape(n_expert=5, n_out=200, n_in=768, n_tokens=40, top_k=4, x_per_slot=True)
+    _direct_kernels(kernels, w_type, shape.n_in)
+    problem = tensors.make_problem(device, rng, w_type, shape, tensors.distinct_ids(rng, 40, 4, np.arange(5)))
+    outputs = [tensors.run(kernels, stream, problem, tile_m=tile) for tile in DIRECT_TILES]
+    err = ref.relative_error(outputs[0], problem.reference())
+    assert err < ref.mul_mat_id_rtol(MatrixPath.MMA), err
+    assert all(y.tobytes() == outputs[0].tobytes() for y in outputs)
+
+
+@pytest.mark.parametrize("w_type", DIRECT_TYPES, ids=lambda t: t.name)
+def test_gate_up_and_route_weights_are_the_bytes_of_the_launches_they_replace(
+    device: Device, kernels: MoeKernels, stream: Stream, rng: np.random.Generator, w_type: GGMLQuantizationType
+) -> None:
+    shape = Shape(n_expert=6, n_out=136, n_in=512, n_tokens=25, top_k=3)
+    _direct_kernels(kernels, w_type, shape.n_in)
+    ids = tensors.distinct_ids(rng, shape.n_tokens, shape.top_k, np.arange(6))
+    gate = tensors.make_problem(device, rng, w_type, shape, ids)
+    up = tensors.make_problem(device, rng, w_type, shape, ids)
+    up.x_buf.write(gate.x)  # both read the gate problem's activations
+    n = shape.n_pairs * shape.n_out
+    g, u = (tensors.run(kernels, stream, p) for p in (gate, up))
+    with device.upload(g) as g_buf, device.upload(u) as u_buf, tensors.poisoned(device, n * 4) as act:
+        kernels.swiglu(stream, g_buf, u_buf, act, n)
+        stream.synchronize()
+        expected = act.read().view(np.float32)
+    with tensors.poisoned(device, n * 4) as y:
+        kernels.gate_up(
+            stream, gate.w_buf, up.w_buf, w_type, 6, shape.n_out, shape.n_in, gate.x_buf, gate.ids_buf, 25, 3, y
+        )
+        stream.synchronize()
+        assert y.read().view(np.float32).tobytes() == expected.tobytes()
+    route = rng.uniform(0.05, 1.0, (shape.n_tokens, shape.top_k)).astype(np.float32)
+    with device.upload(route) as route_buf, tensors.poisoned(device, n * 4) as y:
+        kernels.mul_mat_id(
+            stream,
+            gate.w_buf,
+            w_type,
+            6,
+            shape.n_out,
+            shape.n_in,
+            gate.x_buf,
+            False,
+            gate.ids_buf,
+            25,
+            3,
+            y,
+            route_weights=route_buf,
+        )
+        stream.synchronize()
+        routed = y.read().view(np.float32).reshape(g.shape)
+    assert routed.tobytes() == (route[..., None] * g).tobytes()
+
+
+def test_fused_calls_are_refused_where_no_direct_kernel_applies(device: Device, stream: Stream) -> None:
+    w_type = GGMLQuantizationType.Q8_0  # no direct kernel
+    with MoeKernels(device) as kernels, device.alloc(1 << 20) as buf:
+        assert not kernels.uses_direct(w_type, 512)
+        with pytest.raises(InvalidArgument, match="gate_up needs a direct-decode kernel"):
+            kernels.gate_up(stream, buf, buf, w_type, 2, 32, 512, buf, buf, 4, 2, buf)
+        with pytest.raises(InvalidArgument, match="route_weights needs a direct-decode kernel"):
+            kernels.mul_mat_id(stream, buf, w_type, 2, 32, 512, buf, False, buf, 4, 2, buf, route_weights=buf)
