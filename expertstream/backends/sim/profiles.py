@@ -276,6 +276,17 @@ _H200_MUL_MAT_ID_INT8 = {
 }
 
 
+# measured: the direct-decode mul_mat_id (direct.cu, its bf16 rounding pass included) and gate, up and
+# SwiGLU fused in one pass (rated on the work of both tensors), `python -m microbench.kernels --backend
+# cuda --types Q4_0 Q4_K --ubatch 512 2048 4096 --paths mma direct --tiles 32 64 128 --repeats 10` on
+# the H200, 2026-12-01 (docs/results/cuda-h200-kernels.md). Each ubatch row lists the tile the launcher
+# picks there: (ubatch, tile, gate/up, down, gate+up fused).
+_H200_MUL_MAT_ID_DIRECT = {
+    "Q4_0": ((512, 64, 28.8, 27.1, 44.7), (2048, 128, 78.6, 70.3, 90.6), (4096, 128, 114.2, 97.9, 121.1)),
+    "Q4_K": ((512, 64, 22.8, 21.9, 30.3), (2048, 128, 67.1, 54.1, 75.4), (4096, 128, 89.2, 76.0, 99.7)),
+}
+
+
 def _h200_kernel_rates() -> tuple[KernelRate, ...]:
     rates = []
     tables = (("", _H200_MUL_MAT_ID), ("mma_", _H200_MUL_MAT_ID_MMA), ("int8_", _H200_MUL_MAT_ID_INT8))
@@ -286,6 +297,13 @@ def _h200_kernel_rates() -> tuple[KernelRate, ...]:
                 pairs_per_expert = ubatch * 8 / 128
                 rates.append(KernelRate(kernel, (768, 2048), pairs_per_expert, gate_up * 1e12))
                 rates.append(KernelRate(kernel, (2048, 768), pairs_per_expert, down * 1e12))
+    for type_name, direct_rows in _H200_MUL_MAT_ID_DIRECT.items():
+        for ubatch, tile, gate_up, down, fused in direct_rows:
+            suffix = f"_direct_{type_name.lower()}_m{tile}"
+            pairs_per_expert = ubatch * 8 / 128
+            rates.append(KernelRate(f"moe_mul_mat_id{suffix}", (768, 2048), pairs_per_expert, gate_up * 1e12))
+            rates.append(KernelRate(f"moe_mul_mat_id{suffix}", (2048, 768), pairs_per_expert, down * 1e12))
+            rates.append(KernelRate(f"moe_gate_up{suffix}", (768, 2048), pairs_per_expert, fused * 1e12))
     return tuple(rates)
 
 
