@@ -24,58 +24,17 @@ from expertstream.kernels import kernel_source, layout, twins
 from expertstream.kernels import reference as ref
 from expertstream.kernels.layout import FORMATS, MatrixPath, TileM
 
-from .test_kernels_on_host import _PRELUDE, CXX, with_tail
+from .test_kernels_on_host import _FIBERS, _PRELUDE, CXX, with_tail
 
 DIRECT_TYPES = [fmt.qtype for fmt in FORMATS.values() if fmt.direct]
 
-_DRIVER = """
+_DRIVER = (
+    _FIBERS
+    + """
 typedef void (*Plain)(const unsigned char*, const unsigned short*, const int*, float*, int, int, int, int, int, int,
                       const float*);
 typedef void (*GateUp)(const unsigned char*, const unsigned char*, const unsigned short*, const int*, float*, int,
                        int, int, int, int, int);
-
-static const std::function<void()>* block_body;
-
-static void fiber_main() {
-    (*block_body)();
-    finished[current] = 1;
-}
-
-static std::mt19937 round_order_rng(2468);
-
-static void run_block(unsigned threads, const std::function<void()>& body) {
-    const size_t stack_bytes = 64 * 1024;
-    std::vector<char> stacks(threads * stack_bytes);
-    fibers.assign(threads, ucontext_t());
-    finished.assign(threads, 0);
-    block_body = &body;
-    for (unsigned t = 0; t < threads; ++t) {
-        getcontext(&fibers[t]);
-        fibers[t].uc_stack.ss_sp = stacks.data() + t * stack_bytes;
-        fibers[t].uc_stack.ss_size = stack_bytes;
-        fibers[t].uc_link = &scheduler;
-        makecontext(&fibers[t], fiber_main, 0);
-    }
-    std::vector<unsigned> order(threads);
-    for (unsigned t = 0; t < threads; ++t) order[t] = t;
-    for (unsigned left = threads; left > 0;) {
-        std::shuffle(order.begin(), order.end(), round_order_rng);
-        for (unsigned t : order) {
-            if (!finished[t]) {
-                current = t;
-                threadIdx = EsDim3{t, 0, 0};
-                swapcontext(&scheduler, &fibers[t]);
-                left -= finished[t];
-            }
-        }
-    }
-}
-
-template <typename T> static std::vector<T> read_array(size_t n) {
-    std::vector<T> v(n);
-    if (n && fread(v.data(), sizeof(T), n, stdin) != n) exit(2);
-    return v;
-}
 
 // argv: kernel index, tile height, mode (0 plain, 1 routed, 2 gate/up), [rounded]: write the
 // rounded activations instead of the outputs.
@@ -135,6 +94,7 @@ int main(int argc, char** argv) {
     return 0;
 }
 """
+)
 
 KERNELS = [(t, tile) for t in DIRECT_TYPES for tile in layout.DIRECT_TILES]
 PLAIN, ROUTED, GATE_UP = 0, 1, 2

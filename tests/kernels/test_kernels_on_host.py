@@ -60,11 +60,8 @@ using std::min;
 #define __launch_bounds__(...)
 """
 
-_DRIVER = """
-typedef void (*MulMatId)(const unsigned char*, const float*, const int*, float*, int, int, int, int, int, int);
-typedef void (*MulMatIdInt8)(const unsigned char*, const unsigned char*, const int*, float*, int, int, int, int, int,
-                             int);
-
+# The block runner and stdin reader both host drivers share.
+_FIBERS = """
 static const std::function<void()>* block_body;
 
 static void fiber_main() {
@@ -106,9 +103,18 @@ static void run_block(unsigned threads, const std::function<void()>& body) {
 
 template <typename T> static std::vector<T> read_array(size_t n) {
     std::vector<T> v(n);
-    if (fread(v.data(), sizeof(T), n, stdin) != n) exit(2);
+    if (n && fread(v.data(), sizeof(T), n, stdin) != n) exit(2);
     return v;
 }
+
+"""
+
+_DRIVER = (
+    _FIBERS
+    + """
+typedef void (*MulMatId)(const unsigned char*, const float*, const int*, float*, int, int, int, int, int, int);
+typedef void (*MulMatIdInt8)(const unsigned char*, const unsigned char*, const int*, float*, int, int, int, int, int,
+                             int);
 
 int main(int argc, char** argv) {
     const int kernel = atoi(argv[1]);
@@ -168,6 +174,7 @@ int main(int argc, char** argv) {
     return 0;
 }
 """
+)
 
 KERNELS = [(fmt.qtype, path, tile) for fmt in FORMATS.values() for path in MatrixPath for tile in fmt.tiles_on(path)]
 FLOAT_KERNELS = [k for k in KERNELS if k[1] is not MatrixPath.INT8]
