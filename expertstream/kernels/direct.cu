@@ -85,6 +85,12 @@ extern "C" __global__ void __launch_bounds__(DIRECT_ROUND_THREADS)
 
 template <int TYPE> struct Direct;
 
+// The float value of a small unsigned integer q (< 2^23) without an integer-to-float conversion
+// (a slow unit): 2^23 + q built from its bits, minus 2^23, both exact.
+__device__ float small_uint_to_float(unsigned int q) {
+    return bits_to_float(0x4B000000u | q) - 8388608.0f;
+}
+
 // Two 32-element blocks per step: d, then qs[16] whose byte j holds element j (low nibble) and
 // j + 16 (high). Lane c reads qs bytes 4c .. 4c+3 (two 16-bit units: blocks are 2-byte aligned).
 template <> struct Direct<ES_TYPE_Q4_0> {
@@ -107,9 +113,9 @@ template <> struct Direct<ES_TYPE_Q4_0> {
             float hi[4];
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                const int q = (int)((s.q[blk] >> (8 * i)) & 0xffu);
-                lo[i] = d * (float)((q & 0xf) - 8);
-                hi[i] = d * (float)((q >> 4) - 8);
+                const unsigned int q = s.q[blk] >> (8 * i);
+                lo[i] = d * (small_uint_to_float(q & 0xfu) - 8.0f);
+                hi[i] = d * (small_uint_to_float((q >> 4) & 0xfu) - 8.0f);
             }
             b[4 * blk + 0] = pack_bf16x2(lo[0], lo[1]);
             b[4 * blk + 1] = pack_bf16x2(lo[2], lo[3]);
@@ -167,8 +173,7 @@ template <> struct Direct<ES_TYPE_Q4_K> {
                 float v[4];
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
-                    const int q = (int)((s.q[word] >> (8 * i + 4 * half)) & 0xfu);
-                    v[i] = d * (float)q - dm;
+                    v[i] = d * small_uint_to_float((s.q[word] >> (8 * i + 4 * half)) & 0xfu) - dm;
                 }
                 b[2 * (2 * half + word) + 0] = pack_bf16x2(v[0], v[1]);
                 b[2 * (2 * half + word) + 1] = pack_bf16x2(v[2], v[3]);
