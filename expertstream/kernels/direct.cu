@@ -50,7 +50,6 @@
 // Must match expertstream/kernels/layout.py.
 #define MOE_DIRECT_THREADS 128
 #define DIRECT_K 64                 // elements per k step
-#define DIRECT_LDK (DIRECT_K + 8)   // bf16 per shared activation row: 144 bytes, conflict-free for ldmatrix
 #define DIRECT_WARPS (MOE_DIRECT_THREADS / 32)
 #define DIRECT_GROUPS 4             // n8 groups per warp: 32 weight rows
 #define DIRECT_ROUND_THREADS 256
@@ -78,9 +77,11 @@ extern "C" __global__ void __launch_bounds__(DIRECT_ROUND_THREADS)
 }
 
 // ---------------------------------------------------------------------------------
-// Per-type fragment decoding. Staged holds what one lane reads for one k step of one weight
-// row; decode turns it into the B fragments of the step's four 16-element chunks:
-// b[2j], b[2j + 1] are the (b0, b1) registers of chunk j (elements 16j .. 16j+15 of the step).
+// Per-type fragment decoding. A warp stages, per k step, STEP_WORDS 32-bit words of each of its
+// 32 weight rows in shared memory: word w of a row comes from byte offset(ks, w) of the row.
+// decode(row, c, b) turns the staged words of one row into lane c's B fragments of the step's
+// four 16-element chunks: b[2j], b[2j + 1] are the (b0, b1) registers of chunk j (elements
+// 16j .. 16j+15 of the step).
 // ---------------------------------------------------------------------------------
 
 template <int TYPE> struct Direct;
@@ -91,31 +92,28 @@ __device__ float small_uint_to_float(unsigned int q) {
     return bits_to_float(0x4B000000u | q) - 8388608.0f;
 }
 
-// Two 32-element blocks per step: d, then qs[16] whose byte j holds element j (low nibble) and
-// j + 16 (high). Lane c reads qs bytes 4c .. 4c+3 (two 16-bit units: blocks are 2-byte aligned).
+// Two 32-element blocks per step (36 bytes, 4-byte aligned: rows hold whole pairs of blocks): d,
+// then qs[16] whose byte j holds element j (low nibble) and j + 16 (high). Lane c takes qs bytes
+// 4c .. 4c+3 of each block: elements 4c .. 4c+3 (chunk 2 blk) and 16 + 4c .. (chunk 2 blk + 1).
 template <> struct Direct<ES_TYPE_Q4_0> {
-    struct Staged {
-        unsigned int d;     // block 0's d in the low half, block 1's in the high
-        unsigned int q[2];  // qs bytes 4c .. 4c+3 of each block
-    };
-    __device__ static void load(Staged& s, const unsigned char* __restrict__ row, int ks, int c) {
-        const unsigned short* b0 = (const unsigned short*)(row + (2 * ks) * 18);
-        const unsigned short* b1 = b0 + 9;
-        s.d = (unsigned int)b0[0] | ((unsigned int)b1[0] << 16);
-        s.q[0] = (unsigned int)b0[1 + 2 * c] | ((unsigned int)b0[2 + 2 * c] << 16);
-        s.q[1] = (unsigned int)b1[1 + 2 * c] | ((unsigned int)b1[2 + 2 * c] << 16);
+    static const int STEP_WORDS = 9;
+    __device__ static int offset(int ks, int w) {
+        return 36 * ks + 4 * w;
     }
-    __device__ static void decode(const Staged& s, unsigned int* b) {
+    __device__ static void decode(const unsigned int* row, int c, unsigned int* b) {
 #pragma unroll
         for (int blk = 0; blk < 2; ++blk) {
-            const float d = half_to_float((s.d >> (16 * blk)) & 0xffffu);
+            // Block 0 starts at byte 0 (d in the low half of word 0, qs from byte 2), block 1 at byte
+            // 18 (d in the high half of word 4, qs from byte 20: word 5).
+            const float d = half_to_float(blk == 0 ? row[0] & 0xffffu : row[4] >> 16);
+            const unsigned int q = blk == 0 ? (row[c] >> 16) | (row[c + 1] << 16) : row[5 + c];
             float lo[4];
             float hi[4];
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                const unsigned int q = s.q[blk] >> (8 * i);
-                lo[i] = d * (small_uint_to_float(q & 0xfu) - 8.0f);
-                hi[i] = d * (small_uint_to_float((q >> 4) & 0xfu) - 8.0f);
+                const unsigned int byte = q >> (8 * i);
+                lo[i] = d * (small_uint_to_float(byte & 0xfu) - 8.0f);
+                hi[i] = d * (small_uint_to_float((byte >> 4) & 0xfu) - 8.0f);
             }
             b[4 * blk + 0] = pack_bf16x2(lo[0], lo[1]);
             b[4 * blk + 1] = pack_bf16x2(lo[2], lo[3]);
@@ -125,55 +123,45 @@ template <> struct Direct<ES_TYPE_Q4_0> {
     }
 };
 
-// One 64-element group g = ks % 4 of a 256-element block per step: d, dmin, scales[12], then
-// qs[128] whose byte 32g + l holds element 64g + l (low nibble, sub-block 2g) and 64g + 32 + l
-// (high, sub-block 2g + 1). Lane c reads words 4c and 16 + 4c of the group: chunks 0 and 2,
-// then 1 and 3.
+// One 64-element group g = ks % 4 of a 256-element block per step. Staged: the block's d, dmin and
+// scales[12] (words 0-3), then the group's 32 qs bytes (words 4-11), whose byte l holds element
+// 64g + l (low nibble, sub-block 2g) and 64g + 32 + l (high, sub-block 2g + 1). Lane c takes
+// words 4 + c (chunks 0 and 2) and 8 + c (chunks 1 and 3).
 template <> struct Direct<ES_TYPE_Q4_K> {
-    struct Staged {
-        unsigned int dm;        // d | dmin << 16
-        unsigned int scales[3];
-        unsigned int q[2];
-        int group;
-    };
-    __device__ static void load(Staged& s, const unsigned char* __restrict__ row, int ks, int c) {
-        const unsigned int* block = (const unsigned int*)(row + (ks / 4) * 144);
-        s.group = ks % 4;
-        s.dm = block[0];
-        s.scales[0] = block[1];
-        s.scales[1] = block[2];
-        s.scales[2] = block[3];
-        s.q[0] = block[4 + 8 * s.group + c];
-        s.q[1] = block[4 + 8 * s.group + 4 + c];
+    static const int STEP_WORDS = 12;
+    __device__ static int offset(int ks, int w) {
+        return (ks / 4) * 144 + (w < 4 ? 4 * w : 16 + 32 * (ks % 4) + 4 * (w - 4));
     }
-    __device__ static int scale_byte(const Staged& s, int i) {
-        return (int)((s.scales[i / 4] >> (8 * (i % 4))) & 0xffu);
+    __device__ static int scale_byte(const unsigned int* row, int i) {
+        return (int)((row[1 + i / 4] >> (8 * (i % 4))) & 0xffu);
     }
-    // k4_scale_min's arithmetic on the scales held in registers.
-    __device__ static void scale_min(const Staged& s, int j, int* sc, int* m) {
+    // k4_scale_min's arithmetic on the staged scales.
+    __device__ static void scale_min(const unsigned int* row, int j, int* sc, int* m) {
         if (j < 4) {
-            *sc = scale_byte(s, j) & 63;
-            *m = scale_byte(s, j + 4) & 63;
+            *sc = scale_byte(row, j) & 63;
+            *m = scale_byte(row, j + 4) & 63;
         } else {
-            const int high = scale_byte(s, j + 4);
-            *sc = (high & 0xf) | ((scale_byte(s, j - 4) >> 6) << 4);
-            *m = (high >> 4) | ((scale_byte(s, j) >> 6) << 4);
+            const int high = scale_byte(row, j + 4);
+            *sc = (high & 0xf) | ((scale_byte(row, j - 4) >> 6) << 4);
+            *m = (high >> 4) | ((scale_byte(row, j) >> 6) << 4);
         }
     }
-    __device__ static void decode(const Staged& s, unsigned int* b) {
+    __device__ static void decode(const unsigned int* row, int c, int ks, unsigned int* b) {
+        const int group = ks % 4;
 #pragma unroll
         for (int half = 0; half < 2; ++half) {  // sub-block 2g + half: the low, then the high nibbles
             int sc;
             int m;
-            scale_min(s, 2 * s.group + half, &sc, &m);
-            const float d = half_to_float(s.dm & 0xffffu) * (float)sc;
-            const float dm = half_to_float(s.dm >> 16) * (float)m;
+            scale_min(row, 2 * group + half, &sc, &m);
+            const float d = half_to_float(row[0] & 0xffffu) * (float)sc;
+            const float dm = half_to_float(row[0] >> 16) * (float)m;
 #pragma unroll
             for (int word = 0; word < 2; ++word) {  // chunk 2 * half + word
+                const unsigned int q = row[4 + 4 * word + c];
                 float v[4];
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
-                    v[i] = d * small_uint_to_float((s.q[word] >> (8 * i + 4 * half)) & 0xfu) - dm;
+                    v[i] = d * small_uint_to_float((q >> (8 * i + 4 * half)) & 0xfu) - dm;
                 }
                 b[2 * (2 * half + word) + 0] = pack_bf16x2(v[0], v[1]);
                 b[2 * (2 * half + word) + 1] = pack_bf16x2(v[2], v[3]);
@@ -182,15 +170,31 @@ template <> struct Direct<ES_TYPE_Q4_K> {
     }
 };
 
+// Q4_0's decode needs no step index; one signature for both.
+__device__ void direct_decode(Direct<ES_TYPE_Q4_0>, const unsigned int* row, int c, int, unsigned int* b) {
+    Direct<ES_TYPE_Q4_0>::decode(row, c, b);
+}
+__device__ void direct_decode(Direct<ES_TYPE_Q4_K>, const unsigned int* row, int c, int ks, unsigned int* b) {
+    Direct<ES_TYPE_Q4_K>::decode(row, c, ks, b);
+}
+
 // ---------------------------------------------------------------------------------
-// The matrix step: acc (16 x 8, C fragment) += A (16 x 16 activations, row-major in shared
-// memory with rows of DIRECT_LDK bf16) times the B fragment (b0, b1).
+// The activation tile: TILE_M rows of DIRECT_K bf16 (128 bytes, eight 16-byte parts), part h of
+// row r stored at part h ^ (r % 8), so that the eight rows one ldmatrix phase reads hit distinct
+// banks without padding.
 // ---------------------------------------------------------------------------------
+
+__device__ int direct_x_at(int row, int part) {
+    return row * DIRECT_K + ((part ^ (row % 8)) * 8);
+}
+
+// The matrix step: acc (16 x 8, C fragment) += A (activation rows first_row .. +15, elements
+// 16 chunk .. +15 of the step) times the B fragment (b0, b1).
 
 #if defined(DIRECT_NVIDIA)
 
-__device__ void direct_load_a(unsigned int* a, const unsigned short* tile, int lane) {
-    ldmatrix_x4(a, tile + (lane % 16) * DIRECT_LDK + (lane / 16) * 8);
+__device__ void direct_load_a(unsigned int* a, const unsigned short* tile, int first_row, int chunk, int lane) {
+    ldmatrix_x4(a, tile + direct_x_at(first_row + lane % 16, 2 * chunk + lane / 16));
 }
 
 __device__ void direct_mma(float* c, const unsigned int* a, unsigned int b0, unsigned int b1) {
@@ -199,6 +203,10 @@ __device__ void direct_mma(float* c, const unsigned int* a, unsigned int b0, uns
 
 __device__ void direct_copy16(unsigned short* to, const unsigned short* from) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(shared_address(to)), "l"(from) : "memory");
+}
+
+__device__ void direct_copy4(unsigned int* to, const unsigned char* from) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(shared_address(to)), "l"(from) : "memory");
 }
 
 __device__ void direct_copies_commit() {
@@ -212,15 +220,13 @@ __device__ void direct_copies_wait() {
 #else  // DIRECT_GENERIC
 
 // a0..a3 of mma.sync's A fragment, read from the tile by each lane itself.
-__device__ void direct_load_a(unsigned int* a, const unsigned short* tile, int lane) {
-    const int g = lane / 4;
+__device__ void direct_load_a(unsigned int* a, const unsigned short* tile, int first_row, int chunk, int lane) {
+    const int top = first_row + lane / 4;
     const int c = lane % 4;
-    const unsigned int* top = (const unsigned int*)(tile + g * DIRECT_LDK);
-    const unsigned int* bottom = (const unsigned int*)(tile + (g + 8) * DIRECT_LDK);
-    a[0] = top[c];
-    a[1] = bottom[c];
-    a[2] = top[4 + c];
-    a[3] = bottom[4 + c];
+    a[0] = *(const unsigned int*)(tile + direct_x_at(top, 2 * chunk) + 2 * c);
+    a[1] = *(const unsigned int*)(tile + direct_x_at(top + 8, 2 * chunk) + 2 * c);
+    a[2] = *(const unsigned int*)(tile + direct_x_at(top, 2 * chunk + 1) + 2 * c);
+    a[3] = *(const unsigned int*)(tile + direct_x_at(top + 8, 2 * chunk + 1) + 2 * c);
 }
 
 __shared__ unsigned int direct_exchange_a[DIRECT_WARPS][32][4];
@@ -264,6 +270,10 @@ __device__ void direct_copy16(unsigned short* to, const unsigned short* from) {
     t[3] = f[3];
 }
 
+__device__ void direct_copy4(unsigned int* to, const unsigned char* from) {
+    *to = *(const unsigned int*)from;
+}
+
 __device__ void direct_copies_commit() {}
 
 __device__ void direct_copies_wait() {}
@@ -301,8 +311,11 @@ __device__ void mul_mat_id_direct_tile(const unsigned char* __restrict__ w, cons
     typedef Direct<TYPE> D;
     const int M_BLOCKS = TILE_M / 16;
     const int X_COPIES = TILE_M * (DIRECT_K / 8) / MOE_DIRECT_THREADS;  // 16-byte copies per thread and step
+    const int W_WORDS = 32 * D::STEP_WORDS;                               // staged words per warp and step
+    const int W_COPIES = (W_WORDS + 31) / 32;                             // 4-byte copies per lane and step
 
-    __shared__ __attribute__((aligned(16))) unsigned short x_tile[2][TILE_M * DIRECT_LDK];
+    __shared__ __attribute__((aligned(16))) unsigned short x_tile[2][TILE_M * DIRECT_K];
+    __shared__ unsigned int w_stage[2][DIRECT_WARPS][W_WORDS];
     __shared__ int src_row[TILE_M];
     __shared__ int dst_row[TILE_M];
     __shared__ float tail[MOE_TILE_N];
@@ -328,13 +341,31 @@ __device__ void mul_mat_id_direct_tile(const unsigned char* __restrict__ w, cons
         tail[tid] = inside ? padding_tail<TYPE>(row, n_in) : 0.0f;  // read after the k loop's barriers
     }
 
-    // This lane's weight row in each of its warp's four n8 groups.
-    const unsigned char* rows[DIRECT_GROUPS];
+    // Each warp stages the words of its own 32 weight rows, coalesced: copy r of a lane is word
+    // (lane + 32 r) % STEP_WORDS of row (lane + 32 r) / STEP_WORDS. Where it comes from is fixed
+    // but for the step: a byte offset within its tensor's expert (the up tensor's when bit 31 is
+    // set), which offset(ks, word) moves per step.
+    unsigned int w_from[W_COPIES];
 #pragma unroll
-    for (int j = 0; j < DIRECT_GROUPS; ++j) {
+    for (int r = 0; r < W_COPIES; ++r) {
+        const int i = min(lane + 32 * r, W_WORDS - 1);
         bool inside;
-        rows[j] = direct_row<GATE_UP>(w_expert, w2_expert, 32 * warp + 8 * j + lane / 4, n0, n_out, row_bytes, &inside);
+        const int tile_row = 32 * warp + i / D::STEP_WORDS;
+        const unsigned char* row = direct_row<GATE_UP>(w_expert, w2_expert, tile_row, n0, n_out, row_bytes, &inside);
+        const bool second = GATE_UP && (tile_row % 32) >= 16;
+        w_from[r] = (unsigned int)(row - (second ? w2_expert : w_expert)) | (second ? 0x80000000u : 0u);
     }
+    auto copy_w = [&](int ks, int buf) {
+#pragma unroll
+        for (int r = 0; r < W_COPIES; ++r) {
+            const int i = lane + 32 * r;
+            if (W_WORDS % 32 == 0 || i < W_WORDS) {
+                const unsigned char* base = (w_from[r] & 0x80000000u) ? w2_expert : w_expert;
+                direct_copy4(&w_stage[buf][warp][i],
+                             base + (w_from[r] & 0x7fffffffu) + D::offset(ks, i % D::STEP_WORDS));
+            }
+        }
+    };
     // Where each of this thread's activation copies comes from; empty slots read the tile's first pair.
     const unsigned short* x_from[X_COPIES];
     int x_to[X_COPIES];
@@ -345,13 +376,14 @@ __device__ void mul_mat_id_direct_tile(const unsigned char* __restrict__ w, cons
         const int part = q % (DIRECT_K / 8);
         const int src = src_row[m] >= 0 ? src_row[m] : src_row[0];
         x_from[r] = xb + (long long)src * n_in + 8 * part;
-        x_to[r] = m * DIRECT_LDK + 8 * part;
+        x_to[r] = direct_x_at(m, part);
     }
-    auto copy_x = [&](int ks, int buf) {
+    auto copy_step = [&](int ks, int buf) {
 #pragma unroll
         for (int r = 0; r < X_COPIES; ++r) {
             direct_copy16(x_tile[buf] + x_to[r], x_from[r] + ks * DIRECT_K);
         }
+        copy_w(ks, buf);
         direct_copies_commit();
     };
 
@@ -367,38 +399,27 @@ __device__ void mul_mat_id_direct_tile(const unsigned char* __restrict__ w, cons
         }
     }
 
-    typename D::Staged staged[DIRECT_GROUPS];
-    copy_x(0, 0);
-#pragma unroll
-    for (int j = 0; j < DIRECT_GROUPS; ++j) {
-        D::load(staged[j], rows[j], 0, lane % 4);
-    }
+    copy_step(0, 0);
     for (int ks = 0; ks < k_steps; ++ks) {
         const int buf = ks & 1;
         direct_copies_wait();
-        // This step's activations are in for every thread, and every warp is done with the
-        // other buffer (read in the previous step), which the next copies overwrite.
+        // This step's activations and weights are in for every thread, and every warp is done with
+        // the other buffers (read in the previous step), which the next copies overwrite.
         __syncthreads();
         if (ks + 1 < k_steps) {
-            copy_x(ks + 1, buf ^ 1);
+            copy_step(ks + 1, buf ^ 1);
         }
         unsigned int b[DIRECT_GROUPS][8];
 #pragma unroll
         for (int j = 0; j < DIRECT_GROUPS; ++j) {
-            D::decode(staged[j], b[j]);
-        }
-        if (ks + 1 < k_steps) {
-#pragma unroll
-            for (int j = 0; j < DIRECT_GROUPS; ++j) {
-                D::load(staged[j], rows[j], ks + 1, lane % 4);  // in flight during the products
-            }
+            direct_decode(D(), &w_stage[buf][warp][(8 * j + lane / 4) * D::STEP_WORDS], lane % 4, ks, b[j]);
         }
 #pragma unroll
         for (int chunk = 0; chunk < DIRECT_K / 16; ++chunk) {
 #pragma unroll
             for (int i = 0; i < M_BLOCKS; ++i) {
                 unsigned int a[4];
-                direct_load_a(a, x_tile[buf] + i * 16 * DIRECT_LDK + chunk * 16, lane);
+                direct_load_a(a, x_tile[buf], 16 * i, chunk, lane);
 #pragma unroll
                 for (int j = 0; j < DIRECT_GROUPS; ++j) {
                     direct_mma(acc[i][j], a, b[j][2 * chunk], b[j][2 * chunk + 1]);
