@@ -230,6 +230,18 @@ def register(subparsers: Any) -> None:
         "(activations quantized per 32-block; Q4_0 and Q4_K, other types take mma); auto: each type's "
         "default on the device (default: %(default)s)",
     )
+    prefill.add_argument(
+        "--no-direct",
+        action="store_true",
+        help="on the mma path, keep Q4_0 and Q4_K on the shared-tile kernels instead of the ones that decode "
+        "weights straight into matrix fragments (NVIDIA sm_80+)",
+    )
+    prefill.add_argument(
+        "--fuse-gate-up",
+        action="store_true",
+        help="gate, up and SwiGLU as one split per layer where the direct kernels apply; the split takes two "
+        "staging slots at once, so use slots >= 3",
+    )
     prefill.add_argument("--seed", type=int, default=0, help="seed of the input embeddings (and of a made model)")
     prefill.add_argument("-o", "--output-format", choices=FORMATS, default="text", help="how to print the rows")
     prefill.add_argument("--json", action="store_true", help="the same as -o json")
@@ -498,6 +510,8 @@ def _settings(args: argparse.Namespace, batching: Batching, n_cpu_moe: int | Non
         n_cpu_moe=n_cpu_moe,
         gpu_memory=args.gpu_memory,
         matrix_path=None if args.matrix_path == "auto" else MatrixPath(args.matrix_path),
+        direct=not args.no_direct,
+        fuse_gate_up=args.fuse_gate_up,
     )
 
 

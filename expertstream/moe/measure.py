@@ -44,6 +44,8 @@ class Settings:
     n_cpu_moe: int | None = None  # experts of the first N MoE layers stream; None: all, unless gpu_memory
     gpu_memory: GpuMemory | None = None  # stream only as many leading layers as needed to fit the rest
     matrix_path: MatrixPath | None = None  # mul_mat_id's path for every type; None: each type's default
+    direct: bool = True  # the direct-decode kernels where they apply (MoeKernels.direct)
+    fuse_gate_up: bool = False  # gate, up and SwiGLU as one split where the kernels can (MoeRunner)
 
 
 Progress = Callable[[str], None]
@@ -210,7 +212,15 @@ def measure(
     ``h2d_peak_gbps`` reuses a peak measured before (one per device set is enough for a matrix of
     runs). Several devices split the layers between them (layersplit.py).
     """
-    with MoeRunner(devices, model, settings.batching, seed=settings.seed, matrix_path=settings.matrix_path) as runner:
+    with MoeRunner(
+        devices,
+        model,
+        settings.batching,
+        seed=settings.seed,
+        matrix_path=settings.matrix_path,
+        direct=settings.direct,
+        fuse_gate_up=settings.fuse_gate_up,
+    ) as runner:
         split = runner.layer_split
         peak = h2d_peak_gbps or measure_h2d_peak(backend, split.devices, probe_bytes(model))
         compute_s, all_layers, compute_sha = measure_compute_only(

@@ -200,13 +200,14 @@ class _Part(Closing):
         seed: int,
         first: bool,
         matrix_path: MatrixPath | None,
+        direct: bool = True,
     ) -> None:
         self.device = device
         self.model = model
         self.batching = batching
         self.data = device.backend.holds_data
         self.position = {index: i for i, index in enumerate(layers)}  # layer index -> its place on this device
-        self.kernels = MoeKernels(device, matrix_path)
+        self.kernels = MoeKernels(device, matrix_path, direct=direct)
         self._buffers: list[DeviceBuffer] = []
         self._scratch: _Scratch | None = None
         try:
@@ -342,8 +343,10 @@ class MoeRunner(Closing):
         seed: int = 0,
         matrix_path: MatrixPath | None = None,
         fuse_gate_up: bool = False,
+        direct: bool = True,
     ) -> None:
         self.devices: tuple[Device, ...] = (devices,) if isinstance(devices, Device) else tuple(devices)
+        # direct: whether the MMA path takes direct.cu's kernels where they apply (MoeKernels.direct).
         # One gate_up split per layer where the kernels can (fuses_gate_up). Off by default: the
         # split's two tensors take two staging slots at once, so with fewer than 3 slots one of them
         # falls back to the stock copy (the scheduler counts it as too_many_inputs).
@@ -364,7 +367,16 @@ class MoeRunner(Closing):
             for i, device in enumerate(self.devices):
                 layers = self.layer_split.layers[device]
                 self._parts.append(
-                    _Part(device, model, batching, layers, seed=seed, first=i == 0, matrix_path=matrix_path)
+                    _Part(
+                        device,
+                        model,
+                        batching,
+                        layers,
+                        seed=seed,
+                        first=i == 0,
+                        matrix_path=matrix_path,
+                        direct=direct,
+                    )
                 )
             row = model.n_embd * 4
             bounce = (batching.tokens * row, batching.decode_steps * row)
