@@ -43,8 +43,10 @@
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define DIRECT_NVIDIA 1
+#define DIRECT_UNROLL _Pragma("unroll")
 #else
 #define DIRECT_GENERIC 1
+#define DIRECT_UNROLL  // the generic matrix step holds barriers, which loops around it cannot be unrolled over
 #endif
 
 // Must match expertstream/kernels/layout.py.
@@ -414,13 +416,13 @@ __device__ void mul_mat_id_direct_tile(const unsigned char* __restrict__ w, cons
         for (int j = 0; j < DIRECT_GROUPS; ++j) {
             direct_decode(D(), &w_stage[buf][warp][(8 * j + lane / 4) * D::STEP_WORDS], lane % 4, ks, b[j]);
         }
-#pragma unroll
+        DIRECT_UNROLL
         for (int chunk = 0; chunk < DIRECT_K / 16; ++chunk) {
-#pragma unroll
+            DIRECT_UNROLL
             for (int i = 0; i < M_BLOCKS; ++i) {
                 unsigned int a[4];
                 direct_load_a(a, x_tile[buf], 16 * i, chunk, lane);
-#pragma unroll
+                DIRECT_UNROLL
                 for (int j = 0; j < DIRECT_GROUPS; ++j) {
                     direct_mma(acc[i][j], a, b[j][2 * chunk], b[j][2 * chunk + 1]);
                 }
