@@ -16,6 +16,12 @@ otherwise. ``MoeKernels(device, path)`` asks for one path for every type (types 
 int8 kernel take MMA when INT8 is asked for); ``path_for`` says which one a type takes. On
 one device and path, outputs are byte-identical however the pairs are grouped into tiles.
 
+On the MMA path, Q4_0 and Q4_K rows (of a multiple of 64 elements) take the direct-decode kernels
+of direct.cu where the device has ``Capabilities.mma_fragments`` (NVIDIA sm_80+), whatever the
+number of pairs (``uses_direct``; ``MoeKernels(device, direct=False)`` keeps the shared-tile
+kernels). Only those kernels have the fused forms: ``gate_up`` (gate, up and SwiGLU in one pass)
+and mul_mat_id's ``route_weights`` (each row scaled by its pair's routing weight).
+
 Shapes (all float32 unless noted, row-major, contiguous):
 
 - ``mul_mat_id``: w [n_expert][n_out][n_in] of ``w_type`` (layout.FORMATS lists the
@@ -24,6 +30,8 @@ Shapes (all float32 unless noted, row-major, contiguous):
   y [n_tokens, top_k, n_out]. Ids outside [0, n_expert) give NaN rows, never a stray read.
 - ``swiglu``: out[i] = silu(gate[i]) * up[i] for n elements.
 - ``weighted_sum``: out[t, :] = sum_k weights[t, k] * y[t, k, :] (k ascending).
+- ``combine``: hidden[t, :] += sum_k weights[t, k] * y[t, k, :] (or sum_k y[t, k, :] without
+  weights) + extra[t, :] (a shared expert's output, optional): the end of an MoE layer.
 - ``router_topk``: logits = x @ router^T with router [n_expert, n_embd]; ids int32
   [n_tokens, top_k] of the largest logits, descending, ties to the lower id; weights
   [n_tokens, top_k] = softmax over the selected logits.
