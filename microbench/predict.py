@@ -30,6 +30,7 @@ value and names the fields it had to take.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import functools
 import json
@@ -158,6 +159,8 @@ def document(run: Run) -> dict[str, Any]:
         "profile": run.tuned.document() if run.tuned else run.profile_document,
         "decode_step_s_for_tune": run.tuned.decode_step_s if run.tuned else run.header.get("decode_step_s_for_tune"),
         "tune_phases_s": run.tuned.phases_s if run.tuned else run.header.get("tune_phases_s"),
+        # The ring probes' raw timings, which the ring rows' predictions are fitted to.
+        "tune_ring": _ring_timings(run.tuned) if run.tuned else run.header.get("tune_ring"),
         "free_bytes": run.free_bytes,
         "timings_s": run.timings,
         "rows": [row_checks(m, p) for m, p in run.rows],
@@ -358,6 +361,16 @@ def replay(folder: Path, out: Path | None) -> dict[str, Any]:
                 _write(run, out)
     run.timings["total"] = time.perf_counter() - started
     return _write(run, out)
+
+
+def _ring_timings(tuned: Tuned) -> dict[str, Any]:
+    m = tuned.measurements
+    small = m.ring_small
+    return {
+        "ring_bytes_per_s": m.ring_bytes_per_s,
+        "small_copy": None if small is None else dataclasses.asdict(small),
+        "host_copies": [dataclasses.asdict(h) for h in m.host_copies],
+    }
 
 
 def _inferred_path(profile: dict[str, Any]) -> dict[str, Any]:
