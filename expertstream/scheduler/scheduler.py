@@ -68,6 +68,7 @@ class Scheduler(Closing):
         self._stock: dict[Device, StockCopier] = {}
         self._prefetch: dict[Device, PrefetchSlots] = {}
         self._prefetch_off: set[Device] = set()  # devices whose prefetch failed; stock path until slots change
+        self._told_too_many_inputs = False  # said once in the log; the stats count every time
         self.last_stats = RunStats()
 
     # -- configuration -------------------------------------------------------------------
@@ -258,6 +259,17 @@ class Scheduler(Closing):
         room = self._slots - 1  # one slot is always held by the split computing now
         if len(eligible) > room > 0:
             stats.fallbacks[Fallback.TOO_MANY_INPUTS] += len(eligible) - room
+            if not self._told_too_many_inputs:
+                self._told_too_many_inputs = True
+                log.warning(
+                    "split %s reads %d prefetchable inputs but %d slots leave room for %d: the rest take the "
+                    "stock copy (counted as too_many_inputs; use at least %d slots)",
+                    split.name,
+                    len(eligible),
+                    self._slots,
+                    room,
+                    len(eligible) + 1,
+                )
             eligible = eligible[:room]
         if eligible and split.device in self._prefetch_off:
             stats.fallbacks[Fallback.DISABLED] += len(eligible)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -61,18 +62,21 @@ def _settled_free_memory(backend: Backend, cycle: Callable[[], None]) -> tuple[i
 
 
 @pytest.mark.parametrize("slots", [2, 3, 8])
-def test_too_many_inputs_take_the_stock_path(backend: Backend, slots: int) -> None:
+def test_too_many_inputs_take_the_stock_path(backend: Backend, slots: int, caplog: pytest.LogCaptureFixture) -> None:
     inputs_per_split, n_splits = 4, 5
     built = plans.build_splits(backend, [[_spec()] * inputs_per_split for _ in range(n_splits)], seed=31)
     try:
-        with Scheduler(slots=slots) as sched:
-            stats = sched.run(built.plan).device(backend.device(0).label)
+        with Scheduler(slots=slots) as sched, caplog.at_level(logging.WARNING, "expertstream.scheduler"):
+            for _ in range(2):
+                stats = sched.run(built.plan).device(backend.device(0).label)
         built.check()
         room = slots - 1  # one slot is always the computing split's
         prefetched = min(inputs_per_split, room)
         assert stats.consumed == stats.fires == n_splits * prefetched
         assert stats.fallbacks[Fallback.TOO_MANY_INPUTS] == n_splits * (inputs_per_split - prefetched)
         assert stats.stock_copies == n_splits * (inputs_per_split - prefetched)
+        said = [r for r in caplog.records if "too_many_inputs" in r.getMessage()]
+        assert len(said) == (1 if prefetched < inputs_per_split else 0)  # once, over both runs
     finally:
         built.close()
 
