@@ -330,6 +330,8 @@ class Report:
             "compute_only_all_layers": first.compute_only_all_layers,
             "compute_only_sha256": first.compute_only_sha256,
             "matrix_paths": self.results[0].matrix_paths,  # mul_mat_id's path per expert type
+            "kernel_families": self.results[0].kernel_families,  # and its kernels: the path, or "direct"
+            "gate_up_fused": self.results[0].gate_up_fused,
         }
         return as_json({**self.header, **baselines}, self.rows)
 
@@ -609,6 +611,10 @@ def _print_summary(report: Report) -> None:
         f"model: {model['arch']}, {model['n_layer']} layers, {model['n_expert']} experts, "
         f"top-{model['top_k']}, {model['expert_type']}, {model['expert_bytes'] / 1e9:.3f} GB of experts"
     )
+    if report.results:
+        first = report.results[0]
+        families = ", ".join(f"{name} {family}" for name, family in first.kernel_families.items())
+        print(f"expert kernels: {families}{'; gate, up and SwiGLU fused' if first.gate_up_fused else ''}")
     for result in report.results:
         base, row = result.baselines, result.rows[0]
         print(

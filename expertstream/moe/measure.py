@@ -78,6 +78,8 @@ class Measurement:
     baselines: Baselines
     rows: list[Row] = field(default_factory=list)
     matrix_paths: dict[str, str] = field(default_factory=dict)  # mul_mat_id's path per expert type name
+    kernel_families: dict[str, str] = field(default_factory=dict)  # its kernels: the path, or "direct"
+    gate_up_fused: bool = False  # whether gate, up and SwiGLU ran as one split
 
 
 def measure_h2d_peak(backend: Backend, devices: Device | Sequence[Device], nbytes: int) -> float:
@@ -227,7 +229,12 @@ def measure(
             backend, runner, settings.warmup, settings.repeats, progress
         )
         paths = {name: path.value for name, path in runner.matrix_path_by_type.items()}
-        result = Measurement(Baselines(peak, compute_s, all_layers, compute_sha), matrix_paths=paths)
+        result = Measurement(
+            Baselines(peak, compute_s, all_layers, compute_sha),
+            matrix_paths=paths,
+            kernel_families=runner.kernel_family_by_type,
+            gate_up_fused=runner.fuses_gate_up(),
+        )
         offload = plan_offload(
             model,
             split,

@@ -392,6 +392,19 @@ class MoeRunner(Closing):
         return self.layer_split.device_of(layer_index)
 
     @property
+    def kernel_family_by_type(self) -> dict[str, str]:
+        """The mul_mat_id kernels each expert type takes, by type name: its matrix path's name, or
+        "direct" where the bf16 path decodes the type straight into matrix fragments (direct.cu);
+        both, comma-separated, where the type's tensors differ (rows of other lengths)."""
+        kernels = self._parts[0].kernels
+        found: dict[str, set[str]] = {}
+        for layer in self.model.layers:
+            for info in layer.experts:
+                direct = kernels.uses_direct(info.qtype, info.ne[0])
+                found.setdefault(info.qtype.name, set()).add("direct" if direct else kernels.path_for(info.qtype).value)
+        return {name: ",".join(sorted(families)) for name, families in sorted(found.items())}
+
+    @property
     def matrix_path_by_type(self) -> dict[str, MatrixPath]:
         """The expert matmul path the kernels take for each of the model's expert types, by type name
         (one kind of device per run)."""

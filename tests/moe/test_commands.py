@@ -181,6 +181,25 @@ def test_matrix_path_is_chosen_and_reported(
     assert json.loads(out)["matrix_paths"] == {"Q4_0": taken}
 
 
+def test_direct_kernels_and_the_fused_gate_up_are_reported_and_give_the_same_bytes(
+    tiny_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    docs = {}
+    for flags in ((), ("--fuse-gate-up",), ("--no-direct",)):
+        code, out, _ = _prefill(
+            capsys, str(tiny_path), "--backend", "sim", "--sim-profile", "cuda-h200", *SMALL, "--slots", "0,3",
+            *flags, "--json",
+        )  # fmt: skip
+        assert code == 0
+        docs[flags] = json.loads(out)
+    assert docs[()]["kernel_families"] == {"Q4_0": "direct"} and not docs[()]["gate_up_fused"]
+    assert docs[("--fuse-gate-up",)]["gate_up_fused"]
+    assert docs[("--no-direct",)]["kernel_families"] == {"Q4_0": "mma"}
+    assert all(d["matrix_paths"] == {"Q4_0": "mma"} for d in docs.values())
+    hashes = {flags: {r["output_sha256"] for r in d["rows"]} for flags, d in docs.items()}
+    assert hashes[()] == hashes[("--fuse-gate-up",)] and len(hashes[()]) == 1
+
+
 def test_a_matrix_path_the_device_lacks_is_refused(tiny_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = _prefill(
         capsys, str(tiny_path), "--backend", "sim", "--sim-profile", "rocm-r9700", *SMALL, "--matrix-path", "int8"
