@@ -356,7 +356,8 @@ def _direct_rate_key_for(gate_up: bool) -> Any:
 
 def _swiglu_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
     gate, up, out = (a.view(np.float32) for a in args[:3])
-    out[:] = gate / (np.float32(1) + np.exp(-gate)) * up
+    with np.errstate(over="ignore"):  # exp(-gate) is inf for gate below about -88: silu is -0 there, as expf gives
+        out[:] = gate / (np.float32(1) + np.exp(-gate)) * up
 
 
 def _weighted_sum_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
