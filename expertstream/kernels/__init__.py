@@ -29,7 +29,7 @@ Shapes (all float32 unless noted, row-major, contiguous):
   [n_tokens, top_k, n_in] when ``x_per_slot``; ids int32 [n_tokens, top_k];
   y [n_tokens, top_k, n_out]. Ids outside [0, n_expert) give NaN rows, never a stray read.
 - ``swiglu``: out[i] = silu(gate[i]) * up[i] for n elements.
-- ``weighted_sum``: out[t, :] = sum_k weights[t, k] * y[t, k, :] (k ascending).
+- ``weighted_sum``: out[t, :] = sum_k weights[t, k] * y[t, k, :] (k ascending; combine into zeros).
 - ``combine``: hidden[t, :] += sum_k weights[t, k] * y[t, k, :] (or sum_k y[t, k, :] without
   weights) + extra[t, :] (a shared expert's output, optional): the end of an MoE layer.
 - ``router_topk``: logits = x @ router^T with router [n_expert, n_embd]; ids int32
@@ -48,6 +48,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator
 from importlib import resources
+from typing import Any
 
 import numpy as np
 
@@ -467,20 +468,11 @@ class MoeKernels(Closing):
     def weighted_sum(
         self, stream: Stream, y: ViewLike, weights: ViewLike, out: ViewLike, n_tokens: int, top_k: int, n: int
     ) -> None:
-        """out[t, :] = sum over k ascending of weights[t, k] * y[t, k, :]."""
-        call = "MoeKernels.weighted_sum"
-        positive(call, n_tokens=n_tokens, top_k=top_k, n=n)
-        _fits_int32(call, y=n_tokens * top_k * n)
-        args = (
-            view(call, "y", y, n_tokens * top_k * n * 4, 4),
-            view(call, "weights", weights, n_tokens * top_k * 4, 4),
-            view(call, "out", out, n_tokens * n * 4, 4),
-            _i32(n_tokens),
-            _i32(top_k),
-            _i32(n),
-        )
-        grid = (-(-n // layout.ELEMENTWISE_THREADS), min(n_tokens, layout.MAX_GRID_Y))
-        stream.launch(self.kernel("moe_weighted_sum"), grid, layout.ELEMENTWISE_THREADS, args)
+        """out[t, :] = sum over k ascending of weights[t, k] * y[t, k, :]: combine into a zeroed ``out``."""
+        args = self._combine_args("MoeKernels.weighted_sum", y, weights, None, ("out", out), n_tokens, top_k, n)
+        target = args[3]
+        stream.memset(target.buffer, target.offset, target.nbytes)
+        self._launch_combine(stream, args, n)
 
     def combine(
         self,
@@ -495,20 +487,36 @@ class MoeKernels(Closing):
     ) -> None:
         """hidden[t, :] += sum over k ascending of weights[t, k] * y[t, k, :] (of y[t, k, :] where
         ``weights`` is None: rows mul_mat_id's route_weights already scaled), + extra[t, :] if given."""
-        call = "MoeKernels.combine"
+        args = self._combine_args("MoeKernels.combine", y, weights, extra, ("hidden", hidden), n_tokens, top_k, n)
+        self._launch_combine(stream, args, n)
+
+    def _combine_args(
+        self,
+        call: str,
+        y: ViewLike,
+        weights: ViewLike | None,
+        extra: ViewLike | None,
+        target: tuple[str, ViewLike],
+        n_tokens: int,
+        top_k: int,
+        n: int,
+    ) -> tuple[Any, ...]:
+        """moe_combine's checked arguments; ``target`` is (its name for messages, the view added into)."""
         positive(call, n_tokens=n_tokens, top_k=top_k, n=n)
         _fits_int32(call, y=n_tokens * top_k * n)
         null = np.uint64(0)
-        args = (
+        return (
             view(call, "y", y, n_tokens * top_k * n * 4, 4),
             null if weights is None else view(call, "weights", weights, n_tokens * top_k * 4, 4),
             null if extra is None else view(call, "extra", extra, n_tokens * n * 4, 4),
-            view(call, "hidden", hidden, n_tokens * n * 4, 4),
+            view(call, target[0], target[1], n_tokens * n * 4, 4),
             _i32(n_tokens),
             _i32(top_k),
             _i32(n),
         )
-        grid = (-(-n // layout.ELEMENTWISE_THREADS), min(n_tokens, layout.MAX_GRID_Y))
+
+    def _launch_combine(self, stream: Stream, args: tuple[Any, ...], n: int) -> None:
+        grid = (-(-n // layout.ELEMENTWISE_THREADS), min(int(args[4]), layout.MAX_GRID_Y))
         stream.launch(self.kernel("moe_combine"), grid, layout.ELEMENTWISE_THREADS, args)
 
     def router_topk(

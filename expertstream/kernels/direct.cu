@@ -5,9 +5,9 @@
 // are generated from layout.FORMATS by kernel_source().
 //
 // The shared-tile kernels of mma.cu decode each weight row into a bf16 tile in shared memory and
-// then read it back into fragments: two barriers per 32 elements of k, every weight passing
-// through shared memory twice. Here each lane decodes the four weights of its own B fragment
-// from the quants in its registers, and only the activations go through shared memory:
+// then read it back into fragments: two barriers per 32 elements of k, every decoded weight
+// passing through shared memory. Here each lane decodes the four weights of its own B fragment
+// from one 32-bit word of quants, and no decoded weight is stored:
 //
 // - moe_round_x_direct, once per call, rounds the activations to bf16 (nearest even, as the
 //   shared-tile kernels round them) and writes each 16-element chunk of a row in fragment
@@ -15,11 +15,13 @@
 //   Fragment slots 2c, 2c+1, 2c+8, 2c+9 of a chunk (lane c = lane % 4) then hold elements
 //   4c .. 4c+3, the four consecutive elements whose nibbles lie in one 32-bit word of a Q4_0
 //   or Q4_K block: a lane reads one word per chunk pair and never shuffles.
-// - Per k step of DIRECT_K = 64 elements a block of 4 warps copies the step's activation rows
-//   (TILE_M x 64 bf16) into shared memory (cp.async on sm_80+, double-buffered, one barrier
-//   per step) while each lane holds the next step's quants of its weight rows in registers.
-//   Warp w owns weight rows 32w .. 32w+31 of the block's 128 in four n8 groups, and all TILE_M
+// - Warp w owns weight rows 32w .. 32w+31 of the block's 128 in four n8 groups, and all TILE_M
 //   activation rows, so each weight is decoded exactly once per block.
+// - Per k step of DIRECT_K = 64 elements the block copies the step's activation rows (TILE_M x
+//   64 bf16, 16-byte copies into a swizzled tile) and each warp the step's raw bytes of its own
+//   32 weight rows (coalesced 4-byte copies) into shared memory: cp.async on sm_80+,
+//   double-buffered, so the next step's copies run during this step's products, one barrier
+//   per step.
 // - A weight is decoded with the float32 operations of decode_slice (the same values as the
 //   shared-tile kernels), rounded to bf16 and multiplied on the matrix unit with float32
 //   accumulation, k steps ascending and the four chunks of a step in k order.
@@ -34,7 +36,7 @@
 //   value of the same output and writes silu(gate) * up, with moe_swiglu's float operations;
 //   a block covers 64 outputs.
 // - the down projection scaled by each pair's routing weight (route_weights): y = w[p] * (W x),
-//   with the multiplication moe_weighted_sum would do, which then only adds slots up.
+//   the multiplication combine would otherwise do, which then only adds the slots up.
 //
 // On other targets (and in the host test harness) the fragments are read from shared memory
 // lane by lane and the matrix step is taken by fp32 FMAs through a per-warp exchange in shared
@@ -81,7 +83,7 @@ extern "C" __global__ void __launch_bounds__(DIRECT_ROUND_THREADS)
 // ---------------------------------------------------------------------------------
 // Per-type fragment decoding. A warp stages, per k step, STEP_WORDS 32-bit words of each of its
 // 32 weight rows in shared memory: word w of a row comes from byte offset(ks, w) of the row.
-// decode(row, c, b) turns the staged words of one row into lane c's B fragments of the step's
+// decode(row, c, ks, b) turns the staged words of one row into lane c's B fragments of step ks's
 // four 16-element chunks: b[2j], b[2j + 1] are the (b0, b1) registers of chunk j (elements
 // 16j .. 16j+15 of the step).
 // ---------------------------------------------------------------------------------
@@ -102,7 +104,7 @@ template <> struct Direct<ES_TYPE_Q4_0> {
     __device__ static int offset(int ks, int w) {
         return 36 * ks + 4 * w;
     }
-    __device__ static void decode(const unsigned int* row, int c, unsigned int* b) {
+    __device__ static void decode(const unsigned int* row, int c, int, unsigned int* b) {
 #pragma unroll
         for (int blk = 0; blk < 2; ++blk) {
             // Block 0 starts at byte 0 (d in the low half of word 0, qs from byte 2), block 1 at byte
@@ -171,14 +173,6 @@ template <> struct Direct<ES_TYPE_Q4_K> {
         }
     }
 };
-
-// Q4_0's decode needs no step index; one signature for both.
-__device__ void direct_decode(Direct<ES_TYPE_Q4_0>, const unsigned int* row, int c, int, unsigned int* b) {
-    Direct<ES_TYPE_Q4_0>::decode(row, c, b);
-}
-__device__ void direct_decode(Direct<ES_TYPE_Q4_K>, const unsigned int* row, int c, int ks, unsigned int* b) {
-    Direct<ES_TYPE_Q4_K>::decode(row, c, ks, b);
-}
 
 // ---------------------------------------------------------------------------------
 // The activation tile: TILE_M rows of DIRECT_K bf16 (128 bytes, eight 16-byte parts), part h of
@@ -414,7 +408,7 @@ __device__ void mul_mat_id_direct_tile(const unsigned char* __restrict__ w, cons
         unsigned int b[DIRECT_GROUPS][8];
 #pragma unroll
         for (int j = 0; j < DIRECT_GROUPS; ++j) {
-            direct_decode(D(), &w_stage[buf][warp][(8 * j + lane / 4) * D::STEP_WORDS], lane % 4, ks, b[j]);
+            D::decode(&w_stage[buf][warp][(8 * j + lane / 4) * D::STEP_WORDS], lane % 4, ks, b[j]);
         }
         DIRECT_UNROLL
         for (int chunk = 0; chunk < DIRECT_K / 16; ++chunk) {

@@ -1371,24 +1371,8 @@ extern "C" __global__ void moe_swiglu(const float* __restrict__ gate, const floa
     }
 }
 
-// out[t, i] = sum over k = 0..top_k-1, in that order, of weights[t, k] * y[t, k, i].
-extern "C" __global__ void moe_weighted_sum(const float* __restrict__ y, const float* __restrict__ weights,
-                                            float* __restrict__ out, int n_tokens, int top_k, int n) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) {
-        return;
-    }
-    for (int t = blockIdx.y; t < n_tokens; t += gridDim.y) {
-        float acc = 0.0f;
-        for (int k = 0; k < top_k; ++k) {
-            acc = fmaf(weights[t * top_k + k], y[((long long)t * top_k + k) * n + i], acc);
-        }
-        out[(long long)t * n + i] = acc;
-    }
-}
-
 // The end of an MoE layer: hidden[t, i] += sum over k = 0..top_k-1, in that order, of
-// weights[t, k] * y[t, k, i] (as moe_weighted_sum sums), or of y[t, k, i] where weights is null
+// weights[t, k] * y[t, k, i] (fused multiply-adds), or of y[t, k, i] where weights is null
 // (rows the routing weights already scale), plus extra[t, i] (a shared expert's output) where
 // extra is not null.
 extern "C" __global__ void moe_combine(const float* __restrict__ y, const float* __restrict__ weights,

@@ -360,16 +360,6 @@ def _swiglu_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
         out[:] = gate / (np.float32(1) + np.exp(-gate)) * up
 
 
-def _weighted_sum_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
-    y_bytes, w_bytes, out_bytes, n_tokens, top_k, n = args
-    y = y_bytes.view(np.float32).reshape(int(n_tokens), int(top_k), int(n))
-    w = w_bytes.view(np.float32).reshape(int(n_tokens), int(top_k), 1)
-    out = out_bytes.view(np.float32).reshape(int(n_tokens), int(n))
-    out[:] = 0
-    for k in range(int(top_k)):  # ascending k, as the kernel sums
-        out += w[:, k] * y[:, k]
-
-
 # args: y, weights (or 0), extra (or 0), hidden, n_tokens, top_k, n
 
 
@@ -478,14 +468,6 @@ def twin_specs() -> list[KernelSpec]:
                     )
                 )
     specs.append(KernelSpec("moe_swiglu", _swiglu_run, _reads_then_writes(2, 1), lambda args: 4.0 * int(args[3])))
-    specs.append(
-        KernelSpec(
-            "moe_weighted_sum",
-            _weighted_sum_run,
-            _reads_then_writes(2, 1),
-            lambda args: 2.0 * int(args[3]) * int(args[4]) * int(args[5]),
-        )
-    )
     specs.append(
         KernelSpec(
             "moe_combine",

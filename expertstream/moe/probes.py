@@ -664,14 +664,9 @@ def _kernels(
         n = pairs * n_ff
         time("moe_swiglu", lambda: kernels.swiglu(stream, x.view(), y.view(), z.view(), n), 4.0 * n)
         time(
-            "moe_weighted_sum",
-            lambda: kernels.weighted_sum(stream, x.view(), route.view(), y.view(), ubatch, k, n_embd),
+            "moe_combine",
+            lambda: kernels.combine(stream, x.view(), route.view(), None, y.view(0, tokens * 4), ubatch, k, n_embd),
             2.0 * pairs * n_embd,
-        )
-        time(
-            "moe_add_inplace",
-            lambda: standin.add_inplace(kernels, stream, y.view(0, tokens * 4), x.view(0, tokens * 4), tokens),
-            float(tokens),
         )
         for expert in shape.experts:
             w = stack.enter_context(expert_weights(device, rng, expert.w_type, expert.n_out, expert.n_in, n_expert))

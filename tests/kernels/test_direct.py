@@ -1,7 +1,7 @@
 """The direct-decode kernels (direct.cu) on every usable backend where they apply: mul_mat_id
 against the reference at every tile height, and their two fused epilogues against the launches
 they replace, to the bit (gate_up: mul_mat_id of gate and of up, then swiglu; route_weights:
-mul_mat_id, then each pair's weight times its row, as moe_weighted_sum multiplies).
+mul_mat_id, then each pair's weight times its row).
 """
 
 from __future__ import annotations

@@ -186,7 +186,7 @@ def test_gate_up_and_routed_epilogues(
     direct_kernels: Path, rng: np.random.Generator, w_type: GGMLQuantizationType
 ) -> None:
     """gate_up gives silu(gate) * up of the plain kernel's outputs, and the routed kernel each pair's
-    weight times them, with the float32 operations of moe_swiglu and moe_weighted_sum."""
+    weight times them, with the float32 operations of moe_swiglu and combine."""
     n_expert, n_out, n_in, ids = _problem(rng, w_type)
     n_tokens, top_k = ids.shape
     good = ids < n_expert
