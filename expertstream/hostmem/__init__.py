@@ -13,7 +13,7 @@ from .placement import (
     HostWeightsStats,
     default_ring_threads,
 )
-from .staging import RingRegion, StagingRing
+from .staging import RingRegion, RingStats, StagingRing
 
 __all__ = [
     "DEFAULT_RING_CHUNKS",
@@ -26,6 +26,7 @@ __all__ = [
     "HostWeights",
     "HostWeightsStats",
     "RingRegion",
+    "RingStats",
     "StagingRing",
     "default_ring_threads",
 ]

@@ -7,6 +7,7 @@ tensors go through it is ``placement``'s decision.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import deque
 from collections.abc import Sequence
@@ -20,6 +21,43 @@ from ..errors import InvalidArgument, UseAfterClose
 from ..scheduler.source import HostRegion, HostSource
 
 _UNANNOUNCED = -1  # the ticket of the pieces of a copy that was not expected
+
+
+@dataclass
+class RingStats:
+    """Where a staging ring's threads spent their time (backend.host_timestamp, virtual on the simulator).
+
+    ``fill_s`` and ``chunk_wait_s`` are summed over the threads: with ``threads`` threads over ``wall``
+    seconds, ``fill_s / (threads * wall)`` is how busy copying kept them. Threads that copy nearly all
+    the time mean the host's copy rate bounds the ring; long chunk waits mean the DMAs (or whatever the
+    copying stream waits for) hold the chunks back.
+    """
+
+    bytes_filled: int = 0  # copied into chunks, fills dropped and redone included
+    fill_s: float = 0.0  # thread-seconds spent copying into chunks
+    chunk_wait_s: float = 0.0  # thread-seconds spent waiting for a chunk's previous DMA to end
+    caller_wait_s: float = 0.0  # seconds ``copy`` callers waited for fills before enqueueing a DMA
+
+    def __sub__(self, other: RingStats) -> RingStats:
+        return RingStats(
+            self.bytes_filled - other.bytes_filled,
+            self.fill_s - other.fill_s,
+            self.chunk_wait_s - other.chunk_wait_s,
+            self.caller_wait_s - other.caller_wait_s,
+        )
+
+    def __add__(self, other: RingStats) -> RingStats:
+        return RingStats(
+            self.bytes_filled + other.bytes_filled,
+            self.fill_s + other.fill_s,
+            self.chunk_wait_s + other.chunk_wait_s,
+            self.caller_wait_s + other.caller_wait_s,
+        )
+
+    @property
+    def thread_gbps(self) -> float | None:
+        """One thread's copy rate while copying, GB/s (None before any fill)."""
+        return self.bytes_filled / self.fill_s / 1e9 if self.fill_s > 0 else None
 
 
 @dataclass(frozen=True)
@@ -105,6 +143,8 @@ class StagingRing(Closing):
         self._queue: deque[_Piece] = deque()
         self._ahead: deque[_Fill] = deque()
         self.bytes_staged = 0
+        self._stats = RingStats()
+        self._stats_lock = threading.Lock()  # the fill threads add to it; never held while waiting
         self.unannounced_copies = 0  # copies that were not expected: they waited for a fill of their own
         self.skipped_copies = 0  # expected copies never asked for before a later one was
         self.closed = False
@@ -112,6 +152,12 @@ class StagingRing(Closing):
     @property
     def pinned_bytes(self) -> int:
         return sum(slot.buffer.nbytes for slot in self._slots)
+
+    @property
+    def stats(self) -> RingStats:
+        """A copy of the time accounts so far; subtract an earlier one for an interval."""
+        with self._stats_lock:
+            return dataclasses.replace(self._stats)
 
     @property
     def threads(self) -> int:
@@ -255,16 +301,28 @@ class StagingRing(Closing):
     ) -> float:
         backend = self.device.backend
         backend.host_resume_at(handoff)
+        start = backend.host_timestamp()
         slot.free_event.synchronize()
+        copying = backend.host_timestamp()
         # The fill's parts copy at once, so each has that share of the host's memory bus.
         self.device.host_copy(slot.buffer, chunk_offset, source, src_offset, nbytes, sharing=sharing)
-        return backend.host_timestamp()
+        end = backend.host_timestamp()
+        with self._stats_lock:
+            self._stats.chunk_wait_s += copying - start
+            self._stats.fill_s += end - copying
+            self._stats.bytes_filled += nbytes
+        return end
 
     def _finish_fill(self, fill: _Fill) -> None:
         # Resume at every part's end, not only the latest: each handoff carries what its
         # thread did, and the DMA that follows reads what all of them wrote.
+        backend = self.device.backend
+        start = backend.host_timestamp()
         for part in fill.parts:
-            self.device.backend.host_resume_at(part.result())
+            backend.host_resume_at(part.result())
+        waited = backend.host_timestamp() - start
+        with self._stats_lock:
+            self._stats.caller_wait_s += waited
 
     def close(self) -> None:
         """Wait for the fills and the DMAs still using the chunks, then free them."""
@@ -288,10 +346,11 @@ class StagingRing(Closing):
         self._slots.clear()
 
 
-# A fill is not split into parts smaller than this: on the H200 host, 64 MiB chunks split
-# into 4 MiB parts over 16 threads streamed slower (23 GB/s) than 5.3 MiB parts over 12
-# (27.5 GB/s), and 16 MiB chunks in 1.3 MiB parts fell to 12 GB/s.
-_MIN_PART_BYTES = 4 << 20
+# A fill is not split into parts smaller than this. Each part costs its thread about 0.3 ms
+# besides the copy on the H200 host (a prefill with 4 MiB parts spent that much more thread
+# time per part than one with 16 MiB parts, for the same bytes); 8 MiB parts of 32 MiB chunks
+# gave the fastest prefill there (docs/results/hostmem-h200.md).
+_MIN_PART_BYTES = 8 << 20
 
 
 def _pieces(ticket: int, source: HostBuffer, src_offset: int, nbytes: int, chunk_bytes: int) -> list[_Piece]:

@@ -13,11 +13,12 @@ import logging
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from ..backends.base import Backend, Device, Stream, Usage
-from ..hostmem import HostMemoryMode, HostWeights
+from ..hostmem import HostMemoryMode, HostWeights, RingStats
 from ..kernels.layout import MatrixPath
 from ..model import MoeModel
 from ..scheduler import Bindings, Plan, RunStats, Scheduler, Split
@@ -272,9 +273,11 @@ def _measure_row(
     with Scheduler(slots=slots) as scheduler:
         if settings.warmup:
             scheduler.run(_ticking(runner.prefill_plan(experts, [0]), progress, f"{what}, warm-up"))
+        ring_before = weights.ring_stats()
         times, stats = _timed_runs(
             backend, scheduler, _ticking(runner.prefill_plan(experts), progress, what), settings.repeats
         )
+        ring_after = weights.ring_stats()
         decode_rates, decode_bytes = _decode(backend, runner, scheduler, experts, settings, progress, what)
     prefill_out = runner.prefill_output() if runner.data else None
     decode_out = runner.decode_output() if runner.data and batching.decode_steps else None
@@ -325,7 +328,24 @@ def _measure_row(
         streamed_bytes_per_ubatch=resident.plan.streamed_bytes_per_ubatch,
         devices=len(runner.devices),
         crossing=",".join(runner.crossings),
+        **_ring_fields(weights, ring_before, ring_after, sum(times)),
     )
+
+
+def _ring_fields(
+    weights: HostWeights, before: RingStats | None, after: RingStats | None, wall_s: float
+) -> dict[str, Any]:
+    """Where the staging ring's threads spent the timed prefills (nothing outside mode ring)."""
+    if before is None or after is None or wall_s <= 0:
+        return {}
+    used = after - before
+    thread_s = sum(ring.threads for ring in weights.rings) * wall_s
+    return {
+        "ring_threads": sum(ring.threads for ring in weights.rings),
+        "ring_copy_pct": 100.0 * used.fill_s / thread_s,
+        "ring_chunk_wait_pct": 100.0 * used.chunk_wait_s / thread_s,
+        "ring_thread_gbps": used.thread_gbps,
+    }
 
 
 def _decode(

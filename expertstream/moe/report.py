@@ -55,6 +55,12 @@ class Row:
     crossing: str = ""  # how the hidden state crosses between them: "peer" or "host" per boundary
     predicted_ttft_s: float | None = None  # the simulator's prediction with a tuned profile (prefill --predict)
     predicted_decode_tokens_per_s: float | None = None
+    # Host memory ring only, over the timed prefills: the share of its threads' time spent copying
+    # into chunks and waiting for a chunk's DMA to end, and one thread's rate while copying.
+    ring_threads: int | None = None
+    ring_copy_pct: float | None = None
+    ring_chunk_wait_pct: float | None = None
+    ring_thread_gbps: float | None = None
 
     @property
     def label(self) -> str:
@@ -88,7 +94,10 @@ columns (times and rates are the mean over -r repetitions after a warm-up; +- is
   streamed       MoE layers streamed from host memory / all MoE layers, and expert bytes copied per ubatch
   decode t/s     decode tokens per second (median step of each repetition; "-" without -n)
   output sha256  hash of the outputs; every row must agree (exit status 1 if not)
-  pred s, err    with --predict: the predicted ttft and (measured / predicted - 1); pred t/s: decode"""
+  pred s, err    with --predict: the predicted ttft and (measured / predicted - 1); pred t/s: decode
+  ring copy/wait host memory ring: % of its threads' time spent copying from the mapping into its
+                 pinned chunks / waiting for a chunk's DMA to end; copying near 100 means the host's
+                 copy rate bounds the ring, long waits that the copies to the device hold it back"""
 
 
 def mismatched(rows: Sequence[Row]) -> list[str]:
@@ -175,10 +184,20 @@ _PREDICTED: tuple[tuple[str, int, Callable[[Row], str]], ...] = (
 )
 
 
+def _ring_share(row: Row) -> str:
+    if row.ring_copy_pct is None or row.ring_chunk_wait_pct is None:
+        return "-"
+    return f"{row.ring_copy_pct:.0f}/{row.ring_chunk_wait_pct:.0f}"
+
+
+_RING: tuple[tuple[str, int, Callable[[Row], str]], ...] = (("ring copy/wait", 14, _ring_share),)
+
+
 def _columns(rows: Sequence[Row]) -> tuple[tuple[str, int, Callable[[Row], str]], ...]:
-    """Every column; the predicted ones only when some row has a prediction."""
+    """Every column; the predicted ones only when some row has a prediction, the ring's only with a ring."""
     predicted = any(r.predicted_ttft_s is not None for r in rows)
-    return _COLUMNS[:-1] + (_PREDICTED if predicted else ()) + _COLUMNS[-1:]
+    ring = any(r.ring_copy_pct is not None for r in rows)
+    return _COLUMNS[:-1] + (_PREDICTED if predicted else ()) + (_RING if ring else ()) + _COLUMNS[-1:]
 
 
 def format_table(rows: Sequence[Row]) -> str:

@@ -315,6 +315,26 @@ def _prefill_seconds(path: Path, slots: tuple[int, ...]) -> dict[int, float]:
         return {row.slots: row.ttft_s for row in measure(sim, sim.device(0), model, settings).rows}
 
 
+def test_ring_rows_say_where_the_fill_threads_spent_their_time(qwen3_four_layers: Path) -> None:
+    with expertstream.backend("sim", profile=H200_HOST, data=False) as sim, MoeModel.open(qwen3_four_layers) as model:
+        modes = (HostMemoryMode.RING, HostMemoryMode.REGISTERED)
+        settings = Settings(Batching(4096, 2048), (0, 3), modes, ring_threads=12)
+        rows = measure(sim, sim.device(0), model, settings).rows
+    ring_rows = [row for row in rows if row.host_memory == "ring"]
+    assert len(ring_rows) == 2
+    for row in ring_rows:
+        assert row.ring_threads == 12
+        assert row.ring_copy_pct is not None and row.ring_chunk_wait_pct is not None
+        assert row.ring_copy_pct + row.ring_chunk_wait_pct <= 100.0 + 1e-9
+        # Copying slower than the link, the threads are what bounds these prefills.
+        assert row.ring_copy_pct > 80.0
+        # Each copies at the profile's one-thread rate (fewer copy at once than would share the bus).
+        assert row.ring_thread_gbps == pytest.approx(H200_HOST.host_memcpy_bps / 1e9, rel=0.01)
+    for row in rows:
+        if row.host_memory != "ring":
+            assert (row.ring_threads, row.ring_copy_pct, row.ring_thread_gbps) == (None, None, None)
+
+
 def test_lookahead_prefill_through_the_ring_is_never_slower(
     qwen3_four_layers: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
