@@ -279,12 +279,16 @@ class StagingRing(Closing):
         handoff = self.device.backend.host_timestamp()
         parts = []
         spans = _parts(piece.nbytes, len(self._workers))
+        # The parts of the fills started and not yet handed to a DMA copy at once with this
+        # fill's, up to one per thread. Counted here, in the caller's order of events, so that
+        # the simulator's share of the host memory bus does not depend on how the OS runs threads.
+        sharing = min(len(self._workers), len(spans) + sum(len(fill.parts) for fill in self._ahead))
         for offset, n in spans:
             worker = self._workers[self._next_worker]
             self._next_worker = (self._next_worker + 1) % len(self._workers)
             parts.append(
                 worker.submit(
-                    self._fill_part, slot, piece.source, piece.src_offset + offset, offset, n, handoff, len(spans)
+                    self._fill_part, slot, piece.source, piece.src_offset + offset, offset, n, handoff, sharing
                 )
             )
         return _Fill(piece, slot, tuple(parts))
@@ -304,7 +308,6 @@ class StagingRing(Closing):
         start = backend.host_timestamp()
         slot.free_event.synchronize()
         copying = backend.host_timestamp()
-        # The fill's parts copy at once, so each has that share of the host's memory bus.
         self.device.host_copy(slot.buffer, chunk_offset, source, src_offset, nbytes, sharing=sharing)
         end = backend.host_timestamp()
         with self._stats_lock:
