@@ -13,11 +13,12 @@ from .placement import (
     HostWeightsStats,
     default_ring_threads,
 )
-from .staging import RingRegion, RingStats, StagingRing
+from .staging import DEFAULT_RING_PART_BYTES, RingRegion, RingStats, StagingRing
 
 __all__ = [
     "DEFAULT_RING_CHUNKS",
     "DEFAULT_RING_CHUNK_BYTES",
+    "DEFAULT_RING_PART_BYTES",
     "DEFAULT_RING_THREADS",
     "HostMemoryFallback",
     "HostMemoryMode",

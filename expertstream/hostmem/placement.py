@@ -25,7 +25,7 @@ from ..backends.base import Device, HostBuffer
 from ..errors import DeviceError, InvalidArgument
 from ..model.loader import MoeModel, TensorInfo
 from ..scheduler.source import HostRegion, HostSource
-from .staging import RingStats, StagingRing
+from .staging import DEFAULT_RING_PART_BYTES, RingStats, StagingRing
 
 log = logging.getLogger(__name__)
 
@@ -115,11 +115,13 @@ class HostWeights(Mapping[str, HostSource], Closing):
         ring_chunk_bytes: int = DEFAULT_RING_CHUNK_BYTES,
         ring_chunks: int = DEFAULT_RING_CHUNKS,
         ring_threads: int | None = None,
+        ring_part_bytes: int = DEFAULT_RING_PART_BYTES,
         copied_to: Mapping[str, Device] | None = None,
     ) -> HostWeights:
         """Place the tensors of a model (or of the GGUF file at a path, opened and owned here).
 
-        ``ring_threads``: the staging ring's host threads (default: ``default_ring_threads``).
+        ``ring_threads``: the staging ring's host threads (default: ``default_ring_threads``);
+        ``ring_part_bytes``: the least bytes a thread copies of a chunk's fill.
         ``copied_to`` names, for a layer split, the device a tensor is copied to where it is not
         ``device``; only a staging ring depends on it.
         """
@@ -128,7 +130,7 @@ class HostWeights(Mapping[str, HostSource], Closing):
         model = MoeModel.open(model_or_path) if not isinstance(model_or_path, MoeModel) else model_or_path
         try:
             threads = default_ring_threads(device) if ring_threads is None else ring_threads
-            ring = _RingOptions(ring_chunk_bytes, ring_chunks, threads)
+            ring = _RingOptions(ring_chunk_bytes, ring_chunks, threads, ring_part_bytes)
             targets = dict(copied_to or {})
             return cls(model, device, *_place(model, device, requested, ring, targets), owns_model=owns_model)
         except BaseException:
@@ -186,6 +188,7 @@ class _RingOptions:
     chunk_bytes: int
     chunks: int
     threads: int
+    part_bytes: int
 
 
 _Placement = tuple[HostMemoryMode, dict[str, HostSource], list[HostBuffer | StagingRing], HostWeightsStats]
@@ -225,7 +228,9 @@ def _place(
             sources = mappings if target is device else _wrap_mappings(model, target)
             if target is not device:
                 resources.extend(sources)
-            staging = StagingRing(sources, chunk_bytes=chunk_bytes, chunks=ring.chunks, threads=ring.threads)
+            staging = StagingRing(
+                sources, chunk_bytes=chunk_bytes, chunks=ring.chunks, threads=ring.threads, part_bytes=ring.part_bytes
+            )
             # Closed in reverse: a ring (which waits for its DMAs) before the mappings it reads.
             resources.append(staging)
             stats.pinned_bytes += staging.pinned_bytes

@@ -22,6 +22,12 @@ from ..scheduler.source import HostRegion, HostSource
 
 _UNANNOUNCED = -1  # the ticket of the pieces of a copy that was not expected
 
+# A chunk's fill is not split into parts smaller than this. Each part costs its thread about
+# 0.3 ms besides the copy on the H200 host (a prefill with 4 MiB parts spent that much more thread
+# time per part than one with 16 MiB parts, for the same bytes); 8 MiB parts of 32 MiB chunks gave
+# the fastest prefill there (docs/results/hostmem-h200.md).
+DEFAULT_RING_PART_BYTES = 8 << 20
+
 
 @dataclass
 class RingStats:
@@ -71,7 +77,7 @@ class _Piece:
     ticket: int  # the copy it belongs to: its place in the expected order, or _UNANNOUNCED
     source: HostBuffer
     src_offset: int
-    offset: int  # from the start of its copy
+    offset: int  # in the destination, from the dst_offset its copy was asked with
     nbytes: int
 
 
@@ -102,14 +108,21 @@ class StagingRing(Closing):
     """
 
     def __init__(
-        self, sources: HostBuffer | Sequence[HostBuffer], *, chunk_bytes: int, chunks: int, threads: int
+        self,
+        sources: HostBuffer | Sequence[HostBuffer],
+        *,
+        chunk_bytes: int,
+        chunks: int,
+        threads: int,
+        part_bytes: int = DEFAULT_RING_PART_BYTES,
     ) -> None:
-        if chunk_bytes < 1 or chunks < 2 or threads < 1:
+        if chunk_bytes < 1 or chunks < 2 or threads < 1 or part_bytes < 1:
             raise InvalidArgument(
-                f"a staging ring needs chunk_bytes >= 1, chunks >= 2 and threads >= 1; got "
-                f"{chunk_bytes}, {chunks}, {threads}",
+                f"a staging ring needs chunk_bytes >= 1, chunks >= 2, threads >= 1 and part_bytes >= 1; got "
+                f"{chunk_bytes}, {chunks}, {threads}, {part_bytes}",
                 call="StagingRing",
             )
+        self.part_bytes = part_bytes  # a chunk's fill is split between threads in parts no smaller than this
         self.sources = (sources,) if isinstance(sources, HostBuffer) else tuple(sources)
         if not self.sources or any(s.device is not self.sources[0].device for s in self.sources):
             raise InvalidArgument("a staging ring needs one or more sources of one device", call="StagingRing")
@@ -217,6 +230,43 @@ class StagingRing(Closing):
                 self._forget()  # no fill may outlive a failed copy: its chunk's next use is unknown
                 raise
 
+    def copy_ranges(
+        self, stream: Stream, dst: DeviceBuffer, ranges: Sequence[tuple[int, int, int]], source: int = 0
+    ) -> None:
+        """Enqueue copies of several ``(dst_offset, src_offset, nbytes)`` ranges of ``sources[source]``.
+
+        None of them was announced (a decode step's experts, known only once its router ran), but
+        they are filled at once, on as many threads as there are chunks, and DMAed in order; one
+        ``copy`` per range would fill them one after the other on one thread each.
+        """
+        call = "StagingRing.copy_ranges"
+        if stream.device is not self.device:
+            raise InvalidArgument(
+                f"the ring's chunks are pinned for {self.device.label}", call=call, device=stream.device.label
+            )
+        host = self.sources[source]
+        for dst_offset, src_offset, nbytes in ranges:
+            check_range(call, dst, dst_offset, nbytes)
+            check_range(call, host, src_offset, nbytes)
+        with self._lock:
+            if self.closed:
+                raise UseAfterClose("staging ring is closed", call=call, device=self.device.label)
+            pieces = [
+                piece
+                for dst_offset, src_offset, nbytes in ranges
+                for piece in _pieces(_UNANNOUNCED, host, src_offset, nbytes, self.chunk_bytes, dst_offset)
+            ]
+            if not pieces:
+                return
+            self.unannounced_copies += sum(1 for _, _, nbytes in ranges if nbytes)
+            try:
+                self._requeue_ahead()
+                self._queue.extendleft(reversed(pieces))
+                self._pipeline(stream, dst, 0, _UNANNOUNCED)
+            except BaseException:
+                self._forget()
+                raise
+
     def _claim(self, key: tuple[int, int, int]) -> int:
         """The ticket of the first expected copy of ``key`` (dropping those expected before it), or _UNANNOUNCED."""
         tickets = self._tickets.get(key)
@@ -278,7 +328,7 @@ class StagingRing(Closing):
         self._next_slot = (self._next_slot + 1) % len(self._slots)
         handoff = self.device.backend.host_timestamp()
         parts = []
-        spans = _parts(piece.nbytes, len(self._workers))
+        spans = _parts(piece.nbytes, len(self._workers), self.part_bytes)
         # The parts of the fills started and not yet handed to a DMA copy at once with this
         # fill's, up to one per thread. Counted here, in the caller's order of events, so that
         # the simulator's share of the host memory bus does not depend on how the OS runs threads.
@@ -349,23 +399,18 @@ class StagingRing(Closing):
         self._slots.clear()
 
 
-# A fill is not split into parts smaller than this. Each part costs its thread about 0.3 ms
-# besides the copy on the H200 host (a prefill with 4 MiB parts spent that much more thread
-# time per part than one with 16 MiB parts, for the same bytes); 8 MiB parts of 32 MiB chunks
-# gave the fastest prefill there (docs/results/hostmem-h200.md).
-_MIN_PART_BYTES = 8 << 20
-
-
-def _pieces(ticket: int, source: HostBuffer, src_offset: int, nbytes: int, chunk_bytes: int) -> list[_Piece]:
+def _pieces(
+    ticket: int, source: HostBuffer, src_offset: int, nbytes: int, chunk_bytes: int, dst_offset: int = 0
+) -> list[_Piece]:
     return [
-        _Piece(ticket, source, src_offset + start, start, min(chunk_bytes, nbytes - start))
+        _Piece(ticket, source, src_offset + start, dst_offset + start, min(chunk_bytes, nbytes - start))
         for start in range(0, nbytes, chunk_bytes)
     ]
 
 
-def _parts(nbytes: int, threads: int) -> list[tuple[int, int]]:
+def _parts(nbytes: int, threads: int, part_bytes: int) -> list[tuple[int, int]]:
     """(offset, size) of the pieces one chunk fill is split into, one per thread at most."""
-    count = max(1, min(threads, nbytes // _MIN_PART_BYTES))
+    count = max(1, min(threads, nbytes // part_bytes))
     step = -(-nbytes // count)
     return [(start, min(step, nbytes - start)) for start in range(0, nbytes, step)]
 
@@ -388,3 +433,10 @@ class RingRegion(HostRegion):
     def enqueue_h2d(self, stream: Stream, dst: DeviceBuffer, dst_offset: int, offset: int, nbytes: int) -> None:
         self._check_range(offset, nbytes)
         self.ring.copy(stream, dst, dst_offset, self.start + offset, nbytes, self.source)
+
+    def enqueue_h2d_ranges(self, stream: Stream, dst: DeviceBuffer, ranges: Sequence[tuple[int, int]]) -> None:
+        for start, end in ranges:
+            self._check_range(start, end - start)
+        self.ring.copy_ranges(
+            stream, dst, [(start, self.start + start, end - start) for start, end in ranges], self.source
+        )

@@ -54,6 +54,24 @@ class LookaheadSource(Protocol):
     def lookahead(self) -> Lookahead: ...
 
 
+@runtime_checkable
+class RangesSource(Protocol):
+    """The optional part of a HostSource that copies several ranges better at once than one by one."""
+
+    def enqueue_h2d_ranges(self, stream: Stream, dst: DeviceBuffer, ranges: Sequence[tuple[int, int]]) -> None:
+        """Enqueue copies of each ``[start, end)`` of this source into the same offsets of ``dst``."""
+        ...
+
+
+def enqueue_ranges(source: HostSource, stream: Stream, dst: DeviceBuffer, ranges: Sequence[tuple[int, int]]) -> None:
+    """Copy each ``[start, end)`` of ``source`` into the same offsets of ``dst``: at once where the source can."""
+    if isinstance(source, RangesSource):
+        source.enqueue_h2d_ranges(stream, dst, ranges)
+        return
+    for start, end in ranges:
+        source.enqueue_h2d(stream, dst, start, start, end - start)
+
+
 def expect_copies(sources: Iterable[HostSource]) -> list[Lookahead]:
     """Tell each lookahead behind ``sources`` its part of this order of whole-source copies.
 

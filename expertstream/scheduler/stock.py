@@ -12,6 +12,7 @@ import numpy as np
 from ..backends.base import BufferView, Device, DeviceBuffer, Stream, Usage
 from ..errors import InvalidArgument
 from .plan import Input, MulMatId, Split
+from .source import enqueue_ranges
 from .stats import DeviceStats
 
 
@@ -65,12 +66,12 @@ class StockCopier:
             assert inp.expert_nbytes is not None
             used = self._used_experts(stream, split, decode_routing, stats)
             ranges = expert_ranges(used, inp.expert_nbytes, inp.nbytes, padded - inp.nbytes)
+            enqueue_ranges(inp.host, stream, dst, ranges)  # the used experts' copies, at once
         else:
             ranges = [(0, inp.nbytes)]
-        for start, end in ranges:
-            inp.host.enqueue_h2d(stream, dst, start, start, end - start)
-            stats.bytes_stock += end - start
-            stats.stock_copies += 1
+            inp.host.enqueue_h2d(stream, dst, 0, 0, inp.nbytes)  # a whole-source copy, as announced
+        stats.bytes_stock += sum(end - start for start, end in ranges)
+        stats.stock_copies += len(ranges)
         if padded > inp.nbytes:
             # The scratch may have held a larger tensor: the tail kernels read must be zero again.
             stream.memset(dst, inp.nbytes, padded - inp.nbytes, 0)
