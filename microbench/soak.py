@@ -27,7 +27,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -178,7 +178,7 @@ def failures(device: Device, path: Path, batching: Batching) -> list[dict[str, A
     return rows
 
 
-def _row(what: str, identical: bool, fallbacks: dict[str, Any], lines: Sequence[str]) -> dict[str, Any]:
+def _row(what: str, identical: bool, fallbacks: Mapping[Any, Any], lines: Sequence[str]) -> dict[str, Any]:
     return {
         "failure": what,
         "identical": identical,

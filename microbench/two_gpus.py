@@ -52,7 +52,12 @@ def _peer_gbps(backend: Backend, src: Device, dst: Device, nbytes: int, repeats:
         b = stack.enter_context(dst.alloc(nbytes, Usage.COMPUTE))
         stream = stack.enter_context(dst.stream())
         _clear(a)
-        return _best(backend, repeats, nbytes, lambda: (stream.copy_d2d(b, 0, a, 0, nbytes), stream.synchronize()))
+
+        def copy() -> None:
+            stream.copy_d2d(b, 0, a, 0, nbytes)
+            stream.synchronize()
+
+        return _best(backend, repeats, nbytes, copy)
 
 
 def _via_host_gbps(backend: Backend, src: Device, dst: Device, nbytes: int, repeats: int) -> float:
