@@ -7,7 +7,8 @@ In one process:
 2. `expertstream tune` on the device with that model: the simulator profile;
 3. the matrix through ``expertstream.moe.measure`` (what `expertstream prefill` runs): each ubatch
    (fastest first) x slots 0/2/3/4 x host memory registered/ring/mmap, a --tokens prompt then
-   --decode-steps steps of decode;
+   --decode-steps steps of decode; with --rounds N, each ubatch's settings N times in turn, the
+   median compared and the spread reported;
 4. the same settings predicted on the simulator with that profile, on a simulated device with
    this device's free memory, and the settings `auto` picks from those predictions;
 5. per row, predicted against measured (target: within 10%, prefill and decode); per choice,
@@ -36,6 +37,7 @@ import functools
 import json
 import logging
 import shlex
+import statistics
 import sys
 import tempfile
 import time
@@ -73,13 +75,42 @@ class Measured:
     ubatch: int
     slots: int
     host_memory: str
-    ttft_s: float
+    ttft_s: float  # the median over the rounds
     decode_steps: int
     decode_tokens_per_s: float | None
+    ttft_runs: tuple[float, ...] = ()  # each round's, where there were several
+    decode_runs: tuple[float, ...] = ()
 
     @classmethod
     def of(cls, row: Row) -> Measured:
         return cls(row.ubatch, row.slots, row.host_memory, row.ttft_s, row.decode_steps, row.decode_tokens_per_s)
+
+    @classmethod
+    def over_rounds(cls, rounds: Sequence[Sequence[Row]]) -> list[Measured]:
+        """One per setting: the median of its rows in each round (each round measures the same settings in order)."""
+        out = []
+        for rows in zip(*rounds, strict=True):
+            first = rows[0]
+            ttft = tuple(r.ttft_s for r in rows)
+            decode = tuple(r.decode_tokens_per_s for r in rows if r.decode_tokens_per_s is not None)
+            out.append(
+                cls(
+                    first.ubatch,
+                    first.slots,
+                    first.host_memory,
+                    statistics.median(ttft),
+                    first.decode_steps,
+                    statistics.median(decode) if decode else None,
+                    ttft if len(rows) > 1 else (),
+                    decode if len(rows) > 1 else (),
+                )
+            )
+        return out
+
+    @property
+    def ttft_spread(self) -> float | None:
+        """How far the rounds' times to first token spread: slowest / fastest - 1 (None for one round)."""
+        return max(self.ttft_runs) / min(self.ttft_runs) - 1 if len(self.ttft_runs) > 1 else None
 
 
 @dataclass
@@ -114,6 +145,9 @@ def row_checks(measured: Measured, predicted: Row) -> dict[str, Any]:
         "predicted_decode_tokens_per_s": predicted.decode_tokens_per_s,
         "decode_error": decode,
         "met": all(abs(e) <= ROW_TARGET for e in errors),
+        "ttft_runs": list(measured.ttft_runs),
+        "decode_runs": list(measured.decode_runs),
+        "ttft_spread": measured.ttft_spread,
     }
 
 
@@ -199,17 +233,23 @@ def markdown(doc: dict[str, Any]) -> str:
     lines += [
         f"Device {doc['device']} ({doc['backend']}); model {doc['model']['arch']}, {doc['model']['n_layer']} layers, "
         f"{doc['model']['expert_type']}, {doc['model']['expert_bytes'] / 1e9:.2f} GB of experts; {doc['tokens']}-token "
-        f"prompt, {doc['decode_steps']} decode steps; {doc['repeats']} timed run(s) per row after a warm-up.",
+        f"prompt, {doc['decode_steps']} decode steps; {doc['repeats']} timed run(s) per row after a warm-up, "
+        f"{doc.get('rounds', 1)} round(s) over the settings of each ubatch, the median reported.",
         f"Steps (s): {', '.join(f'{k} {v:.0f}' for k, v in doc['timings_s'].items())}.",
         *([f"Tune phases (s): {', '.join(f'{k} {v:.1f}' for k, v in phases.items())}."] if phases else []),
         "",
-        "| ubatch | slots | host | ttft s | predicted | err | decode t/s | predicted | err | within 10% |",
-        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    spread = any(r.get("ttft_spread") is not None for r in doc["rows"])
+    lines += [
+        "| ubatch | slots | host | ttft s |" + (" spread |" if spread else "") + " predicted | err | decode t/s | "
+        "predicted | err | within 10% |",
+        "|---:|---:|---|---:|" + ("---:|" if spread else "") + "---:|---:|---:|---:|---:|---|",
     ]
     for r in doc["rows"]:
         lines.append(
-            f"| {r['ubatch']} | {r['slots']} | {r['host_memory']} | {r['ttft_s']:.4f} | {r['predicted_ttft_s']:.4f} | "
-            f"{_pct(r['ttft_error'])} | {_num(r['decode_tokens_per_s'], '.1f')} | "
+            f"| {r['ubatch']} | {r['slots']} | {r['host_memory']} | {r['ttft_s']:.4f} | "
+            + (f"{_pct(r.get('ttft_spread'))} | " if spread else "")
+            + f"{r['predicted_ttft_s']:.4f} | {_pct(r['ttft_error'])} | {_num(r['decode_tokens_per_s'], '.1f')} | "
             f"{_num(r['predicted_decode_tokens_per_s'], '.1f')} | {_pct(r['decode_error'])} | "
             f"{'yes' if r['met'] else 'NO'} |"
         )
@@ -266,6 +306,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "tokens": args.tokens,
                 "decode_steps": args.decode_steps,
                 "repeats": args.repeats,
+                "rounds": args.rounds,
                 "command": shlex.join(["python3", "-m", "microbench.predict", *args.argv]),
                 "date": _now(),
             }
@@ -279,9 +320,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for ubatch in args.ubatch:
             settings = _settings(args, ubatch)
             step = time.perf_counter()
-            measured = measure(backend, device, model, settings, functools.partial(_progress, f"ub {ubatch}"))
+            rounds = [
+                measure(backend, device, model, settings, functools.partial(_progress, f"ub {ubatch}, round {k + 1}"))
+                for k in range(args.rounds)
+            ]
             run.timings[f"measure ub {ubatch}"] = time.perf_counter() - step
-            _predict(run, run.tuned.profile, model, settings, [Measured.of(r) for r in measured.rows])
+            _predict(run, run.tuned.profile, model, settings, Measured.over_rounds([m.rows for m in rounds]))
             _write(run, args.out)
         run.timings["total"] = time.perf_counter() - started
     return _write(run, args.out)
@@ -353,6 +397,8 @@ def replay(folder: Path, out: Path | None) -> dict[str, Any]:
                         r["ttft_s"],
                         earlier["decode_steps"],
                         r["decode_tokens_per_s"],
+                        tuple(r.get("ttft_runs", ())),
+                        tuple(r.get("decode_runs", ())),
                     )
                     for r in rows
                     if r["ubatch"] == ubatch
@@ -425,6 +471,13 @@ def _parser() -> argparse.ArgumentParser:
     # Many steps: their median is what a row reports, and a decode step on a GPU varies by tens of percent.
     parser.add_argument("--decode-steps", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=1, help="timed runs per row after a warm-up")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure each ubatch's settings this many times in turn and compare with the median; the spread "
+        "of the rounds shows what the host's drift does to one setting",
+    )
     parser.add_argument("--out", type=Path, help="write predict.json, predict.md and profile.json here")
     parser.add_argument(
         "--replay", type=Path, metavar="DIR", help="predict an earlier run's rows again; measure nothing"
@@ -434,7 +487,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.rounds < 1 or args.repeats < 1:
+        parser.error(f"--rounds and --repeats must be at least 1; got {args.rounds} and {args.repeats}")
     args.argv = argv
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     doc = replay(args.replay, args.out) if args.replay else run(args)

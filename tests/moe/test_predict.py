@@ -133,6 +133,26 @@ def test_a_replay_predicts_the_rows_of_a_run_again(tmp_path: Path) -> None:
     assert "host_copy_latency_s" in (again / "predict.md").read_text().split("\n\n")[0]
 
 
+def test_rounds_compare_the_median_and_keep_each_rounds_time(tmp_path: Path) -> None:
+    from microbench import predict as bench
+
+    first, again = tmp_path / "run", tmp_path / "replay"
+    argv = ["--backend", "sim", "--preset", "tiny", "--tokens", "32", "--ubatch", "16", "--decode-steps", "2"]
+    assert bench.main([*argv, "--rounds", "3", "--out", str(first)]) == 0
+    doc = json.loads((first / "predict.json").read_text())
+    assert doc["rounds"] == 3 and len(doc["rows"]) == 12
+    for row in doc["rows"]:
+        assert len(row["ttft_runs"]) == len(row["decode_runs"]) == 3
+        assert row["ttft_s"] == sorted(row["ttft_runs"])[1]
+        assert row["ttft_spread"] == pytest.approx(max(row["ttft_runs"]) / min(row["ttft_runs"]) - 1)
+    assert "| spread |" in (first / "predict.md").read_text()
+    assert bench.main(["--replay", str(first), "--out", str(again)]) == 0
+    replayed = json.loads((again / "predict.json").read_text())
+    assert [r["ttft_runs"] for r in replayed["rows"]] == [r["ttft_runs"] for r in doc["rows"]]
+    with pytest.raises(SystemExit):
+        bench.main([*argv, "--rounds", "0"])
+
+
 def test_a_replay_of_a_folder_without_a_run_is_refused(tmp_path: Path) -> None:
     from expertstream.errors import InvalidArgument
     from microbench import predict as bench
