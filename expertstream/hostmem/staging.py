@@ -427,6 +427,10 @@ class RingRegion(HostRegion):
         return True  # the caller waits for the chunk fills
 
     @property
+    def staged(self) -> bool:
+        return True  # the DMAs read pinned chunks: no wait binds to them as to a pageable copy
+
+    @property
     def lookahead(self) -> StagingRing:
         return self.ring
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from ..backends.base import BufferView, Device, DeviceBuffer, Event, Stream, Usage
 from ..errors import BackendError
 from .plan import Input
+from .source import copies_pageable
 from .stats import DeviceStats, Fallback
 
 log = logging.getLogger(__name__)
@@ -89,9 +90,11 @@ class PrefetchSlots:
     def fire(self, unit: Unit, stats: DeviceStats, blocks_host: bool, previous: Unit | None) -> None:
         """Enqueue the copy of ``unit`` into its slot, or hand it to the copy worker.
 
-        The worker enqueues it only once the consumer's wait for ``previous`` is enqueued: on ROCm
-        a wait issued after a pageable copy resolves against the copy stream's tail, so a copy that
-        slipped in ahead of that wait would hold the previous split back until it ends.
+        A copy from pageable memory the worker enqueues only once the consumer's wait for
+        ``previous`` is enqueued: on ROCm a wait issued after a pageable copy resolves against the
+        copy stream's tail, so a copy that slipped in ahead of that wait would hold the previous
+        split back until it ends. A staged copy (a staging ring's DMAs from pinned chunks) goes out
+        as soon as its bytes are staged, so the ring's threads are not held up by the launching thread.
         """
         slot = self._slot(unit.position % self.n_slots, stats)
         if slot is None:
@@ -100,7 +103,9 @@ class PrefetchSlots:
         stats.fires += 1
         stats.bytes_prefetched += unit.input.nbytes
         if blocks_host:
-            gate = previous if previous is not None and previous.valid else None
+            assert unit.input.host is not None
+            pageable = copies_pageable(unit.input.host)
+            gate = previous if previous is not None and previous.valid and pageable else None
             self._worker_thread().submit(self._fill_job(slot, unit, gate))
         else:
             self._fill_job(slot, unit, None)()

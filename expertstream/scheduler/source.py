@@ -72,6 +72,25 @@ def enqueue_ranges(source: HostSource, stream: Stream, dst: DeviceBuffer, ranges
         source.enqueue_h2d(stream, dst, start, start, end - start)
 
 
+@runtime_checkable
+class StagedSource(Protocol):
+    """The optional part of a HostSource that blocks its caller while it stages the bytes into
+    page-locked memory and then DMAs them from there (a staging ring)."""
+
+    @property
+    def staged(self) -> bool: ...
+
+
+def copies_pageable(source: HostSource) -> bool:
+    """Whether copies from ``source`` read pageable memory.
+
+    A wait enqueued on another stream after such a copy may resolve at the copy stream's tail
+    (reported on ROCm), so the next lookahead copy must not go out before the consumer's wait.
+    A staged source blocks its caller too, but its DMAs read page-locked chunks.
+    """
+    return source.blocks_host and not (isinstance(source, StagedSource) and source.staged)
+
+
 def expect_copies(sources: Iterable[HostSource]) -> list[Lookahead]:
     """Tell each lookahead behind ``sources`` its part of this order of whole-source copies.
 

@@ -11,7 +11,10 @@ from expertstream.backends.base import Backend
 from expertstream.backends.sim import Profile
 from expertstream.errors import InvalidArgument, UseAfterClose
 from expertstream.hostmem import StagingRing
-from expertstream.scheduler.source import HostRegion, enqueue_ranges
+from expertstream.scheduler.plan import Input
+from expertstream.scheduler.prefetch import PrefetchSlots, Unit
+from expertstream.scheduler.source import HostRegion, copies_pageable, enqueue_ranges
+from expertstream.scheduler.stats import DeviceStats
 
 MIB = 1 << 20
 
@@ -106,3 +109,36 @@ def test_the_ranges_fill_side_by_side() -> None:
     one_by_one, at_once = _seconds(at_once=False), _seconds(at_once=True)
     # Eight fills of 0.15 ms each on eight threads, against one after the other, each with its DMA.
     assert at_once < one_by_one / 3
+
+
+def test_only_pageable_copies_wait_for_the_previous_splits_wait(backend: Backend) -> None:
+    # The copy worker's gate (ordering rule 5) is for copies a wait may bind to on ROCm: copies
+    # from pageable memory. A staging ring blocks its caller too, but its DMAs read pinned chunks.
+    device = backend.device(0)
+    data = _pattern(8192)
+    pageable = HostRegion(device.wrap_host(data), 0, data.nbytes)
+    with device.alloc_pinned(8192) as pinned_buffer:
+        pinned = HostRegion(pinned_buffer, 0, 8192)
+        with StagingRing(device.wrap_host(data), chunk_bytes=4096, chunks=2, threads=1) as ring:
+            staged = ring.region(0, data.nbytes)
+            assert (pageable.blocks_host, pinned.blocks_host, staged.blocks_host) == (True, False, True)
+            assert (copies_pageable(pageable), copies_pageable(pinned), copies_pageable(staged)) == (True, False, False)
+
+
+def test_a_staged_copy_goes_out_before_the_previous_splits_wait(backend: Backend) -> None:
+    # No consumer ever waits for the first unit here; a gated copy would never go out.
+    device = backend.device(0)
+    data = _pattern(8192)
+    slots = PrefetchSlots(device)
+    stats = DeviceStats(device.label)
+    with StagingRing(device.wrap_host(data), chunk_bytes=4096, chunks=2, threads=1) as ring:
+        first, second = (Unit(Input(f"w{k}", 4096, host=ring.region(4096 * k, 4096)), position=k) for k in range(2))
+        slots.configure(2, 4096)
+        try:
+            slots.fire(first, stats, True, None)
+            slots.fire(second, stats, True, first)
+            # Generous: the copy is staged in microseconds; a gate would hold it forever.
+            assert second.recorded.wait(timeout=120)
+            assert second.error is None and not first.waited.is_set()
+        finally:
+            slots.close()
