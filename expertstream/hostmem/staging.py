@@ -236,8 +236,8 @@ class StagingRing(Closing):
         """Enqueue copies of several ``(dst_offset, src_offset, nbytes)`` ranges of ``sources[source]``.
 
         None of them was announced (a decode step's experts, known only once its router ran), but
-        they are filled at once, on as many threads as there are chunks, and DMAed in order; one
-        ``copy`` per range would fill them one after the other on one thread each.
+        they are filled side by side, one chunk each, up to the number of chunks, and DMAed in
+        order; one ``copy`` per range would fill them one after the other.
         """
         call = "StagingRing.copy_ranges"
         if stream.device is not self.device:

@@ -148,4 +148,14 @@ def _kind(obj: object) -> str:
     return "a DeviceBuffer (device memory)" if isinstance(obj, DeviceBuffer) else f"a {type(obj).__name__}"
 
 
-__all__ = ["HostRegion", "HostSource", "Lookahead", "LookaheadSource", "expect_copies"]
+__all__ = [
+    "HostRegion",
+    "HostSource",
+    "Lookahead",
+    "LookaheadSource",
+    "RangesSource",
+    "StagedSource",
+    "copies_pageable",
+    "enqueue_ranges",
+    "expect_copies",
+]
