@@ -82,15 +82,17 @@ class Measured:
     decode_runs: tuple[float, ...] = ()
 
     @classmethod
-    def of(cls, row: Row) -> Measured:
-        return cls(row.ubatch, row.slots, row.host_memory, row.ttft_s, row.decode_steps, row.decode_tokens_per_s)
-
-    @classmethod
     def over_rounds(cls, rounds: Sequence[Sequence[Row]]) -> list[Measured]:
         """One per setting: the median of its rows in each round (each round measures the same settings in order)."""
         out = []
         for rows in zip(*rounds, strict=True):
             first = rows[0]
+            settings = {(r.ubatch, r.slots, r.host_memory) for r in rows}
+            if len(settings) > 1:
+                raise InvalidArgument(
+                    f"the rounds measured different settings in one place: {sorted(settings)}",
+                    hint="a host memory mode fell back in some rounds only; see the log, or measure one round",
+                )
             ttft = tuple(r.ttft_s for r in rows)
             decode = tuple(r.decode_tokens_per_s for r in rows if r.decode_tokens_per_s is not None)
             out.append(
@@ -233,8 +235,12 @@ def markdown(doc: dict[str, Any]) -> str:
     lines += [
         f"Device {doc['device']} ({doc['backend']}); model {doc['model']['arch']}, {doc['model']['n_layer']} layers, "
         f"{doc['model']['expert_type']}, {doc['model']['expert_bytes'] / 1e9:.2f} GB of experts; {doc['tokens']}-token "
-        f"prompt, {doc['decode_steps']} decode steps; {doc['repeats']} timed run(s) per row after a warm-up, "
-        f"{doc.get('rounds', 1)} round(s) over the settings of each ubatch, the median reported.",
+        f"prompt, {doc['decode_steps']} decode steps; {doc['repeats']} timed run(s) per row after a warm-up"
+        + (
+            f", {doc['rounds']} rounds over the settings of each ubatch, the median reported."
+            if doc.get("rounds", 1) > 1
+            else "."
+        ),
         f"Steps (s): {', '.join(f'{k} {v:.0f}' for k, v in doc['timings_s'].items())}.",
         *([f"Tune phases (s): {', '.join(f'{k} {v:.1f}' for k, v in phases.items())}."] if phases else []),
         "",

@@ -8,8 +8,9 @@
   turns over ``--repeats`` rounds, so that a drift of the host shows in every setting alike; the
   median of the rounds is reported. Per row: GB/s and % of the pinned peak; the share of the ring
   threads' time spent copying and waiting for a chunk's DMA; one thread's copy rate; and the host
-  CPU time of those copies over their wall time (near 1: the copying itself is slow, not waiting
-  for the interpreter lock or a core).
+  CPU time of the ring's copies over their wall time (near 1: the copying itself is slow, not
+  waiting for the interpreter lock or a core), counted over the whole measurement of that
+  geometry and ubatch (warm-ups and every slot count), so the same for its rows.
 - ``decode``: a decode step's copies of the experts it uses (``--experts`` of each tensor, spread
   out): all of a tensor's ranges through the ring at once (``StagingRing.copy_ranges``, what the
   scheduler does) against one ``copy`` per range.
@@ -157,11 +158,15 @@ def copy_cpu_time(device: Device) -> Iterator[dict[str, float]]:
             totals["cpu_s"] += cpu
             totals["wall_s"] += wall
 
+    had_own = "host_copy" in vars(device)
     device.host_copy = timed  # type: ignore[method-assign]
     try:
         yield totals
     finally:
-        del device.host_copy
+        if had_own:
+            device.host_copy = original  # type: ignore[method-assign]
+        else:
+            del device.host_copy  # the class's method again
 
 
 def prefill_rows(be: Backend, device: Device, model: MoeModel, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -170,14 +175,16 @@ def prefill_rows(be: Backend, device: Device, model: MoeModel, args: argparse.Na
     peak = None
     for _ in range(args.repeats):
         for geometry, threads, ubatch in settings:
-            options = {
-                "ring_chunks": geometry.chunks,
-                "ring_chunk_bytes": geometry.chunk_mib * MIB,
-                "ring_part_bytes": geometry.part_mib * MIB,
-            }
-            batching = Batching(args.tokens, ubatch)
-            setting = Settings(batching, tuple(args.slots), (HostMemoryMode.RING,), ring_threads=threads)
-            with copy_cpu_time(device) as copies, _ring_options(options):
+            setting = Settings(
+                Batching(args.tokens, ubatch),
+                tuple(args.slots),
+                (HostMemoryMode.RING,),
+                ring_threads=threads,
+                ring_chunks=geometry.chunks,
+                ring_chunk_bytes=geometry.chunk_mib * MIB,
+                ring_part_bytes=geometry.part_mib * MIB,
+            )
+            with copy_cpu_time(device) as copies:
                 result = measure(be, [device], model, setting, h2d_peak_gbps=peak)
             peak = result.baselines.h2d_peak_gbps
             for row in result.rows:
@@ -207,24 +214,6 @@ def prefill_rows(be: Backend, device: Device, model: MoeModel, args: argparse.Na
             }
         )
     return rows
-
-
-@contextmanager
-def _ring_options(options: dict[str, int]) -> Iterator[None]:
-    """HostWeights.open with this ring geometry for the rows ``measure`` makes."""
-    import expertstream.moe.measure as measuring
-
-    class Opener:
-        @staticmethod
-        def open(*args: Any, **kwargs: Any) -> HostWeights:
-            return HostWeights.open(*args, **{**kwargs, **options})
-
-    saved = measuring.HostWeights
-    measuring.HostWeights = Opener  # type: ignore[misc, assignment]
-    try:
-        yield
-    finally:
-        measuring.HostWeights = saved  # type: ignore[misc]
 
 
 # -- decode: a step's experts ----------------------------------------------------------------------

@@ -63,8 +63,8 @@ class HostWeightsStats:
 # chunks of 64 MiB moved 33-40, and 8 chunks of 64 MiB copied slower per thread than either.
 DEFAULT_RING_CHUNK_BYTES = 32 << 20
 DEFAULT_RING_CHUNKS = 8
-# One thread memcpys from a file mapping at a fraction of PCIe speed (6 GB/s through the ring
-# on the H200 host); 12 threads gave 27-32 GB/s there, 8 gave 23-24 and 16 no more than 12.
+# Inside a prefill on the H200 host, 12 threads each copied 3-5 GB/s from the mapping; 14 and 16
+# threads were no faster together, each copying slower (docs/results/hostmem-h200.md).
 DEFAULT_RING_THREADS = min(12, os.cpu_count() or 1)
 
 

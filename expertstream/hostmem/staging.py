@@ -42,23 +42,12 @@ class RingStats:
     bytes_filled: int = 0  # copied into chunks, fills dropped and redone included
     fill_s: float = 0.0  # thread-seconds spent copying into chunks
     chunk_wait_s: float = 0.0  # thread-seconds spent waiting for a chunk's previous DMA to end
-    caller_wait_s: float = 0.0  # seconds ``copy`` callers waited for fills before enqueueing a DMA
 
     def __sub__(self, other: RingStats) -> RingStats:
-        return RingStats(
-            self.bytes_filled - other.bytes_filled,
-            self.fill_s - other.fill_s,
-            self.chunk_wait_s - other.chunk_wait_s,
-            self.caller_wait_s - other.caller_wait_s,
-        )
+        return RingStats(**{f.name: getattr(self, f.name) - getattr(other, f.name) for f in dataclasses.fields(self)})
 
     def __add__(self, other: RingStats) -> RingStats:
-        return RingStats(
-            self.bytes_filled + other.bytes_filled,
-            self.fill_s + other.fill_s,
-            self.chunk_wait_s + other.chunk_wait_s,
-            self.caller_wait_s + other.caller_wait_s,
-        )
+        return RingStats(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in dataclasses.fields(self)})
 
     @property
     def thread_gbps(self) -> float | None:
@@ -367,15 +356,12 @@ class StagingRing(Closing):
         return end
 
     def _finish_fill(self, fill: _Fill) -> None:
-        # Resume at every part's end, not only the latest: each handoff carries what its
-        # thread did, and the DMA that follows reads what all of them wrote.
-        backend = self.device.backend
-        start = backend.host_timestamp()
+        # Every part ends before any error is raised: a part still writing the chunk must not
+        # outlive the fill it belongs to. Resume at every part's end, not only the latest: each
+        # handoff carries what its thread did, and the DMA that follows reads what all of them wrote.
+        wait(fill.parts)
         for part in fill.parts:
-            backend.host_resume_at(part.result())
-        waited = backend.host_timestamp() - start
-        with self._stats_lock:
-            self._stats.caller_wait_s += waited
+            self.device.backend.host_resume_at(part.result())
 
     def close(self) -> None:
         """Wait for the fills and the DMAs still using the chunks, then free them."""

@@ -42,6 +42,10 @@ class Settings:
     warmup: bool = True  # run the first ubatch (and decode step) once per row before timing
     repeats: int = 1  # timed runs per row; rows report their mean and standard deviation
     ring_threads: int | None = None  # host threads filling the staging ring (None: hostmem's default)
+    # The staging ring's geometry (None: hostmem's defaults): chunks, bytes per chunk, least bytes per part.
+    ring_chunks: int | None = None
+    ring_chunk_bytes: int | None = None
+    ring_part_bytes: int | None = None
     n_cpu_moe: int | None = None  # experts of the first N MoE layers stream; None: all, unless gpu_memory
     gpu_memory: GpuMemory | None = None  # stream only as many leading layers as needed to fit the rest
     matrix_path: MatrixPath | None = None  # mul_mat_id's path for every type; None: each type's default
@@ -247,7 +251,12 @@ def measure(
         with ResidentExperts(model, split, offload, upload_data=runner.data) as resident:
             for mode in settings.host_memory:
                 with HostWeights.open(
-                    model, split.devices[0], mode, ring_threads=settings.ring_threads, copied_to=split.expert_devices
+                    model,
+                    split.devices[0],
+                    mode,
+                    ring_threads=settings.ring_threads,
+                    copied_to=split.expert_devices,
+                    **_ring_geometry(settings),
                 ) as weights:
                     for slots in settings.slots:
                         row = _measure_row(
@@ -255,6 +264,16 @@ def measure(
                         )
                         result.rows.append(row)
         return result
+
+
+def _ring_geometry(settings: Settings) -> dict[str, int]:
+    """The ring options ``settings`` names; the others keep HostWeights.open's defaults."""
+    named = {
+        "ring_chunks": settings.ring_chunks,
+        "ring_chunk_bytes": settings.ring_chunk_bytes,
+        "ring_part_bytes": settings.ring_part_bytes,
+    }
+    return {key: value for key, value in named.items() if value is not None}
 
 
 def _measure_row(

@@ -3,8 +3,9 @@
 A copy into a slot waits (on the copy stream) for the slot's free event, recorded after the
 last kernel that read it; the consumer waits (on its compute stream) for the slot's ready
 event, recorded after the copy and the clearing of the slot's padded tail. Sources whose copy
-can block the host (pageable memory) are copied from a worker thread so that compute launches
-keep flowing meanwhile, each copy only after the consumer's wait for the previous unit.
+can block the host (pageable memory, a staging ring) are copied from a worker thread so that
+compute launches keep flowing meanwhile; a copy from pageable memory goes out only after the
+consumer's wait for the previous unit.
 """
 
 from __future__ import annotations
@@ -93,8 +94,9 @@ class PrefetchSlots:
         A copy from pageable memory the worker enqueues only once the consumer's wait for
         ``previous`` is enqueued: on ROCm a wait issued after a pageable copy resolves against the
         copy stream's tail, so a copy that slipped in ahead of that wait would hold the previous
-        split back until it ends. A staged copy (a staging ring's DMAs from pinned chunks) goes out
-        as soon as its bytes are staged, so the ring's threads are not held up by the launching thread.
+        split back until it ends. A staged copy (a staging ring's DMAs from pinned chunks, which we
+        take to resolve like any DMA there; not yet run on ROCm) goes out as soon as its bytes are
+        staged, so the ring's threads are not held up by the launching thread.
         """
         slot = self._slot(unit.position % self.n_slots, stats)
         if slot is None:

@@ -177,8 +177,8 @@ class Scheduler(Closing):
         if not units:
             return
         if state.blocks_host[device]:
-            # The copy worker holds each copy until the wait before it is enqueued: hand it the
-            # fills now, so that it has waited for their slots and cleared their tails by then.
+            # The copy worker holds each pageable copy until the wait before it is enqueued: hand
+            # it the fills now, so that it has waited for their slots and cleared their tails by then.
             self._fire_ahead(device, state, stats)
         prefetch = self._prefetch[device]
         compute = self.stream(device)
@@ -194,7 +194,8 @@ class Scheduler(Closing):
         A unit's slot is free for a fill once the split that last read it has been launched (the
         fill waits on the copy stream for its kernels). Copies enqueued here at once keep one
         slot for the split computing now: they stop N-1 past the last released unit. Copies
-        the worker holds back until the wait before them (rule 5) may take all N.
+        the worker makes (rule 5) may take all N: a pageable one waits for the wait before it,
+        a staged one for its fills, and both for their slot's free event on the copy stream.
         """
         prefetch = self._prefetch[device]
         depth = prefetch.n_slots if state.blocks_host[device] else prefetch.n_slots - 1

@@ -86,7 +86,8 @@ def copies_pageable(source: HostSource) -> bool:
 
     A wait enqueued on another stream after such a copy may resolve at the copy stream's tail
     (reported on ROCm), so the next lookahead copy must not go out before the consumer's wait.
-    A staged source blocks its caller too, but its DMAs read page-locked chunks.
+    A staged source blocks its caller too, but its DMAs read page-locked chunks, which we take to
+    resolve like any DMA (the report concerns pageable copies; not yet run on ROCm).
     """
     return source.blocks_host and not (isinstance(source, StagedSource) and source.staged)
 

@@ -25,11 +25,9 @@ from expertstream.scheduler import Scheduler
 from expertstream.scheduler.source import HostRegion, HostSource, expect_copies
 from expertstream.timeline import OpKind
 
+from .patterns import pattern
+
 MIB = 1 << 20
-
-
-def _pattern(n: int) -> np.ndarray:
-    return (np.arange(n, dtype=np.uint64) * 2654435761 >> 7).astype(np.uint8)
 
 
 def _copy_all(regions: list[RingRegion], stream: Stream, dst: DeviceBuffer) -> None:
@@ -41,7 +39,7 @@ def _copy_all(regions: list[RingRegion], stream: Stream, dst: DeviceBuffer) -> N
 @pytest.mark.parametrize(("chunk_bytes", "chunks", "threads"), [(4096, 2, 1), (10_000, 3, 4), (9 << 20, 2, 3)])
 def test_expected_copies_are_exact(backend: Backend, chunk_bytes: int, chunks: int, threads: int) -> None:
     device = backend.device(0)
-    data = _pattern(5 * chunk_bytes + 12_345)
+    data = pattern(5 * chunk_bytes + 12_345)
     with StagingRing(device.wrap_host(data), chunk_bytes=chunk_bytes, chunks=chunks, threads=threads) as ring:
         # Unaligned cuts, a copy smaller than a chunk, one spanning several, one of zero bytes.
         cuts = [0, 1, 777, 777, chunk_bytes + 5, 4 * chunk_bytes + 9, data.nbytes]
@@ -58,7 +56,7 @@ def test_expected_copies_are_exact(backend: Backend, chunk_bytes: int, chunks: i
 def test_copies_out_of_the_expected_order_are_exact(backend: Backend) -> None:
     device = backend.device(0)
     chunk = 10_000
-    data = _pattern(12 * chunk + 321)
+    data = pattern(12 * chunk + 321)
     with StagingRing(device.wrap_host(data), chunk_bytes=chunk, chunks=3, threads=2) as ring:
         cuts = [0, 2 * chunk + 3, 3 * chunk, 5 * chunk + 1, 7 * chunk, 9 * chunk + 7, data.nbytes]
         a, b, c, d, e, f = (ring.region(x, y - x) for x, y in itertools.pairwise(cuts))
@@ -81,7 +79,7 @@ def test_copies_out_of_the_expected_order_are_exact(backend: Backend) -> None:
 
 def test_a_new_list_replaces_the_last_and_an_empty_one_ends_it(backend: Backend) -> None:
     device = backend.device(0)
-    data = _pattern(50_000)
+    data = pattern(50_000)
     with StagingRing(device.wrap_host(data), chunk_bytes=4096, chunks=2, threads=2) as ring:
         first, second = ring.region(0, 20_000), ring.region(20_000, 30_000)
         ring.expect([first, second])
@@ -98,20 +96,20 @@ def test_a_new_list_replaces_the_last_and_an_empty_one_ends_it(backend: Backend)
 def test_closing_waits_for_the_fills_made_ahead() -> None:
     with expertstream.backend("sim", profile="cuda-h200") as sim:
         device = sim.device(0)
-        data = _pattern(9 << 20)
+        data = pattern(9 << 20)
         ring = StagingRing(device.wrap_host(data), chunk_bytes=4 << 20, chunks=2, threads=2)
         chunks = [slot.buffer for slot in ring._slots]
         ring.expect([ring.region(0, data.nbytes)])  # two chunks' fills start now; none is asked for
         ring.close()
         assert all(chunk.closed for chunk in chunks)
         fills = [op for op in sim.timeline if op.kind is OpKind.HOST_COPY]
-        assert len(fills) == 2  # one per chunk (parts are 4 MiB at least)
+        assert len(fills) == 2  # one per chunk (a 4 MiB chunk is one part: parts are 8 MiB at least)
         assert sim.host_timestamp() >= max(op.end for op in fills), "chunks freed before their fills ended"
 
 
 def test_only_the_rings_own_regions_can_be_expected(backend: Backend) -> None:
     device = backend.device(0)
-    data = device.wrap_host(_pattern(8192))
+    data = device.wrap_host(pattern(8192))
     with (
         StagingRing(data, chunk_bytes=1024, chunks=2, threads=1) as ring,
         StagingRing(data, chunk_bytes=1024, chunks=2, threads=1) as other,
@@ -127,7 +125,7 @@ def test_only_the_rings_own_regions_can_be_expected(backend: Backend) -> None:
 
 def test_each_ring_is_told_its_own_copies_in_order(backend: Backend) -> None:
     device = backend.device(0)
-    data = device.wrap_host(_pattern(8192))
+    data = device.wrap_host(pattern(8192))
     told: dict[int, list[HostSource]] = {}
 
     class Recording(StagingRing):
@@ -201,7 +199,7 @@ def _watched_copies(order: list[int]) -> tuple[list[_Use], list[_Use], bool]:
     with expertstream.backend("sim", profile="cuda-h200") as sim:
         assert isinstance(sim, SimBackend)
         device = sim.device(0)
-        data = _pattern(6 * 5 * MIB // 2)
+        data = pattern(6 * 5 * MIB // 2)
         with StagingRing(device.wrap_host(data), chunk_bytes=MIB, chunks=3, threads=2) as ring:
             uses = _ChunkUses(sim, ring)
             tensors = [ring.region(k * 5 * MIB // 2, 5 * MIB // 2) for k in range(6)]

@@ -16,11 +16,9 @@ from expertstream.scheduler.prefetch import PrefetchSlots, Unit
 from expertstream.scheduler.source import HostRegion, copies_pageable, enqueue_ranges
 from expertstream.scheduler.stats import DeviceStats
 
+from .patterns import pattern
+
 MIB = 1 << 20
-
-
-def _pattern(n: int) -> np.ndarray:
-    return np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8)
 
 
 @pytest.mark.parametrize(("chunk_bytes", "chunks", "threads"), [(4096, 2, 1), (10_000, 3, 4), (1 << 20, 8, 12)])
@@ -28,7 +26,7 @@ def test_ranges_arrive_exact_between_announced_copies(
     backend: Backend, chunk_bytes: int, chunks: int, threads: int
 ) -> None:
     device = backend.device(0)
-    data = _pattern(12 * chunk_bytes + 4320)
+    data = pattern(12 * chunk_bytes + 4320)
     quarter = data.nbytes // 4
     with StagingRing(device.wrap_host(data), chunk_bytes=chunk_bytes, chunks=chunks, threads=threads) as ring:
         whole = [ring.region(k * quarter, quarter) for k in range(4)]
@@ -54,7 +52,7 @@ def test_ranges_arrive_exact_between_announced_copies(
 
 def test_plain_host_memory_takes_the_ranges_one_by_one(backend: Backend) -> None:
     device = backend.device(0)
-    data = _pattern(50_000)
+    data = pattern(50_000)
     with device.alloc(data.nbytes) as dst, device.stream() as stream:
         stream.memset(dst, 0, data.nbytes, 0)
         enqueue_ranges(HostRegion(device.wrap_host(data), 0, data.nbytes), stream, dst, [(10, 900), (40_000, 50_000)])
@@ -67,7 +65,7 @@ def test_plain_host_memory_takes_the_ranges_one_by_one(backend: Backend) -> None
 
 def test_ranges_are_checked(backend: Backend) -> None:
     device = backend.device(0)
-    data = _pattern(10_000)
+    data = pattern(10_000)
     ring = StagingRing(device.wrap_host(data), chunk_bytes=4096, chunks=2, threads=1)
     with device.alloc(100) as dst, device.stream() as stream:
         with pytest.raises(InvalidArgument):
@@ -111,11 +109,11 @@ def test_the_ranges_fill_side_by_side() -> None:
     assert at_once < one_by_one / 3
 
 
-def test_only_pageable_copies_wait_for_the_previous_splits_wait(backend: Backend) -> None:
+def test_only_copies_from_pageable_memory_count_as_pageable(backend: Backend) -> None:
     # The copy worker's gate (ordering rule 5) is for copies a wait may bind to on ROCm: copies
     # from pageable memory. A staging ring blocks its caller too, but its DMAs read pinned chunks.
     device = backend.device(0)
-    data = _pattern(8192)
+    data = pattern(8192)
     pageable = HostRegion(device.wrap_host(data), 0, data.nbytes)
     with device.alloc_pinned(8192) as pinned_buffer:
         pinned = HostRegion(pinned_buffer, 0, 8192)
@@ -128,7 +126,7 @@ def test_only_pageable_copies_wait_for_the_previous_splits_wait(backend: Backend
 def test_a_staged_copy_goes_out_before_the_previous_splits_wait(backend: Backend) -> None:
     # No consumer ever waits for the first unit here; a gated copy would never go out.
     device = backend.device(0)
-    data = _pattern(8192)
+    data = pattern(8192)
     slots = PrefetchSlots(device)
     stats = DeviceStats(device.label)
     with StagingRing(device.wrap_host(data), chunk_bytes=4096, chunks=2, threads=1) as ring:
@@ -137,8 +135,9 @@ def test_a_staged_copy_goes_out_before_the_previous_splits_wait(backend: Backend
         try:
             slots.fire(first, stats, True, None)
             slots.fire(second, stats, True, first)
-            # Generous: the copy is staged in microseconds; a gate would hold it forever.
+            # Generous: the copy is staged in microseconds; a gate would hold it until the wait.
             assert second.recorded.wait(timeout=120)
             assert second.error is None and not first.waited.is_set()
         finally:
+            first.waited.set()  # so that a gated copy (the failure) lets the worker drain
             slots.close()

@@ -14,9 +14,7 @@ from expertstream.backends.base import Backend, HostBuffer
 from expertstream.errors import HazardError, InvalidArgument, UseAfterClose
 from expertstream.hostmem import HostMemoryMode, HostWeights, StagingRing
 
-
-def _pattern(n: int) -> np.ndarray:
-    return np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8)
+from .patterns import pattern
 
 
 def test_ring_uses_bounded_pinned_memory(backend: Backend, tiny_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -70,7 +68,7 @@ def test_ring_copies_exact_bytes_for_any_geometry(
     backend: Backend, chunk_bytes: int, chunks: int, threads: int
 ) -> None:
     device = backend.device(0)
-    data = _pattern(3 * chunk_bytes + 12_345)
+    data = pattern(3 * chunk_bytes + 12_345)
     with StagingRing(device.wrap_host(data), chunk_bytes=chunk_bytes, chunks=chunks, threads=threads) as ring:
         dst = device.alloc(data.nbytes)
         with device.stream() as stream:
@@ -86,7 +84,7 @@ def test_ring_copies_exact_bytes_for_any_geometry(
 
 def test_zero_byte_copy_is_a_no_op(backend: Backend) -> None:
     device = backend.device(0)
-    data = _pattern(1000)
+    data = pattern(1000)
     with StagingRing(device.wrap_host(data), chunk_bytes=256, chunks=2, threads=1) as ring:
         dst = device.alloc(16)
         with device.stream() as stream:
@@ -98,7 +96,7 @@ def test_zero_byte_copy_is_a_no_op(backend: Backend) -> None:
 
 def test_concurrent_callers_are_serialized_and_exact(backend: Backend) -> None:
     device = backend.device(0)
-    data = _pattern(3 * (1 << 20) + 3)
+    data = pattern(3 * (1 << 20) + 3)
     with StagingRing(device.wrap_host(data), chunk_bytes=200_000, chunks=3, threads=2) as ring:
         half = data.nbytes // 2
         dsts = [device.alloc(half), device.alloc(data.nbytes - half)]
@@ -136,12 +134,12 @@ def test_ring_geometry_is_checked(backend: Backend, kwargs: dict[str, int], bad:
     device = backend.device(0)
     args = {"chunk_bytes": 1024, "chunks": 2, "threads": 1, **kwargs}
     with pytest.raises(InvalidArgument, match="staging ring needs chunk_bytes >= 1, chunks >= 2"):
-        StagingRing(device.wrap_host(_pattern(10)), **args)
+        StagingRing(device.wrap_host(pattern(10)), **args)
 
 
 def test_ring_refuses_out_of_range_and_closed_use(backend: Backend) -> None:
     device = backend.device(0)
-    ring = StagingRing(device.wrap_host(_pattern(4096)), chunk_bytes=1024, chunks=2, threads=1)
+    ring = StagingRing(device.wrap_host(pattern(4096)), chunk_bytes=1024, chunks=2, threads=1)
     dst = device.alloc(8192)
     with device.stream() as stream:
         with pytest.raises(InvalidArgument):
@@ -156,7 +154,7 @@ def test_a_refill_that_skips_its_wait_is_caught(monkeypatch: pytest.MonkeyPatch)
     """The simulator's checker sees host copies into pinned chunks a DMA may still be reading."""
     with expertstream.backend("sim") as sim:
         device = sim.device(0)
-        data = _pattern(4 * 4096)
+        data = pattern(4 * 4096)
         with StagingRing(device.wrap_host(data), chunk_bytes=4096, chunks=2, threads=1) as ring:
             for slot in ring._slots:  # a refill that does not wait for the chunk's last DMA
                 monkeypatch.setattr(slot.free_event, "synchronize", lambda: None)
