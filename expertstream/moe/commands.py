@@ -223,6 +223,19 @@ def register(subparsers: Any) -> None:
     )
     prefill.add_argument("--ring-threads", type=_positive, default=None, help="host threads filling the staging ring")
     prefill.add_argument(
+        "--ring-chunks", type=_positive, default=None, help="the staging ring's pinned chunks (at least 2; default 8)"
+    )
+    prefill.add_argument(
+        "--ring-chunk-mib", type=_positive, default=None, help="MiB per staging ring chunk (default 32)"
+    )
+    prefill.add_argument(
+        "--ring-part-mib",
+        type=_positive,
+        default=None,
+        help="least MiB one ring thread copies of a chunk's fill (default 8); microbench.ring_limits compares "
+        "geometries on this machine",
+    )
+    prefill.add_argument(
         "--matrix-path",
         choices=("auto", *(p.value for p in MatrixPath)),
         default="auto",
@@ -509,6 +522,9 @@ def _settings(args: argparse.Namespace, batching: Batching, n_cpu_moe: int | Non
         args.seed,
         repeats=args.repetitions,
         ring_threads=args.ring_threads,
+        ring_chunks=args.ring_chunks,
+        ring_chunk_bytes=None if args.ring_chunk_mib is None else args.ring_chunk_mib << 20,
+        ring_part_bytes=None if args.ring_part_mib is None else args.ring_part_mib << 20,
         n_cpu_moe=n_cpu_moe,
         gpu_memory=args.gpu_memory,
         matrix_path=None if args.matrix_path == "auto" else MatrixPath(args.matrix_path),

@@ -206,3 +206,43 @@ def test_a_matrix_path_the_device_lacks_is_refused(tiny_path: Path, capsys: pyte
     )
     assert code == 2
     assert "no int8 matrix instructions" in err and "use auto" in err
+
+
+def test_the_ring_geometry_is_taken_and_its_time_reported(
+    tiny_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from expertstream.hostmem import StagingRing
+
+    made: list[tuple[int, int, int]] = []
+    real = StagingRing.__init__
+
+    def recording(self: StagingRing, *args: object, **kwargs: int) -> None:
+        made.append((kwargs["chunks"], kwargs["threads"], kwargs["part_bytes"]))
+        real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(StagingRing, "__init__", recording)
+    geometry = ["--ring-chunks", "3", "--ring-chunk-mib", "1", "--ring-part-mib", "2", "--ring-threads", "2"]
+    code, out, _ = _prefill(
+        capsys,
+        str(tiny_path),
+        "--backend",
+        "sim",
+        *SMALL,
+        "--slots",
+        "0,2",
+        "--host-memory",
+        "ring,pinned",
+        *geometry,
+        "--json",
+    )
+    assert code == 0 and made == [(3, 2, 2 << 20)]
+    rows = json.loads(out)["rows"]
+    ring, pinned = [r for r in rows if r["host_memory"] == "ring"], [r for r in rows if r["host_memory"] == "pinned"]
+    assert len(ring) == len(pinned) == 2
+    for row in ring:
+        assert row["ring_threads"] == 2 and 0 < row["ring_copy_pct"] <= 100 and row["ring_thread_gbps"] > 0
+    assert all(r["ring_copy_pct"] is None for r in pinned)
+    code, _, err = _prefill(
+        capsys, str(tiny_path), "--backend", "sim", *SMALL, "--host-memory", "ring", "--ring-chunks", "1"
+    )
+    assert code == 2 and "chunks >= 2" in err
