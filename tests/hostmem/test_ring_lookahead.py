@@ -191,8 +191,9 @@ def _overlapping(writes: list[_Use], reads: list[_Use]) -> list[tuple[_Use, _Use
     return [(w, r) for w in writes for r in reads if w.chunk == r.chunk and w.start < r.end and r.start < w.end]
 
 
-def _watched_copies(order: list[int]) -> tuple[list[_Use], list[_Use], bool]:
-    """Copy 6 tensors of 2.5 chunks through 3 chunks, in ``order``, all 6 announced in order.
+def _watched_copies(order: list[int], in_ranges: int | None = None) -> tuple[list[_Use], list[_Use], bool]:
+    """Copy 6 tensors of 2.5 chunks through 3 chunks, in ``order``, all 6 announced in order;
+    tensor ``in_ranges`` as three ranges in one call, as a decode step copies its experts.
 
     Returns the chunk writes, the DMAs, and whether the device got the right bytes.
     """
@@ -206,7 +207,17 @@ def _watched_copies(order: list[int]) -> tuple[list[_Use], list[_Use], bool]:
             ring.expect(tensors)
             with device.alloc(data.nbytes) as dst, device.stream() as stream:
                 uses.watch(stream)
-                _copy_all([tensors[k] for k in order], stream, dst)
+                for k in order:
+                    tensor = tensors[k]
+                    if k == in_ranges:
+                        cuts = [0, MIB // 3, 2 * MIB + 7, tensor.length]
+                        ring.copy_ranges(
+                            stream,
+                            dst,
+                            [(tensor.start + a, tensor.start + a, b - a) for a, b in itertools.pairwise(cuts)],
+                        )
+                    else:
+                        _copy_all([tensor], stream, dst)
                 stream.synchronize()
                 exact = np.array_equal(dst.read(), data)
         return uses.writes, uses.reads(), exact
@@ -217,6 +228,13 @@ def test_no_chunk_is_written_while_a_dma_reads_it(order: list[int]) -> None:
     writes, reads, exact = _watched_copies(order)
     assert exact
     assert len(reads) == 6 * 3  # 2.5 chunks each: three pieces
+    assert not _overlapping(writes, reads)
+
+
+@pytest.mark.parametrize("order", [[0, 1, 2, 3, 4, 5], [3, 2, 1, 0, 4, 5]])
+def test_ranges_between_announced_copies_never_overwrite_a_chunk_under_a_dma(order: list[int]) -> None:
+    writes, reads, exact = _watched_copies(order, in_ranges=2)
+    assert exact
     assert not _overlapping(writes, reads)
 
 
