@@ -43,7 +43,17 @@ from .offload import parse_gpu_memory
 from .placeholder import write_sparse_model
 from .predict import MODE_CHOICES, SLOT_CHOICES, Choice, choose, predict, ubatch_choices, with_predictions
 from .provenance import provenance
-from .report import COLUMNS_HELP, Row, as_csv, as_json, as_jsonl, format_markdown, format_table, mismatched
+from .report import (
+    COLUMNS_HELP,
+    Row,
+    as_csv,
+    as_json,
+    as_jsonl,
+    format_markdown,
+    format_table,
+    mismatched,
+    ring_note,
+)
 from .runner import Batching
 from .tune import tune
 
@@ -599,6 +609,9 @@ def _print(report: Report, fmt: str) -> None:
     else:
         _print_summary(report)
         print(format_table(report.rows))
+        note = ring_note(report.rows)
+        if note:
+            print(note)
 
 
 def _header(backend: Backend, device_name: str, model: MoeModel, args: argparse.Namespace) -> dict[str, Any]:

@@ -200,6 +200,41 @@ def _columns(rows: Sequence[Row]) -> tuple[tuple[str, int, Callable[[Row], str]]
     return _COLUMNS[:-1] + (_PREDICTED if predicted else ()) + (_RING if ring else ()) + _COLUMNS[-1:]
 
 
+# A ring whose threads copy at least this share of the time is bound by the host's copy rate; one
+# whose threads wait at least this share for chunk DMAs is held back by the copies to the device.
+RING_COPY_BOUND_PCT = 60.0
+RING_WAIT_BOUND_PCT = 50.0
+RING_IDLE_BELOW_PCT = 50.0  # copying and waiting together below this: the threads mostly idle
+
+
+def ring_note(rows: Sequence[Row]) -> str | None:
+    """One line on where the staging ring's threads spent their time, over its rows (None without a ring)."""
+    ring = [r for r in rows if r.ring_copy_pct is not None and r.ring_chunk_wait_pct is not None]
+    if not ring:
+        return None
+    copy = [r.ring_copy_pct for r in ring if r.ring_copy_pct is not None]
+    wait = [r.ring_chunk_wait_pct for r in ring if r.ring_chunk_wait_pct is not None]
+    rates = [r.ring_thread_gbps for r in ring if r.ring_thread_gbps is not None]
+    line = (
+        f"staging ring ({ring[0].ring_threads} threads): copying {_span(copy, '.0f')}% of the time, waiting for "
+        f"chunk DMAs {_span(wait, '.0f')}%"
+    )
+    if rates:
+        line += f", {_span(rates, '.1f')} GB/s per thread while copying"
+    if max(copy) >= RING_COPY_BOUND_PCT:
+        return line + ": the host's copy from the mapping bounds it; more slots will not help"
+    if min(wait) >= RING_WAIT_BOUND_PCT:
+        return line + ": the copies to the device hold it back, not its threads"
+    if max(c + w for c, w in zip(copy, wait, strict=True)) < RING_IDLE_BELOW_PCT:
+        return line + ": its threads are mostly idle, so the ring is not what bounds the run"
+    return line
+
+
+def _span(values: Sequence[float], fmt: str) -> str:
+    low, high = format(min(values), fmt), format(max(values), fmt)
+    return low if low == high else f"{low}-{high}"
+
+
 def format_table(rows: Sequence[Row]) -> str:
     """Aligned columns, one line per row, no spaces inside a cell."""
     columns = _columns(rows)

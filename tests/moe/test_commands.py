@@ -11,6 +11,7 @@ import pytest
 
 from expertstream.backends.base import Backend
 from expertstream.cli import main
+from expertstream.moe.report import Row
 from expertstream.moe.runner import MoeRunner
 
 SMALL = ["--tokens", "32", "--ubatch", "16", "-r", "1"]
@@ -242,7 +243,59 @@ def test_the_ring_geometry_is_taken_and_its_time_reported(
     for row in ring:
         assert row["ring_threads"] == 2 and 0 < row["ring_copy_pct"] <= 100 and row["ring_thread_gbps"] > 0
     assert all(r["ring_copy_pct"] is None for r in pinned)
+    code, out, _ = _prefill(capsys, str(tiny_path), "--backend", "sim", *SMALL, "--host-memory", "ring", *geometry)
+    assert code == 0 and out.splitlines()[-1].startswith("staging ring (2 threads): copying ")
     code, _, err = _prefill(
         capsys, str(tiny_path), "--backend", "sim", *SMALL, "--host-memory", "ring", "--ring-chunks", "1"
     )
     assert code == 2 and "chunks >= 2" in err
+
+
+def _ring_row(copy: float | None, wait: float | None, rate: float | None = 4.0) -> Row:
+    return Row(
+        slots=0,
+        host_memory="ring" if copy is not None else "registered",
+        tokens=512,
+        ubatch=512,
+        ttft_s=1.0,
+        prefill_tokens_per_s=512.0,
+        h2d_bytes=1,
+        h2d_gbps=1.0,
+        h2d_pct_of_peak=1.0,
+        transfer_only_s=1.0,
+        compute_only_s=1.0,
+        overlap_efficiency=1.0,
+        over_compute_ms=0.0,
+        slot_wait_ms=None,
+        fires=0,
+        fallbacks={},
+        prefill_sha256="",
+        ring_threads=12 if copy is not None else None,
+        ring_copy_pct=copy,
+        ring_chunk_wait_pct=wait,
+        ring_thread_gbps=rate if copy is not None else None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("shares", "says"),
+    [
+        (
+            [(78, 19), (73, 12)],
+            "copying 73-78% of the time, waiting for chunk DMAs 12-19%, 4.0 GB/s per thread "
+            "while copying: the host's copy from the mapping bounds it",
+        ),
+        ([(12, 88), (23, 77)], "the copies to the device hold it back"),
+        ([(2, 0), (3, 1)], "mostly idle"),
+        ([(45, 30), (41, 56)], "waiting for chunk DMAs 30-56%, 4.0 GB/s per thread while copying"),
+    ],
+)
+def test_the_ring_note_says_what_bounds_the_ring(shares: list[tuple[float, float]], says: str) -> None:
+    from expertstream.moe.report import ring_note
+
+    rows = [_ring_row(copy, wait) for copy, wait in shares] + [_ring_row(None, None)]
+    note = ring_note(rows)
+    assert note is not None and note.startswith("staging ring (12 threads): ") and says in note
+    if shares[0] == (45, 30):
+        assert note.endswith("while copying")  # neither bound nor idle: no verdict
+    assert ring_note([_ring_row(None, None)]) is None
