@@ -285,8 +285,22 @@ class StagingRing(Closing):
             self._top_up()  # the next fill takes the chunk just handed to the DMA, once it is read
 
     def _top_up(self) -> None:
-        while self._queue and len(self._ahead) < len(self._slots):
-            self._ahead.append(self._start_fill(self._queue.popleft()))
+        """Start fills for the next pieces into the chunks no fill holds.
+
+        The parts of the fills started and not yet handed to a DMA copy at once with those started
+        now, up to one per thread: that is each part's share of the host memory bus. Counted here, in
+        the caller's order of events, so that the simulator's share does not depend on how the OS
+        runs threads; fills started together (a run's first, a decode step's ranges) share it alike.
+        """
+        starting = min(len(self._queue), len(self._slots) - len(self._ahead))
+        if starting <= 0:
+            return
+        pieces = [self._queue.popleft() for _ in range(starting)]
+        spans = [_parts(piece.nbytes, len(self._workers), self.part_bytes) for piece in pieces]
+        in_flight = sum(len(fill.parts) for fill in self._ahead) + sum(len(parts) for parts in spans)
+        sharing = min(len(self._workers), in_flight)
+        for piece, parts in zip(pieces, spans, strict=True):
+            self._ahead.append(self._start_fill(piece, parts, sharing))
 
     def _requeue_ahead(self) -> None:
         """Wait for the fills started ahead and queue their pieces again, first."""
@@ -312,16 +326,11 @@ class StagingRing(Closing):
             if part.exception() is None:
                 self.device.backend.host_resume_at(part.result())
 
-    def _start_fill(self, piece: _Piece) -> _Fill:
+    def _start_fill(self, piece: _Piece, spans: list[tuple[int, int]], sharing: int) -> _Fill:
         slot = self._slots[self._next_slot]
         self._next_slot = (self._next_slot + 1) % len(self._slots)
         handoff = self.device.backend.host_timestamp()
         parts = []
-        spans = _parts(piece.nbytes, len(self._workers), self.part_bytes)
-        # The parts of the fills started and not yet handed to a DMA copy at once with this
-        # fill's, up to one per thread. Counted here, in the caller's order of events, so that
-        # the simulator's share of the host memory bus does not depend on how the OS runs threads.
-        sharing = min(len(self._workers), len(spans) + sum(len(fill.parts) for fill in self._ahead))
         for offset, n in spans:
             worker = self._workers[self._next_worker]
             self._next_worker = (self._next_worker + 1) % len(self._workers)
