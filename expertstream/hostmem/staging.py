@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
 from .._closing import Closing
@@ -135,6 +135,7 @@ class StagingRing(Closing):
             ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"expertstream-ring-{i}") for i in range(threads)
         ]
         self._lock = threading.Lock()
+        self._released_at: float | None = None  # the last caller's clock (and, on the simulator, what it knew)
         self._next_slot = 0
         self._next_worker = 0
         # The expected copies: tickets by (source, offset, nbytes), the lowest ticket still
@@ -179,7 +180,7 @@ class StagingRing(Closing):
         for region in sources:
             if not isinstance(region, RingRegion) or region.ring is not self:
                 raise InvalidArgument(f"{region!r} is not a region of this staging ring", call=call)
-        with self._lock:
+        with self._locked():
             if self.closed:
                 raise UseAfterClose("staging ring is closed", call=call, device=self.device.label)
             self._forget()
@@ -203,7 +204,7 @@ class StagingRing(Closing):
         check_range(call, dst, dst_offset, nbytes)
         host = self.sources[source]
         check_range(call, host, src_offset, nbytes)
-        with self._lock:
+        with self._locked():
             if self.closed:
                 raise UseAfterClose("staging ring is closed", call=call, device=self.device.label)
             if nbytes == 0:
@@ -237,7 +238,7 @@ class StagingRing(Closing):
         for dst_offset, src_offset, nbytes in ranges:
             check_range(call, dst, dst_offset, nbytes)
             check_range(call, host, src_offset, nbytes)
-        with self._lock:
+        with self._locked():
             if self.closed:
                 raise UseAfterClose("staging ring is closed", call=call, device=self.device.label)
             pieces = [
@@ -255,6 +256,22 @@ class StagingRing(Closing):
             except BaseException:
                 self._forget()
                 raise
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold the ring's lock, starting where the last holder stopped.
+
+        The lock orders one caller's work (fills it waited for and dropped, DMAs it enqueued) before
+        the next caller's; resuming at the last holder's timestamp tells the simulator so.
+        """
+        backend = self.device.backend
+        with self._lock:
+            if self._released_at is not None:
+                backend.host_resume_at(self._released_at)
+            try:
+                yield
+            finally:
+                self._released_at = backend.host_timestamp()
 
     def _claim(self, key: tuple[int, int, int]) -> int:
         """The ticket of the first expected copy of ``key`` (dropping those expected before it), or _UNANNOUNCED."""
@@ -374,7 +391,7 @@ class StagingRing(Closing):
 
     def close(self) -> None:
         """Wait for the fills and the DMAs still using the chunks, then free them."""
-        with self._lock:
+        with self._locked():
             if self.closed:
                 return
             self.closed = True

@@ -39,7 +39,32 @@ class Unit:
     error: BaseException | None = None  # why its fill failed, raised to the consumer
     waited: threading.Event = field(default_factory=threading.Event)  # its consumer's wait is enqueued
     waited_at: float = 0.0
+    # Copies the launching thread makes before this unit's in the run's order (stock copies of earlier
+    # splits): the worker enqueues this unit's copy only after them, so that a lookahead's announced
+    # order (a staging ring's) is the order its copies are asked for.
+    after: Milestone | None = None
     view: BufferView | None = None  # the slot bytes the split reads, once consumed
+
+
+class Milestone:
+    """A point the launching thread reaches once in a run (a split launched), which other threads wait for."""
+
+    def __init__(self) -> None:
+        self._reached = threading.Event()
+        self._at = 0.0
+
+    def reach(self, at: float) -> None:
+        self._at = at
+        self._reached.set()
+
+    def wait(self) -> float:
+        """Block until reached; the launching thread's timestamp then (the simulator resumes there)."""
+        self._reached.wait()
+        return self._at
+
+    @property
+    def reached(self) -> bool:
+        return self._reached.is_set()
 
 
 @dataclass
@@ -201,6 +226,8 @@ class PrefetchSlots:
                 if gate is not None:
                     gate.waited.wait()
                     backend.host_resume_at(gate.waited_at)
+                if unit.after is not None:
+                    backend.host_resume_at(unit.after.wait())
                 source.enqueue_h2d(copy_stream, slot.buffer, 0, 0, nbytes)
                 copy_stream.record(slot.ready)
             except BaseException as exc:

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from .._closing import Closing
 from ..backends.base import BufferView, Device, Stream, Usage
 from .plan import Input, MulMatId, Plan, Split
-from .prefetch import PrefetchSlots, Unit
-from .source import HostSource, Lookahead, expect_copies
+from .prefetch import Milestone, PrefetchSlots, Unit
+from .source import HostSource, Lookahead, LookaheadSource, expect_copies
 from .stats import DeviceStats, Fallback, RunStats
 from .stock import StockCopier
 
@@ -43,6 +43,9 @@ class _RunState:
     released: dict[Device, int]  # device -> position of the last released unit
     next_fire: dict[Device, int]  # device -> index into pending of the next unit to fire
     lookaheads: list[Lookahead]  # told this run's whole-source copies; their lists end with the run
+    # split index -> reached once that split is launched: its stock copies from a lookahead's sources
+    # come before the prefetched copies of later splits in the announced order
+    launched: dict[int, Milestone]
 
 
 class Scheduler(Closing):
@@ -150,6 +153,9 @@ class Scheduler(Closing):
             assert prefetch is not None
             prefetch.release(stream, unit)
             state.released[split.device] = unit.position
+        milestone = state.launched.get(index)
+        if milestone is not None:
+            milestone.reach(split.device.backend.host_timestamp())
 
     def _prepare_next(self, plan: Plan, index: int, state: _RunState, stats: RunStats) -> None:
         """Right after split index-1 is launched: wait for split index's slots, then fire ahead.
@@ -214,7 +220,9 @@ class Scheduler(Closing):
     # -- per-run setup and teardown ---------------------------------------------------------
     def _prepare(self, plan: Plan, stats: RunStats) -> _RunState:
         """Decide which inputs are prefetched, once per run, and size scratch and slots for them."""
-        state = _RunState(units={}, pending={}, blocks_host={}, released={}, next_fire={}, lookaheads=[])
+        state = _RunState(units={}, pending={}, blocks_host={}, released={}, next_fire={}, lookaheads=[], launched={})
+        # device -> the last split so far whose launch makes a whole copy from a lookahead's source
+        stock_split: dict[Device, int] = {}
         scratch_sizes: dict[Device, list[int]] = {}
         slot_bytes: dict[Device, int] = {}
         whole_copies: list[HostSource] = []  # in the order they are made, per device
@@ -222,13 +230,19 @@ class Scheduler(Closing):
             eligible = {inp.name for inp in self._prefetched_inputs(split, stats.device(split.device.label))}
             sizes = scratch_sizes.setdefault(split.device, [])
             decode_routing = self._decode_routing(split)
+            earlier_stock = stock_split.get(split.device)
             for position, inp in enumerate(i for i in split.inputs if i.is_host):
                 assert inp.host is not None
+                shared = isinstance(inp.host, LookaheadSource)
                 if decode_routing is None or inp.name not in decode_routing.weights:
                     whole_copies.append(inp.host)  # a decode step copies only the experts its ids use
+                    if shared and inp.name not in eligible:
+                        stock_split[split.device] = index
                 if inp.name in eligible:
                     pending = state.pending.setdefault(split.device, [])
                     unit = Unit(inp, position=len(pending))
+                    if shared and earlier_stock is not None:
+                        unit.after = state.launched.setdefault(earlier_stock, Milestone())
                     pending.append(unit)
                     state.units.setdefault(index, []).append(unit)
                     slot_bytes[split.device] = max(slot_bytes.get(split.device, 0), inp.padded_nbytes)
@@ -296,6 +310,9 @@ class Scheduler(Closing):
             for units in state.pending.values():
                 for unit in units:
                     unit.waited.set()
+            for milestone in state.launched.values():
+                if not milestone.reached:
+                    milestone.reach(0.0)
         # Only the prefetch slots this run used have work in flight: a decode step leaves them alone.
         used = {device: self._prefetch[device] for device in plan.devices if device in state.pending}
         if not failing:

@@ -3,6 +3,7 @@ under a DMA, and on the simulator's clock no drain between copies."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -21,7 +22,7 @@ from expertstream.model import MoeModel
 from expertstream.moe.measure import Settings, measure
 from expertstream.moe.placeholder import write_sparse_model
 from expertstream.moe.runner import Batching, MoeRunner, sha256
-from expertstream.scheduler import Scheduler
+from expertstream.scheduler import Bindings, Plan, Scheduler
 from expertstream.scheduler.source import HostRegion, HostSource, expect_copies
 from expertstream.timeline import OpKind
 
@@ -335,6 +336,53 @@ def test_prefill_through_the_ring_is_announced_and_exact(backend: Backend, tiny_
                     scheduler.run(runner.decode_plan(weights, 0))
                     assert ring.ring.unannounced_copies > before
     assert outputs == {0: expected, 3: expected}
+
+
+@pytest.mark.parametrize("slots", [2, 3])
+def test_prefetched_and_stock_copies_of_one_ring_keep_the_announced_order(tiny_path: Path, slots: int) -> None:
+    # Gate, up and SwiGLU as one split: with 2 slots one of its two tensors takes the stock copy on the
+    # launching thread while the copy worker makes the other split's copies. The worker must not ask the
+    # ring for a later tensor before the launching thread has asked for its stock one.
+    with expertstream.backend("sim") as sim:
+        device = sim.device(0)
+        batching = Batching(tokens=32, ubatch=16)
+        with MoeModel.open(tiny_path) as model, MoeRunner(device, model, batching, fuse_gate_up=True) as runner:
+            assert runner.fuses_gate_up()
+            with HostWeights.open(model, device, "pinned") as pinned, Scheduler(slots=0) as scheduler:
+                scheduler.run(runner.prefill_plan(pinned))
+                expected = sha256(runner.prefill_output())
+            options = {"ring_chunk_bytes": 60_000, "ring_chunks": 3, "ring_threads": 2}
+            with HostWeights.open(model, device, HostMemoryMode.RING, **options) as weights:
+                ring = weights.rings[0]
+                with Scheduler(slots=slots) as scheduler:
+                    scheduler.run(runner.prefill_plan(weights))
+                    stock = scheduler.last_stats.total("stock_copies")
+                assert sha256(runner.prefill_output()) == expected
+                assert (ring.skipped_copies, ring.unannounced_copies) == (0, 0)
+    assert (stock > 0) == (slots == 2)  # with 3 slots both tensors are prefetched
+
+
+def test_a_failing_split_leaves_no_copy_waiting_for_a_launch(tiny_path: Path) -> None:
+    # The copy worker waits for the launch of the split before it; a run that fails earlier must not hang.
+    with expertstream.backend("sim") as sim:
+        device = sim.device(0)
+        with MoeModel.open(tiny_path) as model, MoeRunner(device, model, Batching(32, 16), fuse_gate_up=True) as runner:
+            options = {"ring_chunk_bytes": 60_000, "ring_chunks": 3, "ring_threads": 2}
+            with (
+                HostWeights.open(model, device, HostMemoryMode.RING, **options) as weights,
+                Scheduler(slots=2) as sched,
+            ):
+                plan = runner.prefill_plan(weights)
+
+                def broken(stream: Stream, bindings: Bindings) -> None:
+                    raise RuntimeError("a kernel failed to launch")
+
+                splits = list(plan.splits)
+                at = next(i for i, split in enumerate(splits) if split.name.startswith("gate_up") and i > 2)
+                splits[at] = dataclasses.replace(splits[at], compute=broken)
+                with pytest.raises(RuntimeError, match="failed to launch"):
+                    sched.run(Plan.of(splits))
+                sched.run(plan)  # and the scheduler and ring go on
 
 
 # The H200 host's 12 fill threads together copied about 35 GB/s from a mapping into pinned
