@@ -24,7 +24,7 @@ from expertstream.kernels import kernel_source, layout, twins
 from expertstream.kernels import reference as ref
 from expertstream.kernels.layout import FORMATS, MatrixPath, TileM
 
-from .test_kernels_on_host import _FIBERS, _PRELUDE, CXX, with_tail
+from .test_kernels_on_host import _FIBERS, CXX, build_on_host, with_tail
 
 DIRECT_TYPES = [fmt.qtype for fmt in FORMATS.values() if fmt.direct]
 
@@ -65,13 +65,8 @@ int main(int argc, char** argv) {
         return 0;
     }
     const int max_tiles = (n_pairs + tile_m - 1) / tile_m + n_expert + 1;
-    std::vector<int> scratch(MOE_SCRATCH_HEADER + 3 * max_tiles + n_pairs);
+    std::vector<int> scratch = grouped(ids, n_pairs, n_expert, tile_m, max_tiles);
     std::vector<float> y((size_t)n_pairs * n_out, NAN);
-    blockIdx = EsDim3{0, 0, 0};
-    blockDim = EsDim3{MOE_GROUP_THREADS, 1, 1};
-    run_block(MOE_GROUP_THREADS, [&] {
-        moe_group_by_expert(ids.data(), scratch.data(), n_pairs, n_expert, tile_m, max_tiles);
-    });
     Plain plain[] = {%s};
     GateUp gate_up[] = {%s};
     const int per_block = mode == 2 ? MOE_TILE_N / 2 : MOE_TILE_N;
@@ -104,21 +99,10 @@ PLAIN, ROUTED, GATE_UP = 0, 1, 2
 def direct_kernels(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if CXX is None:
         pytest.skip("no C++ compiler (c++, g++ or clang++) on PATH")
-    source = kernel_source(DIRECT_TYPES)
-    simt_part = source[: source.index('extern "C" __global__ void moe_swiglu(')]
-    mma_part = source[source.index("// mul_mat_id on matrix cores") :]
     names = [
         ", ".join(FORMATS[t].direct_kernel_name(tile, gate_up) for t, tile in KERNELS) for gate_up in (False, True)
     ]
-    folder = tmp_path_factory.mktemp("direct_kernels")
-    (folder / "kernels.cpp").write_text(_PRELUDE + simt_part + mma_part + _DRIVER % tuple(names))
-    build = subprocess.run(
-        [CXX, "-std=c++17", "-O1", "-o", str(folder / "kernels"), str(folder / "kernels.cpp")],
-        capture_output=True,
-        text=True,
-    )
-    assert build.returncode == 0, build.stderr[-4000:]
-    return folder / "kernels"
+    return build_on_host(tmp_path_factory.mktemp("direct_kernels"), kernel_source(DIRECT_TYPES), _DRIVER % tuple(names))
 
 
 def _run(binary: Path, args: list[str], data: bytes) -> bytes:

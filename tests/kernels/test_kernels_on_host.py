@@ -101,6 +101,17 @@ static void run_block(unsigned threads, const std::function<void()>& body) {
     }
 }
 
+// The pairs grouped by expert into tiles of tile_m rows, as the matrix kernels read them.
+static std::vector<int> grouped(std::vector<int>& ids, int n_pairs, int n_expert, int tile_m, int max_tiles) {
+    std::vector<int> scratch(MOE_SCRATCH_HEADER + 3 * max_tiles + n_pairs);
+    blockIdx = EsDim3{0, 0, 0};
+    blockDim = EsDim3{MOE_GROUP_THREADS, 1, 1};
+    run_block(MOE_GROUP_THREADS, [&] {
+        moe_group_by_expert(ids.data(), scratch.data(), n_pairs, n_expert, tile_m, max_tiles);
+    });
+    return scratch;
+}
+
 template <typename T> static std::vector<T> read_array(size_t n) {
     std::vector<T> v(n);
     if (n && fread(v.data(), sizeof(T), n, stdin) != n) exit(2);
@@ -128,14 +139,8 @@ int main(int argc, char** argv) {
     std::vector<float> x = read_array<float>((size_t)(x_per_slot ? n_pairs : n_tokens) * n_in);
     std::vector<int> ids = read_array<int>(n_pairs);
     const int max_tiles = (n_pairs + tile_m - 1) / tile_m + n_expert + 1;
-    std::vector<int> scratch(MOE_SCRATCH_HEADER + 3 * max_tiles + n_pairs);
+    std::vector<int> scratch = grouped(ids, n_pairs, n_expert, tile_m, max_tiles);
     std::vector<float> y((size_t)n_pairs * n_out, NAN);
-
-    blockIdx = EsDim3{0, 0, 0};
-    blockDim = EsDim3{MOE_GROUP_THREADS, 1, 1};
-    run_block(MOE_GROUP_THREADS, [&] {
-        moe_group_by_expert(ids.data(), scratch.data(), n_pairs, n_expert, tile_m, max_tiles);
-    });
     MulMatId kernels[] = {%s};
     MulMatIdInt8 int8_kernels[] = {%s};
     // The int8 kernels read the activations as moe_quantize_x leaves them.
@@ -185,20 +190,22 @@ INT8_KERNELS = [k for k in KERNELS if k[1] is MatrixPath.INT8]
 def host_kernels(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if CXX is None:
         pytest.skip("no C++ compiler (c++, g++ or clang++) on PATH")
-    source = kernel_source()
-    # The grouping and mul_mat_id kernels of moe.cu (not the elementwise ones, which use
-    # dynamic shared memory), then all of mma.cu and its kernel instances.
-    simt_part = source[: source.index('extern "C" __global__ void moe_swiglu(')]
-    mma_part = source[source.index("// mul_mat_id on matrix cores") :]
     assert layout.MMA_THREADS == layout.MMID_THREADS  # the driver launches both with one block size
     names = [
         ", ".join(FORMATS[t].kernel_name(tile, path) for t, path, tile in kinds)
         for kinds in (FLOAT_KERNELS, INT8_KERNELS)
     ]
-    folder = tmp_path_factory.mktemp("host_kernels")
-    (folder / "kernels.cpp").write_text(_PRELUDE + simt_part + mma_part + _DRIVER % tuple(names))
+    return build_on_host(tmp_path_factory.mktemp("host_kernels"), kernel_source(), _DRIVER % tuple(names))
+
+
+def build_on_host(folder: Path, source: str, driver: str) -> Path:
+    """Compile ``source``'s grouping and mul_mat_id kernels of moe.cu (not the elementwise ones, which
+    use dynamic shared memory), then all of mma.cu and direct.cu, with ``driver``, for this host."""
+    simt_part = source[: source.index('extern "C" __global__ void moe_swiglu(')]
+    mma_part = source[source.index("// mul_mat_id on matrix cores") :]
+    (folder / "kernels.cpp").write_text(_PRELUDE + simt_part + mma_part + driver)
     build = subprocess.run(
-        [CXX, "-std=c++17", "-O1", "-o", str(folder / "kernels"), str(folder / "kernels.cpp")],
+        [CXX or "c++", "-std=c++17", "-O1", "-o", str(folder / "kernels"), str(folder / "kernels.cpp")],
         capture_output=True,
         text=True,
     )
