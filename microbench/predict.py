@@ -53,7 +53,7 @@ from expertstream.backends.sim.profiles import Profile
 from expertstream.errors import InvalidArgument
 from expertstream.hostmem import HostMemoryMode
 from expertstream.model import PRESETS, MoeModel, make_model
-from expertstream.moe.measure import Settings, measure
+from expertstream.moe.measure import Measurement, Settings, measure
 from expertstream.moe.placeholder import write_sparse_model
 from expertstream.moe.predict import Candidate, pick, predict_candidates, seconds
 from expertstream.moe.report import Row
@@ -326,10 +326,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for ubatch in args.ubatch:
             settings = _settings(args, ubatch)
             step = time.perf_counter()
-            rounds = [
-                measure(backend, device, model, settings, functools.partial(_progress, f"ub {ubatch}, round {k + 1}"))
-                for k in range(args.rounds)
-            ]
+            rounds: list[Measurement] = []
+            for k in range(args.rounds):
+                progress = functools.partial(_progress, f"ub {ubatch}, round {k + 1}")
+                peak = rounds[0].baselines.h2d_peak_gbps if rounds else None  # one peak per ubatch is enough
+                rounds.append(measure(backend, device, model, settings, progress, h2d_peak_gbps=peak))
             run.timings[f"measure ub {ubatch}"] = time.perf_counter() - step
             _predict(run, run.tuned.profile, model, settings, Measured.over_rounds([m.rows for m in rounds]))
             _write(run, args.out)

@@ -187,6 +187,7 @@ def prefill_rows(be: Backend, device: Device, model: MoeModel, args: argparse.Na
             with copy_cpu_time(device) as copies:
                 result = measure(be, [device], model, setting, h2d_peak_gbps=peak)
             peak = result.baselines.h2d_peak_gbps
+            cpu = copies["cpu_s"] / copies["wall_s"] if copies["wall_s"] else None
             for row in result.rows:
                 found.setdefault((str(geometry), threads, ubatch, row.slots), []).append(
                     {
@@ -195,11 +196,9 @@ def prefill_rows(be: Backend, device: Device, model: MoeModel, args: argparse.Na
                         "copy_pct": row.ring_copy_pct,
                         "wait_pct": row.ring_chunk_wait_pct,
                         "thread_gb_per_s": row.ring_thread_gbps,
+                        "copy_cpu_over_wall": cpu,
                     }
                 )
-            cpu = copies["cpu_s"] / copies["wall_s"] if copies["wall_s"] else None
-            for row in result.rows:
-                found[(str(geometry), threads, ubatch, row.slots)][-1]["copy_cpu_over_wall"] = cpu
     rows = []
     for (geometry_text, threads, ubatch, slots), runs in found.items():
         rows.append(

@@ -358,9 +358,10 @@ def _ring_fields(
     if before is None or after is None or wall_s <= 0:
         return {}
     used = after - before
-    thread_s = sum(ring.threads for ring in weights.rings) * wall_s
+    threads = sum(ring.threads for ring in weights.rings)
+    thread_s = threads * wall_s
     return {
-        "ring_threads": sum(ring.threads for ring in weights.rings),
+        "ring_threads": threads,
         "ring_copy_pct": 100.0 * used.fill_s / thread_s,
         "ring_chunk_wait_pct": 100.0 * used.chunk_wait_s / thread_s,
         "ring_thread_gbps": used.thread_gbps,

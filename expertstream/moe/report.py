@@ -209,14 +209,14 @@ RING_IDLE_BELOW_PCT = 50.0  # copying and waiting together below this: the threa
 
 def ring_note(rows: Sequence[Row]) -> str | None:
     """One line on where the staging ring's threads spent their time, over its rows (None without a ring)."""
-    ring = [r for r in rows if r.ring_copy_pct is not None and r.ring_chunk_wait_pct is not None]
-    if not ring:
+    shares = [(c, w) for r in rows if (c := r.ring_copy_pct) is not None and (w := r.ring_chunk_wait_pct) is not None]
+    if not shares:
         return None
-    copy = [r.ring_copy_pct for r in ring if r.ring_copy_pct is not None]
-    wait = [r.ring_chunk_wait_pct for r in ring if r.ring_chunk_wait_pct is not None]
-    rates = [r.ring_thread_gbps for r in ring if r.ring_thread_gbps is not None]
+    copy, wait = [share[0] for share in shares], [share[1] for share in shares]
+    rates = [rate for r in rows if (rate := r.ring_thread_gbps) is not None]
+    threads = next(r.ring_threads for r in rows if r.ring_threads is not None)
     line = (
-        f"staging ring ({ring[0].ring_threads} threads): copying {_span(copy, '.0f')}% of the time, waiting for "
+        f"staging ring ({threads} threads): copying {_span(copy, '.0f')}% of the time, waiting for "
         f"chunk DMAs {_span(wait, '.0f')}%"
     )
     if rates:
@@ -225,7 +225,7 @@ def ring_note(rows: Sequence[Row]) -> str | None:
         return line + ": the host's copy from the mapping bounds it; more slots will not help"
     if min(wait) >= RING_WAIT_BOUND_PCT:
         return line + ": the copies to the device hold it back, not its threads"
-    if max(c + w for c, w in zip(copy, wait, strict=True)) < RING_IDLE_BELOW_PCT:
+    if max(sum(share) for share in shares) < RING_IDLE_BELOW_PCT:
         return line + ": its threads are mostly idle, so the ring is not what bounds the run"
     return line
 
