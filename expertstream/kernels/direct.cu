@@ -90,10 +90,17 @@ extern "C" __global__ void __launch_bounds__(DIRECT_ROUND_THREADS)
 
 template <int TYPE> struct Direct;
 
-// The float value of a small unsigned integer q (< 2^23) without an integer-to-float conversion
-// (a slow unit): 2^23 + q built from its bits, minus 2^23, both exact.
-__device__ float small_uint_to_float(unsigned int q) {
-    return bits_to_float(0x4B000000u | q) - 8388608.0f;
+// Nibble p (0..3) of the low 16 bits of h, in place, as a float without an integer-to-float
+// conversion (a slow unit): 2^23 + 2^(4p) nibble, built by one mask-and-or (no shift). It is exact, and so is subtracting 2^23 + 2^(4p) k from it; multiplied
+// by a scale times 2^(-4p) (exact too) it gives the value the shifted nibble would. The high 16
+// bits of a word go through the same after one shift, so a word of eight nibbles costs nine
+// integer operations instead of sixteen: the integer unit bounds these kernels.
+__device__ float nibble_in_place(unsigned int h, int p) {
+    return bits_to_float(0x4B000000u | (h & (0xFu << (4 * p))));
+}
+
+__device__ float pow2_minus_4p(int p) {  // 2^(-4p)
+    return p == 0 ? 1.0f : p == 1 ? 0.0625f : p == 2 ? 0.00390625f : 0.000244140625f;
 }
 
 // Two 32-element blocks per step (36 bytes, 4-byte aligned: rows hold whole pairs of blocks): d,
@@ -111,13 +118,23 @@ template <> struct Direct<ES_TYPE_Q4_0> {
             // 18 (d in the high half of word 4, qs from byte 20: word 5).
             const float d = half_to_float(blk == 0 ? row[0] & 0xffffu : row[4] >> 16);
             const unsigned int q = blk == 0 ? (row[c] >> 16) | (row[c + 1] << 16) : row[5 + c];
+            // Byte i: nibble 2 (i % 2) (low) and 2 (i % 2) + 1 (high) of half i / 2 of q.
+            // d (q - 8) = d 2^(-4p) ((2^23 + 2^(4p) q) - (2^23 + 2^(4p) 8)), every step exact.
+            float scale[4];
+            float offset[4];
+#pragma unroll
+            for (int p = 0; p < 4; ++p) {
+                scale[p] = d * pow2_minus_4p(p);
+                offset[p] = 8388608.0f + 8.0f / pow2_minus_4p(p);
+            }
             float lo[4];
             float hi[4];
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                const unsigned int byte = q >> (8 * i);
-                lo[i] = d * (small_uint_to_float(byte & 0xfu) - 8.0f);
-                hi[i] = d * (small_uint_to_float((byte >> 4) & 0xfu) - 8.0f);
+                const unsigned int h = i < 2 ? q : q >> 16;
+                const int p = 2 * (i % 2);
+                lo[i] = scale[p] * (nibble_in_place(h, p) - offset[p]);
+                hi[i] = scale[p + 1] * (nibble_in_place(h, p + 1) - offset[p + 1]);
             }
             b[4 * blk + 0] = pack_bf16x2(lo[0], lo[1]);
             b[4 * blk + 1] = pack_bf16x2(lo[2], lo[3]);
@@ -159,13 +176,18 @@ template <> struct Direct<ES_TYPE_Q4_K> {
             scale_min(row, 2 * group + half, &sc, &m);
             const float d = half_to_float(row[0] & 0xffffu) * (float)sc;
             const float dm = half_to_float(row[0] >> 16) * (float)m;
+            // Byte i's nibble is nibble 2 (i % 2) + half of half i / 2 of the word, taken in place:
+            // d q - dm = (d 2^(-4p)) ((2^23 + 2^(4p) q) - 2^23) - dm, the product exact as before.
+            const float scale[2] = {d * pow2_minus_4p(half), d * pow2_minus_4p(2 + half)};
 #pragma unroll
             for (int word = 0; word < 2; ++word) {  // chunk 2 * half + word
                 const unsigned int q = row[4 + 4 * word + c];
                 float v[4];
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
-                    v[i] = d * small_uint_to_float((q >> (8 * i + 4 * half)) & 0xfu) - dm;
+                    const unsigned int h = i < 2 ? q : q >> 16;
+                    const int p = 2 * (i % 2) + half;
+                    v[i] = scale[i % 2] * (nibble_in_place(h, p) - 8388608.0f) - dm;
                 }
                 b[2 * (2 * half + word) + 0] = pack_bf16x2(v[0], v[1]);
                 b[2 * (2 * half + word) + 1] = pack_bf16x2(v[2], v[3]);
