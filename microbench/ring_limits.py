@@ -1,8 +1,8 @@
 """What bounds the staging ring (host memory mode ``ring``), measured three ways.
 
-- ``copy``: host threads copying from the model file's mapping (memcpy, or with non-temporal
-  stores: ``stream``) or reading the file (pread) into pinned buffers, with no DMA: the host's own
-  ceiling per thread count and part size (this machine's, whatever the backend).
+- ``copy``: host threads copying from the model file's mapping (memcpy) or reading the file (pread)
+  into pinned buffers, with no DMA: the host's own ceiling per thread count and part size (this
+  machine's, whatever the backend).
 - ``prefill``: the prefill rows ``expertstream prefill --host-memory ring`` reports, for each ring
   geometry asked (``--geometry CHUNKSxCHUNK_MIB/PART_MIB``) and thread count. The settings take
   turns over ``--repeats`` rounds, so that a drift of the host shows in every setting alike; the
@@ -36,7 +36,6 @@ from typing import Any
 
 import numpy as np
 
-from expertstream.backends import streamcopy
 from expertstream.backends.base import Backend, Device, HostBuffer
 from expertstream.hostmem import HostMemoryMode, HostWeights, RingRegion
 from expertstream.model import MoeModel, make_model
@@ -78,7 +77,7 @@ def copy_rows(device: Device, path: Path, args: argparse.Namespace) -> list[dict
     chunks = [device.alloc_pinned(64 * MIB) for _ in range(4)]
     rows = []
     try:
-        for part_mib, threads, method in itertools.product(args.part_mib, args.copy_threads, COPY_METHODS):
+        for part_mib, threads, method in itertools.product(args.part_mib, args.copy_threads, ("memcpy", "pread")):
             part = part_mib * MIB
             if size < 2 * part:
                 log.warning("copy: %s is smaller than two parts of %d MiB; row skipped", path, part_mib)
@@ -103,19 +102,10 @@ def copy_rows(device: Device, path: Path, args: argparse.Namespace) -> list[dict
     return rows
 
 
-# memcpy: numpy's copy (glibc's memcpy); stream: non-temporal stores where the host has them
-# (backends.streamcopy, what the ring's threads use); pread: the file read into the chunk.
-COPY_METHODS = ("memcpy", "stream", "pread")
-
-
 def _copier(method: str, mapping: np.ndarray, fd: int, span: int, part: int) -> Callable[[int, np.ndarray], None]:
     def memcpy(index: int, dst: np.ndarray) -> None:
         src = (index * part) % span
         np.copyto(dst, mapping[src : src + part])
-
-    def stream(index: int, dst: np.ndarray) -> None:
-        src = (index * part) % span
-        streamcopy.copy(dst, mapping[src : src + part])
 
     def pread(index: int, dst: np.ndarray) -> None:
         view, done = memoryview(dst.data), 0
@@ -125,7 +115,7 @@ def _copier(method: str, mapping: np.ndarray, fd: int, span: int, part: int) -> 
                 raise OSError(f"short read at byte {(index * part) % span + done}")
             done += got
 
-    return {"memcpy": memcpy, "stream": stream, "pread": pread}[method]
+    return memcpy if method == "memcpy" else pread
 
 
 def _copy_seconds(
@@ -180,13 +170,11 @@ def copy_cpu_time(device: Device) -> Iterator[dict[str, float]]:
 
 
 def prefill_rows(be: Backend, device: Device, model: MoeModel, args: argparse.Namespace) -> list[dict[str, Any]]:
-    settings = [
-        (g, t, ub, c) for ub in args.ubatch for g in args.geometry for t in args.ring_threads for c in args.host_copy
-    ]
-    found: dict[tuple[str, str, int, int, int], list[dict[str, Any]]] = {}
+    settings = [(g, t, ub) for ub in args.ubatch for g in args.geometry for t in args.ring_threads]
+    found: dict[tuple[str, int, int, int], list[dict[str, Any]]] = {}
     peak = None
     for _ in range(args.repeats):
-        for geometry, threads, ubatch, host_copy in settings:
+        for geometry, threads, ubatch in settings:
             setting = Settings(
                 Batching(args.tokens, ubatch),
                 tuple(args.slots),
@@ -196,12 +184,12 @@ def prefill_rows(be: Backend, device: Device, model: MoeModel, args: argparse.Na
                 ring_chunk_bytes=geometry.chunk_mib * MIB,
                 ring_part_bytes=geometry.part_mib * MIB,
             )
-            with copy_cpu_time(device) as copies, streamcopy.using(host_copy == "stream"):
+            with copy_cpu_time(device) as copies:
                 result = measure(be, [device], model, setting, h2d_peak_gbps=peak)
             peak = result.baselines.h2d_peak_gbps
             cpu = copies["cpu_s"] / copies["wall_s"] if copies["wall_s"] else None
             for row in result.rows:
-                found.setdefault((row.ring_stores or host_copy, str(geometry), threads, ubatch, row.slots), []).append(
+                found.setdefault((str(geometry), threads, ubatch, row.slots), []).append(
                     {
                         "gb_per_s": row.h2d_gbps,
                         "pct_of_peak": row.h2d_pct_of_peak,
@@ -212,11 +200,10 @@ def prefill_rows(be: Backend, device: Device, model: MoeModel, args: argparse.Na
                     }
                 )
     rows = []
-    for (stores, geometry_text, threads, ubatch, slots), runs in found.items():
+    for (geometry_text, threads, ubatch, slots), runs in found.items():
         rows.append(
             {
                 "part": "prefill",
-                "method": stores,
                 "geometry": geometry_text,
                 "threads": threads,
                 "ubatch": ubatch,
@@ -311,13 +298,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--copy-gib", type=float, default=8.0, help="copy: bytes copied per row")
     p.add_argument("--geometry", type=Geometry.parse, nargs="+", default=[Geometry(8, 32, 8)])
     p.add_argument("--ring-threads", type=int, nargs="+", default=[12])
-    p.add_argument(
-        "--host-copy",
-        nargs="+",
-        default=["stream"],
-        choices=["stream", "memcpy"],
-        help="prefill: the ring threads' copies, with non-temporal stores where the host has them, or memcpy",
-    )
     p.add_argument("--tokens", type=int, default=2048)
     p.add_argument("--ubatch", type=int, nargs="+", default=[512, 2048])
     p.add_argument("--slots", type=int, nargs="+", default=[0, 2, 3])

@@ -35,7 +35,6 @@ from ..errors import (  # the contract raises these; importable from here as wel
 )
 from ..ggml import RowType
 from ..timeline import OpKind
-from . import streamcopy
 from .interop import DLDeviceType, TypedView, event_handle, stream_handle, typed_view
 
 if TYPE_CHECKING:
@@ -857,7 +856,7 @@ class Device(abc.ABC):
         check_range("Device.host_copy", dst, dst_offset, nbytes)
         check_range("Device.host_copy", src, src_offset, nbytes)
         check_sharing("Device.host_copy", sharing)
-        streamcopy.copy(dst.array[dst_offset : dst_offset + nbytes], src.array[src_offset : src_offset + nbytes])
+        np.copyto(dst.array[dst_offset : dst_offset + nbytes], src.array[src_offset : src_offset + nbytes])
 
     def can_access_peer(self, other: Device) -> bool:
         """Whether this device's kernels and copies may touch ``other``'s memory (a device of this backend)."""

@@ -90,11 +90,18 @@ extern "C" __global__ void __launch_bounds__(DIRECT_ROUND_THREADS)
 
 template <int TYPE> struct Direct;
 
-// Nibble p (0..3) of the low 16 bits of h, in place, as a float without an integer-to-float
-// conversion (a slow unit): 2^23 + 2^(4p) nibble, built by one mask-and-or (no shift). It is exact, and so is subtracting 2^23 + 2^(4p) k from it; multiplied
+// The float value of a small unsigned integer q (< 2^23) without an integer-to-float conversion
+// (a slow unit): 2^23 + q built from its bits, minus 2^23, both exact.
+__device__ float small_uint_to_float(unsigned int q) {
+    return bits_to_float(0x4B000000u | q) - 8388608.0f;
+}
+
+// Nibble p (0..3) of the low 16 bits of h, in place, the same way: 2^23 + 2^(4p) nibble, built by
+// one mask-and-or (no shift). It is exact, and so is subtracting 2^23 + 2^(4p) k from it; multiplied
 // by a scale times 2^(-4p) (exact too) it gives the value the shifted nibble would. The high 16
 // bits of a word go through the same after one shift, so a word of eight nibbles costs nine
-// integer operations instead of sixteen: the integer unit bounds these kernels.
+// integer operations instead of sixteen. The integer unit bounds these kernels: on the H200 its
+// pipe was the busiest (43-55% of its peak, the tensor pipe's 5% at ubatch 512).
 __device__ float nibble_in_place(unsigned int h, int p) {
     return bits_to_float(0x4B000000u | (h & (0xFu << (4 * p))));
 }
@@ -176,18 +183,15 @@ template <> struct Direct<ES_TYPE_Q4_K> {
             scale_min(row, 2 * group + half, &sc, &m);
             const float d = half_to_float(row[0] & 0xffffu) * (float)sc;
             const float dm = half_to_float(row[0] >> 16) * (float)m;
-            // Byte i's nibble is nibble 2 (i % 2) + half of half i / 2 of the word, taken in place:
-            // d q - dm = (d 2^(-4p)) ((2^23 + 2^(4p) q) - 2^23) - dm, the product exact as before.
-            const float scale[2] = {d * pow2_minus_4p(half), d * pow2_minus_4p(2 + half)};
+            // Nibbles are taken in place here too (nibble_in_place) would save the shifts, but on the
+            // H200 that made the Q4_K kernels slower (up to 1.6x at ubatch 512), so they are shifted.
 #pragma unroll
             for (int word = 0; word < 2; ++word) {  // chunk 2 * half + word
                 const unsigned int q = row[4 + 4 * word + c];
                 float v[4];
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
-                    const unsigned int h = i < 2 ? q : q >> 16;
-                    const int p = 2 * (i % 2) + half;
-                    v[i] = scale[i % 2] * (nibble_in_place(h, p) - 8388608.0f) - dm;
+                    v[i] = d * small_uint_to_float((q >> (8 * i + 4 * half)) & 0xfu) - dm;
                 }
                 b[2 * (2 * half + word) + 0] = pack_bf16x2(v[0], v[1]);
                 b[2 * (2 * half + word) + 1] = pack_bf16x2(v[2], v[3]);

@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from ..backends import streamcopy
 from ..backends.base import Backend, Device, Stream, Usage
 from ..hostmem import HostMemoryMode, HostWeights, RingStats
 from ..kernels.layout import MatrixPath
@@ -366,7 +365,6 @@ def _ring_fields(
         "ring_copy_pct": 100.0 * used.fill_s / thread_s,
         "ring_chunk_wait_pct": 100.0 * used.chunk_wait_s / thread_s,
         "ring_thread_gbps": used.thread_gbps,
-        "ring_stores": streamcopy.stores(),
     }
 
 

@@ -61,7 +61,6 @@ class Row:
     ring_copy_pct: float | None = None
     ring_chunk_wait_pct: float | None = None
     ring_thread_gbps: float | None = None
-    ring_stores: str | None = None  # how its threads wrote the chunks: "non-temporal" or "memcpy"
 
     @property
     def label(self) -> str:
@@ -216,10 +215,8 @@ def ring_note(rows: Sequence[Row]) -> str | None:
     copy, wait = [share[0] for share in shares], [share[1] for share in shares]
     rates = [rate for r in rows if (rate := r.ring_thread_gbps) is not None]
     threads = next(r.ring_threads for r in rows if r.ring_threads is not None)
-    stores = sorted({r.ring_stores for r in rows if r.ring_stores is not None})
-    how = "".join(f", {'non-temporal stores' if s == 'non-temporal' else s}" for s in stores)
     line = (
-        f"staging ring ({threads} threads{how}): copying {_span(copy, '.0f')}% of the time, waiting for "
+        f"staging ring ({threads} threads): copying {_span(copy, '.0f')}% of the time, waiting for "
         f"chunk DMAs {_span(wait, '.0f')}%"
     )
     if rates:

@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from expertstream.backends import streamcopy
 from expertstream.backends.base import Backend
 from expertstream.cli import main
 from expertstream.moe.report import Row
@@ -243,18 +242,16 @@ def test_the_ring_geometry_is_taken_and_its_time_reported(
     assert len(ring) == len(pinned) == 2
     for row in ring:
         assert row["ring_threads"] == 2 and 0 < row["ring_copy_pct"] <= 100 and row["ring_thread_gbps"] > 0
-        assert row["ring_stores"] == streamcopy.stores()
-    assert all(r["ring_copy_pct"] is None and r["ring_stores"] is None for r in pinned)
+    assert all(r["ring_copy_pct"] is None for r in pinned)
     code, out, _ = _prefill(capsys, str(tiny_path), "--backend", "sim", *SMALL, "--host-memory", "ring", *geometry)
-    stores = "non-temporal stores" if streamcopy.streaming() else "memcpy"
-    assert code == 0 and out.splitlines()[-1].startswith(f"staging ring (2 threads, {stores}): copying ")
+    assert code == 0 and out.splitlines()[-1].startswith("staging ring (2 threads): copying ")
     code, _, err = _prefill(
         capsys, str(tiny_path), "--backend", "sim", *SMALL, "--host-memory", "ring", "--ring-chunks", "1"
     )
     assert code == 2 and "chunks >= 2" in err
 
 
-def _ring_row(copy: float | None, wait: float | None, rate: float | None = 4.0, stores: str | None = None) -> Row:
+def _ring_row(copy: float | None, wait: float | None, rate: float | None = 4.0) -> Row:
     return Row(
         slots=0,
         host_memory="ring" if copy is not None else "registered",
@@ -277,7 +274,6 @@ def _ring_row(copy: float | None, wait: float | None, rate: float | None = 4.0, 
         ring_copy_pct=copy,
         ring_chunk_wait_pct=wait,
         ring_thread_gbps=rate if copy is not None else None,
-        ring_stores=stores if copy is not None else None,
     )
 
 
@@ -302,19 +298,4 @@ def test_the_ring_note_says_what_bounds_the_ring(shares: list[tuple[float, float
     assert note is not None and note.startswith("staging ring (12 threads): ") and says in note
     if shares[0] == (45, 30):
         assert note.endswith("while copying")  # neither bound nor idle: no verdict
-
-
-@pytest.mark.parametrize(
-    ("stores", "says"),
-    [
-        (["non-temporal"], "staging ring (12 threads, non-temporal stores): "),
-        (["memcpy"], "staging ring (12 threads, memcpy): "),
-        (["memcpy", "non-temporal"], "staging ring (12 threads, memcpy, non-temporal stores): "),
-    ],
-)
-def test_the_ring_note_says_how_the_threads_copied(stores: list[str], says: str) -> None:
-    from expertstream.moe.report import ring_note
-
-    note = ring_note([_ring_row(78, 19, stores=s) for s in stores])
-    assert note is not None and note.startswith(says)
     assert ring_note([_ring_row(None, None)]) is None
