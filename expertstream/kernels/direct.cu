@@ -60,6 +60,7 @@
 
 
 static_assert(DIRECT_WARPS * DIRECT_GROUPS * 8 == MOE_TILE_N, "a block covers MOE_TILE_N weight rows");
+static_assert((MOE_DIRECT_THREADS / (DIRECT_K / 8)) % 8 == 0, "a thread's activation rows share a swizzle");
 
 // Word position of element pair i (0..7) of a 16-element chunk in fragment order.
 __device__ int direct_pair_slot(int i) {
@@ -90,6 +91,14 @@ extern "C" __global__ void __launch_bounds__(DIRECT_ROUND_THREADS)
 
 template <int TYPE> struct Direct;
 
+// What a decoder needs of a row per step besides its quants (Q4_K: the two sub-blocks' scales and
+// mins). Four lanes decode each row, so one lane per row works it out (prepare) and leaves it in
+// shared memory for them, instead of all four working it out alike.
+struct __attribute__((aligned(16))) DirectPrep {
+    float scale[2];
+    float min[2];
+};
+
 // The float value of a small unsigned integer q (< 2^23) without an integer-to-float conversion
 // (a slow unit): 2^23 + q built from its bits, minus 2^23, both exact.
 __device__ float small_uint_to_float(unsigned int q) {
@@ -115,10 +124,12 @@ __device__ float pow2_minus_4p(int p) {  // 2^(-4p)
 // 4c .. 4c+3 of each block: elements 4c .. 4c+3 (chunk 2 blk) and 16 + 4c .. (chunk 2 blk + 1).
 template <> struct Direct<ES_TYPE_Q4_0> {
     static const int STEP_WORDS = 9;
+    static const bool PREPARES = false;
     __device__ static int offset(int ks, int w) {
         return 36 * ks + 4 * w;
     }
-    __device__ static void decode(const unsigned int* row, int c, int, unsigned int* b) {
+    __device__ static void prepare(const unsigned int*, int, DirectPrep*) {}
+    __device__ static void decode(const unsigned int* row, int c, int, const DirectPrep&, unsigned int* b) {
 #pragma unroll
         for (int blk = 0; blk < 2; ++blk) {
             // Block 0 starts at byte 0 (d in the low half of word 0, qs from byte 2), block 1 at byte
@@ -157,6 +168,7 @@ template <> struct Direct<ES_TYPE_Q4_0> {
 // words 4 + c (chunks 0 and 2) and 8 + c (chunks 1 and 3).
 template <> struct Direct<ES_TYPE_Q4_K> {
     static const int STEP_WORDS = 12;
+    static const bool PREPARES = true;
     __device__ static int offset(int ks, int w) {
         return (ks / 4) * 144 + (w < 4 ? 4 * w : 16 + 32 * (ks % 4) + 4 * (w - 4));
     }
@@ -174,15 +186,27 @@ template <> struct Direct<ES_TYPE_Q4_K> {
             *m = (high >> 4) | ((scale_byte(row, j) >> 6) << 4);
         }
     }
-    __device__ static void decode(const unsigned int* row, int c, int ks, unsigned int* b) {
+    // Sub-blocks 2g and 2g + 1: d * scale and dmin * min of each.
+    __device__ static void prepare(const unsigned int* row, int ks, DirectPrep* prep) {
         const int group = ks % 4;
+        const float d = half_to_float(row[0] & 0xffffu);
+        const float dmin = half_to_float(row[0] >> 16);
+        DirectPrep out;
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {  // sub-block 2g + half: the low, then the high nibbles
+        for (int half = 0; half < 2; ++half) {
             int sc;
             int m;
             scale_min(row, 2 * group + half, &sc, &m);
-            const float d = half_to_float(row[0] & 0xffffu) * (float)sc;
-            const float dm = half_to_float(row[0] >> 16) * (float)m;
+            out.scale[half] = d * (float)sc;
+            out.min[half] = dmin * (float)m;
+        }
+        *prep = out;
+    }
+    __device__ static void decode(const unsigned int* row, int c, int, const DirectPrep& prep, unsigned int* b) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {  // sub-block 2g + half: the low, then the high nibbles
+            const float d = prep.scale[half];
+            const float dm = prep.min[half];
             // Nibbles are taken in place here too (nibble_in_place) would save the shifts, but on the
             // H200 that made the Q4_K kernels slower (up to 1.6x at ubatch 512), so they are shifted.
 #pragma unroll
@@ -237,6 +261,10 @@ __device__ void direct_copies_commit() {
 
 __device__ void direct_copies_wait() {
     asm volatile("cp.async.wait_group 0;" ::: "memory");
+}
+
+__device__ void direct_syncwarp() {
+    __syncwarp();
 }
 
 #else  // DIRECT_GENERIC
@@ -300,6 +328,11 @@ __device__ void direct_copies_commit() {}
 
 __device__ void direct_copies_wait() {}
 
+// The whole block, as every thread of it calls this where a warp's lanes meet.
+__device__ void direct_syncwarp() {
+    __syncthreads();
+}
+
 #endif
 
 // ---------------------------------------------------------------------------------
@@ -338,6 +371,7 @@ __device__ void mul_mat_id_direct_tile(const unsigned char* __restrict__ w, cons
 
     __shared__ __attribute__((aligned(16))) unsigned short x_tile[2][TILE_M * DIRECT_K];
     __shared__ unsigned int w_stage[2][DIRECT_WARPS][W_WORDS];
+    __shared__ DirectPrep w_prep[DIRECT_WARPS][32];  // this step's, per weight row of the warp
     __shared__ int src_row[TILE_M];
     __shared__ int dst_row[TILE_M];
     __shared__ float tail[MOE_TILE_N];
@@ -388,22 +422,25 @@ __device__ void mul_mat_id_direct_tile(const unsigned char* __restrict__ w, cons
             }
         }
     };
-    // Where each of this thread's activation copies comes from; empty slots read the tile's first pair.
-    const unsigned short* x_from[X_COPIES];
-    int x_to[X_COPIES];
+    // This thread's activation copies: part x_part of tile rows x_row + X_ROWS r, from xb's element
+    // x_from[r] on (empty slots read the tile's first pair). Held across the k loop, where
+    // registers are scarce: 32-bit offsets rather than pointers, and the rows' places in the
+    // tile, X_ROWS apart (a multiple of 8, so the same swizzle), from one.
+    const int X_ROWS = MOE_DIRECT_THREADS / (DIRECT_K / 8);
+    const int x_part = tid % (DIRECT_K / 8);
+    const int x_row = tid / (DIRECT_K / 8);
+    const int x_to = direct_x_at(x_row, x_part);
+    unsigned int x_from[X_COPIES];
 #pragma unroll
     for (int r = 0; r < X_COPIES; ++r) {
-        const int q = tid + r * MOE_DIRECT_THREADS;
-        const int m = q / (DIRECT_K / 8);
-        const int part = q % (DIRECT_K / 8);
+        const int m = x_row + X_ROWS * r;
         const int src = src_row[m] >= 0 ? src_row[m] : src_row[0];
-        x_from[r] = xb + (long long)src * n_in + 8 * part;
-        x_to[r] = direct_x_at(m, part);
+        x_from[r] = (unsigned int)src * (unsigned int)n_in + 8u * x_part;
     }
     auto copy_step = [&](int ks, int buf) {
 #pragma unroll
         for (int r = 0; r < X_COPIES; ++r) {
-            direct_copy16(x_tile[buf] + x_to[r], x_from[r] + ks * DIRECT_K);
+            direct_copy16(x_tile[buf] + x_to + X_ROWS * DIRECT_K * r, xb + x_from[r] + ks * DIRECT_K);
         }
         copy_w(ks, buf);
         direct_copies_commit();
@@ -431,10 +468,17 @@ __device__ void mul_mat_id_direct_tile(const unsigned char* __restrict__ w, cons
         if (ks + 1 < k_steps) {
             copy_step(ks + 1, buf ^ 1);
         }
+        if (D::PREPARES) {
+            // Read by the warp's lanes in this step only: the next step's writes come after the
+            // block's next barrier.
+            D::prepare(&w_stage[buf][warp][lane * D::STEP_WORDS], ks, &w_prep[warp][lane]);
+            direct_syncwarp();
+        }
         unsigned int b[DIRECT_GROUPS][8];
 #pragma unroll
         for (int j = 0; j < DIRECT_GROUPS; ++j) {
-            D::decode(&w_stage[buf][warp][(8 * j + lane / 4) * D::STEP_WORDS], lane % 4, ks, b[j]);
+            const int r = 8 * j + lane / 4;
+            D::decode(&w_stage[buf][warp][r * D::STEP_WORDS], lane % 4, ks, w_prep[warp][r], b[j]);
         }
         DIRECT_UNROLL
         for (int chunk = 0; chunk < DIRECT_K / 16; ++chunk) {
