@@ -83,10 +83,14 @@ extern "C" __global__ void __launch_bounds__(DIRECT_ROUND_THREADS)
 
 // ---------------------------------------------------------------------------------
 // Per-type fragment decoding. A warp stages, per k step, STEP_WORDS 32-bit words of each of its
-// 32 weight rows in shared memory: word w of a row comes from byte offset(ks, w) of the row.
-// decode(row, c, ks, b) turns the staged words of one row into lane c's B fragments of step ks's
-// four 16-element chunks: b[2j], b[2j + 1] are the (b0, b1) registers of chunk j (elements
-// 16j .. 16j+15 of the step).
+// 32 weight rows in shared memory: word w of a row comes from byte 4 w + step(ks, moves(w)) of the
+// row, where moves(w) says which of two offsets per step the word takes (so that a copy's source
+// is one fixed offset plus one of two values the step sets, not worked out anew each step).
+// decode(row, c, ks, prep, part, b) turns the staged words of one row into lane c's B fragments
+// of chunks 2 part and 2 part + 1 of step ks's four 16-element chunks: b[0], b[1] are the (b0, b1)
+// registers of the first, b[2], b[3] of the second. Half a step at a time, so that the fragments
+// of a warp's four row groups take 16 registers, not 32, and the second half's decoding can
+// overlap the first half's products.
 // ---------------------------------------------------------------------------------
 
 template <int TYPE> struct Direct;
@@ -99,20 +103,31 @@ struct __attribute__((aligned(16))) DirectPrep {
     float min[2];
 };
 
-// The float value of a small unsigned integer q (< 2^23) without an integer-to-float conversion
-// (a slow unit): 2^23 + q built from its bits, minus 2^23, both exact.
-__device__ float small_uint_to_float(unsigned int q) {
-    return bits_to_float(0x4B000000u | q) - 8388608.0f;
+// (h & mask) | 0x4B000000 in one instruction. Written as C, both constants are immediates, and
+// the compiler then spends two integer operations on it (a logic operation takes one immediate);
+// here the exponent bits come from a register. The integer unit bounds these kernels: on the
+// H200 its pipe was the busiest (43-55% of its peak, the tensor pipe's 5% at ubatch 512).
+template <unsigned int MASK>
+__device__ unsigned int mask_with_exponent(unsigned int h) {
+#if defined(DIRECT_NVIDIA)
+    unsigned int exponent;
+    asm("mov.b32 %0, 0x4B000000;" : "=r"(exponent));
+    unsigned int out;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(out) : "r"(h), "n"(MASK), "r"(exponent));  // (a & b) | c
+    return out;
+#else
+    return (h & MASK) | 0x4B000000u;
+#endif
 }
 
-// Nibble p (0..3) of the low 16 bits of h, in place, the same way: 2^23 + 2^(4p) nibble, built by
-// one mask-and-or (no shift). It is exact, and so is subtracting 2^23 + 2^(4p) k from it; multiplied
-// by a scale times 2^(-4p) (exact too) it gives the value the shifted nibble would. The high 16
-// bits of a word go through the same after one shift, so a word of eight nibbles costs nine
-// integer operations instead of sixteen. The integer unit bounds these kernels: on the H200 its
-// pipe was the busiest (43-55% of its peak, the tensor pipe's 5% at ubatch 512).
-__device__ float nibble_in_place(unsigned int h, int p) {
-    return bits_to_float(0x4B000000u | (h & (0xFu << (4 * p))));
+// Nibble p (0..3) of the low 16 bits of h, in place, as a float without an integer-to-float
+// conversion (a slow unit): 2^23 + 2^(4p) nibble, built by one mask-and-or (no shift). It is
+// exact, and so is subtracting 2^23 + 2^(4p) k from it; multiplied by a scale times 2^(-4p) (exact
+// too) it gives the value the shifted nibble would. The high 16 bits of a word go through the
+// same after one shift, so a word of eight nibbles costs nine integer operations.
+template <int P>
+__device__ float nibble_in_place(unsigned int h) {
+    return bits_to_float(mask_with_exponent<(0xFu << (4 * P))>(h));
 }
 
 __device__ float pow2_minus_4p(int p) {  // 2^(-4p)
@@ -125,13 +140,17 @@ __device__ float pow2_minus_4p(int p) {  // 2^(-4p)
 template <> struct Direct<ES_TYPE_Q4_0> {
     static const int STEP_WORDS = 9;
     static const bool PREPARES = false;
-    __device__ static int offset(int ks, int w) {
-        return 36 * ks + 4 * w;
+    __device__ static bool moves(int) {
+        return false;
+    }
+    __device__ static int step(int ks, bool) {
+        return 36 * ks;
     }
     __device__ static void prepare(const unsigned int*, int, DirectPrep*) {}
-    __device__ static void decode(const unsigned int* row, int c, int, const DirectPrep&, unsigned int* b) {
-#pragma unroll
-        for (int blk = 0; blk < 2; ++blk) {
+    // Block `part` of the step gives chunks 2 part (low nibbles) and 2 part + 1 (high).
+    __device__ static void decode(const unsigned int* row, int c, int, const DirectPrep&, int blk,
+                                  unsigned int* b) {
+        {
             // Block 0 starts at byte 0 (d in the low half of word 0, qs from byte 2), block 1 at byte
             // 18 (d in the high half of word 4, qs from byte 20: word 5).
             const float d = half_to_float(blk == 0 ? row[0] & 0xffffu : row[4] >> 16);
@@ -150,14 +169,18 @@ template <> struct Direct<ES_TYPE_Q4_0> {
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const unsigned int h = i < 2 ? q : q >> 16;
-                const int p = 2 * (i % 2);
-                lo[i] = scale[p] * (nibble_in_place(h, p) - offset[p]);
-                hi[i] = scale[p + 1] * (nibble_in_place(h, p + 1) - offset[p + 1]);
+                if (i % 2 == 0) {
+                    lo[i] = scale[0] * (nibble_in_place<0>(h) - offset[0]);
+                    hi[i] = scale[1] * (nibble_in_place<1>(h) - offset[1]);
+                } else {
+                    lo[i] = scale[2] * (nibble_in_place<2>(h) - offset[2]);
+                    hi[i] = scale[3] * (nibble_in_place<3>(h) - offset[3]);
+                }
             }
-            b[4 * blk + 0] = pack_bf16x2(lo[0], lo[1]);
-            b[4 * blk + 1] = pack_bf16x2(lo[2], lo[3]);
-            b[4 * blk + 2] = pack_bf16x2(hi[0], hi[1]);
-            b[4 * blk + 3] = pack_bf16x2(hi[2], hi[3]);
+            b[0] = pack_bf16x2(lo[0], lo[1]);
+            b[1] = pack_bf16x2(lo[2], lo[3]);
+            b[2] = pack_bf16x2(hi[0], hi[1]);
+            b[3] = pack_bf16x2(hi[2], hi[3]);
         }
     }
 };
@@ -169,8 +192,13 @@ template <> struct Direct<ES_TYPE_Q4_0> {
 template <> struct Direct<ES_TYPE_Q4_K> {
     static const int STEP_WORDS = 12;
     static const bool PREPARES = true;
-    __device__ static int offset(int ks, int w) {
-        return (ks / 4) * 144 + (w < 4 ? 4 * w : 16 + 32 * (ks % 4) + 4 * (w - 4));
+    // Words 0-3 are the block's header, words 4-11 the group's quants at 16 + 32 g: byte 4 w either way
+    // but for the group's 32 g.
+    __device__ static bool moves(int w) {
+        return w >= 4;
+    }
+    __device__ static int step(int ks, bool quants) {
+        return (ks / 4) * 144 + (quants ? 32 * (ks % 4) : 0);
     }
     __device__ static int scale_byte(const unsigned int* row, int i) {
         return (int)((row[1 + i / 4] >> (8 * (i % 4))) & 0xffu);
@@ -202,23 +230,28 @@ template <> struct Direct<ES_TYPE_Q4_K> {
         }
         *prep = out;
     }
-    __device__ static void decode(const unsigned int* row, int c, int, const DirectPrep& prep, unsigned int* b) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {  // sub-block 2g + half: the low, then the high nibbles
-            const float d = prep.scale[half];
+    // Sub-block 2g + half (the low nibbles, then the high) gives chunks 2 half and 2 half + 1.
+    __device__ static void decode(const unsigned int* row, int c, int, const DirectPrep& prep, int half,
+                                  unsigned int* b) {
+        {
             const float dm = prep.min[half];
-            // Nibbles are taken in place here too (nibble_in_place) would save the shifts, but on the
-            // H200 that made the Q4_K kernels slower (up to 1.6x at ubatch 512), so they are shifted.
+            // Byte i's nibble is nibble 2 (i % 2) + half of half i / 2 of the word, taken in place:
+            // d q - dm = (d 2^(-4p)) ((2^23 + 2^(4p) q) - 2^23) - dm, the product exact as before.
+            const float even = prep.scale[half] * pow2_minus_4p(half);
+            const float odd = prep.scale[half] * pow2_minus_4p(2 + half);
 #pragma unroll
             for (int word = 0; word < 2; ++word) {  // chunk 2 * half + word
                 const unsigned int q = row[4 + 4 * word + c];
                 float v[4];
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
-                    v[i] = d * small_uint_to_float((q >> (8 * i + 4 * half)) & 0xfu) - dm;
+                    const unsigned int h = i < 2 ? q : q >> 16;
+                    const float n = i % 2 == 0 ? (half == 0 ? nibble_in_place<0>(h) : nibble_in_place<1>(h))
+                                               : (half == 0 ? nibble_in_place<2>(h) : nibble_in_place<3>(h));
+                    v[i] = (i % 2 == 0 ? even : odd) * (n - 8388608.0f) - dm;
                 }
-                b[2 * (2 * half + word) + 0] = pack_bf16x2(v[0], v[1]);
-                b[2 * (2 * half + word) + 1] = pack_bf16x2(v[2], v[3]);
+                b[2 * word + 0] = pack_bf16x2(v[0], v[1]);
+                b[2 * word + 1] = pack_bf16x2(v[2], v[3]);
             }
         }
     }
@@ -398,27 +431,32 @@ __device__ void mul_mat_id_direct_tile(const unsigned char* __restrict__ w, cons
     }
 
     // Each warp stages the words of its own 32 weight rows, coalesced: copy r of a lane is word
-    // (lane + 32 r) % STEP_WORDS of row (lane + 32 r) / STEP_WORDS. Where it comes from is fixed
-    // but for the step: a byte offset within its tensor's expert (the up tensor's when bit 31 is
-    // set), which offset(ks, word) moves per step.
+    // w = (lane + 32 r) % STEP_WORDS of row (lane + 32 r) / STEP_WORDS. Where it comes from is fixed
+    // but for the step: a byte offset within its tensor's expert, plus D::step(ks, moves(w)). Bit 31
+    // of the offset marks the up tensor's rows, bit 30 the words that move (experts are far below
+    // 1 GiB).
     unsigned int w_from[W_COPIES];
 #pragma unroll
     for (int r = 0; r < W_COPIES; ++r) {
         const int i = min(lane + 32 * r, W_WORDS - 1);
+        const int word = i % D::STEP_WORDS;
         bool inside;
         const int tile_row = 32 * warp + i / D::STEP_WORDS;
         const unsigned char* row = direct_row<GATE_UP>(w_expert, w2_expert, tile_row, n0, n_out, row_bytes, &inside);
         const bool second = GATE_UP && (tile_row % 32) >= 16;
-        w_from[r] = (unsigned int)(row - (second ? w2_expert : w_expert)) | (second ? 0x80000000u : 0u);
+        w_from[r] = ((unsigned int)(row - (second ? w2_expert : w_expert)) + 4u * word) |
+                    (second ? 0x80000000u : 0u) | (D::moves(word) ? 0x40000000u : 0u);
     }
     auto copy_w = [&](int ks, int buf) {
+        const int still = D::step(ks, false);
+        const int moved = D::step(ks, true);
 #pragma unroll
         for (int r = 0; r < W_COPIES; ++r) {
             const int i = lane + 32 * r;
             if (W_WORDS % 32 == 0 || i < W_WORDS) {
                 const unsigned char* base = (w_from[r] & 0x80000000u) ? w2_expert : w_expert;
-                direct_copy4(&w_stage[buf][warp][i],
-                             base + (w_from[r] & 0x7fffffffu) + D::offset(ks, i % D::STEP_WORDS));
+                const int step = (w_from[r] & 0x40000000u) ? moved : still;
+                direct_copy4(&w_stage[buf][warp][i], base + (w_from[r] & 0x3fffffffu) + step);
             }
         }
     };
@@ -474,21 +512,25 @@ __device__ void mul_mat_id_direct_tile(const unsigned char* __restrict__ w, cons
             D::prepare(&w_stage[buf][warp][lane * D::STEP_WORDS], ks, &w_prep[warp][lane]);
             direct_syncwarp();
         }
-        unsigned int b[DIRECT_GROUPS][8];
-#pragma unroll
-        for (int j = 0; j < DIRECT_GROUPS; ++j) {
-            const int r = 8 * j + lane / 4;
-            D::decode(&w_stage[buf][warp][r * D::STEP_WORDS], lane % 4, ks, w_prep[warp][r], b[j]);
-        }
         DIRECT_UNROLL
-        for (int chunk = 0; chunk < DIRECT_K / 16; ++chunk) {
+        for (int part = 0; part < 2; ++part) {
+            unsigned int b[DIRECT_GROUPS][4];
+#pragma unroll
+            for (int j = 0; j < DIRECT_GROUPS; ++j) {
+                const int r = 8 * j + lane / 4;
+                D::decode(&w_stage[buf][warp][r * D::STEP_WORDS], lane % 4, ks, w_prep[warp][r], part, b[j]);
+            }
             DIRECT_UNROLL
-            for (int i = 0; i < M_BLOCKS; ++i) {
-                unsigned int a[4];
-                direct_load_a(a, x_tile[buf], 16 * i, chunk, lane);
+            for (int half = 0; half < 2; ++half) {
+                const int chunk = 2 * part + half;
                 DIRECT_UNROLL
-                for (int j = 0; j < DIRECT_GROUPS; ++j) {
-                    direct_mma(acc[i][j], a, b[j][2 * chunk], b[j][2 * chunk + 1]);
+                for (int i = 0; i < M_BLOCKS; ++i) {
+                    unsigned int a[4];
+                    direct_load_a(a, x_tile[buf], 16 * i, chunk, lane);
+                    DIRECT_UNROLL
+                    for (int j = 0; j < DIRECT_GROUPS; ++j) {
+                        direct_mma(acc[i][j], a, b[j][2 * half], b[j][2 * half + 1]);
+                    }
                 }
             }
         }
