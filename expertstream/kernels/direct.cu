@@ -84,8 +84,9 @@ extern "C" __global__ void __launch_bounds__(DIRECT_ROUND_THREADS)
 // ---------------------------------------------------------------------------------
 // Per-type fragment decoding. A warp stages, per k step, STEP_WORDS 32-bit words of each of its
 // 32 weight rows in shared memory: word w of a row comes from byte 4 w + step(ks, moves(w)) of the
-// row, where moves(w) says which of two offsets per step the word takes (so that a copy's source
-// is one fixed offset plus one of two values the step sets, not worked out anew each step).
+// row, where moves(w) says which of two offsets per step the word takes. (Written as one offset
+// function of ks and w, the same arithmetic compiled to more spills in the Q4_K m128 kernels with
+// NVRTC 12.9.)
 // decode(row, c, ks, prep, part, b) turns the staged words of one row into lane c's B fragments
 // of chunks 2 part and 2 part + 1 of step ks's four 16-element chunks: b[0], b[1] are the (b0, b1)
 // registers of the first, b[2], b[3] of the second. Half a step at a time, so that the fragments
@@ -120,6 +121,12 @@ __device__ unsigned int mask_with_exponent(unsigned int h) {
 #endif
 }
 
+// The float value of a small unsigned integer q (< 2^23) without an integer-to-float conversion
+// (a slow unit): 2^23 + q built from its bits, minus 2^23, both exact.
+__device__ float small_uint_to_float(unsigned int q) {
+    return bits_to_float(0x4B000000u | q) - 8388608.0f;
+}
+
 // Nibble p (0..3) of the low 16 bits of h, in place, as a float without an integer-to-float
 // conversion (a slow unit): 2^23 + 2^(4p) nibble, built by one mask-and-or (no shift). It is
 // exact, and so is subtracting 2^23 + 2^(4p) k from it; multiplied by a scale times 2^(-4p) (exact
@@ -148,6 +155,7 @@ template <> struct Direct<ES_TYPE_Q4_0> {
     }
     __device__ static void prepare(const unsigned int*, int, DirectPrep*) {}
     // Block `part` of the step gives chunks 2 part (low nibbles) and 2 part + 1 (high).
+    template <bool>
     __device__ static void decode(const unsigned int* row, int c, int, const DirectPrep&, int blk,
                                   unsigned int* b) {
         {
@@ -231,24 +239,34 @@ template <> struct Direct<ES_TYPE_Q4_K> {
         *prep = out;
     }
     // Sub-block 2g + half (the low nibbles, then the high) gives chunks 2 half and 2 half + 1.
+    // IN_PLACE: each nibble taken where it sits (nibble_in_place), fewer integer operations. The
+    // 128-pair tile shifts them down instead: there the in-place version needs more registers than
+    // the kernel has, and its spills made it slower on the H200 (docs/results/cuda-h200-kernels.md).
+    template <bool IN_PLACE>
     __device__ static void decode(const unsigned int* row, int c, int, const DirectPrep& prep, int half,
                                   unsigned int* b) {
         {
+            const float d = prep.scale[half];
             const float dm = prep.min[half];
             // Byte i's nibble is nibble 2 (i % 2) + half of half i / 2 of the word, taken in place:
             // d q - dm = (d 2^(-4p)) ((2^23 + 2^(4p) q) - 2^23) - dm, the product exact as before.
-            const float even = prep.scale[half] * pow2_minus_4p(half);
-            const float odd = prep.scale[half] * pow2_minus_4p(2 + half);
+            const float even = d * pow2_minus_4p(half);
+            const float odd = d * pow2_minus_4p(2 + half);
 #pragma unroll
             for (int word = 0; word < 2; ++word) {  // chunk 2 * half + word
                 const unsigned int q = row[4 + 4 * word + c];
                 float v[4];
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
-                    const unsigned int h = i < 2 ? q : q >> 16;
-                    const float n = i % 2 == 0 ? (half == 0 ? nibble_in_place<0>(h) : nibble_in_place<1>(h))
-                                               : (half == 0 ? nibble_in_place<2>(h) : nibble_in_place<3>(h));
-                    v[i] = (i % 2 == 0 ? even : odd) * (n - 8388608.0f) - dm;
+                    if (IN_PLACE) {
+                        const unsigned int h = i < 2 ? q : q >> 16;
+                        const float n = i % 2 == 0
+                                            ? (half == 0 ? nibble_in_place<0>(h) : nibble_in_place<1>(h))
+                                            : (half == 0 ? nibble_in_place<2>(h) : nibble_in_place<3>(h));
+                        v[i] = (i % 2 == 0 ? even : odd) * (n - 8388608.0f) - dm;
+                    } else {
+                        v[i] = d * small_uint_to_float((q >> (8 * i + 4 * half)) & 0xfu) - dm;
+                    }
                 }
                 b[2 * word + 0] = pack_bf16x2(v[0], v[1]);
                 b[2 * word + 1] = pack_bf16x2(v[2], v[3]);
@@ -432,31 +450,27 @@ __device__ void mul_mat_id_direct_tile(const unsigned char* __restrict__ w, cons
 
     // Each warp stages the words of its own 32 weight rows, coalesced: copy r of a lane is word
     // w = (lane + 32 r) % STEP_WORDS of row (lane + 32 r) / STEP_WORDS. Where it comes from is fixed
-    // but for the step: a byte offset within its tensor's expert, plus D::step(ks, moves(w)). Bit 31
-    // of the offset marks the up tensor's rows, bit 30 the words that move (experts are far below
-    // 1 GiB).
+    // but for the step: a byte offset within its tensor's expert (the up tensor's when bit 31 is
+    // set), plus 4 w + D::step(ks, D::moves(w)).
     unsigned int w_from[W_COPIES];
 #pragma unroll
     for (int r = 0; r < W_COPIES; ++r) {
         const int i = min(lane + 32 * r, W_WORDS - 1);
-        const int word = i % D::STEP_WORDS;
         bool inside;
         const int tile_row = 32 * warp + i / D::STEP_WORDS;
         const unsigned char* row = direct_row<GATE_UP>(w_expert, w2_expert, tile_row, n0, n_out, row_bytes, &inside);
         const bool second = GATE_UP && (tile_row % 32) >= 16;
-        w_from[r] = ((unsigned int)(row - (second ? w2_expert : w_expert)) + 4u * word) |
-                    (second ? 0x80000000u : 0u) | (D::moves(word) ? 0x40000000u : 0u);
+        w_from[r] = (unsigned int)(row - (second ? w2_expert : w_expert)) | (second ? 0x80000000u : 0u);
     }
     auto copy_w = [&](int ks, int buf) {
-        const int still = D::step(ks, false);
-        const int moved = D::step(ks, true);
 #pragma unroll
         for (int r = 0; r < W_COPIES; ++r) {
             const int i = lane + 32 * r;
             if (W_WORDS % 32 == 0 || i < W_WORDS) {
+                const int word = i % D::STEP_WORDS;
                 const unsigned char* base = (w_from[r] & 0x80000000u) ? w2_expert : w_expert;
-                const int step = (w_from[r] & 0x40000000u) ? moved : still;
-                direct_copy4(&w_stage[buf][warp][i], base + (w_from[r] & 0x3fffffffu) + step);
+                direct_copy4(&w_stage[buf][warp][i],
+                             base + (w_from[r] & 0x7fffffffu) + 4 * word + D::step(ks, D::moves(word)));
             }
         }
     };
@@ -518,7 +532,8 @@ __device__ void mul_mat_id_direct_tile(const unsigned char* __restrict__ w, cons
 #pragma unroll
             for (int j = 0; j < DIRECT_GROUPS; ++j) {
                 const int r = 8 * j + lane / 4;
-                D::decode(&w_stage[buf][warp][r * D::STEP_WORDS], lane % 4, ks, w_prep[warp][r], part, b[j]);
+                D::template decode<(TILE_M < 128)>(&w_stage[buf][warp][r * D::STEP_WORDS], lane % 4, ks, w_prep[warp][r],
+                                                  part, b[j]);
             }
             DIRECT_UNROLL
             for (int half = 0; half < 2; ++half) {
