@@ -84,14 +84,14 @@ extern "C" __global__ void __launch_bounds__(DIRECT_ROUND_THREADS)
 // ---------------------------------------------------------------------------------
 // Per-type fragment decoding. A warp stages, per k step, STEP_WORDS 32-bit words of each of its
 // 32 weight rows in shared memory: word w of a row comes from byte 4 w + step(ks, moves(w)) of the
-// row, where moves(w) says which of two offsets per step the word takes. (Written as one offset
-// function of ks and w, the same arithmetic compiled to more spills in the Q4_K m128 kernels with
-// NVRTC 12.9.)
+// row, where moves(w) says which of two offsets per step the word takes: Q4_0's words all move
+// alike, so its copies add one value per step to a fixed offset. (Q4_K's choice made per copy from a
+// flag held with the offset doubled the spills of its 128-pair kernels with NVRTC 12.9.)
 // decode(row, c, ks, prep, part, b) turns the staged words of one row into lane c's B fragments
 // of chunks 2 part and 2 part + 1 of step ks's four 16-element chunks: b[0], b[1] are the (b0, b1)
-// registers of the first, b[2], b[3] of the second. Half a step at a time, so that the fragments
-// of a warp's four row groups take 16 registers, not 32, and the second half's decoding can
-// overlap the first half's products.
+// registers of the first, b[2], b[3] of the second. With SPLIT the kernel decodes and multiplies
+// half a step at a time (fewer fragment registers, and the second half's decoding can overlap the
+// first half's products); without, the whole step's fragments first.
 // ---------------------------------------------------------------------------------
 
 template <int TYPE> struct Direct;
@@ -147,6 +147,7 @@ __device__ float pow2_minus_4p(int p) {  // 2^(-4p)
 template <> struct Direct<ES_TYPE_Q4_0> {
     static const int STEP_WORDS = 9;
     static const bool PREPARES = false;
+    static const bool SPLIT = true;
     __device__ static bool moves(int) {
         return false;
     }
@@ -155,7 +156,6 @@ template <> struct Direct<ES_TYPE_Q4_0> {
     }
     __device__ static void prepare(const unsigned int*, int, DirectPrep*) {}
     // Block `part` of the step gives chunks 2 part (low nibbles) and 2 part + 1 (high).
-    template <bool>
     __device__ static void decode(const unsigned int* row, int c, int, const DirectPrep&, int blk,
                                   unsigned int* b) {
         {
@@ -200,6 +200,7 @@ template <> struct Direct<ES_TYPE_Q4_0> {
 template <> struct Direct<ES_TYPE_Q4_K> {
     static const int STEP_WORDS = 12;
     static const bool PREPARES = true;
+    static const bool SPLIT = false;
     // Words 0-3 are the block's header, words 4-11 the group's quants at 16 + 32 g: byte 4 w either way
     // but for the group's 32 g.
     __device__ static bool moves(int w) {
@@ -238,35 +239,22 @@ template <> struct Direct<ES_TYPE_Q4_K> {
         }
         *prep = out;
     }
-    // Sub-block 2g + half (the low nibbles, then the high) gives chunks 2 half and 2 half + 1.
-    // IN_PLACE: each nibble taken where it sits (nibble_in_place), fewer integer operations. The
-    // 128-pair tile shifts them down instead: there the in-place version needs more registers than
-    // the kernel has, and its spills made it slower on the H200 (docs/results/cuda-h200-kernels.md).
-    template <bool IN_PLACE>
+    // Sub-block 2g + half (the low nibbles, then the high) gives chunks 2 half and 2 half + 1. The
+    // nibbles are shifted down: taken in place (as Q4_0's are), and with the step decoded half at a
+    // time, the 128-pair kernels spilled more and ran up to 8% slower on the H200
+    // (docs/results/cuda-h200-kernels.md).
     __device__ static void decode(const unsigned int* row, int c, int, const DirectPrep& prep, int half,
                                   unsigned int* b) {
         {
             const float d = prep.scale[half];
             const float dm = prep.min[half];
-            // Byte i's nibble is nibble 2 (i % 2) + half of half i / 2 of the word, taken in place:
-            // d q - dm = (d 2^(-4p)) ((2^23 + 2^(4p) q) - 2^23) - dm, the product exact as before.
-            const float even = d * pow2_minus_4p(half);
-            const float odd = d * pow2_minus_4p(2 + half);
 #pragma unroll
             for (int word = 0; word < 2; ++word) {  // chunk 2 * half + word
                 const unsigned int q = row[4 + 4 * word + c];
                 float v[4];
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
-                    if (IN_PLACE) {
-                        const unsigned int h = i < 2 ? q : q >> 16;
-                        const float n = i % 2 == 0
-                                            ? (half == 0 ? nibble_in_place<0>(h) : nibble_in_place<1>(h))
-                                            : (half == 0 ? nibble_in_place<2>(h) : nibble_in_place<3>(h));
-                        v[i] = (i % 2 == 0 ? even : odd) * (n - 8388608.0f) - dm;
-                    } else {
-                        v[i] = d * small_uint_to_float((q >> (8 * i + 4 * half)) & 0xfu) - dm;
-                    }
+                    v[i] = d * small_uint_to_float((q >> (8 * i + 4 * half)) & 0xfu) - dm;
                 }
                 b[2 * word + 0] = pack_bf16x2(v[0], v[1]);
                 b[2 * word + 1] = pack_bf16x2(v[2], v[3]);
@@ -386,6 +374,22 @@ __device__ void direct_syncwarp() {
 
 #endif
 
+// acc += the activation tile's chunk `chunk` times the fragments b[j][at], b[j][at + 1] of the
+// warp's four row groups, for every 16-pair block of the tile.
+template <int M_BLOCKS, int B_WORDS>
+__device__ void direct_products(float (&acc)[M_BLOCKS][DIRECT_GROUPS][4], const unsigned short* tile, int chunk,
+                                int lane, const unsigned int (&b)[DIRECT_GROUPS][B_WORDS], int at) {
+    DIRECT_UNROLL
+    for (int i = 0; i < M_BLOCKS; ++i) {
+        unsigned int a[4];
+        direct_load_a(a, tile, 16 * i, chunk, lane);
+        DIRECT_UNROLL
+        for (int j = 0; j < DIRECT_GROUPS; ++j) {
+            direct_mma(acc[i][j], a, b[j][at], b[j][at + 1]);
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------
 // The kernel: TILE_M pairs x 128 weight rows per block of 4 warps.
 // ---------------------------------------------------------------------------------
@@ -450,8 +454,8 @@ __device__ void mul_mat_id_direct_tile(const unsigned char* __restrict__ w, cons
 
     // Each warp stages the words of its own 32 weight rows, coalesced: copy r of a lane is word
     // w = (lane + 32 r) % STEP_WORDS of row (lane + 32 r) / STEP_WORDS. Where it comes from is fixed
-    // but for the step: a byte offset within its tensor's expert (the up tensor's when bit 31 is
-    // set), plus 4 w + D::step(ks, D::moves(w)).
+    // but for the step: byte 4 w of its row, as an offset within its tensor's expert (the up
+    // tensor's when bit 31 is set), plus D::step(ks, D::moves(w)).
     unsigned int w_from[W_COPIES];
 #pragma unroll
     for (int r = 0; r < W_COPIES; ++r) {
@@ -460,17 +464,17 @@ __device__ void mul_mat_id_direct_tile(const unsigned char* __restrict__ w, cons
         const int tile_row = 32 * warp + i / D::STEP_WORDS;
         const unsigned char* row = direct_row<GATE_UP>(w_expert, w2_expert, tile_row, n0, n_out, row_bytes, &inside);
         const bool second = GATE_UP && (tile_row % 32) >= 16;
-        w_from[r] = (unsigned int)(row - (second ? w2_expert : w_expert)) | (second ? 0x80000000u : 0u);
+        w_from[r] = ((unsigned int)(row - (second ? w2_expert : w_expert)) + 4u * (i % D::STEP_WORDS)) |
+                    (second ? 0x80000000u : 0u);
     }
     auto copy_w = [&](int ks, int buf) {
 #pragma unroll
         for (int r = 0; r < W_COPIES; ++r) {
             const int i = lane + 32 * r;
             if (W_WORDS % 32 == 0 || i < W_WORDS) {
-                const int word = i % D::STEP_WORDS;
                 const unsigned char* base = (w_from[r] & 0x80000000u) ? w2_expert : w_expert;
                 direct_copy4(&w_stage[buf][warp][i],
-                             base + (w_from[r] & 0x7fffffffu) + 4 * word + D::step(ks, D::moves(word)));
+                             base + (w_from[r] & 0x7fffffffu) + D::step(ks, D::moves(i % D::STEP_WORDS)));
             }
         }
     };
@@ -526,27 +530,36 @@ __device__ void mul_mat_id_direct_tile(const unsigned char* __restrict__ w, cons
             D::prepare(&w_stage[buf][warp][lane * D::STEP_WORDS], ks, &w_prep[warp][lane]);
             direct_syncwarp();
         }
-        DIRECT_UNROLL
-        for (int part = 0; part < 2; ++part) {
-            unsigned int b[DIRECT_GROUPS][4];
+        if (D::SPLIT) {
+            // Half a step at a time: fewer fragment registers, and the second half's decoding can
+            // overlap the first half's products.
+            DIRECT_UNROLL
+            for (int part = 0; part < 2; ++part) {
+                unsigned int b[DIRECT_GROUPS][4];
+#pragma unroll
+                for (int j = 0; j < DIRECT_GROUPS; ++j) {
+                    const int r = 8 * j + lane / 4;
+                    D::decode(&w_stage[buf][warp][r * D::STEP_WORDS], lane % 4, ks, w_prep[warp][r], part, b[j]);
+                }
+                DIRECT_UNROLL
+                for (int half = 0; half < 2; ++half) {
+                    direct_products<M_BLOCKS>(acc, x_tile[buf], 2 * part + half, lane, b, 2 * half);
+                }
+            }
+        } else {
+            unsigned int b[DIRECT_GROUPS][8];
 #pragma unroll
             for (int j = 0; j < DIRECT_GROUPS; ++j) {
                 const int r = 8 * j + lane / 4;
-                D::template decode<(TILE_M < 128)>(&w_stage[buf][warp][r * D::STEP_WORDS], lane % 4, ks, w_prep[warp][r],
-                                                  part, b[j]);
+#pragma unroll
+                for (int part = 0; part < 2; ++part) {
+                    D::decode(&w_stage[buf][warp][r * D::STEP_WORDS], lane % 4, ks, w_prep[warp][r], part,
+                              b[j] + 4 * part);
+                }
             }
             DIRECT_UNROLL
-            for (int half = 0; half < 2; ++half) {
-                const int chunk = 2 * part + half;
-                DIRECT_UNROLL
-                for (int i = 0; i < M_BLOCKS; ++i) {
-                    unsigned int a[4];
-                    direct_load_a(a, x_tile[buf], 16 * i, chunk, lane);
-                    DIRECT_UNROLL
-                    for (int j = 0; j < DIRECT_GROUPS; ++j) {
-                        direct_mma(acc[i][j], a, b[j][2 * half], b[j][2 * half + 1]);
-                    }
-                }
+            for (int chunk = 0; chunk < DIRECT_K / 16; ++chunk) {
+                direct_products<M_BLOCKS>(acc, x_tile[buf], chunk, lane, b, 2 * chunk);
             }
         }
     }
