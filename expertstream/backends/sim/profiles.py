@@ -278,12 +278,13 @@ _H200_MUL_MAT_ID_INT8 = {
 
 # measured: the direct-decode mul_mat_id (direct.cu, its bf16 rounding pass included) and gate, up and
 # SwiGLU fused in one pass (rated on the work of both tensors), `python -m microbench.kernels --backend
-# cuda --types Q4_0 Q4_K --ubatch 512 2048 4096 --paths mma direct --tiles 32 64 128 --repeats 10` on
-# the H200, 2026-12-01 (docs/results/cuda-h200-kernels.md). Each ubatch row lists the tile the launcher
-# picks there: (ubatch, tile, gate/up, down, gate+up fused).
+# cuda --types Q4_0 Q4_K --ubatch 512 2048 4096 --paths direct --tiles 64 128 --repeats 10` on the H200,
+# 2026-12-01 18:15 UTC, the mean of two rounds (docs/results/cuda-h200-kernels.md, run A: Q4_0 with one
+# logic instruction per nibble, Q4_K in the layout it keeps). Each ubatch row lists the tile the
+# launcher picks there: (ubatch, tile, gate/up, down, gate+up fused).
 _H200_MUL_MAT_ID_DIRECT = {
-    "Q4_0": ((512, 64, 50.4, 43.7, 65.0), (2048, 128, 105.6, 91.8, 116.0), (4096, 128, 139.1, 113.3, 142.6)),
-    "Q4_K": ((512, 64, 35.6, 26.2, 46.7), (2048, 128, 80.3, 69.6, 90.4), (4096, 128, 109.5, 90.2, 113.6)),
+    "Q4_0": ((512, 64, 54.2, 47.5, 72.5), (2048, 128, 128.4, 107.8, 140.8), (4096, 128, 169.2, 131.8, 175.2)),
+    "Q4_K": ((512, 64, 48.2, 35.2, 60.5), (2048, 128, 99.0, 71.0, 108.0), (4096, 128, 128.5, 97.0, 135.5)),
 }
 
 
