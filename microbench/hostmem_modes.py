@@ -69,7 +69,7 @@ def measure(
     threads: int | None,
     lookahead: bool,
 ) -> Row:
-    ring = {"ring_chunk_bytes": args.ring_chunk_mb * MIB, "ring_chunks": args.ring_chunks}
+    ring = {"ring_chunk_bytes": args.ring_chunk_mib * MIB, "ring_chunks": args.ring_chunks}
     if threads is not None:
         ring["ring_threads"] = threads
     total = sum(t.nbytes for t in model.expert_tensors)
@@ -84,7 +84,7 @@ def measure(
         note = "; ".join(f"fell back: {f.reason}" for f in weights.stats.fallbacks)
         pinned = weights.stats.pinned_bytes
     is_ring = used is HostMemoryMode.RING
-    chunk = min(args.ring_chunk_mb * MIB, largest) / MIB if is_ring else None
+    chunk = min(args.ring_chunk_mib * MIB, largest) / MIB if is_ring else None
     return Row(
         mode.value,
         used.value,
@@ -151,7 +151,14 @@ def main(argv: list[str] | None = None) -> int:
         choices=["on", "off"],
         help="tell the ring the order of the copies (on, as the scheduler does) or not (off)",
     )
-    p.add_argument("--ring-chunk-mb", type=int, default=DEFAULT_RING_CHUNK_BYTES // MIB)
+    p.add_argument(
+        "--ring-chunk-mib",
+        "--ring-chunk-mb",  # the spelling of older results' commands
+        dest="ring_chunk_mib",
+        type=int,
+        default=DEFAULT_RING_CHUNK_BYTES // MIB,
+        help="MiB per staging chunk, as prefill's --ring-chunk-mib",
+    )
     p.add_argument("--ring-chunks", type=int, default=DEFAULT_RING_CHUNKS)
     p.add_argument("--repeats", type=int, default=3, help="passes per row; the median is reported")
     args = p.parse_args(argv)
