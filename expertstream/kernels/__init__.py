@@ -191,8 +191,9 @@ class MoeKernels(Closing):
             and fmt.direct_fits(n_in)
         )
 
-    def mul_mat_id_kernel(self, w_type: RowType, n_pairs: int, n_expert: int, n_in: int = layout.DIRECT_K) -> str:
-        """The name of the matrix kernel mul_mat_id launches for this type, number of pairs and rows."""
+    def mul_mat_id_kernel(self, w_type: RowType, n_pairs: int, n_expert: int, n_in: int) -> str:
+        """The name of the matrix kernel mul_mat_id launches for this type, number of pairs and experts,
+        and rows of ``n_in`` elements (which decide whether a direct-decode kernel fits)."""
         path = self.path_for(w_type)
         fmt = weight_format(w_type)
         if self.uses_direct(w_type, n_in):
@@ -214,7 +215,7 @@ class MoeKernels(Closing):
         """Compile now what the kernels of a model with experts of ``w_types`` need (else on first use)."""
         self.kernel("moe_swiglu")
         for w_type in w_types:
-            self.kernel(self.mul_mat_id_kernel(w_type, 1, 1))
+            self.kernel(self.mul_mat_id_kernel(w_type, 1, 1, layout.DIRECT_K))
             if self.uses_direct(w_type, layout.DIRECT_K):
                 self.kernel(weight_format(w_type).direct_kernel_name(TileM.SHORT, gate_up=True))
                 self.kernel("moe_round_x_direct")

@@ -39,8 +39,8 @@ def test_asking_for_int8_sends_types_without_it_to_the_bf16_path() -> None:
                 expected = MatrixPath.INT8 if w_type in INT8_DEFAULT_TYPES else MatrixPath.MMA
                 assert default.path_for(w_type) is expected
             assert int8.path_for(_T.Q4_K) is MatrixPath.INT8 and int8.path_for(_T.F16) is MatrixPath.MMA
-            assert int8.mul_mat_id_kernel(_T.Q4_0, 4096 * 8, 128) == "moe_mul_mat_id_int8_q4_0_m128"
-            assert int8.mul_mat_id_kernel(_T.Q8_0, 512 * 8, 128) == "moe_mul_mat_id_mma_q8_0_m64"
+            assert int8.mul_mat_id_kernel(_T.Q4_0, 4096 * 8, 128, 2048) == "moe_mul_mat_id_int8_q4_0_m128"
+            assert int8.mul_mat_id_kernel(_T.Q8_0, 512 * 8, 128, 2048) == "moe_mul_mat_id_mma_q8_0_m64"
 
 
 def test_int8_tile_heights_grow_with_pairs_per_expert() -> None:

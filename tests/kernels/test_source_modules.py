@@ -61,6 +61,6 @@ def test_a_model_of_one_type_compiles_two_modules() -> None:
         with MoeKernels(device) as kernels:
             kernels.prepare([q4_0])
             kernels.prepare([q4_0])  # compiled once
-            for name in ("moe_combine", kernels.mul_mat_id_kernel(q4_0, 4096 * 8, 128)):
+            for name in ("moe_combine", kernels.mul_mat_id_kernel(q4_0, 4096 * 8, 128, 2048)):
                 kernels.kernel(name)
     assert set(device.sources) == {kernel_source(()), kernel_source([q4_0])}
