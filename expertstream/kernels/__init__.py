@@ -417,6 +417,13 @@ class MoeKernels(Closing):
         n_expert, n_out, n_in, n_tokens, top_k, x_per_slot = shape
         n_pairs = n_tokens * top_k
         x_rows = n_pairs if x_per_slot else n_tokens
+        if x_rows * n_in >= 1 << 32:  # the kernels hold an activation row's start as a 32-bit element offset
+            raise InvalidArgument(
+                f"{x_rows} activation rows of {n_in} elements are over the 2^32 elements the direct-decode "
+                "kernels address",
+                call=call,
+                hint="split the batch",
+            )
         tiles = layout.max_tiles(n_pairs, n_expert, tile_m)
         words = layout.scratch_words(n_pairs, n_expert, tile_m)
         xb_at = layout.quantized_x_offset(n_pairs, n_expert, tile_m)

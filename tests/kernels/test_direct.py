@@ -92,3 +92,29 @@ def test_fused_calls_are_refused_where_no_direct_kernel_applies(device: Device, 
             kernels.gate_up(stream, buf, buf, w_type, 2, 32, 512, buf, buf, 4, 2, buf)
         with pytest.raises(InvalidArgument, match="route_weights needs a direct-decode kernel"):
             kernels.mul_mat_id(stream, buf, w_type, 2, 32, 512, buf, False, buf, 4, 2, buf, route_weights=buf)
+
+
+def test_activations_past_32_bit_offsets_are_refused() -> None:
+    """The direct kernels hold an activation row's start as a 32-bit element offset: a call with 2^32
+    activation elements or more is refused, not run with offsets that wrap."""
+    import expertstream
+
+    w_type = GGMLQuantizationType.Q4_0
+    n_expert, n_out, n_in, n_tokens, top_k = 128, 128, 8192, 65536, 8  # 2^19 rows of 2^13: 2^32 elements
+    pairs = n_tokens * top_k
+    fmt = FORMATS[w_type]
+    with expertstream.backend("sim", profile="cuda-h200", data=False) as sim:
+        device = sim.device(0)
+        with MoeKernels(device) as kernels, device.stream() as stream:
+            assert kernels.uses_direct(w_type, n_in)
+            with (
+                device.alloc(n_expert * n_out * fmt.row_bytes(n_in) + (1 << 20)) as w,
+                device.alloc(pairs * n_in * 4) as x,
+                device.alloc(pairs * 4) as ids,
+                device.alloc(pairs * n_out * 4) as y,
+            ):
+                with pytest.raises(InvalidArgument, match="over the 2\\^32 elements"):
+                    kernels.mul_mat_id(stream, w, w_type, n_expert, n_out, n_in, x, True, ids, n_tokens, top_k, y)
+                small = n_tokens // 2  # 2^31 elements: taken
+                kernels.mul_mat_id(stream, w, w_type, n_expert, n_out, n_in, x, True, ids, small, top_k, y)
+                stream.synchronize()
