@@ -158,38 +158,36 @@ template <> struct Direct<ES_TYPE_Q4_0> {
     // Block `part` of the step gives chunks 2 part (low nibbles) and 2 part + 1 (high).
     __device__ static void decode(const unsigned int* row, int c, int, const DirectPrep&, int blk,
                                   unsigned int* b) {
-        {
-            // Block 0 starts at byte 0 (d in the low half of word 0, qs from byte 2), block 1 at byte
-            // 18 (d in the high half of word 4, qs from byte 20: word 5).
-            const float d = half_to_float(blk == 0 ? row[0] & 0xffffu : row[4] >> 16);
-            const unsigned int q = blk == 0 ? (row[c] >> 16) | (row[c + 1] << 16) : row[5 + c];
-            // Byte i: nibble 2 (i % 2) (low) and 2 (i % 2) + 1 (high) of half i / 2 of q.
-            // d (q - 8) = d 2^(-4p) ((2^23 + 2^(4p) q) - (2^23 + 2^(4p) 8)), every step exact.
-            float scale[4];
-            float offset[4];
+        // Block 0 starts at byte 0 (d in the low half of word 0, qs from byte 2), block 1 at byte
+        // 18 (d in the high half of word 4, qs from byte 20: word 5).
+        const float d = half_to_float(blk == 0 ? row[0] & 0xffffu : row[4] >> 16);
+        const unsigned int q = blk == 0 ? (row[c] >> 16) | (row[c + 1] << 16) : row[5 + c];
+        // Byte i: nibble 2 (i % 2) (low) and 2 (i % 2) + 1 (high) of half i / 2 of q.
+        // d (q - 8) = d 2^(-4p) ((2^23 + 2^(4p) q) - (2^23 + 2^(4p) 8)), every step exact.
+        float scale[4];
+        float offset[4];
 #pragma unroll
-            for (int p = 0; p < 4; ++p) {
-                scale[p] = d * pow2_minus_4p(p);
-                offset[p] = 8388608.0f + 8.0f / pow2_minus_4p(p);
-            }
-            float lo[4];
-            float hi[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const unsigned int h = i < 2 ? q : q >> 16;
-                if (i % 2 == 0) {
-                    lo[i] = scale[0] * (nibble_in_place<0>(h) - offset[0]);
-                    hi[i] = scale[1] * (nibble_in_place<1>(h) - offset[1]);
-                } else {
-                    lo[i] = scale[2] * (nibble_in_place<2>(h) - offset[2]);
-                    hi[i] = scale[3] * (nibble_in_place<3>(h) - offset[3]);
-                }
-            }
-            b[0] = pack_bf16x2(lo[0], lo[1]);
-            b[1] = pack_bf16x2(lo[2], lo[3]);
-            b[2] = pack_bf16x2(hi[0], hi[1]);
-            b[3] = pack_bf16x2(hi[2], hi[3]);
+        for (int p = 0; p < 4; ++p) {
+            scale[p] = d * pow2_minus_4p(p);
+            offset[p] = 8388608.0f + 8.0f / pow2_minus_4p(p);
         }
+        float lo[4];
+        float hi[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const unsigned int h = i < 2 ? q : q >> 16;
+            if (i % 2 == 0) {
+                lo[i] = scale[0] * (nibble_in_place<0>(h) - offset[0]);
+                hi[i] = scale[1] * (nibble_in_place<1>(h) - offset[1]);
+            } else {
+                lo[i] = scale[2] * (nibble_in_place<2>(h) - offset[2]);
+                hi[i] = scale[3] * (nibble_in_place<3>(h) - offset[3]);
+            }
+        }
+        b[0] = pack_bf16x2(lo[0], lo[1]);
+        b[1] = pack_bf16x2(lo[2], lo[3]);
+        b[2] = pack_bf16x2(hi[0], hi[1]);
+        b[3] = pack_bf16x2(hi[2], hi[3]);
     }
 };
 
@@ -245,20 +243,18 @@ template <> struct Direct<ES_TYPE_Q4_K> {
     // (docs/results/cuda-h200-kernels.md).
     __device__ static void decode(const unsigned int* row, int c, int, const DirectPrep& prep, int half,
                                   unsigned int* b) {
-        {
-            const float d = prep.scale[half];
-            const float dm = prep.min[half];
+        const float d = prep.scale[half];
+        const float dm = prep.min[half];
 #pragma unroll
-            for (int word = 0; word < 2; ++word) {  // chunk 2 * half + word
-                const unsigned int q = row[4 + 4 * word + c];
-                float v[4];
+        for (int word = 0; word < 2; ++word) {  // chunk 2 * half + word
+            const unsigned int q = row[4 + 4 * word + c];
+            float v[4];
 #pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    v[i] = d * small_uint_to_float((q >> (8 * i + 4 * half)) & 0xfu) - dm;
-                }
-                b[2 * word + 0] = pack_bf16x2(v[0], v[1]);
-                b[2 * word + 1] = pack_bf16x2(v[2], v[3]);
+            for (int i = 0; i < 4; ++i) {
+                v[i] = d * small_uint_to_float((q >> (8 * i + 4 * half)) & 0xfu) - dm;
             }
+            b[2 * word + 0] = pack_bf16x2(v[0], v[1]);
+            b[2 * word + 1] = pack_bf16x2(v[2], v[3]);
         }
     }
 };
