@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
 
+import expertstream
 from expertstream.backends.base import Device, Stream
 from expertstream.errors import InvalidArgument
 from expertstream.kernels import MoeKernels
@@ -97,8 +98,6 @@ def test_fused_calls_are_refused_where_no_direct_kernel_applies(device: Device, 
 def test_activations_past_32_bit_offsets_are_refused() -> None:
     """The direct kernels hold an activation row's start as a 32-bit element offset: a call with 2^32
     activation elements or more is refused, not run with offsets that wrap."""
-    import expertstream
-
     w_type = GGMLQuantizationType.Q4_0
     n_expert, n_out, n_in, n_tokens, top_k = 128, 128, 8192, 65536, 8  # 2^19 rows of 2^13: 2^32 elements
     pairs = n_tokens * top_k
