@@ -25,6 +25,7 @@ import numpy as np
 
 import expertstream
 from expertstream.backends.base import Backend, Device, HostBuffer
+from expertstream.model import make_model
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,24 @@ def parser(prog: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON on stdout (the table goes to stderr)")
     p.add_argument("--out", type=Path, help="also write the JSON result to this file")
     return p
+
+
+def model_arguments(p: argparse.ArgumentParser, layers: int) -> None:
+    """--model FILE, or the model to write: --preset, --type, --layers (``model_file`` reads them)."""
+    p.add_argument("--model", type=Path, help="a GGUF MoE model; default: write one with --preset")
+    p.add_argument("--preset", default="qwen3-30b-a3b")
+    p.add_argument("--type", dest="qtype", default="Q4_0")
+    p.add_argument("--layers", type=int, default=layers)
+
+
+@contextlib.contextmanager
+def model_file(args: argparse.Namespace, prog: str) -> Iterator[Path]:
+    """--model, or a model of the ``model_arguments`` written to a temporary folder for the block."""
+    if args.model:
+        yield args.model
+        return
+    with tempfile.TemporaryDirectory(prefix=f"{prog}-") as tmp:
+        yield make_model(args.preset, args.qtype, Path(tmp) / "model.gguf", layers=args.layers)
 
 
 def open_backend(args: argparse.Namespace) -> Backend:

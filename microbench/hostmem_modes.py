@@ -17,17 +17,16 @@ from __future__ import annotations
 
 import argparse
 import logging
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from expertstream.backends.base import Backend, Device, DeviceBuffer, Stream
 from expertstream.hostmem import DEFAULT_RING_CHUNK_BYTES, DEFAULT_RING_CHUNKS, HostMemoryMode, HostWeights
-from expertstream.model import MoeModel, make_model
+from expertstream.model import MoeModel
 from expertstream.scheduler.source import expect_copies
 
-from ._common import MIB, Column, emit, environment, median, open_backend
+from ._common import MIB, Column, emit, environment, median, model_arguments, model_file, open_backend
 from ._common import parser as common_parser
 
 log = logging.getLogger(__name__)
@@ -133,10 +132,7 @@ COLUMNS = (
 
 def main(argv: list[str] | None = None) -> int:
     p = common_parser("hostmem_modes", "Expert-tensor streaming bandwidth from each host memory mode.")
-    p.add_argument("--model", type=Path, help="a GGUF MoE model; default: write one with --preset")
-    p.add_argument("--preset", default="qwen3-30b-a3b")
-    p.add_argument("--type", dest="qtype", default="Q4_0")
-    p.add_argument("--layers", type=int, default=8)
+    model_arguments(p, layers=8)
     p.add_argument(
         "--modes",
         nargs="+",
@@ -162,8 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ring-chunks", type=int, default=DEFAULT_RING_CHUNKS)
     p.add_argument("--repeats", type=int, default=3, help="passes per row; the median is reported")
     args = p.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="hostmem-modes-") as tmp, open_backend(args) as be:
-        path = args.model or make_model(args.preset, args.qtype, Path(tmp) / "model.gguf", layers=args.layers)
+    with model_file(args, "hostmem-modes") as path, open_backend(args) as be:
         result = run(be, args, path)
     emit(args, result, COLUMNS, "expert streaming by host memory mode")
     return 0

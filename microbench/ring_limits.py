@@ -25,7 +25,6 @@ import argparse
 import itertools
 import logging
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -38,11 +37,11 @@ import numpy as np
 
 from expertstream.backends.base import Backend, Device, HostBuffer
 from expertstream.hostmem import HostMemoryMode, HostWeights, RingRegion
-from expertstream.model import MoeModel, make_model
+from expertstream.model import MoeModel
 from expertstream.moe.measure import Settings, measure
 from expertstream.moe.runner import Batching
 
-from ._common import MIB, Column, emit, environment, median, open_backend
+from ._common import MIB, Column, emit, environment, median, model_arguments, model_file, open_backend
 from ._common import parser as common_parser
 
 log = logging.getLogger(__name__)
@@ -288,10 +287,7 @@ COLUMNS = (
 
 def main(argv: list[str] | None = None) -> int:
     p = common_parser("ring_limits", "What bounds the staging ring: host copies, prefill rows, decode copies.")
-    p.add_argument("--model", type=Path, help="a GGUF MoE model; default: write one with --preset")
-    p.add_argument("--preset", default="qwen3-30b-a3b")
-    p.add_argument("--type", dest="qtype", default="Q4_0")
-    p.add_argument("--layers", type=int, default=16)
+    model_arguments(p, layers=16)
     p.add_argument("--parts", nargs="+", default=["copy", "prefill", "decode"], choices=["copy", "prefill", "decode"])
     p.add_argument("--copy-threads", type=int, nargs="+", default=[8, 12, 16])
     p.add_argument("--part-mib", type=int, nargs="+", default=[4, 16], help="copy: bytes each thread copies at once")
@@ -304,8 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="prefill: rounds over every setting; medians reported")
     p.add_argument("--experts", type=int, default=8, help="decode: experts copied of each tensor")
     args = p.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="ring-limits-") as tmp, open_backend(args) as be:
-        path = args.model or make_model(args.preset, args.qtype, Path(tmp) / "model.gguf", layers=args.layers)
+    with model_file(args, "ring-limits") as path, open_backend(args) as be:
         result = run(be, args, path)
     emit(args, result, COLUMNS, "what bounds the staging ring")
     return 0
