@@ -480,7 +480,7 @@ class MoeKernels(Closing):
         args = self._combine_args("MoeKernels.weighted_sum", y, weights, None, ("out", out), n_tokens, top_k, n)
         target = args[3]
         stream.memset(target.buffer, target.offset, target.nbytes)
-        self._launch_combine(stream, args, n)
+        self._launch_combine(stream, args, n_tokens, n)
 
     def combine(
         self,
@@ -496,7 +496,7 @@ class MoeKernels(Closing):
         """hidden[t, :] += sum over k ascending of weights[t, k] * y[t, k, :] (of y[t, k, :] where
         ``weights`` is None: rows mul_mat_id's route_weights already scaled), + extra[t, :] if given."""
         args = self._combine_args("MoeKernels.combine", y, weights, extra, ("hidden", hidden), n_tokens, top_k, n)
-        self._launch_combine(stream, args, n)
+        self._launch_combine(stream, args, n_tokens, n)
 
     def _combine_args(
         self,
@@ -523,8 +523,8 @@ class MoeKernels(Closing):
             _i32(n),
         )
 
-    def _launch_combine(self, stream: Stream, args: tuple[Any, ...], n: int) -> None:
-        grid = (-(-n // layout.ELEMENTWISE_THREADS), min(int(args[4]), layout.MAX_GRID_Y))
+    def _launch_combine(self, stream: Stream, args: tuple[Any, ...], n_tokens: int, n: int) -> None:
+        grid = (-(-n // layout.ELEMENTWISE_THREADS), min(n_tokens, layout.MAX_GRID_Y))
         stream.launch(self.kernel("moe_combine"), grid, layout.ELEMENTWISE_THREADS, args)
 
     def router_topk(
