@@ -32,7 +32,7 @@ from ..clitools import (
     scratch_folder,
     writable_path,
 )
-from ..hostmem import HostMemoryMode
+from ..hostmem import DEFAULT_RING_CHUNK_BYTES, DEFAULT_RING_CHUNKS, DEFAULT_RING_PART_BYTES, HostMemoryMode
 from ..kernels.layout import MatrixPath
 from ..model import PRESETS, MoeModel, make_model
 from ..model.commands import expert_type_option, open_model
@@ -233,17 +233,23 @@ def register(subparsers: Any) -> None:
     )
     prefill.add_argument("--ring-threads", type=_positive, default=None, help="host threads filling the staging ring")
     prefill.add_argument(
-        "--ring-chunks", type=_positive, default=None, help="the staging ring's pinned chunks (at least 2; default 8)"
+        "--ring-chunks",
+        type=_positive,
+        default=None,
+        help=f"the staging ring's pinned chunks (at least 2; default {DEFAULT_RING_CHUNKS})",
     )
     prefill.add_argument(
-        "--ring-chunk-mib", type=_positive, default=None, help="MiB per staging ring chunk (default 32)"
+        "--ring-chunk-mib",
+        type=_positive,
+        default=None,
+        help=f"MiB per staging ring chunk (default {DEFAULT_RING_CHUNK_BYTES >> 20})",
     )
     prefill.add_argument(
         "--ring-part-mib",
         type=_positive,
         default=None,
-        help="least MiB one ring thread copies of a chunk's fill (default 8); microbench.ring_limits compares "
-        "geometries on this machine",
+        help=f"least MiB one ring thread copies of a chunk's fill (default {DEFAULT_RING_PART_BYTES >> 20}); "
+        "microbench.ring_limits compares geometries on this machine",
     )
     prefill.add_argument(
         "--matrix-path",
