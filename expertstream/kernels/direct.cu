@@ -155,6 +155,12 @@ template <> struct Direct<ES_TYPE_Q4_0> {
         return 36 * ks;
     }
     __device__ static void prepare(const unsigned int*, int, DirectPrep*) {}
+    static const int BLOCK_ELEMENTS = 32;
+    static const int BLOCK_BYTES = 18;
+    // 0 times a block's scale: +0 when it is finite, and then so is every value of the block.
+    __device__ static float zero_times_scales(const unsigned char* block) {
+        return 0.0f * half_to_float(*(const unsigned short*)block);
+    }
     // Block `part` of the step gives chunks 2 part (low nibbles) and 2 part + 1 (high).
     __device__ static void decode(const unsigned int* row, int c, int, const DirectPrep&, int blk,
                                   unsigned int* b) {
@@ -207,6 +213,13 @@ template <> struct Direct<ES_TYPE_Q4_K> {
     __device__ static int step(int ks, bool quants) {
         return (ks / 4) * 144 + (quants ? 32 * (ks % 4) : 0);
     }
+    static const int BLOCK_ELEMENTS = 256;
+    static const int BLOCK_BYTES = 144;
+    // 0 times a block's d and dmin: +0 when both are finite, and then so is every value of the block.
+    __device__ static float zero_times_scales(const unsigned char* block) {
+        const unsigned int dm = *(const unsigned int*)block;
+        return 0.0f * half_to_float(dm & 0xffffu) + 0.0f * half_to_float(dm >> 16);
+    }
     __device__ static int scale_byte(const unsigned int* row, int i) {
         return (int)((row[1 + i / 4] >> (8 * (i % 4))) & 0xffu);
     }
@@ -258,6 +271,22 @@ template <> struct Direct<ES_TYPE_Q4_K> {
         }
     }
 };
+
+// What padding_tail gives for a row (0 times every value read past its n_in elements, summed: +0,
+// or NaN where a value there is not finite), from the scales of the blocks there alone: a value
+// of these types is finite exactly when its block's scales are. padding_tail decodes every value,
+// which for the down projection (rows of 768 elements, read up to 1024) was a third again of a
+// block's decoding, at its start where nothing overlaps it.
+template <int TYPE>
+__device__ float direct_padding_tail(const unsigned char* row, int n_in) {
+    typedef Direct<TYPE> D;
+    const int padded = (n_in + MOE_ROW_PADDING - 1) / MOE_ROW_PADDING * MOE_ROW_PADDING;
+    float sum = 0.0f;
+    for (int e = n_in; e < padded; e += D::BLOCK_ELEMENTS) {
+        sum += D::zero_times_scales(row + (long long)(e / D::BLOCK_ELEMENTS) * D::BLOCK_BYTES);
+    }
+    return sum;
+}
 
 // ---------------------------------------------------------------------------------
 // The activation tile: TILE_M rows of DIRECT_K bf16 (128 bytes, eight 16-byte parts), part h of
@@ -445,7 +474,7 @@ __device__ void mul_mat_id_direct_tile(const unsigned char* __restrict__ w, cons
     {
         bool inside;
         const unsigned char* row = direct_row<GATE_UP>(w_expert, w2_expert, tid, n0, n_out, row_bytes, &inside);
-        tail[tid] = inside ? padding_tail<TYPE>(row, n_in) : 0.0f;  // read after the k loop's barriers
+        tail[tid] = inside ? direct_padding_tail<TYPE>(row, n_in) : 0.0f;  // read after the k loop's barriers
     }
 
     // Each warp stages the words of its own 32 weight rows, coalesced: copy r of a lane is word
