@@ -392,9 +392,16 @@ class MoeKernels(Closing):
     def _group(
         self, stream: Stream, ids: BufferView, scratch: BufferView, n_pairs: int, n_expert: int, tile_m: int, tiles: int
     ) -> None:
+        blocks = layout.group_blocks(n_pairs)
         stream.launch(
-            self.kernel("moe_group_by_expert"),
-            1,
+            self.kernel("moe_group_count"),
+            blocks,
+            layout.GROUP_THREADS,
+            (ids, scratch, _i32(n_pairs), _i32(n_expert), _i32(tiles)),
+        )
+        stream.launch(
+            self.kernel("moe_group_place"),
+            blocks,
             layout.GROUP_THREADS,
             (ids, scratch, _i32(n_pairs), _i32(n_expert), _i32(tile_m), _i32(tiles)),
         )

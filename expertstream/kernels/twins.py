@@ -35,14 +35,29 @@ def _as_view(arg: Any) -> BufferView:
 
 
 # -- grouping ------------------------------------------------------------------------------
-# args: ids, scratch, n_pairs, n_expert, tile_m, max_tiles
+# moe_group_count args: ids, scratch, n_pairs, n_expert, max_tiles
+# moe_group_place args: ids, scratch, n_pairs, n_expert, tile_m, max_tiles
 
 
-def _group_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
-    ids_bytes, scratch_bytes, n_pairs, n_expert, tile_m, max_tiles = args
-    ids = ids_bytes.view(np.int32)[: int(n_pairs)]
-    n_expert, tile_m, max_tiles = int(n_expert), int(tile_m), int(max_tiles)
-    bucket = np.where((ids >= 0) & (ids < n_expert), ids, n_expert)
+def _buckets(ids_bytes: np.ndarray, n_pairs: int, n_expert: int) -> np.ndarray:
+    ids = ids_bytes.view(np.int32)[:n_pairs]
+    return np.where((ids >= 0) & (ids < n_expert), ids, n_expert)
+
+
+def _group_count_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
+    ids_bytes, scratch_bytes, n_pairs, n_expert, max_tiles = (args[0], args[1], *map(int, args[2:]))
+    bucket = _buckets(ids_bytes, n_pairs, n_expert)
+    blocks = layout.group_blocks(n_pairs)
+    chunks = np.arange(n_pairs) // layout.GROUP_CHUNK
+    counts = np.zeros((blocks, n_expert + 1), np.int32)
+    np.add.at(counts, (chunks, bucket), 1)
+    at = layout.SCRATCH_HEADER + 3 * max_tiles + n_pairs
+    scratch_bytes.view(np.int32)[at : at + counts.size] = counts.reshape(-1)
+
+
+def _group_place_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
+    ids_bytes, scratch_bytes, n_pairs, n_expert, tile_m, max_tiles = (args[0], args[1], *map(int, args[2:]))
+    bucket = _buckets(ids_bytes, n_pairs, n_expert)
     counts = np.bincount(bucket, minlength=n_expert + 1)
     offsets = np.concatenate([[0], np.cumsum(counts)[:-1]])
     tiles_per_bucket = -(-counts // tile_m)
@@ -56,11 +71,16 @@ def _group_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
         [tile_bucket, offsets[tile_bucket] + begin, np.minimum(tile_m, counts[tile_bucket] - begin)], axis=1
     )
     rows_at = layout.SCRATCH_HEADER + 3 * max_tiles
-    words[rows_at : rows_at + ids.size] = np.argsort(bucket, kind="stable")
+    words[rows_at : rows_at + bucket.size] = np.argsort(bucket, kind="stable")
 
 
-def _group_accesses(args: Args) -> Sequence[Access]:
+def _group_count_accesses(args: Args) -> Sequence[Access]:
     return [Access(_as_view(args[0]), write=False), Access(_as_view(args[1]), write=True)]
+
+
+def _group_place_accesses(args: Args) -> Sequence[Access]:
+    scratch = _as_view(args[1])
+    return [Access(_as_view(args[0]), write=False), Access(scratch, write=False), Access(scratch, write=True)]
 
 
 def _group_flops(args: Args) -> float:
@@ -427,7 +447,10 @@ def _reads_then_writes(n_reads: int, n_writes: int) -> Any:
 
 def twin_specs() -> list[KernelSpec]:
     """The twin of every kernel in moe.cu, mma.cu and int8.cu, for the simulator's kernel registry."""
-    specs = [KernelSpec("moe_group_by_expert", _group_run, _group_accesses, _group_flops)]
+    specs = [
+        KernelSpec("moe_group_count", _group_count_run, _group_count_accesses, _group_flops),
+        KernelSpec("moe_group_place", _group_place_run, _group_place_accesses, _group_flops),
+    ]
     specs.append(
         KernelSpec(
             "moe_quantize_x", _quantize_run, _reads_then_writes(1, 1), lambda args: 3.0 * int(args[2]) * int(args[3])

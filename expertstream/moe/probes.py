@@ -184,7 +184,7 @@ def measure(
     with contextlib.ExitStack() as stack:
         kernels = stack.enter_context(MoeKernels(device))
         stream = stack.enter_context(device.stream())
-        gate = stack.enter_context(_Gate.opened(device, stream, bounds.gate_bytes))
+        gate = stack.enter_context(Gate.opened(device, stream, bounds.gate_bytes))
         mapping = stack.enter_context(file_mapping(device, bounds.mapping_bytes))
         source = _Cycle(pageable if pageable is not None and pageable.nbytes >= bounds.mapping_bytes else mapping)
         progress("compile kernels")  # on a GPU, NVRTC or hipRTC (or the on-disk cache's images)
@@ -220,7 +220,7 @@ def measure(
 # -- helpers ---------------------------------------------------------------------------------
 
 
-class _Gate:
+class Gate:
     """Holds a stream behind pinned copies on another stream, so what it is given next runs back to back.
 
     The copies, not memsets, hold it: their rate is the first thing measured, so the gate can be
@@ -235,7 +235,7 @@ class _Gate:
 
     @classmethod
     @contextlib.contextmanager
-    def opened(cls, device: Device, stream: Stream, nbytes: int) -> Iterator[_Gate]:
+    def opened(cls, device: Device, stream: Stream, nbytes: int) -> Iterator[Gate]:
         with device.alloc_pinned(nbytes) as host, device.alloc(nbytes) as scratch:
             stream.copy_h2d(scratch, 0, host, 0, nbytes)  # warm-up
             stream.synchronize()
@@ -271,7 +271,7 @@ class _Cycle:
 
 
 def back_to_back(
-    backend: Backend, device: Device, stream: Stream, gate: _Gate, enqueue: Callable[[], None], count: int
+    backend: Backend, device: Device, stream: Stream, gate: Gate, enqueue: Callable[[], None], count: int
 ) -> tuple[float, float]:
     """(device seconds per call with ``count`` calls running back to back, host seconds per call)."""
     enqueue()  # warm-up (a kernel compiles on its first launch)
@@ -346,7 +346,7 @@ def copy_fit(copies: Sequence[CopyTiming], what: str) -> tuple[float, float]:
 
 
 def _launch_overhead(
-    backend: Backend, device: Device, stream: Stream, kernels: MoeKernels, gate: _Gate, bounds: Bounds
+    backend: Backend, device: Device, stream: Stream, kernels: MoeKernels, gate: Gate, bounds: Bounds
 ) -> tuple[float, float]:
     """(host seconds per launch call, device seconds per empty kernel back to back)."""
     with _device_buffer(device, None, 4) as h, _device_buffer(device, None, 4) as delta:
@@ -362,7 +362,7 @@ def _launch_overhead(
 
 
 def _copies(
-    backend: Backend, device: Device, stream: Stream, source: _Cycle, gate: _Gate, bounds: Bounds
+    backend: Backend, device: Device, stream: Stream, source: _Cycle, gate: Gate, bounds: Bounds
 ) -> list[CopyTiming]:
     """Page-locked and device-side copies back to back (their fixed cost is the DMA setup);
     pageable ones one at a time, since they may hold the host until they are done."""
@@ -604,7 +604,7 @@ def _kernels(
     device: Device,
     stream: Stream,
     kernels: MoeKernels,
-    gate: _Gate,
+    gate: Gate,
     shape: ModelShape,
     ubatch: int,
     bounds: Bounds,
@@ -688,8 +688,9 @@ def _kernels(
                     y.view(0, pairs * expert.n_out * 4),
                 )
 
-            # The grouping kernel, and before it the activation quantizer on the int8 path or the
-            # bf16 rounding of the direct kernels.
+            # The matrix kernel; before it the grouping kernels (the simulator charges each one flop
+            # per pair) and the activation quantizer on the int8 path or the bf16 rounding of the
+            # direct kernels.
             quantized = kernels.path_for(expert.w_type) is layout.MatrixPath.INT8
             rounded = kernels.uses_direct(expert.w_type, expert.n_in)
             time(
@@ -698,8 +699,8 @@ def _kernels(
                 2.0 * pairs * expert.n_out * expert.n_in,
                 shape=(expert.n_out, expert.n_in),
                 size=pairs / n_expert,
-                launches=3 if quantized or rounded else 2,
-                other_flops=float(pairs)
+                launches=1 + layout.GROUP_LAUNCHES + (1 if quantized or rounded else 0),
+                other_flops=layout.GROUP_LAUNCHES * float(pairs)
                 + (3.0 * x_rows * expert.n_in if quantized else 0.0)
                 + (float(x_rows * expert.n_in) if rounded else 0.0),
             )

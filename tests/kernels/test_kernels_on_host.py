@@ -41,6 +41,7 @@ _PRELUDE = """
 #include <cstdlib>
 #include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
 struct EsDim3 {
@@ -103,12 +104,20 @@ static void run_block(unsigned threads, const std::function<void()>& body) {
 
 // The pairs grouped by expert into tiles of tile_m rows, as the matrix kernels read them.
 static std::vector<int> grouped(std::vector<int>& ids, int n_pairs, int n_expert, int tile_m, int max_tiles) {
-    std::vector<int> scratch(MOE_SCRATCH_HEADER + 3 * max_tiles + n_pairs);
-    blockIdx = EsDim3{0, 0, 0};
+    const unsigned blocks = (n_pairs + MOE_GROUP_CHUNK - 1) / MOE_GROUP_CHUNK;
+    std::vector<int> scratch(MOE_SCRATCH_HEADER + 3 * max_tiles + n_pairs + blocks * (n_expert + 1));
+    gridDim = EsDim3{blocks, 1, 1};
     blockDim = EsDim3{MOE_GROUP_THREADS, 1, 1};
-    run_block(MOE_GROUP_THREADS, [&] {
-        moe_group_by_expert(ids.data(), scratch.data(), n_pairs, n_expert, tile_m, max_tiles);
-    });
+    for (unsigned b = 0; b < blocks; ++b) {
+        blockIdx = EsDim3{b, 0, 0};
+        run_block(MOE_GROUP_THREADS, [&] { moe_group_count(ids.data(), scratch.data(), n_pairs, n_expert, max_tiles); });
+    }
+    for (unsigned b = blocks; b-- > 0;) {  // in reverse: no block may depend on an earlier one having run
+        blockIdx = EsDim3{b, 0, 0};
+        run_block(MOE_GROUP_THREADS, [&] {
+            moe_group_place(ids.data(), scratch.data(), n_pairs, n_expert, tile_m, max_tiles);
+        });
+    }
     return scratch;
 }
 
@@ -140,6 +149,11 @@ int main(int argc, char** argv) {
     std::vector<int> ids = read_array<int>(n_pairs);
     const int max_tiles = (n_pairs + tile_m - 1) / tile_m + n_expert + 1;
     std::vector<int> scratch = grouped(ids, n_pairs, n_expert, tile_m, max_tiles);
+    const std::string mode = argc > 4 ? argv[4] : "";
+    if (mode == "grouped") {  // the grouping scratch instead of the outputs
+        fwrite(scratch.data(), sizeof(int), scratch.size(), stdout);
+        return 0;
+    }
     std::vector<float> y((size_t)n_pairs * n_out, NAN);
     MulMatId kernels[] = {%s};
     MulMatIdInt8 int8_kernels[] = {%s};
@@ -171,7 +185,7 @@ int main(int argc, char** argv) {
             });
         }
     }
-    if (argc > 4) {  // the quantized activations instead of the outputs
+    if (mode == "quantized") {  // the quantized activations instead of the outputs
         fwrite(xq_at, 1, xq.size() - 16, stdout);
         return 0;
     }
@@ -233,6 +247,16 @@ def quantize_on_host(binary: Path, x: np.ndarray) -> np.ndarray:
     return np.frombuffer(run.stdout, np.uint8).reshape(n_rows, -1)
 
 
+def group_on_host(binary: Path, ids: np.ndarray, n_expert: int, tile_m: int) -> np.ndarray:
+    """The int32 scratch the grouping kernels leave for ids [n_tokens, top_k]."""
+    n_tokens, top_k = ids.shape
+    n_in = 32
+    header = struct.pack("7i", n_expert, 1, n_in, n_tokens, top_k, 0, 0)
+    data = header + np.zeros(n_tokens * n_in, np.float32).tobytes() + ids.astype(np.int32).tobytes()
+    run = subprocess.run([str(binary), "0", str(tile_m), "0", "grouped"], input=data, capture_output=True, check=True)
+    return np.frombuffer(run.stdout, np.int32)
+
+
 def run_on_host(
     binary: Path,
     w_type: GGMLQuantizationType,
@@ -254,6 +278,33 @@ def run_on_host(
         [str(binary), str(kernel), str(int(tile)), str(int(int8))], input=data, capture_output=True, check=True
     )
     return np.frombuffer(run.stdout, np.float32).reshape(n_tokens, top_k, n_out)
+
+
+def test_grouping_over_several_blocks_cuts_each_bucket_into_tiles(host_kernels: Path, rng: np.random.Generator) -> None:
+    """Pairs of three grouping blocks, ids out of range among them: the tile table cuts each bucket
+    (experts ascending, then the bad ids) into tiles of tile_m pairs, and the row entries are every
+    pair once, each in a tile of its own bucket."""
+    n_expert, tile_m, n_tokens, top_k = 7, 64, 1500, 3
+    n_pairs = n_tokens * top_k
+    assert layout.group_blocks(n_pairs) == 3
+    ids = rng.integers(0, n_expert, (n_tokens, top_k)).astype(np.int32)
+    ids[::97, 1] = -1
+    ids[5::211, 2] = n_expert + 100
+    scratch = group_on_host(host_kernels, ids, n_expert, tile_m)
+    bucket = np.where((ids >= 0) & (ids < n_expert), ids, n_expert).ravel()
+    counts = np.bincount(bucket, minlength=n_expert + 1)
+    expected = []
+    for e, count in enumerate(counts):
+        first = counts[:e].sum()
+        expected += [(e, first + begin, min(tile_m, count - begin)) for begin in range(0, count, tile_m)]
+    max_tiles = layout.max_tiles(n_pairs, n_expert, tile_m)
+    assert scratch[0] == len(expected)
+    table = scratch[layout.SCRATCH_HEADER : layout.SCRATCH_HEADER + 3 * len(expected)].reshape(-1, 3)
+    assert [tuple(t) for t in table.tolist()] == expected
+    rows = scratch[layout.SCRATCH_HEADER + 3 * max_tiles :][:n_pairs]
+    assert sorted(rows.tolist()) == list(range(n_pairs))
+    for e, first, count in expected:
+        assert (bucket[rows[first : first + count]] == e).all()
 
 
 @pytest.mark.parametrize("w_type", list(FORMATS), ids=lambda t: t.name)

@@ -16,7 +16,7 @@ from gguf import GGMLQuantizationType
 
 from expertstream.backends.base import Device, Stream, Usage
 from expertstream.errors import HazardError, InvalidArgument
-from expertstream.kernels import MoeKernels
+from expertstream.kernels import MoeKernels, layout
 from expertstream.kernels import reference as ref
 from expertstream.kernels.layout import MatrixPath, TileM, weight_format
 
@@ -104,6 +104,27 @@ def test_many_tokens_on_one_expert(
     ids[:, 1] = rng.choice([0, 4, 5], shape.n_tokens)
     problem = tensors.make_problem(device, rng, w_type, shape, ids)
     check(kernels, w_type, tensors.run(kernels, stream, problem), problem.reference())
+
+
+@pytest.mark.parametrize("w_type", [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_K], ids=lambda t: t.name)
+def test_pairs_over_several_grouping_blocks(
+    device: Device,
+    kernels: MoeKernels,
+    stream: Stream,
+    rng: np.random.Generator,
+    w_type: GGMLQuantizationType,
+) -> None:
+    # 4200 pairs: three grouping blocks, each placing its pairs of a bucket after the earlier
+    # blocks' ones; ids out of range among them give NaN rows.
+    shape = Shape(n_expert=16, n_out=64, n_in=256, n_tokens=700, top_k=6)
+    assert layout.group_blocks(shape.n_pairs) == 3
+    ids = tensors.distinct_ids(rng, shape.n_tokens, shape.top_k, np.arange(shape.n_expert))
+    ids[::101, 2] = shape.n_expert
+    problem = tensors.make_problem(device, rng, w_type, shape, ids)
+    y = tensors.run(kernels, stream, problem)
+    bad = ids == shape.n_expert
+    assert np.isnan(y[bad]).all()
+    check(kernels, w_type, y[~bad], problem.reference()[~bad])
 
 
 @pytest.mark.parametrize("w_type", ALL_TYPES, ids=lambda t: t.name)
