@@ -2,8 +2,11 @@
 
 128 experts, top-8 routing drawn uniformly per token, n_embd 2048, n_ff 768: gate/up
 [128][768][2048] with one activation row per token, down [128][2048][768] with one per
-(token, slot). Each row is the median of ``--repeats`` calls (device grouping plus the tiled
-kernel) timed with timing events, as TFLOP/s of useful work (2 * tokens * top_k * n_out *
+(token, slot). A row's time is the device time per call (device grouping plus the tiled kernel)
+with ``--repeats`` calls run back to back behind a gate (work held on the stream until the host has
+enqueued them all), the median of three such rounds; ``--timing single`` instead times each call
+alone between events, which also counts the host's time to enqueue the call's first kernel.
+Rows give it as TFLOP/s of useful work (2 * tokens * top_k * n_out *
 n_in) and against the time the tensor takes to cross the bus at the pinned host-to-device
 bandwidth (measured here unless ``--bandwidth-gbs`` is given). Each kernel family of mul_mat_id
 (``simt``: float32 FMAs; ``mma``: bf16 matrix cores through shared weight tiles; ``direct``: bf16
@@ -23,8 +26,9 @@ beside the three launches it replaces (tensor "gate,up,swiglu").
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -35,7 +39,7 @@ from expertstream.backends.base import Backend, Device, DeviceBuffer, Stream
 from expertstream.kernels import MoeKernels, layout
 from expertstream.kernels import reference as ref
 from expertstream.kernels.layout import FORMATS, MatrixPath, TileM, weight_format
-from expertstream.moe.probes import expert_weights
+from expertstream.moe.probes import Gate, back_to_back, expert_weights
 
 from ._common import MIB, Column, emit, environment, median, open_backend
 from ._common import parser as common_parser
@@ -60,6 +64,8 @@ FAMILIES = {
     "int8": (MatrixPath.INT8, False),
 }
 BANDWIDTH_PROBE_BYTES = 256 * MIB
+GATE_BYTES = 64 * MIB  # one pinned copy of the gate that holds the stream while calls are enqueued
+BACK_TO_BACK_ROUNDS = 3
 
 
 @dataclass(frozen=True)
@@ -108,7 +114,20 @@ def pinned_bandwidth_gbs(device: Device, stream: Stream, repeats: int) -> float:
     return BANDWIDTH_PROBE_BYTES / median(times[1:]) / 1e6
 
 
-def time_ms(device: Device, stream: Stream, launch: Any, warmup: int, repeats: int) -> float:
+def time_ms(
+    device: Device, stream: Stream, gate: Gate | None, launch: Callable[[], None], warmup: int, repeats: int
+) -> float:
+    """Device milliseconds per call of ``launch``: back to back behind ``gate``, the median of
+    BACK_TO_BACK_ROUNDS rounds of ``repeats`` calls; without a gate, the median of ``repeats``
+    calls timed one at a time."""
+    if gate is not None:
+        for _ in range(warmup):
+            launch()
+        stream.synchronize()
+        rounds = [
+            back_to_back(device.backend, device, stream, gate, launch, repeats)[0] for _ in range(BACK_TO_BACK_ROUNDS)
+        ]
+        return median(rounds) * 1e3
     with device.event(timing=True) as start, device.event(timing=True) as end:
         for _ in range(warmup):
             launch()
@@ -146,6 +165,7 @@ def tiles_to_measure(
 def measure(
     device: Device,
     stream: Stream,
+    gate: Gate | None,
     kernels: dict[str, MoeKernels],
     args: argparse.Namespace,
     bandwidth_gbs: float,
@@ -157,13 +177,16 @@ def measure(
         for shape in SHAPES:
             with expert_weights(device, rng, w_type, shape.n_out, shape.n_in, N_EXPERT) as w:
                 for ubatch in args.ubatch:
-                    rows += measure_ubatch(device, stream, kernels, args, rng, w, w_type, shape, ubatch, bandwidth_gbs)
+                    rows += measure_ubatch(
+                        device, stream, gate, kernels, args, rng, w, w_type, shape, ubatch, bandwidth_gbs
+                    )
     return rows
 
 
 def measure_ubatch(
     device: Device,
     stream: Stream,
+    gate: Gate | None,
     kernels: dict[str, MoeKernels],
     args: argparse.Namespace,
     rng: np.random.Generator,
@@ -232,7 +255,7 @@ def measure_ubatch(
                 if FAMILIES[family][1] and not shape.x_per_slot:
                     timed += [("gate+up", fused, 2), ("gate,up,swiglu", unfused, 2)]
                 for tensor, call, tensors in timed:
-                    ms = time_ms(device, stream, call, args.warmup, args.repeats)
+                    ms = time_ms(device, stream, gate, call, args.warmup, args.repeats)
                     diff = None
                     if device.backend.holds_data and tensors == 1:  # no outputs to compare in timing-only runs
                         output = y.read().view(np.float32)
@@ -269,7 +292,11 @@ def run(be: Backend, args: argparse.Namespace) -> dict[str, Any]:
                 bandwidth, source = args.bandwidth_gbs, "assumed"
             else:
                 bandwidth, source = pinned_bandwidth_gbs(device, stream, args.repeats), "measured"
-            rows = measure(device, stream, kernels, args, bandwidth)
+            with contextlib.ExitStack() as stack:
+                gate = None
+                if args.timing == "back-to-back":
+                    gate = stack.enter_context(Gate.opened(device, stream, GATE_BYTES))
+                rows = measure(device, stream, gate, kernels, args, bandwidth)
             device.synchronize()
     finally:
         for path_kernels in kernels.values():
@@ -283,6 +310,7 @@ def run(be: Backend, args: argparse.Namespace) -> dict[str, Any]:
         "bandwidth_source": source,
         "peak_tflops": {path.value: peak for path, peak in PEAK_TFLOPS.items()},
         "repeats": args.repeats,
+        "timing": args.timing,
         "rows": [asdict(r) for r in rows],
     }
 
@@ -320,7 +348,16 @@ def main(argv: list[str] | None = None) -> int:
         choices=["auto", *(str(int(t)) for t in TileM)],
         help="tile heights to measure; auto: the one the launcher picks",
     )
-    p.add_argument("--repeats", type=int, default=20, help="timed calls per row; the median is reported")
+    p.add_argument(
+        "--repeats", type=int, default=20, help="calls per timing round (per timed call with --timing single)"
+    )
+    p.add_argument(
+        "--timing",
+        choices=("back-to-back", "single"),
+        default="back-to-back",
+        help="back-to-back: calls held behind a gate until all are enqueued, median of 3 rounds; "
+        "single: each call alone between events (counts the host's enqueue time)",
+    )
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--bandwidth-gbs", type=float, help="assume this pinned bandwidth instead of measuring it")
     p.add_argument("--seed", type=int, default=0)
