@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -99,7 +100,7 @@ def measure_call(
         stream.synchronize()
         rows = [Row(w_type.name, shape.name, ubatch, int(tile), "call", whole, 1.0)]
         for args, kwargs in noting.launches:
-            ms = time_ms(device, stream, gate, lambda a=args, k=kwargs: stream.launch(*a, **k), 1, repeats)
+            ms = time_ms(device, stream, gate, functools.partial(stream.launch, *args, **kwargs), 1, repeats)
             rows.append(Row(w_type.name, shape.name, ubatch, int(tile), args[0].name, ms, ms / whole))
     return rows
 

@@ -56,8 +56,10 @@ MMA_TALL_TILE_MIN_PAIRS_PER_EXPERT = 24
 # The same for the int8 kernels (heights 32, 64, 128). Not yet measured: the weights of a tile are
 # read once per block whatever its height, so the tallest tile that is mostly full should win.
 INT8_TILE_MIN_PAIRS_PER_EXPERT = {64: 16, 128: 48}
-# The same for the direct-decode kernels (heights 32, 64, 128). Not yet measured.
-DIRECT_TILE_MIN_PAIRS_PER_EXPERT = {64: 24, 128: 80}
+# The same for the direct-decode kernels (heights 32, 64, 128). On the H200 at 128 pairs per expert
+# (uniform routing), the 64-pair tile ran Q4_K 1.10x faster than the 128-pair one and Q4_0 within
+# 4% either way; at 256 the 128-pair tile won (docs/results/cuda-h200-kernels.md).
+DIRECT_TILE_MIN_PAIRS_PER_EXPERT = {64: 24, 128: 160}
 
 
 class TileM(enum.IntEnum):

@@ -110,7 +110,9 @@ static std::vector<int> grouped(std::vector<int>& ids, int n_pairs, int n_expert
     blockDim = EsDim3{MOE_GROUP_THREADS, 1, 1};
     for (unsigned b = 0; b < blocks; ++b) {
         blockIdx = EsDim3{b, 0, 0};
-        run_block(MOE_GROUP_THREADS, [&] { moe_group_count(ids.data(), scratch.data(), n_pairs, n_expert, max_tiles); });
+        run_block(MOE_GROUP_THREADS, [&] {
+            moe_group_count(ids.data(), scratch.data(), n_pairs, n_expert, max_tiles);
+        });
     }
     for (unsigned b = blocks; b-- > 0;) {  // in reverse: no block may depend on an earlier one having run
         blockIdx = EsDim3{b, 0, 0};

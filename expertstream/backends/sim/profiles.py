@@ -233,6 +233,10 @@ def _shape_distance(a: Shape, b: Shape) -> float:
 # Figures marked "measured" come from an H200 (PCIe Gen5 x16); "reported" from the R9700 figures
 # in llama.cpp PR #28414 and its review; "assumed" have no measurement yet.
 
+# The mul_mat_id tables below but the direct one timed each call alone between events, which also
+# counted the host's time to enqueue its first kernel (the direct kernels' rows at ubatch 512 read
+# up to 2x slower that way), and ran the one-block grouping kernel: they understate the kernels.
+#
 # Measured on the H200: mul_mat_id (grouping plus matrix kernel) in TFLOP/s on Qwen3-30B-A3B
 # expert shapes (128 experts, top-8, gate/up 768 x 2048, down 2048 x 768), uniform routing;
 # per type (ubatch, tile, gate/up, down). docs/results/cuda-h200-kernels.md (Q4_0, Q8_0, F16,
@@ -276,15 +280,15 @@ _H200_MUL_MAT_ID_INT8 = {
 }
 
 
-# measured: the direct-decode mul_mat_id (direct.cu, its bf16 rounding pass included) and gate, up and
-# SwiGLU fused in one pass (rated on the work of both tensors), `python -m microbench.kernels --backend
-# cuda --types Q4_0 Q4_K --ubatch 512 2048 4096 --paths direct --tiles 64 128 --repeats 10` on the H200,
-# 2026-12-01 18:15 UTC, the mean of two rounds (docs/results/cuda-h200-kernels.md, run A: Q4_0 with one
-# logic instruction per nibble, Q4_K in the layout it keeps). Each ubatch row lists the tile the
-# launcher picks there: (ubatch, tile, gate/up, down, gate+up fused).
+# measured: the direct-decode mul_mat_id (direct.cu, its bf16 rounding and grouping included) and gate,
+# up and SwiGLU fused in one pass (rated on the work of both tensors), `python -m microbench.kernels
+# --backend cuda --types Q4_0 Q4_K --ubatch 512 2048 4096 --paths direct --tiles 64 128` (calls back to
+# back) on the H200, 2026-12-01 19:55 UTC, the mean of two rounds (docs/results/cuda-h200-kernels.md,
+# "final"). Each ubatch row lists the tile the launcher picks there: (ubatch, tile, gate/up, down,
+# gate+up fused).
 _H200_MUL_MAT_ID_DIRECT = {
-    "Q4_0": ((512, 64, 54.2, 47.5, 72.5), (2048, 128, 128.4, 107.8, 140.8), (4096, 128, 169.2, 131.8, 175.2)),
-    "Q4_K": ((512, 64, 48.2, 35.2, 60.5), (2048, 128, 99.0, 71.0, 108.0), (4096, 128, 128.5, 97.0, 135.5)),
+    "Q4_0": ((512, 64, 94.5, 86.1, 101.1), (2048, 64, 164.0, 148.5, 169.6), (4096, 128, 209.6, 173.6, 199.2)),
+    "Q4_K": ((512, 64, 76.2, 69.8, 78.2), (2048, 64, 129.6, 116.4, 129.4), (4096, 128, 146.3, 130.7, 150.7)),
 }
 
 
