@@ -1056,8 +1056,9 @@ template <> __device__ void decode_slice<ES_TYPE_IQ3_S>(const unsigned short* un
 // Two launches of one block per MOE_GROUP_CHUNK pairs: moe_group_count counts each block's
 // pairs per bucket, moe_group_place works out where each block's pairs of a bucket go (after
 // the earlier blocks' pairs of that bucket), writes the tile table (block 0) and places its
-// pairs. Shared-memory atomics bound grouping: one block grouping every pair took 43 us for
-// 32768 pairs on an H200, one atomic at a time per SM. The order of pairs inside a block's
+// pairs. One block grouping every pair took 43 us for 32768 pairs on an H200 (ubatch 4096),
+// whether or not its threads loaded their ids eight at a time; the two launches take 10. The
+// order of pairs inside a block's
 // share of a bucket depends on atomics; no output value depends on it, because every output
 // element is one thread's dot product in a fixed order.
 // ---------------------------------------------------------------------------------
@@ -1089,7 +1090,7 @@ __device__ void block_exclusive_scan(int* a, int* tmp, int n) {
         tmp[e] = a[e];
     }
     __syncthreads();
-    for (int step = 1; step < n; step *= 2) {  // tmp: inclusive sums over windows of 2 step
+    for (int step = 1; step < n; step *= 2) {  // then tmp[e] sums a over the 2 step elements up to e
         int sum[(MOE_MAX_EXPERTS + MOE_GROUP_THREADS) / MOE_GROUP_THREADS];
         for (int i = 0, e = threadIdx.x; e < n; ++i, e += blockDim.x) {
             sum[i] = tmp[e] + (e >= step ? tmp[e - step] : 0);
