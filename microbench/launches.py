@@ -105,14 +105,6 @@ def measure_call(
     return rows
 
 
-def kernels_tile(kernels: MoeKernels, w_type: GGMLQuantizationType, n_pairs: int, n_in: int) -> TileM:
-    """The tile height mul_mat_id picks when none is given."""
-    if kernels.uses_direct(w_type, n_in):
-        return layout.direct_tile_for(n_pairs, N_EXPERT)
-    fmt = layout.weight_format(w_type)
-    return fmt.tile_for(n_pairs, N_EXPERT, kernels.path_for(w_type))
-
-
 def run(be: Backend, args: argparse.Namespace) -> dict[str, Any]:
     device = be.device(args.device)
     path, direct = FAMILIES[args.path]
@@ -127,7 +119,7 @@ def run(be: Backend, args: argparse.Namespace) -> dict[str, Any]:
                     for ubatch in args.ubatch:
                         n_pairs = ubatch * TOP_K
                         asked = (
-                            kernels_tile(kernels, w_type, n_pairs, shape.n_in) if t == "auto" else TileM(int(t))
+                            kernels.tile_for(w_type, n_pairs, N_EXPERT, shape.n_in) if t == "auto" else TileM(int(t))
                             for t in args.tiles
                         )
                         for tile in dict.fromkeys(asked):

@@ -191,14 +191,20 @@ class MoeKernels(Closing):
             and fmt.direct_fits(n_in)
         )
 
-    def mul_mat_id_kernel(self, w_type: RowType, n_pairs: int, n_expert: int, n_in: int) -> str:
-        """The name of the matrix kernel mul_mat_id launches for this type, number of pairs and experts,
-        and rows of ``n_in`` elements (which decide whether a direct-decode kernel fits)."""
-        path = self.path_for(w_type)
-        fmt = weight_format(w_type)
+    def tile_for(self, w_type: RowType, n_pairs: int, n_expert: int, n_in: int) -> TileM:
+        """The tile height mul_mat_id picks for this type, number of pairs and experts, and rows of
+        ``n_in`` elements (which decide whether a direct-decode kernel fits)."""
         if self.uses_direct(w_type, n_in):
-            return fmt.direct_kernel_name(layout.direct_tile_for(n_pairs, n_expert))
-        return fmt.kernel_name(fmt.tile_for(n_pairs, n_expert, path), path)
+            return layout.direct_tile_for(n_pairs, n_expert)
+        return weight_format(w_type).tile_for(n_pairs, n_expert, self.path_for(w_type))
+
+    def mul_mat_id_kernel(self, w_type: RowType, n_pairs: int, n_expert: int, n_in: int) -> str:
+        """The name of the matrix kernel mul_mat_id launches for these shapes (see ``tile_for``)."""
+        fmt = weight_format(w_type)
+        tile = self.tile_for(w_type, n_pairs, n_expert, n_in)
+        if self.uses_direct(w_type, n_in):
+            return fmt.direct_kernel_name(tile)
+        return fmt.kernel_name(tile, self.path_for(w_type))
 
     def kernel(self, name: str) -> Kernel:
         """Kernel ``name``, compiled on first use with the shared code and its own type's instances only."""
@@ -261,7 +267,7 @@ class MoeKernels(Closing):
             )
         tiles_here = layout.DIRECT_TILES if direct else fmt.tiles_on(path)
         if tile_m is None:
-            tile_m = layout.direct_tile_for(n_pairs, n_expert) if direct else fmt.tile_for(n_pairs, n_expert, path)
+            tile_m = self.tile_for(w_type, n_pairs, n_expert, n_in)
         elif tile_m not in tiles_here:
             shown = ", ".join(str(int(t)) for t in tiles_here)
             raise InvalidArgument(
