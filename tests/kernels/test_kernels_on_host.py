@@ -282,11 +282,18 @@ def run_on_host(
     return np.frombuffer(run.stdout, np.float32).reshape(n_tokens, top_k, n_out)
 
 
-def test_grouping_over_several_blocks_cuts_each_bucket_into_tiles(host_kernels: Path, rng: np.random.Generator) -> None:
+@pytest.mark.parametrize(
+    ("n_expert", "n_tokens", "top_k"),
+    [(7, 1500, 3), (600, 700, 8)],
+    ids=["7-experts", "600-experts"],  # 600: more buckets than a grouping block has threads
+)
+def test_grouping_over_several_blocks_cuts_each_bucket_into_tiles(
+    host_kernels: Path, rng: np.random.Generator, n_expert: int, n_tokens: int, top_k: int
+) -> None:
     """Pairs of three grouping blocks, ids out of range among them: the tile table cuts each bucket
     (experts ascending, then the bad ids) into tiles of tile_m pairs, and the row entries are every
     pair once, each in a tile of its own bucket."""
-    n_expert, tile_m, n_tokens, top_k = 7, 64, 1500, 3
+    tile_m = 64
     n_pairs = n_tokens * top_k
     assert layout.group_blocks(n_pairs) == 3
     ids = rng.integers(0, n_expert, (n_tokens, top_k)).astype(np.int32)

@@ -106,6 +106,7 @@ def test_many_tokens_on_one_expert(
     check(kernels, w_type, tensors.run(kernels, stream, problem), problem.reference())
 
 
+@pytest.mark.parametrize("n_expert", [16, 600], ids=lambda n: f"{n}-experts")  # 600: more than a block's threads
 @pytest.mark.parametrize("w_type", [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_K], ids=lambda t: t.name)
 def test_pairs_over_several_grouping_blocks(
     device: Device,
@@ -113,10 +114,11 @@ def test_pairs_over_several_grouping_blocks(
     stream: Stream,
     rng: np.random.Generator,
     w_type: GGMLQuantizationType,
+    n_expert: int,
 ) -> None:
     # 4200 pairs: three grouping blocks, each placing its pairs of a bucket after the earlier
     # blocks' ones; ids out of range among them give NaN rows.
-    shape = Shape(n_expert=16, n_out=64, n_in=256, n_tokens=700, top_k=6)
+    shape = Shape(n_expert=n_expert, n_out=64, n_in=256, n_tokens=700, top_k=6)
     assert layout.group_blocks(shape.n_pairs) == 3
     ids = tensors.distinct_ids(rng, shape.n_tokens, shape.top_k, np.arange(shape.n_expert))
     ids[::101, 2] = shape.n_expert
