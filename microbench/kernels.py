@@ -64,6 +64,8 @@ FAMILIES = {
     "int8": (MatrixPath.INT8, False),
 }
 BANDWIDTH_PROBE_BYTES = 256 * MIB
+# The routed problem, as the JSON results name it.
+PROBLEM = {"n_expert": N_EXPERT, "top_k": TOP_K, "routing": "uniform random, distinct experts per token"}
 GATE_BYTES = 64 * MIB  # one pinned copy of the gate that holds the stream while calls are enqueued
 BACK_TO_BACK_ROUNDS = 3
 
@@ -303,9 +305,7 @@ def run(be: Backend, args: argparse.Namespace) -> dict[str, Any]:
             path_kernels.close()
     return {
         **environment(be, device),
-        "n_expert": N_EXPERT,
-        "top_k": TOP_K,
-        "routing": "uniform random, distinct experts per token",
+        **PROBLEM,
         "bandwidth_gbs": bandwidth,
         "bandwidth_source": source,
         "peak_tflops": {path.value: peak for path, peak in PEAK_TFLOPS.items()},

@@ -29,7 +29,7 @@ from expertstream.moe.probes import Gate, expert_weights
 
 from ._common import Column, emit, environment, open_backend
 from ._common import parser as common_parser
-from .kernels import FAMILIES, GATE_BYTES, N_EXPERT, SHAPES, TOP_K, TensorShape, time_ms
+from .kernels import FAMILIES, GATE_BYTES, N_EXPERT, PROBLEM, SHAPES, TOP_K, TensorShape, time_ms
 
 
 @dataclass(frozen=True)
@@ -130,9 +130,7 @@ def run(be: Backend, args: argparse.Namespace) -> dict[str, Any]:
     return {
         **environment(be, device),
         "path": args.path,
-        "n_expert": N_EXPERT,
-        "top_k": TOP_K,
-        "routing": "uniform random, distinct experts per token",
+        **PROBLEM,
         "repeats": args.repeats,
         "rows": [asdict(r) for r in rows],
     }

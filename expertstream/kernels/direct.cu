@@ -155,8 +155,6 @@ template <> struct Direct<ES_TYPE_Q4_0> {
         return 36 * ks;
     }
     __device__ static void prepare(const unsigned int*, int, DirectPrep*) {}
-    static const int BLOCK_ELEMENTS = 32;
-    static const int BLOCK_BYTES = 18;
     // 0 times a block's scale: +0 when it is finite, and then so is every value of the block.
     __device__ static float zero_times_scales(const unsigned char* block) {
         return 0.0f * half_to_float(*(const unsigned short*)block);
@@ -213,8 +211,6 @@ template <> struct Direct<ES_TYPE_Q4_K> {
     __device__ static int step(int ks, bool quants) {
         return (ks / 4) * 144 + (quants ? 32 * (ks % 4) : 0);
     }
-    static const int BLOCK_ELEMENTS = 256;
-    static const int BLOCK_BYTES = 144;
     // 0 times a block's d and dmin: +0 when both are finite, and then so is every value of the block.
     __device__ static float zero_times_scales(const unsigned char* block) {
         const unsigned int dm = *(const unsigned int*)block;
@@ -279,11 +275,11 @@ template <> struct Direct<ES_TYPE_Q4_K> {
 // block's decoding, at its start where nothing overlaps it.
 template <int TYPE>
 __device__ float direct_padding_tail(const unsigned char* row, int n_in) {
-    typedef Direct<TYPE> D;
+    const int block_elements = MOE_TILE_K * BlockFormat<TYPE>::slices;
     const int padded = (n_in + MOE_ROW_PADDING - 1) / MOE_ROW_PADDING * MOE_ROW_PADDING;
     float sum = 0.0f;
-    for (int e = n_in; e < padded; e += D::BLOCK_ELEMENTS) {
-        sum += D::zero_times_scales(row + (long long)(e / D::BLOCK_ELEMENTS) * D::BLOCK_BYTES);
+    for (int e = n_in; e < padded; e += block_elements) {
+        sum += Direct<TYPE>::zero_times_scales(row + (long long)(e / block_elements) * BlockFormat<TYPE>::bytes);
     }
     return sum;
 }

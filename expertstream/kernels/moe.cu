@@ -1074,13 +1074,29 @@ __device__ int* group_counts(int* scratch, int n_pairs, int max_tiles, int n_buc
     return scratch + MOE_SCRATCH_HEADER + 3 * max_tiles + n_pairs + block * n_buckets;
 }
 
-// The buckets of this block's pairs first + i blockDim.x (i < MOE_GROUP_RUN; -1 past its pairs),
-// their ids loaded together.
-__device__ void group_run(const int* __restrict__ ids, int first, int end, int n_expert, int* bucket) {
+// Every pair of this grouping block advances its bucket's counter by one; with PLACE, the pair's
+// index goes to rows where the counter stood. Each thread loads MOE_GROUP_RUN ids before their
+// atomics.
+template <bool PLACE>
+__device__ void group_block_pairs(const int* __restrict__ ids, int n_pairs, int n_expert, int* counter, int* rows) {
+    const int begin = blockIdx.x * MOE_GROUP_CHUNK;
+    const int end = min(begin + MOE_GROUP_CHUNK, n_pairs);
+    for (int first = begin + threadIdx.x; first < end; first += MOE_GROUP_RUN * blockDim.x) {
+        int bucket[MOE_GROUP_RUN];
 #pragma unroll
-    for (int i = 0; i < MOE_GROUP_RUN; ++i) {
-        const int p = first + i * (int)blockDim.x;
-        bucket[i] = p < end ? bucket_of(ids[p], n_expert) : -1;
+        for (int i = 0; i < MOE_GROUP_RUN; ++i) {
+            const int p = first + i * (int)blockDim.x;
+            bucket[i] = p < end ? bucket_of(ids[p], n_expert) : -1;
+        }
+#pragma unroll
+        for (int i = 0; i < MOE_GROUP_RUN; ++i) {
+            if (bucket[i] >= 0) {
+                const int at = atomicAdd(&counter[bucket[i]], 1);
+                if (PLACE) {
+                    rows[at] = first + i * (int)blockDim.x;
+                }
+            }
+        }
     }
 }
 
@@ -1115,18 +1131,7 @@ extern "C" __global__ void __launch_bounds__(MOE_GROUP_THREADS)
         count[e] = 0;
     }
     __syncthreads();
-    const int begin = blockIdx.x * MOE_GROUP_CHUNK;
-    const int end = min(begin + MOE_GROUP_CHUNK, n_pairs);
-    for (int first = begin + threadIdx.x; first < end; first += MOE_GROUP_RUN * blockDim.x) {
-        int bucket[MOE_GROUP_RUN];
-        group_run(ids, first, end, n_expert, bucket);
-#pragma unroll
-        for (int i = 0; i < MOE_GROUP_RUN; ++i) {
-            if (bucket[i] >= 0) {
-                atomicAdd(&count[bucket[i]], 1);
-            }
-        }
-    }
+    group_block_pairs<false>(ids, n_pairs, n_expert, count, 0);
     __syncthreads();
     int* counts = group_counts(scratch, n_pairs, max_tiles, n_buckets, blockIdx.x);
     for (int e = threadIdx.x; e < n_buckets; e += blockDim.x) {
@@ -1178,18 +1183,7 @@ extern "C" __global__ void __launch_bounds__(MOE_GROUP_THREADS)
         }
     }
     __syncthreads();
-    const int begin = blockIdx.x * MOE_GROUP_CHUNK;
-    const int end = min(begin + MOE_GROUP_CHUNK, n_pairs);
-    for (int first = begin + threadIdx.x; first < end; first += MOE_GROUP_RUN * blockDim.x) {
-        int bucket[MOE_GROUP_RUN];
-        group_run(ids, first, end, n_expert, bucket);
-#pragma unroll
-        for (int i = 0; i < MOE_GROUP_RUN; ++i) {
-            if (bucket[i] >= 0) {
-                rows[atomicAdd(&cursor[bucket[i]], 1)] = first + i * (int)blockDim.x;
-            }
-        }
-    }
+    group_block_pairs<true>(ids, n_pairs, n_expert, cursor, rows);
 }
 
 // ---------------------------------------------------------------------------------
