@@ -58,6 +58,16 @@
 #define DIRECT_GROUPS 4             // n8 groups per warp: 32 weight rows
 #define DIRECT_ROUND_THREADS 256
 
+// The direct kernels' launch bounds, with the blocks per multiprocessor the compiler keeps registers
+// for (0: no bound). Q4_K's 64-pair kernels took 178 registers (two blocks); held to three blocks'
+// worth (168, spilling 24-32 bytes) they ran 1.05-1.17x faster on the H200. Q4_0's fit three blocks
+// as they are, and ran 1-2% slower when held.
+#if defined(DIRECT_NVIDIA)
+#define DIRECT_LAUNCH_BOUNDS(TYPE, TILE_M) \
+    __launch_bounds__(MOE_DIRECT_THREADS, (TYPE) == ES_TYPE_Q4_K && (TILE_M) == 64 ? 3 : 0)
+#else
+#define DIRECT_LAUNCH_BOUNDS(TYPE, TILE_M) __launch_bounds__(MOE_DIRECT_THREADS)
+#endif
 
 static_assert(DIRECT_WARPS * DIRECT_GROUPS * 8 == MOE_TILE_N, "a block covers MOE_TILE_N weight rows");
 static_assert((MOE_DIRECT_THREADS / (DIRECT_K / 8)) % 8 == 0, "a thread's activation rows share a swizzle");
@@ -83,10 +93,10 @@ extern "C" __global__ void __launch_bounds__(DIRECT_ROUND_THREADS)
 
 // ---------------------------------------------------------------------------------
 // Per-type fragment decoding. A warp stages, per k step, STEP_WORDS 32-bit words of each of its
-// 32 weight rows in shared memory: word w of a row comes from byte 4 w + step(ks, moves(w)) of the
-// row, where moves(w) says which of two offsets per step the word takes: Q4_0's words all move
-// alike, so its copies add one value per step to a fixed offset. (Q4_K's choice made per copy from a
-// flag held with the offset doubled the spills of its 128-pair kernels with NVRTC 12.9.)
+// 32 weight rows in shared memory: word w of a row comes from byte 4 w + step(ks, w >= FIXED_WORDS)
+// of the row. The first FIXED_WORDS words of a row (Q4_K's block header; Q4_0 has none) and the
+// rest take two different offsets per step, so each is copied as a group of its own whose copies all
+// add one value per step.
 // decode(row, c, ks, prep, part, b) turns the staged words of one row into lane c's B fragments
 // of chunks 2 part and 2 part + 1 of step ks's four 16-element chunks: b[0], b[1] are the (b0, b1)
 // registers of the first, b[2], b[3] of the second. With SPLIT the kernel decodes and multiplies
@@ -121,10 +131,10 @@ __device__ unsigned int mask_with_exponent(unsigned int h) {
 #endif
 }
 
-// The float value of a small unsigned integer q (< 2^23) without an integer-to-float conversion
-// (a slow unit): 2^23 + q built from its bits, minus 2^23, both exact.
-__device__ float small_uint_to_float(unsigned int q) {
-    return bits_to_float(0x4B000000u | q) - 8388608.0f;
+// The low nibble of h as a float without an integer-to-float conversion (a slow unit): 2^23 + the
+// nibble, built by one mask-and-or, minus 2^23, both exact.
+__device__ float low_nibble_to_float(unsigned int h) {
+    return bits_to_float(mask_with_exponent<0xFu>(h)) - 8388608.0f;
 }
 
 // Nibble p (0..3) of the low 16 bits of h, in place, as a float without an integer-to-float
@@ -148,9 +158,7 @@ template <> struct Direct<ES_TYPE_Q4_0> {
     static const int STEP_WORDS = 9;
     static const bool PREPARES = false;
     static const bool SPLIT = true;
-    __device__ static bool moves(int) {
-        return false;
-    }
+    static const int FIXED_WORDS = 0;
     __device__ static int step(int ks, bool) {
         return 36 * ks;
     }
@@ -205,9 +213,7 @@ template <> struct Direct<ES_TYPE_Q4_K> {
     static const bool SPLIT = false;
     // Words 0-3 are the block's header, words 4-11 the group's quants at 16 + 32 g: byte 4 w either way
     // but for the group's 32 g.
-    __device__ static bool moves(int w) {
-        return w >= 4;
-    }
+    static const int FIXED_WORDS = 4;
     __device__ static int step(int ks, bool quants) {
         return (ks / 4) * 144 + (quants ? 32 * (ks % 4) : 0);
     }
@@ -260,7 +266,7 @@ template <> struct Direct<ES_TYPE_Q4_K> {
             float v[4];
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                v[i] = d * small_uint_to_float((q >> (8 * i + 4 * half)) & 0xfu) - dm;
+                v[i] = d * low_nibble_to_float(q >> (8 * i + 4 * half)) - dm;
             }
             b[2 * word + 0] = pack_bf16x2(v[0], v[1]);
             b[2 * word + 1] = pack_bf16x2(v[2], v[3]);
@@ -411,6 +417,27 @@ __device__ void direct_products(float (&acc)[M_BLOCKS][DIRECT_GROUPS][4], const 
     }
 }
 
+struct __attribute__((aligned(8))) DirectPair {
+    float v[2];
+};
+
+// Columns n and n + 1 (n even) of an output row: one 8-byte store where rows hold an even number of
+// outputs and start 8-byte aligned (pair_stores; then n + 1 is inside whenever n is), else two.
+__device__ void direct_store_pair(float* row, int n, int n_out, bool pair_stores, const float (&v)[2]) {
+    if (pair_stores) {
+        if (n < n_out) {
+            *(DirectPair*)(row + n) = DirectPair{{v[0], v[1]}};
+        }
+        return;
+    }
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        if (n + e < n_out) {
+            row[n + e] = v[e];
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------
 // The kernel: TILE_M pairs x 128 weight rows per block of 4 warps.
 // ---------------------------------------------------------------------------------
@@ -433,6 +460,59 @@ __device__ const unsigned char* direct_row(const unsigned char* w_expert, const 
     return base + (long long)(*inside ? n : n_out - 1) * row_bytes;
 }
 
+// A warp's copies of one group of its rows' staged words: words F .. F + G - 1 of each of its 32
+// weight rows (rows of STEP words in the stage), one word per lane and copy, coalesced: copy r of
+// a lane takes word F + (lane + 32 r) % G of row (lane + 32 r) / G. Either the group is the whole
+// row (copy r: the warp's staged words 32 r .. 32 r + 31) or G divides 32 (copy r: whole rows
+// 32 r / G ..); both ways copy r lands STRIDE words after copy r - 1, so a copy's place in the
+// stage is a constant offset from its lane's. Where it reads from is fixed but for the step: an
+// offset within its tensor's expert, and for the gate/up kernels which tensor (the warp's rows 16
+// .. 31 are the up tensor's): known per copy where copies hold whole rows, else held in bit 31.
+template <int F, int G, int STEP, bool GATE_UP>
+struct DirectWordCopies {
+    static const int WORDS = G > 0 ? G : 1;  // G, or 1 for an empty group, which copies nothing
+    static_assert(G == STEP || 32 % WORDS == 0, "copies a constant stride apart in the stage");
+    static const int STRIDE = G == STEP ? 32 : 32 / WORDS * STEP;
+    static const bool WHOLE_ROWS = 32 % WORDS == 0;
+    unsigned int from[WORDS];
+
+    __device__ static int row(int lane, int r) {
+        return (lane + 32 * r) / WORDS;
+    }
+    __device__ static bool second(int lane, int r) {
+        return GATE_UP && row(lane, r) >= 16;
+    }
+    // The lane's first copy's word in a warp's stage.
+    __device__ static int stage_at(int lane) {
+        return lane / WORDS * STEP + F + lane % WORDS;
+    }
+    __device__ void set(int lane, int warp, const unsigned char* w_expert, const unsigned char* w2_expert, int n0,
+                        int n_out, long long row_bytes) {
+#pragma unroll
+        for (int r = 0; r < G; ++r) {
+            bool inside;
+            const unsigned char* at =
+                direct_row<GATE_UP>(w_expert, w2_expert, 32 * warp + row(lane, r), n0, n_out, row_bytes, &inside);
+            const bool up = second(lane, r);
+            from[r] = (unsigned int)(at - (up ? w2_expert : w_expert)) + 4u * (F + (lane + 32 * r) % WORDS);
+            if (!WHOLE_ROWS && up) {
+                from[r] |= 0x80000000u;
+            }
+        }
+    }
+    // Copies this step's words (step_bytes into each row) to the warp's stage.
+    __device__ void copy(unsigned int* stage, int lane, const unsigned char* w_expert, const unsigned char* w2_expert,
+                         int step_bytes) const {
+        unsigned int* to = stage + stage_at(lane);
+#pragma unroll
+        for (int r = 0; r < G; ++r) {
+            const bool up = WHOLE_ROWS ? second(0, r) : (from[r] & 0x80000000u) != 0;
+            const unsigned int offset = WHOLE_ROWS ? from[r] : from[r] & 0x7fffffffu;
+            direct_copy4(to + STRIDE * r, (up ? w2_expert : w_expert) + offset + step_bytes);
+        }
+    }
+};
+
 template <int TYPE, int TILE_M, bool GATE_UP>
 __device__ void mul_mat_id_direct_tile(const unsigned char* __restrict__ w, const unsigned char* __restrict__ w2,
                                        const unsigned short* __restrict__ xb, const int* __restrict__ scratch,
@@ -443,7 +523,6 @@ __device__ void mul_mat_id_direct_tile(const unsigned char* __restrict__ w, cons
     const int M_BLOCKS = TILE_M / 16;
     const int X_COPIES = TILE_M * (DIRECT_K / 8) / MOE_DIRECT_THREADS;  // 16-byte copies per thread and step
     const int W_WORDS = 32 * D::STEP_WORDS;                               // staged words per warp and step
-    const int W_COPIES = (W_WORDS + 31) / 32;                             // 4-byte copies per lane and step
 
     __shared__ __attribute__((aligned(16))) unsigned short x_tile[2][TILE_M * DIRECT_K];
     __shared__ unsigned int w_stage[2][DIRECT_WARPS][W_WORDS];
@@ -451,6 +530,7 @@ __device__ void mul_mat_id_direct_tile(const unsigned char* __restrict__ w, cons
     __shared__ int src_row[TILE_M];
     __shared__ int dst_row[TILE_M];
     __shared__ float tail[MOE_TILE_N];
+    __shared__ float route[TILE_M];  // each pair's routing weight, read by the epilogue
 
     // A gate/up block covers MOE_TILE_N / 2 outputs: its n0 counts tile rows, twice the outputs.
     const int expert = begin_tile<TILE_M, MOE_DIRECT_THREADS>(scratch, y, src_row, dst_row, n_expert, n_out, top_k,
@@ -472,32 +552,23 @@ __device__ void mul_mat_id_direct_tile(const unsigned char* __restrict__ w, cons
         const unsigned char* row = direct_row<GATE_UP>(w_expert, w2_expert, tid, n0, n_out, row_bytes, &inside);
         tail[tid] = inside ? direct_padding_tail<TYPE>(row, n_in) : 0.0f;  // read after the k loop's barriers
     }
-
-    // Each warp stages the words of its own 32 weight rows, coalesced: copy r of a lane is word
-    // w = (lane + 32 r) % STEP_WORDS of row (lane + 32 r) / STEP_WORDS. Where it comes from is fixed
-    // but for the step: byte 4 w of its row, as an offset within its tensor's expert (the up
-    // tensor's when bit 31 is set), plus D::step(ks, D::moves(w)).
-    unsigned int w_from[W_COPIES];
-#pragma unroll
-    for (int r = 0; r < W_COPIES; ++r) {
-        const int i = min(lane + 32 * r, W_WORDS - 1);
-        bool inside;
-        const int tile_row = 32 * warp + i / D::STEP_WORDS;
-        const unsigned char* row = direct_row<GATE_UP>(w_expert, w2_expert, tile_row, n0, n_out, row_bytes, &inside);
-        const bool second = GATE_UP && (tile_row % 32) >= 16;
-        w_from[r] = ((unsigned int)(row - (second ? w2_expert : w_expert)) + 4u * (i % D::STEP_WORDS)) |
-                    (second ? 0x80000000u : 0u);
-    }
-    auto copy_w = [&](int ks, int buf) {
-#pragma unroll
-        for (int r = 0; r < W_COPIES; ++r) {
-            const int i = lane + 32 * r;
-            if (W_WORDS % 32 == 0 || i < W_WORDS) {
-                const unsigned char* base = (w_from[r] & 0x80000000u) ? w2_expert : w_expert;
-                direct_copy4(&w_stage[buf][warp][i],
-                             base + (w_from[r] & 0x7fffffffu) + D::step(ks, D::moves(i % D::STEP_WORDS)));
-            }
+    // The routing weights, read after the k loop's barriers. Loaded here, while the block's first
+    // copies are in flight: read in the epilogue straight from global memory, each output row of a
+    // lane waited for its own load, and the down projection's epilogue was a run of such waits.
+    if (route_weights) {
+        for (int m = tid; m < TILE_M; m += MOE_DIRECT_THREADS) {
+            route[m] = dst_row[m] >= 0 ? route_weights[dst_row[m]] : 0.0f;
         }
+    }
+
+    // Each warp stages the words of its own 32 weight rows, the fixed words and the moving ones.
+    DirectWordCopies<0, D::FIXED_WORDS, D::STEP_WORDS, GATE_UP> fixed;
+    DirectWordCopies<D::FIXED_WORDS, D::STEP_WORDS - D::FIXED_WORDS, D::STEP_WORDS, GATE_UP> moving;
+    fixed.set(lane, warp, w_expert, w2_expert, n0, n_out, row_bytes);
+    moving.set(lane, warp, w_expert, w2_expert, n0, n_out, row_bytes);
+    auto copy_w = [&](int ks, int buf) {
+        fixed.copy(w_stage[buf][warp], lane, w_expert, w2_expert, D::step(ks, false));
+        moving.copy(w_stage[buf][warp], lane, w_expert, w2_expert, D::step(ks, true));
     };
     // This thread's activation copies: part x_part of tile rows x_row + X_ROWS r, from xb's element
     // x_from[r] on (empty slots read the tile's first pair). Held across the k loop, where
@@ -585,39 +656,46 @@ __device__ void mul_mat_id_direct_tile(const unsigned char* __restrict__ w, cons
         }
     }
 
-    // C element e of lane l: row l / 4 + 8 (e / 2), column 2 (l % 4) + e % 2 of its n8 group.
+    // C element e of lane l: row l / 4 + 8 (e / 2), column 2 (l % 4) + e % 2 of its n8 group. Elements
+    // 2h and 2h + 1 are two neighbouring columns of one output row, stored together.
+    const bool pair_stores = n_out % 2 == 0 && (unsigned long long)y % sizeof(DirectPair) == 0;
 #pragma unroll
     for (int i = 0; i < M_BLOCKS; ++i) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int m = 16 * i + lane / 4 + 8 * (e / 2);
+        for (int h = 0; h < 2; ++h) {
+            const int m = 16 * i + lane / 4 + 8 * h;
             const int p = dst_row[m];
             if (p < 0) {
                 continue;
             }
-            const int col = 2 * (lane % 4) + e % 2;
+            float* out = y + (long long)p * n_out;
+            const int col = 2 * (lane % 4);
             if (GATE_UP) {
 #pragma unroll
                 for (int j = 0; j < 2; ++j) {
                     const int r = 32 * warp + 8 * j + col;  // the gate row; its up row is r + 16
-                    const int n = n0 / 2 + 16 * warp + 8 * j + col;
-                    if (n < n_out) {
-                        const float g = acc[i][j][e] + tail[r];
-                        const float u = acc[i][j + 2][e] + tail[r + 16];
-                        y[(long long)p * n_out + n] = g / (1.0f + expf(-g)) * u;
+                    float v[2];
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const float g = acc[i][j][2 * h + e] + tail[r + e];
+                        const float u = acc[i][j + 2][2 * h + e] + tail[r + e + 16];
+                        v[e] = g / (1.0f + expf(-g)) * u;
                     }
+                    direct_store_pair(out, n0 / 2 + 16 * warp + 8 * j + col, n_out, pair_stores, v);
                 }
             } else {
 #pragma unroll
                 for (int j = 0; j < DIRECT_GROUPS; ++j) {
                     const int r = 32 * warp + 8 * j + col;
-                    if (n0 + r < n_out) {
-                        float v = acc[i][j][e] + tail[r];
+                    float v[2];
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        v[e] = acc[i][j][2 * h + e] + tail[r + e];
                         if (route_weights) {
-                            v = route_weights[p] * v;
+                            v[e] = route[m] * v[e];
                         }
-                        y[(long long)p * n_out + n0 + r] = v;
                     }
+                    direct_store_pair(out, n0 + r, n_out, pair_stores, v);
                 }
             }
         }
@@ -627,7 +705,7 @@ __device__ void mul_mat_id_direct_tile(const unsigned char* __restrict__ w, cons
 // The plain kernels take (w, xb, scratch, y, ..., route_weights), route_weights null or one float per
 // pair; the gate/up kernels (w_gate, w_up, xb, scratch, y, ...), y the activated [pairs, n_out] outputs.
 #define MOE_MUL_MAT_ID_DIRECT(NAME, TYPE, TILE_M)                                                          \
-    extern "C" __global__ void __launch_bounds__(MOE_DIRECT_THREADS)                                     \
+    extern "C" __global__ void DIRECT_LAUNCH_BOUNDS(TYPE, TILE_M)                                       \
         NAME(const unsigned char* __restrict__ w, const unsigned short* __restrict__ xb,                \
              const int* __restrict__ scratch, float* __restrict__ y, int n_expert, int n_out, int n_in,  \
              int top_k, int x_per_slot, int max_tiles, const float* __restrict__ route_weights) {        \
@@ -636,7 +714,7 @@ __device__ void mul_mat_id_direct_tile(const unsigned char* __restrict__ w, cons
     }
 
 #define MOE_GATE_UP_DIRECT(NAME, TYPE, TILE_M)                                                             \
-    extern "C" __global__ void __launch_bounds__(MOE_DIRECT_THREADS)                                     \
+    extern "C" __global__ void DIRECT_LAUNCH_BOUNDS(TYPE, TILE_M)                                       \
         NAME(const unsigned char* __restrict__ w_gate, const unsigned char* __restrict__ w_up,          \
              const unsigned short* __restrict__ xb, const int* __restrict__ scratch,                    \
              float* __restrict__ y, int n_expert, int n_out, int n_in, int top_k, int x_per_slot,        \

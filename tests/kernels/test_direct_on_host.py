@@ -132,10 +132,13 @@ def run_direct(
     return np.frombuffer(out, np.float32).reshape(n_tokens, top_k, n_out)
 
 
-def _problem(rng: np.random.Generator, w_type: GGMLQuantizationType) -> tuple[int, int, int, np.ndarray]:
+def _problem(
+    rng: np.random.Generator, w_type: GGMLQuantizationType, n_out: int = 150
+) -> tuple[int, int, int, np.ndarray]:
     # n_out 150: two blocks of 128 rows (three of 64 outputs for gate/up), the last partial; n_in
-    # 256 (four k steps) padded to 512, so the padding tail is read.
-    n_expert, n_out, n_in, n_tokens, top_k = 4, 150, 256, 21, 3
+    # 256 (four k steps) padded to 512, so the padding tail is read. An odd n_out leaves output rows
+    # unaligned for the epilogue's paired stores, which then store one column at a time.
+    n_expert, n_in, n_tokens, top_k = 4, 256, 21, 3
     ids = np.stack([rng.choice(n_expert, top_k, replace=False) for _ in range(n_tokens)]).astype(np.int32)
     ids[4, 1] = n_expert  # an id out of range: its row is NaN
     return n_expert, n_out, n_in, ids
@@ -165,19 +168,23 @@ def test_direct_kernels_match_reference_and_agree_across_tiles(
         assert all(r.tobytes() == results[0].tobytes() for r in results), "tiles disagree"
 
 
+@pytest.mark.parametrize("n_out", [150, 149])
 @pytest.mark.parametrize("w_type", DIRECT_TYPES, ids=lambda t: t.name)
 def test_gate_up_and_routed_epilogues(
-    direct_kernels: Path, rng: np.random.Generator, w_type: GGMLQuantizationType
+    direct_kernels: Path, rng: np.random.Generator, w_type: GGMLQuantizationType, n_out: int
 ) -> None:
     """gate_up gives silu(gate) * up of the plain kernel's outputs, and the routed kernel each pair's
     weight times them, with the float32 operations of moe_swiglu and combine."""
-    n_expert, n_out, n_in, ids = _problem(rng, w_type)
+    n_expert, n_out, n_in, ids = _problem(rng, w_type, n_out)
     n_tokens, top_k = ids.shape
     good = ids < n_expert
-    gate, up = (with_tail(ref.random_weights(rng, w_type, n_expert * n_out, n_in), w_type, n_in) for _ in range(2))
+    gate_w = ref.random_weights(rng, w_type, n_expert * n_out, n_in)
+    gate, up = (with_tail(w, w_type, n_in) for w in (gate_w, ref.random_weights(rng, w_type, n_expert * n_out, n_in)))
     x = rng.standard_normal((n_tokens, n_in)).astype(np.float32)
     tile = TileM.SHORT
     g, u = (run_direct(direct_kernels, w_type, tile, PLAIN, [t], x, ids, n_expert, n_out, n_in) for t in (gate, up))
+    expected_g = ref.mul_mat_id(gate_w, w_type, n_expert, n_out, n_in, x, ids)
+    assert ref.relative_error(g[good], expected_g[good]) < ref.mul_mat_id_rtol(MatrixPath.MMA)
     fused = run_direct(direct_kernels, w_type, tile, GATE_UP, [gate, up], x, ids, n_expert, n_out, n_in)
     with np.errstate(over="ignore"):
         expected = (g / (np.float32(1) + np.exp(-g)) * u).astype(np.float32)
