@@ -283,12 +283,12 @@ _H200_MUL_MAT_ID_INT8 = {
 # measured: the direct-decode mul_mat_id (direct.cu, its bf16 rounding and grouping included) and gate,
 # up and SwiGLU fused in one pass (rated on the work of both tensors), `python -m microbench.kernels
 # --backend cuda --types Q4_0 Q4_K --ubatch 512 2048 4096 --paths direct --tiles 64 128` (calls back to
-# back) on the H200, 2026-12-01 19:55 UTC, the mean of two rounds (docs/results/cuda-h200-kernels.md,
-# "final"). Each ubatch row lists the tile the launcher picks there: (ubatch, tile, gate/up, down,
+# back) on the H200, 2026-12-01 21:22 UTC, the mean of two rounds (docs/results/cuda-h200-kernels.md,
+# "final2"). Each ubatch row lists the tile the launcher picks there: (ubatch, tile, gate/up, down,
 # gate+up fused).
 _H200_MUL_MAT_ID_DIRECT = {
-    "Q4_0": ((512, 64, 94.5, 86.1, 101.1), (2048, 64, 164.0, 148.5, 169.6), (4096, 128, 209.6, 173.6, 199.2)),
-    "Q4_K": ((512, 64, 76.2, 69.8, 78.2), (2048, 64, 129.6, 116.4, 129.4), (4096, 128, 146.3, 130.7, 150.7)),
+    "Q4_0": ((512, 64, 101.6, 92.9, 107.8), (2048, 64, 179.7, 163.9, 180.5), (4096, 128, 222.1, 188.5, 220.2)),
+    "Q4_K": ((512, 64, 87.4, 84.4, 91.7), (2048, 64, 151.5, 143.0, 155.0), (4096, 128, 191.8, 174.8, 187.9)),
 }
 
 
