@@ -102,7 +102,8 @@ def _table() -> ApiTable:
     def rtc(name: str, fn: Any = None) -> Call:
         return Call(name, fn or getattr(nvrtc, name), rtc_errors)
 
-    # NVRTC writes into a bytes object of the size it reported.
+    # NVRTC writes into a bytes object of the size it reported: a fresh one (bytes(n), n >= 1, is never
+    # an object the interpreter shares).
     program_log = sized_output(nvrtc.nvrtcGetProgramLogSize, nvrtc.nvrtcGetProgramLog, bytes, decode_text)
     program_code = sized_output(nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN, bytes, bytes)
 

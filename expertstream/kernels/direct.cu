@@ -51,6 +51,13 @@
 #define DIRECT_UNROLL  // the generic matrix step holds barriers, which loops around it cannot be unrolled over
 #endif
 
+// NVIDIA before sm_80 has no bf16 mma.sync, and the launcher never picks these kernels there. Each
+// is an entry that traps, so that a module holds the same kernels on every architecture: with the
+// generic step's exchange, Q4_K's 128-pair tile needs more than sm_75's 48 KiB of shared memory.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#define DIRECT_TRAPS 1
+#endif
+
 // Must match expertstream/kernels/layout.py.
 #define MOE_DIRECT_THREADS 128
 #define DIRECT_K 64                 // elements per k step
@@ -513,6 +520,19 @@ struct DirectWordCopies {
     }
 };
 
+#if defined(DIRECT_TRAPS)
+
+template <int TYPE, int TILE_M, bool GATE_UP>
+__device__ void mul_mat_id_direct_tile(const unsigned char* __restrict__ w, const unsigned char* __restrict__ w2,
+                                       const unsigned short* __restrict__ xb, const int* __restrict__ scratch,
+                                       const float* __restrict__ route_weights, float* __restrict__ y,
+                                       int n_expert, int n_out, int n_in, int top_k, int x_per_slot,
+                                       int max_tiles) {
+    __trap();
+}
+
+#else
+
 template <int TYPE, int TILE_M, bool GATE_UP>
 __device__ void mul_mat_id_direct_tile(const unsigned char* __restrict__ w, const unsigned char* __restrict__ w2,
                                        const unsigned short* __restrict__ xb, const int* __restrict__ scratch,
@@ -701,6 +721,8 @@ __device__ void mul_mat_id_direct_tile(const unsigned char* __restrict__ w, cons
         }
     }
 }
+
+#endif
 
 // The plain kernels take (w, xb, scratch, y, ..., route_weights), route_weights null or one float per
 // pair; the gate/up kernels (w_gate, w_up, xb, scratch, y, ...), y the activated [pairs, n_out] outputs.

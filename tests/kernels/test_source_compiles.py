@@ -18,7 +18,9 @@ nvrtc = pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings (NVRTC)
 
 def _log(program: object) -> str:
     _, size = nvrtc.nvrtcGetProgramLogSize(program)
-    text = b" " * size
+    # NVRTC writes into the object: a fresh one. `b" " * 1` is the interpreter's shared b" ", which an
+    # empty log (size 1) overwrote with a NUL for every later user of it in the process.
+    text = bytes(size)
     nvrtc.nvrtcGetProgramLog(program, text)
     return text.decode(errors="replace").strip("\x00 \n")
 
