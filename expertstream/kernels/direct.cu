@@ -65,15 +65,14 @@
 #define DIRECT_GROUPS 4             // n8 groups per warp: 32 weight rows
 #define DIRECT_ROUND_THREADS 256
 
-// The direct kernels' launch bounds, with the blocks per multiprocessor the compiler keeps registers
-// for (0: no bound). Q4_K's 64-pair kernels took 178 registers (two blocks); held to three blocks'
-// worth (168, spilling 24-32 bytes) they ran 1.05-1.17x faster on the H200. Q4_0's fit three blocks
-// as they are, and ran 1-2% slower when held.
+// The direct kernels' launch bounds: their threads and, on NVIDIA, the blocks per multiprocessor the
+// compiler keeps registers for (0: no bound). Q4_K's 64-pair kernels took 178 registers (two
+// blocks); held to three blocks' worth (168, spilling 24-32 bytes) they ran 1.05-1.17x faster on the
+// H200. Q4_0's fit three blocks as they are, and ran 1-2% slower when held.
 #if defined(DIRECT_NVIDIA)
-#define DIRECT_LAUNCH_BOUNDS(TYPE, TILE_M) \
-    __launch_bounds__(MOE_DIRECT_THREADS, (TYPE) == ES_TYPE_Q4_K && (TILE_M) == 64 ? 3 : 0)
+#define DIRECT_BOUNDS(TYPE, TILE_M) MOE_DIRECT_THREADS, ((TYPE) == ES_TYPE_Q4_K && (TILE_M) == 64 ? 3 : 0)
 #else
-#define DIRECT_LAUNCH_BOUNDS(TYPE, TILE_M) __launch_bounds__(MOE_DIRECT_THREADS)
+#define DIRECT_BOUNDS(TYPE, TILE_M) MOE_DIRECT_THREADS
 #endif
 
 static_assert(DIRECT_WARPS * DIRECT_GROUPS * 8 == MOE_TILE_N, "a block covers MOE_TILE_N weight rows");
@@ -727,7 +726,7 @@ __device__ void mul_mat_id_direct_tile(const unsigned char* __restrict__ w, cons
 // The plain kernels take (w, xb, scratch, y, ..., route_weights), route_weights null or one float per
 // pair; the gate/up kernels (w_gate, w_up, xb, scratch, y, ...), y the activated [pairs, n_out] outputs.
 #define MOE_MUL_MAT_ID_DIRECT(NAME, TYPE, TILE_M)                                                          \
-    extern "C" __global__ void DIRECT_LAUNCH_BOUNDS(TYPE, TILE_M)                                       \
+    extern "C" __global__ void __launch_bounds__(DIRECT_BOUNDS(TYPE, TILE_M))                           \
         NAME(const unsigned char* __restrict__ w, const unsigned short* __restrict__ xb,                \
              const int* __restrict__ scratch, float* __restrict__ y, int n_expert, int n_out, int n_in,  \
              int top_k, int x_per_slot, int max_tiles, const float* __restrict__ route_weights) {        \
@@ -736,7 +735,7 @@ __device__ void mul_mat_id_direct_tile(const unsigned char* __restrict__ w, cons
     }
 
 #define MOE_GATE_UP_DIRECT(NAME, TYPE, TILE_M)                                                             \
-    extern "C" __global__ void DIRECT_LAUNCH_BOUNDS(TYPE, TILE_M)                                       \
+    extern "C" __global__ void __launch_bounds__(DIRECT_BOUNDS(TYPE, TILE_M))                           \
         NAME(const unsigned char* __restrict__ w_gate, const unsigned char* __restrict__ w_up,          \
              const unsigned short* __restrict__ xb, const int* __restrict__ scratch,                    \
              float* __restrict__ y, int n_expert, int n_out, int n_in, int top_k, int x_per_slot,        \
