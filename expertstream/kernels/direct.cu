@@ -519,25 +519,15 @@ struct DirectWordCopies {
     }
 };
 
+template <int TYPE, int TILE_M, bool GATE_UP>
+__device__ void mul_mat_id_direct_tile(const unsigned char* __restrict__ w, const unsigned char* __restrict__ w2,
+                                       const unsigned short* __restrict__ xb, const int* __restrict__ scratch,
+                                       const float* __restrict__ route_weights, float* __restrict__ y,
+                                       int n_expert, int n_out, int n_in, int top_k, int x_per_slot,
+                                       int max_tiles) {
 #if defined(DIRECT_TRAPS)
-
-template <int TYPE, int TILE_M, bool GATE_UP>
-__device__ void mul_mat_id_direct_tile(const unsigned char* __restrict__ w, const unsigned char* __restrict__ w2,
-                                       const unsigned short* __restrict__ xb, const int* __restrict__ scratch,
-                                       const float* __restrict__ route_weights, float* __restrict__ y,
-                                       int n_expert, int n_out, int n_in, int top_k, int x_per_slot,
-                                       int max_tiles) {
     __trap();
-}
-
 #else
-
-template <int TYPE, int TILE_M, bool GATE_UP>
-__device__ void mul_mat_id_direct_tile(const unsigned char* __restrict__ w, const unsigned char* __restrict__ w2,
-                                       const unsigned short* __restrict__ xb, const int* __restrict__ scratch,
-                                       const float* __restrict__ route_weights, float* __restrict__ y,
-                                       int n_expert, int n_out, int n_in, int top_k, int x_per_slot,
-                                       int max_tiles) {
     typedef Direct<TYPE> D;
     const int M_BLOCKS = TILE_M / 16;
     const int X_COPIES = TILE_M * (DIRECT_K / 8) / MOE_DIRECT_THREADS;  // 16-byte copies per thread and step
@@ -719,9 +709,8 @@ __device__ void mul_mat_id_direct_tile(const unsigned char* __restrict__ w, cons
             }
         }
     }
-}
-
 #endif
+}
 
 // The plain kernels take (w, xb, scratch, y, ..., route_weights), route_weights null or one float per
 // pair; the gate/up kernels (w_gate, w_up, xb, scratch, y, ...), y the activated [pairs, n_out] outputs.
