@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from expertstream.backends._gpu_api import decode_text, sized_output
 from expertstream.kernels import kernel_source, type_kernels
 from expertstream.kernels.layout import FORMATS
 
@@ -17,12 +18,11 @@ nvrtc = pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings (NVRTC)
 
 
 def _log(program: object) -> str:
-    _, size = nvrtc.nvrtcGetProgramLogSize(program)
-    # NVRTC writes into the object: a fresh one. `b" " * 1` is the interpreter's shared b" ", which an
-    # empty log (size 1) overwrote with a NUL for every later user of it in the process.
-    text = bytes(size)
-    nvrtc.nvrtcGetProgramLog(program, text)
-    return text.decode(errors="replace").strip("\x00 \n")
+    # The CUDA backend's own fetch: NVRTC writes into a fresh buffer. (A buffer of `b" " * size` was the
+    # interpreter's shared b" " for an empty log, size 1, and NVRTC overwrote it for the whole process.)
+    err, text = sized_output(nvrtc.nvrtcGetProgramLogSize, nvrtc.nvrtcGetProgramLog, bytes, decode_text)(program)
+    assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, err
+    return text.strip()
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80", "sm_75"])
