@@ -18,6 +18,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -42,6 +43,7 @@ from .base import (
     HostBuffer,
     HostMemory,
     Kernel,
+    RowGather,
     Stream,
     Usage,
     Vendor,
@@ -54,6 +56,11 @@ _T = TypeVar("_T", "GpuEvent", "GpuKernel")
 # A stream holding this many unreleased copy sources asks the device whether it is done, so
 # that a producer that never synchronizes does not accumulate references forever.
 _PRUNE_PENDING_AT = 256
+
+GATHER_KERNEL = "expertstream_gather_rows"
+_GATHER_CHUNK_BYTES = 32768  # gather.cu's GATHER_CHUNK_BYTES: the bytes of a row one block copies
+_GATHER_THREADS = 256
+_MAX_GRID_ROWS = 65535  # a grid's y extent
 
 
 def _native(obj: Any, cls: type[_T], call: str, device: GpuDevice) -> _T:
@@ -237,6 +244,30 @@ class GpuStream(Stream):
 
     def _memset(self, dst: DeviceBuffer, offset: int, n: int, value: int) -> None:
         self._enqueue(self._api.memset_async, dst.address + offset, value, n, self._handle)
+
+    def _gather_h2d(self, dst: DeviceBuffer, dst_offset: int, src: HostBuffer, rows: RowGather) -> None:
+        device = self._device
+        kernel = device.gather_kernel()
+        mapped = device.host_device_address(src) + rows.src_offset
+        chunks = -(-min(rows.row_nbytes + rows.overrun, rows.nbytes) // _GATHER_CHUNK_BYTES)
+        for first in range(0, rows.n_ids, _MAX_GRID_ROWS):
+            count = min(_MAX_GRID_ROWS, rows.n_ids - first)
+            values, types = pack_kernel_args(
+                (
+                    np.uint64(dst.address + dst_offset),
+                    np.uint64(mapped),
+                    rows.ids,
+                    np.int32(first),
+                    np.uint64(rows.nbytes),
+                    np.uint64(rows.row_nbytes),
+                    np.uint64(rows.overrun),
+                    np.uint64(0) if rows.report is None else rows.report,
+                    np.int32(rows.tag),
+                )
+            )
+            grid = (chunks, count, 1)
+            self._enqueue(self._api.launch, kernel.function, grid, (_GATHER_THREADS, 1, 1), 0, self._handle, values, types)
+        self._keep(src)
 
     def _record(self, event: Event) -> None:
         event = _native(event, GpuEvent, "Stream.record", self._device)
@@ -466,7 +497,28 @@ class GpuDevice(Device):
         self._modules[key] = module
         return GpuKernel(self, name, function)
 
+    def gather_kernel(self) -> GpuKernel:
+        """gather.cu's kernel, compiled on first use (and cached like every kernel)."""
+        source = resources.files(__package__).joinpath("gather.cu").read_text(encoding="ascii")
+        kernel = self.compile(source, GATHER_KERNEL)
+        assert isinstance(kernel, GpuKernel)
+        return kernel
+
     # -- host memory --------------------------------------------------------------------
+    def host_device_address(self, host: HostBuffer) -> int:
+        """The address kernels on this device read page-locked ``host`` at."""
+        self.activate()
+        try:
+            return int(invoke(self.api.host_device_pointer, host.address, device=self.label))
+        except BackendError as exc:
+            raise DeviceError(
+                f"{host.kind.value} host memory of {host.nbytes} bytes is not mapped for this device",
+                call=exc.call,
+                device=self.label,
+                code=exc.code,
+                hint="copy with copy_h2d instead (the scheduler's decode path reads the ids back then)",
+            ) from None
+
     def alloc_pinned(self, nbytes: int) -> HostBuffer:
         if not isinstance(nbytes, (int, np.integer)) or isinstance(nbytes, bool) or nbytes < 0:
             raise InvalidArgument(

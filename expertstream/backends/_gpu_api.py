@@ -258,6 +258,7 @@ class ApiTable:
     host_free: Call  # (pointer)
     host_register: Call  # (pointer, nbytes, flags)
     host_unregister: Call  # (pointer)
+    host_device_pointer: Call  # (pointer) -> the device's address of mapped page-locked host memory
     # streams and events
     stream_create: Call  # () -> non-blocking stream handle
     stream_destroy: Call  # (stream)

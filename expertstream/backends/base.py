@@ -400,6 +400,35 @@ def _check_kinds(call: str, dst: object, dst_type: type, src: object, src_type: 
             )
 
 
+@dataclass(frozen=True)
+class RowGather:
+    """What one gather_h2d copies, its arguments validated: rows of a host region named by device ids."""
+
+    src_offset: int  # where the region starts in the host buffer
+    nbytes: int  # the region's size: a whole number of rows
+    ids: BufferView  # int32 on the copying device
+    n_ids: int
+    row_nbytes: int
+    overrun: int  # bytes after a row copied with it, within the region
+    report: BufferView | None = None  # int32 [tag, id] of the first id naming no row
+    tag: int = 0
+
+    @property
+    def n_rows(self) -> int:
+        return self.nbytes // self.row_nbytes
+
+    def row_range(self, row: int) -> tuple[int, int]:
+        """The region's bytes ``[start, end)`` copied for ``row``."""
+        start = row * self.row_nbytes
+        return start, min(start + self.row_nbytes + self.overrun, self.nbytes)
+
+    @property
+    def most_bytes(self) -> int:
+        """The bytes copied when every id names a different row (a token's top-k ids do)."""
+        rows = min(self.n_ids, self.n_rows)
+        return rows * min(self.row_nbytes + self.overrun, self.nbytes)
+
+
 # --------------------------------------------------------------------------------------
 # Events, kernels, streams
 # --------------------------------------------------------------------------------------
@@ -498,6 +527,9 @@ class Stream(abc.ABC, Closing):
     def _memset(self, dst: DeviceBuffer, offset: int, n: int, value: int) -> None: ...
 
     @abc.abstractmethod
+    def _gather_h2d(self, dst: DeviceBuffer, dst_offset: int, src: HostBuffer, rows: RowGather) -> None: ...
+
+    @abc.abstractmethod
     def _record(self, event: Event) -> None: ...
 
     @abc.abstractmethod
@@ -582,6 +614,76 @@ class Stream(abc.ABC, Closing):
             raise InvalidArgument(f"memset value {value} is not a byte", call=call, device=self.device.label)
         if nbytes:
             self._traced(OpKind.MEMSET, "memset", nbytes, lambda: self._memset(dst, offset, nbytes, value))
+
+    def gather_h2d(
+        self,
+        dst: DeviceBuffer,
+        dst_offset: int,
+        src: HostBuffer,
+        src_offset: int,
+        nbytes: int,
+        ids: BufferView,
+        n_ids: int,
+        row_nbytes: int,
+        overrun: int = 0,
+        *,
+        report: BufferView | None = None,
+        tag: int = 0,
+    ) -> None:
+        """Copy host -> device the rows that ids on the device name, without the host reading them.
+
+        ``[src_offset, src_offset + nbytes)`` of ``src`` holds rows of ``row_nbytes``; for each
+        distinct id in the first ``n_ids`` int32 of ``ids`` that names a row, the row's bytes and
+        up to ``overrun`` bytes after it (what kernels read past a row's end; never past
+        ``nbytes``) go to the same offsets after ``dst_offset``. Other ids are skipped and other
+        bytes of ``dst`` keep their values. The device reads ``src`` itself (it must be page-locked:
+        pinned or registered), in stream order after the work that writes ``ids``, so a decode
+        step's expert copies need no host round trip to learn which experts to copy.
+
+        ``report``: two int32 on the device, the first -1 beforehand. The first gather to meet an
+        id naming no row writes ``tag`` and that id there, for the caller to read once the
+        stream is done (the host never waits for it here).
+        """
+        call = "Stream.gather_h2d"
+        self._check_open(call)
+        _check_kinds(call, dst, DeviceBuffer, src, HostBuffer)
+        check_range(call, dst, dst_offset, nbytes)
+        check_range(call, src, src_offset, nbytes)
+        self._check_same_device(call, dst)
+        if not src.is_page_locked:
+            raise InvalidArgument(
+                f"the device cannot read {src.kind.value} host memory",
+                call=call,
+                device=self.device.label,
+                hint="register the memory (HostBuffer.register) or copy from pinned memory; for pageable "
+                "memory read the ids back and copy the rows with copy_h2d",
+            )
+        if not isinstance(ids, BufferView):
+            raise InvalidArgument(f"ids must be a BufferView of int32 on the device, got {type(ids).__name__}", call=call)
+        if ids.buffer.closed:
+            raise UseAfterClose(f"the ids' {ids.buffer!r} is closed", call=call, device=self.device.label)
+        self._check_same_device(call, ids.buffer)
+        if report is not None:
+            if not isinstance(report, BufferView) or report.nbytes < 8 or report.offset % 4:
+                raise InvalidArgument("report must be a 4-byte aligned BufferView of two int32", call=call)
+            self._check_same_device(call, report.buffer)
+        checked = (("n_ids", n_ids, 0), ("row_nbytes", row_nbytes, 1), ("overrun", overrun, 0), ("tag", tag, 0))
+        for name, value, least in checked:
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < least:
+                raise InvalidArgument(f"{name} must be an integer >= {least}, got {value!r}", call=call)
+        if 4 * n_ids > ids.nbytes:
+            raise InvalidArgument(
+                f"the ids view holds {ids.nbytes} bytes; {n_ids} int32 ids need {4 * n_ids}", call=call
+            )
+        if nbytes % row_nbytes:
+            raise InvalidArgument(
+                f"rows of {row_nbytes} bytes do not divide the {nbytes}-byte region",
+                call=call,
+                hint="give the region of whole rows (one expert's bytes per row)",
+            )
+        if nbytes and n_ids:
+            rows = RowGather(src_offset, nbytes, ids, int(n_ids), int(row_nbytes), int(overrun), report, int(tag))
+            self._traced(OpKind.H2D, "gather_h2d", rows.most_bytes, lambda: self._gather_h2d(dst, dst_offset, src, rows))
 
     def record(self, event: Event) -> None:
         """Mark the current end of this stream in ``event`` (re-recording re-arms it)."""
@@ -998,6 +1100,7 @@ __all__ = [
     "KernelArg",
     "KernelCompileError",
     "OutOfDeviceMemory",
+    "RowGather",
     "RowType",
     "Stream",
     "Usage",

@@ -134,8 +134,9 @@ def _table() -> ApiTable:
             errors,
         ),
         read_props=lambda p: DeviceInfo(decode_text(p.name), int(p.totalGlobalMem), f"sm_{p.major}{p.minor}"),
+        # Default registers mapped and portable (unified addressing); read-only asks for both by name.
         register_flags=lambda _props, read_only: (
-            runtime.cudaHostRegisterPortable | runtime.cudaHostRegisterReadOnly
+            runtime.cudaHostRegisterPortable | runtime.cudaHostRegisterMapped | runtime.cudaHostRegisterReadOnly
             if read_only
             else runtime.cudaHostRegisterDefault
         ),
@@ -152,6 +153,9 @@ def _table() -> ApiTable:
         host_free=rt("cudaFreeHost"),
         host_register=rt("cudaHostRegister"),
         host_unregister=rt("cudaHostUnregister"),
+        host_device_pointer=Call(
+            "cudaHostGetDevicePointer", lambda pointer: runtime.cudaHostGetDevicePointer(pointer, 0), errors
+        ),
         stream_create=Call(
             "cudaStreamCreateWithFlags",
             lambda: runtime.cudaStreamCreateWithFlags(runtime.cudaStreamNonBlocking),

@@ -194,9 +194,9 @@ def _table() -> ApiTable:
 
     def register_flags(props: Any, read_only: bool) -> int:
         if not read_only:
-            return int(hip.hipHostRegisterDefault)
+            return int(hip.hipHostRegisterDefault)  # mapped and portable
         ro_bit = _HOST_REGISTER_READ_ONLY if props.hostRegisterReadOnlySupported else 0
-        return int(hip.hipHostRegisterPortable) | ro_bit
+        return int(hip.hipHostRegisterPortable) | int(hip.hipHostRegisterMapped) | ro_bit
 
     return ApiTable(
         backend_name="hip",
@@ -217,10 +217,13 @@ def _table() -> ApiTable:
         driver_version=rt("hipDriverGetVersion"),
         malloc=rt("hipMalloc"),
         free=rt("hipFree"),
-        host_alloc=rt("hipHostMalloc", lambda n: hip.hipHostMalloc(n, hip.hipHostMallocPortable)),
+        host_alloc=rt(
+            "hipHostMalloc", lambda n: hip.hipHostMalloc(n, hip.hipHostMallocPortable | hip.hipHostMallocMapped)
+        ),
         host_free=rt("hipHostFree"),
         host_register=rt("hipHostRegister"),
         host_unregister=rt("hipHostUnregister"),
+        host_device_pointer=rt("hipHostGetDevicePointer", lambda pointer: hip.hipHostGetDevicePointer(pointer, 0)),
         stream_create=rt("hipStreamCreateWithFlags", lambda: hip.hipStreamCreateWithFlags(hip.hipStreamNonBlocking)),
         stream_destroy=rt("hipStreamDestroy"),
         stream_synchronize=rt("hipStreamSynchronize"),

@@ -53,6 +53,10 @@ class Scheduler(Closing):
 
     ``slots=0`` is the stock path: no prefetch state, nothing allocated for it. ``slots`` in
     2..8 turns the lookahead on for host-resident expert weights at prefill scale.
+
+    ``gather``: below prefill scale, the device copies the experts its routing ids use from
+    page-locked host memory itself (``Stream.gather_h2d``), so a decode step never waits for the
+    host; False reads the ids back and copies with DMA, as pageable memory and rings always do.
     """
 
     def __init__(
@@ -61,6 +65,7 @@ class Scheduler(Closing):
         slots: int = 0,
         prefill_factor: int = DEFAULT_PREFILL_FACTOR,
         streams: Mapping[Device, Stream] | None = None,
+        gather: bool = True,
     ) -> None:
         if prefill_factor < 1:
             raise ValueError(f"prefill_factor must be >= 1, got {prefill_factor}")
@@ -68,6 +73,7 @@ class Scheduler(Closing):
         self.prefill_factor = prefill_factor
         self._streams: dict[Device, Stream] = dict(streams or {})
         self._owned_streams: list[Stream] = []
+        self.gather = gather
         self._stock: dict[Device, StockCopier] = {}
         self._prefetch: dict[Device, PrefetchSlots] = {}
         self._prefetch_off: set[Device] = set()  # devices whose prefetch failed; stock path until slots change
@@ -254,7 +260,8 @@ class Scheduler(Closing):
                 sizes[position] = max(sizes[position], inp.padded_nbytes)
         for device, sizes in scratch_sizes.items():
             if sizes:
-                self._stock.setdefault(device, StockCopier(device)).reserve(sizes, self.stream(device))
+                copier = self._stock.setdefault(device, StockCopier(device, gather=self.gather))
+                copier.reserve(sizes, self.stream(device))
         for device, size in slot_bytes.items():
             prefetch = self._prefetch_for(device)
             if size > prefetch.slot_bytes:
@@ -338,6 +345,12 @@ class Scheduler(Closing):
                     self._prefetch_off.add(device)
             except BaseException as exc:
                 errors.append(exc)
+            copier = self._stock.get(device)
+            if copier is not None and not failing:
+                try:
+                    copier.check_gathered_ids()
+                except BaseException as exc:
+                    errors.append(exc)
         for lookahead in state.lookaheads:  # a failed run leaves copies it announced but never made
             try:
                 lookahead.expect(())

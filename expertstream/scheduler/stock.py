@@ -1,29 +1,39 @@
 """The stock copy path: host inputs are copied into per-device scratch right before their split.
 
-At decode scale a MUL_MAT_ID split copies only the experts its routing ids use, one copy per
-run of consecutive experts (llama.cpp's behaviour), which costs one host sync per distinct ids
-buffer to read the ids back.
+At decode scale a MUL_MAT_ID split copies only the experts its routing ids use. From page-locked
+memory the device copies them itself (``Stream.gather_h2d``), in stream order after the router
+that wrote the ids: nothing waits for the host. From other memory (pageable, a staging ring),
+or where the device cannot map host memory, the ids are read back (one host sync per distinct
+ids buffer) and each run of consecutive experts is one copy (llama.cpp's behaviour).
 """
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from ..backends.base import BufferView, Device, DeviceBuffer, Stream, Usage
-from ..errors import InvalidArgument
+from ..errors import DeviceError, InvalidArgument, KernelCompileError
 from .plan import Input, MulMatId, Split
-from .source import enqueue_ranges
-from .stats import DeviceStats
+from .source import HostRegion, HostSource, StagedSource, enqueue_ranges
+from .stats import DeviceStats, Fallback
+
+log = logging.getLogger(__name__)
 
 
 class StockCopier:
     """Scratch buffers of one device, one per input position, sized for the largest plan seen."""
 
-    def __init__(self, device: Device) -> None:
+    def __init__(self, device: Device, *, gather: bool = True) -> None:
         self.device = device
+        self.gather = gather  # decode copies from page-locked memory made by the device (gather_h2d)
         self._scratch: list[DeviceBuffer] = []
         self._ids_key: tuple[int, int] | None = None
         self._ids_used: np.ndarray = np.empty(0, dtype=np.int32)
+        # Gathers report an id naming no expert here (int32 tag, id); a tag is an index into _gathered.
+        self._report: DeviceBuffer | None = None
+        self._gathered: list[tuple[str, int]] = []  # (split name, n_expert) of this run's gathers, by tag
 
     def reserve(self, sizes: list[int], stream: Stream) -> None:
         """Make scratch ``k`` hold at least ``sizes[k]`` bytes; called once per run, before any split."""
@@ -48,6 +58,19 @@ class StockCopier:
             else:
                 self._scratch.append(buf)
         self._ids_key = None
+        self._gathered.clear()
+
+    def check_gathered_ids(self) -> None:
+        """Once the run's stream is done: raise if a gather met a routing id that names no expert."""
+        if not self._gathered or self._report is None or not self.device.backend.holds_data:
+            return  # timing only: the simulated ids mean nothing
+        tag, bad = (int(v) for v in self._report.read(0, 8).view(np.int32))
+        if tag >= 0:
+            name, n_expert = self._gathered[tag]
+            raise InvalidArgument(
+                f"split {name!r}: routing id {bad} is outside 0..{n_expert - 1}",
+                hint="the router produced invalid expert ids; check n_expert and the ids buffer",
+            )
 
     def copy(
         self,
@@ -64,18 +87,71 @@ class StockCopier:
         padded = inp.padded_nbytes
         if decode_routing is not None and inp.name in decode_routing.weights:
             assert inp.expert_nbytes is not None
-            used = self._used_experts(stream, split, decode_routing, stats)
-            ranges = expert_ranges(used, inp.expert_nbytes, inp.nbytes, padded - inp.nbytes)
-            enqueue_ranges(inp.host, stream, dst, ranges)  # the used experts' copies, at once
+            if not self._gather(stream, dst, split, inp, decode_routing, padded - inp.nbytes, stats):
+                used = self._used_experts(stream, split, decode_routing, stats)
+                ranges = expert_ranges(used, inp.expert_nbytes, inp.nbytes, padded - inp.nbytes)
+                enqueue_ranges(inp.host, stream, dst, ranges)  # the used experts' copies, at once
+                stats.bytes_stock += sum(end - start for start, end in ranges)
+                stats.stock_copies += len(ranges)
         else:
-            ranges = [(0, inp.nbytes)]
             inp.host.enqueue_h2d(stream, dst, 0, 0, inp.nbytes)  # a whole-source copy, as announced
-        stats.bytes_stock += sum(end - start for start, end in ranges)
-        stats.stock_copies += len(ranges)
+            stats.bytes_stock += inp.nbytes
+            stats.stock_copies += 1
         if padded > inp.nbytes:
             # The scratch may have held a larger tensor: the tail kernels read must be zero again.
             stream.memset(dst, inp.nbytes, padded - inp.nbytes, 0)
         return dst.view(0, padded)
+
+    def _gather(
+        self,
+        stream: Stream,
+        dst: DeviceBuffer,
+        split: Split,
+        inp: Input,
+        routing: MulMatId,
+        overrun: int,
+        stats: DeviceStats,
+    ) -> bool:
+        """Enqueue the device's own copy of the experts ``routing`` uses; False where it cannot make one."""
+        assert inp.host is not None and inp.expert_nbytes is not None
+        region = gather_region(inp.host)
+        if not self.gather or region is None:
+            return False
+        try:
+            if self._report is None:
+                self._report = self.device.alloc(8, Usage.COMPUTE)
+            if not self._gathered:  # the run's first gather
+                stream.memset(self._report, 0, 8, 0xFF)  # -1: nothing reported
+            stream.gather_h2d(
+                dst,
+                0,
+                region.buffer,
+                region.start,
+                inp.nbytes,
+                routing.ids,
+                routing.n_ids,
+                inp.expert_nbytes,
+                overrun,
+                report=self._report.view(),
+                tag=len(self._gathered),
+            )
+        except (DeviceError, KernelCompileError) as exc:
+            # The device cannot read this memory (no mapping): read ids back from now on, and say so once.
+            self.gather = False
+            stats.fallbacks[Fallback.GATHER_FAILED] += 1
+            log.warning(
+                "%s: decode copies read routing ids back from now on; the device could not copy the experts "
+                "itself: %s",
+                self.device.label,
+                exc,
+            )
+            return False
+        self._gathered.append((split.name, routing.n_expert))
+        stats.gathers += 1
+        stats.bytes_gathered_at_most += min(routing.n_ids, inp.nbytes // inp.expert_nbytes) * min(
+            inp.expert_nbytes + overrun, inp.nbytes
+        )
+        return True
 
     def _used_experts(self, stream: Stream, split: Split, routing: MulMatId, stats: DeviceStats) -> np.ndarray:
         key = (id(routing.ids.buffer), routing.ids.offset)
@@ -105,6 +181,16 @@ class StockCopier:
         for buf in self._scratch:
             buf.close()
         self._scratch.clear()
+        if self._report is not None:
+            self._report.close()
+            self._report = None
+
+
+def gather_region(source: HostSource) -> HostRegion | None:
+    """The page-locked host region a device can copy ``source``'s experts from itself, if it is one."""
+    if isinstance(source, HostRegion) and not isinstance(source, StagedSource) and source.buffer.is_page_locked:
+        return source
+    return None
 
 
 def expert_ranges(used: np.ndarray, expert_nbytes: int, nbytes: int, overrun: int) -> list[tuple[int, int]]:

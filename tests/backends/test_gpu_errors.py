@@ -145,6 +145,10 @@ class FakeGpu:
     def host_unregister(self, pointer: int) -> tuple[Any, ...]:
         return (OK,) if self.registered.pop(pointer, None) is not None else (FakeError.fakeErrorInvalidValue,)
 
+    def host_device_pointer(self, pointer: int) -> tuple[Any, ...]:
+        mapped = pointer in self.pinned or pointer in self.registered
+        return (OK, pointer) if mapped else (FakeError.fakeErrorInvalidValue, None)
+
     def stream_create(self) -> tuple[Any, ...]:
         handle = self._handle()
         self.streams[handle] = []
@@ -242,6 +246,7 @@ class FakeGpu:
             host_free=call("fakeFreeHost", self.host_free),
             host_register=call("fakeHostRegister", self.host_register),
             host_unregister=call("fakeHostUnregister", self.host_unregister),
+            host_device_pointer=call("fakeHostGetDevicePointer", self.host_device_pointer),
             stream_create=call("fakeStreamCreate", self.stream_create),
             stream_destroy=call("fakeStreamDestroy", self.stream_destroy),
             stream_synchronize=call("fakeStreamSynchronize", self.stream_synchronize),

@@ -81,24 +81,28 @@ def test_outputs_depend_on_the_inputs(backend: Backend, tiny_path: Path) -> None
     assert len(digests) == 2
 
 
-def test_decode_steps_are_identical_with_and_without_slots(backend: Backend, tiny_path: Path) -> None:
+def test_decode_steps_are_identical_with_and_without_slots_and_gathers(backend: Backend, tiny_path: Path) -> None:
     device = backend.device(0)
     batching = Batching(tokens=16, ubatch=16, decode_steps=50)
     outputs = {}
     with MoeModel.open(tiny_path) as model, MoeRunner(device, model, batching) as runner:
         expert_bytes = sum(t.nbytes for t in model.expert_tensors)
         with HostWeights.open(model, device, "registered") as weights:
-            for slots in (0, 3):
-                with Scheduler(slots=slots) as scheduler:
+            for slots, gather in ((0, True), (3, True), (0, False)):
+                with Scheduler(slots=slots, gather=gather) as scheduler:
                     scheduler.run(runner.prefill_plan(weights))  # leaves slots allocated, as a long-lived process would
                     for step in range(batching.decode_steps):
                         stats = scheduler.run(runner.decode_plan(weights, step))
                         assert stats.total("fires") == 0, "decode keeps the stock path"
-                        assert 0 < stats.total("bytes_stock") < expert_bytes, "only used experts are copied"
-                outputs[slots] = runner.decode_output()
-    assert np.isfinite(outputs[0]).all()
-    assert sha256(outputs[0]) == sha256(outputs[3])
-    assert len({sha256(row) for row in outputs[0]}) == batching.decode_steps
+                        if gather:  # the device copies the used experts itself: no ids read back
+                            assert stats.total("gathers") == 3 * len(model.layers)
+                            assert stats.total("ids_readbacks") == stats.total("bytes_stock") == 0
+                        else:
+                            assert 0 < stats.total("bytes_stock") < expert_bytes, "only used experts are copied"
+                outputs[slots, gather] = runner.decode_output()
+    assert np.isfinite(outputs[0, True]).all()
+    assert len({sha256(out) for out in outputs.values()}) == 1
+    assert len({sha256(row) for row in outputs[0, True]}) == batching.decode_steps
 
 
 def test_bad_batching_and_steps_are_named(backend: Backend, tiny_path: Path) -> None:
@@ -118,7 +122,7 @@ def test_timing_only_decode_copies_the_stand_in_experts(tiny_path: Path) -> None
         MoeModel.open(tiny_path) as model,
         MoeRunner(backend.device(0), model, Batching(4, 4, 3), seed=5) as runner,
         HostWeights.open(model, backend.device(0), "pinned") as weights,
-        Scheduler(slots=3) as scheduler,
+        Scheduler(slots=3, gather=False) as scheduler,
     ):
         for step in range(3):
             stats = scheduler.run(runner.decode_plan(weights, step))
@@ -136,3 +140,21 @@ def test_timing_only_decode_copies_the_stand_in_experts(tiny_path: Path) -> None
             )
             assert stats.total("bytes_stock") == expected
             assert stats.total("ids_readbacks") == len(model.layers)  # paid as on a GPU
+
+
+def test_timing_only_decode_gathers_without_reading_ids_back(tiny_path: Path) -> None:
+    with (
+        expertstream.backend("sim", data=False) as backend,
+        MoeModel.open(tiny_path) as model,
+        MoeRunner(backend.device(0), model, Batching(4, 4, 1), seed=5) as runner,
+        HostWeights.open(model, backend.device(0), "pinned") as weights,
+        Scheduler(slots=3) as scheduler,
+    ):
+        stats = scheduler.run(runner.decode_plan(weights, 0))
+        expected = sum(
+            model.top_k * (info.slice_nbytes + padded_size(info.nbytes, info.qtype, info.ne0) - info.nbytes)
+            for layer in model.layers
+            for info in (layer.gate, layer.up, layer.down)
+        )
+        assert stats.total("bytes_gathered_at_most") == expected  # one token: top_k distinct experts
+        assert stats.total("ids_readbacks") == stats.total("bytes_stock") == 0

@@ -77,13 +77,19 @@ N_EXPERT, ROWS, NE0 = 4, 8, 96  # Q4_0 rows of 96: padded so that 512-wide reads
 
 
 def _decode_splits(
-    backend: Backend, ids: list[int], seen: dict[str, BufferView], *, layers: int = 1, qtype: Q = Q.Q4_0
+    backend: Backend,
+    ids: list[int],
+    seen: dict[str, BufferView],
+    *,
+    layers: int = 1,
+    qtype: Q = Q.Q4_0,
+    host_kind: HostMemory = HostMemory.PAGEABLE,
 ) -> tuple[list[Split], np.ndarray, list]:
     """Decode-scale MUL_MAT_ID splits over 4 experts of 8 rows of 96, all routed by one ids buffer."""
     device = backend.device(0)
     expert_nbytes = ROWS * row_size(qtype, NE0)
     data = np.random.default_rng(5).integers(1, 256, N_EXPERT * expert_nbytes, dtype=np.uint8)
-    host = device.wrap_host(data)
+    host = plans.host_buffer(device, data, host_kind)
     ids_buf = device.upload(np.array(ids, dtype=np.int32))
     region = HostRegion(host, 0, data.nbytes)
     weights = Input("w", data.nbytes, host=region, row_type=qtype, ne0=NE0, expert_nbytes=expert_nbytes)
@@ -121,6 +127,54 @@ def test_decode_copies_the_bytes_kernels_read_past_each_used_run_of_experts(
         assert np.array_equal(scratch[first * expert : end], data[first * expert : end]), (first, last)
         copied[first * expert : end] = True
     assert not scratch[~copied].any(), "experts not copied read as zeros (the scratch is zeroed when made)"
+    for resource in resources:
+        resource.close()
+
+
+@pytest.mark.parametrize("host_kind", [HostMemory.PINNED, HostMemory.REGISTERED])
+@pytest.mark.parametrize("ids", [[1, 1], [2, 0], [1, 2], [3, 0, 3]])
+def test_decode_gathers_each_used_expert_and_the_bytes_kernels_read_past_it(
+    backend: Backend, ids: list[int], host_kind: HostMemory
+) -> None:
+    seen: dict[str, BufferView] = {}
+    (split,), data, resources = _decode_splits(backend, ids, seen, host_kind=host_kind)
+    weights = split.inputs[0]
+    assert weights.expert_nbytes is not None
+    expert, overrun = weights.expert_nbytes, weights.padded_nbytes - weights.nbytes
+    with Scheduler(slots=0) as sched:
+        stats = sched.run(Plan.of([split]))
+        view = seen["layer0"]
+        scratch = view.buffer.read(view.offset, view.nbytes)
+    dev = stats.device(split.device.label)
+    assert (dev.gathers, dev.ids_readbacks, dev.stock_copies, dev.bytes_stock) == (1, 0, 0, 0)
+    assert dev.bytes_gathered_at_most == len(ids) * (expert + overrun)
+    copied = np.zeros(scratch.size, dtype=bool)
+    for used in set(ids):
+        start, end = used * expert, min((used + 1) * expert + overrun, data.size)
+        assert np.array_equal(scratch[start:end], data[start:end]), used
+        copied[start:end] = True
+    assert not scratch[~copied].any(), "experts not copied read as zeros (the scratch is zeroed when made)"
+    for resource in resources:
+        resource.close()
+
+
+def test_a_gathered_id_outside_the_experts_is_named_once_the_run_is_done(backend: Backend) -> None:
+    seen: dict[str, BufferView] = {}
+    splits, data, resources = _decode_splits(backend, [3, -1, 7, 3], seen, layers=2, host_kind=HostMemory.PINNED)
+    with Scheduler() as sched:
+        with pytest.raises(InvalidArgument) as err:
+            sched.run(Plan.of(splits))
+        assert err.value.detail in (f"split 'layer0': routing id {bad} is outside 0..3" for bad in (-1, 7))
+        assert err.value.hint == "the router produced invalid expert ids; check n_expert and the ids buffer"
+        view = seen["layer1"]
+        scratch = view.buffer.read(view.offset, view.nbytes)
+        expert = splits[0].inputs[0].expert_nbytes
+        assert expert is not None
+        assert np.array_equal(scratch[3 * expert :][: data.size - 3 * expert], data[3 * expert :]), "valid ids copied"
+        ids_buf = resources[1]
+        ids_buf.write(np.array([0, 1, 2, 3], dtype=np.int32))
+        stats = sched.run(Plan.of(splits))  # the next run starts with nothing reported
+    assert stats.device(splits[0].device.label).gathers == 2
     for resource in resources:
         resource.close()
 

@@ -62,15 +62,29 @@ def test_slots_zero_allocates_nothing_for_prefetch(backend: Backend, monkeypatch
     built.close()
 
 
-def test_decode_scale_copies_only_used_experts(backend: Backend) -> None:
-    built = plans.build(backend, plans.uniform_specs(4, prefill=False), seed=3)
-    with Scheduler(slots=3) as sched:
+@pytest.mark.parametrize("host", [HostMemory.PINNED, HostMemory.REGISTERED, HostMemory.PAGEABLE])
+@pytest.mark.parametrize("gather", [True, False])
+def test_decode_scale_copies_only_used_experts(backend: Backend, gather: bool, host: HostMemory) -> None:
+    built = plans.build(backend, plans.uniform_specs(4, prefill=False, host=host), seed=3)
+    with Scheduler(slots=3, gather=gather) as sched:
         stats = sched.run(built.plan)
     dev = stats.device(backend.device(0).label)
     assert dev.fires == 0, "decode must keep the stock path"
-    assert dev.ids_readbacks == 4
     total = sum(inp.nbytes for s in built.plan.splits for inp in s.inputs)
-    assert 0 < dev.bytes_stock < total
+    if gather and host is not HostMemory.PAGEABLE:
+        # The device copies the used experts itself: no host sync to read the ids, no DMA.
+        assert (dev.gathers, dev.ids_readbacks, dev.stock_copies) == (4, 0, 0)
+        bound = sum(
+            3 * min(inp.expert_nbytes + inp.padded_nbytes - inp.nbytes, inp.nbytes)  # 3 ids of 4 experts
+            for s in built.plan.splits
+            for inp in s.inputs
+            if inp.expert_nbytes is not None
+        )
+        assert dev.bytes_gathered_at_most == bound
+    else:
+        assert (dev.gathers, dev.ids_readbacks) == (0, 4)
+        assert 0 < dev.bytes_stock < total
+    assert not dev.fallbacks
     built.check()
     built.close()
 

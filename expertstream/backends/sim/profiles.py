@@ -118,6 +118,9 @@ class Profile:
     # Host threads a staging ring runs on the machine this profile describes (hostmem's default
     # there); None: the default of the machine the simulation runs on.
     ring_threads: int | None = None
+    # A kernel reading page-locked host memory over the link (Stream.gather_h2d); None: at
+    # h2d_pinned_bps, as a DMA would.
+    h2d_gather_bps: float | None = None
 
     def __post_init__(self) -> None:
         if self.vendor_like not in _VENDORS:
@@ -137,7 +140,7 @@ class Profile:
             )
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if value is None and f.name == "host_memcpy_total_bps":
+            if value is None and f.name in ("host_memcpy_total_bps", "h2d_gather_bps"):
                 continue
             if f.name.endswith(("_bps", "_per_s")) and not (_is_number(value) and value > 0):
                 raise InvalidArgument(f"profile {self.name!r}: {f.name} must be a positive number, got {value!r}")
@@ -145,6 +148,11 @@ class Profile:
                 raise InvalidArgument(f"profile {self.name!r}: {f.name} must be a number >= 0, got {value!r}")
             if f.type == "bool" and not isinstance(value, bool):
                 raise InvalidArgument(f"profile {self.name!r}: {f.name} must be true or false, got {value!r}")
+
+    @property
+    def gather_bps(self) -> float:
+        """The rate of Stream.gather_h2d: measured where the profile has it, else a DMA's."""
+        return self.h2d_pinned_bps if self.h2d_gather_bps is None else self.h2d_gather_bps
 
     def kernel_rate(self, kernel: str, shape: Shape, size: float) -> float:
         """Flops per second of ``kernel`` at ``shape`` and ``size``: measured where the profile has it.

@@ -10,7 +10,7 @@ import numpy as np
 
 from ...errors import DeviceError, InvalidArgument, UseAfterClose
 from ...timeline import OpKind
-from ..base import BufferView, DeviceBuffer, Event, HostBuffer, HostMemory, Kernel, Stream
+from ..base import BufferView, DeviceBuffer, Event, HostBuffer, HostMemory, Kernel, RowGather, Stream
 from .core import Recorded, StreamState, Work
 from .engine import EngineKind
 from .hazards import HazardKind, SimHazardError, Touch
@@ -151,6 +151,40 @@ class SimStream(Stream):
             )
         )
 
+    def _gather_h2d(self, dst: DeviceBuffer, dst_offset: int, src: HostBuffer, rows: RowGather) -> None:
+        # A kernel that reads over the link: booked on the link's engine, beside other streams' kernels.
+        # Its time is computed at enqueue, before the ids exist: every id counted as its own row.
+        profile = self._sim.profile
+        effect = None
+        if self._sim.data:
+            ids = _device_bytes(rows.ids.buffer, rows.ids.offset, 4 * rows.n_ids)
+            region = _device_bytes(dst, dst_offset, rows.nbytes)
+            assert ids is not None and region is not None
+            source = src.array[rows.src_offset : rows.src_offset + rows.nbytes]
+            report = None if rows.report is None else _device_bytes(rows.report.buffer, rows.report.offset, 8)
+            effect = functools.partial(_gather_rows, region, source, ids, rows, report)
+        reported = rows.report
+        report_touch = () if reported is None else (Touch(reported.buffer, reported.offset, reported.offset + 8, write=True),)
+        self._submit(
+            Work(
+                OpKind.H2D,
+                "gather h2d",
+                "h2d gather",
+                "Stream.gather_h2d",
+                rows.most_bytes,
+                EngineKind.H2D,
+                profile.launch_latency_s,
+                rows.most_bytes / profile.gather_bps,
+                effect=effect,
+                touches=(
+                    Touch(rows.ids.buffer, rows.ids.offset, rows.ids.offset + 4 * rows.n_ids, write=False),
+                    Touch(dst, dst_offset, dst_offset + rows.nbytes, write=True),
+                    Touch(src, rows.src_offset, rows.src_offset + rows.nbytes, write=False),
+                    *report_touch,
+                ),
+            )
+        )
+
     def _record(self, event: Event) -> None:
         assert isinstance(event, SimEvent)
         event.recorded = self._sim.record(self._live_state("Stream.record"), "record")
@@ -245,6 +279,19 @@ def _argument_bytes(arg: Any) -> Any:
         return arg
     assert array is not None  # data mode: every simulated buffer has its bytes
     return array
+
+
+def _gather_rows(
+    region: np.ndarray, source: np.ndarray, ids: np.ndarray, rows: RowGather, report: np.ndarray | None
+) -> None:
+    for row in np.unique(ids.view(np.int32)).tolist():
+        if 0 <= row < rows.n_rows:
+            start, end = rows.row_range(row)
+            region[start:end] = source[start:end]
+        elif report is not None:
+            pair = report.view(np.int32)
+            if pair[0] == -1:
+                pair[:] = (rows.tag, row)
 
 
 def _run_twin(

@@ -1,0 +1,85 @@
+// Stream.gather_h2d on CUDA and HIP: the device copies the rows its routing ids name from
+// page-locked host memory it reads over the link, so the host never reads the ids first.
+//
+// Grid: x = chunks of a row (with its overrun), y = one block row per id. A block whose id
+// names no row, or names one an earlier id already names, copies nothing: each row is copied
+// once, whatever the ids repeat. An id naming no row is reported, where the caller asks: the
+// first launch to meet one writes its tag and the id into report[0] and report[1] (report[0]
+// must hold -1 before).
+
+#define GATHER_CHUNK_BYTES 32768ull
+#define GATHER_IN_FLIGHT 4  // 16-byte loads each thread has outstanding before it stores
+
+struct alignas(16) GatherWords {
+    unsigned int x, y, z, w;
+};
+
+__device__ __forceinline__ void gather_bytes(unsigned char* to, const unsigned char* from, unsigned long long n) {
+    const unsigned long long step = blockDim.x;
+    unsigned long long head = 0;
+    unsigned long long words = 0;
+    if ((((unsigned long long)to ^ (unsigned long long)from) & 15ull) == 0) {
+        head = (16ull - ((unsigned long long)from & 15ull)) & 15ull;
+        head = head < n ? head : n;
+        words = (n - head) / 16ull;
+    }
+    for (unsigned long long i = threadIdx.x; i < head; i += step) {
+        to[i] = from[i];
+    }
+    const GatherWords* src = (const GatherWords*)(from + head);
+    GatherWords* dst = (GatherWords*)(to + head);
+    for (unsigned long long base = threadIdx.x; base < words; base += step * GATHER_IN_FLIGHT) {
+        GatherWords held[GATHER_IN_FLIGHT];
+#pragma unroll
+        for (int k = 0; k < GATHER_IN_FLIGHT; ++k) {
+            const unsigned long long i = base + k * step;
+            if (i < words) {
+                held[k] = src[i];
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < GATHER_IN_FLIGHT; ++k) {
+            const unsigned long long i = base + k * step;
+            if (i < words) {
+                dst[i] = held[k];
+            }
+        }
+    }
+    for (unsigned long long i = head + words * 16ull + threadIdx.x; i < n; i += step) {
+        to[i] = from[i];
+    }
+}
+
+extern "C" __global__ void expertstream_gather_rows(
+    unsigned char* dst,
+    const unsigned char* src,  // the device's address of the host region
+    const int* ids,
+    int first,  // the id of this launch's first block row (grids hold at most 65535 rows)
+    unsigned long long nbytes,
+    unsigned long long row_bytes,
+    unsigned long long overrun,
+    int* report,  // null: not asked
+    int tag) {
+    const int j = first + (int)blockIdx.y;
+    const int id = ids[j];
+    if (id < 0 || (unsigned long long)id >= nbytes / row_bytes) {
+        if (report != nullptr && blockIdx.x == 0 && threadIdx.x == 0 && atomicCAS(report, -1, tag) == -1) {
+            report[1] = id;
+        }
+        return;
+    }
+    for (int k = 0; k < j; ++k) {
+        if (ids[k] == id) {
+            return;
+        }
+    }
+    const unsigned long long start = (unsigned long long)id * row_bytes;
+    unsigned long long end = start + row_bytes + overrun;
+    end = end < nbytes ? end : nbytes;
+    const unsigned long long lo = start + (unsigned long long)blockIdx.x * GATHER_CHUNK_BYTES;
+    if (lo >= end) {
+        return;
+    }
+    const unsigned long long hi = lo + GATHER_CHUNK_BYTES < end ? lo + GATHER_CHUNK_BYTES : end;
+    gather_bytes(dst + lo, src + lo, hi - lo);
+}
