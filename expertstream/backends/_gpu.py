@@ -266,7 +266,9 @@ class GpuStream(Stream):
                 )
             )
             grid = (chunks, count, 1)
-            self._enqueue(self._api.launch, kernel.function, grid, (_GATHER_THREADS, 1, 1), 0, self._handle, values, types)
+            self._enqueue(
+                self._api.launch, kernel.function, grid, (_GATHER_THREADS, 1, 1), 0, self._handle, values, types
+            )
         self._keep(src)
 
     def _record(self, event: Event) -> None:

@@ -659,7 +659,9 @@ class Stream(abc.ABC, Closing):
                 "memory read the ids back and copy the rows with copy_h2d",
             )
         if not isinstance(ids, BufferView):
-            raise InvalidArgument(f"ids must be a BufferView of int32 on the device, got {type(ids).__name__}", call=call)
+            raise InvalidArgument(
+                f"ids must be a BufferView of int32 on the device, got {type(ids).__name__}", call=call
+            )
         if ids.buffer.closed:
             raise UseAfterClose(f"the ids' {ids.buffer!r} is closed", call=call, device=self.device.label)
         self._check_same_device(call, ids.buffer)
@@ -683,7 +685,9 @@ class Stream(abc.ABC, Closing):
             )
         if nbytes and n_ids:
             rows = RowGather(src_offset, nbytes, ids, int(n_ids), int(row_nbytes), int(overrun), report, int(tag))
-            self._traced(OpKind.H2D, "gather_h2d", rows.most_bytes, lambda: self._gather_h2d(dst, dst_offset, src, rows))
+            self._traced(
+                OpKind.H2D, "gather_h2d", rows.most_bytes, lambda: self._gather_h2d(dst, dst_offset, src, rows)
+            )
 
     def record(self, event: Event) -> None:
         """Mark the current end of this stream in ``event`` (re-recording re-arms it)."""

@@ -266,6 +266,12 @@ def register(subparsers: Any) -> None:
         "weights straight into matrix fragments (NVIDIA sm_80+)",
     )
     prefill.add_argument(
+        "--no-gather",
+        action="store_true",
+        help="decode: read each layer's routing ids back and copy the used experts with DMA (llama.cpp's way) "
+        "instead of the device copying them from registered or pinned memory itself",
+    )
+    prefill.add_argument(
         "--fuse-gate-up",
         action="store_true",
         help="gate, up and SwiGLU as one split per layer where the direct kernels apply; the split takes two "
@@ -546,6 +552,7 @@ def _settings(args: argparse.Namespace, batching: Batching, n_cpu_moe: int | Non
         matrix_path=None if args.matrix_path == "auto" else MatrixPath(args.matrix_path),
         direct=not args.no_direct,
         fuse_gate_up=args.fuse_gate_up,
+        gather=not args.no_gather,
     )
 
 

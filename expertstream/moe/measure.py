@@ -51,6 +51,7 @@ class Settings:
     matrix_path: MatrixPath | None = None  # mul_mat_id's path for every type; None: each type's default
     direct: bool = True  # the direct-decode kernels where they apply (MoeKernels.direct)
     fuse_gate_up: bool = False  # gate, up and SwiGLU as one split where the kernels can (MoeRunner)
+    gather: bool = True  # decode's expert copies from page-locked memory made by the device (Scheduler.gather)
 
 
 Progress = Callable[[str], None]
@@ -289,7 +290,7 @@ def _measure_row(
     batching = settings.batching
     experts: ExpertData = resident.experts(weights)
     what = f"slots {slots}, {weights.mode.value}"
-    with Scheduler(slots=slots) as scheduler:
+    with Scheduler(slots=slots, gather=settings.gather) as scheduler:
         if settings.warmup:
             scheduler.run(_ticking(runner.prefill_plan(experts, [0]), progress, f"{what}, warm-up"))
         ring_before = weights.ring_stats()
@@ -397,6 +398,8 @@ def _decode(
             plan = _ticking(runner.decode_plan(experts, step), progress, f"{what}, decode")  # built untimed
             (wall,), stats = _timed_runs(backend, scheduler, plan)
             step_s.append(wall)
-            moved += int(stats.total("bytes_prefetched") + stats.total("bytes_stock"))
+            moved += int(
+                stats.total("bytes_prefetched") + stats.total("bytes_stock") + stats.total("bytes_gathered_at_most")
+            )
         rates.append(1.0 / float(np.median(step_s)))
     return rates, moved

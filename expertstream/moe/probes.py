@@ -38,6 +38,8 @@ from . import standin
 MIB = 1 << 20
 GATE_MARGIN = 3.0  # the gate holds this many times the host's estimated enqueue time
 GATE_MIN_S = 1e-3
+# The rows the gather probe copies: about one expert tensor of a 30B-class MoE at 4 bits (0.88 MB).
+GATHER_ROW_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,8 @@ class Bounds:
     launches: int = 20  # back-to-back launches per kernel timing
 
     def __post_init__(self) -> None:
+        if min(self.copy_bytes) < GATHER_ROW_BYTES:
+            raise InvalidArgument(f"copy sizes below {GATHER_ROW_BYTES} bytes cannot time a gather of whole rows")
         largest = max(*self.copy_bytes, self.ring_bytes, sum(self.event_copy_bytes))
         if self.mapping_bytes < largest:
             raise InvalidArgument(f"a {self.mapping_bytes}-byte mapping cannot hold the {largest}-byte copy")
@@ -70,7 +74,7 @@ DEFAULT_BOUNDS = Bounds()
 class CopyTiming:
     """One kind of transfer at one size: device seconds between timing events, host seconds in the call."""
 
-    what: str  # h2d-pinned, h2d-pageable, d2h-pinned, d2h-pageable, d2d, memset
+    what: str  # h2d-pinned, h2d-gather, h2d-pageable, d2h-pinned, d2h-pageable, d2d, memset
     nbytes: int
     device_s: float  # pinned and device-side: per copy, back to back; pageable: one copy between events
     host_blocked_s: float
@@ -368,15 +372,22 @@ def _copies(
     pageable ones one at a time, since they may hold the host until they are done."""
     rows: list[CopyTiming] = []
     largest = max(*bounds.copy_bytes, *bounds.fill_bytes)
+    region = max(bounds.copy_bytes) // GATHER_ROW_BYTES * GATHER_ROW_BYTES
     with (
         device.alloc(largest, Usage.COMPUTE) as dst,
         device.alloc_pinned(max(bounds.copy_bytes)) as pinned,
+        device.upload(np.arange(region // GATHER_ROW_BYTES, dtype=np.int32)) as ids,
     ):
         pageable = device.wrap_host(np.zeros(max(bounds.copy_bytes), dtype=np.uint8))
         stream.memset(dst, 0, dst.alloc_size, 0)
         fills = [n // 2 for n in bounds.fill_bytes]
+
+        def gather(n: int) -> None:  # n // GATHER_ROW_BYTES experts of a decode step, named on the device
+            stream.gather_h2d(dst, 0, pinned, 0, region, ids.view(), n // GATHER_ROW_BYTES, GATHER_ROW_BYTES)
+
         back_to_back_kinds: list[tuple[str, Sequence[int], Callable[[int], None]]] = [
             ("h2d-pinned", bounds.copy_bytes, lambda n: stream.copy_h2d(dst, 0, pinned, 0, n)),
+            ("h2d-gather", bounds.copy_bytes, gather),
             ("d2h-pinned", bounds.copy_bytes, lambda n: stream.copy_d2h(pinned, 0, dst, 0, n)),
             ("d2d", fills, lambda n: stream.copy_d2d(dst, n, dst, 0, n)),
             ("memset", bounds.fill_bytes, lambda n: stream.memset(dst, 0, n, 0)),

@@ -5,8 +5,8 @@ memcpys from a mapping per thread count and the runner's kernels at several ubat
 turns the timings into profile fields by inverting what the simulator does with each field,
 so tuning the simulator against itself gives its own profile back. ``calibrate_enqueue`` then
 runs a few decode steps of the job on the device and on the simulator and solves for the host
-time per call that makes them agree: decode is bound by the host (it reads routing ids back
-every layer), and the scheduler's own work per split is host time no single probe sees.
+time per call that makes them agree: a decode step is many small calls, and the scheduler's own
+work per split is host time no single probe sees.
 
 The profile file holds the measured fields and names the built-in profile ("base") that
 supplies the rest: peer copies (one device cannot measure them) and the rate of kernels the
@@ -109,6 +109,7 @@ def fit_copies(copies: Sequence[probes.CopyTiming]) -> dict[str, Any]:
     slope, setup = copy_fit(copies, "h2d-pinned")
     rates: dict[str, Any] = {
         "h2d_pinned_bps": 1 / slope,
+        "h2d_gather_bps": 1 / copy_fit(copies, "h2d-gather")[0],
         "h2d_pageable_bps": 1 / copy_fit(copies, "h2d-pageable")[0],
         "d2h_bps": 1 / copy_fit(copies, "d2h-pinned")[0],
         "d2h_pageable_bps": 1 / copy_fit(copies, "d2h-pageable")[0],
@@ -185,6 +186,7 @@ def fit(m: Measurements, base: Profile, name: str, vendor_like: str) -> dict[str
 FITTED_FIELDS = (
     "memory_bytes",
     "h2d_pinned_bps",
+    "h2d_gather_bps",
     "h2d_pageable_bps",
     "d2h_bps",
     "d2h_pageable_bps",
@@ -212,7 +214,7 @@ FITTED_FIELDS = (
 
 
 def decode_step_seconds(backend: Backend, device: Device, model: MoeModel, mode: HostMemoryMode) -> float:
-    """The median decode step of the job (stock path, routing ids read back per layer)."""
+    """The median decode step of the job (stock path: gathers from page-locked memory, else ids read back)."""
     settings = Settings(Batching(8, 8, CALIBRATION_STEPS), (0,), (mode,), repeats=1)
     row = measure(backend, device, model, settings).rows[0]
     assert row.decode_tokens_per_s is not None

@@ -173,7 +173,8 @@ def summary(tuned: Tuned, backend_name: str) -> str:
     pageable = "holds the host until done" if p.pageable_blocks_host else "returns at once"
     lines.append(
         f"  H2D: pinned {p.h2d_pinned_bps / 1e9:.1f} GB/s, pageable (file mapping) {p.h2d_pageable_bps / 1e9:.1f} "
-        f"GB/s, which {pageable}; D2H {p.d2h_bps / 1e9:.1f} / {p.d2h_pageable_bps / 1e9:.1f} GB/s"
+        f"GB/s, which {pageable}; D2H {p.d2h_bps / 1e9:.1f} / {p.d2h_pageable_bps / 1e9:.1f} GB/s; the device's "
+        f"own reads of page-locked memory (decode's expert gathers) {p.gather_bps / 1e9:.1f} GB/s"
     )
     lines.append(_event_order_line(tuned))
     lines.append(

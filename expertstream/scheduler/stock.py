@@ -140,8 +140,7 @@ class StockCopier:
             self.gather = False
             stats.fallbacks[Fallback.GATHER_FAILED] += 1
             log.warning(
-                "%s: decode copies read routing ids back from now on; the device could not copy the experts "
-                "itself: %s",
+                "%s: decode copies read routing ids back from now on; the device could not copy the experts itself: %s",
                 self.device.label,
                 exc,
             )

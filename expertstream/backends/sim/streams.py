@@ -164,7 +164,9 @@ class SimStream(Stream):
             report = None if rows.report is None else _device_bytes(rows.report.buffer, rows.report.offset, 8)
             effect = functools.partial(_gather_rows, region, source, ids, rows, report)
         reported = rows.report
-        report_touch = () if reported is None else (Touch(reported.buffer, reported.offset, reported.offset + 8, write=True),)
+        report_touch = (
+            () if reported is None else (Touch(reported.buffer, reported.offset, reported.offset + 8, write=True),)
+        )
         self._submit(
             Work(
                 OpKind.H2D,
