@@ -40,6 +40,7 @@ from .base import (
     Device,
     DeviceBuffer,
     Event,
+    Graph,
     HostBuffer,
     HostMemory,
     Kernel,
@@ -167,6 +168,31 @@ class GpuKernel(Kernel):
 # --------------------------------------------------------------------------------------
 
 
+class GpuGraph(Graph):
+    """An instantiated graph; it holds the host arrays its captured copies read."""
+
+    def __init__(self, device: GpuDevice, calls: int, graph: Any, executable: Any, steps: Steps, keep: list[Any]):
+        super().__init__(device, calls)
+        self._device = device
+        self._executable = executable
+        self._steps = steps
+        self._keep = keep
+        self._release = _finalizer(self, steps, device.label, *keep)
+
+    def _launch(self, stream: Stream) -> None:
+        stream = _native(stream, GpuStream, "Graph.launch", self._device)
+        stream._enqueue(self._device.api.graph_launch, self._executable, stream.handle)
+
+    def _destroy(self) -> None:
+        if self._release.detach() is not None:
+            # Launches may still run, reading the host arrays this graph keeps: wait for them first.
+            self._device.activate()
+            invoke(self._device.api.device_synchronize, device=self._device.label)
+            for call, args in self._steps:
+                invoke(call, *args, device=self._device.label)
+        self._keep = []
+
+
 class GpuStream(Stream):
     def __init__(self, device: GpuDevice, handle: int, *, owned: bool) -> None:
         super().__init__(device, owned=owned)
@@ -178,6 +204,8 @@ class GpuStream(Stream):
         self._pending: deque[tuple[int, Any]] = deque()
         self._seq = 0
         self._lock = threading.Lock()
+        self._captured: list[Any] = []  # while capturing: the host arrays the graph's copies read
+        self._captured_calls = 0
         steps = [(self._api.stream_synchronize, (handle,)), (self._api.stream_destroy, (handle,))]
         self._release = _finalizer(self, steps if owned else [], device.label)
 
@@ -188,8 +216,13 @@ class GpuStream(Stream):
     def _enqueue(self, call: Call, *args: Any) -> None:
         self._device.activate()
         invoke(call, *args, device=self._device.label)
+        if self.capturing:
+            self._captured_calls += 1
 
     def _keep(self, host: HostBuffer) -> None:
+        if self.capturing:  # the graph keeps it for as long as it can be launched
+            self._captured.append(host.array)
+            return
         with self._lock:
             self._seq += 1
             self._pending.append((self._seq, host.array))
@@ -270,6 +303,26 @@ class GpuStream(Stream):
                 self._api.launch, kernel.function, grid, (_GATHER_THREADS, 1, 1), 0, self._handle, values, types
             )
         self._keep(src)
+
+    def _begin_capture(self) -> None:
+        self._captured, self._captured_calls = [], 0
+        self._enqueue(self._api.stream_begin_capture, self._handle)
+
+    def _end_capture(self, keep: bool) -> Graph | None:
+        device = self._device
+        device.activate()
+        graph = invoke(self._api.stream_end_capture, self._handle, device=device.label)
+        steps: Steps = [(self._api.graph_destroy, (graph,))]
+        if not keep:
+            _release_quietly(steps, device.label)
+            return None
+        try:
+            executable = invoke(self._api.graph_instantiate, graph, device=device.label)
+        except BaseException:
+            _release_quietly(steps, device.label)
+            raise
+        steps.insert(0, (self._api.graph_exec_destroy, (executable,)))
+        return GpuGraph(device, self._captured_calls, graph, executable, steps, self._captured)
 
     def _record(self, event: Event) -> None:
         event = _native(event, GpuEvent, "Stream.record", self._device)

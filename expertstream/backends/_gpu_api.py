@@ -265,6 +265,12 @@ class ApiTable:
     stream_synchronize: Call  # (stream)
     stream_query: Call  # (stream)
     stream_wait_event: Call  # (stream, event)
+    stream_begin_capture: Call  # (stream): thread-local capture mode
+    stream_end_capture: Call  # (stream) -> graph
+    graph_instantiate: Call  # (graph) -> executable graph
+    graph_launch: Call  # (executable, stream)
+    graph_exec_destroy: Call  # (executable)
+    graph_destroy: Call  # (graph)
     event_create: Call  # (timing: bool) -> event handle
     event_destroy: Call  # (event)
     event_record: Call  # (event, stream)

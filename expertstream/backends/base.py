@@ -500,6 +500,45 @@ def dim3(d: Dim3) -> tuple[int, int, int]:
     return (int(t[0]), int(t[1]) if len(t) > 1 else 1, int(t[2]) if len(t) > 2 else 1)
 
 
+class Graph(abc.ABC, Closing):
+    """Work captured from a stream (Stream.begin_capture .. end_capture), run again with one launch.
+
+    A graph holds the addresses its work was captured with: the buffers it reads and writes must
+    stay open, and hold what the work expects, for as long as it is launched.
+    """
+
+    def __init__(self, device: Device, operations: int) -> None:
+        self.device = device
+        self.operations = operations  # the calls captured
+        self.closed = False
+
+    @abc.abstractmethod
+    def _launch(self, stream: Stream) -> None: ...
+
+    @abc.abstractmethod
+    def _destroy(self) -> None: ...
+
+    def launch(self, stream: Stream) -> None:
+        """Enqueue everything the graph captured on ``stream``, in the captured order."""
+        call = "Graph.launch"
+        if self.closed:
+            raise UseAfterClose("graph is closed", call=call, device=self.device.label)
+        stream._check_open(call)
+        if stream.device is not self.device:
+            raise InvalidArgument(
+                f"the graph was captured on {self.device.label}", call=call, device=stream.device.label
+            )
+        if stream.capturing:
+            raise InvalidArgument("cannot launch a graph into a capture", call=call, device=self.device.label)
+        stream._traced(OpKind.KERNEL, f"graph of {self.operations} calls", 0, lambda: self._launch(stream))
+
+    def close(self) -> None:
+        """Release the graph; launches already enqueued still run."""
+        if not self.closed:
+            self._destroy()
+            self.closed = True
+
+
 class Stream(abc.ABC, Closing):
     """An in-order queue of device work. Every enqueue returns at once unless noted."""
 
@@ -507,6 +546,7 @@ class Stream(abc.ABC, Closing):
         self.device = device
         self.owned = owned  # False for streams wrapped with from_handle: close() leaves them alone
         self.closed = False
+        self.capturing = False  # between begin_capture and end_capture: work is recorded, not run
 
     # -- primitives each backend implements (arguments already validated) -------------
     @property
@@ -528,6 +568,12 @@ class Stream(abc.ABC, Closing):
 
     @abc.abstractmethod
     def _gather_h2d(self, dst: DeviceBuffer, dst_offset: int, src: HostBuffer, rows: RowGather) -> None: ...
+
+    @abc.abstractmethod
+    def _begin_capture(self) -> None: ...
+
+    @abc.abstractmethod
+    def _end_capture(self, keep: bool) -> Graph | None: ...
 
     @abc.abstractmethod
     def _record(self, event: Event) -> None: ...
@@ -565,6 +611,7 @@ class Stream(abc.ABC, Closing):
         check_range(call, dst, dst_offset, nbytes)
         check_range(call, src, src_offset, nbytes)
         self._check_same_device(call, dst)
+        self._check_capturable(call, src)
         if nbytes:
             self._traced(
                 OpKind.H2D, "copy_h2d", nbytes, lambda: self._copy_h2d(dst, dst_offset, src, src_offset, nbytes)
@@ -577,6 +624,7 @@ class Stream(abc.ABC, Closing):
         check_range(call, dst, dst_offset, nbytes)
         check_range(call, src, src_offset, nbytes)
         self._check_same_device(call, src)
+        self._check_capturable(call, dst)
         if dst.read_only:
             raise InvalidArgument("cannot copy into read-only host memory", call=call, device=self.device.label)
         if nbytes:
@@ -689,10 +737,36 @@ class Stream(abc.ABC, Closing):
                 OpKind.H2D, "gather_h2d", rows.most_bytes, lambda: self._gather_h2d(dst, dst_offset, src, rows)
             )
 
+    def begin_capture(self) -> None:
+        """Record this stream's next work into a graph instead of running it (CUDA and HIP stream capture).
+
+        Until ``end_capture`` the stream takes copies between device memory and page-locked host
+        memory, fills, gathers and kernel launches; nothing runs and nothing may wait for it
+        (synchronize, events, pageable copies are refused). ``Graph.launch`` then runs all of it
+        with one call: what a decode step is worth replaying, since it is hundreds of small
+        calls whose host time would otherwise bound it.
+        """
+        call = "Stream.begin_capture"
+        self._check_open(call)
+        if self.capturing:
+            raise InvalidArgument("the stream is capturing already", call=call, device=self.device.label)
+        self._begin_capture()
+        self.capturing = True
+
+    def end_capture(self, keep: bool = True) -> Graph | None:
+        """End the capture: the graph of what was enqueued since begin_capture (None with ``keep=False``)."""
+        call = "Stream.end_capture"
+        self._check_open(call)
+        if not self.capturing:
+            raise InvalidArgument("the stream is not capturing", call=call, device=self.device.label)
+        self.capturing = False
+        return self._end_capture(keep)
+
     def record(self, event: Event) -> None:
         """Mark the current end of this stream in ``event`` (re-recording re-arms it)."""
         self._check_open("Stream.record")
         event._check_open("Stream.record")
+        self._check_capturable("Stream.record", None)
         if event.device is not self.device:
             raise InvalidArgument(
                 f"event belongs to {event.device.label}", call="Stream.record", device=self.device.label
@@ -707,6 +781,7 @@ class Stream(abc.ABC, Closing):
         """
         self._check_open("Stream.wait")
         event._check_open("Stream.wait")
+        self._check_capturable("Stream.wait", None)
         self._wait(event)
 
     def launch(
@@ -748,7 +823,7 @@ class Stream(abc.ABC, Closing):
 
     def _traced(self, kind: OpKind, name: str, nbytes: int, enqueue: Callable[[], None]) -> None:
         tracer = self.device.backend._tracer
-        if tracer is None:
+        if tracer is None or self.capturing:  # a capture holds no timing events: its graph is traced whole
             enqueue()
         else:
             tracer.around(self, kind, name, nbytes, enqueue)
@@ -763,6 +838,19 @@ class Stream(abc.ABC, Closing):
     def _check_open(self, call: str) -> None:
         if self.closed:
             raise UseAfterClose("stream is closed", call=call, device=self.device.label)
+
+    def _check_capturable(self, call: str, host: HostBuffer | None) -> None:
+        """Refuse, while capturing, events (host argument None) and copies with pageable memory."""
+        if not self.capturing or (host is not None and host.is_page_locked):
+            return
+        what = "events" if host is None else "copies with pageable host memory"
+        raise InvalidArgument(
+            f"a capturing stream takes no {what}",
+            call=call,
+            device=self.device.label,
+            hint="end the capture first; a graph holds one stream's copies with device or page-locked memory, "
+            "fills, gathers and kernels",
+        )
 
     def _check_same_device(self, call: str, buf: DeviceBuffer) -> None:
         if buf.device is not self.device:
@@ -1096,6 +1184,7 @@ __all__ = [
     "Dim3",
     "Event",
     "ExpertStreamError",
+    "Graph",
     "HazardError",
     "HostBuffer",
     "HostMemory",

@@ -165,6 +165,16 @@ def _table() -> ApiTable:
         stream_synchronize=rt("cudaStreamSynchronize"),
         stream_query=rt("cudaStreamQuery"),
         stream_wait_event=Call("cudaStreamWaitEvent", lambda s, e: runtime.cudaStreamWaitEvent(s, e, 0), errors),
+        stream_begin_capture=Call(
+            "cudaStreamBeginCapture",
+            lambda s: runtime.cudaStreamBeginCapture(s, runtime.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal),
+            errors,
+        ),
+        stream_end_capture=rt("cudaStreamEndCapture"),
+        graph_instantiate=Call("cudaGraphInstantiate", lambda graph: runtime.cudaGraphInstantiate(graph, 0), errors),
+        graph_launch=rt("cudaGraphLaunch"),
+        graph_exec_destroy=rt("cudaGraphExecDestroy"),
+        graph_destroy=rt("cudaGraphDestroy"),
         event_create=Call(
             "cudaEventCreateWithFlags",
             lambda timing: runtime.cudaEventCreateWithFlags(

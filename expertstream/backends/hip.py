@@ -229,6 +229,15 @@ def _table() -> ApiTable:
         stream_synchronize=rt("hipStreamSynchronize"),
         stream_query=rt("hipStreamQuery"),
         stream_wait_event=rt("hipStreamWaitEvent", lambda s, e: hip.hipStreamWaitEvent(s, e, 0)),
+        stream_begin_capture=rt(
+            "hipStreamBeginCapture",
+            lambda s: hip.hipStreamBeginCapture(s, hip.hipStreamCaptureMode.hipStreamCaptureModeThreadLocal),
+        ),
+        stream_end_capture=rt("hipStreamEndCapture"),
+        graph_instantiate=rt("hipGraphInstantiateWithFlags", lambda graph: hip.hipGraphInstantiateWithFlags(graph, 0)),
+        graph_launch=rt("hipGraphLaunch"),
+        graph_exec_destroy=rt("hipGraphExecDestroy"),
+        graph_destroy=rt("hipGraphDestroy"),
         event_create=rt(
             "hipEventCreateWithFlags",
             lambda timing: hip.hipEventCreateWithFlags(hip.hipEventDefault if timing else hip.hipEventDisableTiming),

@@ -36,6 +36,41 @@ HIPSHIM_API hipError_t hipStreamWaitEvent(hipStream_t stream, hipEvent_t event, 
     return hipshim_from_cuda(cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)event, 0));
 }
 
+/* Stream capture and graphs: HIP's capture modes have CUDA's numbers (global 0, thread-local 1,
+ * relaxed 2), and graph handles are CUDA's own. */
+HIPSHIM_API hipError_t hipStreamBeginCapture(hipStream_t stream, int mode)
+{
+    if (mode < 0 || mode > 2) {
+        return hipshim_fail(hipErrorInvalidValue);
+    }
+    return hipshim_from_cuda(cudaStreamBeginCapture((cudaStream_t)stream, (enum cudaStreamCaptureMode)mode));
+}
+
+HIPSHIM_API hipError_t hipStreamEndCapture(hipStream_t stream, hipGraph_t *graph)
+{
+    return hipshim_from_cuda(cudaStreamEndCapture((cudaStream_t)stream, (cudaGraph_t *)graph));
+}
+
+HIPSHIM_API hipError_t hipGraphInstantiateWithFlags(hipGraphExec_t *exec, hipGraph_t graph, unsigned long long flags)
+{
+    return hipshim_from_cuda(cudaGraphInstantiateWithFlags((cudaGraphExec_t *)exec, (cudaGraph_t)graph, flags));
+}
+
+HIPSHIM_API hipError_t hipGraphLaunch(hipGraphExec_t exec, hipStream_t stream)
+{
+    return hipshim_from_cuda(cudaGraphLaunch((cudaGraphExec_t)exec, (cudaStream_t)stream));
+}
+
+HIPSHIM_API hipError_t hipGraphExecDestroy(hipGraphExec_t exec)
+{
+    return hipshim_from_cuda(cudaGraphExecDestroy((cudaGraphExec_t)exec));
+}
+
+HIPSHIM_API hipError_t hipGraphDestroy(hipGraph_t graph)
+{
+    return hipshim_from_cuda(cudaGraphDestroy((cudaGraph_t)graph));
+}
+
 HIPSHIM_API hipError_t hipEventCreate(hipEvent_t *event)
 {
     return hipshim_from_cuda(cudaEventCreate((cudaEvent_t *)event));

@@ -90,11 +90,14 @@ class Simulation:
             return self._streams.get(sid)
 
     # -- enqueueing ----------------------------------------------------------------------
-    def submit(self, stream: StreamState, work: Work, waited: Recorded | None = None) -> float:
-        """Enqueue ``work`` on ``stream``; return when it ends. Raises before changing anything on a hazard."""
+    def submit(self, stream: StreamState, work: Work, waited: Recorded | None = None, *, call_s: bool = True) -> float:
+        """Enqueue ``work`` on ``stream``; return when it ends. Raises before changing anything on a hazard.
+
+        ``call_s``: the host pays a call for it (not so for each operation of a graph launch).
+        """
         with self.lock:
             staged = self._stage_hazards(stream, work, waited)
-            issued = self.clocks.spend(self.profile.enqueue_s)
+            issued = self.clocks.spend(self.profile.enqueue_s) if call_s else self.clocks.now()
             reached = max(issued, stream.tail)
             ready = max(reached, self._released_at(waited)) if waited is not None else reached
             ready += work.latency
@@ -127,6 +130,18 @@ class Simulation:
                 )
             )
             return end
+
+    def launch_graph(self, stream: StreamState, works: Sequence[Work]) -> None:
+        """Enqueue a graph's operations on ``stream`` for the host cost of one call."""
+        with self.lock:
+            self.clocks.spend(self.profile.enqueue_s)
+            for work in works:
+                self.submit(stream, work, call_s=False)
+
+    def capture_call(self) -> None:
+        """The host's cost of one call recorded into a capture (nothing is enqueued)."""
+        with self.lock:
+            self.clocks.spend(self.profile.enqueue_s)
 
     def record(self, stream: StreamState, name: str) -> Recorded:
         with self.lock:

@@ -10,7 +10,7 @@ import numpy as np
 
 from ...errors import DeviceError, InvalidArgument, UseAfterClose
 from ...timeline import OpKind
-from ..base import BufferView, DeviceBuffer, Event, HostBuffer, HostMemory, Kernel, RowGather, Stream
+from ..base import BufferView, DeviceBuffer, Event, Graph, HostBuffer, HostMemory, Kernel, RowGather, Stream
 from .core import Recorded, StreamState, Work
 from .engine import EngineKind
 from .hazards import HazardKind, SimHazardError, Touch
@@ -51,6 +51,7 @@ class SimStream(Stream):
         self.sim_device = device
         self.state = state
         self._sim = device.sim
+        self._captured: list[Work] = []
 
     @property
     def handle(self) -> int:
@@ -253,7 +254,20 @@ class SimStream(Stream):
         return Touch(buf, view.offset, view.end, access.write, access.padded_from)
 
     def _submit(self, work: Work) -> None:
-        self._sim.submit(self._live_state(work.call), work)
+        state = self._live_state(work.call)
+        if self.capturing:
+            self._sim.capture_call()
+            self._captured.append(work)
+            return
+        self._sim.submit(state, work)
+
+    def _begin_capture(self) -> None:
+        self._live_state("Stream.begin_capture")
+        self._captured = []
+
+    def _end_capture(self, keep: bool) -> Graph | None:
+        works, self._captured = self._captured, []
+        return SimGraph(self.sim_device, works) if keep else None
 
     def _live_state(self, call: str) -> StreamState:
         if self.state.destroyed:  # only a from_handle wrapper can outlive its stream
@@ -263,10 +277,23 @@ class SimStream(Stream):
         return self.state
 
     def synchronize(self) -> None:
+        self._refuse_while_capturing("Stream.synchronize")
         self._sim.synchronize_stream(self.state)
 
     def query(self) -> bool:
+        self._refuse_while_capturing("Stream.query")
         return self._sim.query_stream(self.state)
+
+    def _refuse_while_capturing(self, call: str) -> None:
+        # What CUDA and HIP answer with an error that also ends the capture.
+        if self.capturing:
+            raise DeviceError(
+                "operation not permitted when stream is capturing",
+                call=call,
+                device=self.device.label,
+                code="stream capture unsupported",
+                hint="end the capture before waiting for the stream",
+            )
 
     def _destroy(self) -> None:
         self.state.destroyed = True  # enqueued work still completes, as on a real device
@@ -310,6 +337,22 @@ def _run_twin(
         raise DeviceError(f"the Python twin of kernel {name!r} failed: {exc!r}", call="kernel", device=device) from exc
 
 
+class SimGraph(Graph):
+    """The operations a capture recorded, each enqueued again (effects and hazard checks included) per launch."""
+
+    def __init__(self, device: SimDevice, works: list[Work]) -> None:
+        super().__init__(device, len(works))
+        self._sim = device.sim
+        self._works = works
+
+    def _launch(self, stream: Stream) -> None:
+        assert isinstance(stream, SimStream)
+        self._sim.launch_graph(stream._live_state("Graph.launch"), self._works)
+
+    def _destroy(self) -> None:
+        self._works = []
+
+
 class SimEvent(Event):
     def __init__(self, device: SimDevice, timing: bool) -> None:
         super().__init__(device, timing)
@@ -347,4 +390,4 @@ class SimEvent(Event):
         self.recorded = None
 
 
-__all__ = ["SimEvent", "SimStream"]
+__all__ = ["SimEvent", "SimGraph", "SimStream"]

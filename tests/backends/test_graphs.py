@@ -1,0 +1,79 @@
+"""Stream capture and graphs: what a capture records runs again, on current data, with one launch."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+
+from expertstream.backends.base import Backend, BackendError, Usage
+from expertstream.errors import InvalidArgument, UseAfterClose
+from expertstream.kernels import MoeKernels
+from expertstream.moe import standin
+
+
+def test_a_graph_runs_its_copies_gathers_and_kernels_again_on_current_data(backend: Backend) -> None:
+    device = backend.device(0)
+    n = 256
+    rows = np.arange(4 * n, dtype=np.float32)  # four rows a gather picks from
+    host = device.alloc_pinned(rows.nbytes)
+    host.numpy(write=True)[:] = rows.view(np.uint8)
+    ids_host = device.alloc_pinned(4)
+    with (
+        MoeKernels(device) as kernels,
+        device.alloc(n * 4, Usage.COMPUTE) as h,
+        device.alloc(rows.nbytes, Usage.COMPUTE) as picked,
+        device.alloc(4, Usage.COMPUTE) as ids,
+        device.stream() as stream,
+    ):
+        stream.memset(h, 0, h.alloc_size, 0)
+        stream.memset(picked, 0, picked.alloc_size, 0)
+        stream.memset(ids, 0, 4, 0)
+        standin.add_inplace(kernels, stream, h.view(), picked.view(0, n * 4), n)  # compiled before the capture
+        stream.synchronize()
+        stream.begin_capture()
+        stream.copy_h2d(ids, 0, ids_host, 0, 4)  # the id, read from page-locked memory as the graph runs
+        stream.gather_h2d(picked, 0, host, 0, rows.nbytes, ids.view(), 1, n * 4)  # that row, to its own offset
+        standin.add_inplace(kernels, stream, h.view(), picked.view(0, n * 4), n)  # h += row 0's place
+        graph = stream.end_capture()
+        assert graph is not None and graph.operations == 3
+        ids_host.numpy(write=True)[:] = np.array([2], dtype=np.int32).view(np.uint8)
+        graph.launch(stream)
+        stream.synchronize()
+        got = picked.read().view(np.float32)
+        assert np.array_equal(got[2 * n : 3 * n], rows[2 * n : 3 * n]) and not got[:n].any()
+        assert not h.read().any(), "row 0's place is still zero"
+        ids_host.numpy(write=True)[:] = np.array([0], dtype=np.int32).view(np.uint8)
+        for launches in (1, 2):
+            graph.launch(stream)
+            stream.synchronize()
+            assert np.array_equal(h.read().view(np.float32), launches * rows[:n]), launches
+        graph.close()
+        with pytest.raises(UseAfterClose):
+            graph.launch(stream)
+    host.close()
+    ids_host.close()
+
+
+def test_a_capture_refuses_what_would_wait_for_the_host(backend: Backend) -> None:
+    device = backend.device(0)
+    pageable = device.wrap_host(np.zeros(64, dtype=np.uint8))
+    with device.alloc(64) as dst, device.stream() as stream, device.event() as event:
+        stream.begin_capture()
+        with pytest.raises(InvalidArgument, match="capturing stream takes no copies with pageable host memory"):
+            stream.copy_h2d(dst, 0, pageable, 0, 64)
+        with pytest.raises(InvalidArgument, match="capturing stream takes no events"):
+            stream.record(event)
+        with pytest.raises(InvalidArgument, match="capturing already"):
+            stream.begin_capture()
+        with pytest.raises(BackendError):
+            stream.synchronize()  # the runtime refuses it (and ends the capture there)
+        with contextlib.suppress(BackendError):
+            stream.end_capture(keep=False)
+        assert not stream.capturing
+        with pytest.raises(InvalidArgument, match="not capturing"):
+            stream.end_capture()
+        stream.copy_h2d(dst, 0, pageable, 0, 64)  # after the capture, as before it
+        stream.synchronize()
+    pageable.close()
