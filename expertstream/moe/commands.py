@@ -272,6 +272,12 @@ def register(subparsers: Any) -> None:
         "instead of the device copying them from registered or pinned memory itself",
     )
     prefill.add_argument(
+        "--no-graphs",
+        action="store_true",
+        help="decode: issue each step's calls one by one instead of replaying one captured step (a CUDA or HIP "
+        "graph, used where every copy comes from registered or pinned memory)",
+    )
+    prefill.add_argument(
         "--fuse-gate-up",
         action="store_true",
         help="gate, up and SwiGLU as one split per layer where the direct kernels apply; the split takes two "
@@ -553,6 +559,7 @@ def _settings(args: argparse.Namespace, batching: Batching, n_cpu_moe: int | Non
         direct=not args.no_direct,
         fuse_gate_up=args.fuse_gate_up,
         gather=not args.no_gather,
+        graphs=not args.no_graphs,
     )
 
 

@@ -21,7 +21,7 @@ from ..backends.base import Backend, Device, Stream, Usage
 from ..hostmem import HostMemoryMode, HostWeights, RingStats
 from ..kernels.layout import MatrixPath
 from ..model import MoeModel
-from ..scheduler import Bindings, Plan, RunStats, Scheduler, Split
+from ..scheduler import Bindings, Plan, Replay, RunStats, Scheduler, Split
 from .offload import GpuMemory, ResidentExperts, UploadedExperts, plan_offload
 from .report import Row
 from .runner import ROUTER, Batching, ExpertData, MoeRunner, sha256
@@ -52,6 +52,7 @@ class Settings:
     direct: bool = True  # the direct-decode kernels where they apply (MoeKernels.direct)
     fuse_gate_up: bool = False  # gate, up and SwiGLU as one split where the kernels can (MoeRunner)
     gather: bool = True  # decode's expert copies from page-locked memory made by the device (Scheduler.gather)
+    graphs: bool = True  # decode steps replayed from one captured graph where the scheduler can capture them
 
 
 Progress = Callable[[str], None]
@@ -298,7 +299,7 @@ def _measure_row(
             backend, scheduler, _ticking(runner.prefill_plan(experts), progress, what), settings.repeats
         )
         ring_after = weights.ring_stats()
-        decode_rates, decode_bytes = _decode(backend, runner, scheduler, experts, settings, progress, what)
+        decode_rates, decode_bytes, decode_path = _decode(backend, runner, scheduler, experts, settings, progress, what)
     prefill_out = runner.prefill_output() if runner.data else None
     decode_out = runner.decode_output() if runner.data and batching.decode_steps else None
     moved = int(stats.total("bytes_prefetched") + stats.total("bytes_stock"))
@@ -340,6 +341,7 @@ def _measure_row(
         decode_tokens_per_s=decode_rate.mean if decode_rate else None,
         decode_tokens_per_s_sd=decode_rate.sd if decode_rate else None,
         decode_bytes=decode_bytes,
+        decode_path=decode_path,
         decode_sha256=sha256(decode_out) if decode_out is not None else None,
         output_sha256=sha256(*(a for a in (prefill_out, decode_out) if a is not None)) if runner.data else "",
         nonfinite=sum(int(np.count_nonzero(~np.isfinite(a))) for a in (prefill_out, decode_out) if a is not None),
@@ -377,8 +379,9 @@ def _decode(
     settings: Settings,
     progress: Progress,
     what: str,
-) -> tuple[list[float], int]:
-    """Decode tokens/s of each repetition (from its median step) and the expert bytes of one repetition.
+) -> tuple[list[float], int, str | None]:
+    """Decode tokens/s of each repetition (from its median step), the expert bytes of one repetition,
+    and how the steps ran: "graph" (one captured step replayed) or "calls" (each step's calls issued).
 
     The median, not the sum: a few steps that a busy host delays would otherwise decide a
     comparison whose target band (+-2%) is narrower than such noise. A warm-up step first,
@@ -386,20 +389,55 @@ def _decode(
     """
     steps = runner.batching.decode_steps
     if not steps:
-        return [], 0
+        return [], 0, None
     if settings.warmup:
         scheduler.run(_ticking(runner.decode_plan(experts, 0), progress, f"{what}, decode warm-up"))
-    rates: list[float] = []
-    moved = 0
-    for _ in range(settings.repeats):
-        step_s: list[float] = []
+    with ExitStack() as stack:
+        replay = _decode_replay(runner, scheduler, experts, settings, what)
+        if replay is not None:
+            stack.enter_context(replay)
+        rates: list[float] = []
         moved = 0
-        for step in range(steps):
-            plan = _ticking(runner.decode_plan(experts, step), progress, f"{what}, decode")  # built untimed
-            (wall,), stats = _timed_runs(backend, scheduler, plan)
-            step_s.append(wall)
-            moved += int(
-                stats.total("bytes_prefetched") + stats.total("bytes_stock") + stats.total("bytes_gathered_at_most")
-            )
-        rates.append(1.0 / float(np.median(step_s)))
-    return rates, moved
+        for _ in range(settings.repeats):
+            step_s: list[float] = []
+            moved = 0
+            for step in range(steps):
+                if replay is None:
+                    plan = _ticking(runner.decode_plan(experts, step), progress, f"{what}, decode")  # built untimed
+                    (wall,), stats = _timed_runs(backend, scheduler, plan)
+                else:
+                    progress(f"{what}, decode")
+                    start = backend.host_timestamp()
+                    runner.decode_step_in(replay.stream, step)
+                    replay.launch()
+                    runner.decode_step_out(replay.stream, step)
+                    stats = replay.finish()
+                    wall = backend.host_timestamp() - start
+                step_s.append(wall)
+                moved += int(
+                    stats.total("bytes_prefetched") + stats.total("bytes_stock") + stats.total("bytes_gathered_at_most")
+                )
+            rates.append(1.0 / float(np.median(step_s)))
+    return rates, moved, "calls" if replay is None else "graph"
+
+
+_told_decode_calls: set[str] = set()
+
+
+def _decode_replay(
+    runner: MoeRunner, scheduler: Scheduler, experts: ExpertData, settings: Settings, what: str
+) -> Replay | None:
+    """One decode step captured for replay, or None (with the reason in the log, once per reason)."""
+    if not settings.graphs:
+        return None
+    if len(runner.devices) != 1:
+        reason = "the layers span several devices"
+    else:
+        plan = runner.decode_step_plan(experts)
+        reason = scheduler.why_not_captured(plan)
+        if reason is None:
+            return scheduler.capture(plan)
+    if reason not in _told_decode_calls:
+        _told_decode_calls.add(reason)
+        log.info("%s: decode steps issue their calls one by one, not one captured graph: %s", what, reason)
+    return None

@@ -262,6 +262,7 @@ class _Part(Closing):
         self.hidden = self._alloc(tokens * row)
         self.ids = self._alloc(len(mine) * n_ub * batching.ubatch_tokens * model.top_k * 4)
         self.decode_hidden = self._alloc(steps * row)
+        self.decode_current = self._alloc(row)  # the token of a captured decode step (MoeRunner.decode_step_plan)
         self.decode_ids = self._alloc(len(mine) * model.top_k * 4)
 
     def _resident(self, info: TensorInfo) -> BufferView:
@@ -482,6 +483,54 @@ class MoeRunner(Closing):
             )
             splits += self._layer_splits(layer, tokens, experts, token)
         return Plan.of(splits)
+
+    def decode_step_plan(self, experts: ExpertData) -> Plan:
+        """Every layer for one decode token on the runner's own row: the same plan for every step.
+
+        What ``Scheduler.capture`` captures once and replays per step: ``decode_step_in`` puts
+        step ``k``'s input into that row first, ``decode_step_out`` copies the layers' result to
+        where ``decode_plan(experts, k)`` leaves it, bit for bit. On one device only.
+        """
+        if len(self._parts) != 1:
+            raise InvalidArgument(
+                f"a decode step plan runs on one device; this runner's layers span {len(self._parts)}",
+                hint="run decode_plan(experts, step) per step",
+            )
+        (part,) = self._parts
+        row = self.model.n_embd * 4
+        ids_bytes = self.model.top_k * 4
+        splits: list[Split] = []
+        for layer in self.model.layers:
+            place = part.position[layer.index]
+            tokens = _Tokens(
+                part=part,
+                hidden=part.decode_current.view(0, row),
+                embed=None,  # decode_step_in copies it
+                count=1,
+                ids=part.decode_ids.view(place * ids_bytes, ids_bytes),
+                label="step",
+                layer=layer.index,
+            )
+            splits += self._layer_splits(layer, tokens, experts, self.batching.tokens)
+        return Plan.of(splits)
+
+    def decode_step_in(self, stream: Stream, step: int) -> None:
+        """Enqueue the copy of step ``step``'s input embedding into the row decode_step_plan works on."""
+        part, row = self._one_part(step), self.model.n_embd * 4
+        assert part.decode_embed is not None
+        stream.copy_d2d(part.decode_current, 0, part.decode_embed, step * row, row)
+
+    def decode_step_out(self, stream: Stream, step: int) -> None:
+        """Enqueue the copy of decode_step_plan's result to step ``step``'s place in decode_output."""
+        part, row = self._one_part(step), self.model.n_embd * 4
+        stream.copy_d2d(part.decode_hidden, step * row, part.decode_current, 0, row)
+
+    def _one_part(self, step: int) -> _Part:
+        if not 0 <= step < self.batching.decode_steps:
+            raise InvalidArgument(f"decode step {step} is outside 0..{self.batching.decode_steps - 1}")
+        if len(self._parts) != 1:
+            raise InvalidArgument("a decode step plan runs on one device")
+        return self._parts[0]
 
     def _crossings(self, part: _Part, place: int, rows: tuple[int, int], *, decode: bool) -> dict[str, Crossing]:
         """The crossing into this layer (first on a later device) and out of it (last on an earlier one)."""

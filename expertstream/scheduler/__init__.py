@@ -1,7 +1,7 @@
 """The scheduler: splits, the stock copy path and lookahead prefetch into device slots."""
 
 from .plan import Bindings, ComputeFn, Input, MulMatId, Plan, Split
-from .scheduler import MAX_SLOTS, Scheduler, check_slots
+from .scheduler import MAX_SLOTS, Replay, Scheduler, check_slots
 from .source import HostRegion, HostSource
 from .stats import DeviceStats, Fallback, RunStats
 
@@ -16,6 +16,7 @@ __all__ = [
     "Input",
     "MulMatId",
     "Plan",
+    "Replay",
     "RunStats",
     "Scheduler",
     "Split",

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Mapping
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from dataclasses import dataclass
 
 from .._closing import Closing
-from ..backends.base import BufferView, Device, Stream, Usage
+from ..backends.base import BackendError, BufferView, Device, Graph, Stream, Usage
+from ..errors import InvalidArgument
 from .plan import Input, MulMatId, Plan, Split
 from .prefetch import Milestone, PrefetchSlots, Unit
 from .source import HostSource, Lookahead, LookaheadSource, expect_copies
 from .stats import DeviceStats, Fallback, RunStats
-from .stock import StockCopier
+from .stock import StockCopier, gather_region
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +136,64 @@ class Scheduler(Closing):
         self._drain(plan, state, stats, failing=False)
         self.last_stats = stats
         return stats
+
+    # -- capturing ---------------------------------------------------------------------------
+    def why_not_captured(self, plan: Plan) -> str | None:
+        """Why ``capture`` would refuse ``plan``, in a few words; None when it can capture it."""
+        if len(plan.devices) != 1:
+            return f"its splits run on {len(plan.devices)} devices"
+        for split in plan.splits:
+            if self._eligible_inputs(split):
+                return f"split {split.name!r} prefetches into staging slots"
+            decode_routing = self._decode_routing(split)
+            for inp in split.inputs:
+                if inp.host is None:
+                    continue
+                if gather_region(inp.host) is None:
+                    return f"split {split.name!r} copies {inp.name!r} from memory the device cannot read itself"
+                if decode_routing is not None and inp.name in decode_routing.weights and not self.gather:
+                    return "decode copies read routing ids back (gather=False)"
+        return None
+
+    def capture(self, plan: Plan) -> Replay:
+        """``plan`` captured once into a graph, to run again with one launch (``Replay.run``).
+
+        For plans whose every copy the device makes without the host: one device, host inputs
+        in page-locked memory, no prefetch (a decode step of a model in registered or pinned
+        memory). The replay has its own scratch; the plan's other buffers must stay open and in
+        place while it lives. Raises InvalidArgument, saying why, for any other plan.
+        """
+        reason = self.why_not_captured(plan)
+        if reason is not None:
+            raise InvalidArgument(f"this plan cannot be captured: {reason}", hint="run it with Scheduler.run")
+        (device,) = plan.devices
+        stream = self.stream(device)
+        stats = RunStats()
+        stats.device(device.label)
+        ours, self._stock = self._stock, {}  # the replay's scratch is its own: later runs may resize ours
+        try:
+            state = self._prepare(plan, stats)
+            copier = self._stock.get(device)
+            if copier is not None:
+                copier.prepare_gathers()
+            stream.synchronize()  # what _prepare enqueued (scratch zeroing) runs now, not in the graph
+            stream.begin_capture()
+            try:
+                for index, split in enumerate(plan.splits):
+                    self._launch(split, index, state, stats)
+            except BaseException:
+                with suppress(BackendError):
+                    stream.end_capture(keep=False)
+                raise
+            graph = stream.end_capture()
+        except BaseException:
+            for copier_made in self._stock.values():
+                copier_made.close()
+            raise
+        finally:
+            self._stock = ours
+        assert graph is not None
+        return Replay(stream, graph, copier, stats)
 
     def _launch(self, split: Split, index: int, state: _RunState, stats: RunStats) -> None:
         device_stats = stats.device(split.device.label)
@@ -376,3 +436,46 @@ class Scheduler(Closing):
         self._stock.clear()
         self._owned_streams.clear()
         self._streams.clear()
+
+
+class Replay(Closing):
+    """A plan captured by ``Scheduler.capture``: ``run`` enqueues all of it with one graph launch.
+
+    ``launch`` and ``finish`` split ``run`` in two, for work of the caller's own on the stream
+    between them (copying a step's input in and its output out).
+    """
+
+    def __init__(self, stream: Stream, graph: Graph, copier: StockCopier | None, stats: RunStats) -> None:
+        self.stream = stream
+        self.graph = graph
+        self._copier = copier
+        self._stats = stats
+        self.closed = False
+
+    def launch(self) -> None:
+        """Enqueue the captured plan on the scheduler's stream of its device."""
+        if self.closed:
+            raise InvalidArgument("the replay is closed", call="Replay.launch")
+        self.graph.launch(self.stream)
+
+    def finish(self) -> RunStats:
+        """Wait for the stream; raise as Scheduler.run does for a routing id naming no expert."""
+        self.stream.synchronize()
+        if self._copier is not None:
+            self._copier.check_gathered_ids()
+        return copy.deepcopy(self._stats)
+
+    def run(self) -> RunStats:
+        """The captured plan once more, as Scheduler.run would run it; returns what it did."""
+        self.launch()
+        return self.finish()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        with ExitStack() as stack:
+            if self._copier is not None:
+                stack.callback(self._copier.close)
+            stack.callback(self.graph.close)
+            stack.callback(self.stream.synchronize)  # runs first: a launch may still read the scratch

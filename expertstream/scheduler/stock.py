@@ -60,6 +60,11 @@ class StockCopier:
         self._ids_key = None
         self._gathered.clear()
 
+    def prepare_gathers(self) -> None:
+        """Allocate what gathers report into now (a capture may not allocate)."""
+        if self.gather and self._report is None:
+            self._report = self.device.alloc(8, Usage.COMPUTE)
+
     def check_gathered_ids(self) -> None:
         """Once the run's stream is done: raise if a gather met a routing id that names no expert."""
         if not self._gathered or self._report is None or not self.device.backend.holds_data:

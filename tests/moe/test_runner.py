@@ -105,6 +105,36 @@ def test_decode_steps_are_identical_with_and_without_slots_and_gathers(backend: 
     assert len({sha256(row) for row in outputs[0, True]}) == batching.decode_steps
 
 
+@pytest.mark.parametrize("mode", ["registered", "pinned"])
+def test_a_replayed_decode_step_gives_the_bits_of_the_step_by_step_plan(
+    backend: Backend, tiny_path: Path, mode: str
+) -> None:
+    device = backend.device(0)
+    batching = Batching(tokens=8, ubatch=8, decode_steps=6)
+    outputs = []
+    with (
+        MoeModel.open(tiny_path) as model,
+        MoeRunner(device, model, batching) as runner,
+        HostWeights.open(model, device, mode) as weights,
+        Scheduler() as scheduler,
+    ):
+        for step in range(batching.decode_steps):
+            scheduler.run(runner.decode_plan(weights, step))
+        outputs.append(runner.decode_output())
+        with scheduler.capture(runner.decode_step_plan(weights)) as replay:
+            stream = replay.stream
+            stream.memset(runner._parts[0].decode_hidden, 0, runner._parts[0].decode_hidden.nbytes, 0)
+            for step in range(batching.decode_steps):
+                runner.decode_step_in(stream, step)
+                replay.launch()
+                runner.decode_step_out(stream, step)
+                stats = replay.finish()
+                assert stats.total("gathers") == 3 * len(model.layers) and stats.total("ids_readbacks") == 0
+            outputs.append(runner.decode_output())
+    assert np.isfinite(outputs[0]).all()
+    assert sha256(outputs[0]) == sha256(outputs[1])
+
+
 def test_bad_batching_and_steps_are_named(backend: Backend, tiny_path: Path) -> None:
     with pytest.raises(InvalidArgument, match="ubatch >= 1"):
         Batching(tokens=8, ubatch=0)
