@@ -52,7 +52,7 @@ from .base import (
 from .interop import DLDeviceType
 
 log = logging.getLogger(__name__)
-_T = TypeVar("_T", "GpuEvent", "GpuKernel")
+_T = TypeVar("_T", "GpuEvent", "GpuKernel", "GpuStream")
 
 # A stream holding this many unreleased copy sources asks the device whether it is done, so
 # that a producer that never synchronizes does not accumulate references forever.
@@ -171,7 +171,7 @@ class GpuKernel(Kernel):
 class GpuGraph(Graph):
     """An instantiated graph; it holds the host arrays its captured copies read."""
 
-    def __init__(self, device: GpuDevice, calls: int, graph: Any, executable: Any, steps: Steps, keep: list[Any]):
+    def __init__(self, device: GpuDevice, calls: int, executable: Any, steps: Steps, keep: list[Any]) -> None:
         super().__init__(device, calls)
         self._device = device
         self._executable = executable
@@ -312,17 +312,17 @@ class GpuStream(Stream):
         device = self._device
         device.activate()
         graph = invoke(self._api.stream_end_capture, self._handle, device=device.label)
-        steps: Steps = [(self._api.graph_destroy, (graph,))]
+        destroy_graph = (self._api.graph_destroy, (graph,))
         if not keep:
-            _release_quietly(steps, device.label)
+            _release_quietly([destroy_graph], device.label)
             return None
         try:
             executable = invoke(self._api.graph_instantiate, graph, device=device.label)
         except BaseException:
-            _release_quietly(steps, device.label)
+            _release_quietly([destroy_graph], device.label)
             raise
-        steps.insert(0, (self._api.graph_exec_destroy, (executable,)))
-        return GpuGraph(device, self._captured_calls, graph, executable, steps, self._captured)
+        steps = [(self._api.graph_exec_destroy, (executable,)), destroy_graph]
+        return GpuGraph(device, self._captured_calls, executable, steps, self._captured)
 
     def _record(self, event: Event) -> None:
         event = _native(event, GpuEvent, "Stream.record", self._device)

@@ -421,7 +421,7 @@ def _decode(
     return rates, moved, "calls" if replay is None else "graph"
 
 
-_told_decode_calls: set[str] = set()
+_told_decode_calls: set[str | None] = set()
 
 
 def _decode_replay(
@@ -430,9 +430,8 @@ def _decode_replay(
     """One decode step captured for replay, or None (with the reason in the log, once per reason)."""
     if not settings.graphs:
         return None
-    if len(runner.devices) != 1:
-        reason = "the layers span several devices"
-    else:
+    reason: str | None = "the layers span several devices"
+    if len(runner.devices) == 1:
         plan = runner.decode_step_plan(experts)
         reason = scheduler.why_not_captured(plan)
         if reason is None:

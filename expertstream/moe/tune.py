@@ -71,6 +71,7 @@ class Tuned:
     profile: Profile
     decode_step_s: float | None = None  # measured on the device, for the enqueue calibration
     phases_s: dict[str, float] = dataclasses.field(default_factory=dict)  # wall seconds per phase, in order
+    graph_step_s: float | None = None  # a replayed decode step on the device, for the launch calibration
 
     def document(self) -> dict[str, Any]:
         """The profile file: the measured fields over a built-in base."""
@@ -213,17 +214,28 @@ FITTED_FIELDS = (
 # -- the decode calibration ------------------------------------------------------------------
 
 
-def decode_step_seconds(backend: Backend, device: Device, model: MoeModel, mode: HostMemoryMode) -> float:
-    """The median decode step of the job, each step's calls issued one by one: what the host's time per call sets."""
-    settings = Settings(Batching(8, 8, CALIBRATION_STEPS), (0,), (mode,), repeats=1, graphs=False)
+def decode_step_seconds(
+    backend: Backend, device: Device, model: MoeModel, mode: HostMemoryMode, *, graphs: bool = False
+) -> float | None:
+    """The median decode step of the job.
+
+    Without ``graphs`` each step's calls are issued one by one: what the host's time per call
+    sets. With them, one captured step is replayed: what the device's time per operation sets
+    (None where the step could not be captured).
+    """
+    settings = Settings(Batching(8, 8, CALIBRATION_STEPS), (0,), (mode,), repeats=1, graphs=graphs)
     row = measure(backend, device, model, settings).rows[0]
     assert row.decode_tokens_per_s is not None
+    if graphs and row.decode_path != "graph":
+        return None
     return 1.0 / row.decode_tokens_per_s
 
 
-def predicted_decode_step(profile: Profile, model: MoeModel, mode: HostMemoryMode) -> float:
+def predicted_decode_step(profile: Profile, model: MoeModel, mode: HostMemoryMode, *, graphs: bool = False) -> float:
     with open_backend("sim", profile=profile, data=False, check_hazards=False) as sim:
-        return decode_step_seconds(sim, sim.device(0), model, mode)
+        seconds = decode_step_seconds(sim, sim.device(0), model, mode, graphs=graphs)
+        assert seconds is not None, "the simulator captures what the device captured"
+        return seconds
 
 
 def solve(simulated: Callable[[float], float], measured: float, x0: float, x1: float) -> float:
@@ -251,6 +263,21 @@ def calibrate_enqueue(profile: Profile, model: MoeModel, mode: HostMemoryMode, m
 
     x0 = profile.enqueue_s
     return solve(step, measured_s, x0, x0 * 2 if x0 > 0 else 10e-6)
+
+
+def calibrate_launch(profile: Profile, model: MoeModel, mode: HostMemoryMode, measured_s: float) -> float:
+    """The device seconds before each operation for which a replayed decode step takes ``measured_s``.
+
+    A decode step is a chain of small dependent operations: each waits for the one before to
+    finish and then for the device to start it, which back-to-back launches of one kernel
+    (launch_s) do not show.
+    """
+
+    def step(latency_s: float) -> float:
+        return predicted_decode_step(dataclasses.replace(profile, launch_latency_s=latency_s), model, mode, graphs=True)
+
+    x0 = profile.launch_latency_s
+    return solve(step, measured_s, x0, x0 * 2 if x0 > 0 else 5e-6)
 
 
 def _on_simulator(
@@ -332,15 +359,20 @@ def tune(
     profile = Profile.from_dict({"base": base.name, **fields})
     mode = HostMemoryMode.REGISTERED if profile.host_register_read_only else HostMemoryMode.PINNED
     clock.start("decode steps")
+    graph_s = decode_step_seconds(backend, device, model, mode, graphs=True)
     step_s = decode_step_seconds(backend, device, model, mode)
+    assert step_s is not None
     clock.start("calibrating on the simulator")
+    if graph_s is not None:  # first: the host's time per call is fitted on top of the device's
+        fields["launch_latency_s"] = calibrate_launch(profile, model, mode, graph_s)
+        profile = dataclasses.replace(profile, launch_latency_s=fields["launch_latency_s"])
     fields["enqueue_s"] = calibrate_enqueue(profile, model, mode, step_s)
     profile = dataclasses.replace(profile, enqueue_s=fields["enqueue_s"])
     if measured.ring_small is not None:
         fields["host_copy_latency_s"] = calibrate_host_copy_latency(profile, measured.ring_small)
         profile = dataclasses.replace(profile, host_copy_latency_s=fields["host_copy_latency_s"])
     clock.stop()
-    return Tuned(measured, fields, base.name, profile, step_s, clock.seconds)
+    return Tuned(measured, fields, base.name, profile, step_s, clock.seconds, graph_s)
 
 
 def calibration_model(backend: Backend, folder: Path, preset: str, qtype: str) -> Path:

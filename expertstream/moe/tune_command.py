@@ -177,8 +177,12 @@ def summary(tuned: Tuned, backend_name: str) -> str:
         f"own reads of page-locked memory (decode's expert gathers) {p.gather_bps / 1e9:.1f} GB/s"
     )
     lines.append(_event_order_line(tuned))
+    launch = f"launch {m.launch_s * 1e6:.1f} us back to back"
+    if tuned.graph_step_s is not None:
+        fitted = f"fitted to {_ms(tuned.graph_step_s)} replayed decode steps"
+        launch += f" ({p.launch_latency_s * 1e6:.1f} us in a chain, {fitted})"
     lines.append(
-        f"  overheads: launch {p.launch_latency_s * 1e6:.1f} us, copy setup {p.copy_latency_s * 1e6:.1f} us, host "
+        f"  overheads: {launch}, copy setup {p.copy_latency_s * 1e6:.1f} us, host "
         f"per call {m.enqueue_s * 1e6:.1f} us ({p.enqueue_s * 1e6:.1f} us fitted to {_ms(tuned.decode_step_s)} "
         "decode steps)"
     )

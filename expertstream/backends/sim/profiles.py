@@ -355,6 +355,9 @@ CUDA_H200 = Profile(
     # mapping while its DMAs ran (docs/results/hostmem-h200.md)
     host_memcpy_total_bps=29e9,
     ring_threads=12,  # measured host: 16 cores, so hostmem's default of min(12, cores)
+    # measured: gather.cu reading 16 and 64 MiB of 1 MiB rows from pinned memory, `expertstream tune`
+    # (docs/results/decode-h200.md)
+    h2d_gather_bps=51.4e9,
     kernel_rates=_h200_kernel_rates(),
 )
 
