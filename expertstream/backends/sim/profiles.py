@@ -340,7 +340,9 @@ CUDA_H200 = Profile(
     matrix_cores=True,  # datasheet: Hopper tensor cores (mma.sync bf16)
     int8_matrix_cores=True,  # datasheet: Hopper tensor cores (mma.sync s8)
     mma_fragments=True,  # sm_90: mma.sync m16n8k16 bf16
-    launch_latency_s=5e-6,  # assumed: typical kernel launch latency
+    # measured: the device time before each operation of a chain, fitted by `expertstream tune` to replayed
+    # 48-layer decode steps (back to back, one kernel launches every 2.0 us; docs/results/decode-h200.md)
+    launch_latency_s=7.7e-6,
     copy_latency_s=10e-6,  # assumed: DMA setup; with enqueue_s it matches the measured 1.26 ms for 64 MB
     enqueue_s=15e-6,  # measured: six enqueues of the event-order bench took 0.04..0.08 ms from Python
     host_memcpy_bps=8.1e9,  # measured: numpy.copyto mmap -> pinned, one thread
