@@ -713,6 +713,8 @@ class Stream(abc.ABC, Closing):
         if ids.buffer.closed:
             raise UseAfterClose(f"the ids' {ids.buffer!r} is closed", call=call, device=self.device.label)
         self._check_same_device(call, ids.buffer)
+        if ids.offset % 4:
+            raise InvalidArgument(f"the ids view starts at byte {ids.offset}, not at an int32", call=call)
         if report is not None:
             if not isinstance(report, BufferView) or report.nbytes < 8 or report.offset % 4:
                 raise InvalidArgument("report must be a 4-byte aligned BufferView of two int32", call=call)

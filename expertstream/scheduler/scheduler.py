@@ -478,4 +478,5 @@ class Replay(Closing):
             if self._copier is not None:
                 stack.callback(self._copier.close)
             stack.callback(self.graph.close)
-            stack.callback(self.stream.synchronize)  # runs first: a launch may still read the scratch
+            if not self.stream.closed:  # the scheduler may have closed it, after waiting for it
+                stack.callback(self.stream.synchronize)  # runs first: a launch may still read the scratch

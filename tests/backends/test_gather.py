@@ -95,6 +95,8 @@ def test_gather_refuses_what_the_device_cannot_read_or_a_region_of_part_rows(bac
             stream.gather_h2d(dst, 0, pageable, 0, 1000, ids.view(), 2, 300)
         with pytest.raises(InvalidArgument, match="2 int32 ids need 8"):
             stream.gather_h2d(dst, 0, pageable, 0, 1000, ids.view(0, 4), 2, 100)
+        with pytest.raises(InvalidArgument, match="starts at byte 2, not at an int32"):
+            stream.gather_h2d(dst, 0, pageable, 0, 1000, ids.view(2, 4), 1, 100)
         with pytest.raises(InvalidArgument, match="outside"):
             stream.gather_h2d(dst, 1, pageable, 0, 1000, ids.view(), 2, 100)
     pageable.close()

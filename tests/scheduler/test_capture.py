@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from expertstream.backends.base import Backend, HostMemory
-from expertstream.errors import InvalidArgument
+from expertstream.errors import InvalidArgument, UseAfterClose
 from expertstream.scheduler import Plan, Scheduler
 
 from . import digest, plans
@@ -84,4 +84,16 @@ def test_prefill_scale_copies_from_page_locked_memory_are_captured_without_slots
             stats = replay.run()
         assert stats.total("stock_copies") == 3
     built.check()
+    built.close()
+
+
+def test_a_replay_outliving_its_scheduler_closes_quietly_and_refuses_to_run(backend: Backend) -> None:
+    built = plans.build(backend, plans.uniform_specs(2, prefill=False), seed=36)
+    with Scheduler() as sched:
+        replay = sched.capture(built.plan)
+    with pytest.raises(UseAfterClose):
+        replay.run()  # the scheduler's stream is gone
+    replay.close()
+    with pytest.raises(InvalidArgument, match="replay is closed"):
+        replay.launch()
     built.close()
