@@ -425,8 +425,12 @@ class RowGather:
     @property
     def most_bytes(self) -> int:
         """The bytes copied when every id names a different row (a token's top-k ids do)."""
-        rows = min(self.n_ids, self.n_rows)
-        return rows * min(self.row_nbytes + self.overrun, self.nbytes)
+        return gathered_at_most(self.nbytes, self.n_ids, self.row_nbytes, self.overrun)
+
+
+def gathered_at_most(nbytes: int, n_ids: int, row_nbytes: int, overrun: int) -> int:
+    """What a gather of ``n_ids`` rows (and their overrun) from ``nbytes`` copies if no two ids repeat."""
+    return min(n_ids, nbytes // row_nbytes) * min(row_nbytes + overrun, nbytes)
 
 
 # --------------------------------------------------------------------------------------
@@ -1204,6 +1208,7 @@ __all__ = [
     "as_host_bytes",
     "check_range",
     "dim3",
+    "gathered_at_most",
 ]
 
 __getattr__ = moved(

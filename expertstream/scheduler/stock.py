@@ -13,7 +13,7 @@ import logging
 
 import numpy as np
 
-from ..backends.base import BufferView, Device, DeviceBuffer, Stream, Usage
+from ..backends.base import BufferView, Device, DeviceBuffer, Stream, Usage, gathered_at_most
 from ..errors import DeviceError, InvalidArgument, KernelCompileError
 from .plan import Input, MulMatId, Split
 from .source import HostRegion, HostSource, StagedSource, enqueue_ranges
@@ -123,8 +123,8 @@ class StockCopier:
         if not self.gather or region is None:
             return False
         try:
-            if self._report is None:
-                self._report = self.device.alloc(8, Usage.COMPUTE)
+            self.prepare_gathers()
+            assert self._report is not None
             if not self._gathered:  # the run's first gather
                 stream.memset(self._report, 0, 8, 0xFF)  # -1: nothing reported
             stream.gather_h2d(
@@ -152,9 +152,7 @@ class StockCopier:
             return False
         self._gathered.append((split.name, routing.n_expert))
         stats.gathers += 1
-        stats.bytes_gathered_at_most += min(routing.n_ids, inp.nbytes // inp.expert_nbytes) * min(
-            inp.expert_nbytes + overrun, inp.nbytes
-        )
+        stats.bytes_gathered_at_most += gathered_at_most(inp.nbytes, routing.n_ids, inp.expert_nbytes, overrun)
         return True
 
     def _used_experts(self, stream: Stream, split: Split, routing: MulMatId, stats: DeviceStats) -> np.ndarray:
