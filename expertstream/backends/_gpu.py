@@ -408,6 +408,7 @@ class GpuDevice(Device):
         self._modules: dict[str, Any] = {}  # source hash -> loaded module
         self._kernels: dict[tuple[str, str], GpuKernel] = {}
         self._compile_lock = threading.Lock()
+        self._gather: GpuKernel | None = None  # gather.cu's kernel, once compiled
 
     def _attribute(self, attr: DeviceAttr) -> int:
         return int(invoke(self.api.device_attribute, attr, self.index, device=self.label))
@@ -554,9 +555,12 @@ class GpuDevice(Device):
 
     def gather_kernel(self) -> GpuKernel:
         """gather.cu's kernel, compiled on first use (and cached like every kernel)."""
-        source = resources.files(__package__).joinpath("gather.cu").read_text(encoding="ascii")
-        kernel = self.compile(source, GATHER_KERNEL)
-        assert isinstance(kernel, GpuKernel)
+        kernel = self._gather
+        if kernel is None:
+            source = resources.files(__package__).joinpath("gather.cu").read_text(encoding="ascii")
+            compiled = self.compile(source, GATHER_KERNEL)
+            assert isinstance(compiled, GpuKernel)
+            kernel = self._gather = compiled
         return kernel
 
     # -- host memory --------------------------------------------------------------------
@@ -663,6 +667,7 @@ class GpuDevice(Device):
         modules = list(self._modules.values())
         self._modules.clear()
         self._kernels.clear()
+        self._gather = None
         for module in modules:
             if quiet:
                 _release_quietly([(self.api.module_unload, (module,))], self.label)
