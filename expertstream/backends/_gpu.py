@@ -64,6 +64,11 @@ _GATHER_THREADS = 256
 _MAX_GRID_ROWS = 65535  # a grid's y extent
 
 
+def gather_source() -> str:
+    """The CUDA-C source of Stream.gather_h2d's kernel (gather.cu), as NVRTC and hipRTC compile it."""
+    return resources.files(__package__).joinpath("gather.cu").read_text(encoding="ascii")
+
+
 def _native(obj: Any, cls: type[_T], call: str, device: GpuDevice) -> _T:
     """``obj`` as this backend's own class, or InvalidArgument (an event or kernel of another backend)."""
     if not isinstance(obj, cls) or obj.device.backend is not device.backend:
@@ -557,8 +562,7 @@ class GpuDevice(Device):
         """gather.cu's kernel, compiled on first use (and cached like every kernel)."""
         kernel = self._gather
         if kernel is None:
-            source = resources.files(__package__).joinpath("gather.cu").read_text(encoding="ascii")
-            compiled = self.compile(source, GATHER_KERNEL)
+            compiled = self.compile(gather_source(), GATHER_KERNEL)
             assert isinstance(compiled, GpuKernel)
             kernel = self._gather = compiled
         return kernel

@@ -18,6 +18,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from expertstream.backends._gpu import gather_source
 from expertstream.kernels import kernel_source, type_kernels
 from expertstream.kernels.layout import FORMATS
 
@@ -68,7 +69,7 @@ def _mnemonics(results: list[hiprtc.Result]) -> list[str]:
 
 def check(names: list[str], keep: Path | None, source_file: Path | None) -> int:
     chain = toolchain.locate()
-    source = source_file.read_text() if source_file else kernel_source()
+    source = source_file.read_text() if source_file else kernel_source() + "\n" + gather_source()
     builtins = hiprtc.source_matrix_builtins(source)
     required = _required_kernels(source)
     targets = [hiprtc.TARGETS[name] for name in names]
