@@ -204,7 +204,8 @@ class FakeGpu:
         return OK, handle
 
     def module_get_function(self, module: int, name: bytes) -> tuple[Any, ...]:
-        return (OK, (module, name)) if name.startswith(b"es_") else (FakeError.fakeErrorNotFound, None)
+        known = name.startswith(b"es_") or name == b"expertstream_gather_rows"  # the test's kernels, the backend's own
+        return (OK, (module, name)) if known else (FakeError.fakeErrorNotFound, None)
 
     def module_unload(self, module: int) -> tuple[Any, ...]:
         self.modules.discard(module)
@@ -512,6 +513,23 @@ def test_kernel_launch_passes_addresses_and_typed_scalars(backend: Any, fake: Fa
     assert (grid, block, shared, handle) == ((2, 1, 1), (64, 1, 1), 0, stream.handle)
     assert values == (buf.address + 8, 24)
     assert ctypes_types == (ctypes.c_void_p, ctypes.c_int32)
+
+
+def test_gather_launches_over_the_mapped_address_and_says_when_memory_is_not_mapped(
+    backend: Any, fake: FakeGpu
+) -> None:
+    dev = backend.device(0)
+    host = dev.alloc_pinned(3 * 40_000 + 16)
+    dst, ids, stream = dev.alloc(3 * 40_000 + 64), dev.alloc(8), dev.stream()
+    stream.gather_h2d(dst, 64, host, 16, 3 * 40_000, ids.view(), 2, 40_000, overrun=100, report=ids.view(0, 8), tag=5)
+    function, grid, block, shared, handle, values, _ = fake.launches[-1]
+    assert function[1] == b"expertstream_gather_rows" and (block, shared, handle) == ((256, 1, 1), 0, stream.handle)
+    assert grid == (2, 2, 1), "40,100 bytes a row: two 32 KiB chunks; one block row per id"
+    assert values == (dst.address + 64, host.address + 16, ids.address, 0, 3 * 40_000, 40_000, 100, ids.address, 5)
+    fake.fail["fakeHostGetDevicePointer"] = FakeError.fakeErrorInvalidValue
+    with pytest.raises(DeviceError, match="not mapped for this device") as err:
+        stream.gather_h2d(dst, 0, host, 0, 3 * 40_000, ids.view(), 2, 40_000)
+    assert err.value.call == "fakeHostGetDevicePointer" and "copy_h2d" in (err.value.hint or "")
 
 
 def test_compiled_image_is_cached_per_arch_and_source(backend: Any, fake: FakeGpu) -> None:

@@ -7,7 +7,9 @@ import contextlib
 import numpy as np
 import pytest
 
+import expertstream
 from expertstream.backends.base import Backend, BackendError, Usage
+from expertstream.backends.sim.profiles import CUDA_H200
 from expertstream.errors import InvalidArgument, UseAfterClose
 from expertstream.kernels import MoeKernels
 from expertstream.moe import standin
@@ -77,3 +79,24 @@ def test_a_capture_refuses_what_would_wait_for_the_host(backend: Backend) -> Non
         stream.copy_h2d(dst, 0, pageable, 0, 64)  # after the capture, as before it
         stream.synchronize()
     pageable.close()
+
+
+def test_on_the_simulator_a_launch_costs_the_host_one_call_and_the_device_every_operation() -> None:
+    profile = CUDA_H200
+    nbytes, count = 1 << 20, 50
+    with expertstream.backend("sim", profile=profile, data=False) as backend:
+        device = backend.device(0)
+        with device.alloc(nbytes) as buf, device.stream() as stream:
+            stream.begin_capture()
+            for _ in range(count):
+                stream.memset(buf, 0, nbytes, 0)
+            graph = stream.end_capture()
+            assert graph is not None and graph.operations == count
+            stream.synchronize()  # nothing was enqueued: the capture only cost the host its calls
+            start = backend.host_timestamp()
+            graph.launch(stream)
+            issued = backend.host_timestamp()
+            stream.synchronize()
+            done = backend.host_timestamp()
+    assert issued - start == pytest.approx(profile.enqueue_s)
+    assert done - issued == pytest.approx(count * (profile.launch_latency_s + nbytes / profile.memset_bps), rel=1e-6)

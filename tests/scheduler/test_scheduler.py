@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from expertstream.backends.base import Backend, HostMemory
-from expertstream.errors import InvalidArgument, OutOfDeviceMemory
+from expertstream.errors import DeviceError, InvalidArgument, OutOfDeviceMemory
 from expertstream.scheduler import Fallback, Scheduler
 
 from . import plans
@@ -86,6 +86,30 @@ def test_decode_scale_copies_only_used_experts(backend: Backend, gather: bool, h
         assert 0 < dev.bytes_stock < total
     assert not dev.fallbacks
     built.check()
+    built.close()
+
+
+def test_a_device_that_cannot_gather_reads_ids_back_and_says_so_once(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    device = backend.device(0)
+    built = plans.build(backend, plans.uniform_specs(4, prefill=False), seed=7)
+
+    def unmapped(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        raise DeviceError("pinned host memory is not mapped for this device", call="gather", device=device.label)
+
+    monkeypatch.setattr(type(device.stream()), "gather_h2d", unmapped)
+    with Scheduler() as sched, caplog.at_level(logging.WARNING, logger="expertstream.scheduler"):
+        first = sched.run(built.plan)
+        built.check()
+        again = sched.run(built.plan)
+        built.check()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and device.label in warnings[0] and "not mapped" in warnings[0]
+    dev = first.device(device.label)
+    assert dev.fallbacks[Fallback.GATHER_FAILED] == 1 and (dev.gathers, dev.ids_readbacks) == (0, 4)
+    dev = again.device(device.label)
+    assert not dev.fallbacks and (dev.gathers, dev.ids_readbacks) == (0, 4)
     built.close()
 
 
