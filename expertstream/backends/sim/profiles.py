@@ -395,6 +395,7 @@ ROCM_R9700 = Profile(
     host_register=True,  # hipHostRegister exists
     host_register_read_only=False,  # HIP exposes no read-only registration flag
     memset_engine="fill-kernel",  # ROCm's runtime fills device memory with a blit kernel on the stream's queue
+    h2d_gather_bps=None,  # assumed: no figure; a kernel reading host memory gathers at the DMA rate
     kernel_rates=(
         # fitted: gate_L 2.49 ms and up_L 3.13 ms in the reported timeline (llama.cpp's kernels)
         KernelRate(*_R9700_GATE_UP, 5.4011e13),
