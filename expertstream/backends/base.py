@@ -610,11 +610,7 @@ class Stream(abc.ABC, Closing):
     def copy_h2d(self, dst: DeviceBuffer, dst_offset: int, src: HostBuffer, src_offset: int, nbytes: int) -> None:
         """Copy host -> device (ggml's async set_tensor). From pageable memory this may block the host."""
         call = "Stream.copy_h2d"
-        self._check_open(call)
-        _check_kinds(call, dst, DeviceBuffer, src, HostBuffer)
-        check_range(call, dst, dst_offset, nbytes)
-        check_range(call, src, src_offset, nbytes)
-        self._check_same_device(call, dst)
+        self._check_h2d(call, dst, dst_offset, src, src_offset, nbytes)
         self._check_capturable(call, src)
         if nbytes:
             self._traced(
@@ -697,11 +693,7 @@ class Stream(abc.ABC, Closing):
         stream is done (the host never waits for it here).
         """
         call = "Stream.gather_h2d"
-        self._check_open(call)
-        _check_kinds(call, dst, DeviceBuffer, src, HostBuffer)
-        check_range(call, dst, dst_offset, nbytes)
-        check_range(call, src, src_offset, nbytes)
-        self._check_same_device(call, dst)
+        self._check_h2d(call, dst, dst_offset, src, src_offset, nbytes)
         if not src.is_page_locked:
             raise InvalidArgument(
                 f"the device cannot read {src.kind.value} host memory",
@@ -844,6 +836,16 @@ class Stream(abc.ABC, Closing):
     def _check_open(self, call: str) -> None:
         if self.closed:
             raise UseAfterClose("stream is closed", call=call, device=self.device.label)
+
+    def _check_h2d(
+        self, call: str, dst: DeviceBuffer, dst_offset: int, src: HostBuffer, src_offset: int, nbytes: int
+    ) -> None:
+        """The checks of every host -> device copy: an open stream, the kinds, both ranges, this device."""
+        self._check_open(call)
+        _check_kinds(call, dst, DeviceBuffer, src, HostBuffer)
+        check_range(call, dst, dst_offset, nbytes)
+        check_range(call, src, src_offset, nbytes)
+        self._check_same_device(call, dst)
 
     def _check_capturable(self, call: str, host: HostBuffer | None) -> None:
         """Refuse, while capturing, events (host argument None) and copies with pageable memory."""

@@ -302,7 +302,7 @@ def _measure_row(
         decode_rates, decode_bytes, decode_path = _decode(backend, runner, scheduler, experts, settings, progress, what)
     prefill_out = runner.prefill_output() if runner.data else None
     decode_out = runner.decode_output() if runner.data and batching.decode_steps else None
-    moved = int(stats.total("bytes_prefetched") + stats.total("bytes_stock"))
+    moved = stats.bytes_moved()
     wall = Spread.of(times)
     rate = Spread.of([batching.tokens / t for t in times])
     decode_rate = Spread.of(decode_rates) if decode_rates else None
@@ -414,14 +414,12 @@ def _decode(
                     stats = replay.finish()
                     wall = backend.host_timestamp() - start
                 step_s.append(wall)
-                moved += int(
-                    stats.total("bytes_prefetched") + stats.total("bytes_stock") + stats.total("bytes_gathered_at_most")
-                )
+                moved += stats.bytes_moved()
             rates.append(1.0 / float(np.median(step_s)))
     return rates, moved, "calls" if replay is None else "graph"
 
 
-_told_decode_calls: set[str | None] = set()
+_told_decode_calls: set[str] = set()
 
 
 def _decode_replay(
@@ -430,12 +428,14 @@ def _decode_replay(
     """One decode step captured for replay, or None (with the reason in the log, once per reason)."""
     if not settings.graphs:
         return None
-    reason: str | None = "the layers span several devices"
     if len(runner.devices) == 1:
         plan = runner.decode_step_plan(experts)
-        reason = scheduler.why_not_captured(plan)
-        if reason is None:
+        why = scheduler.why_not_captured(plan)
+        if why is None:
             return scheduler.capture(plan)
+        reason = why
+    else:
+        reason = "the layers span several devices"
     if reason not in _told_decode_calls:
         _told_decode_calls.add(reason)
         log.info("%s: decode steps issue their calls one by one, not one captured graph: %s", what, reason)

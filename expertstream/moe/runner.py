@@ -462,8 +462,7 @@ class MoeRunner(Closing):
 
     def decode_plan(self, experts: ExpertData, step: int) -> Plan:
         """Every layer for decode step ``step`` (one token)."""
-        if not 0 <= step < self.batching.decode_steps:
-            raise InvalidArgument(f"decode step {step} is outside 0..{self.batching.decode_steps - 1}")
+        self._check_step(step)
         row = self.model.n_embd * 4
         ids_bytes = self.model.top_k * 4
         splits: list[Split] = []
@@ -525,9 +524,12 @@ class MoeRunner(Closing):
         part, row = self._one_part(step), self.model.n_embd * 4
         stream.copy_d2d(part.decode_hidden, step * row, part.decode_current, 0, row)
 
-    def _one_part(self, step: int) -> _Part:
+    def _check_step(self, step: int) -> None:
         if not 0 <= step < self.batching.decode_steps:
             raise InvalidArgument(f"decode step {step} is outside 0..{self.batching.decode_steps - 1}")
+
+    def _one_part(self, step: int) -> _Part:
+        self._check_step(step)
         if len(self._parts) != 1:
             raise InvalidArgument("a decode step plan runs on one device")
         return self._parts[0]

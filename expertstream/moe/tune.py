@@ -3,10 +3,11 @@
 The probes (probes.py) time copies from each kind of host memory, the event-order question,
 memcpys from a mapping per thread count and the runner's kernels at several ubatches. ``fit``
 turns the timings into profile fields by inverting what the simulator does with each field,
-so tuning the simulator against itself gives its own profile back. ``calibrate_enqueue`` then
-runs a few decode steps of the job on the device and on the simulator and solves for the host
-time per call that makes them agree: a decode step is many small calls, and the scheduler's own
-work per split is host time no single probe sees.
+so tuning the simulator against itself gives its own profile back. Then a few decode steps of
+the job run on the device and on the simulator, and two costs no single probe sees are solved for
+so that they agree: ``calibrate_launch`` fits the device time before each operation of a chain to
+steps replayed from one graph, ``calibrate_enqueue`` the host time per call (the scheduler's own
+work per split included) to steps issued call by call.
 
 The profile file holds the measured fields and names the built-in profile ("base") that
 supplies the rest: peer copies (one device cannot measure them) and the rate of kernels the

@@ -52,5 +52,9 @@ class RunStats:
     def total(self, name: str) -> float:
         return sum(getattr(d, name) for d in self.devices.values())
 
+    def bytes_moved(self) -> int:
+        """Host bytes copied to the devices, every way (a gather's at most)."""
+        return int(self.total("bytes_prefetched") + self.total("bytes_stock") + self.total("bytes_gathered_at_most"))
+
     def as_dict(self) -> dict[str, Any]:
         return {label: d.as_dict() for label, d in self.devices.items()}
