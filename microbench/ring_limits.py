@@ -9,8 +9,10 @@
   median of the rounds is reported. Per row: GB/s and % of the pinned peak; the share of the ring
   threads' time spent copying and waiting for a chunk's DMA; one thread's copy rate; and the host
   CPU time of the ring's copies over their wall time (near 1: the copying itself is slow, not
-  waiting for the interpreter lock or a core), counted over the whole measurement of that
-  geometry and ubatch (warm-ups and every slot count), so the same for its rows.
+  waiting for the interpreter lock or a core), the kernel's share of the process's CPU time and its
+  minor page faults per GB the ring filled (mapping pages the process had not touched), each
+  counted over the whole measurement of that geometry and ubatch (warm-ups and every slot count),
+  so the same for its rows.
 - ``decode``: a decode step's copies of the experts it uses (``--experts`` of each tensor, spread
   out): all of a tensor's ranges through the ring at once (``StagingRing.copy_ranges``, what the
   scheduler does) against one ``copy`` per range.
@@ -25,6 +27,7 @@ import argparse
 import itertools
 import logging
 import os
+import resource
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -144,8 +147,9 @@ def _copy_seconds(
 
 @contextmanager
 def copy_cpu_time(device: Device) -> Iterator[dict[str, float]]:
-    """Count the host CPU time and wall time of ``device.host_copy`` calls (the ring's fills)."""
-    totals = {"cpu_s": 0.0, "wall_s": 0.0}
+    """Count the host CPU time, wall time and bytes of ``device.host_copy`` calls (the ring's fills),
+    and the process's page faults and kernel-mode share of its CPU time over the block."""
+    totals = {"cpu_s": 0.0, "wall_s": 0.0, "bytes": 0.0}
     lock = threading.Lock()
     original = device.host_copy
 
@@ -156,12 +160,18 @@ def copy_cpu_time(device: Device) -> Iterator[dict[str, float]]:
         with lock:
             totals["cpu_s"] += cpu
             totals["wall_s"] += wall
+            totals["bytes"] += args[4] if len(args) > 4 else kwargs["nbytes"]
 
     had_own = "host_copy" in vars(device)
     device.host_copy = timed  # type: ignore[method-assign]
+    before = resource.getrusage(resource.RUSAGE_SELF)
     try:
         yield totals
     finally:
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        totals["minor_faults"] = after.ru_minflt - before.ru_minflt
+        totals["user_s"] = after.ru_utime - before.ru_utime
+        totals["system_s"] = after.ru_stime - before.ru_stime
         if had_own:
             device.host_copy = original  # type: ignore[method-assign]
         else:
@@ -187,6 +197,9 @@ def prefill_rows(be: Backend, device: Device, model: MoeModel, args: argparse.Na
                 result = measure(be, [device], model, setting, h2d_peak_gbps=peak)
             peak = result.baselines.h2d_peak_gbps
             cpu = copies["cpu_s"] / copies["wall_s"] if copies["wall_s"] else None
+            process_s = copies["user_s"] + copies["system_s"]
+            system = copies["system_s"] / process_s if process_s else None
+            faults = copies["minor_faults"] / (copies["bytes"] / 1e9) if copies["bytes"] else None
             for row in result.rows:
                 found.setdefault((str(geometry), threads, ubatch, row.slots), []).append(
                     {
@@ -196,6 +209,8 @@ def prefill_rows(be: Backend, device: Device, model: MoeModel, args: argparse.Na
                         "wait_pct": row.ring_chunk_wait_pct,
                         "thread_gb_per_s": row.ring_thread_gbps,
                         "copy_cpu_over_wall": cpu,
+                        "system_share": system,
+                        "faults_per_gb": faults,
                     }
                 )
     rows = []
@@ -281,6 +296,8 @@ COLUMNS = (
     Column("wait_pct", "wait %", "{:.0f}"),
     Column("thread_gb_per_s", "GB/s/thread", "{:.2f}"),
     Column("copy_cpu_over_wall", "cpu/wall", "{:.2f}"),
+    Column("system_share", "sys", "{:.2f}"),
+    Column("faults_per_gb", "faults/GB", "{:.0f}"),
     Column("ms_per_step", "ms/step", "{:.1f}"),
 )
 
