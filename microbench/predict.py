@@ -197,6 +197,10 @@ def document(run: Run) -> dict[str, Any]:
         "tune_phases_s": run.tuned.phases_s if run.tuned else run.header.get("tune_phases_s"),
         # The ring probes' raw timings, which the ring rows' predictions are fitted to.
         "tune_ring": _ring_timings(run.tuned) if run.tuned else run.header.get("tune_ring"),
+        # The ring's and the mapping's rates as tune fitted them to one prefill ubatch of the job.
+        "tune_host_paths": [p.as_dict() for p in run.tuned.host_paths]
+        if run.tuned
+        else run.header.get("tune_host_paths"),
         "free_bytes": run.free_bytes,
         "timings_s": run.timings,
         "rows": [row_checks(m, p) for m, p in run.rows],
@@ -243,6 +247,7 @@ def markdown(doc: dict[str, Any]) -> str:
         ),
         f"Steps (s): {', '.join(f'{k} {v:.0f}' for k, v in doc['timings_s'].items())}.",
         *([f"Tune phases (s): {', '.join(f'{k} {v:.1f}' for k, v in phases.items())}."] if phases else []),
+        *_host_path_lines(doc.get("tune_host_paths")),
         "",
     ]
     spread = any(r.get("ttft_spread") is not None for r in doc["rows"])
@@ -414,6 +419,16 @@ def replay(folder: Path, out: Path | None) -> dict[str, Any]:
                 _write(run, out)
     run.timings["total"] = time.perf_counter() - started
     return _write(run, out)
+
+
+def _host_path_lines(paths: list[dict[str, Any]] | None) -> list[str]:
+    if not paths:
+        return []
+    cells = [
+        f"{p['mode']} {p['probe_bps'] / 1e9:.1f} -> {p['fitted_bps'] / 1e9:.1f} GB/s ({p['prefill_s']:.3f} s)"
+        for p in paths
+    ]
+    return [f"Host paths fitted to one prefill ubatch of the job (probes -> fitted): {', '.join(cells)}."]
 
 
 def _ring_timings(tuned: Tuned) -> dict[str, Any]:

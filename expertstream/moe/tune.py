@@ -7,7 +7,10 @@ so tuning the simulator against itself gives its own profile back. Then a few de
 the job run on the device and on the simulator, and two costs no single probe sees are solved for
 so that they agree: ``calibrate_launch`` fits the device time before each operation of a chain to
 steps replayed from one graph, ``calibrate_enqueue`` the host time per call (the scheduler's own
-work per split included) to steps issued call by call.
+work per split included) to steps issued call by call. Last, one prefill ubatch of the job runs
+through the staging ring and through the mapping, and the host's memcpy rates and the pageable
+H2D rate are fitted to them (``fit_host_paths``): inside the job those paths reach other rates
+than the probes reach on their own.
 
 The profile file holds the measured fields and names the built-in profile ("base") that
 supplies the rest: peer copies (one device cannot measure them) and the rate of kernels the
@@ -28,7 +31,7 @@ from typing import Any
 from ..backends import backend as open_backend
 from ..backends.base import Backend, Device, HostBuffer, Stream, Vendor
 from ..backends.sim.profiles import BUILTIN_PROFILES, KernelRate, Profile
-from ..hostmem import HostMemoryMode, default_ring_threads
+from ..hostmem import DEFAULT_RING_THREADS, HostMemoryMode, default_ring_threads
 from ..model import MoeModel, make_model
 from . import probes
 from .measure import Settings, measure
@@ -73,6 +76,7 @@ class Tuned:
     decode_step_s: float | None = None  # measured on the device, for the enqueue calibration
     phases_s: dict[str, float] = dataclasses.field(default_factory=dict)  # wall seconds per phase, in order
     graph_step_s: float | None = None  # a replayed decode step on the device, for the launch calibration
+    host_paths: list[HostPathFit] = dataclasses.field(default_factory=list)  # the ring and mapping fitted to prefill
 
     def document(self) -> dict[str, Any]:
         """The profile file: the measured fields over a built-in base."""
@@ -310,6 +314,133 @@ def calibrate_host_copy_latency(profile: Profile, timing: RingCopyTiming) -> flo
     return solve(per_copy, timing.seconds_per_copy, timing.seconds_per_copy - at_zero, 0.0)
 
 
+# -- the host paths' calibration -------------------------------------------------------------
+
+# The prefill the host paths are fitted to: one ubatch of this many tokens without lookahead, so
+# that every expert tensor is copied once, one after another, and the copies set its time.
+CALIBRATION_UBATCH = 512
+
+
+@dataclass(frozen=True)
+class HostPathFit:
+    """One host path fitted to the job: its prefill measured, and the rate that reproduces it."""
+
+    mode: HostMemoryMode
+    prefill_s: float  # one ubatch of the job through this host memory, on the device
+    probe_bps: float  # what the probes gave (the ring: all its threads together)
+    fitted_bps: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "mode": self.mode.value}
+
+
+def prefill_seconds(backend: Backend, device: Device, model: MoeModel, mode: HostMemoryMode) -> float | None:
+    """Time to first token of one ubatch of the job through ``mode`` (None where the mode fell back)."""
+    settings = Settings(Batching(CALIBRATION_UBATCH, CALIBRATION_UBATCH), (0,), (mode,), repeats=1)
+    row = measure(backend, device, model, settings).rows[0]
+    return row.ttft_s if row.host_memory == mode.value else None
+
+
+def predicted_prefill(profile: Profile, model: MoeModel, mode: HostMemoryMode) -> float:
+    with open_backend("sim", profile=profile, data=False, check_hazards=False) as sim:
+        seconds = prefill_seconds(sim, sim.device(0), model, mode)
+        assert seconds is not None, f"the simulator places {mode.value} memory"
+        return seconds
+
+
+def ring_rates(profile: Profile, scale: float) -> Profile:
+    """``profile`` with its host memcpy rates, per thread and shared, times ``scale``."""
+    total = profile.host_memcpy_total_bps
+    return dataclasses.replace(
+        profile,
+        host_memcpy_bps=profile.host_memcpy_bps * scale,
+        host_memcpy_total_bps=None if total is None else total * scale,
+    )
+
+
+def ring_bps(profile: Profile) -> float:
+    """What the ring's threads copy together, by the profile."""
+    threads = profile.ring_threads or DEFAULT_RING_THREADS
+    together = profile.host_memcpy_bps * threads
+    total = profile.host_memcpy_total_bps
+    return together if total is None else min(together, total)
+
+
+# A host path is fitted only where its copies take at least this share of the measured prefill
+# (what the simulator leaves of it with the copies made free): below it the fit would take the
+# kernels' or the host's other costs for the copies'.
+MIN_COPY_SHARE = 0.3
+
+
+def _fit_inverse_rate(simulated: Callable[[float], float], measured_s: float, x0: float) -> float | None:
+    """The x (time per unit of copying; ``x0`` the probes') for which ``simulated(x)`` is ``measured_s``,
+    or None where copying is less than MIN_COPY_SHARE of the measured prefill."""
+    cache: dict[float, float] = {}
+
+    def cached(x: float) -> float:
+        if x not in cache:
+            cache[x] = simulated(x)
+        return cache[x]
+
+    if measured_s - cached(0.0) < MIN_COPY_SHARE * measured_s:
+        return None
+    return solve(cached, measured_s, x0, 0.8 * x0)
+
+
+def calibrate_ring(profile: Profile, model: MoeModel, measured_s: float) -> float | None:
+    """The factor on the host's memcpy rates for which the simulator's ring prefill takes ``measured_s``.
+
+    The probes time memcpys on their own; in the job the ring's threads share the host with the
+    DMAs, the launching thread and the copy worker. Solved in the inverse of the factor, which the
+    prefill's time is close to linear in. None where the ring's copies barely show in the prefill.
+    """
+
+    def prefill(inverse: float) -> float:
+        return predicted_prefill(ring_rates(profile, 1 / max(inverse, 1e-3)), model, HostMemoryMode.RING)
+
+    inverse = _fit_inverse_rate(prefill, measured_s, 1.0)
+    return None if inverse is None else 1 / max(inverse, 1e-3)
+
+
+def calibrate_pageable(profile: Profile, model: MoeModel, measured_s: float) -> float | None:
+    """The pageable H2D rate for which the simulator's prefill from the mapping takes ``measured_s``.
+
+    The probe copies from a temporary file; the job copies whole expert tensors from the model's
+    mapping, with kernels and their launches in between. Solved in seconds per byte. None where
+    the pageable copies barely show in the prefill.
+    """
+
+    def prefill(per_byte: float) -> float:
+        rate = 1 / max(per_byte, 1e-15)
+        return predicted_prefill(dataclasses.replace(profile, h2d_pageable_bps=rate), model, HostMemoryMode.MMAP)
+
+    per_byte = _fit_inverse_rate(prefill, measured_s, 1 / profile.h2d_pageable_bps)
+    return None if per_byte is None else 1 / max(per_byte, 1e-15)
+
+
+def fit_host_paths(
+    backend: Backend, device: Device, model: MoeModel, profile: Profile
+) -> tuple[Profile, list[HostPathFit]]:
+    """The ring's and the mapping's rates fitted to one prefill ubatch of the job through each.
+
+    A path whose mode falls back on this device, or whose copies are too small a part of the
+    prefill to tell (a small model), keeps the probes' rates and is not listed.
+    """
+    fits = []
+    ring_s = prefill_seconds(backend, device, model, HostMemoryMode.RING)
+    scale = None if ring_s is None else calibrate_ring(profile, model, ring_s)
+    if ring_s is not None and scale is not None:
+        probe = ring_bps(profile)
+        profile = ring_rates(profile, scale)
+        fits.append(HostPathFit(HostMemoryMode.RING, ring_s, probe, ring_bps(profile)))
+    mmap_s = prefill_seconds(backend, device, model, HostMemoryMode.MMAP)
+    rate = None if mmap_s is None else calibrate_pageable(profile, model, mmap_s)
+    if mmap_s is not None and rate is not None:
+        fits.append(HostPathFit(HostMemoryMode.MMAP, mmap_s, profile.h2d_pageable_bps, rate))
+        profile = dataclasses.replace(profile, h2d_pageable_bps=rate)
+    return profile, fits
+
+
 # -- the whole run ---------------------------------------------------------------------------
 
 
@@ -372,8 +503,12 @@ def tune(
     if measured.ring_small is not None:
         fields["host_copy_latency_s"] = calibrate_host_copy_latency(profile, measured.ring_small)
         profile = dataclasses.replace(profile, host_copy_latency_s=fields["host_copy_latency_s"])
+    clock.start("prefill through the ring and the mapping")
+    profile, host_paths = fit_host_paths(backend, device, model, profile)
+    for name in ("host_memcpy_bps", "host_memcpy_total_bps", "h2d_pageable_bps"):
+        fields[name] = getattr(profile, name)
     clock.stop()
-    return Tuned(measured, fields, base.name, profile, step_s, clock.seconds, graph_s)
+    return Tuned(measured, fields, base.name, profile, step_s, clock.seconds, graph_s, host_paths)
 
 
 def calibration_model(backend: Backend, folder: Path, preset: str, qtype: str) -> Path:

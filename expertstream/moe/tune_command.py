@@ -19,6 +19,7 @@ from ..backends import backend as open_backend
 from ..backends.base import Backend
 from ..backends.sim.profiles import Profile
 from ..clitools import EXIT_STATUS_HELP, HelpFormatter, UsageError, int_list, writable_path
+from ..hostmem import HostMemoryMode
 from ..kernels.layout import FORMATS
 from ..model import PRESETS, MoeModel
 from ..model.commands import open_model
@@ -144,6 +145,7 @@ def _run(args: argparse.Namespace) -> int:
             "profile": tuned.document(),
             "measurements": dataclasses.asdict(tuned.measurements),
             "decode_step_s": tuned.decode_step_s,
+            "host_paths": [path.as_dict() for path in tuned.host_paths],
             "seconds": seconds,
             "phases_s": phases,
         }
@@ -198,6 +200,12 @@ def summary(tuned: Tuned, backend_name: str) -> str:
         lines.append(
             f"  staging ring: streams {m.ring_bytes_per_s / 1e9:.1f} GB/s; a {small.nbytes / 1e6:.2f} MB copy (decode) "
             f"{small.seconds_per_copy * 1e6:.0f} us, {p.host_copy_latency_s * 1e6:.0f} us of it fixed"
+        )
+    for path in tuned.host_paths:
+        what = "staging ring" if path.mode is HostMemoryMode.RING else "mapping (pageable H2D)"
+        lines.append(
+            f"  prefill through the {what}: {_ms(path.prefill_s)} per ubatch, {path.fitted_bps / 1e9:.1f} GB/s "
+            f"fitted to it (the probes: {path.probe_bps / 1e9:.1f})"
         )
     kernels = _kernel_lines(p)
     if kernels:

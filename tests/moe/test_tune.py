@@ -8,6 +8,7 @@ return at once but bind a later wait to the stream's tail, with a shared host me
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 
+import expertstream
 from expertstream.backends.base import Backend
 from expertstream.backends.sim.profiles import ROCM_R9700, Profile, resolve_profile
 from expertstream.cli import main
@@ -24,7 +26,7 @@ from expertstream.moe.measure import Settings
 from expertstream.moe.predict import predict
 from expertstream.moe.probes import Bounds
 from expertstream.moe.runner import Batching
-from expertstream.moe.tune import tune
+from expertstream.moe.tune import DEFAULT_PRESET, calibration_model, fit_host_paths, ring_bps, ring_rates, tune
 from microbench import rocm_r9700_fit
 
 TOLERANCE = 0.02
@@ -149,3 +151,31 @@ def test_tune_measures_every_backend(backend: Backend, tiny_path: Path) -> None:
         assert tuned.decode_step_s is not None and tuned.decode_step_s > 0
         rows = predict(profile, model, Settings(Batching(32, 16, 2), (0, 3), (HostMemoryMode.REGISTERED,))).rows
     assert len(rows) == 2 and all(r.ttft_s > 0 and r.decode_tokens_per_s for r in rows)
+
+
+@pytest.mark.parametrize("source", ["cuda-h200", "rocm-r9700"])
+def test_the_ring_and_the_mapping_are_fitted_to_the_jobs_prefill(source: str, tmp_path: Path) -> None:
+    """Probes that misjudge the host paths (the ring's memcpys 40% slow, pageable copies 50% fast)
+    are corrected by the job's own prefill: the rates the job ran at come back within 2%."""
+    truth = resolve_profile(source)
+    misjudged = dataclasses.replace(ring_rates(truth, 0.6), h2d_pageable_bps=truth.h2d_pageable_bps * 1.5)
+    with expertstream.backend("sim", profile=truth, data=False) as sim:
+        path = calibration_model(sim, tmp_path, DEFAULT_PRESET, "Q4_0")
+        with MoeModel.open(path) as model:
+            fitted, fits = fit_host_paths(sim, sim.device(0), model, misjudged)
+    assert [f.mode for f in fits] == [HostMemoryMode.RING, HostMemoryMode.MMAP]
+    assert fits[0].probe_bps == pytest.approx(0.6 * ring_bps(truth))
+    assert fitted.host_memcpy_bps == pytest.approx(truth.host_memcpy_bps, rel=TOLERANCE)
+    assert fitted.host_memcpy_total_bps == pytest.approx(truth.host_memcpy_total_bps, rel=TOLERANCE)
+    assert fitted.h2d_pageable_bps == pytest.approx(truth.h2d_pageable_bps, rel=TOLERANCE)
+    assert fits[1].fitted_bps == fitted.h2d_pageable_bps
+
+
+def test_a_host_path_too_small_to_tell_keeps_the_probes_rates(tiny_path: Path) -> None:
+    """The tiny model's expert copies are a sliver of its prefill: fitting a rate to it would credit
+    the copies with the kernels' time, so the probes' rates stay and no path is listed."""
+    truth = resolve_profile("cuda-h200")
+    misjudged = dataclasses.replace(ring_rates(truth, 0.6), h2d_pageable_bps=truth.h2d_pageable_bps * 1.5)
+    with expertstream.backend("sim", profile=truth, data=False) as sim, MoeModel.open(tiny_path) as model:
+        fitted, fits = fit_host_paths(sim, sim.device(0), model, misjudged)
+    assert fits == [] and fitted == misjudged
