@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -413,6 +414,20 @@ def start_model_file(
     return writer, specs
 
 
+def _flush_to_disk(path: Path) -> None:
+    """Write the file's pages to disk before it is used.
+
+    Pages still dirty slowed memcpys from the file's mapping (the staging ring's fills) by a quarter
+    or more on the H200 host until written back (docs/results/hostmem-h200.md, run 16): a model
+    made for a benchmark must be clean before the benchmark reads it.
+    """
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _discard(writer: gguf.GGUFWriter, path: Path) -> None:
     """Close ``writer`` and remove every file it started (each shard of a split model)."""
     writer.close()
@@ -452,6 +467,8 @@ def make_model(
         raise
     writer.close()
     shards = writer.format_shard_names(path)
+    for shard in shards:
+        _flush_to_disk(shard)
     n_layer = specs[-1].layer + 1
     size = sum(shard.stat().st_size for shard in shards)
     log.info("wrote %s: %s, %d layers, %d shard(s), %d bytes", shards[0], writer.arch, n_layer, len(shards), size)

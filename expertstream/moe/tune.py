@@ -507,6 +507,11 @@ def tune(
     profile, host_paths = fit_host_paths(backend, device, model, profile)
     for name in ("host_memcpy_bps", "host_memcpy_total_bps", "h2d_pageable_bps"):
         fields[name] = getattr(profile, name)
+    if measured.ring_small is not None and any(path.mode is HostMemoryMode.RING for path in host_paths):
+        # The small copies' fixed cost again, over the memcpy rates just fitted: what the probe's
+        # small copies took stays what the simulator's take.
+        fields["host_copy_latency_s"] = calibrate_host_copy_latency(profile, measured.ring_small)
+        profile = dataclasses.replace(profile, host_copy_latency_s=fields["host_copy_latency_s"])
     clock.stop()
     return Tuned(measured, fields, base.name, profile, step_s, clock.seconds, graph_s, host_paths)
 

@@ -11,7 +11,7 @@ import gguf
 import pytest
 
 from expertstream.cli import main
-from expertstream.model import MoeModel, commands
+from expertstream.model import MoeModel, commands, make_model
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -73,3 +73,20 @@ def test_make_model_into_a_read_only_place_is_one_line(
     monkeypatch.setattr(os, "access", lambda path, mode: False)
     code, err = _main(capsys, "-o", str(tmp_path / "m.gguf"))
     assert code == 2 and "not writable" in err
+
+
+def test_a_made_model_is_on_disk_before_it_is_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every shard is flushed before make_model returns: a benchmark reading the file's mapping
+    must not run while its pages are still dirty."""
+    flushed: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        flushed.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    first = make_model("tiny", "Q8_0", tmp_path / "split.gguf", split_max_tensors=10)
+    shards = sorted(str(p) for p in tmp_path.glob("split-*.gguf"))
+    assert len(shards) > 1 and str(first) in shards
+    assert sorted(flushed) == shards
