@@ -27,6 +27,7 @@ import numpy as np
 from gguf import GGMLQuantizationType, ReaderTensor
 
 from .._closing import Closing
+from ..errors import InvalidArgument
 from .layout import EXPERT_ROLES, ModelError, TensorRole, type_names
 from .metadata import Metadata
 from .shards import Shard, ShardedTensor, open_shards
@@ -114,6 +115,7 @@ class MoeModel(Closing):
         self.layers = layers
         self.tensors: Mapping[str, TensorInfo] = {t.name: t for layer in layers for t in (layer.router, *layer.experts)}
         self._shards: list[Shard] | None = shards
+        self._dims = dims
 
     @classmethod
     def open(cls, path: str | Path) -> MoeModel:
@@ -138,6 +140,13 @@ class MoeModel(Closing):
             len(shards),
         )
         return cls(path, shards, dims, layers)
+
+    def leading_layers(self, count: int) -> MoeModel:
+        """The first ``count`` MoE layers as a model of their own over the same mappings: a smaller
+        job with the same tensor sizes. Closing it leaves this model open."""
+        if not 1 <= count <= len(self.layers):
+            raise InvalidArgument(f"{self.path}: asked for the first {count} of {len(self.layers)} MoE layers")
+        return MoeModel(self.path, self._open_shards(), self._dims, self.layers[:count])
 
     @property
     def n_shards(self) -> int:

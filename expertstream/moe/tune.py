@@ -317,8 +317,11 @@ def calibrate_host_copy_latency(profile: Profile, timing: RingCopyTiming) -> flo
 # -- the host paths' calibration -------------------------------------------------------------
 
 # The prefill the host paths are fitted to: one ubatch of this many tokens without lookahead, so
-# that every expert tensor is copied once, one after another, and the copies set its time.
+# that every expert tensor is copied once, one after another, and the copies set its time; over
+# the model's leading layers whose experts fit in HOST_PATH_BYTES, so that tune's time stays
+# bounded whatever the model (the rates are per byte: the tensors' sizes are what matters).
 CALIBRATION_UBATCH = 512
+HOST_PATH_BYTES = 4 << 30
 
 
 @dataclass(frozen=True)
@@ -426,6 +429,23 @@ def fit_host_paths(
     A path whose mode falls back on this device, or whose copies are too small a part of the
     prefill to tell (a small model), keeps the probes' rates and is not listed.
     """
+    with model.leading_layers(_host_path_layers(model)) as model:
+        return _fit_host_paths(backend, device, model, profile)
+
+
+def _host_path_layers(model: MoeModel) -> int:
+    """How many leading layers hold at most HOST_PATH_BYTES of experts (at least one)."""
+    total = 0
+    for count, layer in enumerate(model.layers):
+        total += sum(t.nbytes for t in layer.experts)
+        if total > HOST_PATH_BYTES:
+            return max(count, 1)
+    return len(model.layers)
+
+
+def _fit_host_paths(
+    backend: Backend, device: Device, model: MoeModel, profile: Profile
+) -> tuple[Profile, list[HostPathFit]]:
     fits = []
     ring_s = prefill_seconds(backend, device, model, HostMemoryMode.RING)
     scale = None if ring_s is None else calibrate_ring(profile, model, ring_s)

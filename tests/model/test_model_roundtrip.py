@@ -11,6 +11,7 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
+from expertstream.errors import InvalidArgument
 from expertstream.model import (
     ModelError,
     MoeModel,
@@ -147,3 +148,16 @@ def test_start_model_file_leaves_the_data_to_the_caller(tmp_path: Path) -> None:
     with MoeModel.open(path) as zeros, MoeModel.open(reference) as model:
         assert zeros.tensors == model.tensors  # same names, types, shapes and offsets
         assert not any(zeros.raw(name).any() for name in zeros.tensors)
+
+
+def test_leading_layers_are_a_smaller_model_over_the_same_bytes(tmp_path: Path) -> None:
+    with MoeModel.open(make_model("tiny", "Q4_0", tmp_path / "tiny.gguf")) as model:
+        with model.leading_layers(1) as first:
+            assert [layer.index for layer in first.layers] == [0]
+            assert first.expert_tensors == model.layers[0].experts
+            name = first.expert_tensors[0].name
+            assert np.array_equal(first.raw(name), model.raw(name))
+        assert model.raw(name).nbytes > 0  # closing the view leaves the model open
+        for count in (0, len(model.layers) + 1):
+            with pytest.raises(InvalidArgument, match=f"first {count} of {len(model.layers)}"):
+                model.leading_layers(count)

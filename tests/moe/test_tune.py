@@ -22,6 +22,7 @@ from expertstream.backends.sim.profiles import ROCM_R9700, Profile, resolve_prof
 from expertstream.cli import main
 from expertstream.hostmem import DEFAULT_RING_THREADS, HostMemoryMode
 from expertstream.model import MoeModel
+from expertstream.moe import tune as tune_module
 from expertstream.moe.measure import Settings
 from expertstream.moe.predict import predict
 from expertstream.moe.probes import Bounds
@@ -179,3 +180,23 @@ def test_a_host_path_too_small_to_tell_keeps_the_probes_rates(tiny_path: Path) -
     with expertstream.backend("sim", profile=truth, data=False) as sim, MoeModel.open(tiny_path) as model:
         fitted, fits = fit_host_paths(sim, sim.device(0), model, misjudged)
     assert fits == [] and fitted == misjudged
+
+
+def test_the_host_paths_are_fitted_on_a_bounded_part_of_a_large_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With room for one layer's experts, the fit's prefills stream one layer of the two: tune's
+    time does not grow with the model, and the fitted rates are those of the whole model."""
+    truth = resolve_profile("cuda-h200")
+    with expertstream.backend("sim", profile=truth, data=False) as sim:
+        path = calibration_model(sim, tmp_path, DEFAULT_PRESET, "Q4_0")
+        with MoeModel.open(path) as model:
+            whole, whole_fits = fit_host_paths(sim, sim.device(0), model, truth)
+            layer_bytes = sum(t.nbytes for t in model.layers[0].experts)
+            monkeypatch.setattr(tune_module, "HOST_PATH_BYTES", layer_bytes + 1)
+            bounded, bounded_fits = fit_host_paths(sim, sim.device(0), model, truth)
+    assert [f.mode for f in bounded_fits] == [f.mode for f in whole_fits] == [HostMemoryMode.RING, HostMemoryMode.MMAP]
+    for one_layer, two_layers in zip(bounded_fits, whole_fits, strict=True):
+        assert one_layer.prefill_s < 0.7 * two_layers.prefill_s  # one layer of two, and the ring's start
+    assert bounded.h2d_pageable_bps == pytest.approx(whole.h2d_pageable_bps, rel=TOLERANCE)
+    assert bounded.host_memcpy_total_bps == pytest.approx(whole.host_memcpy_total_bps, rel=TOLERANCE)
