@@ -10,7 +10,8 @@
   threads' time spent copying and waiting for a chunk's DMA; one thread's copy rate; and the host
   CPU time of the ring's copies over their wall time (near 1: the copying itself is slow, not
   waiting for the interpreter lock or a core), the kernel's share of the process's CPU time and its
-  minor page faults per GB the ring filled (mapping pages the process had not touched), each
+  minor page faults (first touches of any page: the mapping's, new allocations') per GB the ring
+  filled, each
   counted over the whole measurement of that geometry and ubatch (warm-ups and every slot count),
   so the same for its rows.
 - ``decode``: a decode step's copies of the experts it uses (``--experts`` of each tensor, spread

@@ -429,8 +429,8 @@ def fit_host_paths(
     A path whose mode falls back on this device, or whose copies are too small a part of the
     prefill to tell (a small model), keeps the probes' rates and is not listed.
     """
-    with model.leading_layers(_host_path_layers(model)) as model:
-        return _fit_host_paths(backend, device, model, profile)
+    with model.leading_layers(_host_path_layers(model)) as leading:
+        return _fit_host_paths(backend, device, leading, profile)
 
 
 def _host_path_layers(model: MoeModel) -> int:
