@@ -424,6 +424,8 @@ def _flush_to_disk(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
+    except OSError as exc:  # a file system without fsync: the file is complete, only not yet on disk
+        log.warning("%s: not flushed to disk (%s); reading it right away may be slower until it is", path, exc)
     finally:
         os.close(fd)
 

@@ -90,3 +90,16 @@ def test_a_made_model_is_on_disk_before_it_is_used(tmp_path: Path, monkeypatch: 
     shards = sorted(str(p) for p in tmp_path.glob("split-*.gguf"))
     assert len(shards) > 1 and str(first) in shards
     assert sorted(flushed) == shards
+
+
+def test_a_file_system_without_fsync_still_gets_its_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def fsync(fd: int) -> None:
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    path = make_model("tiny", "Q4_0", tmp_path / "tiny.gguf")
+    with MoeModel.open(path) as model:
+        assert model.n_layer == 2
+    assert "not flushed to disk" in caplog.text and str(path) in caplog.text
