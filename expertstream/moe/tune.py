@@ -236,11 +236,20 @@ def decode_step_seconds(
     return 1.0 / row.decode_tokens_per_s
 
 
-def predicted_decode_step(profile: Profile, model: MoeModel, mode: HostMemoryMode, *, graphs: bool = False) -> float:
+def _simulated(profile: Profile, job: Callable[[Backend, Device], float | None], what: str) -> float:
+    """``job`` on a timing-only simulated device with ``profile``; it must give a time (``what`` says why)."""
     with open_backend("sim", profile=profile, data=False, check_hazards=False) as sim:
-        seconds = decode_step_seconds(sim, sim.device(0), model, mode, graphs=graphs)
-        assert seconds is not None, "the simulator captures what the device captured"
+        seconds = job(sim, sim.device(0))
+        assert seconds is not None, what
         return seconds
+
+
+def predicted_decode_step(profile: Profile, model: MoeModel, mode: HostMemoryMode, *, graphs: bool = False) -> float:
+    return _simulated(
+        profile,
+        lambda sim, device: decode_step_seconds(sim, device, model, mode, graphs=graphs),
+        "the simulator captures what the device captured",
+    )
 
 
 def solve(simulated: Callable[[float], float], measured: float, x0: float, x1: float) -> float:
@@ -345,10 +354,11 @@ def prefill_seconds(backend: Backend, device: Device, model: MoeModel, mode: Hos
 
 
 def predicted_prefill(profile: Profile, model: MoeModel, mode: HostMemoryMode) -> float:
-    with open_backend("sim", profile=profile, data=False, check_hazards=False) as sim:
-        seconds = prefill_seconds(sim, sim.device(0), model, mode)
-        assert seconds is not None, f"the simulator places {mode.value} memory"
-        return seconds
+    return _simulated(
+        profile,
+        lambda sim, device: prefill_seconds(sim, device, model, mode),
+        f"the simulator places {mode.value} memory",
+    )
 
 
 def ring_rates(profile: Profile, scale: float) -> Profile:

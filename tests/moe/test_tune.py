@@ -154,12 +154,18 @@ def test_tune_measures_every_backend(backend: Backend, tiny_path: Path) -> None:
     assert len(rows) == 2 and all(r.ttft_s > 0 and r.decode_tokens_per_s for r in rows)
 
 
+def _misjudged(truth: Profile) -> Profile:
+    """What probes that misjudge the host paths would give: the ring's memcpys 40% slow, pageable
+    copies 50% fast."""
+    return dataclasses.replace(ring_rates(truth, 0.6), h2d_pageable_bps=truth.h2d_pageable_bps * 1.5)
+
+
 @pytest.mark.parametrize("source", ["cuda-h200", "rocm-r9700"])
 def test_the_ring_and_the_mapping_are_fitted_to_the_jobs_prefill(source: str, tmp_path: Path) -> None:
     """Probes that misjudge the host paths (the ring's memcpys 40% slow, pageable copies 50% fast)
     are corrected by the job's own prefill: the rates the job ran at come back within 2%."""
     truth = resolve_profile(source)
-    misjudged = dataclasses.replace(ring_rates(truth, 0.6), h2d_pageable_bps=truth.h2d_pageable_bps * 1.5)
+    misjudged = _misjudged(truth)
     with expertstream.backend("sim", profile=truth, data=False) as sim:
         path = calibration_model(sim, tmp_path, DEFAULT_PRESET, "Q4_0")
         with MoeModel.open(path) as model:
@@ -177,7 +183,7 @@ def test_a_host_path_too_small_to_tell_keeps_the_probes_rates(tiny_path: Path) -
     """The tiny model's expert copies are a sliver of its prefill: fitting a rate to it would credit
     the copies with the kernels' time, so the probes' rates stay and no path is listed."""
     truth = resolve_profile("cuda-h200")
-    misjudged = dataclasses.replace(ring_rates(truth, 0.6), h2d_pageable_bps=truth.h2d_pageable_bps * 1.5)
+    misjudged = _misjudged(truth)
     with expertstream.backend("sim", profile=truth, data=False) as sim, MoeModel.open(tiny_path) as model:
         fitted, fits = fit_host_paths(sim, sim.device(0), model, misjudged)
     assert fits == [] and fitted == misjudged
