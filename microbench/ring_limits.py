@@ -2,7 +2,11 @@
 
 - ``copy``: host threads copying from the model file's mapping (memcpy) or reading the file (pread)
   into pinned buffers, with no DMA: the host's own ceiling per thread count and part size (this
-  machine's, whatever the backend).
+  machine's, whatever the backend). Method ``h2d``: the same threads each hand the runtime pageable
+  copies from the mapping straight to device memory on a stream of their own (the runtime stages
+  them itself): whether its pageable path scales with threads. Method ``lanes``: each thread copies
+  into two pinned chunks of its own and DMAs them to the device on a stream of its own, with no
+  hand-off between threads: what host copies and DMAs reach together, with nothing to coordinate.
 - ``prefill``: the prefill rows ``expertstream prefill --host-memory ring`` reports, for each ring
   geometry asked (``--geometry CHUNKSxCHUNK_MIB/PART_MIB``) and thread count. The settings take
   turns over ``--repeats`` rounds, so that a drift of the host shows in every setting alike; the
@@ -32,15 +36,15 @@ import resource
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from expertstream.backends.base import Backend, Device, HostBuffer
-from expertstream.hostmem import HostMemoryMode, HostWeights, RingRegion
+from expertstream.backends.base import Backend, Device, DeviceBuffer, Event, HostBuffer, Stream
+from expertstream.hostmem import HostMemoryMode, HostWeights, RingFill, RingRegion
 from expertstream.model import MoeModel
 from expertstream.moe.measure import Settings, measure
 from expertstream.moe.runner import Batching
@@ -53,12 +57,14 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Geometry:
-    chunks: int
-    chunk_mib: int
-    part_mib: int
+    chunks: int | None  # None: what suits the ring's workers
+    chunk_mib: int | None
+    part_mib: int | None
 
     @classmethod
     def parse(cls, text: str) -> Geometry:
+        if text == "default":
+            return cls(None, None, None)
         try:
             shape, part = text.split("/")
             chunks, chunk = shape.lower().split("x")
@@ -67,7 +73,14 @@ class Geometry:
             raise argparse.ArgumentTypeError(f"expected CHUNKSxCHUNK_MIB/PART_MIB, e.g. 8x32/8; got {text!r}") from None
 
     def __str__(self) -> str:
-        return f"{self.chunks}x{self.chunk_mib}/{self.part_mib}"
+        return "default" if self.chunks is None else f"{self.chunks}x{self.chunk_mib}/{self.part_mib}"
+
+    def settings(self) -> dict[str, int | None]:
+        return {
+            "ring_chunks": self.chunks,
+            "ring_chunk_bytes": None if self.chunk_mib is None else self.chunk_mib * MIB,
+            "ring_part_bytes": None if self.part_mib is None else self.part_mib * MIB,
+        }
 
 
 # -- copy: the host alone ------------------------------------------------------------------------
@@ -80,14 +93,19 @@ def copy_rows(device: Device, path: Path, args: argparse.Namespace) -> list[dict
     chunks = [device.alloc_pinned(64 * MIB) for _ in range(4)]
     rows = []
     try:
-        for part_mib, threads, method in itertools.product(args.part_mib, args.copy_threads, ("memcpy", "pread")):
+        for part_mib, threads, method in itertools.product(args.part_mib, args.copy_threads, args.copy_methods):
             part = part_mib * MIB
             if size < 2 * part:
                 log.warning("copy: %s is smaller than two parts of %d MiB; row skipped", path, part_mib)
                 continue
             count = int(args.copy_gib * (1 << 30)) // part
             span = (size // part - 1) * part
-            seconds = _copy_seconds(chunks, part, count, threads, _copier(method, mapping, fd, span, part))
+            if method == "h2d":
+                seconds = _h2d_seconds(device, device.wrap_host(mapping), part, count, threads, span)
+            elif method == "lanes":
+                seconds = _lanes_seconds(device, device.wrap_host(mapping), part, count, threads, span)
+            else:
+                seconds = _copy_seconds(chunks, part, count, threads, _copier(method, mapping, fd, span, part))
             rows.append(
                 {
                     "part": "copy",
@@ -143,6 +161,70 @@ def _copy_seconds(
     return time.perf_counter() - start
 
 
+def _h2d_seconds(device: Device, mapping: HostBuffer, part: int, count: int, threads: int, span: int) -> float:
+    """Seconds for ``threads`` threads to copy ``count`` parts of the mapping to the device, pageable."""
+    counter = itertools.count()
+    streams = [device.stream() for _ in range(threads)]
+    targets = [device.alloc(part) for _ in range(threads)]
+
+    def work(stream: Stream, target: DeviceBuffer) -> None:
+        while (index := next(counter)) < count:
+            stream.copy_h2d(target, 0, mapping, (index * part) % span, part)
+        stream.synchronize()
+
+    try:
+        workers = [threading.Thread(target=work, args=pair) for pair in zip(streams, targets, strict=True)]
+        start = time.perf_counter()
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        return time.perf_counter() - start
+    finally:
+        for stream in streams:
+            stream.synchronize()  # on this thread too, before the targets are freed
+            stream.close()
+        for target in targets:
+            target.close()
+
+
+def _lanes_seconds(device: Device, mapping: HostBuffer, part: int, count: int, threads: int, span: int) -> float:
+    """Seconds for ``threads`` threads to stage ``count`` parts of the mapping through pinned chunks of
+    their own (two each) and DMA them to the device, each on its own stream."""
+    counter = itertools.count()
+    with ExitStack() as stack:
+        lanes = []
+        for _ in range(threads):
+            stream = stack.enter_context(device.stream())
+            target = stack.enter_context(device.alloc(part))
+            chunks = [stack.enter_context(device.alloc_pinned(part)) for _ in range(2)]
+            freed = [stack.enter_context(device.event()) for _ in range(2)]
+            lanes.append((stream, target, chunks, freed))
+
+        def work(stream: Stream, target: DeviceBuffer, chunks: list[HostBuffer], freed: list[Event]) -> None:
+            turn = 0
+            while (index := next(counter)) < count:
+                chunk, free = chunks[turn % 2], freed[turn % 2]
+                if turn >= 2:
+                    free.synchronize()
+                device.host_copy(chunk, 0, mapping, (index * part) % span, part)
+                stream.copy_h2d(target, 0, chunk, 0, part)
+                stream.record(free)
+                turn += 1
+            stream.synchronize()
+
+        workers = [threading.Thread(target=work, args=lane) for lane in lanes]
+        start = time.perf_counter()
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        seconds = time.perf_counter() - start
+        for stream, *_ in lanes:
+            stream.synchronize()  # on this thread too, before the buffers are freed
+        return seconds
+
+
 # -- prefill: the ring inside the job ---------------------------------------------------------------
 
 
@@ -180,19 +262,19 @@ def copy_cpu_time(device: Device) -> Iterator[dict[str, float]]:
 
 
 def prefill_rows(be: Backend, device: Device, model: MoeModel, args: argparse.Namespace) -> list[dict[str, Any]]:
-    settings = [(g, t, ub) for ub in args.ubatch for g in args.geometry for t in args.ring_threads]
-    found: dict[tuple[str, int, int, int], list[dict[str, Any]]] = {}
+    settings = list(itertools.product(args.geometry, args.ring_threads, args.ubatch, args.ring_fill))
+    settings.sort(key=lambda setting: setting[2])  # ubatch by ubatch, as before
+    found: dict[tuple[str, str, int, int, int], list[dict[str, Any]]] = {}
     peak = None
     for _ in range(args.repeats):
-        for geometry, threads, ubatch in settings:
+        for geometry, threads, ubatch, fill in settings:
             setting = Settings(
                 Batching(args.tokens, ubatch),
                 tuple(args.slots),
                 (HostMemoryMode.RING,),
                 ring_threads=threads,
-                ring_chunks=geometry.chunks,
-                ring_chunk_bytes=geometry.chunk_mib * MIB,
-                ring_part_bytes=geometry.part_mib * MIB,
+                ring_fill=fill,
+                **geometry.settings(),
             )
             with copy_cpu_time(device) as copies:
                 result = measure(be, [device], model, setting, h2d_peak_gbps=peak)
@@ -202,7 +284,7 @@ def prefill_rows(be: Backend, device: Device, model: MoeModel, args: argparse.Na
             system = copies["system_s"] / process_s if process_s else None
             faults = copies["minor_faults"] / (copies["bytes"] / 1e9) if copies["bytes"] else None
             for row in result.rows:
-                found.setdefault((str(geometry), threads, ubatch, row.slots), []).append(
+                found.setdefault((str(geometry), fill, threads, ubatch, row.slots), []).append(
                     {
                         "gb_per_s": row.h2d_gbps,
                         "pct_of_peak": row.h2d_pct_of_peak,
@@ -215,11 +297,12 @@ def prefill_rows(be: Backend, device: Device, model: MoeModel, args: argparse.Na
                     }
                 )
     rows = []
-    for (geometry_text, threads, ubatch, slots), runs in found.items():
+    for (geometry_text, fill, threads, ubatch, slots), runs in found.items():
         rows.append(
             {
                 "part": "prefill",
                 "geometry": geometry_text,
+                "fill": fill,
                 "threads": threads,
                 "ubatch": ubatch,
                 "slots": slots,
@@ -286,6 +369,7 @@ COLUMNS = (
     Column("part", "part"),
     Column("method", "method"),
     Column("geometry", "chunks/part"),
+    Column("fill", "fill"),
     Column("threads", "threads"),
     Column("part_mib", "part MiB"),
     Column("ubatch", "ub"),
@@ -310,7 +394,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--copy-threads", type=int, nargs="+", default=[8, 12, 16])
     p.add_argument("--part-mib", type=int, nargs="+", default=[4, 16], help="copy: bytes each thread copies at once")
     p.add_argument("--copy-gib", type=float, default=8.0, help="copy: bytes copied per row")
-    p.add_argument("--geometry", type=Geometry.parse, nargs="+", default=[Geometry(8, 32, 8)])
+    p.add_argument(
+        "--copy-methods",
+        nargs="+",
+        default=["memcpy", "pread"],
+        choices=["memcpy", "pread", "h2d", "lanes"],
+        help="copy: how the threads copy",
+    )
+    p.add_argument(
+        "--geometry",
+        type=Geometry.parse,
+        nargs="+",
+        default=[Geometry(None, None, None)],
+        help="prefill: CHUNKSxCHUNK_MIB/PART_MIB, or default (what suits the workers)",
+    )
+    p.add_argument(
+        "--ring-fill",
+        nargs="+",
+        default=["auto"],
+        choices=[f.value for f in RingFill],
+        help="prefill: who fills the chunks (processes, threads, auto)",
+    )
     p.add_argument("--ring-threads", type=int, nargs="+", default=[12])
     p.add_argument("--tokens", type=int, default=2048)
     p.add_argument("--ubatch", type=int, nargs="+", default=[512, 2048])

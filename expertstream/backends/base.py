@@ -1123,6 +1123,11 @@ class Backend(abc.ABC, Closing):
         """Tell the backend the calling thread is now at least at ``timestamp`` (a handoff)."""
 
     @property
+    def virtual_time(self) -> bool:
+        """True where time is simulated: work done outside this process's threads takes none of it."""
+        return False
+
+    @property
     def holds_data(self) -> bool:
         """False when buffers hold no bytes (the simulator's timing-only mode): outputs are meaningless."""
         return True

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from ..scheduler.source import HostRegion, HostSource
 from .placement import (
-    DEFAULT_RING_CHUNK_BYTES,
-    DEFAULT_RING_CHUNKS,
     DEFAULT_RING_THREADS,
     HostMemoryFallback,
     HostMemoryMode,
@@ -13,7 +11,17 @@ from .placement import (
     HostWeightsStats,
     default_ring_threads,
 )
-from .staging import DEFAULT_RING_PART_BYTES, RingRegion, RingStats, StagingRing
+from .staging import (
+    DEFAULT_RING_CHUNK_BYTES,
+    DEFAULT_RING_CHUNKS,
+    DEFAULT_RING_PART_BYTES,
+    PROCESS_RING_CHUNK_BYTES,
+    PROCESS_RING_CHUNKS,
+    RingFill,
+    RingRegion,
+    RingStats,
+    StagingRing,
+)
 
 __all__ = [
     "DEFAULT_RING_CHUNKS",
@@ -26,6 +34,9 @@ __all__ = [
     "HostSource",
     "HostWeights",
     "HostWeightsStats",
+    "PROCESS_RING_CHUNKS",
+    "PROCESS_RING_CHUNK_BYTES",
+    "RingFill",
     "RingRegion",
     "RingStats",
     "StagingRing",

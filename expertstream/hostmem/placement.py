@@ -25,7 +25,7 @@ from ..backends.base import Device, HostBuffer
 from ..errors import DeviceError, InvalidArgument
 from ..model.loader import MoeModel, TensorInfo
 from ..scheduler.source import HostRegion, HostSource
-from .staging import DEFAULT_RING_PART_BYTES, RingStats, StagingRing
+from .staging import RingFill, RingStats, StagingRing
 
 log = logging.getLogger(__name__)
 
@@ -58,11 +58,6 @@ class HostWeightsStats:
     pinned_bytes: int = 0  # pinned memory allocated: the copy, or the ring's chunks
 
 
-# 8 chunks of 32 MiB keep 32 parts of 8 MiB in flight for the threads in 256 MiB of pinned memory.
-# On the H200 host, prefill through them moved 35-45 GB/s (medians of 3 runs per setting) where 4
-# chunks of 64 MiB moved 33-40, and 8 chunks of 64 MiB copied slower per thread than either.
-DEFAULT_RING_CHUNK_BYTES = 32 << 20
-DEFAULT_RING_CHUNKS = 8
 # Inside a prefill on the H200 host, 12 threads each copied 3-5 GB/s from the mapping; 14 and 16
 # threads were no faster together, each copying slower (docs/results/hostmem-h200.md).
 DEFAULT_RING_THREADS = min(12, os.cpu_count() or 1)
@@ -112,16 +107,19 @@ class HostWeights(Mapping[str, HostSource], Closing):
         device: Device,
         mode: HostMemoryMode | str = HostMemoryMode.AUTO,
         *,
-        ring_chunk_bytes: int = DEFAULT_RING_CHUNK_BYTES,
-        ring_chunks: int = DEFAULT_RING_CHUNKS,
+        ring_chunk_bytes: int | None = None,
+        ring_chunks: int | None = None,
         ring_threads: int | None = None,
-        ring_part_bytes: int = DEFAULT_RING_PART_BYTES,
+        ring_part_bytes: int | None = None,
+        ring_fill: RingFill | str = RingFill.AUTO,
         copied_to: Mapping[str, Device] | None = None,
     ) -> HostWeights:
         """Place the tensors of a model (or of the GGUF file at a path, opened and owned here).
 
-        ``ring_threads``: the staging ring's host threads (default: ``default_ring_threads``);
-        ``ring_part_bytes``: the least bytes a thread copies of a chunk's fill.
+        ``ring_threads``: the staging ring's workers, threads or fill processes (default:
+        ``default_ring_threads``); ``ring_fill``: which (``RingFill``); ``ring_chunks``,
+        ``ring_chunk_bytes`` and ``ring_part_bytes`` (the least bytes a worker copies of a
+        chunk's fill) default to what suits the workers (``StagingRing``).
         ``copied_to`` names, for a layer split, the device a tensor is copied to where it is not
         ``device``; only a staging ring depends on it.
         """
@@ -130,7 +128,7 @@ class HostWeights(Mapping[str, HostSource], Closing):
         model = MoeModel.open(model_or_path) if not isinstance(model_or_path, MoeModel) else model_or_path
         try:
             threads = default_ring_threads(device) if ring_threads is None else ring_threads
-            ring = _RingOptions(ring_chunk_bytes, ring_chunks, threads, ring_part_bytes)
+            ring = _RingOptions(ring_chunk_bytes, ring_chunks, threads, ring_part_bytes, ring_fill)
             targets = dict(copied_to or {})
             return cls(model, device, *_place(model, device, requested, ring, targets), owns_model=owns_model)
         except BaseException:
@@ -185,10 +183,11 @@ def _parse_mode(mode: HostMemoryMode | str) -> HostMemoryMode:
 
 @dataclass(frozen=True)
 class _RingOptions:
-    chunk_bytes: int
-    chunks: int
+    chunk_bytes: int | None
+    chunks: int | None
     threads: int
-    part_bytes: int
+    part_bytes: int | None
+    fill: RingFill | str
 
 
 _Placement = tuple[HostMemoryMode, dict[str, HostSource], list[HostBuffer | StagingRing], HostWeightsStats]
@@ -206,6 +205,7 @@ def _place(
         return requested, regions, [pinned], stats
     mappings = _wrap_mappings(model, device)
     resources: list[HostBuffer | StagingRing] = list(mappings)
+    refused: str | None = None  # why registration was refused, if it was
     try:
         if requested is HostMemoryMode.MMAP:
             return requested, _regions(mappings, tensors), list(mappings), stats
@@ -214,7 +214,7 @@ def _place(
             if reason is None:
                 stats.registered_bytes = sum(m.nbytes for m in mappings)
                 return HostMemoryMode.REGISTERED, _regions(mappings, tensors), list(mappings), stats
-            _note_fallback(stats, requested, reason, device, tensors, ring)
+            refused = reason
             # Fresh, unregistered mappings for the ring: some shards may have been registered.
             _close_all(mappings)
             mappings = _wrap_mappings(model, device)
@@ -223,18 +223,26 @@ def _place(
         by_device: dict[Device, list[TensorInfo]] = {}
         for t in tensors:
             by_device.setdefault(targets.get(t.name, device), []).append(t)
-        chunk_bytes = _chunk_bytes(tensors, ring)
+        largest = max((t.nbytes for t in tensors), default=1)
         for target, mine in by_device.items():
             sources = mappings if target is device else _wrap_mappings(model, target)
             if target is not device:
                 resources.extend(sources)
             staging = StagingRing(
-                sources, chunk_bytes=chunk_bytes, chunks=ring.chunks, threads=ring.threads, part_bytes=ring.part_bytes
+                sources,
+                threads=ring.threads,
+                chunk_bytes=ring.chunk_bytes,
+                chunks=ring.chunks,
+                part_bytes=ring.part_bytes,
+                fill=ring.fill,
+                max_copy_bytes=largest,
             )
             # Closed in reverse: a ring (which waits for its DMAs) before the mappings it reads.
             resources.append(staging)
             stats.pinned_bytes += staging.pinned_bytes
             ring_regions.update({t.name: staging.region(t.offset, t.nbytes, t.shard) for t in mine})
+        if refused is not None:
+            _note_fallback(stats, requested, refused, tensors, staging)
     except BaseException:
         _close_all(resources)
         raise
@@ -286,33 +294,26 @@ def _register(mapping: HostBuffer) -> str | None:
 
 
 def _note_fallback(
-    stats: HostWeightsStats,
-    requested: HostMemoryMode,
-    reason: str,
-    device: Device,
-    tensors: list[TensorInfo],
-    ring: _RingOptions,
+    stats: HostWeightsStats, requested: HostMemoryMode, reason: str, tensors: list[TensorInfo], ring: StagingRing
 ) -> None:
     stats.fallbacks.append(HostMemoryFallback(requested, HostMemoryMode.RING, reason))
     total = sum(t.nbytes for t in tensors)
     # An explicit request the platform refused is worth a warning; AUTO only chose.
     level = logging.WARNING if requested is HostMemoryMode.REGISTERED else logging.INFO
+    workers = "fill processes" if ring.fill_processes else "threads"
     log.log(
         level,
         "registered host memory is unavailable on %s (%s): %s; streaming %d bytes of tensors through a "
-        "staging ring of %d x %d pinned bytes instead",
-        device.label,
-        device.name,
+        "staging ring of %d x %d pinned bytes filled by %d %s instead",
+        ring.device.label,
+        ring.device.name,
         reason,
         total,
         ring.chunks,
-        _chunk_bytes(tensors, ring),
+        ring.chunk_bytes,
+        ring.threads,
+        workers,
     )
-
-
-def _chunk_bytes(tensors: list[TensorInfo], ring: _RingOptions) -> int:
-    # No copy is larger than the largest tensor, so a bigger chunk would be wasted.
-    return max(1, min(ring.chunk_bytes, max((t.nbytes for t in tensors), default=1)))
 
 
 def _pinned_copy(

@@ -1,24 +1,30 @@
-"""The staging ring: pinned chunks fed from pageable memory (file mappings) by host threads.
+"""The staging ring: pinned chunks fed from pageable memory (file mappings) by host workers.
 
 A mechanism only: it copies any byte range of one of a few pageable HostBuffers (the mappings
 of a model's shards) to a device at DMA speed through one set of page-locked chunks. Which
-tensors go through it is ``placement``'s decision.
+tensors go through it is ``placement``'s decision. The workers that fill the chunks are processes
+where they can be (``fillproc``: on a GPU, sources that map files, Linux), else threads.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
+import logging
 import threading
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 
 from .._closing import Closing
 from ..backends.base import DeviceBuffer, Event, HostBuffer, Stream, check_range
-from ..errors import InvalidArgument, UseAfterClose
+from ..errors import BackendError, InvalidArgument, UseAfterClose
 from ..scheduler.source import HostRegion, HostSource
+from .fillproc import FileSpan, FillProcessError, FillProcesses, SharedChunks, close_spans, file_spans
+
+log = logging.getLogger(__name__)
 
 _UNANNOUNCED = -1  # the ticket of the pieces of a copy that was not expected
 
@@ -27,6 +33,35 @@ _UNANNOUNCED = -1  # the ticket of the pieces of a copy that was not expected
 # time per part than one with 16 MiB parts, for the same bytes); 8 MiB parts of 32 MiB chunks gave
 # the fastest prefill there (docs/results/hostmem-h200.md).
 DEFAULT_RING_PART_BYTES = 8 << 20
+# 8 chunks of 32 MiB keep 32 parts of 8 MiB in flight for the threads in 256 MiB of pinned memory.
+# On the H200 host, prefill through them moved 35-45 GB/s (medians of 3 runs per setting) where 4
+# chunks of 64 MiB moved 33-40, and 8 chunks of 64 MiB copied slower per thread than either.
+DEFAULT_RING_CHUNK_BYTES = 32 << 20
+DEFAULT_RING_CHUNKS = 8
+# With fill processes, chunks small enough to stay in the last-level cache between their fill and
+# their DMA: 16 chunks of 4 MiB (one process each) staged 51-54 GB/s on the H200 host, 97% of the
+# pinned peak, where 8 chunks of 32 MiB staged 32 (docs/results/hostmem-h200.md).
+PROCESS_RING_CHUNKS = 16
+PROCESS_RING_CHUNK_BYTES = 4 << 20
+
+
+class RingFill(enum.Enum):
+    """Who fills a staging ring's chunks."""
+
+    AUTO = "auto"  # processes where they can run (a GPU, sources that map files, Linux), else threads
+    THREADS = "threads"  # host threads of this process: the simulator times these
+    PROCESSES = "processes"  # helper processes; threads (with a warning) if they cannot run
+
+
+def _parse_fill(fill: RingFill | str) -> RingFill:
+    try:
+        return RingFill(fill)
+    except ValueError:
+        raise InvalidArgument(
+            f"unknown staging ring fill {fill!r}",
+            call="StagingRing",
+            hint=f"choose one of {', '.join(f.value for f in RingFill)}",
+        ) from None
 
 
 @dataclass
@@ -57,6 +92,7 @@ class RingStats:
 
 @dataclass(frozen=True)
 class _Slot:
+    index: int
     buffer: HostBuffer  # one pinned chunk
     free_event: Event  # recorded after the last DMA that read this chunk
 
@@ -71,26 +107,40 @@ class _Piece:
 
 
 @dataclass(frozen=True)
+class _ProcessPart:
+    process: int
+    seq: int  # the copy's number in that process's order
+    nbytes: int
+
+
+@dataclass(frozen=True)
 class _Fill:
     piece: _Piece
     slot: _Slot
-    parts: tuple[Future[float], ...]  # each returns the filling thread's clock when done
+    # Thread fills: each part returns the filling thread's clock when done. Process fills: where
+    # each part was sent.
+    parts: tuple[Future[float], ...] | tuple[_ProcessPart, ...]
 
 
 class StagingRing(Closing):
     """Copies from pageable host memory at DMA speed through a few pinned chunks.
 
-    ``copy`` splits a range into chunk-sized pieces. A pool of host threads memcpys the next
+    ``copy`` splits a range into chunk-sized pieces. A pool of host workers memcpys the next
     pieces (up to the number of chunks) into their chunks while the device DMAs earlier ones
     from theirs. A chunk is refilled only after the event recorded behind its previous DMA
     has completed, so the host never overwrites bytes a copy still reads. Pinned memory stays
     at ``chunks * chunk_bytes`` whatever the size of the source.
 
-    Told the copies to come (``expect``, in the order they will be asked for), the threads
+    Told the copies to come (``expect``, in the order they will be asked for), the workers
     go on filling chunks for the next copies while the current one's last pieces are DMAed
     and between calls, so the ring does not drain at every copy. A copy asked for out of that
     order is still exact: the fills made ahead for copies announced before it are dropped, or,
     if it was not announced at all, they are redone after it.
+
+    ``fill`` picks the workers (``RingFill``); ``chunks``, ``chunk_bytes`` and ``part_bytes``
+    default to what suits them, chunks no larger than ``max_copy_bytes`` where it is given. If
+    fill processes fail, the ring says so once in the log, drops their fills and goes on with
+    threads (``fill_processes`` turns False, ``fill_note`` says why).
 
     ``copy`` blocks the calling thread until the last piece is enqueued; call it from a
     copy worker. One caller at a time: concurrent callers are serialized by a lock.
@@ -100,35 +150,70 @@ class StagingRing(Closing):
         self,
         sources: HostBuffer | Sequence[HostBuffer],
         *,
-        chunk_bytes: int,
-        chunks: int,
         threads: int,
-        part_bytes: int = DEFAULT_RING_PART_BYTES,
+        chunk_bytes: int | None = None,
+        chunks: int | None = None,
+        part_bytes: int | None = None,
+        fill: RingFill | str = RingFill.AUTO,
+        max_copy_bytes: int | None = None,
     ) -> None:
-        if chunk_bytes < 1 or chunks < 2 or threads < 1 or part_bytes < 1:
+        self.sources = (sources,) if isinstance(sources, HostBuffer) else tuple(sources)
+        if not self.sources or any(s.device is not self.sources[0].device for s in self.sources):
+            raise InvalidArgument("a staging ring needs one or more sources of one device", call="StagingRing")
+        self.device = self.sources[0].device
+        fill = _parse_fill(fill)
+        given = {"chunk_bytes": chunk_bytes, "chunks": chunks, "part_bytes": part_bytes}
+        least = {"chunk_bytes": 1, "chunks": 2, "part_bytes": 1}
+        if threads < 1 or any(value is not None and value < least[key] for key, value in given.items()):
             raise InvalidArgument(
                 f"a staging ring needs chunk_bytes >= 1, chunks >= 2, threads >= 1 and part_bytes >= 1; got "
                 f"{chunk_bytes}, {chunks}, {threads}, {part_bytes}",
                 call="StagingRing",
             )
-        self.part_bytes = part_bytes  # a chunk's fill is split between threads in parts no smaller than this
-        self.sources = (sources,) if isinstance(sources, HostBuffer) else tuple(sources)
-        if not self.sources or any(s.device is not self.sources[0].device for s in self.sources):
-            raise InvalidArgument("a staging ring needs one or more sources of one device", call="StagingRing")
-        self.device = self.sources[0].device
+        self.fill_note: str | None = None  # why the chunks are filled by threads where processes were meant
+        spans: list[FileSpan] | None = None
+        # The simulator times threads: a process's copies would take no time there.
+        if fill is RingFill.PROCESSES or (fill is RingFill.AUTO and not self.device.backend.virtual_time):
+            found = file_spans(self.sources)
+            if isinstance(found, str):
+                self.fill_note = f"fill processes cannot read the sources: {found}"
+            else:
+                spans = found
+        use_processes = spans is not None
+        if chunks is None:
+            chunks = PROCESS_RING_CHUNKS if use_processes else DEFAULT_RING_CHUNKS
+        if chunk_bytes is None:
+            chunk_bytes = PROCESS_RING_CHUNK_BYTES if use_processes else DEFAULT_RING_CHUNK_BYTES
+        if max_copy_bytes is not None:
+            chunk_bytes = max(1, min(chunk_bytes, max_copy_bytes))  # a bigger chunk would be wasted
+        if part_bytes is None:
+            part_bytes = chunk_bytes if use_processes else DEFAULT_RING_PART_BYTES
+        self.part_bytes = part_bytes  # a chunk's fill is split between workers in parts no smaller than this
         self.chunk_bytes = chunk_bytes
         self._slots: list[_Slot] = []
+        self._shared: SharedChunks | None = None
+        self._processes: FillProcesses | None = None
         try:
-            for _ in range(chunks):
-                chunk = self.device.alloc_pinned(chunk_bytes)
-                try:
-                    self._slots.append(_Slot(chunk, self.device.event()))
-                except BaseException:
-                    chunk.close()
-                    raise
+            if spans is not None:
+                self._start_processes(spans, chunks, threads)
+            if self._processes is None:
+                for index in range(chunks):
+                    chunk = self.device.alloc_pinned(chunk_bytes)
+                    try:
+                        self._slots.append(_Slot(index, chunk, self.device.event()))
+                    except BaseException:
+                        chunk.close()
+                        raise
         except BaseException:
             self._free_slots()
             raise
+        finally:
+            close_spans(spans or ())  # the processes hold their own
+        if self.fill_note is not None:
+            # Asked for processes, or they could not start: worth a warning. Sources that are not
+            # file mappings under auto: only what auto chose.
+            level = logging.INFO if fill is RingFill.AUTO and spans is None else logging.WARNING
+            log.log(level, "%s: staging ring fills its chunks with threads: %s", self.device.label, self.fill_note)
         # Parts go to the workers in turn rather than to whichever is idle, so that what each
         # thread does (and, on the simulator, its clock) does not depend on OS scheduling.
         self._workers = [
@@ -151,6 +236,28 @@ class StagingRing(Closing):
         self.unannounced_copies = 0  # copies that were not expected: they waited for a fill of their own
         self.skipped_copies = 0  # expected copies never asked for before a later one was
         self.closed = False
+
+    def _start_processes(self, spans: Sequence[FileSpan], chunks: int, count: int) -> None:
+        """Fill processes and their shared chunks; on failure, a note and threads instead."""
+        try:
+            self._shared = SharedChunks(self.device, chunks, self.chunk_bytes)
+            self._processes = FillProcesses(count, spans, self._shared)
+        except (OSError, BackendError) as exc:
+            if self._shared is not None:
+                self._shared.close()
+                self._shared = None
+            self.fill_note = f"fill processes could not start: {exc}"
+            return
+        self._slots = [_Slot(i, buffer, self.device.event()) for i, buffer in enumerate(self._shared.buffers)]
+
+    @property
+    def chunks(self) -> int:
+        return len(self._slots)
+
+    @property
+    def fill_processes(self) -> bool:
+        """Whether helper processes fill the chunks (else threads of this process)."""
+        return self._processes is not None
 
     @property
     def pinned_bytes(self) -> int:
@@ -294,8 +401,14 @@ class StagingRing(Closing):
         """DMA the pieces of copy ``ticket``, which lead the queue, refilling each chunk as it frees."""
         self._top_up()
         while self._ahead and self._ahead[0].piece.ticket == ticket:
-            fill = self._ahead.popleft()
-            self._finish_fill(fill)
+            fill = self._ahead[0]
+            try:
+                self._finish_fill(fill)
+            except FillProcessError as exc:
+                self._stop_processes(exc)  # its pieces and those after are filled again, by threads
+                self._top_up()
+                continue
+            self._ahead.popleft()
             stream.copy_h2d(dst, dst_offset + fill.piece.offset, fill.slot.buffer, 0, fill.piece.nbytes)
             stream.record(fill.slot.free_event)
             self.bytes_staged += fill.piece.nbytes
@@ -308,16 +421,27 @@ class StagingRing(Closing):
         now, up to one per thread: that is each part's share of the host memory bus. Counted here, in
         the caller's order of events, so that the simulator's share does not depend on how the OS
         runs threads; fills started together (a run's first, a decode step's ranges) share it alike.
+
+        Fill processes cannot wait for a chunk's DMA themselves: the caller waits before it sends
+        a fill. One chunk is left to the DMA handed over last, so that the caller waits for the
+        one before it, which is done or nearly, and the DMAs queue back to back.
         """
-        starting = min(len(self._queue), len(self._slots) - len(self._ahead))
+        spare = 1 if self._processes is not None else 0
+        starting = min(len(self._queue), len(self._slots) - len(self._ahead) - spare)
         if starting <= 0:
             return
         pieces = [self._queue.popleft() for _ in range(starting)]
         spans = [_parts(piece.nbytes, len(self._workers), self.part_bytes) for piece in pieces]
         in_flight = sum(len(fill.parts) for fill in self._ahead) + sum(len(parts) for parts in spans)
         sharing = min(len(self._workers), in_flight)
-        for piece, parts in zip(pieces, spans, strict=True):
-            self._ahead.append(self._start_fill(piece, parts, sharing))
+        for index, (piece, parts) in enumerate(zip(pieces, spans, strict=True)):
+            try:
+                self._ahead.append(self._start_fill(piece, parts, sharing))
+            except FillProcessError as exc:
+                self._queue.extendleft(reversed(pieces[index:]))
+                self._stop_processes(exc)
+                self._top_up()
+                return
 
     def _requeue_ahead(self) -> None:
         """Wait for the fills started ahead and queue their pieces again, first."""
@@ -338,14 +462,23 @@ class StagingRing(Closing):
 
     def _settle(self, fill: _Fill) -> None:
         """Wait for a fill whose bytes will not be used; its chunk may be refilled after this."""
-        wait(fill.parts)
+        if self._processes is not None:
+            for part in fill.parts:
+                assert isinstance(part, _ProcessPart)
+                with suppress(FillProcessError):  # a process that died writes nothing more
+                    self._processes.wait(part.process, part.seq)
+            return
+        wait(fill.parts)  # type: ignore[arg-type]
         for part in fill.parts:
+            assert isinstance(part, Future)
             if part.exception() is None:
                 self.device.backend.host_resume_at(part.result())
 
     def _start_fill(self, piece: _Piece, spans: list[tuple[int, int]], sharing: int) -> _Fill:
         slot = self._slots[self._next_slot]
         self._next_slot = (self._next_slot + 1) % len(self._slots)
+        if self._processes is not None:
+            return _Fill(piece, slot, self._send_parts(slot, piece, spans))
         handoff = self.device.backend.host_timestamp()
         parts = []
         for offset, n in spans:
@@ -357,6 +490,27 @@ class StagingRing(Closing):
                 )
             )
         return _Fill(piece, slot, tuple(parts))
+
+    def _send_parts(self, slot: _Slot, piece: _Piece, spans: list[tuple[int, int]]) -> tuple[_ProcessPart, ...]:
+        """Wait for the chunk's last DMA, then hand its parts to the fill processes in turn."""
+        assert self._processes is not None
+        backend = self.device.backend
+        start = backend.host_timestamp()
+        slot.free_event.synchronize()
+        with self._stats_lock:
+            self._stats.chunk_wait_s += backend.host_timestamp() - start
+        source = self.sources.index(piece.source)
+        parts: list[_ProcessPart] = []
+        for offset, n in spans:
+            process = self._next_worker
+            self._next_worker = (self._next_worker + 1) % self._processes.count
+            try:
+                seq = self._processes.send(process, source, piece.src_offset + offset, slot.index, offset, n)
+            except FillProcessError:
+                self._settle(_Fill(piece, slot, tuple(parts)))  # no part sent may write after this
+                raise
+            parts.append(_ProcessPart(process, seq, n))
+        return tuple(parts)
 
     def _fill_part(
         self,
@@ -385,9 +539,38 @@ class StagingRing(Closing):
         # Every part ends before any error is raised: a part still writing the chunk must not
         # outlive the fill it belongs to. Resume at every part's end, not only the latest: each
         # handoff carries what its thread did, and the DMA that follows reads what all of them wrote.
-        wait(fill.parts)
+        if self._processes is not None:
+            self._finish_process_fill(fill)
+            return
+        wait(fill.parts)  # type: ignore[arg-type]
         for part in fill.parts:
+            assert isinstance(part, Future)
             self.device.backend.host_resume_at(part.result())
+
+    def _finish_process_fill(self, fill: _Fill) -> None:
+        assert self._processes is not None
+        failure: FillProcessError | None = None
+        for part in fill.parts:
+            assert isinstance(part, _ProcessPart)
+            try:
+                seconds = self._processes.wait(part.process, part.seq)
+            except FillProcessError as exc:
+                failure = failure or exc
+                continue
+            with self._stats_lock:
+                self._stats.fill_s += seconds
+                self._stats.bytes_filled += part.nbytes
+        if failure is not None:
+            raise failure
+
+    def _stop_processes(self, failure: FillProcessError) -> None:
+        """Fill processes failed: drop their fills (queued again, first) and go on with threads."""
+        self._requeue_ahead()  # waits for what the live processes were asked; none writes after this
+        processes, self._processes = self._processes, None
+        assert processes is not None
+        processes.close()
+        self.fill_note = str(failure)
+        log.warning("%s: staging ring fills its chunks with threads from now on: %s", self.device.label, failure)
 
     def close(self) -> None:
         """Wait for the fills and the DMAs still using the chunks, then free them."""
@@ -399,11 +582,15 @@ class StagingRing(Closing):
                 self._forget()
                 for worker in self._workers:
                     worker.shutdown(wait=True)
+                if self._processes is not None:
+                    self._processes.close()
             finally:
                 self._free_slots()
 
     def _free_slots(self) -> None:
         with ExitStack() as stack:  # every chunk is released even if one step fails
+            if self._shared is not None:
+                stack.callback(self._shared.close)  # runs last: it unmaps what the buffers wrap
             for slot in self._slots:
                 stack.callback(slot.free_event.close)
                 stack.callback(slot.buffer.close)

@@ -32,7 +32,15 @@ from ..clitools import (
     scratch_folder,
     writable_path,
 )
-from ..hostmem import DEFAULT_RING_CHUNK_BYTES, DEFAULT_RING_CHUNKS, DEFAULT_RING_PART_BYTES, HostMemoryMode
+from ..hostmem import (
+    DEFAULT_RING_CHUNK_BYTES,
+    DEFAULT_RING_CHUNKS,
+    DEFAULT_RING_PART_BYTES,
+    PROCESS_RING_CHUNK_BYTES,
+    PROCESS_RING_CHUNKS,
+    HostMemoryMode,
+    RingFill,
+)
 from ..kernels.layout import MatrixPath
 from ..model import PRESETS, MoeModel, make_model
 from ..model.commands import expert_type_option, open_model
@@ -231,25 +239,37 @@ def register(subparsers: Any) -> None:
         help="print the simulator's prediction beside each row, with a profile from `expertstream tune` (on a "
         "GPU without one: tune first, ~30 s; on the simulator: its own profile). The auto settings use it too",
     )
-    prefill.add_argument("--ring-threads", type=_positive, default=None, help="host threads filling the staging ring")
+    prefill.add_argument(
+        "--ring-fill",
+        choices=[f.value for f in RingFill],
+        default=RingFill.AUTO.value,
+        help="who fills the staging ring's chunks: helper processes (fast: they do not share the interpreter "
+        "lock), threads, or auto: processes on a GPU where the model's files allow, else threads "
+        "(default: %(default)s)",
+    )
+    prefill.add_argument(
+        "--ring-threads", type=_positive, default=None, help="workers (threads or processes) filling the staging ring"
+    )
     prefill.add_argument(
         "--ring-chunks",
         type=_positive,
         default=None,
-        help=f"the staging ring's pinned chunks (at least 2; default {DEFAULT_RING_CHUNKS})",
+        help=f"the staging ring's pinned chunks (at least 2; default {PROCESS_RING_CHUNKS} with fill processes, "
+        f"{DEFAULT_RING_CHUNKS} with threads)",
     )
     prefill.add_argument(
         "--ring-chunk-mib",
         type=_positive,
         default=None,
-        help=f"MiB per staging ring chunk (default {DEFAULT_RING_CHUNK_BYTES >> 20})",
+        help=f"MiB per staging ring chunk (default {PROCESS_RING_CHUNK_BYTES >> 20} with fill processes, "
+        f"{DEFAULT_RING_CHUNK_BYTES >> 20} with threads)",
     )
     prefill.add_argument(
         "--ring-part-mib",
         type=_positive,
         default=None,
-        help=f"least MiB one ring thread copies of a chunk's fill (default {DEFAULT_RING_PART_BYTES >> 20}); "
-        "microbench.ring_limits compares geometries on this machine",
+        help="least MiB one ring worker copies of a chunk's fill (default: a chunk with fill processes, "
+        f"{DEFAULT_RING_PART_BYTES >> 20} with threads); microbench.ring_limits compares geometries on this machine",
     )
     prefill.add_argument(
         "--matrix-path",
@@ -550,6 +570,7 @@ def _settings(args: argparse.Namespace, batching: Batching, n_cpu_moe: int | Non
         args.seed,
         repeats=args.repetitions,
         ring_threads=args.ring_threads,
+        ring_fill=args.ring_fill,
         ring_chunks=args.ring_chunks,
         ring_chunk_bytes=None if args.ring_chunk_mib is None else args.ring_chunk_mib << 20,
         ring_part_bytes=None if args.ring_part_mib is None else args.ring_part_mib << 20,

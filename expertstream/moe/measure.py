@@ -41,8 +41,9 @@ class Settings:
     seed: int = 0
     warmup: bool = True  # run the first ubatch (and decode step) once per row before timing
     repeats: int = 1  # timed runs per row; rows report their mean and standard deviation
-    ring_threads: int | None = None  # host threads filling the staging ring (None: hostmem's default)
-    # The staging ring's geometry (None: hostmem's defaults): chunks, bytes per chunk, least bytes per part.
+    ring_threads: int | None = None  # workers filling the staging ring (None: hostmem's default)
+    ring_fill: str = "auto"  # who fills it: threads, processes, or auto (hostmem.RingFill)
+    # The staging ring's geometry (None: what suits its workers): chunks, bytes per chunk, least bytes per part.
     ring_chunks: int | None = None
     ring_chunk_bytes: int | None = None
     ring_part_bytes: int | None = None
@@ -257,8 +258,11 @@ def measure(
                     split.devices[0],
                     mode,
                     ring_threads=settings.ring_threads,
+                    ring_chunks=settings.ring_chunks,
+                    ring_chunk_bytes=settings.ring_chunk_bytes,
+                    ring_part_bytes=settings.ring_part_bytes,
+                    ring_fill=settings.ring_fill,
                     copied_to=split.expert_devices,
-                    **_ring_geometry(settings),
                 ) as weights:
                     for slots in settings.slots:
                         row = _measure_row(
@@ -266,16 +270,6 @@ def measure(
                         )
                         result.rows.append(row)
         return result
-
-
-def _ring_geometry(settings: Settings) -> dict[str, int]:
-    """The ring options ``settings`` names; the others keep HostWeights.open's defaults."""
-    named = {
-        "ring_chunks": settings.ring_chunks,
-        "ring_chunk_bytes": settings.ring_chunk_bytes,
-        "ring_part_bytes": settings.ring_part_bytes,
-    }
-    return {key: value for key, value in named.items() if value is not None}
 
 
 def _measure_row(
@@ -365,6 +359,7 @@ def _ring_fields(
     thread_s = threads * wall_s
     return {
         "ring_threads": threads,
+        "ring_fill": "processes" if all(ring.fill_processes for ring in weights.rings) else "threads",
         "ring_copy_pct": 100.0 * used.fill_s / thread_s,
         "ring_chunk_wait_pct": 100.0 * used.chunk_wait_s / thread_s,
         "ring_thread_gbps": used.thread_gbps,

@@ -29,7 +29,7 @@ import numpy as np
 from ..backends.base import Backend, Device, DeviceBuffer, HostBuffer, Stream, Usage
 from ..errors import DeviceError, InvalidArgument
 from ..ggml import RowType
-from ..hostmem import DEFAULT_RING_CHUNK_BYTES, DEFAULT_RING_CHUNKS, StagingRing, default_ring_threads
+from ..hostmem import DEFAULT_RING_CHUNK_BYTES, DEFAULT_RING_CHUNKS, RingFill, StagingRing, default_ring_threads
 from ..kernels import MoeKernels, layout
 from ..kernels import reference as ref
 from ..kernels.layout import weight_format
@@ -575,7 +575,13 @@ def ring_stream(
     memcpys into pinned chunks and their DMAs overlapped, as --host-memory ring does."""
     with (
         device.alloc(nbytes) as dst,
-        StagingRing(host, chunk_bytes=DEFAULT_RING_CHUNK_BYTES, chunks=DEFAULT_RING_CHUNKS, threads=threads) as ring,
+        StagingRing(
+            host,
+            chunk_bytes=DEFAULT_RING_CHUNK_BYTES,
+            chunks=DEFAULT_RING_CHUNKS,
+            threads=threads,
+            fill=RingFill.THREADS,
+        ) as ring,
     ):
         region = ring.region(offset, nbytes)
         start = backend.host_timestamp()
@@ -597,7 +603,11 @@ def ring_small_copies(
     with (
         device.alloc(nbytes) as dst,
         StagingRing(
-            host, chunk_bytes=DEFAULT_RING_CHUNK_BYTES, chunks=DEFAULT_RING_CHUNKS, threads=default_ring_threads(device)
+            host,
+            chunk_bytes=DEFAULT_RING_CHUNK_BYTES,
+            chunks=DEFAULT_RING_CHUNKS,
+            threads=default_ring_threads(device),
+            fill=RingFill.THREADS,
         ) as ring,
     ):
 

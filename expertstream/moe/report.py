@@ -59,6 +59,7 @@ class Row:
     # Host memory ring only, over the timed prefills: the share of its threads' time spent copying
     # into chunks and waiting for a chunk's DMA to end, and one thread's rate while copying.
     ring_threads: int | None = None
+    ring_fill: str | None = None  # who filled the ring's chunks: processes or threads
     ring_copy_pct: float | None = None
     ring_chunk_wait_pct: float | None = None
     ring_thread_gbps: float | None = None
@@ -215,19 +216,21 @@ def ring_note(rows: Sequence[Row]) -> str | None:
         return None
     copy, wait = [share[0] for share in shares], [share[1] for share in shares]
     rates = [rate for r in rows if (rate := r.ring_thread_gbps) is not None]
-    threads = next(r.ring_threads for r in rows if r.ring_threads is not None)
+    threads, fill = next((r.ring_threads, r.ring_fill) for r in rows if r.ring_threads is not None)
+    worker = "process" if fill == "processes" else "thread"
+    workers = "fill processes" if fill == "processes" else "threads"
     line = (
-        f"staging ring ({threads} threads): copying {_span(copy, '.0f')}% of the time, waiting for "
+        f"staging ring ({threads} {workers}): copying {_span(copy, '.0f')}% of the time, waiting for "
         f"chunk DMAs {_span(wait, '.0f')}%"
     )
     if rates:
-        line += f", {_span(rates, '.1f')} GB/s per thread while copying"
+        line += f", {_span(rates, '.1f')} GB/s per {worker} while copying"
     if max(copy) >= RING_COPY_BOUND_PCT:
         return line + ": the host's copy from the mapping bounds it; more slots will not help"
     if min(wait) >= RING_WAIT_BOUND_PCT:
         return line + ": the copies to the device hold it back, not its threads"
     if max(sum(share) for share in shares) < RING_IDLE_BELOW_PCT:
-        return line + ": its threads are mostly idle, so the ring is not what bounds the run"
+        return line + f": its {workers} are mostly idle, so the ring is not what bounds the run"
     return line
 
 

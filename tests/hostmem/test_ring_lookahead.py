@@ -244,7 +244,7 @@ def test_the_check_sees_a_chunk_refilled_before_its_dma_ends(monkeypatch: pytest
     original = StagingRing._fill_part
 
     def no_wait(self, slot, *args):  # type: ignore[no-untyped-def]
-        return original(self, type(slot)(slot.buffer, self.device.event()), *args)
+        return original(self, type(slot)(slot.index, slot.buffer, self.device.event()), *args)
 
     monkeypatch.setattr(StagingRing, "_fill_part", no_wait)
     try:

@@ -30,9 +30,8 @@ def test_ring_uses_bounded_pinned_memory(backend: Backend, tiny_path: Path, monk
         return buf
 
     monkeypatch.setattr(device, "alloc_pinned", counting_alloc)
-    weights = HostWeights.open(
-        tiny_path, device, HostMemoryMode.RING, ring_chunk_bytes=32_768, ring_chunks=3, ring_threads=2
-    )
+    geometry = {"ring_chunk_bytes": 32_768, "ring_chunks": 3, "ring_threads": 2, "ring_fill": "threads"}
+    weights = HostWeights.open(tiny_path, device, HostMemoryMode.RING, **geometry)  # type: ignore[arg-type]
     assert sizes == [32_768] * 3 == [b.nbytes for b in buffers]
     assert weights.stats.pinned_bytes == 3 * 32_768
     total = sum(t.nbytes for t in weights.model.tensors.values())

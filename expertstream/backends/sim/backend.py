@@ -38,6 +38,10 @@ class SimBackend(Backend):
         return self._sim.profile
 
     @property
+    def virtual_time(self) -> bool:
+        return True
+
+    @property
     def holds_data(self) -> bool:
         """False in timing-only mode: no memory behind buffers, kernels not run."""
         return self._sim.data

@@ -1,0 +1,192 @@
+"""Fill processes: a staging ring's chunks filled by helper processes reading the sources' files."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import expertstream
+from expertstream.backends.base import Backend, Device, HostBuffer
+from expertstream.hostmem import HostMemoryMode, HostWeights, RingFill, StagingRing
+
+from .patterns import pattern
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="fill processes need Linux")
+
+KIB = 1024
+RING = {"threads": 3, "chunk_bytes": 64 * KIB, "chunks": 4, "fill": "processes"}
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> list[Path]:
+    """Two files of distinct bytes (the second with an odd size)."""
+    paths = []
+    for i, size in enumerate((640 * KIB, 333 * KIB + 7)):
+        path = tmp_path / f"shard{i}.bin"
+        path.write_bytes(pattern(size + i).tobytes()[:size])
+        paths.append(path)
+    return paths
+
+
+@pytest.fixture
+def sources(device: Device, files: list[Path]) -> Iterator[list[HostBuffer]]:
+    buffers = [device.wrap_host(np.memmap(path, dtype=np.uint8, mode="r")) for path in files]
+    yield buffers
+    for buffer in buffers:
+        buffer.close()
+
+
+def _copy_all(ring: StagingRing, device: Device, spans: list[tuple[int, int, int]]) -> list[np.ndarray]:
+    """Copy each (source, start, length) through the ring, announced; the bytes that arrived."""
+    regions = [ring.region(start, length, source) for source, start, length in spans]
+    ring.expect(regions)
+    out = []
+    with device.stream() as stream:
+        for region in regions:
+            with device.alloc(region.length) as dst:
+                region.enqueue_h2d(stream, dst, 0, 0, region.length)
+                stream.synchronize()
+                out.append(dst.read())
+    return out
+
+
+def _expected(sources: list[HostBuffer], spans: list[tuple[int, int, int]]) -> list[np.ndarray]:
+    return [sources[s].array[start : start + length] for s, start, length in spans]
+
+
+SPANS = [(0, 0, 640 * KIB), (1, 5, 333 * KIB), (0, 100 * KIB + 3, 200 * KIB), (1, 0, 1)]
+
+
+def test_fill_processes_copy_every_byte(device: Device, sources: list[HostBuffer]) -> None:
+    with StagingRing(sources, **RING) as ring:  # type: ignore[arg-type]
+        assert ring.fill_processes and ring.fill_note is None
+        got = _copy_all(ring, device, SPANS)
+        stats = ring.stats
+    for a, b in zip(got, _expected(sources, SPANS), strict=True):
+        assert np.array_equal(a, b)
+    assert stats.bytes_filled == sum(length for _, _, length in SPANS)
+    assert stats.fill_s > 0
+
+
+def test_fill_processes_take_unannounced_copies_and_ranges(device: Device, sources: list[HostBuffer]) -> None:
+    ranges = [(0, 64 * KIB), (200 * KIB, 230 * KIB), (600 * KIB, 640 * KIB)]
+    with StagingRing(sources, **RING) as ring, device.stream() as stream:  # type: ignore[arg-type]
+        with device.alloc(640 * KIB) as dst:
+            stream.memset(dst, 0, 640 * KIB, 0)
+            ring.region(0, 640 * KIB).enqueue_h2d_ranges(stream, dst, ranges)
+            stream.synchronize()
+            got = dst.read()
+        with device.alloc(300 * KIB) as dst:
+            ring.copy(stream, dst, 0, 17, 300 * KIB, source=1)  # never announced
+            stream.synchronize()
+            single = dst.read()
+        assert ring.fill_processes
+    expected = np.zeros(640 * KIB, np.uint8)
+    for start, end in ranges:
+        expected[start:end] = sources[0].array[start:end]
+    assert np.array_equal(got, expected)
+    assert np.array_equal(single, sources[1].array[17 : 17 + 300 * KIB])
+
+
+def test_a_dead_fill_process_hands_its_fills_to_threads(
+    device: Device, sources: list[HostBuffer], caplog: pytest.LogCaptureFixture
+) -> None:
+    with StagingRing(sources, **RING) as ring:  # type: ignore[arg-type]
+        assert ring._processes is not None
+        ring._processes._children[1].process.kill()
+        with caplog.at_level(logging.WARNING, logger="expertstream.hostmem"):
+            got = _copy_all(ring, device, SPANS)
+        assert not ring.fill_processes
+        assert ring.fill_note is not None and "fill process failed" in ring.fill_note
+    for a, b in zip(got, _expected(sources, SPANS), strict=True):
+        assert np.array_equal(a, b)
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "with threads from now on" in warnings[0].getMessage()
+
+
+def test_sources_that_are_not_files_are_filled_by_threads_with_a_warning(
+    device: Device, caplog: pytest.LogCaptureFixture
+) -> None:
+    data = pattern(300 * KIB)
+    with caplog.at_level(logging.INFO, logger="expertstream.hostmem"):
+        ring = StagingRing(device.wrap_host(data), **RING)  # type: ignore[arg-type]
+    with ring:
+        assert not ring.fill_processes
+        assert ring.fill_note is not None and "not a file mapping" in ring.fill_note
+        got = _copy_all(ring, device, [(0, 0, 300 * KIB)])
+    assert np.array_equal(got[0], data)
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "fills its chunks with threads" in warnings[0].getMessage()
+
+
+def test_a_file_replaced_since_it_was_mapped_is_not_read(
+    device: Device, sources: list[HostBuffer], files: list[Path]
+) -> None:
+    replacement = files[0].with_suffix(".new")
+    replacement.write_bytes(b"\0" * files[0].stat().st_size)
+    os.replace(replacement, files[0])  # the mapping still shows the old inode's bytes
+    with StagingRing(sources, **RING) as ring:  # type: ignore[arg-type]
+        assert not ring.fill_processes
+        assert ring.fill_note is not None and "was deleted or replaced since it was mapped" in ring.fill_note
+        got = _copy_all(ring, device, SPANS[:1])
+    assert np.array_equal(got[0], sources[0].array)  # the mapping's bytes, not the new file's
+
+
+def test_auto_fills_with_processes_except_on_the_simulator(backend: Backend, sources: list[HostBuffer]) -> None:
+    with StagingRing(sources, threads=2, fill=RingFill.AUTO) as ring:
+        assert ring.fill_processes is not backend.virtual_time
+        assert ring.fill_note is None
+
+
+def test_close_lets_the_fill_processes_exit(device: Device, sources: list[HostBuffer]) -> None:
+    ring = StagingRing(sources, **RING)  # type: ignore[arg-type]
+    assert ring._processes is not None
+    children = [child.process for child in ring._processes._children]
+    _copy_all(ring, device, SPANS[:2])
+    ring.close()
+    assert [child.returncode for child in children] == [0, 0, 0]
+
+
+def test_host_weights_ring_filled_by_processes_matches_the_file(device: Device, tiny_path: Path) -> None:
+    with HostWeights.open(
+        tiny_path, device, HostMemoryMode.RING, ring_fill="processes", ring_threads=2, ring_chunk_bytes=64 * KIB
+    ) as weights:
+        (ring,) = weights.rings
+        assert ring.fill_processes and ring.chunks == 16
+        names = list(weights)
+        got = _copy_all(ring, device, [(0, weights[n].start, weights[n].nbytes) for n in names])
+        for name, arrived in zip(names, got, strict=True):
+            assert np.array_equal(arrived, weights.model.raw(name)), name
+
+
+def test_no_fill_is_sent_before_its_chunk_s_last_dma_ends(files: list[Path]) -> None:
+    # A process cannot wait for a device event: the ring must, before it sends the fill. The
+    # simulator's events complete only once the querying thread's clock has passed them.
+    with expertstream.backend("sim", profile="cuda-h200") as sim:
+        _check_sends(sim.device(0), files)
+
+
+def _check_sends(device: Device, files: list[Path]) -> None:
+    sources = [device.wrap_host(np.memmap(path, dtype=np.uint8, mode="r")) for path in files]
+    with StagingRing(sources, **RING) as ring:  # type: ignore[arg-type]
+        assert ring._processes is not None
+        real_send = ring._processes.send
+        chunk_was_free: list[bool] = []
+
+        def send(child: int, source: int, src_offset: int, chunk: int, chunk_offset: int, nbytes: int) -> int:
+            chunk_was_free.append(ring._slots[chunk].free_event.query())
+            return real_send(child, source, src_offset, chunk, chunk_offset, nbytes)
+
+        ring._processes.send = send  # type: ignore[method-assign]
+        got = _copy_all(ring, device, SPANS)
+    for a, b in zip(got, _expected(sources, SPANS), strict=True):
+        assert np.array_equal(a, b)
+    assert len(chunk_was_free) > ring.chunks  # chunks were refilled
+    assert all(chunk_was_free)
+    for source in sources:
+        source.close()
