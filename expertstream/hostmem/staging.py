@@ -39,10 +39,13 @@ DEFAULT_RING_PART_BYTES = 8 << 20
 DEFAULT_RING_CHUNK_BYTES = 32 << 20
 DEFAULT_RING_CHUNKS = 8
 # With fill processes, chunks small enough to stay in the last-level cache between their fill and
-# their DMA: 16 chunks of 4 MiB (one process each) staged 51-54 GB/s on the H200 host, 97% of the
-# pinned peak, where 8 chunks of 32 MiB staged 32 (docs/results/hostmem-h200.md).
+# their DMA. Alone, 16 chunks of 4-8 MiB staged 51-54 GB/s on the H200 host (97% of the pinned
+# peak) where 8 chunks of 32 MiB staged 32. Inside a prefill of the whole 48-layer file, 16 chunks
+# of 8 MiB in 4 MiB parts (two processes per chunk, half the hand-offs of 4 MiB chunks) moved
+# 41-44 GB/s against 36-41 (docs/results/hostmem-h200.md).
 PROCESS_RING_CHUNKS = 16
-PROCESS_RING_CHUNK_BYTES = 4 << 20
+PROCESS_RING_CHUNK_BYTES = 8 << 20
+PROCESS_RING_PART_BYTES = 4 << 20
 
 
 class RingFill(enum.Enum):
@@ -187,7 +190,7 @@ class StagingRing(Closing):
         if max_copy_bytes is not None:
             chunk_bytes = max(1, min(chunk_bytes, max_copy_bytes))  # a bigger chunk would be wasted
         if part_bytes is None:
-            part_bytes = chunk_bytes if use_processes else DEFAULT_RING_PART_BYTES
+            part_bytes = PROCESS_RING_PART_BYTES if use_processes else DEFAULT_RING_PART_BYTES
         self.part_bytes = part_bytes  # a chunk's fill is split between workers in parts no smaller than this
         self.chunk_bytes = chunk_bytes
         self._slots: list[_Slot] = []

@@ -38,6 +38,7 @@ from ..hostmem import (
     DEFAULT_RING_PART_BYTES,
     PROCESS_RING_CHUNK_BYTES,
     PROCESS_RING_CHUNKS,
+    PROCESS_RING_PART_BYTES,
     HostMemoryMode,
     RingFill,
 )
@@ -268,8 +269,9 @@ def register(subparsers: Any) -> None:
         "--ring-part-mib",
         type=_positive,
         default=None,
-        help="least MiB one ring worker copies of a chunk's fill (default: a chunk with fill processes, "
-        f"{DEFAULT_RING_PART_BYTES >> 20} with threads); microbench.ring_limits compares geometries on this machine",
+        help=f"least MiB one ring worker copies of a chunk's fill (default {PROCESS_RING_PART_BYTES >> 20} with fill "
+        f"processes, {DEFAULT_RING_PART_BYTES >> 20} with threads); microbench.ring_limits compares geometries on "
+        "this machine",
     )
     prefill.add_argument(
         "--matrix-path",
