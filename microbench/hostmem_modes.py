@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from expertstream.backends.base import Backend, Device, DeviceBuffer, Stream
-from expertstream.hostmem import DEFAULT_RING_CHUNK_BYTES, DEFAULT_RING_CHUNKS, HostMemoryMode, HostWeights
+from expertstream.hostmem import HostMemoryMode, HostWeights, RingFill
 from expertstream.model import MoeModel
 from expertstream.scheduler.source import expect_copies
 
@@ -36,15 +36,18 @@ log = logging.getLogger(__name__)
 class Row:
     requested: str
     mode: str
-    ring_threads: int | None
-    ring_lookahead: bool | None
-    ring_chunk_mib: float | None
     bytes: int
     gb_per_s: float
     pass_ms: float
     open_ms: float
     pinned_mib: float
     note: str = ""
+    # The staging ring's, in mode ring
+    ring_threads: int | None = None
+    ring_lookahead: bool | None = None
+    ring_fill: str | None = None  # who filled its chunks: processes or threads
+    ring_chunks: int | None = None
+    ring_chunk_mib: float | None = None
 
 
 def stream_experts(be: Backend, weights: HostWeights, stream: Stream, dst: DeviceBuffer, lookahead: bool) -> float:
@@ -68,7 +71,11 @@ def measure(
     threads: int | None,
     lookahead: bool,
 ) -> Row:
-    ring = {"ring_chunk_bytes": args.ring_chunk_mib * MIB, "ring_chunks": args.ring_chunks}
+    ring: dict[str, Any] = {
+        "ring_chunk_bytes": None if args.ring_chunk_mib is None else args.ring_chunk_mib * MIB,
+        "ring_chunks": args.ring_chunks,
+        "ring_fill": args.ring_fill,
+    }
     if threads is not None:
         ring["ring_threads"] = threads
     total = sum(t.nbytes for t in model.expert_tensors)
@@ -82,21 +89,18 @@ def measure(
         used = weights.mode
         note = "; ".join(f"fell back: {f.reason}" for f in weights.stats.fallbacks)
         pinned = weights.stats.pinned_bytes
-    is_ring = used is HostMemoryMode.RING
-    chunk = min(args.ring_chunk_mib * MIB, largest) / MIB if is_ring else None
-    return Row(
-        mode.value,
-        used.value,
-        threads if is_ring else None,
-        lookahead if is_ring else None,
-        chunk,
-        total,
-        total / seconds / 1e9,
-        seconds * 1e3,
-        open_ms,
-        pinned / MIB,
-        note,
-    )
+        row = Row(mode.value, used.value, total, total / seconds / 1e9, seconds * 1e3, open_ms, pinned / MIB, note)
+        for ring_used in weights.rings[:1]:
+            fill = "processes" if ring_used.fill_processes else "threads"
+            row = replace(
+                row,
+                ring_threads=ring_used.threads,
+                ring_lookahead=lookahead,
+                ring_fill=fill,
+                ring_chunks=ring_used.chunks,
+                ring_chunk_mib=ring_used.chunk_bytes / MIB,
+            )
+    return row
 
 
 def run(be: Backend, args: argparse.Namespace, path: Path) -> dict[str, Any]:
@@ -120,6 +124,8 @@ COLUMNS = (
     Column("mode", "used"),
     Column("ring_threads", "threads"),
     Column("ring_lookahead", "lookahead"),
+    Column("ring_fill", "fill"),
+    Column("ring_chunks", "chunks"),
     Column("ring_chunk_mib", "chunk MiB", "{:g}"),
     Column("bytes", "bytes"),
     Column("gb_per_s", "GB/s", "{:.1f}"),
@@ -152,10 +158,11 @@ def main(argv: list[str] | None = None) -> int:
         "--ring-chunk-mb",  # the spelling of older results' commands
         dest="ring_chunk_mib",
         type=int,
-        default=DEFAULT_RING_CHUNK_BYTES // MIB,
-        help="MiB per staging chunk, as prefill's --ring-chunk-mib",
+        default=None,
+        help="MiB per staging chunk, as prefill's --ring-chunk-mib (default: what suits the ring's workers)",
     )
-    p.add_argument("--ring-chunks", type=int, default=DEFAULT_RING_CHUNKS)
+    p.add_argument("--ring-chunks", type=int, default=None, help="as prefill's --ring-chunks")
+    p.add_argument("--ring-fill", default="auto", choices=[f.value for f in RingFill], help="as prefill's --ring-fill")
     p.add_argument("--repeats", type=int, default=3, help="passes per row; the median is reported")
     args = p.parse_args(argv)
     with model_file(args, "hostmem-modes") as path, open_backend(args) as be:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import signal
 import struct
 import sys
 import time
@@ -53,5 +54,8 @@ def serve(chunks_fd: int, chunks_bytes: int, command_fd: int, done_fd: int, sour
 
 
 if __name__ == "__main__":
+    # Ctrl-C reaches the whole process group: the ring's process handles it, and this one exits
+    # when the ring closes its pipe (or its process ends).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     args = [int(a) for a in sys.argv[1:]]
     sys.exit(serve(args[0], args[1], args[2], args[3], args[4:]))

@@ -12,6 +12,7 @@ import pytest
 
 import expertstream
 from expertstream.backends.base import Backend, Device, HostBuffer
+from expertstream.errors import InvalidArgument
 from expertstream.hostmem import HostMemoryMode, HostWeights, RingFill, StagingRing
 
 from .patterns import pattern
@@ -190,3 +191,8 @@ def _check_sends(device: Device, files: list[Path]) -> None:
     assert all(chunk_was_free)
     for source in sources:
         source.close()
+
+
+def test_an_unknown_fill_is_named(device: Device, sources: list[HostBuffer]) -> None:
+    with pytest.raises(InvalidArgument, match="unknown staging ring fill 'forks'.*processes"):
+        StagingRing(sources, threads=2, fill="forks")
