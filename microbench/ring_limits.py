@@ -152,7 +152,12 @@ def _copy_seconds(
             at = (index // len(chunks)) % per_chunk * part
             copy(index, chunk[at : at + part])
 
-    workers = [threading.Thread(target=work) for _ in range(threads)]
+    return _threads_seconds(work, [() for _ in range(threads)])
+
+
+def _threads_seconds(work: Callable[..., None], args: list[tuple[Any, ...]]) -> float:
+    """Wall seconds for one thread per ``args`` entry to run ``work(*entry)``, all started together."""
+    workers = [threading.Thread(target=work, args=entry) for entry in args]
     start = time.perf_counter()
     for worker in workers:
         worker.start()
@@ -164,28 +169,20 @@ def _copy_seconds(
 def _h2d_seconds(device: Device, mapping: HostBuffer, part: int, count: int, threads: int, span: int) -> float:
     """Seconds for ``threads`` threads to copy ``count`` parts of the mapping to the device, pageable."""
     counter = itertools.count()
-    streams = [device.stream() for _ in range(threads)]
-    targets = [device.alloc(part) for _ in range(threads)]
+    with ExitStack() as stack:
+        lanes = [
+            (stack.enter_context(device.stream()), stack.enter_context(device.alloc(part))) for _ in range(threads)
+        ]
 
-    def work(stream: Stream, target: DeviceBuffer) -> None:
-        while (index := next(counter)) < count:
-            stream.copy_h2d(target, 0, mapping, (index * part) % span, part)
-        stream.synchronize()
+        def work(stream: Stream, target: DeviceBuffer) -> None:
+            while (index := next(counter)) < count:
+                stream.copy_h2d(target, 0, mapping, (index * part) % span, part)
+            stream.synchronize()
 
-    try:
-        workers = [threading.Thread(target=work, args=pair) for pair in zip(streams, targets, strict=True)]
-        start = time.perf_counter()
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            worker.join()
-        return time.perf_counter() - start
-    finally:
-        for stream in streams:
+        seconds = _threads_seconds(work, lanes)
+        for stream, _ in lanes:
             stream.synchronize()  # on this thread too, before the targets are freed
-            stream.close()
-        for target in targets:
-            target.close()
+        return seconds
 
 
 def _lanes_seconds(device: Device, mapping: HostBuffer, part: int, count: int, threads: int, span: int) -> float:
@@ -213,13 +210,7 @@ def _lanes_seconds(device: Device, mapping: HostBuffer, part: int, count: int, t
                 turn += 1
             stream.synchronize()
 
-        workers = [threading.Thread(target=work, args=lane) for lane in lanes]
-        start = time.perf_counter()
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            worker.join()
-        seconds = time.perf_counter() - start
+        seconds = _threads_seconds(work, lanes)
         for stream, *_ in lanes:
             stream.synchronize()  # on this thread too, before the buffers are freed
         return seconds
