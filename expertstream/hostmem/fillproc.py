@@ -84,6 +84,7 @@ def close_spans(spans: Sequence[FileSpan]) -> None:
 class _Map:
     start: int
     end: int
+    perms: str  # e.g. "r--s": readable, shared
     offset: int
     device: tuple[int, int]
     inode: int
@@ -96,7 +97,7 @@ def _parse_map(line: str) -> _Map | None:
         return None
     start, end = (int(x, 16) for x in fields[0].split("-"))
     major, minor = (int(x, 16) for x in fields[3].split(":"))
-    return _Map(start, end, int(fields[2], 16), (major, minor), int(fields[4]), fields[5].rstrip("\n"))
+    return _Map(start, end, fields[1], int(fields[2], 16), (major, minor), int(fields[4]), fields[5].rstrip("\n"))
 
 
 def _open_span(source: HostBuffer, regions: list[_Map]) -> FileSpan | str:
@@ -115,6 +116,8 @@ def _open_span(source: HostBuffer, regions: list[_Map]) -> FileSpan | str:
         at = region.end
     if at < end:
         return "not a file mapping to its end"
+    if any("w" in r.perms and "p" in r.perms for r in covering):
+        return "a private writable mapping: its pages may differ from the file's"
     if first.path.endswith(_DELETED):
         return f"{first.path.removesuffix(_DELETED)} was deleted or replaced since it was mapped"
     try:

@@ -196,3 +196,16 @@ def _check_sends(device: Device, files: list[Path]) -> None:
 def test_an_unknown_fill_is_named(device: Device, sources: list[HostBuffer]) -> None:
     with pytest.raises(InvalidArgument, match="unknown staging ring fill 'forks'.*processes"):
         StagingRing(sources, threads=2, fill="forks")
+
+
+def test_a_private_writable_mapping_is_not_read_from_its_file(device: Device, files: list[Path]) -> None:
+    # Copy-on-write pages hold what was written, not the file's bytes: only the mapping has them.
+    private = np.memmap(files[0], dtype=np.uint8, mode="c")
+    private[12345] ^= 0xFF
+    source = device.wrap_host(private)
+    with StagingRing(source, **RING) as ring:  # type: ignore[arg-type]
+        assert not ring.fill_processes
+        assert ring.fill_note is not None and "private writable mapping" in ring.fill_note
+        (got,) = _copy_all(ring, device, [(0, 0, private.size)])
+    assert np.array_equal(got, np.asarray(private))
+    source.close()
