@@ -4,23 +4,23 @@ Threads fill a ring's chunks at memcpy speed but take the interpreter lock betwe
 the H200 host a contended lock hand-off cost a thread 85-130 us, so a thread pool's rate of copies
 tops out at a few thousand a second. The ring then needs large chunks (few hand-offs), whose
 footprint falls out of the last-level cache before the DMA reads it. Processes have a lock each:
-with them, 16 chunks of 4 MiB that stay in the cache are staged at nearly the DMA's speed
+with them, small chunks that stay in the cache are staged at nearly the DMA's speed
 (docs/results/hostmem-h200.md).
 
 The processes map the sources' files themselves (the files the ring's sources map, found in
-``/proc/self/maps`` and opened again only if they are the same inodes) and the chunks, which
-live in one shared memory file registered with the device. They never touch the GPU.
+``/proc/self/maps`` and opened again only if they are the same inodes and hold the mapping's bytes)
+and the chunks, which live in one shared memory file registered with the device. They never touch
+the GPU.
 """
 
 from __future__ import annotations
 
-import logging
 import mmap
 import os
 import subprocess
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -29,8 +29,6 @@ from .._closing import Closing
 from ..backends.base import Device, HostBuffer
 from ..errors import BackendError
 from ._fill_child import COMMAND, DONE
-
-log = logging.getLogger(__name__)
 
 _CHILD = Path(__file__).with_name("_fill_child.py")
 _DELETED = " (deleted)"  # what /proc/self/maps adds to the name of a mapped file since unlinked
@@ -176,7 +174,9 @@ class _Child:
     done_fd: int
     sent: int = 0
     done: int = 0
-    pending: bytes = b""
+    pending: bytes = b""  # a partial answer read from the pipe
+    # Seconds of the copies answered but not yet waited for: one read may bring several answers.
+    took: dict[int, float] = field(default_factory=dict)
 
 
 class FillProcesses(Closing):
@@ -231,9 +231,9 @@ class FillProcesses(Closing):
         return worker.sent
 
     def wait(self, child: int, seq: int) -> float:
-        """Block until process ``child`` has done copy ``seq``; the seconds that copy took."""
+        """Block until process ``child`` has done copy ``seq``; the seconds that copy took (0 when
+        asked again: a fill settled after a wait for it failed)."""
         worker = self._children[child]
-        seconds = 0.0
         while worker.done < seq:
             data = worker.pending + os.read(worker.done_fd, DONE.size * 64)
             if len(data) == len(worker.pending):
@@ -243,10 +243,9 @@ class FillProcesses(Closing):
                 if took < 0:
                     raise self._lost(worker, f"copy {done} was out of range of its file or chunk")
                 worker.done = done
-                if done == seq:
-                    seconds = took
+                worker.took[done] = took
             worker.pending = data[whole:]
-        return seconds
+        return worker.took.pop(seq, 0.0)
 
     def _lost(self, worker: _Child, why: str) -> FillProcessError:
         code = worker.process.poll()

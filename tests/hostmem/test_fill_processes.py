@@ -14,6 +14,7 @@ import expertstream
 from expertstream.backends.base import Backend, Device, HostBuffer
 from expertstream.errors import InvalidArgument
 from expertstream.hostmem import HostMemoryMode, HostWeights, RingFill, StagingRing
+from expertstream.hostmem.fillproc import FillProcesses, SharedChunks, close_spans, file_spans
 
 from .patterns import pattern
 
@@ -209,3 +210,19 @@ def test_a_private_writable_mapping_is_not_read_from_its_file(device: Device, fi
         (got,) = _copy_all(ring, device, [(0, 0, private.size)])
     assert np.array_equal(got, np.asarray(private))
     source.close()
+
+
+def test_every_copy_s_time_is_kept_when_one_read_brings_several_answers(device: Device, files: list[Path]) -> None:
+    # Waiting for the third copy first reads the answers to all three; the first two keep their times.
+    spans = file_spans([device.wrap_host(np.memmap(files[0], dtype=np.uint8, mode="r"))])
+    assert not isinstance(spans, str)
+    try:
+        with SharedChunks(device, 3, 64 * KIB) as chunks, FillProcesses(1, spans, chunks) as processes:
+            seqs = [processes.send(0, 0, i * 64 * KIB, i, 0, 64 * KIB) for i in range(3)]
+            times = [processes.wait(0, seqs[2]), processes.wait(0, seqs[0]), processes.wait(0, seqs[1])]
+            got = [chunks.buffers[i].array.copy() for i in range(3)]
+    finally:
+        close_spans(spans)
+    assert all(t > 0 for t in times)
+    for i, chunk in enumerate(got):
+        assert np.array_equal(chunk, pattern(640 * KIB)[i * 64 * KIB : (i + 1) * 64 * KIB])
