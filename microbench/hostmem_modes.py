@@ -91,12 +91,11 @@ def measure(
         pinned = weights.stats.pinned_bytes
         row = Row(mode.value, used.value, total, total / seconds / 1e9, seconds * 1e3, open_ms, pinned / MIB, note)
         for ring_used in weights.rings[:1]:
-            fill = "processes" if ring_used.fill_processes else "threads"
             row = replace(
                 row,
                 ring_threads=ring_used.threads,
                 ring_lookahead=lookahead,
-                ring_fill=fill,
+                ring_fill=ring_used.fill.value,
                 ring_chunks=ring_used.chunks,
                 ring_chunk_mib=ring_used.chunk_bytes / MIB,
             )

@@ -300,7 +300,7 @@ def _note_fallback(
     total = sum(t.nbytes for t in tensors)
     # An explicit request the platform refused is worth a warning; AUTO only chose.
     level = logging.WARNING if requested is HostMemoryMode.REGISTERED else logging.INFO
-    workers = "fill processes" if ring.fill_processes else "threads"
+    workers = "fill processes" if ring.fill is RingFill.PROCESSES else "threads"
     log.log(
         level,
         "registered host memory is unavailable on %s (%s): %s; streaming %d bytes of tensors through a "

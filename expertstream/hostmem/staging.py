@@ -143,7 +143,7 @@ class StagingRing(Closing):
     ``fill`` picks the workers (``RingFill``); ``chunks``, ``chunk_bytes`` and ``part_bytes``
     default to what suits them, chunks no larger than ``max_copy_bytes`` where it is given. If
     fill processes fail, the ring says so once in the log, drops their fills and goes on with
-    threads (``fill_processes`` turns False, ``fill_note`` says why).
+    threads (``fill`` turns to THREADS, ``fill_note`` says why).
 
     ``copy`` blocks the calling thread until the last piece is enqueued; call it from a
     copy worker. One caller at a time: concurrent callers are serialized by a lock.
@@ -258,9 +258,9 @@ class StagingRing(Closing):
         return len(self._slots)
 
     @property
-    def fill_processes(self) -> bool:
-        """Whether helper processes fill the chunks (else threads of this process)."""
-        return self._processes is not None
+    def fill(self) -> RingFill:
+        """Who fills the chunks now: helper processes, or threads of this process."""
+        return RingFill.THREADS if self._processes is None else RingFill.PROCESSES
 
     @property
     def pinned_bytes(self) -> int:

@@ -359,7 +359,7 @@ def _ring_fields(
     thread_s = threads * wall_s
     return {
         "ring_threads": threads,
-        "ring_fill": "processes" if all(ring.fill_processes for ring in weights.rings) else "threads",
+        "ring_fill": ",".join(sorted({ring.fill.value for ring in weights.rings})),
         "ring_copy_pct": 100.0 * used.fill_s / thread_s,
         "ring_chunk_wait_pct": 100.0 * used.chunk_wait_s / thread_s,
         "ring_thread_gbps": used.thread_gbps,

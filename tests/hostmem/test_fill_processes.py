@@ -66,7 +66,7 @@ SPANS = [(0, 0, 640 * KIB), (1, 5, 333 * KIB), (0, 100 * KIB + 3, 200 * KIB), (1
 
 def test_fill_processes_copy_every_byte(device: Device, sources: list[HostBuffer]) -> None:
     with StagingRing(sources, **RING) as ring:  # type: ignore[arg-type]
-        assert ring.fill_processes and ring.fill_note is None
+        assert ring.fill is RingFill.PROCESSES and ring.fill_note is None
         got = _copy_all(ring, device, SPANS)
         stats = ring.stats
     for a, b in zip(got, _expected(sources, SPANS), strict=True):
@@ -87,7 +87,7 @@ def test_fill_processes_take_unannounced_copies_and_ranges(device: Device, sourc
             ring.copy(stream, dst, 0, 17, 300 * KIB, source=1)  # never announced
             stream.synchronize()
             single = dst.read()
-        assert ring.fill_processes
+        assert ring.fill is RingFill.PROCESSES
     expected = np.zeros(640 * KIB, np.uint8)
     for start, end in ranges:
         expected[start:end] = sources[0].array[start:end]
@@ -103,7 +103,7 @@ def test_a_dead_fill_process_hands_its_fills_to_threads(
         ring._processes._children[1].process.kill()
         with caplog.at_level(logging.WARNING, logger="expertstream.hostmem"):
             got = _copy_all(ring, device, SPANS)
-        assert not ring.fill_processes
+        assert ring.fill is RingFill.THREADS
         assert ring.fill_note is not None and "fill process failed" in ring.fill_note
     for a, b in zip(got, _expected(sources, SPANS), strict=True):
         assert np.array_equal(a, b)
@@ -118,7 +118,7 @@ def test_sources_that_are_not_files_are_filled_by_threads_with_a_warning(
     with caplog.at_level(logging.INFO, logger="expertstream.hostmem"):
         ring = StagingRing(device.wrap_host(data), **RING)  # type: ignore[arg-type]
     with ring:
-        assert not ring.fill_processes
+        assert ring.fill is RingFill.THREADS
         assert ring.fill_note is not None and "not a file mapping" in ring.fill_note
         got = _copy_all(ring, device, [(0, 0, 300 * KIB)])
     assert np.array_equal(got[0], data)
@@ -133,7 +133,7 @@ def test_a_file_replaced_since_it_was_mapped_is_not_read(
     replacement.write_bytes(b"\0" * files[0].stat().st_size)
     os.replace(replacement, files[0])  # the mapping still shows the old inode's bytes
     with StagingRing(sources, **RING) as ring:  # type: ignore[arg-type]
-        assert not ring.fill_processes
+        assert ring.fill is RingFill.THREADS
         assert ring.fill_note is not None and "was deleted or replaced since it was mapped" in ring.fill_note
         got = _copy_all(ring, device, SPANS[:1])
     assert np.array_equal(got[0], sources[0].array)  # the mapping's bytes, not the new file's
@@ -141,7 +141,7 @@ def test_a_file_replaced_since_it_was_mapped_is_not_read(
 
 def test_auto_fills_with_processes_except_on_the_simulator(backend: Backend, sources: list[HostBuffer]) -> None:
     with StagingRing(sources, threads=2, fill=RingFill.AUTO) as ring:
-        assert ring.fill_processes is not backend.virtual_time
+        assert (ring.fill is RingFill.PROCESSES) is not backend.virtual_time
         assert ring.fill_note is None
 
 
@@ -159,7 +159,7 @@ def test_host_weights_ring_filled_by_processes_matches_the_file(device: Device, 
         tiny_path, device, HostMemoryMode.RING, ring_fill="processes", ring_threads=2, ring_chunk_bytes=64 * KIB
     ) as weights:
         (ring,) = weights.rings
-        assert ring.fill_processes and ring.chunks == 16
+        assert ring.fill is RingFill.PROCESSES and ring.chunks == 16
         names = list(weights)
         got = _copy_all(ring, device, [(0, weights[n].start, weights[n].nbytes) for n in names])
         for name, arrived in zip(names, got, strict=True):
@@ -205,7 +205,7 @@ def test_a_private_writable_mapping_is_not_read_from_its_file(device: Device, fi
     private[12345] ^= 0xFF
     source = device.wrap_host(private)
     with StagingRing(source, **RING) as ring:  # type: ignore[arg-type]
-        assert not ring.fill_processes
+        assert ring.fill is RingFill.THREADS
         assert ring.fill_note is not None and "private writable mapping" in ring.fill_note
         (got,) = _copy_all(ring, device, [(0, 0, private.size)])
     assert np.array_equal(got, np.asarray(private))
