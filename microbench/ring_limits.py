@@ -8,16 +8,15 @@
   into two pinned chunks of its own and DMAs them to the device on a stream of its own, with no
   hand-off between threads: what host copies and DMAs reach together, with nothing to coordinate.
 - ``prefill``: the prefill rows ``expertstream prefill --host-memory ring`` reports, for each ring
-  geometry asked (``--geometry CHUNKSxCHUNK_MIB/PART_MIB``) and thread count. The settings take
+  geometry asked (``--geometry CHUNKSxCHUNK_MIB/PART_MIB``), worker count and fill. The settings take
   turns over ``--repeats`` rounds, so that a drift of the host shows in every setting alike; the
   median of the rounds is reported. Per row: GB/s and % of the pinned peak; the share of the ring
-  threads' time spent copying and waiting for a chunk's DMA; one thread's copy rate; and the host
-  CPU time of the ring's copies over their wall time (near 1: the copying itself is slow, not
-  waiting for the interpreter lock or a core), the kernel's share of the process's CPU time and its
-  minor page faults (first touches of any page: the mapping's, new allocations') per GB the ring
-  filled, each
-  counted over the whole measurement of that geometry and ubatch (warm-ups and every slot count),
-  so the same for its rows.
+  workers' time spent copying and waiting for a chunk's DMA; one worker's copy rate; and, for fills
+  by threads (fill processes copy outside this process), the host CPU time of the ring's copies over
+  their wall time (near 1: the copying itself is slow, not waiting for the interpreter lock or a
+  core), the kernel's share of the process's CPU time and its minor page faults (first touches of any
+  page: the mapping's, new allocations') per GB the ring filled, each counted over the whole
+  measurement of that setting (warm-ups and every slot count), so the same for its rows.
 - ``decode``: a decode step's copies of the experts it uses (``--experts`` of each tensor, spread
   out): all of a tensor's ranges through the ring at once (``StagingRing.copy_ranges``, what the
   scheduler does) against one ``copy`` per range.
@@ -91,6 +90,7 @@ def copy_rows(device: Device, path: Path, args: argparse.Namespace) -> list[dict
     mapping = np.memmap(path, dtype=np.uint8, mode="r")
     fd = os.open(path, os.O_RDONLY)
     chunks = [device.alloc_pinned(64 * MIB) for _ in range(4)]
+    pageable = device.wrap_host(mapping)
     rows = []
     try:
         for part_mib, threads, method in itertools.product(args.part_mib, args.copy_threads, args.copy_methods):
@@ -101,9 +101,9 @@ def copy_rows(device: Device, path: Path, args: argparse.Namespace) -> list[dict
             count = int(args.copy_gib * (1 << 30)) // part
             span = (size // part - 1) * part
             if method == "h2d":
-                seconds = _h2d_seconds(device, device.wrap_host(mapping), part, count, threads, span)
+                seconds = _h2d_seconds(device, pageable, part, count, threads, span)
             elif method == "lanes":
-                seconds = _lanes_seconds(device, device.wrap_host(mapping), part, count, threads, span)
+                seconds = _lanes_seconds(device, pageable, part, count, threads, span)
             else:
                 seconds = _copy_seconds(chunks, part, count, threads, _copier(method, mapping, fd, span, part))
             rows.append(
@@ -118,6 +118,7 @@ def copy_rows(device: Device, path: Path, args: argparse.Namespace) -> list[dict
             log.info("%s", rows[-1])
     finally:
         os.close(fd)
+        pageable.close()
         for chunk in chunks:
             chunk.close()
     return rows
@@ -253,12 +254,11 @@ def copy_cpu_time(device: Device) -> Iterator[dict[str, float]]:
 
 
 def prefill_rows(be: Backend, device: Device, model: MoeModel, args: argparse.Namespace) -> list[dict[str, Any]]:
-    settings = list(itertools.product(args.geometry, args.ring_threads, args.ubatch, args.ring_fill))
-    settings.sort(key=lambda setting: setting[2])  # ubatch by ubatch, as before
+    settings = list(itertools.product(args.ubatch, args.geometry, args.ring_threads, args.ring_fill))
     found: dict[tuple[str, str, int, int, int], list[dict[str, Any]]] = {}
     peak = None
     for _ in range(args.repeats):
-        for geometry, threads, ubatch, fill in settings:
+        for ubatch, geometry, threads, fill in settings:
             setting = Settings(
                 Batching(args.tokens, ubatch),
                 tuple(args.slots),
