@@ -90,7 +90,8 @@ def measure(
         note = "; ".join(f"fell back: {f.reason}" for f in weights.stats.fallbacks)
         pinned = weights.stats.pinned_bytes
         row = Row(mode.value, used.value, total, total / seconds / 1e9, seconds * 1e3, open_ms, pinned / MIB, note)
-        for ring_used in weights.rings[:1]:
+        if weights.rings:
+            ring_used = weights.rings[0]
             row = replace(
                 row,
                 ring_threads=ring_used.threads,
