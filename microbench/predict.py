@@ -21,11 +21,15 @@ keeps what it finished.
 profile.json (the profile tune fitted there), predicts every row again with this simulator on
 a sparse model of the same shape, and writes the same tables, marked as a replay. A profile
 written before tune measured some field lacks it; the replay then takes the base profile's
-value and names the fields it had to take.
+value and names the fields it had to take. A run that measured a ``--model`` file is replayed on
+the model that ``--preset``, ``--type`` and ``--layers`` make (same shape, or an error). With
+``--refit``, the ring's and the mapping's rates and costs are fitted again, by this simulator, to
+the prefill and decode that run's tune measured through them.
 
     python -m microbench.predict --out results                 # a GPU; see docs/results/predict-h200.md
     python -m microbench.predict --backend sim --preset tiny --tokens 64 --ubatch 32,16 --decode-steps 2
     python -m microbench.predict --replay results --out replayed
+    python -m microbench.predict --replay results --refit --out refitted
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ from expertstream.moe.placeholder import write_sparse_model
 from expertstream.moe.predict import Candidate, pick, predict_candidates, seconds
 from expertstream.moe.report import Row
 from expertstream.moe.runner import Batching
-from expertstream.moe.tune import FITTED_FIELDS, Tuned, tune
+from expertstream.moe.tune import FITTED_FIELDS, HOST_PATH_FIELDS, HostPathFit, Tuned, refit_host_paths, tune
 
 log = logging.getLogger("microbench.predict")
 
@@ -222,7 +226,12 @@ def markdown(doc: dict[str, Any]) -> str:
     if replay:
         lines += [
             f"REPLAY: the rows measured on {replay['measured_at']} by `{replay['command']}`, predicted again by "
-            f"this simulator on {replay['replayed_at']} from the profile that run fitted.",
+            f"this simulator on {replay['replayed_at']} from the profile that run fitted"
+            + (
+                ", its host paths fitted again to what that run's tune measured."
+                if replay.get("refit")
+                else "."
+            ),
         ]
         if replay.get("inferred"):
             lines.append(
@@ -360,8 +369,13 @@ def _predict(run: Run, profile: Profile, model: MoeModel, settings: Settings, me
     run.candidates += candidates
 
 
-def replay(folder: Path, out: Path | None) -> dict[str, Any]:
-    """Predict an earlier run's measured rows again, from the profile that run fitted, on this simulator."""
+def replay(folder: Path, out: Path | None, given: argparse.Namespace | None = None) -> dict[str, Any]:
+    """Predict an earlier run's measured rows again, from the profile that run fitted, on this simulator.
+
+    A run that measured a ``--model`` file is replayed on a sparse model of ``given``'s preset, type
+    and layers (the shape must match). With ``given.refit``, the host paths are fitted again on
+    this simulator to what that run's tune measured of the job through them.
+    """
     try:
         earlier = json.loads((folder / "predict.json").read_text())
         profile_document = json.loads((folder / "profile.json").read_text())
@@ -373,12 +387,15 @@ def replay(folder: Path, out: Path | None) -> dict[str, Any]:
     # What the run recorded, not the defaults of today's parser.
     args.tokens, args.decode_steps, args.repeats = earlier["tokens"], earlier["decode_steps"], earlier["repeats"]
     if args.model:
-        raise InvalidArgument(
-            f"cannot replay {folder}: it measured {args.model}, and a replay makes its model from a preset",
-            hint="replay runs that made their model (no --model)",
-        )
+        if given is None:
+            raise InvalidArgument(
+                f"cannot replay {folder}: it measured {args.model}, and a replay makes its model from a preset",
+                hint="give --preset, --type and --layers of a model of the same shape",
+            )
+        args.preset, args.type, args.layers = given.preset, given.type, given.layers
     inferred = _inferred_path(profile_document)
     profile = Profile.from_dict({**profile_document, **inferred})
+    refit = given is not None and given.refit
     base = str(profile_document.get("base", ""))
     header = {k: v for k, v in earlier.items() if k not in ("profile", "rows", "auto", "timings_s", "free_bytes")}
     header["replay"] = {
@@ -389,6 +406,7 @@ def replay(folder: Path, out: Path | None) -> dict[str, Any]:
         "base": base,
         "fields_from_base": [f for f in FITTED_FIELDS if f not in profile_document and f not in inferred],
         "inferred": inferred,
+        "refit": refit,
     }
     run = Run(header, profile_document=profile_document, free_bytes=int(earlier["free_bytes"]))
     rows = earlier["rows"]
@@ -400,6 +418,8 @@ def replay(folder: Path, out: Path | None) -> dict[str, Any]:
             wanted = {k: v for k, v in earlier["model"].items() if k != "path"}
             if shape != wanted:
                 raise InvalidArgument(f"cannot replay {folder}: its model was {wanted}, the preset makes {shape}")
+            if refit:
+                profile = _refit(run, profile, model, earlier.get("tune_host_paths") or [])
             for ubatch in dict.fromkeys(r["ubatch"] for r in rows):
                 measured = [
                     Measured(
@@ -421,14 +441,35 @@ def replay(folder: Path, out: Path | None) -> dict[str, Any]:
     return _write(run, out)
 
 
+def _refit(run: Run, profile: Profile, model: MoeModel, recorded: list[dict[str, Any]]) -> Profile:
+    """``profile`` with its host paths fitted again to ``recorded`` (an earlier tune's host path fits)."""
+    fields = {f.name for f in dataclasses.fields(HostPathFit)}
+    earlier = [
+        HostPathFit(**{**{k: v for k, v in r.items() if k in fields}, "mode": HostMemoryMode(r["mode"])})
+        for r in recorded
+    ]
+    profile, fits = refit_host_paths(profile, model, earlier)
+    run.header["tune_host_paths"] = [f.as_dict() for f in fits]
+    assert run.profile_document is not None
+    run.profile_document = {**run.profile_document, **{name: getattr(profile, name) for name in HOST_PATH_FIELDS}}
+    return profile
+
+
 def _host_path_lines(paths: list[dict[str, Any]] | None) -> list[str]:
     if not paths:
         return []
-    cells = [
-        f"{p['mode']} {p['probe_bps'] / 1e9:.1f} -> {p['fitted_bps'] / 1e9:.1f} GB/s ({p['prefill_s']:.3f} s)"
-        for p in paths
+    cells = []
+    for p in paths:
+        cell = f"{p['mode']} {p['probe_bps'] / 1e9:.1f} -> {p['fitted_bps'] / 1e9:.1f} GB/s ({p['prefill_s']:.3f} s)"
+        if p.get("fitted_latency_s") is not None:
+            cell += (
+                f", {p['probe_latency_s'] * 1e6:.0f} -> {p['fitted_latency_s'] * 1e6:.0f} us per copy "
+                f"({p['decode_step_s'] * 1e3:.1f} ms steps)"
+            )
+        cells.append(cell)
+    return [
+        f"Host paths fitted to one prefill ubatch and decode steps of the job (probes -> fitted): {'; '.join(cells)}."
     ]
-    return [f"Host paths fitted to one prefill ubatch of the job (probes -> fitted): {', '.join(cells)}."]
 
 
 def _ring_timings(tuned: Tuned) -> dict[str, Any]:
@@ -504,6 +545,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--replay", type=Path, metavar="DIR", help="predict an earlier run's rows again; measure nothing"
     )
+    parser.add_argument(
+        "--refit",
+        action="store_true",
+        help="with --replay: fit the host paths again, on this simulator, to what that run's tune measured",
+    )
     return parser
 
 
@@ -515,7 +561,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--rounds and --repeats must be at least 1; got {args.rounds} and {args.repeats}")
     args.argv = argv
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
-    doc = replay(args.replay, args.out) if args.replay else run(args)
+    if args.refit and not args.replay:
+        parser.error("--refit goes with --replay")
+    doc = replay(args.replay, args.out, args) if args.replay else run(args)
     print(markdown(doc))
     return 0
 

@@ -1139,6 +1139,12 @@ class Backend(abc.ABC, Closing):
         return None
 
     @property
+    def ring_fill(self) -> str | None:
+        """Who fills a staging ring's chunks on the machine this backend stands for, where it says (a
+        simulator profile's "threads" or "processes"); None: what this host can run."""
+        return None
+
+    @property
     def timeline(self) -> Sequence[TimelineOp] | None:
         """Every operation with its start and end: always on the simulator, after start_trace() elsewhere."""
         return None if self._tracer is None else self._tracer.timeline()

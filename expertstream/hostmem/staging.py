@@ -174,15 +174,21 @@ class StagingRing(Closing):
                 call="StagingRing",
             )
         self.fill_note: str | None = None  # why the chunks are filled by threads where processes were meant
+        backend = self.device.backend
+        # The simulator times threads: a process's copies would take no time there. Under auto it
+        # stands for its profile's machine: where that fills with processes, timed threads are
+        # handed chunks as processes are (the caller waits for each chunk's last DMA first).
+        self._timed_as_processes = (
+            fill is RingFill.AUTO and backend.virtual_time and backend.ring_fill == RingFill.PROCESSES.value
+        )
         spans: list[FileSpan] | None = None
-        # The simulator times threads: a process's copies would take no time there.
-        if fill is RingFill.PROCESSES or (fill is RingFill.AUTO and not self.device.backend.virtual_time):
+        if fill is RingFill.PROCESSES or (fill is RingFill.AUTO and not backend.virtual_time):
             found = file_spans(self.sources)
             if isinstance(found, str):
                 self.fill_note = f"fill processes cannot read the sources: {found}"
             else:
                 spans = found
-        use_processes = spans is not None
+        use_processes = spans is not None or self._timed_as_processes
         if chunks is None:
             chunks = PROCESS_RING_CHUNKS if use_processes else DEFAULT_RING_CHUNKS
         if chunk_bytes is None:
@@ -259,8 +265,13 @@ class StagingRing(Closing):
 
     @property
     def fill(self) -> RingFill:
-        """Who fills the chunks now: helper processes, or threads of this process."""
-        return RingFill.THREADS if self._processes is None else RingFill.PROCESSES
+        """Who fills the chunks now: helper processes (on the simulator, threads timed as them), or threads."""
+        return RingFill.PROCESSES if self._caller_waits else RingFill.THREADS
+
+    @property
+    def _caller_waits(self) -> bool:
+        """Whether the caller waits for a chunk's last DMA before it hands the chunk to a fill, as for processes."""
+        return self._processes is not None or self._timed_as_processes
 
     @property
     def pinned_bytes(self) -> int:
@@ -429,7 +440,7 @@ class StagingRing(Closing):
         a fill. One chunk is left to the DMA handed over last, so that the caller waits for the
         one before it, which is done or nearly, and the DMAs queue back to back.
         """
-        spare = 1 if self._processes is not None else 0
+        spare = 1 if self._caller_waits else 0
         starting = min(len(self._queue), len(self._slots) - len(self._ahead) - spare)
         if starting <= 0:
             return
@@ -480,6 +491,8 @@ class StagingRing(Closing):
     def _start_fill(self, piece: _Piece, spans: list[tuple[int, int]], sharing: int) -> _Fill:
         slot = self._slots[self._next_slot]
         self._next_slot = (self._next_slot + 1) % len(self._slots)
+        if self._caller_waits:
+            self._wait_chunk(slot)
         if self._processes is not None:
             return _Fill(piece, slot, self._send_parts(slot, piece, spans))
         handoff = self.device.backend.host_timestamp()
@@ -494,14 +507,17 @@ class StagingRing(Closing):
             )
         return _Fill(piece, slot, tuple(parts))
 
-    def _send_parts(self, slot: _Slot, piece: _Piece, spans: list[tuple[int, int]]) -> tuple[_ProcessPart, ...]:
-        """Wait for the chunk's last DMA, then hand its parts to the fill processes in turn."""
-        assert self._processes is not None
+    def _wait_chunk(self, slot: _Slot) -> None:
+        """The caller waits for the chunk's last DMA (fill processes cannot wait for it themselves)."""
         backend = self.device.backend
         start = backend.host_timestamp()
         slot.free_event.synchronize()
         with self._stats_lock:
             self._stats.chunk_wait_s += backend.host_timestamp() - start
+
+    def _send_parts(self, slot: _Slot, piece: _Piece, spans: list[tuple[int, int]]) -> tuple[_ProcessPart, ...]:
+        """Hand a chunk's parts to the fill processes in turn."""
+        assert self._processes is not None
         source = self.sources.index(piece.source)
         parts: list[_ProcessPart] = []
         for offset, n in spans:

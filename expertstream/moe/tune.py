@@ -26,11 +26,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..backends import backend as open_backend
 from ..backends.base import Backend, Device, HostBuffer, Stream, Vendor
-from ..backends.sim.profiles import BUILTIN_PROFILES, KernelRate, Profile
+from ..backends.sim.profiles import BUILTIN_PROFILES, RING_FILLS, KernelRate, Profile
 from ..hostmem import DEFAULT_RING_THREADS, HostMemoryMode, default_ring_threads
 from ..model import MoeModel, make_model
 from . import probes
@@ -48,9 +48,12 @@ from .probes import (
     RingCopyTiming,
     copy_fit,
 )
+from .report import Row
 from .runner import Batching
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 DEFAULT_UBATCHES = (1, 512, 1024, 2048, 4096)
 DEFAULT_PRESET = "qwen3-30b-a3b"
@@ -212,7 +215,18 @@ FITTED_FIELDS = (
     "int8_matrix_cores",
     "mma_fragments",
     "ring_threads",
+    "ring_fill",
+    "h2d_pageable_latency_s",
     "kernel_rates",
+)
+# What fit_host_paths sets.
+HOST_PATH_FIELDS = (
+    "host_memcpy_bps",
+    "host_memcpy_total_bps",
+    "host_copy_latency_s",
+    "h2d_pageable_bps",
+    "h2d_pageable_latency_s",
+    "ring_fill",
 )
 
 
@@ -236,12 +250,12 @@ def decode_step_seconds(
     return 1.0 / row.decode_tokens_per_s
 
 
-def _simulated(profile: Profile, job: Callable[[Backend, Device], float | None], what: str) -> float:
-    """``job`` on a timing-only simulated device with ``profile``; it must give a time (``what`` says why)."""
+def _simulated(profile: Profile, job: Callable[[Backend, Device], _T | None], what: str) -> _T:
+    """``job`` on a timing-only simulated device with ``profile``; it must give a result (``what`` says why)."""
     with open_backend("sim", profile=profile, data=False, check_hazards=False) as sim:
-        seconds = job(sim, sim.device(0))
-        assert seconds is not None, what
-        return seconds
+        result = job(sim, sim.device(0))
+        assert result is not None, what
+        return result
 
 
 def predicted_decode_step(profile: Profile, model: MoeModel, mode: HostMemoryMode, *, graphs: bool = False) -> float:
@@ -252,6 +266,10 @@ def predicted_decode_step(profile: Profile, model: MoeModel, mode: HostMemoryMod
     )
 
 
+# How close to the measured time the calibrations solve.
+SOLVE_TOLERANCE = 1e-3
+
+
 def solve(simulated: Callable[[float], float], measured: float, x0: float, x1: float) -> float:
     """The x >= 0 for which ``simulated(x)`` is ``measured``: secant steps from x0 and x1.
 
@@ -260,7 +278,7 @@ def solve(simulated: Callable[[float], float], measured: float, x0: float, x1: f
     """
     y0 = simulated(x0)
     for _ in range(3):
-        if abs(y0 - measured) <= 1e-3 * measured:
+        if abs(y0 - measured) <= SOLVE_TOLERANCE * measured:
             return x0
         y1 = simulated(x1)
         if y1 == y0:
@@ -335,15 +353,29 @@ HOST_PATH_BYTES = 4 << 30
 
 @dataclass(frozen=True)
 class HostPathFit:
-    """One host path fitted to the job: its prefill measured, and the rate that reproduces it."""
+    """One host path fitted to the job: a prefill ubatch and decode steps measured through it, and
+    the rate and the fixed cost per copy that reproduce them."""
 
     mode: HostMemoryMode
     prefill_s: float  # one ubatch of the job through this host memory, on the device
     probe_bps: float  # what the probes gave (the ring: all its threads together)
     fitted_bps: float
+    decode_step_s: float | None = None  # the median decode step of the job through it, on the device
+    probe_latency_s: float | None = None  # the fixed cost per copy before the decode fit
+    # Fitted to the decode steps: the ring's host_copy_latency_s or the mapping's h2d_pageable_latency_s
+    # (None where the copies are too small a part of a decode step to tell).
+    fitted_latency_s: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "mode": self.mode.value}
+
+
+def _job_row(backend: Backend, device: Device, model: MoeModel, mode: HostMemoryMode) -> Row | None:
+    """One prefill ubatch and CALIBRATION_STEPS decode steps of the job through ``mode`` (None where
+    the mode fell back)."""
+    batching = Batching(CALIBRATION_UBATCH, CALIBRATION_UBATCH, CALIBRATION_STEPS)
+    row = measure(backend, device, model, Settings(batching, (0,), (mode,), repeats=1)).rows[0]
+    return row if row.host_memory == mode.value else None
 
 
 def prefill_seconds(backend: Backend, device: Device, model: MoeModel, mode: HostMemoryMode) -> float | None:
@@ -378,6 +410,9 @@ def ring_bps(profile: Profile) -> float:
     total = profile.host_memcpy_total_bps
     return together if total is None else min(together, total)
 
+
+# Turns of fitting a host path's rate to prefill and its fixed cost per copy to decode.
+PATH_FIT_ROUNDS = 4
 
 # A host path is fitted only where its copies take at least this share of the measured prefill
 # (what the simulator leaves of it with the copies made free): below it the fit would take the
@@ -431,16 +466,62 @@ def calibrate_pageable(profile: Profile, model: MoeModel, measured_s: float) -> 
     return None if per_byte is None else 1 / max(per_byte, 1e-15)
 
 
+def calibrate_copy_latency(
+    profile: Profile, model: MoeModel, mode: HostMemoryMode, field: str, measured_s: float
+) -> float:
+    """The fixed cost per copy (profile ``field``) for which the simulator's decode step through
+    ``mode`` takes ``measured_s``: a decode step copies each expert it uses on its own, so the cost
+    of a copy beyond its bytes (the ring's handoff to a worker, the runtime's staging of a pageable
+    copy) is what such steps add up.
+    """
+
+    def step(latency_s: float) -> float:
+        changes: dict[str, Any] = {field: latency_s}
+        row = _simulated(
+            dataclasses.replace(profile, **changes),
+            lambda sim, device: _job_row(sim, device, model, mode),
+            f"the simulator places {mode.value} memory",
+        )
+        assert row.decode_tokens_per_s
+        return 1.0 / row.decode_tokens_per_s
+
+    if measured_s <= step(0.0) * (1 + SOLVE_TOLERANCE):
+        return 0.0  # not told apart from no cost
+    x0 = getattr(profile, field) or 20e-6
+    return solve(step, measured_s, x0, 2 * x0)
+
+
 def fit_host_paths(
     backend: Backend, device: Device, model: MoeModel, profile: Profile
 ) -> tuple[Profile, list[HostPathFit]]:
-    """The ring's and the mapping's rates fitted to one prefill ubatch of the job through each.
+    """The ring's and the mapping's rates and fixed costs per copy fitted to one prefill ubatch and a
+    few decode steps of the job through each; the profile's ``ring_fill`` set to who filled the
+    device's ring.
 
     A path whose mode falls back on this device, or whose copies are too small a part of the
     prefill to tell (a small model), keeps the probes' rates and is not listed.
     """
     with model.leading_layers(_host_path_layers(model)) as leading:
-        return _fit_host_paths(backend, device, leading, profile)
+        samples = []
+        for mode in (HostMemoryMode.RING, HostMemoryMode.MMAP):
+            row = _job_row(backend, device, leading, mode)
+            if row is None:
+                continue
+            if mode is HostMemoryMode.RING and row.ring_fill in RING_FILLS:
+                # The simulator schedules its ring as the device's was filled (a ring whose
+                # processes failed midway names both fills: no change then).
+                profile = dataclasses.replace(profile, ring_fill=row.ring_fill)
+            step_s = 1.0 / row.decode_tokens_per_s if row.decode_tokens_per_s else None
+            samples.append((mode, row.ttft_s, step_s))
+        return _fit_samples(profile, leading, samples)
+
+
+def refit_host_paths(
+    profile: Profile, model: MoeModel, fits: Sequence[HostPathFit]
+) -> tuple[Profile, list[HostPathFit]]:
+    """``fit_host_paths`` again from what an earlier run measured (``fits``), on this simulator."""
+    with model.leading_layers(_host_path_layers(model)) as leading:
+        return _fit_samples(profile, leading, [(f.mode, f.prefill_s, f.decode_step_s) for f in fits])
 
 
 def _host_path_layers(model: MoeModel) -> int:
@@ -453,22 +534,67 @@ def _host_path_layers(model: MoeModel) -> int:
     return len(model.layers)
 
 
-def _fit_host_paths(
-    backend: Backend, device: Device, model: MoeModel, profile: Profile
+def _fit_samples(
+    profile: Profile, model: MoeModel, samples: Sequence[tuple[HostMemoryMode, float, float | None]]
 ) -> tuple[Profile, list[HostPathFit]]:
+    """Each (mode, prefill seconds, decode step seconds) measured of the job, fitted in turn."""
     fits = []
-    ring_s = prefill_seconds(backend, device, model, HostMemoryMode.RING)
-    scale = None if ring_s is None else calibrate_ring(profile, model, ring_s)
-    if ring_s is not None and scale is not None:
-        probe = ring_bps(profile)
-        profile = ring_rates(profile, scale)
-        fits.append(HostPathFit(HostMemoryMode.RING, ring_s, probe, ring_bps(profile)))
-    mmap_s = prefill_seconds(backend, device, model, HostMemoryMode.MMAP)
-    rate = None if mmap_s is None else calibrate_pageable(profile, model, mmap_s)
-    if mmap_s is not None and rate is not None:
-        fits.append(HostPathFit(HostMemoryMode.MMAP, mmap_s, profile.h2d_pageable_bps, rate))
-        profile = dataclasses.replace(profile, h2d_pageable_bps=rate)
+    for mode, prefill_s, step_s in samples:
+
+        def fit_rate(p: Profile, mode: HostMemoryMode = mode, prefill_s: float = prefill_s) -> Profile | None:
+            if mode is HostMemoryMode.RING:
+                scale = calibrate_ring(p, model, prefill_s)
+                return None if scale is None else ring_rates(p, scale)
+            rate = calibrate_pageable(p, model, prefill_s)
+            return None if rate is None else dataclasses.replace(p, h2d_pageable_bps=rate)
+
+        profile, fit = _fit_path(profile, model, mode, prefill_s, step_s, fit_rate)
+        fits += [fit] if fit is not None else []
     return profile, fits
+
+
+# What each host path's rate and fixed cost per copy are in a profile.
+_PATH_FIELDS = {
+    HostMemoryMode.RING: (ring_bps, "host_copy_latency_s"),
+    HostMemoryMode.MMAP: (lambda p: p.h2d_pageable_bps, "h2d_pageable_latency_s"),
+}
+
+
+def _fit_path(
+    profile: Profile,
+    model: MoeModel,
+    mode: HostMemoryMode,
+    prefill_s: float,
+    step_s: float | None,
+    fit_rate: Callable[[Profile], Profile | None],
+) -> tuple[Profile, HostPathFit | None]:
+    """One host path's rate fitted to its measured prefill (``fit_rate``) and its fixed cost per copy
+    to its decode steps.
+
+    Both show in both, so they are fitted in turn until the rate stays put. Where the copies are too
+    small a part of the prefill to tell (``fit_rate`` gives None), ``profile`` as it was and no fit.
+    """
+    rate, latency_field = _PATH_FIELDS[mode]
+    probe_bps, probe_latency = rate(profile), getattr(profile, latency_field)
+    fitted = fit_rate(profile)
+    if fitted is None:
+        return profile, None
+    latency: float | None = None
+    profile = fitted
+    for _ in range(PATH_FIT_ROUNDS):
+        if step_s is None:
+            break
+        latency = calibrate_copy_latency(profile, model, mode, latency_field, step_s)
+        changes: dict[str, Any] = {latency_field: latency}
+        profile = dataclasses.replace(profile, **changes)
+        fitted = fit_rate(profile)
+        if fitted is None:
+            break
+        moved = abs(rate(fitted) / rate(profile) - 1)
+        profile = fitted
+        if moved <= SOLVE_TOLERANCE:
+            break
+    return profile, HostPathFit(mode, prefill_s, probe_bps, rate(profile), step_s, probe_latency, latency)
 
 
 # -- the whole run ---------------------------------------------------------------------------
@@ -533,13 +659,14 @@ def tune(
     if measured.ring_small is not None:
         fields["host_copy_latency_s"] = calibrate_host_copy_latency(profile, measured.ring_small)
         profile = dataclasses.replace(profile, host_copy_latency_s=fields["host_copy_latency_s"])
-    clock.start("prefill through the ring and the mapping")
+    clock.start("prefill and decode through the ring and the mapping")
     profile, host_paths = fit_host_paths(backend, device, model, profile)
-    for name in ("host_memcpy_bps", "host_memcpy_total_bps", "h2d_pageable_bps"):
+    for name in HOST_PATH_FIELDS:
         fields[name] = getattr(profile, name)
-    if measured.ring_small is not None and any(path.mode is HostMemoryMode.RING for path in host_paths):
-        # The small copies' fixed cost again, over the memcpy rates just fitted: what the probe's
-        # small copies took stays what the simulator's take.
+    ring_fit = next((path for path in host_paths if path.mode is HostMemoryMode.RING), None)
+    if measured.ring_small is not None and ring_fit is not None and ring_fit.fitted_latency_s is None:
+        # No decode to fit it to: the probe's small copies' fixed cost again, over the memcpy rates
+        # just fitted, so that what they took stays what the simulator's take.
         fields["host_copy_latency_s"] = calibrate_host_copy_latency(profile, measured.ring_small)
         profile = dataclasses.replace(profile, host_copy_latency_s=fields["host_copy_latency_s"])
     clock.stop()

@@ -202,11 +202,18 @@ def summary(tuned: Tuned, backend_name: str) -> str:
             f"{small.seconds_per_copy * 1e6:.0f} us, {p.host_copy_latency_s * 1e6:.0f} us of it fixed"
         )
     for path in tuned.host_paths:
-        what = "staging ring" if path.mode is HostMemoryMode.RING else "mapping (pageable H2D)"
-        lines.append(
-            f"  prefill through the {what}: {_ms(path.prefill_s)} per ubatch, {path.fitted_bps / 1e9:.1f} GB/s "
-            f"fitted to it (the probes: {path.probe_bps / 1e9:.1f})"
+        ring = path.mode is HostMemoryMode.RING
+        what = f"staging ring ({p.ring_fill or 'threads'})" if ring else "mapping (pageable H2D)"
+        line = (
+            f"  through the {what}: a prefill ubatch {_ms(path.prefill_s)}, {path.fitted_bps / 1e9:.1f} GB/s fitted "
+            f"to it (the probes: {path.probe_bps / 1e9:.1f})"
         )
+        if path.decode_step_s is not None and path.fitted_latency_s is not None:
+            line += (
+                f"; a decode step {_ms(path.decode_step_s)}, {path.fitted_latency_s * 1e6:.0f} us per "
+                f"{'fill' if ring else 'copy'} fitted to it"
+            )
+        lines.append(line)
     kernels = _kernel_lines(p)
     if kernels:
         lines.append("  kernels, TFLOP/s by size (mul_mat_id: pairs per expert):")

@@ -6,6 +6,7 @@ import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,6 +15,12 @@ import expertstream
 from expertstream.backends.base import Backend, Device, HostBuffer
 from expertstream.errors import InvalidArgument
 from expertstream.hostmem import HostMemoryMode, HostWeights, RingFill, StagingRing
+from expertstream.hostmem.staging import (
+    DEFAULT_RING_CHUNK_BYTES,
+    DEFAULT_RING_CHUNKS,
+    PROCESS_RING_CHUNK_BYTES,
+    PROCESS_RING_CHUNKS,
+)
 from expertstream.hostmem.fillproc import FillProcesses, SharedChunks, close_spans, file_spans
 
 from .patterns import pattern
@@ -226,3 +233,40 @@ def test_every_copy_s_time_is_kept_when_one_read_brings_several_answers(device: 
     assert all(t > 0 for t in times)
     for i, chunk in enumerate(got):
         assert np.array_equal(chunk, pattern(640 * KIB)[i * 64 * KIB : (i + 1) * 64 * KIB])
+
+
+@pytest.mark.parametrize("caller_waits", [True, False], ids=["as-processes", "threads"])
+def test_the_simulator_times_threads_as_its_profile_s_fill_processes(files: list[Path], caller_waits: bool) -> None:
+    """A profile whose machine fills its ring with processes: under auto, the simulator's ring hands
+    timed threads each chunk only after its last DMA, as the ring hands chunks to processes, in the
+    processes' geometry; bytes exact."""
+    # DMAs slow enough to be running still when the caller hands their chunk on.
+    profile = {"base": "cuda-h200", "h2d_pinned_bps": 1e8, "ring_fill": "processes" if caller_waits else "threads"}
+    with expertstream.backend("sim", profile=profile) as sim:
+        device = sim.device(0)
+        sources = [device.wrap_host(np.memmap(path, dtype=np.uint8, mode="r")) for path in files]
+        with StagingRing(sources, threads=3, chunk_bytes=64 * KIB, chunks=4) as ring:
+            assert ring.fill is (RingFill.PROCESSES if caller_waits else RingFill.THREADS)
+            assert ring._processes is None  # threads, timed
+            real_fill = ring._fill_part
+            chunk_was_free: list[bool] = []
+
+            def fill_part(slot: Any, *args: Any) -> float:
+                sim.host_resume_at(args[4])  # the handoff: the worker starts when the caller handed it the chunk
+                chunk_was_free.append(slot.free_event.query())
+                return real_fill(slot, *args)
+
+            ring._fill_part = fill_part  # type: ignore[method-assign]
+            got = _copy_all(ring, device, SPANS)
+        for a, b in zip(got, _expected(sources, SPANS), strict=True):
+            assert np.array_equal(a, b)
+        assert len(chunk_was_free) > ring.chunks  # chunks were refilled
+        assert all(chunk_was_free) is caller_waits  # threads wait for the chunk themselves
+        with StagingRing(sources, threads=3) as ring:
+            assert (ring.chunks, ring.chunk_bytes) == (
+                (PROCESS_RING_CHUNKS, PROCESS_RING_CHUNK_BYTES)
+                if caller_waits
+                else (DEFAULT_RING_CHUNKS, DEFAULT_RING_CHUNK_BYTES)
+            )
+        for source in sources:
+            source.close()

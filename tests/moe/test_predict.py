@@ -176,6 +176,27 @@ def test_rounds_are_kept_in_the_results_and_their_replay(tmp_path: Path) -> None
         bench.main([*argv, "--rounds", "0"])
 
 
+def test_a_run_on_a_model_file_is_replayed_on_a_preset_of_its_shape(tmp_path: Path, tiny_path: Path) -> None:
+    from expertstream.errors import InvalidArgument
+    from microbench import predict as bench
+
+    first, again = tmp_path / "run", tmp_path / "replay"
+    argv = ["--backend", "sim", "--model", str(tiny_path), "--tokens", "32", "--ubatch", "16", "--decode-steps", "2"]
+    assert bench.main([*argv, "--out", str(first)]) == 0
+    with pytest.raises(InvalidArgument, match="--preset, --type and --layers"):
+        bench.replay(first, None)
+    with pytest.raises(InvalidArgument, match="its model was"):
+        bench.main(["--replay", str(first), "--preset", "qwen3-30b-a3b", "--layers", "1", "--out", str(again)])
+    assert bench.main(["--replay", str(first), "--preset", "tiny", "--refit", "--out", str(again)]) == 0
+    original, replayed = (json.loads((d / "predict.json").read_text()) for d in (first, again))
+    assert replayed["replay"]["refit"] is True
+    for was, now in zip(original["rows"], replayed["rows"], strict=True):
+        assert now["predicted_ttft_s"] == pytest.approx(was["predicted_ttft_s"], rel=1e-9)
+    assert "fitted again to what that run's tune measured" in (again / "predict.md").read_text()
+    with pytest.raises(SystemExit):
+        bench.main([*argv, "--refit"])  # a refit goes with a replay
+
+
 def test_a_replay_of_a_folder_without_a_run_is_refused(tmp_path: Path) -> None:
     from expertstream.errors import InvalidArgument
     from microbench import predict as bench

@@ -3,7 +3,8 @@
 The probes run on a simulated device (timing only); the fitted profile must give back every
 field it claims to measure within 2%, and every kernel rate it wrote must be the rate the source
 profile runs that kernel at. Three sources: the two built-ins and one whose pageable copies
-return at once but bind a later wait to the stream's tail, with a shared host memory bus.
+return at once but bind a later wait to the stream's tail, with a shared host memory bus, fixed
+costs per pageable copy and per ring fill, and a ring filled by processes.
 """
 
 from __future__ import annotations
@@ -27,7 +28,16 @@ from expertstream.moe.measure import Settings
 from expertstream.moe.predict import predict
 from expertstream.moe.probes import Bounds
 from expertstream.moe.runner import Batching
-from expertstream.moe.tune import DEFAULT_PRESET, calibration_model, fit_host_paths, ring_bps, ring_rates, tune
+from expertstream.moe.tune import (
+    DEFAULT_PRESET,
+    HOST_PATH_FIELDS,
+    calibration_model,
+    fit_host_paths,
+    refit_host_paths,
+    ring_bps,
+    ring_rates,
+    tune,
+)
 from microbench import rocm_r9700_fit
 
 TOLERANCE = 0.02
@@ -40,6 +50,8 @@ TAIL_BINDING = {
     "host_memcpy_total_bps": 20e9,
     "enqueue_s": 40e-6,
     "host_copy_latency_s": 150e-6,
+    "h2d_pageable_latency_s": 60e-6,
+    "ring_fill": "processes",
 }
 
 
@@ -62,12 +74,15 @@ def test_tuning_the_simulator_recovers_its_profile(
     document, printed = _tune(tmp_path, source, capsys)
     tuned = Profile.from_dict(document)
     measured = set(document) - {"base", "name", "kernel_rates"}
-    assert {"h2d_pinned_bps", "enqueue_s", "host_memcpy_total_bps", "host_copy_latency_s"} <= measured
+    assert {"h2d_pinned_bps", "enqueue_s", "host_memcpy_total_bps", "host_copy_latency_s", "ring_fill"} <= measured
+    assert "h2d_pageable_latency_s" in measured
     assert "pageable_wait_binds_tail" in measured
     for field in sorted(measured):
         want, got = getattr(truth, field), getattr(tuned, field)
         if field == "ring_threads" and want is None:
             want = DEFAULT_RING_THREADS  # a profile without it runs this machine's default, which tune writes down
+        if field == "ring_fill" and want is None:
+            want = "threads"  # a profile without it fills its ring with threads, which tune writes down
         if field == "h2d_gather_bps" and want is None:
             want = truth.gather_bps  # a profile without it gathers at its DMA rate, which tune measures
         if isinstance(want, float) and field.endswith("_s"):
@@ -156,30 +171,68 @@ def test_tune_measures_every_backend(backend: Backend, tiny_path: Path) -> None:
 
 def _misjudged(truth: Profile) -> Profile:
     """What probes that misjudge the host paths would give: the ring's memcpys 40% slow, pageable
-    copies 50% fast."""
-    return dataclasses.replace(ring_rates(truth, 0.6), h2d_pageable_bps=truth.h2d_pageable_bps * 1.5)
+    copies 50% fast, no fixed cost per ring fill or pageable copy."""
+    return dataclasses.replace(
+        ring_rates(truth, 0.6),
+        h2d_pageable_bps=truth.h2d_pageable_bps * 1.5,
+        host_copy_latency_s=0.0,
+        h2d_pageable_latency_s=0.0,
+    )
 
 
+@pytest.mark.parametrize("fill", ["threads", "processes"])
 @pytest.mark.parametrize("source", ["cuda-h200", "rocm-r9700"])
-def test_the_ring_and_the_mapping_are_fitted_to_the_jobs_prefill(source: str, tmp_path: Path) -> None:
-    """Probes that misjudge the host paths (the ring's memcpys 40% slow, pageable copies 50% fast)
-    are corrected by the job's own prefill: the rates the job ran at come back within 2%."""
+def test_the_ring_and_the_mapping_are_fitted_to_the_jobs_prefill_and_decode(
+    source: str, fill: str, tmp_path: Path
+) -> None:
+    """Probes that misjudge the host paths (the ring's memcpys 40% slow, pageable copies 50% fast,
+    no fixed costs per copy) are corrected by the job's own prefill and decode steps: the rates
+    and costs the job ran at come back within 2%, and the ring is scheduled as it was filled."""
     # A profile that names no ring threads takes this host's count; two keep the ring's copies what
     # bounds the job on any host (with 12, the rocm-r9700 ring outruns its DMAs: nothing to fit).
     truth = resolve_profile(source)
-    truth = dataclasses.replace(truth, ring_threads=truth.ring_threads or 2)
-    misjudged = _misjudged(truth)
+    truth = dataclasses.replace(
+        truth,
+        ring_threads=truth.ring_threads or 2,
+        ring_fill=fill,
+        host_copy_latency_s=80e-6,
+        h2d_pageable_latency_s=60e-6,
+    )
+    misjudged = dataclasses.replace(_misjudged(truth), ring_fill=None)
     with expertstream.backend("sim", profile=truth, data=False) as sim:
         path = calibration_model(sim, tmp_path, DEFAULT_PRESET, "Q4_0")
         with MoeModel.open(path) as model:
             fitted, fits = fit_host_paths(sim, sim.device(0), model, misjudged)
     assert [f.mode for f in fits] == [HostMemoryMode.RING, HostMemoryMode.MMAP]
+    assert fitted.ring_fill == fill
     assert fits[0].probe_bps == pytest.approx(0.6 * ring_bps(truth))
     assert fitted.host_memcpy_bps == pytest.approx(truth.host_memcpy_bps, rel=TOLERANCE)
     assert ring_bps(fitted) == pytest.approx(ring_bps(truth), rel=TOLERANCE)  # the shared limit too, where there is one
     assert (fitted.host_memcpy_total_bps is None) == (truth.host_memcpy_total_bps is None)
     assert fitted.h2d_pageable_bps == pytest.approx(truth.h2d_pageable_bps, rel=TOLERANCE)
     assert fits[1].fitted_bps == fitted.h2d_pageable_bps
+    assert fitted.host_copy_latency_s == pytest.approx(truth.host_copy_latency_s, rel=TOLERANCE)
+    assert fitted.h2d_pageable_latency_s == pytest.approx(truth.h2d_pageable_latency_s, rel=TOLERANCE)
+    assert [f.fitted_latency_s for f in fits] == [fitted.host_copy_latency_s, fitted.h2d_pageable_latency_s]
+    assert all(f.probe_latency_s == 0.0 and f.decode_step_s for f in fits)
+
+
+def test_the_host_paths_are_fitted_again_from_what_a_run_measured(tmp_path: Path) -> None:
+    """What one fit measured of the job (prefill and decode through each path) fits a misjudged
+    profile again to the same rates and costs, with no device: a replay's refit."""
+    truth = dataclasses.replace(
+        resolve_profile("cuda-h200"), ring_fill="processes", host_copy_latency_s=80e-6, h2d_pageable_latency_s=60e-6
+    )
+    with expertstream.backend("sim", profile=truth, data=False) as sim:
+        path = calibration_model(sim, tmp_path, DEFAULT_PRESET, "Q4_0")
+        with MoeModel.open(path) as model:
+            fitted, fits = fit_host_paths(sim, sim.device(0), model, _misjudged(truth))
+            again, refits = refit_host_paths(_misjudged(truth), model, fits)
+    assert [f.mode for f in refits] == [f.mode for f in fits] == [HostMemoryMode.RING, HostMemoryMode.MMAP]
+    for field in HOST_PATH_FIELDS:
+        want, got = getattr(fitted, field), getattr(again, field)
+        assert got == (pytest.approx(want, rel=TOLERANCE) if isinstance(want, float) else want), field
+    assert [(f.prefill_s, f.decode_step_s) for f in refits] == [(f.prefill_s, f.decode_step_s) for f in fits]
 
 
 def test_a_host_path_too_small_to_tell_keeps_the_probes_rates(tiny_path: Path) -> None:
@@ -189,7 +242,7 @@ def test_a_host_path_too_small_to_tell_keeps_the_probes_rates(tiny_path: Path) -
     misjudged = _misjudged(truth)
     with expertstream.backend("sim", profile=truth, data=False) as sim, MoeModel.open(tiny_path) as model:
         fitted, fits = fit_host_paths(sim, sim.device(0), model, misjudged)
-    assert fits == [] and fitted == misjudged
+    assert fits == [] and fitted == dataclasses.replace(misjudged, ring_fill="threads")  # who filled it, still
 
 
 def test_the_host_paths_are_fitted_on_a_bounded_part_of_a_large_model(

@@ -51,6 +51,10 @@ class SimBackend(Backend):
         return self._sim.profile.ring_threads
 
     @property
+    def ring_fill(self) -> str | None:
+        return self._sim.profile.ring_fill
+
+    @property
     def check_hazards(self) -> bool:
         return self._sim.checker is not None
 

@@ -32,6 +32,8 @@ _VENDORS = ("nvidia", "amd")
 # What runs a memset of device memory: a fill kernel on the stream's own queue, which shares the
 # execution units with other streams' kernels instead of waiting for them, or a copy engine.
 MEMSET_ENGINES = ("fill-kernel", "copy-engine")
+# Who fills a staging ring's chunks on the machine a profile describes (hostmem.RingFill's values).
+RING_FILLS = (None, "threads", "processes")
 
 
 Shape = tuple[int, ...]
@@ -107,6 +109,9 @@ class Profile:
     # Host seconds a memcpy costs before its bytes move: handing it to the thread that does it
     # (a staging ring's worker) and the call. Decode's many small copies through a ring pay it each.
     host_copy_latency_s: float = 0.0
+    # Seconds a copy from pageable memory costs beyond copy_latency_s before its bytes move (the
+    # runtime's staging). Decode's copies of single experts from a mapping pay it each.
+    h2d_pageable_latency_s: float = 0.0
     # A stream's wait on an event recorded before a pageable copy was enqueued behind it resolves
     # at that stream's tail (the reported ROCm behaviour), not at the record.
     pageable_wait_binds_tail: bool = False
@@ -118,6 +123,9 @@ class Profile:
     # Host threads a staging ring runs on the machine this profile describes (hostmem's default
     # there); None: the default of the machine the simulation runs on.
     ring_threads: int | None = None
+    # Who fills the staging ring's chunks there: "threads", or "processes" (timed threads handed
+    # each chunk after its last DMA, as hostmem hands chunks to its fill processes); None: threads.
+    ring_fill: str | None = None
     # A kernel reading page-locked host memory over the link (Stream.gather_h2d); None: at
     # h2d_pinned_bps, as a DMA would.
     h2d_gather_bps: float | None = None
@@ -137,6 +145,11 @@ class Profile:
         ):
             raise InvalidArgument(
                 f"profile {self.name!r}: ring_threads must be a count >= 1, got {self.ring_threads!r}"
+            )
+        if self.ring_fill not in RING_FILLS:
+            raise InvalidArgument(
+                f"profile {self.name!r}: ring_fill must be one of {', '.join(map(str, RING_FILLS))}, "
+                f"got {self.ring_fill!r}"
             )
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)

@@ -76,7 +76,7 @@ class SimStream(Stream):
                 "Stream.copy_h2d",
                 n,
                 EngineKind.H2D,
-                profile.copy_latency_s,
+                profile.copy_latency_s + (profile.h2d_pageable_latency_s if pageable else 0.0),
                 n / (profile.h2d_pageable_bps if pageable else profile.h2d_pinned_bps),
                 blocks_host=blocks_host,
                 pageable=pageable,
