@@ -414,15 +414,17 @@ def ring_bps(profile: Profile) -> float:
 # Turns of fitting a host path's rate to prefill and its fixed cost per copy to decode.
 PATH_FIT_ROUNDS = 4
 
-# A host path is fitted only where its copies take at least this share of the measured prefill
-# (what the simulator leaves of it with the copies made free): below it the fit would take the
-# kernels' or the host's other costs for the copies'.
+# A host path is fitted only where its copies take at least this share of the prefill, measured
+# (what the simulator leaves of it with the copies made free) or predicted at the probes' rate:
+# below both the fit would take the kernels' or the host's other costs for the copies'. Either
+# will do: a ring that nearly keeps up with its DMAs leaves little above them, though its rate
+# decides how fast it goes once compute overlaps it.
 MIN_COPY_SHARE = 0.3
 
 
 def _fit_inverse_rate(simulated: Callable[[float], float], measured_s: float, x0: float) -> float | None:
     """The x (time per unit of copying; ``x0`` the probes') for which ``simulated(x)`` is ``measured_s``,
-    or None where copying is less than MIN_COPY_SHARE of the measured prefill."""
+    or None where copying is less than MIN_COPY_SHARE of the measured and of the predicted prefill."""
     cache: dict[float, float] = {}
 
     def cached(x: float) -> float:
@@ -430,7 +432,10 @@ def _fit_inverse_rate(simulated: Callable[[float], float], measured_s: float, x0
             cache[x] = simulated(x)
         return cache[x]
 
-    if measured_s - cached(0.0) < MIN_COPY_SHARE * measured_s:
+    free = cached(0.0)
+    measured_share = (measured_s - free) / measured_s
+    predicted_share = (cached(x0) - free) / cached(x0)
+    if measured_s <= free or max(measured_share, predicted_share) < MIN_COPY_SHARE:
         return None
     return solve(cached, measured_s, x0, 0.8 * x0)
 

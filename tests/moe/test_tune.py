@@ -235,6 +235,30 @@ def test_the_host_paths_are_fitted_again_from_what_a_run_measured(tmp_path: Path
     assert [(f.prefill_s, f.decode_step_s) for f in refits] == [(f.prefill_s, f.decode_step_s) for f in fits]
 
 
+def test_a_ring_that_nearly_keeps_up_with_its_dmas_is_fitted_where_the_probes_say_it_matters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fill processes close to the link's rate leave little of a prefill above its DMAs, but probes
+    that rate them slow predict a ring that bounds the job: the fit takes the job's rate."""
+    truth = dataclasses.replace(resolve_profile("cuda-h200"), ring_fill="processes", host_memcpy_total_bps=48e9)
+    truth = dataclasses.replace(truth, host_memcpy_bps=6e9)  # 12 processes reach the shared limit
+    misjudged = dataclasses.replace(_misjudged(truth), h2d_pageable_bps=truth.h2d_pageable_bps)
+    shares: list[float] = []
+    real = tune_module.solve
+
+    def solve(simulated: Any, measured: float, x0: float, x1: float) -> float:
+        shares.append((measured - simulated(0.0)) / measured)
+        return real(simulated, measured, x0, x1)
+
+    monkeypatch.setattr(tune_module, "solve", solve)
+    with expertstream.backend("sim", profile=truth, data=False) as sim:
+        path = calibration_model(sim, tmp_path, DEFAULT_PRESET, "Q4_0")
+        with MoeModel.open(path) as model:
+            fitted, fits = fit_host_paths(sim, sim.device(0), model, misjudged)
+    assert fits[0].mode is HostMemoryMode.RING and shares[0] < tune_module.MIN_COPY_SHARE  # measured: a sliver
+    assert ring_bps(fitted) == pytest.approx(ring_bps(truth), rel=TOLERANCE)
+
+
 def test_a_host_path_too_small_to_tell_keeps_the_probes_rates(tiny_path: Path) -> None:
     """The tiny model's expert copies are a sliver of its prefill: fitting a rate to it would credit
     the copies with the kernels' time, so the probes' rates stay and no path is listed."""
