@@ -227,11 +227,7 @@ def markdown(doc: dict[str, Any]) -> str:
         lines += [
             f"REPLAY: the rows measured on {replay['measured_at']} by `{replay['command']}`, predicted again by "
             f"this simulator on {replay['replayed_at']} from the profile that run fitted"
-            + (
-                ", its host paths fitted again to what that run's tune measured."
-                if replay.get("refit")
-                else "."
-            ),
+            + (", its host paths fitted again to what that run's tune measured." if replay.get("refit") else "."),
         ]
         if replay.get("inferred"):
             lines.append(

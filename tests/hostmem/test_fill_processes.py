@@ -15,13 +15,13 @@ import expertstream
 from expertstream.backends.base import Backend, Device, HostBuffer
 from expertstream.errors import InvalidArgument
 from expertstream.hostmem import HostMemoryMode, HostWeights, RingFill, StagingRing
+from expertstream.hostmem.fillproc import FillProcesses, SharedChunks, close_spans, file_spans
 from expertstream.hostmem.staging import (
     DEFAULT_RING_CHUNK_BYTES,
     DEFAULT_RING_CHUNKS,
     PROCESS_RING_CHUNK_BYTES,
     PROCESS_RING_CHUNKS,
 )
-from expertstream.hostmem.fillproc import FillProcesses, SharedChunks, close_spans, file_spans
 
 from .patterns import pattern
 
