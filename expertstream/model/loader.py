@@ -148,6 +148,16 @@ class MoeModel(Closing):
             raise InvalidArgument(f"{self.path}: asked for the first {count} of {len(self.layers)} MoE layers")
         return MoeModel(self.path, self._open_shards(), self._dims, self.layers[:count])
 
+    def spread_layers(self, count: int) -> MoeModel:
+        """``count`` MoE layers spread evenly from the first to the last, as a model of their own over
+        the same mappings: a smaller job whose bytes lie across the whole file, as the whole job's
+        do. Closing it leaves this model open."""
+        n = len(self.layers)
+        if not 1 <= count <= n:
+            raise InvalidArgument(f"{self.path}: asked for {count} of {n} MoE layers")
+        places = [0] if count == 1 else [round(i * (n - 1) / (count - 1)) for i in range(count)]
+        return MoeModel(self.path, self._open_shards(), self._dims, [self.layers[i] for i in places])
+
     @property
     def n_shards(self) -> int:
         return len(self.paths)

@@ -23,6 +23,7 @@ from expertstream.model import (
     start_model_file,
     tensor_specs,
 )
+from expertstream.moe.placeholder import write_sparse_model
 
 TINY = get_preset("tiny")
 
@@ -148,6 +149,22 @@ def test_start_model_file_leaves_the_data_to_the_caller(tmp_path: Path) -> None:
     with MoeModel.open(path) as zeros, MoeModel.open(reference) as model:
         assert zeros.tensors == model.tensors  # same names, types, shapes and offsets
         assert not any(zeros.raw(name).any() for name in zeros.tensors)
+
+
+def test_spread_layers_run_from_the_first_to_the_last(tmp_path: Path) -> None:
+    path = write_sparse_model("qwen3-30b-a3b", "Q4_0", tmp_path / "five.gguf", layers=5)
+    with MoeModel.open(path) as model:
+        indices = [layer.index for layer in model.layers]
+        assert len(indices) == 5
+        for count, want in ((1, [0]), (2, [0, 4]), (3, [0, 2, 4]), (5, [0, 1, 2, 3, 4])):
+            with model.spread_layers(count) as sample:
+                assert [layer.index for layer in sample.layers] == [indices[i] for i in want]
+        with model.spread_layers(2) as sample:
+            name = sample.layers[1].experts[0].name
+            assert np.array_equal(sample.raw(name), model.raw(name))
+        for count in (0, 6):
+            with pytest.raises(InvalidArgument, match=f"asked for {count} of 5"):
+                model.spread_layers(count)
 
 
 def test_leading_layers_are_a_smaller_model_over_the_same_bytes(tmp_path: Path) -> None:
