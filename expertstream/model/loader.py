@@ -156,7 +156,7 @@ class MoeModel(Closing):
         if not 1 <= count <= n:
             raise InvalidArgument(f"{self.path}: asked for {count} of {n} MoE layers")
         places = [0] if count == 1 else [round(i * (n - 1) / (count - 1)) for i in range(count)]
-        return MoeModel(self.path, self._open_shards(), self._dims, [self.layers[i] for i in places])
+        return MoeModel(self.path, self._open_shards(), self._dims, tuple(self.layers[i] for i in places))
 
     @property
     def n_shards(self) -> int:
