@@ -372,19 +372,20 @@ class HostPathFit:
         return {**dataclasses.asdict(self), "mode": self.mode.value}
 
 
-def _job_row(backend: Backend, device: Device, model: MoeModel, mode: HostMemoryMode) -> Row | None:
-    """One prefill ubatch and CALIBRATION_STEPS decode steps of the job through ``mode`` (None where
+def _job_row(
+    backend: Backend, device: Device, model: MoeModel, mode: HostMemoryMode, decode_steps: int = CALIBRATION_STEPS
+) -> Row | None:
+    """One prefill ubatch and ``decode_steps`` decode steps of the job through ``mode`` (None where
     the mode fell back)."""
-    batching = Batching(CALIBRATION_UBATCH, CALIBRATION_UBATCH, CALIBRATION_STEPS)
+    batching = Batching(CALIBRATION_UBATCH, CALIBRATION_UBATCH, decode_steps)
     row = measure(backend, device, model, Settings(batching, (0,), (mode,), repeats=1)).rows[0]
     return row if row.host_memory == mode.value else None
 
 
 def prefill_seconds(backend: Backend, device: Device, model: MoeModel, mode: HostMemoryMode) -> float | None:
     """Time to first token of one ubatch of the job through ``mode`` (None where the mode fell back)."""
-    settings = Settings(Batching(CALIBRATION_UBATCH, CALIBRATION_UBATCH), (0,), (mode,), repeats=1)
-    row = measure(backend, device, model, settings).rows[0]
-    return row.ttft_s if row.host_memory == mode.value else None
+    row = _job_row(backend, device, model, mode, decode_steps=0)
+    return None if row is None else row.ttft_s
 
 
 def predicted_prefill(profile: Profile, model: MoeModel, mode: HostMemoryMode) -> float:
@@ -526,9 +527,15 @@ def fit_host_paths(
 def refit_host_paths(
     profile: Profile, model: MoeModel, fits: Sequence[HostPathFit]
 ) -> tuple[Profile, list[HostPathFit]]:
-    """``fit_host_paths`` again from what an earlier run measured (``fits``), on this simulator."""
+    """``fit_host_paths`` again from what an earlier run measured (``fits``), on this simulator; each
+    fit keeps the probes' figures that run started from."""
     with model.spread_layers(_host_path_layers(model)) as sample:
-        return _fit_samples(profile, sample, [(f.mode, f.prefill_s, f.decode_step_s) for f in fits])
+        profile, refits = _fit_samples(profile, sample, [(f.mode, f.prefill_s, f.decode_step_s) for f in fits])
+    started = {f.mode: f for f in fits}
+    return profile, [
+        dataclasses.replace(f, probe_bps=started[f.mode].probe_bps, probe_latency_s=started[f.mode].probe_latency_s)
+        for f in refits
+    ]
 
 
 def _host_path_layers(model: MoeModel) -> int:

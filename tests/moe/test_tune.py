@@ -232,7 +232,8 @@ def test_the_host_paths_are_fitted_again_from_what_a_run_measured(tmp_path: Path
     for field in HOST_PATH_FIELDS:
         want, got = getattr(fitted, field), getattr(again, field)
         assert got == (pytest.approx(want, rel=TOLERANCE) if isinstance(want, float) else want), field
-    assert [(f.prefill_s, f.decode_step_s) for f in refits] == [(f.prefill_s, f.decode_step_s) for f in fits]
+    keep = [(f.prefill_s, f.decode_step_s, f.probe_bps, f.probe_latency_s) for f in fits]
+    assert [(f.prefill_s, f.decode_step_s, f.probe_bps, f.probe_latency_s) for f in refits] == keep
 
 
 def test_a_ring_that_nearly_keeps_up_with_its_dmas_is_fitted_where_the_probes_say_it_matters(
