@@ -69,17 +69,20 @@ def _parse_fill(fill: RingFill | str) -> RingFill:
 
 @dataclass
 class RingStats:
-    """Where a staging ring's threads spent their time (backend.host_timestamp, virtual on the simulator).
+    """Where a staging ring's workers spent their time (backend.host_timestamp, virtual on the simulator).
 
-    ``fill_s`` and ``chunk_wait_s`` are summed over the threads: with ``threads`` threads over ``wall``
-    seconds, ``fill_s / (threads * wall)`` is how busy copying kept them. Threads that copy nearly all
-    the time mean the host's copy rate bounds the ring; long chunk waits mean the DMAs (or whatever the
-    copying stream waits for) hold the chunks back.
+    ``fill_s`` is summed over the workers: with ``threads`` workers over ``wall`` seconds, ``fill_s /
+    (threads * wall)`` is how busy copying kept them. ``chunk_wait_s`` is summed over who waits for
+    chunks: the threads, or the ring's caller where it hands chunks to fill processes. Workers that
+    copy nearly all the time mean the host's copy rate bounds the ring; long chunk waits mean the
+    DMAs (or whatever the copying stream waits for) hold the chunks back.
     """
 
     bytes_filled: int = 0  # copied into chunks, fills dropped and redone included
-    fill_s: float = 0.0  # thread-seconds spent copying into chunks
-    chunk_wait_s: float = 0.0  # thread-seconds spent waiting for a chunk's previous DMA to end
+    fill_s: float = 0.0  # worker-seconds spent copying into chunks
+    # Seconds spent waiting for a chunk's previous DMA to end: by the threads, or, where the caller
+    # waits before handing a chunk on (fill processes), by the caller.
+    chunk_wait_s: float = 0.0
 
     def __sub__(self, other: RingStats) -> RingStats:
         return RingStats(**{f.name: getattr(self, f.name) - getattr(other, f.name) for f in dataclasses.fields(self)})

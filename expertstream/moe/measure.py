@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..backends.base import Backend, Device, Stream, Usage
-from ..hostmem import HostMemoryMode, HostWeights, RingStats
+from ..hostmem import HostMemoryMode, HostWeights, RingFill, RingStats
 from ..kernels.layout import MatrixPath
 from ..model import MoeModel
 from ..scheduler import Bindings, Plan, Replay, RunStats, Scheduler, Split
@@ -351,17 +351,22 @@ def _measure_row(
 def _ring_fields(
     weights: HostWeights, before: RingStats | None, after: RingStats | None, wall_s: float
 ) -> dict[str, Any]:
-    """Where the staging ring's threads spent the timed prefills (nothing outside mode ring)."""
+    """Where the staging ring's workers spent the timed prefills (nothing outside mode ring).
+
+    Threads wait for a chunk's DMA themselves; for fill processes the ring's caller waits before it
+    sends a fill, so their chunk waits are shared over the callers (one per ring), not the workers.
+    """
     if before is None or after is None or wall_s <= 0:
         return {}
     used = after - before
     threads = sum(ring.threads for ring in weights.rings)
-    thread_s = threads * wall_s
+    fills = {ring.fill for ring in weights.rings}
+    waiters = len(weights.rings) if fills == {RingFill.PROCESSES} else threads
     return {
         "ring_threads": threads,
-        "ring_fill": ",".join(sorted({ring.fill.value for ring in weights.rings})),
-        "ring_copy_pct": 100.0 * used.fill_s / thread_s,
-        "ring_chunk_wait_pct": 100.0 * used.chunk_wait_s / thread_s,
+        "ring_fill": ",".join(sorted(fill.value for fill in fills)),
+        "ring_copy_pct": 100.0 * used.fill_s / (threads * wall_s),
+        "ring_chunk_wait_pct": 100.0 * used.chunk_wait_s / (waiters * wall_s),
         "ring_thread_gbps": used.thread_gbps,
     }
 

@@ -219,9 +219,10 @@ def ring_note(rows: Sequence[Row]) -> str | None:
     threads, fill = next((r.ring_threads, r.ring_fill) for r in rows if r.ring_threads is not None)
     worker = "process" if fill == "processes" else "thread"
     workers = "fill processes" if fill == "processes" else "threads"
+    waiting = "its caller waiting for chunk DMAs" if fill == "processes" else "waiting for chunk DMAs"
     line = (
-        f"staging ring ({threads} {workers}): copying {_span(copy, '.0f')}% of the time, waiting for "
-        f"chunk DMAs {_span(wait, '.0f')}%"
+        f"staging ring ({threads} {workers}): copying {_span(copy, '.0f')}% of the time, {waiting} "
+        f"{_span(wait, '.0f')}%"
     )
     if rates:
         line += f", {_span(rates, '.1f')} GB/s per {worker} while copying"

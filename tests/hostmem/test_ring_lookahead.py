@@ -21,6 +21,7 @@ from expertstream.hostmem import HostMemoryMode, HostWeights, RingRegion, Stagin
 from expertstream.model import MoeModel
 from expertstream.moe.measure import Settings, measure
 from expertstream.moe.placeholder import write_sparse_model
+from expertstream.moe.report import ring_note
 from expertstream.moe.runner import Batching, MoeRunner, sha256
 from expertstream.scheduler import Bindings, Plan, Scheduler
 from expertstream.scheduler.source import HostRegion, HostSource, expect_copies
@@ -98,7 +99,7 @@ def test_closing_waits_for_the_fills_made_ahead() -> None:
     with expertstream.backend("sim", profile="cuda-h200") as sim:
         device = sim.device(0)
         data = pattern(9 << 20)
-        ring = StagingRing(device.wrap_host(data), chunk_bytes=4 << 20, chunks=2, threads=2)
+        ring = StagingRing(device.wrap_host(data), chunk_bytes=4 << 20, chunks=2, threads=2, fill="threads")
         chunks = [slot.buffer for slot in ring._slots]
         ring.expect([ring.region(0, data.nbytes)])  # two chunks' fills start now; none is asked for
         ring.close()
@@ -202,7 +203,8 @@ def _watched_copies(order: list[int], in_ranges: int | None = None) -> tuple[lis
         assert isinstance(sim, SimBackend)
         device = sim.device(0)
         data = pattern(6 * 5 * MIB // 2)
-        with StagingRing(device.wrap_host(data), chunk_bytes=MIB, chunks=3, threads=2) as ring:
+        # Threads, each waiting for its chunk's DMA: what the checks below watch (fill processes: test_fill_processes).
+        with StagingRing(device.wrap_host(data), chunk_bytes=MIB, chunks=3, threads=2, fill="threads") as ring:
             uses = _ChunkUses(sim, ring)
             tensors = [ring.region(k * 5 * MIB // 2, 5 * MIB // 2) for k in range(6)]
             ring.expect(tensors)
@@ -402,17 +404,22 @@ def _prefill_seconds(path: Path, slots: tuple[int, ...]) -> dict[int, float]:
         return {row.slots: row.ttft_s for row in measure(sim, sim.device(0), model, settings).rows}
 
 
-def test_ring_rows_say_where_the_fill_threads_spent_their_time(qwen3_four_layers: Path) -> None:
-    with expertstream.backend("sim", profile=H200_HOST, data=False) as sim, MoeModel.open(qwen3_four_layers) as model:
+@pytest.mark.parametrize("fill", ["threads", "processes"])
+def test_ring_rows_say_where_the_fill_workers_spent_their_time(qwen3_four_layers: Path, fill: str) -> None:
+    profile = dataclasses.replace(H200_HOST, ring_fill=fill)
+    with expertstream.backend("sim", profile=profile, data=False) as sim, MoeModel.open(qwen3_four_layers) as model:
         modes = (HostMemoryMode.RING, HostMemoryMode.REGISTERED)
         settings = Settings(Batching(4096, 2048), (0, 3), modes, ring_threads=12)
         rows = measure(sim, sim.device(0), model, settings).rows
     ring_rows = [row for row in rows if row.host_memory == "ring"]
     assert len(ring_rows) == 2
     for row in ring_rows:
-        assert row.ring_threads == 12
+        assert row.ring_threads == 12 and row.ring_fill == fill
         assert row.ring_copy_pct is not None and row.ring_chunk_wait_pct is not None
-        assert row.ring_copy_pct + row.ring_chunk_wait_pct <= 100.0 + 1e-9
+        if fill == "threads":  # the same threads copy and wait
+            assert row.ring_copy_pct + row.ring_chunk_wait_pct <= 100.0 + 1e-9
+        else:  # the processes copy; the ring's caller waits for chunks before it sends their fills
+            assert row.ring_copy_pct <= 100.0 + 1e-9 and row.ring_chunk_wait_pct <= 100.0 + 1e-9
         # Copying slower than the link, the threads are what bounds these prefills.
         assert row.ring_copy_pct > 80.0
         # Each copies at the lower of the profile's one-thread rate and a 12th of the host memory bus.
@@ -421,6 +428,21 @@ def test_ring_rows_say_where_the_fill_threads_spent_their_time(qwen3_four_layers
     for row in rows:
         if row.host_memory != "ring":
             assert (row.ring_threads, row.ring_copy_pct, row.ring_thread_gbps) == (None, None, None)
+
+
+@pytest.mark.parametrize("fill", ["threads", "processes"])
+def test_a_ring_its_dmas_hold_back_says_so_whoever_fills_it(qwen3_four_layers: Path, fill: str) -> None:
+    """A link slower than the host's copies: threads wait for their chunks' DMAs, and so does the
+    caller that hands chunks to fill processes; either wait is counted over whoever waits."""
+    profile = dataclasses.replace(H200_HOST, ring_fill=fill, h2d_pinned_bps=5e9, host_memcpy_bps=20e9)
+    with expertstream.backend("sim", profile=profile, data=False) as sim, MoeModel.open(qwen3_four_layers) as model:
+        settings = Settings(Batching(2048, 2048), (0,), (HostMemoryMode.RING,), ring_threads=4)
+        rows = measure(sim, sim.device(0), model, settings).rows
+    (row,) = rows
+    assert row.ring_chunk_wait_pct is not None and 50.0 <= row.ring_chunk_wait_pct <= 100.0 + 1e-9
+    note = ring_note(rows)
+    assert note is not None and "the copies to the device hold it back" in note
+    assert ("its caller waiting for chunk DMAs" in note) is (fill == "processes")
 
 
 def test_lookahead_prefill_through_the_ring_is_never_slower(

@@ -21,7 +21,9 @@ def _ring_ops(chunks: int, threads: int, nbytes: int) -> tuple[list[TimelineOp],
         assert isinstance(sim, SimBackend)
         device = sim.device(0)
         data = np.arange(nbytes, dtype=np.uint8)
-        with StagingRing(device.wrap_host(data), chunk_bytes=MIB, chunks=chunks, threads=threads) as ring:
+        with StagingRing(
+            device.wrap_host(data), chunk_bytes=MIB, chunks=chunks, threads=threads, fill="threads"
+        ) as ring:
             dst = device.alloc(nbytes)
             with device.stream() as stream:
                 ring.copy(stream, dst, 0, 0, nbytes)

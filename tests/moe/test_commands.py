@@ -244,7 +244,7 @@ def test_the_ring_geometry_is_taken_and_its_time_reported(
         assert row["ring_threads"] == 2 and 0 < row["ring_copy_pct"] <= 100 and row["ring_thread_gbps"] > 0
     assert all(r["ring_copy_pct"] is None for r in pinned)
     code, out, _ = _prefill(capsys, str(tiny_path), "--backend", "sim", *SMALL, "--host-memory", "ring", *geometry)
-    assert code == 0 and out.splitlines()[-1].startswith("staging ring (2 threads): copying ")
+    assert code == 0 and out.splitlines()[-1].startswith("staging ring (2 fill processes): copying ")
     code, _, err = _prefill(
         capsys, str(tiny_path), "--backend", "sim", *SMALL, "--host-memory", "ring", "--ring-chunks", "1"
     )

@@ -189,11 +189,14 @@ def test_the_ring_and_the_mapping_are_fitted_to_the_jobs_prefill_and_decode(
     no fixed costs per copy) are corrected by the job's own prefill and decode steps: the rates
     and costs the job ran at come back within 2%, and the ring is scheduled as it was filled."""
     # A profile that names no ring threads takes this host's count; two keep the ring's copies what
-    # bounds the job on any host (with 12, the rocm-r9700 ring outruns its DMAs: nothing to fit).
+    # bounds the job on any host (with 12, the rocm-r9700 ring outruns its DMAs: nothing to fit), and
+    # a bus of 29 GB/s keeps cuda-h200's 12 bound by it (at its 43.6 they nearly keep up with the
+    # DMAs, and a prefill tells their rate only roughly).
     truth = resolve_profile(source)
     truth = dataclasses.replace(
         truth,
         ring_threads=truth.ring_threads or 2,
+        host_memcpy_total_bps=truth.host_memcpy_total_bps and 29e9,
         ring_fill=fill,
         host_copy_latency_s=80e-6,
         h2d_pageable_latency_s=60e-6,
@@ -267,7 +270,7 @@ def test_a_host_path_too_small_to_tell_keeps_the_probes_rates(tiny_path: Path) -
     misjudged = _misjudged(truth)
     with expertstream.backend("sim", profile=truth, data=False) as sim, MoeModel.open(tiny_path) as model:
         fitted, fits = fit_host_paths(sim, sim.device(0), model, misjudged)
-    assert fits == [] and fitted == dataclasses.replace(misjudged, ring_fill="threads")  # who filled it, still
+    assert fits == [] and fitted == dataclasses.replace(misjudged, ring_fill=truth.ring_fill)  # who filled it, still
 
 
 def test_the_host_paths_are_fitted_on_a_bounded_part_of_a_large_model(
@@ -275,7 +278,7 @@ def test_the_host_paths_are_fitted_on_a_bounded_part_of_a_large_model(
 ) -> None:
     """With room for one layer's experts, the fit's prefills stream one layer of the two: tune's
     time does not grow with the model, and the fitted rates are those of the whole model."""
-    truth = resolve_profile("cuda-h200")
+    truth = dataclasses.replace(resolve_profile("cuda-h200"), host_memcpy_total_bps=29e9)  # a ring that bounds
     with expertstream.backend("sim", profile=truth, data=False) as sim:
         path = calibration_model(sim, tmp_path, DEFAULT_PRESET, "Q4_0")
         with MoeModel.open(path) as model:

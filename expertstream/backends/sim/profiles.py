@@ -366,10 +366,13 @@ CUDA_H200 = Profile(
     # assumed: not measured whether the driver fills with a kernel or a copy engine; either runs
     # beside the kernels of other streams rather than after them.
     memset_engine="fill-kernel",
-    # measured: the staging ring (12 threads, 64 MiB chunks) moved 27.3-31.6 GB/s from a file
-    # mapping while its DMAs ran (docs/results/hostmem-h200.md)
-    host_memcpy_total_bps=29e9,
+    # measured: `expertstream tune` fitted the ring of 12 fill processes (16 x 8 MiB chunks) to a
+    # 512-token prefill of 12 of the 48-layer file's layers at 38.8 and 48.4 GB/s in two runs; whole
+    # prefills moved 31-48 GB/s (docs/results/predict-h200.md). The mean of the two fits; before the
+    # fill processes, 12 threads moved 27.3-31.6 GB/s.
+    host_memcpy_total_bps=43.6e9,
     ring_threads=12,  # measured host: 16 cores, so hostmem's default of min(12, cores)
+    ring_fill="processes",  # what hostmem runs there: a GPU, the model's files mapped, Linux
     # measured: gather.cu reading 16 and 64 MiB of 1 MiB rows from pinned memory, `expertstream tune`
     # (docs/results/decode-h200.md)
     h2d_gather_bps=51.4e9,
