@@ -527,15 +527,25 @@ def fit_host_paths(
 def refit_host_paths(
     profile: Profile, model: MoeModel, fits: Sequence[HostPathFit]
 ) -> tuple[Profile, list[HostPathFit]]:
-    """``fit_host_paths`` again from what an earlier run measured (``fits``), on this simulator; each
-    fit keeps the probes' figures that run started from."""
+    """``fit_host_paths`` again from what an earlier run measured (``fits``), on this simulator,
+    starting, as that run did, from the probes' figures: ``profile`` (one that run fitted) already
+    holds its fits, and whether a path is fitted at all depends on where the fit starts."""
+    for fit in fits:
+        profile = _with_path(profile, fit.mode, fit.probe_bps, fit.probe_latency_s)
     with model.spread_layers(_host_path_layers(model)) as sample:
-        profile, refits = _fit_samples(profile, sample, [(f.mode, f.prefill_s, f.decode_step_s) for f in fits])
-    started = {f.mode: f for f in fits}
-    return profile, [
-        dataclasses.replace(f, probe_bps=started[f.mode].probe_bps, probe_latency_s=started[f.mode].probe_latency_s)
-        for f in refits
-    ]
+        return _fit_samples(profile, sample, [(f.mode, f.prefill_s, f.decode_step_s) for f in fits])
+
+
+def _with_path(profile: Profile, mode: HostMemoryMode, bps: float, latency_s: float | None) -> Profile:
+    """``profile`` with host path ``mode``'s rate, and its fixed cost per copy where given."""
+    if mode is HostMemoryMode.RING:
+        profile = ring_rates(profile, bps / ring_bps(profile))
+    else:
+        profile = dataclasses.replace(profile, h2d_pageable_bps=bps)
+    if latency_s is None:
+        return profile
+    changes: dict[str, Any] = {_PATH_FIELDS[mode][1]: latency_s}
+    return dataclasses.replace(profile, **changes)
 
 
 def _host_path_layers(model: MoeModel) -> int:
