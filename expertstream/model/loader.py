@@ -141,13 +141,6 @@ class MoeModel(Closing):
         )
         return cls(path, shards, dims, layers)
 
-    def leading_layers(self, count: int) -> MoeModel:
-        """The first ``count`` MoE layers as a model of their own over the same mappings: a smaller
-        job with the same tensor sizes. Closing it leaves this model open."""
-        if not 1 <= count <= len(self.layers):
-            raise InvalidArgument(f"{self.path}: asked for the first {count} of {len(self.layers)} MoE layers")
-        return MoeModel(self.path, self._open_shards(), self._dims, self.layers[:count])
-
     def spread_layers(self, count: int) -> MoeModel:
         """``count`` MoE layers spread evenly from the first to the last, as a model of their own over
         the same mappings: a smaller job whose bytes lie across the whole file, as the whole job's
