@@ -414,6 +414,13 @@ def ring_bps(profile: Profile) -> float:
     return together if total is None else min(together, total)
 
 
+# What each host path's rate and fixed cost per copy are in a profile.
+_PATH_FIELDS = {
+    HostMemoryMode.RING: (ring_bps, "host_copy_latency_s"),
+    HostMemoryMode.MMAP: (lambda p: p.h2d_pageable_bps, "h2d_pageable_latency_s"),
+}
+
+
 # Turns of fitting a host path's rate to prefill and its fixed cost per copy to decode.
 PATH_FIT_ROUNDS = 4
 
@@ -474,14 +481,13 @@ def calibrate_pageable(profile: Profile, model: MoeModel, measured_s: float) -> 
     return None if per_byte is None else 1 / max(per_byte, 1e-15)
 
 
-def calibrate_copy_latency(
-    profile: Profile, model: MoeModel, mode: HostMemoryMode, field: str, measured_s: float
-) -> float:
-    """The fixed cost per copy (profile ``field``) for which the simulator's decode step through
+def calibrate_copy_latency(profile: Profile, model: MoeModel, mode: HostMemoryMode, measured_s: float) -> float:
+    """The fixed cost per copy (``_PATH_FIELDS``) for which the simulator's decode step through
     ``mode`` takes ``measured_s``: a decode step copies each expert it uses on its own, so the cost
     of a copy beyond its bytes (the ring's handoff to a worker, the runtime's staging of a pageable
     copy) is what such steps add up.
     """
+    field = _PATH_FIELDS[mode][1]
 
     def step(latency_s: float) -> float:
         changes: dict[str, Any] = {field: latency_s}
@@ -577,13 +583,6 @@ def _fit_samples(
     return profile, fits
 
 
-# What each host path's rate and fixed cost per copy are in a profile.
-_PATH_FIELDS = {
-    HostMemoryMode.RING: (ring_bps, "host_copy_latency_s"),
-    HostMemoryMode.MMAP: (lambda p: p.h2d_pageable_bps, "h2d_pageable_latency_s"),
-}
-
-
 def _fit_path(
     profile: Profile,
     model: MoeModel,
@@ -608,7 +607,7 @@ def _fit_path(
     for _ in range(PATH_FIT_ROUNDS):
         if step_s is None:
             break
-        latency = calibrate_copy_latency(profile, model, mode, latency_field, step_s)
+        latency = calibrate_copy_latency(profile, model, mode, step_s)
         changes: dict[str, Any] = {latency_field: latency}
         profile = dataclasses.replace(profile, **changes)
         fitted = fit_rate(profile)
