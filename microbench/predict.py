@@ -349,7 +349,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _settings(args: argparse.Namespace, ubatch: int) -> Settings:
-    return Settings(Batching(args.tokens, ubatch, args.decode_steps), SLOTS, MODES, repeats=args.repeats)
+    return Settings(Batching(args.tokens, ubatch, args.decode_steps), SLOTS, args.host_memory, repeats=args.repeats)
 
 
 def _predict(run: Run, profile: Profile, model: MoeModel, settings: Settings, measured: Sequence[Measured]) -> None:
@@ -357,7 +357,13 @@ def _predict(run: Run, profile: Profile, model: MoeModel, settings: Settings, me
     ubatch = settings.batching.ubatch
     step = time.perf_counter()
     predicted = predict_candidates(
-        profile, model, settings, slots=SLOTS, modes=MODES, ubatches=(ubatch,), memory_bytes=run.free_bytes
+        profile,
+        model,
+        settings,
+        slots=SLOTS,
+        modes=settings.host_memory,
+        ubatches=(ubatch,),
+        memory_bytes=run.free_bytes,
     )
     rows, candidates = predicted[ubatch]
     run.timings[f"predict ub {ubatch}"] = time.perf_counter() - step
@@ -514,6 +520,15 @@ def _progress(what: str, step: str) -> None:
     log.info("%s: %s", what, step)
 
 
+def _modes(text: str) -> tuple[HostMemoryMode, ...]:
+    named = {m.value: m for m in MODES}
+    wanted = [m.strip() for m in text.split(",")]
+    unknown = [m for m in wanted if m not in named]
+    if unknown or not wanted:
+        raise argparse.ArgumentTypeError(f"{', '.join(unknown) or text!r}: give a comma list of {', '.join(named)}")
+    return tuple(dict.fromkeys(named[m] for m in wanted))
+
+
 def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in text.split(",") if part.strip())
 
@@ -529,6 +544,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--ubatch", type=_ints, default=(4096, 2048, 512), help="comma list, measured in this order")
     # Many steps: their median is what a row reports, and a decode step on a GPU varies by tens of percent.
     parser.add_argument("--decode-steps", type=int, default=16)
+    parser.add_argument(
+        "--host-memory",
+        type=_modes,
+        default=MODES,
+        help="comma list of the host memory modes measured, predicted and chosen from (all)",
+    )
     parser.add_argument("--repeats", type=int, default=1, help="timed runs per row after a warm-up")
     parser.add_argument(
         "--rounds",

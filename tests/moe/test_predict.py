@@ -176,6 +176,25 @@ def test_rounds_are_kept_in_the_results_and_their_replay(tmp_path: Path) -> None
         bench.main([*argv, "--rounds", "0"])
 
 
+def test_a_run_measures_and_chooses_among_the_host_memory_it_is_given(tmp_path: Path) -> None:
+    from microbench import predict as bench
+
+    first, again = tmp_path / "run", tmp_path / "replay"
+    argv = ["--backend", "sim", "--preset", "tiny", "--tokens", "32", "--ubatch", "16", "--decode-steps", "2"]
+    assert bench.main([*argv, "--host-memory", "ring,registered", "--out", str(first)]) == 0
+    doc = json.loads((first / "predict.json").read_text())
+    assert [(r["host_memory"], r["slots"]) for r in doc["rows"]] == [
+        (mode, slots) for mode in ("ring", "registered") for slots in (0, 2, 3, 4)
+    ]
+    assert doc["auto"] and all("mmap" not in a["choice"] + a["picked"] + a["best"] for a in doc["auto"])
+    assert bench.main(["--replay", str(first), "--out", str(again)]) == 0
+    replayed = json.loads((again / "predict.json").read_text())
+    assert [r["host_memory"] for r in replayed["rows"]] == [r["host_memory"] for r in doc["rows"]]
+    for wrong in ("pinned", "ring,,mmap"):
+        with pytest.raises(SystemExit):
+            bench.main([*argv, "--host-memory", wrong])
+
+
 def test_a_run_on_a_model_file_is_replayed_on_a_preset_of_its_shape(tmp_path: Path, tiny_path: Path) -> None:
     from expertstream.errors import InvalidArgument
     from microbench import predict as bench
