@@ -13,7 +13,8 @@ import enum
 import mmap
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Union
 
@@ -1048,12 +1049,22 @@ class Device(abc.ABC):
         return HostBuffer(self, arr, HostMemory.PAGEABLE, owner=owner)
 
     def host_copy(
-        self, dst: HostBuffer, dst_offset: int, src: HostBuffer, src_offset: int, nbytes: int, *, sharing: int = 1
+        self,
+        dst: HostBuffer,
+        dst_offset: int,
+        src: HostBuffer,
+        src_offset: int,
+        nbytes: int,
+        *,
+        sharing: int = 1,
+        fixed_cost: bool = True,
     ) -> None:
         """A memcpy between host buffers in the calling thread (the simulator charges its time).
 
         ``sharing``: how many such copies the caller runs at once on its threads, this one
-        included. The simulator gives each that share of the host's memory bus.
+        included. The simulator gives each that share of the host's memory bus. ``fixed_cost``:
+        whether the copy pays the simulator's fixed cost per copy (False: one in a row the thread
+        was handed while busy, as a fill process takes its next command without waking).
         """
         check_range("Device.host_copy", dst, dst_offset, nbytes)
         check_range("Device.host_copy", src, src_offset, nbytes)
@@ -1121,6 +1132,13 @@ class Backend(abc.ABC, Closing):
 
     def host_resume_at(self, timestamp: float) -> None:  # noqa: B027 - a no-op unless time is virtual
         """Tell the backend the calling thread is now at least at ``timestamp`` (a handoff)."""
+
+    @contextmanager
+    def bare_calls(self) -> Iterator[None]:
+        """The calling thread's calls inside come back to back, with none of its caller's work
+        between them (a staging ring's DMAs and records; a probe's launches): the simulator charges
+        them its profile's ``call_s`` rather than the job's time per call. A no-op elsewhere."""
+        yield
 
     @property
     def virtual_time(self) -> bool:

@@ -426,8 +426,9 @@ class StagingRing(Closing):
                 self._top_up()
                 continue
             self._ahead.popleft()
-            stream.copy_h2d(dst, dst_offset + fill.piece.offset, fill.slot.buffer, 0, fill.piece.nbytes)
-            stream.record(fill.slot.free_event)
+            with self.device.backend.bare_calls():
+                stream.copy_h2d(dst, dst_offset + fill.piece.offset, fill.slot.buffer, 0, fill.piece.nbytes)
+                stream.record(fill.slot.free_event)
             self.bytes_staged += fill.piece.nbytes
             self._top_up()  # the next fill takes the chunk just handed to the DMA, once it is read
 
@@ -545,11 +546,14 @@ class StagingRing(Closing):
         sharing: int,
     ) -> float:
         backend = self.device.backend
+        # A fill process sleeps until its next command: only one that was idle is woken for it
+        # (the fixed cost per copy); one still copying takes it straight from its pipe.
+        woken = not self._timed_as_processes or backend.host_timestamp() < handoff
         backend.host_resume_at(handoff)
         start = backend.host_timestamp()
         slot.free_event.synchronize()
         copying = backend.host_timestamp()
-        self.device.host_copy(slot.buffer, chunk_offset, source, src_offset, nbytes, sharing=sharing)
+        self.device.host_copy(slot.buffer, chunk_offset, source, src_offset, nbytes, sharing=sharing, fixed_cost=woken)
         end = backend.host_timestamp()
         with self._stats_lock:
             self._stats.chunk_wait_s += copying - start

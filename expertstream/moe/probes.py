@@ -155,7 +155,7 @@ class Measurements:
     memory_bytes: int
     host_register: bool
     host_register_read_only: bool
-    enqueue_s: float  # host seconds per launch call
+    enqueue_s: float  # host seconds per launch call, back to back (the profile's call_s)
     launch_s: float  # device seconds per empty kernel, back to back
     copies: list[CopyTiming] = field(default_factory=list)
     register_bytes_per_s: float | None = None
@@ -353,7 +353,7 @@ def _launch_overhead(
     backend: Backend, device: Device, stream: Stream, kernels: MoeKernels, gate: Gate, bounds: Bounds
 ) -> tuple[float, float]:
     """(host seconds per launch call, device seconds per empty kernel back to back)."""
-    with _device_buffer(device, None, 4) as h, _device_buffer(device, None, 4) as delta:
+    with _device_buffer(device, None, 4) as h, _device_buffer(device, None, 4) as delta, backend.bare_calls():
         device_s, host_s = back_to_back(
             backend,
             device,

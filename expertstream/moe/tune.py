@@ -172,6 +172,7 @@ def fit(m: Measurements, base: Profile, name: str, vendor_like: str) -> dict[str
     )
     fields["launch_latency_s"] = m.launch_s
     fields["enqueue_s"] = m.enqueue_s
+    fields["call_s"] = m.enqueue_s  # what a call costs alone; enqueue_s becomes the job's per call
     per_thread, total = fit_host_copies(m.host_copies)
     fields["host_memcpy_bps"] = per_thread
     fields["host_memcpy_total_bps"] = total
@@ -206,6 +207,7 @@ FITTED_FIELDS = (
     "pageable_wait_binds_tail",
     "launch_latency_s",
     "enqueue_s",
+    "call_s",
     "host_memcpy_bps",
     "host_memcpy_total_bps",
     "host_copy_latency_s",
@@ -295,6 +297,32 @@ def calibrate_enqueue(profile: Profile, model: MoeModel, mode: HostMemoryMode, m
 
     x0 = profile.enqueue_s
     return solve(step, measured_s, x0, x0 * 2 if x0 > 0 else 10e-6)
+
+
+# Turns of fitting the device's time per operation and the host's time per call, each to its decode steps.
+CALL_FIT_ROUNDS = 3
+
+
+def calibrate_calls(
+    profile: Profile, model: MoeModel, mode: HostMemoryMode, graph_s: float | None, step_s: float
+) -> Profile:
+    """``profile`` with the device's time per operation fitted to decode steps replayed from one graph
+    (``graph_s``, where the device captured one) and the host's time per call to steps issued call by call.
+
+    The host's time per call shows in the replayed steps too (the calls around each replay), and
+    it starts at what a call costs alone: the two are fitted in turn until the device's stays put.
+    """
+    for turn in range(CALL_FIT_ROUNDS):
+        if graph_s is not None:  # the host's time per call is fitted on top of the device's
+            latency = calibrate_launch(profile, model, mode, graph_s)
+            moved = abs(latency - profile.launch_latency_s) > SOLVE_TOLERANCE * latency
+            profile = dataclasses.replace(profile, launch_latency_s=latency)
+            if turn and not moved:
+                break
+        profile = dataclasses.replace(profile, enqueue_s=calibrate_enqueue(profile, model, mode, step_s))
+        if graph_s is None:
+            break
+    return profile
 
 
 def calibrate_launch(profile: Profile, model: MoeModel, mode: HostMemoryMode, measured_s: float) -> float:
@@ -594,28 +622,28 @@ def _fit_path(
     """One host path's rate fitted to its measured prefill (``fit_rate``) and its fixed cost per copy
     to its decode steps.
 
-    Both show in both, so they are fitted in turn until the rate stays put. Where the copies are too
-    small a part of the prefill to tell (``fit_rate`` gives None), ``profile`` as it was and no fit.
+    Both show in both, so they are fitted in turn until the rate stays put, the fixed cost first:
+    decode's small copies are mostly that, while a fixed cost far off (the probes') can leave no
+    rate that would fit the prefill. Where the copies are too small a part of the prefill to tell
+    (``fit_rate`` gives None), ``profile`` as it was and no fit.
     """
     rate, latency_field = _PATH_FIELDS[mode]
     probe_bps, probe_latency = rate(profile), getattr(profile, latency_field)
-    fitted = fit_rate(profile)
-    if fitted is None:
-        return profile, None
+    start = profile
     latency: float | None = None
-    profile = fitted
-    for _ in range(PATH_FIT_ROUNDS):
-        if step_s is None:
-            break
-        latency = calibrate_copy_latency(profile, model, mode, step_s)
-        changes: dict[str, Any] = {latency_field: latency}
-        profile = dataclasses.replace(profile, **changes)
+    for turn in range(PATH_FIT_ROUNDS):
+        if step_s is not None:
+            latency = calibrate_copy_latency(profile, model, mode, step_s)
+            changes: dict[str, Any] = {latency_field: latency}
+            profile = dataclasses.replace(profile, **changes)
         fitted = fit_rate(profile)
+        if fitted is None and not turn:
+            return start, None
         if fitted is None:
             break
         moved = abs(rate(fitted) / rate(profile) - 1)
         profile = fitted
-        if moved <= SOLVE_TOLERANCE:
+        if step_s is None or moved <= SOLVE_TOLERANCE:
             break
     return profile, HostPathFit(mode, prefill_s, probe_bps, rate(profile), step_s, probe_latency, latency)
 
@@ -674,11 +702,8 @@ def tune(
     step_s = decode_step_seconds(backend, device, model, mode)
     assert step_s is not None
     clock.start("calibrating on the simulator")
-    if graph_s is not None:  # first: the host's time per call is fitted on top of the device's
-        fields["launch_latency_s"] = calibrate_launch(profile, model, mode, graph_s)
-        profile = dataclasses.replace(profile, launch_latency_s=fields["launch_latency_s"])
-    fields["enqueue_s"] = calibrate_enqueue(profile, model, mode, step_s)
-    profile = dataclasses.replace(profile, enqueue_s=fields["enqueue_s"])
+    profile = calibrate_calls(profile, model, mode, graph_s, step_s)
+    fields["launch_latency_s"], fields["enqueue_s"] = profile.launch_latency_s, profile.enqueue_s
     if measured.ring_small is not None:
         fields["host_copy_latency_s"] = calibrate_host_copy_latency(profile, measured.ring_small)
         profile = dataclasses.replace(profile, host_copy_latency_s=fields["host_copy_latency_s"])

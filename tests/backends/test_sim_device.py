@@ -85,6 +85,39 @@ def test_memory_accounting_and_out_of_memory() -> None:
         dev.alloc(400 * 1024).close()
 
 
+def test_calls_inside_bare_calls_cost_the_profile_s_call_s() -> None:
+    """The job's calls cost enqueue_s (its own work between them included); calls made back to
+    back (a staging ring's DMAs and records) cost call_s, on that thread only; without call_s, enqueue_s."""
+    import threading
+
+    for call_s, want in ((3e-6, 3e-6), (None, 40e-6)):
+        with _open(profile={"base": "cuda-h200", "enqueue_s": 40e-6, "call_s": call_s}) as sim:
+            dev = sim.device(0)
+            stream = dev.stream()
+            event = dev.event()
+            before = sim.host_time()
+            stream.record(event)
+            assert sim.host_time() - before == pytest.approx(40e-6)
+            with sim.bare_calls():
+                before = sim.host_time()
+                stream.record(event)
+                assert sim.host_time() - before == pytest.approx(want)
+                other: list[float] = []
+
+                def elsewhere(stream: Stream, event: Any, other: list[float]) -> None:
+                    start = sim.host_time()
+                    stream.record(event)
+                    other.append(sim.host_time() - start)
+
+                thread = threading.Thread(target=elsewhere, args=(stream, event, other))
+                thread.start()
+                thread.join()
+                assert other == [pytest.approx(40e-6)]  # another thread's calls are the job's
+            before = sim.host_time()
+            stream.record(event)
+            assert sim.host_time() - before == pytest.approx(40e-6)
+
+
 def test_pageable_bytes_are_staged_when_the_copy_does_not_block() -> None:
     with _open(profile={"base": "cuda-h200", "pageable_blocks_host": False}) as sim:
         dev = sim.device(0)

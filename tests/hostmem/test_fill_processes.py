@@ -22,6 +22,7 @@ from expertstream.hostmem.staging import (
     PROCESS_RING_CHUNK_BYTES,
     PROCESS_RING_CHUNKS,
 )
+from expertstream.timeline import OpKind
 
 from .patterns import pattern
 
@@ -238,6 +239,45 @@ def test_every_copy_s_time_is_kept_when_one_read_brings_several_answers(device: 
     assert all(t > 0 for t in times)
     for i, chunk in enumerate(got):
         assert np.array_equal(chunk, pattern(640 * KIB)[i * 64 * KIB : (i + 1) * 64 * KIB])
+
+
+@pytest.mark.parametrize("fill", ["processes", "threads"])
+def test_the_simulator_s_fill_processes_pay_the_fixed_cost_only_when_woken(files: list[Path], fill: str) -> None:
+    """A fill process sleeps on its pipe: the profile's fixed cost per copy is paid by one that was
+    idle when handed the copy, not by one still busy with the copy before. Threads pay it for every
+    copy (their lock hand-offs), as before."""
+    latency = 5e-3  # far above what the copies themselves take
+    profile = {"base": "cuda-h200", "ring_fill": fill, "host_copy_latency_s": latency}
+    with expertstream.backend("sim", profile=profile) as sim:
+        device = sim.device(0)
+        sources = [device.wrap_host(np.memmap(path, dtype=np.uint8, mode="r")) for path in files]
+        with StagingRing(sources, threads=3, chunk_bytes=32 * KIB, chunks=8, part_bytes=32 * KIB) as ring:
+            got = _copy_all(ring, device, [(0, 0, 640 * KIB)])  # 20 chunks, one part each
+        assert np.array_equal(got[0], sources[0].array)
+        copies = [op for op in sim.timeline if op.kind is OpKind.HOST_COPY]
+        for source in sources:
+            source.close()
+    woken = sum(op.end - op.start >= latency for op in copies)
+    assert len(copies) == 20
+    if fill == "threads":
+        assert woken == 20
+    else:  # the first copy of each process wakes it; the pipeline then keeps the rest busy
+        assert 3 <= woken < 20
+
+
+def test_the_simulator_charges_a_ring_s_dmas_as_calls_back_to_back(files: list[Path]) -> None:
+    """A ring hands each chunk to its DMA and records its event with nothing of the job between the
+    calls: they cost the profile's call_s, not the job's time per call (enqueue_s)."""
+    profile = {"base": "cuda-h200", "enqueue_s": 1e-3, "call_s": 1e-6, "ring_fill": "threads"}
+    with expertstream.backend("sim", profile=profile) as sim:
+        device = sim.device(0)
+        source = device.wrap_host(np.memmap(files[0], dtype=np.uint8, mode="r"))
+        with StagingRing(source, threads=3, chunk_bytes=32 * KIB, chunks=8, part_bytes=32 * KIB) as ring:
+            start = sim.host_time()
+            _copy_all(ring, device, [(0, 0, 640 * KIB)])  # 20 chunks: 40 calls of the ring's
+            took = sim.host_time() - start
+        source.close()
+    assert took < 20e-3  # a few calls of the job's (the copy, its wait, the read back), not 40
 
 
 @pytest.mark.parametrize("caller_waits", [True, False], ids=["as-processes", "threads"])

@@ -166,10 +166,17 @@ class _ChunkUses:
         real_host_copy = ring.device.host_copy
 
         def host_copy(
-            dst: HostBuffer, dst_offset: int, src: HostBuffer, src_offset: int, nbytes: int, *, sharing: int = 1
+            dst: HostBuffer,
+            dst_offset: int,
+            src: HostBuffer,
+            src_offset: int,
+            nbytes: int,
+            *,
+            sharing: int = 1,
+            fixed_cost: bool = True,
         ) -> None:
             start = sim.host_timestamp()
-            real_host_copy(dst, dst_offset, src, src_offset, nbytes, sharing=sharing)
+            real_host_copy(dst, dst_offset, src, src_offset, nbytes, sharing=sharing, fixed_cost=fixed_cost)
             self.writes.append(_Use(id(dst), start, sim.host_timestamp()))
 
         ring.device.host_copy = host_copy  # type: ignore[method-assign]

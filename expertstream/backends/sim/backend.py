@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from ...timeline import TimelineOp
@@ -72,6 +73,11 @@ class SimBackend(Backend):
 
     def host_resume_at(self, timestamp: float) -> None:
         self._sim.host_resume_at(timestamp)
+
+    @contextmanager
+    def bare_calls(self) -> Iterator[None]:
+        with self._sim.bare_calls():
+            yield
 
     def describe(self) -> dict[str, Any]:
         out = super().describe()

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ...timeline import OpKind, TimelineOp
@@ -76,6 +77,7 @@ class Simulation:
         self._streams: dict[int, StreamState] = {}
         self._stream_ids = itertools.count(1)
         self._enqueue_seq = itertools.count()
+        self._bare = threading.local()  # .depth: inside bare_calls on this thread
 
     # -- streams -------------------------------------------------------------------------
     def new_stream(self, device: int, device_label: str, name: str | None) -> StreamState:
@@ -90,6 +92,21 @@ class Simulation:
             return self._streams.get(sid)
 
     # -- enqueueing ----------------------------------------------------------------------
+    @contextmanager
+    def bare_calls(self) -> Iterator[None]:
+        """The calling thread's calls inside cost the profile's call_s, not enqueue_s."""
+        self._bare.depth = getattr(self._bare, "depth", 0) + 1
+        try:
+            yield
+        finally:
+            self._bare.depth -= 1
+
+    def _call_s(self) -> float:
+        """Host seconds of one call on the calling thread."""
+        call_s = self.profile.call_s
+        bare = int(getattr(self._bare, "depth", 0)) > 0
+        return call_s if call_s is not None and bare else self.profile.enqueue_s
+
     def submit(self, stream: StreamState, work: Work, waited: Recorded | None = None, *, call_s: bool = True) -> float:
         """Enqueue ``work`` on ``stream``; return when it ends. Raises before changing anything on a hazard.
 
@@ -97,7 +114,7 @@ class Simulation:
         """
         with self.lock:
             staged = self._stage_hazards(stream, work, waited)
-            issued = self.clocks.spend(self.profile.enqueue_s) if call_s else self.clocks.now()
+            issued = self.clocks.spend(self._call_s()) if call_s else self.clocks.now()
             reached = max(issued, stream.tail)
             ready = max(reached, self._released_at(waited)) if waited is not None else reached
             ready += work.latency
@@ -134,14 +151,14 @@ class Simulation:
     def launch_graph(self, stream: StreamState, works: Sequence[Work]) -> None:
         """Enqueue a graph's operations on ``stream`` for the host cost of one call."""
         with self.lock:
-            self.clocks.spend(self.profile.enqueue_s)
+            self.clocks.spend(self._call_s())
             for work in works:
                 self.submit(stream, work, call_s=False)
 
     def capture_call(self) -> None:
         """The host's cost of one call recorded into a capture (nothing is enqueued)."""
         with self.lock:
-            self.clocks.spend(self.profile.enqueue_s)
+            self.clocks.spend(self._call_s())
 
     def record(self, stream: StreamState, name: str) -> Recorded:
         with self.lock:
@@ -182,7 +199,7 @@ class Simulation:
 
     def query_stream(self, stream: StreamState) -> bool:
         with self.lock:
-            if self.clocks.spend(self.profile.enqueue_s) < stream.tail:
+            if self.clocks.spend(self._call_s()) < stream.tail:
                 return False
             self._observe(stream.tail, [stream.id], f"query {stream.name}")
             return True
@@ -197,7 +214,7 @@ class Simulation:
         if recorded is None:
             return True
         with self.lock:
-            if self.clocks.spend(self.profile.enqueue_s) < recorded.time:
+            if self.clocks.spend(self._call_s()) < recorded.time:
                 return False
             self._observe(recorded.time, [], "query event", recorded.knowledge)
             return True
@@ -228,9 +245,10 @@ class Simulation:
             before = self.clocks.now()
             self._host_op(kind, name, before, self.clocks.spend(seconds), nbytes)
 
-    def host_copy(self, nbytes: int, sharing: int = 1) -> None:
-        """The calling thread copies ``nbytes`` host -> host after the profile's fixed cost per copy,
-        at one thread's rate or at 1 / ``sharing`` of the host memory bus, whichever is lower.
+    def host_copy(self, nbytes: int, sharing: int = 1, *, fixed_cost: bool = True) -> None:
+        """The calling thread copies ``nbytes`` host -> host after the profile's fixed cost per copy
+        (where ``fixed_cost``), at one thread's rate or at 1 / ``sharing`` of the host memory bus,
+        whichever is lower.
 
         The share is what the caller says it runs at once, not what other threads have booked: a
         shared track takes copies in the order the OS happens to run their threads, so one run
@@ -242,7 +260,7 @@ class Simulation:
             rate = min(rate, profile.host_memcpy_total_bps / sharing)
         with self.lock:
             before = self.clocks.now()
-            end = before + profile.host_copy_latency_s + nbytes / rate
+            end = before + (profile.host_copy_latency_s if fixed_cost else 0.0) + nbytes / rate
             self._host_op(OpKind.HOST_COPY, "host copy", before, self.clocks.advance_to(end), nbytes)
 
     def _host_op(self, kind: OpKind, name: str, start: float, end: float, nbytes: int) -> None:

@@ -187,10 +187,19 @@ class SimDevice(Device):
         return SimHostBuffer(self, array, HostMemory.PAGEABLE, owner=owner)
 
     def host_copy(
-        self, dst: HostBuffer, dst_offset: int, src: HostBuffer, src_offset: int, nbytes: int, *, sharing: int = 1
+        self,
+        dst: HostBuffer,
+        dst_offset: int,
+        src: HostBuffer,
+        src_offset: int,
+        nbytes: int,
+        *,
+        sharing: int = 1,
+        fixed_cost: bool = True,
     ) -> None:
         """A memcpy on the calling thread, which it pays for at the profile's one-thread rate or at
-        its share of the host memory bus, whichever is lower."""
+        its share of the host memory bus, whichever is lower, after the profile's fixed cost per
+        copy where ``fixed_cost``."""
         call = "Device.host_copy"
         check_range(call, dst, dst_offset, nbytes)
         check_range(call, src, src_offset, nbytes)
@@ -204,8 +213,8 @@ class SimDevice(Device):
             call,
         )
         if self.sim.data:  # timing-only: placeholder memory is never touched
-            super().host_copy(dst, dst_offset, src, src_offset, nbytes, sharing=sharing)
-        self.sim.host_copy(nbytes, sharing)
+            super().host_copy(dst, dst_offset, src, src_offset, nbytes, sharing=sharing, fixed_cost=fixed_cost)
+        self.sim.host_copy(nbytes, sharing, fixed_cost=fixed_cost)
 
     def _check_host_access(self, host: HostBuffer, offset: int, nbytes: int, write: bool, call: str) -> None:
         what = "host write (numpy view)" if write else "host read (numpy view)"

@@ -97,7 +97,7 @@ class Profile:
     matrix_cores: bool  # whether kernels take the matrix-core path (bf16 rounding in the twins)
     launch_latency_s: float  # kernels and memsets: from ready to running
     copy_latency_s: float  # DMA setup: from ready to moving bytes
-    enqueue_s: float  # host time spent in one enqueue or query call
+    enqueue_s: float  # host time spent in one enqueue or query call of the job (its own work between calls included)
     host_memcpy_bps: float  # one host thread copying host -> host
     host_register_bps: float  # page-locking memory in place
     pageable_blocks_host: bool  # a copy from/to pageable memory returns only once it is done
@@ -106,8 +106,12 @@ class Profile:
     memset_engine: str = "fill-kernel"  # one of MEMSET_ENGINES
     # All host threads copying at once (a shared memory bus); None: each thread gets host_memcpy_bps.
     host_memcpy_total_bps: float | None = None
-    # Host seconds a memcpy costs before its bytes move: handing it to the thread that does it
-    # (a staging ring's worker) and the call. Decode's many small copies through a ring pay it each.
+    # Host seconds of one call by itself, with no work of its caller between calls (back-to-back
+    # launches; a staging ring's DMAs and records, inside Backend.bare_calls); None: enqueue_s.
+    call_s: float | None = None
+    # Host seconds a memcpy costs before its bytes move: handing it to the thread or process that
+    # does it, and the call. Decode's many small copies through a ring pay it each. Threads pay it
+    # themselves; where fill processes do the copies, the ring's caller pays it for each part it hands over.
     host_copy_latency_s: float = 0.0
     # Seconds a copy from pageable memory costs beyond copy_latency_s before its bytes move (the
     # runtime's staging). Decode's copies of single experts from a mapping pay it each.
@@ -153,7 +157,7 @@ class Profile:
             )
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if value is None and f.name in ("host_memcpy_total_bps", "h2d_gather_bps"):
+            if value is None and f.name in ("host_memcpy_total_bps", "h2d_gather_bps", "call_s"):
                 continue
             if f.name.endswith(("_bps", "_per_s")) and not (_is_number(value) and value > 0):
                 raise InvalidArgument(f"profile {self.name!r}: {f.name} must be a positive number, got {value!r}")
@@ -358,6 +362,7 @@ CUDA_H200 = Profile(
     launch_latency_s=7.7e-6,
     copy_latency_s=10e-6,  # assumed: DMA setup; with enqueue_s it matches the measured 1.26 ms for 64 MB
     enqueue_s=15e-6,  # measured: six enqueues of the event-order bench took 0.04..0.08 ms from Python
+    call_s=15e-6,  # the same calls: back to back, no work between them
     host_memcpy_bps=8.1e9,  # measured: numpy.copyto mmap -> pinned, one thread
     host_register_bps=_GIB / 26e-3,  # measured: registering 1 GB took 26 ms
     pageable_blocks_host=True,  # measured: the host is blocked for the whole pageable copy
