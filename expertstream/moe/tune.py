@@ -80,7 +80,6 @@ class Tuned:
     phases_s: dict[str, float] = dataclasses.field(default_factory=dict)  # wall seconds per phase, in order
     graph_step_s: float | None = None  # a replayed decode step on the device, for the launch calibration
     host_paths: list[HostPathFit] = dataclasses.field(default_factory=list)  # the ring and mapping fitted to prefill
-    decode_layers: int | None = None  # the MoE layers of the decode steps above (spread over the model)
 
     def document(self) -> dict[str, Any]:
         """The profile file: the measured fields over a built-in base."""
@@ -698,16 +697,12 @@ def tune(
     fields["ring_threads"] = ring_threads
     profile = Profile.from_dict({"base": base.name, **fields})
     mode = HostMemoryMode.REGISTERED if profile.host_register_read_only else HostMemoryMode.PINNED
-    # Decode steps of the layers the host paths sample: every layer's step is alike, and the
-    # simulator repeats each calibration's steps several times over.
-    with model.spread_layers(_host_path_layers(model)) as sample:
-        clock.start("decode steps")
-        graph_s = decode_step_seconds(backend, device, sample, mode, graphs=True)
-        step_s = decode_step_seconds(backend, device, sample, mode)
-        assert step_s is not None
-        clock.start("calibrating on the simulator")
-        profile = calibrate_calls(profile, sample, mode, graph_s, step_s)
-        decode_layers = len(sample.layers)
+    clock.start("decode steps")
+    graph_s = decode_step_seconds(backend, device, model, mode, graphs=True)
+    step_s = decode_step_seconds(backend, device, model, mode)
+    assert step_s is not None
+    clock.start("calibrating on the simulator")
+    profile = calibrate_calls(profile, model, mode, graph_s, step_s)
     fields["launch_latency_s"], fields["enqueue_s"] = profile.launch_latency_s, profile.enqueue_s
     if measured.ring_small is not None:
         fields["host_copy_latency_s"] = calibrate_host_copy_latency(profile, measured.ring_small)
@@ -723,7 +718,7 @@ def tune(
         fields["host_copy_latency_s"] = calibrate_host_copy_latency(profile, measured.ring_small)
         profile = dataclasses.replace(profile, host_copy_latency_s=fields["host_copy_latency_s"])
     clock.stop()
-    return Tuned(measured, fields, base.name, profile, step_s, clock.seconds, graph_s, host_paths, decode_layers)
+    return Tuned(measured, fields, base.name, profile, step_s, clock.seconds, graph_s, host_paths)
 
 
 def calibration_model(backend: Backend, folder: Path, preset: str, qtype: str) -> Path:
