@@ -185,8 +185,8 @@ def summary(tuned: Tuned, backend_name: str) -> str:
         launch += f" ({p.launch_latency_s * 1e6:.1f} us in a chain, {fitted})"
     lines.append(
         f"  overheads: {launch}, copy setup {p.copy_latency_s * 1e6:.1f} us, host "
-        f"per call {m.enqueue_s * 1e6:.1f} us ({p.enqueue_s * 1e6:.1f} us fitted to {_ms(tuned.decode_step_s)} "
-        "decode steps)"
+        f"per call {m.enqueue_s * 1e6:.1f} us alone ({p.enqueue_s * 1e6:.1f} us in the job, fitted to "
+        f"{_ms(tuned.decode_step_s)} decode steps)"
     )
     copies = ", ".join(f"{r.threads}: {r.nbytes / r.seconds / 1e9:.1f}" for r in m.host_copies)
     bus = "no shared limit" if p.host_memcpy_total_bps is None else f"limit {p.host_memcpy_total_bps / 1e9:.1f} GB/s"
