@@ -111,7 +111,7 @@ class Profile:
     call_s: float | None = None
     # Host seconds a memcpy costs before its bytes move: handing it to the thread or process that
     # does it, and the call. Decode's many small copies through a ring pay it each. Threads pay it
-    # themselves; where fill processes do the copies, the ring's caller pays it for each part it hands over.
+    # for every copy; fill processes only for a copy that wakes an idle one (Device.host_copy's fixed_cost).
     host_copy_latency_s: float = 0.0
     # Seconds a copy from pageable memory costs beyond copy_latency_s before its bytes move (the
     # runtime's staging). Decode's copies of single experts from a mapping pay it each.
