@@ -270,6 +270,21 @@ def test_a_ring_that_nearly_keeps_up_with_its_dmas_is_fitted_where_the_probes_sa
     assert ring_bps(fitted) == pytest.approx(ring_bps(truth), rel=TOLERANCE)
 
 
+def test_a_fixed_cost_the_probes_put_far_off_is_fitted_before_the_rate(tmp_path: Path) -> None:
+    """Probes that put a ring fill's fixed cost far above the job's leave no rate at which the
+    prefill of a thread-filled ring (every fill pays the cost) comes out as measured: the cost is
+    fitted to the decode steps first, then the rate to the prefill."""
+    truth = dataclasses.replace(resolve_profile("cuda-h200"), ring_fill="threads", host_copy_latency_s=150e-6)
+    misjudged = dataclasses.replace(_misjudged(truth), host_copy_latency_s=20e-3)
+    with expertstream.backend("sim", profile=truth, data=False) as sim:
+        path = calibration_model(sim, tmp_path, DEFAULT_PRESET, "Q4_0")
+        with MoeModel.open(path) as model:
+            fitted, fits = fit_host_paths(sim, sim.device(0), model, misjudged)
+    assert fits[0].mode is HostMemoryMode.RING and fits[0].probe_latency_s == 20e-3
+    assert fitted.host_copy_latency_s == pytest.approx(truth.host_copy_latency_s, rel=TOLERANCE)
+    assert ring_bps(fitted) == pytest.approx(ring_bps(truth), rel=TOLERANCE)
+
+
 def test_a_host_path_too_small_to_tell_keeps_the_probes_rates(tiny_path: Path) -> None:
     """The tiny model's expert copies are a sliver of its prefill: fitting a rate to it would credit
     the copies with the kernels' time, so the probes' rates stay and no path is listed."""
