@@ -62,7 +62,7 @@ from expertstream.moe.placeholder import write_sparse_model
 from expertstream.moe.predict import Candidate, pick, predict_candidates, seconds
 from expertstream.moe.report import Row
 from expertstream.moe.runner import Batching
-from expertstream.moe.tune import FITTED_FIELDS, HOST_PATH_FIELDS, HostPathFit, Tuned, refit_host_paths, tune
+from expertstream.moe.tune import HOST_PATH_FIELDS, HostPathFit, Tuned, fields_not_tuned, refit_host_paths, tune
 
 log = logging.getLogger("microbench.predict")
 
@@ -406,7 +406,7 @@ def replay(folder: Path, out: Path | None, given: argparse.Namespace | None = No
         "measured_at": earlier.get("date") or _measured_at(folder),
         "replayed_at": _now(),
         "base": base,
-        "fields_from_base": [f for f in FITTED_FIELDS if f not in profile_document and f not in inferred],
+        "fields_from_base": [f for f in fields_not_tuned(profile_document) if f not in inferred],
         "inferred": inferred,
         "refit": refit,
     }

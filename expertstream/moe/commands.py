@@ -64,7 +64,7 @@ from .report import (
     ring_note,
 )
 from .runner import Batching
-from .tune import tune
+from .tune import fields_not_tuned, tune
 
 FORMATS = ("text", "md", "csv", "json", "jsonl")
 LOAD_MODES = {"mmap": HostMemoryMode.MMAP, "none": HostMemoryMode.PINNED}  # llama-bench's -lm
@@ -591,11 +591,27 @@ def _prediction_profile(args: argparse.Namespace, backend: Backend, device: Devi
     if args.predict is None and not _automatic(args):
         return None
     if args.predict:
-        return resolve_profile(args.predict)
+        profile = resolve_profile(args.predict)
+        _say_what_was_not_tuned(args.predict)
+        return profile
     if backend.vendor is Vendor.SIM:
         return Profile.from_dict(backend.describe()["profile"])
     _error("no profile given (--predict PROFILE.json): tuning this device first")
     return tune(backend, device, model).profile
+
+
+def _say_what_was_not_tuned(spec: str) -> None:
+    """A profile file from an earlier tune lacks what tune measures now: say which fields its base fills in."""
+    if not spec.endswith(".json") or not Path(spec).is_file():
+        return
+    document = json.loads(Path(spec).read_text(encoding="utf-8"))  # read once already by resolve_profile
+    missing = fields_not_tuned(document)
+    if missing:
+        _error(
+            f"{spec} was tuned before tune measured {', '.join(missing)}: its predictions take them from "
+            f"the built-in profile {document.get('base')!r} (assumed, not measured); run expertstream tune "
+            "again to measure them"
+        )
 
 
 def _apply_auto(args: argparse.Namespace, profile: Profile | None, model: MoeModel, devices: list[Device]) -> Choice:

@@ -23,7 +23,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -221,6 +221,16 @@ FITTED_FIELDS = (
     "h2d_pageable_latency_s",
     "kernel_rates",
 )
+
+
+def fields_not_tuned(document: Mapping[str, Any]) -> list[str]:
+    """The fields a profile file written by an earlier ``tune`` lacks that tune measures now (its
+    base's values stand in for them); none for a profile not written by tune."""
+    if "kernel_rates" not in document or "device_name" not in document:
+        return []  # written by hand: what it leaves out is meant to come from its base
+    return [f for f in FITTED_FIELDS if f not in document]
+
+
 # What fit_host_paths sets.
 HOST_PATH_FIELDS = (
     "host_memcpy_bps",

@@ -56,6 +56,28 @@ def test_a_prediction_with_the_simulators_own_profile_is_what_it_measures(
     assert code == 0 and "pred s" in out and "err" in out  # another profile: a different prediction, shown
 
 
+def test_a_profile_tuned_before_a_field_was_measured_is_named_with_the_field(
+    qwen3_layer: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from expertstream.moe.tune import FITTED_FIELDS
+
+    whole = resolve_profile("cuda-h200").to_dict()
+    tuned = {"base": "cuda-h200", "name": "tuned", "device_name": "NVIDIA H200", "kernel_rates": []}
+    tuned |= {f: whole[f] for f in FITTED_FIELDS if f != "kernel_rates"}  # what tune writes
+    argv = ["prefill", str(qwen3_layer), "--backend", "sim", "--timing-only", "-p", "512", "--slots", "3"]
+    for name, document, said in (
+        ("current.json", tuned, False),
+        ("older.json", {k: v for k, v in tuned.items() if k != "call_s"}, True),
+        ("by-hand.json", {"base": "cuda-h200", "enqueue_s": 40e-6}, False),  # the rest from its base, meant so
+    ):
+        path = tmp_path / name
+        path.write_text(json.dumps(document))
+        code, out, err = _run(capsys, *argv, "--predict", str(path))
+        assert code == 0 and "pred s" in out
+        notice = f"{path} was tuned before tune measured call_s"
+        assert (notice in err) is said and ("'cuda-h200'" in err) is said, err
+
+
 def test_auto_picks_the_fastest_prediction_and_says_why(qwen3_layer: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["prefill", str(qwen3_layer), "--backend", "sim", "--timing-only", "-p", "2048", "-r", "1", "--json"]
     code, out, err = _run(capsys, *argv, "-ub", "auto", "--slots", "auto", "--host-memory", "auto")
