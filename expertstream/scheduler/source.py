@@ -68,8 +68,9 @@ def enqueue_ranges(source: HostSource, stream: Stream, dst: DeviceBuffer, ranges
     if isinstance(source, RangesSource):
         source.enqueue_h2d_ranges(stream, dst, ranges)
         return
-    for start, end in ranges:
-        source.enqueue_h2d(stream, dst, start, start, end - start)
+    with stream.device.backend.bare_calls():  # back to back: none of the job's work between them
+        for start, end in ranges:
+            source.enqueue_h2d(stream, dst, start, start, end - start)
 
 
 @runtime_checkable

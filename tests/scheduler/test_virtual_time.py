@@ -115,3 +115,20 @@ def test_pageable_sources_on_two_devices_copy_at_once(profile: str) -> None:
         if a.device == 0 and b.device == 1 and a.start < b.end and b.start < a.end
     ]
     assert overlapping, "the two devices' copies took turns"
+
+
+def test_a_decode_copy_s_ranges_are_calls_back_to_back() -> None:
+    """A decode step copies its experts' ranges from a source that takes one range at a time in a
+    loop with nothing of the job between the calls: each costs the profile's call_s, not enqueue_s."""
+    from expertstream.scheduler.source import enqueue_ranges
+
+    profile = {"base": "cuda-h200", "enqueue_s": 1e-3, "call_s": 1e-6, "pageable_blocks_host": False}
+    with expertstream.backend("sim", profile=profile) as sim:
+        device = sim.device(0)
+        host = device.wrap_host(np.zeros(1 << 16, dtype=np.uint8))
+        with device.stream() as stream, device.alloc(1 << 16) as dst:
+            start = sim.host_time()
+            enqueue_ranges(HostRegion(host, 0, 1 << 16), stream, dst, [(i * 4096, i * 4096 + 100) for i in range(10)])
+            took = sim.host_time() - start
+            stream.synchronize()
+    assert took == pytest.approx(10 * 1e-6)  # ten calls alone, not ten of the job's
