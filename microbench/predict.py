@@ -524,7 +524,7 @@ def _modes(text: str) -> tuple[HostMemoryMode, ...]:
     named = {m.value: m for m in MODES}
     wanted = [m.strip() for m in text.split(",")]
     unknown = [m for m in wanted if m not in named]
-    if unknown or not wanted:
+    if unknown:
         raise argparse.ArgumentTypeError(f"{', '.join(unknown) or text!r}: give a comma list of {', '.join(named)}")
     return tuple(dict.fromkeys(named[m] for m in wanted))
 

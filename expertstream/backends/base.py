@@ -1136,8 +1136,9 @@ class Backend(abc.ABC, Closing):
     @contextmanager
     def bare_calls(self) -> Iterator[None]:
         """The calling thread's calls inside come back to back, with none of its caller's work
-        between them (a staging ring's DMAs and records; a probe's launches): the simulator charges
-        them its profile's ``call_s`` rather than the job's time per call. A no-op elsewhere."""
+        between them (a staging ring's DMAs and records; a decode step's copies of expert ranges one
+        by one; a probe's launches): the simulator charges them its profile's ``call_s`` rather than
+        the job's time per call. A no-op elsewhere."""
         yield
 
     @property

@@ -22,7 +22,7 @@ from typing import Any
 from ..backends import ENV_VAR, resolve_name
 from ..backends import backend as open_backend
 from ..backends.base import Backend, Device, Vendor
-from ..backends.sim.profiles import Profile, resolve_profile
+from ..backends.sim.profiles import BUILTIN_PROFILES, Profile, resolve_profile
 from ..clitools import (
     EXIT_STATUS_HELP,
     HelpFormatter,
@@ -602,9 +602,9 @@ def _prediction_profile(args: argparse.Namespace, backend: Backend, device: Devi
 
 def _say_what_was_not_tuned(spec: str) -> None:
     """A profile file from an earlier tune lacks what tune measures now: say which fields its base fills in."""
-    if not spec.endswith(".json") or not Path(spec).is_file():
-        return
-    document = json.loads(Path(spec).read_text(encoding="utf-8"))  # read once already by resolve_profile
+    if spec in BUILTIN_PROFILES or not Path(spec).is_file():
+        return  # a built-in profile is whole
+    document = json.loads(Path(spec).read_text(encoding="utf-8"))  # resolve_profile has checked it
     missing = fields_not_tuned(document)
     if missing:
         _error(

@@ -647,10 +647,10 @@ def _fit_path(
             changes: dict[str, Any] = {latency_field: latency}
             profile = dataclasses.replace(profile, **changes)
         fitted = fit_rate(profile)
-        if fitted is None and not turn:
-            return start, None
         if fitted is None:
-            break
+            if not turn:
+                return start, None
+            break  # the fits so far stand
         moved = abs(rate(fitted) / rate(profile) - 1)
         profile = fitted
         if step_s is None or moved <= SOLVE_TOLERANCE:
