@@ -198,6 +198,8 @@ def document(run: Run) -> dict[str, Any]:
         **run.header,
         "profile": run.tuned.document() if run.tuned else run.profile_document,
         "decode_step_s_for_tune": run.tuned.decode_step_s if run.tuned else run.header.get("decode_step_s_for_tune"),
+        # The MoE layers of those steps (None: the whole model, as runs before the sample was used).
+        "decode_layers_for_tune": run.tuned.decode_layers if run.tuned else run.header.get("decode_layers_for_tune"),
         "tune_phases_s": run.tuned.phases_s if run.tuned else run.header.get("tune_phases_s"),
         # The ring probes' raw timings, which the ring rows' predictions are fitted to.
         "tune_ring": _ring_timings(run.tuned) if run.tuned else run.header.get("tune_ring"),

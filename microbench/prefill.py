@@ -118,8 +118,9 @@ def run_case(backend: Backend, device: Device, model: MoeModel, case: Case, peer
     )
     measurement = measure(backend, device, model, settings, lambda what: log.info("%s: %s", case.name, what))
     result = CaseResult(case, measurement)
-    if peer and case.peer:
-        result.peer = _peer(model, case, measurement.baselines.compute_only_s)
+    compute_only_s = measurement.baselines.compute_only_s
+    if peer and case.peer and compute_only_s is not None:
+        result.peer = _peer(model, case, compute_only_s)
     return result
 
 
@@ -133,7 +134,11 @@ def _rows(results: list[CaseResult], name: str | None = None) -> list[Row]:
 def targets(results: list[CaseResult]) -> list[tuple[str, str, bool | None]]:
     """(target, measured ratio, met) lines; met is None where this run has no data for it."""
     lines: list[tuple[str, str, bool | None]] = []
-    bound = [row for row in _rows(results) if row.slots and row.transfer_only_s > row.compute_only_s]
+    bound = [
+        row
+        for row in _rows(results)
+        if row.slots and row.compute_only_s is not None and row.transfer_only_s > row.compute_only_s
+    ]
     for modes, floor in (((REGISTERED.value, PINNED.value), 95.0), ((RING.value,), 80.0)):
         pct = [row.h2d_pct_of_peak for row in bound if row.host_memory in modes]
         best = max(pct, default=None)
@@ -145,7 +150,7 @@ def targets(results: list[CaseResult]) -> list[tuple[str, str, bool | None]]:
             )
         )
     fast_rows = [row for row in _rows(results) if row.slots and row.host_memory in (REGISTERED.value, PINNED.value)]
-    worst = max((1 / row.overlap_efficiency for row in fast_rows), default=None)
+    worst = max((1 / row.overlap_efficiency for row in fast_rows if row.overlap_efficiency), default=None)
     lines.append(
         (
             "wall / max(transfer-only, compute-only) <= 1.05 (registered, pinned, slots > 0)",

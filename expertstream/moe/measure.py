@@ -54,6 +54,9 @@ class Settings:
     fuse_gate_up: bool = False  # gate, up and SwiGLU as one split where the kernels can (MoeRunner)
     gather: bool = True  # decode's expert copies from page-locked memory made by the device (Scheduler.gather)
     graphs: bool = True  # decode steps replayed from one captured graph where the scheduler can capture them
+    # The compute-only baseline (every expert on the device) that rows compare to; without it rows
+    # leave what they would compare to it empty (tune times the job's rows and needs only theirs).
+    compute_only: bool = True
 
 
 Progress = Callable[[str], None]
@@ -76,7 +79,7 @@ class Spread:
 @dataclass(frozen=True)
 class Baselines:
     h2d_peak_gbps: float
-    compute_only_s: float  # mean over the repetitions
+    compute_only_s: float | None  # mean over the repetitions; None where not measured (Settings.compute_only)
     compute_only_all_layers: bool  # False: one layer's weights stood in for every layer (did not fit)
     compute_only_sha256: str | None  # the outputs when every layer's own weights were used
 
@@ -233,9 +236,12 @@ def measure(
     ) as runner:
         split = runner.layer_split
         peak = h2d_peak_gbps or measure_h2d_peak(backend, split.devices, probe_bytes(model))
-        compute_s, all_layers, compute_sha = measure_compute_only(
-            backend, runner, settings.warmup, settings.repeats, progress
-        )
+        compute_s: float | None = None
+        all_layers, compute_sha = False, None
+        if settings.compute_only:
+            compute_s, all_layers, compute_sha = measure_compute_only(
+                backend, runner, settings.warmup, settings.repeats, progress
+            )
         paths = {name: path.value for name, path in runner.matrix_path_by_type.items()}
         result = Measurement(
             Baselines(peak, compute_s, all_layers, compute_sha),
@@ -301,6 +307,7 @@ def _measure_row(
     rate = Spread.of([batching.tokens / t for t in times])
     decode_rate = Spread.of(decode_rates) if decode_rates else None
     transfer_s = moved / (base.h2d_peak_gbps * 1e9)
+    compute_s = base.compute_only_s
     fallbacks: dict[str, int] = {}
     for dev in stats.devices.values():
         for key, count in dev.fallbacks.items():
@@ -325,9 +332,9 @@ def _measure_row(
         h2d_pct_of_peak=100.0 * h2d_gbps / base.h2d_peak_gbps,
         transfer_only_s=transfer_s,
         compute_only_s=base.compute_only_s,
-        overlap_efficiency=max(transfer_s, base.compute_only_s) / wall.mean,
+        overlap_efficiency=None if compute_s is None else max(transfer_s, compute_s) / wall.mean,
         slot_wait_ms=stats.total("ready_wait_ms") / len(times) if slots else None,
-        over_compute_ms=(wall.mean - base.compute_only_s) * 1e3,
+        over_compute_ms=None if compute_s is None else (wall.mean - compute_s) * 1e3,
         fires=int(stats.total("fires")),
         fallbacks=fallbacks,
         prefill_sha256=sha256(prefill_out) if prefill_out is not None else "",

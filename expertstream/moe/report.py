@@ -28,9 +28,10 @@ class Row:
     h2d_gbps: float
     h2d_pct_of_peak: float  # of the pinned H2D peak measured in the same run
     transfer_only_s: float  # h2d_bytes at the measured peak: the floor a transfer-bound prefill cannot beat
-    compute_only_s: float  # the same plan with every expert tensor device-resident
-    overlap_efficiency: float  # max(transfer_only_s, compute_only_s) / ttft_s: 1.0 is perfect overlap
-    over_compute_ms: float  # ttft minus compute only: what streaming added to the prefill
+    # The same plan with every expert tensor device-resident; None where not measured (and the two below).
+    compute_only_s: float | None
+    overlap_efficiency: float | None  # max(transfer_only_s, compute_only_s) / ttft_s: 1.0 is perfect overlap
+    over_compute_ms: float | None  # ttft minus compute only: what streaming added to the prefill
     slot_wait_ms: float | None  # slots > 0: the compute stream's waits on slot-ready events; None for 0
     fires: int
     fallbacks: dict[str, int]
@@ -159,8 +160,8 @@ _COLUMNS: tuple[tuple[str, int, Callable[[Row], str]], ...] = (
     ("+-", 6, lambda r: f"{r.prefill_tokens_per_s_sd:.0f}"),
     ("H2D GB/s", 8, lambda r: f"{r.h2d_gbps:.1f}"),
     ("% peak", 6, lambda r: f"{r.h2d_pct_of_peak:.0f}"),
-    ("overlap", 7, lambda r: f"{r.overlap_efficiency:.2f}"),
-    ("+compute ms", 11, lambda r: f"{r.over_compute_ms:.1f}"),
+    ("overlap", 7, lambda r: "-" if r.overlap_efficiency is None else f"{r.overlap_efficiency:.2f}"),
+    ("+compute ms", 11, lambda r: "-" if r.over_compute_ms is None else f"{r.over_compute_ms:.1f}"),
     ("slot wait ms", 12, lambda r: "-" if r.slot_wait_ms is None else f"{r.slot_wait_ms:.1f}"),
     ("p", 6, lambda r: str(r.tokens)),
     ("ub", 5, lambda r: str(r.ubatch)),

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -80,6 +81,7 @@ class Tuned:
     phases_s: dict[str, float] = dataclasses.field(default_factory=dict)  # wall seconds per phase, in order
     graph_step_s: float | None = None  # a replayed decode step on the device, for the launch calibration
     host_paths: list[HostPathFit] = dataclasses.field(default_factory=list)  # the ring and mapping fitted to prefill
+    decode_layers: int | None = None  # the MoE layers of the decode steps above (spread over the model)
 
     def document(self) -> dict[str, Any]:
         """The profile file: the measured fields over a built-in base."""
@@ -254,7 +256,7 @@ def decode_step_seconds(
     sets. With them, one captured step is replayed: what the device's time per operation sets
     (None where the step could not be captured).
     """
-    settings = Settings(Batching(8, 8, CALIBRATION_STEPS), (0,), (mode,), repeats=1, graphs=graphs)
+    settings = Settings(Batching(8, 8, CALIBRATION_STEPS), (0,), (mode,), repeats=1, graphs=graphs, compute_only=False)
     row = measure(backend, device, model, settings).rows[0]
     assert row.decode_tokens_per_s is not None
     if graphs and row.decode_path != "graph":
@@ -416,7 +418,7 @@ def _job_row(
     """One prefill ubatch and ``decode_steps`` decode steps of the job through ``mode`` (None where
     the mode fell back)."""
     batching = Batching(CALIBRATION_UBATCH, CALIBRATION_UBATCH, decode_steps)
-    row = measure(backend, device, model, Settings(batching, (0,), (mode,), repeats=1)).rows[0]
+    row = measure(backend, device, model, Settings(batching, (0,), (mode,), repeats=1, compute_only=False)).rows[0]
     return row if row.host_memory == mode.value else None
 
 
@@ -527,6 +529,7 @@ def calibrate_copy_latency(profile: Profile, model: MoeModel, mode: HostMemoryMo
     """
     field = _PATH_FIELDS[mode][1]
 
+    @functools.cache
     def step(latency_s: float) -> float:
         changes: dict[str, Any] = {field: latency_s}
         row = _simulated(
@@ -539,8 +542,10 @@ def calibrate_copy_latency(profile: Profile, model: MoeModel, mode: HostMemoryMo
 
     if measured_s <= step(0.0) * (1 + SOLVE_TOLERANCE):
         return 0.0  # not told apart from no cost
+    # From the probes' cost and no cost (simulated already): the step is close to linear in the
+    # cost, and the secant through those two lands on it in one more step.
     x0 = getattr(profile, field) or 20e-6
-    return solve(step, measured_s, x0, 2 * x0)
+    return solve(step, measured_s, x0, 0.0)
 
 
 def fit_host_paths(
@@ -707,12 +712,16 @@ def tune(
     fields["ring_threads"] = ring_threads
     profile = Profile.from_dict({"base": base.name, **fields})
     mode = HostMemoryMode.REGISTERED if profile.host_register_read_only else HostMemoryMode.PINNED
-    clock.start("decode steps")
-    graph_s = decode_step_seconds(backend, device, model, mode, graphs=True)
-    step_s = decode_step_seconds(backend, device, model, mode)
-    assert step_s is not None
-    clock.start("calibrating on the simulator")
-    profile = calibrate_calls(profile, model, mode, graph_s, step_s)
+    # Decode steps of the layers the host paths sample: every layer's step is alike, and the
+    # simulator repeats each calibration's steps several times over.
+    with model.spread_layers(_host_path_layers(model)) as sample:
+        clock.start("decode steps")
+        graph_s = decode_step_seconds(backend, device, sample, mode, graphs=True)
+        step_s = decode_step_seconds(backend, device, sample, mode)
+        assert step_s is not None
+        clock.start("calibrating on the simulator")
+        profile = calibrate_calls(profile, sample, mode, graph_s, step_s)
+        decode_layers = len(sample.layers)
     fields["launch_latency_s"], fields["enqueue_s"] = profile.launch_latency_s, profile.enqueue_s
     if measured.ring_small is not None:
         fields["host_copy_latency_s"] = calibrate_host_copy_latency(profile, measured.ring_small)
@@ -728,7 +737,7 @@ def tune(
         fields["host_copy_latency_s"] = calibrate_host_copy_latency(profile, measured.ring_small)
         profile = dataclasses.replace(profile, host_copy_latency_s=fields["host_copy_latency_s"])
     clock.stop()
-    return Tuned(measured, fields, base.name, profile, step_s, clock.seconds, graph_s, host_paths)
+    return Tuned(measured, fields, base.name, profile, step_s, clock.seconds, graph_s, host_paths, decode_layers)
 
 
 def calibration_model(backend: Backend, folder: Path, preset: str, qtype: str) -> Path:

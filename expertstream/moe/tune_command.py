@@ -145,6 +145,7 @@ def _run(args: argparse.Namespace) -> int:
             "profile": tuned.document(),
             "measurements": dataclasses.asdict(tuned.measurements),
             "decode_step_s": tuned.decode_step_s,
+            "decode_layers": tuned.decode_layers,
             "host_paths": [path.as_dict() for path in tuned.host_paths],
             "seconds": seconds,
             "phases_s": phases,
@@ -180,13 +181,14 @@ def summary(tuned: Tuned, backend_name: str) -> str:
     )
     lines.append(_event_order_line(tuned))
     launch = f"launch {m.launch_s * 1e6:.1f} us back to back"
+    steps = "decode steps" if tuned.decode_layers is None else f"decode steps of {tuned.decode_layers} layers"
     if tuned.graph_step_s is not None:
-        fitted = f"fitted to {_ms(tuned.graph_step_s)} replayed decode steps"
+        fitted = f"fitted to {_ms(tuned.graph_step_s)} replayed {steps}"
         launch += f" ({p.launch_latency_s * 1e6:.1f} us in a chain, {fitted})"
     lines.append(
         f"  overheads: {launch}, copy setup {p.copy_latency_s * 1e6:.1f} us, host "
         f"per call {m.enqueue_s * 1e6:.1f} us alone ({p.enqueue_s * 1e6:.1f} us in the job, fitted to "
-        f"{_ms(tuned.decode_step_s)} decode steps)"
+        f"{_ms(tuned.decode_step_s)} {steps})"
     )
     copies = ", ".join(f"{r.threads}: {r.nbytes / r.seconds / 1e9:.1f}" for r in m.host_copies)
     bus = "no shared limit" if p.host_memcpy_total_bps is None else f"limit {p.host_memcpy_total_bps / 1e9:.1f} GB/s"
