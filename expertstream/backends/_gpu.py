@@ -536,26 +536,19 @@ class GpuDevice(Device):
     # -- kernels ------------------------------------------------------------------------
     def compile(self, source: str, name: str) -> Kernel:
         key = hashlib.sha256(source.encode()).hexdigest()
-        with self._compile_lock:
-            kernel = self._kernels.get((key, name))
-        if kernel is not None:
-            return kernel
-        # Outside the lock: threads compiling different sources compile at once (the compiler
-        # lets go of the interpreter), and the lock is held only to load a module.
-        image = _compiled_image(self, source, key, name)
         with self._compile_lock:  # two threads asking for one kernel load its module once
             kernel = self._kernels.get((key, name))
             if kernel is None:
-                kernel = self._load_kernel(image, key, name)
+                kernel = self._load_kernel(source, key, name)
                 self._kernels[(key, name)] = kernel
         return kernel
 
-    def _load_kernel(self, image: bytes, key: str, name: str) -> GpuKernel:
+    def _load_kernel(self, source: str, key: str, name: str) -> GpuKernel:
         self.activate()
         module = self._modules.get(key)
         loaded_here = module is None
         if module is None:
-            module = invoke(self.api.module_load, image, device=self.label)
+            module = invoke(self.api.module_load, _compiled_image(self, source, key, name), device=self.label)
         try:
             function = invoke(self.api.module_get_function, module, name.encode(), device=self.label)
         except BackendError:

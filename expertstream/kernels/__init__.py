@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from typing import Any
 
@@ -211,32 +210,21 @@ class MoeKernels(Closing):
         """Kernel ``name``, compiled on first use with the shared code and its own type's instances only."""
         kernel = self._kernels.get(name)
         if kernel is None:
-            kernel = self._kernels[name] = self.device.compile(self._source(name), name)
+            types = module_types(name)
+            source = self._sources.get(types)
+            if source is None:
+                source = self._sources[types] = kernel_source(types)
+            kernel = self._kernels[name] = self.device.compile(source, name)
         return kernel
 
-    def _source(self, kernel: str) -> str:
-        """The source of the module that holds ``kernel`` (made once per module)."""
-        types = module_types(kernel)
-        source = self._sources.get(types)
-        if source is None:
-            source = self._sources[types] = kernel_source(types)
-        return source
-
     def prepare(self, w_types: Iterable[RowType]) -> None:
-        """Compile now what the kernels of a model with experts of ``w_types`` need (else on first use),
-        each module on its own thread: the shared one and one per type compile at once."""
-        names = ["moe_swiglu"]
+        """Compile now what the kernels of a model with experts of ``w_types`` need (else on first use)."""
+        self.kernel("moe_swiglu")
         for w_type in w_types:
-            names.append(self.mul_mat_id_kernel(w_type, 1, 1, layout.DIRECT_K))
+            self.kernel(self.mul_mat_id_kernel(w_type, 1, 1, layout.DIRECT_K))
             if self.uses_direct(w_type, layout.DIRECT_K):
-                names += [weight_format(w_type).direct_kernel_name(TileM.SHORT, gate_up=True), "moe_round_x_direct"]
-        first_of_module = {module_types(name): name for name in reversed(names) if name not in self._kernels}
-        sources = {name: self._source(name) for name in first_of_module.values()}
-        with ThreadPoolExecutor(max(len(sources), 1), thread_name_prefix="expertstream-compile") as pool:
-            for name, kernel in zip(sources, pool.map(self.device.compile, sources.values(), sources), strict=True):
-                self._kernels[name] = kernel
-        for name in names:
-            self.kernel(name)
+                self.kernel(weight_format(w_type).direct_kernel_name(TileM.SHORT, gate_up=True))
+                self.kernel("moe_round_x_direct")
 
     def mul_mat_id(
         self,
