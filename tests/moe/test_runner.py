@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,8 @@ from expertstream.errors import InvalidArgument
 from expertstream.ggml import padded_size
 from expertstream.hostmem import HostMemoryMode, HostWeights
 from expertstream.model import MoeModel
-from expertstream.moe.measure import measure_compute_only
+from expertstream.moe.measure import Settings, measure, measure_compute_only
+from expertstream.moe.report import format_table
 from expertstream.moe.runner import Batching, MoeRunner, embeddings, sha256, stand_in_routing
 from expertstream.scheduler import Scheduler
 from expertstream.scheduler.stock import expert_ranges
@@ -188,3 +190,25 @@ def test_timing_only_decode_gathers_without_reading_ids_back(tiny_path: Path) ->
         )
         assert stats.total("bytes_gathered_at_most") == expected  # one token: top_k distinct experts
         assert stats.total("ids_readbacks") == stats.total("bytes_stock") == 0
+
+
+def test_rows_without_the_compute_only_baseline_leave_its_comparisons_empty(tiny_path: Path) -> None:
+    """Settings.compute_only=False runs no compute-only plan; the rows' figures that compare to it are
+    None, and the report prints them as "-" (tune times the job's rows and needs only their own)."""
+    labels: list[str] = []
+    settings = Settings(Batching(32, 16, 2), (0, 2), (HostMemoryMode.REGISTERED,), compute_only=False)
+    with expertstream.backend("sim", data=False) as sim, MoeModel.open(tiny_path) as model:
+        result = measure(sim, sim.device(0), model, settings, labels.append)
+        with_baseline = measure(sim, sim.device(0), model, dataclasses.replace(settings, compute_only=True))
+    assert not any(label.startswith("compute only") for label in labels)
+    assert result.baselines.compute_only_s is None
+    for row in result.rows:
+        assert row.ttft_s > 0 and row.decode_tokens_per_s
+        assert row.compute_only_s is row.overlap_efficiency is row.over_compute_ms is None
+    # The rows themselves alike (virtual time, up to float rounding of where the clock stood).
+    assert [r.ttft_s for r in result.rows] == pytest.approx([r.ttft_s for r in with_baseline.rows], rel=1e-9)
+    assert all(r.overlap_efficiency and r.over_compute_ms is not None for r in with_baseline.rows)
+    header, *lines = format_table(result.rows).splitlines()
+    end = header.index("overlap") + len("overlap")  # cells are right-aligned under their names
+    assert [line[end - 7 : end] for line in lines] == ["      -"] * len(result.rows)
+    assert [line[end + 2 : end + 13] for line in lines] == ["          -"] * len(result.rows)  # +compute ms

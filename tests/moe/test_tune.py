@@ -313,3 +313,24 @@ def test_the_host_paths_are_fitted_on_a_bounded_part_of_a_large_model(
         assert one_layer.prefill_s < 0.7 * two_layers.prefill_s  # one layer of two, and the ring's start
     assert bounded.h2d_pageable_bps == pytest.approx(whole.h2d_pageable_bps, rel=TOLERANCE)
     assert bounded.host_memcpy_total_bps == pytest.approx(whole.host_memcpy_total_bps, rel=TOLERANCE)
+
+
+def test_the_decode_calibration_runs_on_the_same_bounded_part_and_fits_the_whole_models_calls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tune times decode steps on the layers the host paths sample, not the whole model: what it fits
+    per call and per operation is the same, and a large model's tune stays short."""
+    truth = Profile.from_dict({"base": "cuda-h200", "enqueue_s": 40e-6, "call_s": 12e-6, "launch_latency_s": 6e-6})
+    with expertstream.backend("sim", profile=truth, data=False) as sim:
+        path = calibration_model(sim, tmp_path, DEFAULT_PRESET, "Q4_0")
+        with MoeModel.open(path) as model:
+            whole = tune(sim, sim.device(0), model, ubatches=(1, 512), host_threads=(1, 12))
+            layer_bytes = sum(t.nbytes for t in model.layers[0].experts)
+            monkeypatch.setattr(tune_module, "HOST_PATH_BYTES", layer_bytes + 1)
+            bounded = tune(sim, sim.device(0), model, ubatches=(1, 512), host_threads=(1, 12))
+    assert (whole.decode_layers, bounded.decode_layers) == (2, 1)
+    assert whole.decode_step_s is not None and bounded.decode_step_s is not None
+    assert bounded.decode_step_s < 0.7 * whole.decode_step_s  # one layer's steps of two
+    for field in ("enqueue_s", "launch_latency_s"):
+        assert bounded.fields[field] == pytest.approx(getattr(truth, field), rel=TOLERANCE), field
+        assert whole.fields[field] == pytest.approx(getattr(truth, field), rel=TOLERANCE), field
