@@ -180,6 +180,20 @@ def test_rounds_are_combined_by_their_median_setting_by_setting() -> None:
         Measured.over_rounds(fell_back)  # type: ignore[arg-type]
 
 
+def test_a_row_is_near_a_round_when_each_prediction_is_within_the_band_of_some_round() -> None:
+    from microbench.predict import near_a_round
+
+    def row(ttft_runs: list[float], decode_runs: list[float]) -> dict[str, object]:
+        predicted = {"predicted_ttft_s": 1.0, "predicted_decode_tokens_per_s": 10.0}
+        return {"ttft_runs": ttft_runs, "decode_runs": decode_runs, **predicted}
+
+    assert near_a_round(row([1.25, 1.08, 1.3], [13.0, 10.9, 7.0])) is True  # 1.08 and 10.9 are within 10%
+    assert near_a_round(row([1.25, 1.12, 1.3], [10.0, 10.0, 10.0])) is False  # no round of the ttft is
+    assert near_a_round(row([1.0, 1.0], [12.0, 8.5])) is False  # nor of the decode rate
+    assert near_a_round(row([1.0, 1.0], [])) is True  # no decode steps: the ttft decides
+    assert near_a_round(row([1.5], [10.0])) is None  # measured once: the median is the only figure
+
+
 def test_rounds_are_kept_in_the_results_and_their_replay(tmp_path: Path) -> None:
     from microbench import predict as bench
 
@@ -190,7 +204,8 @@ def test_rounds_are_kept_in_the_results_and_their_replay(tmp_path: Path) -> None
     assert doc["rounds"] == 3 and len(doc["rows"]) == 12
     for row in doc["rows"]:
         assert len(row["ttft_runs"]) == len(row["decode_runs"]) == 3
-    assert "| spread |" in (first / "predict.md").read_text()
+    summary = (first / "predict.md").read_text()
+    assert "| spread |" in summary and "within 10% of at least one of their rounds: " in summary
     assert bench.main(["--replay", str(first), "--out", str(again)]) == 0
     replayed = json.loads((again / "predict.json").read_text())
     assert [r["ttft_runs"] for r in replayed["rows"]] == [r["ttft_runs"] for r in doc["rows"]]
