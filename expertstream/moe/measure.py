@@ -80,7 +80,7 @@ class Spread:
 class Baselines:
     h2d_peak_gbps: float
     compute_only_s: float | None  # mean over the repetitions; None where not measured (Settings.compute_only)
-    compute_only_all_layers: bool  # False: one layer's weights stood in for every layer (did not fit)
+    compute_only_all_layers: bool | None  # False: one layer's weights stood in for every layer (did not fit)
     compute_only_sha256: str | None  # the outputs when every layer's own weights were used
 
 
@@ -237,7 +237,8 @@ def measure(
         split = runner.layer_split
         peak = h2d_peak_gbps or measure_h2d_peak(backend, split.devices, probe_bytes(model))
         compute_s: float | None = None
-        all_layers, compute_sha = False, None
+        all_layers: bool | None = None
+        compute_sha: str | None = None
         if settings.compute_only:
             compute_s, all_layers, compute_sha = measure_compute_only(
                 backend, runner, settings.warmup, settings.repeats, progress
@@ -331,7 +332,7 @@ def _measure_row(
         h2d_peak_gbps=base.h2d_peak_gbps,
         h2d_pct_of_peak=100.0 * h2d_gbps / base.h2d_peak_gbps,
         transfer_only_s=transfer_s,
-        compute_only_s=base.compute_only_s,
+        compute_only_s=compute_s,
         overlap_efficiency=None if compute_s is None else max(transfer_s, compute_s) / wall.mean,
         slot_wait_ms=stats.total("ready_wait_ms") / len(times) if slots else None,
         over_compute_ms=None if compute_s is None else (wall.mean - compute_s) * 1e3,
