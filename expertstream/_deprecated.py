@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import sys
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -26,3 +27,9 @@ def moved(module: str, targets: Mapping[str, str]) -> Callable[[str], Any]:
         return getattr(importlib.import_module(new_module), attr)
 
     return __getattr__
+
+
+def alias_module(old: str, new: str) -> None:
+    """Make the module being imported as ``old`` the module ``new``, with a DeprecationWarning."""
+    warnings.warn(f"{old} moved to {new}; the old name goes away in {REMOVED_IN}", DeprecationWarning, stacklevel=3)
+    sys.modules[old] = importlib.import_module(new)

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from expertstream.backends.base import Backend, Device, DeviceBuffer, HostBuffer, Stream
-from expertstream.moe.probes import event_order_once
+from expertstream.bench.probes import event_order_once
 
 from ._common import MIB, Column, HostKind, emit, environment, host_memory, median, open_backend
 from ._common import parser as common_parser

@@ -36,10 +36,10 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from expertstream.backends.base import Backend, Device, DeviceBuffer, Stream
+from expertstream.bench.probes import Gate, back_to_back, expert_weights
 from expertstream.kernels import MoeKernels, layout
 from expertstream.kernels import reference as ref
 from expertstream.kernels.layout import FORMATS, MatrixPath, TileM, weight_format
-from expertstream.moe.probes import Gate, back_to_back, expert_weights
 
 from ._common import MIB, Column, emit, environment, median, open_backend
 from ._common import parser as common_parser

@@ -23,9 +23,9 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from expertstream.backends.base import Backend, Device, DeviceBuffer, Stream
+from expertstream.bench.probes import Gate, expert_weights
 from expertstream.kernels import MoeKernels, layout
 from expertstream.kernels.layout import TileM
-from expertstream.moe.probes import Gate, expert_weights
 
 from ._common import Column, emit, environment, open_backend
 from ._common import parser as common_parser

@@ -5,7 +5,7 @@ In one process:
 1. the model: make-model of qwen3-30b-a3b (Q4_0, all 48 layers unless --layers) in a temporary
    folder, or --model FILE;
 2. `expertstream tune` on the device with that model: the simulator profile;
-3. the matrix through ``expertstream.moe.measure`` (what `expertstream prefill` runs): each ubatch
+3. the matrix through ``expertstream.bench.measure`` (what `expertstream prefill` runs): each ubatch
    (fastest first) x slots 0/2/3/4 x host memory registered/ring/mmap, a --tokens prompt then
    --decode-steps steps of decode; with --rounds N, each ubatch's settings N times in turn, the
    median compared and the spread reported;
@@ -55,15 +55,15 @@ from typing import Any
 import expertstream
 from expertstream.backends.base import Backend
 from expertstream.backends.sim.profiles import Profile
+from expertstream.bench.measure import Measurement, Settings, measure
+from expertstream.bench.placeholder import write_sparse_model
+from expertstream.bench.predict import Candidate, pick, predict_candidates, seconds
+from expertstream.bench.report import Row
+from expertstream.bench.tune import HOST_PATH_FIELDS, HostPathFit, Tuned, fields_not_tuned, refit_host_paths, tune
+from expertstream.engine.runner import Batching
 from expertstream.errors import InvalidArgument
 from expertstream.hostmem import HostMemoryMode
 from expertstream.model import PRESETS, MoeModel, make_model
-from expertstream.moe.measure import Measurement, Settings, measure
-from expertstream.moe.placeholder import write_sparse_model
-from expertstream.moe.predict import Candidate, pick, predict_candidates, seconds
-from expertstream.moe.report import Row
-from expertstream.moe.runner import Batching
-from expertstream.moe.tune import HOST_PATH_FIELDS, HostPathFit, Tuned, fields_not_tuned, refit_host_paths, tune
 
 log = logging.getLogger("microbench.predict")
 

@@ -1,6 +1,6 @@
 """The prefill benchmark matrix: slots x host memory x tokens x ubatch, decode, and a PyTorch peer.
 
-Runs ``expertstream.moe.measure`` (the `expertstream prefill` measurement) over a matrix of
+Runs ``expertstream.bench.measure`` (the `expertstream prefill` measurement) over a matrix of
 cases on one model with qwen3-30b-a3b shapes (Q4_0 experts, layers cut to fit the run's time),
 then the PyTorch prefetch offloader (microbench/peers/torch_offload.py) on the same plan of
 expert copies, and checks the targets as ratios of numbers from this one run:
@@ -29,12 +29,12 @@ from typing import Any
 
 import expertstream
 from expertstream.backends.base import Backend, Device
+from expertstream.bench.measure import Measurement, Settings, measure
+from expertstream.bench.placeholder import write_sparse_model
+from expertstream.bench.report import Row, format_table
+from expertstream.engine.runner import Batching
 from expertstream.hostmem import HostMemoryMode
 from expertstream.model import PRESETS, MoeModel, make_model
-from expertstream.moe.measure import Measurement, Settings, measure
-from expertstream.moe.placeholder import write_sparse_model
-from expertstream.moe.report import Row, format_table
-from expertstream.moe.runner import Batching
 
 log = logging.getLogger("microbench.prefill")
 

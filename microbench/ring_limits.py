@@ -43,10 +43,10 @@ from typing import Any
 import numpy as np
 
 from expertstream.backends.base import Backend, Device, DeviceBuffer, Event, HostBuffer, Stream
+from expertstream.bench.measure import Settings, measure
+from expertstream.engine.runner import Batching
 from expertstream.hostmem import HostMemoryMode, HostWeights, RingFill, RingRegion
 from expertstream.model import MoeModel
-from expertstream.moe.measure import Settings, measure
-from expertstream.moe.runner import Batching
 
 from ._common import MIB, Column, emit, environment, median, model_arguments, model_file, open_backend
 from ._common import parser as common_parser

@@ -5,7 +5,7 @@ Two comparisons, each simulated cell beside the reported figure and the relative
 
 - event order: ``microbench.event_order`` on the profile (copy1 64 MiB, copy2 1 GiB) against the
   reported HIP microbench (B released at 1.3 ms, or 22 ms for a pageable wait issued after copy2);
-- prefill tokens/s: ``expertstream.moe.measure`` (what `expertstream prefill` runs) in timing-only
+- prefill tokens/s: ``expertstream.bench.measure`` (what `expertstream prefill` runs) in timing-only
   mode on the ``qwen3.8-flash-next`` preset (Q4_0), ubatch 4096, slots 0/2/3/4, pinned and mmap,
   at the reported prompt lengths, against the reported tables; and decode tokens/s against the
   reported 24.9-25.6.
@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import Any
 
 import expertstream
+from expertstream.bench.measure import Settings, measure
+from expertstream.bench.placeholder import write_sparse_model
+from expertstream.bench.report import Row, format_table
+from expertstream.engine.runner import Batching
 from expertstream.hostmem import HostMemoryMode
 from expertstream.model import MoeModel
-from expertstream.moe.measure import Settings, measure
-from expertstream.moe.placeholder import write_sparse_model
-from expertstream.moe.report import Row, format_table
-from expertstream.moe.runner import Batching
 
 from . import event_order
 

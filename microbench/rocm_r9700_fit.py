@@ -32,15 +32,15 @@ from typing import Any
 from gguf import GGMLQuantizationType
 
 from expertstream.backends.sim.profiles import ROCM_R9700, KernelRate, Profile
+from expertstream.bench.measure import Settings
+from expertstream.bench.placeholder import write_sparse_model
+from expertstream.bench.predict import predict
+from expertstream.bench.probes import EventOrderTiming, KernelTiming
+from expertstream.bench.tune import fit_event_order, fit_kernel
+from expertstream.engine.runner import Batching
 from expertstream.hostmem import HostMemoryMode
 from expertstream.kernels.layout import weight_format
 from expertstream.model import PRESETS, MoeModel
-from expertstream.moe.measure import Settings
-from expertstream.moe.placeholder import write_sparse_model
-from expertstream.moe.predict import predict
-from expertstream.moe.probes import EventOrderTiming, KernelTiming
-from expertstream.moe.runner import Batching
-from expertstream.moe.tune import fit_event_order, fit_kernel
 
 PRESET = PRESETS["qwen3.8-flash-next"]
 QTYPE = GGMLQuantizationType.Q4_0  # the simulated model's expert type (the reported file mixes K-quants)

@@ -28,11 +28,11 @@ from pathlib import Path
 
 import numpy as np
 
+from expertstream.engine.arch import ffn_config
+from expertstream.engine.runner import embeddings
 from expertstream.kernels import reference as ref
 from expertstream.model import file_specs, generate, get_preset, make_model
 from expertstream.model.presets import PRESETS, ModelPreset
-from expertstream.moe.arch import ffn_config
-from expertstream.moe.runner import embeddings
 
 # The type each preset is measured in under llama.cpp: the mix people download.
 LLAMACPP_TYPES = {"gpt-oss": "MXFP4_MOE"}

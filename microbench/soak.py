@@ -34,10 +34,10 @@ from typing import Any
 
 import expertstream
 from expertstream.backends.base import Device, DeviceBuffer, Usage
+from expertstream.engine.runner import Batching, MoeRunner, sha256
 from expertstream.errors import BackendError
 from expertstream.hostmem import HostMemoryMode, HostWeights
 from expertstream.model import MoeModel
-from expertstream.moe.runner import Batching, MoeRunner, sha256
 from expertstream.scheduler import RunStats, Scheduler
 
 from ._common import Column, emit, environment

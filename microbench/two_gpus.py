@@ -28,11 +28,11 @@ from typing import Any
 
 import expertstream
 from expertstream.backends.base import Backend, Device, DeviceBuffer, Usage
+from expertstream.bench.measure import measure_h2d_peak
+from expertstream.engine.runner import Batching, MoeRunner, sha256
 from expertstream.errors import BackendError
 from expertstream.hostmem import HostWeights
 from expertstream.model import MoeModel
-from expertstream.moe.measure import measure_h2d_peak
-from expertstream.moe.runner import Batching, MoeRunner, sha256
 from expertstream.scheduler import Scheduler
 
 from ._common import MIB, Column, emit, environment

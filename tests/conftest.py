@@ -8,12 +8,14 @@ run on every usable backend and are skipped, with the reason, on the others.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 import expertstream
 from expertstream.backends import BackendStatus
 from expertstream.backends.base import Backend, Device
+from expertstream.model import make_model
 
 _STATUSES = pytest.StashKey[dict[str, BackendStatus]]()
 
@@ -24,6 +26,15 @@ def _kernel_cache_of_this_run(tmp_path_factory: pytest.TempPathFactory) -> Itera
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("EXPERTSTREAM_KERNEL_CACHE", str(tmp_path_factory.mktemp("kernel-cache")))
         yield
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny preset on disk: 2 layers, 8 experts, top-2, Q4_0 tensors of 221184 bytes, F32 routers.
+
+    The down tensors' rows (192) need the quantized-row padding.
+    """
+    return make_model("tiny", "Q4_0", tmp_path_factory.mktemp("model") / "tiny.gguf", seed=3)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -1,1 +1,2 @@
-"""Prefill and decode of MoE models with host-resident experts: runner, measurement, commands."""
+"""Deprecated: the workload moved to ``expertstream.engine``, its benchmarks to ``expertstream.bench`` and
+its commands to ``expertstream.cli``; these aliases go away in 0.3."""

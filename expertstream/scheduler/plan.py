@@ -10,7 +10,7 @@ import numpy as np
 from ..backends.base import BufferView, Device, Stream, Usage
 from ..errors import InvalidArgument
 from ..ggml import RowType, padded_size
-from ..scheduler.source import HostSource
+from .source import HostSource
 
 Bindings = Mapping[str, BufferView]
 """Input name -> device bytes to read (for host inputs: ``padded_size`` bytes, tail zeroed)."""

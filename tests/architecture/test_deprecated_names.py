@@ -50,3 +50,27 @@ def test_the_old_kernels_package_path_still_imports() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "moved to expertstream.kernels" in out and out.strip().endswith("True True")
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("expertstream.moe.runner", "expertstream.engine.runner"),
+        ("expertstream.moe.measure", "expertstream.bench.measure"),
+        ("expertstream.moe.commands", "expertstream.cli.prefill"),
+        ("expertstream.moe.tune_command", "expertstream.cli.tune"),
+        ("expertstream.model.commands", "expertstream.cli.make_model"),
+        ("expertstream.clitools", "expertstream.cli.tools"),
+        ("expertstream.plot", "expertstream.cli.plot"),
+    ],
+)
+def test_the_old_module_paths_of_the_workload_still_import(old: str, new: str) -> None:
+    code = (
+        "import importlib, warnings\n"
+        "with warnings.catch_warnings(record=True) as seen:\n"
+        "    warnings.simplefilter('always')\n"
+        f"    old = importlib.import_module({old!r})\n"
+        f"print(old is importlib.import_module({new!r}), [str(w.message) for w in seen])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.startswith("True") and f"{old} moved to {new}" in out

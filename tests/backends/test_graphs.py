@@ -10,9 +10,9 @@ import pytest
 import expertstream
 from expertstream.backends.base import Backend, BackendError, Usage
 from expertstream.backends.sim.profiles import CUDA_H200
+from expertstream.engine import standin
 from expertstream.errors import InvalidArgument, UseAfterClose
 from expertstream.kernels import MoeKernels
-from expertstream.moe import standin
 
 
 def test_a_graph_runs_its_copies_gathers_and_kernels_again_on_current_data(backend: Backend) -> None:

@@ -16,13 +16,13 @@ import pytest
 import expertstream
 from expertstream.backends.base import Backend, DeviceBuffer, HostBuffer, Stream
 from expertstream.backends.sim import Profile, SimBackend
+from expertstream.bench.measure import Settings, measure
+from expertstream.bench.placeholder import write_sparse_model
+from expertstream.bench.report import ring_note
+from expertstream.engine.runner import Batching, MoeRunner, sha256
 from expertstream.errors import HazardError, InvalidArgument, UseAfterClose
 from expertstream.hostmem import HostMemoryMode, HostWeights, RingRegion, StagingRing
 from expertstream.model import MoeModel
-from expertstream.moe.measure import Settings, measure
-from expertstream.moe.placeholder import write_sparse_model
-from expertstream.moe.report import ring_note
-from expertstream.moe.runner import Batching, MoeRunner, sha256
 from expertstream.scheduler import Bindings, Plan, Scheduler
 from expertstream.scheduler.source import HostRegion, HostSource, expect_copies
 from expertstream.timeline import OpKind

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from expertstream.backends.base import Device, Stream
+from expertstream.engine.arch import ARCHS, ffn_config
 from expertstream.kernels import MoeKernels, routing
 from expertstream.kernels import reference as ref
 from expertstream.kernels.routing import Gating, Routing
-from expertstream.moe.arch import ARCHS, ffn_config
 
 from .tensors import poisoned
 

@@ -30,10 +30,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from expertstream.engine.arch import ARCHS, ffn_config
 from expertstream.errors import ExpertStreamError
 from expertstream.ggml import row_size
 from expertstream.model import ModelError, MoeModel, get_preset, make_model
-from expertstream.moe.arch import ARCHS, ffn_config
 
 from . import fuzz
 

@@ -11,6 +11,7 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
+from expertstream.bench.placeholder import write_sparse_model
 from expertstream.errors import InvalidArgument
 from expertstream.model import (
     ModelError,
@@ -23,7 +24,6 @@ from expertstream.model import (
     start_model_file,
     tensor_specs,
 )
-from expertstream.moe.placeholder import write_sparse_model
 
 TINY = get_preset("tiny")
 

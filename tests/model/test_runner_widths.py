@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from expertstream.backends.base import Backend
+from expertstream.engine.runner import Batching, MoeRunner
 from expertstream.model import ModelError, MoeModel
-from expertstream.moe.runner import Batching, MoeRunner
 
 from . import files
 

@@ -10,13 +10,13 @@ import pytest
 
 import expertstream
 from expertstream.backends.base import Backend
+from expertstream.bench.measure import Settings, measure, measure_compute_only
+from expertstream.bench.report import format_table
+from expertstream.engine.runner import Batching, MoeRunner, embeddings, sha256, stand_in_routing
 from expertstream.errors import InvalidArgument
 from expertstream.ggml import padded_size
 from expertstream.hostmem import HostMemoryMode, HostWeights
 from expertstream.model import MoeModel
-from expertstream.moe.measure import Settings, measure, measure_compute_only
-from expertstream.moe.report import format_table
-from expertstream.moe.runner import Batching, MoeRunner, embeddings, sha256, stand_in_routing
 from expertstream.scheduler import Scheduler
 from expertstream.scheduler.stock import expert_ranges
 

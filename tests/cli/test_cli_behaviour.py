@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-import expertstream.moe.commands as moe_commands
+import expertstream.cli.prefill as moe_commands
 from expertstream.cli import main
-from expertstream.moe.runner import MoeRunner
+from expertstream.engine.runner import MoeRunner
 
 SMALL = ["--tokens", "32", "--ubatch", "16", "-r", "1"]
 

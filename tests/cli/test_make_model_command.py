@@ -11,7 +11,8 @@ import gguf
 import pytest
 
 from expertstream.cli import main
-from expertstream.model import MoeModel, commands, make_model
+from expertstream.cli import make_model as commands
+from expertstream.model import MoeModel, make_model
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:

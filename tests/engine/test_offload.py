@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from expertstream.backends.base import Backend
+from expertstream.engine.offload import ResidentExperts, parse_gpu_memory, plan_offload
+from expertstream.engine.runner import Batching, MoeRunner, sha256
 from expertstream.errors import InvalidArgument
 from expertstream.hostmem import HostWeights
 from expertstream.model import MoeModel
-from expertstream.moe.offload import ResidentExperts, parse_gpu_memory, plan_offload
-from expertstream.moe.runner import Batching, MoeRunner, sha256
 from expertstream.scheduler import Scheduler
 
 PREFILL = Batching(tokens=32, ubatch=16)  # two ubatches at prefill scale

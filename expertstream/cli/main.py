@@ -12,10 +12,10 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import __version__
-from .backends import ENV_VAR, available_backends, backend, resolve_name
-from .clitools import EXIT_STATUS_HELP, Exit, HelpFormatter, prompt_interrupt
-from .errors import ExpertStreamError
+from .. import __version__
+from ..backends import ENV_VAR, available_backends, backend, resolve_name
+from ..errors import ExpertStreamError
+from .tools import EXIT_STATUS_HELP, Exit, HelpFormatter, prompt_interrupt
 
 log = logging.getLogger(__name__)
 
@@ -98,10 +98,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _command_modules() -> list[Callable[[Any], None]]:
+    from . import make_model as model_commands
     from . import plot
-    from .model import commands as model_commands
-    from .moe import commands as moe_commands
-    from .moe import tune_command
+    from . import prefill as moe_commands
+    from . import tune as tune_command
 
     return [model_commands.register, moe_commands.register, tune_command.register, plot.register]
 

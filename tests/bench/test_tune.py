@@ -20,15 +20,11 @@ import pytest
 import expertstream
 from expertstream.backends.base import Backend
 from expertstream.backends.sim.profiles import ROCM_R9700, Profile, resolve_profile
-from expertstream.cli import main
-from expertstream.hostmem import DEFAULT_RING_THREADS, HostMemoryMode
-from expertstream.model import MoeModel
-from expertstream.moe import tune as tune_module
-from expertstream.moe.measure import Settings
-from expertstream.moe.predict import predict
-from expertstream.moe.probes import Bounds
-from expertstream.moe.runner import Batching
-from expertstream.moe.tune import (
+from expertstream.bench import tune as tune_module
+from expertstream.bench.measure import Settings
+from expertstream.bench.predict import predict
+from expertstream.bench.probes import Bounds
+from expertstream.bench.tune import (
     DEFAULT_PRESET,
     HOST_PATH_FIELDS,
     calibration_model,
@@ -38,6 +34,10 @@ from expertstream.moe.tune import (
     ring_rates,
     tune,
 )
+from expertstream.cli import main
+from expertstream.engine.runner import Batching
+from expertstream.hostmem import DEFAULT_RING_THREADS, HostMemoryMode
+from expertstream.model import MoeModel
 from microbench import rocm_r9700_fit
 
 TOLERANCE = 0.02

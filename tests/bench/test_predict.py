@@ -10,14 +10,14 @@ import pytest
 
 import expertstream
 from expertstream.backends.sim.profiles import resolve_profile
+from expertstream.bench.measure import Settings
+from expertstream.bench.placeholder import write_sparse_model
+from expertstream.bench.predict import choose, predict, seconds
 from expertstream.cli import main
+from expertstream.engine.runner import Batching, MoeRunner
 from expertstream.ggml import padded_size
 from expertstream.hostmem import HostMemoryMode
 from expertstream.model import MoeModel
-from expertstream.moe.measure import Settings
-from expertstream.moe.placeholder import write_sparse_model
-from expertstream.moe.predict import choose, predict, seconds
-from expertstream.moe.runner import Batching, MoeRunner
 
 REGISTERED, RING, MMAP = HostMemoryMode.REGISTERED, HostMemoryMode.RING, HostMemoryMode.MMAP
 
@@ -59,7 +59,7 @@ def test_a_prediction_with_the_simulators_own_profile_is_what_it_measures(
 def test_a_profile_tuned_before_a_field_was_measured_is_named_with_the_field(
     qwen3_layer: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from expertstream.moe.tune import FITTED_FIELDS
+    from expertstream.bench.tune import FITTED_FIELDS
 
     whole = resolve_profile("cuda-h200").to_dict()
     tuned = {"base": "cuda-h200", "name": "tuned", "device_name": "NVIDIA H200", "kernel_rates": []}

@@ -16,13 +16,13 @@ import pytest
 
 import expertstream
 from expertstream.backends.base import Backend
+from expertstream.bench.measure import Settings, measure, measure_h2d_peak
+from expertstream.engine.layersplit import LayerSplit
+from expertstream.engine.offload import ResidentExperts, plan_offload
+from expertstream.engine.runner import Batching, MoeRunner, sha256
 from expertstream.errors import InvalidArgument
 from expertstream.hostmem import HostMemoryMode, HostWeights
 from expertstream.model import MoeModel
-from expertstream.moe.layersplit import LayerSplit
-from expertstream.moe.measure import Settings, measure, measure_h2d_peak
-from expertstream.moe.offload import ResidentExperts, plan_offload
-from expertstream.moe.runner import Batching, MoeRunner, sha256
 from expertstream.scheduler import Scheduler
 
 BATCHING = Batching(tokens=32, ubatch=16, decode_steps=4)

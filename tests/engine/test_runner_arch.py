@@ -9,11 +9,11 @@ import pytest
 from gguf.quants import dequantize
 
 from expertstream.backends.base import Backend
+from expertstream.engine.arch import ffn_config
+from expertstream.engine.runner import Batching, MoeRunner, embeddings
 from expertstream.hostmem import HostWeights
 from expertstream.kernels import reference as ref
 from expertstream.model import MoeModel, make_model
-from expertstream.moe.arch import ffn_config
-from expertstream.moe.runner import Batching, MoeRunner, embeddings
 from expertstream.scheduler import Scheduler
 
 PRESETS = ["tiny", "tiny-mixtral", "tiny-qwen2moe", "tiny-gpt-oss", "tiny-deepseek2", "tiny-glm4moe", "tiny-qwen3next"]

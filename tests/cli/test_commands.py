@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from expertstream.backends.base import Backend
+from expertstream.bench.report import Row
 from expertstream.cli import main
-from expertstream.moe.report import Row
-from expertstream.moe.runner import MoeRunner
+from expertstream.engine.runner import MoeRunner
 
 SMALL = ["--tokens", "32", "--ubatch", "16", "-r", "1"]
 ROW_KEYS = {
@@ -291,7 +291,7 @@ def _ring_row(copy: float | None, wait: float | None, rate: float | None = 4.0) 
     ],
 )
 def test_the_ring_note_says_what_bounds_the_ring(shares: list[tuple[float, float]], says: str) -> None:
-    from expertstream.moe.report import ring_note
+    from expertstream.bench.report import ring_note
 
     rows = [_ring_row(copy, wait) for copy, wait in shares] + [_ring_row(None, None)]
     note = ring_note(rows)

@@ -1,0 +1,450 @@
+"""One prefill (and decode) measurement per slot setting and host memory mode, with its baselines.
+
+Every time is ``backend.host_timestamp()`` read around ``Scheduler.run`` (which drains the
+devices before it returns): virtual seconds on the simulator, wall seconds on a GPU. The
+baselines come from the same run: the pinned H2D peak through the backend, and the same
+prefill plan with every expert tensor already on the device (compute only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..backends.base import Backend, Device, Stream, Usage
+from ..engine.offload import GpuMemory, ResidentExperts, UploadedExperts, plan_offload
+from ..engine.runner import ROUTER, Batching, ExpertData, MoeRunner, sha256
+from ..hostmem import HostMemoryMode, HostWeights, RingFill, RingStats
+from ..kernels.layout import MatrixPath
+from ..model import MoeModel
+from ..scheduler import Bindings, Plan, Replay, RunStats, Scheduler, Split
+from .report import Row
+
+log = logging.getLogger(__name__)
+
+PROBE_MIN_BYTES = 16 << 20
+PROBE_MAX_BYTES = 256 << 20
+PROBE_REPEATS = 4
+
+
+@dataclass(frozen=True)
+class Settings:
+    batching: Batching
+    slots: tuple[int, ...]
+    host_memory: tuple[HostMemoryMode, ...]
+    seed: int = 0
+    warmup: bool = True  # run the first ubatch (and decode step) once per row before timing
+    repeats: int = 1  # timed runs per row; rows report their mean and standard deviation
+    ring_threads: int | None = None  # workers filling the staging ring (None: hostmem's default)
+    ring_fill: str = "auto"  # who fills it: threads, processes, or auto (hostmem.RingFill)
+    # The staging ring's geometry (None: what suits its workers): chunks, bytes per chunk, least bytes per part.
+    ring_chunks: int | None = None
+    ring_chunk_bytes: int | None = None
+    ring_part_bytes: int | None = None
+    n_cpu_moe: int | None = None  # experts of the first N MoE layers stream; None: all, unless gpu_memory
+    gpu_memory: GpuMemory | None = None  # stream only as many leading layers as needed to fit the rest
+    matrix_path: MatrixPath | None = None  # mul_mat_id's path for every type; None: each type's default
+    direct: bool = True  # the direct-decode kernels where they apply (MoeKernels.direct)
+    fuse_gate_up: bool = False  # gate, up and SwiGLU as one split where the kernels can (MoeRunner)
+    gather: bool = True  # decode's expert copies from page-locked memory made by the device (Scheduler.gather)
+    graphs: bool = True  # decode steps replayed from one captured graph where the scheduler can capture them
+    # The compute-only baseline (every expert on the device) that rows compare to; without it rows
+    # leave what they would compare to it empty (tune times the job's rows and needs only theirs).
+    compute_only: bool = True
+
+
+Progress = Callable[[str], None]
+"""Called as each ubatch (or decode step) is enqueued, with a label; it may raise KeyboardInterrupt."""
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Mean and sample standard deviation of repeated measurements (sd 0 for one)."""
+
+    mean: float
+    sd: float
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Spread:
+        data = np.asarray(values, dtype=np.float64)
+        return cls(float(data.mean()), float(data.std(ddof=1)) if data.size > 1 else 0.0)
+
+
+@dataclass(frozen=True)
+class Baselines:
+    h2d_peak_gbps: float
+    compute_only_s: float | None  # mean over the repetitions; None where not measured (Settings.compute_only)
+    compute_only_all_layers: bool | None  # False: one layer's weights stood in for every layer (did not fit)
+    compute_only_sha256: str | None  # the outputs when every layer's own weights were used
+
+
+@dataclass
+class Measurement:
+    baselines: Baselines
+    rows: list[Row] = field(default_factory=list)
+    matrix_paths: dict[str, str] = field(default_factory=dict)  # mul_mat_id's path per expert type name
+    kernel_families: dict[str, str] = field(default_factory=dict)  # its kernels: the path, or "direct"
+    gate_up_fused: bool = False  # whether gate, up and SwiGLU ran as one split
+
+
+def measure_h2d_peak(backend: Backend, devices: Device | Sequence[Device], nbytes: int) -> float:
+    """Pinned host -> device bandwidth in GB/s: the best of a few copies of ``nbytes``.
+
+    With several devices every device copies ``nbytes`` at once and the rate is their sum:
+    what a layer split can draw from host memory together (links that share a host
+    bottleneck show here, not as the sum of each alone).
+    """
+    targets = (devices,) if isinstance(devices, Device) else tuple(devices)
+    with ExitStack() as stack:
+        copies = []
+        for device in targets:
+            host = device.alloc_pinned(nbytes)
+            stack.callback(host.close)
+            dst = device.alloc(nbytes, Usage.COMPUTE)
+            stack.callback(dst.close)
+            stream = device.stream()
+            stack.callback(stream.close)
+            copies.append((stream, dst, host))
+
+        def copy_all() -> None:
+            for stream, dst, host in copies:
+                stream.copy_h2d(dst, 0, host, 0, nbytes)
+            for stream, _, _ in copies:
+                stream.synchronize()
+
+        copy_all()  # warm-up: first-touch and mapping costs
+        best = float("inf")
+        for _ in range(PROBE_REPEATS):
+            start = backend.host_timestamp()
+            copy_all()
+            best = min(best, backend.host_timestamp() - start)
+        return len(targets) * nbytes / best / 1e9
+
+
+def probe_bytes(model: MoeModel) -> int:
+    largest = max(t.nbytes for t in model.expert_tensors)
+    return int(np.clip(4 * largest, PROBE_MIN_BYTES, PROBE_MAX_BYTES))
+
+
+class _DeviceExperts(UploadedExperts):
+    """Every expert tensor uploaded once (or layer 0's standing in for all when memory is short)."""
+
+    def __init__(self, runner: MoeRunner) -> None:
+        model, split = runner.model, runner.layer_split
+        padded = dict.fromkeys(split.devices, 0)
+        for layer in model.layers:
+            device = split.device_of(layer.index)
+            padded[device] += sum(device.alloc_size(t.nbytes, t.qtype, t.ne0) for t in layer.experts)
+        # Half of what is free: the staging slots and activations of later runs need the rest.
+        self.all_layers = all(padded[d] <= d.free_memory() // 2 for d in split.devices)
+        # Short of memory, each device's first layer stands in for its others.
+        firsts = {split.device_of(layer.index): layer for layer in reversed(model.layers)}
+        layers = model.layers if self.all_layers else list(firsts.values())
+        super().__init__(model, split, layers, upload_data=runner.data)
+        if not self.all_layers:
+            log.warning(
+                "%s bytes of experts do not fit in half of the free memory of %s: the compute-only baseline uses "
+                "each device's first layer's experts for its every layer",
+                "+".join(str(n) for n in padded.values()),
+                ", ".join(d.label for d in split.devices),
+            )
+            for layer in model.layers:
+                first = firsts[split.device_of(layer.index)]
+                for info, stand_in in zip(layer.experts, first.experts, strict=True):
+                    self.views[info.name] = self.views[stand_in.name]
+
+
+def _ticking(plan: Plan, progress: Progress, what: str) -> Plan:
+    """``plan`` whose first split of each ubatch (layer 0's router) reports progress before it is enqueued.
+
+    A KeyboardInterrupt raised there (or by Ctrl-C) stops the run between splits.
+    """
+
+    def tick(split: Split) -> Split:
+        compute = split.compute
+
+        def reported(stream: Stream, bindings: Bindings) -> None:
+            progress(f"{what} {split.name.rsplit('.', 1)[-1]}")
+            compute(stream, bindings)
+
+        return dataclasses.replace(split, compute=reported)
+
+    return Plan.of([tick(s) if s.name.startswith(f"{ROUTER}.L0.") else s for s in plan.splits])
+
+
+def _timed_runs(backend: Backend, scheduler: Scheduler, plan: Plan, repeats: int = 1) -> tuple[list[float], RunStats]:
+    """Seconds of each of ``repeats`` runs of ``plan``, and the stats of the last."""
+    times: list[float] = []
+    for _ in range(max(1, repeats)):
+        start = backend.host_timestamp()
+        stats = scheduler.run(plan)
+        times.append(backend.host_timestamp() - start)
+    return times, stats
+
+
+def ticks(settings: Settings, batching: Batching) -> int:
+    """How many times ``measure`` calls its progress callback for one batching (a progress bar's total)."""
+    warm = 1 if settings.warmup else 0
+    prefill = settings.repeats * len(batching.ubatches()) + warm
+    decode = settings.repeats * batching.decode_steps + (warm if batching.decode_steps else 0)
+    return prefill + len(settings.slots) * len(settings.host_memory) * (prefill + decode)
+
+
+def measure_compute_only(
+    backend: Backend, runner: MoeRunner, warmup: bool, repeats: int = 1, progress: Progress = lambda what: None
+) -> tuple[float, bool, str | None]:
+    experts = _DeviceExperts(runner)
+    try:
+        with Scheduler(slots=0) as scheduler:
+            if warmup:
+                scheduler.run(_ticking(runner.prefill_plan(experts.views, [0]), progress, "compute only, warm-up"))
+            plan = _ticking(runner.prefill_plan(experts.views), progress, "compute only")
+            times, _ = _timed_runs(backend, scheduler, plan, repeats)
+        digest = sha256(runner.prefill_output()) if runner.data and experts.all_layers else None
+        return Spread.of(times).mean, experts.all_layers, digest
+    finally:
+        experts.close()
+
+
+def measure(
+    backend: Backend,
+    devices: Device | Sequence[Device],
+    model: MoeModel,
+    settings: Settings,
+    progress: Progress = lambda what: None,
+    h2d_peak_gbps: float | None = None,
+) -> Measurement:
+    """Baselines, then one Row per (host memory mode, slot count), modes outermost.
+
+    ``h2d_peak_gbps`` reuses a peak measured before (one per device set is enough for a matrix of
+    runs). Several devices split the layers between them (layersplit.py).
+    """
+    with MoeRunner(
+        devices,
+        model,
+        settings.batching,
+        seed=settings.seed,
+        matrix_path=settings.matrix_path,
+        direct=settings.direct,
+        fuse_gate_up=settings.fuse_gate_up,
+    ) as runner:
+        split = runner.layer_split
+        peak = h2d_peak_gbps or measure_h2d_peak(backend, split.devices, probe_bytes(model))
+        compute_s: float | None = None
+        all_layers: bool | None = None
+        compute_sha: str | None = None
+        if settings.compute_only:
+            compute_s, all_layers, compute_sha = measure_compute_only(
+                backend, runner, settings.warmup, settings.repeats, progress
+            )
+        paths = {name: path.value for name, path in runner.matrix_path_by_type.items()}
+        result = Measurement(
+            Baselines(peak, compute_s, all_layers, compute_sha),
+            matrix_paths=paths,
+            kernel_families=runner.kernel_family_by_type,
+            gate_up_fused=runner.fuses_gate_up(),
+        )
+        offload = plan_offload(
+            model,
+            split,
+            n_cpu_moe=settings.n_cpu_moe,
+            gpu_memory=settings.gpu_memory,
+            slots=max(settings.slots, default=0),
+            in_use={d: runner.device_bytes_on(d) for d in split.devices},
+        )
+        with ResidentExperts(model, split, offload, upload_data=runner.data) as resident:
+            for mode in settings.host_memory:
+                with HostWeights.open(
+                    model,
+                    split.devices[0],
+                    mode,
+                    ring_threads=settings.ring_threads,
+                    ring_chunks=settings.ring_chunks,
+                    ring_chunk_bytes=settings.ring_chunk_bytes,
+                    ring_part_bytes=settings.ring_part_bytes,
+                    ring_fill=settings.ring_fill,
+                    copied_to=split.expert_devices,
+                ) as weights:
+                    for slots in settings.slots:
+                        row = _measure_row(
+                            backend, runner, weights, resident, slots, settings, result.baselines, progress
+                        )
+                        result.rows.append(row)
+        return result
+
+
+def _measure_row(
+    backend: Backend,
+    runner: MoeRunner,
+    weights: HostWeights,
+    resident: ResidentExperts,
+    slots: int,
+    settings: Settings,
+    base: Baselines,
+    progress: Progress,
+) -> Row:
+    batching = settings.batching
+    experts: ExpertData = resident.experts(weights)
+    what = f"slots {slots}, {weights.mode.value}"
+    with Scheduler(slots=slots, gather=settings.gather) as scheduler:
+        if settings.warmup:
+            scheduler.run(_ticking(runner.prefill_plan(experts, [0]), progress, f"{what}, warm-up"))
+        ring_before = weights.ring_stats()
+        times, stats = _timed_runs(
+            backend, scheduler, _ticking(runner.prefill_plan(experts), progress, what), settings.repeats
+        )
+        ring_after = weights.ring_stats()
+        decode_rates, decode_bytes, decode_path = _decode(backend, runner, scheduler, experts, settings, progress, what)
+    prefill_out = runner.prefill_output() if runner.data else None
+    decode_out = runner.decode_output() if runner.data and batching.decode_steps else None
+    moved = stats.bytes_moved()
+    wall = Spread.of(times)
+    rate = Spread.of([batching.tokens / t for t in times])
+    decode_rate = Spread.of(decode_rates) if decode_rates else None
+    transfer_s = moved / (base.h2d_peak_gbps * 1e9)
+    compute_s = base.compute_only_s
+    fallbacks: dict[str, int] = {}
+    for dev in stats.devices.values():
+        for key, count in dev.fallbacks.items():
+            fallbacks[key] = fallbacks.get(key, 0) + count
+    for fallback in weights.stats.fallbacks:
+        fallbacks[f"host_memory_{fallback.requested.value}"] = 1
+    h2d_gbps = moved / wall.mean / 1e9
+    return Row(
+        slots=slots,
+        host_memory=weights.mode.value,
+        tokens=batching.tokens,
+        ubatch=batching.ubatch,
+        repetitions=len(times),
+        ttft_s=wall.mean,
+        ttft_sd_s=wall.sd,
+        prefill_tokens_per_s=rate.mean,
+        prefill_tokens_per_s_sd=rate.sd,
+        bytes_per_ubatch=moved // len(batching.ubatches()),
+        h2d_bytes=moved,
+        h2d_gbps=h2d_gbps,
+        h2d_peak_gbps=base.h2d_peak_gbps,
+        h2d_pct_of_peak=100.0 * h2d_gbps / base.h2d_peak_gbps,
+        transfer_only_s=transfer_s,
+        compute_only_s=compute_s,
+        overlap_efficiency=None if compute_s is None else max(transfer_s, compute_s) / wall.mean,
+        slot_wait_ms=stats.total("ready_wait_ms") / len(times) if slots else None,
+        over_compute_ms=None if compute_s is None else (wall.mean - compute_s) * 1e3,
+        fires=int(stats.total("fires")),
+        fallbacks=fallbacks,
+        prefill_sha256=sha256(prefill_out) if prefill_out is not None else "",
+        decode_steps=batching.decode_steps,
+        decode_tokens_per_s=decode_rate.mean if decode_rate else None,
+        decode_tokens_per_s_sd=decode_rate.sd if decode_rate else None,
+        decode_bytes=decode_bytes,
+        decode_path=decode_path,
+        decode_sha256=sha256(decode_out) if decode_out is not None else None,
+        output_sha256=sha256(*(a for a in (prefill_out, decode_out) if a is not None)) if runner.data else "",
+        nonfinite=sum(int(np.count_nonzero(~np.isfinite(a))) for a in (prefill_out, decode_out) if a is not None),
+        layers_streamed=resident.plan.layers_streamed,
+        layers_resident=resident.plan.layers_resident,
+        streamed_bytes_per_ubatch=resident.plan.streamed_bytes_per_ubatch,
+        devices=len(runner.devices),
+        crossing=",".join(runner.crossings),
+        **_ring_fields(weights, ring_before, ring_after, sum(times)),
+    )
+
+
+def _ring_fields(
+    weights: HostWeights, before: RingStats | None, after: RingStats | None, wall_s: float
+) -> dict[str, Any]:
+    """Where the staging ring's workers spent the timed prefills (nothing outside mode ring).
+
+    Threads wait for a chunk's DMA themselves; for fill processes the ring's caller waits before it
+    sends a fill, so their chunk waits are shared over the callers (one per ring), not the workers.
+    """
+    if before is None or after is None or wall_s <= 0:
+        return {}
+    used = after - before
+    threads = sum(ring.threads for ring in weights.rings)
+    fills = {ring.fill for ring in weights.rings}
+    waiters = len(weights.rings) if fills == {RingFill.PROCESSES} else threads
+    return {
+        "ring_threads": threads,
+        "ring_fill": ",".join(sorted(fill.value for fill in fills)),
+        "ring_copy_pct": 100.0 * used.fill_s / (threads * wall_s),
+        "ring_chunk_wait_pct": 100.0 * used.chunk_wait_s / (waiters * wall_s),
+        "ring_thread_gbps": used.thread_gbps,
+    }
+
+
+def _decode(
+    backend: Backend,
+    runner: MoeRunner,
+    scheduler: Scheduler,
+    experts: ExpertData,
+    settings: Settings,
+    progress: Progress,
+    what: str,
+) -> tuple[list[float], int, str | None]:
+    """Decode tokens/s of each repetition (from its median step), the expert bytes of one repetition,
+    and how the steps ran: "graph" (one captured step replayed) or "calls" (each step's calls issued).
+
+    The median, not the sum: a few steps that a busy host delays would otherwise decide a
+    comparison whose target band (+-2%) is narrower than such noise. A warm-up step first,
+    so that the first row does not pay for what the first decode plan sets up.
+    """
+    steps = runner.batching.decode_steps
+    if not steps:
+        return [], 0, None
+    if settings.warmup:
+        scheduler.run(_ticking(runner.decode_plan(experts, 0), progress, f"{what}, decode warm-up"))
+    with ExitStack() as stack:
+        replay = _decode_replay(runner, scheduler, experts, settings, what)
+        if replay is not None:
+            stack.enter_context(replay)
+        rates: list[float] = []
+        moved = 0
+        for _ in range(settings.repeats):
+            step_s: list[float] = []
+            moved = 0
+            for step in range(steps):
+                if replay is None:
+                    plan = _ticking(runner.decode_plan(experts, step), progress, f"{what}, decode")  # built untimed
+                    (wall,), stats = _timed_runs(backend, scheduler, plan)
+                else:
+                    progress(f"{what}, decode")
+                    start = backend.host_timestamp()
+                    runner.decode_step_in(replay.stream, step)
+                    replay.launch()
+                    runner.decode_step_out(replay.stream, step)
+                    stats = replay.finish()
+                    wall = backend.host_timestamp() - start
+                step_s.append(wall)
+                moved += stats.bytes_moved()
+            rates.append(1.0 / float(np.median(step_s)))
+    return rates, moved, "calls" if replay is None else "graph"
+
+
+_told_decode_calls: set[str] = set()
+
+
+def _decode_replay(
+    runner: MoeRunner, scheduler: Scheduler, experts: ExpertData, settings: Settings, what: str
+) -> Replay | None:
+    """One decode step captured for replay, or None (with the reason in the log, once per reason)."""
+    if not settings.graphs:
+        return None
+    if len(runner.devices) == 1:
+        plan = runner.decode_step_plan(experts)
+        why = scheduler.why_not_captured(plan)
+        if why is None:
+            return scheduler.capture(plan)
+        reason = why
+    else:
+        reason = "the layers span several devices"
+    if reason not in _told_decode_calls:
+        _told_decode_calls.add(reason)
+        log.info("%s: decode steps issue their calls one by one, not one captured graph: %s", what, reason)
+    return None

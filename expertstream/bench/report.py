@@ -1,0 +1,261 @@
+"""Rows of a prefill run (one per setting), their table, CSV, JSON and the hash check."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Row:
+    """What one setting did. Times come from backend.host_timestamp (virtual on the simulator).
+
+    Times and rates are the mean over ``repetitions`` timed runs after a warm-up; ``*_sd`` is
+    their sample standard deviation (0 for one repetition).
+    """
+
+    slots: int
+    host_memory: str  # the mode used, after any fallback
+    tokens: int
+    ubatch: int
+    ttft_s: float  # wall time of the whole prefill plan
+    prefill_tokens_per_s: float
+    h2d_bytes: int  # expert bytes copied during one prefill (lookahead and stock)
+    h2d_gbps: float
+    h2d_pct_of_peak: float  # of the pinned H2D peak measured in the same run
+    transfer_only_s: float  # h2d_bytes at the measured peak: the floor a transfer-bound prefill cannot beat
+    # The same plan with every expert tensor device-resident; None where not measured (and the two below).
+    compute_only_s: float | None
+    overlap_efficiency: float | None  # max(transfer_only_s, compute_only_s) / ttft_s: 1.0 is perfect overlap
+    over_compute_ms: float | None  # ttft minus compute only: what streaming added to the prefill
+    slot_wait_ms: float | None  # slots > 0: the compute stream's waits on slot-ready events; None for 0
+    fires: int
+    fallbacks: dict[str, int]
+    prefill_sha256: str
+    repetitions: int = 1
+    ttft_sd_s: float = 0.0
+    prefill_tokens_per_s_sd: float = 0.0
+    layers_streamed: int = 0  # MoE layers whose experts stream from host memory (llama.cpp's n_cpu_moe)
+    bytes_per_ubatch: int = 0  # expert bytes copied per ubatch
+    h2d_peak_gbps: float = 0.0
+    batch: int | None = None  # llama.cpp's logical batch (-b), when given
+    decode_steps: int = 0
+    decode_tokens_per_s: float | None = None
+    decode_tokens_per_s_sd: float | None = None
+    decode_bytes: int = 0  # expert bytes one repetition of the decode steps copied (used experts only)
+    decode_path: str | None = None  # "graph": one captured step replayed; "calls": each step's calls issued
+    decode_sha256: str | None = None
+    output_sha256: str = ""  # prefill and decode outputs together; empty when the backend holds no data
+    nonfinite: int = 0  # NaN or infinite output values: a wrong byte read somewhere
+    layers_resident: int = 0  # MoE layers whose experts were uploaded once and stay on the device
+    streamed_bytes_per_ubatch: int = 0  # expert bytes the streamed layers hold: what one ubatch must copy
+    devices: int = 1  # devices the layers are split over
+    crossing: str = ""  # how the hidden state crosses between them: "peer" or "host" per boundary
+    predicted_ttft_s: float | None = None  # the simulator's prediction with a tuned profile (prefill --predict)
+    predicted_decode_tokens_per_s: float | None = None
+    # Host memory ring only, over the timed prefills: the share of its threads' time spent copying
+    # into chunks and waiting for a chunk's DMA to end, and one thread's rate while copying.
+    ring_threads: int | None = None
+    ring_fill: str | None = None  # who filled the ring's chunks: processes or threads
+    ring_copy_pct: float | None = None
+    ring_chunk_wait_pct: float | None = None
+    ring_thread_gbps: float | None = None
+
+    @property
+    def label(self) -> str:
+        return f"slots={self.slots}/{self.host_memory}"
+
+    @property
+    def transfer_floor_tokens_per_s(self) -> float | None:
+        """The prefill rate if copies at the H2D peak were all that took time (None: nothing copied)."""
+        return self.tokens / self.transfer_only_s if self.transfer_only_s else None
+
+    @property
+    def compute_only_tokens_per_s(self) -> float | None:
+        """The prefill rate with every expert already on the device."""
+        return self.tokens / self.compute_only_s if self.compute_only_s else None
+
+
+COLUMNS_HELP = """\
+columns (times and rates are the mean over -r repetitions after a warm-up; +- is the sample sd):
+  slots          staging slots: 0 is the stock path (each expert tensor copied right before the
+                 split that reads it); N >= 2 copies split i+N-1 while split i computes
+  host           host memory the weights were copied from (after any fallback)
+  ttft s         time to first token: the whole prefill
+  prefill t/s    prompt tokens per second (the mean of each repetition's rate)
+  H2D GB/s       expert bytes copied per second of prefill; % peak: of the pinned H2D peak
+  overlap        max(transfer only, compute only) / ttft, where transfer only is the expert bytes
+                 at the H2D peak and compute only is the same prefill with every expert already on
+                 the device; 1.00 means copies are fully hidden behind compute (or vice versa)
+  +compute ms    ttft minus compute only: the time streaming added
+  slot wait ms   slots > 0: how long the compute stream waited for slots to be filled ("-" for 0)
+  p, ub          prompt tokens and tokens per ubatch
+  streamed       MoE layers streamed from host memory / all MoE layers, and expert bytes copied per ubatch
+  decode t/s     decode tokens per second (median step of each repetition; "-" without -n)
+  output sha256  hash of the outputs; every row must agree (exit status 1 if not)
+  pred s, err    with --predict: the predicted ttft and (measured / predicted - 1); pred t/s: decode
+  ring copy/wait host memory ring: % of its threads' time spent copying from the mapping into its
+                 pinned chunks / waiting for a chunk's DMA to end; copying near 100 means the host's
+                 copy rate bounds the ring, long waits that the copies to the device hold it back"""
+
+
+def mismatched(rows: Sequence[Row]) -> list[str]:
+    """Labels of the rows whose output hash differs from the first row's (empty when all agree)."""
+    if not rows:
+        return []
+    reference = rows[0].output_sha256
+    differing = [r for r in rows if r.output_sha256 != reference]
+    return [rows[0].label, *(r.label for r in differing)] if differing else []
+
+
+def row_json(row: Row) -> dict[str, Any]:
+    return {
+        **asdict(row),
+        "transfer_floor_tokens_per_s": row.transfer_floor_tokens_per_s,
+        "compute_only_tokens_per_s": row.compute_only_tokens_per_s,
+    }
+
+
+def as_json(header: dict[str, Any], rows: Sequence[Row]) -> dict[str, Any]:
+    return {**header, "rows": [row_json(r) for r in rows]}
+
+
+def as_jsonl(header: dict[str, Any], rows: Sequence[Row]) -> str:
+    """One JSON object per row, each carrying the run's header (llama-bench's jsonl)."""
+    return "\n".join(json.dumps({**header, **row_json(r)}) for r in rows)
+
+
+def as_csv(rows: Sequence[Row]) -> str:
+    names = [f.name for f in fields(Row)] + ["transfer_floor_tokens_per_s", "compute_only_tokens_per_s"]
+    out = io.StringIO()
+    writer = csv.DictWriter(out, names, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        values = row_json(row)
+        values["fallbacks"] = json.dumps(values["fallbacks"], sort_keys=True)
+        writer.writerow(values)
+    return out.getvalue().rstrip("\n")
+
+
+def _streamed(row: Row) -> str:
+    layers = f"{row.layers_streamed}/{row.layers_streamed + row.layers_resident}L"
+    return f"{layers}/{row.bytes_per_ubatch / 1e6:.1f}MB"
+
+
+def _decode_rate(row: Row, sd: bool) -> str:
+    value = row.decode_tokens_per_s_sd if sd else row.decode_tokens_per_s
+    return "-" if value is None else f"{value:.1f}"
+
+
+_COLUMNS: tuple[tuple[str, int, Callable[[Row], str]], ...] = (
+    ("slots", 5, lambda r: str(r.slots)),
+    ("host", 10, lambda r: r.host_memory),
+    ("ttft s", 9, lambda r: f"{r.ttft_s:.4f}"),
+    ("+-", 7, lambda r: f"{r.ttft_sd_s:.4f}"),
+    ("prefill t/s", 11, lambda r: f"{r.prefill_tokens_per_s:.0f}"),
+    ("+-", 6, lambda r: f"{r.prefill_tokens_per_s_sd:.0f}"),
+    ("H2D GB/s", 8, lambda r: f"{r.h2d_gbps:.1f}"),
+    ("% peak", 6, lambda r: f"{r.h2d_pct_of_peak:.0f}"),
+    ("overlap", 7, lambda r: "-" if r.overlap_efficiency is None else f"{r.overlap_efficiency:.2f}"),
+    ("+compute ms", 11, lambda r: "-" if r.over_compute_ms is None else f"{r.over_compute_ms:.1f}"),
+    ("slot wait ms", 12, lambda r: "-" if r.slot_wait_ms is None else f"{r.slot_wait_ms:.1f}"),
+    ("p", 6, lambda r: str(r.tokens)),
+    ("ub", 5, lambda r: str(r.ubatch)),
+    ("streamed", 12, _streamed),
+    ("decode t/s", 10, lambda r: _decode_rate(r, False)),
+    ("+-", 5, lambda r: _decode_rate(r, True)),
+    ("output sha256", 16, lambda r: r.output_sha256[:16] or "(no data)"),
+)
+
+
+def _error(measured: float | None, predicted: float | None) -> str:
+    return "-" if measured is None or not predicted else f"{measured / predicted - 1:+.1%}"
+
+
+_PREDICTED: tuple[tuple[str, int, Callable[[Row], str]], ...] = (
+    ("pred s", 9, lambda r: "-" if r.predicted_ttft_s is None else f"{r.predicted_ttft_s:.4f}"),
+    ("err", 6, lambda r: _error(r.ttft_s, r.predicted_ttft_s)),
+    (
+        "pred t/s",
+        8,
+        lambda r: "-" if r.predicted_decode_tokens_per_s is None else f"{r.predicted_decode_tokens_per_s:.1f}",
+    ),
+)
+
+
+def _ring_share(row: Row) -> str:
+    if row.ring_copy_pct is None or row.ring_chunk_wait_pct is None:
+        return "-"
+    return f"{row.ring_copy_pct:.0f}/{row.ring_chunk_wait_pct:.0f}"
+
+
+_RING: tuple[tuple[str, int, Callable[[Row], str]], ...] = (("ring copy/wait", 14, _ring_share),)
+
+
+def _columns(rows: Sequence[Row]) -> tuple[tuple[str, int, Callable[[Row], str]], ...]:
+    """Every column; the predicted ones only when some row has a prediction, the ring's only with a ring."""
+    predicted = any(r.predicted_ttft_s is not None for r in rows)
+    ring = any(r.ring_copy_pct is not None for r in rows)
+    return _COLUMNS[:-1] + (_PREDICTED if predicted else ()) + (_RING if ring else ()) + _COLUMNS[-1:]
+
+
+# A ring whose threads copy at least this share of the time is bound by the host's copy rate; one
+# whose threads wait at least this share for chunk DMAs is held back by the copies to the device.
+RING_COPY_BOUND_PCT = 60.0
+RING_WAIT_BOUND_PCT = 50.0
+RING_IDLE_BELOW_PCT = 50.0  # copying and waiting together below this: the threads mostly idle
+
+
+def ring_note(rows: Sequence[Row]) -> str | None:
+    """One line on where the staging ring's threads spent their time, over its rows (None without a ring)."""
+    shares = [(c, w) for r in rows if (c := r.ring_copy_pct) is not None and (w := r.ring_chunk_wait_pct) is not None]
+    if not shares:
+        return None
+    copy, wait = [share[0] for share in shares], [share[1] for share in shares]
+    rates = [rate for r in rows if (rate := r.ring_thread_gbps) is not None]
+    threads, fill = next((r.ring_threads, r.ring_fill) for r in rows if r.ring_threads is not None)
+    worker = "process" if fill == "processes" else "thread"
+    workers = "fill processes" if fill == "processes" else "threads"
+    waiting = "its caller waiting for chunk DMAs" if fill == "processes" else "waiting for chunk DMAs"
+    line = (
+        f"staging ring ({threads} {workers}): copying {_span(copy, '.0f')}% of the time, {waiting} "
+        f"{_span(wait, '.0f')}%"
+    )
+    if rates:
+        line += f", {_span(rates, '.1f')} GB/s per {worker} while copying"
+    if max(copy) >= RING_COPY_BOUND_PCT:
+        return line + ": the host's copy from the mapping bounds it; more slots will not help"
+    if min(wait) >= RING_WAIT_BOUND_PCT:
+        return line + ": the copies to the device hold it back, not its threads"
+    if max(sum(share) for share in shares) < RING_IDLE_BELOW_PCT:
+        return line + f": its {workers} are mostly idle, so the ring is not what bounds the run"
+    return line
+
+
+def _span(values: Sequence[float], fmt: str) -> str:
+    low, high = format(min(values), fmt), format(max(values), fmt)
+    return low if low == high else f"{low}-{high}"
+
+
+def format_table(rows: Sequence[Row]) -> str:
+    """Aligned columns, one line per row, no spaces inside a cell."""
+    columns = _columns(rows)
+    header = "  ".join(f"{name:>{width}}" for name, width, _ in columns)
+    lines = [header]
+    for row in rows:
+        lines.append("  ".join(f"{cell(row):>{width}}" for _, width, cell in columns))
+    return "\n".join(lines)
+
+
+def format_markdown(rows: Sequence[Row]) -> str:
+    """A Markdown table, like llama-bench's default output."""
+    columns = _columns(rows)
+    lines = ["| " + " | ".join(name for name, _, _ in columns) + " |"]
+    lines.append("|" + "|".join("---:" for _ in columns) + "|")
+    for row in rows:
+        lines.append("| " + " | ".join(cell(row) for _, _, cell in columns) + " |")
+    return "\n".join(lines)
