@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from expertstream.backends.base import Backend, Device, DeviceBuffer, Stream
-from expertstream.hostmem import HostMemoryMode, HostWeights, RingFill
+from expertstream.hostmem import HostMemoryMode, HostWeights, RingFill, RingOptions
 from expertstream.model import MoeModel
 from expertstream.scheduler.source import expect_copies
 
@@ -71,17 +71,16 @@ def measure(
     threads: int | None,
     lookahead: bool,
 ) -> Row:
-    ring: dict[str, Any] = {
-        "ring_chunk_bytes": None if args.ring_chunk_mib is None else args.ring_chunk_mib * MIB,
-        "ring_chunks": args.ring_chunks,
-        "ring_fill": args.ring_fill,
-    }
-    if threads is not None:
-        ring["ring_threads"] = threads
+    ring = RingOptions(
+        fill=args.ring_fill,
+        threads=threads,
+        chunks=args.ring_chunks,
+        chunk_bytes=None if args.ring_chunk_mib is None else args.ring_chunk_mib * MIB,
+    )
     total = sum(t.nbytes for t in model.expert_tensors)
     largest = max(t.nbytes for t in model.expert_tensors)
     opened = be.host_timestamp()
-    with HostWeights.open(model, device, mode, **ring) as weights:
+    with HostWeights.open(model, device, mode, ring=ring) as weights:
         open_ms = (be.host_timestamp() - opened) * 1e3
         with device.stream() as stream, device.alloc(largest) as dst:
             stream_experts(be, weights, stream, dst, lookahead)  # warm-up: page faults, first-use costs
@@ -142,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--modes",
         nargs="+",
-        default=[m.value for m in HostMemoryMode if m is not HostMemoryMode.AUTO],
+        default=[m.value for m in HostMemoryMode if m is not HostMemoryMode.PREFERRED],
         choices=[m.value for m in HostMemoryMode],
     )
     p.add_argument("--ring-threads", type=int, nargs="+", default=[1, 4, 8])

@@ -33,7 +33,7 @@ from expertstream.bench.measure import Measurement, Settings, measure
 from expertstream.bench.placeholder import write_sparse_model
 from expertstream.bench.report import Row, format_table
 from expertstream.engine.runner import Batching
-from expertstream.hostmem import HostMemoryMode
+from expertstream.hostmem import HostMemoryMode, RingOptions
 from expertstream.model import PRESETS, MoeModel, make_model
 
 log = logging.getLogger("microbench.prefill")
@@ -113,7 +113,7 @@ def run_case(backend: Backend, device: Device, model: MoeModel, case: Case, peer
         Batching(case.tokens, case.ubatch, case.decode_steps),
         case.slots,
         case.modes,
-        ring_threads=RING_THREADS,
+        ring=RingOptions(threads=RING_THREADS),
         repeats=REPEATS,
     )
     measurement = measure(backend, device, model, settings, lambda what: log.info("%s: %s", case.name, what))

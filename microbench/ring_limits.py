@@ -45,7 +45,7 @@ import numpy as np
 from expertstream.backends.base import Backend, Device, DeviceBuffer, Event, HostBuffer, Stream
 from expertstream.bench.measure import Settings, measure
 from expertstream.engine.runner import Batching
-from expertstream.hostmem import HostMemoryMode, HostWeights, RingFill, RingRegion
+from expertstream.hostmem import HostMemoryMode, HostWeights, RingFill, RingOptions, RingRegion
 from expertstream.model import MoeModel
 
 from ._common import MIB, Column, emit, environment, median, model_arguments, model_file, open_backend
@@ -74,12 +74,14 @@ class Geometry:
     def __str__(self) -> str:
         return "default" if self.chunks is None else f"{self.chunks}x{self.chunk_mib}/{self.part_mib}"
 
-    def settings(self) -> dict[str, int | None]:
-        return {
-            "ring_chunks": self.chunks,
-            "ring_chunk_bytes": None if self.chunk_mib is None else self.chunk_mib * MIB,
-            "ring_part_bytes": None if self.part_mib is None else self.part_mib * MIB,
-        }
+    def ring(self, threads: int, fill: str) -> RingOptions:
+        return RingOptions(
+            fill=fill,
+            threads=threads,
+            chunks=self.chunks,
+            chunk_bytes=None if self.chunk_mib is None else self.chunk_mib * MIB,
+            part_bytes=None if self.part_mib is None else self.part_mib * MIB,
+        )
 
 
 # -- copy: the host alone ------------------------------------------------------------------------
@@ -263,9 +265,7 @@ def prefill_rows(be: Backend, device: Device, model: MoeModel, args: argparse.Na
                 Batching(args.tokens, ubatch),
                 tuple(args.slots),
                 (HostMemoryMode.RING,),
-                ring_threads=threads,
-                ring_fill=fill,
-                **geometry.settings(),
+                ring=geometry.ring(threads, fill),
             )
             with copy_cpu_time(device) as copies:
                 result = measure(be, [device], model, setting, h2d_peak_gbps=peak)

@@ -20,7 +20,7 @@ import numpy as np
 from ..backends.base import Backend, Device, Stream, Usage
 from ..engine.offload import GpuMemory, ResidentExperts, UploadedExperts, plan_offload
 from ..engine.runner import ROUTER, Batching, ExpertData, MoeRunner, sha256
-from ..hostmem import HostMemoryMode, HostWeights, RingFill, RingStats
+from ..hostmem import HostMemoryMode, HostWeights, RingFill, RingOptions, RingStats
 from ..kernels.layout import MatrixPath
 from ..model import MoeModel
 from ..scheduler import Bindings, Plan, Replay, RunStats, Scheduler, Split
@@ -41,12 +41,7 @@ class Settings:
     seed: int = 0
     warmup: bool = True  # run the first ubatch (and decode step) once per row before timing
     repeats: int = 1  # timed runs per row; rows report their mean and standard deviation
-    ring_threads: int | None = None  # workers filling the staging ring (None: hostmem's default)
-    ring_fill: str = "auto"  # who fills it: threads, processes, or auto (hostmem.RingFill)
-    # The staging ring's geometry (None: what suits its workers): chunks, bytes per chunk, least bytes per part.
-    ring_chunks: int | None = None
-    ring_chunk_bytes: int | None = None
-    ring_part_bytes: int | None = None
+    ring: RingOptions = RingOptions()  # who fills the staging ring and its geometry, where a mode uses one
     n_cpu_moe: int | None = None  # experts of the first N MoE layers stream; None: all, unless gpu_memory
     gpu_memory: GpuMemory | None = None  # stream only as many leading layers as needed to fit the rest
     matrix_path: MatrixPath | None = None  # mul_mat_id's path for every type; None: each type's default
@@ -264,11 +259,7 @@ def measure(
                     model,
                     split.devices[0],
                     mode,
-                    ring_threads=settings.ring_threads,
-                    ring_chunks=settings.ring_chunks,
-                    ring_chunk_bytes=settings.ring_chunk_bytes,
-                    ring_part_bytes=settings.ring_part_bytes,
-                    ring_fill=settings.ring_fill,
+                    ring=settings.ring,
                     copied_to=split.expert_devices,
                 ) as weights:
                     for slots in settings.slots:

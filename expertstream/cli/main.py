@@ -35,7 +35,7 @@ def _auto() -> tuple[str | None, str]:
     return chosen, "the first usable of cuda, hip, sim"
 
 
-def _info(args: argparse.Namespace) -> int:
+def _info(args: argparse.Namespace, command_line: str) -> int:
     rows: list[dict[str, Any]] = []
     for status in available_backends():
         entry: dict[str, Any] = {"name": status.name, "usable": status.usable, "reason": status.reason, "devices": []}
@@ -109,12 +109,12 @@ def _command_modules() -> list[Callable[[Any], None]]:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
-    args.command_line = shlex.join(["expertstream", *argv])
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
         with prompt_interrupt():
-            code: int = args.run(args)
+            # Every command's run takes its parsed arguments (never rewritten) and the command line as typed.
+            code: int = args.run(args, shlex.join(["expertstream", *argv]))
         sys.stdout.flush()
     except ExpertStreamError as exc:
         if isinstance(exc.__context__, KeyboardInterrupt):  # cleaning up after Ctrl-C failed: still a stop

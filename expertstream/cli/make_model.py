@@ -43,7 +43,7 @@ def expert_type_option() -> dict[str, Any]:
     return {"type": str.upper, "choices": type_choices()}
 
 
-def _make_model(args: argparse.Namespace) -> int:
+def _make_model(args: argparse.Namespace, command_line: str) -> int:
     output = writable_path(args.output, "-o")
     with progress_bar(0, output.name, "B", unit_scale=True, unit_divisor=1024) as bar:
 

@@ -69,7 +69,7 @@ def _pyplot() -> Any:
     return plt
 
 
-def _plot(args: argparse.Namespace) -> int:
+def _plot(args: argparse.Namespace, command_line: str) -> int:
     output = writable_path(args.output, "-o")
     plt = _pyplot()
     source = Path(args.input)

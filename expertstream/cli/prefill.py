@@ -8,7 +8,6 @@ modes expand into a matrix of rows.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import sys
@@ -23,9 +22,9 @@ from ..backends import ENV_VAR, resolve_name
 from ..backends import backend as open_backend
 from ..backends.base import Backend, Device, Vendor
 from ..backends.sim.profiles import BUILTIN_PROFILES, Profile, resolve_profile
-from ..bench.measure import Measurement, Settings, measure, measure_h2d_peak, probe_bytes, ticks
+from ..bench.measure import Measurement, measure, measure_h2d_peak, probe_bytes, ticks
 from ..bench.placeholder import write_sparse_model
-from ..bench.predict import MODE_CHOICES, SLOT_CHOICES, Choice, choose, predict, ubatch_choices, with_predictions
+from ..bench.predict import Choice, predict, with_predictions
 from ..bench.provenance import provenance
 from ..bench.report import (
     COLUMNS_HELP,
@@ -40,7 +39,6 @@ from ..bench.report import (
 )
 from ..bench.tune import fields_not_tuned, tune
 from ..engine.offload import parse_gpu_memory
-from ..engine.runner import Batching
 from ..hostmem import (
     DEFAULT_RING_CHUNK_BYTES,
     DEFAULT_RING_CHUNKS,
@@ -55,6 +53,7 @@ from ..kernels.layout import MatrixPath
 from ..model import PRESETS, MoeModel, make_model
 from ..scheduler import check_slots
 from ..timeline import write_chrome_trace
+from .config import AUTO, PREDICTED_MODES, RunConfig
 from .make_model import expert_type_option, open_model
 from .tools import (
     EXIT_STATUS_HELP,
@@ -63,7 +62,6 @@ from .tools import (
     int_list,
     progress_bar,
     scratch_folder,
-    writable_path,
 )
 
 FORMATS = ("text", "md", "csv", "json", "jsonl")
@@ -75,9 +73,6 @@ def _device_list(text: str) -> tuple[int, ...]:
     if len(set(devices)) != len(devices):
         raise argparse.ArgumentTypeError(f"a device is named twice in {text!r}")
     return devices
-
-
-AUTO = "auto"
 
 
 def _slot_list(text: str) -> tuple[int, ...] | str:
@@ -96,10 +91,15 @@ def _ubatch_list(text: str) -> tuple[int, ...] | str:
     return AUTO if text.strip().lower() == AUTO else int_list(1)(text)
 
 
-def _mode_list(text: str) -> tuple[HostMemoryMode, ...]:
-    choices = ", ".join(m.value for m in HostMemoryMode)
+def _mode_list(text: str) -> tuple[HostMemoryMode, ...] | str:
+    choices = ", ".join([*(m.value for m in HostMemoryMode), AUTO])
+    names = [part.strip().lower() for part in text.split(",") if part.strip()]
+    if names == [AUTO]:
+        return PREDICTED_MODES
+    if AUTO in names:
+        raise argparse.ArgumentTypeError(f"auto picks one mode by prediction: give it alone, not in {text!r}")
     try:
-        values = tuple(HostMemoryMode(part.strip().lower()) for part in text.split(",") if part.strip())
+        values = tuple(HostMemoryMode(name) for name in names)
     except ValueError:
         raise argparse.ArgumentTypeError(f"host memory modes are {choices}; got {text!r}") from None
     if not values:
@@ -207,8 +207,8 @@ def register(subparsers: Any) -> None:
         "--host-memory",
         type=_mode_list,
         default=None,
-        help="comma list of mmap, registered, pinned, ring, auto. Default: registered where the device can, "
-        "else ring; auto given alone: the fastest of registered, ring, mmap by prediction",
+        help="comma list of mmap, registered, pinned, ring, preferred (registered where the device can, else "
+        "ring; the default), or auto alone: the fastest of registered, ring, mmap by prediction",
     )
     prefill.add_argument(
         "-lm", "--load-mode", type=_load_modes, default=None, help="llama-bench's: mmap (= mmap) or none (= pinned)"
@@ -341,14 +341,12 @@ DEMO_SPEED = ["--preset", "qwen3-30b-a3b", "--layers", "8", "--tokens", "4096", 
 DEMO_BYTES = ["--preset", "tiny", "--tokens", "64", "--ubatch", "16", "--slots", "0,2,3", "--decode", "4"]
 
 
-def _demo(args: argparse.Namespace) -> int:
+def _demo(args: argparse.Namespace, command_line: str) -> int:
     parser = argparse.ArgumentParser(prog="expertstream demo")
     register(parser.add_subparsers())
 
     def prefill(*argv: str) -> Report:
-        sub = parser.parse_args(["prefill", *argv])
-        sub.command_line = args.command_line
-        return _measure_all(sub)
+        return _measure_all(RunConfig.from_args(parser.parse_args(["prefill", *argv]), command_line))
 
     with open_backend("auto") as default:
         # Without a GPU the kernels are numpy twins: real sizes only run in virtual time.
@@ -420,79 +418,25 @@ def _error(message: str) -> None:
     print(f"expertstream prefill: {message}", file=sys.stderr)
 
 
-def _check_arguments(args: argparse.Namespace) -> None:
-    """Refuse, before anything runs, what cannot mean what it says."""
-    if args.model is not None and args.model_flag is not None:
-        raise UsageError("give the model once: as MODEL or as -m, not both")
-    args.model = args.model if args.model is not None else args.model_flag
-    if args.model is not None:
-        given = [
-            flag
-            for flag, value in (("--preset", args.preset), ("--type", args.qtype), ("--layers", args.layers))
-            if value is not None
-        ]
-        if given:
-            raise UsageError(
-                f"{', '.join(given)} describe a model to make; with a model file ({args.model}) leave them out"
-            )
-    modes = [m for m in (args.host_memory, args.load_mode, (HostMemoryMode.PINNED,) if args.no_mmap else None) if m]
-    if len(modes) > 1:
-        raise UsageError("choose host memory once: --host-memory, -lm or --no-mmap")
-    args.host_memory = modes[0] if modes else (HostMemoryMode.AUTO,)
-    # Given alone, auto is predicted; by default (or in a list) it is the fixed rule of hostmem.
-    args.host_memory_auto = bool(modes) and modes[0] == (HostMemoryMode.AUTO,)
-    if _automatic(args) and (len(args.tokens) > 1 or len(args.decode) > 1 or len(args.batch or ()) > 1):
-        raise UsageError("auto picks one setting for one prompt: give one -p, one -n and at most one -b")
-    if args.json:
-        args.output_format = "json"
-    if args.trace:
-        args.trace = writable_path(args.trace, "--trace")
-
-
-def _automatic(args: argparse.Namespace) -> bool:
-    return AUTO in (args.slots, args.ubatch) or args.host_memory_auto
-
-
-def _batchings(args: argparse.Namespace) -> list[tuple[Batching, int | None]]:
-    """Every (prompt, batch, ubatch, decode) combination, with the logical batch when -b was given."""
-    out: list[tuple[Batching, int | None]] = []
-    for tokens, batch, ubatch, decode in itertools.product(
-        args.tokens, args.batch or (None,), args.ubatch, args.decode
-    ):
-        effective = ubatch if batch is None else min(ubatch, batch)
-        if batch is not None and batch % effective:
-            raise UsageError(f"-b {batch} is not a multiple of -ub {ubatch}: ubatches would not tile the batch")
-        out.append((Batching(tokens, effective, decode), batch))
-    return out
-
-
-def _n_cpu_moe_values(args: argparse.Namespace) -> list[int | None]:
-    """The -ncmoe settings to run: None streams every layer (or what --gpu-memory decides)."""
-    values = args.n_cpu_moe or ("all",)
-    if args.gpu_memory is not None and args.n_cpu_moe:
-        raise UsageError("-ncmoe and --gpu-memory both choose which layers stream: give one of them")
-    return [None if value == "all" else int(value) for value in values]
-
-
-def _open(args: argparse.Namespace) -> Backend:
+def _open(config: RunConfig) -> Backend:
     options: dict[str, Any] = {}
-    if max(args.device) > 0 and resolve_name(args.backend) == "sim":
-        options["devices"] = max(args.device) + 1  # the simulator has as many devices as the run names
-    if args.sim_profile is not None:
-        options["profile"] = args.sim_profile
-    if args.timing_only:
+    if max(config.devices) > 0 and resolve_name(config.backend) == "sim":
+        options["devices"] = max(config.devices) + 1  # the simulator has as many devices as the run names
+    if config.sim_profile is not None:
+        options["profile"] = config.sim_profile
+    if config.timing_only:
         options["data"] = False
     if not options:
-        return open_backend(args.backend)
-    if not (args.sim_profile or args.timing_only):
+        return open_backend(config.backend)
+    if not (config.sim_profile or config.timing_only):
         return open_backend("sim", **options)
-    what = "--timing-only" if args.timing_only else "--sim-profile"
-    if args.backend not in ("auto", "sim"):
+    what = "--timing-only" if config.timing_only else "--sim-profile"
+    if config.backend not in ("auto", "sim"):
         raise UsageError(
-            f"{what} is simulator-only, not for {args.backend}; use --backend sim (or leave --backend out)"
+            f"{what} is simulator-only, not for {config.backend}; use --backend sim (or leave --backend out)"
         )
     from_env = os.environ.get(ENV_VAR, "").strip().lower()
-    if args.backend == "auto" and from_env not in ("", "sim"):
+    if config.backend == "auto" and from_env not in ("", "sim"):
         raise UsageError(
             f"{what} is simulator-only, but {ENV_VAR}={from_env} asks for {from_env}; "
             f"pass --backend sim or unset {ENV_VAR}"
@@ -501,47 +445,50 @@ def _open(args: argparse.Namespace) -> Backend:
 
 
 @contextmanager
-def _model(args: argparse.Namespace, backend: Backend) -> Iterator[MoeModel]:
-    if args.model is not None:
-        with open_model(args.model) as model:
+def _model(config: RunConfig, backend: Backend) -> Iterator[MoeModel]:
+    if config.model_path is not None:
+        with open_model(config.model_path) as model:
             yield model
         return
-    preset, qtype = args.preset or "tiny", args.qtype or "Q4_0"
+    made = config.made
     with tempfile.TemporaryDirectory(prefix="expertstream-") as folder, scratch_folder(folder):
-        path = Path(folder) / f"{preset}-{qtype}.gguf"
+        path = Path(folder) / f"{made.preset}-{made.qtype}.gguf"
         if backend.holds_data:
             with progress_bar(0, f"making {path.name}", "B", unit_scale=True, unit_divisor=1024) as bar:
                 make_model(
-                    preset, qtype, path, layers=args.layers, seed=args.seed, on_tensor=lambda s: bar.update(s.nbytes)
+                    made.preset,
+                    made.qtype,
+                    path,
+                    layers=made.layers,
+                    seed=config.seed,
+                    on_tensor=lambda s: bar.update(s.nbytes),
                 )
         else:
-            write_sparse_model(preset, qtype, path, layers=args.layers)
+            write_sparse_model(made.preset, made.qtype, path, layers=made.layers)
         with MoeModel.open(path) as model:
             yield model
 
 
-def _measure_all(args: argparse.Namespace) -> Report:
-    _check_arguments(args)
-    if args.ubatch != AUTO:
-        _batchings(args)  # refuse a bad -b / -ub pair before anything is made or opened
-    with _open(args) as backend:
-        if args.trace:
+def _measure_all(config: RunConfig) -> Report:
+    with _open(config) as backend:
+        if config.trace:
             backend.start_trace()  # GPUs: timing events around every copy and kernel; the simulator always records
-        devices = [backend.device(index) for index in args.device]
-        with _model(args, backend) as model:
-            profile = _prediction_profile(args, backend, devices[0], model)
-            choice = _apply_auto(args, profile, model, devices) if _automatic(args) else None
-            runs = [
-                (_settings(args, batching, n_cpu_moe), batch)
-                for (batching, batch), n_cpu_moe in itertools.product(_batchings(args), _n_cpu_moe_values(args))
-            ]
+        devices = [backend.device(index) for index in config.devices]
+        with _model(config, backend) as model:
+            profile = _prediction_profile(config, backend, devices[0], model)
+            if config.auto:
+                assert profile is not None
+                config = config.resolve_auto(profile, model, devices)
+                assert config.choice is not None
+                _error(config.choice.explain())
+            runs = config.runs()
             settings = [setting for setting, _ in runs]
             total = sum(ticks(s, s.batching) for s in settings)
             names = sorted({d.name for d in devices})
             shown = names[0] if len(devices) == 1 else f"{len(devices)} x {' + '.join(names)}"
-            report = Report(_header(backend, shown, model, args))
-            if choice is not None:
-                report.header["auto"] = {**_picked(choice), "why": choice.explain()}
+            report = Report(_header(backend, shown, model, config))
+            if config.choice is not None:
+                report.header["auto"] = {**_picked(config.choice), "why": config.choice.explain()}
             with progress_bar(total, "prefill", "ub") as bar:
 
                 def step(what: str) -> None:
@@ -554,45 +501,23 @@ def _measure_all(args: argparse.Namespace) -> Report:
                     if batch is not None:
                         result.rows = [replace(row, batch=batch) for row in result.rows]
                     report.results.append(result)
-            if args.predict is not None:
+            if config.predict is not None:
                 assert profile is not None
                 for result, setting in zip(report.results, settings, strict=True):
                     predicted = predict(profile, model, setting, devices=len(devices))
                     result.rows = with_predictions(result.rows, predicted.rows)
-        if args.trace:
-            write_chrome_trace(backend.timeline or (), args.trace)
+        if config.trace:
+            write_chrome_trace(backend.timeline or (), config.trace)
     return report
 
 
-def _settings(args: argparse.Namespace, batching: Batching, n_cpu_moe: int | None) -> Settings:
-    return Settings(
-        batching,
-        args.slots,
-        args.host_memory,
-        args.seed,
-        repeats=args.repetitions,
-        ring_threads=args.ring_threads,
-        ring_fill=args.ring_fill,
-        ring_chunks=args.ring_chunks,
-        ring_chunk_bytes=None if args.ring_chunk_mib is None else args.ring_chunk_mib << 20,
-        ring_part_bytes=None if args.ring_part_mib is None else args.ring_part_mib << 20,
-        n_cpu_moe=n_cpu_moe,
-        gpu_memory=args.gpu_memory,
-        matrix_path=None if args.matrix_path == "auto" else MatrixPath(args.matrix_path),
-        direct=not args.no_direct,
-        fuse_gate_up=args.fuse_gate_up,
-        gather=not args.no_gather,
-        graphs=not args.no_graphs,
-    )
-
-
-def _prediction_profile(args: argparse.Namespace, backend: Backend, device: Device, model: MoeModel) -> Profile | None:
+def _prediction_profile(config: RunConfig, backend: Backend, device: Device, model: MoeModel) -> Profile | None:
     """The profile predictions use: --predict's file, the simulator's own, or one tuned here and now."""
-    if args.predict is None and not _automatic(args):
+    if not config.needs_profile:
         return None
-    if args.predict:
-        profile = resolve_profile(args.predict)
-        _say_what_was_not_tuned(args.predict)
+    if config.predict:
+        profile = resolve_profile(config.predict)
+        _say_what_was_not_tuned(config.predict)
         return profile
     if backend.vendor is Vendor.SIM:
         return Profile.from_dict(backend.describe()["profile"])
@@ -614,33 +539,6 @@ def _say_what_was_not_tuned(spec: str) -> None:
         )
 
 
-def _apply_auto(args: argparse.Namespace, profile: Profile | None, model: MoeModel, devices: list[Device]) -> Choice:
-    """Resolve the auto settings by prediction; say in one line what was picked and why."""
-    assert profile is not None
-    tokens, decode = args.tokens[0], args.decode[0]
-    batch = args.batch[0] if args.batch else None
-    n_cpu_moe = _n_cpu_moe_values(args)[0]
-    base = _settings(args, Batching(tokens, min(tokens, 512), decode), n_cpu_moe)
-    choice = choose(
-        profile,
-        model,
-        base,
-        slots=SLOT_CHOICES if args.slots == AUTO else args.slots,
-        modes=MODE_CHOICES if args.host_memory_auto else args.host_memory,
-        ubatches=ubatch_choices(tokens, batch) if args.ubatch == AUTO else args.ubatch,
-        free_bytes=min(d.free_memory() for d in devices),
-        devices=len(devices),
-    )
-    _error(choice.explain())
-    if args.slots == AUTO:
-        args.slots = (choice.slots,)
-    if args.host_memory_auto:
-        args.host_memory = (choice.host_memory,)
-    if args.ubatch == AUTO:
-        args.ubatch = (choice.ubatch,)
-    return choice
-
-
 def _picked(choice: Choice) -> dict[str, Any]:
     return {
         "slots": choice.slots,
@@ -650,9 +548,10 @@ def _picked(choice: Choice) -> dict[str, Any]:
     }
 
 
-def _prefill(args: argparse.Namespace) -> int:
-    report = _measure_all(args)
-    _print(report, args.output_format)
+def _prefill(args: argparse.Namespace, command_line: str) -> int:
+    config = RunConfig.from_args(args, command_line)
+    report = _measure_all(config)
+    _print(report, config.output_format)
     return report.check()
 
 
@@ -673,16 +572,16 @@ def _print(report: Report, fmt: str) -> None:
             print(note)
 
 
-def _header(backend: Backend, device_name: str, model: MoeModel, args: argparse.Namespace) -> dict[str, Any]:
+def _header(backend: Backend, device_name: str, model: MoeModel, config: RunConfig) -> dict[str, Any]:
     profile = backend.describe().get("profile")  # simulators describe theirs
-    first = args.tokens[0], args.ubatch[0], args.decode[0]
+    first = config.tokens[0], config.ubatch[0], config.decode[0]
     return {
-        **provenance(backend, args.device, args.command_line),
+        **provenance(backend, config.devices, config.command_line),
         "backend": backend.name,
         "device": device_name,
         "profile": profile["name"] if profile else None,
         "timing_only": not backend.holds_data,
-        "seed": args.seed,
+        "seed": config.seed,
         "model": model.summary(),
         "tokens": first[0],
         "ubatch": first[1],

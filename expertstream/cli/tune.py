@@ -119,7 +119,7 @@ def _model(args: argparse.Namespace, backend: Backend) -> Iterator[MoeModel]:
             yield model
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace, command_line: str) -> int:
     output = writable_path(args.output, "-o")
     started = time.perf_counter()
     with _opened(args) as backend, _model(args, backend) as model:

@@ -9,6 +9,7 @@ from .placement import (
     HostMemoryMode,
     HostWeights,
     HostWeightsStats,
+    RingOptions,
     default_ring_threads,
 )
 from .staging import (
@@ -39,6 +40,7 @@ __all__ = [
     "PROCESS_RING_CHUNK_BYTES",
     "PROCESS_RING_PART_BYTES",
     "RingFill",
+    "RingOptions",
     "RingRegion",
     "RingStats",
     "StagingRing",

@@ -41,7 +41,26 @@ class HostMemoryMode(enum.Enum):
     REGISTERED = "registered"  # the mapping page-locked in place, read-only
     PINNED = "pinned"  # one pinned allocation holding a copy of the tensors
     RING = "ring"  # a staging ring of pinned chunks fed from the mapping
-    AUTO = "auto"  # registered where the device supports it, else ring
+    # The fixed rule a run takes when it names no mode: registered where the device supports it, else
+    # ring. (The command line's ``--host-memory auto`` is another thing: the fastest mode by prediction.)
+    PREFERRED = "preferred"
+
+
+@dataclass(frozen=True)
+class RingOptions:
+    """How a staging ring is built, where one is: who fills it and its geometry.
+
+    ``threads``: its workers, threads or fill processes (None: ``default_ring_threads`` of the
+    device); ``fill``: which (``RingFill``); ``chunks``, ``chunk_bytes`` and ``part_bytes`` (the
+    least bytes a worker copies of a chunk's fill): None takes what suits the workers
+    (``StagingRing``).
+    """
+
+    fill: RingFill | str = RingFill.AUTO
+    threads: int | None = None
+    chunks: int | None = None
+    chunk_bytes: int | None = None
+    part_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -76,7 +95,7 @@ _PINNED_ALIGN = 4096
 class HostWeights(Mapping[str, HostSource], Closing):
     """A model's tensors (routers and experts) by name, each a HostSource in host memory.
 
-    ``mode`` is the mode actually used (AUTO and a refused REGISTERED resolve to another);
+    ``mode`` is the mode actually used (PREFERRED and a refused REGISTERED resolve to another);
     ``stats`` records fallbacks with their reason and the page-locked bytes. Close it (or
     use it as a context manager) after the copies from it have finished.
     """
@@ -105,21 +124,14 @@ class HostWeights(Mapping[str, HostSource], Closing):
         cls,
         model_or_path: MoeModel | str | Path,
         device: Device,
-        mode: HostMemoryMode | str = HostMemoryMode.AUTO,
+        mode: HostMemoryMode | str = HostMemoryMode.PREFERRED,
         *,
-        ring_chunk_bytes: int | None = None,
-        ring_chunks: int | None = None,
-        ring_threads: int | None = None,
-        ring_part_bytes: int | None = None,
-        ring_fill: RingFill | str = RingFill.AUTO,
+        ring: RingOptions = RingOptions(),
         copied_to: Mapping[str, Device] | None = None,
     ) -> HostWeights:
         """Place the tensors of a model (or of the GGUF file at a path, opened and owned here).
 
-        ``ring_threads``: the staging ring's workers, threads or fill processes (default:
-        ``default_ring_threads``); ``ring_fill``: which (``RingFill``); ``ring_chunks``,
-        ``ring_chunk_bytes`` and ``ring_part_bytes`` (the least bytes a worker copies of a
-        chunk's fill) default to what suits the workers (``StagingRing``).
+        ``ring``: the staging ring's options, used where the mode is (or falls back to) a ring.
         ``copied_to`` names, for a layer split, the device a tensor is copied to where it is not
         ``device``; only a staging ring depends on it.
         """
@@ -127,10 +139,9 @@ class HostWeights(Mapping[str, HostSource], Closing):
         owns_model = not isinstance(model_or_path, MoeModel)
         model = MoeModel.open(model_or_path) if not isinstance(model_or_path, MoeModel) else model_or_path
         try:
-            threads = default_ring_threads(device) if ring_threads is None else ring_threads
-            ring = _RingOptions(ring_chunk_bytes, ring_chunks, threads, ring_part_bytes, ring_fill)
             targets = dict(copied_to or {})
-            return cls(model, device, *_place(model, device, requested, ring, targets), owns_model=owns_model)
+            placed = _place(model, device, requested, ring, targets)
+            return cls(model, device, *placed, owns_model=owns_model)
         except BaseException:
             if owns_model:
                 model.close()
@@ -181,20 +192,11 @@ def _parse_mode(mode: HostMemoryMode | str) -> HostMemoryMode:
         ) from None
 
 
-@dataclass(frozen=True)
-class _RingOptions:
-    chunk_bytes: int | None
-    chunks: int | None
-    threads: int
-    part_bytes: int | None
-    fill: RingFill | str
-
-
 _Placement = tuple[HostMemoryMode, dict[str, HostSource], list[HostBuffer | StagingRing], HostWeightsStats]
 
 
 def _place(
-    model: MoeModel, device: Device, requested: HostMemoryMode, ring: _RingOptions, targets: dict[str, Device]
+    model: MoeModel, device: Device, requested: HostMemoryMode, ring: RingOptions, targets: dict[str, Device]
 ) -> _Placement:
     """One mapping (and registration) per shard; a ring (one per target device) reads every shard's mapping."""
     stats = HostWeightsStats()
@@ -209,7 +211,7 @@ def _place(
     try:
         if requested is HostMemoryMode.MMAP:
             return requested, _regions(mappings, tensors), list(mappings), stats
-        if requested in (HostMemoryMode.REGISTERED, HostMemoryMode.AUTO):
+        if requested in (HostMemoryMode.REGISTERED, HostMemoryMode.PREFERRED):
             reason = _register_all(mappings)
             if reason is None:
                 stats.registered_bytes = sum(m.nbytes for m in mappings)
@@ -230,7 +232,7 @@ def _place(
                 resources.extend(sources)
             staging = StagingRing(
                 sources,
-                threads=ring.threads,
+                threads=default_ring_threads(device) if ring.threads is None else ring.threads,
                 chunk_bytes=ring.chunk_bytes,
                 chunks=ring.chunks,
                 part_bytes=ring.part_bytes,
@@ -298,7 +300,7 @@ def _note_fallback(
 ) -> None:
     stats.fallbacks.append(HostMemoryFallback(requested, HostMemoryMode.RING, reason))
     total = sum(t.nbytes for t in tensors)
-    # An explicit request the platform refused is worth a warning; AUTO only chose.
+    # An explicit request the platform refused is worth a warning; PREFERRED only chose.
     level = logging.WARNING if requested is HostMemoryMode.REGISTERED else logging.INFO
     workers = "fill processes" if ring.fill is RingFill.PROCESSES else "threads"
     log.log(

@@ -24,7 +24,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 def test_make_model_command_writes_and_describes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "tiny.gguf"
     args = _parse(["make-model", "--preset", "tiny", "--type", "bf16", "-o", str(out), "--layers", "1", "--seed", "5"])
-    assert args.run(args) == 0
+    assert args.run(args, "expertstream make-model") == 0
     text = capsys.readouterr().out
     assert f"{out}: {out.stat().st_size} bytes" in text
     assert "blk.0.ffn_down_exps.weight: BF16 ne=(192, 256, 8)" in text

@@ -21,13 +21,13 @@ from expertstream.engine.layersplit import LayerSplit
 from expertstream.engine.offload import ResidentExperts, plan_offload
 from expertstream.engine.runner import Batching, MoeRunner, sha256
 from expertstream.errors import InvalidArgument
-from expertstream.hostmem import HostMemoryMode, HostWeights
+from expertstream.hostmem import HostMemoryMode, HostWeights, RingOptions
 from expertstream.model import MoeModel
 from expertstream.scheduler import Scheduler
 
 BATCHING = Batching(tokens=32, ubatch=16, decode_steps=4)
 MODES = (HostMemoryMode.MMAP, HostMemoryMode.REGISTERED, HostMemoryMode.PINNED, HostMemoryMode.RING)
-SMALL_RING = {"ring_chunk_bytes": 60_000, "ring_chunks": 3, "ring_threads": 2}
+SMALL_RING = RingOptions(chunk_bytes=60_000, chunks=3, threads=2)
 
 
 @pytest.fixture(scope="module", params=["peer", "host"])
@@ -47,7 +47,7 @@ def two(request: pytest.FixtureRequest, backend_name: str, backend: Backend) -> 
 def _run(runner: MoeRunner, model: MoeModel, mode: HostMemoryMode, slots: int) -> tuple[str, str]:
     copied_to = runner.layer_split.expert_devices
     with (
-        HostWeights.open(model, runner.device, mode, copied_to=copied_to, **SMALL_RING) as weights,
+        HostWeights.open(model, runner.device, mode, copied_to=copied_to, ring=SMALL_RING) as weights,
         Scheduler(slots=slots) as scheduler,
     ):
         stats = scheduler.run(runner.prefill_plan(weights))

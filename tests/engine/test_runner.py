@@ -15,7 +15,7 @@ from expertstream.bench.report import format_table
 from expertstream.engine.runner import Batching, MoeRunner, embeddings, sha256, stand_in_routing
 from expertstream.errors import InvalidArgument
 from expertstream.ggml import padded_size
-from expertstream.hostmem import HostMemoryMode, HostWeights
+from expertstream.hostmem import HostMemoryMode, HostWeights, RingOptions
 from expertstream.model import MoeModel
 from expertstream.scheduler import Scheduler
 from expertstream.scheduler.stock import expert_ranges
@@ -24,7 +24,7 @@ from expertstream.scheduler.stock import expert_ranges
 # experts: prefill scale.
 PREFILL = Batching(tokens=32, ubatch=16)
 MODES = (HostMemoryMode.MMAP, HostMemoryMode.REGISTERED, HostMemoryMode.PINNED, HostMemoryMode.RING)
-SMALL_RING = {"ring_chunk_bytes": 60_000, "ring_chunks": 3, "ring_threads": 2}
+SMALL_RING = RingOptions(chunk_bytes=60_000, chunks=3, threads=2)
 
 
 def _prefill(runner: MoeRunner, weights: HostWeights, slots: int) -> tuple[np.ndarray, int]:
@@ -38,7 +38,7 @@ def test_prefill_is_identical_for_every_slot_count_and_host_memory(backend: Back
     hashes: dict[tuple[str, int], str] = {}
     with MoeModel.open(tiny_path) as model, MoeRunner(device, model, PREFILL) as runner:
         for mode in MODES:
-            with HostWeights.open(model, device, mode, **SMALL_RING) as weights:
+            with HostWeights.open(model, device, mode, ring=SMALL_RING) as weights:
                 for slots in (0, 2, 3, 4):
                     output, fires = _prefill(runner, weights, slots)
                     assert np.isfinite(output).all(), (mode, slots)

@@ -14,7 +14,7 @@ import pytest
 import expertstream
 from expertstream.backends.base import Backend, Device, HostBuffer
 from expertstream.errors import InvalidArgument
-from expertstream.hostmem import HostMemoryMode, HostWeights, RingFill, StagingRing
+from expertstream.hostmem import HostMemoryMode, HostWeights, RingFill, RingOptions, StagingRing
 from expertstream.hostmem.fillproc import FillProcesses, SharedChunks, close_spans, file_spans
 from expertstream.hostmem.staging import (
     DEFAULT_RING_CHUNK_BYTES,
@@ -169,7 +169,7 @@ def test_close_lets_the_fill_processes_exit(device: Device, sources: list[HostBu
 
 def test_host_weights_ring_filled_by_processes_matches_the_file(device: Device, tiny_path: Path) -> None:
     with HostWeights.open(
-        tiny_path, device, HostMemoryMode.RING, ring_fill="processes", ring_threads=2, ring_chunk_bytes=64 * KIB
+        tiny_path, device, HostMemoryMode.RING, ring=RingOptions(fill="processes", threads=2, chunk_bytes=64 * KIB)
     ) as weights:
         (ring,) = weights.rings
         assert ring.fill is RingFill.PROCESSES and ring.chunks == 16

@@ -18,13 +18,14 @@ from expertstream.hostmem import (
     HostRegion,
     HostSource,
     HostWeights,
+    RingOptions,
     RingRegion,
     default_ring_threads,
 )
 from expertstream.model import MoeModel
 
 # Ring settings for tests: chunks smaller than a tensor (221184 bytes) and not dividing it.
-SMALL_RING = {"ring_chunk_bytes": 50_000, "ring_chunks": 3, "ring_threads": 2}
+SMALL_RING = RingOptions(chunk_bytes=50_000, chunks=3, threads=2)
 MODES = list(HostMemoryMode)
 
 
@@ -42,7 +43,7 @@ def _copy_out(device: Device, source: HostSource, offset: int, nbytes: int, dst_
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
 def test_every_tensor_round_trips(backend: Backend, tiny_path: Path, mode: HostMemoryMode) -> None:
     device = backend.device(0)
-    with MoeModel.open(tiny_path) as model, HostWeights.open(model, device, mode, **SMALL_RING) as weights:
+    with MoeModel.open(tiny_path) as model, HostWeights.open(model, device, mode, ring=SMALL_RING) as weights:
         assert sorted(weights) == sorted(model.tensors)
         for name, info in model.tensors.items():
             source = weights[name]
@@ -54,7 +55,7 @@ def test_every_tensor_round_trips(backend: Backend, tiny_path: Path, mode: HostM
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
 def test_range_starting_mid_tensor_into_mid_buffer(backend: Backend, tiny_path: Path, mode: HostMemoryMode) -> None:
     device = backend.device(0)
-    with MoeModel.open(tiny_path) as model, HostWeights.open(model, device, mode, **SMALL_RING) as weights:
+    with MoeModel.open(tiny_path) as model, HostWeights.open(model, device, mode, ring=SMALL_RING) as weights:
         info = model.layers[1].down
         offset, nbytes = 12_345, info.nbytes - 12_345 - 777
         got = _copy_out(device, weights[info.name], offset, nbytes, dst_offset=100)
@@ -69,7 +70,7 @@ def test_sources_say_whether_they_block_the_host(backend: Backend, tiny_path: Pa
         assert weights[name].blocks_host
     with HostWeights.open(tiny_path, device, "pinned") as weights:
         assert not weights[name].blocks_host
-    with HostWeights.open(tiny_path, device, "ring", **SMALL_RING) as weights:
+    with HostWeights.open(tiny_path, device, "ring", ring=SMALL_RING) as weights:
         assert isinstance(weights[name], RingRegion)
         assert weights[name].blocks_host
 
@@ -96,7 +97,7 @@ def test_pinned_mode_holds_one_copy_of_the_tensors(
 def test_region_ranges_are_checked(backend: Backend, tiny_path: Path) -> None:
     device = backend.device(0)
     for mode in (HostMemoryMode.MMAP, HostMemoryMode.RING):
-        with HostWeights.open(tiny_path, device, mode, **SMALL_RING) as weights:
+        with HostWeights.open(tiny_path, device, mode, ring=SMALL_RING) as weights:
             source = weights["blk.0.ffn_gate_inp.weight"]
             dst = device.alloc(2 * source.nbytes)
             with device.stream() as stream, pytest.raises(InvalidArgument, match="outside"):
@@ -107,7 +108,7 @@ def test_region_ranges_are_checked(backend: Backend, tiny_path: Path) -> None:
 def test_closed_weights_refuse_copies_and_close_an_owned_model(backend: Backend, tiny_path: Path) -> None:
     device = backend.device(0)
     for mode in (HostMemoryMode.MMAP, HostMemoryMode.RING, HostMemoryMode.PINNED):
-        weights = HostWeights.open(tiny_path, device, mode, **SMALL_RING)
+        weights = HostWeights.open(tiny_path, device, mode, ring=SMALL_RING)
         source = weights["blk.0.ffn_up_exps.weight"]
         weights.close()
         weights.close()  # idempotent

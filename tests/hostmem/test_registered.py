@@ -12,9 +12,9 @@ import pytest
 import expertstream
 from expertstream.backends.base import Backend
 from expertstream.errors import DeviceError
-from expertstream.hostmem import HostMemoryFallback, HostMemoryMode, HostWeights
+from expertstream.hostmem import HostMemoryFallback, HostMemoryMode, HostWeights, RingOptions
 
-SMALL_RING = {"ring_chunk_bytes": 50_000, "ring_chunks": 3, "ring_threads": 2}
+SMALL_RING = RingOptions(chunk_bytes=50_000, chunks=3, threads=2)
 
 
 @pytest.fixture
@@ -60,7 +60,7 @@ def test_refused_registration_falls_back_to_ring_with_one_warning(
 ) -> None:
     device = sim_r9700.device(0)
     with caplog.at_level(logging.INFO, logger="expertstream.hostmem"):
-        weights = HostWeights.open(tiny_path, device, HostMemoryMode.REGISTERED, **SMALL_RING)
+        weights = HostWeights.open(tiny_path, device, HostMemoryMode.REGISTERED, ring=SMALL_RING)
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1, caplog.text
     message = warnings[0].getMessage()
@@ -77,19 +77,19 @@ def test_refused_registration_falls_back_to_ring_with_one_warning(
     weights.close()
 
 
-def test_auto_registers_where_supported(sim_h200: Backend, tiny_path: Path) -> None:
+def test_the_preferred_mode_registers_where_supported(sim_h200: Backend, tiny_path: Path) -> None:
     with HostWeights.open(tiny_path, sim_h200.device(0)) as weights:
         assert weights.mode is HostMemoryMode.REGISTERED
         assert weights.stats.fallbacks == []
 
 
-def test_auto_uses_the_ring_elsewhere_without_a_warning(
+def test_the_preferred_mode_uses_the_ring_elsewhere_without_a_warning(
     sim_r9700: Backend, tiny_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.INFO, logger="expertstream.hostmem"):
-        weights = HostWeights.open(tiny_path, sim_r9700.device(0), "auto", **SMALL_RING)
+        weights = HostWeights.open(tiny_path, sim_r9700.device(0), "preferred", ring=SMALL_RING)
     assert weights.mode is HostMemoryMode.RING
-    assert [f.requested for f in weights.stats.fallbacks] == [HostMemoryMode.AUTO]
+    assert [f.requested for f in weights.stats.fallbacks] == [HostMemoryMode.PREFERRED]
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert _round_trips(weights)
     weights.close()
@@ -105,7 +105,7 @@ def test_runtime_refusal_falls_back_and_names_the_error(
 
     monkeypatch.setattr(device, "_host_register", refuse)
     with caplog.at_level(logging.WARNING, logger="expertstream.hostmem"):
-        weights = HostWeights.open(tiny_path, device, "registered", **SMALL_RING)
+        weights = HostWeights.open(tiny_path, device, "registered", ring=SMALL_RING)
     assert weights.mode is HostMemoryMode.RING
     (fallback,) = weights.stats.fallbacks
     assert fallback.reason == "registering the mapping failed [cudaErrorInvalidValue]"

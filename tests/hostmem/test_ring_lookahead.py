@@ -21,7 +21,7 @@ from expertstream.bench.placeholder import write_sparse_model
 from expertstream.bench.report import ring_note
 from expertstream.engine.runner import Batching, MoeRunner, sha256
 from expertstream.errors import HazardError, InvalidArgument, UseAfterClose
-from expertstream.hostmem import HostMemoryMode, HostWeights, RingRegion, StagingRing
+from expertstream.hostmem import HostMemoryMode, HostWeights, RingOptions, RingRegion, StagingRing
 from expertstream.model import MoeModel
 from expertstream.scheduler import Bindings, Plan, Scheduler
 from expertstream.scheduler.source import HostRegion, HostSource, expect_copies
@@ -325,13 +325,13 @@ def test_the_fill_threads_share_the_host_memory_bus_whatever_the_geometry(chunk_
 def test_prefill_through_the_ring_is_announced_and_exact(backend: Backend, tiny_path: Path) -> None:
     device = backend.device(0)
     batching = Batching(tokens=32, ubatch=16, decode_steps=2)
-    ring_options = {"ring_chunk_bytes": 60_000, "ring_chunks": 3, "ring_threads": 2}
+    ring = RingOptions(chunk_bytes=60_000, chunks=3, threads=2)
     outputs = {}
     with MoeModel.open(tiny_path) as model, MoeRunner(device, model, batching) as runner:
         with HostWeights.open(model, device, "pinned") as pinned, Scheduler(slots=3) as scheduler:
             scheduler.run(runner.prefill_plan(pinned))
             expected = sha256(runner.prefill_output())
-        with HostWeights.open(model, device, HostMemoryMode.RING, **ring_options) as weights:
+        with HostWeights.open(model, device, HostMemoryMode.RING, ring=ring) as weights:
             ring = next(iter(weights.values()))
             assert isinstance(ring, RingRegion)
             for slots in (0, 3):
@@ -360,8 +360,8 @@ def test_prefetched_and_stock_copies_of_one_ring_keep_the_announced_order(tiny_p
             with HostWeights.open(model, device, "pinned") as pinned, Scheduler(slots=0) as scheduler:
                 scheduler.run(runner.prefill_plan(pinned))
                 expected = sha256(runner.prefill_output())
-            options = {"ring_chunk_bytes": 60_000, "ring_chunks": 3, "ring_threads": 2}
-            with HostWeights.open(model, device, HostMemoryMode.RING, **options) as weights:
+            ring = RingOptions(chunk_bytes=60_000, chunks=3, threads=2)
+            with HostWeights.open(model, device, HostMemoryMode.RING, ring=ring) as weights:
                 ring = weights.rings[0]
                 with Scheduler(slots=slots) as scheduler:
                     scheduler.run(runner.prefill_plan(weights))
@@ -376,9 +376,9 @@ def test_a_failing_split_leaves_no_copy_waiting_for_a_launch(tiny_path: Path) ->
     with expertstream.backend("sim") as sim:
         device = sim.device(0)
         with MoeModel.open(tiny_path) as model, MoeRunner(device, model, Batching(32, 16), fuse_gate_up=True) as runner:
-            options = {"ring_chunk_bytes": 60_000, "ring_chunks": 3, "ring_threads": 2}
+            ring = RingOptions(chunk_bytes=60_000, chunks=3, threads=2)
             with (
-                HostWeights.open(model, device, HostMemoryMode.RING, **options) as weights,
+                HostWeights.open(model, device, HostMemoryMode.RING, ring=ring) as weights,
                 Scheduler(slots=2) as sched,
             ):
                 plan = runner.prefill_plan(weights)
@@ -407,7 +407,7 @@ def qwen3_four_layers() -> Iterator[Path]:
 
 def _prefill_seconds(path: Path, slots: tuple[int, ...]) -> dict[int, float]:
     with expertstream.backend("sim", profile=H200_HOST, data=False) as sim, MoeModel.open(path) as model:
-        settings = Settings(Batching(4096, 2048), slots, (HostMemoryMode.RING,), ring_threads=12)
+        settings = Settings(Batching(4096, 2048), slots, (HostMemoryMode.RING,), ring=RingOptions(threads=12))
         return {row.slots: row.ttft_s for row in measure(sim, sim.device(0), model, settings).rows}
 
 
@@ -416,7 +416,7 @@ def test_ring_rows_say_where_the_fill_workers_spent_their_time(qwen3_four_layers
     profile = dataclasses.replace(H200_HOST, ring_fill=fill)
     with expertstream.backend("sim", profile=profile, data=False) as sim, MoeModel.open(qwen3_four_layers) as model:
         modes = (HostMemoryMode.RING, HostMemoryMode.REGISTERED)
-        settings = Settings(Batching(4096, 2048), (0, 3), modes, ring_threads=12)
+        settings = Settings(Batching(4096, 2048), (0, 3), modes, ring=RingOptions(threads=12))
         rows = measure(sim, sim.device(0), model, settings).rows
     ring_rows = [row for row in rows if row.host_memory == "ring"]
     assert len(ring_rows) == 2
@@ -443,7 +443,7 @@ def test_a_ring_its_dmas_hold_back_says_so_whoever_fills_it(qwen3_four_layers: P
     caller that hands chunks to fill processes; either wait is counted over whoever waits."""
     profile = dataclasses.replace(H200_HOST, ring_fill=fill, h2d_pinned_bps=5e9, host_memcpy_bps=20e9)
     with expertstream.backend("sim", profile=profile, data=False) as sim, MoeModel.open(qwen3_four_layers) as model:
-        settings = Settings(Batching(2048, 2048), (0,), (HostMemoryMode.RING,), ring_threads=4)
+        settings = Settings(Batching(2048, 2048), (0,), (HostMemoryMode.RING,), ring=RingOptions(threads=4))
         rows = measure(sim, sim.device(0), model, settings).rows
     (row,) = rows
     assert row.ring_chunk_wait_pct is not None and 50.0 <= row.ring_chunk_wait_pct <= 100.0 + 1e-9

@@ -9,10 +9,10 @@ import pytest
 from model import files  # tests/model/files.py: pytest puts tests/ on sys.path
 
 from expertstream.backends.base import Backend, HostBuffer
-from expertstream.hostmem import HostMemoryMode, HostWeights, RingRegion
+from expertstream.hostmem import HostMemoryMode, HostWeights, RingOptions, RingRegion
 from expertstream.model import MoeModel
 
-SMALL_RING = {"ring_chunk_bytes": 5_000, "ring_chunks": 3, "ring_threads": 2}
+SMALL_RING = RingOptions(chunk_bytes=5_000, chunks=3, threads=2)
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,7 @@ def split_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("mode", list(HostMemoryMode), ids=lambda m: m.value)
 def test_every_mode_delivers_every_shard(backend: Backend, split_path: Path, mode: HostMemoryMode) -> None:
     device = backend.device(0)
-    with MoeModel.open(split_path) as model, HostWeights.open(model, device, mode, **SMALL_RING) as weights:
+    with MoeModel.open(split_path) as model, HostWeights.open(model, device, mode, ring=SMALL_RING) as weights:
         assert model.n_shards == 3
         buffers = set()
         for name, info in model.tensors.items():

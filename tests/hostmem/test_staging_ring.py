@@ -12,7 +12,7 @@ import pytest
 import expertstream
 from expertstream.backends.base import Backend, HostBuffer
 from expertstream.errors import HazardError, InvalidArgument, UseAfterClose
-from expertstream.hostmem import HostMemoryMode, HostWeights, StagingRing
+from expertstream.hostmem import HostMemoryMode, HostWeights, RingOptions, StagingRing
 
 from .patterns import pattern
 
@@ -30,8 +30,8 @@ def test_ring_uses_bounded_pinned_memory(backend: Backend, tiny_path: Path, monk
         return buf
 
     monkeypatch.setattr(device, "alloc_pinned", counting_alloc)
-    geometry = {"ring_chunk_bytes": 32_768, "ring_chunks": 3, "ring_threads": 2, "ring_fill": "threads"}
-    weights = HostWeights.open(tiny_path, device, HostMemoryMode.RING, **geometry)  # type: ignore[arg-type]
+    ring = RingOptions(chunk_bytes=32_768, chunks=3, threads=2, fill="threads")
+    weights = HostWeights.open(tiny_path, device, HostMemoryMode.RING, ring=ring)
     assert sizes == [32_768] * 3 == [b.nbytes for b in buffers]
     assert weights.stats.pinned_bytes == 3 * 32_768
     total = sum(t.nbytes for t in weights.model.tensors.values())
@@ -53,7 +53,7 @@ def test_ring_uses_bounded_pinned_memory(backend: Backend, tiny_path: Path, monk
 
 
 def test_ring_chunks_shrink_to_the_largest_tensor(backend: Backend, tiny_path: Path) -> None:
-    with HostWeights.open(tiny_path, backend.device(0), "ring", ring_chunks=2, ring_threads=1) as weights:
+    with HostWeights.open(tiny_path, backend.device(0), "ring", ring=RingOptions(chunks=2, threads=1)) as weights:
         largest = max(t.nbytes for t in weights.model.tensors.values())
         assert weights.stats.pinned_bytes == 2 * largest
 
