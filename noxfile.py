@@ -101,6 +101,7 @@ def mutation(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
+    """ruff (with its complexity and RUF rules), ruff format and mypy (typed definitions required): run in CI."""
     session.install("-e", ".[dev,test]")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
