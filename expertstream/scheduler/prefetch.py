@@ -67,6 +67,17 @@ class Milestone:
         return self._reached.is_set()
 
 
+def prefetch_footprint(slots: int, largest_input_bytes: int) -> int:
+    """Device bytes one device's prefetch slots take in a run: ``slots`` buffers of the largest input.
+
+    ``largest_input_bytes`` is the largest padded size (``Input.padded_nbytes``) of the inputs
+    prefetched on that device. Every slot is that large, whichever input it holds, so that any
+    unit can take any slot. Fewer are allocated only when a run prefetches fewer inputs than
+    there are slots; a Scheduler keeps them between runs, sized for the largest input so far.
+    """
+    return slots * largest_input_bytes
+
+
 @dataclass
 class _Slot:
     buffer: DeviceBuffer
