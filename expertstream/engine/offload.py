@@ -131,7 +131,7 @@ def _fewest_streamed(model: MoeModel, split: LayerSplit, budgets: Mapping[Device
             return n_stream
     for device in split.devices:
         log.warning(
-            "%s: %d bytes left for weights (after activations and a margin) do not hold the %d staging slots and "
+            "%s: %d bytes left for weights (after activations and a margin) do not hold the %d prefetch slots and "
             "the stock scratch of %d bytes each; every layer streams",
             device.label,
             budgets[device],

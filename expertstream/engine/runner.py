@@ -348,7 +348,7 @@ class MoeRunner(Closing):
         self.devices: tuple[Device, ...] = (devices,) if isinstance(devices, Device) else tuple(devices)
         # direct: whether the MMA path takes direct.cu's kernels where they apply (MoeKernels.direct).
         # One gate_up split per layer where the kernels can (fuses_gate_up). Off by default: the
-        # split's two tensors take two staging slots at once, so with fewer than 3 slots one of them
+        # split's two tensors take two prefetch slots at once, so with fewer than 3 slots one of them
         # falls back to the stock copy (the scheduler counts it as too_many_inputs).
         self.fuse_gate_up = fuse_gate_up
         for device in self.devices:

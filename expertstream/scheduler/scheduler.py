@@ -1,4 +1,4 @@
-"""Run a plan of splits, copying host-resident weights ahead of need when slots > 0."""
+"""Run a plan of splits, copying host-resident weights ahead of need into prefetch slots when slots > 0."""
 
 from __future__ import annotations
 
@@ -167,7 +167,7 @@ class Scheduler(Closing):
             return f"its splits run on {len(plan.devices)} devices"
         for split in plan.splits:
             if self._eligible_inputs(split):
-                return f"split {split.name!r} prefetches into staging slots"
+                return f"split {split.name!r} reads its weights from prefetch slots"
             decode_routing = self._decode_routing(split)
             for inp in split.inputs:
                 if inp.host is None:
@@ -367,8 +367,8 @@ class Scheduler(Closing):
             if not self._told_too_many_inputs:
                 self._told_too_many_inputs = True
                 log.warning(
-                    "split %s reads %d prefetchable inputs but %d slots leave room for %d: the rest take the "
-                    "stock copy (counted as too_many_inputs; use at least %d slots)",
+                    "split %s reads %d prefetchable inputs but %d prefetch slots leave room for %d: the rest take "
+                    "the stock copy (counted as too_many_inputs; use at least %d slots)",
                     split.name,
                     len(eligible),
                     self._slots,
