@@ -2,10 +2,11 @@
 
 ``--n-cpu-moe N`` keeps the experts of the first N MoE layers in host memory (llama.cpp's
 option of that name); ``--gpu-memory SIZE|auto`` streams as few leading layers as needed for
-the others' experts to fit on the device beside the staging slots, the stock scratch and a
-margin. Resident experts are uploaded once and reach the scheduler as device-resident
-WEIGHTS inputs, which it neither prefetches nor copies. With a layer split each layer's
-experts live on the device that runs it, and each device's budget is checked on its own.
+the others' experts to fit on the device beside what the scheduler allocates for the streamed
+ones (``device_footprint``: its prefetch slots and stock scratch) and a margin. Resident experts
+are uploaded once and reach the scheduler as device-resident WEIGHTS inputs, which it neither
+prefetches nor copies. With a layer split each layer's experts live on the device that runs
+it, and each device's budget is checked on its own.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from .._closing import Closing
 from ..backends.base import BufferView, Device, DeviceBuffer, Usage
 from ..errors import InvalidArgument
 from ..model import MoeLayer, MoeModel, TensorInfo
+from ..scheduler import device_footprint
 from ..scheduler.source import HostSource
 from .layersplit import LayerSplit
 from .runner import ExpertData
@@ -124,12 +126,12 @@ def _fewest_streamed(model: MoeModel, split: LayerSplit, budgets: Mapping[Device
         for layer in layers[:n_stream]:
             device = split.device_of(layer.index)
             largest[device] = max(largest[device], _largest(device, layer.experts))
-        # The stock path keeps one scratch of the largest streamed tensor; the ring adds its slots.
-        if all(need[d] + (slots + 1) * largest[d] <= budgets[d] for d in split.devices):
+        # One streamed tensor per split, as the runner builds them unless gate and up are fused.
+        if all(need[d] + device_footprint(slots, largest[d]) <= budgets[d] for d in split.devices):
             return n_stream
     for device in split.devices:
         log.warning(
-            "%s: %d bytes left for weights (after activations and a margin) do not hold the %d staging slots and "
+            "%s: %d bytes left for weights (after activations and a margin) do not hold the %d prefetch slots and "
             "the stock scratch of %d bytes each; every layer streams",
             device.label,
             budgets[device],

@@ -51,8 +51,7 @@ from ..kernels import MoeKernels, check_path, routing
 from ..kernels.layout import MatrixPath
 from ..kernels.routing import Activation
 from ..model import ModelError, MoeLayer, MoeModel, TensorInfo
-from ..scheduler import Bindings, Input, MulMatId, Plan, Split
-from ..scheduler.scheduler import DEFAULT_PREFILL_FACTOR
+from ..scheduler import Bindings, Input, MulMatId, Plan, Split, is_prefill_scale
 from ..scheduler.source import HostSource
 from . import standin
 from .arch import FfnConfig, ffn_config
@@ -105,7 +104,7 @@ def stand_in_routing(seed: int, first: int, count: int, layer: int, model: MoeMo
     Only the stock path at decode scale reads routing ids back (at the scheduler's default
     prefill factor); elsewhere there is nothing to stand in for (None).
     """
-    if count * model.top_k >= DEFAULT_PREFILL_FACTOR * model.n_expert:
+    if is_prefill_scale(count * model.top_k, model.n_expert):
         return None
     draws = np.random.default_rng([seed, first, layer]).random((count, model.n_expert))
     return np.argsort(draws, axis=1)[:, : model.top_k].astype(np.int32).reshape(-1)
@@ -349,7 +348,7 @@ class MoeRunner(Closing):
         self.devices: tuple[Device, ...] = (devices,) if isinstance(devices, Device) else tuple(devices)
         # direct: whether the MMA path takes direct.cu's kernels where they apply (MoeKernels.direct).
         # One gate_up split per layer where the kernels can (fuses_gate_up). Off by default: the
-        # split's two tensors take two staging slots at once, so with fewer than 3 slots one of them
+        # split's two tensors take two prefetch slots at once, so with fewer than 3 slots one of them
         # falls back to the stock copy (the scheduler counts it as too_many_inputs).
         self.fuse_gate_up = fuse_gate_up
         for device in self.devices:

@@ -97,7 +97,7 @@ class RingStats:
 
 
 @dataclass(frozen=True)
-class _Slot:
+class _Chunk:
     index: int
     buffer: HostBuffer  # one pinned chunk
     free_event: Event  # recorded after the last DMA that read this chunk
@@ -122,7 +122,7 @@ class _ProcessPart:
 @dataclass(frozen=True)
 class _Fill:
     piece: _Piece
-    slot: _Slot
+    chunk: _Chunk
     # Thread fills: each part returns the filling thread's clock when done. Process fills: where
     # each part was sent.
     parts: tuple[Future[float], ...] | tuple[_ProcessPart, ...]
@@ -202,7 +202,7 @@ class StagingRing(Closing):
             part_bytes = PROCESS_RING_PART_BYTES if use_processes else DEFAULT_RING_PART_BYTES
         self.part_bytes = part_bytes  # a chunk's fill is split between workers in parts no smaller than this
         self.chunk_bytes = chunk_bytes
-        self._slots: list[_Slot] = []
+        self._chunks: list[_Chunk] = []
         self._shared: SharedChunks | None = None
         self._processes: FillProcesses | None = None
         try:
@@ -210,14 +210,14 @@ class StagingRing(Closing):
                 self._start_processes(spans, chunks, threads)
             if self._processes is None:
                 for index in range(chunks):
-                    chunk = self.device.alloc_pinned(chunk_bytes)
+                    buffer = self.device.alloc_pinned(chunk_bytes)
                     try:
-                        self._slots.append(_Slot(index, chunk, self.device.event()))
+                        self._chunks.append(_Chunk(index, buffer, self.device.event()))
                     except BaseException:
-                        chunk.close()
+                        buffer.close()
                         raise
         except BaseException:
-            self._free_slots()
+            self._free_chunks()
             raise
         finally:
             close_spans(spans or ())  # the processes hold their own
@@ -233,7 +233,7 @@ class StagingRing(Closing):
         ]
         self._lock = threading.Lock()
         self._released_at: float | None = None  # the last caller's clock (and, on the simulator, what it knew)
-        self._next_slot = 0
+        self._next_chunk = 0
         self._next_worker = 0
         # The expected copies: tickets by (source, offset, nbytes), the lowest ticket still
         # expected, the pieces not being filled yet, and the fills started (oldest first, at
@@ -260,11 +260,11 @@ class StagingRing(Closing):
                 self._shared = None
             self.fill_note = f"fill processes could not start: {exc}"
             return
-        self._slots = [_Slot(i, buffer, self.device.event()) for i, buffer in enumerate(self._shared.buffers)]
+        self._chunks = [_Chunk(i, buffer, self.device.event()) for i, buffer in enumerate(self._shared.buffers)]
 
     @property
     def chunks(self) -> int:
-        return len(self._slots)
+        return len(self._chunks)
 
     @property
     def fill(self) -> RingFill:
@@ -278,7 +278,7 @@ class StagingRing(Closing):
 
     @property
     def pinned_bytes(self) -> int:
-        return sum(slot.buffer.nbytes for slot in self._slots)
+        return sum(chunk.buffer.nbytes for chunk in self._chunks)
 
     @property
     def stats(self) -> RingStats:
@@ -427,8 +427,8 @@ class StagingRing(Closing):
                 continue
             self._ahead.popleft()
             with self.device.backend.bare_calls():
-                stream.copy_h2d(dst, dst_offset + fill.piece.offset, fill.slot.buffer, 0, fill.piece.nbytes)
-                stream.record(fill.slot.free_event)
+                stream.copy_h2d(dst, dst_offset + fill.piece.offset, fill.chunk.buffer, 0, fill.piece.nbytes)
+                stream.record(fill.chunk.free_event)
             self.bytes_staged += fill.piece.nbytes
             self._top_up()  # the next fill takes the chunk just handed to the DMA, once it is read
 
@@ -445,7 +445,7 @@ class StagingRing(Closing):
         one before it, which is done or nearly, and the DMAs queue back to back.
         """
         spare = 1 if self._caller_waits else 0
-        starting = min(len(self._queue), len(self._slots) - len(self._ahead) - spare)
+        starting = min(len(self._queue), len(self._chunks) - len(self._ahead) - spare)
         if starting <= 0:
             return
         pieces = [self._queue.popleft() for _ in range(starting)]
@@ -493,12 +493,12 @@ class StagingRing(Closing):
                 self.device.backend.host_resume_at(part.result())
 
     def _start_fill(self, piece: _Piece, spans: list[tuple[int, int]], sharing: int) -> _Fill:
-        slot = self._slots[self._next_slot]
-        self._next_slot = (self._next_slot + 1) % len(self._slots)
+        chunk = self._chunks[self._next_chunk]
+        self._next_chunk = (self._next_chunk + 1) % len(self._chunks)
         if self._caller_waits:
-            self._wait_chunk(slot)
+            self._wait_chunk(chunk)
         if self._processes is not None:
-            return _Fill(piece, slot, self._send_parts(slot, piece, spans))
+            return _Fill(piece, chunk, self._send_parts(chunk, piece, spans))
         handoff = self.device.backend.host_timestamp()
         parts = []
         for offset, n in spans:
@@ -506,20 +506,20 @@ class StagingRing(Closing):
             self._next_worker = (self._next_worker + 1) % len(self._workers)
             parts.append(
                 worker.submit(
-                    self._fill_part, slot, piece.source, piece.src_offset + offset, offset, n, handoff, sharing
+                    self._fill_part, chunk, piece.source, piece.src_offset + offset, offset, n, handoff, sharing
                 )
             )
-        return _Fill(piece, slot, tuple(parts))
+        return _Fill(piece, chunk, tuple(parts))
 
-    def _wait_chunk(self, slot: _Slot) -> None:
+    def _wait_chunk(self, chunk: _Chunk) -> None:
         """The caller waits for the chunk's last DMA (fill processes cannot wait for it themselves)."""
         backend = self.device.backend
         start = backend.host_timestamp()
-        slot.free_event.synchronize()
+        chunk.free_event.synchronize()
         with self._stats_lock:
             self._stats.chunk_wait_s += backend.host_timestamp() - start
 
-    def _send_parts(self, slot: _Slot, piece: _Piece, spans: list[tuple[int, int]]) -> tuple[_ProcessPart, ...]:
+    def _send_parts(self, chunk: _Chunk, piece: _Piece, spans: list[tuple[int, int]]) -> tuple[_ProcessPart, ...]:
         """Hand a chunk's parts to the fill processes in turn."""
         assert self._processes is not None
         source = self.sources.index(piece.source)
@@ -528,16 +528,16 @@ class StagingRing(Closing):
             process = self._next_worker
             self._next_worker = (self._next_worker + 1) % self._processes.count
             try:
-                seq = self._processes.send(process, source, piece.src_offset + offset, slot.index, offset, n)
+                seq = self._processes.send(process, source, piece.src_offset + offset, chunk.index, offset, n)
             except FillProcessError:
-                self._settle(_Fill(piece, slot, tuple(parts)))  # no part sent may write after this
+                self._settle(_Fill(piece, chunk, tuple(parts)))  # no part sent may write after this
                 raise
             parts.append(_ProcessPart(process, seq, n))
         return tuple(parts)
 
     def _fill_part(
         self,
-        slot: _Slot,
+        chunk: _Chunk,
         source: HostBuffer,
         src_offset: int,
         chunk_offset: int,
@@ -551,9 +551,9 @@ class StagingRing(Closing):
         woken = not self._timed_as_processes or backend.host_timestamp() < handoff
         backend.host_resume_at(handoff)
         start = backend.host_timestamp()
-        slot.free_event.synchronize()
+        chunk.free_event.synchronize()
         copying = backend.host_timestamp()
-        self.device.host_copy(slot.buffer, chunk_offset, source, src_offset, nbytes, sharing=sharing, fixed_cost=woken)
+        self.device.host_copy(chunk.buffer, chunk_offset, source, src_offset, nbytes, sharing=sharing, fixed_cost=woken)
         end = backend.host_timestamp()
         with self._stats_lock:
             self._stats.chunk_wait_s += copying - start
@@ -611,17 +611,17 @@ class StagingRing(Closing):
                 if self._processes is not None:
                     self._processes.close()
             finally:
-                self._free_slots()
+                self._free_chunks()
 
-    def _free_slots(self) -> None:
+    def _free_chunks(self) -> None:
         with ExitStack() as stack:  # every chunk is released even if one step fails
             if self._shared is not None:
                 stack.callback(self._shared.close)  # runs last: it unmaps what the buffers wrap
-            for slot in self._slots:
-                stack.callback(slot.free_event.close)
-                stack.callback(slot.buffer.close)
-                stack.callback(slot.free_event.synchronize)  # runs first: a DMA may still read it
-        self._slots.clear()
+            for chunk in self._chunks:
+                stack.callback(chunk.free_event.close)
+                stack.callback(chunk.buffer.close)
+                stack.callback(chunk.free_event.synchronize)  # runs first: a DMA may still read it
+        self._chunks.clear()
 
 
 def _pieces(

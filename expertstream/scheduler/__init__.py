@@ -1,11 +1,21 @@
-"""The scheduler: splits, the stock copy path and lookahead prefetch into device slots."""
+"""The scheduler: splits, the stock copy path and lookahead prefetch into prefetch slots (device buffers)."""
 
 from .plan import Bindings, ComputeFn, Input, MulMatId, Plan, Split
-from .scheduler import MAX_SLOTS, Replay, Scheduler, check_slots
+from .prefetch import prefetch_footprint
+from .scheduler import (
+    DEFAULT_PREFILL_FACTOR,
+    MAX_SLOTS,
+    Replay,
+    Scheduler,
+    check_slots,
+    device_footprint,
+    is_prefill_scale,
+)
 from .source import HostRegion, HostSource
 from .stats import DeviceStats, Fallback, RunStats
 
 __all__ = [
+    "DEFAULT_PREFILL_FACTOR",
     "MAX_SLOTS",
     "Bindings",
     "HostRegion",
@@ -21,4 +31,7 @@ __all__ = [
     "Scheduler",
     "Split",
     "check_slots",
+    "device_footprint",
+    "is_prefill_scale",
+    "prefetch_footprint",
 ]

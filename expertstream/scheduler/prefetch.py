@@ -1,4 +1,4 @@
-"""Lookahead prefetch on one device: a copy stream, N device slots, a ready and a free event each.
+"""Lookahead prefetch on one device: a copy stream, N prefetch slots (device buffers), a ready and free event each.
 
 A copy into a slot waits (on the copy stream) for the slot's free event, recorded after the
 last kernel that read it; the consumer waits (on its compute stream) for the slot's ready
@@ -33,7 +33,7 @@ class Unit:
 
     input: Input
     position: int  # order among this device's units in the plan
-    valid: bool = True  # False once it must take the stock path (ring off before it was fired)
+    valid: bool = True  # False once it must take the stock path (prefetch off before it was fired)
     recorded: threading.Event = field(default_factory=threading.Event)
     recorded_at: float = 0.0  # host clock of the thread that enqueued the ready record
     error: BaseException | None = None  # why its fill failed, raised to the consumer
@@ -67,8 +67,19 @@ class Milestone:
         return self._reached.is_set()
 
 
+def prefetch_footprint(slots: int, largest_input_bytes: int) -> int:
+    """Device bytes one device's prefetch slots take in a run: ``slots`` buffers of the largest input.
+
+    ``largest_input_bytes`` is the largest padded size (``Input.padded_nbytes``) of the inputs
+    prefetched on that device. Every slot is that large, whichever input it holds, so that any
+    unit can take any slot. Fewer are allocated only when a run prefetches fewer inputs than
+    there are slots; a Scheduler keeps them between runs, sized for the largest input so far.
+    """
+    return slots * largest_input_bytes
+
+
 @dataclass
-class _Slot:
+class _PrefetchSlot:
     buffer: DeviceBuffer
     ready: Event
     free: Event
@@ -87,7 +98,7 @@ class PrefetchSlots:
         self.slot_bytes = 0
         self.disabled = False
         self._copy_stream: Stream | None = None
-        self._slots: list[_Slot] = []
+        self._slots: list[_PrefetchSlot] = []
         self._worker: _CopyWorker | None = None
         # Timing events around ready waits, for the stats: pairs in flight, and pairs to reuse.
         self._timed_waits: deque[tuple[Event, Event]] = deque()
@@ -207,7 +218,7 @@ class PrefetchSlots:
                 self._copy_stream = None
 
     # -- internals -------------------------------------------------------------------------
-    def _fill_job(self, slot: _Slot, unit: Unit, gate: Unit | None) -> Callable[[], None]:
+    def _fill_job(self, slot: _PrefetchSlot, unit: Unit, gate: Unit | None) -> Callable[[], None]:
         copy_stream = self._copy_stream
         assert copy_stream is not None and unit.input.host is not None
         source = unit.input.host
@@ -239,7 +250,7 @@ class PrefetchSlots:
 
         return job
 
-    def _slot(self, index: int, stats: DeviceStats) -> _Slot | None:
+    def _slot(self, index: int, stats: DeviceStats) -> _PrefetchSlot | None:
         """The slot, allocated on first use; None (and prefetch off) if allocation fails."""
         if self.disabled:
             stats.fallbacks[Fallback.DISABLED] += 1
@@ -259,7 +270,7 @@ class PrefetchSlots:
                 self._turn_off(index, exc, stats)
                 return None
             undo.pop_all()
-        self._slots.append(_Slot(buffer, ready, free))
+        self._slots.append(_PrefetchSlot(buffer, ready, free))
         return self._slots[index]
 
     def _turn_off(self, index: int, exc: BackendError, stats: DeviceStats) -> None:
@@ -272,7 +283,7 @@ class PrefetchSlots:
         except BackendError:
             free = "free memory unknown"
         log.warning(
-            "%s: lookahead prefetch turned off: allocating staging slot %d of %d (%d bytes) failed with %s (%s); "
+            "%s: lookahead prefetch turned off: allocating prefetch slot %d of %d (%d bytes) failed with %s (%s); "
             "using the stock copy path",
             self.device.label,
             index + 1,

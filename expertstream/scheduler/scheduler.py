@@ -1,4 +1,4 @@
-"""Run a plan of splits, copying host-resident weights ahead of need when slots > 0."""
+"""Run a plan of splits, copying host-resident weights ahead of need into prefetch slots when slots > 0."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from .._closing import Closing
 from ..backends.base import BackendError, BufferView, Device, Graph, Stream, Usage
 from ..errors import InvalidArgument
 from .plan import Input, MulMatId, Plan, Split
-from .prefetch import Milestone, PrefetchSlots, Unit
+from .prefetch import Milestone, PrefetchSlots, Unit, prefetch_footprint
 from .source import HostSource, Lookahead, LookaheadSource, expect_copies
 from .stats import DeviceStats, Fallback, RunStats
 from .stock import StockCopier, gather_region
@@ -21,6 +21,28 @@ log = logging.getLogger(__name__)
 
 MAX_SLOTS = 8
 DEFAULT_PREFILL_FACTOR = 2
+
+
+def is_prefill_scale(n_ids: int, n_expert: int, prefill_factor: int = DEFAULT_PREFILL_FACTOR) -> bool:
+    """Whether a MUL_MAT_ID split routing ``n_ids`` ids (tokens x top_k) over ``n_expert`` experts is prefill-scale.
+
+    At prefill scale (``prefill_factor`` ids per expert or more) nearly every expert is used, so
+    the scheduler copies whole expert tensors and may prefetch them; below it, a decode step,
+    it copies only the experts the routing ids name.
+    """
+    return n_ids >= prefill_factor * n_expert
+
+
+def device_footprint(slots: int, largest_input_bytes: int, *, host_inputs_per_split: int = 1) -> int:
+    """The most device bytes a ``Scheduler(slots=slots)`` allocates on one device for streamed inputs.
+
+    Its prefetch slots (``prefetch_footprint``) and the stock copy's scratch: one buffer per host
+    input of a split, each kept even when the input is prefetched, since prefetch may turn off
+    mid-run. ``largest_input_bytes``: the largest padded size (``Input.padded_nbytes``) of the
+    host inputs run on that device. Gathers (decode steps from page-locked memory) add the 8-byte
+    word they report into.
+    """
+    return prefetch_footprint(slots, largest_input_bytes) + host_inputs_per_split * largest_input_bytes
 
 
 def check_slots(slots: int) -> int:
@@ -111,7 +133,8 @@ class Scheduler(Closing):
         return stream
 
     def is_prefill_scale(self, routing: MulMatId) -> bool:
-        return routing.n_ids >= self.prefill_factor * routing.n_expert
+        """``is_prefill_scale`` at this scheduler's prefill factor."""
+        return is_prefill_scale(routing.n_ids, routing.n_expert, self.prefill_factor)
 
     def _decode_routing(self, split: Split) -> MulMatId | None:
         """The routing of a MUL_MAT_ID split below prefill scale, whose weights are copied expert by expert."""
@@ -144,7 +167,7 @@ class Scheduler(Closing):
             return f"its splits run on {len(plan.devices)} devices"
         for split in plan.splits:
             if self._eligible_inputs(split):
-                return f"split {split.name!r} prefetches into staging slots"
+                return f"split {split.name!r} reads its weights from prefetch slots"
             decode_routing = self._decode_routing(split)
             for inp in split.inputs:
                 if inp.host is None:
@@ -344,8 +367,8 @@ class Scheduler(Closing):
             if not self._told_too_many_inputs:
                 self._told_too_many_inputs = True
                 log.warning(
-                    "split %s reads %d prefetchable inputs but %d slots leave room for %d: the rest take the "
-                    "stock copy (counted as too_many_inputs; use at least %d slots)",
+                    "split %s reads %d prefetchable inputs but %d prefetch slots leave room for %d: the rest take "
+                    "the stock copy (counted as too_many_inputs; use at least %d slots)",
                     split.name,
                     len(eligible),
                     self._slots,

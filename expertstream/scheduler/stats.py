@@ -11,24 +11,24 @@ from typing import Any
 class Fallback(str, enum.Enum):
     """Why a prefetch-eligible input took the stock copy path instead (stats keys)."""
 
-    ALLOC_FAILED = "alloc_failed"  # slots, stream or events could not be allocated: prefetch turned off
+    ALLOC_FAILED = "alloc_failed"  # prefetch slots, stream or events could not be allocated: prefetch turned off
     DISABLED = "disabled"  # prefetch is off on this device since an earlier failure
-    TOO_MANY_INPUTS = "too_many_inputs"  # a split needs more slots than the ring can give it at once
+    TOO_MANY_INPUTS = "too_many_inputs"  # a split reads more prefetchable inputs than the prefetch slots leave room for
     GATHER_FAILED = "gather_failed"  # the device could not copy decode's experts itself: ids read back since
 
 
 @dataclass
 class DeviceStats:
     device: str
-    fires: int = 0  # lookahead copies enqueued into staging slots
-    consumed: int = 0  # splits that read a staging slot
+    fires: int = 0  # lookahead copies enqueued into prefetch slots
+    consumed: int = 0  # splits that read a prefetch slot
     bytes_prefetched: int = 0
     bytes_stock: int = 0  # bytes the stock path copied right before their split
     stock_copies: int = 0
     ids_readbacks: int = 0  # decode-scale host syncs to read routing ids
     gathers: int = 0  # decode-scale expert copies the device made itself from the routing ids
     bytes_gathered_at_most: int = 0  # their bytes if every id names its own expert (one token's top-k do)
-    ready_wait_ms: float = 0.0  # time the compute stream waited on staging-slot ready events
+    ready_wait_ms: float = 0.0  # time the compute stream waited on prefetch-slot ready events
     untimed_waits: int = 0  # ready waits left out of ready_wait_ms (no timing event could be made)
     fallbacks: Counter[Fallback] = field(default_factory=Counter)
 

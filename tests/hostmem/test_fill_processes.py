@@ -194,7 +194,7 @@ def _check_sends(device: Device, files: list[Path]) -> None:
         chunk_was_free: list[bool] = []
 
         def send(child: int, source: int, src_offset: int, chunk: int, chunk_offset: int, nbytes: int) -> int:
-            chunk_was_free.append(ring._slots[chunk].free_event.query())
+            chunk_was_free.append(ring._chunks[chunk].free_event.query())
             return real_send(child, source, src_offset, chunk, chunk_offset, nbytes)
 
         ring._processes.send = send  # type: ignore[method-assign]
@@ -296,10 +296,10 @@ def test_the_simulator_times_threads_as_its_profile_s_fill_processes(files: list
             real_fill = ring._fill_part
             chunk_was_free: list[bool] = []
 
-            def fill_part(slot: Any, *args: Any) -> float:
+            def fill_part(chunk: Any, *args: Any) -> float:
                 sim.host_resume_at(args[4])  # the handoff: the worker starts when the caller handed it the chunk
-                chunk_was_free.append(slot.free_event.query())
-                return real_fill(slot, *args)
+                chunk_was_free.append(chunk.free_event.query())
+                return real_fill(chunk, *args)
 
             ring._fill_part = fill_part  # type: ignore[method-assign]
             got = _copy_all(ring, device, SPANS)

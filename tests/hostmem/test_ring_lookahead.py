@@ -100,7 +100,7 @@ def test_closing_waits_for_the_fills_made_ahead() -> None:
         device = sim.device(0)
         data = pattern(9 << 20)
         ring = StagingRing(device.wrap_host(data), chunk_bytes=4 << 20, chunks=2, threads=2, fill="threads")
-        chunks = [slot.buffer for slot in ring._slots]
+        chunks = [chunk.buffer for chunk in ring._chunks]
         ring.expect([ring.region(0, data.nbytes)])  # two chunks' fills start now; none is asked for
         ring.close()
         assert all(chunk.closed for chunk in chunks)
@@ -160,7 +160,7 @@ class _ChunkUses:
 
     def __init__(self, sim: SimBackend, ring: StagingRing) -> None:
         self.sim = sim
-        self.chunks = {id(slot.buffer) for slot in ring._slots}
+        self.chunks = {id(chunk.buffer) for chunk in ring._chunks}
         self.writes: list[_Use] = []
         self._dma_sources: list[int] = []
         real_host_copy = ring.device.host_copy
@@ -252,8 +252,8 @@ def test_the_check_sees_a_chunk_refilled_before_its_dma_ends(monkeypatch: pytest
     # Without the wait for the chunk's free event, fills start as soon as they are handed out.
     original = StagingRing._fill_part
 
-    def no_wait(self, slot, *args):  # type: ignore[no-untyped-def]
-        return original(self, type(slot)(slot.index, slot.buffer, self.device.event()), *args)
+    def no_wait(self, chunk, *args):  # type: ignore[no-untyped-def]
+        return original(self, type(chunk)(chunk.index, chunk.buffer, self.device.event()), *args)
 
     monkeypatch.setattr(StagingRing, "_fill_part", no_wait)
     try:

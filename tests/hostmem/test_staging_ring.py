@@ -155,8 +155,8 @@ def test_a_refill_that_skips_its_wait_is_caught(monkeypatch: pytest.MonkeyPatch)
         device = sim.device(0)
         data = pattern(4 * 4096)
         with StagingRing(device.wrap_host(data), chunk_bytes=4096, chunks=2, threads=1) as ring:
-            for slot in ring._slots:  # a refill that does not wait for the chunk's last DMA
-                monkeypatch.setattr(slot.free_event, "synchronize", lambda: None)
+            for chunk in ring._chunks:  # a refill that does not wait for the chunk's last DMA
+                monkeypatch.setattr(chunk.free_event, "synchronize", lambda: None)
             dst, stream = device.alloc(data.size), device.stream()
             with pytest.raises(HazardError, match="write-after-read") as info:
                 ring.copy(stream, dst, 0, 0, data.size)

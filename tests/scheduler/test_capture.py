@@ -59,7 +59,7 @@ def test_a_replay_names_a_routing_id_outside_the_experts(backend: Backend) -> No
     [
         (plans.uniform_specs(2, prefill=False, host=HostMemory.PAGEABLE), 0, True, "memory the device cannot read"),
         (plans.uniform_specs(2, prefill=False), 0, False, "read routing ids back"),
-        (plans.uniform_specs(2), 3, True, "prefetches into staging slots"),
+        (plans.uniform_specs(2), 3, True, "reads its weights from prefetch slots"),
     ],
 )
 def test_what_cannot_be_captured_is_refused_with_the_reason(

@@ -244,7 +244,7 @@ def test_prefetch_returns_after_a_failed_allocation_once_the_slot_count_changes(
     built = plans.build(backend, plans.uniform_specs(6), seed=22)
     with Scheduler(slots=3) as sched:
         sched.slots = 0
-        sched.run(built.plan)  # scratch exists now: every later allocation is a staging slot
+        sched.run(built.plan)  # scratch exists now: every later allocation is a prefetch slot
         sched.slots = 3
         real_alloc = device.alloc
         made: list[DeviceBuffer] = []

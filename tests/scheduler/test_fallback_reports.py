@@ -31,10 +31,10 @@ def _fail_second_slot(backend: Backend, monkeypatch: pytest.MonkeyPatch, asked: 
 def _warnings_of_a_failed_slot(
     backend: Backend, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, asked: list[int]
 ) -> tuple[list[str], RunStats]:
-    """Run a plan whose second staging slot cannot be allocated; ``asked`` gets the sizes asked for."""
+    """Run a plan whose second prefetch slot cannot be allocated; ``asked`` gets the sizes asked for."""
     built = plans.build(backend, plans.uniform_specs(6), seed=31)
     with Scheduler(slots=0) as sched:
-        sched.run(built.plan)  # scratch exists now: every later allocation is a staging slot
+        sched.run(built.plan)  # scratch exists now: every later allocation is a prefetch slot
         sched.slots = 3
         _fail_second_slot(backend, monkeypatch, asked)
         with caplog.at_level(logging.WARNING, logger="expertstream.scheduler"):
@@ -52,7 +52,7 @@ def test_the_turn_off_warning_names_device_slot_bytes_free_memory_and_cause(
     asked: list[int] = []
     warnings, stats = _warnings_of_a_failed_slot(backend, monkeypatch, caplog, asked)
     assert warnings == [
-        f"{device.label}: lookahead prefetch turned off: allocating staging slot 2 of 3 ({asked[1]} bytes) failed "
+        f"{device.label}: lookahead prefetch turned off: allocating prefetch slot 2 of 3 ({asked[1]} bytes) failed "
         f"with 12345 bytes free (cannot allocate {asked[1]} bytes); using the stock copy path"
     ]
     assert stats.device(device.label).fallbacks == {Fallback.ALLOC_FAILED: 1, Fallback.DISABLED: 4}

@@ -71,14 +71,14 @@ def test_slot_on_another_device_with_peer_access_but_wrong_wait_is_caught(sim2) 
         _read(compute1, dev1.compile("", READ), slot.view())
 
 
-def test_per_device_rings_keep_slots_on_their_device(sim2) -> None:
+def test_each_device_keeps_its_prefetch_slots_on_itself(sim2) -> None:
     specs = plans.uniform_specs(4, device=0) + plans.uniform_specs(4, device=1)
     specs = [s for pair in zip(specs[:4], specs[4:], strict=True) for s in pair]  # alternate devices
     built = plans.build(sim2, specs, seed=11)
     with Scheduler(slots=3) as sched:
         stats = sched.run(built.plan)
-        for device, ring in sched._prefetch.items():
-            assert all(slot.buffer.device is device for slot in ring._slots)
+        for device, prefetch in sched._prefetch.items():
+            assert all(slot.buffer.device is device for slot in prefetch._slots)
     assert all(stats.device(d.label).consumed == 4 for d in sim2.devices)
     built.check()
     built.close()

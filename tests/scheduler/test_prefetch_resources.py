@@ -1,4 +1,4 @@
-"""The prefetch ring's device resources: kept across runs, freed when a later allocation fails, events reused."""
+"""Prefetch slots and their events: kept across runs, freed when a later allocation fails, events reused."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ def test_a_second_run_of_the_same_plan_allocates_nothing(backend: Backend, monke
     built = plans.build(backend, plans.uniform_specs(6), seed=41)
     with Scheduler(slots=3) as sched:
         sched.run(built.plan)
-        ring = sched._prefetch[device]
-        assert [slot.buffer.usage for slot in ring._slots] == [Usage.COMPUTE] * 3  # garbage until filled
+        prefetch = sched._prefetch[device]
+        assert [slot.buffer.usage for slot in prefetch._slots] == [Usage.COMPUTE] * 3  # garbage until filled
         made: list[str] = []
         real_alloc, real_event = device.alloc, device.event
         monkeypatch.setattr(device, "alloc", lambda *a, **k: made.append("alloc") or real_alloc(*a, **k))

@@ -157,7 +157,7 @@ def test_allocation_failure_falls_back_once(
     built = plans.build(backend, plans.uniform_specs(6), seed=6)
     with Scheduler(slots=3) as sched:
         sched.slots = 0
-        sched.run(built.plan)  # scratch exists now: every later allocation is a staging slot
+        sched.run(built.plan)  # scratch exists now: every later allocation is a prefetch slot
         sched.slots = 3
         real_alloc = device.alloc
         calls = {"n": 0}
@@ -190,15 +190,15 @@ def test_changing_slot_count_frees_what_is_unused(backend: Backend) -> None:
     built = plans.build(backend, plans.uniform_specs(6), seed=7)
     with Scheduler(slots=4) as sched:
         sched.run(built.plan)
-        ring = sched._prefetch[device]
-        assert len(ring._slots) == 4
-        dropped = [slot.buffer for slot in ring._slots[2:]]
+        prefetch = sched._prefetch[device]
+        assert len(prefetch._slots) == 4
+        dropped = [slot.buffer for slot in prefetch._slots[2:]]
         sched.slots = 2
-        assert len(ring._slots) == 2
+        assert len(prefetch._slots) == 2
         assert all(buf.closed for buf in dropped)
         sched.run(built.plan)
         built.check()
-        kept = [slot.buffer for slot in ring._slots]
+        kept = [slot.buffer for slot in prefetch._slots]
         sched.slots = 0
         assert not sched._prefetch and all(buf.closed for buf in kept)
         sched.run(built.plan)
