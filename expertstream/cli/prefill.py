@@ -509,7 +509,7 @@ def _model(args: argparse.Namespace, backend: Backend) -> Iterator[MoeModel]:
     preset, qtype = args.preset or "tiny", args.qtype or "Q4_0"
     with tempfile.TemporaryDirectory(prefix="expertstream-") as folder, scratch_folder(folder):
         path = Path(folder) / f"{preset}-{qtype}.gguf"
-        if backend.holds_data:
+        if backend.host.holds_data:
             with progress_bar(0, f"making {path.name}", "B", unit_scale=True, unit_divisor=1024) as bar:
                 make_model(
                     preset, qtype, path, layers=args.layers, seed=args.seed, on_tensor=lambda s: bar.update(s.nbytes)
@@ -681,7 +681,7 @@ def _header(backend: Backend, device_name: str, model: MoeModel, args: argparse.
         "backend": backend.name,
         "device": device_name,
         "profile": profile["name"] if profile else None,
-        "timing_only": not backend.holds_data,
+        "timing_only": not backend.host.holds_data,
         "seed": args.seed,
         "model": model.summary(),
         "tokens": first[0],
