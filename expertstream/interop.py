@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .backends.base import Stream
-from .backends.interop import DLDeviceType, TypedView
+from .backends.dlpack import DLDeviceType, TypedView
 from .errors import InvalidArgument
 from .scheduler.plan import Bindings, ComputeFn
 

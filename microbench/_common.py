@@ -1,6 +1,6 @@
 """What the transfer microbenchmarks share: the command line, host memory of each kind, timing, output.
 
-Device times come from timing events; host-blocked times from ``backend.host_timestamp()``
+Device times come from timing events; host-blocked times from ``backend.host.timestamp()``
 around the enqueue calls (the wall clock on real devices, virtual time on the simulator), so
 the same code measures every backend through its public interface.
 """
@@ -106,9 +106,9 @@ def host_memory(backend: Backend, device: Device, kind: HostKind, nbytes: int) -
         stack.callback(buffer.close)
         register_ms = None
         if kind in (HostKind.REGISTERED, HostKind.REGISTERED_RO_MMAP):
-            start = backend.host_timestamp()
+            start = backend.host.timestamp()
             buffer.register(read_only=kind is HostKind.REGISTERED_RO_MMAP)
-            register_ms = (backend.host_timestamp() - start) * 1e3
+            register_ms = (backend.host.timestamp() - start) * 1e3
         yield HostSource(buffer, register_ms)
 
 
@@ -130,9 +130,9 @@ def _read_only_file_mapping(nbytes: int) -> Iterator[mmap.mmap]:
 
 def blocked_ms(backend: Backend, enqueue: Callable[[], None]) -> float:
     """Run ``enqueue`` and return how long the calling thread was held in it."""
-    start = backend.host_timestamp()
+    start = backend.host.timestamp()
     enqueue()
-    return (backend.host_timestamp() - start) * 1e3
+    return (backend.host.timestamp() - start) * 1e3
 
 
 def median(values: Sequence[float]) -> float:

@@ -53,13 +53,13 @@ class Row:
 def stream_experts(be: Backend, weights: HostWeights, stream: Stream, dst: DeviceBuffer, lookahead: bool) -> float:
     """Seconds to copy every expert tensor once, from the first enqueue until the stream is done."""
     tensors = weights.model.expert_tensors
-    start = be.host_timestamp()
+    start = be.host.timestamp()
     if lookahead:
         expect_copies(weights[tensor.name] for tensor in tensors)
     for tensor in tensors:
         weights[tensor.name].enqueue_h2d(stream, dst, 0, 0, tensor.nbytes)
     stream.synchronize()
-    return be.host_timestamp() - start
+    return be.host.timestamp() - start
 
 
 def measure(
@@ -79,9 +79,9 @@ def measure(
     )
     total = sum(t.nbytes for t in model.expert_tensors)
     largest = max(t.nbytes for t in model.expert_tensors)
-    opened = be.host_timestamp()
+    opened = be.host.timestamp()
     with HostWeights.open(model, device, mode, ring=ring) as weights:
-        open_ms = (be.host_timestamp() - opened) * 1e3
+        open_ms = (be.host.timestamp() - opened) * 1e3
         with device.stream() as stream, device.alloc(largest) as dst:
             stream_experts(be, weights, stream, dst, lookahead)  # warm-up: page faults, first-use costs
             seconds = median([stream_experts(be, weights, stream, dst, lookahead) for _ in range(args.repeats)])

@@ -259,7 +259,7 @@ def measure_ubatch(
                 for tensor, call, tensors in timed:
                     ms = time_ms(device, stream, gate, call, args.warmup, args.repeats)
                     diff = None
-                    if device.backend.holds_data and tensors == 1:  # no outputs to compare in timing-only runs
+                    if device.backend.host.holds_data and tensors == 1:  # no outputs to compare in timing-only runs
                         output = y.read().view(np.float32)
                         if path is MatrixPath.SIMT and simt_output is None:
                             simt_output = output

@@ -123,7 +123,7 @@ def _pattern(
         compute.wait(ready[j % SLOTS])
         waited[j].set()
 
-    start = backend.host_timestamp()
+    start = backend.host.timestamp()
     for j in range(SLOTS - 1):
         fire(j)
     wait(0)
@@ -145,7 +145,7 @@ def _pattern(
         worker.stop()
     compute.synchronize()
     copy.synchronize()
-    wall_ms = (backend.host_timestamp() - start) * 1e3
+    wall_ms = (backend.host.timestamp() - start) * 1e3
     return _stalls(backend, len(sizes)), wall_ms
 
 
@@ -183,12 +183,12 @@ class _Done:
         self._at = 0.0
 
     def set(self) -> None:
-        self._at = self._backend.host_timestamp()
+        self._at = self._backend.host.timestamp()
         self._event.set()
 
     def join(self) -> None:
         self._event.wait()
-        self._backend.host_resume_at(self._at)
+        self._backend.host.resume_at(self._at)
 
 
 class _Worker:
@@ -201,12 +201,12 @@ class _Worker:
         self._thread.start()
 
     def submit(self, job: Callable[[], None], done: _Done) -> None:
-        self._jobs.put((job, done, self._backend.host_timestamp()))
+        self._jobs.put((job, done, self._backend.host.timestamp()))
 
     def _loop(self) -> None:
         while (item := self._jobs.get()) is not None:
             job, done, at = item
-            self._backend.host_resume_at(at)
+            self._backend.host.resume_at(at)
             job()
             done.set()
 

@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from expertstream.backends.base import Backend, Device, DeviceBuffer, Event, HostBuffer, Stream
+from expertstream.backends.base import Backend, Device, DeviceBuffer, Event, Host, HostBuffer, Stream
 from expertstream.bench.measure import Settings, measure
 from expertstream.engine.runner import Batching
 from expertstream.hostmem import HostMemoryMode, HostWeights, RingFill, RingOptions, RingRegion
@@ -207,7 +207,7 @@ def _lanes_seconds(device: Device, mapping: HostBuffer, part: int, count: int, t
                 chunk, free = chunks[turn % 2], freed[turn % 2]
                 if turn >= 2:
                     free.synchronize()
-                device.host_copy(chunk, 0, mapping, (index * part) % span, part)
+                device.backend.host.copy(chunk, 0, mapping, (index * part) % span, part)
                 stream.copy_h2d(target, 0, chunk, 0, part)
                 stream.record(free)
                 turn += 1
@@ -223,12 +223,12 @@ def _lanes_seconds(device: Device, mapping: HostBuffer, part: int, count: int, t
 
 
 @contextmanager
-def copy_cpu_time(device: Device) -> Iterator[dict[str, float]]:
-    """Count the host CPU time, wall time and bytes of ``device.host_copy`` calls (the ring's fills),
+def copy_cpu_time(host: Host) -> Iterator[dict[str, float]]:
+    """Count the host CPU time, wall time and bytes of ``host.copy`` calls (the ring's fills),
     and the process's page faults and kernel-mode share of its CPU time over the block."""
     totals = {"cpu_s": 0.0, "wall_s": 0.0, "bytes": 0.0}
     lock = threading.Lock()
-    original = device.host_copy
+    original = host.copy
 
     def timed(*args: Any, **kwargs: Any) -> None:
         cpu, wall = time.thread_time(), time.perf_counter()
@@ -239,8 +239,8 @@ def copy_cpu_time(device: Device) -> Iterator[dict[str, float]]:
             totals["wall_s"] += wall
             totals["bytes"] += args[4] if len(args) > 4 else kwargs["nbytes"]
 
-    had_own = "host_copy" in vars(device)
-    device.host_copy = timed  # type: ignore[method-assign]
+    had_own = "copy" in vars(host)
+    host.copy = timed  # type: ignore[method-assign]
     before = resource.getrusage(resource.RUSAGE_SELF)
     try:
         yield totals
@@ -250,9 +250,9 @@ def copy_cpu_time(device: Device) -> Iterator[dict[str, float]]:
         totals["user_s"] = after.ru_utime - before.ru_utime
         totals["system_s"] = after.ru_stime - before.ru_stime
         if had_own:
-            device.host_copy = original  # type: ignore[method-assign]
+            host.copy = original  # type: ignore[method-assign]
         else:
-            del device.host_copy  # the class's method again
+            del host.copy  # the class's method again
 
 
 def prefill_rows(be: Backend, device: Device, model: MoeModel, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -267,7 +267,7 @@ def prefill_rows(be: Backend, device: Device, model: MoeModel, args: argparse.Na
                 (HostMemoryMode.RING,),
                 ring=geometry.ring(threads, fill),
             )
-            with copy_cpu_time(device) as copies:
+            with copy_cpu_time(device.backend.host) as copies:
                 result = measure(be, [device], model, setting, h2d_peak_gbps=peak)
             peak = result.baselines.h2d_peak_gbps
             cpu = copies["cpu_s"] / copies["wall_s"] if copies["wall_s"] else None
@@ -316,7 +316,7 @@ def decode_rows(be: Backend, device: Device, model: MoeModel, args: argparse.Nam
         largest = max(t.nbytes for t in tensors)
         with device.alloc(largest) as dst:
             for at_once in (True, False, True, False):
-                start = be.host_timestamp()
+                start = be.host.timestamp()
                 for tensor in tensors:
                     region = weights[tensor.name]
                     assert isinstance(region, RingRegion)
@@ -328,7 +328,7 @@ def decode_rows(be: Backend, device: Device, model: MoeModel, args: argparse.Nam
                         for begin, end in ranges:
                             region.enqueue_h2d(stream, dst, begin, begin, end - begin)
                 stream.synchronize()
-                seconds = be.host_timestamp() - start
+                seconds = be.host.timestamp() - start
                 rows.append(
                     {
                         "part": "decode",

@@ -91,9 +91,9 @@ def _best(backend: Backend, repeats: int, nbytes: int, run: Any) -> float:
     run()  # warm-up
     best = float("inf")
     for _ in range(repeats):
-        start = backend.host_timestamp()
+        start = backend.host.timestamp()
         run()
-        best = min(best, backend.host_timestamp() - start)
+        best = min(best, backend.host.timestamp() - start)
     return nbytes / best / 1e9
 
 

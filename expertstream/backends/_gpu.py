@@ -49,7 +49,7 @@ from .base import (
     Usage,
     Vendor,
 )
-from .interop import DLDeviceType
+from .dlpack import DLDeviceType
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T", "GpuEvent", "GpuKernel", "GpuStream")
@@ -756,6 +756,7 @@ class GpuBackend(Backend):
     vendor: ClassVar[Vendor]
 
     def __init__(self, api: ApiTable, **options: Any) -> None:
+        super().__init__()
         if options:
             raise InvalidArgument(
                 f"the {self.name} backend takes no options, got {sorted(options)}",

@@ -1,6 +1,6 @@
 """One prefill (and decode) measurement per slot setting and host memory mode, with its baselines.
 
-Every time is ``backend.host_timestamp()`` read around ``Scheduler.run`` (which drains the
+Every time is ``backend.host.timestamp()`` read around ``Scheduler.run`` (which drains the
 devices before it returns): virtual seconds on the simulator, wall seconds on a GPU. The
 baselines come from the same run: the pinned H2D peak through the backend, and the same
 prefill plan with every expert tensor already on the device (compute only).
@@ -116,9 +116,9 @@ def measure_h2d_peak(backend: Backend, devices: Device | Sequence[Device], nbyte
         copy_all()  # warm-up: first-touch and mapping costs
         best = float("inf")
         for _ in range(PROBE_REPEATS):
-            start = backend.host_timestamp()
+            start = backend.host.timestamp()
             copy_all()
-            best = min(best, backend.host_timestamp() - start)
+            best = min(best, backend.host.timestamp() - start)
         return len(targets) * nbytes / best / 1e9
 
 
@@ -177,9 +177,9 @@ def _timed_runs(backend: Backend, scheduler: Scheduler, plan: Plan, repeats: int
     """Seconds of each of ``repeats`` runs of ``plan``, and the stats of the last."""
     times: list[float] = []
     for _ in range(max(1, repeats)):
-        start = backend.host_timestamp()
+        start = backend.host.timestamp()
         stats = scheduler.run(plan)
-        times.append(backend.host_timestamp() - start)
+        times.append(backend.host.timestamp() - start)
     return times, stats
 
 
@@ -406,12 +406,12 @@ def _decode(
                     (wall,), stats = _timed_runs(backend, scheduler, plan)
                 else:
                     progress(f"{what}, decode")
-                    start = backend.host_timestamp()
+                    start = backend.host.timestamp()
                     runner.decode_step_in(replay.stream, step)
                     replay.launch()
                     runner.decode_step_out(replay.stream, step)
                     stats = replay.finish()
-                    wall = backend.host_timestamp() - start
+                    wall = backend.host.timestamp() - start
                 step_s.append(wall)
                 moved += stats.bytes_moved()
             rates.append(1.0 / float(np.median(step_s)))

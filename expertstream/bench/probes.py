@@ -7,7 +7,7 @@ question (when is a stream waiting on an event released, by where its wait was e
 Sizes and repeats are bounded so that all probes together take a few seconds on a GPU. On the
 simulator they measure the profile it was opened with, which is how the fit is checked.
 
-Device times come from timing events; host times from ``backend.host_timestamp()``. Kernels
+Device times come from timing events; host times from ``backend.host.timestamp()``. Kernels
 and copies that must run back to back are held behind a short run of memsets on another
 stream while they are enqueued, so that the device, not the host, sets their pace.
 """
@@ -299,9 +299,9 @@ def _timed(device: Device, stream: Stream, enqueue: Callable[[], None]) -> float
 
 
 def _host_seconds(backend: Backend, call: Callable[[], None]) -> float:
-    start = backend.host_timestamp()
+    start = backend.host.timestamp()
     call()
-    return backend.host_timestamp() - start
+    return backend.host.timestamp() - start
 
 
 @contextlib.contextmanager
@@ -312,7 +312,7 @@ def file_mapping(device: Device, nbytes: int) -> Iterator[HostBuffer]:
     """
     chunk = np.full(min(nbytes, 64 * MIB), 0x5A, dtype=np.uint8).tobytes()
     with tempfile.TemporaryFile(prefix="expertstream-tune-") as f:
-        if device.backend.holds_data:
+        if device.backend.host.holds_data:
             for start in range(0, nbytes, len(chunk)):
                 f.write(chunk[: min(len(chunk), nbytes - start)])
         f.truncate(nbytes)
@@ -329,7 +329,7 @@ def file_mapping(device: Device, nbytes: int) -> Iterator[HostBuffer]:
 
 def _device_buffer(device: Device, data: np.ndarray | None, nbytes: int, usage: Usage = Usage.ANY) -> DeviceBuffer:
     """A buffer holding ``data`` where the backend holds data, else zeros (nothing reads them)."""
-    if data is not None and device.backend.holds_data:
+    if data is not None and device.backend.host.holds_data:
         return device.upload(data, usage)
     buf = device.alloc(nbytes, usage)
     with device.stream() as stream:
@@ -353,7 +353,7 @@ def _launch_overhead(
     backend: Backend, device: Device, stream: Stream, kernels: MoeKernels, gate: Gate, bounds: Bounds
 ) -> tuple[float, float]:
     """(host seconds per launch call, device seconds per empty kernel back to back)."""
-    with _device_buffer(device, None, 4) as h, _device_buffer(device, None, 4) as delta, backend.bare_calls():
+    with _device_buffer(device, None, 4) as h, _device_buffer(device, None, 4) as delta, backend.host.bare_calls():
         device_s, host_s = back_to_back(
             backend,
             device,
@@ -487,7 +487,7 @@ def event_order_once(
             b.wait(e1)
             b.record(released)
 
-        begun = backend.host_timestamp()
+        begun = backend.host.timestamp()
         blocked = _host_seconds(backend, lambda: a.record(start))
         blocked += _host_seconds(backend, lambda: a.copy_h2d(dst, 0, host, 0, copy1))
         blocked += _host_seconds(backend, lambda: a.record(e1))
@@ -497,7 +497,7 @@ def event_order_once(
         if wait == "after":
             blocked += _host_seconds(backend, consumer)
         released.synchronize()
-        seen = backend.host_timestamp() - begun
+        seen = backend.host.timestamp() - begun
         a.synchronize()
         return start.elapsed_ms(released) / 1e3, seen, blocked
 
@@ -531,7 +531,7 @@ def _host_copies(
                 for _ in range(1 if warm_up else bounds.repeats):
                     for _ in range(nbytes // chunk * 4):
                         stream.copy_h2d(dst, 0, busy, 0, chunk)
-                    trials.append(_parallel_copy(backend, device, workers, chunks, source.buffer, offset))
+                    trials.append(_parallel_copy(backend, workers, chunks, source.buffer, offset))
                     stream.synchronize()
             finally:
                 for worker in workers:
@@ -543,27 +543,26 @@ def _host_copies(
 
 def _parallel_copy(
     backend: Backend,
-    device: Device,
     workers: Sequence[ThreadPoolExecutor],
     dst: HostBuffer,
     src: HostBuffer,
     src_offset: int,
 ) -> float:
     """Seconds for ``workers`` to fill ``dst`` from ``src``, one equal part each, all at once."""
-    start = backend.host_timestamp()
+    start = backend.host.timestamp()
     nbytes = dst.nbytes
     step = -(-nbytes // len(workers))
     offsets = range(0, nbytes, step)
 
     def part(offset: int) -> float:
-        backend.host_resume_at(start)  # the handoff: each thread starts when the caller did
-        device.host_copy(dst, offset, src, src_offset + offset, min(step, nbytes - offset), sharing=len(offsets))
-        return backend.host_timestamp()
+        backend.host.resume_at(start)  # the handoff: each thread starts when the caller did
+        backend.host.copy(dst, offset, src, src_offset + offset, min(step, nbytes - offset), sharing=len(offsets))
+        return backend.host.timestamp()
 
     parts = [worker.submit(part, offset) for worker, offset in zip(workers, offsets, strict=False)]
     ends = [p.result() for p in parts]
     for end in ends:
-        backend.host_resume_at(end)
+        backend.host.resume_at(end)
     return max(ends) - start
 
 
@@ -584,11 +583,11 @@ def ring_stream(
         ) as ring,
     ):
         region = ring.region(offset, nbytes)
-        start = backend.host_timestamp()
+        start = backend.host.timestamp()
         ring.expect([region])
         region.enqueue_h2d(stream, dst, 0, 0, nbytes)
         stream.synchronize()
-        return backend.host_timestamp() - start
+        return backend.host.timestamp() - start
 
 
 def ring_small_copies(
@@ -634,7 +633,7 @@ def _kernels(
     rng = np.random.default_rng(ubatch)
     k, n_embd, n_ff, n_expert = shape.top_k, shape.n_embd, shape.n_ff, shape.n_expert
     pairs = ubatch * k
-    data = device.backend.holds_data
+    data = device.backend.host.holds_data
     ids = np.argsort(rng.random((ubatch, n_expert)), axis=1)[:, :k].astype(np.int32) if data else None
 
     def normal(*shape: int) -> np.ndarray | None:
@@ -741,7 +740,7 @@ def expert_weights(
         with device.stream() as stream:
             stream.memset(buf, 0, buf.alloc_size, 0)
             stream.synchronize()
-        if device.backend.holds_data:
+        if device.backend.host.holds_data:
             one = ref.random_weights(rng, w_type, n_out, n_in).reshape(-1)
             buf.write(np.tile(one, n_expert))
         yield buf

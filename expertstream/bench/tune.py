@@ -91,7 +91,7 @@ class Tuned:
 class PhaseClock:
     """Wall seconds per phase: each phase runs from its ``start`` to the next one's (or ``stop``).
 
-    Wall time, not ``backend.host_timestamp()``: what a phase costs the user, compiles included.
+    Wall time, not ``backend.host.timestamp()``: what a phase costs the user, compiles included.
     """
 
     def __init__(self, progress: Callable[[str], None] = lambda what: None) -> None:
@@ -743,7 +743,7 @@ def tune(
 def calibration_model(backend: Backend, folder: Path, preset: str, qtype: str) -> Path:
     """A few layers of ``preset`` to calibrate on: with data on a GPU, a sparse file on a timing-only simulator."""
     path = folder / f"{preset}-{qtype}-{CALIBRATION_LAYERS}l.gguf"
-    if backend.holds_data:
+    if backend.host.holds_data:
         return make_model(preset, qtype, path, layers=CALIBRATION_LAYERS)
     return write_sparse_model(preset, qtype, path, layers=CALIBRATION_LAYERS)
 

@@ -453,7 +453,7 @@ def _model(config: RunConfig, backend: Backend) -> Iterator[MoeModel]:
     made = config.made
     with tempfile.TemporaryDirectory(prefix="expertstream-") as folder, scratch_folder(folder):
         path = Path(folder) / f"{made.preset}-{made.qtype}.gguf"
-        if backend.holds_data:
+        if backend.host.holds_data:
             with progress_bar(0, f"making {path.name}", "B", unit_scale=True, unit_divisor=1024) as bar:
                 make_model(
                     made.preset,
@@ -580,7 +580,7 @@ def _header(backend: Backend, device_name: str, model: MoeModel, config: RunConf
         "backend": backend.name,
         "device": device_name,
         "profile": profile["name"] if profile else None,
-        "timing_only": not backend.holds_data,
+        "timing_only": not backend.host.holds_data,
         "seed": config.seed,
         "model": model.summary(),
         "tokens": first[0],

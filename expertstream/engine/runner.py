@@ -204,7 +204,7 @@ class _Part(Closing):
         self.device = device
         self.model = model
         self.batching = batching
-        self.data = device.backend.holds_data
+        self.data = device.backend.host.holds_data
         self.position = {index: i for i, index in enumerate(layers)}  # layer index -> its place on this device
         self.kernels = MoeKernels(device, matrix_path, direct=direct)
         self._buffers: list[DeviceBuffer] = []
@@ -358,7 +358,7 @@ class MoeRunner(Closing):
         self.seed = seed
         self.layer_split = LayerSplit(model, self.devices)
         self.device = self.devices[0]
-        self.data = self.device.backend.holds_data
+        self.data = self.device.backend.host.holds_data
         _check_uniform_layers(model)
         self.ffn: FfnConfig = ffn_config(model.arch, model.metadata, str(model.path))
         self._parts: list[_Part] = []

@@ -86,7 +86,7 @@ def default_ring_threads(device: Device) -> int:
     """The staging ring's threads on ``device``: the number its backend names for the machine it
     stands for (a simulator profile's ``ring_threads``), so a prediction does not take this host's
     core count; else this host's default."""
-    return device.backend.ring_threads or DEFAULT_RING_THREADS
+    return device.backend.host.ring_threads or DEFAULT_RING_THREADS
 
 
 _PINNED_ALIGN = 4096
@@ -332,7 +332,7 @@ def _pinned_copy(
         mappings = _wrap_mappings(model, device)
         try:
             for t in tensors:
-                device.host_copy(pinned, offsets[t.name], mappings[t.shard], t.offset, t.nbytes)
+                device.backend.host.copy(pinned, offsets[t.name], mappings[t.shard], t.offset, t.nbytes)
         finally:
             _close_all(mappings)
     except BaseException:

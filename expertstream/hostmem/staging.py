@@ -69,7 +69,7 @@ def _parse_fill(fill: RingFill | str) -> RingFill:
 
 @dataclass
 class RingStats:
-    """Where a staging ring's workers spent their time (backend.host_timestamp, virtual on the simulator).
+    """Where a staging ring's workers spent their time (backend.host.timestamp, virtual on the simulator).
 
     ``fill_s`` is summed over the workers: with ``threads`` workers over ``wall`` seconds, ``fill_s /
     (threads * wall)`` is how busy copying kept them. ``chunk_wait_s`` is summed over who waits for
@@ -182,10 +182,10 @@ class StagingRing(Closing):
         # stands for its profile's machine: where that fills with processes, timed threads are
         # handed chunks as processes are (the caller waits for each chunk's last DMA first).
         self._timed_as_processes = (
-            fill is RingFill.AUTO and backend.virtual_time and backend.ring_fill == RingFill.PROCESSES.value
+            fill is RingFill.AUTO and backend.host.virtual_time and backend.host.ring_fill == RingFill.PROCESSES.value
         )
         spans: list[FileSpan] | None = None
-        if fill is RingFill.PROCESSES or (fill is RingFill.AUTO and not backend.virtual_time):
+        if fill is RingFill.PROCESSES or (fill is RingFill.AUTO and not backend.host.virtual_time):
             found = file_spans(self.sources)
             if isinstance(found, str):
                 self.fill_note = f"fill processes cannot read the sources: {found}"
@@ -391,11 +391,11 @@ class StagingRing(Closing):
         backend = self.device.backend
         with self._lock:
             if self._released_at is not None:
-                backend.host_resume_at(self._released_at)
+                backend.host.resume_at(self._released_at)
             try:
                 yield
             finally:
-                self._released_at = backend.host_timestamp()
+                self._released_at = backend.host.timestamp()
 
     def _claim(self, key: tuple[int, int, int]) -> int:
         """The ticket of the first expected copy of ``key`` (dropping those expected before it), or _UNANNOUNCED."""
@@ -426,7 +426,7 @@ class StagingRing(Closing):
                 self._top_up()
                 continue
             self._ahead.popleft()
-            with self.device.backend.bare_calls():
+            with self.device.backend.host.bare_calls():
                 stream.copy_h2d(dst, dst_offset + fill.piece.offset, fill.chunk.buffer, 0, fill.piece.nbytes)
                 stream.record(fill.chunk.free_event)
             self.bytes_staged += fill.piece.nbytes
@@ -490,7 +490,7 @@ class StagingRing(Closing):
         for part in fill.parts:
             assert isinstance(part, Future)
             if part.exception() is None:
-                self.device.backend.host_resume_at(part.result())
+                self.device.backend.host.resume_at(part.result())
 
     def _start_fill(self, piece: _Piece, spans: list[tuple[int, int]], sharing: int) -> _Fill:
         chunk = self._chunks[self._next_chunk]
@@ -499,7 +499,7 @@ class StagingRing(Closing):
             self._wait_chunk(chunk)
         if self._processes is not None:
             return _Fill(piece, chunk, self._send_parts(chunk, piece, spans))
-        handoff = self.device.backend.host_timestamp()
+        handoff = self.device.backend.host.timestamp()
         parts = []
         for offset, n in spans:
             worker = self._workers[self._next_worker]
@@ -514,10 +514,10 @@ class StagingRing(Closing):
     def _wait_chunk(self, chunk: _Chunk) -> None:
         """The caller waits for the chunk's last DMA (fill processes cannot wait for it themselves)."""
         backend = self.device.backend
-        start = backend.host_timestamp()
+        start = backend.host.timestamp()
         chunk.free_event.synchronize()
         with self._stats_lock:
-            self._stats.chunk_wait_s += backend.host_timestamp() - start
+            self._stats.chunk_wait_s += backend.host.timestamp() - start
 
     def _send_parts(self, chunk: _Chunk, piece: _Piece, spans: list[tuple[int, int]]) -> tuple[_ProcessPart, ...]:
         """Hand a chunk's parts to the fill processes in turn."""
@@ -548,13 +548,13 @@ class StagingRing(Closing):
         backend = self.device.backend
         # A fill process sleeps until its next command: only one that was idle is woken for it
         # (the fixed cost per copy); one still copying takes it straight from its pipe.
-        woken = not self._timed_as_processes or backend.host_timestamp() < handoff
-        backend.host_resume_at(handoff)
-        start = backend.host_timestamp()
+        woken = not self._timed_as_processes or backend.host.timestamp() < handoff
+        backend.host.resume_at(handoff)
+        start = backend.host.timestamp()
         chunk.free_event.synchronize()
-        copying = backend.host_timestamp()
-        self.device.host_copy(chunk.buffer, chunk_offset, source, src_offset, nbytes, sharing=sharing, fixed_cost=woken)
-        end = backend.host_timestamp()
+        copying = backend.host.timestamp()
+        backend.host.copy(chunk.buffer, chunk_offset, source, src_offset, nbytes, sharing=sharing, fixed_cost=woken)
+        end = backend.host.timestamp()
         with self._stats_lock:
             self._stats.chunk_wait_s += copying - start
             self._stats.fill_s += end - copying
@@ -571,7 +571,7 @@ class StagingRing(Closing):
         wait(fill.parts)  # type: ignore[arg-type]
         for part in fill.parts:
             assert isinstance(part, Future)
-            self.device.backend.host_resume_at(part.result())
+            self.device.backend.host.resume_at(part.result())
 
     def _finish_process_fill(self, fill: _Fill) -> None:
         assert self._processes is not None

@@ -167,10 +167,10 @@ class PrefetchSlots:
                 self._spare_pairs.append(pair)  # no wait to time: the pair is free again
             raise
         backend = self.device.backend
-        backend.host_resume_at(unit.recorded_at)
+        backend.host.resume_at(unit.recorded_at)
         slot = self._slots[unit.position % self.n_slots]
         compute.wait(slot.ready)
-        unit.waited_at = backend.host_timestamp()
+        unit.waited_at = backend.host.timestamp()
         unit.waited.set()
         if pair is not None:
             compute.record(pair[1])
@@ -236,16 +236,16 @@ class PrefetchSlots:
                     copy_stream.memset(slot.buffer, nbytes, padded - nbytes, 0)
                 if gate is not None:
                     gate.waited.wait()
-                    backend.host_resume_at(gate.waited_at)
+                    backend.host.resume_at(gate.waited_at)
                 if unit.after is not None:
-                    backend.host_resume_at(unit.after.wait())
+                    backend.host.resume_at(unit.after.wait())
                 source.enqueue_h2d(copy_stream, slot.buffer, 0, 0, nbytes)
                 copy_stream.record(slot.ready)
             except BaseException as exc:
                 unit.error = exc  # the consumer must not read a slot this fill never completed
                 raise
             finally:  # a failed fill must not leave the consumer waiting forever
-                unit.recorded_at = backend.host_timestamp()
+                unit.recorded_at = backend.host.timestamp()
                 unit.recorded.set()
 
         return job
@@ -347,7 +347,7 @@ class _CopyWorker:
         self._thread.start()
 
     def submit(self, job: Callable[[], None]) -> None:
-        self._jobs.put((job, self._backend.host_timestamp()))
+        self._jobs.put((job, self._backend.host.timestamp()))
 
     def _loop(self) -> None:
         while True:
@@ -356,7 +356,7 @@ class _CopyWorker:
                 if item is None:
                     return
                 job, submitted_at = item
-                self._backend.host_resume_at(submitted_at)
+                self._backend.host.resume_at(submitted_at)
                 job()
             except BaseException as exc:  # surfaced on the launching thread by raise_error()
                 self._error = self._error or exc

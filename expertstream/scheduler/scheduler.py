@@ -244,7 +244,7 @@ class Scheduler(Closing):
             state.released[split.device] = unit.position
         milestone = state.launched.get(index)
         if milestone is not None:
-            milestone.reach(split.device.backend.host_timestamp())
+            milestone.reach(split.device.backend.host.timestamp())
 
     def _prepare_next(self, plan: Plan, index: int, state: _RunState, stats: RunStats) -> None:
         """Right after split index-1 is launched: wait for split index's slots, then fire ahead.

@@ -68,7 +68,7 @@ def enqueue_ranges(source: HostSource, stream: Stream, dst: DeviceBuffer, ranges
     if isinstance(source, RangesSource):
         source.enqueue_h2d_ranges(stream, dst, ranges)
         return
-    with stream.device.backend.bare_calls():  # back to back: none of the job's work between them
+    with stream.device.backend.host.bare_calls():  # back to back: none of the job's work between them
         for start, end in ranges:
             source.enqueue_h2d(stream, dst, start, start, end - start)
 

@@ -67,7 +67,7 @@ class StockCopier:
 
     def check_gathered_ids(self) -> None:
         """Once the run's stream is done: raise if a gather met a routing id that names no expert."""
-        if not self._gathered or self._report is None or not self.device.backend.holds_data:
+        if not self._gathered or self._report is None or not self.device.backend.host.holds_data:
             return  # timing only: the simulated ids mean nothing
         tag, bad = (int(v) for v in self._report.read(0, 8).view(np.int32))
         if tag >= 0:
@@ -162,7 +162,8 @@ class StockCopier:
             stream.copy_d2h(self.device.wrap_host(ids), 0, routing.ids.buffer, routing.ids.offset, ids.nbytes)
             stream.synchronize()
             stats.ids_readbacks += 1
-            if not self.device.backend.holds_data:  # timing only: the read-back cost is paid, its bytes mean nothing
+            # Timing only: the read-back cost is paid, its bytes mean nothing.
+            if not self.device.backend.host.holds_data:
                 if routing.stand_in_ids is None:
                     raise InvalidArgument(
                         f"split {split.name!r}: a backend without data cannot read routing ids back",

@@ -74,3 +74,17 @@ def test_the_old_module_paths_of_the_workload_still_import(old: str, new: str) -
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.startswith("True") and f"{old} moved to {new}" in out
+
+
+def test_the_old_dlpack_module_path_still_imports() -> None:
+    code = (
+        "import warnings\n"
+        "with warnings.catch_warnings(record=True) as seen:\n"
+        "    warnings.simplefilter('always')\n"
+        "    from expertstream.backends.interop import DLDeviceType, TypedView, live_exports\n"
+        "import expertstream.backends.dlpack as new\n"
+        "same = (DLDeviceType, TypedView, live_exports) == (new.DLDeviceType, new.TypedView, new.live_exports)\n"
+        "print(same, [str(w.message) for w in seen])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.startswith("True") and "expertstream.backends.interop moved to expertstream.backends.dlpack" in out

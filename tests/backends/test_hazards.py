@@ -206,13 +206,13 @@ def test_host_timestamp_hands_ordering_to_another_thread(sim: SimBackend) -> Non
     buf = dev.alloc(64)
     s1.memset(buf, 0, 64, 1)
     s1.synchronize()
-    stamp = sim.host_timestamp()
+    stamp = sim.host.timestamp()
     errors: list[BaseException] = []
 
     def worker(resume: bool) -> None:
         try:
             if resume:
-                sim.host_resume_at(stamp)
+                sim.host.resume_at(stamp)
             s2.memset(buf, 0, 64, 2)
         except BaseException as exc:
             errors.append(exc)
@@ -472,7 +472,7 @@ def test_host_write_into_a_buffer_a_copy_still_reads(sim: SimBackend, locked: Ho
     assert "host write (numpy view) on host thread 0" in text and "h2d copy on stream" in text
     assert f"{locked!r} bytes [2048, 3072)" in text and "synchronize" in text
     with pytest.raises(HazardError, match="write-after-read"):
-        dev.host_copy(locked, 0, dev.wrap_host(np.zeros(4096, dtype=np.uint8)), 0, 4096)
+        sim.host.copy(locked, 0, dev.wrap_host(np.zeros(4096, dtype=np.uint8)), 0, 4096)
     locked.numpy(0, 1024, write=True)[:] = 2  # bytes the copy does not read
     assert locked.numpy(1024, 2048).tolist() == [1] * 2048  # reading what a copy reads is fine
     stream.synchronize()
@@ -492,7 +492,7 @@ def test_host_read_of_a_buffer_a_copy_still_writes(sim: SimBackend, locked: Host
     assert info.value.kind is HazardKind.READ_AFTER_WRITE  # type: ignore[attr-defined]
     assert "d2h copy" in str(info.value)
     with pytest.raises(HazardError, match="read-after-write"):
-        dev.host_copy(dev.wrap_host(np.zeros(16, dtype=np.uint8)), 0, locked, 0, 16)
+        sim.host.copy(dev.wrap_host(np.zeros(16, dtype=np.uint8)), 0, locked, 0, 16)
     done.synchronize()
     assert np.array_equal(locked.numpy(), data)
 
@@ -506,7 +506,7 @@ def test_host_write_on_one_thread_then_a_copy_from_another(sim: SimBackend) -> N
 
     def fill() -> None:
         host.numpy(write=True)[:] = 7
-        stamps["filled"] = sim.host_timestamp()
+        stamps["filled"] = sim.host.timestamp()
 
     thread = threading.Thread(target=fill)
     thread.start()
@@ -514,8 +514,8 @@ def test_host_write_on_one_thread_then_a_copy_from_another(sim: SimBackend) -> N
     stream, slot = dev.stream(), dev.alloc(256)
     with pytest.raises(HazardError, match="read-after-write.*host write") as info:
         stream.copy_h2d(slot, 0, host, 0, 256)  # nothing told this thread the fill is done
-    assert "host_resume_at" in str(info.value)
-    sim.host_resume_at(stamps["filled"])
+    assert "host.resume_at" in str(info.value)
+    sim.host.resume_at(stamps["filled"])
     stream.copy_h2d(slot, 0, host, 0, 256)
     stream.synchronize()
     assert slot.read().tolist() == [7] * 256

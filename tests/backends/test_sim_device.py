@@ -98,7 +98,7 @@ def test_calls_inside_bare_calls_cost_the_profile_s_call_s() -> None:
             before = sim.host_time()
             stream.record(event)
             assert sim.host_time() - before == pytest.approx(40e-6)
-            with sim.bare_calls():
+            with sim.host.bare_calls():
                 before = sim.host_time()
                 stream.record(event)
                 assert sim.host_time() - before == pytest.approx(want)

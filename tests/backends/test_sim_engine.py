@@ -123,14 +123,14 @@ def test_each_host_thread_has_its_own_clock() -> None:
         def worker() -> None:
             dev.stream().copy_h2d(buf, 0, host, 0, 64 * MIB)  # pageable: blocks this thread only
             seen["time"] = sim.host_time()
-            seen["stamp"] = sim.host_timestamp()
+            seen["stamp"] = sim.host.timestamp()
 
         thread = threading.Thread(target=worker)
         thread.start()
         thread.join()
         assert seen["time"] >= 64 * MIB / sim.profile.h2d_pageable_bps
         assert sim.host_time() == main_before
-        sim.host_resume_at(seen["stamp"])
+        sim.host.resume_at(seen["stamp"])
         assert sim.host_time() == seen["time"]
 
 
@@ -145,7 +145,7 @@ def test_enqueue_costs_and_blocking_calls_move_the_host_clock() -> None:
         stream.synchronize()
         assert sim.host_time() >= GIB / profile.h2d_pinned_bps
         t = sim.host_time()
-        dev.host_copy(pinned, 0, dev.placeholder_host(MIB), 0, MIB)
+        sim.host.copy(pinned, 0, dev.placeholder_host(MIB), 0, MIB)
         assert sim.host_time() == pytest.approx(t + MIB / profile.host_memcpy_bps)
 
 
@@ -159,15 +159,15 @@ def test_host_copies_take_their_share_of_the_memory_bus_whatever_order_threads_r
     with _open(profile=profile, data=False) as sim:
         dev = sim.device(0)
         src, dst = dev.placeholder_host(sharing * MIB), dev.placeholder_host(sharing * MIB)
-        start = sim.host_timestamp()
+        start = sim.host.timestamp()
         ends: list[float] = []
 
         go = [threading.Event() for _ in range(sharing)]
 
         def part(i: int) -> None:
             go[i].wait()
-            sim.host_resume_at(start)
-            dev.host_copy(dst, i * MIB, src, i * MIB, MIB, sharing=sharing)
+            sim.host.resume_at(start)
+            sim.host.copy(dst, i * MIB, src, i * MIB, MIB, sharing=sharing)
             ends.append(sim.host_time())
             if i > 0:
                 go[i - 1].set()
@@ -188,7 +188,7 @@ def test_host_copy_refuses_a_sharing_that_is_not_a_count(sharing: Any) -> None:
         dev = sim.device(0)
         host = dev.placeholder_host(MIB)
         with pytest.raises(InvalidArgument, match="sharing"):
-            dev.host_copy(host, 0, host, 0, 16, sharing=sharing)
+            sim.host.copy(host, 0, host, 0, 16, sharing=sharing)
 
 
 # -- engines ----------------------------------------------------------------------------------

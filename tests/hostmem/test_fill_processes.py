@@ -151,8 +151,8 @@ def test_auto_fills_with_processes_on_a_gpu_and_as_its_profile_says_on_the_simul
     backend: Backend, sources: list[HostBuffer]
 ) -> None:
     with StagingRing(sources, threads=2, fill=RingFill.AUTO) as ring:
-        if backend.virtual_time:  # timed threads, handed chunks as the profile's machine fills them
-            assert ring.fill.value == (backend.ring_fill or "threads") and ring._processes is None
+        if backend.host.virtual_time:  # timed threads, handed chunks as the profile's machine fills them
+            assert ring.fill.value == (backend.host.ring_fill or "threads") and ring._processes is None
         else:
             assert ring.fill is RingFill.PROCESSES and ring._processes is not None
         assert ring.fill_note is None
@@ -297,7 +297,7 @@ def test_the_simulator_times_threads_as_its_profile_s_fill_processes(files: list
             chunk_was_free: list[bool] = []
 
             def fill_part(chunk: Any, *args: Any) -> float:
-                sim.host_resume_at(args[4])  # the handoff: the worker starts when the caller handed it the chunk
+                sim.host.resume_at(args[4])  # the handoff: the worker starts when the caller handed it the chunk
                 chunk_was_free.append(chunk.free_event.query())
                 return real_fill(chunk, *args)
 

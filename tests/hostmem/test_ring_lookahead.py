@@ -106,7 +106,7 @@ def test_closing_waits_for_the_fills_made_ahead() -> None:
         assert all(chunk.closed for chunk in chunks)
         fills = [op for op in sim.timeline if op.kind is OpKind.HOST_COPY]
         assert len(fills) == 2  # one per chunk (a 4 MiB chunk is one part: parts are 8 MiB at least)
-        assert sim.host_timestamp() >= max(op.end for op in fills), "chunks freed before their fills ended"
+        assert sim.host.timestamp() >= max(op.end for op in fills), "chunks freed before their fills ended"
 
 
 def test_only_the_rings_own_regions_can_be_expected(backend: Backend) -> None:
@@ -163,7 +163,7 @@ class _ChunkUses:
         self.chunks = {id(chunk.buffer) for chunk in ring._chunks}
         self.writes: list[_Use] = []
         self._dma_sources: list[int] = []
-        real_host_copy = ring.device.host_copy
+        real_host_copy = ring.device.backend.host.copy
 
         def host_copy(
             dst: HostBuffer,
@@ -175,11 +175,11 @@ class _ChunkUses:
             sharing: int = 1,
             fixed_cost: bool = True,
         ) -> None:
-            start = sim.host_timestamp()
+            start = sim.host.timestamp()
             real_host_copy(dst, dst_offset, src, src_offset, nbytes, sharing=sharing, fixed_cost=fixed_cost)
-            self.writes.append(_Use(id(dst), start, sim.host_timestamp()))
+            self.writes.append(_Use(id(dst), start, sim.host.timestamp()))
 
-        ring.device.host_copy = host_copy  # type: ignore[method-assign]
+        ring.device.backend.host.copy = host_copy  # type: ignore[method-assign]
 
     def watch(self, stream: Stream) -> None:
         real_copy_h2d = stream.copy_h2d
@@ -277,11 +277,11 @@ def _pass_seconds(lookahead: bool) -> tuple[float, float]:
             if lookahead:
                 ring.expect(tensors)
             with device.alloc(5 * MIB // 2) as dst, device.stream() as stream:
-                start = sim.host_timestamp()
+                start = sim.host.timestamp()
                 for tensor in tensors:
                     tensor.enqueue_h2d(stream, dst, 0, 0, tensor.length)
                 stream.synchronize()
-                seconds = sim.host_timestamp() - start
+                seconds = sim.host.timestamp() - start
         fills = sorted((op.start, op.end) for op in sim.timeline if op.kind is OpKind.HOST_COPY)
         idle = sum(max(0.0, b[0] - a[1]) for a, b in itertools.pairwise(fills))
         return seconds, idle
@@ -311,11 +311,11 @@ def test_the_fill_threads_share_the_host_memory_bus_whatever_the_geometry(chunk_
             device.stream() as stream,
         ):
             region = ring.region(0, nbytes)
-            start = sim.host_timestamp()
+            start = sim.host.timestamp()
             ring.expect([region])
             region.enqueue_h2d(stream, dst, 0, 0, nbytes)
             stream.synchronize()
-            seconds = sim.host_timestamp() - start
+            seconds = sim.host.timestamp() - start
     assert nbytes / seconds == pytest.approx(24e9, rel=0.08)
 
 

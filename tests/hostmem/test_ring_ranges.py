@@ -93,14 +93,14 @@ def _seconds(at_once: bool) -> float:
             device.stream() as stream,
         ):
             region = ring.region(0, 16 * expert)
-            start = sim.host_timestamp()
+            start = sim.host.timestamp()
             if at_once:
                 region.enqueue_h2d_ranges(stream, dst, ranges)
             else:
                 for begin, end in ranges:
                     region.enqueue_h2d(stream, dst, begin, begin, end - begin)
             stream.synchronize()
-            return sim.host_timestamp() - start
+            return sim.host.timestamp() - start
 
 
 def test_the_ranges_fill_side_by_side() -> None:

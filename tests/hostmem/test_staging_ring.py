@@ -101,17 +101,17 @@ def test_concurrent_callers_are_serialized_and_exact(backend: Backend) -> None:
         dsts = [device.alloc(half), device.alloc(data.nbytes - half)]
         errors: list[BaseException] = []
         finished: list[float] = []
-        start_time = backend.host_timestamp()
+        start_time = backend.host.timestamp()
 
         def worker(index: int) -> None:
-            backend.host_resume_at(start_time)
+            backend.host.resume_at(start_time)
             try:
                 with device.stream() as stream:
                     ring.copy(stream, dsts[index], 0, index * half, dsts[index].nbytes)
                     stream.synchronize()
             except BaseException as exc:  # reported below
                 errors.append(exc)
-            finished.append(backend.host_timestamp())
+            finished.append(backend.host.timestamp())
 
         threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
         for t in threads:
@@ -120,7 +120,7 @@ def test_concurrent_callers_are_serialized_and_exact(backend: Backend) -> None:
             t.join()
         assert not errors
         for timestamp in finished:  # the joins, told to the backend
-            backend.host_resume_at(timestamp)
+            backend.host.resume_at(timestamp)
         assert np.array_equal(np.concatenate([d.read() for d in dsts]), data)
         for d in dsts:
             d.close()

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from expertstream.backends.base import Device
-from expertstream.backends.interop import DLDeviceType
+from expertstream.backends.dlpack import DLDeviceType
 
 
 def torch_reaching(device: Device) -> Any:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from expertstream.backends.base import Device
-from expertstream.backends.interop import DLDeviceType, live_exports
+from expertstream.backends.dlpack import DLDeviceType, live_exports
 from expertstream.errors import InvalidArgument, UseAfterClose
 
 

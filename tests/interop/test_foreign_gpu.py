@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from expertstream.backends.base import Device
-from expertstream.backends.interop import DLDeviceType
+from expertstream.backends.dlpack import DLDeviceType
 
 from .reach import torch_reaching
 

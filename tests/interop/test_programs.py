@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from expertstream.backends.base import Device, Stream
-from expertstream.backends.interop import DLDeviceType
+from expertstream.backends.dlpack import DLDeviceType
 from expertstream.errors import InvalidArgument
 from expertstream.interop import dlpack_compute, typed_bindings
 from expertstream.scheduler import HostRegion, Input, MulMatId, Plan, Scheduler, Split

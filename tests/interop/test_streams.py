@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from expertstream.backends.base import Device, Stream
-from expertstream.backends.interop import DLDeviceType
+from expertstream.backends.dlpack import DLDeviceType
 from expertstream.errors import InvalidArgument
 
 

@@ -114,7 +114,7 @@ def test_zero_sized_tensors_bind_their_padded_size(backend: Backend, slots: int)
         assert [{k: v for k, v in s.items() if k != "w"} for s in seen] == [
             {"empty": 0, "empty_q4": padding, "empty_resident": 0}
         ] * 3
-        if backend.holds_data:
+        if backend.host.holds_data:
             assert all(not probe.read().any() for probe in probes)  # the padding kernels read is zero
     finally:
         for buf in [*probes, empty_device, empty_host]:
@@ -258,17 +258,17 @@ def test_two_schedulers_on_one_device_from_two_threads(backend: Backend) -> None
     start = threading.Barrier(len(jobs))
     results: dict[str, list[RunStats]] = {}
     errors: list[BaseException] = []
-    built_at = backend.host_timestamp()  # what the threads must know: the plans' uploads are done
+    built_at = backend.host.timestamp()  # what the threads must know: the plans' uploads are done
     finished: list[float] = []  # and what this thread must know: the threads' runs are done
 
     def work(name: str) -> None:
         built, slots = jobs[name]
         try:
-            backend.host_resume_at(built_at)
+            backend.host.resume_at(built_at)
             with Scheduler(slots=slots) as sched:
                 start.wait()
                 results[name] = [sched.run(built.plan) for _ in range(3)]
-            finished.append(backend.host_timestamp())
+            finished.append(backend.host.timestamp())
         except BaseException as exc:
             start.abort()  # the other thread must not wait for this one forever
             errors.append(exc)
@@ -279,7 +279,7 @@ def test_two_schedulers_on_one_device_from_two_threads(backend: Backend) -> None
     for thread in threads:
         thread.join()
     for stamp in finished:
-        backend.host_resume_at(stamp)
+        backend.host.resume_at(stamp)
     try:
         assert not errors, errors
         label = backend.device(0).label

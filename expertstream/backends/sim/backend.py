@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 
 from ...timeline import TimelineOp
 from ..base import Backend, Vendor
 from .core import Simulation
 from .device import SimDevice
-from .engine import HostTimestamp
+from .host import SimHost
 from .profiles import Profile
 
 
@@ -23,6 +22,7 @@ class SimBackend(Backend):
 
     def __init__(self, profile: Profile, *, devices: int, peer_access: bool, data: bool, check_hazards: bool) -> None:
         self._sim = Simulation(profile, data=data, check_hazards=check_hazards)
+        super().__init__(SimHost(self._sim))
         self._devices = tuple(SimDevice(self, i, self._sim, peer_access) for i in range(devices))
 
     @property
@@ -39,23 +39,6 @@ class SimBackend(Backend):
         return self._sim.profile
 
     @property
-    def virtual_time(self) -> bool:
-        return True
-
-    @property
-    def holds_data(self) -> bool:
-        """False in timing-only mode: no memory behind buffers, kernels not run."""
-        return self._sim.data
-
-    @property
-    def ring_threads(self) -> int | None:
-        return self._sim.profile.ring_threads
-
-    @property
-    def ring_fill(self) -> str | None:
-        return self._sim.profile.ring_fill
-
-    @property
     def check_hazards(self) -> bool:
         return self._sim.checker is not None
 
@@ -68,21 +51,10 @@ class SimBackend(Backend):
         """The calling thread's virtual clock in seconds."""
         return self._sim.clocks.now()
 
-    def host_timestamp(self) -> HostTimestamp:
-        return self._sim.host_timestamp()
-
-    def host_resume_at(self, timestamp: float) -> None:
-        self._sim.host_resume_at(timestamp)
-
-    @contextmanager
-    def bare_calls(self) -> Iterator[None]:
-        with self._sim.bare_calls():
-            yield
-
     def describe(self) -> dict[str, Any]:
         out = super().describe()
         out["profile"] = dataclasses.asdict(self.profile)
-        out["data"] = self.holds_data
+        out["data"] = self.host.holds_data
         out["check_hazards"] = self.check_hazards
         return out
 

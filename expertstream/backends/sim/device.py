@@ -16,10 +16,8 @@ from ..base import (
     Kernel,
     Usage,
     as_host_bytes,
-    check_range,
-    check_sharing,
 )
-from ..interop import DLDeviceType
+from ..dlpack import DLDeviceType
 from .core import Simulation
 from .hazards import Touch
 from .kernels import SimKernel, lookup_kernel
@@ -185,36 +183,6 @@ class SimDevice(Device):
     def wrap_host(self, obj: Any) -> HostBuffer:
         array, owner = as_host_bytes(obj)
         return SimHostBuffer(self, array, HostMemory.PAGEABLE, owner=owner)
-
-    def host_copy(
-        self,
-        dst: HostBuffer,
-        dst_offset: int,
-        src: HostBuffer,
-        src_offset: int,
-        nbytes: int,
-        *,
-        sharing: int = 1,
-        fixed_cost: bool = True,
-    ) -> None:
-        """A memcpy on the calling thread, which it pays for at the profile's one-thread rate or at
-        its share of the host memory bus, whichever is lower, after the profile's fixed cost per
-        copy where ``fixed_cost``."""
-        call = "Device.host_copy"
-        check_range(call, dst, dst_offset, nbytes)
-        check_range(call, src, src_offset, nbytes)
-        check_sharing(call, sharing)
-        self.sim.host_access(
-            (
-                Touch(src, src_offset, src_offset + nbytes, write=False),
-                Touch(dst, dst_offset, dst_offset + nbytes, write=True),
-            ),
-            "host copy",
-            call,
-        )
-        if self.sim.data:  # timing-only: placeholder memory is never touched
-            super().host_copy(dst, dst_offset, src, src_offset, nbytes, sharing=sharing, fixed_cost=fixed_cost)
-        self.sim.host_copy(nbytes, sharing, fixed_cost=fixed_cost)
 
     def _check_host_access(self, host: HostBuffer, offset: int, nbytes: int, write: bool, call: str) -> None:
         what = "host write (numpy view)" if write else "host read (numpy view)"

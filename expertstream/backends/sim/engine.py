@@ -65,7 +65,7 @@ class BusyTrack:
 class HostTimestamp(float):
     """A host thread's clock reading that also carries what the thread knew (its vector clock).
 
-    Handing it to another thread with ``host_resume_at`` moves that thread's clock forward and,
+    Handing it to another thread with ``Host.resume_at`` moves that thread's clock forward and,
     with the hazard checker on, orders it after everything the sender had observed.
     """
 

@@ -30,8 +30,8 @@ VectorClock = dict[int, int]
 _ORDERING_HINT = "record an event after the earlier operation and make the later one's stream wait for it"
 _HOST_HINT = "synchronize the stream, or an event recorded after that work, before the host touches those bytes"
 _HANDOFF_HINT = (
-    "enqueue from the thread that touched the bytes, or hand its Backend.host_timestamp() to the enqueuing "
-    "thread's host_resume_at() first"
+    "enqueue from the thread that touched the bytes, or hand its backend.host.timestamp() to the enqueuing "
+    "thread's backend.host.resume_at() first"
 )
 
 

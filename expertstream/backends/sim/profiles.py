@@ -107,11 +107,11 @@ class Profile:
     # All host threads copying at once (a shared memory bus); None: each thread gets host_memcpy_bps.
     host_memcpy_total_bps: float | None = None
     # Host seconds of one call by itself, with no work of its caller between calls (back-to-back
-    # launches; a staging ring's DMAs and records, inside Backend.bare_calls); None: enqueue_s.
+    # launches; a staging ring's DMAs and records, inside Host.bare_calls); None: enqueue_s.
     call_s: float | None = None
     # Host seconds a memcpy costs before its bytes move: handing it to the thread or process that
     # does it, and the call. Decode's many small copies through a ring pay it each. Threads pay it
-    # for every copy; fill processes only for a copy that wakes an idle one (Device.host_copy's fixed_cost).
+    # for every copy; fill processes only for a copy that wakes an idle one (Host.copy's fixed_cost).
     host_copy_latency_s: float = 0.0
     # Seconds a copy from pageable memory costs beyond copy_latency_s before its bytes move (the
     # runtime's staging). Decode's copies of single experts from a mapping pay it each.

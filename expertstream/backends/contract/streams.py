@@ -1,0 +1,489 @@
+"""The contract's queues of device work: streams, events, kernels and captured graphs.
+
+Every enqueue is validated here once, for every backend (open objects, host vs device
+arguments, byte ranges, devices), then handed to a backend's ``_primitive``.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..._closing import Closing
+from ...errors import HazardError, InvalidArgument, UseAfterClose
+from ...timeline import OpKind
+from ..dlpack import DLDeviceType, ProducerStream
+from .memory import BufferView, DeviceBuffer, HostBuffer, RowGather, check_range
+
+if TYPE_CHECKING:
+    from .devices import Device
+
+
+KernelArg = DeviceBuffer | BufferView | np.integer | np.floating
+
+
+def _check_kinds(call: str, dst: object, dst_type: type, src: object, src_type: type | None) -> None:
+    """Refuse a device buffer where host memory is expected, and the reverse.
+
+    An unchecked is_host once handed device pointers to host-to-device copies.
+    """
+    for role, obj, expected in (("destination", dst, dst_type), ("source", src, src_type)):
+        if expected is not None and not isinstance(obj, expected):
+            raise InvalidArgument(
+                f"{role} must be a {expected.__name__}, got {type(obj).__name__}",
+                call=call,
+                hint="host data goes through HostBuffer (device.wrap_host / alloc_pinned), device data through "
+                "DeviceBuffer",
+            )
+
+
+class Event(abc.ABC, Closing):
+    """A marker in a stream. Waits bind to the most recent record at the time they are enqueued."""
+
+    def __init__(self, device: Device, timing: bool, *, owned: bool = True) -> None:
+        self.device = device
+        self.timing = timing
+        self.owned = owned  # False for events wrapped with event_from: close() leaves them alone
+        self.closed = False
+
+    @abc.abstractmethod
+    def query(self) -> bool:
+        """True when the recorded work is done (or the event was never recorded)."""
+
+    @abc.abstractmethod
+    def synchronize(self) -> None:
+        """Block the host until the recorded work is done."""
+
+    @abc.abstractmethod
+    def _elapsed_ms(self, end: Event) -> float: ...
+
+    @abc.abstractmethod
+    def _destroy(self) -> None: ...
+
+    def elapsed_ms(self, end: Event) -> float:
+        """Milliseconds from this event to ``end``; both must be timing events."""
+        if not (self.timing and end.timing):
+            raise InvalidArgument(
+                "elapsed time needs timing events", call="Event.elapsed_ms", hint="create with event(timing=True)"
+            )
+        self._check_open("Event.elapsed_ms")
+        end._check_open("Event.elapsed_ms")
+        return self._elapsed_ms(end)
+
+    def close(self) -> None:
+        """Destroy the event; events from event_from are left alone."""
+        if not self.closed:
+            if self.owned:
+                self._destroy()
+            self.closed = True
+
+    def _check_open(self, call: str) -> None:
+        if self.closed:
+            raise UseAfterClose("event is closed", call=call, device=self.device.label)
+
+
+class Kernel:
+    """A compiled kernel bound to one device."""
+
+    def __init__(self, device: Device, name: str) -> None:
+        self.device = device
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Kernel({self.name!r} on {self.device.label})"
+
+
+Dim3 = int | Sequence[int]
+
+
+def dim3(d: Dim3) -> tuple[int, int, int]:
+    t = (d,) if isinstance(d, (int, np.integer)) else tuple(d)
+    if not 1 <= len(t) <= 3 or any(int(x) < 1 for x in t):
+        raise InvalidArgument(f"grid and block sizes must be 1..3 positive integers, got {d!r}")
+    return (int(t[0]), int(t[1]) if len(t) > 1 else 1, int(t[2]) if len(t) > 2 else 1)
+
+
+class Graph(abc.ABC, Closing):
+    """Work captured from a stream (Stream.begin_capture .. end_capture), run again with one launch.
+
+    A graph holds the addresses its work was captured with: the buffers it reads and writes must
+    stay open, and hold what the work expects, for as long as it is launched.
+    """
+
+    def __init__(self, device: Device, operations: int) -> None:
+        self.device = device
+        self.operations = operations  # the calls captured
+        self.closed = False
+
+    @abc.abstractmethod
+    def _launch(self, stream: Stream) -> None: ...
+
+    @abc.abstractmethod
+    def _destroy(self) -> None: ...
+
+    def launch(self, stream: Stream) -> None:
+        """Enqueue everything the graph captured on ``stream``, in the captured order."""
+        call = "Graph.launch"
+        if self.closed:
+            raise UseAfterClose("graph is closed", call=call, device=self.device.label)
+        stream._check_open(call)
+        if stream.device is not self.device:
+            raise InvalidArgument(
+                f"the graph was captured on {self.device.label}", call=call, device=stream.device.label
+            )
+        if stream.capturing:
+            raise InvalidArgument("cannot launch a graph into a capture", call=call, device=self.device.label)
+        stream._traced(OpKind.KERNEL, f"graph of {self.operations} calls", 0, lambda: self._launch(stream))
+
+    def close(self) -> None:
+        """Release the graph; launches already enqueued still run."""
+        if not self.closed:
+            self._destroy()
+            self.closed = True
+
+
+class Stream(ProducerStream, Closing):
+    """An in-order queue of device work. Every enqueue returns at once unless noted."""
+
+    def __init__(self, device: Device, *, owned: bool = True) -> None:
+        self.device = device
+        self.owned = owned  # False for streams wrapped with from_handle: close() leaves them alone
+        self.closed = False
+        self.capturing = False  # between begin_capture and end_capture: work is recorded, not run
+
+    # -- primitives each backend implements (arguments already validated) -------------
+    @property
+    @abc.abstractmethod
+    def handle(self) -> int:
+        """The native stream handle (cudaStream_t / hipStream_t value), for interop."""
+
+    @abc.abstractmethod
+    def _copy_h2d(self, dst: DeviceBuffer, dst_offset: int, src: HostBuffer, src_offset: int, n: int) -> None: ...
+
+    @abc.abstractmethod
+    def _copy_d2h(self, dst: HostBuffer, dst_offset: int, src: DeviceBuffer, src_offset: int, n: int) -> None: ...
+
+    @abc.abstractmethod
+    def _copy_d2d(self, dst: DeviceBuffer, dst_offset: int, src: DeviceBuffer, src_offset: int, n: int) -> None: ...
+
+    @abc.abstractmethod
+    def _memset(self, dst: DeviceBuffer, offset: int, n: int, value: int) -> None: ...
+
+    @abc.abstractmethod
+    def _gather_h2d(self, dst: DeviceBuffer, dst_offset: int, src: HostBuffer, rows: RowGather) -> None: ...
+
+    @abc.abstractmethod
+    def _begin_capture(self) -> None: ...
+
+    @abc.abstractmethod
+    def _end_capture(self, keep: bool) -> Graph | None: ...
+
+    @abc.abstractmethod
+    def _record(self, event: Event) -> None: ...
+
+    @abc.abstractmethod
+    def _wait(self, event: Event) -> None: ...
+
+    @abc.abstractmethod
+    def _launch(
+        self,
+        kernel: Kernel,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        args: tuple[Any, ...],
+        shared_mem: int,
+    ) -> None: ...
+
+    @abc.abstractmethod
+    def synchronize(self) -> None:
+        """Block the host until all work enqueued so far is done."""
+
+    @abc.abstractmethod
+    def query(self) -> bool:
+        """True when all work enqueued so far is done."""
+
+    @abc.abstractmethod
+    def _destroy(self) -> None: ...
+
+    # -- the public, validated API ------------------------------------------------------
+    def copy_h2d(self, dst: DeviceBuffer, dst_offset: int, src: HostBuffer, src_offset: int, nbytes: int) -> None:
+        """Copy host -> device (ggml's async set_tensor). From pageable memory this may block the host."""
+        call = "Stream.copy_h2d"
+        self._check_h2d(call, dst, dst_offset, src, src_offset, nbytes)
+        self._check_capturable(call, src)
+        if nbytes:
+            self._traced(
+                OpKind.H2D, "copy_h2d", nbytes, lambda: self._copy_h2d(dst, dst_offset, src, src_offset, nbytes)
+            )
+
+    def copy_d2h(self, dst: HostBuffer, dst_offset: int, src: DeviceBuffer, src_offset: int, nbytes: int) -> None:
+        call = "Stream.copy_d2h"
+        self._check_open(call)
+        _check_kinds(call, dst, HostBuffer, src, DeviceBuffer)
+        check_range(call, dst, dst_offset, nbytes)
+        check_range(call, src, src_offset, nbytes)
+        self._check_same_device(call, src)
+        self._check_capturable(call, dst)
+        if dst.read_only:
+            raise InvalidArgument("cannot copy into read-only host memory", call=call, device=self.device.label)
+        if nbytes:
+            self._traced(
+                OpKind.D2H, "copy_d2h", nbytes, lambda: self._copy_d2h(dst, dst_offset, src, src_offset, nbytes)
+            )
+
+    def copy_d2d(self, dst: DeviceBuffer, dst_offset: int, src: DeviceBuffer, src_offset: int, nbytes: int) -> None:
+        """Copy device -> device; across devices it needs peer access enabled."""
+        call = "Stream.copy_d2d"
+        self._check_open(call)
+        _check_kinds(call, dst, DeviceBuffer, src, DeviceBuffer)
+        check_range(call, dst, dst_offset, nbytes)
+        check_range(call, src, src_offset, nbytes)
+        for buf in (dst, src):
+            if not self.device.can_access_peer(buf.device):
+                raise InvalidArgument(
+                    f"{buf!r} is on {buf.device.label} and {self.device.label} has no peer access to it",
+                    call=call,
+                    device=self.device.label,
+                    hint="call enable_peer_access() first, or stage the copy through host memory",
+                )
+        if nbytes:
+            self._traced(
+                OpKind.D2D, "copy_d2d", nbytes, lambda: self._copy_d2d(dst, dst_offset, src, src_offset, nbytes)
+            )
+
+    def memset(self, dst: DeviceBuffer, offset: int, nbytes: int, value: int = 0) -> None:
+        call = "Stream.memset"
+        self._check_open(call)
+        _check_kinds(call, dst, DeviceBuffer, None, None)
+        check_range(call, dst, offset, nbytes)
+        self._check_same_device(call, dst)
+        if not 0 <= value <= 255:
+            raise InvalidArgument(f"memset value {value} is not a byte", call=call, device=self.device.label)
+        if nbytes:
+            self._traced(OpKind.MEMSET, "memset", nbytes, lambda: self._memset(dst, offset, nbytes, value))
+
+    def gather_h2d(
+        self,
+        dst: DeviceBuffer,
+        dst_offset: int,
+        src: HostBuffer,
+        src_offset: int,
+        nbytes: int,
+        ids: BufferView,
+        n_ids: int,
+        row_nbytes: int,
+        overrun: int = 0,
+        *,
+        report: BufferView | None = None,
+        tag: int = 0,
+    ) -> None:
+        """Copy host -> device the rows that ids on the device name, without the host reading them.
+
+        ``[src_offset, src_offset + nbytes)`` of ``src`` holds rows of ``row_nbytes``; for each
+        distinct id in the first ``n_ids`` int32 of ``ids`` that names a row, the row's bytes and
+        up to ``overrun`` bytes after it (what kernels read past a row's end; never past
+        ``nbytes``) go to the same offsets after ``dst_offset``. Other ids are skipped and other
+        bytes of ``dst`` keep their values. The device reads ``src`` itself (it must be page-locked:
+        pinned or registered), in stream order after the work that writes ``ids``, so a decode
+        step's expert copies need no host round trip to learn which experts to copy.
+
+        ``report``: two int32 on the device, the first -1 beforehand. The first gather to meet an
+        id naming no row writes ``tag`` and that id there, for the caller to read once the
+        stream is done (the host never waits for it here).
+        """
+        call = "Stream.gather_h2d"
+        self._check_h2d(call, dst, dst_offset, src, src_offset, nbytes)
+        if not src.is_page_locked:
+            raise InvalidArgument(
+                f"the device cannot read {src.kind.value} host memory",
+                call=call,
+                device=self.device.label,
+                hint="register the memory (HostBuffer.register) or copy from pinned memory; for pageable "
+                "memory read the ids back and copy the rows with copy_h2d",
+            )
+        if not isinstance(ids, BufferView):
+            raise InvalidArgument(
+                f"ids must be a BufferView of int32 on the device, got {type(ids).__name__}", call=call
+            )
+        if ids.buffer.closed:
+            raise UseAfterClose(f"the ids' {ids.buffer!r} is closed", call=call, device=self.device.label)
+        self._check_same_device(call, ids.buffer)
+        if ids.offset % 4:
+            raise InvalidArgument(f"the ids view starts at byte {ids.offset}, not at an int32", call=call)
+        if report is not None:
+            if not isinstance(report, BufferView) or report.nbytes < 8 or report.offset % 4:
+                raise InvalidArgument("report must be a 4-byte aligned BufferView of two int32", call=call)
+            self._check_same_device(call, report.buffer)
+        checked = (("n_ids", n_ids, 0), ("row_nbytes", row_nbytes, 1), ("overrun", overrun, 0), ("tag", tag, 0))
+        for name, value, least in checked:
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < least:
+                raise InvalidArgument(f"{name} must be an integer >= {least}, got {value!r}", call=call)
+        if 4 * n_ids > ids.nbytes:
+            raise InvalidArgument(
+                f"the ids view holds {ids.nbytes} bytes; {n_ids} int32 ids need {4 * n_ids}", call=call
+            )
+        if nbytes % row_nbytes:
+            raise InvalidArgument(
+                f"rows of {row_nbytes} bytes do not divide the {nbytes}-byte region",
+                call=call,
+                hint="give the region of whole rows (one expert's bytes per row)",
+            )
+        if nbytes and n_ids:
+            rows = RowGather(src_offset, nbytes, ids, int(n_ids), int(row_nbytes), int(overrun), report, int(tag))
+            self._traced(
+                OpKind.H2D, "gather_h2d", rows.most_bytes, lambda: self._gather_h2d(dst, dst_offset, src, rows)
+            )
+
+    def begin_capture(self) -> None:
+        """Record this stream's next work into a graph instead of running it (CUDA and HIP stream capture).
+
+        Until ``end_capture`` the stream takes copies between device memory and page-locked host
+        memory, fills, gathers and kernel launches; nothing runs and nothing may wait for it
+        (synchronize, events, pageable copies are refused). ``Graph.launch`` then runs all of it
+        with one call: what a decode step is worth replaying, since it is hundreds of small
+        calls whose host time would otherwise bound it.
+        """
+        call = "Stream.begin_capture"
+        self._check_open(call)
+        if self.capturing:
+            raise InvalidArgument("the stream is capturing already", call=call, device=self.device.label)
+        self._begin_capture()
+        self.capturing = True
+
+    def end_capture(self, keep: bool = True) -> Graph | None:
+        """End the capture: the graph of what was enqueued since begin_capture (None with ``keep=False``)."""
+        call = "Stream.end_capture"
+        self._check_open(call)
+        if not self.capturing:
+            raise InvalidArgument("the stream is not capturing", call=call, device=self.device.label)
+        self.capturing = False
+        return self._end_capture(keep)
+
+    def record(self, event: Event) -> None:
+        """Mark the current end of this stream in ``event`` (re-recording re-arms it)."""
+        self._check_open("Stream.record")
+        event._check_open("Stream.record")
+        self._check_capturable("Stream.record", None)
+        if event.device is not self.device:
+            raise InvalidArgument(
+                f"event belongs to {event.device.label}", call="Stream.record", device=self.device.label
+            )
+        self._record(event)
+
+    def wait(self, event: Event) -> None:
+        """Make later work on this stream wait for the event's most recent record.
+
+        A wait on an event that was never recorded is a no-op. Events of another device are
+        allowed (cross-device ordering).
+        """
+        self._check_open("Stream.wait")
+        event._check_open("Stream.wait")
+        self._check_capturable("Stream.wait", None)
+        self._wait(event)
+
+    def launch(
+        self,
+        kernel: Kernel,
+        grid: Dim3,
+        block: Dim3,
+        args: Sequence[KernelArg],
+        shared_mem: int = 0,
+    ) -> None:
+        """Launch ``kernel``; pointer arguments are device buffers or views, scalars numpy scalars."""
+        call = f"Stream.launch({kernel.name})"
+        self._check_open(call)
+        if kernel.device is not self.device:
+            raise InvalidArgument(f"{kernel!r} was compiled for another device", call=call, device=self.device.label)
+        for i, arg in enumerate(args):
+            if isinstance(arg, (DeviceBuffer, BufferView)):
+                buf = arg if isinstance(arg, DeviceBuffer) else arg.buffer
+                if buf.closed:
+                    raise UseAfterClose(f"argument {i} {buf!r} is closed", call=call, device=self.device.label)
+                if not self.device.can_access_peer(buf.device):
+                    # Staging slots on the wrong GPU: a kernel handed another device's memory reads garbage.
+                    raise HazardError(
+                        f"cross-device access: argument {i} lives on {buf.device.label}, which "
+                        f"{self.device.label} cannot access",
+                        call=call,
+                        device=self.device.label,
+                        hint="allocate it on the launching device or enable peer access",
+                    )
+            elif not isinstance(arg, (np.integer, np.floating)):
+                raise InvalidArgument(
+                    f"argument {i} is a {type(arg).__name__}; scalars must be typed",
+                    call=call,
+                    device=self.device.label,
+                    hint="pass numpy scalars such as np.int32(n) or np.float32(x)",
+                )
+        grid3, block3, arg_tuple = dim3(grid), dim3(block), tuple(args)
+        self._traced(OpKind.KERNEL, kernel.name, 0, lambda: self._launch(kernel, grid3, block3, arg_tuple, shared_mem))
+
+    def _traced(self, kind: OpKind, name: str, nbytes: int, enqueue: Callable[[], None]) -> None:
+        tracer = self.device.backend._tracer
+        if tracer is None or self.capturing:  # a capture holds no timing events: its graph is traced whole
+            enqueue()
+        else:
+            tracer.around(self, kind, name, nbytes, enqueue)
+
+    def close(self) -> None:
+        """Destroy the stream (after its work is done); streams from from_handle are left alone."""
+        if not self.closed:
+            if self.owned:
+                self._destroy()
+            self.closed = True
+
+    def _check_open(self, call: str) -> None:
+        if self.closed:
+            raise UseAfterClose("stream is closed", call=call, device=self.device.label)
+
+    def _check_h2d(
+        self, call: str, dst: DeviceBuffer, dst_offset: int, src: HostBuffer, src_offset: int, nbytes: int
+    ) -> None:
+        """The checks of every host -> device copy: an open stream, the kinds, both ranges, this device."""
+        self._check_open(call)
+        _check_kinds(call, dst, DeviceBuffer, src, HostBuffer)
+        check_range(call, dst, dst_offset, nbytes)
+        check_range(call, src, src_offset, nbytes)
+        self._check_same_device(call, dst)
+
+    def _check_capturable(self, call: str, host: HostBuffer | None) -> None:
+        """Refuse, while capturing, events (host argument None) and copies with pageable memory."""
+        if not self.capturing or (host is not None and host.is_page_locked):
+            return
+        what = "events" if host is None else "copies with pageable host memory"
+        raise InvalidArgument(
+            f"a capturing stream takes no {what}",
+            call=call,
+            device=self.device.label,
+            hint="end the capture first; a graph holds one stream's copies with device or page-locked memory, "
+            "fills, gathers and kernels",
+        )
+
+    def _check_same_device(self, call: str, buf: DeviceBuffer) -> None:
+        if buf.device is not self.device:
+            raise InvalidArgument(
+                f"{buf!r} is on {buf.device.label}, this stream on {self.device.label}",
+                call=call,
+                device=self.device.label,
+                hint="use a stream of the buffer's device",
+            )
+
+    @classmethod
+    def from_handle(cls, device: Device, handle: int) -> Stream:
+        """Wrap a stream created elsewhere (torch.cuda.Stream().cuda_stream, cupy's ptr)."""
+        return device.stream_from_handle(handle)
+
+    @property
+    def __cuda_stream__(self) -> Callable[[], tuple[int, int]]:
+        """The CUDA stream protocol, on CUDA streams only: ``stream.__cuda_stream__()`` is (0, handle)."""
+        if self.device.dlpack_device[0] is not DLDeviceType.CUDA:
+            raise AttributeError(f"__cuda_stream__ exists on CUDA streams only, not on {self.device.label}")
+        self._check_open("Stream.__cuda_stream__")
+        handle = self.handle
+        return lambda: (0, handle)
+
+
+__all__ = ["Dim3", "Event", "Graph", "Kernel", "KernelArg", "Stream", "dim3"]
