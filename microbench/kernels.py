@@ -2,7 +2,7 @@
 
 128 experts, top-8 routing drawn uniformly per token, n_embd 2048, n_ff 768: gate/up
 [128][768][2048] with one activation row per token, down [128][2048][768] with one per
-(token, slot). A row's time is the device time per call (device grouping plus the tiled kernel)
+(token, k) pair. A row's time is the device time per call (device grouping plus the tiled kernel)
 with ``--repeats`` calls run back to back behind a gate (work held on the stream until the host has
 enqueued them all), the median of three such rounds; ``--timing single`` instead times each call
 alone between events, which also counts the host's time to enqueue the call's first kernel.
@@ -75,7 +75,7 @@ class TensorShape:
     name: str
     n_out: int
     n_in: int
-    x_per_slot: bool
+    x_per_pair: bool
 
 
 SHAPES = (TensorShape("gate/up", 768, 2048, False), TensorShape("down", 2048, 768, True))
@@ -201,7 +201,7 @@ def measure_ubatch(
     """Every asked path and tile on the same routing and activations; outputs compared to the SIMT path's."""
     n_pairs = ubatch * TOP_K
     ids = np.argsort(rng.random((ubatch, N_EXPERT)), axis=1)[:, :TOP_K].astype(np.int32)
-    x_rows = n_pairs if shape.x_per_slot else ubatch
+    x_rows = n_pairs if shape.x_per_pair else ubatch
     x = rng.standard_normal((x_rows, shape.n_in), dtype=np.float32)
     rows = []
     simt_output: np.ndarray | None = None
@@ -223,7 +223,7 @@ def measure_ubatch(
                         shape.n_out,
                         shape.n_in,
                         x_buf,
-                        shape.x_per_slot,
+                        shape.x_per_pair,
                         ids_buf,
                         ubatch,
                         TOP_K,
@@ -254,7 +254,7 @@ def measure_ubatch(
                     path_kernels.swiglu(stream, y, y, y, n_pairs * shape.n_out)
 
                 timed = [(shape.name, launch, 1)]
-                if FAMILIES[family][1] and not shape.x_per_slot:
+                if FAMILIES[family][1] and not shape.x_per_pair:
                     timed += [("gate+up", fused, 2), ("gate,up,swiglu", unfused, 2)]
                 for tensor, call, tensors in timed:
                     ms = time_ms(device, stream, gate, call, args.warmup, args.repeats)

@@ -73,7 +73,7 @@ def measure_call(
 ) -> list[Row]:
     n_pairs = ubatch * TOP_K
     ids = np.argsort(rng.random((ubatch, N_EXPERT)), axis=1)[:, :TOP_K].astype(np.int32)
-    x_rows = n_pairs if shape.x_per_slot else ubatch
+    x_rows = n_pairs if shape.x_per_pair else ubatch
     x = rng.standard_normal((x_rows, shape.n_in), dtype=np.float32)
     with device.upload(x) as x_buf, device.upload(ids) as ids_buf, device.alloc(n_pairs * shape.n_out * 4) as y:
 
@@ -86,7 +86,7 @@ def measure_call(
                 shape.n_out,
                 shape.n_in,
                 x_buf,
-                shape.x_per_slot,
+                shape.x_per_pair,
                 ids_buf,
                 ubatch,
                 TOP_K,

@@ -79,7 +79,7 @@ class LayerRouting:
     layer: int
     used: int  # distinct experts at least one token went to
     n_expert: int
-    max_share: float  # the busiest expert's share of the (token, slot) pairs
+    max_share: float  # the busiest expert's share of the (token, k) pairs
 
     @property
     def fraction(self) -> float:

@@ -1,4 +1,4 @@
-"""Compile moe.cu with NVRTC for one GPU architecture, without a GPU: catches source errors.
+"""Compile the MoE kernel source with NVRTC for one GPU architecture, without a GPU: catches source errors.
 
 python3 tools/check_kernels_nvrtc.py [--arch sm_90]
 """
@@ -24,7 +24,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", default="sm_90")
     args = parser.parse_args()
-    program = _check(nvrtc.nvrtcCreateProgram(kernel_source().encode(), b"moe.cu", 0, [], []), "create")
+    program = _check(nvrtc.nvrtcCreateProgram(kernel_source().encode(), b"kernels.cu", 0, [], []), "create")
     options = [f"--gpu-architecture={args.arch}".encode(), b"-std=c++17"]
     (compiled,) = nvrtc.nvrtcCompileProgram(program, len(options), options)
     size = _check(nvrtc.nvrtcGetProgramLogSize(program), "log size")
@@ -34,9 +34,9 @@ def main() -> int:
     if text:
         print(text)
     if compiled != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-        print(f"moe.cu does not compile for {args.arch}", file=sys.stderr)
+        print(f"the kernel source does not compile for {args.arch}", file=sys.stderr)
         return 1
-    print(f"moe.cu compiles for {args.arch}")
+    print(f"the kernel source compiles for {args.arch}")
     return 0
 
 

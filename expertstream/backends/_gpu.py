@@ -534,7 +534,7 @@ class GpuDevice(Device):
         self._peers.add(other)
 
     # -- kernels ------------------------------------------------------------------------
-    def compile(self, source: str, name: str) -> Kernel:
+    def compile(self, source: str, name: str, twin: object | None = None) -> Kernel:
         key = hashlib.sha256(source.encode()).hexdigest()
         with self._compile_lock:  # two threads asking for one kernel load its module once
             kernel = self._kernels.get((key, name))

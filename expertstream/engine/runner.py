@@ -9,15 +9,15 @@ Each layer is four splits (three where gate and up fuse), in this order for ever
   gpt-oss's router bias) and router_select (gating, selection bias, groups, norm, scale);
 - ``gate``: mul_mat_id over the layer's gate experts (+ per-expert biases where the file has them);
 - ``up``: mul_mat_id over the up experts (+ biases), then SwiGLU (gpt-oss: its clamped form);
-- ``down``: mul_mat_id over the down experts (one input row per token and slot, + biases), the
+- ``down``: mul_mat_id over the down experts (one input row per (token, k) pair, + biases), the
   shared expert where the file has one (a dense FFN of device-resident weights, run as
   mul_mat_id over one expert, with qwen2moe's sigmoid gate), then one kernel (combine) for the
-  routing-weighted sum over slots, the shared expert's output and the residual add into the
+  routing-weighted sum of the top-k outputs, the shared expert's output and the residual add into the
   hidden state.
 
 Where the device's kernels decode the expert type straight into matrix fragments
 (MoeKernels.uses_direct: Q4_0 and Q4_K on NVIDIA sm_80+), the down projection scales each row
-by its routing weight as it writes it, so combine only adds the slots up; and, asked for with
+by its routing weight as it writes it, so combine only adds the top-k outputs up; and, asked for with
 ``fuse_gate_up`` where the layer has plain SwiGLU and no expert biases, one ``gate_up`` split
 reads both tensors and writes SwiGLU's output in one pass (the same bytes as the two splits).
 
@@ -776,14 +776,14 @@ class MoeRunner(Closing):
         info: TensorInfo,
         tokens: _Tokens,
         x: str,
-        x_per_slot: bool,
+        x_per_pair: bool,
         y: str,
         route_weights: BufferView | None = None,
     ) -> None:
         n_in, n_out, n_expert = info.ne[0], info.ne[1], info.ne[2]
         pairs = tokens.count * self.model.top_k
         scratch = tokens.part.scratch()
-        x_rows = pairs if x_per_slot else tokens.count
+        x_rows = pairs if x_per_pair else tokens.count
         tokens.part.kernels.mul_mat_id(
             stream,
             w,
@@ -792,7 +792,7 @@ class MoeRunner(Closing):
             n_out,
             n_in,
             scratch.view(x, x_rows * n_in * 4),
-            x_per_slot,
+            x_per_pair,
             tokens.ids,
             tokens.count,
             self.model.top_k,

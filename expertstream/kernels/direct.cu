@@ -1,6 +1,6 @@
 // mul_mat_id with the weights decoded straight into matrix fragments, for the 4-bit types whose
 // nibbles sit where NVIDIA's mma.sync m16n8k16 B fragments want them (Q4_0, Q4_K). Compiled
-// after moe.cu, mma.cu and int8.cu as one source with them (block formats, padding_tail,
+// after the shared files, mma.cu and int8.cu as one source with them (block formats, padding_tail,
 // begin_tile, weight_row_bytes, pack_bf16x2, the bf16 fragment helpers); the instances at the end
 // are generated from layout.FORMATS by kernel_source().
 //
@@ -36,7 +36,7 @@
 //   value of the same output and writes silu(gate) * up, with moe_swiglu's float operations;
 //   a block covers 64 outputs.
 // - the down projection scaled by each pair's routing weight (route_weights): y = w[p] * (W x),
-//   the multiplication combine would otherwise do, which then only adds the slots up.
+//   the multiplication combine would otherwise do, which then only adds the top-k outputs up.
 //
 // On other targets (and in the host test harness) the fragments are read from shared memory
 // lane by lane and the matrix step is taken by fp32 FMAs through a per-warp exchange in shared
@@ -523,7 +523,7 @@ template <int TYPE, int TILE_M, bool GATE_UP>
 __device__ void mul_mat_id_direct_tile(const unsigned char* __restrict__ w, const unsigned char* __restrict__ w2,
                                        const unsigned short* __restrict__ xb, const int* __restrict__ scratch,
                                        const float* __restrict__ route_weights, float* __restrict__ y,
-                                       int n_expert, int n_out, int n_in, int top_k, int x_per_slot,
+                                       int n_expert, int n_out, int n_in, int top_k, int x_per_pair,
                                        int max_tiles) {
 #if defined(DIRECT_TRAPS)
     __trap();
@@ -543,7 +543,7 @@ __device__ void mul_mat_id_direct_tile(const unsigned char* __restrict__ w, cons
 
     // A gate/up block covers MOE_TILE_N / 2 outputs: its n0 counts tile rows, twice the outputs.
     const int expert = begin_tile<TILE_M, MOE_DIRECT_THREADS>(scratch, y, src_row, dst_row, n_expert, n_out, top_k,
-                                                               x_per_slot, max_tiles);
+                                                               x_per_pair, max_tiles);
     if (expert < 0) {
         return;
     }
@@ -718,17 +718,17 @@ __device__ void mul_mat_id_direct_tile(const unsigned char* __restrict__ w, cons
     extern "C" __global__ void __launch_bounds__(DIRECT_BOUNDS(TYPE, TILE_M))                           \
         NAME(const unsigned char* __restrict__ w, const unsigned short* __restrict__ xb,                \
              const int* __restrict__ scratch, float* __restrict__ y, int n_expert, int n_out, int n_in,  \
-             int top_k, int x_per_slot, int max_tiles, const float* __restrict__ route_weights) {        \
+             int top_k, int x_per_pair, int max_tiles, const float* __restrict__ route_weights) {        \
         mul_mat_id_direct_tile<TYPE, TILE_M, false>(w, w, xb, scratch, route_weights, y, n_expert, n_out, \
-                                                    n_in, top_k, x_per_slot, max_tiles);                 \
+                                                    n_in, top_k, x_per_pair, max_tiles);                 \
     }
 
 #define MOE_GATE_UP_DIRECT(NAME, TYPE, TILE_M)                                                             \
     extern "C" __global__ void __launch_bounds__(DIRECT_BOUNDS(TYPE, TILE_M))                           \
         NAME(const unsigned char* __restrict__ w_gate, const unsigned char* __restrict__ w_up,          \
              const unsigned short* __restrict__ xb, const int* __restrict__ scratch,                    \
-             float* __restrict__ y, int n_expert, int n_out, int n_in, int top_k, int x_per_slot,        \
+             float* __restrict__ y, int n_expert, int n_out, int n_in, int top_k, int x_per_pair,        \
              int max_tiles) {                                                                            \
         mul_mat_id_direct_tile<TYPE, TILE_M, true>(w_gate, w_up, xb, scratch, 0, y, n_expert, n_out, n_in, \
-                                                   top_k, x_per_slot, max_tiles);                        \
+                                                   top_k, x_per_pair, max_tiles);                        \
     }

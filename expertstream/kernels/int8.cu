@@ -1,6 +1,6 @@
 // mul_mat_id on int8 matrix instructions, for the types whose quants are small integers under
 // one scale per 32 elements (Q4_0; Q4_K with its 6-bit scale and min per 32-element sub-block).
-// Compiled after moe.cu and mma.cu as one source with them (block formats, padding_tail,
+// Compiled after the shared files and mma.cu as one source with them (block formats, padding_tail,
 // begin_tile, weight_row_bytes and the C-fragment lane functions are used here); the kernel
 // instances at its end are generated from layout.FORMATS by kernel_source().
 //
@@ -294,7 +294,7 @@ __device__ void int8_step(int* c, const Int8A& a, const Int8B& b) {
 template <int TYPE, int TILE_M>
 __device__ void mul_mat_id_int8_tile(const unsigned char* __restrict__ w, const unsigned char* __restrict__ xq,
                                      const int* __restrict__ scratch, float* __restrict__ y, int n_expert,
-                                     int n_out, int n_in, int top_k, int x_per_slot, int max_tiles) {
+                                     int n_out, int n_in, int top_k, int x_per_pair, int max_tiles) {
     typedef Int8Format<TYPE> F;
     const int THREADS = MOE_INT8_THREADS;
     const int UNITS = F::UNITS;
@@ -319,7 +319,7 @@ __device__ void mul_mat_id_int8_tile(const unsigned char* __restrict__ w, const 
     __shared__ float tail[MOE_TILE_N];
 
     const int expert =
-        begin_tile<TILE_M, THREADS>(scratch, y, src_row, dst_row, n_expert, n_out, top_k, x_per_slot, max_tiles);
+        begin_tile<TILE_M, THREADS>(scratch, y, src_row, dst_row, n_expert, n_out, top_k, x_per_pair, max_tiles);
     if (expert < 0) {
         return;
     }
@@ -507,7 +507,7 @@ __device__ void mul_mat_id_int8_tile(const unsigned char* __restrict__ w, const 
     extern "C" __global__ void __launch_bounds__(MOE_INT8_THREADS, 2)                                       \
         NAME(const unsigned char* __restrict__ w, const unsigned char* __restrict__ xq,                     \
              const int* __restrict__ scratch, float* __restrict__ y, int n_expert, int n_out, int n_in,    \
-             int top_k, int x_per_slot, int max_tiles) {                                                   \
-        mul_mat_id_int8_tile<TYPE, TILE_M>(w, xq, scratch, y, n_expert, n_out, n_in, top_k, x_per_slot,   \
+             int top_k, int x_per_pair, int max_tiles) {                                                   \
+        mul_mat_id_int8_tile<TYPE, TILE_M>(w, xq, scratch, y, n_expert, n_out, n_in, top_k, x_per_pair,   \
                                            max_tiles);                                                     \
     }

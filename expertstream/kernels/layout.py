@@ -1,6 +1,6 @@
-"""Facts shared by the device kernels (moe.cu, mma.cu), their launcher and their Python twins.
+"""Facts shared by the device kernels (the .cu files), their launcher and their Python twins.
 
-The numbers here must match the #defines at the top of moe.cu and mma.cu.
+The numbers here must match the #defines at the top of formats.cu and mma.cu.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ DIRECT_TILE_MIN_PAIRS_PER_EXPERT = {64: 24, 128: 160}
 
 
 class TileM(enum.IntEnum):
-    """Rows (token, slot pairs) per block of mul_mat_id; each is compiled as its own kernel."""
+    """Rows ((token, k) pairs) per block of mul_mat_id; each is compiled as its own kernel."""
 
     SHORT = 32
     TALL = 64
@@ -73,7 +73,7 @@ class TileM(enum.IntEnum):
 class MatrixPath(enum.Enum):
     """How mul_mat_id multiplies: the kernel family, its rounding and its tolerance."""
 
-    SIMT = "simt"  # moe.cu: float32 FMAs, any device
+    SIMT = "simt"  # simt.cu: float32 FMAs, any device
     MMA = "mma"  # mma.cu: bf16 inputs on matrix cores, float32 accumulation
     INT8 = "int8"  # int8.cu: weights as int8, activations quantized per 32-block, int32 products
 
@@ -142,7 +142,7 @@ class WeightFormat:
         return self.direct and n_in % DIRECT_K == 0
 
     def tile_for(self, n_pairs: int, n_expert: int, path: MatrixPath = MatrixPath.SIMT) -> TileM:
-        """The tile height that runs faster for this many (token, slot) pairs per expert."""
+        """The tile height that runs faster for this many (token, k) pairs per expert."""
         if path is MatrixPath.INT8:
             tiles = [t for t in self.tiles_on(path) if n_pairs >= INT8_TILE_MIN_PAIRS_PER_EXPERT.get(t, 0) * n_expert]
             return max(tiles, default=TileM.SHORT)
@@ -153,7 +153,7 @@ class WeightFormat:
 
 
 def direct_tile_for(n_pairs: int, n_expert: int) -> TileM:
-    """The direct-decode kernel's tile height for this many (token, slot) pairs per expert."""
+    """The direct-decode kernel's tile height for this many (token, k) pairs per expert."""
     tiles = [t for t in DIRECT_TILES if n_pairs >= DIRECT_TILE_MIN_PAIRS_PER_EXPERT.get(t, 0) * n_expert]
     return max(tiles, default=TileM.SHORT)
 

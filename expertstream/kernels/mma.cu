@@ -1,7 +1,7 @@
 // mul_mat_id on matrix cores: the same grouping, tiles and results contract as the fp32
-// SIMT kernel of moe.cu, with the products taken by bf16 matrix instructions and
-// accumulated in fp32. This file is compiled after moe.cu, as one source with it (its
-// block formats, decoders, padding_tail and the grouping scratch are used here); the
+// SIMT kernel of simt.cu, with the products taken by bf16 matrix instructions and
+// accumulated in fp32. This file is compiled after the shared files, as one source with them
+// (their block formats, decoders, padding_tail and the grouping scratch are used here); the
 // kernel instances at its end are generated from layout.FORMATS by kernel_source().
 //
 // Per k step of MOE_TILE_K elements a block stages the raw weight blocks of its
@@ -21,7 +21,7 @@
 // - AMD RDNA3 (gfx11) and RDNA4 (gfx12): one v_wmma_f32_16x16x16_bf16 (wave32);
 // - anything else: plain fp32 FMAs over the same shared tiles, in logical waves of 32
 //   threads, so the source compiles and runs everywhere; the launcher picks the SIMT
-//   kernel of moe.cu for such devices (Capabilities.matrix_cores).
+//   kernel of simt.cu for such devices (Capabilities.matrix_cores).
 //
 // Results do not depend on the tile a pair lands in: each output element is computed
 // from its own activation row and weight row only, in a fixed k order, by the same
@@ -331,7 +331,7 @@ __device__ void mma_step(MmaAcc& c, const MmaA& a, const MmaB& b) {
 template <int TYPE, int TILE_M>
 __device__ void mul_mat_id_mma_tile(const unsigned char* __restrict__ w, const float* __restrict__ x,
                                     const int* __restrict__ scratch, float* __restrict__ y, int n_expert,
-                                    int n_out, int n_in, int top_k, int x_per_slot, int max_tiles) {
+                                    int n_out, int n_in, int top_k, int x_per_pair, int max_tiles) {
     typedef typename BlockFormat<TYPE>::Unit Unit;
     const int UNITS = BlockFormat<TYPE>::slice_units;
     const int SLICES = BlockFormat<TYPE>::slices;
@@ -353,7 +353,7 @@ __device__ void mul_mat_id_mma_tile(const unsigned char* __restrict__ w, const f
     __shared__ float tail[MOE_TILE_N];
 
     const int expert = begin_tile<TILE_M, MOE_MMA_THREADS>(scratch, y, src_row, dst_row, n_expert, n_out, top_k,
-                                                            x_per_slot, max_tiles);
+                                                            x_per_pair, max_tiles);
     if (expert < 0) {
         return;
     }
@@ -528,7 +528,7 @@ __device__ void mul_mat_id_mma_tile(const unsigned char* __restrict__ w, const f
     extern "C" __global__ void __launch_bounds__(MOE_MMA_THREADS)                                         \
         NAME(const unsigned char* __restrict__ w, const float* __restrict__ x,                           \
              const int* __restrict__ scratch, float* __restrict__ y, int n_expert, int n_out, int n_in,   \
-             int top_k, int x_per_slot, int max_tiles) {                                                  \
-        mul_mat_id_mma_tile<TYPE, TILE_M>(w, x, scratch, y, n_expert, n_out, n_in, top_k, x_per_slot,    \
+             int top_k, int x_per_pair, int max_tiles) {                                                  \
+        mul_mat_id_mma_tile<TYPE, TILE_M>(w, x, scratch, y, n_expert, n_out, n_in, top_k, x_per_pair,    \
                                           max_tiles);                                                     \
     }

@@ -7,7 +7,7 @@ eight 32-element slices (the kernel's k step): arrays are shaped [n, 8, 32] on t
 
 Written from the block layouts in ggml-common.h, independently of gguf.quants, which
 reference.py uses to check them. The i-quants' lattice grids are read from the tables in
-moe.cu, so the checks against gguf.quants cover the kernel's tables too.
+grids.cu, so the checks against gguf.quants cover the kernel's tables too.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ..errors import InvalidArgument
 from ..ggml import iq1_m_scale_bits
+from .source import source_file
 
 Decoder = Callable[[np.ndarray], np.ndarray]
 
@@ -194,12 +195,10 @@ def _iq4_xs(b: np.ndarray) -> np.ndarray:
 
 @functools.cache
 def grid_entries(name: str) -> np.ndarray:
-    """uint16 entries of the lattice grid table ``name`` (IQ2XXS_GRID, ...) as moe.cu holds them."""
-    from . import kernel_source  # the package imports this module first
-
-    table = re.search(rf"const unsigned short {name}\[(\d+)\] = \{{([^}}]*)\}};", kernel_source())
+    """uint16 entries of the lattice grid table ``name`` (IQ2XXS_GRID, ...) as grids.cu holds them."""
+    table = re.search(rf"const unsigned short {name}\[(\d+)\] = \{{([^}}]*)\}};", source_file("grids.cu"))
     if table is None:
-        raise InvalidArgument(f"moe.cu has no grid table {name}")
+        raise InvalidArgument(f"grids.cu has no grid table {name}")
     entries = np.array([int(v, 16) for v in table.group(2).replace(",", " ").split()], np.uint16)
     if entries.size != int(table.group(1)):
         raise InvalidArgument(f"grid table {name} holds {entries.size} entries, declared {table.group(1)}")
@@ -208,7 +207,7 @@ def grid_entries(name: str) -> np.ndarray:
 
 @functools.cache
 def grid_points(name: str) -> np.ndarray:
-    """float32 [entries, elements]: each grid point's values, decoded from its codes as moe.cu does."""
+    """float32 [entries, elements]: each grid point's values, decoded from its codes as decode.cu does."""
     entries = grid_entries(name)[:, None]
     if name.startswith("IQ3"):
         codes = (entries >> np.arange(0, 16, 4, dtype=np.uint16)) & 7  # a nibble per element, 4 elements

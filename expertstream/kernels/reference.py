@@ -142,7 +142,7 @@ def mul_mat_id(
     ids = np.asarray(ids)
     n_tokens, top_k = ids.shape
     xs = np.asarray(x, np.float64)
-    per_slot = (
+    per_pair = (
         xs.reshape(n_tokens, top_k, n_in)
         if xs.ndim == 3
         else np.broadcast_to(xs.reshape(n_tokens, 1, n_in), (n_tokens, top_k, n_in))
@@ -151,7 +151,7 @@ def mul_mat_id(
     for e in np.unique(ids):
         if 0 <= e < n_expert:
             mask = ids == e
-            y[mask] = per_slot[mask] @ weights[e].T
+            y[mask] = per_pair[mask] @ weights[e].T
     return y
 
 

@@ -1,4 +1,4 @@
-"""Launchers of the per-architecture routing and FFN kernels of moe.cu.
+"""Launchers of the per-architecture routing and FFN kernels of routing.cu.
 
 How an MoE block turns router logits into expert ids and weights differs by architecture
 (llama.cpp's build_moe_ffn names the knobs; moe/arch.py reads them from a file):
@@ -32,10 +32,10 @@ from . import layout
 from .args import ViewLike, positive, view
 
 if TYPE_CHECKING:
-    from . import MoeKernels
+    from .launcher import MoeKernels
 
 
-SELECT_THREADS = 128  # must match moe.cu
+SELECT_THREADS = 128  # must match routing.cu
 SELECT_MAX_GROUPS = 64
 LOGITS_TOKENS = 8
 SHARED_GATE_THREADS = 256

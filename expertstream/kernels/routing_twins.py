@@ -1,4 +1,4 @@
-"""numpy twins of the routing and per-architecture FFN kernels of moe.cu (see routing.py)."""
+"""numpy twins of the routing and per-architecture FFN kernels of routing.cu (see routing.py)."""
 
 from __future__ import annotations
 
@@ -118,7 +118,7 @@ def _shared_gate_accesses(args: Args) -> Sequence[Access]:
 
 
 def twin_specs() -> list[KernelSpec]:
-    """The twin of every routing kernel in moe.cu."""
+    """The twin of every kernel routing.py launches."""
     return [
         KernelSpec(
             "moe_router_logits",

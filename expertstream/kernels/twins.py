@@ -1,4 +1,4 @@
-"""numpy twins of the kernels in moe.cu, mma.cu and int8.cu: what the simulated backend runs for them.
+"""numpy twins of the MoE kernels (the routing ones aside: routing_twins.py): what the simulator runs for them.
 
 Each twin takes the launch arguments in the kernel's order, computes what the kernel
 computes (float32, vectorized, for CI-sized shapes) and declares every byte range it reads
@@ -88,7 +88,7 @@ def _group_flops(args: Args) -> float:
 
 
 # -- mul_mat_id ----------------------------------------------------------------------------
-# args: w, x, scratch, y, n_expert, n_out, n_in, top_k, x_per_slot, max_tiles
+# args: w, x, scratch, y, n_expert, n_out, n_in, top_k, x_per_pair, max_tiles
 
 
 def _padded_rows(w_bytes: np.ndarray, fmt: WeightFormat, expert: int, n_out: int, n_in: int) -> np.ndarray:
@@ -195,7 +195,7 @@ def _mul_mat_id_runner(fmt: WeightFormat, path: MatrixPath) -> Any:
     rounded = round_to_bf16 if path is MatrixPath.MMA else np.asarray
 
     def run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
-        w_bytes, x_bytes, scratch_bytes, y_bytes, n_expert, n_out, n_in, top_k, x_per_slot, max_tiles = args
+        w_bytes, x_bytes, scratch_bytes, y_bytes, n_expert, n_out, n_in, top_k, x_per_pair, max_tiles = args
         n_expert, n_out, n_in, top_k = int(n_expert), int(n_out), int(n_in), int(top_k)
         x = x_bytes.view(np.float32).reshape(-1, n_in)
         y = y_bytes.view(np.float32).reshape(-1, n_out)
@@ -205,7 +205,7 @@ def _mul_mat_id_runner(fmt: WeightFormat, path: MatrixPath) -> Any:
             if expert not in weights:
                 weights[expert] = rounded(_padded_rows(w_bytes, fmt, int(expert), n_out, n_in))
             acts = np.zeros((pairs.size, width), np.float32)
-            acts[:, :n_in] = rounded(x[pairs if x_per_slot else pairs // top_k])
+            acts[:, :n_in] = rounded(x[pairs if x_per_pair else pairs // top_k])
             y[pairs] = np.einsum("mk,nk->mn", acts, weights[expert])
 
     return run
@@ -213,7 +213,7 @@ def _mul_mat_id_runner(fmt: WeightFormat, path: MatrixPath) -> Any:
 
 def _int8_runner(fmt: WeightFormat) -> Any:
     def run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
-        w_bytes, xq_bytes, scratch_bytes, y_bytes, n_expert, n_out, n_in, top_k, x_per_slot, max_tiles = args
+        w_bytes, xq_bytes, scratch_bytes, y_bytes, n_expert, n_out, n_in, top_k, x_per_pair, max_tiles = args
         n_expert, n_out, n_in, top_k = int(n_expert), int(n_out), int(n_in), int(top_k)
         xq = unpack_quantized_x(xq_bytes.reshape(-1, layout.quantized_x_row_bytes(n_in)), n_in)
         y = y_bytes.view(np.float32).reshape(-1, n_out)
@@ -229,7 +229,7 @@ def _int8_runner(fmt: WeightFormat) -> Any:
                     tail = (np.float32(0) * padded).sum(axis=1, dtype=np.float32)
                 weights[expert] = (quants.int8_rows(own, fmt.qtype), tail)
             split, tail = weights[expert]
-            x_rows = pairs if x_per_slot else pairs // top_k
+            x_rows = pairs if x_per_pair else pairs // top_k
             q_x, d_x, s_x = xq
             y[pairs] = _int8_products((q_x[x_rows], d_x[x_rows], s_x[x_rows]), split) + tail
 
@@ -259,15 +259,15 @@ def _mul_mat_id_flops(args: Args) -> float:
 
 
 def mul_mat_id_rate_key(args: Args) -> tuple[tuple[int, int], float]:
-    """(n_out, n_in) of one expert and the (token, slot) pairs per expert: how fast the kernel runs."""
+    """(n_out, n_in) of one expert and the (token, k) pairs per expert: how fast the kernel runs."""
     y, n_expert, n_out, n_in = _as_view(args[3]), int(args[4]), int(args[5]), int(args[6])
     return (n_out, n_in), y.nbytes / (4 * n_out) / n_expert
 
 
 # -- the direct-decode kernels (direct.cu) --------------------------------------------------
 # moe_round_x_direct args: x, xb, n_rows, n_in
-# moe_mul_mat_id_direct_*: w, xb, scratch, y, n_expert, n_out, n_in, top_k, x_per_slot, max_tiles, route_weights
-# moe_gate_up_direct_*: w_gate, w_up, xb, scratch, y, n_expert, n_out, n_in, top_k, x_per_slot, max_tiles
+# moe_mul_mat_id_direct_*: w, xb, scratch, y, n_expert, n_out, n_in, top_k, x_per_pair, max_tiles, route_weights
+# moe_gate_up_direct_*: w_gate, w_up, xb, scratch, y, n_expert, n_out, n_in, top_k, x_per_pair, max_tiles
 
 # Element pair p of a chunk lies at word _PAIR_SLOTS[p] of the chunk in direct.cu's fragment order.
 _PAIR_SLOTS = np.array([layout.direct_pair_slot(p) for p in range(8)])
@@ -300,11 +300,11 @@ def _direct_products(
     fmt: WeightFormat, w_bytes: np.ndarray, x: np.ndarray, scratch_bytes: np.ndarray, y: np.ndarray, shape: Args
 ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
     """(expert, pairs, activations of the pairs padded to the kernel's row width) of each group."""
-    n_expert, n_out, n_in, top_k, x_per_slot, max_tiles = (int(v) for v in shape)
+    n_expert, n_out, n_in, top_k, x_per_pair, max_tiles = (int(v) for v in shape)
     width = fmt.padded_row_elements(n_in)
     for expert, pairs in _expert_groups(scratch_bytes, max_tiles, n_expert, y):
         acts = np.zeros((pairs.size, width), np.float32)
-        acts[:, :n_in] = x[pairs if x_per_slot else pairs // top_k]
+        acts[:, :n_in] = x[pairs if x_per_pair else pairs // top_k]
         yield expert, pairs, acts
 
 
@@ -446,7 +446,7 @@ def _reads_then_writes(n_reads: int, n_writes: int) -> Any:
 
 
 def twin_specs() -> list[KernelSpec]:
-    """The twin of every kernel in moe.cu, mma.cu and int8.cu, for the simulator's kernel registry."""
+    """The twin of every kernel but those routing_twins.py has, for the launcher to hand to each compile."""
     specs = [
         KernelSpec("moe_group_count", _group_count_run, _group_count_accesses, _group_flops),
         KernelSpec("moe_group_place", _group_place_run, _group_place_accesses, _group_flops),

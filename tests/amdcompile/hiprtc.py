@@ -25,7 +25,7 @@ from expertstream.backends.hip import compile_options
 
 from .toolchain import Toolchain
 
-SOURCE_NAME = "moe.cu"
+SOURCE_NAME = "kernels.cu"  # the one source kernel_source() concatenates
 
 
 @dataclass(frozen=True)
@@ -148,7 +148,7 @@ def compile_for(toolchain: Toolchain, target: Target, source: str, keep: Path | 
         folder.mkdir(parents=True, exist_ok=True)
         source_path = folder / SOURCE_NAME
         source_path.write_text(source)
-        code_object = folder / f"moe-{target.name}.co"
+        code_object = folder / f"kernels-{target.name}.co"
         line = command(toolchain, target, source_path, code_object)
         done = subprocess.run(line, capture_output=True, text=True)
         result = Result(target, line, done.returncode == 0, (done.stdout + done.stderr).strip())
@@ -156,7 +156,7 @@ def compile_for(toolchain: Toolchain, target: Target, source: str, keep: Path | 
             return result
         text = _tool(toolchain, "llvm-objdump", "--disassemble", f"--mcpu={target.name}", str(code_object))
         if keep is not None:
-            (folder / f"moe-{target.name}.s").write_text(text)
+            (folder / f"kernels-{target.name}.s").write_text(text)
         result.disassembly = Disassembly.parse(text)
         symbols = _tool(toolchain, "llvm-nm", "--defined-only", "--just-symbol-name", str(code_object))
         result.kernels = {name.removesuffix(".kd") for name in symbols.split() if name.endswith(".kd")}

@@ -48,7 +48,7 @@ BOTH_CDNA = MATRIX_KERNEL.replace("MFMA_TARGETS", "defined(__gfx90a__) || define
 ONLY_GFX90A = MATRIX_KERNEL.replace("MFMA_TARGETS", "defined(__gfx90a__)")
 
 OBJDUMP = """
-/tmp/moe-gfx942.co:\tfile format elf64-amdgpu
+/tmp/kernels-gfx942.co:\tfile format elf64-amdgpu
 
 Disassembly of section .text:
 
@@ -108,10 +108,10 @@ def test_a_matrix_target_without_matrix_instructions_fails_once_the_source_has_t
 
 
 def test_failed_compiles_warnings_and_missing_kernels_are_problems() -> None:
-    failed = hiprtc.Result(hiprtc.TARGETS["gfx942"], [], False, "moe.cu:3:1: error: expected ';'")
+    failed = hiprtc.Result(hiprtc.TARGETS["gfx942"], [], False, "kernels.cu:3:1: error: expected ';'")
     (problem,) = hiprtc.problems(failed, set(), set())
     assert "gfx942: does not compile" in problem and "expected ';'" in problem
-    warned = _compiled("gfx942", {"k": Counter()}, log="moe.cu:9:5: warning: unused variable 'x'")
+    warned = _compiled("gfx942", {"k": Counter()}, log="kernels.cu:9:5: warning: unused variable 'x'")
     assert any("warnings count as failures" in p for p in hiprtc.problems(warned, set(), {"k"}))
     (missing,) = hiprtc.problems(_compiled("gfx942", {"k": Counter()}), set(), {"k", "moe_swiglu"})
     assert missing == "gfx942: kernels missing from the code object: moe_swiglu"
@@ -119,7 +119,7 @@ def test_failed_compiles_warnings_and_missing_kernels_are_problems() -> None:
 
 def test_the_compile_line_carries_the_hip_backends_options_after_hiprtcs_own() -> None:
     chain = toolchain.Toolchain(Path("/cache"), Path("/cache/bitcode"), Path("/cache/include"), (6, 4, 3), {})
-    line = hiprtc.command(chain, hiprtc.TARGETS["gfx942"], Path("moe.cu"), Path("moe.co"))
+    line = hiprtc.command(chain, hiprtc.TARGETS["gfx942"], Path("kernels.cu"), Path("kernels.co"))
     backend = [option.decode() for option in compile_options("gfx942")]
     start = line.index(backend[0])
     assert line[start : start + len(backend)] == backend

@@ -537,6 +537,7 @@ def test_compiled_image_is_cached_per_arch_and_source(backend: Any, fake: FakeGp
     dev = backend.device(0)
     a = dev.compile(source, "es_cached_a")
     assert dev.compile(source, "es_cached_a") is a
+    assert dev.compile(source, "es_cached_a", twin=object()) is a  # a twin is the simulator's; GPUs compile
     dev.compile(source, "es_cached_b")
     assert fake.calls["fakertcCreateProgram"] == 1
     assert fake.calls["fakeModuleLoadData"] == 1

@@ -147,20 +147,39 @@ def test_a_failing_twin_surfaces_when_the_host_synchronizes() -> None:
             stream.synchronize()
 
 
-def test_the_kernels_package_registers_its_twins_and_the_simulator_does_not_import_it() -> None:
+def test_the_kernels_hand_their_twins_to_compile_and_the_simulator_does_not_import_them() -> None:
     code = (
         "import sys, expertstream.backends.sim as sim\n"
         "assert 'expertstream.kernels' not in sys.modules, 'the simulator imported the kernels'\n"
+        "import expertstream.kernels as k\n"
         "with sim.open() as b:\n"
         "    try:\n"
         "        b.device(0).compile('', 'moe_swiglu')\n"
         "    except Exception as exc:\n"
-        "        print('before:', type(exc).__name__)\n"
-        "    import expertstream.kernels\n"
-        "    print('after:', b.device(0).compile('', 'moe_swiglu').name)\n"
+        "        print('by name:', type(exc).__name__)\n"
+        "    print('from MoeKernels:', k.MoeKernels(b.device(0)).kernel('moe_swiglu').name)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["before:", "KernelCompileError", "after:", "moe_swiglu"]
+    assert out.split() == ["by", "name:", "KernelCompileError", "from", "MoeKernels:", "moe_swiglu"]
+
+
+def test_a_twin_given_to_compile_runs_without_registration() -> None:
+    twin = KernelSpec("device_test_unregistered", run=_copy_twin, accesses=COPY.accesses, flops=COPY.flops)
+    with _open() as sim:
+        dev = sim.device(0)
+        kernel = dev.compile("", twin.name, twin=twin)
+        assert dev.compile("", twin.name, twin=twin) is kernel
+        src, out = dev.upload(np.arange(8, dtype=np.uint8)), dev.alloc(8)
+        stream = dev.stream()
+        stream.launch(kernel, 1, 1, (src, out))
+        stream.synchronize()
+        assert out.read().tolist() == list(range(8))
+        with pytest.raises(KernelCompileError, match="device_test_unregistered"):
+            dev.compile("", twin.name)  # nothing is registered under its name
+        with pytest.raises(InvalidArgument, match="the KernelSpec of 'device_test_copy'"):
+            dev.compile("", twin.name, twin=COPY)
+        with pytest.raises(InvalidArgument, match="got str"):
+            dev.compile("", twin.name, twin="not a twin")
 
 
 def test_stream_handles_are_checked() -> None:

@@ -26,7 +26,7 @@ class Shape:
     n_in: int
     n_tokens: int
     top_k: int
-    x_per_slot: bool = False
+    x_per_pair: bool = False
 
     @property
     def n_pairs(self) -> int:
@@ -69,7 +69,7 @@ def make_problem(
     w = ref.random_weights(rng, w_type, s.n_expert * s.n_out, s.n_in)
     w_buf = device.alloc(w.nbytes, Usage.WEIGHTS, row_type=w_type, ne0=s.n_in)
     w_buf.write(w)
-    x_shape = (s.n_tokens, s.top_k, s.n_in) if s.x_per_slot else (s.n_tokens, s.n_in)
+    x_shape = (s.n_tokens, s.top_k, s.n_in) if s.x_per_pair else (s.n_tokens, s.n_in)
     x = rng.standard_normal(x_shape).astype(np.float32)
     return Problem(s, w_type, w, x, ids, w_buf, device.upload(x), device.upload(np.ascontiguousarray(ids)))
 
@@ -88,7 +88,7 @@ def run(
         s.n_out,
         s.n_in,
         p.x_buf,
-        s.x_per_slot,
+        s.x_per_pair,
         ids_buf or p.ids_buf,
         s.n_tokens,
         s.top_k,

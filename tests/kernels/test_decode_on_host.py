@@ -1,4 +1,4 @@
-"""moe.cu's block decoders, compiled for the host, against gguf.quants.dequantize.
+"""The block decoders of decode.cu, compiled for the host, against gguf.quants.dequantize.
 
 The decoders and the slice staging (unit_of) are plain C++; with __device__ defined away a
 host compiler builds them, so the device decode is checked bit for bit on every type

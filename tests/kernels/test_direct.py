@@ -32,7 +32,7 @@ def _direct_kernels(kernels: MoeKernels, w_type: GGMLQuantizationType, n_in: int
 def test_tiles_match_reference_and_each_other(
     device: Device, kernels: MoeKernels, stream: Stream, rng: np.random.Generator, w_type: GGMLQuantizationType
 ) -> None:
-    shape = Shape(n_expert=5, n_out=200, n_in=768, n_tokens=40, top_k=4, x_per_slot=True)
+    shape = Shape(n_expert=5, n_out=200, n_in=768, n_tokens=40, top_k=4, x_per_pair=True)
     _direct_kernels(kernels, w_type, shape.n_in)
     problem = tensors.make_problem(device, rng, w_type, shape, tensors.distinct_ids(rng, 40, 4, np.arange(5)))
     outputs = [tensors.run(kernels, stream, problem, tile_m=tile) for tile in DIRECT_TILES]

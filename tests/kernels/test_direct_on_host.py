@@ -44,9 +44,9 @@ int main(int argc, char** argv) {
     const int mode = atoi(argv[3]);
     std::vector<int> shape = read_array<int>(7);
     const int n_expert = shape[0], n_out = shape[1], n_in = shape[2], n_tokens = shape[3], top_k = shape[4];
-    const int x_per_slot = shape[5], w_bytes = shape[6];
+    const int x_per_pair = shape[5], w_bytes = shape[6];
     const int n_pairs = n_tokens * top_k;
-    const int x_rows = x_per_slot ? n_pairs : n_tokens;
+    const int x_rows = x_per_pair ? n_pairs : n_tokens;
     std::vector<unsigned char> w = read_array<unsigned char>(w_bytes);
     std::vector<unsigned char> w2 = read_array<unsigned char>(mode == 2 ? w_bytes : 0);
     std::vector<float> x = read_array<float>((size_t)x_rows * n_in);
@@ -77,10 +77,10 @@ int main(int argc, char** argv) {
             run_block(MOE_DIRECT_THREADS, [&] {
                 if (mode == 2) {
                     gate_up[kernel](w.data(), w2.data(), xb.data(), scratch.data(), y.data(), n_expert, n_out, n_in,
-                                    top_k, x_per_slot, max_tiles);
+                                    top_k, x_per_pair, max_tiles);
                 } else {
                     plain[kernel](w.data(), xb.data(), scratch.data(), y.data(), n_expert, n_out, n_in, top_k,
-                                  x_per_slot, max_tiles, mode == 1 ? route.data() : nullptr);
+                                  x_per_pair, max_tiles, mode == 1 ? route.data() : nullptr);
                 }
             });
         }
@@ -152,8 +152,8 @@ def test_direct_kernels_match_reference_and_agree_across_tiles(
     n_tokens, top_k = ids.shape
     bad = ids >= n_expert
     w = ref.random_weights(rng, w_type, n_expert * n_out, n_in)
-    for x_per_slot in (False, True):
-        x = rng.standard_normal((n_tokens, top_k, n_in) if x_per_slot else (n_tokens, n_in)).astype(np.float32)
+    for x_per_pair in (False, True):
+        x = rng.standard_normal((n_tokens, top_k, n_in) if x_per_pair else (n_tokens, n_in)).astype(np.float32)
         expected = ref.mul_mat_id(w, w_type, n_expert, n_out, n_in, x, ids)
         results = []
         for tile in layout.DIRECT_TILES:

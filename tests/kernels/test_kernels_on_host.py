@@ -1,6 +1,6 @@
 """The mul_mat_id kernels themselves, compiled for the host and run on CPU threads.
 
-The grouping kernel, the SIMT kernels of moe.cu and the matrix-core kernels of mma.cu are
+The grouping kernel, the SIMT kernels of simt.cu and the matrix-core kernels of mma.cu are
 plain C++ once a few CUDA names are defined: each GPU thread of a block is a fiber (ucontext)
 of one host thread, __syncthreads hands over to the next fiber, so a block runs in rounds
 from barrier to barrier, each round in a fresh random order of its threads (a read that a
@@ -144,10 +144,10 @@ int main(int argc, char** argv) {
     const bool int8 = atoi(argv[3]) != 0;
     std::vector<int> shape = read_array<int>(7);
     const int n_expert = shape[0], n_out = shape[1], n_in = shape[2], n_tokens = shape[3], top_k = shape[4];
-    const int x_per_slot = shape[5], w_bytes = shape[6];
+    const int x_per_pair = shape[5], w_bytes = shape[6];
     const int n_pairs = n_tokens * top_k;
     std::vector<unsigned char> w = read_array<unsigned char>(w_bytes);
-    std::vector<float> x = read_array<float>((size_t)(x_per_slot ? n_pairs : n_tokens) * n_in);
+    std::vector<float> x = read_array<float>((size_t)(x_per_pair ? n_pairs : n_tokens) * n_in);
     std::vector<int> ids = read_array<int>(n_pairs);
     const int max_tiles = (n_pairs + tile_m - 1) / tile_m + n_expert + 1;
     std::vector<int> scratch = grouped(ids, n_pairs, n_expert, tile_m, max_tiles);
@@ -160,7 +160,7 @@ int main(int argc, char** argv) {
     MulMatId kernels[] = {%s};
     MulMatIdInt8 int8_kernels[] = {%s};
     // The int8 kernels read the activations as moe_quantize_x leaves them.
-    const int x_rows = x_per_slot ? n_pairs : n_tokens;
+    const int x_rows = x_per_pair ? n_pairs : n_tokens;
     std::vector<unsigned char> xq((size_t)x_rows * int8_x_row_bytes(n_in) + 16);
     unsigned char* xq_at = xq.data() + (16 - (size_t)xq.data() %% 16) %% 16;
     if (int8) {
@@ -179,10 +179,10 @@ int main(int argc, char** argv) {
             run_block(threads, [&] {
                 if (int8) {
                     int8_kernels[kernel](w.data(), xq_at, scratch.data(), y.data(), n_expert, n_out, n_in, top_k,
-                                         x_per_slot, max_tiles);
+                                         x_per_pair, max_tiles);
                 } else {
                     kernels[kernel](w.data(), x.data(), scratch.data(), y.data(), n_expert, n_out, n_in, top_k,
-                                    x_per_slot, max_tiles);
+                                    x_per_pair, max_tiles);
                 }
             });
         }
@@ -215,8 +215,9 @@ def host_kernels(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def build_on_host(folder: Path, source: str, driver: str) -> Path:
-    """Compile ``source``'s grouping and mul_mat_id kernels of moe.cu (not the elementwise ones, which
-    use dynamic shared memory), then all of mma.cu and direct.cu, with ``driver``, for this host."""
+    """Compile ``source`` up to simt.cu's mul_mat_id kernels (not the elementwise, routing and stand-in
+    ones, which use dynamic shared memory), then all of mma.cu, int8.cu and direct.cu, with ``driver``,
+    for this host."""
     simt_part = source[: source.index('extern "C" __global__ void moe_swiglu(')]
     mma_part = source[source.index("// mul_mat_id on matrix cores") :]
     (folder / "kernels.cpp").write_text(_PRELUDE + simt_part + mma_part + driver)
@@ -327,8 +328,8 @@ def test_kernels_match_reference_and_agree_across_tiles(
     w = ref.random_weights(rng, w_type, n_expert * n_out, n_in)
     ids = np.stack([rng.choice(n_expert, top_k, replace=False) for _ in range(n_tokens)]).astype(np.int32)
     ids[4, 1] = n_expert  # an id out of range: its row is NaN
-    for x_per_slot in (False, True):
-        x = rng.standard_normal((n_tokens, top_k, n_in) if x_per_slot else (n_tokens, n_in)).astype(np.float32)
+    for x_per_pair in (False, True):
+        x = rng.standard_normal((n_tokens, top_k, n_in) if x_per_pair else (n_tokens, n_in)).astype(np.float32)
         expected = ref.mul_mat_id(w, w_type, n_expert, n_out, n_in, x, ids)
         bad = ids >= n_expert
         for path in MatrixPath:

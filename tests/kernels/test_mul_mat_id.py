@@ -51,7 +51,7 @@ def check(kernels: MoeKernels, w_type: GGMLQuantizationType, y: np.ndarray, expe
     assert err < bound, f"relative error {err:.3g} over {bound} ({path.value})"
 
 
-@pytest.mark.parametrize("x_per_slot", [False, True], ids=["shared_x", "x_per_slot"])
+@pytest.mark.parametrize("x_per_pair", [False, True], ids=["shared_x", "x_per_pair"])
 @pytest.mark.parametrize("w_type", ALL_TYPES, ids=lambda t: t.name)
 def test_matches_reference(
     device: Device,
@@ -59,11 +59,11 @@ def test_matches_reference(
     stream: Stream,
     rng: np.random.Generator,
     w_type: GGMLQuantizationType,
-    x_per_slot: bool,
+    x_per_pair: bool,
 ) -> None:
     # n_out 150 spans two output tiles, the second partial; expert 5 of 7 stays unused, and
     # expert 6 (the last, whose last row reads the padding tail) is used.
-    shape = Shape(n_expert=7, n_out=150, n_in=n_in_for(w_type), n_tokens=13, top_k=3, x_per_slot=x_per_slot)
+    shape = Shape(n_expert=7, n_out=150, n_in=n_in_for(w_type), n_tokens=13, top_k=3, x_per_pair=x_per_pair)
     ids = tensors.distinct_ids(rng, shape.n_tokens, shape.top_k, np.array([0, 1, 2, 3, 4, 6]))
     if 6 not in ids[0]:
         ids[0, 0] = 6
@@ -92,9 +92,9 @@ def test_many_tokens_on_one_expert(
     rng: np.random.Generator,
     w_type: GGMLQuantizationType,
 ) -> None:
-    # Every token's first slot goes to expert 2: its bucket spans several tiles of either
+    # Every token's first choice (k = 0) goes to expert 2: its bucket spans several tiles of either
     # height, and the type's tallest tile is chosen.
-    shape = Shape(n_expert=6, n_out=40, n_in=n_in_for(w_type), n_tokens=150, top_k=2, x_per_slot=True)
+    shape = Shape(n_expert=6, n_out=40, n_in=n_in_for(w_type), n_tokens=150, top_k=2, x_per_pair=True)
     fmt = weight_format(w_type)
     assert fmt.tile_for(shape.n_pairs, shape.n_expert, kernels.path_for(w_type)) is max(
         fmt.tiles_on(kernels.path_for(w_type))
@@ -221,7 +221,7 @@ def test_two_types_in_one_call_sequence(
     up_shape = Shape(n_expert=5, n_out=512, n_in=768, n_tokens=9, top_k=2)
     ids = tensors.distinct_ids(rng, up_shape.n_tokens, up_shape.top_k, np.arange(5))
     up = tensors.make_problem(device, rng, up_type, up_shape, ids)
-    down_shape = Shape(n_expert=5, n_out=768, n_in=512, n_tokens=9, top_k=2, x_per_slot=True)
+    down_shape = Shape(n_expert=5, n_out=768, n_in=512, n_tokens=9, top_k=2, x_per_pair=True)
     w_down = ref.random_weights(rng, down_type, down_shape.n_expert * down_shape.n_out, down_shape.n_in)
     w_down_buf = device.alloc(w_down.nbytes, Usage.WEIGHTS, row_type=down_type, ne0=down_shape.n_in)
     w_down_buf.write(w_down)
@@ -232,7 +232,7 @@ def test_two_types_in_one_call_sequence(
         (w_down_buf, down_type, down_shape, hidden, out),
     ):
         kernels.mul_mat_id(
-            stream, w_buf, w_type, s.n_expert, s.n_out, s.n_in, x_buf, s.x_per_slot, up.ids_buf, 9, 2, y_buf
+            stream, w_buf, w_type, s.n_expert, s.n_out, s.n_in, x_buf, s.x_per_pair, up.ids_buf, 9, 2, y_buf
         )
     stream.synchronize()
     y_up = hidden.read().view(np.float32).reshape(9, 2, up_shape.n_out)

@@ -50,16 +50,16 @@ def test_int8_tile_heights_grow_with_pairs_per_expert() -> None:
     assert fmt.tile_for(4096 * 8, 128, MatrixPath.INT8) is TileM.TALLEST
 
 
-@pytest.mark.parametrize("x_per_slot", [False, True], ids=["shared_x", "x_per_slot"])
-def test_scratch_bytes_cover_the_int8_path(x_per_slot: bool) -> None:
+@pytest.mark.parametrize("x_per_pair", [False, True], ids=["shared_x", "x_per_pair"])
+def test_scratch_bytes_cover_the_int8_path(x_per_pair: bool) -> None:
     """A caller's scratch of scratch_bytes(...) is enough for the int8 path at any tile height."""
-    shape = Shape(n_expert=4, n_out=32, n_in=544, n_tokens=9, top_k=2, x_per_slot=x_per_slot)
+    shape = Shape(n_expert=4, n_out=32, n_in=544, n_tokens=9, top_k=2, x_per_pair=x_per_pair)
     rng = np.random.default_rng(3)
     with sim.open(profile="cuda-h200") as backend, MoeKernels(backend.device(0), MatrixPath.INT8) as kernels:
         device = backend.device(0)
         problem = tensors.make_problem(device, rng, _T.Q4_0, shape, tensors.distinct_ids(rng, 9, 2, np.arange(4)))
-        nbytes = scratch_bytes(shape.n_tokens, shape.top_k, shape.n_expert, shape.n_in, x_per_slot)
-        x_rows = shape.n_pairs if x_per_slot else shape.n_tokens
+        nbytes = scratch_bytes(shape.n_tokens, shape.top_k, shape.n_expert, shape.n_in, x_per_pair)
+        x_rows = shape.n_pairs if x_per_pair else shape.n_tokens
         assert nbytes >= layout.quantized_x_bytes(x_rows, shape.n_in)
         with device.alloc(nbytes) as scratch, device.stream() as stream:
             y = tensors.poisoned(device, shape.n_pairs * shape.n_out * 4)
@@ -72,7 +72,7 @@ def test_scratch_bytes_cover_the_int8_path(x_per_slot: bool) -> None:
                     shape.n_out,
                     shape.n_in,
                     problem.x_buf,
-                    x_per_slot,
+                    x_per_pair,
                     problem.ids_buf,
                     shape.n_tokens,
                     shape.top_k,

@@ -1,6 +1,6 @@
-"""The kernel source (moe.cu, mma.cu) compiles with NVRTC, without warnings, for the
-architectures the CUDA backend targets: sm_80 and sm_90 take mma.cu's tensor-core step,
-sm_75 its generic one.
+"""The kernel source (the .cu files of expertstream/kernels, as one) compiles with NVRTC, without
+warnings, for the architectures the CUDA backend targets: sm_80 and sm_90 take mma.cu's
+tensor-core step, sm_75 its generic one.
 
 NVRTC needs no GPU, so this runs wherever cuda-bindings is installed; elsewhere it is
 skipped with the reason. hipRTC compiles the same source on the HIP backend's own run.
@@ -27,7 +27,7 @@ def _log(program: object) -> str:
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80", "sm_75"])
 def test_kernel_source_compiles_cleanly(arch: str) -> None:
-    err, program = nvrtc.nvrtcCreateProgram(kernel_source().encode(), b"moe.cu", 0, [], [])
+    err, program = nvrtc.nvrtcCreateProgram(kernel_source().encode(), b"kernels.cu", 0, [], [])
     assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, err
     try:
         names = [name for fmt in FORMATS.values() for name in type_kernels(fmt)]

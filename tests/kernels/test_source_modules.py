@@ -15,9 +15,14 @@ from gguf import GGMLQuantizationType
 
 import expertstream
 from expertstream.kernels import MoeKernels, kernel_source, module_types, type_kernels
+from expertstream.kernels.launcher import TWINS
 from expertstream.kernels.layout import FORMATS
 
 _INSTANCE = re.compile(r"^MOE_(?:MUL_MAT_ID|GATE_UP)\w*\((\w+),", re.M)
+# A kernel the shared code defines by name (the per-type ones come from instance macros).
+_SHARED_KERNEL = re.compile(
+    r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\)\s+)?(?!__launch_bounds__)(\w+)\('
+)
 
 
 def _instances(source: str) -> list[str]:
@@ -39,6 +44,14 @@ def test_every_kernel_of_the_whole_source_is_in_its_types_module() -> None:
     assert all(kernel_source([t]).startswith(shared) for t in per_type)
 
 
+def test_every_kernel_of_the_source_has_a_twin_and_every_twin_a_kernel() -> None:
+    """The simulator runs the twin MoeKernels hands to each compile: none may be missing or stray."""
+    shared = set(_SHARED_KERNEL.findall(kernel_source(())))
+    per_type = {name for fmt in FORMATS.values() for name in type_kernels(fmt)}
+    assert "moe_swiglu" in shared and "moe_rms_norm" in shared
+    assert shared | per_type == set(TWINS)
+
+
 class _CountingDevice:
     """Stands in for a device: records the sources it is asked to compile."""
 
@@ -49,9 +62,9 @@ class _CountingDevice:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._device, name)
 
-    def compile(self, source: str, name: str) -> Any:
+    def compile(self, source: str, name: str, twin: object | None = None) -> Any:
         self.sources.setdefault(source, set()).add(name)
-        return self._device.compile(source, name)
+        return self._device.compile(source, name, twin)
 
 
 def test_a_model_of_one_type_compiles_two_modules() -> None:

@@ -118,8 +118,12 @@ class Device(abc.ABC):
     def event(self, timing: bool = False) -> Event: ...
 
     @abc.abstractmethod
-    def compile(self, source: str, name: str) -> Kernel:
-        """Compile ``extern "C" __global__`` source and return kernel ``name`` (cached)."""
+    def compile(self, source: str, name: str, twin: object | None = None) -> Kernel:
+        """Compile ``extern "C" __global__`` source and return kernel ``name`` (cached).
+
+        ``twin``: what a backend that runs kernels on the host runs instead (the simulator takes a
+        ``sim.KernelSpec``, else the one registered under ``name``); GPU backends ignore it.
+        """
 
     @abc.abstractmethod
     def synchronize(self) -> None:

@@ -1,7 +1,8 @@
 """The simulated backend: exact data on numpy memory, virtual time, and a hazard checker.
 
 ``expertstream.backend("sim", profile="cuda-h200", devices=1, peer_access=True, data=True,
-check_hazards=True)``. Kernels run as Python twins registered with ``register_kernel``.
+check_hazards=True)``. Kernels run as Python twins: the one ``Device.compile`` is given, else the one
+registered under the kernel's name with ``register_kernel``.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from ..base import (
 from ..dlpack import DLDeviceType
 from .core import Simulation
 from .hazards import Touch
-from .kernels import SimKernel, lookup_kernel
+from .kernels import SimKernel, checked_twin, lookup_kernel
 from .memory import GARBAGE_BYTE, SimDeviceBuffer, SimHostBuffer, untouched_host_bytes
 from .streams import SimEvent, SimStream
 
@@ -132,8 +132,9 @@ class SimDevice(Device):
     def event(self, timing: bool = False) -> SimEvent:
         return SimEvent(self, timing)
 
-    def compile(self, source: str, name: str) -> Kernel:
-        spec = lookup_kernel(name, self.label)
+    def compile(self, source: str, name: str, twin: object | None = None) -> Kernel:
+        """Kernel ``name`` running ``twin`` (a KernelSpec of that name), else the twin registered under it."""
+        spec = lookup_kernel(name, self.label) if twin is None else checked_twin(twin, name, self.label)
         kernel = self._kernels.get(name)
         if kernel is None or kernel.spec is not spec:
             kernel = self._kernels[name] = SimKernel(self, spec)

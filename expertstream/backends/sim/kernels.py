@@ -1,8 +1,10 @@
 """Python twins of device kernels: what the simulator runs when a kernel is launched.
 
-``device.compile(source, name)`` on the simulator ignores the source and looks ``name`` up
-here. A twin says what the kernel computes (``run``), which bytes it reads and writes
-(``accesses``, for the hazard checker) and how much work it is (``flops``, for virtual time).
+``device.compile(source, name, twin)`` on the simulator ignores the source and runs ``twin``;
+code that compiles without one (tests, third parties) registers its twins here first with
+``register_kernel``, and the simulator looks ``name`` up. A twin says what the kernel computes
+(``run``), which bytes it reads and writes (``accesses``, for the hazard checker) and how much
+work it is (``flops``, for virtual time).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ...errors import KernelCompileError
+from ...errors import InvalidArgument, KernelCompileError
 from ..base import BufferView, Kernel
 
 if TYPE_CHECKING:
@@ -83,10 +85,22 @@ def lookup_kernel(name: str, device_label: str) -> KernelSpec:
             f"no Python twin is registered for kernel {name!r}",
             call=f"Device.compile({name!r})",
             device=device_label,
-            hint="register one with expertstream.backends.sim.register_kernel(KernelSpec(name, run=..., "
-            "accesses=..., flops=...)) before compiling",
+            hint="pass one, compile(source, name, twin=KernelSpec(name, run=..., accesses=..., flops=...)), or "
+            "register it with expertstream.backends.sim.register_kernel(KernelSpec(...)) before compiling",
         )
     return spec
+
+
+def checked_twin(twin: object, name: str, device_label: str) -> KernelSpec:
+    """``twin`` as the twin of kernel ``name``: a KernelSpec of that name."""
+    if not isinstance(twin, KernelSpec) or twin.name != name:
+        given = f"the KernelSpec of {twin.name!r}" if isinstance(twin, KernelSpec) else type(twin).__name__
+        raise InvalidArgument(
+            f"the twin of kernel {name!r} must be a KernelSpec named {name!r}, got {given}",
+            call=f"Device.compile({name!r})",
+            device=device_label,
+        )
+    return twin
 
 
 class SimKernel(Kernel):
@@ -97,4 +111,4 @@ class SimKernel(Kernel):
         self.spec = spec
 
 
-__all__ = ["Access", "KernelSpec", "SimKernel", "lookup_kernel", "register_kernel"]
+__all__ = ["Access", "KernelSpec", "SimKernel", "checked_twin", "lookup_kernel", "register_kernel"]

@@ -1,0 +1,36 @@
+// ---------------------------------------------------------------------------------
+// Elementwise and reduction kernels.
+// ---------------------------------------------------------------------------------
+
+extern "C" __global__ void moe_swiglu(const float* __restrict__ gate, const float* __restrict__ up,
+                                      float* __restrict__ out, int n) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+// The end of an MoE layer: hidden[t, i] += sum over k = 0..top_k-1, in that order, of
+// weights[t, k] * y[t, k, i] (fused multiply-adds), or of y[t, k, i] where weights is null
+// (rows the routing weights already scale), plus extra[t, i] (a shared expert's output) where
+// extra is not null.
+extern "C" __global__ void moe_combine(const float* __restrict__ y, const float* __restrict__ weights,
+                                       const float* __restrict__ extra, float* __restrict__ hidden, int n_tokens,
+                                       int top_k, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) {
+        return;
+    }
+    for (int t = blockIdx.y; t < n_tokens; t += gridDim.y) {
+        float acc = 0.0f;
+        for (int k = 0; k < top_k; ++k) {
+            const float v = y[((long long)t * top_k + k) * n + i];
+            acc = weights ? fmaf(weights[t * top_k + k], v, acc) : acc + v;
+        }
+        if (extra) {
+            acc += extra[(long long)t * n + i];
+        }
+        hidden[(long long)t * n + i] += acc;
+    }
+}

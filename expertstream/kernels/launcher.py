@@ -1,0 +1,578 @@
+"""Typed launchers of the MoE kernels: expert matmul by routing ids, SwiGLU, the weighted sum
+of the top-k outputs, router top-k.
+
+``MoeKernels(device)`` compiles the source of source.py through ``device.compile`` (NVRTC or
+hipRTC; the simulator runs the numpy twin of twins.py or routing_twins.py that each compile
+hands over) and launches the kernels with validated arguments. Every method only enqueues work
+on the given stream. A kernel's module holds the shared code and the mul_mat_id instances of
+its own weight type only: a model of one type compiles two small modules, not every type's
+kernels.
+
+mul_mat_id has three paths (``layout.MatrixPath``): the float32 SIMT kernels of simt.cu, the
+bf16 matrix-core kernels of mma.cu (float32 accumulation), and the int8 kernels of int8.cu
+(weight quants times activations quantized per 32-element block, int32 products, float32
+accumulation) for the types that have one. By default each type takes the path
+``layout.default_path`` gives for the device's capabilities: SIMT without matrix cores, INT8
+for the types of ``layout.INT8_DEFAULT_TYPES`` where int8 matrix instructions exist, MMA
+otherwise. ``MoeKernels(device, path)`` asks for one path for every type (types without an
+int8 kernel take MMA when INT8 is asked for); ``path_for`` says which one a type takes. On
+one device and path, outputs are byte-identical however the pairs are grouped into tiles.
+
+On the MMA path, Q4_0 and Q4_K rows (of a multiple of 64 elements) take the direct-decode kernels
+of direct.cu where the device has ``Capabilities.mma_fragments`` (NVIDIA sm_80+), whatever the
+number of pairs (``uses_direct``; ``MoeKernels(device, direct=False)`` keeps the shared-tile
+kernels). Only those kernels have the fused forms: ``gate_up`` (gate, up and SwiGLU in one pass)
+and mul_mat_id's ``route_weights`` (each row scaled by its pair's routing weight).
+
+Shapes (all float32 unless noted, row-major, contiguous):
+
+- ``mul_mat_id``: w [n_expert][n_out][n_in] of ``w_type`` (layout.FORMATS lists the
+  supported types) with ggml's padding tail for quantized rows; x [n_tokens, n_in] shared by
+  a token's top_k pairs, or [n_tokens, top_k, n_in] when ``x_per_pair``; ids int32
+  [n_tokens, top_k]; y [n_tokens, top_k, n_out]. Ids outside [0, n_expert) give NaN rows,
+  never a stray read.
+- ``swiglu``: out[i] = silu(gate[i]) * up[i] for n elements.
+- ``weighted_sum``: out[t, :] = sum_k weights[t, k] * y[t, k, :] (k ascending; combine into zeros).
+- ``combine``: hidden[t, :] += sum_k weights[t, k] * y[t, k, :] (or sum_k y[t, k, :] without
+  weights) + extra[t, :] (a shared expert's output, optional): the end of an MoE layer.
+- ``router_topk``: logits = x @ router^T with router [n_expert, n_embd]; ids int32
+  [n_tokens, top_k] of the largest logits, descending, ties to the lower id; weights
+  [n_tokens, top_k] = softmax over the selected logits.
+
+Scratch: mul_mat_id groups the pairs by expert on the device into an int32 scratch buffer
+of ``scratch_bytes(...)``, where the int8 path also keeps the quantized activations (16-byte
+aligned there). Pass ``scratch`` to own it; without it the instance uses one buffer of its
+own, grown when a call needs more and freed by ``close()``. That buffer is shared by every
+call of the instance, so calls on concurrent streams must pass their own.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from .._closing import Closing
+from ..backends.base import BufferView, Device, DeviceBuffer, Kernel, Stream, Usage
+from ..backends.sim import KernelSpec
+from ..errors import InvalidArgument
+from ..ggml import RowType, padded_size
+from . import layout, routing_twins, twins
+from .args import ViewLike, positive, view
+from .layout import MatrixPath, TileM, WeightFormat, weight_format
+from .source import kernel_source, module_types
+
+log = logging.getLogger(__name__)
+
+# Each kernel's numpy twin, handed to every compile: the simulator runs it, GPU backends ignore it.
+TWINS: dict[str, KernelSpec] = {spec.name: spec for spec in (*twins.twin_specs(), *routing_twins.twin_specs())}
+
+
+def default_path(device: Device, w_type: RowType) -> MatrixPath:
+    """The path ``w_type`` takes on ``device`` by default (layout.default_path, from its capabilities)."""
+    caps = device.capabilities
+    return layout.default_path(w_type, caps.matrix_cores, caps.int8_matrix_cores)
+
+
+def check_path(device: Device, path: MatrixPath | None) -> None:
+    """Refuse a path ``device`` has no matrix instructions for (None: each type's default there)."""
+    caps = device.capabilities
+    if path is MatrixPath.MMA and not caps.matrix_cores:
+        missing = "bf16 matrix instructions"
+    elif path is MatrixPath.INT8 and not caps.int8_matrix_cores:
+        missing = "int8 matrix instructions"
+    else:
+        return
+    raise InvalidArgument(
+        f"{device.label} ({device.name}) has no {missing} for matrix path {path.value!r}",
+        hint="use auto (each expert type's default path on the device) or simt",
+    )
+
+
+def scratch_bytes(n_tokens: int, top_k: int, n_expert: int, n_in: int, x_per_pair: bool = False) -> int:
+    """Bytes of scratch mul_mat_id needs for this many pairs and experts (any tile, any path).
+
+    The grouping words, then the activations as the matrix kernel reads them: quantized per
+    32-element block (int8 path) or rounded to bf16 (direct kernels).
+    """
+    n_pairs = n_tokens * top_k
+    x_rows = n_pairs if x_per_pair else n_tokens
+    converted = max(layout.quantized_x_bytes(x_rows, n_in), layout.direct_x_bytes(x_rows, n_in))
+    return layout.quantized_x_offset(n_pairs, n_expert, min(TileM)) + converted
+
+
+def _i32(value: int) -> np.int32:
+    return np.int32(value)
+
+
+class MoeKernels(Closing):
+    """Typed launchers for the MoE kernels on one device."""
+
+    def __init__(self, device: Device, path: MatrixPath | None = None, direct: bool = True) -> None:
+        self.device = device
+        # None: each type takes its default path on this device (layout.default_path).
+        self.path = path
+        # Whether the MMA path takes direct.cu's kernels where they apply (benchmarks turn it off to
+        # compare them with the shared-tile kernels of mma.cu).
+        self.direct = direct
+        if path is MatrixPath.SIMT and device.capabilities.matrix_cores:
+            log.info("mul_mat_id on %s takes the float32 SIMT path although it has matrix cores", device.label)
+        self._sources: dict[tuple[RowType, ...], str] = {}  # by module_types
+        self._kernels: dict[str, Kernel] = {}
+        self._scratch: list[DeviceBuffer] = []  # the last is current; earlier ones may still be in use
+
+    def path_for(self, w_type: RowType) -> MatrixPath:
+        """The path mul_mat_id takes for ``w_type``: the one asked for (types without an int8 kernel
+        take MMA there), else the device's default for the type."""
+        if self.path is None:
+            return default_path(self.device, w_type)
+        return weight_format(w_type).path_on(self.path)
+
+    def uses_direct(self, w_type: RowType, n_in: int) -> bool:
+        """Whether mul_mat_id of ``w_type`` rows of ``n_in`` elements takes a direct-decode kernel
+        (direct.cu): on the MMA path, on devices with mma_fragments, for the types that have one.
+        Only those kernels fuse gate, up and SwiGLU (``gate_up``) and scale by routing weights."""
+        fmt = weight_format(w_type)
+        return (
+            self.direct
+            and self.device.capabilities.mma_fragments
+            and self.path_for(w_type) is MatrixPath.MMA
+            and fmt.direct_fits(n_in)
+        )
+
+    def tile_for(self, w_type: RowType, n_pairs: int, n_expert: int, n_in: int) -> TileM:
+        """The tile height mul_mat_id picks for this type, number of pairs and experts, and rows of
+        ``n_in`` elements (which decide whether a direct-decode kernel fits)."""
+        if self.uses_direct(w_type, n_in):
+            return layout.direct_tile_for(n_pairs, n_expert)
+        return weight_format(w_type).tile_for(n_pairs, n_expert, self.path_for(w_type))
+
+    def mul_mat_id_kernel(self, w_type: RowType, n_pairs: int, n_expert: int, n_in: int) -> str:
+        """The name of the matrix kernel mul_mat_id launches for these shapes (see ``tile_for``)."""
+        fmt = weight_format(w_type)
+        tile = self.tile_for(w_type, n_pairs, n_expert, n_in)
+        if self.uses_direct(w_type, n_in):
+            return fmt.direct_kernel_name(tile)
+        return fmt.kernel_name(tile, self.path_for(w_type))
+
+    def kernel(self, name: str) -> Kernel:
+        """Kernel ``name``, compiled on first use with the shared code and its own type's instances only."""
+        kernel = self._kernels.get(name)
+        if kernel is None:
+            types = module_types(name)
+            source = self._sources.get(types)
+            if source is None:
+                source = self._sources[types] = kernel_source(types)
+            kernel = self._kernels[name] = self.device.compile(source, name, twin=TWINS.get(name))
+        return kernel
+
+    def prepare(self, w_types: Iterable[RowType]) -> None:
+        """Compile now what the kernels of a model with experts of ``w_types`` need (else on first use)."""
+        self.kernel("moe_swiglu")
+        for w_type in w_types:
+            self.kernel(self.mul_mat_id_kernel(w_type, 1, 1, layout.DIRECT_K))
+            if self.uses_direct(w_type, layout.DIRECT_K):
+                self.kernel(weight_format(w_type).direct_kernel_name(TileM.SHORT, gate_up=True))
+                self.kernel("moe_round_x_direct")
+
+    def mul_mat_id(
+        self,
+        stream: Stream,
+        w: ViewLike,
+        w_type: RowType,
+        n_expert: int,
+        n_out: int,
+        n_in: int,
+        x: ViewLike,
+        x_per_pair: bool,
+        ids: ViewLike,
+        n_tokens: int,
+        top_k: int,
+        y: ViewLike,
+        scratch: ViewLike | None = None,
+        tile_m: TileM | None = None,
+        route_weights: ViewLike | None = None,
+    ) -> None:
+        """y[t, k, :] = W[ids[t, k]] @ x[t] (or x[t, k]) with float32 accumulation.
+
+        ``tile_m`` overrides the tile height chosen for the number of pairs per expert
+        (benchmarks compare them); results are the same bytes with either. ``route_weights``
+        (float32 [n_tokens, top_k], direct kernels only: ``uses_direct``) scales each pair's row:
+        y[t, k, :] = route_weights[t, k] * (W[ids[t, k]] @ x).
+        """
+        call = "MoeKernels.mul_mat_id"
+        fmt = weight_format(w_type)
+        path = self.path_for(w_type)
+        positive(call, n_expert=n_expert, n_out=n_out, n_in=n_in, n_tokens=n_tokens, top_k=top_k)
+        self._check_mul_mat_id_shapes(call, fmt, n_expert, n_out, n_in, n_tokens * top_k)
+        n_pairs = n_tokens * top_k
+        direct = self.uses_direct(w_type, n_in)
+        if route_weights is not None and not direct:
+            raise InvalidArgument(
+                f"route_weights needs a direct-decode kernel, which {fmt.qtype.name} rows of {n_in} elements on "
+                f"{self.device.label} do not take",
+                call=call,
+                hint="check uses_direct() first, or scale the rows afterwards (weighted_sum)",
+            )
+        tiles_here = layout.DIRECT_TILES if direct else fmt.tiles_on(path)
+        if tile_m is None:
+            tile_m = self.tile_for(w_type, n_pairs, n_expert, n_in)
+        elif tile_m not in tiles_here:
+            shown = ", ".join(str(int(t)) for t in tiles_here)
+            raise InvalidArgument(
+                f"{fmt.qtype.name} has no {int(tile_m)}-row tile on the {path.value} path",
+                call=call,
+                hint=f"tile heights there: {shown}",
+            )
+        w_bytes = n_expert * n_out * fmt.row_bytes(n_in)
+        align = layout.DIRECT_ALIGN if direct else fmt.unit_bytes
+        w_view = view(call, "w", w, padded_size(w_bytes, fmt.qtype, n_in), align)
+        x_rows = n_pairs if x_per_pair else n_tokens
+        x_view = view(call, "x", x, x_rows * n_in * 4, 4)
+        ids_view = view(call, "ids", ids, n_pairs * 4, 4)
+        y_view = view(call, "y", y, n_pairs * n_out * 4, 4)
+        if direct:
+            weights_view = None if route_weights is None else view(call, "route_weights", route_weights, n_pairs * 4)
+            name = fmt.direct_kernel_name(tile_m)
+            self._direct(
+                stream,
+                call,
+                name,
+                (w_view,),
+                x_view,
+                ids_view,
+                y_view,
+                scratch,
+                tile_m,
+                (n_expert, n_out, n_in, n_tokens, top_k, x_per_pair),
+                weights_view,
+            )
+            return
+        tiles = layout.max_tiles(n_pairs, n_expert, tile_m)
+        words = layout.scratch_words(n_pairs, n_expert, tile_m)
+        need = words * 4
+        if path is MatrixPath.INT8:
+            xq_at = layout.quantized_x_offset(n_pairs, n_expert, tile_m)
+            need = xq_at + layout.quantized_x_bytes(x_rows, n_in)
+        align = layout.SCRATCH_ALIGN if path is MatrixPath.INT8 else 4
+        whole = self._own_scratch(need) if scratch is None else view(call, "scratch", scratch, need, align)
+        scratch_view = BufferView(whole.buffer, whole.offset, words * 4)
+        if path is MatrixPath.INT8:
+            # The int8 kernel reads the activations as the quantizer leaves them in the scratch.
+            x_floats, x_view = x_view, BufferView(whole.buffer, whole.offset + xq_at, need - xq_at)
+            quant_blocks = x_rows * (n_in // layout.QUANT_BLOCK)
+            stream.launch(
+                self.kernel("moe_quantize_x"),
+                -(-quant_blocks // layout.QUANT_THREADS),
+                layout.QUANT_THREADS,
+                (x_floats, x_view, _i32(x_rows), _i32(n_in)),
+            )
+        self._group(stream, ids_view, scratch_view, n_pairs, n_expert, tile_m, tiles)
+        threads = {MatrixPath.SIMT: layout.MMID_THREADS, MatrixPath.MMA: layout.MMA_THREADS}.get(
+            path, layout.INT8_THREADS
+        )
+        stream.launch(
+            self.kernel(fmt.kernel_name(tile_m, path)),
+            (-(-n_out // layout.TILE_N), tiles),
+            threads,
+            (
+                w_view,
+                x_view,
+                scratch_view,
+                y_view,
+                _i32(n_expert),
+                _i32(n_out),
+                _i32(n_in),
+                _i32(top_k),
+                _i32(1 if x_per_pair else 0),
+                _i32(tiles),
+            ),
+        )
+
+    def gate_up(
+        self,
+        stream: Stream,
+        w_gate: ViewLike,
+        w_up: ViewLike,
+        w_type: RowType,
+        n_expert: int,
+        n_out: int,
+        n_in: int,
+        x: ViewLike,
+        ids: ViewLike,
+        n_tokens: int,
+        top_k: int,
+        y: ViewLike,
+        scratch: ViewLike | None = None,
+        tile_m: TileM | None = None,
+    ) -> None:
+        """y[t, k, :] = silu(G @ x[t]) * (U @ x[t]) with G, U = w_gate[ids[t, k]], w_up[ids[t, k]]:
+        gate, up and SwiGLU in one pass, on the direct kernels only (``uses_direct``). The same bytes
+        as mul_mat_id of each tensor followed by swiglu."""
+        call = "MoeKernels.gate_up"
+        fmt = weight_format(w_type)
+        positive(call, n_expert=n_expert, n_out=n_out, n_in=n_in, n_tokens=n_tokens, top_k=top_k)
+        self._check_mul_mat_id_shapes(call, fmt, n_expert, n_out, n_in, n_tokens * top_k)
+        if not self.uses_direct(w_type, n_in):
+            raise InvalidArgument(
+                f"gate_up needs a direct-decode kernel, which {fmt.qtype.name} rows of {n_in} elements on "
+                f"{self.device.label} do not take",
+                call=call,
+                hint="check uses_direct() first, or run mul_mat_id for each tensor and then swiglu",
+            )
+        n_pairs = n_tokens * top_k
+        if tile_m is None:
+            tile_m = layout.direct_tile_for(n_pairs, n_expert)
+        elif tile_m not in layout.DIRECT_TILES:
+            shown = ", ".join(str(int(t)) for t in layout.DIRECT_TILES)
+            raise InvalidArgument(f"no {int(tile_m)}-row tile for gate_up", call=call, hint=f"tile heights: {shown}")
+        w_bytes = padded_size(n_expert * n_out * fmt.row_bytes(n_in), fmt.qtype, n_in)
+        weights = tuple(
+            view(call, name, w, w_bytes, layout.DIRECT_ALIGN) for name, w in (("w_gate", w_gate), ("w_up", w_up))
+        )
+        self._direct(
+            stream,
+            call,
+            fmt.direct_kernel_name(tile_m, gate_up=True),
+            weights,
+            view(call, "x", x, n_tokens * n_in * 4, 4),
+            view(call, "ids", ids, n_pairs * 4, 4),
+            view(call, "y", y, n_pairs * n_out * 4, 4),
+            scratch,
+            tile_m,
+            (n_expert, n_out, n_in, n_tokens, top_k, False),
+            None,
+        )
+
+    def _group(
+        self, stream: Stream, ids: BufferView, scratch: BufferView, n_pairs: int, n_expert: int, tile_m: int, tiles: int
+    ) -> None:
+        blocks = layout.group_blocks(n_pairs)
+        stream.launch(
+            self.kernel("moe_group_count"),
+            blocks,
+            layout.GROUP_THREADS,
+            (ids, scratch, _i32(n_pairs), _i32(n_expert), _i32(tiles)),
+        )
+        stream.launch(
+            self.kernel("moe_group_place"),
+            blocks,
+            layout.GROUP_THREADS,
+            (ids, scratch, _i32(n_pairs), _i32(n_expert), _i32(tile_m), _i32(tiles)),
+        )
+
+    def _direct(
+        self,
+        stream: Stream,
+        call: str,
+        name: str,
+        weights: tuple[BufferView, ...],
+        x: BufferView,
+        ids: BufferView,
+        y: BufferView,
+        scratch: ViewLike | None,
+        tile_m: TileM,
+        shape: tuple[int, int, int, int, int, bool],
+        route_weights: BufferView | None,
+    ) -> None:
+        """Round the activations into the scratch, group the pairs, launch direct kernel ``name``."""
+        n_expert, n_out, n_in, n_tokens, top_k, x_per_pair = shape
+        n_pairs = n_tokens * top_k
+        x_rows = n_pairs if x_per_pair else n_tokens
+        if x_rows * n_in >= 1 << 32:  # the kernels hold an activation row's start as a 32-bit element offset
+            raise InvalidArgument(
+                f"{x_rows} activation rows of {n_in} elements are over the 2^32 elements the direct-decode "
+                "kernels address",
+                call=call,
+                hint="split the batch",
+            )
+        tiles = layout.max_tiles(n_pairs, n_expert, tile_m)
+        words = layout.scratch_words(n_pairs, n_expert, tile_m)
+        xb_at = layout.quantized_x_offset(n_pairs, n_expert, tile_m)
+        need = xb_at + layout.direct_x_bytes(x_rows, n_in)
+        whole = (
+            self._own_scratch(need) if scratch is None else view(call, "scratch", scratch, need, layout.SCRATCH_ALIGN)
+        )
+        scratch_view = BufferView(whole.buffer, whole.offset, words * 4)
+        xb = BufferView(whole.buffer, whole.offset + xb_at, need - xb_at)
+        round_words = x_rows * n_in // 2
+        stream.launch(
+            self.kernel("moe_round_x_direct"),
+            min(-(-round_words // layout.DIRECT_ROUND_THREADS), layout.MAX_GRID_Y),
+            layout.DIRECT_ROUND_THREADS,
+            (x, xb, _i32(x_rows), _i32(n_in)),
+        )
+        self._group(stream, ids, scratch_view, n_pairs, n_expert, tile_m, tiles)
+        gate_up = len(weights) == 2
+        outputs_per_block = layout.TILE_N // 2 if gate_up else layout.TILE_N
+        tail: tuple[BufferView | np.uint64, ...] = ()
+        if not gate_up:
+            tail = (route_weights if route_weights is not None else np.uint64(0),)
+        stream.launch(
+            self.kernel(name),
+            (-(-n_out // outputs_per_block), tiles),
+            layout.DIRECT_THREADS,
+            (
+                *weights,
+                xb,
+                scratch_view,
+                y,
+                _i32(n_expert),
+                _i32(n_out),
+                _i32(n_in),
+                _i32(top_k),
+                _i32(1 if x_per_pair else 0),
+                _i32(tiles),
+                *tail,
+            ),
+        )
+
+    def swiglu(self, stream: Stream, gate: ViewLike, up: ViewLike, out: ViewLike, n: int) -> None:
+        """out[i] = gate[i] / (1 + exp(-gate[i])) * up[i] for i < n."""
+        call = "MoeKernels.swiglu"
+        positive(call, n=n)
+        views = [view(call, name, arg, n * 4, 4) for name, arg in (("gate", gate), ("up", up), ("out", out))]
+        blocks = min(-(-n // layout.ELEMENTWISE_THREADS), layout.MAX_GRID_Y)
+        stream.launch(self.kernel("moe_swiglu"), blocks, layout.ELEMENTWISE_THREADS, (*views, _i32(n)))
+
+    def weighted_sum(
+        self, stream: Stream, y: ViewLike, weights: ViewLike, out: ViewLike, n_tokens: int, top_k: int, n: int
+    ) -> None:
+        """out[t, :] = sum over k ascending of weights[t, k] * y[t, k, :]: combine into a zeroed ``out``."""
+        args = self._combine_args("MoeKernels.weighted_sum", y, weights, None, ("out", out), n_tokens, top_k, n)
+        target = args[3]
+        stream.memset(target.buffer, target.offset, target.nbytes)
+        self._launch_combine(stream, args, n_tokens, n)
+
+    def combine(
+        self,
+        stream: Stream,
+        y: ViewLike,
+        weights: ViewLike | None,
+        extra: ViewLike | None,
+        hidden: ViewLike,
+        n_tokens: int,
+        top_k: int,
+        n: int,
+    ) -> None:
+        """hidden[t, :] += sum over k ascending of weights[t, k] * y[t, k, :] (of y[t, k, :] where
+        ``weights`` is None: rows mul_mat_id's route_weights already scaled), + extra[t, :] if given."""
+        args = self._combine_args("MoeKernels.combine", y, weights, extra, ("hidden", hidden), n_tokens, top_k, n)
+        self._launch_combine(stream, args, n_tokens, n)
+
+    def _combine_args(
+        self,
+        call: str,
+        y: ViewLike,
+        weights: ViewLike | None,
+        extra: ViewLike | None,
+        target: tuple[str, ViewLike],
+        n_tokens: int,
+        top_k: int,
+        n: int,
+    ) -> tuple[Any, ...]:
+        """moe_combine's checked arguments; ``target`` is (its name for messages, the view added into)."""
+        positive(call, n_tokens=n_tokens, top_k=top_k, n=n)
+        _fits_int32(call, y=n_tokens * top_k * n)
+        null = np.uint64(0)
+        return (
+            view(call, "y", y, n_tokens * top_k * n * 4, 4),
+            null if weights is None else view(call, "weights", weights, n_tokens * top_k * 4, 4),
+            null if extra is None else view(call, "extra", extra, n_tokens * n * 4, 4),
+            view(call, target[0], target[1], n_tokens * n * 4, 4),
+            _i32(n_tokens),
+            _i32(top_k),
+            _i32(n),
+        )
+
+    def _launch_combine(self, stream: Stream, args: tuple[Any, ...], n_tokens: int, n: int) -> None:
+        grid = (-(-n // layout.ELEMENTWISE_THREADS), min(n_tokens, layout.MAX_GRID_Y))
+        stream.launch(self.kernel("moe_combine"), grid, layout.ELEMENTWISE_THREADS, args)
+
+    def router_topk(
+        self,
+        stream: Stream,
+        x: ViewLike,
+        router: ViewLike,
+        n_tokens: int,
+        n_embd: int,
+        n_expert: int,
+        top_k: int,
+        ids: ViewLike,
+        weights: ViewLike,
+    ) -> None:
+        """ids, weights = top_k of x @ router^T per token, softmax over the selected logits."""
+        call = "MoeKernels.router_topk"
+        positive(call, n_tokens=n_tokens, n_embd=n_embd, n_expert=n_expert, top_k=top_k)
+        if n_expert > layout.ROUTER_MAX_EXPERTS:
+            raise InvalidArgument(
+                f"router_topk handles at most {layout.ROUTER_MAX_EXPERTS} experts, got {n_expert}", call=call
+            )
+        if top_k > min(n_expert, layout.ROUTER_MAX_K):
+            raise InvalidArgument(
+                f"top_k {top_k} exceeds min(n_expert, {layout.ROUTER_MAX_K}) = {min(n_expert, layout.ROUTER_MAX_K)}",
+                call=call,
+            )
+        _fits_int32(call, x=n_tokens * n_embd, router=n_expert * n_embd)
+        args = (
+            view(call, "x", x, n_tokens * n_embd * 4, 4),
+            view(call, "router", router, n_expert * n_embd * 4, 4),
+            view(call, "ids", ids, n_tokens * top_k * 4, 4),
+            view(call, "weights", weights, n_tokens * top_k * 4, 4),
+            _i32(n_tokens),
+            _i32(n_embd),
+            _i32(n_expert),
+            _i32(top_k),
+        )
+        blocks = -(-n_tokens // layout.ROUTER_TOKENS)
+        stream.launch(self.kernel("moe_router_topk"), blocks, layout.ROUTER_THREADS, args)
+
+    def close(self) -> None:
+        """Free the instance's own scratch; work that uses it must be finished."""
+        for buf in self._scratch:
+            buf.close()
+        self._scratch.clear()
+
+    @staticmethod
+    def _check_mul_mat_id_shapes(
+        call: str, fmt: WeightFormat, n_expert: int, n_out: int, n_in: int, n_pairs: int
+    ) -> None:
+        if n_expert > layout.MAX_EXPERTS:
+            raise InvalidArgument(f"at most {layout.MAX_EXPERTS} experts are supported, got {n_expert}", call=call)
+        if n_in % fmt.block_elements:
+            raise InvalidArgument(
+                f"n_in {n_in} is not a multiple of the {fmt.qtype.name} block size {fmt.block_elements}",
+                call=call,
+            )
+        _fits_int32(call, pairs=n_pairs)
+        expert_bytes = n_out * fmt.row_bytes(fmt.padded_row_elements(n_in))
+        if expert_bytes > layout.MAX_INT32:
+            raise InvalidArgument(
+                f"one expert's rows take {expert_bytes} bytes, over the 2 GiB the kernel addresses", call=call
+            )
+        if layout.max_tiles(n_pairs, n_expert, min(TileM)) > layout.MAX_GRID_Y:
+            raise InvalidArgument(
+                f"{n_pairs} (token, k) pairs need more than {layout.MAX_GRID_Y} tiles",
+                call=call,
+                hint="split the batch",
+            )
+
+    def _own_scratch(self, nbytes: int) -> BufferView:
+        current = self._scratch[-1] if self._scratch else None
+        if current is None or current.nbytes < nbytes:
+            size = 1 << max(12, (nbytes - 1).bit_length())  # grow by powers of two: few buffers are ever kept
+            log.debug("mul_mat_id scratch on %s grows to %d bytes", self.device.label, size)
+            current = self.device.alloc(size, Usage.COMPUTE)
+            self._scratch.append(current)
+        return current.view(0, nbytes)
+
+
+def _fits_int32(call: str, **counts: int) -> None:
+    for name, count in counts.items():
+        if count > layout.MAX_INT32:
+            raise InvalidArgument(f"{name} has {count} elements, more than int32 indexing allows", call=call)
+
+
+__all__ = ["TWINS", "MoeKernels", "check_path", "default_path", "scratch_bytes"]

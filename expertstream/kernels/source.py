@@ -1,0 +1,98 @@
+"""The CUDA-C source of the MoE kernels: which files, in which order, and which instances.
+
+NVRTC and hipRTC compile one translation unit, so the .cu files of this package are read and
+concatenated in the order of ``SOURCE_NAMES``, each using what the files before it define:
+
+- formats.cu: type numbers, the constants shared with layout.py, block layouts, value tables;
+- grids.cu: the i-quants' lattice grid tables;
+- decode.cu: ``decode_slice``, each type's block decoder;
+- grouping.cu: the (token, k) pairs bucketed by expert and cut into tiles;
+- simt.cu: the float32 SIMT mul_mat_id and the tile start every mul_mat_id shares;
+- elementwise.cu: SwiGLU and the combine at the end of an MoE layer;
+- routing.cu: router top-k and the per-architecture routing and FFN pieces (routing.py);
+- standin.cu: the RMS norm and residual add the runner puts around each MoE block;
+- mma.cu, int8.cu, direct.cu: the matrix-core, int8 and direct-decode mul_mat_id.
+
+After them come the mul_mat_id instances of the weight types a module needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from importlib import resources
+
+from ..ggml import RowType
+from . import layout
+from .layout import MatrixPath, TileM, WeightFormat, weight_format
+
+SOURCE_NAMES = (
+    "formats.cu",
+    "grids.cu",
+    "decode.cu",
+    "grouping.cu",
+    "simt.cu",
+    "elementwise.cu",
+    "routing.cu",
+    "standin.cu",
+    "mma.cu",
+    "int8.cu",
+    "direct.cu",
+)
+
+
+def kernel_source(types: Iterable[RowType] | None = None) -> str:
+    """The CUDA-C source of the kernels, as NVRTC and hipRTC compile it.
+
+    The files of ``SOURCE_NAMES`` (the shared code and every kernel that is not per type), then
+    the mul_mat_id instances of ``types`` (every type of layout.FORMATS when None): one kernel
+    per path and tile height, each naming its type by its ggml number, the template argument
+    of the block formats in formats.cu. Compile time grows with the instances, so a module holds
+    only what its kernel needs (``module_types``).
+    """
+    files = [source_file(name) for name in SOURCE_NAMES]
+    formats = layout.FORMATS.values() if types is None else [weight_format(t) for t in dict.fromkeys(types)]
+    instances = [
+        f"{macro}({name}, {int(fmt.qtype)}, {int(tile)})\n" for fmt in formats for name, macro, tile in _instances(fmt)
+    ]
+    return "\n".join(files) + "\n" + "".join(instances)
+
+
+def source_file(name: str) -> str:
+    """The text of ``name``, one of ``SOURCE_NAMES``."""
+    return resources.files(__package__).joinpath(name).read_text(encoding="ascii")
+
+
+def type_kernels(fmt: WeightFormat) -> list[str]:
+    """The names of every per-type kernel of ``fmt``: each path's tile heights, then the direct ones."""
+    return [name for name, _, _ in _instances(fmt)]
+
+
+def _instances(fmt: WeightFormat) -> Iterator[tuple[str, str, TileM]]:
+    """(kernel name, instance macro, tile height) of every per-type kernel of ``fmt``."""
+    for path, macro in _INSTANCE_MACROS:
+        for tile in fmt.tiles_on(path):
+            yield fmt.kernel_name(tile, path), macro, tile
+    if fmt.direct:
+        for tile in layout.DIRECT_TILES:
+            yield fmt.direct_kernel_name(tile), "MOE_MUL_MAT_ID_DIRECT", tile
+            yield fmt.direct_kernel_name(tile, gate_up=True), "MOE_GATE_UP_DIRECT", tile
+
+
+_INSTANCE_MACROS = (
+    (MatrixPath.SIMT, "MOE_MUL_MAT_ID"),
+    (MatrixPath.MMA, "MOE_MUL_MAT_ID_MMA"),
+    (MatrixPath.INT8, "MOE_MUL_MAT_ID_INT8"),
+)
+# The weight type of every per-type kernel, by name.
+_TYPE_OF_KERNEL: dict[str, RowType] = {
+    name: fmt.qtype for fmt in layout.FORMATS.values() for name, _, _ in _instances(fmt)
+}
+
+
+def module_types(kernel: str) -> tuple[RowType, ...]:
+    """The weight types whose instances the module holding ``kernel`` compiles: its own, or none."""
+    w_type = _TYPE_OF_KERNEL.get(kernel)
+    return () if w_type is None else (w_type,)
+
+
+__all__ = ["SOURCE_NAMES", "kernel_source", "module_types", "source_file", "type_kernels"]
