@@ -33,7 +33,7 @@ __all__ = [
     "Usage",
     "UseAfterClose",
     "Vendor",
+    "__version__",
     "available_backends",
     "backend",
-    "__version__",
 ]

@@ -94,11 +94,11 @@ def set_iq1_m_scale_bits(blocks: np.ndarray, bits: np.ndarray) -> None:
 
 __all__ = [
     "EXPERT_TYPES",
-    "iq1_m_scale_bits",
-    "set_iq1_m_scale_bits",
     "MATRIX_ROW_PADDING",
     "RowType",
+    "iq1_m_scale_bits",
     "is_quantized",
     "padded_size",
     "row_size",
+    "set_iq1_m_scale_bits",
 ]

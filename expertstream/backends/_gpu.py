@@ -852,4 +852,4 @@ class GpuVendor:
         return self.backend_class(self.table(), **options)
 
 
-__all__ = ["GpuBackend", "GpuVendor", "GpuBuffer", "GpuDevice", "GpuEvent", "GpuKernel", "GpuStream"]
+__all__ = ["GpuBackend", "GpuBuffer", "GpuDevice", "GpuEvent", "GpuKernel", "GpuStream", "GpuVendor"]

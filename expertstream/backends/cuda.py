@@ -216,4 +216,4 @@ def _table() -> ApiTable:
 
 VENDOR = GpuVendor("CUDA", CudaBackend, INSTALL_HINT, _missing, _table)
 probe = VENDOR.probe
-open = VENDOR.open  # noqa: A001 - the registry's name for it
+open = VENDOR.open

@@ -276,4 +276,4 @@ def _table() -> ApiTable:
 
 VENDOR = GpuVendor("HIP", HipBackend, INSTALL_HINT, _missing, _table)
 probe = VENDOR.probe
-open = VENDOR.open  # noqa: A001 - the registry's name for it
+open = VENDOR.open

@@ -363,7 +363,7 @@ def decode_rows(rows: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
     decoder = DECODERS.get(qtype)
     if decoder is None:
         raise InvalidArgument(f"no decoder for {qtype.name}")
-    block_elements, block_bytes = GGML_QUANT_SIZES[qtype]
+    _block_elements, block_bytes = GGML_QUANT_SIZES[qtype]
     rows = np.asarray(rows, np.uint8)
     n_rows = rows.shape[0]
     blocks = np.ascontiguousarray(rows).reshape(-1, block_bytes)

@@ -79,7 +79,7 @@ def _select_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
 
 
 def _swiglu_oai_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
-    gate_b, up_b, out_b, n, alpha, limit = args
+    gate_b, up_b, out_b, _n, alpha, limit = args
     g = np.minimum(gate_b.view(_F32), _F32(limit))
     u = np.clip(up_b.view(_F32), -_F32(limit), _F32(limit))
     out_b.view(_F32)[:] = g / (_F32(1) + np.exp(-_F32(alpha) * g)) * (u + _F32(1))
@@ -96,8 +96,11 @@ def _expert_bias_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
 
 def _expert_bias_accesses(args: Args) -> Sequence[Access]:
     y = _as_view(args[0])
-    return [Access(y, write=False), Access(_as_view(args[1]), write=False), Access(_as_view(args[2]), write=False)] + [
-        Access(y, write=True)
+    return [
+        Access(y, write=False),
+        Access(_as_view(args[1]), write=False),
+        Access(_as_view(args[2]), write=False),
+        Access(y, write=True),
     ]
 
 
@@ -111,7 +114,9 @@ def _shared_gate_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
 
 def _shared_gate_accesses(args: Args) -> Sequence[Access]:
     y = _as_view(args[2])
-    return [Access(_as_view(args[0]), write=False), Access(_as_view(args[1]), write=False)] + [
+    return [
+        Access(_as_view(args[0]), write=False),
+        Access(_as_view(args[1]), write=False),
         Access(y, write=False),
         Access(y, write=True),
     ]

@@ -300,7 +300,7 @@ def _direct_products(
     fmt: WeightFormat, w_bytes: np.ndarray, x: np.ndarray, scratch_bytes: np.ndarray, y: np.ndarray, shape: Args
 ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
     """(expert, pairs, activations of the pairs padded to the kernel's row width) of each group."""
-    n_expert, n_out, n_in, top_k, x_per_pair, max_tiles = (int(v) for v in shape)
+    n_expert, _n_out, n_in, top_k, x_per_pair, max_tiles = (int(v) for v in shape)
     width = fmt.padded_row_elements(n_in)
     for expert, pairs in _expert_groups(scratch_bytes, max_tiles, n_expert, y):
         acts = np.zeros((pairs.size, width), np.float32)

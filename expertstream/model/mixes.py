@@ -184,11 +184,7 @@ def _layer(t: TensorShape, model: _Model, counted: int) -> int:
 
 def _choose(mix: str, default: T, t: TensorShape, cat: Category, model: _Model, seen: _Counters) -> T:
     if cat is Category.OUTPUT:
-        if mix == "MXFP4_MOE" or t.ne[0] % GGML_QUANT_SIZES[default][0]:
-            return T.Q8_0
-        if mix in _LOW_BIT_MIXES or mix == "IQ3_XXS":
-            return T.Q5_K
-        return default if default is T.Q8_0 else T.Q6_K
+        return _output(mix, default, t)
     if mix == "MXFP4_MOE":
         return T.MXFP4 if len(t.ne) == 3 else T.Q8_0
     if cat is Category.TOKEN_EMBD:
@@ -199,23 +195,40 @@ def _choose(mix: str, default: T, t: TensorShape, cat: Category, model: _Model, 
         return _choose_low_bit(mix, default, cat, model, seen)
     if cat is Category.ATTN_V:
         return _attn_v(mix, default, model, seen)
-    if cat is Category.ATTN_K:
-        if model.n_expert == 8:
+    if cat in (Category.ATTN_K, Category.ATTN_Q):
+        if cat is Category.ATTN_K and model.n_expert == 8:
             return T.Q8_0
         return {"IQ3_XS": T.IQ3_XXS, "IQ3_XXS": T.IQ2_S}.get(mix, default)
-    if cat is Category.ATTN_Q:
-        return {"IQ3_XS": T.IQ3_XXS, "IQ3_XXS": T.IQ2_S}.get(mix, default)
+    if cat is Category.ATTN_OUTPUT:
+        return _attn_output(mix, default, model)
+    return _ffn(mix, default, t, cat, model, seen)
+
+
+def _output(mix: str, default: T, t: TensorShape) -> T:
+    """The output head."""
+    if mix == "MXFP4_MOE" or t.ne[0] % GGML_QUANT_SIZES[default][0]:
+        return T.Q8_0
+    if mix in _LOW_BIT_MIXES or mix == "IQ3_XXS":
+        return T.Q5_K
+    return default if default is T.Q8_0 else T.Q6_K
+
+
+def _attn_output(mix: str, default: T, model: _Model) -> T:
+    """attn_output outside the 1- and 2-bit i-quant mixes."""
+    if model.n_expert == 8:
+        raised = mix in ("Q4_K_M", "IQ4_XS", "IQ3_XXS", "IQ3_XS", "IQ3_S", "IQ3_M")
+        return T.Q5_K if raised else default
+    return {"IQ3_XXS": T.IQ3_S, "IQ3_M": T.Q4_K}.get(mix, default)
+
+
+def _ffn(mix: str, default: T, t: TensorShape, cat: Category, model: _Model, seen: _Counters) -> T:
+    """The feed-forward tensors (and anything else) outside the 1- and 2-bit i-quant mixes."""
     if cat is Category.FFN_DOWN:
         i_layer = _layer(t, model, seen.ffn_down)
         if mix in ("Q4_K_M", "Q5_K_M") and use_more_bits(i_layer, model.n_layer):
             return T.Q6_K
         more_bits = i_layer < model.n_layer // 8 or (model.n_expert == 8 and use_more_bits(i_layer, model.n_layer))
         return T.Q4_K if mix == "IQ3_M" and more_bits else default
-    if cat is Category.ATTN_OUTPUT:
-        if model.n_expert == 8:
-            raised = mix in ("Q4_K_M", "IQ4_XS", "IQ3_XXS", "IQ3_XS", "IQ3_S", "IQ3_M")
-            return T.Q5_K if raised else default
-        return {"IQ3_XXS": T.IQ3_S, "IQ3_M": T.Q4_K}.get(mix, default)
     if cat in (Category.FFN_GATE, Category.FFN_UP) and mix == "IQ3_XS":
         i_layer = _layer(t, model, seen.ffn_gate if cat is Category.FFN_GATE else seen.ffn_up)
         if model.n_layer // 8 <= i_layer < 7 * model.n_layer // 8:

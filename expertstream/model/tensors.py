@@ -75,7 +75,8 @@ def _layer(p: ModelPreset, i: int) -> list[TensorPlan]:
     # the norm before the FFN: gpt-oss, glm4moe and qwen3next call it post_attention_norm
     out.append(norm("post_attention_norm" if p.arch in ("gpt-oss", "glm4moe", "qwen3next") else "ffn_norm", p.n_embd))
     if i < p.n_dense_lead:
-        return out + [
+        return [
+            *out,
             t("ffn_gate.weight", p.n_embd, p.dense_ff),
             t("ffn_up.weight", p.n_embd, p.dense_ff),
             t("ffn_down.weight", p.dense_ff, p.n_embd),

@@ -76,7 +76,7 @@ class MulMatId:
             )
         stand_in = self.stand_in_ids
         if stand_in is not None and (
-            stand_in.size != self.n_ids or stand_in.size and not 0 <= stand_in.min() <= stand_in.max() < self.n_expert
+            stand_in.size != self.n_ids or (stand_in.size and not 0 <= stand_in.min() <= stand_in.max() < self.n_expert)
         ):
             raise InvalidArgument(f"stand-in ids must be {self.n_ids} expert ids in 0..{self.n_expert - 1}")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Mapping
-from contextlib import ExitStack, suppress
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 
 from .._closing import Closing
@@ -396,53 +396,43 @@ class Scheduler(Closing):
     def _drain(self, plan: Plan, state: _RunState, stats: RunStats, *, failing: bool) -> None:
         """Wait for every device's copies and kernels; nothing may be freed before this."""
         errors: list[BaseException] = []
-        if failing:  # copies queued behind a consumer wait that will never come must not wait forever
-            for units in state.pending.values():
-                for unit in units:
-                    unit.waited.set()
-            for milestone in state.launched.values():
-                if not milestone.reached:
-                    milestone.reach(0.0)
+        if failing:
+            _release_waiters(state)
         # Only the prefetch slots this run used have work in flight: a decode step leaves them alone.
         used = {device: self._prefetch[device] for device in plan.devices if device in state.pending}
         if not failing:
             # First, every device's, each as soon as its wait is over: reading the wait times then
             # overlaps the copies and kernels still running instead of following them.
-            try:
+            with _collected(errors):
                 for device, slots in used.items():
                     stats.device(device.label).ready_wait_ms = slots.ready_wait_ms()
-            except BaseException as exc:
-                errors.append(exc)
         for device in plan.devices:
-            prefetch = used.get(device)
-            try:
-                if prefetch is not None:
-                    prefetch.drain()
-            except BaseException as exc:
-                errors.append(exc)
-            try:
-                self.stream(device).synchronize()  # even if the prefetch failed: kernels may read slots
-                if prefetch is not None and prefetch.disabled:  # nothing can use its slots any more
-                    prefetch.close()
-                    del self._prefetch[device]
-                    self._prefetch_off.add(device)
-            except BaseException as exc:
-                errors.append(exc)
-            copier = self._stock.get(device)
-            if copier is not None and not failing:
-                try:
-                    copier.check_gathered_ids()
-                except BaseException as exc:
-                    errors.append(exc)
+            self._drain_device(device, used.get(device), errors, failing=failing)
         for lookahead in state.lookaheads:  # a failed run leaves copies it announced but never made
-            try:
+            with _collected(errors):
                 lookahead.expect(())
-            except BaseException as exc:
-                errors.append(exc)
         for extra in errors[0 if failing else 1 :]:
             log.error("while draining after an error: %s", extra)
         if errors and not failing:
             raise errors[0]
+
+    def _drain_device(
+        self, device: Device, prefetch: PrefetchSlots | None, errors: list[BaseException], *, failing: bool
+    ) -> None:
+        """One device's part of ``_drain``: its prefetch copies, then its stream; each error is kept."""
+        with _collected(errors):
+            if prefetch is not None:
+                prefetch.drain()
+        with _collected(errors):
+            self.stream(device).synchronize()  # even if the prefetch failed: kernels may read slots
+            if prefetch is not None and prefetch.disabled:  # nothing can use its slots any more
+                prefetch.close()
+                del self._prefetch[device]
+                self._prefetch_off.add(device)
+        copier = self._stock.get(device)
+        if copier is not None and not failing:
+            with _collected(errors):
+                copier.check_gathered_ids()
 
     def close(self) -> None:
         """Release prefetch slots, scratch and owned streams, each after the work that uses it is done."""
@@ -503,3 +493,22 @@ class Replay(Closing):
             stack.callback(self.graph.close)
             if not self.stream.closed:  # the scheduler may have closed it, after waiting for it
                 stack.callback(self.stream.synchronize)  # runs first: a launch may still read the scratch
+
+
+def _release_waiters(state: _RunState) -> None:
+    """After an error: copies queued behind a consumer wait that will never come must not wait forever."""
+    for units in state.pending.values():
+        for unit in units:
+            unit.waited.set()
+    for milestone in state.launched.values():
+        if not milestone.reached:
+            milestone.reach(0.0)
+
+
+@contextmanager
+def _collected(errors: list[BaseException]) -> Iterator[None]:
+    """Run the block; an exception it raises is appended to ``errors`` instead of stopping the drain."""
+    try:
+        yield
+    except BaseException as exc:
+        errors.append(exc)

@@ -499,7 +499,7 @@ def test_event_of_another_backend_is_refused(backend: Any, fake: FakeGpu) -> Non
     with FakeBackend(fake.table()) as other:
         foreign = other.device(0).event()
         stream = backend.device(0).stream()
-        with pytest.raises(InvalidArgument, match="Stream.wait on fake:0: .* does not belong"):
+        with pytest.raises(InvalidArgument, match=r"Stream.wait on fake:0: .* does not belong"):
             stream.wait(foreign)
 
 
@@ -509,7 +509,7 @@ def test_kernel_launch_passes_addresses_and_typed_scalars(backend: Any, fake: Fa
     buf = dev.alloc(32)
     stream = dev.stream()
     stream.launch(kernel, 2, (64, 1), [buf.view(8), np.int32(24)])
-    function, grid, block, shared, handle, values, ctypes_types = fake.launches[-1]
+    _function, grid, block, shared, handle, values, ctypes_types = fake.launches[-1]
     assert (grid, block, shared, handle) == ((2, 1, 1), (64, 1, 1), 0, stream.handle)
     assert values == (buf.address + 8, 24)
     assert ctypes_types == (ctypes.c_void_p, ctypes.c_int32)

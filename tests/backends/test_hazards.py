@@ -512,7 +512,7 @@ def test_host_write_on_one_thread_then_a_copy_from_another(sim: SimBackend) -> N
     thread.start()
     thread.join()
     stream, slot = dev.stream(), dev.alloc(256)
-    with pytest.raises(HazardError, match="read-after-write.*host write") as info:
+    with pytest.raises(HazardError, match=r"read-after-write.*host write") as info:
         stream.copy_h2d(slot, 0, host, 0, 256)  # nothing told this thread the fill is done
     assert "host.resume_at" in str(info.value)
     sim.host.resume_at(stamps["filled"])

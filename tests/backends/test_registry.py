@@ -87,7 +87,7 @@ def test_unusable_explicit_backend_never_falls_back(no_env: pytest.MonkeyPatch) 
     text = str(info.value)
     assert "no NVIDIA driver found" in text and "usable here: sim" in text
     no_env.setenv(ENV_VAR, "hip")
-    with pytest.raises(BackendUnavailable, match="libamdhip64.so not found"):
+    with pytest.raises(BackendUnavailable, match=r"libamdhip64.so not found"):
         expertstream.backend()
 
 

@@ -143,7 +143,7 @@ def test_a_failing_twin_surfaces_when_the_host_synchronizes() -> None:
         dev = sim.device(0)
         stream = dev.stream()
         stream.launch(dev.compile("", BROKEN.name), 1, 1, ())
-        with pytest.raises(DeviceError, match="device_test_broken.*index out of range"):
+        with pytest.raises(DeviceError, match=r"device_test_broken.*index out of range"):
             stream.synchronize()
 
 

@@ -362,7 +362,7 @@ def test_bad_profiles_are_refused_with_the_reason(tmp_path: Path) -> None:
         expertstream.backend("sim", profile="no-such-card")
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    with pytest.raises(InvalidArgument, match="bad.json"):
+    with pytest.raises(InvalidArgument, match=r"bad.json"):
         expertstream.backend("sim", profile=str(bad))
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from expertstream.backends.base import Backend
@@ -30,7 +32,7 @@ def test_event_tracer_records_every_operation_in_stream_order(backend: Backend) 
         (OpKind.D2H, "copy_d2h", N),
     ]
     assert all(op.start <= op.end for op in ops)
-    assert all(a.end <= b.start + 1e-6 for a, b in zip(ops, ops[1:], strict=False)), "one stream runs in order"
+    assert all(a.end <= b.start + 1e-6 for a, b in itertools.pairwise(ops)), "one stream runs in order"
     assert {op.stream for op in ops} == {0} and {op.device for op in ops} == {0}
     assert (out[:4096] == 7).all() and np.array_equal(out[4096:], np.arange(N, dtype=np.uint8)[4096:])
     trace = to_chrome_trace(ops)

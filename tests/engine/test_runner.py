@@ -143,7 +143,7 @@ def test_bad_batching_and_steps_are_named(backend: Backend, tiny_path: Path) -> 
     with (
         MoeModel.open(tiny_path) as model,
         MoeRunner(backend.device(0), model, Batching(8, 8, 2)) as runner,
-        pytest.raises(InvalidArgument, match="decode step 2 is outside 0..1"),
+        pytest.raises(InvalidArgument, match=r"decode step 2 is outside 0..1"),
     ):
         runner.decode_plan({}, 2)
 

@@ -208,7 +208,7 @@ def _check_sends(device: Device, files: list[Path]) -> None:
 
 
 def test_an_unknown_fill_is_named(device: Device, sources: list[HostBuffer]) -> None:
-    with pytest.raises(InvalidArgument, match="unknown staging ring fill 'forks'.*processes"):
+    with pytest.raises(InvalidArgument, match=r"unknown staging ring fill 'forks'.*processes"):
         StagingRing(sources, threads=2, fill="forks")
 
 

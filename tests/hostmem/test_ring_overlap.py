@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 import expertstream
@@ -56,4 +58,4 @@ def test_threads_fill_one_chunk_in_parallel() -> None:
     fills, _ = _ring_ops(chunks=2, threads=4, nbytes=8 * MIB)
     # A 1 MiB chunk is below the split threshold, so every fill is one part; the parts of
     # consecutive chunks run on different threads at the same time.
-    assert any(_overlaps(a, b) and a.thread != b.thread for a, b in zip(fills, fills[1:], strict=False))
+    assert any(_overlaps(a, b) and a.thread != b.thread for a, b in itertools.pairwise(fills))

@@ -176,7 +176,7 @@ def test_gate_up_and_routed_epilogues(
     """gate_up gives silu(gate) * up of the plain kernel's outputs, and the routed kernel each pair's
     weight times them, with the float32 operations of moe_swiglu and combine."""
     n_expert, n_out, n_in, ids = _problem(rng, w_type, n_out)
-    n_tokens, top_k = ids.shape
+    n_tokens, _top_k = ids.shape
     good = ids < n_expert
     gate_w = ref.random_weights(rng, w_type, n_expert * n_out, n_in)
     gate, up = (with_tail(w, w_type, n_in) for w in (gate_w, ref.random_weights(rng, w_type, n_expert * n_out, n_in)))

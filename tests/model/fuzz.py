@@ -155,7 +155,7 @@ def _metadata_entry(f) -> Entry:  # type: ignore[no-untyped-def]
 
 
 def _info_entry(f) -> Entry:  # type: ignore[no-untyped-def]
-    name_len, name, n_dims, dims, dtype, offset = f.parts
+    name_len, name, n_dims, _dims, _dtype, _offset = f.parts
     parts = _sequential(
         f.offset, [name_len, name], [("length", f"{f.name}: name length"), ("bytes", f"{f.name}: name")]
     )

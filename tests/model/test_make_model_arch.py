@@ -59,7 +59,7 @@ ARCH_TENSORS = {
         "ffn_gate_shexp",
         "ffn_up_shexp",
         "ffn_down_shexp",
-    ],  # fmt: skip
+    ],
     "gpt-oss": ["attn_q", "attn_k", "attn_v", "attn_output", "attn_sinks", "post_attention_norm"],
     "deepseek2": [
         "attn_q",
@@ -72,7 +72,7 @@ ARCH_TENSORS = {
         "ffn_gate_shexp",
         "ffn_up_shexp",
         "ffn_down_shexp",
-    ],  # fmt: skip
+    ],
     "glm4moe": [
         "attn_q",
         "attn_k",
@@ -82,7 +82,7 @@ ARCH_TENSORS = {
         "ffn_gate_shexp",
         "ffn_up_shexp",
         "ffn_down_shexp",
-    ],  # fmt: skip
+    ],
 }
 ARCH_BIASES = {
     "qwen2moe": ["attn_q", "attn_k", "attn_v"],

@@ -61,7 +61,7 @@ def test_architecture_that_requires_the_expert_width_names_the_key(tmp_path: Pat
 
 
 def test_no_width_key_at_all_names_both(tmp_path: Path) -> None:
-    with pytest.raises(ModelError, match="'qwen3moe.expert_feed_forward_length' and 'qwen3moe.feed_forward_length'"):
+    with pytest.raises(ModelError, match=r"'qwen3moe.expert_feed_forward_length' and 'qwen3moe.feed_forward_length'"):
         _open(tmp_path, "qwen3moe", files.moe_keys("qwen3moe", 2, 4), [(4, 96)] * 2)
 
 

@@ -68,7 +68,7 @@ def test_truncated_file_is_refused(tmp_path: Path) -> None:
     whole = make_model("tiny", "Q4_0", tmp_path / "tiny.gguf").read_bytes()
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(whole[: len(whole) // 2])
-    with pytest.raises(ModelError, match="cut.gguf"):
+    with pytest.raises(ModelError, match=r"cut.gguf"):
         MoeModel.open(cut)
 
 

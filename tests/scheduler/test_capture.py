@@ -49,7 +49,7 @@ def test_a_replay_names_a_routing_id_outside_the_experts(backend: Backend) -> No
         routing = built.plan.splits[1].mul_mat_id
         assert routing is not None
         routing.ids.buffer.write(np.full(routing.n_ids, 9, dtype=np.int32), routing.ids.offset)
-        with pytest.raises(InvalidArgument, match="split 'layer1': routing id 9 is outside 0..3"):
+        with pytest.raises(InvalidArgument, match=r"split 'layer1': routing id 9 is outside 0..3"):
             replay.run()
     built.close()
 

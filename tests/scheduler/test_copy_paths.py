@@ -181,7 +181,7 @@ def test_a_gathered_id_outside_the_experts_is_named_once_the_run_is_done(backend
 
 def test_splits_sharing_routing_ids_read_them_back_once(backend: Backend) -> None:
     seen: dict[str, BufferView] = {}
-    splits, data, resources = _decode_splits(backend, [3, 3], seen, layers=3)
+    splits, _data, resources = _decode_splits(backend, [3, 3], seen, layers=3)
     with Scheduler(slots=0) as sched:
         stats = sched.run(Plan.of(splits))
         again = sched.run(Plan.of(splits[:1]))  # a new run reads them again: the device may have rewritten them

@@ -127,7 +127,7 @@ def test_invalid_routing_ids_are_named(backend: Backend) -> None:
     routing = built.plan.splits[0].mul_mat_id
     assert routing is not None
     routing.ids.buffer.write(np.full(routing.n_ids, 99, dtype=np.int32))
-    with Scheduler() as sched, pytest.raises(ValueError, match="layer0.*routing id 99"):
+    with Scheduler() as sched, pytest.raises(ValueError, match=r"layer0.*routing id 99"):
         sched.run(built.plan)
     built.close()
 
@@ -135,7 +135,7 @@ def test_invalid_routing_ids_are_named(backend: Backend) -> None:
 def test_a_host_region_over_device_memory_is_refused(backend: Backend) -> None:
     from expertstream.scheduler import HostRegion
 
-    with backend.device(0).alloc(64) as buf, pytest.raises(InvalidArgument, match="not of a .*DeviceBuffer"):
+    with backend.device(0).alloc(64) as buf, pytest.raises(InvalidArgument, match=r"not of a .*DeviceBuffer"):
         HostRegion(buf, 0, 64)  # type: ignore[arg-type]
 
 

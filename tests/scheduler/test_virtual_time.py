@@ -6,6 +6,7 @@ whose padded tail every fill clears. Timing-only backends: no bytes, full-size t
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -92,7 +93,7 @@ CASES = [(1, "layers"), (2, "layers"), (2, "alternate")]
 def test_more_slots_are_never_slower(profile: str, devices: int, layout: str, host: HostMemory, tokens: int) -> None:
     times = {slots: _run_ms(profile, devices, slots, host, tokens, layout) for slots in (0, 2, 3, 8)}
     ordered = list(times.values())
-    assert all(later <= earlier for earlier, later in zip(ordered, ordered[1:], strict=False)), times
+    assert all(later <= earlier for earlier, later in itertools.pairwise(ordered)), times
     assert times[2] < times[0], times  # and the lookahead pays at all
 
 

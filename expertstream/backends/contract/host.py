@@ -25,7 +25,7 @@ class Host:
         """The calling thread's clock in seconds (virtual on the simulator)."""
         return time.perf_counter()
 
-    def resume_at(self, timestamp: float) -> None:  # noqa: B027 - a no-op unless time is virtual
+    def resume_at(self, timestamp: float) -> None:
         """Tell the backend the calling thread is now at least at ``timestamp`` (a handoff)."""
 
     @contextmanager

@@ -464,7 +464,6 @@ __all__ = [
     "BUILTIN_PROFILES",
     "MEMSET_ENGINES",
     "PROFILE_ENV",
-    "PROFILE_ENV",
     "KernelRate",
     "Profile",
     "ProfileSpec",
