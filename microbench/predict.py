@@ -59,7 +59,7 @@ from expertstream.bench.measure import Measurement, Settings, measure
 from expertstream.bench.placeholder import write_sparse_model
 from expertstream.bench.predict import Candidate, pick, predict_candidates, seconds
 from expertstream.bench.report import Row
-from expertstream.bench.tune import HOST_PATH_FIELDS, HostPathFit, Tuned, fields_not_tuned, refit_host_paths, tune
+from expertstream.bench.tuner import HOST_PATH_FIELDS, HostPathFit, Tuned, fields_not_tuned, refit_host_paths, tune
 from expertstream.engine.runner import Batching
 from expertstream.errors import InvalidArgument
 from expertstream.hostmem import HostMemoryMode

@@ -36,7 +36,7 @@ from expertstream.bench.measure import Settings
 from expertstream.bench.placeholder import write_sparse_model
 from expertstream.bench.predict import predict
 from expertstream.bench.probes import EventOrderTiming, KernelTiming
-from expertstream.bench.tune import fit_event_order, fit_kernel
+from expertstream.bench.tuner import fit_event_order, fit_kernel
 from expertstream.engine.runner import Batching
 from expertstream.hostmem import HostMemoryMode
 from expertstream.kernels.layout import weight_format

@@ -6,9 +6,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ..model.layout import ModelError
 from ..model.loader import MoeModel
 from ..model.presets import PRESETS
+from ..model.schema import ModelError
 from ..model.writer import TensorSpec, make_model, type_choices
 from .tools import EXIT_STATUS_HELP, HelpFormatter, progress_bar, writable_path
 

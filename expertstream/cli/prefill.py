@@ -37,7 +37,7 @@ from ..bench.report import (
     mismatched,
     ring_note,
 )
-from ..bench.tune import fields_not_tuned, tune
+from ..bench.tuner import fields_not_tuned, tune
 from ..engine.offload import parse_gpu_memory
 from ..hostmem import (
     DEFAULT_RING_CHUNK_BYTES,

@@ -18,7 +18,7 @@ from gguf import GGMLQuantizationType
 from ..backends import backend as open_backend
 from ..backends.base import Backend
 from ..backends.sim.profiles import Profile
-from ..bench.tune import DEFAULT_PRESET, DEFAULT_UBATCHES, Tuned, calibration_model, tune
+from ..bench.tuner import DEFAULT_PRESET, DEFAULT_UBATCHES, Tuned, calibration_model, tune
 from ..hostmem import HostMemoryMode
 from ..kernels.layout import FORMATS
 from ..model import PRESETS, MoeModel

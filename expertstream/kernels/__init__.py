@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .launcher import MoeKernels, check_path, default_path, scratch_bytes
 from .layout import MatrixPath
-from .source import kernel_source, module_types, type_kernels
+from .program import kernel_source, module_types, type_kernels
 
 __all__ = [
     "MatrixPath",

@@ -62,7 +62,7 @@ from ..ggml import RowType, padded_size
 from . import layout, routing_twins, twins
 from .args import ViewLike, positive, view
 from .layout import MatrixPath, TileM, WeightFormat, weight_format
-from .source import kernel_source, module_types
+from .program import kernel_source, module_types
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ..errors import InvalidArgument
 from ..ggml import iq1_m_scale_bits
-from .source import source_file
+from .program import source_file
 
 Decoder = Callable[[np.ndarray], np.ndarray]
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from .layout import EXPERT_TYPES, ModelError, TensorRole, parse_expert_type
 from .loader import MoeLayer, MoeModel, TensorInfo
 from .presets import PRESETS, ModelPreset, get_preset
+from .schema import EXPERT_TYPES, ModelError, TensorRole, parse_expert_type
 from .writer import TensorSpec, file_specs, generate, make_model, start_model_file, tensor_specs
 
 __all__ = [

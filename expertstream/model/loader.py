@@ -28,8 +28,8 @@ from gguf import GGMLQuantizationType, ReaderTensor
 
 from .._closing import Closing
 from ..errors import InvalidArgument
-from .layout import EXPERT_ROLES, ModelError, TensorRole, type_names
 from .metadata import Metadata
+from .schema import EXPERT_ROLES, ModelError, TensorRole, type_names
 from .shards import Shard, ShardedTensor, open_shards
 
 log = logging.getLogger(__name__)

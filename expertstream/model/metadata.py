@@ -15,7 +15,7 @@ from typing import Any
 
 from gguf import GGUFReader, GGUFValueType, ReaderField
 
-from .layout import ModelError
+from .schema import ModelError
 from .structure import check_structure
 
 _INT_TYPES = frozenset(

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from gguf import GGUFReader, ReaderTensor
 
-from .layout import ModelError
 from .metadata import Metadata, read_gguf
+from .schema import ModelError
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from typing import NoReturn
 
 from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType, GGUFValueType
 
-from .layout import ModelError
+from .schema import ModelError
 
 GGUF_VERSIONS = (2, 3)
 GGML_MAX_DIMS = 4  # llama.cpp refuses tensors of more dimensions

@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .layout import TensorRole
 from .presets import ModelPreset
+from .schema import TensorRole
 
 # Magnitudes that keep each token's identity in the residual stream, so that routers deep in
 # llama.cpp's forward pass still spread tokens over the experts. An embedding is looked up, not

@@ -26,9 +26,9 @@ from gguf.quants import dequantize
 
 from ..errors import InvalidArgument
 from ..ggml import iq1_m_scale_bits, row_size, set_iq1_m_scale_bits
-from .layout import EXPERT_ROLES, TensorRole
 from .mixes import MIX_DEFAULTS, MIX_FILE_TYPES, TensorShape, is_quantizable, mix_types
 from .presets import LinearAttention, ModelPreset, get_preset
+from .schema import EXPERT_ROLES, TensorRole
 from .tensors import Init, TensorPlan, file_tensors
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
-"""Deprecated alias of ``expertstream.bench.tune`` (kept for one release)."""
+"""Deprecated alias of ``expertstream.bench.tuner`` (kept for one release)."""
 
 from .._deprecated import alias_module
 
-alias_module(__name__, "expertstream.bench.tune")
+alias_module(__name__, "expertstream.bench.tuner")

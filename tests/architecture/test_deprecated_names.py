@@ -60,6 +60,8 @@ def test_the_old_kernels_package_path_still_imports() -> None:
         ("expertstream.moe.commands", "expertstream.cli.prefill"),
         ("expertstream.moe.tune_command", "expertstream.cli.tune"),
         ("expertstream.model.commands", "expertstream.cli.make_model"),
+        ("expertstream.model.layout", "expertstream.model.schema"),
+        ("expertstream.moe.tune", "expertstream.bench.tuner"),
         ("expertstream.clitools", "expertstream.cli.tools"),
         ("expertstream.plot", "expertstream.cli.plot"),
     ],

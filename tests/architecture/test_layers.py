@@ -34,7 +34,7 @@ ENTRY_MODULES = {"expertstream", "expertstream.__main__"}
 VENDOR_MODULES = {"cuda", "hip", "_gpu", "_gpu_api"}
 # Aliases kept for one release that re-export a moved module; each imports its new home.
 DEPRECATED_ALIASES = {"expertstream.backends.kernels", "expertstream.clitools", "expertstream.plot"} | {
-    f"expertstream.{name}" for name in ("model.commands", "moe", "moe.commands", "moe.tune_command")
+    f"expertstream.{name}" for name in ("model.commands", "model.layout", "moe", "moe.commands", "moe.tune_command")
 }
 DEPRECATED_ALIASES |= {
     f"expertstream.moe.{name}"

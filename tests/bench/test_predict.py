@@ -59,7 +59,7 @@ def test_a_prediction_with_the_simulators_own_profile_is_what_it_measures(
 def test_a_profile_tuned_before_a_field_was_measured_is_named_with_the_field(
     qwen3_layer: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from expertstream.bench.tune import FITTED_FIELDS
+    from expertstream.bench.tuner import FITTED_FIELDS
 
     whole = resolve_profile("cuda-h200").to_dict()
     tuned = {"base": "cuda-h200", "name": "tuned", "device_name": "NVIDIA H200", "kernel_rates": []}

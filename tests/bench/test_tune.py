@@ -20,11 +20,11 @@ import pytest
 import expertstream
 from expertstream.backends.base import Backend
 from expertstream.backends.sim.profiles import ROCM_R9700, Profile, resolve_profile
-from expertstream.bench import tune as tune_module
+from expertstream.bench import tuner as tune_module
 from expertstream.bench.measure import Settings
 from expertstream.bench.predict import predict
 from expertstream.bench.probes import Bounds
-from expertstream.bench.tune import (
+from expertstream.bench.tuner import (
     DEFAULT_PRESET,
     HOST_PATH_FIELDS,
     calibration_model,
