@@ -138,7 +138,7 @@ class _DeviceExperts(UploadedExperts):
         for layer in model.layers:
             device = split.device_of(layer.index)
             padded[device] += sum(device.alloc_size(t.nbytes, t.qtype, t.ne0) for t in layer.experts)
-        # Half of what is free: the staging slots and activations of later runs need the rest.
+        # Half of what is free: the prefetch slots and activations of later runs need the rest.
         self.all_layers = all(padded[d] <= d.free_memory() // 2 for d in split.devices)
         # Short of memory, each device's first layer stands in for its others.
         firsts = {split.device_of(layer.index): layer for layer in reversed(model.layers)}

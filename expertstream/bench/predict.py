@@ -156,7 +156,7 @@ def predict_candidates(
 ) -> dict[int, tuple[list[Row], list[Candidate]]]:
     """Per ubatch: the predicted rows (modes outermost, as ``measure`` orders them) and the candidates.
 
-    A setting whose staging slots could not be allocated, or whose activations do not fit,
+    A setting whose prefetch slots could not be allocated, or whose activations do not fit,
     is a candidate that does not fit; a mode the platform turned into another is left out
     (the other is a candidate of its own).
     """
@@ -174,7 +174,7 @@ def predict_candidates(
             if row.host_memory != mode.value:
                 continue
             if row.fallbacks.get(Fallback.ALLOC_FAILED) or row.fallbacks.get(Fallback.DISABLED):
-                candidates.append(Candidate(slot_count, mode, ubatch, None, "its staging slots cannot be allocated"))
+                candidates.append(Candidate(slot_count, mode, ubatch, None, "its prefetch slots cannot be allocated"))
             else:
                 candidates.append(Candidate(slot_count, mode, ubatch, seconds(row)))
         out[ubatch] = (rows, candidates)

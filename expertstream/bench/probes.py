@@ -128,12 +128,12 @@ class RingCopyTiming:
 
 @dataclass(frozen=True)
 class ExpertShape:
-    """One expert tensor's kernel: what a layer's gate/up (x shared) or down (x per slot) is."""
+    """One expert tensor's kernel: what a layer's gate/up (x shared) or down (x per routed pair) is."""
 
     w_type: RowType
     n_out: int
     n_in: int
-    x_per_slot: bool
+    x_per_pair: bool
 
 
 @dataclass(frozen=True)
@@ -690,7 +690,7 @@ def _kernels(
         )
         for expert in shape.experts:
             w = stack.enter_context(expert_weights(device, rng, expert.w_type, expert.n_out, expert.n_in, n_expert))
-            x_rows = pairs if expert.x_per_slot else ubatch
+            x_rows = pairs if expert.x_per_pair else ubatch
 
             def mul_mat_id(expert: ExpertShape = expert, w: DeviceBuffer = w, x_rows: int = x_rows) -> None:
                 kernels.mul_mat_id(
@@ -701,7 +701,7 @@ def _kernels(
                     expert.n_out,
                     expert.n_in,
                     x.view(0, x_rows * expert.n_in * 4),
-                    expert.x_per_slot,
+                    expert.x_per_pair,
                     ids_buf.view(),
                     ubatch,
                     k,

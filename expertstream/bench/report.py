@@ -82,7 +82,7 @@ class Row:
 
 COLUMNS_HELP = """\
 columns (times and rates are the mean over -r repetitions after a warm-up; +- is the sample sd):
-  slots          staging slots: 0 is the stock path (each expert tensor copied right before the
+  slots          prefetch slots: 0 is the stock path (each expert tensor copied right before the
                  split that reads it); N >= 2 copies split i+N-1 while split i computes
   host           host memory the weights were copied from (after any fallback)
   ttft s         time to first token: the whole prefill

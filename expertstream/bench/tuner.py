@@ -670,10 +670,10 @@ def model_shape(model: MoeModel, types: Sequence[Any] = ()) -> ModelShape:
     """The runner's kernel shapes for ``model``; ``types`` replaces its expert types when given."""
     experts: dict[tuple[Any, int, int, bool], ExpertShape] = {}
     for layer in model.layers:
-        for info, per_slot in ((layer.gate, False), (layer.up, False), (layer.down, True)):
+        for info, per_pair in ((layer.gate, False), (layer.up, False), (layer.down, True)):
             for w_type in types or (info.qtype,):
-                shape = ExpertShape(w_type, info.ne[1], info.ne0, per_slot)
-                experts[(int(w_type), shape.n_out, shape.n_in, per_slot)] = shape
+                shape = ExpertShape(w_type, info.ne[1], info.ne0, per_pair)
+                experts[(int(w_type), shape.n_out, shape.n_in, per_pair)] = shape
     return ModelShape(model.n_embd, model.n_ff, model.n_expert, model.top_k, tuple(experts.values()))
 
 

@@ -403,7 +403,7 @@ class Stream(ProducerStream, Closing):
                 if buf.closed:
                     raise UseAfterClose(f"argument {i} {buf!r} is closed", call=call, device=self.device.label)
                 if not self.device.can_access_peer(buf.device):
-                    # Staging slots on the wrong GPU: a kernel handed another device's memory reads garbage.
+                    # Prefetch slots on the wrong GPU: a kernel handed another device's memory reads garbage.
                     raise HazardError(
                         f"cross-device access: argument {i} lives on {buf.device.label}, which "
                         f"{self.device.label} cannot access",

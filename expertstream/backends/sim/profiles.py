@@ -44,7 +44,7 @@ class KernelRate:
     """The measured rate of one kernel at one shape and size.
 
     ``shape`` and ``size`` are what the kernel's twin reports for a launch (``KernelSpec.rate_key``):
-    for mul_mat_id the (n_out, n_in) of one expert and the (token, slot) pairs per expert; for
+    for mul_mat_id the (n_out, n_in) of one expert and the (token, k) pairs per expert; for
     kernels without a key, an empty shape and the launch's flops.
     """
 
