@@ -438,10 +438,7 @@ def _model(config: RunConfig, backend: Backend) -> Iterator[MoeModel]:
 
 
 def _measure_all(config: RunConfig, printer: RowPrinter) -> Report:
-    """Measure every row group of ``config``, handing each to ``printer`` as it finishes.
-
-    Ctrl-C (KeyboardInterrupt) still prints what is done (``printer.finish``), then stops.
-    """
+    """Measure every row group of ``config``, handing each to ``printer`` as it finishes."""
     with _open(config) as backend:
         if config.trace:
             backend.start_trace()  # GPUs: timing events around every copy and kernel; the simulator always records
@@ -454,38 +451,50 @@ def _measure_all(config: RunConfig, printer: RowPrinter) -> Report:
                 assert config.choice is not None
                 notice(config.choice.explain())
             _warn_about_layer_counts(config, model)
-            runs = config.runs()
             if backend.vendor is Vendor.SIM and backend.holds_data:
-                _say_if_long(model, [setting for setting, _ in runs])
+                _say_if_long(model, [setting for setting, _ in config.runs()])
             names = sorted({d.name for d in devices})
             shown = names[0] if len(devices) == 1 else f"{len(devices)} x {' + '.join(names)}"
             header = _header(backend, shown, model, config)
             report = printer.begin(header)
             if config.choice is not None:
                 header["auto"] = {**_picked(config.choice), "why": config.choice.explain()}
-            rows = sum(len(s.slots) * len(s.host_memory) for s, _ in runs)
-            progress = RunProgress("prefill", sum(ticks(s, s.batching) for s, _ in runs), rows)
-            try:
-                with on_hard_stop(lambda: printer.finish(interrupted=True)):
-                    peak = measure_h2d_peak(backend, devices, probe_bytes(model))
-                    for setting, batch in runs:
-                        result = measure(backend, devices, model, setting, progress.step, h2d_peak_gbps=peak)
-                        result.rows = _with_settings(result.rows, config, setting, batch)
-                        if config.predict is not None:
-                            assert profile is not None
-                            predicted = predict(profile, model, setting, devices=len(devices))
-                            result.rows = with_predictions(result.rows, predicted.rows)
-                        progress.finished(len(result.rows))
-                        printer.add(result)
-            except KeyboardInterrupt:
-                progress.close()
-                printer.finish(interrupted=True)
-                raise
-            progress.close()
+            _measure_groups(config, backend, devices, model, profile, printer)
         if config.trace:
             _write_trace(backend, header, config.trace)
     printer.finish()
     return report
+
+
+def _measure_groups(
+    config: RunConfig,
+    backend: Backend,
+    devices: list[Device],
+    model: MoeModel,
+    profile: Profile | None,
+    printer: RowPrinter,
+) -> None:
+    """Each row group in turn, handed to ``printer`` at once; Ctrl-C still prints what is done."""
+    runs = config.runs()
+    rows = sum(len(setting.slots) * len(setting.host_memory) for setting, _ in runs)
+    progress = RunProgress("prefill", sum(ticks(setting, setting.batching) for setting, _ in runs), rows)
+    try:
+        with on_hard_stop(lambda: printer.finish(interrupted=True)):
+            peak = measure_h2d_peak(backend, devices, probe_bytes(model))
+            for setting, batch in runs:
+                result = measure(backend, devices, model, setting, progress.step, h2d_peak_gbps=peak)
+                result.rows = _with_settings(result.rows, config, setting, batch)
+                if config.predict is not None:
+                    assert profile is not None
+                    predicted = predict(profile, model, setting, devices=len(devices))
+                    result.rows = with_predictions(result.rows, predicted.rows)
+                progress.finished(len(result.rows))
+                printer.add(result)
+    except KeyboardInterrupt:
+        printer.finish(interrupted=True)
+        raise
+    finally:
+        progress.close()
 
 
 def _with_settings(rows: list[Row], config: RunConfig, setting: Settings, batch: int | None) -> list[Row]:
