@@ -5,8 +5,8 @@ every used expert's quantized rows, rounds them to bf16 and multiplies. At real 
 is seconds per ubatch, so a matrix of rows can take hours where --timing-only takes seconds. The
 estimate times those steps on one expert of each kind of expert tensor in the model and counts how
 often the run repeats them; copies, routing and the rest are left out, and a busy host runs slower
-or faster than its sample, so it is rough: within about a factor of two of the time runs of a
-2-layer Qwen3-30B-A3B file took on a 2-core machine.
+or faster than its sample, so it is rough: on a shared 2-core machine, runs of a 2-layer
+Qwen3-30B-A3B file took from half to 2.4 times what it said.
 """
 
 from __future__ import annotations
