@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import platform
 import subprocess
@@ -18,20 +20,69 @@ log = logging.getLogger(__name__)
 LIBRARIES = ("numpy", "gguf", "cuda-bindings", "cuda-python", "hip-python")
 
 
-def git_commit() -> str | None:
-    """The commit of the source tree this package runs from, when it is a git checkout."""
+PACKAGE = Path(__file__).resolve().parents[1]  # the expertstream folder this code runs from
+
+
+def git_commit(package: Path = PACKAGE, cwd: Path | None = None) -> str | None:
+    """The commit this package's code is, or None where no checkout shows which.
+
+    Run from a checkout (an editable install, or PYTHONPATH), its HEAD. Installed (``pip install .``
+    copies the files away from the clone): the commit pip recorded for an install from a git URL,
+    else the HEAD of a checkout whose expertstream/ at HEAD holds exactly the installed files: the
+    folder pip installed from, or the current working directory (``cwd``).
+    """
+    top = _git(package, "rev-parse", "--show-toplevel")
+    if top is not None and (Path(top).resolve() / package.name) == package.resolve():
+        return _git(package, "rev-parse", "HEAD")
+    origin = _install_origin()
+    if origin.get("commit_id"):
+        return str(origin["commit_id"])
+    for folder in (origin.get("folder"), cwd or Path.cwd()):
+        if folder is not None and (commit := _checkout_holding(package, Path(folder))) is not None:
+            return commit
+    return None
+
+
+def _git(folder: Path, *argv: str) -> str | None:
+    """The output of ``git argv`` run in ``folder`` (None where it fails: no git, no checkout)."""
     try:
-        done = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=Path(__file__).resolve().parent,
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=False,
-        )
+        done = subprocess.run(["git", *argv], cwd=folder, capture_output=True, text=True, timeout=5, check=False)
     except (OSError, subprocess.SubprocessError):
         return None
     return (done.stdout.strip() or None) if done.returncode == 0 else None
+
+
+def _install_origin() -> dict[str, Any]:
+    """What pip recorded of where it installed this package from (PEP 610's direct_url.json)."""
+    try:
+        text = metadata.distribution("expertstream").read_text("direct_url.json")
+        recorded = json.loads(text or "{}")
+    except (metadata.PackageNotFoundError, ValueError):
+        return {}
+    url = str(recorded.get("url", ""))
+    commit = recorded.get("vcs_info", {}).get("commit_id")
+    folder = Path(url.removeprefix("file://")) if url.startswith("file://") and "dir_info" in recorded else None
+    return {"commit_id": commit, "folder": folder}
+
+
+def _checkout_holding(package: Path, folder: Path) -> str | None:
+    """HEAD of the checkout around ``folder`` if its expertstream/ at HEAD holds every file of ``package``."""
+    head = _git(folder, "rev-parse", "HEAD")
+    top = _git(folder, "rev-parse", "--show-toplevel")
+    listing = None if top is None else _git(Path(top), "ls-tree", "-r", "HEAD", package.name)
+    if head is None or listing is None:
+        return None
+    committed = {}  # path under the package -> the blob's hash
+    for line in listing.splitlines():
+        info, path = line.split("\t", 1)
+        committed[path.removeprefix(f"{package.name}/")] = info.split()[2]
+    for file in package.rglob("*"):
+        if file.is_file() and "__pycache__" not in file.parts:
+            data = file.read_bytes()
+            blob = hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
+            if committed.get(file.relative_to(package).as_posix()) != blob:
+                return None
+    return head
 
 
 def library_versions() -> dict[str, str]:

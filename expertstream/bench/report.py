@@ -64,6 +64,10 @@ class Row:
     ring_copy_pct: float | None = None
     ring_chunk_wait_pct: float | None = None
     ring_thread_gbps: float | None = None
+    # The offload setting of the row, where the command line gave one (None otherwise, and left out
+    # of JSON and CSV): -ncmoe's layer count or "all", or --gpu-memory's size ("24G") or "auto".
+    n_cpu_moe: int | str | None = None
+    gpu_memory: str | None = None
 
     @property
     def label(self) -> str:
@@ -94,6 +98,7 @@ columns (times and rates are the mean over -r repetitions after a warm-up; +- is
   +compute ms    ttft minus compute only: the time streaming added
   slot wait ms   slots > 0: how long the compute stream waited for slots to be filled ("-" for 0)
   p, ub          prompt tokens and tokens per ubatch
+  ncmoe, gpu mem the -ncmoe or --gpu-memory setting of the row, when one is given
   streamed       MoE layers streamed from host memory / all MoE layers, and expert bytes copied per ubatch
   decode t/s     decode tokens per second (median step of each repetition; "-" without -n)
   output sha256  hash of the outputs; every row must agree (exit status 1 if not)
@@ -112,33 +117,58 @@ def mismatched(rows: Sequence[Row]) -> list[str]:
     return [rows[0].label, *(r.label for r in differing)] if differing else []
 
 
+# Fields a row carries only when the command line set them.
+OPTIONAL_FIELDS = ("n_cpu_moe", "gpu_memory")
+
+
 def row_json(row: Row) -> dict[str, Any]:
-    return {
+    values = {
         **asdict(row),
         "transfer_floor_tokens_per_s": row.transfer_floor_tokens_per_s,
         "compute_only_tokens_per_s": row.compute_only_tokens_per_s,
     }
+    for name in OPTIONAL_FIELDS:
+        if values[name] is None:
+            del values[name]
+    return values
 
 
 def as_json(header: dict[str, Any], rows: Sequence[Row]) -> dict[str, Any]:
     return {**header, "rows": [row_json(r) for r in rows]}
 
 
+def jsonl_line(header: dict[str, Any], row: Row) -> str:
+    """One row as llama-bench's jsonl has it: a JSON object carrying the run's header."""
+    return json.dumps({**header, **row_json(row)})
+
+
 def as_jsonl(header: dict[str, Any], rows: Sequence[Row]) -> str:
     """One JSON object per row, each carrying the run's header (llama-bench's jsonl)."""
-    return "\n".join(json.dumps({**header, **row_json(r)}) for r in rows)
+    return "\n".join(jsonl_line(header, r) for r in rows)
 
 
-def as_csv(rows: Sequence[Row]) -> str:
+def csv_fields(rows: Sequence[Row]) -> list[str]:
+    """The CSV columns of ``rows``: every field, the optional ones where some row has them."""
     names = [f.name for f in fields(Row)] + ["transfer_floor_tokens_per_s", "compute_only_tokens_per_s"]
+    absent = {name for name in OPTIONAL_FIELDS if all(getattr(r, name) is None for r in rows)}
+    return [name for name in names if name not in absent]
+
+
+def csv_lines(rows: Sequence[Row], names: Sequence[str], header: bool = True) -> str:
+    """``rows`` as CSV lines of the columns ``names`` (with the header line first if ``header``)."""
     out = io.StringIO()
-    writer = csv.DictWriter(out, names, lineterminator="\n")
-    writer.writeheader()
+    writer = csv.DictWriter(out, names, lineterminator="\n", extrasaction="ignore")
+    if header:
+        writer.writeheader()
     for row in rows:
         values = row_json(row)
         values["fallbacks"] = json.dumps(values["fallbacks"], sort_keys=True)
         writer.writerow(values)
     return out.getvalue().rstrip("\n")
+
+
+def as_csv(rows: Sequence[Row]) -> str:
+    return csv_lines(rows, csv_fields(rows))
 
 
 def _streamed(row: Row) -> str:
@@ -151,7 +181,9 @@ def _decode_rate(row: Row, sd: bool) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
-_COLUMNS: tuple[tuple[str, int, Callable[[Row], str]], ...] = (
+Column = tuple[str, int, Callable[[Row], str]]
+
+_COLUMNS: tuple[Column, ...] = (
     ("slots", 5, lambda r: str(r.slots)),
     ("host", 10, lambda r: r.host_memory),
     ("ttft s", 9, lambda r: f"{r.ttft_s:.4f}"),
@@ -176,7 +208,7 @@ def _error(measured: float | None, predicted: float | None) -> str:
     return "-" if measured is None or not predicted else f"{measured / predicted - 1:+.1%}"
 
 
-_PREDICTED: tuple[tuple[str, int, Callable[[Row], str]], ...] = (
+_PREDICTED: tuple[Column, ...] = (
     ("pred s", 9, lambda r: "-" if r.predicted_ttft_s is None else f"{r.predicted_ttft_s:.4f}"),
     ("err", 6, lambda r: _error(r.ttft_s, r.predicted_ttft_s)),
     (
@@ -193,14 +225,29 @@ def _ring_share(row: Row) -> str:
     return f"{row.ring_copy_pct:.0f}/{row.ring_chunk_wait_pct:.0f}"
 
 
-_RING: tuple[tuple[str, int, Callable[[Row], str]], ...] = (("ring copy/wait", 14, _ring_share),)
+_RING: tuple[Column, ...] = (("ring copy/wait", 14, _ring_share),)
+_N_CPU_MOE: tuple[Column, ...] = (("ncmoe", 5, lambda r: "-" if r.n_cpu_moe is None else str(r.n_cpu_moe)),)
+_GPU_MEMORY: tuple[Column, ...] = (("gpu mem", 7, lambda r: r.gpu_memory or "-"),)
+_BEFORE_STREAMED = [name for name, _, _ in _COLUMNS].index("streamed")
 
 
-def _columns(rows: Sequence[Row]) -> tuple[tuple[str, int, Callable[[Row], str]], ...]:
-    """Every column; the predicted ones only when some row has a prediction, the ring's only with a ring."""
+def table_columns(rows: Sequence[Row]) -> tuple[Column, ...]:
+    """Every column; the predicted ones only when some row has a prediction, the ring's only with a
+    ring, the offload settings only where given. A run printing rows as they come decides them from
+    its first rows: the settings that add columns are the same in every group of its rows."""
     predicted = any(r.predicted_ttft_s is not None for r in rows)
     ring = any(r.ring_copy_pct is not None for r in rows)
-    return _COLUMNS[:-1] + (_PREDICTED if predicted else ()) + (_RING if ring else ()) + _COLUMNS[-1:]
+    n_cpu_moe = any(r.n_cpu_moe is not None for r in rows)
+    gpu_memory = any(r.gpu_memory is not None for r in rows)
+    return (
+        _COLUMNS[:_BEFORE_STREAMED]
+        + (_N_CPU_MOE if n_cpu_moe else ())
+        + (_GPU_MEMORY if gpu_memory else ())
+        + _COLUMNS[_BEFORE_STREAMED:-1]
+        + (_PREDICTED if predicted else ())
+        + (_RING if ring else ())
+        + _COLUMNS[-1:]
+    )
 
 
 # A ring whose threads copy at least this share of the time is bound by the host's copy rate; one
@@ -241,21 +288,30 @@ def _span(values: Sequence[float], fmt: str) -> str:
     return low if low == high else f"{low}-{high}"
 
 
+def table_header(columns: Sequence[Column]) -> str:
+    return "  ".join(f"{name:>{width}}" for name, width, _ in columns)
+
+
+def table_line(row: Row, columns: Sequence[Column]) -> str:
+    """One row of aligned columns, no spaces inside a cell."""
+    return "  ".join(f"{cell(row):>{width}}" for _, width, cell in columns)
+
+
 def format_table(rows: Sequence[Row]) -> str:
     """Aligned columns, one line per row, no spaces inside a cell."""
-    columns = _columns(rows)
-    header = "  ".join(f"{name:>{width}}" for name, width, _ in columns)
-    lines = [header]
-    for row in rows:
-        lines.append("  ".join(f"{cell(row):>{width}}" for _, width, cell in columns))
-    return "\n".join(lines)
+    columns = table_columns(rows)
+    return "\n".join([table_header(columns), *(table_line(row, columns) for row in rows)])
+
+
+def markdown_header(columns: Sequence[Column]) -> str:
+    return "| " + " | ".join(name for name, _, _ in columns) + " |\n|" + "|".join("---:" for _ in columns) + "|"
+
+
+def markdown_line(row: Row, columns: Sequence[Column]) -> str:
+    return "| " + " | ".join(cell(row) for _, _, cell in columns) + " |"
 
 
 def format_markdown(rows: Sequence[Row]) -> str:
     """A Markdown table, like llama-bench's default output."""
-    columns = _columns(rows)
-    lines = ["| " + " | ".join(name for name, _, _ in columns) + " |"]
-    lines.append("|" + "|".join("---:" for _ in columns) + "|")
-    for row in rows:
-        lines.append("| " + " | ".join(cell(row) for _, _, cell in columns) + " |")
-    return "\n".join(lines)
+    columns = table_columns(rows)
+    return "\n".join([markdown_header(columns), *(markdown_line(row, columns) for row in rows)])

@@ -66,7 +66,7 @@ class RunConfig:
     ubatch: tuple[int, ...]  # empty while auto picks it
     slots: tuple[int, ...]  # empty while auto picks them
     host_memory: tuple[HostMemoryMode, ...]  # empty while auto picks it
-    n_cpu_moe: tuple[int | None, ...]  # None: every layer streams (or what gpu_memory decides)
+    n_cpu_moe: tuple[int | None, ...]  # -ncmoe's values (None: all); empty when not given
     gpu_memory: GpuMemory | None
     ring: RingOptions
     matrix_path: MatrixPath | None  # None: each expert type's default
@@ -117,7 +117,7 @@ class RunConfig:
             ubatch=() if auto.ubatch else args.ubatch,
             slots=() if auto.slots else args.slots,
             host_memory=() if auto.host_memory else host_memory,
-            n_cpu_moe=tuple(None if value == "all" else int(value) for value in args.n_cpu_moe or ("all",)),
+            n_cpu_moe=tuple(None if value == "all" else int(value) for value in args.n_cpu_moe or ()),
             gpu_memory=args.gpu_memory,
             ring=RingOptions(
                 fill=RingFill(args.ring_fill),
@@ -163,7 +163,8 @@ class RunConfig:
         return out
 
     def settings(self, batching: Batching, n_cpu_moe: int | None) -> Settings:
-        """The measurement of one batching and -ncmoe value: every slot count and host memory mode."""
+        """The measurement of one batching and -ncmoe value (None: every layer streams, or what
+        gpu_memory decides): every slot count and host memory mode."""
         return Settings(
             batching,
             self.slots,
@@ -184,7 +185,7 @@ class RunConfig:
         """Every row group to measure, with its logical batch where -b was given."""
         return [
             (self.settings(batching, n_cpu_moe), batch)
-            for (batching, batch), n_cpu_moe in itertools.product(self.batchings(), self.n_cpu_moe)
+            for (batching, batch), n_cpu_moe in itertools.product(self.batchings(), self.n_cpu_moe or (None,))
         ]
 
     def resolve_auto(self, profile: Profile, model: MoeModel, devices: Sequence[Device]) -> RunConfig:
@@ -194,7 +195,7 @@ class RunConfig:
         choice = choose(
             profile,
             model,
-            self.settings(Batching(tokens, min(tokens, 512), decode), self.n_cpu_moe[0]),
+            self.settings(Batching(tokens, min(tokens, 512), decode), (self.n_cpu_moe or (None,))[0]),
             slots=SLOT_CHOICES if self.auto.slots else self.slots,
             modes=MODE_CHOICES if self.auto.host_memory else self.host_memory,
             ubatches=ubatch_choices(tokens, batch) if self.auto.ubatch else self.ubatch,

@@ -15,24 +15,19 @@ from typing import Any
 from .. import __version__
 from ..backends import ENV_VAR, available_backends, backend, resolve_name
 from ..errors import ExpertStreamError
-from .tools import EXIT_STATUS_HELP, Exit, HelpFormatter, prompt_interrupt
+from .tools import EXIT_STATUS_HELP, Exit, HelpFormatter, Parser, backend_variable_problem, prompt_interrupt
 
 log = logging.getLogger(__name__)
 
 
 def _auto() -> tuple[str | None, str]:
     """What backend("auto") opens here, and why (or None and why nothing can be opened)."""
-    chosen = resolve_name()
-    from_env = os.environ.get(ENV_VAR, "").strip()
-    statuses = {s.name: s for s in available_backends()}
-    if from_env:
-        status = statuses.get(chosen)
-        if status is None:
-            return None, f"{ENV_VAR}={from_env} names no backend; known: {', '.join(statuses)}"
-        if not status.usable:
-            return None, f"{ENV_VAR}={from_env} asks for {chosen}, which is not usable: {status.reason}"
-        return chosen, f"from {ENV_VAR}"
-    return chosen, "the first usable of cuda, hip, sim"
+    problem = backend_variable_problem()
+    if problem is not None:
+        return None, problem
+    if os.environ.get(ENV_VAR, "").strip().lower() not in ("", "auto"):
+        return resolve_name(), f"from {ENV_VAR}"
+    return resolve_name(), "the first usable of cuda, hip, sim"
 
 
 def _info(args: argparse.Namespace, command_line: str) -> int:
@@ -47,7 +42,7 @@ def _info(args: argparse.Namespace, command_line: str) -> int:
     if args.json:
         doc = {"version": __version__, "auto": auto, "auto_reason": why, "backends": rows}
         print(json.dumps(doc, indent=2))
-        return 0
+        return _auto_status(auto, why)
     print(f"auto: {auto or 'none'} ({why})")
     for entry in rows:
         state = "usable" if entry["usable"] else f"not usable: {entry['reason']}"
@@ -72,21 +67,34 @@ def _info(args: argparse.Namespace, command_line: str) -> int:
                 f"      [{dev['index']}] {dev['name']} ({dev['arch']}), {dev['total_memory'] / 2**30:.1f} GiB, "
                 f"{dev['free_memory'] / 2**30:.1f} GiB free; {flags}; peers: {peers}"
             )
-    return 0
+    return _auto_status(auto, why)
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="expertstream", description=__doc__, epilog=EXIT_STATUS_HELP, formatter_class=HelpFormatter
-    )
+def _auto_status(auto: str | None, why: str) -> int:
+    """0 when `auto` can open a backend; else, as every other command would stop, say why and 2."""
+    if auto is not None:
+        return Exit.OK
+    sys.stdout.flush()
+    print(f"expertstream info: error: {why}", file=sys.stderr)
+    return Exit.USAGE
+
+
+VERBOSE_HELP = "more log output (-vv for debug)"
+
+
+def _parser(typed: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; ``typed``: the command as typed, which its messages name (bench, not prefill)."""
+    parser = Parser(prog="expertstream", description=__doc__, epilog=EXIT_STATUS_HELP, formatter_class=HelpFormatter)
     parser.add_argument("--version", action="version", version=f"expertstream {__version__}")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help=VERBOSE_HELP)
     sub = parser.add_subparsers(dest="command", required=True)
     info = sub.add_parser(
         "info",
         help="backends, devices and capabilities, and what auto picks",
         description=f"List every backend, whether it can run here, its devices, and the one `auto` opens "
-        f"(${ENV_VAR} if set, else the first usable of cuda, hip, sim).",
+        f"(${ENV_VAR} if set, else the first usable of cuda, hip, sim). Exit status 2, after the list, "
+        f"when ${ENV_VAR} names a backend that is unknown or not usable here, as every command that opens "
+        "a backend stops then.",
         epilog=EXIT_STATUS_HELP,
         formatter_class=HelpFormatter,
     )
@@ -94,7 +102,18 @@ def _parser() -> argparse.ArgumentParser:
     info.set_defaults(run=_info)
     for register in _command_modules():
         register(sub)
+    commands = {id(command): command for command in sub.choices.values()}  # an alias shares its parser
+    for command in commands.values():
+        # -v after the command too; its own count, added to the one before the command.
+        command.add_argument("-v", "--verbose", dest="command_verbose", action="count", default=0, help=VERBOSE_HELP)
+    if typed in sub.choices:
+        sub.choices[typed].prog = f"expertstream {typed}"
     return parser
+
+
+def _typed_command(argv: Sequence[str]) -> str | None:
+    """The command word of ``argv`` (options before it take no value)."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
 
 
 def _command_modules() -> list[Callable[[Any], None]]:
@@ -108,8 +127,8 @@ def _command_modules() -> list[Callable[[Any], None]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = _parser().parse_args(argv)
-    level = logging.WARNING - 10 * min(args.verbose, 2)
+    args = _parser(_typed_command(argv)).parse_args(argv)
+    level = logging.WARNING - 10 * min(args.verbose + args.command_verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
         with prompt_interrupt():

@@ -68,8 +68,12 @@ def _make_model(args: argparse.Namespace, command_line: str) -> int:
 
 
 def open_model(path: str | Path) -> MoeModel:
-    """MoeModel.open, with a missing file reported in one line naming it."""
+    """MoeModel.open, with a path that is no model file reported in one line naming it and why."""
     path = Path(path)
-    if not path.is_file():
+    if path.is_dir():
+        raise ModelError(f"{path}: is a directory")
+    if path.exists() and not path.is_file():
+        raise ModelError(f"{path}: is not a regular file")
+    if not path.exists():
         raise ModelError(f"{path}: no such file")
     return MoeModel.open(path)

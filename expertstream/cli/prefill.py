@@ -10,35 +10,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ..backends import ENV_VAR, resolve_name
-from ..backends import backend as open_backend
 from ..backends.base import Backend, Device, Vendor
 from ..backends.sim.profiles import BUILTIN_PROFILES, Profile, resolve_profile
-from ..bench.measure import Measurement, measure, measure_h2d_peak, probe_bytes, ticks
+from ..bench.measure import Settings, measure, measure_h2d_peak, probe_bytes, ticks
 from ..bench.placeholder import write_sparse_model
 from ..bench.predict import Choice, predict, with_predictions
 from ..bench.provenance import provenance
-from ..bench.report import (
-    COLUMNS_HELP,
-    Row,
-    as_csv,
-    as_json,
-    as_jsonl,
-    format_markdown,
-    format_table,
-    mismatched,
-    ring_note,
-)
+from ..bench.report import COLUMNS_HELP, Row
 from ..bench.tuner import fields_not_tuned, tune
-from ..engine.offload import parse_gpu_memory
+from ..engine.offload import GpuMemory, parse_gpu_memory
 from ..hostmem import (
     DEFAULT_RING_CHUNK_BYTES,
     DEFAULT_RING_CHUNKS,
@@ -52,16 +40,24 @@ from ..hostmem import (
 from ..kernels.layout import MatrixPath
 from ..model import PRESETS, MoeModel, make_model
 from ..scheduler import check_slots
-from ..timeline import write_chrome_trace
+from ..timeline import to_chrome_trace
 from .config import AUTO, PREDICTED_MODES, RunConfig
+from .estimate import SAY_FROM_S, numpy_seconds
 from .make_model import expert_type_option, open_model
+from .output import Report, RowPrinter, notice
 from .tools import (
     EXIT_STATUS_HELP,
     HelpFormatter,
+    Parser,
+    RunProgress,
     UsageError,
+    duration,
     int_list,
+    on_hard_stop,
+    open_backend,
     progress_bar,
     scratch_folder,
+    write_out,
 )
 
 FORMATS = ("text", "md", "csv", "json", "jsonl")
@@ -149,13 +145,20 @@ PREFILL_EPILOG = f"""\
 Prefill runs every layer of every ubatch as one plan, so the staging ring keeps copying across
 ubatch boundaries. A made model (no MODEL) holds data on GPUs and on the simulator; at real
 model sizes the simulator's numpy kernels take minutes, so on a machine without a GPU use
---timing-only for full-size runs.
+--timing-only for full-size runs (a run with data that will take a minute or more says so first,
+with an estimate).
+
+Rows are printed as each group of them (one prompt, ubatch, decode and -ncmoe setting) finishes:
+text and md print the table's header with the first rows, csv and jsonl a line per row. Progress
+(rows done and an estimate of the time left) goes to stderr: a bar on a terminal, else a line as
+each group but the last finishes. Ctrl-C keeps the rows printed (exit status 130).
 
 {COLUMNS_HELP}
 
-JSON (-o json) is one document: the run's provenance (version, git commit, device, driver,
-library versions, seed, command line), the model, and one object per row with every column
-above plus transfer_floor_tokens_per_s and compute_only_tokens_per_s.
+JSON (-o json) is one document, printed at the end: the run's provenance (version, git commit,
+device, driver, library versions, seed, command line), the model, and one object per row with
+every column above plus transfer_floor_tokens_per_s and compute_only_tokens_per_s (and n_cpu_moe
+or gpu_memory where given). Ctrl-C prints it with the rows done and "interrupted": true.
 
 {EXIT_STATUS_HELP}"""
 
@@ -238,7 +241,8 @@ def register(subparsers: Any) -> None:
         const="",
         metavar="PROFILE.json",
         help="print the simulator's prediction beside each row, with a profile from `expertstream tune` (on a "
-        "GPU without one: tune first, ~30 s; on the simulator: its own profile). The auto settings use it too",
+        "GPU without one: tune first, 21-37 s on the H200 with a 48-layer model; on the simulator: its own "
+        "profile). The auto settings use it too",
     )
     prefill.add_argument(
         "--ring-fill",
@@ -270,8 +274,8 @@ def register(subparsers: Any) -> None:
         type=_positive,
         default=None,
         help=f"least MiB one ring worker copies of a chunk's fill (default {PROCESS_RING_PART_BYTES >> 20} with fill "
-        f"processes, {DEFAULT_RING_PART_BYTES >> 20} with threads); microbench.ring_limits compares geometries on "
-        "this machine",
+        f"processes, {DEFAULT_RING_PART_BYTES >> 20} with threads); `python -m microbench.ring_limits`, run from the "
+        "root of a clone of the repository (microbench/ is not installed), compares geometries on this machine",
     )
     prefill.add_argument(
         "--matrix-path",
@@ -342,80 +346,44 @@ DEMO_BYTES = ["--preset", "tiny", "--tokens", "64", "--ubatch", "16", "--slots",
 
 
 def _demo(args: argparse.Namespace, command_line: str) -> int:
-    parser = argparse.ArgumentParser(prog="expertstream demo")
+    parser = Parser(prog="expertstream demo")
     register(parser.add_subparsers())
+    printers: list[RowPrinter] = []
 
     def prefill(*argv: str) -> Report:
-        return _measure_all(RunConfig.from_args(parser.parse_args(["prefill", *argv]), command_line))
+        printers.append(RowPrinter(None if args.json else "text"))
+        return _measure_all(RunConfig.from_args(parser.parse_args(["prefill", *argv]), command_line), printers[-1])
 
     with open_backend("auto") as default:
         # Without a GPU the kernels are numpy twins: real sizes only run in virtual time.
         simulated = default.vendor is Vendor.SIM
-    if not simulated:
-        reports = [prefill(*DEMO_SPEED, "--decode", "16")]
-    else:
-        reports = [prefill("--backend", "sim", "--timing-only", *DEMO_SPEED)]
-        if not args.json:
-            print("Speed: real expert sizes, simulated H200, virtual time (no data moved)")
-            _print(reports[0], "text")
-            print(
-                "\nBytes: a tiny model with data; the output hash must be the same in every row (its copies "
-                "take microseconds, so its times measure per-call overhead, not streaming)"
-            )
-        reports.append(prefill("--backend", "sim", *DEMO_BYTES))
+    try:
+        if not simulated:
+            reports = [prefill(*DEMO_SPEED, "--decode", "16")]
+        else:
+            if not args.json:
+                write_out("Speed: real expert sizes, simulated H200, virtual time (no data moved)")
+            reports = [prefill("--backend", "sim", "--timing-only", *DEMO_SPEED)]
+            if not args.json:
+                write_out(
+                    "\nBytes: a tiny model with data; the output hash must be the same in every row (its copies "
+                    "take microseconds, so its times measure per-call overhead, not streaming)"
+                )
+            reports.append(prefill("--backend", "sim", *DEMO_BYTES))
+    except KeyboardInterrupt:
+        if args.json:
+            _print_runs(printers, interrupted=True)
+        raise
     if args.json:
-        print(json.dumps({"runs": [r.document() for r in reports]}, indent=2))
-    elif simulated:
-        _print(reports[1], "text")
-    else:
-        _print(reports[0], "text")
+        _print_runs(printers)
     return max(r.check() for r in reports)
 
 
-@dataclass
-class Report:
-    """The header shared by every row of a prefill command and one Measurement per batching."""
-
-    header: dict[str, Any]
-    results: list[Measurement] = field(default_factory=list)
-
-    @property
-    def rows(self) -> list[Row]:
-        return [row for result in self.results for row in result.rows]
-
-    def document(self) -> dict[str, Any]:
-        first = self.results[0].baselines
-        baselines = {
-            "h2d_peak_gbps": first.h2d_peak_gbps,
-            "compute_only_s": first.compute_only_s,  # of the first batching; every row has its own
-            "compute_only_all_layers": first.compute_only_all_layers,
-            "compute_only_sha256": first.compute_only_sha256,
-            "matrix_paths": self.results[0].matrix_paths,  # mul_mat_id's path per expert type
-            "kernel_families": self.results[0].kernel_families,  # and its kernels: the path, or "direct"
-            "gate_up_fused": self.results[0].gate_up_fused,
-        }
-        return as_json({**self.header, **baselines}, self.rows)
-
-    def check(self) -> int:
-        """0 when every row's output agrees (with the others and the compute-only run), else 1."""
-        differing = mismatched(self.rows)
-        if differing:
-            _error(f"outputs differ between rows: {', '.join(differing)}")
-            return 1
-        broken = [f"{r.label} ({r.nonfinite})" for r in self.rows if r.nonfinite]
-        if broken:
-            _error(f"non-finite outputs in rows: {', '.join(broken)}")
-            return 1
-        for result in self.results:
-            reference = result.baselines.compute_only_sha256
-            if reference is not None and result.rows and result.rows[0].prefill_sha256 != reference:
-                _error("streamed outputs differ from the device-resident (compute-only) run")
-                return 1
-        return 0
-
-
-def _error(message: str) -> None:
-    print(f"expertstream prefill: {message}", file=sys.stderr)
+def _print_runs(printers: list[RowPrinter], interrupted: bool = False) -> None:
+    """The demo's JSON: one document with every run that has rows (marked when Ctrl-C cut it short)."""
+    runs = [p.report.document() for p in printers if p.report is not None and p.report.results]
+    if runs or not interrupted:
+        write_out(json.dumps({"runs": runs, **({"interrupted": True} if interrupted else {})}, indent=2))
 
 
 def _open(config: RunConfig) -> Backend:
@@ -469,7 +437,8 @@ def _model(config: RunConfig, backend: Backend) -> Iterator[MoeModel]:
             yield model
 
 
-def _measure_all(config: RunConfig) -> Report:
+def _measure_all(config: RunConfig, printer: RowPrinter) -> Report:
+    """Measure every row group of ``config``, handing each to ``printer`` as it finishes."""
     with _open(config) as backend:
         if config.trace:
             backend.start_trace()  # GPUs: timing events around every copy and kernel; the simulator always records
@@ -480,35 +449,102 @@ def _measure_all(config: RunConfig) -> Report:
                 assert profile is not None
                 config = config.resolve_auto(profile, model, devices)
                 assert config.choice is not None
-                _error(config.choice.explain())
-            runs = config.runs()
-            settings = [setting for setting, _ in runs]
-            total = sum(ticks(s, s.batching) for s in settings)
+                notice(config.choice.explain())
+            _warn_about_layer_counts(config, model)
+            if backend.vendor is Vendor.SIM and backend.holds_data:
+                _say_if_long(model, [setting for setting, _ in config.runs()])
             names = sorted({d.name for d in devices})
             shown = names[0] if len(devices) == 1 else f"{len(devices)} x {' + '.join(names)}"
-            report = Report(_header(backend, shown, model, config))
+            header = _header(backend, shown, model, config)
+            report = printer.begin(header)
             if config.choice is not None:
-                report.header["auto"] = {**_picked(config.choice), "why": config.choice.explain()}
-            with progress_bar(total, "prefill", "ub") as bar:
+                header["auto"] = {**_picked(config.choice), "why": config.choice.explain()}
+            _measure_groups(config, backend, devices, model, profile, printer)
+        if config.trace:
+            _write_trace(backend, header, config.trace)
+    printer.finish()
+    return report
 
-                def step(what: str) -> None:
-                    bar.set_postfix_str(what, refresh=False)
-                    bar.update()
 
-                peak = measure_h2d_peak(backend, devices, probe_bytes(model))
-                for setting, batch in runs:
-                    result = measure(backend, devices, model, setting, step, h2d_peak_gbps=peak)
-                    if batch is not None:
-                        result.rows = [replace(row, batch=batch) for row in result.rows]
-                    report.results.append(result)
-            if config.predict is not None:
-                assert profile is not None
-                for result, setting in zip(report.results, settings, strict=True):
+def _measure_groups(
+    config: RunConfig,
+    backend: Backend,
+    devices: list[Device],
+    model: MoeModel,
+    profile: Profile | None,
+    printer: RowPrinter,
+) -> None:
+    """Each row group in turn, handed to ``printer`` at once; Ctrl-C still prints what is done."""
+    runs = config.runs()
+    rows = sum(len(setting.slots) * len(setting.host_memory) for setting, _ in runs)
+    progress = RunProgress("prefill", sum(ticks(setting, setting.batching) for setting, _ in runs), rows)
+    try:
+        with on_hard_stop(lambda: printer.finish(interrupted=True)):
+            peak = measure_h2d_peak(backend, devices, probe_bytes(model))
+            for setting, batch in runs:
+                result = measure(backend, devices, model, setting, progress.step, h2d_peak_gbps=peak)
+                result.rows = _with_settings(result.rows, config, setting, batch)
+                if config.predict is not None:
+                    assert profile is not None
                     predicted = predict(profile, model, setting, devices=len(devices))
                     result.rows = with_predictions(result.rows, predicted.rows)
-        if config.trace:
-            write_chrome_trace(backend.timeline or (), config.trace)
-    return report
+                progress.finished(len(result.rows))
+                printer.add(result)
+    except KeyboardInterrupt:
+        printer.finish(interrupted=True)
+        raise
+    finally:
+        progress.close()
+
+
+def _with_settings(rows: list[Row], config: RunConfig, setting: Settings, batch: int | None) -> list[Row]:
+    """``rows`` carrying the settings the command line gave that the measurement does not know."""
+    given: dict[str, Any] = {}
+    if batch is not None:
+        given["batch"] = batch
+    if config.n_cpu_moe:
+        given["n_cpu_moe"] = "all" if setting.n_cpu_moe is None else setting.n_cpu_moe
+    if config.gpu_memory is not None:
+        given["gpu_memory"] = _size(config.gpu_memory)
+    return [replace(row, **given) for row in rows] if given else rows
+
+
+def _size(memory: GpuMemory) -> str:
+    if memory == "auto":
+        return "auto"
+    for unit, shift in (("T", 40), ("G", 30), ("M", 20), ("K", 10)):
+        if memory >= 1 << shift:
+            return f"{memory / (1 << shift):.3g}{unit}"
+    return str(memory)
+
+
+def _warn_about_layer_counts(config: RunConfig, model: MoeModel) -> None:
+    """Say once when -ncmoe asks for more layers than the model has: those rows stream every layer."""
+    layers = len(model.layers)
+    beyond = [str(n) for n in config.n_cpu_moe if n is not None and n > layers]
+    if beyond:
+        notice(
+            f"warning: -ncmoe {','.join(beyond)} is more than the model's {layers} MoE layers: "
+            f"{'its' if len(beyond) == 1 else 'their'} rows stream every layer, as with -ncmoe all"
+        )
+
+
+def _say_if_long(model: MoeModel, runs: list[Settings]) -> None:
+    """Say up front when the simulator's numpy kernels will take minutes, and what is quicker."""
+    seconds = numpy_seconds(model, runs)
+    if seconds >= SAY_FROM_S:
+        notice(
+            f"the simulator computes with numpy on this host: this run with data will take about "
+            f"{duration(seconds)} (a rough estimate from timing one expert of each tensor); --timing-only "
+            "runs the same settings in virtual time, in seconds"
+        )
+
+
+def _write_trace(backend: Backend, header: dict[str, Any], path: Path) -> None:
+    """The Chrome trace, with what ran it (backend, device, profile, model) for `expertstream plot`."""
+    keys = ("backend", "device", "profile", "timing_only", "model", "command_line")
+    trace = {**to_chrome_trace(backend.timeline or ()), "otherData": {k: header[k] for k in keys}}
+    path.write_text(json.dumps(trace), encoding="utf-8")
 
 
 def _prediction_profile(config: RunConfig, backend: Backend, device: Device, model: MoeModel) -> Profile | None:
@@ -521,7 +557,7 @@ def _prediction_profile(config: RunConfig, backend: Backend, device: Device, mod
         return profile
     if backend.vendor is Vendor.SIM:
         return Profile.from_dict(backend.describe()["profile"])
-    _error("no profile given (--predict PROFILE.json): tuning this device first")
+    notice("no profile given (--predict PROFILE.json): tuning this device first")
     return tune(backend, device, model).profile
 
 
@@ -532,7 +568,7 @@ def _say_what_was_not_tuned(spec: str) -> None:
     document = json.loads(Path(spec).read_text(encoding="utf-8"))  # resolve_profile has checked it
     missing = fields_not_tuned(document)
     if missing:
-        _error(
+        notice(
             f"{spec} was tuned before tune measured {', '.join(missing)}: its predictions take them from "
             f"the built-in profile {document.get('base')!r} (assumed, not measured); run expertstream tune "
             "again to measure them"
@@ -550,26 +586,7 @@ def _picked(choice: Choice) -> dict[str, Any]:
 
 def _prefill(args: argparse.Namespace, command_line: str) -> int:
     config = RunConfig.from_args(args, command_line)
-    report = _measure_all(config)
-    _print(report, config.output_format)
-    return report.check()
-
-
-def _print(report: Report, fmt: str) -> None:
-    if fmt == "json":
-        print(json.dumps(report.document(), indent=2))
-    elif fmt == "jsonl":
-        print(as_jsonl(report.header, report.rows))
-    elif fmt == "csv":
-        print(as_csv(report.rows))
-    elif fmt == "md":
-        print(format_markdown(report.rows))
-    else:
-        _print_summary(report)
-        print(format_table(report.rows))
-        note = ring_note(report.rows)
-        if note:
-            print(note)
+    return _measure_all(config, RowPrinter(config.output_format)).check()
 
 
 def _header(backend: Backend, device_name: str, model: MoeModel, config: RunConfig) -> dict[str, Any]:
@@ -587,25 +604,3 @@ def _header(backend: Backend, device_name: str, model: MoeModel, config: RunConf
         "ubatch": first[1],
         "decode_steps": first[2],
     }
-
-
-def _print_summary(report: Report) -> None:
-    header = report.header
-    model = header["model"]
-    where = header["device"] + (f" (profile {header['profile']})" if header["profile"] else "")
-    print(f"backend {header['backend']}: {where}{', timing only' if header['timing_only'] else ''}")
-    print(
-        f"model: {model['arch']}, {model['n_layer']} layers, {model['n_expert']} experts, "
-        f"top-{model['top_k']}, {model['expert_type']}, {model['expert_bytes'] / 1e9:.3f} GB of experts"
-    )
-    if report.results:
-        first = report.results[0]
-        families = ", ".join(f"{name} {family}" for name, family in first.kernel_families.items())
-        print(f"expert kernels: {families}{'; gate, up and SwiGLU fused' if first.gate_up_fused else ''}")
-    for result in report.results:
-        base, row = result.baselines, result.rows[0]
-        print(
-            f"{row.tokens} tokens in ubatches of {row.ubatch}; pinned H2D peak "
-            f"{base.h2d_peak_gbps:.1f} GB/s; compute only {base.compute_only_s:.4f} s"
-            f"{'' if base.compute_only_all_layers else ' (layer 0 weights for all layers)'}"
-        )

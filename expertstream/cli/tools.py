@@ -1,10 +1,11 @@
 """What every command shares: exit statuses, usage errors, output paths checked before a run,
-progress bars, and a Ctrl-C that stops promptly.
+the backend named by the environment, progress on stderr, and a Ctrl-C that stops promptly.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import enum
 import logging
 import os
@@ -12,14 +13,18 @@ import shutil
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 from tqdm import tqdm
 
+from ..backends import ENV_VAR, available_backends
+from ..backends import backend as _backend
+from ..backends.base import Backend
 from ..errors import ExpertStreamError
 
 log = logging.getLogger(__name__)
@@ -41,6 +46,13 @@ EXIT_STATUS_HELP = (
 
 class UsageError(ExpertStreamError):
     """A command line that cannot mean what it says; reported in one line with exit status 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose usage error is one line that points to --help, not the whole usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(Exit.USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -77,7 +89,9 @@ def int_list(minimum: int) -> Callable[[str], tuple[int, ...]]:
 def writable_path(path: str | os.PathLike[str], flag: str) -> Path:
     """``path`` if a file can be created or replaced there; UsageError naming ``flag`` otherwise.
 
-    Checked before a run starts, so a long run never ends in an unwritable output.
+    Checked before a run starts by opening the file for writing as the run will (changing nothing),
+    so a long run never ends in an unwritable output: a folder's permissions alone do not tell
+    (/proc, a read-only mount, a full quota, or permissions root ignores).
     """
     out = Path(path)
     folder = out.parent if str(out.parent) else Path(".")
@@ -87,7 +101,50 @@ def writable_path(path: str | os.PathLike[str], flag: str) -> Path:
         raise UsageError(f"{flag} {out}: folder {folder} does not exist")
     if not os.access(folder, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
         raise UsageError(f"{flag} {out}: not writable")
+    try:
+        _open_for_writing(out)
+    except OSError as exc:
+        raise UsageError(f"{flag} {out}: not writable ({exc.strerror or exc})") from None
     return out
+
+
+def _open_for_writing(out: Path) -> None:
+    """Open ``out`` for writing and close it, leaving no trace: an existing file is not truncated,
+    a new one is removed again; a device or pipe is left alone (opening a pipe with no reader
+    would wait)."""
+    if out.exists():
+        if out.is_file():
+            os.close(os.open(out, os.O_WRONLY))
+        return
+    os.close(os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    os.unlink(out)
+
+
+def backend_variable_problem() -> str | None:
+    """Why $EXPERTSTREAM_BACKEND cannot be what `auto` opens (None when it is unset or usable)."""
+    value = os.environ.get(ENV_VAR, "").strip()
+    name = value.lower()
+    if name in ("", "auto"):
+        return None
+    statuses = {status.name: status for status in available_backends()}
+    status = statuses.get(name)
+    if status is None:
+        return f"{ENV_VAR}={value} names no backend; known: {', '.join(statuses)} (set it to one of them or unset it)"
+    if not status.usable:
+        usable = ", ".join(s.name for s in statuses.values() if s.usable) or "none"
+        return (
+            f"{ENV_VAR}={value} asks for {name}, which is not usable here: {status.reason} (usable: {usable}; "
+            "set it to one of them or unset it)"
+        )
+    return None
+
+
+def open_backend(name: str = "auto", **options: Any) -> Backend:
+    """``expertstream.backend(name)``; for auto, a bad $EXPERTSTREAM_BACKEND is a usage error naming it."""
+    problem = backend_variable_problem() if name == "auto" else None
+    if problem is not None:
+        raise UsageError(problem)
+    return _backend(name, **options)
 
 
 def progress_bar(total: int, desc: str, unit: str, **options: Any) -> tqdm[Any]:
@@ -95,8 +152,78 @@ def progress_bar(total: int, desc: str, unit: str, **options: Any) -> tqdm[Any]:
     return tqdm(total=total, desc=desc, unit=unit, leave=False, disable=not sys.stderr.isatty(), **options)
 
 
-# Folders a hard stop removes: scratch files of the run in progress.
+def write_out(text: str) -> None:
+    """Print ``text`` on stdout now (a reader of a pipe sees it at once), clearing any bar first."""
+    with tqdm.external_write_mode():
+        print(text, flush=True)
+
+
+def duration(seconds: float) -> str:
+    """``seconds`` as a person reads a wait: 40 s, 3 min, 1 h 5 min."""
+    if seconds < 90:
+        return f"{max(seconds, 1):.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds // 3600:.0f} h {seconds % 3600 / 60:.0f} min"
+
+
+class RunProgress:
+    """Progress of a run of row groups on stderr, whatever stdout is.
+
+    On a terminal a bar (tqdm) over the steps (ubatches and decode steps enqueued); elsewhere
+    plain lines: one as each group of rows but the last finishes, and one at most every
+    ``every_s`` seconds within a long group. The time left is the time so far per step done.
+    """
+
+    def __init__(
+        self,
+        desc: str,
+        steps: int,
+        rows: int,
+        every_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+        terminal: bool | None = None,
+    ) -> None:
+        self.desc, self.steps, self.rows = desc, steps, rows
+        self.steps_done = self.rows_done = 0
+        self._every_s, self._clock = every_s, clock
+        self._started = self._last_line = clock()
+        terminal = sys.stderr.isatty() if terminal is None else terminal
+        self._bar: tqdm[Any] | None = tqdm(total=steps, desc=desc, unit="ub", leave=False) if terminal else None
+
+    def step(self, what: str) -> None:
+        """One step enqueued (``what`` names it)."""
+        self.steps_done += 1
+        if self._bar is not None:
+            self._bar.set_postfix_str(what, refresh=False)
+            self._bar.update()
+        elif self._clock() - self._last_line >= self._every_s and self.steps_done < self.steps:
+            self._line(f", {100 * self.steps_done // max(self.steps, 1)}% of the steps")
+
+    def finished(self, rows: int) -> None:
+        """``rows`` more rows are done."""
+        self.rows_done += rows
+        if self._bar is not None:
+            self._bar.set_description_str(f"{self.desc} {self.rows_done}/{self.rows} rows", refresh=True)
+        elif self.rows_done < self.rows:
+            self._line("")
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+    def _line(self, within: str) -> None:
+        now = self._clock()
+        self._last_line = now
+        left = ""
+        if self.steps_done:
+            left = f", about {duration((now - self._started) / self.steps_done * (self.steps - self.steps_done))} left"
+        print(f"{self.desc}: {self.rows_done}/{self.rows} rows{within}{left}", file=sys.stderr, flush=True)
+
+
+# Folders a hard stop removes: scratch files of the run in progress; and what it says first.
 _scratch: list[Path] = []
+_last_words: list[Callable[[], None]] = []
 HARD_STOP_GRACE_S = 1.0
 
 
@@ -111,7 +238,20 @@ def scratch_folder(folder: str | os.PathLike[str]) -> Iterator[Path]:
         _scratch.remove(path)
 
 
+@contextmanager
+def on_hard_stop(say: Callable[[], None]) -> Iterator[None]:
+    """Call ``say`` if a hard stop ends the process while in this block (it writes what is done)."""
+    _last_words.append(say)
+    try:
+        yield
+    finally:
+        _last_words.remove(say)
+
+
 def _hard_stop() -> None:
+    for say in list(_last_words):
+        with contextlib.suppress(Exception):
+            say()
     for folder in list(_scratch):
         shutil.rmtree(folder, ignore_errors=True)
     sys.stderr.write("expertstream: interrupted\n")
@@ -154,9 +294,16 @@ __all__ = [
     "EXIT_STATUS_HELP",
     "Exit",
     "HelpFormatter",
+    "Parser",
+    "RunProgress",
     "UsageError",
+    "backend_variable_problem",
+    "duration",
+    "on_hard_stop",
+    "open_backend",
     "progress_bar",
     "prompt_interrupt",
     "scratch_folder",
     "writable_path",
+    "write_out",
 ]

@@ -15,17 +15,9 @@ import expertstream.cli.prefill as moe_commands
 from expertstream.cli import main
 from expertstream.engine.runner import MoeRunner
 
+from . import run_main as _run
+
 SMALL = ["--tokens", "32", "--ubatch", "16", "-r", "1"]
-
-
-def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:  # argparse's usage errors
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    assert "Traceback" not in err
-    return code, out, err
 
 
 def _never_measure(monkeypatch: pytest.MonkeyPatch) -> None:
