@@ -10,7 +10,7 @@ import numpy as np
 from ..backends.base import BufferView, Device, Stream, Usage
 from ..errors import InvalidArgument
 from ..ggml import RowType, padded_size
-from .source import HostSource
+from .source import HostSource, argument_kind
 
 Bindings = Mapping[str, BufferView]
 """Input name -> device bytes to read (for host inputs: ``padded_size`` bytes, tail zeroed)."""
@@ -36,6 +36,14 @@ class Input:
         where = f"input {self.name!r}"
         if (self.host is None) == (self.device_data is None):
             raise InvalidArgument(f"{where} needs exactly one of host= or device_data=")
+        if self.host is not None and not isinstance(self.host, HostSource):
+            # Refused here: the scheduler would only fail mid-run, on the first attribute it reads.
+            raise InvalidArgument(
+                f"{where}: host= takes host memory behind a HostSource, not {argument_kind(self.host)}",
+                call="Input",
+                hint="wrap host memory in HostRegion(buffer, start, length) or pass a staging ring's source; "
+                "device-resident data enters a plan as Input(device_data=buffer.view())",
+            )
         available = self.host.nbytes if self.host is not None else self.device_data.nbytes  # type: ignore[union-attr]
         if not 0 <= self.nbytes <= available:
             raise InvalidArgument(f"{where} declares {self.nbytes} bytes but its data holds {available}")

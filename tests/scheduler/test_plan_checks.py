@@ -50,6 +50,17 @@ def test_input_limits(two_devices: Backend) -> None:
         assert err.value.detail == f"input 'w': expert size {expert_nbytes} does not divide the tensor's 64 bytes"
 
 
+def test_an_input_refuses_device_memory_where_host_memory_belongs(two_devices: Backend) -> None:
+    device = two_devices.device(0)
+    host, _ = _host(device)
+    with device.alloc(64) as on_device:
+        for wrong, kind in ((on_device, "a DeviceBuffer (device memory)"), (host, "a SimHostBuffer")):
+            with pytest.raises(InvalidArgument) as err:
+                Input("w", 64, host=wrong)  # type: ignore[arg-type]
+            assert err.value.detail == f"input 'w': host= takes host memory behind a HostSource, not {kind}"
+            assert err.value.call == "Input" and "HostRegion" in (err.value.hint or "")
+
+
 def test_routing_limits(two_devices: Backend) -> None:
     ids = two_devices.device(0).upload(np.zeros(4, dtype=np.int32))
     assert MulMatId(ids.view(), 1, 1, ("w",)).n_expert == 1
