@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import enum
+import itertools
 import mmap
 import threading
 import time
@@ -1101,6 +1102,19 @@ class Backend(abc.ABC, Closing):
     name: ClassVar[str]
     vendor: ClassVar[Vendor]
     _tracer: EventTracer | None = None
+    _opened: ClassVar[dict[str, Iterator[int]]] = {}  # backend name -> the numbers of those opened
+    _number: int
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        backend = super().__new__(cls)
+        backend._number = next(Backend._opened.setdefault(cls.name, itertools.count(1)))
+        return backend
+
+    @property
+    def instance_name(self) -> str:
+        """The name and the number of this backend among those of its name opened in this process
+        ("sim#2"): what tells apart devices of two of them, whose labels are alike ("sim:0")."""
+        return f"{self.name}#{self._number}"
 
     @property
     @abc.abstractmethod

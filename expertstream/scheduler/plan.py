@@ -105,9 +105,9 @@ class Split:
             raise InvalidArgument(f"split {self.name!r} has two inputs with one name")
         for inp in self.inputs:
             if inp.device_data is not None and inp.device_data.buffer.device is not self.device:
+                runs_on, lives_on = _labels_apart(self.device, inp.device_data.buffer.device)
                 raise InvalidArgument(
-                    f"split {self.name!r} runs on {self.device.label} but its input {inp.name!r} lives on "
-                    f"{inp.device_data.buffer.device.label}",
+                    f"split {self.name!r} runs on {runs_on} but its input {inp.name!r} lives on {lives_on}",
                     hint="give each split inputs on its own device (copy activations between devices in a split)",
                 )
         mmid = self.mul_mat_id
@@ -128,6 +128,14 @@ class Split:
                         f"experts of {inp.expert_nbytes} bytes make {inp.expert_nbytes * mmid.n_expert}",
                         hint="expert_nbytes is the bytes of one expert's matrix: the tensor's bytes / n_expert",
                     )
+
+
+def _labels_apart(first: Device, second: Device) -> tuple[str, str]:
+    """Two devices' labels for one message, with their backends' numbers ("sim#2:0") where the labels
+    alone are alike: device 0 of two backends of one kind."""
+    if first.label != second.label:
+        return first.label, second.label
+    return f"{first.backend.instance_name}:{first.index}", f"{second.backend.instance_name}:{second.index}"
 
 
 @dataclass(frozen=True)

@@ -101,6 +101,17 @@ def test_split_checks(two_devices: Backend) -> None:
     Split("s", dev0, (weights, Input("x", 8, host=region)), _noop, MulMatId(ids0.view(), 4, 4, ("w",)))
 
 
+def test_a_split_names_apart_devices_of_two_backends_of_one_kind(two_devices: Backend) -> None:
+    with expertstream.backend("sim") as other, other.device(0).alloc(64) as elsewhere:
+        here = two_devices.device(0)
+        assert here.label == elsewhere.device.label == "sim:0"
+        with pytest.raises(InvalidArgument) as err:
+            Split("s", here, (Input("x", 64, device_data=elsewhere.view()),), _noop)
+        runs_on, lives_on = f"{two_devices.instance_name}:0", f"{other.instance_name}:0"
+        assert runs_on != lives_on
+        assert err.value.detail == f"split 's' runs on {runs_on} but its input 'x' lives on {lives_on}"
+
+
 def test_splits_sharing_routing_ids_must_be_adjacent(two_devices: Backend) -> None:
     device = two_devices.device(0)
     _, region = _host(device)
