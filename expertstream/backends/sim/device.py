@@ -24,7 +24,7 @@ from .core import Simulation
 from .hazards import Touch
 from .kernels import SimKernel, lookup_kernel
 from .memory import GARBAGE_BYTE, SimDeviceBuffer, SimHostBuffer, untouched_host_bytes
-from .streams import SimEvent, SimStream
+from .streams import SimEvent, SimStream, check_own_host
 
 if TYPE_CHECKING:
     from .backend import SimBackend
@@ -204,6 +204,8 @@ class SimDevice(Device):
         check_range(call, dst, dst_offset, nbytes)
         check_range(call, src, src_offset, nbytes)
         check_sharing(call, sharing)
+        check_own_host(self, src, call)
+        check_own_host(self, dst, call)
         self.sim.host_access(
             (
                 Touch(src, src_offset, src_offset + nbytes, write=False),

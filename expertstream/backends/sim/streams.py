@@ -39,6 +39,25 @@ def _host_touch(host: HostBuffer, offset: int, n: int, *, write: bool, blocks_ho
     return (Touch(host, offset, offset + n, write=write),) if deferred else ()
 
 
+def check_own_host(device: SimDevice, host: HostBuffer, call: str) -> None:
+    """Refuse host memory another simulator handed out.
+
+    Each simulator keeps its own hazard checker and host clocks: a DMA here from another's pinned
+    buffer would be seen by neither against the host refilling it through the other. Refused
+    rather than tracked across both: real pinned memory belongs to its runtime's context too
+    (CUDA lets other contexts of one process use it, which no test needs the simulator to model).
+    """
+    mine, theirs = device.backend, host.device.backend
+    if theirs is not mine:
+        raise InvalidArgument(
+            f"{host!r} is host memory of backend {theirs.instance_name}, and {device.label} is a device of "
+            f"backend {mine.instance_name}",
+            call=call,
+            device=device.label,
+            hint="allocate or wrap host memory through a device of the backend that uses it",
+        )
+
+
 def _copy_effect(dst: np.ndarray | None, src: np.ndarray | None) -> Callable[[], None] | None:
     if dst is None or src is None:
         return None
@@ -62,6 +81,7 @@ class SimStream(Stream):
         return self.state.name
 
     def _copy_h2d(self, dst: DeviceBuffer, dst_offset: int, src: HostBuffer, src_offset: int, n: int) -> None:
+        check_own_host(self.sim_device, src, "Stream.copy_h2d")
         profile = self._sim.profile
         pageable = src.kind is HostMemory.PAGEABLE
         blocks_host = pageable and profile.pageable_blocks_host
@@ -89,6 +109,7 @@ class SimStream(Stream):
         )
 
     def _copy_d2h(self, dst: HostBuffer, dst_offset: int, src: DeviceBuffer, src_offset: int, n: int) -> None:
+        check_own_host(self.sim_device, dst, "Stream.copy_d2h")
         profile = self._sim.profile
         pageable = dst.kind is HostMemory.PAGEABLE
         blocks_host = pageable and profile.pageable_blocks_host
@@ -155,6 +176,7 @@ class SimStream(Stream):
     def _gather_h2d(self, dst: DeviceBuffer, dst_offset: int, src: HostBuffer, rows: RowGather) -> None:
         # A kernel that reads over the link: booked on the link's engine, beside other streams' kernels.
         # Its time is computed at enqueue, before the ids exist: every id counted as its own row.
+        check_own_host(self.sim_device, src, "Stream.gather_h2d")
         profile = self._sim.profile
         effect = None
         if self._sim.data:
