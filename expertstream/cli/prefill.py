@@ -451,7 +451,7 @@ def _measure_all(config: RunConfig, printer: RowPrinter) -> Report:
                 assert config.choice is not None
                 notice(config.choice.explain())
             _warn_about_layer_counts(config, model)
-            if backend.vendor is Vendor.SIM and backend.holds_data:
+            if backend.vendor is Vendor.SIM and backend.host.holds_data:
                 _say_if_long(model, [setting for setting, _ in config.runs()])
             names = sorted({d.name for d in devices})
             shown = names[0] if len(devices) == 1 else f"{len(devices)} x {' + '.join(names)}"

@@ -13,7 +13,7 @@ import enum
 import logging
 import threading
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from .._closing import Closing
 from ..backends.base import DeviceBuffer, Event, HostBuffer, Stream, check_range
 from ..errors import BackendError, InvalidArgument, UseAfterClose
-from ..scheduler.source import HostRegion, HostSource
+from ..scheduler.source import HostRegion, HostSource, argument_kind
 from .fillproc import FileSpan, FillProcessError, FillProcesses, SharedChunks, close_spans, file_spans
 
 log = logging.getLogger(__name__)
@@ -128,6 +128,19 @@ class _Fill:
     parts: tuple[Future[float], ...] | tuple[_ProcessPart, ...]
 
 
+def _host_buffers(sources: object) -> tuple[HostBuffer, ...]:
+    """The ring's sources, each a HostBuffer, or InvalidArgument naming what was passed instead."""
+    found = tuple(sources) if isinstance(sources, Iterable) else (sources,)
+    for source in found:
+        if not isinstance(source, HostBuffer):
+            raise InvalidArgument(
+                f"a staging ring copies from HostBuffers (host memory), not from {argument_kind(source)}",
+                call="StagingRing",
+                hint="wrap host memory with device.wrap_host(); device-resident data needs no staging",
+            )
+    return found
+
+
 class StagingRing(Closing):
     """Copies from pageable host memory at DMA speed through a few pinned chunks.
 
@@ -163,7 +176,7 @@ class StagingRing(Closing):
         fill: RingFill | str = RingFill.AUTO,
         max_copy_bytes: int | None = None,
     ) -> None:
-        self.sources = (sources,) if isinstance(sources, HostBuffer) else tuple(sources)
+        self.sources = (sources,) if isinstance(sources, HostBuffer) else _host_buffers(sources)
         if not self.sources or any(s.device is not self.sources[0].device for s in self.sources):
             raise InvalidArgument("a staging ring needs one or more sources of one device", call="StagingRing")
         self.device = self.sources[0].device

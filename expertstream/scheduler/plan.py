@@ -10,7 +10,7 @@ import numpy as np
 from ..backends.base import BufferView, Device, Stream, Usage
 from ..errors import InvalidArgument
 from ..ggml import RowType, padded_size
-from .source import HostSource
+from .source import HostSource, argument_kind
 
 Bindings = Mapping[str, BufferView]
 """Input name -> device bytes to read (for host inputs: ``padded_size`` bytes, tail zeroed)."""
@@ -36,6 +36,14 @@ class Input:
         where = f"input {self.name!r}"
         if (self.host is None) == (self.device_data is None):
             raise InvalidArgument(f"{where} needs exactly one of host= or device_data=")
+        if self.host is not None and not isinstance(self.host, HostSource):
+            # Refused here: the scheduler would only fail mid-run, on the first attribute it reads.
+            raise InvalidArgument(
+                f"{where}: host= takes host memory behind a HostSource, not {argument_kind(self.host)}",
+                call="Input",
+                hint="wrap host memory in HostRegion(buffer, start, length) or pass a staging ring's source; "
+                "device-resident data enters a plan as Input(device_data=buffer.view())",
+            )
         available = self.host.nbytes if self.host is not None else self.device_data.nbytes  # type: ignore[union-attr]
         if not 0 <= self.nbytes <= available:
             raise InvalidArgument(f"{where} declares {self.nbytes} bytes but its data holds {available}")
@@ -97,9 +105,9 @@ class Split:
             raise InvalidArgument(f"split {self.name!r} has two inputs with one name")
         for inp in self.inputs:
             if inp.device_data is not None and inp.device_data.buffer.device is not self.device:
+                runs_on, lives_on = _labels_apart(self.device, inp.device_data.buffer.device)
                 raise InvalidArgument(
-                    f"split {self.name!r} runs on {self.device.label} but its input {inp.name!r} lives on "
-                    f"{inp.device_data.buffer.device.label}",
+                    f"split {self.name!r} runs on {runs_on} but its input {inp.name!r} lives on {lives_on}",
                     hint="give each split inputs on its own device (copy activations between devices in a split)",
                 )
         mmid = self.mul_mat_id
@@ -120,6 +128,14 @@ class Split:
                         f"experts of {inp.expert_nbytes} bytes make {inp.expert_nbytes * mmid.n_expert}",
                         hint="expert_nbytes is the bytes of one expert's matrix: the tensor's bytes / n_expert",
                     )
+
+
+def _labels_apart(first: Device, second: Device) -> tuple[str, str]:
+    """Two devices' labels for one message, with their backends' numbers ("sim#2:0") where the labels
+    alone are alike: device 0 of two backends of one kind."""
+    if first.label != second.label:
+        return first.label, second.label
+    return f"{first.backend.instance_name}:{first.index}", f"{second.backend.instance_name}:{second.index}"
 
 
 @dataclass(frozen=True)

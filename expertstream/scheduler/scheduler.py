@@ -257,8 +257,11 @@ class Scheduler(Closing):
         split's copy would let split j start only when that copy ends. Copies for split i+N-1
         go out while split i computes, each behind the free event of the slot it reuses.
 
-        The rule is per device: the other devices' copies go out before split j's wait, as
-        soon as their slots allow, so that devices copy at the same time instead of in turn.
+        The rule is per device, and on several devices it holds for pageable copies only: the
+        other devices' copies go out before split j's wait, as soon as their slots allow, so that
+        devices copy at the same time instead of in turn. A device's pageable copies still wait
+        for its own previous wait (the copy worker's gate); its page-locked ones may go out ahead
+        of it, which costs nothing: they neither hold the thread nor move where a wait resolves.
         """
         if index >= len(plan.splits):
             return

@@ -120,7 +120,7 @@ class HostRegion:
     def __post_init__(self) -> None:
         if not isinstance(self.buffer, HostBuffer):
             raise InvalidArgument(
-                f"a host region is a range of a HostBuffer, not of {_kind(self.buffer)}",
+                f"a host region is a range of a HostBuffer, not of {argument_kind(self.buffer)}",
                 call="HostRegion",
                 hint="wrap host memory with device.wrap_host() or alloc_pinned(); device-resident data enters a "
                 "plan as Input(device_data=buffer.view())",
@@ -145,7 +145,7 @@ class HostRegion:
             raise InvalidArgument(f"range [{offset}, {offset + nbytes}) is outside a {self.length}-byte host region")
 
 
-def _kind(obj: object) -> str:
+def argument_kind(obj: object) -> str:
     """What was passed, in the contract's words (a backend's own buffer class is a DeviceBuffer)."""
     return "a DeviceBuffer (device memory)" if isinstance(obj, DeviceBuffer) else f"a {type(obj).__name__}"
 
@@ -157,6 +157,7 @@ __all__ = [
     "LookaheadSource",
     "RangesSource",
     "StagedSource",
+    "argument_kind",
     "copies_pageable",
     "enqueue_ranges",
     "expect_copies",

@@ -444,6 +444,39 @@ def test_peer_access_does_not_reach_another_backends_device_of_that_index() -> N
         stream.synchronize()
 
 
+def test_host_memory_of_another_simulator_is_refused() -> None:
+    """Its checker would never see this one's DMAs: a refill through it would pass unreported."""
+    with (
+        expertstream.backend("sim", devices=2) as mine,
+        expertstream.backend("sim") as theirs,
+    ):
+        dev0, dev1 = mine.devices
+        foreign = theirs.device(0)
+        their_pinned = foreign.alloc_pinned(4096)
+        their_pinned.numpy(write=True)[:] = 1
+        their_pageable = foreign.wrap_host(np.zeros(4096, dtype=np.uint8))
+        stream = dev0.stream()
+        out = dev0.alloc(4096)
+        refused = (
+            lambda: stream.copy_h2d(out, 0, their_pinned, 0, 4096),
+            lambda: stream.copy_h2d(out, 0, their_pageable, 0, 4096),
+            lambda: stream.copy_d2h(their_pinned, 0, out, 0, 4096),
+            lambda: stream.gather_h2d(out, 0, their_pinned, 0, 4096, dev0.upload(np.zeros(1, np.int32)).view(), 1, 64),
+            lambda: mine.host.copy(their_pinned, 0, dev0.wrap_host(np.zeros(4096, dtype=np.uint8)), 0, 4096),
+        )
+        for copy in refused:
+            with pytest.raises(InvalidArgument) as info:
+                copy()
+            assert f"is host memory of backend {theirs.instance_name}" in info.value.detail
+            assert f"used by sim:0 of backend {mine.instance_name}" in info.value.detail or (
+                f"used by backend {mine.instance_name}" in info.value.detail
+            )
+        theirs.host.copy(their_pinned, 0, their_pageable, 0, 4096)  # nothing of ours reads it
+        # Another device of the same simulator shares its checker: its pinned memory is fine here.
+        stream.copy_h2d(out, 0, dev1.alloc_pinned(4096), 0, 4096)
+        stream.synchronize()
+
+
 # -- host side: page-locked memory the device still reads or writes ---------------------------
 
 

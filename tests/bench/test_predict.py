@@ -6,13 +6,14 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 import expertstream
 from expertstream.backends.sim.profiles import resolve_profile
 from expertstream.bench.measure import Settings
 from expertstream.bench.placeholder import write_sparse_model
-from expertstream.bench.predict import choose, predict, seconds
+from expertstream.bench.predict import SLOT_CHOICES, TIE, Candidate, choose, pick, predict, seconds
 from expertstream.cli import main
 from expertstream.engine.runner import Batching, MoeRunner
 from expertstream.ggml import padded_size
@@ -121,6 +122,27 @@ def test_auto_leaves_out_slots_that_do_not_fit(qwen3_layer: Path) -> None:
     fits = {c.slots: c.seconds is not None for c in tight.candidates}
     assert fits == {0: True, 2: True, 4: False}
     assert tight.slots == 2 and "do not fit" in tight.explain() and "slots 4" in tight.explain()
+
+
+def test_auto_never_picks_more_slots_than_a_prediction_as_fast() -> None:
+    """Slots can be predicted slower than the stock path (several devices whose launching thread the
+    lookahead's calls bound): auto predicts 0 among the rest and takes no count a smaller one beats."""
+    assert 0 in SLOT_CHOICES
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        candidates = [
+            Candidate(slots, mode, 512, None if rng.random() < 0.1 else float(rng.uniform(1.0, 1.01)))
+            for slots in SLOT_CHOICES
+            for mode in (REGISTERED, MMAP)
+        ]
+        fitting = [(c.slots, c.seconds) for c in candidates if c.seconds is not None]
+        if not fitting:
+            continue
+        best = pick(candidates, free_bytes=1 << 40).best
+        assert best.seconds is not None
+        for slots, predicted in fitting:
+            assert best.seconds <= predicted * (1 + TIE)
+            assert slots >= best.slots or predicted > best.seconds, (best, slots, predicted)
 
 
 def test_auto_refuses_lists_it_cannot_pick_one_setting_for(capsys: pytest.CaptureFixture[str]) -> None:

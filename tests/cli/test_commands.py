@@ -11,6 +11,7 @@ import pytest
 
 from expertstream.backends.base import Backend
 from expertstream.bench.report import Row
+from expertstream.backends import ENV_VAR
 from expertstream.cli import main
 from expertstream.engine.runner import MoeRunner
 
@@ -139,8 +140,9 @@ def test_timing_only_full_scale_overlaps_copies(capsys: pytest.CaptureFixture[st
 
 
 def test_sim_options_refuse_another_backend_and_choose_the_simulator_otherwise(
-    tiny_path: Path, capsys: pytest.CaptureFixture[str]
+    tiny_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.delenv(ENV_VAR, raising=False)  # auto, whatever backend the suite runs on
     code, _, err = _prefill(capsys, str(tiny_path), "--backend", "cuda", "--timing-only")
     assert code == 2 and "--timing-only is simulator-only, not for cuda" in err
     code, out, _ = _prefill(capsys, str(tiny_path), *SMALL, "--slots", "0", "--timing-only")

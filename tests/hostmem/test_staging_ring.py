@@ -136,6 +136,20 @@ def test_ring_geometry_is_checked(backend: Backend, kwargs: dict[str, int], bad:
         StagingRing(device.wrap_host(pattern(10)), **args)
 
 
+def test_a_ring_refuses_device_memory_as_its_source(backend: Backend) -> None:
+    device = backend.device(0)
+    host = device.wrap_host(pattern(1024))
+    with device.alloc(1024) as on_device:
+        for sources in (on_device, [host, on_device]):
+            with pytest.raises(InvalidArgument) as err:
+                StagingRing(sources, chunk_bytes=1024, chunks=2, threads=1)  # type: ignore[arg-type]
+            assert (
+                err.value.detail == "a staging ring copies from HostBuffers (host memory), not from a DeviceBuffer "
+                "(device memory)"
+            )
+            assert err.value.call == "StagingRing"
+
+
 def test_ring_refuses_out_of_range_and_closed_use(backend: Backend) -> None:
     device = backend.device(0)
     ring = StagingRing(device.wrap_host(pattern(4096)), chunk_bytes=1024, chunks=2, threads=1)

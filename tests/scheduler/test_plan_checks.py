@@ -50,6 +50,17 @@ def test_input_limits(two_devices: Backend) -> None:
         assert err.value.detail == f"input 'w': expert size {expert_nbytes} does not divide the tensor's 64 bytes"
 
 
+def test_an_input_refuses_device_memory_where_host_memory_belongs(two_devices: Backend) -> None:
+    device = two_devices.device(0)
+    host, _ = _host(device)
+    with device.alloc(64) as on_device:
+        for wrong, kind in ((on_device, "a DeviceBuffer (device memory)"), (host, "a SimHostBuffer")):
+            with pytest.raises(InvalidArgument) as err:
+                Input("w", 64, host=wrong)  # type: ignore[arg-type]
+            assert err.value.detail == f"input 'w': host= takes host memory behind a HostSource, not {kind}"
+            assert err.value.call == "Input" and "HostRegion" in (err.value.hint or "")
+
+
 def test_routing_limits(two_devices: Backend) -> None:
     ids = two_devices.device(0).upload(np.zeros(4, dtype=np.int32))
     assert MulMatId(ids.view(), 1, 1, ("w",)).n_expert == 1
@@ -88,6 +99,17 @@ def test_split_checks(two_devices: Backend) -> None:
     assert err.value.detail == "split 's': expert weights 'w' need expert_nbytes"
     # Inputs that are not expert weights need no expert size.
     Split("s", dev0, (weights, Input("x", 8, host=region)), _noop, MulMatId(ids0.view(), 4, 4, ("w",)))
+
+
+def test_a_split_names_apart_devices_of_two_backends_of_one_kind(two_devices: Backend) -> None:
+    with expertstream.backend("sim") as other, other.device(0).alloc(64) as elsewhere:
+        here = two_devices.device(0)
+        assert here.label == elsewhere.device.label == "sim:0"
+        with pytest.raises(InvalidArgument) as err:
+            Split("s", here, (Input("x", 64, device_data=elsewhere.view()),), _noop)
+        runs_on, lives_on = f"{two_devices.instance_name}:0", f"{other.instance_name}:0"
+        assert runs_on != lives_on
+        assert err.value.detail == f"split 's' runs on {runs_on} but its input 'x' lives on {lives_on}"
 
 
 def test_splits_sharing_routing_ids_must_be_adjacent(two_devices: Backend) -> None:

@@ -1,4 +1,5 @@
-"""More slots never make a run slower, in the simulator's virtual time (deterministic, not wall time).
+"""More slots never make a run slower, in the simulator's virtual time (deterministic, not wall time),
+unless the launching thread's calls bound the run: the lookahead makes more of them per split.
 
 Qwen3-30B-A3B's expert shapes in Q4_0: gate and up rows of 2048 elements, down rows of 768,
 whose padded tail every fill clears. Timing-only backends: no bytes, full-size tensors.
@@ -17,7 +18,10 @@ from gguf import GGMLQuantizationType as Q
 import expertstream
 from expertstream.backends.base import HostBuffer, HostMemory
 from expertstream.backends.sim import Access, KernelSpec, SimBackend, register_kernel
+from expertstream.backends.sim.profiles import ProfileSpec
+from expertstream.bench.predict import SLOT_CHOICES, Candidate, pick
 from expertstream.ggml import row_size
+from expertstream.hostmem import HostMemoryMode
 from expertstream.scheduler import Input, MulMatId, Plan, Scheduler, Split
 from expertstream.scheduler.source import HostRegion
 from expertstream.timeline import OpKind
@@ -74,10 +78,18 @@ def _qwen3_plan(backend: SimBackend, host: HostMemory, tokens: int, layers: int,
             resource.close()
 
 
-def _run_ms(profile: str, devices: int, slots: int, host: HostMemory, tokens: int, layout: str = "layers") -> float:
+def _run_ms(
+    profile: ProfileSpec,
+    devices: int,
+    slots: int,
+    host: HostMemory,
+    tokens: int,
+    layout: str = "layers",
+    layers: int = 4,
+) -> float:
     with expertstream.backend("sim", profile=profile, devices=devices, data=False) as backend:
         assert isinstance(backend, SimBackend)
-        with _qwen3_plan(backend, host, tokens, layers=4, layout=layout) as plan, Scheduler(slots=slots) as sched:
+        with _qwen3_plan(backend, host, tokens, layers, layout) as plan, Scheduler(slots=slots) as sched:
             start = backend.host_time()
             sched.run(plan)
             return (backend.host_time() - start) * 1e3
@@ -95,6 +107,39 @@ def test_more_slots_are_never_slower(profile: str, devices: int, layout: str, ho
     ordered = list(times.values())
     assert all(later <= earlier for earlier, later in itertools.pairwise(ordered)), times
     assert times[2] < times[0], times  # and the lookahead pays at all
+
+
+# The host pays nothing per call: what is left of a run is the devices' work and the order of it.
+FREE_CALLS = {"enqueue_s": 0.0, "call_s": 0.0}
+MANY = [(3, "layers"), (4, "layers"), (4, "alternate")]
+
+
+@pytest.mark.parametrize("host", [HostMemory.PINNED, HostMemory.PAGEABLE], ids=lambda h: h.value)
+@pytest.mark.parametrize(("devices", "layout"), MANY, ids=[f"{d}dev-{layout}" for d, layout in MANY])
+@pytest.mark.parametrize("profile", ["cuda-h200", "rocm-r9700"])
+def test_with_free_calls_more_slots_are_never_slower_on_three_and_four_devices(
+    profile: str, devices: int, layout: str, host: HostMemory
+) -> None:
+    free_calls = {"base": profile, **FREE_CALLS}
+    times = {slots: _run_ms(free_calls, devices, slots, host, 512, layout, layers=48) for slots in (0, 2, 3, 8)}
+    ordered = list(times.values())
+    assert all(later <= earlier for earlier, later in itertools.pairwise(ordered)), times
+    assert times[2] < times[0], times
+
+
+def test_the_launching_thread_s_calls_can_outweigh_the_lookahead_on_four_devices() -> None:
+    """docs/design.md's case: 4 R9700s, 48 layers of 512 tokens split over them in order. One thread
+    makes every device's calls, the lookahead more of them per split than the stock copy, so the
+    devices whose layers come last start copying later. Free calls turn it round (the test above),
+    and `--slots auto`, which predicts every count on the run's devices, keeps the stock path."""
+    times = {slots: _run_ms("rocm-r9700", 4, slots, HostMemory.PINNED, 512, layers=48) for slots in SLOT_CHOICES}
+    assert times[2] > times[0] and times[3] > times[0], times
+    predicted = [Candidate(slots, HostMemoryMode.PINNED, 512, ms / 1e3) for slots, ms in times.items()]
+    assert pick(predicted, free_bytes=1 << 40).slots == 0
+    free_calls = {"base": "rocm-r9700", **FREE_CALLS}
+    assert _run_ms(free_calls, 4, 2, HostMemory.PINNED, 512, layers=48) < _run_ms(
+        free_calls, 4, 0, HostMemory.PINNED, 512, layers=48
+    )
 
 
 @pytest.mark.parametrize("profile", ["cuda-h200", "rocm-r9700"])

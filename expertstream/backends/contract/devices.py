@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import abc
 import enum
+import itertools
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -248,10 +249,18 @@ class Backend(abc.ABC, Closing):
     name: ClassVar[str]
     vendor: ClassVar[Vendor]
     _tracer: EventTracer | None = None
+    _opened: ClassVar[dict[str, Iterator[int]]] = {}  # backend name -> the numbers of those opened
 
     def __init__(self, host: Host | None = None) -> None:
         # The host's clock, memcpy and staging-ring defaults: this host as it is, or the simulator's.
         self.host = Host() if host is None else host
+        self._number = next(Backend._opened.setdefault(self.name, itertools.count(1)))
+
+    @property
+    def instance_name(self) -> str:
+        """The name and the number of this backend among those of its name opened in this process
+        ("sim#2"): what tells apart devices of two of them, whose labels are alike ("sim:0")."""
+        return f"{self.name}#{self._number}"
 
     @property
     @abc.abstractmethod

@@ -22,7 +22,7 @@ class SimBackend(Backend):
 
     def __init__(self, profile: Profile, *, devices: int, peer_access: bool, data: bool, check_hazards: bool) -> None:
         self._sim = Simulation(profile, data=data, check_hazards=check_hazards)
-        super().__init__(SimHost(self._sim))
+        super().__init__(SimHost(self._sim, self))
         self._devices = tuple(SimDevice(self, i, self._sim, peer_access) for i in range(devices))
 
     @property

@@ -5,18 +5,20 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ..base import Host, HostBuffer
+from ..base import Backend, Host, HostBuffer
 from ..contract.host import check_copy
 from .core import Simulation
 from .engine import HostTimestamp
 from .hazards import Touch
+from .streams import check_own_host
 
 
 class SimHost(Host):
     """The host of the machine a profile describes, in virtual time, its accesses checked for hazards."""
 
-    def __init__(self, sim: Simulation) -> None:
+    def __init__(self, sim: Simulation, backend: Backend) -> None:
         self._sim = sim
+        self._backend = backend
 
     def timestamp(self) -> HostTimestamp:
         return self._sim.host_timestamp()
@@ -61,6 +63,8 @@ class SimHost(Host):
         its share of the host memory bus, whichever is lower, after the profile's fixed cost per
         copy where ``fixed_cost``."""
         check_copy(dst, dst_offset, src, src_offset, nbytes, sharing)
+        check_own_host(self._backend, src, "Host.copy")
+        check_own_host(self._backend, dst, "Host.copy")
         self._sim.host_access(
             (
                 Touch(src, src_offset, src_offset + nbytes, write=False),

@@ -10,7 +10,19 @@ import numpy as np
 
 from ...errors import DeviceError, InvalidArgument, UseAfterClose
 from ...timeline import OpKind
-from ..base import BufferView, DeviceBuffer, Event, Graph, HostBuffer, HostMemory, Kernel, RowGather, Stream
+from ..base import (
+    Backend,
+    BufferView,
+    Device,
+    DeviceBuffer,
+    Event,
+    Graph,
+    HostBuffer,
+    HostMemory,
+    Kernel,
+    RowGather,
+    Stream,
+)
 from .core import Recorded, StreamState, Work
 from .engine import EngineKind
 from .hazards import HazardKind, SimHazardError, Touch
@@ -39,6 +51,28 @@ def _host_touch(host: HostBuffer, offset: int, n: int, *, write: bool, blocks_ho
     return (Touch(host, offset, offset + n, write=write),) if deferred else ()
 
 
+def check_own_host(user: Device | Backend, host: HostBuffer, call: str) -> None:
+    """Refuse host memory another simulator handed out (``user``: the device or backend using it).
+
+    Each simulator keeps its own hazard checker and host clocks: a DMA here from another's pinned
+    buffer would be seen by neither against the host refilling it through the other. Refused
+    rather than tracked across both: real pinned memory belongs to its runtime's context too
+    (CUDA lets other contexts of one process use it, which no test needs the simulator to model).
+    """
+    mine = user if isinstance(user, Backend) else user.backend
+    theirs = host.device.backend
+    if theirs is not mine:
+        used_by = f"backend {mine.instance_name}"
+        if isinstance(user, Device):
+            used_by = f"{user.label} of {used_by}"
+        raise InvalidArgument(
+            f"{host!r} is host memory of backend {theirs.instance_name}, used by {used_by}",
+            call=call,
+            device=user.label if isinstance(user, Device) else None,
+            hint="allocate or wrap host memory through a device of the backend that uses it",
+        )
+
+
 def _copy_effect(dst: np.ndarray | None, src: np.ndarray | None) -> Callable[[], None] | None:
     if dst is None or src is None:
         return None
@@ -62,6 +96,7 @@ class SimStream(Stream):
         return self.state.name
 
     def _copy_h2d(self, dst: DeviceBuffer, dst_offset: int, src: HostBuffer, src_offset: int, n: int) -> None:
+        check_own_host(self.sim_device, src, "Stream.copy_h2d")
         profile = self._sim.profile
         pageable = src.kind is HostMemory.PAGEABLE
         blocks_host = pageable and profile.pageable_blocks_host
@@ -89,6 +124,7 @@ class SimStream(Stream):
         )
 
     def _copy_d2h(self, dst: HostBuffer, dst_offset: int, src: DeviceBuffer, src_offset: int, n: int) -> None:
+        check_own_host(self.sim_device, dst, "Stream.copy_d2h")
         profile = self._sim.profile
         pageable = dst.kind is HostMemory.PAGEABLE
         blocks_host = pageable and profile.pageable_blocks_host
@@ -155,6 +191,7 @@ class SimStream(Stream):
     def _gather_h2d(self, dst: DeviceBuffer, dst_offset: int, src: HostBuffer, rows: RowGather) -> None:
         # A kernel that reads over the link: booked on the link's engine, beside other streams' kernels.
         # Its time is computed at enqueue, before the ids exist: every id counted as its own row.
+        check_own_host(self.sim_device, src, "Stream.gather_h2d")
         profile = self._sim.profile
         effect = None
         if self._sim.data:
