@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from expertstream.backends import ENV_VAR
 from expertstream.backends.base import Backend
 from expertstream.bench.report import Row
-from expertstream.backends import ENV_VAR
 from expertstream.cli import main
 from expertstream.engine.runner import MoeRunner
 
