@@ -17,7 +17,8 @@ it picks, or at each height given with ``--tiles``, all on the same routing and 
 "vs simt" is each output's relative difference from the SIMT path's (about 2.4e-3 for the
 bf16 paths, from their rounding; about 5e-3 for the int8 path). For the gate/up shape ``direct``
 also times gate, up and SwiGLU fused in one pass (tensor "gate+up", twice the work of one tensor)
-beside the three launches it replaces (tensor "gate,up,swiglu").
+beside the three launches it replaces (tensor "gate,up,swiglu"), both over two distinct
+tensors, gate and up, as the runner reads them.
 
     python -m microbench.kernels --backend cuda [--json] [--ubatch 512 2048 4096] [--types Q4_0 F16]
         [--paths simt mma direct int8] [--tiles auto 32 64 128]
@@ -177,10 +178,15 @@ def measure(
     for type_name in args.types:
         w_type = GGMLQuantizationType[type_name]
         for shape in SHAPES:
-            with expert_weights(device, rng, w_type, shape.n_out, shape.n_in, N_EXPERT) as w:
+            # gate and up are two tensors, as the runner reads them: one buffer passed as both would
+            # let the second half re-read bytes the first left in the cache.
+            with (
+                expert_weights(device, rng, w_type, shape.n_out, shape.n_in, N_EXPERT) as w,
+                expert_weights(device, rng, w_type, shape.n_out, shape.n_in, N_EXPERT) as w_up,
+            ):
                 for ubatch in args.ubatch:
                     rows += measure_ubatch(
-                        device, stream, gate, kernels, args, rng, w, w_type, shape, ubatch, bandwidth_gbs
+                        device, stream, gate, kernels, args, rng, (w, w_up), w_type, shape, ubatch, bandwidth_gbs
                     )
     return rows
 
@@ -192,13 +198,18 @@ def measure_ubatch(
     kernels: dict[str, MoeKernels],
     args: argparse.Namespace,
     rng: np.random.Generator,
-    w: DeviceBuffer,
+    weights: tuple[DeviceBuffer, DeviceBuffer],
     w_type: GGMLQuantizationType,
     shape: TensorShape,
     ubatch: int,
     bandwidth_gbs: float,
 ) -> list[Row]:
-    """Every asked path and tile on the same routing and activations; outputs compared to the SIMT path's."""
+    """Every asked path and tile on the same routing and activations; outputs compared to the SIMT path's.
+
+    ``weights``: two distinct tensors of the shape; a single-tensor row reads the first, the fused
+    gate+up and the unfused gate, up, SwiGLU read both (gate, then up), into two outputs.
+    """
+    w, w_up = weights
     n_pairs = ubatch * TOP_K
     ids = np.argsort(rng.random((ubatch, N_EXPERT)), axis=1)[:, :TOP_K].astype(np.int32)
     x_rows = n_pairs if shape.x_per_pair else ubatch
@@ -209,6 +220,7 @@ def measure_ubatch(
         device.upload(x) as x_buf,
         device.upload(ids) as ids_buf,
         device.alloc(n_pairs * shape.n_out * 4) as y,
+        device.alloc(n_pairs * shape.n_out * 4) as y_up,
     ):
         for family, path_kernels in sorted(kernels.items(), key=lambda item: item[0] != "simt"):
             path = FAMILIES[family][0]
@@ -235,7 +247,7 @@ def measure_ubatch(
                     path_kernels.gate_up(
                         stream,
                         w,
-                        w,
+                        w_up,
                         w_type,
                         N_EXPERT,
                         shape.n_out,
@@ -249,9 +261,23 @@ def measure_ubatch(
                     )
 
                 def unfused(path_kernels: MoeKernels = path_kernels, tile: TileM = tile) -> None:
-                    launch(path_kernels, tile)
-                    launch(path_kernels, tile)
-                    path_kernels.swiglu(stream, y, y, y, n_pairs * shape.n_out)
+                    for weight, out in ((w, y), (w_up, y_up)):
+                        path_kernels.mul_mat_id(
+                            stream,
+                            weight,
+                            w_type,
+                            N_EXPERT,
+                            shape.n_out,
+                            shape.n_in,
+                            x_buf,
+                            shape.x_per_pair,
+                            ids_buf,
+                            ubatch,
+                            TOP_K,
+                            out,
+                            tile_m=tile,
+                        )
+                    path_kernels.swiglu(stream, y, y_up, y, n_pairs * shape.n_out)
 
                 timed = [(shape.name, launch, 1)]
                 if FAMILIES[family][1] and not shape.x_per_pair:
@@ -265,7 +291,7 @@ def measure_ubatch(
                             simt_output = output
                         diff = None if simt_output is None else ref.relative_error(output, simt_output)
                     tflops = 2.0 * tensors * n_pairs * shape.n_out * shape.n_in / (ms * 1e-3) / 1e12
-                    transfer_ms = tensors * w.alloc_size / (bandwidth_gbs * 1e9) * 1e3
+                    transfer_ms = tensors * w.alloc_size / (bandwidth_gbs * 1e9) * 1e3  # w, w_up: one size
                     row = Row(
                         w_type.name,
                         tensor,
