@@ -104,7 +104,8 @@ def test_a_long_run_with_data_on_the_simulator_is_announced(
     tiny_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(prefill_command, "numpy_seconds", lambda model, runs: 600.0)
-    code, _, err = _run(capsys, "prefill", str(tiny_path), "-p", "16", "-ub", "16", "--slots", "0", "-r", "1")
+    argv = ("prefill", str(tiny_path), "--backend", "sim", "-p", "16", "-ub", "16", "--slots", "0")
+    code, _, err = _run(capsys, *argv, "-r", "1")
     assert code == 0
     (said,) = [line for line in err.splitlines() if "will take about" in line]
     assert "about 10 min" in said and "estimate" in said and "--timing-only" in said
@@ -113,7 +114,7 @@ def test_a_long_run_with_data_on_the_simulator_is_announced(
         raise AssertionError("a timing-only run computes nothing with numpy")
 
     monkeypatch.setattr(prefill_command, "numpy_seconds", never)
-    code, _, err = _run(capsys, "prefill", str(tiny_path), "-p", "16", "-ub", "16", "--slots", "0", "--timing-only")
+    code, _, err = _run(capsys, *argv, "--timing-only")
     assert code == 0 and "will take about" not in err
 
 
