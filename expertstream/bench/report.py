@@ -274,13 +274,21 @@ def ring_note(rows: Sequence[Row]) -> str | None:
     )
     if rates:
         line += f", {_span(rates, '.1f')} GB/s per {worker} while copying"
+    reached = [r.h2d_pct_of_peak for r in rows if r.ring_copy_pct is not None]
+    reach = f"; its rows reached {_span(reached, '.0f')}% of the pinned peak"
     if max(copy) >= RING_COPY_BOUND_PCT:
-        return line + ": the host's copy from the mapping bounds it; more slots will not help"
+        # How fast the host copies from the page cache differs from machine to machine (the H200
+        # hosts of docs/results/hostmem-h200.md gave 44-74% of the peak at slots 3): say so here.
+        return (
+            line + f": the host's copy from the mapping bounds it; more slots will not help{reach}, what this "
+            "host's copies allow (where the device can page-lock the file, --host-memory registered streams "
+            "at the link's rate)"
+        )
     if min(wait) >= RING_WAIT_BOUND_PCT:
-        return line + ": the copies to the device hold it back, not its threads"
+        return line + f": the copies to the device hold it back, not its threads{reach}"
     if max(sum(share) for share in shares) < RING_IDLE_BELOW_PCT:
-        return line + f": its {workers} are mostly idle, so the ring is not what bounds the run"
-    return line
+        return line + f": its {workers} are mostly idle, so the ring is not what bounds the run{reach}"
+    return line + reach
 
 
 def _span(values: Sequence[float], fmt: str) -> str:
