@@ -158,7 +158,8 @@ def predict_candidates(
 
     A setting whose prefetch slots could not be allocated, or whose activations do not fit,
     is a candidate that does not fit; a mode the platform turned into another is left out
-    (the other is a candidate of its own).
+    (the other is a candidate of its own), except the preferred mode, which stands for the mode it
+    resolves to.
     """
     out: dict[int, tuple[list[Row], list[Candidate]]] = {}
     for ubatch in ubatches:
@@ -170,7 +171,9 @@ def predict_candidates(
             out[ubatch] = ([], [Candidate(s, m, ubatch, None, exc.detail) for m, s in itertools.product(modes, slots)])
             continue
         candidates = []
-        for row, (mode, slot_count) in zip(rows, itertools.product(modes, slots), strict=True):
+        for row, (asked, slot_count) in zip(rows, itertools.product(modes, slots), strict=True):
+            # The preferred mode is the platform's to resolve: its candidate is the mode it resolved to.
+            mode = HostMemoryMode(row.host_memory) if asked is HostMemoryMode.PREFERRED else asked
             if row.host_memory != mode.value:
                 continue
             if row.fallbacks.get(Fallback.ALLOC_FAILED) or row.fallbacks.get(Fallback.DISABLED):

@@ -79,6 +79,20 @@ def test_a_profile_tuned_before_a_field_was_measured_is_named_with_the_field(
         assert (notice in err) is said and ("'cuda-h200'" in err) is said, err
 
 
+@pytest.mark.parametrize(("profile", "resolved"), [("cuda-h200", "registered"), ("rocm-r9700", "ring")])
+def test_auto_slots_and_ubatch_work_with_the_default_host_memory(
+    qwen3_layer: Path, capsys: pytest.CaptureFixture[str], profile: str, resolved: str
+) -> None:
+    """No --host-memory: the preferred mode, which each platform resolves (registered where it can)."""
+    argv = ["prefill", str(qwen3_layer), "--backend", "sim", "--sim-profile", profile, "--timing-only", "-p", "2048"]
+    code, out, err = _run(capsys, *argv, "-r", "1", "--json", "--slots", "auto", "--ubatch", "auto")
+    assert code == 0, err
+    document = json.loads(out)
+    (row,) = document["rows"]
+    assert row["host_memory"] == document["auto"]["host_memory"] == resolved
+    assert (row["slots"], row["ubatch"]) == (document["auto"]["slots"], document["auto"]["ubatch"])
+
+
 def test_auto_picks_the_fastest_prediction_and_says_why(qwen3_layer: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["prefill", str(qwen3_layer), "--backend", "sim", "--timing-only", "-p", "2048", "-r", "1", "--json"]
     code, out, err = _run(capsys, *argv, "-ub", "auto", "--slots", "auto", "--host-memory", "auto")
