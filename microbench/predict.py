@@ -99,7 +99,8 @@ class Measured:
                     hint="a host memory mode fell back in some rounds only; see the log, or measure one round",
                 )
             ttft = tuple(r.ttft_s for r in rows)
-            decode = tuple(r.decode_tokens_per_s for r in rows if r.decode_tokens_per_s is not None)
+            # Held to the median step, as tune fits it: a few steps a busy host delays are not the model's.
+            decode = tuple(1.0 / s for r in rows if (s := r.decode_step_s))
             out.append(
                 cls(
                     first.ubatch,
@@ -362,8 +363,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             rounds: list[Measurement] = []
             for k in range(args.rounds):
                 progress = functools.partial(_progress, f"ub {ubatch}, round {k + 1}")
-                peak = rounds[0].baselines.h2d_peak_gbps if rounds else None  # one peak per ubatch is enough
-                rounds.append(measure(backend, device, model, settings, progress, h2d_peak_gbps=peak))
+                peak = rounds[0].baselines.h2d_peak if rounds else None  # one peak per ubatch is enough
+                rounds.append(measure(backend, device, model, settings, progress, h2d_peak=peak))
             run.timings[f"measure ub {ubatch}"] = time.perf_counter() - step
             _predict(run, run.tuned.profile, model, settings, Measured.over_rounds([m.rows for m in rounds]))
             _write(run, args.out)

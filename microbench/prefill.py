@@ -268,7 +268,7 @@ def _print(results: list[CaseResult], out: Any) -> None:
         base = result.measurement.baselines
         print(
             f"\n== {result.case.name}: {result.case.tokens} tokens, ubatch {result.case.ubatch}; peak "
-            f"{base.h2d_peak_gbps:.1f} GB/s, compute only {base.compute_only_s:.4f} s",
+            f"{base.h2d_peak.gbps:.1f} GB/s, compute only {base.compute_only_s:.4f} s",
             file=out,
         )
         print(format_table(result.measurement.rows), file=out)

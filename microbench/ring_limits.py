@@ -268,8 +268,8 @@ def prefill_rows(be: Backend, device: Device, model: MoeModel, args: argparse.Na
                 ring=geometry.ring(threads, fill),
             )
             with copy_cpu_time(device.backend.host) as copies:
-                result = measure(be, [device], model, setting, h2d_peak_gbps=peak)
-            peak = result.baselines.h2d_peak_gbps
+                result = measure(be, [device], model, setting, h2d_peak=peak)
+            peak = result.baselines.h2d_peak
             cpu = copies["cpu_s"] / copies["wall_s"] if copies["wall_s"] else None
             process_s = copies["user_s"] + copies["system_s"]
             system = copies["system_s"] / process_s if process_s else None

@@ -100,9 +100,9 @@ def _best(backend: Backend, repeats: int, nbytes: int, run: Any) -> float:
 def transfers(backend: Backend, devices: Sequence[Device], nbytes: int, repeats: int) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for device in devices:
-        rows.append({"what": f"H2D {device.label} alone", "gb_per_s": measure_h2d_peak(backend, device, nbytes)})
+        rows.append({"what": f"H2D {device.label} alone", "gb_per_s": measure_h2d_peak(backend, device, nbytes).gbps})
     both = " + ".join(d.label for d in devices)
-    rows.append({"what": f"H2D {both} at once", "gb_per_s": measure_h2d_peak(backend, list(devices), nbytes)})
+    rows.append({"what": f"H2D {both} at once", "gb_per_s": measure_h2d_peak(backend, list(devices), nbytes).gbps})
     for src, dst in ((devices[0], devices[1]), (devices[1], devices[0])):
         rows.append(
             {"what": f"peer {src.label} -> {dst.label}", "gb_per_s": _peer_gbps(backend, src, dst, nbytes, repeats)}

@@ -62,21 +62,31 @@ Progress = Callable[[str], None]
 
 @dataclass(frozen=True)
 class Spread:
-    """Mean and sample standard deviation of repeated measurements (sd 0 for one)."""
+    """Median and sample standard deviation of repeated measurements (sd 0 for one)."""
 
-    mean: float
+    median: float
     sd: float
 
     @classmethod
     def of(cls, values: Sequence[float]) -> Spread:
         data = np.asarray(values, dtype=np.float64)
-        return cls(float(data.mean()), float(data.std(ddof=1)) if data.size > 1 else 0.0)
+        return cls(float(np.median(data)), float(data.std(ddof=1)) if data.size > 1 else 0.0)
+
+
+@dataclass(frozen=True)
+class PeakProbe:
+    """The pinned host-to-device rate: the median of a few timed copies, with the lowest and highest."""
+
+    gbps: float
+    low_gbps: float
+    high_gbps: float
+    copies: int
 
 
 @dataclass(frozen=True)
 class Baselines:
-    h2d_peak_gbps: float
-    compute_only_s: float | None  # mean over the repetitions; None where not measured (Settings.compute_only)
+    h2d_peak: PeakProbe
+    compute_only_s: float | None  # median over the repetitions; None where not measured (Settings.compute_only)
     compute_only_all_layers: bool | None  # False: one layer's weights stood in for every layer (did not fit)
     compute_only_sha256: str | None  # the outputs when every layer's own weights were used
 
@@ -90,8 +100,8 @@ class Measurement:
     gate_up_fused: bool = False  # whether gate, up and SwiGLU ran as one split
 
 
-def measure_h2d_peak(backend: Backend, devices: Device | Sequence[Device], nbytes: int) -> float:
-    """Pinned host -> device bandwidth in GB/s: the best of a few copies of ``nbytes``.
+def measure_h2d_peak(backend: Backend, devices: Device | Sequence[Device], nbytes: int) -> PeakProbe:
+    """Pinned host -> device bandwidth: the median of a few timed copies of ``nbytes``, with their range.
 
     With several devices every device copies ``nbytes`` at once and the rate is their sum:
     what a layer split can draw from host memory together (links that share a host
@@ -116,12 +126,12 @@ def measure_h2d_peak(backend: Backend, devices: Device | Sequence[Device], nbyte
                 stream.synchronize()
 
         copy_all()  # warm-up: first-touch and mapping costs
-        best = float("inf")
+        rates = []
         for _ in range(PROBE_REPEATS):
             start = backend.host.timestamp()
             copy_all()
-            best = min(best, backend.host.timestamp() - start)
-        return len(targets) * nbytes / best / 1e9
+            rates.append(len(targets) * nbytes / (backend.host.timestamp() - start) / 1e9)
+        return PeakProbe(float(np.median(rates)), min(rates), max(rates), PROBE_REPEATS)
 
 
 def probe_bytes(model: MoeModel) -> int:
@@ -204,7 +214,7 @@ def measure_compute_only(
             plan = _ticking(runner.prefill_plan(experts.views), progress, "compute only")
             times, _ = _timed_runs(backend, scheduler, plan, repeats)
         digest = sha256(runner.prefill_output()) if runner.data and experts.all_layers else None
-        return Spread.of(times).mean, experts.all_layers, digest
+        return Spread.of(times).median, experts.all_layers, digest
     finally:
         experts.close()
 
@@ -215,11 +225,11 @@ def measure(
     model: MoeModel,
     settings: Settings,
     progress: Progress = lambda what: None,
-    h2d_peak_gbps: float | None = None,
+    h2d_peak: PeakProbe | None = None,
 ) -> Measurement:
     """Baselines, then one Row per (host memory mode, slot count), modes outermost.
 
-    ``h2d_peak_gbps`` reuses a peak measured before (one per device set is enough for a matrix of
+    ``h2d_peak`` reuses a peak measured before (one per device set is enough for a matrix of
     runs). Several devices split the layers between them (layersplit.py).
     """
     with MoeRunner(
@@ -232,7 +242,7 @@ def measure(
         fuse_gate_up=settings.fuse_gate_up,
     ) as runner:
         split = runner.layer_split
-        peak = h2d_peak_gbps or measure_h2d_peak(backend, split.devices, probe_bytes(model))
+        peak = h2d_peak or measure_h2d_peak(backend, split.devices, probe_bytes(model))
         compute_s: float | None = None
         all_layers: bool | None = None
         compute_sha: str | None = None
@@ -293,14 +303,16 @@ def _measure_row(
             backend, scheduler, _ticking(runner.prefill_plan(experts), progress, what), settings.repeats
         )
         ring_after = weights.ring_stats()
-        decode_rates, decode_bytes, decode_path = _decode(backend, runner, scheduler, experts, settings, progress, what)
+        decode_rates, decode_steps_s, decode_bytes, decode_path = _decode(
+            backend, runner, scheduler, experts, settings, progress, what
+        )
     prefill_out = runner.prefill_output() if runner.data else None
     decode_out = runner.decode_output() if runner.data and batching.decode_steps else None
     moved = stats.bytes_moved()
     wall = Spread.of(times)
     rate = Spread.of([batching.tokens / t for t in times])
     decode_rate = Spread.of(decode_rates) if decode_rates else None
-    transfer_s = moved / (base.h2d_peak_gbps * 1e9)
+    transfer_s = moved / (base.h2d_peak.gbps * 1e9)
     compute_s = base.compute_only_s
     fallbacks: dict[str, int] = {}
     for dev in stats.devices.values():
@@ -308,33 +320,34 @@ def _measure_row(
             fallbacks[key] = fallbacks.get(key, 0) + count
     for fallback in weights.stats.fallbacks:
         fallbacks[f"host_memory_{fallback.requested.value}"] = 1
-    h2d_gbps = moved / wall.mean / 1e9
+    h2d_gbps = moved / wall.median / 1e9
     return Row(
         slots=slots,
         host_memory=weights.mode.value,
         tokens=batching.tokens,
         ubatch=batching.ubatch,
         repetitions=len(times),
-        ttft_s=wall.mean,
+        ttft_s=wall.median,
         ttft_sd_s=wall.sd,
-        prefill_tokens_per_s=rate.mean,
+        prefill_tokens_per_s=rate.median,
         prefill_tokens_per_s_sd=rate.sd,
         bytes_per_ubatch=moved // len(batching.ubatches()),
         h2d_bytes=moved,
         h2d_gbps=h2d_gbps,
-        h2d_peak_gbps=base.h2d_peak_gbps,
-        h2d_pct_of_peak=100.0 * h2d_gbps / base.h2d_peak_gbps,
+        h2d_peak_gbps=base.h2d_peak.gbps,
+        h2d_pct_of_peak=100.0 * h2d_gbps / base.h2d_peak.gbps,
         transfer_only_s=transfer_s,
         compute_only_s=compute_s,
-        overlap_efficiency=None if compute_s is None else max(transfer_s, compute_s) / wall.mean,
+        overlap_efficiency=None if compute_s is None else max(transfer_s, compute_s) / wall.median,
         slot_wait_ms=stats.total("ready_wait_ms") / len(times) if slots else None,
-        over_compute_ms=None if compute_s is None else (wall.mean - compute_s) * 1e3,
+        over_compute_ms=None if compute_s is None else (wall.median - compute_s) * 1e3,
         fires=int(stats.total("fires")),
         fallbacks=fallbacks,
         prefill_sha256=sha256(prefill_out) if prefill_out is not None else "",
         decode_steps=batching.decode_steps,
-        decode_tokens_per_s=decode_rate.mean if decode_rate else None,
+        decode_tokens_per_s=decode_rate.median if decode_rate else None,
         decode_tokens_per_s_sd=decode_rate.sd if decode_rate else None,
+        decode_median_step_ms=Spread.of(decode_steps_s).median * 1e3 if decode_steps_s else None,
         decode_bytes=decode_bytes,
         decode_path=decode_path,
         decode_sha256=sha256(decode_out) if decode_out is not None else None,
@@ -380,17 +393,18 @@ def _decode(
     settings: Settings,
     progress: Progress,
     what: str,
-) -> tuple[list[float], int, str | None]:
-    """Decode tokens/s of each repetition (from its median step), the expert bytes of one repetition,
-    and how the steps ran: "graph" (one captured step replayed) or "calls" (each step's calls issued).
+) -> tuple[list[float], list[float], int, str | None]:
+    """Decode tokens/s of each repetition (its tokens over the time all its steps took), each
+    repetition's median step in seconds, the expert bytes of one repetition, and how the steps ran:
+    "graph" (one captured step replayed) or "calls" (each step's calls issued).
 
-    The median, not the sum: a few steps that a busy host delays would otherwise decide a
-    comparison whose target band (+-2%) is narrower than such noise. A warm-up step first,
-    so that the first row does not pay for what the first decode plan sets up.
+    The median step is what a prediction is held to: a few steps that a busy host delays would
+    otherwise decide a comparison whose target band (+-2%) is narrower than such noise. A warm-up
+    step first, so that the first row does not pay for what the first decode plan sets up.
     """
     steps = runner.batching.decode_steps
     if not steps:
-        return [], 0, None
+        return [], [], 0, None
     if settings.warmup:
         scheduler.run(_ticking(runner.decode_plan(experts, 0), progress, f"{what}, decode warm-up"))
     with ExitStack() as stack:
@@ -398,6 +412,7 @@ def _decode(
         if replay is not None:
             stack.enter_context(replay)
         rates: list[float] = []
+        median_steps: list[float] = []
         moved = 0
         for _ in range(settings.repeats):
             step_s: list[float] = []
@@ -416,8 +431,10 @@ def _decode(
                     wall = backend.host.timestamp() - start
                 step_s.append(wall)
                 moved += stats.bytes_moved()
-            rates.append(1.0 / float(np.median(step_s)))
-    return rates, moved, "calls" if replay is None else "graph"
+            # A run's rate is its tokens over the whole time its steps took; its median step beside it.
+            rates.append(steps / float(np.sum(step_s)))
+            median_steps.append(float(np.median(step_s)))
+    return rates, median_steps, moved, "calls" if replay is None else "graph"
 
 
 _told_decode_calls: set[str] = set()

@@ -44,8 +44,9 @@ class Row:
     h2d_peak_gbps: float = 0.0
     batch: int | None = None  # llama.cpp's logical batch (-b), when given
     decode_steps: int = 0
-    decode_tokens_per_s: float | None = None
+    decode_tokens_per_s: float | None = None  # tokens over the time all steps took (median of the runs)
     decode_tokens_per_s_sd: float | None = None
+    decode_median_step_ms: float | None = None  # the median step (median of the runs' medians)
     decode_bytes: int = 0  # expert bytes one repetition of the decode steps copied (used experts only)
     decode_path: str | None = None  # "graph": one captured step replayed; "calls": each step's calls issued
     decode_sha256: str | None = None
@@ -70,6 +71,11 @@ class Row:
     gpu_memory: str | None = None
 
     @property
+    def decode_step_s(self) -> float | None:
+        """The median decode step in seconds: what predictions and fits of one step are held to."""
+        return None if self.decode_median_step_ms is None else self.decode_median_step_ms / 1e3
+
+    @property
     def label(self) -> str:
         return f"slots={self.slots}/{self.host_memory}"
 
@@ -85,13 +91,14 @@ class Row:
 
 
 COLUMNS_HELP = """\
-columns (times and rates are the mean over -r repetitions after a warm-up; +- is the sample sd):
+columns (times and rates are the median of -r repetitions after a warm-up; +- is the sample sd):
   slots          prefetch slots: 0 is the stock path (each expert tensor copied right before the
                  split that reads it); N >= 2 copies split i+N-1 while split i computes
   host           host memory the weights were copied from (after any fallback)
   ttft s         time to first token: the whole prefill
-  prefill t/s    prompt tokens per second (the mean of each repetition's rate)
-  H2D GB/s       expert bytes copied per second of prefill; % peak: of the pinned H2D peak
+  prefill t/s    prompt tokens per second (the median of each repetition's rate)
+  H2D GB/s       expert bytes copied per second of prefill; % peak: of the pinned H2D peak (the
+                 median of a probe's few copies; their range is in the summary and the JSON)
   overlap        max(transfer only, compute only) / ttft, where transfer only is the expert bytes
                  at the H2D peak and compute only is the same prefill with every expert already on
                  the device; 1.00 means copies are fully hidden behind compute (or vice versa)
@@ -100,7 +107,8 @@ columns (times and rates are the mean over -r repetitions after a warm-up; +- is
   p, ub          prompt tokens and tokens per ubatch
   ncmoe, gpu mem the -ncmoe or --gpu-memory setting of the row, when one is given
   streamed       MoE layers streamed from host memory / all MoE layers, and expert bytes copied per ubatch
-  decode t/s     decode tokens per second (median step of each repetition; "-" without -n)
+  decode t/s     decode tokens over the time all the steps took ("-" without -n); the JSON adds the
+                 median step (decode_median_step_ms), which predictions and tune are held to
   output sha256  hash of the outputs; every row must agree (exit status 1 if not)
   pred s, err    with --predict: the predicted ttft and (measured / predicted - 1); pred t/s: decode
   ring copy/wait host memory ring: % of its threads' time spent copying from the mapping into its

@@ -258,10 +258,10 @@ def decode_step_seconds(
     """
     settings = Settings(Batching(8, 8, CALIBRATION_STEPS), (0,), (mode,), repeats=1, graphs=graphs, compute_only=False)
     row = measure(backend, device, model, settings).rows[0]
-    assert row.decode_tokens_per_s is not None
+    assert row.decode_step_s is not None
     if graphs and row.decode_path != "graph":
         return None
-    return 1.0 / row.decode_tokens_per_s
+    return row.decode_step_s
 
 
 def _simulated(profile: Profile, job: Callable[[Backend, Device], _T | None], what: str) -> _T:
@@ -537,8 +537,8 @@ def calibrate_copy_latency(profile: Profile, model: MoeModel, mode: HostMemoryMo
             lambda sim, device: _job_row(sim, device, model, mode),
             f"the simulator places {mode.value} memory",
         )
-        assert row.decode_tokens_per_s
-        return 1.0 / row.decode_tokens_per_s
+        assert row.decode_step_s
+        return row.decode_step_s
 
     if measured_s <= step(0.0) * (1 + SOLVE_TOLERANCE):
         return 0.0  # not told apart from no cost
@@ -568,7 +568,7 @@ def fit_host_paths(
                 # The simulator schedules its ring as the device's was filled (a ring whose
                 # processes failed midway names both fills: no change then).
                 profile = dataclasses.replace(profile, ring_fill=row.ring_fill)
-            step_s = 1.0 / row.decode_tokens_per_s if row.decode_tokens_per_s else None
+            step_s = row.decode_step_s
             samples.append((mode, row.ttft_s, step_s))
         return _fit_samples(profile, sample, samples)
 

@@ -54,7 +54,10 @@ class Report:
         """The JSON document; ``interrupted``: Ctrl-C stopped the run, and the rows are those done."""
         first = self.results[0].baselines
         baselines = {
-            "h2d_peak_gbps": first.h2d_peak_gbps,
+            # The pinned rate the transfer floor divides by: the median of the probe's copies, their range beside it.
+            "h2d_peak_gbps": first.h2d_peak.gbps,
+            "h2d_peak_range_gbps": [first.h2d_peak.low_gbps, first.h2d_peak.high_gbps],
+            "h2d_peak_copies": first.h2d_peak.copies,
             "compute_only_s": first.compute_only_s,  # of the first batching; every row has its own
             "compute_only_all_layers": first.compute_only_all_layers,
             "compute_only_sha256": first.compute_only_sha256,
@@ -172,7 +175,8 @@ def _closing_lines(report: Report) -> list[str]:
         offload = "" if row.n_cpu_moe is None else f", -ncmoe {row.n_cpu_moe}"
         lines.append(
             f"{row.tokens} tokens in ubatches of {row.ubatch}{offload}; pinned H2D peak "
-            f"{base.h2d_peak_gbps:.1f} GB/s; compute only {base.compute_only_s:.4f} s"
+            f"{base.h2d_peak.gbps:.1f} GB/s (median of {base.h2d_peak.copies} copies, {base.h2d_peak.low_gbps:.1f}-"
+            f"{base.h2d_peak.high_gbps:.1f}); compute only {base.compute_only_s:.4f} s"
             f"{'' if base.compute_only_all_layers else ' (layer 0 weights for all layers)'}"
         )
     note = ring_note(report.rows)

@@ -482,7 +482,7 @@ def _measure_groups(
         with on_hard_stop(lambda: printer.finish(interrupted=True)):
             peak = measure_h2d_peak(backend, devices, probe_bytes(model))
             for setting, batch in runs:
-                result = measure(backend, devices, model, setting, progress.step, h2d_peak_gbps=peak)
+                result = measure(backend, devices, model, setting, progress.step, h2d_peak=peak)
                 result.rows = _with_settings(result.rows, config, setting, batch)
                 if config.predict is not None:
                     assert profile is not None

@@ -197,8 +197,9 @@ def test_rounds_are_combined_by_their_median_setting_by_setting() -> None:
     from microbench.predict import Measured
 
     def row(slots: int, ttft: float, decode: float, host: str = "ring") -> SimpleNamespace:
+        # decode: the rate of the median step, which rounds are held to
         return SimpleNamespace(
-            ubatch=512, slots=slots, host_memory=host, ttft_s=ttft, decode_steps=4, decode_tokens_per_s=decode
+            ubatch=512, slots=slots, host_memory=host, ttft_s=ttft, decode_steps=4, decode_step_s=1 / decode
         )
 
     rounds = [
