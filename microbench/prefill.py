@@ -141,12 +141,14 @@ def targets(results: list[CaseResult]) -> list[tuple[str, str, bool | None]]:
     ]
     for modes, floor in (((REGISTERED.value, PINNED.value), 95.0), ((RING.value,), 80.0)):
         pct = [row.h2d_pct_of_peak for row in bound if row.host_memory in modes]
-        best = max(pct, default=None)
+        # Met when every row meets it: the lowest row decides, and the line says how many missed.
+        worst = min(pct, default=None)
+        missed = sum(value < floor for value in pct)
         lines.append(
             (
-                f"H2D % of pinned peak, transfer-bound, {'/'.join(modes)} >= {floor:.0f}",
-                "-" if best is None else f"{best:.1f}% (best of {len(pct)} rows)",
-                None if best is None else best >= floor,
+                f"H2D % of pinned peak, transfer-bound, {'/'.join(modes)} >= {floor:.0f} in every row",
+                "-" if worst is None else f"{worst:.1f}% in the lowest of {len(pct)} rows, {missed} below",
+                None if worst is None else worst >= floor,
             )
         )
     fast_rows = [row for row in _rows(results) if row.slots and row.host_memory in (REGISTERED.value, PINNED.value)]
