@@ -7,7 +7,7 @@ run on every usable backend and are skipped, with the reason, on the others.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +15,7 @@ import pytest
 import expertstream
 from expertstream.backends import BackendStatus
 from expertstream.backends.base import Backend, Device
+from expertstream.bench.report import Row
 from expertstream.model import make_model
 
 _STATUSES = pytest.StashKey[dict[str, BackendStatus]]()
@@ -35,6 +36,33 @@ def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     The down tensors' rows (192) need the quantized-row padding.
     """
     return make_model("tiny", "Q4_0", tmp_path_factory.mktemp("model") / "tiny.gguf", seed=3)
+
+
+ROW_DEFAULTS: dict[str, object] = {
+    "slots": 0,
+    "host_memory": "registered",
+    "tokens": 512,
+    "ubatch": 512,
+    "ttft_s": 1.0,
+    "prefill_tokens_per_s": 512.0,
+    "h2d_bytes": 1,
+    "h2d_gbps": 1.0,
+    "h2d_pct_of_peak": 1.0,
+    "transfer_only_s": 1.0,
+    "compute_only_s": 1.0,
+    "overlap_efficiency": 1.0,
+    "over_compute_ms": 0.0,
+    "slot_wait_ms": None,
+    "fires": 0,
+    "fallbacks": {},
+    "prefill_sha256": "",
+}
+
+
+@pytest.fixture
+def make_row() -> Callable[..., Row]:
+    """A report row built by hand: round defaults, the fields a test is about given."""
+    return lambda **fields: Row(**{**ROW_DEFAULTS, **fields})  # type: ignore[arg-type]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -253,32 +254,6 @@ def test_the_ring_geometry_is_taken_and_its_time_reported(
     assert code == 2 and "chunks >= 2" in err
 
 
-def _ring_row(copy: float | None, wait: float | None, rate: float | None = 4.0) -> Row:
-    return Row(
-        slots=0,
-        host_memory="ring" if copy is not None else "registered",
-        tokens=512,
-        ubatch=512,
-        ttft_s=1.0,
-        prefill_tokens_per_s=512.0,
-        h2d_bytes=1,
-        h2d_gbps=1.0,
-        h2d_pct_of_peak=1.0,
-        transfer_only_s=1.0,
-        compute_only_s=1.0,
-        overlap_efficiency=1.0,
-        over_compute_ms=0.0,
-        slot_wait_ms=None,
-        fires=0,
-        fallbacks={},
-        prefill_sha256="",
-        ring_threads=12 if copy is not None else None,
-        ring_copy_pct=copy,
-        ring_chunk_wait_pct=wait,
-        ring_thread_gbps=rate if copy is not None else None,
-    )
-
-
 @pytest.mark.parametrize(
     ("shares", "says"),
     [
@@ -293,12 +268,24 @@ def _ring_row(copy: float | None, wait: float | None, rate: float | None = 4.0) 
         ([(45, 30), (41, 56)], "waiting for chunk DMAs 30-56%, 4.0 GB/s per thread while copying"),
     ],
 )
-def test_the_ring_note_says_what_bounds_the_ring(shares: list[tuple[float, float]], says: str) -> None:
+def test_the_ring_note_says_what_bounds_the_ring(
+    shares: list[tuple[float, float]], says: str, make_row: Callable[..., Row]
+) -> None:
     from expertstream.bench.report import ring_note
 
-    rows = [_ring_row(copy, wait) for copy, wait in shares] + [_ring_row(None, None)]
+    def ring_row(copy: float | None, wait: float | None) -> Row:
+        ring = copy is not None
+        return make_row(
+            host_memory="ring" if ring else "registered",
+            ring_threads=12 if ring else None,
+            ring_copy_pct=copy,
+            ring_chunk_wait_pct=wait,
+            ring_thread_gbps=4.0 if ring else None,
+        )
+
+    rows = [ring_row(copy, wait) for copy, wait in shares] + [ring_row(None, None)]
     note = ring_note(rows)
     assert note is not None and note.startswith("staging ring (12 threads): ") and says in note
     if shares[0] == (45, 30):
         assert note.endswith("while copying; its rows reached 1% of the pinned peak")  # no verdict
-    assert ring_note([_ring_row(None, None)]) is None
+    assert ring_note([ring_row(None, None)]) is None
