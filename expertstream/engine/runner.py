@@ -62,8 +62,8 @@ ExpertData = Mapping[str, "HostSource | BufferView"]
 
 GATE, UP, DOWN, ROUTER = "gate", "up", "down", "router"
 
-# Every output byte before a hashed run: four of them are a float32 NaN, which a run that writes
-# its outputs never leaves (rows report non-finite values), so work skipped shows in the hash.
+# The byte every output is filled with before a hashed run: 0xFFFFFFFF is a float32 NaN, which no
+# correct run leaves (rows count non-finite values), so work left out shows in the hash.
 OUTPUT_POISON = 0xFF
 
 
