@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import nox
+from nox.command import CommandFailed
 
 nox.options.sessions = ["tests"]
 nox.options.reuse_existing_virtualenvs = True
@@ -15,10 +16,13 @@ PYTEST_NO_TESTS = 5
 
 
 def _pytest(session: nox.Session, *args: str) -> None:
-    """Run pytest; an empty selection (exit 5) is reported, not treated as success or crash."""
-    code = session.run("python", "-m", "pytest", *args, *session.posargs, success_codes=[0, PYTEST_NO_TESTS])
-    if code == PYTEST_NO_TESTS:
-        session.warn("pytest collected no tests for this selection")
+    """Run pytest; a run that collects no tests (pytest's exit 5) fails the session, saying so."""
+    try:
+        session.run("python", "-m", "pytest", *args, *session.posargs)
+    except CommandFailed as failed:
+        if failed.return_code == PYTEST_NO_TESTS:
+            session.error("pytest collected no tests: the paths or the -k/-m selection match none")
+        raise
 
 
 @nox.session

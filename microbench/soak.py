@@ -32,6 +32,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 import expertstream
 from expertstream.backends.base import Device, DeviceBuffer, Usage
 from expertstream.engine.runner import Batching, MoeRunner, sha256
@@ -65,10 +67,15 @@ def _memory(device: Device) -> dict[str, int]:
 
 def _reference(runner: MoeRunner, model: MoeModel, device: Device) -> tuple[str, str]:
     with HostWeights.open(model, device, HostMemoryMode.PINNED) as weights, Scheduler(slots=0) as scheduler:
+        runner.poison_prefill_output(scheduler.stream)
+        runner.poison_decode_output(scheduler.stream)
         scheduler.run(runner.prefill_plan(weights))
         for step in range(runner.batching.decode_steps):
             scheduler.run(runner.decode_plan(weights, step))
-    return sha256(runner.prefill_output()), sha256(runner.decode_output())
+    prefill, decode = runner.prefill_output(), runner.decode_output()
+    if not (np.isfinite(prefill).all() and np.isfinite(decode).all()):
+        raise RuntimeError("the reference run left non-finite (poisoned) outputs: it cannot vouch for other runs")
+    return sha256(prefill), sha256(decode)
 
 
 def soak(device: Device, path: Path, prefills: int, decode_steps: int, batching: Batching) -> dict[str, Any]:
@@ -86,6 +93,9 @@ def soak(device: Device, path: Path, prefills: int, decode_steps: int, batching:
             for round_ in range(prefills):
                 mode, slots = next(settings)
                 with HostWeights.open(model, device, mode) as weights, Scheduler(slots=slots) as scheduler:
+                    if round_ == 0:  # the decode steps fill their rows over all the rounds
+                        runner.poison_decode_output(scheduler.stream)
+                    runner.poison_prefill_output(scheduler.stream)
                     scheduler.run(runner.prefill_plan(weights))
                     ok = sha256(runner.prefill_output()) == prefill_ref
                     mismatches += not ok
@@ -127,6 +137,7 @@ def _device_nearly_full(device: Device, leave: int) -> Iterator[None]:
 
 def _run_once(runner: MoeRunner, weights: HostWeights, slots: int) -> tuple[str, RunStats]:
     with Scheduler(slots=slots) as scheduler:
+        runner.poison_prefill_output(scheduler.stream)
         stats = scheduler.run(runner.prefill_plan(weights))
     return sha256(runner.prefill_output()), stats
 

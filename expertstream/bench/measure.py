@@ -9,6 +9,7 @@ prefill plan with every expert tensor already on the device (compute only).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
@@ -185,10 +186,17 @@ def _ticking(plan: Plan, progress: Progress, what: str) -> Plan:
     return Plan.of([tick(s) if s.name.startswith(f"{ROUTER}.L0.") else s for s in plan.splits])
 
 
-def _timed_runs(backend: Backend, scheduler: Scheduler, plan: Plan, repeats: int = 1) -> tuple[list[float], RunStats]:
-    """Seconds of each of ``repeats`` runs of ``plan``, and the stats of the last."""
+def _timed_runs(
+    backend: Backend, scheduler: Scheduler, plan: Plan, repeats: int = 1, poison: Callable[[], None] = lambda: None
+) -> tuple[list[float], RunStats]:
+    """Seconds of each of ``repeats`` runs of ``plan``, and the stats of the last.
+
+    ``poison`` fills the outputs before each run, untimed (MoeRunner.poison_prefill_output waits
+    for its fill), so that every run, the hashed last one too, starts from poison.
+    """
     times: list[float] = []
     for _ in range(max(1, repeats)):
+        poison()
         start = backend.host.timestamp()
         stats = scheduler.run(plan)
         times.append(backend.host.timestamp() - start)
@@ -212,7 +220,8 @@ def measure_compute_only(
             if warmup:
                 scheduler.run(_ticking(runner.prefill_plan(experts.views, [0]), progress, "compute only, warm-up"))
             plan = _ticking(runner.prefill_plan(experts.views), progress, "compute only")
-            times, _ = _timed_runs(backend, scheduler, plan, repeats)
+            poison = functools.partial(runner.poison_prefill_output, scheduler.stream)
+            times, _ = _timed_runs(backend, scheduler, plan, repeats, poison)
         digest = sha256(runner.prefill_output()) if runner.data and experts.all_layers else None
         return Spread.of(times).median, experts.all_layers, digest
     finally:
@@ -299,9 +308,9 @@ def _measure_row(
         if settings.warmup:
             scheduler.run(_ticking(runner.prefill_plan(experts, [0]), progress, f"{what}, warm-up"))
         ring_before = weights.ring_stats()
-        times, stats = _timed_runs(
-            backend, scheduler, _ticking(runner.prefill_plan(experts), progress, what), settings.repeats
-        )
+        plan = _ticking(runner.prefill_plan(experts), progress, what)
+        poison = functools.partial(runner.poison_prefill_output, scheduler.stream)
+        times, stats = _timed_runs(backend, scheduler, plan, settings.repeats, poison)
         ring_after = weights.ring_stats()
         decode_rates, decode_steps_s, decode_bytes, decode_path = _decode(
             backend, runner, scheduler, experts, settings, progress, what
@@ -415,6 +424,7 @@ def _decode(
         median_steps: list[float] = []
         moved = 0
         for _ in range(settings.repeats):
+            runner.poison_decode_output(scheduler.stream)  # the steps write a row each: poison them once, untimed
             step_s: list[float] = []
             moved = 0
             for step in range(steps):

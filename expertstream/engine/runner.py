@@ -62,6 +62,10 @@ ExpertData = Mapping[str, "HostSource | BufferView"]
 
 GATE, UP, DOWN, ROUTER = "gate", "up", "down", "router"
 
+# The byte every output is filled with before a hashed run: 0xFFFFFFFF is a float32 NaN, which no
+# correct run leaves (rows count non-finite values), so work left out shows in the hash.
+OUTPUT_POISON = 0xFF
+
 
 @dataclass(frozen=True)
 class Batching:
@@ -801,6 +805,32 @@ class MoeRunner(Closing):
         )
 
     # -- outputs -------------------------------------------------------------------------------
+    def poison_prefill_output(self, stream_of: Callable[[Device], Stream]) -> None:
+        """Fill every device's prefill hidden state with OUTPUT_POISON on ``stream_of(device)``, and wait.
+
+        Before a run whose output is hashed: a run that skips a ubatch, a layer's residual add or
+        a crossing then leaves NaN there, not what an earlier run left. Waiting keeps the fill out
+        of a timer started after it.
+        """
+        self._poison(stream_of, decode=False)
+
+    def poison_decode_output(self, stream_of: Callable[[Device], Stream]) -> None:
+        """The same for the rows every decode step writes (before the first of the steps hashed together)."""
+        self._poison(stream_of, decode=True)
+
+    def _poison(self, stream_of: Callable[[Device], Stream], *, decode: bool) -> None:
+        nbytes = (self.batching.decode_steps if decode else self.batching.tokens) * self.model.n_embd * 4
+        streams = []
+        for i, part in enumerate(self._parts):
+            rows, stream = (part.decode_hidden if decode else part.hidden), stream_of(part.device)
+            stream.memset(rows, 0, nbytes, OUTPUT_POISON)
+            # A later device reads an earlier one's rows, through host memory where they are not peers.
+            if i < len(self._links) and self._links[i].bounce:
+                stream.copy_d2h(self._links[i].bounce[int(decode)], 0, rows, 0, nbytes)
+            streams.append(stream)
+        for stream in streams:
+            stream.synchronize()
+
     def prefill_output(self) -> np.ndarray:
         """The final hidden state of every prompt token, float32 [tokens, n_embd]."""
         return (

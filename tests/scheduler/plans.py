@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +17,9 @@ from expertstream.scheduler.source import HostRegion, HostSource
 from . import digest
 
 ROW_TYPES = (Q.Q4_0, Q.Q8_0, Q.F16, Q.BF16)
+# Digest words of 0xFFFFFFFF: a skipped split leaves all of its words so, which the digest of its
+# several chunks never all is.
+POISON = 0xFF
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,17 @@ class BuiltPlan:
     plan: Plan
     outputs: list[tuple[DeviceBuffer, np.ndarray]]  # device output and the digest it must hold
     resources: list[DeviceBuffer | HostBuffer] = field(default_factory=list)
+
+    def poison(self, stream_of: Callable[[Device], Stream]) -> None:
+        """Fill every output with POISON on its device's ``stream_of(device)`` and wait, before a run:
+        a run that skips a split (or a whole plan) then fails ``check``, not passes on an earlier run's digest."""
+        streams = []
+        for buf, expected in self.outputs:
+            stream = stream_of(buf.device)
+            stream.memset(buf, 0, 4 * expected.size, POISON)  # the digest kernel writes every one of these words
+            streams.append(stream)
+        for stream in streams:
+            stream.synchronize()
 
     def read_outputs(self) -> list[np.ndarray]:
         return [buf.read() for buf, _ in self.outputs]

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import expertstream
 from expertstream.backends.base import Backend
 from expertstream.errors import DeviceError, OutOfDeviceMemory
-from expertstream.scheduler import Scheduler
+from expertstream.scheduler import Plan, RunStats, Scheduler
 
 from . import plans
 
@@ -80,12 +80,16 @@ def run_scenario(scn: Scenario) -> None:
         second = plans.build(backend, plans.random_specs(rng, scn.n_layers + 1, scn.n_devices, 1.0), scn.seed + 1)
         with Scheduler(slots=0) as sched:
             for built in (first, second):
+                # Every run from poisoned outputs: its digests are its own, not an earlier run's. The
+                # compute streams are made here, before any injected failure.
+                built.poison(sched.stream)
                 sched.run(built.plan)  # the stock path reserves its scratch here
                 built.check()
             with failing(backend, scn.fail_kind, scn.fail_call):
                 for slots in scn.slot_sequence:
                     sched.slots = slots
                     for built in (first, second, first):
+                        built.poison(sched.stream)
                         sched.run(built.plan)
                         built.check()
         first.close()
@@ -117,3 +121,20 @@ def test_fixed_seed_regressions(scn: Scenario) -> None:
 @given(scenarios, st.sampled_from([0.3, 0.5, 0.8]))
 def test_plans_with_device_resident_layers_give_the_stock_bytes(scn: Scenario, resident_share: float) -> None:
     run_scenario(dataclasses.replace(scn, resident_share=resident_share))
+
+
+def test_a_rerun_that_skips_a_split_fails_the_digest_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each run starts from poisoned outputs: a run that drops a split cannot pass on the digest that
+    an earlier run of the same plan left."""
+    real_run = Scheduler.run
+    ran: list[Plan] = []
+
+    def skipping_on_reruns(self: Scheduler, plan: Plan) -> RunStats:
+        if any(plan is earlier for earlier in ran):
+            return real_run(self, Plan.of(plan.splits[1:]))
+        ran.append(plan)
+        return real_run(self, plan)
+
+    monkeypatch.setattr(Scheduler, "run", skipping_on_reruns)
+    with pytest.raises(AssertionError, match="split 0: digest differs"):
+        run_scenario(REGRESSIONS[0])

@@ -1,0 +1,77 @@
+"""A row's derived figures (% of peak, transfer floor, overlap, time over compute) against hand-computed values.
+
+The timed runs are scripted: every prefill with streamed experts takes 0.5 s then 1.5 s (mean 1.0 s),
+the compute-only prefill 0.25 s; the H2D peak is given. The bytes are the tiny model's: 2 layers x
+3 expert tensors of 221184 bytes, each copied once per ubatch, 2 ubatches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import expertstream
+from expertstream.bench import measure as measure_module
+from expertstream.bench.measure import Settings, measure
+from expertstream.engine.runner import Batching
+from expertstream.hostmem import HostMemoryMode
+from expertstream.model import MoeModel
+from expertstream.scheduler import RunStats
+
+TOKENS = 32
+STREAMED_S = (0.5, 1.5)
+COMPUTE_ONLY_S = 0.25
+MOVED = 2 * 3 * 221184 * 2  # 2654208 bytes
+
+
+@pytest.fixture
+def scripted_times(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = measure_module._timed_runs
+
+    def timed_runs(*args: Any, **kwargs: Any) -> tuple[list[float], RunStats]:
+        times, stats = real(*args, **kwargs)
+        streamed = stats.bytes_moved() > 0
+        return [*STREAMED_S] if streamed else [COMPUTE_ONLY_S] * len(times), stats
+
+    monkeypatch.setattr(measure_module, "_timed_runs", timed_runs)
+
+
+# peak GB/s -> % of peak, transfer only s, overlap, transfer floor tokens/s, by hand:
+#   H2D GB/s = 2654208 B / 1.0 s = 0.002654208; transfer only = 2654208 B / peak
+#   overlap = max(transfer only, 0.25 s) / 1.0 s; floor = 32 tokens / transfer only
+CASES = {
+    10.0: (0.02654208, 0.0002654208, 0.25, 120563.2716049),
+    0.001: (265.4208, 2.654208, 2.654208, 12.05632716049),
+}
+
+
+@pytest.mark.usefixtures("scripted_times")
+@pytest.mark.parametrize("peak_gbps", list(CASES), ids=["compute-bound", "transfer-bound"])
+def test_row_figures_are_the_hand_computed_ones(tiny_path: Path, peak_gbps: float) -> None:
+    pct, transfer_s, overlap, floor = CASES[peak_gbps]
+    settings = Settings(Batching(TOKENS, 16), (0, 3), (HostMemoryMode.PINNED,), repeats=len(STREAMED_S))
+    with expertstream.backend("sim", data=False) as sim, MoeModel.open(tiny_path) as model:
+        result = measure(sim, sim.device(0), model, settings, h2d_peak_gbps=peak_gbps)
+    assert result.baselines.compute_only_s == COMPUTE_ONLY_S
+    for row in result.rows:
+        assert (row.h2d_bytes, row.bytes_per_ubatch, row.ttft_s) == (MOVED, MOVED // 2, 1.0)
+        assert row.h2d_gbps == pytest.approx(0.002654208, rel=1e-9)
+        assert row.h2d_peak_gbps == peak_gbps
+        assert row.h2d_pct_of_peak == pytest.approx(pct, rel=1e-9)
+        assert row.transfer_only_s == pytest.approx(transfer_s, rel=1e-9)
+        assert row.transfer_floor_tokens_per_s == pytest.approx(floor, rel=1e-9)
+        assert row.compute_only_s == COMPUTE_ONLY_S
+        assert row.compute_only_tokens_per_s == pytest.approx(128.0, rel=1e-9)
+        assert row.overlap_efficiency == pytest.approx(overlap, rel=1e-9)
+        assert row.over_compute_ms == pytest.approx(750.0, rel=1e-9)
+
+
+def test_rates_without_a_time_to_divide_by_are_none(tiny_path: Path) -> None:
+    settings = Settings(Batching(TOKENS, 16), (0,), (HostMemoryMode.PINNED,))
+    with expertstream.backend("sim", data=False) as sim, MoeModel.open(tiny_path) as model:
+        (row,) = measure(sim, sim.device(0), model, settings, h2d_peak_gbps=10.0).rows
+    assert dataclasses.replace(row, transfer_only_s=0.0).transfer_floor_tokens_per_s is None  # nothing copied
+    assert dataclasses.replace(row, compute_only_s=None).compute_only_tokens_per_s is None  # not measured
