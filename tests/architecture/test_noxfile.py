@@ -7,9 +7,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import nox.command as nox_command
 import pytest
-
-nox_command = pytest.importorskip("nox.command", reason="nox is not installed (it is a dev extra)")
 
 ROOT = Path(__file__).resolve().parents[2]
 
