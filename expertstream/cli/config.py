@@ -102,8 +102,10 @@ class RunConfig:
             raise UsageError("choose host memory once: --host-memory, -lm or --no-mmap")
         host_memory = modes[0] if modes else (HostMemoryMode.PREFERRED,)
         auto = Auto(slots=args.slots == AUTO, ubatch=args.ubatch == AUTO, host_memory=host_memory == PREDICTED_MODES)
-        if auto and (len(args.tokens) > 1 or len(args.decode) > 1 or len(args.batch or ()) > 1):
-            raise UsageError("auto picks one setting for one prompt: give one -p, one -n and at most one -b")
+        if auto and any(len(values or ()) > 1 for values in (args.tokens, args.decode, args.batch, args.n_cpu_moe)):
+            raise UsageError(
+                "auto picks one setting for one prompt: give one -p, one -n and at most one -b and one -ncmoe"
+            )
         if args.gpu_memory is not None and args.n_cpu_moe:
             raise UsageError("-ncmoe and --gpu-memory both choose which layers stream: give one of them")
         config = cls(

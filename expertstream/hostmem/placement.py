@@ -15,12 +15,14 @@ from __future__ import annotations
 import enum
 import logging
 import os
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._closing import Closing
+from .._deprecated import REMOVED_IN
 from ..backends.base import Device, HostBuffer
 from ..errors import DeviceError, InvalidArgument
 from ..model.loader import MoeModel, TensorInfo
@@ -44,6 +46,17 @@ class HostMemoryMode(enum.Enum):
     # The fixed rule a run takes when it names no mode: registered where the device supports it, else
     # ring. (The command line's ``--host-memory auto`` is another thing: the fastest mode by prediction.)
     PREFERRED = "preferred"
+
+    @classmethod
+    def _missing_(cls, value: object) -> HostMemoryMode | None:
+        if value == "auto":  # this rule's name before 0.2: kept for one release
+            warnings.warn(
+                f"host memory mode 'auto' is now 'preferred'; the old name goes away in {REMOVED_IN}",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            return cls.PREFERRED
+        return None
 
 
 @dataclass(frozen=True)

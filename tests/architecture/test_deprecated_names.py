@@ -90,3 +90,12 @@ def test_the_old_dlpack_module_path_still_imports() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.startswith("True") and "expertstream.backends.interop moved to expertstream.backends.dlpack" in out
+
+
+def test_the_old_name_of_the_preferred_host_memory_mode_still_resolves() -> None:
+    from expertstream.hostmem import HostMemoryMode
+
+    with pytest.warns(DeprecationWarning, match="'auto' is now 'preferred'"):
+        assert HostMemoryMode("auto") is HostMemoryMode.PREFERRED
+    with pytest.raises(ValueError, match="'bogus'"):
+        HostMemoryMode("bogus")

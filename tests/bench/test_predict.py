@@ -162,6 +162,8 @@ def test_auto_never_picks_more_slots_than_a_prediction_as_fast() -> None:
 def test_auto_refuses_lists_it_cannot_pick_one_setting_for(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = _run(capsys, "prefill", "--backend", "sim", "--timing-only", "-p", "64,128", "--slots", "auto")
     assert code == 2 and "one prompt" in err
+    code, _, err = _run(capsys, "prefill", "--backend", "sim", "--timing-only", "-ncmoe", "all,1", "--slots", "auto")
+    assert code == 2 and "one -ncmoe" in err
     code, _, err = _run(capsys, "prefill", "--backend", "sim", "--timing-only", "--predict", "no-such.json")
     assert code == 2 and "no-such.json" in err
 

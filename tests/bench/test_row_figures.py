@@ -1,6 +1,6 @@
 """A row's derived figures (% of peak, transfer floor, overlap, time over compute) against hand-computed values.
 
-The timed runs are scripted: every prefill with streamed experts takes 0.5 s then 1.5 s (mean 1.0 s),
+The timed runs are scripted: every prefill with streamed experts takes 0.5 s then 1.5 s (median 1.0 s),
 the compute-only prefill 0.25 s; the H2D peak is given. The bytes are the tiny model's: 2 layers x
 3 expert tensors of 221184 bytes, each copied once per ubatch, 2 ubatches.
 """
@@ -15,7 +15,7 @@ import pytest
 
 import expertstream
 from expertstream.bench import measure as measure_module
-from expertstream.bench.measure import Settings, measure
+from expertstream.bench.measure import PeakProbe, Settings, measure
 from expertstream.engine.runner import Batching
 from expertstream.hostmem import HostMemoryMode
 from expertstream.model import MoeModel
@@ -54,7 +54,7 @@ def test_row_figures_are_the_hand_computed_ones(tiny_path: Path, peak_gbps: floa
     pct, transfer_s, overlap, floor = CASES[peak_gbps]
     settings = Settings(Batching(TOKENS, 16), (0, 3), (HostMemoryMode.PINNED,), repeats=len(STREAMED_S))
     with expertstream.backend("sim", data=False) as sim, MoeModel.open(tiny_path) as model:
-        result = measure(sim, sim.device(0), model, settings, h2d_peak_gbps=peak_gbps)
+        result = measure(sim, sim.device(0), model, settings, h2d_peak=PeakProbe(peak_gbps, peak_gbps, peak_gbps, 1))
     assert result.baselines.compute_only_s == COMPUTE_ONLY_S
     for row in result.rows:
         assert (row.h2d_bytes, row.bytes_per_ubatch, row.ttft_s) == (MOVED, MOVED // 2, 1.0)
@@ -72,6 +72,6 @@ def test_row_figures_are_the_hand_computed_ones(tiny_path: Path, peak_gbps: floa
 def test_rates_without_a_time_to_divide_by_are_none(tiny_path: Path) -> None:
     settings = Settings(Batching(TOKENS, 16), (0,), (HostMemoryMode.PINNED,))
     with expertstream.backend("sim", data=False) as sim, MoeModel.open(tiny_path) as model:
-        (row,) = measure(sim, sim.device(0), model, settings, h2d_peak_gbps=10.0).rows
+        (row,) = measure(sim, sim.device(0), model, settings, h2d_peak=PeakProbe(10.0, 10.0, 10.0, 1)).rows
     assert dataclasses.replace(row, transfer_only_s=0.0).transfer_floor_tokens_per_s is None  # nothing copied
     assert dataclasses.replace(row, compute_only_s=None).compute_only_tokens_per_s is None  # not measured
