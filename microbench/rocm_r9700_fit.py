@@ -2,7 +2,7 @@
 
 No AMD GPU has run this project. The report on a Radeon AI PRO R9700 (gfx1201, PCIe 5.0 x16,
 Qwen3.8-Flash-Next, ubatch 4096) gives a few figures; each goes through the fit function tune
-uses for the same measurement (expertstream/moe/tune.py), and the simulator fits the one field
+uses for the same measurement (expertstream/bench/tuner.py), and the simulator fits the one field
 no probe measures (what the rest of a layer costs: attention, which the runner does not run):
 
 | figure (the report's words)                                          | fits                             |
@@ -50,7 +50,7 @@ HIPMEMCPY_BPS = 53e9
 EVENT_ORDER_S = {"before": 1.3e-3, "after": 22e-3}  # pageable; pinned released at 1.3 ms either way
 GATE_UP_S = (2.49e-3, 3.13e-3)  # gate_L and up_L in the reported timeline
 STOCK_TOKENS, STOCK_TOKENS_PER_S = 27000, 1014.0
-STAND_IN = "moe_rms_norm"  # the runner's stand-in for attention and normalization (moe/standin.py)
+STAND_IN = "moe_rms_norm"  # the runner's stand-in for attention and normalization (engine/standin.py)
 
 
 def reported_fields(launch_latency_s: float) -> dict[str, Any]:

@@ -4,7 +4,7 @@ Two measurements of the same weights (``generate``, identical to the file's):
 
 - stand-in (default): each layer's router applied, by the reference router of the preset's
   architecture (kernels/reference.py ``route``), to the hidden state the runner feeds the
-  first layer: its deterministic embeddings after the weightless RMS norm (moe/standin.py).
+  first layer: its deterministic embeddings after the weightless RMS norm (expertstream/engine/standin.py).
 - llama.cpp (``--llamacpp BIN``): a file make-model writes, with its first ``--layers``
   layers, run through llama.cpp's own forward pass by ``BIN``, the counter in
   microbench/llamacpp_routing (its build.sh builds it): random prompt tokens as llama-bench

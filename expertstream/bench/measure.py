@@ -41,10 +41,9 @@ class Settings:
     host_memory: tuple[HostMemoryMode, ...]
     seed: int = 0
     warmup: bool = True  # run the first ubatch (and decode step) once per row before timing
-    repeats: int = 1  # timed runs per row; rows report their mean and standard deviation
-    ring: RingOptions = field(
-        default_factory=RingOptions
-    )  # who fills the staging ring and its geometry, where a mode uses one
+    repeats: int = 1  # timed runs per row; rows report their median and standard deviation
+    # Who fills the staging ring and its geometry, where a mode uses one.
+    ring: RingOptions = field(default_factory=RingOptions)
     n_cpu_moe: int | None = None  # experts of the first N MoE layers stream; None: all, unless gpu_memory
     gpu_memory: GpuMemory | None = None  # stream only as many leading layers as needed to fit the rest
     matrix_path: MatrixPath | None = None  # mul_mat_id's path for every type; None: each type's default

@@ -1,6 +1,6 @@
 """Predictions in the simulator's virtual time, and the settings `auto` picks from them.
 
-``predict`` runs the job's own measurement (moe/measure.py) on a timing-only simulator whose
+``predict`` runs the job's own measurement (measure.py) on a timing-only simulator whose
 profile describes the device (a built-in, or what `expertstream tune` wrote): the same plans,
 slots, host memory and ubatches, in virtual time. ``choose`` predicts every candidate setting on
 a simulated device with the real device's free memory and picks the fastest that fits.

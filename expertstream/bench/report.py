@@ -14,7 +14,7 @@ from typing import Any
 class Row:
     """What one setting did. Times come from backend.host.timestamp (virtual on the simulator).
 
-    Times and rates are the mean over ``repetitions`` timed runs after a warm-up; ``*_sd`` is
+    Times and rates are the median of ``repetitions`` timed runs after a warm-up; ``*_sd`` is
     their sample standard deviation (0 for one repetition).
     """
 

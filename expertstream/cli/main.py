@@ -117,12 +117,9 @@ def _typed_command(argv: Sequence[str]) -> str | None:
 
 
 def _command_modules() -> list[Callable[[Any], None]]:
-    from . import make_model as model_commands
-    from . import plot
-    from . import prefill as moe_commands
-    from . import tune as tune_command
+    from . import make_model, plot, prefill, tune
 
-    return [model_commands.register, moe_commands.register, tune_command.register, plot.register]
+    return [make_model.register, prefill.register, tune.register, plot.register]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

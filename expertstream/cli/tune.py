@@ -1,4 +1,4 @@
-"""`expertstream tune`: the command line over moe/tune.py, and its short summary."""
+"""`expertstream tune`: the command line over bench/tuner.py, and its short summary."""
 
 from __future__ import annotations
 

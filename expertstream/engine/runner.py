@@ -3,7 +3,7 @@
 Each layer is four splits (three where gate and up fuse), in this order for every ubatch of tokens:
 
 - ``router``: a weightless RMS norm of the hidden state (a stand-in for attention and
-  normalization, see standin.py), then the architecture's routing (moe/arch.py) with the
+  normalization, see standin.py), then the architecture's routing (arch.py) with the
   layer's device-resident router into the routing ids and weights of this layer and ubatch:
   router_topk where a softmax over the selected logits is exact, else router logits (with
   gpt-oss's router bias) and router_select (gating, selection bias, groups, norm, scale);

@@ -1,6 +1,6 @@
 """The MoE kernels: expert matmul by routing ids, SwiGLU, the weighted sum of the top-k outputs, router top-k.
 
-``launcher.MoeKernels`` compiles and launches them; ``source`` builds the CUDA-C source from
+``launcher.MoeKernels`` compiles and launches them; ``program`` builds the CUDA-C source from
 the .cu files of this package; ``twins`` and ``routing_twins`` are what the simulator runs in
 their place, handed over with each compile; ``reference`` computes the same in float64.
 """

@@ -1,5 +1,5 @@
 // Mixture-of-Experts kernels: one source for NVRTC (CUDA) and hipRTC (HIP), kept in several
-// files that source.py concatenates in a fixed order (SOURCE_NAMES) into one translation unit:
+// files that program.py concatenates in a fixed order (SOURCE_NAMES) into one translation unit:
 // each file uses what the files before it define. This first one holds the type numbers, the
 // constants shared with layout.py, the block layouts and the value tables.
 //

@@ -1,7 +1,7 @@
 """Typed launchers of the MoE kernels: expert matmul by routing ids, SwiGLU, the weighted sum
 of the top-k outputs, router top-k.
 
-``MoeKernels(device)`` compiles the source of source.py through ``device.compile`` (NVRTC or
+``MoeKernels(device)`` compiles the source of program.py through ``device.compile`` (NVRTC or
 hipRTC; the simulator runs the numpy twin of twins.py or routing_twins.py that each compile
 hands over) and launches the kernels with validated arguments. Every method only enqueues work
 on the given stream. A kernel's module holds the shared code and the mul_mat_id instances of

@@ -1,7 +1,7 @@
 """Launchers of the per-architecture routing and FFN kernels of routing.cu.
 
 How an MoE block turns router logits into expert ids and weights differs by architecture
-(llama.cpp's build_moe_ffn names the knobs; moe/arch.py reads them from a file):
+(llama.cpp's build_moe_ffn names the knobs; engine/arch.py reads them from a file):
 
 - ``Gating.SOFTMAX``: probabilities are a softmax over all experts (qwen2moe, qwen3moe,
   mixtral, deepseek-v2);

@@ -252,4 +252,4 @@ __device__ void mul_mat_id_tile(const unsigned char* __restrict__ w, const float
                                       max_tiles);                                                       \
     }
 // Instances (one per weight type and tile height of layout.FORMATS) are appended after the last
-// file by kernel_source (source.py), for the types a module needs.
+// file by kernel_source (program.py), for the types a module needs.
