@@ -271,6 +271,7 @@ def measure(
             n_cpu_moe=settings.n_cpu_moe,
             gpu_memory=settings.gpu_memory,
             slots=max(settings.slots, default=0),
+            host_inputs_per_split=2 if runner.fuses_gate_up() else 1,
             in_use={d: runner.device_bytes_on(d) for d in split.devices},
         )
         with ResidentExperts(model, split, offload, upload_data=runner.data) as resident:

@@ -77,6 +77,7 @@ def plan_offload(
     n_cpu_moe: int | None = None,
     gpu_memory: GpuMemory | None = None,
     slots: int = 0,
+    host_inputs_per_split: int = 1,
     in_use: int | Mapping[Device, int] = 0,
     margin: int | None = None,
 ) -> OffloadPlan:
@@ -85,7 +86,8 @@ def plan_offload(
     Without either option every layer streams. ``n_cpu_moe`` streams at least that many;
     ``gpu_memory`` streams as few as fit: a SIZE is the device memory this process may use
     on each device, ``in_use`` of which is already taken (activations); auto is what each
-    device has free now.
+    device has free now. ``host_inputs_per_split``: the streamed tensors one split reads (2 where
+    gate and up are fused), each with its own stock scratch (``scheduler.device_footprint``).
     """
     split = _layer_split(model, where)
     used = in_use if isinstance(in_use, Mapping) else {split.devices[0]: in_use}
@@ -102,7 +104,7 @@ def plan_offload(
                 total = device.free_memory() if gpu_memory == "auto" else gpu_memory
                 budget = total - (0 if gpu_memory == "auto" else used.get(device, 0))
                 budgets[device] = budget - (min(DEFAULT_MARGIN_BYTES, total // 20) if margin is None else margin)
-            n_stream = max(n_stream, _fewest_streamed(model, split, budgets, slots))
+            n_stream = max(n_stream, _fewest_streamed(model, split, budgets, slots, host_inputs_per_split))
     return _plan(model, split, n_stream)
 
 
@@ -114,7 +116,9 @@ def _largest(device: Device, tensors: Iterable[TensorInfo]) -> int:
     return max((_padded(device, t) for t in tensors), default=0)
 
 
-def _fewest_streamed(model: MoeModel, split: LayerSplit, budgets: Mapping[Device, int], slots: int) -> int:
+def _fewest_streamed(
+    model: MoeModel, split: LayerSplit, budgets: Mapping[Device, int], slots: int, host_inputs_per_split: int
+) -> int:
     """The smallest count of leading layers to stream so that the rest fit in every device's budget."""
     layers = model.layers
     for n_stream in range(len(layers) + 1):
@@ -126,8 +130,8 @@ def _fewest_streamed(model: MoeModel, split: LayerSplit, budgets: Mapping[Device
         for layer in layers[:n_stream]:
             device = split.device_of(layer.index)
             largest[device] = max(largest[device], _largest(device, layer.experts))
-        # One streamed tensor per split, as the runner builds them unless gate and up are fused.
-        if all(need[d] + device_footprint(slots, largest[d]) <= budgets[d] for d in split.devices):
+        footprint = {d: device_footprint(slots, largest[d], host_inputs_per_split=host_inputs_per_split) for d in need}
+        if all(need[d] + footprint[d] <= budgets[d] for d in split.devices):
             return n_stream
     for device in split.devices:
         log.warning(

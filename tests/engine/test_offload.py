@@ -57,6 +57,11 @@ def test_gpu_memory_keeps_as_many_layers_as_fit(backend: Backend, tiny_path: Pat
         assert one_streams < sum(padded)
         assert streamed(one_streams, 0) == 1
         assert streamed(one_streams - 1, 0) == 2
+        # Gate and up fused: a split reads two streamed tensors, each with its own scratch.
+        fused = plan_offload(model, device, gpu_memory=one_streams, host_inputs_per_split=2, margin=0)
+        assert fused.layers_streamed == 2
+        two = plan_offload(model, device, gpu_memory=one_streams + largest0, host_inputs_per_split=2, margin=0)
+        assert two.layers_streamed == 1
         # With 3 slots (and the scratch) streaming one tiny layer costs more than keeping it: all or nothing.
         assert streamed(sum(padded) - 1, 3) == 2
         assert plan_offload(model, device, gpu_memory="auto").layers_streamed == 0  # the simulator has room
