@@ -22,7 +22,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "kernels": {"backends", "errors", "ggml", "_closing"},
     "scheduler": {"backends", "errors", "ggml", "_closing"},
     "model": {"errors", "ggml", "_closing"},
-    "hostmem": {"backends", "scheduler", "model", "errors", "_closing"},
+    "hostmem": {"backends", "scheduler", "model", "errors", "_closing", "_deprecated"},
     "engine": {"backends", "kernels", "scheduler", "model", "hostmem", *LEAVES},
     "bench": {"engine", "backends", "kernels", "scheduler", "model", "hostmem", *LEAVES},
     "interop": {"backends", "scheduler", *LEAVES},
