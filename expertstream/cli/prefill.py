@@ -12,7 +12,7 @@ import json
 import os
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -357,23 +357,31 @@ def _demo(args: argparse.Namespace, command_line: str) -> int:
     with open_backend("auto") as default:
         # Without a GPU the kernels are numpy twins: real sizes only run in virtual time.
         simulated = default.vendor is Vendor.SIM
-    try:
-        if not simulated:
-            reports = [prefill(*DEMO_SPEED, "--decode", "16")]
-        else:
-            if not args.json:
-                write_out("Speed: real expert sizes, simulated H200, virtual time (no data moved)")
-            reports = [prefill("--backend", "sim", "--timing-only", *DEMO_SPEED)]
-            if not args.json:
-                write_out(
-                    "\nBytes: a tiny model with data; the output hash must be the same in every row (its copies "
-                    "take microseconds, so its times measure per-call overhead, not streaming)"
-                )
-            reports.append(prefill("--backend", "sim", *DEMO_BYTES))
-    except KeyboardInterrupt:
-        if args.json:
+    told: list[bool] = []
+
+    def tell_interrupted() -> None:  # once, whether Ctrl-C unwinds here or a hard stop cuts in
+        if not told:
+            told.append(True)
             _print_runs(printers, interrupted=True)
-        raise
+
+    with on_hard_stop(tell_interrupted) if args.json else nullcontext():
+        try:
+            if not simulated:
+                reports = [prefill(*DEMO_SPEED, "--decode", "16")]
+            else:
+                if not args.json:
+                    write_out("Speed: real expert sizes, simulated H200, virtual time (no data moved)")
+                reports = [prefill("--backend", "sim", "--timing-only", *DEMO_SPEED)]
+                if not args.json:
+                    write_out(
+                        "\nBytes: a tiny model with data; the output hash must be the same in every row (its copies "
+                        "take microseconds, so its times measure per-call overhead, not streaming)"
+                    )
+                reports.append(prefill("--backend", "sim", *DEMO_BYTES))
+        except KeyboardInterrupt:
+            if args.json:
+                tell_interrupted()
+            raise
     if args.json:
         _print_runs(printers)
     return max(r.check() for r in reports)

@@ -63,7 +63,8 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
-        if "default" in text or any(action.default is v for v in (None, False, argparse.SUPPRESS)):
+        counted = isinstance(action, argparse._CountAction)  # -v: "(default: 0)" says nothing
+        if "default" in text or counted or any(action.default is v for v in (None, False, argparse.SUPPRESS)):
             return text
         return super()._get_help_string(action)
 
