@@ -106,6 +106,8 @@ class RunConfig:
             raise UsageError(
                 "auto picks one setting for one prompt: give one -p, one -n and at most one -b and one -ncmoe"
             )
+        if args.json and args.output_format not in ("text", "json"):  # text: -o's default, not a choice
+            raise UsageError(f"--json and -o {args.output_format} ask for two formats: give one")
         if args.gpu_memory is not None and args.n_cpu_moe:
             raise UsageError("-ncmoe and --gpu-memory both choose which layers stream: give one of them")
         config = cls(

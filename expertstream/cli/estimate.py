@@ -60,11 +60,14 @@ def _passes(settings: Settings) -> list[tuple[int, int]]:
     """(how many times, tokens) of every pass over the model's layers that ``measure`` makes."""
     batching = settings.batching
     rows = len(settings.slots) * len(settings.host_memory)
-    warm = 1 if settings.warmup else 0
-    prefill = (warm + settings.repeats * len(batching.ubatches())) * (rows + (1 if settings.compute_only else 0))
+    runs = rows + (1 if settings.compute_only else 0)
+    counts = [count for _, count in batching.ubatches()]  # a short last ubatch at its own size
+    prefill = [(settings.repeats * runs, count) for count in counts]
+    if settings.warmup:
+        prefill.append((runs, counts[0]))  # the warm-up runs the first ubatch
     steps = batching.decode_steps
-    decode = rows * (settings.repeats * steps + warm) if steps else 0
-    return [(prefill, batching.ubatches()[0][1]), (decode, 1)]
+    decode = rows * (settings.repeats * steps + (1 if settings.warmup else 0)) if steps else 0
+    return [*prefill, (decode, 1)]
 
 
 def numpy_seconds(model: MoeModel, runs: Sequence[Settings], sample: Sampler = time_one_expert) -> float:

@@ -128,3 +128,10 @@ def test_help_says_where_the_ring_microbenchmark_runs(capsys: pytest.CaptureFixt
     text = " ".join(out.split())
     assert code == 0
     assert "`python -m microbench.ring_limits`, run from the root of a clone of the repository" in text
+
+
+def test_two_output_formats_asked_at_once_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run(capsys, "prefill", "--backend", "sim", "--timing-only", "--json", "-o", "csv")
+    assert code == 2 and out == "" and "--json and -o csv ask for two formats" in err
+    code, out, _ = _run(capsys, "prefill", "--backend", "sim", "--timing-only", "--json", "-o", "json")
+    assert code == 0 and out.lstrip().startswith("{")

@@ -128,6 +128,17 @@ def test_the_estimate_counts_every_pass_over_the_experts(tiny_path: Path, monkey
     assert seconds == 3 * 3 * 2 * 3 * 8
 
 
+def test_the_estimate_counts_a_short_last_ubatch_at_its_own_size(
+    tiny_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("expertstream.cli.estimate.SAMPLE_FROM_BYTES", 0)
+    settings = Settings(Batching(17, 16, 0), (0,), (HostMemoryMode.PINNED,), repeats=1, warmup=False)
+    with MoeModel.open(tiny_path) as model:
+        seconds = numpy_seconds(model, [settings], sample=lambda m, t: ExpertCost(1.0, float("inf")))
+    # (16 tokens: all 8 experts; 1 token: its top-2) x (1 row + compute only) x 2 layers x 3 tensors
+    assert seconds == (8 + 2) * 2 * 2 * 3
+
+
 def test_ncmoe_beyond_the_layers_is_said_once_and_every_row_shows_its_setting(
     tiny_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
