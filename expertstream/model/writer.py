@@ -358,10 +358,13 @@ def _add_vocabulary(writer: gguf.GGUFWriter, n_vocab: int) -> None:
     tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256))]
     types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL] + [gguf.TokenType.BYTE] * 256
     letters = "abcdefghijklmnopqrstuvwxyz"
-    pieces = [f"\u2581{a}" for a in letters] + [f"\u2581{a}{b}" for a in letters for b in letters]
+    # As a trained vocabulary has them: the space mark and single letters first, so that every word
+    # piece can be merged up from its characters.
+    singles = ["\u2581", *letters]
+    pieces = singles + [f"\u2581{a}" for a in letters] + [f"\u2581{a}{b}" for a in letters for b in letters]
     if n_vocab < len(tokens) + 1 or n_vocab - len(tokens) > len(pieces):
         raise InvalidArgument(f"vocabulary size {n_vocab} is outside {len(tokens) + 1}..{len(tokens) + len(pieces)}")
-    words = [p.encode().decode("unicode_escape") for p in pieces[: n_vocab - len(tokens)]]
+    words = pieces[: n_vocab - len(tokens)]
     scores = [0.0] * len(tokens) + [-float(i) for i in range(len(words))]
     writer.add_tokenizer_model("llama")
     writer.add_token_list([*tokens, *words])
