@@ -226,10 +226,15 @@ def measure_ubatch(
             path = FAMILIES[family][0]
             for tile in tiles_to_measure(args, w_type, family, path_kernels, ubatch, shape.n_in):
 
-                def launch(path_kernels: MoeKernels = path_kernels, tile: TileM = tile) -> None:
+                def launch(
+                    path_kernels: MoeKernels = path_kernels,
+                    tile: TileM = tile,
+                    weight: DeviceBuffer = w,
+                    out: DeviceBuffer = y,
+                ) -> None:
                     path_kernels.mul_mat_id(
                         stream,
-                        w,
+                        weight,
                         w_type,
                         N_EXPERT,
                         shape.n_out,
@@ -239,7 +244,7 @@ def measure_ubatch(
                         ids_buf,
                         ubatch,
                         TOP_K,
-                        y,
+                        out,
                         tile_m=tile,
                     )
 
@@ -261,25 +266,11 @@ def measure_ubatch(
                     )
 
                 def unfused(path_kernels: MoeKernels = path_kernels, tile: TileM = tile) -> None:
-                    for weight, out in ((w, y), (w_up, y_up)):
-                        path_kernels.mul_mat_id(
-                            stream,
-                            weight,
-                            w_type,
-                            N_EXPERT,
-                            shape.n_out,
-                            shape.n_in,
-                            x_buf,
-                            shape.x_per_pair,
-                            ids_buf,
-                            ubatch,
-                            TOP_K,
-                            out,
-                            tile_m=tile,
-                        )
+                    launch(path_kernels, tile, w, y)
+                    launch(path_kernels, tile, w_up, y_up)
                     path_kernels.swiglu(stream, y, y_up, y, n_pairs * shape.n_out)
 
-                timed = [(shape.name, launch, 1)]
+                timed: list[tuple[str, Callable[[], None], int]] = [(shape.name, launch, 1)]
                 if FAMILIES[family][1] and not shape.x_per_pair:
                     timed += [("gate+up", fused, 2), ("gate,up,swiglu", unfused, 2)]
                 for tensor, call, tensors in timed:

@@ -150,11 +150,6 @@ def jsonl_line(header: dict[str, Any], row: Row) -> str:
     return json.dumps({**header, **row_json(row)})
 
 
-def as_jsonl(header: dict[str, Any], rows: Sequence[Row]) -> str:
-    """One JSON object per row, each carrying the run's header (llama-bench's jsonl)."""
-    return "\n".join(jsonl_line(header, r) for r in rows)
-
-
 def csv_fields(rows: Sequence[Row]) -> list[str]:
     """The CSV columns of ``rows``: every field, the optional ones where some row has them."""
     names = [f.name for f in fields(Row)] + ["transfer_floor_tokens_per_s", "compute_only_tokens_per_s"]
@@ -173,10 +168,6 @@ def csv_lines(rows: Sequence[Row], names: Sequence[str], header: bool = True) ->
         values["fallbacks"] = json.dumps(values["fallbacks"], sort_keys=True)
         writer.writerow(values)
     return out.getvalue().rstrip("\n")
-
-
-def as_csv(rows: Sequence[Row]) -> str:
-    return csv_lines(rows, csv_fields(rows))
 
 
 def _streamed(row: Row) -> str:
@@ -325,9 +316,3 @@ def markdown_header(columns: Sequence[Column]) -> str:
 
 def markdown_line(row: Row, columns: Sequence[Column]) -> str:
     return "| " + " | ".join(cell(row) for _, _, cell in columns) + " |"
-
-
-def format_markdown(rows: Sequence[Row]) -> str:
-    """A Markdown table, like llama-bench's default output."""
-    columns = table_columns(rows)
-    return "\n".join([markdown_header(columns), *(markdown_line(row, columns) for row in rows)])

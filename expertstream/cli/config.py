@@ -150,6 +150,11 @@ class RunConfig:
         return config
 
     @property
+    def streamed_layer_settings(self) -> tuple[int | None, ...]:
+        """The -ncmoe values to run: None streams every layer (or what --gpu-memory decides)."""
+        return self.n_cpu_moe or (None,)
+
+    @property
     def needs_profile(self) -> bool:
         """Whether the run predicts: beside each row (--predict), or to pick the automatic settings."""
         return self.predict is not None or bool(self.auto)
@@ -189,7 +194,7 @@ class RunConfig:
         """Every row group to measure, with its logical batch where -b was given."""
         return [
             (self.settings(batching, n_cpu_moe), batch)
-            for (batching, batch), n_cpu_moe in itertools.product(self.batchings(), self.n_cpu_moe or (None,))
+            for (batching, batch), n_cpu_moe in itertools.product(self.batchings(), self.streamed_layer_settings)
         ]
 
     def resolve_auto(self, profile: Profile, model: MoeModel, devices: Sequence[Device]) -> RunConfig:
@@ -199,7 +204,7 @@ class RunConfig:
         choice = choose(
             profile,
             model,
-            self.settings(Batching(tokens, min(tokens, 512), decode), (self.n_cpu_moe or (None,))[0]),
+            self.settings(Batching(tokens, min(tokens, 512), decode), self.streamed_layer_settings[0]),
             slots=SLOT_CHOICES if self.auto.slots else self.slots,
             modes=MODE_CHOICES if self.auto.host_memory else self.host_memory,
             ubatches=ubatch_choices(tokens, batch) if self.auto.ubatch else self.ubatch,

@@ -26,7 +26,7 @@ from ..bench.predict import Choice, predict, with_predictions
 from ..bench.provenance import provenance
 from ..bench.report import COLUMNS_HELP, Row
 from ..bench.tuner import fields_not_tuned, tune
-from ..engine.offload import GpuMemory, parse_gpu_memory
+from ..engine.offload import format_gpu_memory, parse_gpu_memory
 from ..hostmem import (
     DEFAULT_RING_CHUNK_BYTES,
     DEFAULT_RING_CHUNKS,
@@ -459,14 +459,14 @@ def _measure_all(config: RunConfig, printer: RowPrinter) -> Report:
                 assert config.choice is not None
                 notice(config.choice.explain())
             _warn_about_layer_counts(config, model)
-            if backend.vendor is Vendor.SIM and backend.host.holds_data:
+            if backend.host.virtual_time and backend.host.holds_data:  # the numpy kernels compute
                 _say_if_long(model, [setting for setting, _ in config.runs()])
             names = sorted({d.name for d in devices})
             shown = names[0] if len(devices) == 1 else f"{len(devices)} x {' + '.join(names)}"
             header = _header(backend, shown, model, config)
-            report = printer.begin(header)
             if config.choice is not None:
                 header["auto"] = {**_picked(config.choice), "why": config.choice.explain()}
+            report = printer.begin(header)
             _measure_groups(config, backend, devices, model, profile, printer)
         if config.trace:
             _write_trace(backend, header, config.trace)
@@ -513,17 +513,8 @@ def _with_settings(rows: list[Row], config: RunConfig, setting: Settings, batch:
     if config.n_cpu_moe:
         given["n_cpu_moe"] = "all" if setting.n_cpu_moe is None else setting.n_cpu_moe
     if config.gpu_memory is not None:
-        given["gpu_memory"] = _size(config.gpu_memory)
+        given["gpu_memory"] = format_gpu_memory(config.gpu_memory)
     return [replace(row, **given) for row in rows] if given else rows
-
-
-def _size(memory: GpuMemory) -> str:
-    if memory == "auto":
-        return "auto"
-    for unit, shift in (("T", 40), ("G", 30), ("M", 20), ("K", 10)):
-        if memory >= 1 << shift:
-            return f"{memory / (1 << shift):.3g}{unit}"
-    return str(memory)
 
 
 def _warn_about_layer_counts(config: RunConfig, model: MoeModel) -> None:

@@ -48,6 +48,14 @@ def parse_gpu_memory(text: str) -> GpuMemory:
     return int(float(match[1]) * _UNITS[match[2].upper()])
 
 
+def format_gpu_memory(memory: GpuMemory) -> str:
+    """The size as ``parse_gpu_memory`` reads it back, to three figures: 24G, 512M, auto."""
+    if memory == "auto":
+        return "auto"
+    unit = next((u for u in ("T", "G", "M", "K") if memory >= _UNITS[u]), "")
+    return f"{memory / _UNITS[unit]:.3g}{unit}"
+
+
 @dataclass(frozen=True)
 class OffloadPlan:
     """Which MoE layers stream their experts (by block index) and what that costs per ubatch."""
