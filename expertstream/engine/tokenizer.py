@@ -65,6 +65,7 @@ PRE_TOKENIZER_REGEXES: dict[str, str] = {
 }
 # llama.cpp looks a whole pre-token up in the vocabulary before merging only for llama-bpe.
 _IGNORE_MERGES = frozenset({"llama-bpe"})
+_ADD_BOS_BY_DEFAULT = frozenset({"llama-bpe"})
 VOCABULARY_KINDS = {"llama": "SentencePiece", "gpt2": "byte-level BPE"}
 
 
@@ -92,6 +93,7 @@ class Tokenizer:
 
     def __init__(self, vocab: _Vocabulary, backend: _HfTokenizer) -> None:
         self.kind = vocab.kind
+        self.pre = vocab.pre  # the byte-level pre-tokenizer's name; None for SentencePiece
         self.bos_id = vocab.bos_id
         self.eos_id = vocab.eos_id
         self.vocab_size = len(vocab.tokens)
@@ -175,8 +177,9 @@ def _read_vocabulary(where: str, value: Callable[[str], Any]) -> _Vocabulary:
         bos_id=_token_id(where, value, "tokenizer.ggml.bos_token_id", n),
         eos_id=_token_id(where, value, "tokenizer.ggml.eos_token_id", n),
         unk_id=_token_id(where, value, "tokenizer.ggml.unknown_token_id", n),
-        # llama.cpp's defaults: SentencePiece adds BOS and a leading space, byte-level BPE neither.
-        add_bos=bool(_flag(value, "tokenizer.ggml.add_bos_token", kind == "llama")),
+        # llama.cpp's defaults: SentencePiece adds BOS and a leading space; byte-level BPE adds BOS
+        # only for llama-bpe, and a leading space never.
+        add_bos=bool(_flag(value, "tokenizer.ggml.add_bos_token", kind == "llama" or pre in _ADD_BOS_BY_DEFAULT)),
         add_eos=bool(_flag(value, "tokenizer.ggml.add_eos_token", False)),
         add_space_prefix=bool(_flag(value, "tokenizer.ggml.add_space_prefix", kind == "llama")),
     )

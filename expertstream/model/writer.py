@@ -1,7 +1,7 @@
 """Write synthetic GGUF MoE models: real architecture shapes, deterministic random weights.
 
 A file is complete for llama.cpp's loader of its architecture (model/tensors.py lists the
-tensors, ``add_metadata`` the keys, with a small SentencePiece vocabulary). Benchmark files
+tensors, ``add_metadata`` the keys, model/vocabulary.py the vocabulary). Benchmark files
 are several GB, so tensors are streamed to the file one at a time (tensor infos first, then
 each tensor's data) and quantized blocks are built directly from random bytes with a bounded
 scale instead of quantizing floats. Every tensor's bytes depend only on (seed, name), so
@@ -30,6 +30,7 @@ from .mixes import MIX_DEFAULTS, MIX_FILE_TYPES, TensorShape, is_quantizable, mi
 from .presets import LinearAttention, ModelPreset, get_preset
 from .schema import EXPERT_ROLES, TensorRole
 from .tensors import Init, TensorPlan, file_tensors
+from .vocabulary import add_vocabulary
 
 log = logging.getLogger(__name__)
 
@@ -290,7 +291,7 @@ def _unit_scale_rms(qtype: GGMLQuantizationType) -> float:
 
 
 def add_metadata(writer: gguf.GGUFWriter, preset: ModelPreset, n_layer: int, file_type: LlamaFileType) -> None:
-    """The keys llama.cpp's loader reads for ``preset.arch``, and a small SentencePiece vocabulary."""
+    """The keys llama.cpp's loader reads for ``preset.arch``, and a small vocabulary of its kind."""
     arch = preset.arch
     writer.add_name(preset.name)
     writer.add_block_count(n_layer)
@@ -340,7 +341,7 @@ def add_metadata(writer: gguf.GGUFWriter, preset: ModelPreset, n_layer: int, fil
         writer.add_uint32(f"{arch}.expert_group_used_count", preset.n_group_used)
     writer.add_file_type(file_type)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    _add_vocabulary(writer, preset.n_vocab)
+    add_vocabulary(writer, arch, preset.n_vocab)
 
 
 def _add_linear_attention(writer: gguf.GGUFWriter, linear: LinearAttention) -> None:
@@ -351,29 +352,6 @@ def _add_linear_attention(writer: gguf.GGUFWriter, linear: LinearAttention) -> N
     writer.add_ssm_time_step_rank(linear.v_heads)
     writer.add_ssm_group_count(linear.k_heads)
     writer.add_full_attention_interval(linear.full_attention_interval)
-
-
-def _add_vocabulary(writer: gguf.GGUFWriter, n_vocab: int) -> None:
-    """A SentencePiece ("llama") vocabulary: <unk>, <s>, </s>, the 256 byte tokens, then word pieces."""
-    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256))]
-    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL] + [gguf.TokenType.BYTE] * 256
-    letters = "abcdefghijklmnopqrstuvwxyz"
-    # As a trained vocabulary has them: the space mark and single letters first, so that every word
-    # piece can be merged up from its characters.
-    singles = ["\u2581", *letters]
-    pieces = singles + [f"\u2581{a}" for a in letters] + [f"\u2581{a}{b}" for a in letters for b in letters]
-    if n_vocab < len(tokens) + 1 or n_vocab - len(tokens) > len(pieces):
-        raise InvalidArgument(f"vocabulary size {n_vocab} is outside {len(tokens) + 1}..{len(tokens) + len(pieces)}")
-    words = pieces[: n_vocab - len(tokens)]
-    scores = [0.0] * len(tokens) + [-float(i) for i in range(len(words))]
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list([*tokens, *words])
-    writer.add_token_scores(scores)
-    writer.add_token_types([*types, *[gguf.TokenType.NORMAL] * len(words)])
-    writer.add_unk_token_id(0)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_add_bos_token(True)
 
 
 def start_model_file(

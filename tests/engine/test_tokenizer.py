@@ -13,7 +13,7 @@ from tokenizers import Tokenizer as HfTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from expertstream.engine.tokenizer import Tokenizer, TokenType
-from expertstream.model import ModelError, MoeModel
+from expertstream.model import ModelError, MoeModel, make_model
 
 ROUND_TRIPS = [
     "hello world",
@@ -40,22 +40,27 @@ def write_vocabulary(path: Path, fill: Callable[[gguf.GGUFWriter], None], arch: 
     return path
 
 
-# --- SentencePiece ("llama"): the vocabulary make-model writes ---------------------------------
+# --- SentencePiece ("llama"): the vocabulary make-model writes for mixtral -----------------------
 
 
 @pytest.fixture(scope="module")
-def tiny_tokenizer(tiny_path: Path) -> Tokenizer:
-    with MoeModel.open(tiny_path) as model:
+def mixtral_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_model("tiny-mixtral", "Q4_0", tmp_path_factory.mktemp("mixtral") / "mixtral.gguf")
+
+
+@pytest.fixture(scope="module")
+def tiny_tokenizer(mixtral_path: Path) -> Tokenizer:
+    with MoeModel.open(mixtral_path) as model:
         return Tokenizer.from_model(model)
 
 
 def test_tiny_preset_vocabulary_is_read(tiny_tokenizer: Tokenizer) -> None:
-    assert (tiny_tokenizer.kind, tiny_tokenizer.vocab_size) == ("llama", 512)
+    assert (tiny_tokenizer.kind, tiny_tokenizer.pre, tiny_tokenizer.vocab_size) == ("llama", None, 512)
     assert (tiny_tokenizer.bos_id, tiny_tokenizer.eos_id) == (1, 2)
 
 
-def test_from_path_reads_the_same_vocabulary(tiny_path: Path, tiny_tokenizer: Tokenizer) -> None:
-    assert Tokenizer.from_path(tiny_path).encode(ROUND_TRIPS[1]) == tiny_tokenizer.encode(ROUND_TRIPS[1])
+def test_from_path_reads_the_same_vocabulary(mixtral_path: Path, tiny_tokenizer: Tokenizer) -> None:
+    assert Tokenizer.from_path(mixtral_path).encode(ROUND_TRIPS[1]) == tiny_tokenizer.encode(ROUND_TRIPS[1])
 
 
 @pytest.mark.parametrize("text", ROUND_TRIPS)
@@ -147,6 +152,46 @@ def test_spm_user_defined_tokens_are_matched_and_rendered(tmp_path: Path) -> Non
     # After a special token the space prefix comes back, as in llama.cpp.
     assert pieces_of(tokenizer, "a<tool>a") == [SPM_SPACE, "a", "<tool>", SPM_SPACE, "a"]
     assert "<tool>" in tokenizer.decode(ids)
+
+
+# --- byte-level BPE ("gpt2"): the vocabulary make-model writes for the other architectures ------
+
+# preset -> (tokenizer.ggml.pre, BOS text, EOS text, whether BOS is added)
+MADE_BYTE_LEVEL = {
+    "tiny": ("qwen2", "<|endoftext|>", "<|endoftext|>", False),
+    "tiny-gpt-oss": ("gpt-4o", "<|startoftext|>", "<|endoftext|>", False),
+    "tiny-glm4moe": ("llama-bpe", "<|begin_of_text|>", "<|end_of_text|>", True),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(MADE_BYTE_LEVEL))
+def made_bpe(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Tokenizer]:
+    path = make_model(request.param, "Q4_0", tmp_path_factory.mktemp("made") / "m.gguf")
+    with MoeModel.open(path) as model:
+        return request.param, Tokenizer.from_model(model)
+
+
+def test_made_byte_level_vocabulary_is_read(made_bpe: tuple[str, Tokenizer]) -> None:
+    preset, tokenizer = made_bpe
+    pre, bos, eos, add_bos = MADE_BYTE_LEVEL[preset]
+    assert (tokenizer.kind, tokenizer.pre, tokenizer.vocab_size) == ("gpt2", pre, 512)
+    # The special tokens close the vocabulary, as in real files.
+    specials = list(dict.fromkeys([bos, eos]))
+    assert tokenizer.decode([tokenizer.vocab_size - len(specials)]) == ""  # CONTROL: not rendered
+    assert tokenizer.encode(bos + eos, add_special=False) == [tokenizer.bos_id, tokenizer.eos_id]
+    assert (tokenizer.encode("x")[0] == tokenizer.bos_id) is add_bos
+
+
+@pytest.mark.parametrize("text", ROUND_TRIPS)
+def test_made_byte_level_round_trips(made_bpe: tuple[str, Tokenizer], text: str) -> None:
+    _, tokenizer = made_bpe
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+
+
+def test_made_byte_level_vocabulary_merges_common_words(made_bpe: tuple[str, Tokenizer]) -> None:
+    _, tokenizer = made_bpe
+    text = "The experts of the model sit in host memory and travel to the device."
+    assert len(tokenizer.encode(text, add_special=False)) < len(text) // 2
 
 
 # --- byte-level BPE ("gpt2") ----------------------------------------------------------------------

@@ -98,6 +98,16 @@ ARCH_BIASES = {
     ],
     "glm4moe": ["attn_q", "attn_k", "attn_v", "exp_probs_b"],
 }
+# tokenizer.ggml.model, .pre and the newline token: SentencePiece's byte token, byte-level BPE's
+# byte character for 0x0A.
+VOCABULARIES = {
+    "llama": ("llama", None, "<0x0A>"),
+    "qwen3moe": ("gpt2", "qwen2", "\u010a"),
+    "qwen2moe": ("gpt2", "qwen2", "\u010a"),
+    "gpt-oss": ("gpt2", "gpt-4o", "\u010a"),
+    "deepseek2": ("gpt2", "llama-bpe", "\u010a"),
+    "glm4moe": ("gpt2", "llama-bpe", "\u010a"),
+}
 PRESETS = ["tiny", "tiny-mixtral", "tiny-qwen2moe", "tiny-gpt-oss", "tiny-deepseek2", "tiny-glm4moe"]
 
 
@@ -124,8 +134,12 @@ def test_file_has_every_required_key_and_tensor(tmp_path: Path, preset: str) -> 
             assert f"blk.{i}.{part}.weight" in names, (i, part)
         for part in ARCH_BIASES.get(p.arch, []):
             assert f"blk.{i}.{part}.bias" in names, (i, part)
+    model, pre, newline = VOCABULARIES[p.arch]
+    assert reader.get_field("tokenizer.ggml.model").contents() == model  # type: ignore[union-attr]
+    pre_field = reader.get_field("tokenizer.ggml.pre")
+    assert (pre_field.contents() if pre_field is not None else None) == pre
     tokens = reader.get_field("tokenizer.ggml.tokens")
-    assert tokens is not None and "<0x0A>" in tokens.contents()  # SentencePiece's newline byte token
+    assert tokens is not None and newline in tokens.contents()  # llama.cpp looks the newline token up
     # every tensor's bytes are where the header says, and nothing else is written
     assert len(names) == len(file_specs(p, "Q8_0", p.n_layer))
 
