@@ -1,17 +1,22 @@
-"""Compare expertstream's tokens with llama.cpp's llama-tokenize, line by line over a corpus.
+"""Compare expertstream's tokens with llama.cpp's llama-tokenize, text by text over a corpus.
 
-python3 tools/tokenize_check.py MODEL.gguf CORPUS.txt [--llama-tokenize PATH] [--no-bos] [--show N]
+python3 tools/tokenize_check.py MODEL.gguf CORPUS [--llama-tokenize PATH] [--no-bos] [--show N]
 
-Each non-empty line of CORPUS.txt is tokenized by expertstream.engine.tokenizer and by
-``llama-tokenize -m MODEL.gguf -p LINE --ids --log-disable`` (which prints the ids as a list,
-e.g. ``[1, 15043, 3186]``). ``--no-bos`` passes --no-bos to llama-tokenize and encodes without
-BOS/EOS here. Prints the lines whose ids differ (the first N in full) and exits 1 if any do.
+CORPUS is a .json file holding an array of strings (texts may then hold newlines, tabs and
+carriage returns) or any other text file, whose non-empty lines are the texts. Each text is
+tokenized by expertstream.engine.tokenizer and by ``llama-tokenize -m MODEL.gguf --stdin
+--no-escape --ids --log-disable``: the text goes in on standard input, byte for byte, since
+``-p`` would turn a backslash sequence such as ``\\n`` in code into a newline. llama-tokenize
+parses special tokens in the text, as ``encode`` does. ``--no-bos`` passes --no-bos and encodes
+without BOS/EOS here. Prints the texts whose ids differ (the first N in full), then one summary
+line, and exits 1 if any differ.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -20,15 +25,25 @@ from expertstream.engine.tokenizer import Tokenizer
 
 
 def llama_tokenize(binary: str, model: Path, text: str, no_bos: bool) -> list[int]:
-    command = [binary, "-m", str(model), "-p", text, "--ids", "--log-disable"]
+    command = [binary, "-m", str(model), "--stdin", "--no-escape", "--ids", "--log-disable"]
     if no_bos:
         command.append("--no-bos")
-    result = subprocess.run(command, capture_output=True, text=True, check=True)
+    result = subprocess.run(command, input=text.encode(), capture_output=True, check=True)
     # The ids are the last line that reads as a list; model-loading chatter may come first.
-    for line in reversed(result.stdout.splitlines()):
+    for line in reversed(result.stdout.decode(errors="replace").splitlines()):
         if line.startswith("[") and line.endswith("]"):
             return [int(i) for i in ast.literal_eval(line)]
     raise RuntimeError(f"no id list in llama-tokenize's output for {text!r}: {result.stdout[-500:]!r}")
+
+
+def read_corpus(path: Path) -> list[str]:
+    """The texts of a .json array of strings, or the non-empty lines of any other file."""
+    if path.suffix == ".json":
+        texts = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(texts, list) or not all(isinstance(t, str) and t for t in texts):
+            raise SystemExit(f"{path}: expected a JSON array of non-empty strings")
+        return texts
+    return [line for line in path.read_text(encoding="utf-8").splitlines() if line]
 
 
 def main() -> int:
@@ -37,19 +52,24 @@ def main() -> int:
     parser.add_argument("corpus", type=Path)
     parser.add_argument("--llama-tokenize", default="llama-tokenize", help="the llama-tokenize binary")
     parser.add_argument("--no-bos", action="store_true", help="compare without BOS/EOS")
-    parser.add_argument("--show", type=int, default=10, help="print this many differing lines in full")
+    parser.add_argument("--show", type=int, default=10, help="print this many differing texts in full")
     args = parser.parse_args()
     tokenizer = Tokenizer.from_path(args.model)
-    lines = [line for line in args.corpus.read_text(encoding="utf-8").splitlines() if line]
+    texts = read_corpus(args.corpus)
     differing = 0
-    for number, line in enumerate(lines, 1):
-        ours = tokenizer.encode(line, add_special=not args.no_bos)
-        theirs = llama_tokenize(args.llama_tokenize, args.model, line, args.no_bos)
+    for number, text in enumerate(texts, 1):
+        ours = tokenizer.encode(text, add_special=not args.no_bos)
+        theirs = llama_tokenize(args.llama_tokenize, args.model, text, args.no_bos)
         if ours != theirs:
             differing += 1
             if differing <= args.show:
-                print(f"line {number}: {line!r}\n  expertstream:   {ours}\n  llama-tokenize: {theirs}")
-    print(f"{differing} of {len(lines)} lines differ ({tokenizer})")
+                print(f"text {number}: {text!r}\n  expertstream:   {ours}\n  llama-tokenize: {theirs}")
+    pre = f", pre-tokenizer {tokenizer.pre}" if tokenizer.pre else ""
+    mode = "no BOS/EOS" if args.no_bos else "BOS/EOS as the file asks"
+    print(
+        f"{args.model.name} ({tokenizer}{pre}; {mode}): "
+        f"{len(texts)} texts compared, {len(texts) - differing} equal, {differing} differ"
+    )
     return 1 if differing else 0
 
 

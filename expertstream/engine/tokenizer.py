@@ -12,12 +12,13 @@ Two vocabulary kinds are read, each modelled the way llama.cpp tokenizes it and 
 - ``gpt2`` (byte-level BPE): the file's ranked merges over byte-level pieces, after the regex
   split that ``tokenizer.ggml.pre`` names ("qwen2", "llama-bpe", "gpt-4o").
 
-CONTROL and USER_DEFINED tokens are matched in the text before anything else, as llama.cpp
-does when it parses special tokens. decode renders USER_DEFINED tokens and leaves CONTROL
-tokens (BOS, EOS, chat markers) out.
+CONTROL, UNKNOWN and USER_DEFINED tokens are matched in the text before anything else, as
+llama.cpp does when it parses special tokens. decode renders USER_DEFINED tokens and leaves
+CONTROL and UNKNOWN tokens (BOS, EOS, chat markers, <unk>) out.
 
-Not yet checked against llama.cpp itself: ``tools/tokenize_check.py`` compares these tokens
-with a ``llama-tokenize`` binary's over a corpus, and has still to be run on real models.
+``tools/tokenize_check.py`` compares these tokens with llama.cpp's ``llama-tokenize`` over a
+corpus; docs/results/tokenizer-check.md records it on make-model's files of every kind (real
+models' vocabularies not yet).
 """
 
 from __future__ import annotations
@@ -285,11 +286,14 @@ def _byte_level_backend(vocab: _Vocabulary) -> _HfTokenizer:
 
 
 def _add_special_tokens(backend: _HfTokenizer, vocab: _Vocabulary) -> None:
-    """CONTROL and USER_DEFINED tokens, matched verbatim before normalization and splitting."""
+    """CONTROL, UNKNOWN and USER_DEFINED tokens, matched verbatim before normalization and splitting.
+
+    llama.cpp matches all three in the text; the first two render as nothing in decode.
+    """
     control = [
         AddedToken(vocab.tokens[i], special=True, normalized=False)
         for i, kind in enumerate(vocab.types)
-        if kind == TokenType.CONTROL and vocab.tokens[i]
+        if kind in (TokenType.CONTROL, TokenType.UNKNOWN) and vocab.tokens[i]
     ]
     user = [
         AddedToken(vocab.tokens[i], special=False, normalized=False)

@@ -91,6 +91,13 @@ def test_control_tokens_in_text_are_matched_and_not_rendered(tiny_tokenizer: Tok
     assert tiny_tokenizer.decode(ids) == "x"
 
 
+def test_unknown_token_in_text_is_matched_and_not_rendered(tiny_tokenizer: Tokenizer) -> None:
+    # llama.cpp parses UNKNOWN tokens in the text as it does CONTROL ones.
+    ids = tiny_tokenizer.encode("a<unk>b", add_special=False)
+    assert 0 in ids
+    assert "<unk>" not in tiny_tokenizer.decode(ids)
+
+
 def test_out_of_range_id_is_refused(tiny_tokenizer: Tokenizer) -> None:
     with pytest.raises(ModelError, match="token id 512 is outside the vocabulary"):
         tiny_tokenizer.decode([512])
