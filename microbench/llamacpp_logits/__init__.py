@@ -1,0 +1,1 @@
+"""llamacpp-logits (logits.cpp) and the comparison of its runs (compare.py)."""
