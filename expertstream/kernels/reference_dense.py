@@ -96,7 +96,7 @@ def store_rows_f16(cache: np.ndarray, src: np.ndarray, positions: np.ndarray) ->
     (from float64, exact for float32 values), positions outside the rows skipped."""
     out = np.array(cache, np.float16)
     positions = np.asarray(positions).reshape(-1)
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", invalid="ignore"):  # beyond the largest half: infinity; NaN stays NaN
         for i, row in enumerate(positions.tolist()):
             if 0 <= row < out.shape[0]:
                 out[row] = np.asarray(src[i], np.float64).astype(np.float16)
