@@ -29,3 +29,10 @@ def view(call: str, name: str, arg: ViewLike, nbytes: int, align: int = 4) -> Bu
     if arg.offset % align:
         raise InvalidArgument(f"{name} starts at byte offset {arg.offset}, not a multiple of {align}", call=call)
     return BufferView(arg.buffer, arg.offset, nbytes)
+
+
+def fits_int32(call: str, **counts: int) -> None:
+    """Each count of elements indexable by int32, else InvalidArgument naming it."""
+    for name, count in counts.items():
+        if count > layout.MAX_INT32:
+            raise InvalidArgument(f"{name} has {count} elements, more than int32 indexing allows", call=call)

@@ -2,8 +2,8 @@
 of the top-k outputs, router top-k.
 
 ``MoeKernels(device)`` compiles the source of program.py through ``device.compile`` (NVRTC or
-hipRTC; the simulator runs the numpy twin of twins.py or routing_twins.py that each compile
-hands over) and launches the kernels with validated arguments. Every method only enqueues work
+hipRTC; the simulator runs the numpy twin of twins.py, routing_twins.py or dense_twins.py that
+each compile hands over) and launches the kernels with validated arguments. Every method only enqueues work
 on the given stream. A kernel's module holds the shared code and the mul_mat_id instances of
 its own weight type only: a model of one type compiles two small modules, not every type's
 kernels.
@@ -59,15 +59,17 @@ from ..backends.base import BufferView, Device, DeviceBuffer, Kernel, Stream, Us
 from ..backends.sim import KernelSpec
 from ..errors import InvalidArgument
 from ..ggml import RowType, padded_size
-from . import layout, routing_twins, twins
-from .args import ViewLike, positive, view
+from . import dense_twins, layout, routing_twins, twins
+from .args import ViewLike, fits_int32, positive, view
 from .layout import MatrixPath, TileM, WeightFormat, weight_format
 from .program import kernel_source, module_types
 
 log = logging.getLogger(__name__)
 
 # Each kernel's numpy twin, handed to every compile: the simulator runs it, GPU backends ignore it.
-TWINS: dict[str, KernelSpec] = {spec.name: spec for spec in (*twins.twin_specs(), *routing_twins.twin_specs())}
+TWINS: dict[str, KernelSpec] = {
+    spec.name: spec for spec in (*twins.twin_specs(), *routing_twins.twin_specs(), *dense_twins.twin_specs())
+}
 
 
 def default_path(device: Device, w_type: RowType) -> MatrixPath:
@@ -475,7 +477,7 @@ class MoeKernels(Closing):
     ) -> tuple[Any, ...]:
         """moe_combine's checked arguments; ``target`` is (its name for messages, the view added into)."""
         positive(call, n_tokens=n_tokens, top_k=top_k, n=n)
-        _fits_int32(call, y=n_tokens * top_k * n)
+        fits_int32(call, y=n_tokens * top_k * n)
         null = np.uint64(0)
         return (
             view(call, "y", y, n_tokens * top_k * n * 4, 4),
@@ -515,7 +517,7 @@ class MoeKernels(Closing):
                 f"top_k {top_k} exceeds min(n_expert, {layout.ROUTER_MAX_K}) = {min(n_expert, layout.ROUTER_MAX_K)}",
                 call=call,
             )
-        _fits_int32(call, x=n_tokens * n_embd, router=n_expert * n_embd)
+        fits_int32(call, x=n_tokens * n_embd, router=n_expert * n_embd)
         args = (
             view(call, "x", x, n_tokens * n_embd * 4, 4),
             view(call, "router", router, n_expert * n_embd * 4, 4),
@@ -546,7 +548,7 @@ class MoeKernels(Closing):
                 f"n_in {n_in} is not a multiple of the {fmt.qtype.name} block size {fmt.block_elements}",
                 call=call,
             )
-        _fits_int32(call, pairs=n_pairs)
+        fits_int32(call, pairs=n_pairs)
         expert_bytes = n_out * fmt.row_bytes(fmt.padded_row_elements(n_in))
         if expert_bytes > layout.MAX_INT32:
             raise InvalidArgument(
@@ -567,12 +569,6 @@ class MoeKernels(Closing):
             current = self.device.alloc(size, Usage.COMPUTE)
             self._scratch.append(current)
         return current.view(0, nbytes)
-
-
-def _fits_int32(call: str, **counts: int) -> None:
-    for name, count in counts.items():
-        if count > layout.MAX_INT32:
-            raise InvalidArgument(f"{name} has {count} elements, more than int32 indexing allows", call=call)
 
 
 __all__ = ["TWINS", "MoeKernels", "check_path", "default_path", "scratch_bytes"]

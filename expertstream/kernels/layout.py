@@ -137,6 +137,11 @@ class WeightFormat:
         """The direct-decode kernel: mul_mat_id (optionally routing-weighted), or gate and up with SwiGLU."""
         return f"moe_{'gate_up' if gate_up else 'mul_mat_id'}_direct_{self.suffix}_m{int(tile_m)}"
 
+    @property
+    def get_rows_kernel_name(self) -> str:
+        """The kernel that decodes rows of a table of this type (dense.get_rows)."""
+        return f"dense_get_rows_{self.suffix}"
+
     def direct_fits(self, n_in: int) -> bool:
         """Whether the direct kernels take rows of ``n_in`` elements (whole k steps)."""
         return self.direct and n_in % DIRECT_K == 0

@@ -11,9 +11,12 @@ concatenated in the order of ``SOURCE_NAMES``, each using what the files before 
 - elementwise.cu: SwiGLU and the combine at the end of an MoE layer;
 - routing.cu: router top-k and the per-architecture routing and FFN pieces (routing.py);
 - standin.cu: the RMS norm and residual add the runner puts around each MoE block;
-- mma.cu, int8.cu, direct.cu: the matrix-core, int8 and direct-decode mul_mat_id.
+- mma.cu, int8.cu, direct.cu: the matrix-core, int8 and direct-decode mul_mat_id;
+- dense.cu: the dense pieces of a forward pass (dense.py): get_rows, RMS norm, bias rows,
+  rotary embedding, the float16 KV cache write.
 
-After them come the mul_mat_id instances of the weight types a module needs.
+After them come the per-type instances of the weight types a module needs: mul_mat_id's, and
+get_rows' for tables of that type.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ SOURCE_NAMES = (
     "mma.cu",
     "int8.cu",
     "direct.cu",
+    "dense.cu",
 )
 
 
@@ -44,16 +48,14 @@ def kernel_source(types: Iterable[RowType] | None = None) -> str:
     """The CUDA-C source of the kernels, as NVRTC and hipRTC compile it.
 
     The files of ``SOURCE_NAMES`` (the shared code and every kernel that is not per type), then
-    the mul_mat_id instances of ``types`` (every type of layout.FORMATS when None): one kernel
-    per path and tile height, each naming its type by its ggml number, the template argument
-    of the block formats in formats.cu. Compile time grows with the instances, so a module holds
-    only what its kernel needs (``module_types``).
+    the per-type instances of ``types`` (every type of layout.FORMATS when None): mul_mat_id's,
+    one kernel per path and tile height, and get_rows', each naming its type by its ggml number,
+    the template argument of the block formats in formats.cu. Compile time grows with the
+    instances, so a module holds only what its kernel needs (``module_types``).
     """
     files = [source_file(name) for name in SOURCE_NAMES]
     formats = layout.FORMATS.values() if types is None else [weight_format(t) for t in dict.fromkeys(types)]
-    instances = [
-        f"{macro}({name}, {int(fmt.qtype)}, {int(tile)})\n" for fmt in formats for name, macro, tile in _instances(fmt)
-    ]
+    instances = [f"{line}\n" for fmt in formats for _, line in _instances(fmt)]
     return "\n".join(files) + "\n" + "".join(instances)
 
 
@@ -63,19 +65,26 @@ def source_file(name: str) -> str:
 
 
 def type_kernels(fmt: WeightFormat) -> list[str]:
-    """The names of every per-type kernel of ``fmt``: each path's tile heights, then the direct ones."""
-    return [name for name, _, _ in _instances(fmt)]
+    """The names of every per-type kernel of ``fmt``: each path's tile heights, the direct ones, get_rows."""
+    return [name for name, _ in _instances(fmt)]
 
 
-def _instances(fmt: WeightFormat) -> Iterator[tuple[str, str, TileM]]:
-    """(kernel name, instance macro, tile height) of every per-type kernel of ``fmt``."""
+def _instances(fmt: WeightFormat) -> Iterator[tuple[str, str]]:
+    """(kernel name, instance line) of every per-type kernel of ``fmt``."""
+    qtype = int(fmt.qtype)
     for path, macro in _INSTANCE_MACROS:
         for tile in fmt.tiles_on(path):
-            yield fmt.kernel_name(tile, path), macro, tile
+            yield _instance(fmt.kernel_name(tile, path), macro, qtype, tile)
     if fmt.direct:
         for tile in layout.DIRECT_TILES:
-            yield fmt.direct_kernel_name(tile), "MOE_MUL_MAT_ID_DIRECT", tile
-            yield fmt.direct_kernel_name(tile, gate_up=True), "MOE_GATE_UP_DIRECT", tile
+            yield _instance(fmt.direct_kernel_name(tile), "MOE_MUL_MAT_ID_DIRECT", qtype, tile)
+            yield _instance(fmt.direct_kernel_name(tile, gate_up=True), "MOE_GATE_UP_DIRECT", qtype, tile)
+    name = fmt.get_rows_kernel_name
+    yield name, f"DENSE_GET_ROWS({name}, {qtype})"
+
+
+def _instance(name: str, macro: str, qtype: int, tile: TileM) -> tuple[str, str]:
+    return name, f"{macro}({name}, {qtype}, {int(tile)})"
 
 
 _INSTANCE_MACROS = (
@@ -85,7 +94,7 @@ _INSTANCE_MACROS = (
 )
 # The weight type of every per-type kernel, by name.
 _TYPE_OF_KERNEL: dict[str, RowType] = {
-    name: fmt.qtype for fmt in layout.FORMATS.values() for name, _, _ in _instances(fmt)
+    name: fmt.qtype for fmt in layout.FORMATS.values() for name, _ in _instances(fmt)
 }
 
 

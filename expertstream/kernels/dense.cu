@@ -1,0 +1,230 @@
+// ---------------------------------------------------------------------------------
+// The dense pieces of a transformer forward pass (kernels/dense.py): table rows decoded to
+// float32 (token embeddings), the RMS norm with an optional weight, bias rows, the rotary
+// position embedding of ggml's rope_ext (YaRN included) and the float16 KV cache write.
+// Compiled after every other file; the per-type get_rows kernels are DENSE_GET_ROWS
+// instances, appended for the types a module needs (program.py).
+// ---------------------------------------------------------------------------------
+
+#define GET_ROWS_THREADS 128
+#define GET_ROWS_CHUNK (GET_ROWS_THREADS * 32)  // row elements per block: one 32-element slice per thread
+#define DENSE_NORM_MAX_THREADS 256              // the norm's block is a power of two up to this
+#define DENSE_THREADS 256                       // add_rows, rope, store_rows_f16
+
+__device__ unsigned int float_to_bits(float f) {
+    union {
+        float f;
+        unsigned int u;
+    } v;
+    v.f = f;
+    return v.u;
+}
+
+// float32 to float16 bits, rounded to nearest even: overflow to infinity, subnormal halves
+// included, NaN stays a (quiet) NaN of the same sign.
+__device__ unsigned int float_to_half_bits(float f) {
+    const unsigned int bits = float_to_bits(f);
+    const unsigned int sign = (bits >> 16) & 0x8000u;
+    const unsigned int magnitude = bits & 0x7fffffffu;
+    if (magnitude > 0x7f800000u) {
+        return sign | 0x7e00u | ((magnitude >> 13) & 0x3ffu);
+    }
+    if (magnitude >= 0x477ff000u) {  // 65520 and up: halfway past the largest half (65504) rounds to even, up
+        return sign | 0x7c00u;
+    }
+    if (magnitude < 0x38800000u) {
+        // Below 2^-14 the half is subnormal, in units of 2^-24: adding 0.5 puts that unit in the
+        // last mantissa bit of the float sum, whose rounding is nearest even.
+        const float shifted = bits_to_float(magnitude) + 0.5f;
+        return sign | (float_to_bits(shifted) - 0x3f000000u);
+    }
+    // Rebase the exponent (127 - 15 = 112), round the 13 dropped bits to nearest even; a
+    // carry out of the mantissa moves into the exponent, as it should.
+    const unsigned int rebased = magnitude - 0x38000000u;
+    return sign | ((rebased + 0xfffu + ((rebased >> 13) & 1u)) >> 13);
+}
+
+// Element j of a float table row (F32, F16, BF16). The quantized types decode whole slices
+// instead and never call it.
+template <int TYPE>
+__device__ float table_element(const typename BlockFormat<TYPE>::Unit*, int) {
+    return bits_to_float(0x7fc00000u);
+}
+
+template <> __device__ float table_element<ES_TYPE_F32>(const unsigned int* row, int j) {
+    return bits_to_float(row[j]);
+}
+
+template <> __device__ float table_element<ES_TYPE_F16>(const unsigned short* row, int j) {
+    return half_to_float(row[j]);
+}
+
+template <> __device__ float table_element<ES_TYPE_BF16>(const unsigned short* row, int j) {
+    return bf16_to_float(row[j]);
+}
+
+// out[i, c0 .. c0 + GET_ROWS_CHUNK) = row ids[i] of the table, for c0 = blockIdx.x * GET_ROWS_CHUNK
+// and the rows i = blockIdx.y, blockIdx.y + gridDim.y, ... An id outside [0, n_table_rows) gives
+// NaN and reads nothing. Quantized rows: each thread decodes one 32-element slice into shared
+// memory (its block's units staged as the matrix kernels stage them), then the block writes the
+// chunk out contiguously. Float rows: one element per thread and step, read and written in order.
+template <int TYPE>
+__device__ void get_rows_chunk(const unsigned char* __restrict__ table, const int* __restrict__ ids,
+                               float* __restrict__ out, int n_cols, int n_table_rows, int n_ids) {
+    typedef typename BlockFormat<TYPE>::Unit Unit;
+    const int UNITS = BlockFormat<TYPE>::slice_units;
+    const int SLICES = BlockFormat<TYPE>::slices;
+    __shared__ float decoded[GET_ROWS_THREADS][33];  // odd row stride: the write-out reads without bank conflicts
+
+    const int tid = threadIdx.x;
+    const int c0 = blockIdx.x * GET_ROWS_CHUNK;
+    const int c_end = min(n_cols, c0 + GET_ROWS_CHUNK);
+    const long long row_bytes = weight_row_bytes<TYPE>(n_cols);
+    for (int i = blockIdx.y; i < n_ids; i += gridDim.y) {
+        const int r = ids[i];
+        float* dst = out + (long long)i * n_cols;
+        if (r < 0 || r >= n_table_rows) {  // the same r for the whole block: it skips the barriers together
+            for (int c = c0 + tid; c < c_end; c += GET_ROWS_THREADS) {
+                dst[c] = bits_to_float(0x7fc00000u);
+            }
+            continue;
+        }
+        const unsigned char* row = table + (long long)r * row_bytes;
+        if (!BlockFormat<TYPE>::quantized) {
+            for (int c = c0 + tid; c < c_end; c += GET_ROWS_THREADS) {
+                dst[c] = table_element<TYPE>((const Unit*)row, c);
+            }
+            continue;
+        }
+        const int slice = c0 / 32 + tid;
+        if (slice * 32 < n_cols) {
+            const Unit* block = (const Unit*)(row + (long long)(slice / SLICES) * BlockFormat<TYPE>::bytes);
+            Unit staged[UNITS];
+#pragma unroll
+            for (int h = 0; h < UNITS; ++h) {
+                staged[h] = block[BlockFormat<TYPE>::unit_of(slice % SLICES, h)];
+            }
+            decode_slice<TYPE>(staged, slice % SLICES, decoded[tid]);
+        }
+        __syncthreads();
+        for (int j = tid; j < c_end - c0; j += GET_ROWS_THREADS) {
+            dst[c0 + j] = decoded[j / 32][j % 32];
+        }
+        __syncthreads();  // the next row's decode overwrites the tile
+    }
+}
+
+// One get_rows kernel per table type, named by layout.WeightFormat.get_rows_kernel_name.
+#define DENSE_GET_ROWS(NAME, TYPE)                                                                  \
+    extern "C" __global__ void __launch_bounds__(GET_ROWS_THREADS)                                 \
+        NAME(const unsigned char* __restrict__ table, const int* __restrict__ ids,                \
+             float* __restrict__ out, int n_cols, int n_table_rows, int n_ids) {                 \
+        get_rows_chunk<TYPE>(table, ids, out, n_cols, n_table_rows, n_ids);                       \
+    }
+
+// out[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) (* weight[:] where weight is not null), as
+// ggml's rms_norm followed by its mul. One block per row, blockDim.x a power of two up to
+// DENSE_NORM_MAX_THREADS; the sum of squares is reduced in a fixed order. out may be x: each
+// element is read and written by one thread, the writes after the reduction's barriers.
+extern "C" __global__ void __launch_bounds__(DENSE_NORM_MAX_THREADS)
+    dense_rms_norm(const float* x, const float* __restrict__ weight, float* out, int n_rows, int n, float eps) {
+    __shared__ float partial[DENSE_NORM_MAX_THREADS];
+    const int r = blockIdx.x;
+    if (r >= n_rows) {
+        return;  // the whole block returns: no thread is left waiting at a barrier
+    }
+    const int tid = threadIdx.x;
+    const float* row = x + (long long)r * n;
+    float sum = 0.0f;
+    for (int i = tid; i < n; i += blockDim.x) {
+        sum = fmaf(row[i], row[i], sum);
+    }
+    partial[tid] = sum;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (tid < s) {
+            partial[tid] += partial[tid + s];
+        }
+        __syncthreads();
+    }
+    const float scale = 1.0f / sqrtf(partial[0] / (float)n + eps);
+    float* dst = out + (long long)r * n;
+    for (int i = tid; i < n; i += blockDim.x) {
+        const float v = row[i] * scale;
+        dst[i] = weight ? v * weight[i] : v;
+    }
+}
+
+// y[r, i] += bias[i]: thread i of the row block, rows blockIdx.y, blockIdx.y + gridDim.y, ...
+extern "C" __global__ void dense_add_rows(float* __restrict__ y, const float* __restrict__ bias, int n_rows, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) {
+        return;
+    }
+    const float b = bias[i];
+    for (int r = blockIdx.y; r < n_rows; r += gridDim.y) {
+        y[(long long)r * n + i] += b;
+    }
+}
+
+// Rotary position embedding in place on x [n_tokens, n_heads, head_dim], ggml's rope_ext: pair
+// i < n_rot / 2 of a head is (2i, 2i + 1), or (i, i + n_rot / 2) in NEOX mode, rotated by
+//   theta_extrap = pos * freq_base^(-2i / n_rot), theta_interp = freq_scale * theta_extrap,
+//   theta = theta_interp, or with ext_factor != 0 (YaRN) the mix
+//   theta_interp * (1 - m) + theta_extrap * m, m = ext_factor * (1 - clamp((i - corr_low) /
+//   max(0.001, corr_high - corr_low), 0, 1)),
+// with cos and sin scaled by mscale (attn_factor, times 1 + 0.1 ln(1 / freq_scale) under YaRN;
+// the launcher computes it and the correction dims). Dimensions from n_rot on pass through.
+// Thread p of the token's block row takes pair p % (n_rot / 2) of head p / (n_rot / 2); tokens
+// blockIdx.y, blockIdx.y + gridDim.y, ...
+extern "C" __global__ void dense_rope(float* __restrict__ x, const int* __restrict__ positions, int n_tokens,
+                                      int n_heads, int head_dim, int n_rot, int neox, float freq_base,
+                                      float freq_scale, float ext_factor, float corr_low, float corr_high,
+                                      float mscale) {
+    const int half = n_rot / 2;
+    const int p = blockIdx.x * blockDim.x + threadIdx.x;
+    if (p >= n_heads * half) {
+        return;
+    }
+    const int head = p / half;
+    const int i = p % half;
+    const int first = neox ? i : 2 * i;
+    const int second = neox ? i + half : 2 * i + 1;
+    const float inv_freq = powf(freq_base, -(float)(2 * i) / (float)n_rot);
+    float ramp_mix = 0.0f;
+    if (ext_factor != 0.0f) {
+        const float y = ((float)i - corr_low) / fmaxf(0.001f, corr_high - corr_low);
+        ramp_mix = (1.0f - fminf(1.0f, fmaxf(0.0f, y))) * ext_factor;
+    }
+    for (int t = blockIdx.y; t < n_tokens; t += gridDim.y) {
+        const float theta_extrap = (float)positions[t] * inv_freq;
+        const float theta_interp = freq_scale * theta_extrap;
+        const float theta =
+            ext_factor != 0.0f ? fmaf(theta_extrap, ramp_mix, theta_interp * (1.0f - ramp_mix)) : theta_interp;
+        const float c = cosf(theta) * mscale;
+        const float s = sinf(theta) * mscale;
+        float* head_x = x + ((long long)t * n_heads + head) * head_dim;
+        const float x0 = head_x[first];
+        const float x1 = head_x[second];
+        head_x[first] = fmaf(x0, c, -(x1 * s));
+        head_x[second] = fmaf(x0, s, x1 * c);
+    }
+}
+
+// cache[positions[t], j] = src[t, j] as float16 (nearest even) for j < width: thread j of the row
+// block, tokens blockIdx.y, blockIdx.y + gridDim.y, ... A position outside [0, n_cache_rows)
+// writes nothing.
+extern "C" __global__ void dense_store_rows_f16(const float* __restrict__ src, unsigned short* __restrict__ cache,
+                                                const int* __restrict__ positions, int n_tokens, int width,
+                                                int n_cache_rows) {
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= width) {
+        return;
+    }
+    for (int t = blockIdx.y; t < n_tokens; t += gridDim.y) {
+        const int row = positions[t];
+        if (row >= 0 && row < n_cache_rows) {
+            cache[(long long)row * width + j] = (unsigned short)float_to_half_bits(src[(long long)t * width + j]);
+        }
+    }
+}

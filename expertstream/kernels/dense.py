@@ -1,0 +1,288 @@
+"""Launchers of the dense kernels of dense.cu: what a transformer forward pass needs besides
+attention and the expert matmuls.
+
+- ``get_rows``: rows of a table (token_embd) decoded to float32, any type of layout.FORMATS;
+- ``rms_norm``: the RMS norm with an optional weight, over hidden rows or per-head Q/K rows;
+- ``add_rows``: a bias added to every row (projection biases);
+- ``rope``: the rotary position embedding of ggml's rope_ext, normal and NEOX modes, YaRN;
+- ``store_rows_f16``: float32 rows written into a float16 cache at given rows (the KV cache).
+
+Every function only enqueues work on the given stream. Shapes are float32 row-major unless
+noted; positions and ids are int32 on the device, so a captured graph can replay a launch
+with new values.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+from gguf import GGMLQuantizationType
+
+from ..backends.base import BufferView, DeviceBuffer, Stream
+from ..errors import InvalidArgument
+from ..ggml import RowType
+from . import layout
+from .args import ViewLike, fits_int32, positive, view
+from .layout import WeightFormat
+
+if TYPE_CHECKING:
+    from .launcher import MoeKernels
+
+GET_ROWS_THREADS = 128  # must match dense.cu
+GET_ROWS_CHUNK = GET_ROWS_THREADS * 32  # row elements per block
+NORM_MAX_THREADS = 256
+DENSE_THREADS = 256
+
+
+@dataclass(frozen=True)
+class Rope:
+    """How ``rope`` rotates: ggml_rope_ext's parameters."""
+
+    n_rot: int  # rotated dimensions of each head (<= head_dim, even); the rest pass through
+    neox: bool  # NEOX mode rotates pairs (i, i + n_rot/2); normal mode rotates (2i, 2i+1)
+    freq_base: float
+    freq_scale: float = 1.0
+    ext_factor: float = 0.0  # YaRN: > 0 mixes interpolation and extrapolation per dimension
+    attn_factor: float = 1.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    n_ctx_orig: int = 0  # the training context YaRN's correction dims are computed from
+
+
+def yarn_corr_dims(rope: Rope) -> tuple[float, float]:
+    """(low, high): the pair indices between which YaRN's ramp goes from extrapolation to
+    interpolation, computed in float32 as ggml_rope_yarn_corr_dims computes them."""
+    f32 = np.float32
+
+    def corr_dim(n_rotations: float) -> np.float32:
+        ratio = f32(rope.n_ctx_orig) / (f32(n_rotations) * f32(2) * f32(math.pi))
+        return f32(rope.n_rot) * np.log(ratio) / (f32(2) * np.log(f32(rope.freq_base)))
+
+    low = max(0.0, float(np.floor(corr_dim(rope.beta_fast))))
+    high = min(float(rope.n_rot - 1), float(np.ceil(corr_dim(rope.beta_slow))))
+    return low, high
+
+
+def rope_mscale(rope: Rope) -> float:
+    """What cos and sin are scaled by: attn_factor, times 1 + 0.1 ln(1 / freq_scale) under YaRN."""
+    if rope.ext_factor == 0.0:
+        return rope.attn_factor
+    return rope.attn_factor * (1.0 + 0.1 * math.log(1.0 / rope.freq_scale))
+
+
+def get_rows(
+    kernels: MoeKernels,
+    stream: Stream,
+    table: ViewLike,
+    table_type: RowType,
+    n_cols: int,
+    n_table_rows: int,
+    ids: ViewLike,
+    n_ids: int,
+    out: ViewLike,
+) -> None:
+    """out[i, :] = row ids[i] of table, decoded to float32.
+
+    ``table`` holds n_table_rows rows of n_cols elements of ``table_type``, as a GGUF tensor
+    stores them (token_embd); ids int32 [n_ids]; out [n_ids, n_cols]. An id outside
+    [0, n_table_rows) gives a NaN row, never a stray read.
+    """
+    call = "get_rows"
+    fmt = _table_format(call, table_type)
+    positive(call, n_cols=n_cols, n_table_rows=n_table_rows, n_ids=n_ids)
+    if n_cols % fmt.block_elements:
+        raise InvalidArgument(
+            f"n_cols {n_cols} is not a multiple of the {fmt.qtype.name} block size {fmt.block_elements}", call=call
+        )
+    fits_int32(call, out=n_ids * n_cols)
+    args = (
+        view(call, "table", table, n_table_rows * fmt.row_bytes(n_cols), fmt.unit_bytes),
+        view(call, "ids", ids, n_ids * 4),
+        view(call, "out", out, n_ids * n_cols * 4),
+        np.int32(n_cols),
+        np.int32(n_table_rows),
+        np.int32(n_ids),
+    )
+    grid = (-(-n_cols // GET_ROWS_CHUNK), min(n_ids, layout.MAX_GRID_Y))
+    stream.launch(kernels.kernel(fmt.get_rows_kernel_name), grid, GET_ROWS_THREADS, args)
+
+
+def rms_norm(
+    kernels: MoeKernels,
+    stream: Stream,
+    x: ViewLike,
+    weight: ViewLike | None,
+    out: ViewLike,
+    n_rows: int,
+    n: int,
+    eps: float,
+) -> None:
+    """out[r, :] = x[r, :] / sqrt(mean(x[r, :]**2) + eps) * weight[:] (weight [n]; None: no weight).
+
+    ``out`` may be the same view as ``x`` (in place), not a view partly over it. Hidden rows
+    take n = n_embd; a per-head Q/K norm takes n_rows = tokens * heads and n = head_dim. The
+    sum of squares is reduced in a fixed order, so results never depend on timing.
+    """
+    call = "rms_norm"
+    positive(call, n_rows=n_rows, n=n)
+    if not (math.isfinite(eps) and eps >= 0.0):
+        raise InvalidArgument(f"eps must be a finite number >= 0, got {eps!r}", call=call)
+    fits_int32(call, x=n_rows * n)
+    x_view = view(call, "x", x, n_rows * n * 4)
+    out_view = view(call, "out", out, n_rows * n * 4)
+    _same_or_apart(call, x_view, out_view)
+    args = (
+        x_view,
+        np.uint64(0) if weight is None else view(call, "weight", weight, n * 4),
+        out_view,
+        np.int32(n_rows),
+        np.int32(n),
+        np.float32(eps),
+    )
+    threads = min(NORM_MAX_THREADS, max(32, 1 << (n - 1).bit_length()))
+    stream.launch(kernels.kernel("dense_rms_norm"), n_rows, threads, args)
+
+
+def add_rows(kernels: MoeKernels, stream: Stream, y: ViewLike, bias: ViewLike, n_rows: int, n: int) -> None:
+    """y[r, :] += bias[:] for y [n_rows, n] and bias [n]: projection biases."""
+    call = "add_rows"
+    positive(call, n_rows=n_rows, n=n)
+    args = (view(call, "y", y, n_rows * n * 4), view(call, "bias", bias, n * 4), np.int32(n_rows), np.int32(n))
+    grid = (-(-n // DENSE_THREADS), min(n_rows, layout.MAX_GRID_Y))
+    stream.launch(kernels.kernel("dense_add_rows"), grid, DENSE_THREADS, args)
+
+
+def rope(
+    kernels: MoeKernels,
+    stream: Stream,
+    x: ViewLike,
+    positions: ViewLike,
+    n_tokens: int,
+    n_heads: int,
+    head_dim: int,
+    rope: Rope,
+) -> None:
+    """Rotate x [n_tokens, n_heads, head_dim] in place by the positions int32 [n_tokens].
+
+    ggml's rope_ext: pair i of the first n_rot dimensions of each head turns by
+    pos * freq_base^(-2i / n_rot) times freq_scale, or under YaRN (ext_factor != 0) by a mix of
+    that and the unscaled angle, ramped between the correction dims of beta_fast and beta_slow
+    for n_ctx_orig; cos and sin are scaled by ``rope_mscale``.
+    """
+    call = "rope"
+    positive(call, n_tokens=n_tokens, n_heads=n_heads, head_dim=head_dim)
+    _check_rope(call, rope, head_dim)
+    fits_int32(call, x=n_tokens * n_heads * head_dim)
+    low, high = yarn_corr_dims(rope) if rope.ext_factor != 0.0 else (0.0, 0.0)
+    args = (
+        view(call, "x", x, n_tokens * n_heads * head_dim * 4),
+        view(call, "positions", positions, n_tokens * 4),
+        np.int32(n_tokens),
+        np.int32(n_heads),
+        np.int32(head_dim),
+        np.int32(rope.n_rot),
+        np.int32(1 if rope.neox else 0),
+        np.float32(rope.freq_base),
+        np.float32(rope.freq_scale),
+        np.float32(rope.ext_factor),
+        np.float32(low),
+        np.float32(high),
+        np.float32(rope_mscale(rope)),
+    )
+    grid = (-(-n_heads * (rope.n_rot // 2) // DENSE_THREADS), min(n_tokens, layout.MAX_GRID_Y))
+    stream.launch(kernels.kernel("dense_rope"), grid, DENSE_THREADS, args)
+
+
+def store_rows_f16(
+    kernels: MoeKernels,
+    stream: Stream,
+    src: ViewLike,
+    cache: ViewLike,
+    positions: ViewLike,
+    n_tokens: int,
+    width: int,
+) -> None:
+    """cache[positions[i], :] = src[i, :] rounded to float16 (nearest even): the KV cache write.
+
+    src float32 [n_tokens, width]; cache float16 [rows, width], its rows as many as the view
+    (or the buffer's nbytes) holds; positions int32 [n_tokens] on the device, so a captured graph
+    can replay the write. A position outside the cache's rows writes nothing; two tokens at
+    one position leave either one's row.
+    """
+    call = "store_rows_f16"
+    positive(call, n_tokens=n_tokens, width=width)
+    fits_int32(call, src=n_tokens * width)
+    whole = cache.view(0, cache.nbytes) if isinstance(cache, DeviceBuffer) else cache
+    row_bytes = 2 * width
+    n_cache_rows = min(whole.nbytes // row_bytes, layout.MAX_INT32) if isinstance(whole, BufferView) else 0
+    if n_cache_rows < 1:
+        raise InvalidArgument(
+            f"cache must be a DeviceBuffer or BufferView of at least one row of {width} float16 values",
+            call=call,
+        )
+    args = (
+        view(call, "src", src, n_tokens * width * 4),
+        view(call, "cache", whole, n_cache_rows * row_bytes, 2),
+        view(call, "positions", positions, n_tokens * 4),
+        np.int32(n_tokens),
+        np.int32(width),
+        np.int32(n_cache_rows),
+    )
+    grid = (-(-width // DENSE_THREADS), min(n_tokens, layout.MAX_GRID_Y))
+    stream.launch(kernels.kernel("dense_store_rows_f16"), grid, DENSE_THREADS, args)
+
+
+def _table_format(call: str, table_type: RowType) -> WeightFormat:
+    try:
+        fmt = layout.FORMATS.get(GGMLQuantizationType(int(table_type)))
+    except ValueError:
+        fmt = None
+    if fmt is None:
+        supported = ", ".join(f.qtype.name for f in layout.FORMATS.values())
+        raise InvalidArgument(f"no decoder for table type {table_type!r}", call=call, hint=f"supported: {supported}")
+    return fmt
+
+
+def _check_rope(call: str, rope: Rope, head_dim: int) -> None:
+    if not (isinstance(rope.n_rot, (int, np.integer)) and 2 <= rope.n_rot <= head_dim and rope.n_rot % 2 == 0):
+        raise InvalidArgument(f"n_rot must be even and in [2, head_dim {head_dim}], got {rope.n_rot!r}", call=call)
+    factors = {
+        "freq_base": rope.freq_base,
+        "freq_scale": rope.freq_scale,
+        "ext_factor": rope.ext_factor,
+        "attn_factor": rope.attn_factor,
+    }
+    for name, value in factors.items():
+        if not math.isfinite(value):
+            raise InvalidArgument(f"{name} must be finite, got {value!r}", call=call)
+    if rope.freq_base <= 0.0 or rope.freq_scale <= 0.0:
+        raise InvalidArgument(
+            f"freq_base and freq_scale must be positive, got {rope.freq_base!r} and {rope.freq_scale!r}", call=call
+        )
+    if rope.ext_factor != 0.0 and not (
+        rope.n_ctx_orig > 0 and rope.freq_base != 1.0 and rope.beta_fast > 0.0 and rope.beta_slow > 0.0
+    ):
+        raise InvalidArgument(
+            "YaRN (ext_factor != 0) needs n_ctx_orig > 0, freq_base != 1 and positive beta_fast and beta_slow, "
+            f"got {rope.n_ctx_orig!r}, {rope.freq_base!r}, {rope.beta_fast!r}, {rope.beta_slow!r}",
+            call=call,
+            hint="n_ctx_orig is the training context (llama.cpp's yarn original context, else n_ctx_train)",
+        )
+
+
+def _same_or_apart(call: str, x: BufferView, out: BufferView) -> None:
+    """An in-place call passes one view twice; any other overlap would read values already written."""
+    if x.buffer is not out.buffer or x.offset == out.offset:
+        return
+    if x.offset < out.end and out.offset < x.end:
+        raise InvalidArgument(
+            f"out (bytes {out.offset}..{out.end}) partly overlaps x (bytes {x.offset}..{x.end})",
+            call=call,
+            hint="pass the same view for an in-place norm, or views that do not overlap",
+        )
+
+
+__all__ = ["Rope", "add_rows", "get_rows", "rms_norm", "rope", "rope_mscale", "store_rows_f16", "yarn_corr_dims"]

@@ -1,0 +1,158 @@
+"""numpy twins of the dense kernels of dense.cu (see dense.py): what the simulator runs for them.
+
+Each computes in float32 with the kernel's operations, vectorized: get_rows decodes with
+quants.decode_rows (the decoders' values bit for bit); the norm sums its squares in another
+order than the kernel's tree, and the rotation computes without the kernel's fused
+multiply-adds, so those agree with the GPU within rounding, not bit for bit. The float16 store
+rounds to nearest even as the kernel does (NaN payloads aside).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..backends.base import BufferView
+from ..backends.sim import Access, KernelSpec
+from ..backends.sim.kernels import Dim3Tuple
+from . import quants
+from .layout import FORMATS, WeightFormat
+
+Args = tuple[Any, ...]
+_F32 = np.float32
+
+
+def _as_view(arg: Any) -> BufferView:
+    return arg if isinstance(arg, BufferView) else arg.view()
+
+
+# -- get_rows: table, ids, out, n_cols, n_table_rows, n_ids ---------------------------------
+
+
+def _get_rows_runner(fmt: WeightFormat) -> Any:
+    def run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
+        table_b, ids_b, out_b = args[:3]
+        n_cols, n_table_rows, n_ids = map(int, args[3:])
+        row_bytes = fmt.row_bytes(n_cols)
+        table = table_b[: n_table_rows * row_bytes].reshape(n_table_rows, row_bytes)
+        ids = ids_b.view(np.int32)[:n_ids]
+        out = out_b.view(_F32).reshape(n_ids, n_cols)
+        valid = (ids >= 0) & (ids < n_table_rows)
+        out[~valid] = np.nan
+        if valid.any():
+            out[valid] = quants.decode_rows(table[ids[valid]], fmt.qtype)
+
+    return run
+
+
+def _get_rows_accesses(args: Args) -> Sequence[Access]:
+    return [
+        Access(_as_view(args[0]), write=False),
+        Access(_as_view(args[1]), write=False),
+        Access(_as_view(args[2]), write=True),
+    ]
+
+
+# -- rms_norm: x, weight (or 0), out, n_rows, n, eps ----------------------------------------
+
+
+def _rms_norm_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
+    x_b, w_b, out_b, n_rows, n, eps = args
+    x = x_b.view(_F32).reshape(int(n_rows), int(n))
+    mean_square = np.einsum("rn,rn->r", x, x, dtype=_F32) / _F32(n)
+    scale = _F32(1) / np.sqrt(mean_square + _F32(eps))
+    y = x * scale[:, None]
+    if isinstance(w_b, np.ndarray):
+        y = y * w_b.view(_F32)
+    out_b.view(_F32).reshape(int(n_rows), int(n))[:] = y
+
+
+def _rms_norm_accesses(args: Args) -> Sequence[Access]:
+    reads = [Access(_as_view(a), write=False) for a in args[:2] if not isinstance(a, np.generic)]
+    return [*reads, Access(_as_view(args[2]), write=True)]
+
+
+# -- add_rows: y, bias, n_rows, n -------------------------------------------------------------
+
+
+def _add_rows_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
+    y_b, bias_b, n_rows, n = args
+    y = y_b.view(_F32).reshape(int(n_rows), int(n))
+    y += bias_b.view(_F32)
+
+
+def _read_modify_write(args: Args) -> Sequence[Access]:
+    """The first argument read and written in place (add_rows' y, rope's x), the second read."""
+    target = _as_view(args[0])
+    return [Access(target, write=False), Access(_as_view(args[1]), write=False), Access(target, write=True)]
+
+
+# -- rope: x, positions, n_tokens, n_heads, head_dim, n_rot, neox, freq_base, freq_scale,
+#          ext_factor, corr_low, corr_high, mscale ---------------------------------------------
+
+
+def _rope_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
+    x_b, pos_b = args[:2]
+    n_tokens, n_heads, head_dim, n_rot, neox = map(int, args[2:7])
+    freq_base, freq_scale, ext_factor, corr_low, corr_high, mscale = (_F32(a) for a in args[7:])
+    x = x_b.view(_F32).reshape(n_tokens, n_heads, head_dim)
+    half = n_rot // 2
+    pair = np.arange(half)
+    inv_freq = np.power(freq_base, -(2 * pair).astype(_F32) / _F32(n_rot))
+    theta_extrap = pos_b.view(np.int32)[:n_tokens].astype(_F32)[:, None] * inv_freq[None, :]
+    theta = freq_scale * theta_extrap
+    if ext_factor != 0:
+        y = (pair.astype(_F32) - corr_low) / max(_F32(0.001), corr_high - corr_low)
+        ramp_mix = (_F32(1) - np.clip(y, _F32(0), _F32(1))) * ext_factor
+        theta = theta * (_F32(1) - ramp_mix) + theta_extrap * ramp_mix
+    cos = (np.cos(theta) * mscale)[:, None, :]
+    sin = (np.sin(theta) * mscale)[:, None, :]
+    first = pair if neox else 2 * pair
+    second = pair + half if neox else 2 * pair + 1
+    x0 = x[:, :, first].copy()
+    x1 = x[:, :, second].copy()
+    x[:, :, first] = x0 * cos - x1 * sin
+    x[:, :, second] = x0 * sin + x1 * cos
+
+
+# -- store_rows_f16: src, cache, positions, n_tokens, width, n_cache_rows ----------------------
+
+
+def _store_rows_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
+    src_b, cache_b, pos_b = args[:3]
+    n_tokens, width, n_cache_rows = map(int, args[3:])
+    src = src_b.view(_F32).reshape(n_tokens, width)
+    cache = cache_b.view(np.float16).reshape(n_cache_rows, width)
+    rows = pos_b.view(np.int32)[:n_tokens]
+    valid = (rows >= 0) & (rows < n_cache_rows)
+    with np.errstate(over="ignore"):  # beyond the largest half is infinity, as the kernel rounds it
+        cache[rows[valid]] = src[valid].astype(np.float16)
+
+
+def _store_rows_accesses(args: Args) -> Sequence[Access]:
+    return [
+        Access(_as_view(args[0]), write=False),
+        Access(_as_view(args[2]), write=False),
+        Access(_as_view(args[1]), write=True),
+    ]
+
+
+def twin_specs() -> list[KernelSpec]:
+    """The twin of every kernel dense.py launches."""
+    specs = [
+        KernelSpec(
+            fmt.get_rows_kernel_name, _get_rows_runner(fmt), _get_rows_accesses, lambda a: float(a[3]) * float(a[5])
+        )
+        for fmt in FORMATS.values()
+    ]
+    specs += [
+        KernelSpec("dense_rms_norm", _rms_norm_run, _rms_norm_accesses, lambda a: 3.0 * float(a[3]) * float(a[4])),
+        KernelSpec("dense_add_rows", _add_rows_run, _read_modify_write, lambda a: float(a[2]) * float(a[3])),
+        KernelSpec(
+            "dense_rope", _rope_run, _read_modify_write, lambda a: 16.0 * float(a[2]) * float(a[3]) * float(a[5])
+        ),
+        KernelSpec("dense_store_rows_f16", _store_rows_run, _store_rows_accesses, lambda a: float(a[3]) * float(a[4])),
+    ]
+    return specs

@@ -1,0 +1,192 @@
+"""dense.cu's kernels themselves, compiled for this host and run block by block with test_kernels_on_host's
+fiber runner, against the float64 references: the CUDA-C the GPUs run, checked where no GPU is.
+
+The driver gives every launch a grid of at most 3 rows of blocks, so the kernels' loops over the rows
+past gridDim.y run too.
+"""
+
+from __future__ import annotations
+
+import struct
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType
+
+from expertstream.kernels import dense, kernel_source
+from expertstream.kernels import reference as ref
+from expertstream.kernels import reference_dense as ref_dense
+from expertstream.kernels.dense import Rope
+from expertstream.kernels.layout import FORMATS
+from expertstream.kernels.program import source_file
+
+from .test_dense import F16_EDGES
+from .test_kernels_on_host import _FIBERS, _PRELUDE, CXX
+
+TYPES = list(FORMATS)
+
+_DRIVER = (
+    _FIBERS
+    + """
+typedef void (*GetRows)(const unsigned char*, const int*, float*, int, int, int);
+
+static void launch(unsigned grid_x, unsigned rows, unsigned threads, const std::function<void()>& body) {
+    const unsigned grid_y = std::min(rows, 3u);
+    gridDim = EsDim3{grid_x, grid_y, 1};
+    blockDim = EsDim3{threads, 1, 1};
+    for (unsigned by = 0; by < grid_y; ++by) {
+        for (unsigned bx = 0; bx < grid_x; ++bx) {
+            blockIdx = EsDim3{bx, by, 0};
+            run_block(threads, body);
+        }
+    }
+}
+
+int main(int argc, char** argv) {
+    const std::string kernel = argv[1];
+    if (kernel == "get_rows") {
+        GetRows get_rows[] = {%s};
+        std::vector<int> shape = read_array<int>(4);
+        const int n_cols = shape[0], n_table_rows = shape[1], n_ids = shape[2];
+        std::vector<unsigned char> table = read_array<unsigned char>(shape[3]);
+        std::vector<int> ids = read_array<int>(n_ids);
+        std::vector<float> out((size_t)n_ids * n_cols);
+        launch((n_cols + GET_ROWS_CHUNK - 1) / GET_ROWS_CHUNK, n_ids, GET_ROWS_THREADS, [&] {
+            get_rows[atoi(argv[2])](table.data(), ids.data(), out.data(), n_cols, n_table_rows, n_ids);
+        });
+        fwrite(out.data(), sizeof(float), out.size(), stdout);
+    } else if (kernel == "rms_norm") {
+        std::vector<int> shape = read_array<int>(4);
+        const int n_rows = shape[0], n = shape[1], has_weight = shape[2], threads = shape[3];
+        const float eps = read_array<float>(1)[0];
+        std::vector<float> x = read_array<float>((size_t)n_rows * n);
+        std::vector<float> weight = read_array<float>(has_weight ? n : 0);
+        gridDim = EsDim3{(unsigned)n_rows, 1, 1};
+        blockDim = EsDim3{(unsigned)threads, 1, 1};
+        for (unsigned b = 0; b < (unsigned)n_rows; ++b) {  // in place, as the engine runs it
+            blockIdx = EsDim3{b, 0, 0};
+            run_block(threads, [&] {
+                dense_rms_norm(x.data(), has_weight ? weight.data() : nullptr, x.data(), n_rows, n, eps);
+            });
+        }
+        fwrite(x.data(), sizeof(float), x.size(), stdout);
+    } else if (kernel == "rope") {
+        std::vector<int> shape = read_array<int>(5);
+        const int n_tokens = shape[0], n_heads = shape[1], head_dim = shape[2], n_rot = shape[3];
+        std::vector<float> f = read_array<float>(6);
+        std::vector<int> positions = read_array<int>(n_tokens);
+        std::vector<float> x = read_array<float>((size_t)n_tokens * n_heads * head_dim);
+        launch((n_heads * (n_rot / 2) + DENSE_THREADS - 1) / DENSE_THREADS, n_tokens, DENSE_THREADS, [&] {
+            dense_rope(x.data(), positions.data(), n_tokens, n_heads, head_dim, n_rot, shape[4], f[0], f[1], f[2],
+                       f[3], f[4], f[5]);
+        });
+        fwrite(x.data(), sizeof(float), x.size(), stdout);
+    } else if (kernel == "store") {
+        std::vector<int> shape = read_array<int>(3);
+        const int n_tokens = shape[0], width = shape[1], n_cache_rows = shape[2];
+        std::vector<float> src = read_array<float>((size_t)n_tokens * width);
+        std::vector<int> positions = read_array<int>(n_tokens);
+        std::vector<unsigned short> cache = read_array<unsigned short>((size_t)n_cache_rows * width);
+        launch((width + DENSE_THREADS - 1) / DENSE_THREADS, n_tokens, DENSE_THREADS, [&] {
+            dense_store_rows_f16(src.data(), cache.data(), positions.data(), n_tokens, width, n_cache_rows);
+        });
+        fwrite(cache.data(), sizeof(unsigned short), cache.size(), stdout);
+    }
+    return 0;
+}
+"""
+)
+
+
+@pytest.fixture(scope="module")
+def host_dense(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if CXX is None:
+        pytest.skip("no C++ compiler (c++, g++ or clang++) on PATH")
+    source = kernel_source(())
+    shared = source[: source.index('extern "C" __global__ void moe_swiglu(')]  # up to simt.cu
+    instances = "".join(f"DENSE_GET_ROWS({FORMATS[t].get_rows_kernel_name}, {int(t)})\n" for t in TYPES)
+    names = ", ".join(FORMATS[t].get_rows_kernel_name for t in TYPES)
+    folder = tmp_path_factory.mktemp("dense")
+    (folder / "dense.cpp").write_text(_PRELUDE + shared + source_file("dense.cu") + instances + _DRIVER % names)
+    build = subprocess.run(
+        [CXX, "-std=c++17", "-O1", "-o", str(folder / "dense"), str(folder / "dense.cpp")],
+        capture_output=True,
+        text=True,
+    )
+    assert build.returncode == 0, build.stderr[-4000:]
+    return folder / "dense"
+
+
+def _run(binary: Path, args: list[str], *parts: bytes) -> bytes:
+    return subprocess.run([str(binary), *args], input=b"".join(parts), capture_output=True, check=True).stdout
+
+
+@pytest.mark.parametrize("table_type", TYPES, ids=lambda t: t.name)
+def test_get_rows(host_dense: Path, rng: np.random.Generator, table_type: GGMLQuantizationType) -> None:
+    n_table_rows, n_cols = 4, 4352 if FORMATS[table_type].quantized else 4133  # a whole chunk and a partial one
+    table = ref.random_weights(rng, table_type, n_table_rows, n_cols)
+    ids = np.array([2, -1, 0, 3, 4, 2], np.int32)
+    header = struct.pack("4i", n_cols, n_table_rows, ids.size, table.nbytes)
+    out = _run(host_dense, ["get_rows", str(TYPES.index(table_type))], header, table.tobytes(), ids.tobytes())
+    got = np.frombuffer(out, np.float32).reshape(ids.size, n_cols)
+    expected = ref_dense.get_rows(table, table_type, n_cols, n_table_rows, ids)
+    bad = (ids < 0) | (ids >= n_table_rows)
+    assert np.isnan(got[bad]).all()
+    err = ref.relative_error(got[~bad], expected[~bad])
+    assert err < ref_dense.GET_ROWS_RTOL, f"relative error {err:.3g}"
+
+
+@pytest.mark.parametrize(("n", "threads"), [(4096, 256), (128, 128), (45, 64), (1, 32)])
+@pytest.mark.parametrize("with_weight", [True, False], ids=["weight", "no-weight"])
+def test_rms_norm_in_place(host_dense: Path, rng: np.random.Generator, n: int, threads: int, with_weight: bool) -> None:
+    n_rows, eps = 3, 1e-5
+    x = (rng.standard_normal((n_rows, n)) * 10.0 ** rng.integers(-3, 4, (n_rows, 1))).astype(np.float32)
+    weight = rng.standard_normal(n).astype(np.float32) if with_weight else np.zeros(0, np.float32)
+    header = struct.pack("4if", n_rows, n, int(with_weight), threads, eps)
+    out = _run(host_dense, ["rms_norm"], header, x.tobytes(), weight.tobytes())
+    expected = ref_dense.rms_norm(x, weight if with_weight else None, eps)
+    err = ref.relative_error(np.frombuffer(out, np.float32).reshape(n_rows, n), expected)
+    assert err < ref_dense.RMS_NORM_RTOL, f"relative error {err:.3g}"
+
+
+@pytest.mark.parametrize(
+    ("params", "head_dim"),
+    [
+        (Rope(64, False, 10000.0), 64),
+        (Rope(32, True, 1e6), 80),
+        (Rope(64, True, 150000.0, 1 / 32, 1.0, 1.0, 32.0, 1.0, 4096), 64),
+        (Rope(48, False, 10000.0, 0.25, 0.5, 0.9, 32.0, 1.0, 2048), 80),
+    ],
+    ids=["normal", "neox-partial", "yarn-gpt-oss", "yarn-normal-partial"],
+)
+def test_rope(host_dense: Path, rng: np.random.Generator, params: Rope, head_dim: int) -> None:
+    n_tokens, n_heads = 7, 3
+    positions = rng.permutation(3000)[:n_tokens].astype(np.int32)
+    x = rng.standard_normal((n_tokens, n_heads, head_dim)).astype(np.float32)
+    low, high = dense.yarn_corr_dims(params) if params.ext_factor else (0.0, 0.0)
+    factors = (params.freq_base, params.freq_scale, params.ext_factor, low, high, dense.rope_mscale(params))
+    header = struct.pack("5i6f", n_tokens, n_heads, head_dim, params.n_rot, int(params.neox), *factors)
+    out = _run(host_dense, ["rope"], header, positions.tobytes(), x.tobytes())
+    got = np.frombuffer(out, np.float32).reshape(n_tokens, n_heads, head_dim)
+    rotated = slice(0, params.n_rot)
+    err = ref.relative_error(got[..., rotated], ref_dense.rope(x, positions, params)[..., rotated])
+    assert err < ref_dense.rope_rtol(int(positions.max())), f"relative error {err:.3g}"
+    np.testing.assert_array_equal(got[..., params.n_rot :], x[..., params.n_rot :])
+
+
+def test_store_rows_f16_rounds_every_float32_class(host_dense: Path, rng: np.random.Generator) -> None:
+    """Float16's edges, then random bit patterns of every exponent: the kernel's rounding bit for bit."""
+    n_cache_rows, width = 9, 512
+    positions = np.array([4, 0, 8, 9, -3, 2], np.int32)
+    src = rng.integers(0, 2**32, (positions.size, width), dtype=np.uint64).astype(np.uint32).view(np.float32)
+    src[:, : len(F16_EDGES)] = F16_EDGES
+    cache = rng.standard_normal((n_cache_rows, width)).astype(np.float16)
+    header = struct.pack("3i", positions.size, width, n_cache_rows)
+    out = _run(host_dense, ["store"], header, src.tobytes(), positions.tobytes(), cache.tobytes())
+    got = np.frombuffer(out, np.float16).reshape(n_cache_rows, width)
+    expected = ref_dense.store_rows_f16(cache, src, positions)
+    nan = np.isnan(expected)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    np.testing.assert_array_equal(got.view(np.uint16)[~nan], expected.view(np.uint16)[~nan])
