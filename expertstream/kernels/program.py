@@ -11,7 +11,8 @@ concatenated in the order of ``SOURCE_NAMES``, each using what the files before 
 - elementwise.cu: SwiGLU and the combine at the end of an MoE layer;
 - routing.cu: router top-k and the per-architecture routing and FFN pieces (routing.py);
 - standin.cu: the RMS norm and residual add the runner puts around each MoE block;
-- mma.cu, int8.cu, direct.cu: the matrix-core, int8 and direct-decode mul_mat_id.
+- mma.cu, int8.cu, direct.cu: the matrix-core, int8 and direct-decode mul_mat_id;
+- attention.cu: causal attention over an f16 KV cache (attention.py).
 
 After them come the mul_mat_id instances of the weight types a module needs.
 """
@@ -37,6 +38,7 @@ SOURCE_NAMES = (
     "mma.cu",
     "int8.cu",
     "direct.cu",
+    "attention.cu",
 )
 
 
