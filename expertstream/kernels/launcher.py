@@ -59,7 +59,7 @@ from ..backends.base import BufferView, Device, DeviceBuffer, Kernel, Stream, Us
 from ..backends.sim import KernelSpec
 from ..errors import InvalidArgument
 from ..ggml import RowType, padded_size
-from . import dense_twins, layout, routing_twins, twins
+from . import attention_twins, dense_twins, layout, routing_twins, twins
 from .args import ViewLike, fits_int32, positive, view
 from .layout import MatrixPath, TileM, WeightFormat, weight_format
 from .program import kernel_source, module_types
@@ -68,7 +68,13 @@ log = logging.getLogger(__name__)
 
 # Each kernel's numpy twin, handed to every compile: the simulator runs it, GPU backends ignore it.
 TWINS: dict[str, KernelSpec] = {
-    spec.name: spec for spec in (*twins.twin_specs(), *routing_twins.twin_specs(), *dense_twins.twin_specs())
+    spec.name: spec
+    for spec in (
+        *twins.twin_specs(),
+        *routing_twins.twin_specs(),
+        *dense_twins.twin_specs(),
+        *attention_twins.twin_specs(),
+    )
 }
 
 
@@ -123,7 +129,8 @@ class MoeKernels(Closing):
             log.info("mul_mat_id on %s takes the float32 SIMT path although it has matrix cores", device.label)
         self._sources: dict[tuple[RowType, ...], str] = {}  # by module_types
         self._kernels: dict[str, Kernel] = {}
-        self._scratch: list[DeviceBuffer] = []  # the last is current; earlier ones may still be in use
+        # Per owner (a launcher's name): the last is current; earlier ones may still be in use.
+        self._scratch: dict[str, list[DeviceBuffer]] = {}
 
     def path_for(self, w_type: RowType) -> MatrixPath:
         """The path mul_mat_id takes for ``w_type``: the one asked for (types without an int8 kernel
@@ -259,7 +266,7 @@ class MoeKernels(Closing):
             xq_at = layout.quantized_x_offset(n_pairs, n_expert, tile_m)
             need = xq_at + layout.quantized_x_bytes(x_rows, n_in)
         align = layout.SCRATCH_ALIGN if path is MatrixPath.INT8 else 4
-        whole = self._own_scratch(need) if scratch is None else view(call, "scratch", scratch, need, align)
+        whole = self.scratch("mul_mat_id", need) if scratch is None else view(call, "scratch", scratch, need, align)
         scratch_view = BufferView(whole.buffer, whole.offset, words * 4)
         if path is MatrixPath.INT8:
             # The int8 kernel reads the activations as the quantizer leaves them in the scratch.
@@ -395,7 +402,9 @@ class MoeKernels(Closing):
         xb_at = layout.quantized_x_offset(n_pairs, n_expert, tile_m)
         need = xb_at + layout.direct_x_bytes(x_rows, n_in)
         whole = (
-            self._own_scratch(need) if scratch is None else view(call, "scratch", scratch, need, layout.SCRATCH_ALIGN)
+            self.scratch("mul_mat_id", need)
+            if scratch is None
+            else view(call, "scratch", scratch, need, layout.SCRATCH_ALIGN)
         )
         scratch_view = BufferView(whole.buffer, whole.offset, words * 4)
         xb = BufferView(whole.buffer, whole.offset + xb_at, need - xb_at)
@@ -533,8 +542,9 @@ class MoeKernels(Closing):
 
     def close(self) -> None:
         """Free the instance's own scratch; work that uses it must be finished."""
-        for buf in self._scratch:
-            buf.close()
+        for buffers in self._scratch.values():
+            for buf in buffers:
+                buf.close()
         self._scratch.clear()
 
     @staticmethod
@@ -561,13 +571,17 @@ class MoeKernels(Closing):
                 hint="split the batch",
             )
 
-    def _own_scratch(self, nbytes: int) -> BufferView:
-        current = self._scratch[-1] if self._scratch else None
+    def scratch(self, owner: str, nbytes: int) -> BufferView:
+        """``nbytes`` of the instance's own device scratch for ``owner`` (the launcher's name: each owner
+        has its own buffer), grown when a call needs more and freed by ``close()``. Calls of one owner
+        share it, so they must run in one stream's order."""
+        buffers = self._scratch.setdefault(owner, [])
+        current = buffers[-1] if buffers else None
         if current is None or current.nbytes < nbytes:
             size = 1 << max(12, (nbytes - 1).bit_length())  # grow by powers of two: few buffers are ever kept
-            log.debug("mul_mat_id scratch on %s grows to %d bytes", self.device.label, size)
+            log.debug("%s scratch on %s grows to %d bytes", owner, self.device.label, size)
             current = self.device.alloc(size, Usage.COMPUTE)
-            self._scratch.append(current)
+            buffers.append(current)
         return current.view(0, nbytes)
 
 

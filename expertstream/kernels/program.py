@@ -13,7 +13,8 @@ concatenated in the order of ``SOURCE_NAMES``, each using what the files before 
 - standin.cu: the RMS norm and residual add the runner puts around each MoE block;
 - mma.cu, int8.cu, direct.cu: the matrix-core, int8 and direct-decode mul_mat_id;
 - dense.cu: the dense pieces of a forward pass (dense.py): get_rows, RMS norm, bias rows,
-  rotary embedding, the float16 KV cache write.
+  rotary embedding, the float16 KV cache write;
+- attention.cu: causal attention over an f16 KV cache (attention.py).
 
 After them come the per-type instances of the weight types a module needs: mul_mat_id's, and
 get_rows' for tables of that type.
@@ -41,6 +42,7 @@ SOURCE_NAMES = (
     "int8.cu",
     "direct.cu",
     "dense.cu",
+    "attention.cu",
 )
 
 

@@ -1,0 +1,665 @@
+// ---------------------------------------------------------------------------------
+// Causal attention over an f16 KV cache (part of the kernel source, see formats.cu; launched by
+// kernels/attention.py): out[i, h] = softmax_j(scale q[i, h] . k[j, g]) v[j, g] for the cache rows
+// j query i sees (j <= its position, and within the window where one is set), with GQA
+// (g = h / (n_head / n_head_kv)) and gpt-oss's per-head sink logits in the denominator.
+//
+// Every kernel walks the cache in tiles of keys staged in shared memory with an online softmax
+// (running max m, running sum l, output o rescaled when m grows), so no score matrix larger than
+// one tile ever exists. A block first takes the union of the rows its queries see and stages only
+// those rows (others are zeros, never read), so cache rows no query of the launch sees may hold
+// anything, NaN included, and tiles outside that union are skipped.
+//
+// - attn_prefill_simt_d*: one block per (32 queries, head), float32 FMAs: any device.
+// - attn_prefill_mma_d*: one block per (64 queries, head), Q.K^T and P.V by f16 mma.sync
+//   m16n8k16 with float32 accumulation (NVIDIA sm_80+; the launcher picks it where
+//   Capabilities.mma_fragments is set). Q is scaled, then rounded to f16; P is rounded to f16
+//   for P.V while l sums the unrounded values. Elsewhere it takes the SIMT steps over its rows in
+//   two halves, so the source compiles and runs on every target.
+// - attn_decode_d* + attn_decode_combine: split-K (flash-decoding) for a few tokens: one block per
+//   (chunk of ATTN_DECODE_CHUNK keys, KV head, 8 (token, head) rows) writes each row's m, l and
+//   partial o; blocks whose chunk no row sees return at once. The combine kernel then merges a
+//   row's chunks in ascending order.
+//
+// Every reduction runs in a fixed order (quad shuffles on NVIDIA are a fixed tree), so results
+// never depend on timing. A chunk's or tile's size never depends on kv_len, so a launch with a
+// larger kv_len (a captured decode step) gives the same bytes as one with just enough rows.
+
+// Must match expertstream/kernels/attention.py.
+#define ATTN_THREADS 128
+#define ATTN_KEYS 32             // keys per staged tile
+#define ATTN_PREFILL_ROWS 32     // queries per block of the SIMT prefill
+#define ATTN_MMA_ROWS 64         // queries per block of the matrix-core prefill: 16 per warp
+#define ATTN_DECODE_ROWS 8       // (token, head) rows per decode block
+#define ATTN_DECODE_CHUNK 256    // keys per decode block
+
+#define ATTN_NEG_INF bits_to_float(0xff800000u)
+
+static_assert(ATTN_DECODE_CHUNK % ATTN_KEYS == 0, "decode chunks hold whole tiles");
+
+struct alignas(16) attn_words4 {
+    unsigned int x, y, z, w;
+};
+struct alignas(8) attn_float2 {
+    float x, y;
+};
+
+// The cache rows [*lo, *hi] query t sees (empty when *lo > *hi; always empty for t outside
+// [0, n_tokens)): rows up to its position, at most kv_len - 1, and with a window only the last
+// `window` of them.
+__device__ void attn_visible(const int* positions, int t, int n_tokens, int kv_len, int window, int* lo, int* hi) {
+    if (t < 0 || t >= n_tokens) {
+        *lo = 1;
+        *hi = 0;
+        return;
+    }
+    const int pos = positions[t];
+    *hi = min(pos, kv_len - 1);
+    *lo = window > 0 && pos >= window ? pos - window + 1 : 0;  // no overflow for any int position
+}
+
+// The low and high f16 of a 32-bit word as floats (exact).
+__device__ float attn_half_low(unsigned int w) {
+#if defined(__CUDA_ARCH__)
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)(w & 0xffffu)));
+    return f;
+#else
+    return half_to_float(w & 0xffffu);
+#endif
+}
+
+__device__ float attn_half_high(unsigned int w) {
+    return attn_half_low(w >> 16);
+}
+
+// A row's softmax state after its keys, with the sink logit (if any) joined: out = o / l, or 0
+// where nothing was seen (l == 0).
+__device__ float attn_join_sink(float m, float* l, float sink) {
+    const float top = fmaxf(m, sink);
+    const float keep = m == ATTN_NEG_INF ? 0.0f : expf(m - top);
+    *l = *l * keep + expf(sink - top);
+    return keep;  // what o is multiplied by
+}
+
+// ---------------------------------------------------------------------------------
+// The SIMT core: ROWS query rows of one KV head against staged tiles of ATTN_KEYS keys.
+// Row r is served by the TPR threads r * TPR .. + TPR - 1; thread c of a row computes scores
+// c, c + TPR, .. of each tile and owns output pairs (f16 words of a value row) c, c + TPR, ..
+// Every thread of a row computes the row's max and sum over the whole tile itself, in key order,
+// so they all hold the same m and l without exchanging them.
+// ---------------------------------------------------------------------------------
+
+template <int D, int ROWS> struct AttnSimt {
+    static const int TPR = ATTN_THREADS / ROWS;
+    static const int SCORES = ATTN_KEYS / TPR;
+    static const int WORDS = D / 2 / TPR;
+    static const int Q_LD = D + 1;      // floats per query row: the rows a warp reads at once hit distinct banks
+    static const int K_LD = D / 2 + 1;  // words per key row: odd, for the same reason
+    static const int V_LD = D / 2;      // a warp's threads read consecutive words of one value row
+    static const int S_LD = ATTN_KEYS + 1;
+    static_assert(ATTN_THREADS % ROWS == 0 && ATTN_KEYS % TPR == 0 && (D / 2) % TPR == 0, "even split");
+
+    struct Shared {
+        float q[ROWS * Q_LD];
+        unsigned int k[ATTN_KEYS * K_LD];
+        unsigned int v[ATTN_KEYS * V_LD];
+        float s[ROWS * S_LD];
+        int lo[ROWS];
+        int hi[ROWS];
+    };
+
+    struct Row {
+        float m;
+        float l;
+        float o[2 * WORDS];
+    };
+};
+
+// Stage query row r (token t of head h, zeros where t < 0) and its visible range.
+template <int D, int ROWS>
+__device__ void attn_simt_load_rows(typename AttnSimt<D, ROWS>::Shared& sh, const float* q, const int* positions,
+                                    int n_tokens, int kv_len, int window, int n_head, const int* row_token,
+                                    const int* row_head) {
+    typedef AttnSimt<D, ROWS> A;
+    const int tid = threadIdx.x;
+    if (tid < ROWS) {
+        attn_visible(positions, row_token[tid], n_tokens, kv_len, window, &sh.lo[tid], &sh.hi[tid]);
+    }
+    for (int i = tid; i < ROWS * D; i += ATTN_THREADS) {
+        const int r = i / D;
+        const int t = row_token[r];
+        sh.q[r * A::Q_LD + i % D] = t >= 0 ? q[((long long)t * n_head + row_head[r]) * D + i % D] : 0.0f;
+    }
+    __syncthreads();
+}
+
+// The rows' attention over cache rows [key_begin, key_end) of KV head g; rows and ranges staged by
+// attn_simt_load_rows. Leaves this thread's row state in st.
+template <int D, int ROWS>
+__device__ void attn_simt_rows(typename AttnSimt<D, ROWS>::Shared& sh, const unsigned short* k_cache,
+                               const unsigned short* v_cache, int n_head_kv, int g, int key_begin, int key_end,
+                               float scale, typename AttnSimt<D, ROWS>::Row& st) {
+    typedef AttnSimt<D, ROWS> A;
+    const int tid = threadIdx.x;
+    const int r = tid / A::TPR;
+    const int c = tid % A::TPR;
+    st.m = ATTN_NEG_INF;
+    st.l = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 2 * A::WORDS; ++i) {
+        st.o[i] = 0.0f;
+    }
+    int first = key_end;
+    int last = key_begin - 1;
+    for (int i = 0; i < ROWS; ++i) {
+        if (sh.lo[i] <= sh.hi[i]) {
+            first = min(first, max(sh.lo[i], key_begin));
+            last = max(last, min(sh.hi[i], key_end - 1));
+        }
+    }
+    const int row_lo = sh.lo[r];
+    const int row_hi = sh.hi[r];
+    const float* q_row = sh.q + r * A::Q_LD;
+    const int PARTS = D / 8;  // 16-byte parts of a cache row
+    for (int j0 = first - first % ATTN_KEYS; j0 <= last; j0 += ATTN_KEYS) {
+        for (int i = tid; i < ATTN_KEYS * PARTS; i += ATTN_THREADS) {
+            const int jr = i / PARTS;
+            const int part = i % PARTS;
+            const int j = j0 + jr;
+            attn_words4 kw = {0u, 0u, 0u, 0u};
+            attn_words4 vw = kw;
+            if (j >= first && j <= last) {
+                const long long at = ((long long)j * n_head_kv + g) * D + 8 * part;
+                kw = *(const attn_words4*)(k_cache + at);
+                vw = *(const attn_words4*)(v_cache + at);
+            }
+            unsigned int* k_to = sh.k + jr * A::K_LD + 4 * part;
+            unsigned int* v_to = sh.v + jr * A::V_LD + 4 * part;
+            k_to[0] = kw.x;
+            k_to[1] = kw.y;
+            k_to[2] = kw.z;
+            k_to[3] = kw.w;
+            v_to[0] = vw.x;
+            v_to[1] = vw.y;
+            v_to[2] = vw.z;
+            v_to[3] = vw.w;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int u = 0; u < A::SCORES; ++u) {
+            const int jr = c + A::TPR * u;
+            const unsigned int* k_row = sh.k + jr * A::K_LD;
+            float acc = 0.0f;
+#pragma unroll 8
+            for (int w = 0; w < D / 2; ++w) {
+                const unsigned int kw = k_row[w];
+                acc = fmaf(q_row[2 * w], attn_half_low(kw), acc);
+                acc = fmaf(q_row[2 * w + 1], attn_half_high(kw), acc);
+            }
+            const int j = j0 + jr;
+            sh.s[r * A::S_LD + jr] = j >= row_lo && j <= row_hi ? acc * scale : ATTN_NEG_INF;
+        }
+        __syncthreads();
+        const float* s_row = sh.s + r * A::S_LD;
+        float tile_max = ATTN_NEG_INF;
+        for (int jr = 0; jr < ATTN_KEYS; ++jr) {
+            tile_max = fmaxf(tile_max, s_row[jr]);
+        }
+        const float m_new = fmaxf(st.m, tile_max);
+        const float m_use = m_new == ATTN_NEG_INF ? 0.0f : m_new;  // a row that saw nothing stays at zeros
+        const float alpha = expf(st.m - m_use);
+        st.m = m_new;
+        st.l *= alpha;
+#pragma unroll
+        for (int i = 0; i < 2 * A::WORDS; ++i) {
+            st.o[i] *= alpha;
+        }
+        for (int jr = 0; jr < ATTN_KEYS; ++jr) {
+            const float p = expf(s_row[jr] - m_use);
+            st.l += p;
+            const unsigned int* v_row = sh.v + jr * A::V_LD + c;
+#pragma unroll
+            for (int u = 0; u < A::WORDS; ++u) {
+                const unsigned int vw = v_row[A::TPR * u];
+                st.o[2 * u] = fmaf(p, attn_half_low(vw), st.o[2 * u]);
+                st.o[2 * u + 1] = fmaf(p, attn_half_high(vw), st.o[2 * u + 1]);
+            }
+        }
+        __syncthreads();  // the next tile overwrites k, v and s
+    }
+}
+
+#define ATTN_PREFILL_PARAMS                                                                                  \
+    const float *__restrict__ q, const unsigned short *__restrict__ k_cache,                                 \
+        const unsigned short *__restrict__ v_cache, float *__restrict__ out, const int *__restrict__ positions, \
+        const float *__restrict__ sinks, int n_tokens, int kv_len, int n_head, int n_head_kv, int window,    \
+        float scale
+#define ATTN_PREFILL_ARGS q, k_cache, v_cache, out, positions, sinks, n_tokens, kv_len, n_head, n_head_kv, window, scale
+
+// Queries first_token .. + ATTN_PREFILL_ROWS - 1 of head blockIdx.y, written to out.
+template <int D>
+__device__ void attn_prefill_simt_rows(ATTN_PREFILL_PARAMS, int first_token) {
+    typedef AttnSimt<D, ATTN_PREFILL_ROWS> A;
+    __shared__ typename A::Shared sh;
+    __shared__ int row_token[ATTN_PREFILL_ROWS];
+    __shared__ int row_head[ATTN_PREFILL_ROWS];
+    const int head = blockIdx.y;
+    const int tid = threadIdx.x;
+    __syncthreads();  // a second call reuses the shared tiles
+    if (tid < ATTN_PREFILL_ROWS) {
+        row_token[tid] = first_token + tid < n_tokens ? first_token + tid : -1;
+        row_head[tid] = head;
+    }
+    __syncthreads();
+    attn_simt_load_rows<D, ATTN_PREFILL_ROWS>(sh, q, positions, n_tokens, kv_len, window, n_head, row_token,
+                                              row_head);
+    typename A::Row st;
+    attn_simt_rows<D, ATTN_PREFILL_ROWS>(sh, k_cache, v_cache, n_head_kv, head / (n_head / n_head_kv), 0, kv_len,
+                                         scale, st);
+    const int t = first_token + tid / A::TPR;
+    if (t >= n_tokens) {
+        return;
+    }
+    const float keep = sinks ? attn_join_sink(st.m, &st.l, sinks[head]) : 1.0f;
+    const float inv = st.l > 0.0f ? keep / st.l : 0.0f;
+    float* out_row = out + ((long long)t * n_head + head) * D;
+#pragma unroll
+    for (int u = 0; u < A::WORDS; ++u) {
+        const int w = tid % A::TPR + A::TPR * u;
+        *(attn_float2*)(out_row + 2 * w) = attn_float2{st.o[2 * u] * inv, st.o[2 * u + 1] * inv};
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_prefill_simt_d64(ATTN_PREFILL_PARAMS) {
+    attn_prefill_simt_rows<64>(ATTN_PREFILL_ARGS, blockIdx.x * ATTN_PREFILL_ROWS);
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_prefill_simt_d128(ATTN_PREFILL_PARAMS) {
+    attn_prefill_simt_rows<128>(ATTN_PREFILL_ARGS, blockIdx.x * ATTN_PREFILL_ROWS);
+}
+
+// ---------------------------------------------------------------------------------
+// Split-K decode. Block (chunk, g, z) serves rows z * ATTN_DECODE_ROWS .. of KV head g's
+// n_tokens x group (token, head) rows over keys [chunk * ATTN_DECODE_CHUNK, + ATTN_DECODE_CHUNK),
+// and writes each row's m, l (partial_ml) and unnormalized o (partial_o) at index
+// (token * n_head + head) * n_chunks + chunk. The combine kernel reads, for each row, only the
+// chunks its visible range touches; every block serving such a chunk runs and writes it.
+// ---------------------------------------------------------------------------------
+
+template <int D>
+__device__ void attn_decode_chunk(const float* __restrict__ q, const unsigned short* __restrict__ k_cache,
+                                  const unsigned short* __restrict__ v_cache, float* __restrict__ partial_ml,
+                                  float* __restrict__ partial_o, const int* __restrict__ positions, int n_tokens,
+                                  int kv_len, int n_head, int n_head_kv, int window, float scale, int n_chunks) {
+    typedef AttnSimt<D, ATTN_DECODE_ROWS> A;
+    __shared__ typename A::Shared sh;
+    __shared__ int row_token[ATTN_DECODE_ROWS];
+    __shared__ int row_head[ATTN_DECODE_ROWS];
+    const int tid = threadIdx.x;
+    const int chunk = blockIdx.x;
+    const int g = blockIdx.y;
+    const int group = n_head / n_head_kv;
+    const int key_begin = chunk * ATTN_DECODE_CHUNK;
+    const int key_end = key_begin + ATTN_DECODE_CHUNK;
+    // Every thread decides alike whether any row sees this chunk, so the block returns as one.
+    bool seen = false;
+    for (int r = 0; r < ATTN_DECODE_ROWS; ++r) {
+        const int row = blockIdx.z * ATTN_DECODE_ROWS + r;
+        int lo, hi;
+        attn_visible(positions, row / group, n_tokens, kv_len, window, &lo, &hi);
+        seen = seen || (lo <= hi && lo < key_end && hi >= key_begin);
+    }
+    if (!seen) {
+        return;
+    }
+    if (tid < ATTN_DECODE_ROWS) {
+        const int row = blockIdx.z * ATTN_DECODE_ROWS + tid;
+        row_token[tid] = row / group < n_tokens ? row / group : -1;
+        row_head[tid] = g * group + row % group;
+    }
+    __syncthreads();
+    attn_simt_load_rows<D, ATTN_DECODE_ROWS>(sh, q, positions, n_tokens, kv_len, window, n_head, row_token,
+                                             row_head);
+    typename A::Row st;
+    attn_simt_rows<D, ATTN_DECODE_ROWS>(sh, k_cache, v_cache, n_head_kv, g, key_begin, key_end, scale, st);
+    const int r = tid / A::TPR;
+    const int c = tid % A::TPR;
+    if (row_token[r] < 0) {
+        return;
+    }
+    const long long at = ((long long)row_token[r] * n_head + row_head[r]) * n_chunks + chunk;
+    if (c == 0) {
+        partial_ml[2 * at] = st.m;
+        partial_ml[2 * at + 1] = st.l;
+    }
+    float* o_row = partial_o + at * D;
+#pragma unroll
+    for (int u = 0; u < A::WORDS; ++u) {
+        const int w = c + A::TPR * u;
+        *(attn_float2*)(o_row + 2 * w) = attn_float2{st.o[2 * u], st.o[2 * u + 1]};
+    }
+}
+
+#define ATTN_DECODE_PARAMS                                                                                    \
+    const float *__restrict__ q, const unsigned short *__restrict__ k_cache,                                  \
+        const unsigned short *__restrict__ v_cache, float *__restrict__ partial_ml, float *__restrict__ partial_o, \
+        const int *__restrict__ positions, int n_tokens, int kv_len, int n_head, int n_head_kv, int window,   \
+        float scale, int n_chunks
+#define ATTN_DECODE_ARGS \
+    q, k_cache, v_cache, partial_ml, partial_o, positions, n_tokens, kv_len, n_head, n_head_kv, window, scale, n_chunks
+
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_decode_d64(ATTN_DECODE_PARAMS) {
+    attn_decode_chunk<64>(ATTN_DECODE_ARGS);
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_decode_d128(ATTN_DECODE_PARAMS) {
+    attn_decode_chunk<128>(ATTN_DECODE_ARGS);
+}
+
+// out[t, h, d] from the chunks of row (t, h) that its visible range touches, in ascending order.
+// One block per (head, token) = (blockIdx.x, blockIdx.y), one thread per d (blockDim.x = head_dim);
+// every thread works out the row's max and weights itself.
+extern "C" __global__ void attn_decode_combine(const float* __restrict__ partial_ml,
+                                               const float* __restrict__ partial_o, const int* __restrict__ positions,
+                                               const float* __restrict__ sinks, float* __restrict__ out,
+                                               int n_tokens, int kv_len, int n_head, int window, int n_chunks,
+                                               int head_dim) {
+    const int h = blockIdx.x;
+    const int t = blockIdx.y;
+    const int d = threadIdx.x;
+    int lo, hi;
+    attn_visible(positions, t, n_tokens, kv_len, window, &lo, &hi);
+    const int c_first = lo / ATTN_DECODE_CHUNK;
+    const int c_last = lo <= hi ? hi / ATTN_DECODE_CHUNK : c_first - 1;
+    const long long base = ((long long)t * n_head + h) * n_chunks;
+    float top = sinks ? sinks[h] : ATTN_NEG_INF;
+    for (int c = c_first; c <= c_last; ++c) {
+        top = fmaxf(top, partial_ml[2 * (base + c)]);
+    }
+    float l = 0.0f;
+    float o = 0.0f;
+    for (int c = c_first; c <= c_last; ++c) {
+        const float m = partial_ml[2 * (base + c)];
+        if (m != ATTN_NEG_INF) {
+            const float w = expf(m - top);
+            l = fmaf(partial_ml[2 * (base + c) + 1], w, l);
+            o = fmaf(partial_o[(base + c) * head_dim + d], w, o);
+        }
+    }
+    if (sinks) {
+        l += expf(sinks[h] - top);
+    }
+    out[((long long)t * n_head + h) * head_dim + d] = l > 0.0f ? o / l : 0.0f;
+}
+
+// ---------------------------------------------------------------------------------
+// The matrix-core prefill: 4 warps, each 16 queries of the block's 64, all against the same
+// double-buffered tiles of ATTN_KEYS keys (cp.async, zero-filled outside the block's union).
+// A warp keeps its queries' A fragments (scale * q, f16) in registers for the whole kernel;
+// per tile it takes S = Q K^T (16 x 32, C fragments), masks, updates m and l (each lane its
+// columns' share of l, summed over the quad at the end), rounds P to f16 straight from the C
+// fragments into A fragments (mma.sync's C layout of two n8 tiles is its A layout of one k16
+// step), and adds P V (V fragments by ldmatrix .trans). A warp whose queries see none of a
+// tile skips it.
+// ---------------------------------------------------------------------------------
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define ATTN_MMA_NVIDIA 1
+#endif
+
+#if defined(ATTN_MMA_NVIDIA)
+
+__device__ unsigned int attn_pack_half2(float low, float high) {
+    unsigned int packed;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(high), "f"(low));
+    return packed;
+}
+
+__device__ void attn_ldmatrix_x4_trans(unsigned int* r, const unsigned short* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(shared_address(p))
+                 : "memory");
+}
+
+__device__ void attn_mma_f16(float* c, const unsigned int* a, unsigned int b0, unsigned int b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 16 bytes from global to shared, or zeros (nothing read) when bytes is 0.
+__device__ void attn_copy16(unsigned short* to, const unsigned short* from, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(shared_address(to)), "l"(from), "r"(bytes)
+                 : "memory");
+}
+
+__device__ float attn_quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
+__device__ float attn_quad_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+template <int D> struct AttnMma {
+    static const int LD = D + 8;  // halves per shared row: 16-byte rows, ldmatrix's 8 rows in distinct banks
+    static const int PARTS = D / 8;
+    static const int DT = D / 8;  // n8 tiles of the output
+};
+
+// The online-softmax update of one query row (this lane's two columns of each of the four n8
+// tiles, s[nt][half * 2 + e]) for a tile; returns alpha, what o is rescaled by.
+__device__ __forceinline__ float attn_mma_row_update(float (*s)[4], int half, float* m, float* l) {
+    float tile_max = ATTN_NEG_INF;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+        tile_max = fmaxf(tile_max, fmaxf(s[nt][2 * half], s[nt][2 * half + 1]));
+    }
+    const float m_new = fmaxf(*m, attn_quad_max(tile_max));
+    const float m_use = m_new == ATTN_NEG_INF ? 0.0f : m_new;
+    const float alpha = expf(*m - m_use);
+    *m = m_new;
+    float sum = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            s[nt][2 * half + e] = expf(s[nt][2 * half + e] - m_use);
+            sum += s[nt][2 * half + e];
+        }
+    }
+    *l = *l * alpha + sum;
+    return alpha;
+}
+
+template <int D>
+__device__ void attn_prefill_mma(ATTN_PREFILL_PARAMS) {
+    typedef AttnMma<D> M;
+    static_assert(ATTN_KEYS == 32, "the tile step takes four n8 tiles of keys");
+    __shared__ __attribute__((aligned(16))) unsigned short k_tile[2][ATTN_KEYS * M::LD];
+    __shared__ __attribute__((aligned(16))) unsigned short v_tile[2][ATTN_KEYS * M::LD];
+    __shared__ int row_lo[ATTN_MMA_ROWS];
+    __shared__ int row_hi[ATTN_MMA_ROWS];
+    const int tid = threadIdx.x;
+    const int warp = tid / 32;
+    const int lane = tid % 32;
+    const int head = blockIdx.y;
+    const int g = head / (n_head / n_head_kv);
+    const int first_token = blockIdx.x * ATTN_MMA_ROWS;
+    if (tid < ATTN_MMA_ROWS) {
+        attn_visible(positions, first_token + tid, n_tokens, kv_len, window, &row_lo[tid], &row_hi[tid]);
+    }
+    // This lane's rows of the warp's 16: r0 and r0 + 8 (C and A fragment rows), columns c2, c2 + 1.
+    const int r0 = warp * 16 + lane / 4;
+    const int c2 = 2 * (lane % 4);
+    unsigned int qa[D / 16][4];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int t = first_token + r0 + 8 * half;
+        const float* q_row = q + ((long long)(t < n_tokens ? t : 0) * n_head + head) * D;
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) {
+            attn_float2 a = {0.0f, 0.0f};
+            attn_float2 b = a;
+            if (t < n_tokens) {
+                a = *(const attn_float2*)(q_row + 16 * ks + c2);
+                b = *(const attn_float2*)(q_row + 16 * ks + c2 + 8);
+            }
+            qa[ks][half] = attn_pack_half2(a.x * scale, a.y * scale);
+            qa[ks][2 + half] = attn_pack_half2(b.x * scale, b.y * scale);
+        }
+    }
+    __syncthreads();
+    int first = kv_len;
+    int last = -1;
+    int warp_first = kv_len;
+    int warp_last = -1;
+    for (int i = 0; i < ATTN_MMA_ROWS; ++i) {
+        if (row_lo[i] <= row_hi[i]) {
+            first = min(first, row_lo[i]);
+            last = max(last, row_hi[i]);
+            if (i / 16 == warp) {
+                warp_first = min(warp_first, row_lo[i]);
+                warp_last = max(warp_last, row_hi[i]);
+            }
+        }
+    }
+    const int lo[2] = {row_lo[r0], row_lo[r0 + 8]};
+    const int hi[2] = {row_hi[r0], row_hi[r0 + 8]};
+    const int j_start = first - first % ATTN_KEYS;
+    const int n_tiles = last >= first ? (last - j_start) / ATTN_KEYS + 1 : 0;
+
+    auto stage = [&](int tile, int buf) {
+        for (int i = tid; i < ATTN_KEYS * M::PARTS; i += ATTN_THREADS) {
+            const int jr = i / M::PARTS;
+            const int part = i % M::PARTS;
+            const int j = j_start + tile * ATTN_KEYS + jr;
+            const bool inside = j >= first && j <= last;
+            const long long at = ((long long)(inside ? j : first) * n_head_kv + g) * D + 8 * part;
+            attn_copy16(k_tile[buf] + jr * M::LD + 8 * part, k_cache + at, inside ? 16 : 0);
+            attn_copy16(v_tile[buf] + jr * M::LD + 8 * part, v_cache + at, inside ? 16 : 0);
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    };
+
+    float o[M::DT][4];
+#pragma unroll
+    for (int dt = 0; dt < M::DT; ++dt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            o[dt][e] = 0.0f;
+        }
+    }
+    float m[2] = {ATTN_NEG_INF, ATTN_NEG_INF};
+    float l[2] = {0.0f, 0.0f};
+    if (n_tiles > 0) {
+        stage(0, 0);
+    }
+    for (int tile = 0; tile < n_tiles; ++tile) {
+        if (tile + 1 < n_tiles) {
+            stage(tile + 1, (tile + 1) & 1);
+            asm volatile("cp.async.wait_group 1;" ::: "memory");
+        } else {
+            asm volatile("cp.async.wait_group 0;" ::: "memory");
+        }
+        __syncthreads();
+        const int j0 = j_start + tile * ATTN_KEYS;
+        if (j0 <= warp_last && j0 + ATTN_KEYS - 1 >= warp_first) {  // the same for the whole warp
+            const unsigned short* kt = k_tile[tile & 1];
+            const unsigned short* vt = v_tile[tile & 1];
+            float s[4][4];
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    s[nt][e] = 0.0f;
+                }
+            }
+#pragma unroll
+            for (int ks = 0; ks < D / 16; ++ks) {
+#pragma unroll
+                for (int pair = 0; pair < 2; ++pair) {
+                    unsigned int b[4];
+                    ldmatrix_x4(b, kt + (16 * pair + (lane / 16) * 8 + lane % 8) * M::LD + 16 * ks + ((lane / 8) % 2) * 8);
+                    attn_mma_f16(s[2 * pair], qa[ks], b[0], b[1]);
+                    attn_mma_f16(s[2 * pair + 1], qa[ks], b[2], b[3]);
+                }
+            }
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int j = j0 + 8 * nt + c2 + e % 2;
+                    if (j < lo[e / 2] || j > hi[e / 2]) {
+                        s[nt][e] = ATTN_NEG_INF;
+                    }
+                }
+            }
+            const float alpha0 = attn_mma_row_update(s, 0, &m[0], &l[0]);
+            const float alpha1 = attn_mma_row_update(s, 1, &m[1], &l[1]);
+#pragma unroll
+            for (int dt = 0; dt < M::DT; ++dt) {
+                o[dt][0] *= alpha0;
+                o[dt][1] *= alpha0;
+                o[dt][2] *= alpha1;
+                o[dt][3] *= alpha1;
+            }
+#pragma unroll
+            for (int kc = 0; kc < 2; ++kc) {
+                const unsigned int pa[4] = {
+                    attn_pack_half2(s[2 * kc][0], s[2 * kc][1]), attn_pack_half2(s[2 * kc][2], s[2 * kc][3]),
+                    attn_pack_half2(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                    attn_pack_half2(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+#pragma unroll
+                for (int dt2 = 0; dt2 < D / 16; ++dt2) {
+                    unsigned int b[4];
+                    attn_ldmatrix_x4_trans(
+                        b, vt + (16 * kc + ((lane / 8) % 2) * 8 + lane % 8) * M::LD + 16 * dt2 + (lane / 16) * 8);
+                    attn_mma_f16(o[2 * dt2], pa, b[0], b[1]);
+                    attn_mma_f16(o[2 * dt2 + 1], pa, b[2], b[3]);
+                }
+            }
+        }
+        __syncthreads();  // the next stage overwrites this buffer
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int t = first_token + r0 + 8 * half;
+        float row_l = attn_quad_sum(l[half]);  // every lane takes part in the shuffles
+        if (t >= n_tokens) {
+            continue;
+        }
+        const float keep = sinks ? attn_join_sink(m[half], &row_l, sinks[head]) : 1.0f;
+        const float inv = row_l > 0.0f ? keep / row_l : 0.0f;
+        float* out_row = out + ((long long)t * n_head + head) * D;
+#pragma unroll
+        for (int dt = 0; dt < M::DT; ++dt) {
+            *(attn_float2*)(out_row + 8 * dt + c2) = attn_float2{o[dt][2 * half] * inv, o[dt][2 * half + 1] * inv};
+        }
+    }
+}
+
+#endif  // ATTN_MMA_NVIDIA
+
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_prefill_mma_d64(ATTN_PREFILL_PARAMS) {
+#if defined(ATTN_MMA_NVIDIA)
+    attn_prefill_mma<64>(ATTN_PREFILL_ARGS);
+#else
+    attn_prefill_simt_rows<64>(ATTN_PREFILL_ARGS, blockIdx.x * ATTN_MMA_ROWS);
+    attn_prefill_simt_rows<64>(ATTN_PREFILL_ARGS, blockIdx.x * ATTN_MMA_ROWS + ATTN_PREFILL_ROWS);
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_prefill_mma_d128(ATTN_PREFILL_PARAMS) {
+#if defined(ATTN_MMA_NVIDIA)
+    attn_prefill_mma<128>(ATTN_PREFILL_ARGS);
+#else
+    attn_prefill_simt_rows<128>(ATTN_PREFILL_ARGS, blockIdx.x * ATTN_MMA_ROWS);
+    attn_prefill_simt_rows<128>(ATTN_PREFILL_ARGS, blockIdx.x * ATTN_MMA_ROWS + ATTN_PREFILL_ROWS);
+#endif
+}

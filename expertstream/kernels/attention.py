@@ -1,0 +1,184 @@
+"""Causal attention over an f16 KV cache: the launcher of attention.cu.
+
+``attention`` takes one of two routes, by the number of query tokens:
+
+- prefill (more than ``DECODE_MAX_TOKENS`` tokens): one block per tile of queries and head walks
+  the keys its queries see in tiles staged in shared memory, with an online softmax. On devices
+  with ``Capabilities.mma_fragments`` (NVIDIA sm_80+) Q.K^T and P.V run on f16 matrix
+  instructions with float32 accumulation (``uses_matrix_cores``); elsewhere, or where the
+  MoeKernels instance was made for ``MatrixPath.SIMT``, in float32 FMAs.
+- decode (a few tokens): split-K over chunks of ``DECODE_CHUNK`` keys, so one token's attention
+  over a long cache spreads over the whole GPU: each block writes its rows' running max, sum and
+  unnormalized output into scratch, and a combine kernel merges a row's chunks in ascending order.
+  Chunks past a token's position return at once. The scratch is the MoeKernels instance's own
+  (``decode_scratch_bytes``), so attention calls on concurrent streams need their own instances.
+
+Results never depend on timing, nor on ``kv_len`` beyond the rows a query sees: a captured decode
+step replayed with kv_len = the cache size gives the bytes an eager call with just enough rows
+gives. Cache rows that no query of the launch sees are never read into the result and may hold
+anything (NaN included), but the simulator declares reads of all ``kv_len`` rows.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..backends.base import BufferView, Stream
+from ..errors import InvalidArgument
+from . import layout
+from .args import ViewLike, positive, view
+from .layout import MatrixPath
+
+if TYPE_CHECKING:
+    from .launcher import MoeKernels
+
+# Must match attention.cu.
+THREADS = 128
+PREFILL_ROWS = 32  # queries per block of the SIMT prefill
+MMA_ROWS = 64  # queries per block of the matrix-core prefill
+DECODE_ROWS = 8  # (token, head) rows per decode block
+DECODE_CHUNK = 256  # keys per decode block
+DECODE_MAX_TOKENS = 8  # up to this many tokens take the split-K decode
+HEAD_DIMS = (64, 128)  # head dims with a kernel instance
+CACHE_ALIGN = 16  # bytes: the kernels read cache rows 16 bytes at a time
+ROW_ALIGN = 8  # bytes: query and output rows are read and written two floats at a time
+_SCRATCH_ALIGN = 16
+_MAX_GRID = layout.MAX_GRID_Y
+
+
+def uses_matrix_cores(kernels: MoeKernels) -> bool:
+    """Whether prefill takes the f16 matrix-core kernel on this instance's device (mma.sync, sm_80+)."""
+    return kernels.device.capabilities.mma_fragments and kernels.path is not MatrixPath.SIMT
+
+
+def decode_chunks(kv_len: int) -> int:
+    """How many key chunks a decode launch over ``kv_len`` cache rows splits into."""
+    return -(-kv_len // DECODE_CHUNK)
+
+
+def decode_scratch_bytes(n_tokens: int, n_head: int, head_dim: int, kv_len: int) -> int:
+    """Bytes of scratch a decode call of these shapes takes: per (token, head, chunk) a max, a sum
+    and head_dim floats of unnormalized output."""
+    ml_bytes = _ml_bytes(n_tokens * n_head * decode_chunks(kv_len))
+    return ml_bytes + n_tokens * n_head * decode_chunks(kv_len) * head_dim * 4
+
+
+def _ml_bytes(partials: int) -> int:
+    return -(-partials * 8 // _SCRATCH_ALIGN) * _SCRATCH_ALIGN
+
+
+def attention(
+    kernels: MoeKernels,
+    stream: Stream,
+    q: ViewLike,
+    k_cache: ViewLike,
+    v_cache: ViewLike,
+    out: ViewLike,
+    positions: ViewLike,
+    *,
+    n_tokens: int,
+    kv_len: int,
+    n_head: int,
+    n_head_kv: int,
+    head_dim: int,
+    scale: float,
+    window: int = 0,
+    sinks: ViewLike | None = None,
+) -> None:
+    """out[i, h, :] = softmax_j(scale * q[i, h, :] . k[j, g, :]) @ v[j, g, :], g = h // (n_head // n_head_kv).
+
+    q float32 [n_tokens, n_head, head_dim]; k_cache, v_cache float16 [rows, n_head_kv, head_dim]
+    (rows >= kv_len, starting at a multiple of 16 bytes); out float32 [n_tokens, n_head, head_dim];
+    positions int32 [n_tokens] on the device: query i sits at position positions[i] and sees cache
+    rows j <= positions[i] (causal), and only those with positions[i] - j < window where window > 0
+    (gpt-oss's sliding-window layers). kv_len is how many cache rows the launch may read (an upper
+    bound: a captured decode step replays with kv_len = the cache size and reads only rows <= its
+    position). sinks (float32 [n_head], gpt-oss) is one extra logit per head in the softmax's
+    denominator that contributes no value. A query that sees no row gets zeros. Head dims: HEAD_DIMS.
+    """
+    call = "attention"
+    positive(call, n_tokens=n_tokens, kv_len=kv_len, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim)
+    _check_shapes(call, n_head, n_head_kv, head_dim, window, scale)
+    views = (
+        view(call, "q", q, n_tokens * n_head * head_dim * 4, ROW_ALIGN),
+        view(call, "k_cache", k_cache, kv_len * n_head_kv * head_dim * 2, CACHE_ALIGN),
+        view(call, "v_cache", v_cache, kv_len * n_head_kv * head_dim * 2, CACHE_ALIGN),
+    )
+    out_view = view(call, "out", out, n_tokens * n_head * head_dim * 4, ROW_ALIGN)
+    pos_view = view(call, "positions", positions, n_tokens * 4)
+    sinks_arg = np.uint64(0) if sinks is None else view(call, "sinks", sinks, n_head * 4)
+    shape = (np.int32(n_tokens), np.int32(kv_len), np.int32(n_head), np.int32(n_head_kv), np.int32(window))
+    if n_tokens > DECODE_MAX_TOKENS:
+        matrix = uses_matrix_cores(kernels)
+        rows = MMA_ROWS if matrix else PREFILL_ROWS
+        name = f"attn_prefill_{'mma' if matrix else 'simt'}_d{head_dim}"
+        stream.launch(
+            kernels.kernel(name),
+            (-(-n_tokens // rows), n_head),
+            THREADS,
+            (*views, out_view, pos_view, sinks_arg, *shape, np.float32(scale)),
+        )
+        return
+    n_chunks = decode_chunks(kv_len)
+    scratch = kernels.scratch("attention", decode_scratch_bytes(n_tokens, n_head, head_dim, kv_len))
+    ml_bytes = _ml_bytes(n_tokens * n_head * n_chunks)
+    partial_ml = BufferView(scratch.buffer, scratch.offset, n_tokens * n_head * n_chunks * 8)
+    partial_o = BufferView(scratch.buffer, scratch.offset + ml_bytes, scratch.nbytes - ml_bytes)
+    group = n_head // n_head_kv
+    stream.launch(
+        kernels.kernel(f"attn_decode_d{head_dim}"),
+        (n_chunks, n_head_kv, -(-n_tokens * group // DECODE_ROWS)),
+        THREADS,
+        (*views, partial_ml, partial_o, pos_view, *shape, np.float32(scale), np.int32(n_chunks)),
+    )
+    stream.launch(
+        kernels.kernel("attn_decode_combine"),
+        (n_head, n_tokens),
+        head_dim,
+        (
+            partial_ml,
+            partial_o,
+            pos_view,
+            sinks_arg,
+            out_view,
+            np.int32(n_tokens),
+            np.int32(kv_len),
+            np.int32(n_head),
+            np.int32(window),
+            np.int32(n_chunks),
+            np.int32(head_dim),
+        ),
+    )
+
+
+def _check_shapes(call: str, n_head: int, n_head_kv: int, head_dim: int, window: int, scale: float) -> None:
+    if head_dim not in HEAD_DIMS:
+        raise InvalidArgument(
+            f"head_dim {head_dim} has no attention kernel", call=call, hint=f"supported head dims: {HEAD_DIMS}"
+        )
+    if n_head % n_head_kv:
+        raise InvalidArgument(
+            f"n_head {n_head} is not a multiple of n_head_kv {n_head_kv}",
+            call=call,
+            hint="each KV head serves the same number of query heads (GQA)",
+        )
+    if n_head > _MAX_GRID:
+        raise InvalidArgument(f"{n_head} heads are more than one launch handles (at most {_MAX_GRID})", call=call)
+    if not isinstance(window, (int, np.integer)) or not 0 <= window <= layout.MAX_INT32:
+        raise InvalidArgument(f"window must be 0 (none) or a positive int32, got {window!r}", call=call)
+    if not isinstance(scale, (float, int, np.floating)) or not math.isfinite(scale):
+        raise InvalidArgument(f"scale must be a finite number, got {scale!r}", call=call)
+
+
+__all__ = [
+    "DECODE_CHUNK",
+    "DECODE_MAX_TOKENS",
+    "HEAD_DIMS",
+    "attention",
+    "decode_chunks",
+    "decode_scratch_bytes",
+    "uses_matrix_cores",
+]

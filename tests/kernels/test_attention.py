@@ -1,0 +1,273 @@
+"""Causal attention over an f16 KV cache against the float64 reference (twins on sim, kernels on GPUs).
+
+Every case fills the cache rows no query sees (past the last position up to kv_len, and before
+the window) with NaN: a kernel that lets one of them into a result fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from expertstream.backends.base import Device, DeviceBuffer, Stream
+from expertstream.errors import InvalidArgument
+from expertstream.kernels import MatrixPath, MoeKernels
+from expertstream.kernels import reference as ref
+from expertstream.kernels.attention import DECODE_MAX_TOKENS, attention, uses_matrix_cores
+from expertstream.kernels.reference_attention import attention as reference_attention
+
+from .tensors import poisoned
+
+# Worst relative error of one output row (token, head) against the float64 reference. Float32
+# accumulation over a few hundred keys stays near 1e-6; the matrix-core prefill rounds scale * q
+# and the softmax weights to f16 (11 significant bits) before its products.
+RTOL_F32 = 2e-5
+RTOL_F16 = 1e-2
+
+
+@dataclass(frozen=True)
+class Case:
+    n_tokens: int
+    first_pos: int  # position of the first query; the others follow one by one
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    window: int = 0
+    sinks: bool = False
+    extra_rows: int = 0  # kv_len past the last position (rows the launch may read but no query sees)
+
+    @property
+    def kv_len(self) -> int:
+        return self.first_pos + self.n_tokens + self.extra_rows
+
+    def __str__(self) -> str:
+        return (
+            f"t{self.n_tokens}-p{self.first_pos}-h{self.n_head}/{self.n_head_kv}-d{self.head_dim}"
+            f"-w{self.window}{'-sinks' if self.sinks else ''}-x{self.extra_rows}"
+        )
+
+
+CASES = [
+    Case(1, 0, 4, 4, 64),
+    Case(1, 300, 8, 8, 64, extra_rows=700),
+    Case(1, 1000, 32, 4, 128, sinks=True, extra_rows=37),
+    Case(3, 517, 16, 4, 64, window=128, sinks=True, extra_rows=300),
+    Case(8, 40, 8, 1, 128, window=16),
+    Case(9, 1000, 8, 8, 64, extra_rows=100),
+    Case(64, 0, 8, 2, 128),
+    Case(64, 100, 16, 2, 64, window=32, sinks=True, extra_rows=64),
+    Case(200, 300, 8, 2, 128, window=128, extra_rows=513),
+    Case(200, 57, 4, 4, 64, sinks=True),
+]
+
+
+@dataclass
+class Inputs:
+    """A case's host tensors and the device buffers holding them."""
+
+    case: Case
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    positions: np.ndarray
+    sinks: np.ndarray | None
+    scale: float
+    buffers: dict[str, DeviceBuffer]
+
+    def reference(self, kv_len: int | None = None) -> np.ndarray:
+        c = self.case
+        return reference_attention(
+            self.q,
+            self.k,
+            self.v,
+            self.positions,
+            kv_len=c.kv_len if kv_len is None else kv_len,
+            scale=self.scale,
+            window=c.window,
+            sinks=self.sinks,
+        )
+
+
+def make_inputs(device: Device, rng: np.random.Generator, case: Case) -> Inputs:
+    c = case
+    cache_rows = c.kv_len + 5  # rows >= kv_len
+    shape = (cache_rows, c.n_head_kv, c.head_dim)
+    k = rng.standard_normal(shape).astype(np.float16)
+    v = rng.standard_normal(shape).astype(np.float16)
+    positions = np.arange(c.first_pos, c.first_pos + c.n_tokens, dtype=np.int32)
+    unseen = np.arange(cache_rows) > positions[-1]
+    if c.window:
+        unseen |= np.arange(cache_rows) < positions[0] - c.window + 1
+    k[unseen] = np.nan
+    v[unseen] = np.nan
+    q = (2 * rng.standard_normal((c.n_tokens, c.n_head, c.head_dim))).astype(np.float32)
+    sinks = (rng.standard_normal(c.n_head) * 2).astype(np.float32) if c.sinks else None
+    buffers: dict[str, DeviceBuffer] = {
+        "q": device.upload(q),
+        "k": device.upload(k.view(np.uint16)),
+        "v": device.upload(v.view(np.uint16)),
+        "positions": device.upload(positions),
+    }
+    if sinks is not None:
+        buffers["sinks"] = device.upload(sinks)
+    return Inputs(case, q, k, v, positions, sinks, 1 / np.sqrt(c.head_dim), buffers)
+
+
+def run(kernels: MoeKernels, stream: Stream, inputs: Inputs, kv_len: int | None = None) -> np.ndarray:
+    """out [n_tokens, n_head, head_dim] from a freshly poisoned buffer."""
+    c = inputs.case
+    b = inputs.buffers
+    out = poisoned(kernels.device, c.n_tokens * c.n_head * c.head_dim * 4)
+    attention(
+        kernels,
+        stream,
+        b["q"],
+        b["k"],
+        b["v"],
+        out,
+        b["positions"],
+        n_tokens=c.n_tokens,
+        kv_len=c.kv_len if kv_len is None else kv_len,
+        n_head=c.n_head,
+        n_head_kv=c.n_head_kv,
+        head_dim=c.head_dim,
+        scale=inputs.scale,
+        window=c.window,
+        sinks=b.get("sinks"),
+    )
+    stream.synchronize()
+    result = out.read().view(np.float32).reshape(c.n_tokens, c.n_head, c.head_dim).copy()
+    out.close()
+    return result
+
+
+def worst_row_error(out: np.ndarray, expected: np.ndarray) -> float:
+    """The largest relative error of one (token, head) row (NaN anywhere makes it NaN)."""
+    diff = np.linalg.norm(out.astype(np.float64) - expected, axis=-1)
+    return float(np.max(diff / np.maximum(np.linalg.norm(expected, axis=-1), 1e-30)))
+
+
+def tolerance(kernels: MoeKernels, case: Case) -> float:
+    return RTOL_F16 if case.n_tokens > DECODE_MAX_TOKENS and uses_matrix_cores(kernels) else RTOL_F32
+
+
+@pytest.fixture(scope="module")
+def simt_kernels(device: Device) -> Iterator[MoeKernels]:
+    with MoeKernels(device, MatrixPath.SIMT) as k:
+        yield k
+        device.synchronize()
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_attention_matches_reference(
+    device: Device, kernels: MoeKernels, stream: Stream, rng: np.random.Generator, case: Case
+) -> None:
+    inputs = make_inputs(device, rng, case)
+    err = worst_row_error(run(kernels, stream, inputs), inputs.reference())
+    assert err < tolerance(kernels, case), f"worst row relative error {err:.3g}"
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.n_tokens > DECODE_MAX_TOKENS], ids=str)
+def test_simt_prefill_matches_reference(
+    device: Device, simt_kernels: MoeKernels, stream: Stream, rng: np.random.Generator, case: Case
+) -> None:
+    """The float32 prefill kernel, which devices with matrix cores take only when asked for."""
+    inputs = make_inputs(device, rng, case)
+    err = worst_row_error(run(simt_kernels, stream, inputs), inputs.reference())
+    assert err < RTOL_F32, f"worst row relative error {err:.3g}"
+
+
+@pytest.mark.parametrize("case", [CASES[3], CASES[5], CASES[8]], ids=str)
+def test_kv_len_past_the_positions_changes_no_byte(
+    device: Device, kernels: MoeKernels, stream: Stream, rng: np.random.Generator, case: Case
+) -> None:
+    """A captured decode step replays with kv_len = the cache size: the bytes must be those of a
+    launch with just enough rows, and the same on every run."""
+    inputs = make_inputs(device, rng, case)
+    just_enough = run(kernels, stream, inputs, kv_len=case.first_pos + case.n_tokens)
+    whole_cache = run(kernels, stream, inputs, kv_len=case.kv_len + 5)
+    again = run(kernels, stream, inputs, kv_len=case.kv_len + 5)
+    assert np.isfinite(just_enough).all()
+    np.testing.assert_array_equal(whole_cache.view(np.uint32), just_enough.view(np.uint32))
+    np.testing.assert_array_equal(again.view(np.uint32), just_enough.view(np.uint32))
+
+
+def test_rows_past_kv_len_stay_unseen(
+    device: Device, kernels: MoeKernels, stream: Stream, rng: np.random.Generator
+) -> None:
+    """kv_len below a position cuts the rows that query sees: it reads none past kv_len."""
+    case = Case(12, 50, 4, 2, 64)
+    inputs = make_inputs(device, rng, case)
+    err = worst_row_error(run(kernels, stream, inputs, kv_len=55), inputs.reference(kv_len=55))
+    assert err < tolerance(kernels, case), f"worst row relative error {err:.3g}"
+    decode = Case(3, 50, 4, 2, 64)
+    inputs = make_inputs(device, rng, decode)
+    err = worst_row_error(run(kernels, stream, inputs, kv_len=51), inputs.reference(kv_len=51))
+    assert err < RTOL_F32, f"worst row relative error {err:.3g}"
+
+
+def test_sinks_take_weight_from_the_values(device: Device, kernels: MoeKernels, stream: Stream) -> None:
+    """One key whose value is all ones: out = 1 / (1 + exp(sink - logit)) exactly as the softmax says."""
+    case = Case(1, 0, 2, 1, 64, sinks=True)
+    inputs = make_inputs(device, np.random.default_rng(1), case)
+    inputs.k[0] = 0  # logit 0
+    inputs.v[0] = 1
+    inputs.buffers["k"] = device.upload(inputs.k.view(np.uint16))
+    inputs.buffers["v"] = device.upload(inputs.v.view(np.uint16))
+    sinks = np.array([0.0, np.log(3.0)], np.float32)
+    inputs.sinks = sinks
+    inputs.buffers["sinks"] = device.upload(sinks)
+    out = run(kernels, stream, inputs)
+    np.testing.assert_allclose(out[0, 0], 0.5, rtol=1e-6)
+    np.testing.assert_allclose(out[0, 1], 0.25, rtol=1e-6)
+    assert ref.relative_error(out, inputs.reference()) < 1e-6
+
+
+def _call(kernels: MoeKernels, stream: Stream, device: Device, **changes: object) -> None:
+    """attention with small valid arguments, some of them replaced by ``changes``."""
+    n_tokens, n_head, n_head_kv, head_dim, kv_len = 2, 4, 2, 64, 16
+    args: dict[str, object] = {
+        "q": device.alloc(n_tokens * n_head * head_dim * 4),
+        "k_cache": device.alloc(kv_len * n_head_kv * head_dim * 2),
+        "v_cache": device.alloc(kv_len * n_head_kv * head_dim * 2),
+        "out": device.alloc(n_tokens * n_head * head_dim * 4),
+        "positions": device.alloc(n_tokens * 4),
+        "n_tokens": n_tokens,
+        "kv_len": kv_len,
+        "n_head": n_head,
+        "n_head_kv": n_head_kv,
+        "head_dim": head_dim,
+        "scale": 0.125,
+    }
+    args.update(changes)
+    attention(kernels, stream, **args)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("changes", "names"),
+    [
+        ({"head_dim": 96}, "head_dim 96"),
+        ({"n_head_kv": 3}, "not a multiple of n_head_kv"),
+        ({"n_tokens": 0}, "n_tokens"),
+        ({"kv_len": 17}, "k_cache holds"),
+        ({"window": -1}, "window"),
+        ({"scale": float("nan")}, "scale"),
+        ({"n_head": 70000, "n_head_kv": 1}, "70000 heads"),
+    ],
+)
+def test_bad_arguments_are_named(
+    device: Device, kernels: MoeKernels, stream: Stream, changes: dict[str, object], names: str
+) -> None:
+    with pytest.raises(InvalidArgument, match=names):
+        _call(kernels, stream, device, **changes)
+
+
+def test_misaligned_cache_and_small_sinks_are_named(device: Device, kernels: MoeKernels, stream: Stream) -> None:
+    cache = device.alloc(16 * 2 * 64 * 2 + 16)
+    with pytest.raises(InvalidArgument, match="k_cache starts at byte offset 8"):
+        _call(kernels, stream, device, k_cache=cache.view(8, 16 * 2 * 64 * 2))
+    with pytest.raises(InvalidArgument, match="sinks holds 8 bytes"):
+        _call(kernels, stream, device, sinks=device.alloc(8))
