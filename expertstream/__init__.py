@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from .backends import BackendStatus, available_backends, backend
 from .backends.base import Backend, HostMemory, Usage, Vendor
 from .errors import (
@@ -18,6 +20,16 @@ from .errors import (
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> Any:
+    """``Model`` and ``Sampling`` load the engine on first use: importing the package stays light."""
+    if name in ("Model", "Sampling"):
+        from .engine import model, sampling
+
+        return {"Model": model.Model, "Sampling": sampling.Sampling}[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "Backend",
     "BackendError",
@@ -29,7 +41,9 @@ __all__ = [
     "HostMemory",
     "InvalidArgument",
     "KernelCompileError",
+    "Model",
     "OutOfDeviceMemory",
+    "Sampling",
     "Usage",
     "UseAfterClose",
     "Vendor",

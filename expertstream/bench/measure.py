@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..backends.base import Backend, Device, Stream, Usage
+from ..engine.hparams import Transformer
 from ..engine.offload import GpuMemory, ResidentExperts, UploadedExperts, plan_offload
 from ..engine.runner import ROUTER, Batching, ExpertData, MoeRunner, sha256
 from ..hostmem import HostMemoryMode, HostWeights, RingFill, RingOptions, RingStats
@@ -49,6 +50,8 @@ class Settings:
     matrix_path: MatrixPath | None = None  # mul_mat_id's path for every type; None: each type's default
     direct: bool = True  # the direct-decode kernels where they apply (MoeKernels.direct)
     fuse_gate_up: bool = False  # gate, up and SwiGLU as one split where the kernels can (MoeRunner)
+    whole: bool = True  # the whole model; False: the expert blocks alone around the stand-in (--experts-only)
+    layer_major: bool = False  # layer-major prefill (whole model only)
     gather: bool = True  # decode's expert copies from page-locked memory made by the device (Scheduler.gather)
     graphs: bool = True  # decode steps replayed from one captured graph where the scheduler can capture them
     # The compute-only baseline (every expert on the device) that rows compare to; without it rows
@@ -182,7 +185,9 @@ def _ticking(plan: Plan, progress: Progress, what: str) -> Plan:
 
         return dataclasses.replace(split, compute=reported)
 
-    return Plan.of([tick(s) if s.name.startswith(f"{ROUTER}.L0.") else s for s in plan.splits])
+    first = next((s.name.split(".")[:2] for s in plan.splits if s.name.startswith((f"{ROUTER}.", "dense."))), None)
+    starts = {".".join(first) + "."} if first else set()
+    return Plan.of([tick(s) if any(s.name.startswith(p) for p in starts) else s for s in plan.splits])
 
 
 def _timed_runs(
@@ -248,7 +253,11 @@ def measure(
         matrix_path=settings.matrix_path,
         direct=settings.direct,
         fuse_gate_up=settings.fuse_gate_up,
+        transformer=Transformer.read(model) if settings.whole else None,
+        layer_major=settings.layer_major,
     ) as runner:
+        if settings.whole:
+            _random_tokens(runner, settings.seed)
         split = runner.layer_split
         peak = h2d_peak or measure_h2d_peak(backend, split.devices, probe_bytes(model))
         compute_s: float | None = None
@@ -289,6 +298,16 @@ def measure(
                         )
                         result.rows.append(row)
         return result
+
+
+def _random_tokens(runner: MoeRunner, seed: int) -> None:
+    """Prompt and decode tokens drawn from the vocabulary by ``seed``, as llama-bench feeds random tokens."""
+    assert runner.whole is not None
+    batching, n_vocab = runner.batching, runner.whole.spec.n_vocab
+    draws = np.random.default_rng([seed, 1]).integers(0, n_vocab, batching.tokens + batching.decode_steps)
+    runner.set_prompt(draws[: batching.tokens])
+    for step in range(batching.decode_steps):
+        runner.set_decode_token(step, int(draws[batching.tokens + step]))
 
 
 def _measure_row(
@@ -367,6 +386,10 @@ def _measure_row(
         streamed_bytes_per_ubatch=resident.plan.streamed_bytes_per_ubatch,
         devices=len(runner.devices),
         crossing=",".join(runner.crossings),
+        work="experts" if runner.experts_only else "whole",
+        prefill_order="layer" if runner.layer_major else "ubatch",
+        device_bytes=runner.device_bytes + resident.device_bytes,
+        kv_cache_bytes=runner.kv_cache_bytes,
         **_ring_fields(weights, ring_before, ring_after, sum(times)),
     )
 

@@ -69,6 +69,12 @@ class Row:
     # of JSON and CSV): -ncmoe's layer count or "all", or --gpu-memory's size ("24G") or "auto".
     n_cpu_moe: int | str | None = None
     gpu_memory: str | None = None
+    # What ran: "whole" (the model end to end) or "experts" (the expert blocks alone, --experts-only),
+    # in which prefill order, and the device memory it held besides the prefetch slots.
+    work: str = "whole"
+    prefill_order: str = "ubatch"
+    device_bytes: int = 0  # weights but the streamed experts, KV cache, activations, resident experts
+    kv_cache_bytes: int = 0
 
     @property
     def decode_step_s(self) -> float | None:
@@ -183,6 +189,7 @@ def _decode_rate(row: Row, sd: bool) -> str:
 Column = tuple[str, int, Callable[[Row], str]]
 
 _COLUMNS: tuple[Column, ...] = (
+    ("work", 7, lambda r: r.work if r.prefill_order == "ubatch" else f"{r.work}/L"),
     ("slots", 5, lambda r: str(r.slots)),
     ("host", 10, lambda r: r.host_memory),
     ("ttft s", 9, lambda r: f"{r.ttft_s:.4f}"),

@@ -72,6 +72,8 @@ class RunConfig:
     matrix_path: MatrixPath | None  # None: each expert type's default
     direct: bool
     fuse_gate_up: bool
+    experts_only: bool
+    layer_major: bool
     gather: bool
     graphs: bool
     repetitions: int
@@ -108,6 +110,8 @@ class RunConfig:
             )
         if args.json and args.output_format not in ("text", "json"):  # text: -o's default, not a choice
             raise UsageError(f"--json and -o {args.output_format} ask for two formats: give one")
+        if args.experts_only and args.prefill_order == "layer":
+            raise UsageError("layer-major prefill runs the whole model: leave out --experts-only")
         if args.gpu_memory is not None and args.n_cpu_moe:
             raise UsageError("-ncmoe and --gpu-memory both choose which layers stream: give one of them")
         config = cls(
@@ -133,6 +137,8 @@ class RunConfig:
             matrix_path=None if args.matrix_path == AUTO else MatrixPath(args.matrix_path),
             direct=not args.no_direct,
             fuse_gate_up=args.fuse_gate_up,
+            experts_only=args.experts_only,
+            layer_major=args.prefill_order == "layer",
             gather=not args.no_gather,
             graphs=not args.no_graphs,
             repetitions=args.repetitions,
@@ -186,6 +192,8 @@ class RunConfig:
             matrix_path=self.matrix_path,
             direct=self.direct,
             fuse_gate_up=self.fuse_gate_up,
+            whole=not self.experts_only,
+            layer_major=self.layer_major,
             gather=self.gather,
             graphs=self.graphs,
         )

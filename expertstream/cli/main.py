@@ -117,9 +117,9 @@ def _typed_command(argv: Sequence[str]) -> str | None:
 
 
 def _command_modules() -> list[Callable[[Any], None]]:
-    from . import make_model, plot, prefill, tune
+    from . import generate, make_model, plot, prefill, tune
 
-    return [make_model.register, prefill.register, tune.register, plot.register]
+    return [make_model.register, prefill.register, generate.register, tune.register, plot.register]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -309,7 +309,20 @@ def register(subparsers: Any) -> None:
         help="gate, up and SwiGLU as one split per layer where the direct kernels apply; the split takes two "
         "staging slots at once, so use slots >= 3",
     )
-    prefill.add_argument("--seed", type=int, default=0, help="seed of the input embeddings (and of a made model)")
+    prefill.add_argument(
+        "--experts-only",
+        action="store_true",
+        help="run the expert blocks alone around a weightless stand-in (no attention, embeddings or head): the "
+        "expert pipeline by itself. Default: the whole model",
+    )
+    prefill.add_argument(
+        "--prefill-order",
+        choices=("ubatch", "layer"),
+        default="ubatch",
+        help="ubatch-major, or layer-major (every ubatch through a layer before the next: each layer's experts "
+        "cross once per prompt; whole model only)",
+    )
+    prefill.add_argument("--seed", type=int, default=0, help="seed of the prompt tokens (and of a made model)")
     prefill.add_argument("-o", "--output-format", choices=FORMATS, default="text", help="how to print the rows")
     prefill.add_argument("--json", action="store_true", help="the same as -o json")
     prefill.add_argument(

@@ -196,6 +196,11 @@ class UploadedExperts(Closing):
             self.close()
             raise
 
+    @property
+    def device_bytes(self) -> int:
+        """Device memory the uploaded experts hold."""
+        return sum(buf.alloc_size for buf in self._buffers)
+
     def close(self) -> None:
         for buf in self._buffers:
             buf.close()

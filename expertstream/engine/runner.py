@@ -41,12 +41,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from gguf import GGMLQuantizationType
 
 from .._closing import Closing
 from ..backends.base import BufferView, Device, DeviceBuffer, Stream, Usage
 from ..errors import InvalidArgument
-from ..ggml import padded_size
 from ..kernels import MoeKernels, check_path, routing
 from ..kernels.layout import MatrixPath
 from ..kernels.routing import Activation
@@ -55,7 +53,10 @@ from ..scheduler import Bindings, Input, MulMatId, Plan, Split, is_prefill_scale
 from ..scheduler.source import HostSource
 from . import standin
 from .arch import FfnConfig, ffn_config
+from .blocks import Blocks
+from .hparams import Transformer
 from .layersplit import Crossing, LayerSplit, Link
+from .uploads import Uploads, tensor_floats
 
 ExpertData = Mapping[str, "HostSource | BufferView"]
 """Expert tensor name -> host-resident source, or device bytes of its padded size."""
@@ -90,16 +91,6 @@ class Batching:
     def ubatches(self) -> list[tuple[int, int]]:
         """(first token, token count) of each ubatch."""
         return [(start, min(self.ubatch, self.tokens - start)) for start in range(0, self.tokens, self.ubatch)]
-
-
-def _router_floats(model: MoeModel, info: TensorInfo) -> np.ndarray:
-    raw = model.raw(info)
-    if info.qtype is GGMLQuantizationType.F32:
-        return np.ascontiguousarray(raw).view(np.float32)
-    if info.qtype is GGMLQuantizationType.F16:
-        return np.ascontiguousarray(raw).view(np.float16).astype(np.float32)
-    # BF16: the high half of a float32
-    return (np.ascontiguousarray(raw).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
 def stand_in_routing(seed: int, first: int, count: int, layer: int, model: MoeModel) -> np.ndarray | None:
@@ -141,21 +132,29 @@ class _LayerExtras:
 
 
 class _Scratch:
-    """Activation buffers for up to ``rows`` tokens, shared by every split of a plan."""
+    """Activation buffers shared by every split of a plan.
 
-    def __init__(self, device: Device, rows: int, model: MoeModel, n_ff_shared: int = 0) -> None:
+    ``rows`` tokens (one ubatch) for what a split uses and leaves; ``held_rows`` for what the
+    expert splits of a layer read after its router split wrote it (the FFN input, the routing
+    weights and the gate/up/act rows): a whole prompt where the prefill runs layer-major.
+    """
+
+    HELD = ("x", "route_weights", "gate", "up", "act")
+
+    def __init__(self, device: Device, rows: int, held_rows: int, model: MoeModel, n_ff_shared: int = 0) -> None:
         pairs = rows * model.top_k
+        held_pairs = held_rows * model.top_k
         sizes = {
             "logits": rows * model.n_expert * 4,
             "shared_gate": rows * n_ff_shared * 4,
             "shared_up": rows * n_ff_shared * 4,
             "shared_act": rows * n_ff_shared * 4,
             "shared_down": rows * model.n_embd * 4,
-            "x": rows * model.n_embd * 4,
-            "route_weights": pairs * 4,
-            "gate": pairs * model.n_ff * 4,
-            "up": pairs * model.n_ff * 4,
-            "act": pairs * model.n_ff * 4,
+            "x": held_rows * model.n_embd * 4,
+            "route_weights": held_pairs * 4,
+            "gate": held_pairs * model.n_ff * 4,
+            "up": held_pairs * model.n_ff * 4,
+            "act": held_pairs * model.n_ff * 4,
             "down": pairs * model.n_embd * 4,
         }
         self.buffers: dict[str, DeviceBuffer] = {}
@@ -166,8 +165,8 @@ class _Scratch:
             self.close()
             raise
 
-    def view(self, name: str, nbytes: int) -> BufferView:
-        return self.buffers[name].view(0, nbytes)
+    def view(self, name: str, nbytes: int, offset: int = 0) -> BufferView:
+        return self.buffers[name].view(offset, nbytes)
 
     def close(self) -> None:
         for buf in self.buffers.values():
@@ -177,21 +176,49 @@ class _Scratch:
 
 @dataclass(frozen=True)
 class _Tokens:
-    """The hidden rows one split group works on and where their routing lives."""
+    """The hidden rows of one ubatch (or decode token) in one layer, and where their routing lives."""
 
     part: _Part
     hidden: BufferView
-    embed: BufferView | None  # copied into ``hidden`` before the first MoE layer; None for later ones
     count: int
     ids: BufferView
     label: str
     layer: int
+    first: int  # the position of the first token
+    held: int = 0  # the first row of this ubatch in the scratch a layer's splits hold (layer-major: its first token)
+    embed: BufferView | None = None  # stand-in embeddings copied into ``hidden`` before the first layer
+    token_ids: BufferView | None = None  # int32 token ids embedded into ``hidden`` before the first layer
+    positions: BufferView | None = None  # int32 positions of the tokens (whole model)
+    kv_len: int = 0  # cache rows the attention may read (whole model)
+    logits: BufferView | None = None  # where the head writes the logits of the last rows (whole model, last block)
     receive: Crossing | None = None  # rows arriving from the previous device before this layer
     send: Crossing | None = None  # rows leaving for the next device after this layer
 
+    def held_view(self, name: str, width: int) -> BufferView:
+        """This ubatch's rows of held scratch ``name`` (``width`` floats per row of a token or pair)."""
+        scratch = self.part.scratch()
+        per_token = width * (self.part.model.top_k if name != "x" else 1)
+        return scratch.view(name, self.count * per_token * 4, self.held * per_token * 4)
+
+
+@dataclass(frozen=True)
+class _TokenIO:
+    """The whole model's token ids and positions in, logits out (logits on the last device only)."""
+
+    token_ids: DeviceBuffer  # int32 [tokens]: the prompt
+    positions: DeviceBuffer  # int32 [tokens]: 0..tokens-1
+    decode_token_ids: DeviceBuffer  # int32 [steps]: each decode step's token
+    decode_positions: DeviceBuffer  # int32 [steps]: tokens..tokens+steps-1
+    current_token: DeviceBuffer  # int32 [1]: what a captured decode step reads (decode_step_in)
+    current_position: DeviceBuffer
+    logits: DeviceBuffer | None  # float32 [rows, n_vocab]: every prompt token's, or the last one's
+    decode_logits: DeviceBuffer | None  # float32 [steps, n_vocab]
+    current_logits: DeviceBuffer | None  # float32 [n_vocab]: what a captured decode step writes
+
 
 class _Part(Closing):
-    """What one device of a layer split holds: its layers' routers and extras, activations, outputs."""
+    """What one device of a layer split holds: its layers' routers and extras, activations, outputs,
+    and for the whole model its blocks (attention, norms, KV cache, embeddings or head)."""
 
     def __init__(
         self,
@@ -202,8 +229,11 @@ class _Part(Closing):
         *,
         seed: int,
         first: bool,
+        last: bool,
         matrix_path: MatrixPath | None,
         direct: bool = True,
+        whole: _Whole | None = None,
+        blocks: Sequence[int] = (),
     ) -> None:
         self.device = device
         self.model = model
@@ -211,75 +241,78 @@ class _Part(Closing):
         self.data = device.backend.host.holds_data
         self.position = {index: i for i, index in enumerate(layers)}  # layer index -> its place on this device
         self.kernels = MoeKernels(device, matrix_path, direct=direct)
-        self._buffers: list[DeviceBuffer] = []
+        self._uploads = Uploads(device, model)
         self._scratch: _Scratch | None = None
+        self.blocks: Blocks | None = None
+        self.io: _TokenIO | None = None  # the whole model's tokens in and logits out
         try:
-            self._allocate(seed, first)
+            self._allocate(seed, first, whole)
+            if whole is not None:
+                self._allocate_whole(whole, blocks, first, last)
         except BaseException:
             self.close()
             raise
 
-    def _alloc(self, nbytes: int, usage: Usage = Usage.COMPUTE) -> DeviceBuffer:
-        buf = self.device.alloc(max(nbytes, 4), usage)
-        self._buffers.append(buf)
-        return buf
-
-    def _input(
-        self, nbytes: int, usage: Usage, make: Callable[[], np.ndarray], alloc_bytes: int | None = None
-    ) -> DeviceBuffer:
-        """A buffer holding ``make()``; zeros where the backend holds no data (nothing reads it unwritten)."""
-        buf = self._alloc(max(nbytes, alloc_bytes or 0), usage)
-        if self.data:
-            buf.write(make())
-        else:
-            with self.device.stream() as stream:
-                stream.memset(buf, 0, buf.alloc_size)
-                stream.synchronize()
-        return buf
-
-    def _allocate(self, seed: int, first: bool) -> None:
-        model, batching = self.model, self.batching
+    def _allocate(self, seed: int, first: bool, whole: _Whole | None) -> None:
+        model, batching, uploads = self.model, self.batching, self._uploads
         row = model.n_embd * 4
-        n_ub = len(batching.ubatches())
         mine = [layer for layer in model.layers if layer.index in self.position]
         self.routers = {
-            layer.index: self._input(
-                model.n_expert * row, Usage.WEIGHTS, functools.partial(_router_floats, model, layer.router)
+            layer.index: uploads.filled(
+                model.n_expert * row, Usage.WEIGHTS, functools.partial(tensor_floats, model, layer.router)
             ).view(0, model.n_expert * row)
             for layer in mine
         }
         self.extras = {layer.index: self._layer_extras(layer.index) for layer in mine}
         n_ff_shared = max((e.shared.gate.ne[1] for e in self.extras.values() if e.shared), default=0)
-        self._scratch = _Scratch(self.device, batching.ubatch_tokens, model, n_ff_shared)
+        held_rows = batching.tokens if whole is not None and whole.layer_major else batching.ubatch_tokens
+        self._scratch = _Scratch(self.device, batching.ubatch_tokens, held_rows, model, n_ff_shared)
         rows = batching.ubatch_tokens
-        self.zero_ids = self._input(rows * 4, Usage.COMPUTE, functools.partial(np.zeros, rows, np.int32))
+        self.zero_ids = uploads.filled(rows * 4, Usage.COMPUTE, functools.partial(np.zeros, rows, np.int32))
         tokens, steps = batching.tokens, batching.decode_steps
         self.embed = self.decode_embed = None
-        if first:
-            self.embed = self._input(
+        if first and whole is None:
+            self.embed = uploads.filled(
                 tokens * row, Usage.COMPUTE, functools.partial(embeddings, seed, 0, tokens, model.n_embd)
             )
-            self.decode_embed = self._input(
+            self.decode_embed = uploads.filled(
                 steps * row, Usage.COMPUTE, functools.partial(embeddings, seed, tokens, steps, model.n_embd)
             )
-        self.hidden = self._alloc(tokens * row)
-        self.ids = self._alloc(len(mine) * n_ub * batching.ubatch_tokens * model.top_k * 4)
-        self.decode_hidden = self._alloc(steps * row)
-        self.decode_current = self._alloc(row)  # the token of a captured decode step (MoeRunner.decode_step_plan)
-        self.decode_ids = self._alloc(len(mine) * model.top_k * 4)
+        self.hidden = uploads.alloc(tokens * row)
+        self.ids = uploads.alloc(len(mine) * tokens * model.top_k * 4)  # [layer][token][k]
+        self.decode_hidden = uploads.alloc(steps * row)
+        self.decode_current = uploads.alloc(row)  # the token of a captured decode step (MoeRunner.decode_step_plan)
+        self.decode_ids = uploads.alloc(len(mine) * model.top_k * 4)
 
-    def _resident(self, info: TensorInfo) -> BufferView:
-        """A device copy of a float tensor as float32, or of a quantized one with its zero tail."""
-        if info.qtype in (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16):
-            n = info.nbytes // (4 if info.qtype is GGMLQuantizationType.F32 else 2)
-            return self._input(n * 4, Usage.WEIGHTS, functools.partial(_router_floats, self.model, info)).view(0, n * 4)
-        nbytes = padded_size(info.nbytes, info.qtype, info.ne0)
-        buf = self._input(info.nbytes, Usage.WEIGHTS, functools.partial(self.model.raw, info), alloc_bytes=nbytes)
-        if nbytes > info.nbytes:  # mul_mat_id reads the tail of quantized rows: it must be zeros
-            with self.device.stream() as stream:
-                stream.memset(buf, info.nbytes, nbytes - info.nbytes, 0)
-                stream.synchronize()
-        return buf.view(0, nbytes)
+    def _allocate_whole(self, whole: _Whole, blocks: Sequence[int], first: bool, last: bool) -> None:
+        """Token ids and positions, the blocks around the MoE layers, and on the last device the logits."""
+        batching, uploads = self.batching, self._uploads
+        tokens, steps = batching.tokens, batching.decode_steps
+        n_vocab = whole.spec.n_vocab * 4
+        self.io = _TokenIO(
+            token_ids=uploads.alloc(tokens * 4),
+            positions=uploads.filled(tokens * 4, Usage.COMPUTE, lambda: np.arange(tokens, dtype=np.int32)),
+            decode_token_ids=uploads.alloc(steps * 4),
+            decode_positions=uploads.filled(
+                steps * 4, Usage.COMPUTE, lambda: np.arange(tokens, tokens + steps, dtype=np.int32)
+            ),
+            current_token=uploads.alloc(4),
+            current_position=uploads.alloc(4),
+            logits=uploads.alloc(whole.logit_rows(tokens) * n_vocab) if last else None,
+            decode_logits=uploads.alloc(steps * n_vocab) if last else None,
+            current_logits=uploads.alloc(n_vocab) if last else None,
+        )
+        self.blocks = Blocks(
+            self.device,
+            self.model,
+            whole.spec,
+            self.kernels,
+            blocks,
+            rows=batching.ubatch_tokens,
+            n_ctx=whole.n_ctx,
+            first=first,
+            last=last,
+        )
 
     def _layer_extras(self, index: int) -> _LayerExtras:
         def find(name: str) -> TensorInfo | None:
@@ -287,14 +320,14 @@ class _Part(Closing):
 
         def resident(name: str) -> BufferView | None:
             info = find(name)
-            return None if info is None else self._resident(info)
+            return None if info is None else self._uploads.resident(info)
 
         biases = {role: resident(f"ffn_{role}_exps.bias") for role in (GATE, UP, DOWN)}
         expert_bias = {r: b for r, b in biases.items() if b is not None}
         shared = None
         gate, up, down = (find(f"ffn_{role}_shexp.weight") for role in (GATE, UP, DOWN))
         if gate is not None and up is not None and down is not None:
-            weights = {role: self._resident(info) for role, info in ((GATE, gate), (UP, up), (DOWN, down))}
+            weights = {role: self._uploads.resident(info) for role, info in ((GATE, gate), (UP, up), (DOWN, down))}
             gate_inp = resident("ffn_gate_inp_shexp.weight")
             if gate_inp is not None:
                 weights["gate_inp"] = gate_inp
@@ -309,7 +342,8 @@ class _Part(Closing):
     @property
     def device_bytes(self) -> int:
         scratch = self._scratch.buffers.values() if self._scratch is not None else ()
-        return sum(buf.alloc_size for buf in (*self._buffers, *scratch))
+        blocks = self.blocks.device_bytes if self.blocks is not None else 0
+        return self._uploads.device_bytes + sum(buf.alloc_size for buf in scratch) + blocks
 
     def scratch(self) -> _Scratch:
         if self._scratch is None:
@@ -317,17 +351,31 @@ class _Part(Closing):
         return self._scratch
 
     def close(self) -> None:
+        if self.blocks is not None:
+            self.blocks.close()
+            self.blocks = None
         self.kernels.close()
         if self._scratch is not None:
             self._scratch.close()
             self._scratch = None
-        for buf in self._buffers:
-            buf.close()
-        self._buffers.clear()
+        self._uploads.close()
+
+
+@dataclass(frozen=True)
+class _Whole:
+    """How a runner runs the whole model rather than the expert blocks alone."""
+
+    spec: Transformer
+    n_ctx: int
+    layer_major: bool
+    all_logits: bool  # logits of every prompt token (perplexity, checks), or of the last one only
+
+    def logit_rows(self, tokens: int) -> int:
+        return tokens if self.all_logits else 1
 
 
 class MoeRunner(Closing):
-    """One model's MoE layers on one device, or split over several: routers, activations, outputs.
+    """One model's layers on one device, or split over several: routers, activations, outputs.
 
     With several devices the layers are split in order (``LayerSplit``): each device holds its
     layers' routers, its own activations and routing, and runs its splits on its own compute
@@ -336,6 +384,11 @@ class MoeRunner(Closing):
     Expert weights are not owned here: each plan takes them as an ExpertData mapping, so the
     same runner serves every host memory mode and the device-resident (compute-only) case.
     Device-resident experts must be on their layer's device (``device_of``).
+
+    With ``transformer`` (hparams.Transformer.read of the model) the runner computes the whole
+    model: token ids in (``set_prompt``, ``set_decode_token``), logits out (``prompt_logits``,
+    ``decode_logits``). Without it, the expert blocks alone around a weightless stand-in
+    (standin.py), for measuring the expert pipeline by itself.
     """
 
     def __init__(
@@ -348,6 +401,10 @@ class MoeRunner(Closing):
         matrix_path: MatrixPath | None = None,
         fuse_gate_up: bool = False,
         direct: bool = True,
+        transformer: Transformer | None = None,
+        n_ctx: int | None = None,
+        layer_major: bool = False,
+        all_logits: bool = False,
     ) -> None:
         self.devices: tuple[Device, ...] = (devices,) if isinstance(devices, Device) else tuple(devices)
         # direct: whether the MMA path takes direct.cu's kernels where they apply (MoeKernels.direct).
@@ -365,21 +422,28 @@ class MoeRunner(Closing):
         self.data = self.device.backend.host.holds_data
         _check_uniform_layers(model)
         self.ffn: FfnConfig = ffn_config(model.arch, model.metadata, str(model.path))
+        self.whole = None if transformer is None else _whole(transformer, batching, n_ctx, layer_major, all_logits)
+        if layer_major and transformer is None:
+            raise InvalidArgument("layer-major prefill needs the whole model (attention decides the order)")
+        self.layer_major = layer_major
         self._parts: list[_Part] = []
         self._links: list[Link] = []
         try:
+            blocks = self._blocks_by_device()
             for i, device in enumerate(self.devices):
-                layers = self.layer_split.layers[device]
                 self._parts.append(
                     _Part(
                         device,
                         model,
                         batching,
-                        layers,
+                        self.layer_split.layers[device],
                         seed=seed,
                         first=i == 0,
+                        last=i == len(self.devices) - 1,
                         matrix_path=matrix_path,
                         direct=direct,
+                        whole=self.whole,
+                        blocks=blocks[i],
                     )
                 )
             row = model.n_embd * 4
@@ -390,6 +454,22 @@ class MoeRunner(Closing):
             self.close()
             raise
         self._part_of = {index: part for part in self._parts for index in part.position}
+
+    def _blocks_by_device(self) -> list[list[int]]:
+        """The blocks (MoE and dense) each device computes: a dense block goes with the next MoE layer."""
+        found: list[list[int]] = [[] for _ in self.devices]
+        if self.whole is None:
+            return found
+        moe = {layer.index: self.devices.index(self.layer_split.device_of(layer.index)) for layer in self.model.layers}
+        for block in range(self.model.n_layer):
+            later = [moe[i] for i in range(block, self.model.n_layer) if i in moe]
+            found[later[0] if later else len(self.devices) - 1].append(block)
+        return found
+
+    @property
+    def experts_only(self) -> bool:
+        """Whether the runner computes the expert blocks alone (around the stand-in), not the whole model."""
+        return self.whole is None
 
     def device_of(self, layer_index: int) -> Device:
         """The device that runs MoE layer ``layer_index`` (where its resident experts must be)."""
@@ -428,62 +508,142 @@ class MoeRunner(Closing):
 
     @property
     def device_bytes(self) -> int:
-        """Device memory this runner holds on all its devices (routers, activations, inputs, outputs)."""
+        """Device memory this runner holds on all its devices (weights but the experts, KV cache, activations)."""
         return sum(part.device_bytes for part in self._parts)
 
     def device_bytes_on(self, device: Device) -> int:
         """Device memory this runner holds on ``device``."""
         return sum(part.device_bytes for part in self._parts if part.device is device)
 
+    @property
+    def kv_cache_bytes(self) -> int:
+        """Bytes of the F16 KV cache on all devices (0 for the expert blocks alone)."""
+        return sum(part.blocks.kv_cache_bytes for part in self._parts if part.blocks is not None)
+
+    # -- tokens in ------------------------------------------------------------------------------
+    def set_prompt(self, tokens: Sequence[int] | np.ndarray) -> None:
+        """The prompt's token ids, which the next prefill plan embeds (whole model only)."""
+        ids = self._token_array(tokens, self.batching.tokens, "prompt")
+        self._io(self._parts[0]).token_ids.write(ids)
+
+    def set_decode_token(self, step: int, token: int) -> None:
+        """The token decode step ``step`` embeds (whole model only): the one sampled after the step before."""
+        self._check_step(step)
+        ids = self._token_array([token], 1, "decode token")
+        self._io(self._parts[0]).decode_token_ids.write(ids, offset=step * 4)
+
+    def _token_array(self, tokens: Sequence[int] | np.ndarray, count: int, what: str) -> np.ndarray:
+        if self.whole is None:
+            raise InvalidArgument(f"a {what} is for the whole model; this runner runs the expert blocks alone")
+        ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        if ids.size != count:
+            raise InvalidArgument(f"the {what} has {ids.size} tokens; the runner was sized for {count}")
+        n_vocab = self.whole.spec.n_vocab
+        if ids.size and not 0 <= ids.min() <= ids.max() < n_vocab:
+            raise InvalidArgument(f"the {what} holds token ids outside the vocabulary 0..{n_vocab - 1}")
+        return ids.astype(np.int32)
+
     # -- plans ---------------------------------------------------------------------------------
     def prefill_plan(self, experts: ExpertData, ubatches: Sequence[int] | None = None) -> Plan:
-        """Every layer of the given ubatches (default: all, in order) as one plan."""
+        """Every layer of the given ubatches (default: all, in order) as one plan.
+
+        Ubatch-major (the default): each ubatch through every layer, then the next. Layer-major
+        (``layer_major``): every ubatch through layer l, then layer l + 1, so each layer's experts
+        are read once per prompt; every token's arithmetic is the same either way.
+        """
         all_ubatches = self.batching.ubatches()
-        chosen = range(len(all_ubatches)) if ubatches is None else ubatches
+        chosen = list(range(len(all_ubatches)) if ubatches is None else ubatches)
         row = self.model.n_embd * 4
-        ids_stride = self.batching.ubatch_tokens * self.model.top_k * 4
         splits: list[Split] = []
-        for u in chosen:
-            first, count = all_ubatches[u]
-            rows = (first * row, count * row)
-            for layer in self.model.layers:
-                part = self._part_of[layer.index]
-                place = part.position[layer.index]
-                ids_at = (u * len(part.position) + place) * ids_stride
-                tokens = _Tokens(
-                    part=part,
-                    hidden=part.hidden.view(*rows),
-                    embed=part.embed.view(*rows) if part.embed is not None and place == 0 else None,
-                    count=count,
-                    ids=part.ids.view(ids_at, count * self.model.top_k * 4),
-                    label=f"ub{u}",
-                    layer=layer.index,
-                    **self._crossings(part, place, rows, decode=False),
-                )
-                splits += self._layer_splits(layer, tokens, experts, first)
+
+        def group(block: int, us: Sequence[int]) -> list[_Tokens]:
+            return [self._prompt_tokens(block, u, all_ubatches[u], row) for u in us]
+
+        if self.layer_major:
+            for block in self._blocks():
+                splits += self._block_splits(block, group(block, chosen), experts)
+        else:
+            for u in chosen:
+                for block in self._blocks():
+                    splits += self._block_splits(block, group(block, [u]), experts)
         return Plan.of(splits)
+
+    def _blocks(self) -> list[int]:
+        """The blocks a plan runs: every one for the whole model, the MoE layers for the expert blocks alone."""
+        if self.whole is not None:
+            return list(range(self.model.n_layer))
+        return [layer.index for layer in self.model.layers]
+
+    def _prompt_tokens(self, block: int, u: int, ubatch: tuple[int, int], row: int) -> _Tokens:
+        first, count = ubatch
+        part = self._part_of_block(block)
+        rows = (first * row, count * row)
+        place = part.position.get(block)
+        top_k = self.model.top_k
+        ids = part.ids.view(((place or 0) * self.batching.tokens + first) * top_k * 4, count * top_k * 4)
+        whole: dict[str, Any] = {}
+        if self.whole is not None:
+            io = self._io(part)
+            whole = {
+                "token_ids": io.token_ids.view(first * 4, count * 4) if block == 0 else None,
+                "positions": io.positions.view(first * 4, count * 4),
+                "kv_len": first + count,
+                "logits": self._prompt_logits_view(part, first, count) if block == self.model.n_layer - 1 else None,
+            }
+        return _Tokens(
+            part=part,
+            hidden=part.hidden.view(*rows),
+            count=count,
+            ids=ids,
+            label=f"ub{u}",
+            layer=block,
+            first=first,
+            held=first if self.layer_major else 0,
+            embed=part.embed.view(*rows) if part.embed is not None and place == 0 else None,
+            **whole,
+            **(self._crossings(part, place, rows, decode=False) if place is not None else {}),
+        )
+
+    def _prompt_logits_view(self, part: _Part, first: int, count: int) -> BufferView | None:
+        """Where the head writes this ubatch's logits: all its rows' (``all_logits``), or only the prompt's last."""
+        logits = self._io(part).logits
+        assert self.whole is not None and logits is not None
+        n_vocab = self.whole.spec.n_vocab * 4
+        if self.whole.all_logits:
+            return logits.view(first * n_vocab, count * n_vocab)
+        return logits.view(0, n_vocab) if first + count == self.batching.tokens else None
 
     def decode_plan(self, experts: ExpertData, step: int) -> Plan:
         """Every layer for decode step ``step`` (one token)."""
         self._check_step(step)
         row = self.model.n_embd * 4
-        ids_bytes = self.model.top_k * 4
         splits: list[Split] = []
-        token = self.batching.tokens + step  # the position of the decoded token
-        for layer in self.model.layers:
-            part = self._part_of[layer.index]
-            place = part.position[layer.index]
+        position = self.batching.tokens + step
+        for block in self._blocks():
+            part = self._part_of_block(block)
+            place = part.position.get(block)
+            whole: dict[str, Any] = {}
+            if self.whole is not None:
+                io = self._io(part)
+                whole = {
+                    "token_ids": io.decode_token_ids.view(step * 4, 4) if block == 0 else None,
+                    "positions": io.decode_positions.view(step * 4, 4),
+                    "kv_len": position + 1,
+                    "logits": self._decode_logits_view(part, step) if block == self.model.n_layer - 1 else None,
+                }
             tokens = _Tokens(
                 part=part,
                 hidden=part.decode_hidden.view(step * row, row),
-                embed=part.decode_embed.view(step * row, row) if part.decode_embed is not None and place == 0 else None,
                 count=1,
-                ids=part.decode_ids.view(place * ids_bytes, ids_bytes),
+                ids=self._decode_ids(part, place),
                 label=f"step{step}",
-                layer=layer.index,
-                **self._crossings(part, place, (step * row, row), decode=True),
+                layer=block,
+                first=position,
+                embed=part.decode_embed.view(step * row, row) if part.decode_embed is not None and place == 0 else None,
+                **whole,
+                **(self._crossings(part, place, (step * row, row), decode=True) if place is not None else {}),
             )
-            splits += self._layer_splits(layer, tokens, experts, token)
+            splits += self._block_splits(block, [tokens], experts)
         return Plan.of(splits)
 
     def decode_step_plan(self, experts: ExpertData) -> Plan:
@@ -500,32 +660,71 @@ class MoeRunner(Closing):
             )
         (part,) = self._parts
         row = self.model.n_embd * 4
-        ids_bytes = self.model.top_k * 4
         splits: list[Split] = []
-        for layer in self.model.layers:
-            place = part.position[layer.index]
+        for block in self._blocks():
+            whole: dict[str, Any] = {}
+            if self.whole is not None:
+                io = self._io(part)
+                n_vocab = self.whole.spec.n_vocab * 4
+                last = io.current_logits is not None and block == self.model.n_layer - 1
+                whole = {
+                    "token_ids": io.current_token.view(0, 4) if block == 0 else None,
+                    "positions": io.current_position.view(0, 4),
+                    "kv_len": self.whole.n_ctx,  # a bound: the attention reads the rows up to the position
+                    "logits": io.current_logits.view(0, n_vocab) if io.current_logits and last else None,
+                }
             tokens = _Tokens(
                 part=part,
                 hidden=part.decode_current.view(0, row),
-                embed=None,  # decode_step_in copies it
                 count=1,
-                ids=part.decode_ids.view(place * ids_bytes, ids_bytes),
+                ids=self._decode_ids(part, part.position.get(block)),
                 label="step",
-                layer=layer.index,
+                layer=block,
+                first=self.batching.tokens,
+                **whole,
             )
-            splits += self._layer_splits(layer, tokens, experts, self.batching.tokens)
+            splits += self._block_splits(block, [tokens], experts)
         return Plan.of(splits)
 
+    def _decode_logits_view(self, part: _Part, step: int) -> BufferView | None:
+        logits = self._io(part).decode_logits
+        if self.whole is None or logits is None:
+            return None
+        n_vocab = self.whole.spec.n_vocab * 4
+        return logits.view(step * n_vocab, n_vocab)
+
+    @staticmethod
+    def _io(part: _Part) -> _TokenIO:
+        if part.io is None:
+            raise InvalidArgument("tokens and logits are for the whole model; this runner runs the expert blocks alone")
+        return part.io
+
+    def _decode_ids(self, part: _Part, place: int | None) -> BufferView:
+        ids_bytes = self.model.top_k * 4
+        return part.decode_ids.view((place or 0) * ids_bytes, ids_bytes)
+
     def decode_step_in(self, stream: Stream, step: int) -> None:
-        """Enqueue the copy of step ``step``'s input embedding into the row decode_step_plan works on."""
+        """Enqueue the copy of step ``step``'s input (embedding, or token and position) into what
+        decode_step_plan reads."""
         part, row = self._one_part(step), self.model.n_embd * 4
+        if self.whole is not None:
+            io = self._io(part)
+            stream.copy_d2d(io.current_token, 0, io.decode_token_ids, step * 4, 4)
+            stream.copy_d2d(io.current_position, 0, io.decode_positions, step * 4, 4)
+            return
         assert part.decode_embed is not None
         stream.copy_d2d(part.decode_current, 0, part.decode_embed, step * row, row)
 
     def decode_step_out(self, stream: Stream, step: int) -> None:
-        """Enqueue the copy of decode_step_plan's result to step ``step``'s place in decode_output."""
+        """Enqueue the copy of decode_step_plan's result to step ``step``'s place in decode_output
+        (and decode_logits)."""
         part, row = self._one_part(step), self.model.n_embd * 4
         stream.copy_d2d(part.decode_hidden, step * row, part.decode_current, 0, row)
+        if self.whole is not None:
+            n_vocab = self.whole.spec.n_vocab * 4
+            io = self._io(part)
+            assert io.decode_logits is not None and io.current_logits is not None
+            stream.copy_d2d(io.decode_logits, step * n_vocab, io.current_logits, 0, n_vocab)
 
     def _check_step(self, step: int) -> None:
         if not 0 <= step < self.batching.decode_steps:
@@ -537,48 +736,78 @@ class MoeRunner(Closing):
             raise InvalidArgument("a decode step plan runs on one device")
         return self._parts[0]
 
-    def _crossings(self, part: _Part, place: int, rows: tuple[int, int], *, decode: bool) -> dict[str, Crossing]:
+    def _part_of_block(self, block: int) -> _Part:
+        part = self._part_of.get(block)
+        if part is not None:
+            return part
+        return next(p for p in self._parts if p.blocks is not None and block in p.blocks.attention)
+
+    def _crossings(self, part: _Part, place: int, rows: tuple[int, int], *, decode: bool) -> dict[str, Any]:
         """The crossing into this layer (first on a later device) and out of it (last on an earlier one)."""
 
         def hidden(p: _Part) -> BufferView:
             return (p.decode_hidden if decode else p.hidden).view(*rows)
 
         i = self._parts.index(part)
-        found: dict[str, Crossing] = {}
+        found: dict[str, Any] = {}
         if place == 0 and i > 0:
             found["receive"] = self._links[i - 1].crossing(hidden(self._parts[i - 1]), hidden(part), int(decode))
         if place == len(part.position) - 1 and i < len(self._parts) - 1:
             found["send"] = self._links[i].crossing(hidden(part), hidden(self._parts[i + 1]), int(decode))
         return found
 
-    def _layer_splits(self, layer: MoeLayer, tokens: _Tokens, experts: ExpertData, first: int) -> list[Split]:
-        """The layer's four splits for ``tokens``, the first of which is at position ``first``."""
-        model = self.model
-        name = f"L{layer.index}.{tokens.label}"
-        n_ids = tokens.count * model.top_k
-        stand_in_ids = None if self.data else stand_in_routing(self.seed, first, tokens.count, layer.index, model)
-        router = Input(ROUTER, layer.router.nbytes, device_data=tokens.part.routers[layer.index])
+    def _block_splits(self, block: int, group: Sequence[_Tokens], experts: ExpertData) -> list[Split]:
+        """The splits of block ``block`` for ``group`` (ubatches in order), the output head after the last."""
+        layer = next((layer for layer in self.model.layers if layer.index == block), None)
+        part = group[0].part
+        if layer is None:  # a leading dense layer (whole model only)
+            name = f"dense.L{block}.{group[0].label}"
+            splits = [Split(name, part.device, (), functools.partial(self._dense_block, group))]
+        else:
+            splits = self._layer_splits(layer, group, experts)
+        if self.whole is not None and block == self.model.n_layer - 1:
+            splits.append(Split(f"output.{group[0].label}", part.device, (), functools.partial(self._output, group)))
+        return splits
+
+    def _layer_splits(self, layer: MoeLayer, group: Sequence[_Tokens], experts: ExpertData) -> list[Split]:
+        """The layer's four splits for ``group`` (three where gate and up fuse)."""
+        model, part = self.model, group[0].part
+        name = f"L{layer.index}.{group[0].label}" + (f"-{group[-1].label}" if len(group) > 1 else "")
+        count = sum(t.count for t in group)
+        n_ids = count * model.top_k
+        ids = BufferView(group[0].ids.buffer, group[0].ids.offset, n_ids * 4)  # the group's ids lie in one run
+        stand_in_ids = None if self.data else stand_in_routing(self.seed, group[0].first, count, layer.index, model)
+        router = Input(ROUTER, layer.router.nbytes, device_data=part.routers[layer.index])
 
         def split(roles: tuple[str, ...], compute: Callable[[_Tokens, TensorInfo, Stream, Bindings], None]) -> Split:
             infos = [getattr(layer, role) for role in roles]
+
+            def run(stream: Stream, bindings: Bindings) -> None:
+                for tokens in group:
+                    compute(tokens, infos[0], stream, bindings)
+
             return Split(
                 f"{'_'.join(roles)}.{name}",
-                tokens.part.device,
+                part.device,
                 tuple(_expert_input(role, info, experts[info.name]) for role, info in zip(roles, infos, strict=True)),
-                functools.partial(compute, tokens, infos[0]),
-                MulMatId(tokens.ids, n_ids, model.n_expert, roles, stand_in_ids),
+                run,
+                MulMatId(ids, n_ids, model.n_expert, roles, stand_in_ids),
             )
+
+        def route(stream: Stream, bindings: Bindings) -> None:
+            for tokens in group:
+                self._route(tokens, stream, bindings)
 
         first_splits = (
             [split((GATE, UP), self._gate_up)]
-            if self._fuses_gate_up(tokens.part, layer)
+            if self._fuses_gate_up(part, layer)
             else [
                 split((GATE,), self._gate),
                 split((UP,), self._up),
             ]
         )
         return [
-            Split(f"router.{name}", tokens.part.device, (router,), functools.partial(self._route, tokens)),
+            Split(f"router.{name}", part.device, (router,), route),
             *first_splits,
             split((DOWN,), self._down),
         ]
@@ -600,8 +829,9 @@ class MoeRunner(Closing):
         )
 
     # -- what each split enqueues ------------------------------------------------------------
-    def _route(self, tokens: _Tokens, stream: Stream, bindings: Bindings) -> None:
-        model, scratch = self.model, tokens.part.scratch()
+    def _enter_block(self, tokens: _Tokens, stream: Stream) -> None:
+        """The hidden rows ready for this block: embedded (first block), received (first on a later
+        device), then, for the whole model, the block's attention added in."""
         if tokens.embed is not None:
             stream.copy_d2d(
                 tokens.hidden.buffer,
@@ -610,12 +840,45 @@ class MoeRunner(Closing):
                 tokens.embed.offset,
                 tokens.hidden.nbytes,
             )
+        blocks = tokens.part.blocks
+        if blocks is not None and tokens.token_ids is not None:
+            blocks.embed(stream, tokens.token_ids, tokens.count, tokens.hidden)
         if tokens.receive is not None:
             tokens.receive.receive(stream)
-        x = scratch.view("x", tokens.hidden.nbytes)
-        standin.rms_norm(tokens.part.kernels, stream, tokens.hidden, x, tokens.count, model.n_embd)
+        if blocks is not None:
+            assert tokens.positions is not None
+            blocks.attend(stream, tokens.layer, tokens.hidden, tokens.count, tokens.positions, tokens.kv_len)
+
+    def _dense_block(self, group: Sequence[_Tokens], stream: Stream, bindings: Bindings) -> None:
+        for tokens in group:
+            self._enter_block(tokens, stream)
+            blocks = tokens.part.blocks
+            assert blocks is not None
+            blocks.run_dense_ffn(stream, tokens.layer, tokens.hidden, tokens.count)
+
+    def _output(self, group: Sequence[_Tokens], stream: Stream, bindings: Bindings) -> None:
+        """The logits of the rows each ubatch asks for: all of them, or its last (see ``_prompt_logits_view``)."""
+        row = self.model.n_embd * 4
+        assert self.whole is not None
+        n_vocab = self.whole.spec.n_vocab * 4
+        for tokens in group:
+            blocks = tokens.part.blocks
+            if tokens.logits is None or blocks is None:
+                continue
+            rows = tokens.logits.nbytes // n_vocab
+            start = tokens.hidden.offset + tokens.hidden.nbytes - rows * row
+            blocks.head(stream, BufferView(tokens.hidden.buffer, start, rows * row), rows, tokens.logits)
+
+    def _route(self, tokens: _Tokens, stream: Stream, bindings: Bindings) -> None:
+        model, scratch = self.model, tokens.part.scratch()
+        self._enter_block(tokens, stream)
+        x = tokens.held_view("x", model.n_embd)
+        if tokens.part.blocks is not None:
+            tokens.part.blocks.ffn_input(stream, tokens.layer, tokens.hidden, tokens.count, x)
+        else:
+            standin.rms_norm(tokens.part.kernels, stream, tokens.hidden, x, tokens.count, model.n_embd)
         extras = tokens.part.extras[tokens.layer]
-        route_weights = scratch.view("route_weights", tokens.ids.nbytes)
+        route_weights = tokens.held_view("route_weights", 1)
         if self.ffn.routing.is_softmax_topk and extras.router_bias is None and extras.selection_bias is None:
             tokens.part.kernels.router_topk(
                 stream,
@@ -661,27 +924,24 @@ class MoeRunner(Closing):
     def _up(self, tokens: _Tokens, info: TensorInfo, stream: Stream, bindings: Bindings) -> None:
         self._mul_mat_id(stream, bindings[UP], info, tokens, "x", False, "up")
         self._add_expert_bias(stream, tokens, UP, "up", info.ne[1])
-        n = tokens.count * self.model.top_k * self.model.n_ff
-        self._activation(tokens.part, n, "gate", "up", "act", stream)
-
-    def _activation(self, part: _Part, n: int, gate: str, up: str, out: str, stream: Stream, oai: bool = True) -> None:
-        scratch = part.scratch()
-        views = (scratch.view(gate, n * 4), scratch.view(up, n * 4), scratch.view(out, n * 4))
-        if oai and self.ffn.ffn.activation is Activation.SWIGLU_OAI:
-            routing.swiglu_oai(part.kernels, stream, *views, n)
+        n_ff = self.model.n_ff
+        views = (tokens.held_view("gate", n_ff), tokens.held_view("up", n_ff), tokens.held_view("act", n_ff))
+        n = tokens.count * self.model.top_k * n_ff
+        if self.ffn.ffn.activation is Activation.SWIGLU_OAI:
+            routing.swiglu_oai(tokens.part.kernels, stream, *views, n)
         else:
-            part.kernels.swiglu(stream, *views, n)
+            tokens.part.kernels.swiglu(stream, *views, n)
 
     def _add_expert_bias(self, stream: Stream, tokens: _Tokens, role: str, y: str, n_out: int) -> None:
         biases = tokens.part.extras[tokens.layer].expert_bias
         if biases is None or role not in biases:
             return
         pairs = tokens.count * self.model.top_k
-        scratch = tokens.part.scratch()
+        out = tokens.held_view(y, n_out) if y in _Scratch.HELD else tokens.part.scratch().view(y, pairs * n_out * 4)
         routing.add_expert_bias(
             tokens.part.kernels,
             stream,
-            scratch.view(y, pairs * n_out * 4),
+            out,
             biases[role],
             tokens.ids,
             pairs,
@@ -691,40 +951,38 @@ class MoeRunner(Closing):
 
     def _shared_expert(self, stream: Stream, tokens: _Tokens, shared: _SharedExpert) -> None:
         """shared_down = the shared expert's FFN of x (times sigmoid(x . gate_inp) where gated)."""
-        model, scratch = self.model, tokens.part.scratch()
-        ids = tokens.part.zero_ids.view(0, tokens.count * 4)
-        for role, info, x, y in (
-            (GATE, shared.gate, "x", "shared_gate"),
-            (UP, shared.up, "x", "shared_up"),
-            (DOWN, shared.down, "shared_act", "shared_down"),
-        ):
+        model, part = self.model, tokens.part
+        scratch = part.scratch()
+        ids = part.zero_ids.view(0, tokens.count * 4)
+        x = tokens.held_view("x", model.n_embd)
+        for role, info in ((GATE, shared.gate), (UP, shared.up), (DOWN, shared.down)):
             n_in, n_out = info.ne[0], info.ne[1]
-            tokens.part.kernels.mul_mat_id(
+            source = x if role != DOWN else scratch.view("shared_act", tokens.count * n_in * 4)
+            part.kernels.mul_mat_id(
                 stream,
                 shared.weights[role],
                 info.qtype,
                 1,
                 n_out,
                 n_in,
-                scratch.view(x, tokens.count * n_in * 4),
+                source,
                 False,
                 ids,
                 tokens.count,
                 1,
-                scratch.view(y, tokens.count * n_out * 4),
+                scratch.view(f"shared_{role}", tokens.count * n_out * 4),
             )
             if role == UP:
-                self._activation(
-                    tokens.part, tokens.count * n_out, "shared_gate", "shared_up", "shared_act", stream, oai=False
-                )
-        out = scratch.view("shared_down", tokens.hidden.nbytes)
+                n = tokens.count * n_out
+                gate, up, act = (scratch.view(name, n * 4) for name in ("shared_gate", "shared_up", "shared_act"))
+                part.kernels.swiglu(stream, gate, up, act, n)
         if "gate_inp" in shared.weights:
             routing.shared_gate(
-                tokens.part.kernels,
+                part.kernels,
                 stream,
-                scratch.view("x", tokens.hidden.nbytes),
+                x,
                 shared.weights["gate_inp"],
-                out,
+                scratch.view("shared_down", tokens.hidden.nbytes),
                 tokens.count,
                 model.n_embd,
                 model.n_embd,
@@ -732,7 +990,6 @@ class MoeRunner(Closing):
 
     def _gate_up(self, tokens: _Tokens, info: TensorInfo, stream: Stream, bindings: Bindings) -> None:
         n_in, n_out, n_expert = info.ne[0], info.ne[1], info.ne[2]
-        scratch, pairs = tokens.part.scratch(), tokens.count * self.model.top_k
         tokens.part.kernels.gate_up(
             stream,
             bindings[GATE],
@@ -741,17 +998,17 @@ class MoeRunner(Closing):
             n_expert,
             n_out,
             n_in,
-            scratch.view("x", tokens.count * n_in * 4),
+            tokens.held_view("x", n_in),
             tokens.ids,
             tokens.count,
             self.model.top_k,
-            scratch.view("act", pairs * n_out * 4),
+            tokens.held_view("act", n_out),
         )
 
     def _down(self, tokens: _Tokens, info: TensorInfo, stream: Stream, bindings: Bindings) -> None:
         model, scratch = self.model, tokens.part.scratch()
         pairs = tokens.count * model.top_k
-        route_weights = scratch.view("route_weights", pairs * 4)
+        route_weights = tokens.held_view("route_weights", 1)
         biases = tokens.part.extras[tokens.layer].expert_bias
         # Rows scaled as the kernel writes them, where it can and no bias is added after it.
         routed = tokens.part.kernels.uses_direct(info.qtype, info.ne[0]) and not (biases and DOWN in biases)
@@ -787,7 +1044,8 @@ class MoeRunner(Closing):
         n_in, n_out, n_expert = info.ne[0], info.ne[1], info.ne[2]
         pairs = tokens.count * self.model.top_k
         scratch = tokens.part.scratch()
-        x_rows = pairs if x_per_pair else tokens.count
+        x_view = tokens.held_view(x, n_in)
+        y_view = tokens.held_view(y, n_out) if y in _Scratch.HELD else scratch.view(y, pairs * n_out * 4)
         tokens.part.kernels.mul_mat_id(
             stream,
             w,
@@ -795,12 +1053,12 @@ class MoeRunner(Closing):
             n_expert,
             n_out,
             n_in,
-            scratch.view(x, x_rows * n_in * 4),
+            x_view,
             x_per_pair,
             tokens.ids,
             tokens.count,
             self.model.top_k,
-            scratch.view(y, pairs * n_out * 4),
+            y_view,
             route_weights=route_weights,
         )
 
@@ -824,6 +1082,9 @@ class MoeRunner(Closing):
         for i, part in enumerate(self._parts):
             rows, stream = (part.decode_hidden if decode else part.hidden), stream_of(part.device)
             stream.memset(rows, 0, nbytes, OUTPUT_POISON)
+            logits = None if part.io is None else part.io.decode_logits if decode else part.io.logits
+            if logits is not None:
+                stream.memset(logits, 0, logits.nbytes, OUTPUT_POISON)
             # A later device reads an earlier one's rows, through host memory where they are not peers.
             if i < len(self._links) and self._links[i].bounce:
                 stream.copy_d2h(self._links[i].bounce[int(decode)], 0, rows, 0, nbytes)
@@ -850,12 +1111,46 @@ class MoeRunner(Closing):
             .reshape(steps, self.model.n_embd)
         )
 
+    def prompt_logits(self) -> np.ndarray:
+        """float32 [rows, n_vocab]: every prompt token's next-token logits (``all_logits``), else the last's."""
+        whole, part = self._require_whole("prompt logits"), self._parts[-1]
+        logits = self._io(part).logits
+        assert logits is not None
+        rows = whole.logit_rows(self.batching.tokens)
+        return logits.read(0, rows * whole.spec.n_vocab * 4).view(np.float32).reshape(rows, whole.spec.n_vocab)
+
+    def decode_logits(self, step: int) -> np.ndarray:
+        """float32 [n_vocab]: the logits decode step ``step`` produced."""
+        self._check_step(step)
+        whole, part = self._require_whole("decode logits"), self._parts[-1]
+        logits = self._io(part).decode_logits
+        assert logits is not None
+        n_vocab = whole.spec.n_vocab
+        return logits.read(step * n_vocab * 4, n_vocab * 4).view(np.float32).copy()
+
+    def _require_whole(self, what: str) -> _Whole:
+        if self.whole is None:
+            raise InvalidArgument(f"{what} come from the whole model; this runner runs the expert blocks alone")
+        return self.whole
+
     def close(self) -> None:
         """Free the device memory; work that uses it must be finished."""
         for closing in (*self._links, *self._parts):
             closing.close()
         self._links.clear()
         self._parts.clear()
+
+
+def _whole(spec: Transformer, batching: Batching, n_ctx: int | None, layer_major: bool, all_logits: bool) -> _Whole:
+    need = batching.tokens + batching.decode_steps
+    n_ctx = need if n_ctx is None else n_ctx
+    if need > n_ctx:
+        raise InvalidArgument(
+            f"the prompt ({batching.tokens} tokens) and {batching.decode_steps} generated tokens need a context of "
+            f"{need}; it is {n_ctx}",
+            hint="raise -c or shorten the prompt",
+        )
+    return _Whole(spec, n_ctx, layer_major, all_logits)
 
 
 def _expert_input(role: str, info: TensorInfo, data: HostSource | BufferView) -> Input:

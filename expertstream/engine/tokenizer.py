@@ -102,6 +102,11 @@ class Tokenizer:
         self._add_eos = vocab.add_eos and vocab.eos_id is not None
         self._backend = backend
 
+    @property
+    def adds_bos(self) -> bool:
+        """Whether ``encode`` puts BOS first (as the file asks)."""
+        return self._add_bos
+
     @classmethod
     def from_model(cls, model: MoeModel) -> Tokenizer:
         return cls._build(_read_vocabulary(str(model.path), model.metadata))

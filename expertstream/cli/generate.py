@@ -1,0 +1,164 @@
+"""`expertstream generate` and `expertstream perplexity`: the whole model, text in and out."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..backends import ENV_VAR
+from ..engine.model import Model, Options
+from ..engine.offload import parse_gpu_memory
+from ..engine.perplexity import perplexity
+from ..engine.sampling import Sampling
+from ..errors import InvalidArgument
+from ..hostmem import HostMemoryMode
+from .tools import EXIT_STATUS_HELP, HelpFormatter
+
+
+def register(subparsers: Any) -> None:
+    """Add the generate and perplexity subcommands to the CLI's subparsers."""
+    generate = subparsers.add_parser(
+        "generate",
+        help="generate text from a prompt with the whole model, experts streamed",
+        description="Run a GGUF MoE model end to end on a prompt and print the text as it is produced, then "
+        "prompt and generation speed.",
+        epilog=EXIT_STATUS_HELP,
+        formatter_class=HelpFormatter,
+    )
+    _common(generate)
+    prompt = generate.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("-p", "--prompt", help="the prompt text")
+    prompt.add_argument("-f", "--file", help="read the prompt from this file")
+    generate.add_argument("-n", "--n-predict", type=_positive, default=64, help="tokens to generate (at most)")
+    generate.add_argument("--temp", type=float, default=0.8, help="temperature; 0 is greedy")
+    generate.add_argument("--top-k", type=int, default=40, help="keep the K most likely tokens (0: all)")
+    generate.add_argument("--top-p", type=float, default=0.95, help="keep the most likely tokens up to P")
+    generate.add_argument("--seed", type=int, default=None, help="seed of the draws (default: a fresh one)")
+    generate.set_defaults(run=_generate)
+
+    ppl = subparsers.add_parser(
+        "perplexity",
+        help="perplexity of a text, as llama-perplexity computes it",
+        description="Cut the text's tokens into chunks of -c tokens, score the second half of each, print the "
+        "running estimate per chunk and the final one (llama.cpp's llama-perplexity definition).",
+        epilog=EXIT_STATUS_HELP,
+        formatter_class=HelpFormatter,
+    )
+    _common(ppl, default_ctx=512)
+    ppl.add_argument("-f", "--file", required=True, help="the text file")
+    ppl.set_defaults(run=_perplexity)
+
+
+def _common(parser: argparse.ArgumentParser, default_ctx: int | None = None) -> None:
+    parser.add_argument("-m", "--model", required=True, help="a GGUF MoE model")
+    parser.add_argument("--backend", default="auto", help="auto, cuda, hip or sim (auto honours $" + ENV_VAR + ")")
+    parser.add_argument("--device", type=int, default=0, help="device index")
+    parser.add_argument(
+        "-c",
+        "--ctx-size",
+        type=_positive,
+        default=default_ctx,
+        help="context in tokens" + (" (default: the prompt and the generation)" if default_ctx is None else ""),
+    )
+    parser.add_argument("-ub", "--ubatch", type=_positive, default=512, help="tokens per ubatch")
+    parser.add_argument("--slots", type=int, default=3, help="staging slots of the lookahead (0: stock copies)")
+    parser.add_argument(
+        "--host-memory",
+        type=HostMemoryMode,
+        default=HostMemoryMode.PREFERRED,
+        choices=[m for m in HostMemoryMode if m.value != "auto"],
+        metavar="MODE",
+        help="where the experts live on the host: mmap, registered, pinned, ring, preferred",
+    )
+    parser.add_argument(
+        "-ncmoe", "--n-cpu-moe", type=int, default=None, metavar="N", help="stream the experts of the first N layers"
+    )
+    parser.add_argument("--gpu-memory", type=parse_gpu_memory, default=None, help="device memory to use (SIZE or auto)")
+    parser.add_argument(
+        "--prefill-order",
+        choices=("auto", "layer", "ubatch"),
+        default="auto",
+        help="layer-major (each layer's experts cross once per prompt) or ubatch-major prefill",
+    )
+    parser.add_argument("--fuse-gate-up", action="store_true", help="gate, up and SwiGLU in one pass where possible")
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _options(args: argparse.Namespace) -> Options:
+    return Options(
+        ubatch=args.ubatch,
+        n_ctx=args.ctx_size,
+        slots=args.slots,
+        host_memory=args.host_memory,
+        n_cpu_moe=args.n_cpu_moe,
+        gpu_memory=args.gpu_memory,
+        fuse_gate_up=args.fuse_gate_up,
+        prefill_order=args.prefill_order,
+    )
+
+
+def _open(args: argparse.Namespace) -> Model:
+    path = Path(args.model)
+    if not path.is_file():
+        raise InvalidArgument(f"{path}: no such file", hint="give a GGUF model with -m")
+    return Model.open(path, backend=args.backend, devices=(args.device,), options=_options(args))
+
+
+def _read_text(name: str) -> str:
+    try:
+        return Path(name).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise InvalidArgument(f"{name}: not UTF-8 text") from None
+
+
+def _generate(args: argparse.Namespace, command_line: str) -> int:
+    text = args.prompt if args.prompt is not None else _read_text(args.file)
+    sampling = Sampling(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    with _open(args) as model:
+        sys.stdout.write(text)
+        for piece in model.generate(text, args.n_predict, sampling):
+            sys.stdout.write(piece.text)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+        stats = model.last_stats
+    err = sys.stderr
+    prompt_s, n_prompt = stats["prompt_s"], int(stats["prompt_tokens"])
+    print(f"\nseed: {int(stats['seed'])}", file=err)
+    print(_timing("prompt eval", prompt_s, n_prompt, "tokens"), file=err)
+    generated = int(stats.get("generated", 0))
+    decode_s = stats.get("decode_s")
+    if decode_s is not None and generated > 1:
+        print(_timing("eval", decode_s, generated - 1, "runs"), file=err)
+    return 0
+
+
+def _timing(what: str, seconds: float, count: int, unit: str) -> str:
+    """One line as llama.cpp prints its timings."""
+    ms = seconds * 1e3
+    return (
+        f"{what:>11} time = {ms:10.2f} ms / {count:5d} {unit} ({ms / count:8.2f} ms per token, "
+        f"{count / seconds:8.2f} tokens per second)"
+    )
+
+
+def _perplexity(args: argparse.Namespace, command_line: str) -> int:
+    text = _read_text(args.file)
+    with _open(args) as model:
+        tokens = model.tokenizer.encode(text)
+        bos = model.tokenizer.bos_id if model.tokenizer.adds_bos else None
+        print(f"{len(tokens)} tokens, chunks of {args.ctx_size}", file=sys.stderr)
+
+        def chunk(i: int, value: float) -> None:
+            print(f"[{i + 1}]{value:.4f},", end="", flush=True)
+
+        result = perplexity(model.logits, tokens, args.ctx_size, bos, chunk)
+    print(f"\nFinal estimate: PPL = {result.value:.4f} +/- {result.error:.5f}")
+    return 0

@@ -1,0 +1,278 @@
+"""The parts of a transformer around its MoE blocks, device-resident on one device of a run.
+
+``Blocks`` holds, for the layers one device runs, what llama.cpp computes besides the experts
+(hparams.py): each layer's attention weights, norms and F16 KV cache, the dense FFN of a
+leading dense layer, and on the first device the token embeddings, on the last the output norm
+and head. Its methods only enqueue kernels on the stream they are given, in the order a layer
+needs them; the runner (runner.py) puts them into its splits. A dense projection is a
+``mul_mat_id`` over one expert, so every weight type the expert kernels decode works here too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .._closing import Closing
+from ..backends.base import BufferView, Device, DeviceBuffer, Stream, Usage
+from ..errors import InvalidArgument
+from ..kernels import MoeKernels, dense
+from ..kernels import attention as attention_kernels
+from ..model import ModelError, MoeModel, TensorInfo
+from . import standin
+from .hparams import Transformer
+from .uploads import Uploads
+
+
+@dataclass(frozen=True)
+class Linear:
+    """A dense projection y = W x (+ b): W [n_out, n_in] of the file's type, b float32 [n_out]."""
+
+    info: TensorInfo
+    weight: BufferView
+    bias: BufferView | None = None
+
+    @property
+    def n_in(self) -> int:
+        return self.info.ne[0]
+
+    @property
+    def n_out(self) -> int:
+        return self.info.ne[1]
+
+    def apply(
+        self, kernels: MoeKernels, stream: Stream, x: BufferView, rows: int, y: BufferView, ids: BufferView
+    ) -> None:
+        kernels.mul_mat_id(stream, self.weight, self.info.qtype, 1, self.n_out, self.n_in, x, False, ids, rows, 1, y)
+        if self.bias is not None:
+            dense.add_rows(kernels, stream, y, self.bias, rows, self.n_out)
+
+
+@dataclass(frozen=True)
+class _Attention:
+    norm: BufferView
+    q: Linear
+    k: Linear
+    v: Linear
+    out: Linear
+    q_norm: BufferView | None
+    k_norm: BufferView | None
+    sinks: BufferView | None
+    ffn_norm: BufferView
+    k_cache: BufferView
+    v_cache: BufferView
+
+
+@dataclass(frozen=True)
+class _DenseFfn:
+    gate: Linear
+    up: Linear
+    down: Linear
+
+
+class Blocks(Closing):
+    """Attention, norms, KV cache and dense FFNs of ``layers`` on ``device``; embeddings and head where asked."""
+
+    def __init__(
+        self,
+        device: Device,
+        model: MoeModel,
+        spec: Transformer,
+        kernels: MoeKernels,
+        layers: Sequence[int],
+        *,
+        rows: int,
+        n_ctx: int,
+        first: bool,
+        last: bool,
+    ) -> None:
+        self.device = device
+        self.model = model
+        self.spec = spec
+        self.kernels = kernels
+        self.rows = rows
+        self.n_ctx = n_ctx
+        self._uploads = Uploads(device, model)
+        self._scratch: dict[str, DeviceBuffer] = {}
+        try:
+            self.attention = {index: self._attention(index) for index in layers}
+            moe = {layer.index for layer in model.layers}
+            self.dense_ffn = {index: self._dense_ffn(index) for index in layers if index not in moe}
+            self.embeddings = self._embeddings() if first else None
+            head = self._head() if last else None
+            self.output_norm: BufferView | None = head[0] if head else None
+            self.output: Linear | None = head[1] if head else None
+            self._allocate_scratch()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- weights ----------------------------------------------------------------------------
+    def _tensor(self, name: str) -> TensorInfo:
+        info = self.model.optional_tensor(name)
+        if info is None:
+            raise ModelError(f"{self.model.path}: no tensor {name!r}; a {self.spec.arch.arch} layer needs it")
+        return info
+
+    def _optional_floats(self, name: str) -> BufferView | None:
+        info = self.model.optional_tensor(name)
+        return None if info is None else self._uploads.floats(info)
+
+    def _linear(self, name: str, n_in: int, n_out: int) -> Linear:
+        info = self._tensor(f"{name}.weight")
+        if info.ne[:2] != (n_in, n_out):
+            raise ModelError(f"{self.model.path}: {info.name} has shape {info.ne}; expected ({n_in}, {n_out})")
+        return Linear(info, self._uploads.raw(info), self._optional_floats(f"{name}.bias"))
+
+    def _attention(self, index: int) -> _Attention:
+        spec, blk = self.spec, f"blk.{index}"
+        kv_bytes = self.n_ctx * spec.kv_width * 2
+        return _Attention(
+            norm=self._uploads.floats(self._tensor(f"{blk}.attn_norm.weight")),
+            q=self._linear(f"{blk}.attn_q", spec.n_embd, spec.q_width),
+            k=self._linear(f"{blk}.attn_k", spec.n_embd, spec.kv_width),
+            v=self._linear(f"{blk}.attn_v", spec.n_embd, spec.kv_width),
+            out=self._linear(f"{blk}.attn_output", spec.q_width, spec.n_embd),
+            q_norm=self._optional_floats(f"{blk}.attn_q_norm.weight"),
+            k_norm=self._optional_floats(f"{blk}.attn_k_norm.weight"),
+            sinks=self._optional_floats(f"{blk}.attn_sinks.weight"),
+            ffn_norm=self._uploads.floats(self._tensor(f"{blk}.{spec.arch.ffn_norm}.weight")),
+            k_cache=self._uploads.alloc(kv_bytes).view(0, kv_bytes),
+            v_cache=self._uploads.alloc(kv_bytes).view(0, kv_bytes),
+        )
+
+    def _dense_ffn(self, index: int) -> _DenseFfn:
+        blk, n_embd = f"blk.{index}", self.spec.n_embd
+        n_ff = self._tensor(f"{blk}.ffn_gate.weight").ne[1]
+        return _DenseFfn(
+            gate=self._linear(f"{blk}.ffn_gate", n_embd, n_ff),
+            up=self._linear(f"{blk}.ffn_up", n_embd, n_ff),
+            down=self._linear(f"{blk}.ffn_down", n_ff, n_embd),
+        )
+
+    def _embeddings(self) -> BufferView:
+        return self._uploads.raw(self._tensor("token_embd.weight"))
+
+    def _head(self) -> tuple[BufferView, Linear]:
+        norm = self._uploads.floats(self._tensor("output_norm.weight"))
+        name = "output" if self.model.optional_tensor("output.weight") is not None else "token_embd"  # tied
+        return norm, self._linear(name, self.spec.n_embd, self.spec.n_vocab)
+
+    def _allocate_scratch(self) -> None:
+        spec, rows = self.spec, self.rows
+        n_ff = max((f.gate.n_out for f in self.dense_ffn.values()), default=0)
+        sizes = {
+            "xn": spec.n_embd,
+            "q": spec.q_width,
+            "k": spec.kv_width,
+            "v": spec.kv_width,
+            "att": spec.q_width,
+            "o": spec.n_embd,
+            "ffn_gate": n_ff,
+            "ffn_up": n_ff,
+            "ffn_act": n_ff,
+        }
+        for name, width in sizes.items():
+            self._scratch[name] = self._uploads.alloc(max(rows * width * 4, 4))
+        self.zero_ids = self._uploads.filled(rows * 4, Usage.COMPUTE, lambda: np.zeros(rows, np.int32))
+
+    def _view(self, name: str, rows: int, width: int) -> BufferView:
+        if rows > self.rows:
+            raise InvalidArgument(f"{rows} rows exceed the {self.rows} the blocks were sized for", call="Blocks")
+        return self._scratch[name].view(0, rows * width * 4)
+
+    def _ids(self, rows: int) -> BufferView:
+        return self.zero_ids.view(0, rows * 4)
+
+    # -- what a layer enqueues -----------------------------------------------------------------
+    def embed(self, stream: Stream, token_ids: BufferView, count: int, hidden: BufferView) -> None:
+        """hidden[:count] = the embeddings of ``count`` token ids (int32 on the device)."""
+        if self.embeddings is None:
+            raise InvalidArgument("token embeddings live on the first device of a run", call="Blocks.embed")
+        info = self._tensor("token_embd.weight")
+        dense.get_rows(
+            self.kernels, stream, self.embeddings, info.qtype, info.ne[0], info.ne[1], token_ids, count, hidden
+        )
+
+    def attend(
+        self, stream: Stream, layer: int, hidden: BufferView, count: int, positions: BufferView, kv_len: int
+    ) -> None:
+        """hidden += attention(norm(hidden)) for ``count`` tokens at ``positions``; their keys and values
+        go into the layer's cache first. ``kv_len``: the cache rows the attention may read."""
+        spec, a, k = self.spec, self.attention[layer], self.kernels
+        ids = self._ids(count)
+        xn, q = self._view("xn", count, spec.n_embd), self._view("q", count, spec.q_width)
+        kk, v = self._view("k", count, spec.kv_width), self._view("v", count, spec.kv_width)
+        att, o = self._view("att", count, spec.q_width), self._view("o", count, spec.n_embd)
+        dense.rms_norm(k, stream, hidden, a.norm, xn, count, spec.n_embd, spec.eps)
+        a.q.apply(k, stream, xn, count, q, ids)
+        a.k.apply(k, stream, xn, count, kk, ids)
+        a.v.apply(k, stream, xn, count, v, ids)
+        if a.q_norm is not None:
+            dense.rms_norm(k, stream, q, a.q_norm, q, count * spec.n_head, spec.head_dim, spec.eps)
+        if a.k_norm is not None:
+            dense.rms_norm(k, stream, kk, a.k_norm, kk, count * spec.n_head_kv, spec.head_dim, spec.eps)
+        dense.rope(k, stream, q, positions, count, spec.n_head, spec.head_dim, spec.rope)
+        dense.rope(k, stream, kk, positions, count, spec.n_head_kv, spec.head_dim, spec.rope)
+        dense.store_rows_f16(k, stream, kk, a.k_cache, positions, count, spec.kv_width)
+        dense.store_rows_f16(k, stream, v, a.v_cache, positions, count, spec.kv_width)
+        attention_kernels.attention(
+            k,
+            stream,
+            q,
+            a.k_cache,
+            a.v_cache,
+            att,
+            positions,
+            n_tokens=count,
+            kv_len=kv_len,
+            n_head=spec.n_head,
+            n_head_kv=spec.n_head_kv,
+            head_dim=spec.head_dim,
+            scale=spec.scale,
+            window=spec.window(layer),
+            sinks=a.sinks,
+        )
+        a.out.apply(k, stream, att, count, o, ids)
+        standin.add_inplace(k, stream, hidden, o, count * spec.n_embd)
+
+    def ffn_input(self, stream: Stream, layer: int, hidden: BufferView, count: int, x: BufferView) -> None:
+        """x = the layer's norm before its FFN, of hidden."""
+        norm = self.attention[layer].ffn_norm
+        dense.rms_norm(self.kernels, stream, hidden, norm, x, count, self.spec.n_embd, self.spec.eps)
+
+    def run_dense_ffn(self, stream: Stream, layer: int, hidden: BufferView, count: int) -> None:
+        """hidden += the dense FFN of a leading dense layer, of its norm of hidden."""
+        ffn, n_embd, k = self.dense_ffn[layer], self.spec.n_embd, self.kernels
+        ids, n_ff = self._ids(count), ffn.gate.n_out
+        xn, o = self._view("xn", count, n_embd), self._view("o", count, n_embd)
+        gate, up = self._view("ffn_gate", count, n_ff), self._view("ffn_up", count, n_ff)
+        act = self._view("ffn_act", count, n_ff)
+        self.ffn_input(stream, layer, hidden, count, xn)
+        ffn.gate.apply(k, stream, xn, count, gate, ids)
+        ffn.up.apply(k, stream, xn, count, up, ids)
+        k.swiglu(stream, gate, up, act, count * n_ff)
+        ffn.down.apply(k, stream, act, count, o, ids)
+        standin.add_inplace(k, stream, hidden, o, count * n_embd)
+
+    def head(self, stream: Stream, hidden: BufferView, count: int, logits: BufferView) -> None:
+        """logits[:count] = output(norm(hidden[:count])), float32 [count, n_vocab]."""
+        if self.output is None or self.output_norm is None:
+            raise InvalidArgument("the output head lives on the last device of a run", call="Blocks.head")
+        xn = self._view("xn", count, self.spec.n_embd)
+        dense.rms_norm(self.kernels, stream, hidden, self.output_norm, xn, count, self.spec.n_embd, self.spec.eps)
+        self.output.apply(self.kernels, stream, xn, count, logits, self._ids(count))
+
+    @property
+    def device_bytes(self) -> int:
+        return self._uploads.device_bytes
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return sum(a.k_cache.nbytes + a.v_cache.nbytes for a in self.attention.values())
+
+    def close(self) -> None:
+        self._scratch.clear()
+        self._uploads.close()

@@ -1,0 +1,191 @@
+"""What the rest of a transformer layer computes around its MoE block, and how a file says so.
+
+The whole forward pass of the architectures this package runs end to end, as llama.cpp
+computes them: token embeddings, then per layer an RMS norm, attention (Q/K/V projections with
+biases where the file has them, per-head Q/K norm where it has those weights, RoPE, grouped-query
+heads, causal mask, sliding window and attention sinks where the architecture has them), the
+output projection and the residual add, a second RMS norm, the MoE block (or a dense FFN in a
+leading dense layer) and its residual add; at the end an RMS norm and the output head.
+
+``Transformer.read`` takes a file's hyperparameters over the architecture's fixed choices
+(``ATTENTION``) and refuses an architecture whose layers this package cannot run yet, naming
+what is missing: a file is never run with a stand-in in place of layers it has.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from ..kernels.dense import Rope
+from ..model import ModelError, MoeModel
+
+_DEFAULT_ROPE_BASE = 10000.0
+
+
+@dataclass(frozen=True)
+class ArchAttention:
+    """One architecture's attention as llama.cpp builds it."""
+
+    arch: str
+    neox: bool  # RoPE pairs (i, i + n_rot/2) rather than (2i, 2i + 1)
+    ffn_norm: str  # the name of the norm before the FFN
+    swa_period: int = 0  # layer il slides its window where il % period < period - 1 (0: no sliding window)
+
+
+ATTENTION: dict[str, ArchAttention] = {
+    a.arch: a
+    for a in (
+        ArchAttention("qwen3moe", neox=True, ffn_norm="ffn_norm"),
+        ArchAttention("qwen2moe", neox=True, ffn_norm="ffn_norm"),
+        ArchAttention("llama", neox=False, ffn_norm="ffn_norm"),
+        ArchAttention("gpt-oss", neox=True, ffn_norm="post_attention_norm", swa_period=2),
+        ArchAttention("glm4moe", neox=True, ffn_norm="post_attention_norm"),
+    )
+}
+
+# What the architectures this package does not run end to end yet have that it lacks.
+NOT_YET: dict[str, str] = {
+    "deepseek2": "multi-head latent attention (MLA)",
+    "qwen3next": "gated delta-net (linear attention) layers and gated full attention",
+}
+
+
+@dataclass(frozen=True)
+class Transformer:
+    """A file's attention and normalization hyperparameters."""
+
+    arch: ArchAttention
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_vocab: int
+    eps: float
+    rope: Rope
+    sliding_window: int
+    n_ctx_train: int
+
+    @property
+    def q_width(self) -> int:
+        return self.n_head * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        return self.n_head_kv * self.head_dim
+
+    @property
+    def scale(self) -> float:
+        return 1.0 / math.sqrt(self.head_dim)
+
+    def window(self, layer: int) -> int:
+        """The sliding window of ``layer`` (0: it attends to every earlier position)."""
+        period = self.arch.swa_period
+        if not period or not self.sliding_window:
+            return 0
+        return self.sliding_window if layer % period < period - 1 else 0
+
+    @classmethod
+    def read(cls, model: MoeModel) -> Transformer:
+        """The hyperparameters of ``model``; ModelError names the file and what it lacks."""
+        arch = model.arch
+        where = str(model.path)
+        if arch in NOT_YET:
+            raise ModelError(
+                f"{where}: architecture {arch!r} is not run end to end yet: its {NOT_YET[arch]} is missing here. "
+                "Its expert pipeline alone runs with --experts-only"
+            )
+        spec = ATTENTION.get(arch)
+        if spec is None:
+            raise ModelError(
+                f"{where}: architecture {arch!r} has no whole-model forward pass here (known: "
+                f"{', '.join(sorted(ATTENTION))}); --experts-only runs its expert blocks alone"
+            )
+        keys = _Keys(model)
+        n_head = keys.integer("attention.head_count")
+        n_head_kv = keys.integer("attention.head_count_kv", n_head)
+        head_dim = keys.integer("attention.key_length", model.n_embd // max(n_head, 1))
+        if n_head < 1 or n_head_kv < 1 or n_head % n_head_kv:
+            raise ModelError(f"{where}: {n_head} query heads cannot share {n_head_kv} key-value heads evenly")
+        if keys.integer("attention.value_length", head_dim) != head_dim:
+            raise ModelError(f"{where}: keys and values of different widths are not supported")
+        embd = model.optional_tensor("token_embd.weight")
+        if embd is None:
+            raise ModelError(f"{where}: no token_embd.weight: the file has no token embeddings")
+        return cls(
+            arch=spec,
+            n_layer=model.n_layer,
+            n_embd=model.n_embd,
+            n_head=n_head,
+            n_head_kv=n_head_kv,
+            head_dim=head_dim,
+            n_vocab=embd.ne[1],
+            eps=keys.real("attention.layer_norm_rms_epsilon", 1e-6),
+            rope=_rope(keys, spec, head_dim),
+            sliding_window=keys.integer("attention.sliding_window", 0),
+            n_ctx_train=keys.integer("context_length", 0),
+        )
+
+
+def _rope(keys: _Keys, spec: ArchAttention, head_dim: int) -> Rope:
+    """RoPE as llama.cpp sets it up: YaRN where rope.scaling.type says so, linear scaling otherwise."""
+    n_rot = keys.integer("rope.dimension_count", head_dim)
+    if n_rot > head_dim or n_rot % 2:
+        raise keys.error("rope.dimension_count", n_rot, f"an even number up to the head size {head_dim}")
+    base = keys.real("rope.freq_base", _DEFAULT_ROPE_BASE)
+    scaling = keys.value("rope.scaling.type") or "none"
+    factor = keys.real("rope.scaling.factor", 0.0)
+    freq_scale = 1.0 / factor if factor > 0 and scaling != "none" else 1.0
+    if scaling not in ("none", "linear", "yarn"):
+        raise keys.error("rope.scaling.type", scaling, "none, linear or yarn")
+    yarn = scaling == "yarn"
+    return Rope(
+        n_rot=n_rot,
+        neox=spec.neox,
+        freq_base=base,
+        freq_scale=freq_scale,
+        ext_factor=1.0 if yarn else 0.0,
+        attn_factor=1.0,
+        beta_fast=keys.real("rope.scaling.yarn_beta_fast", 32.0),
+        beta_slow=keys.real("rope.scaling.yarn_beta_slow", 1.0),
+        n_ctx_orig=keys.integer("rope.scaling.original_context_length", keys.integer("context_length", 0)),
+    )
+
+
+class _Keys:
+    """Typed reads of ``{arch}.*`` keys with defaults."""
+
+    def __init__(self, model: MoeModel) -> None:
+        self.model = model
+        self.arch = model.arch
+
+    def value(self, name: str) -> Any:
+        return self.model.metadata(f"{self.arch}.{name}")
+
+    def integer(self, name: str, default: int | None = None) -> int:
+        value = self.value(name)
+        if value is None:
+            if default is None:
+                raise ModelError(f"{self.model.path}: metadata key {f'{self.arch}.{name}'!r} is missing")
+            return default
+        if isinstance(value, list):  # per-layer arrays: the runner needs one value for every layer
+            if len(set(value)) != 1:
+                raise self.error(name, value, "the same value for every layer")
+            value = value[0]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise self.error(name, value, "a non-negative integer")
+        return value
+
+    def real(self, name: str, default: float) -> float:
+        value = self.value(name)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise self.error(name, value, "a number")
+        return float(value)
+
+    def error(self, name: str, value: Any, expected: str) -> ModelError:
+        key = f"{self.arch}.{name}"
+        return ModelError(f"{self.model.path}: metadata key {key!r} is {value!r}; expected {expected}")

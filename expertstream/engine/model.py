@@ -1,0 +1,252 @@
+"""A GGUF MoE model run end to end: token ids in, logits and text out, experts streamed.
+
+``Model.open(path, backend=...)`` maps the file, builds its tokenizer, places the expert
+tensors in host memory and checks that the architecture runs whole (hparams.py). ``logits``
+gives the next-token logits of every position of a token sequence; ``generate`` yields tokens
+and their text as they are produced. Each call runs on a ``MoeRunner`` sized for its tokens
+(weights other than the experts, KV cache, activations), through the scheduler's lookahead
+with ``slots`` prefetch slots; device-resident experts (``n_cpu_moe``, ``gpu_memory``) are
+uploaded once, on the first call, and kept.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from .._closing import Closing
+from ..backends import backend as open_backend
+from ..backends.base import Backend, Device
+from ..errors import InvalidArgument
+from ..hostmem import HostMemoryMode, HostWeights
+from ..kernels.layout import MatrixPath
+from ..model import MoeModel
+from ..scheduler import Scheduler
+from .hparams import Transformer
+from .offload import GpuMemory, ResidentExperts, plan_offload
+from .runner import Batching, ExpertData, MoeRunner
+from .sampling import Sampler, Sampling
+from .tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Options:
+    """How a model runs: batching, context, prefetch, host memory and offload."""
+
+    ubatch: int = 512
+    n_ctx: int | None = None  # None: what each call needs (its prompt and generation)
+    slots: int = 3
+    host_memory: HostMemoryMode | str = HostMemoryMode.PREFERRED
+    n_cpu_moe: int | None = None  # with gpu_memory None too: every layer's experts stream
+    gpu_memory: GpuMemory | None = None
+    matrix_path: MatrixPath | None = None
+    fuse_gate_up: bool = False
+    prefill_order: str = "auto"  # "layer", "ubatch" or "auto" (layer-major where the prompt's rows fit)
+    graphs: bool = True  # decode steps replayed from one captured graph where the scheduler can
+
+    def __post_init__(self) -> None:
+        if self.prefill_order not in ("auto", "layer", "ubatch"):
+            raise InvalidArgument(f"prefill order must be auto, layer or ubatch; got {self.prefill_order!r}")
+        if self.ubatch < 1:
+            raise InvalidArgument(f"ubatch must be >= 1, got {self.ubatch}")
+
+
+@dataclass(frozen=True)
+class Generated:
+    """One generated token and the text it completes (empty while a character is still partial)."""
+
+    token: int
+    text: str
+
+
+# Layer-major prefill holds every prompt token's FFN rows per layer (runner._Scratch.HELD): it is
+# chosen automatically only while those take no more than this share of the device's free memory.
+_LAYER_MAJOR_SHARE = 0.25
+
+
+class Model(Closing):
+    """A whole MoE model on one device (or several: ``devices``), experts streamed from host memory."""
+
+    def __init__(
+        self, model: MoeModel, backend: Backend, devices: Sequence[Device], options: Options, stack: ExitStack
+    ) -> None:
+        self.model = model
+        self.backend = backend
+        self.devices = tuple(devices)
+        self.options = options
+        self.transformer = Transformer.read(model)
+        self.tokenizer = Tokenizer.from_model(model)
+        self._stack = stack
+        self.weights = stack.enter_context(HostWeights.open(model, self.devices[0], options.host_memory))
+        self._resident: ResidentExperts | None = None
+        self.last_stats: dict[str, float] = {}
+
+    @classmethod
+    def open(
+        cls,
+        path: str | Path,
+        *,
+        backend: Backend | str = "auto",
+        devices: Sequence[int] = (0,),
+        options: Options | None = None,
+        **settings: object,
+    ) -> Model:
+        """Open the model at ``path`` on ``backend`` (a Backend, or a name for ``expertstream.backend``).
+
+        ``settings`` are fields of ``Options`` (ubatch, n_ctx, slots, host_memory, ...). ModelError
+        names the file and what is wrong; an architecture not run whole yet is refused here.
+        """
+        chosen = replace(options or Options(), **settings)  # type: ignore[arg-type]
+        with ExitStack() as stack:
+            if isinstance(backend, str):
+                backend = stack.enter_context(open_backend(backend))
+            model = stack.enter_context(MoeModel.open(path))
+            found = [backend.device(i) for i in devices]
+            opened = cls(model, backend, found, chosen, stack.pop_all())
+        return opened
+
+    # -- running ----------------------------------------------------------------------------
+    def logits(self, tokens: Sequence[int]) -> np.ndarray:
+        """float32 [len(tokens), n_vocab]: the next-token logits after each position of ``tokens``."""
+        ids = self._check_tokens(tokens, 0)
+        with self._runner(len(ids), 0, all_logits=True) as (runner, scheduler, experts):
+            runner.set_prompt(ids)
+            scheduler.run(runner.prefill_plan(experts))
+            return runner.prompt_logits()
+
+    def generate(
+        self, prompt: str | Sequence[int], max_tokens: int = 64, sampling: Sampling | None = None
+    ) -> Iterator[Generated]:
+        """Tokens after ``prompt`` (text, tokenized with the file's vocabulary, or token ids), until
+        an end-of-generation token or ``max_tokens``. Greedy where ``sampling.temperature`` is 0."""
+        if max_tokens < 1:
+            raise InvalidArgument(f"max_tokens must be >= 1, got {max_tokens}")
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        ids = list(self._check_tokens(ids, max_tokens))
+        sampler = Sampler(sampling or Sampling())
+        self.last_stats = {"seed": sampler.seed, "prompt_tokens": len(ids)}
+        with self._runner(len(ids), max_tokens - 1, all_logits=False) as (runner, scheduler, experts):
+            host = self.backend.host
+            start = host.timestamp()
+            runner.set_prompt(ids)
+            scheduler.run(runner.prefill_plan(experts))
+            logits = runner.prompt_logits()[-1]
+            self.last_stats["prompt_s"] = host.timestamp() - start
+            text = _TextStream(self.tokenizer)
+            start = host.timestamp()
+            for step in range(max_tokens):
+                token = sampler(logits)
+                self.last_stats["generated"] = step + 1
+                yield Generated(token, text.push(token))
+                if token == self.tokenizer.eos_id or step == max_tokens - 1:
+                    break
+                runner.set_decode_token(step, token)
+                scheduler.run(runner.decode_plan(experts, step))
+                logits = runner.decode_logits(step)
+                self.last_stats["decode_s"] = host.timestamp() - start
+
+    def _check_tokens(self, tokens: Sequence[int], generate: int) -> np.ndarray:
+        ids = np.asarray(list(tokens), dtype=np.int64)
+        if ids.size == 0:
+            raise InvalidArgument("the prompt is empty: give at least one token")
+        n_ctx = self.options.n_ctx
+        if n_ctx is not None and ids.size + generate > n_ctx:
+            raise InvalidArgument(
+                f"the prompt ({ids.size} tokens) and {generate} generated tokens do not fit the context of {n_ctx}",
+                hint="raise the context (-c) or shorten the prompt",
+            )
+        return ids
+
+    def _layer_major(self, tokens: int) -> bool:
+        order = self.options.prefill_order
+        if order != "auto":
+            return order == "layer"
+        if tokens <= self.options.ubatch:
+            return False
+        model = self.model
+        held = tokens * (model.n_embd + model.top_k * (1 + 3 * model.n_ff)) * 4
+        free = min(device.free_memory() for device in self.devices)
+        return held <= _LAYER_MAJOR_SHARE * free
+
+    def _runner(self, tokens: int, steps: int, *, all_logits: bool) -> _Run:
+        return _Run(self, tokens, steps, all_logits)
+
+    def resident_experts(self, runner: MoeRunner) -> ResidentExperts:
+        """The device-resident experts (none unless n_cpu_moe or gpu_memory say so), uploaded once."""
+        if self._resident is None:
+            options = self.options
+            plan = plan_offload(
+                self.model,
+                runner.layer_split,
+                n_cpu_moe=options.n_cpu_moe,
+                gpu_memory=options.gpu_memory,
+                slots=options.slots,
+                host_inputs_per_split=2 if runner.fuses_gate_up() else 1,
+                in_use={d: runner.device_bytes_on(d) for d in runner.layer_split.devices},
+            )
+            self._resident = self._stack.enter_context(
+                ResidentExperts(self.model, runner.layer_split, plan, upload_data=runner.data)
+            )
+        return self._resident
+
+    def close(self) -> None:
+        self._stack.close()
+
+
+class _Run:
+    """A runner, a scheduler and the expert data for one call: ``with model._runner(...) as (r, s, e)``."""
+
+    def __init__(self, model: Model, tokens: int, steps: int, all_logits: bool) -> None:
+        self.model = model
+        self.tokens, self.steps, self.all_logits = tokens, steps, all_logits
+        self._stack = ExitStack()
+
+    def __enter__(self) -> tuple[MoeRunner, Scheduler, ExpertData]:
+        m, options = self.model, self.model.options
+        try:
+            runner = self._stack.enter_context(
+                MoeRunner(
+                    m.devices,
+                    m.model,
+                    Batching(self.tokens, options.ubatch, self.steps),
+                    matrix_path=options.matrix_path,
+                    fuse_gate_up=options.fuse_gate_up,
+                    transformer=m.transformer,
+                    n_ctx=options.n_ctx,
+                    layer_major=m._layer_major(self.tokens),
+                    all_logits=self.all_logits,
+                )
+            )
+            experts = m.resident_experts(runner).experts(m.weights)
+            scheduler = self._stack.enter_context(Scheduler(slots=options.slots))
+        except BaseException:
+            self._stack.close()
+            raise
+        return runner, scheduler, experts
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+
+class _TextStream:
+    """The text of generated tokens, handed out as it completes (a character split over tokens waits)."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.shown = 0
+
+    def push(self, token: int) -> str:
+        self.ids.append(token)
+        text = self.tokenizer.decode(self.ids)
+        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence so far
+            return ""
+        piece, self.shown = text[self.shown :], len(text)
+        return piece

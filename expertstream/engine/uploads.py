@@ -1,0 +1,86 @@
+"""Device-resident copies of a model's tensors and the buffers around them, owned and freed together."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import numpy as np
+from gguf import GGMLQuantizationType
+
+from .._closing import Closing
+from ..backends.base import BufferView, Device, DeviceBuffer, Usage
+from ..ggml import padded_size
+from ..model import MoeModel, TensorInfo
+
+_FLOAT_TYPES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
+
+
+def tensor_floats(model: MoeModel, info: TensorInfo) -> np.ndarray:
+    """A float tensor's values as float32 (F32, F16 or BF16 in the file)."""
+    raw = np.ascontiguousarray(model.raw(info))
+    if info.qtype is GGMLQuantizationType.F32:
+        return raw.view(np.float32)
+    if info.qtype is GGMLQuantizationType.F16:
+        return raw.view(np.float16).astype(np.float32)
+    if info.qtype is GGMLQuantizationType.BF16:  # the high half of a float32
+        return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    raise ValueError(f"{info.name} is {info.qtype.name}, not a float type")
+
+
+class Uploads(Closing):
+    """Buffers on one device, filled from the model where the backend holds data (zeros where not)."""
+
+    def __init__(self, device: Device, model: MoeModel) -> None:
+        self.device = device
+        self.model = model
+        self.data = device.backend.host.holds_data
+        self.buffers: list[DeviceBuffer] = []
+
+    def alloc(self, nbytes: int, usage: Usage = Usage.COMPUTE) -> DeviceBuffer:
+        buf = self.device.alloc(max(nbytes, 4), usage)
+        self.buffers.append(buf)
+        return buf
+
+    def filled(
+        self, nbytes: int, usage: Usage, make: Callable[[], np.ndarray], alloc_bytes: int | None = None
+    ) -> DeviceBuffer:
+        """A buffer holding ``make()``; zeros where the backend holds no data (nothing reads it unwritten)."""
+        buf = self.alloc(max(nbytes, alloc_bytes or 0), usage)
+        if self.data:
+            buf.write(make())
+        else:
+            self.zero(buf.view(0, buf.alloc_size))
+        return buf
+
+    def zero(self, view: BufferView) -> None:
+        with self.device.stream() as stream:
+            stream.memset(view.buffer, view.offset, view.nbytes, 0)
+            stream.synchronize()
+
+    def floats(self, info: TensorInfo) -> BufferView:
+        """A float tensor (F32, F16 or BF16 in the file) as float32 on the device."""
+        n = info.nbytes // (4 if info.qtype is GGMLQuantizationType.F32 else 2)
+        make = functools.partial(tensor_floats, self.model, info)
+        return self.filled(n * 4, Usage.WEIGHTS, make).view(0, n * 4)
+
+    def raw(self, info: TensorInfo) -> BufferView:
+        """A tensor's bytes as the file stores them, with the zero tail kernels read past a quantized row."""
+        nbytes = padded_size(info.nbytes, info.qtype, info.ne0)
+        buf = self.filled(info.nbytes, Usage.WEIGHTS, functools.partial(self.model.raw, info), alloc_bytes=nbytes)
+        if nbytes > info.nbytes and self.data:  # (zeros already where the backend holds no data)
+            self.zero(buf.view(info.nbytes, nbytes - info.nbytes))
+        return buf.view(0, nbytes)
+
+    def resident(self, info: TensorInfo) -> BufferView:
+        """A float tensor as float32, a quantized one as its raw bytes (what the runner's kernels read)."""
+        return self.floats(info) if info.qtype in _FLOAT_TYPES else self.raw(info)
+
+    @property
+    def device_bytes(self) -> int:
+        return sum(buf.alloc_size for buf in self.buffers)
+
+    def close(self) -> None:
+        for buf in self.buffers:
+            buf.close()
+        self.buffers.clear()

@@ -1,0 +1,119 @@
+"""The whole model end to end: logits, generation, prefill orders, settings, and bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from expertstream.backends.base import Backend
+from expertstream.engine.hparams import Transformer
+from expertstream.engine.model import Model
+from expertstream.engine.runner import Batching, MoeRunner
+from expertstream.engine.sampling import Sampling
+from expertstream.errors import InvalidArgument
+from expertstream.hostmem import HostWeights
+from expertstream.model import ModelError, MoeModel, make_model
+from expertstream.scheduler import Scheduler
+
+FIRST_GROUP = ["tiny", "tiny-mixtral", "tiny-qwen2moe", "tiny-gpt-oss", "tiny-glm4moe"]
+PROMPT = 40
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("whole")
+    return {p: make_model(p, "Q8_0", folder / f"{p}.gguf", seed=3) for p in FIRST_GROUP}
+
+
+def _tokens(n: int, n_vocab: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(3, n_vocab, n)
+
+
+def _logits(
+    backend: Backend, path: Path, tokens: np.ndarray, *, ubatch: int, layer_major: bool, slots: int
+) -> np.ndarray:
+    with MoeModel.open(path) as model:
+        spec = Transformer.read(model)
+        device = backend.device(0)
+        batching = Batching(len(tokens), ubatch)
+        with (
+            MoeRunner(device, model, batching, transformer=spec, layer_major=layer_major, all_logits=True) as runner,
+            HostWeights.open(model, device, "pinned") as weights,
+            Scheduler(slots=slots) as scheduler,
+        ):
+            runner.set_prompt(tokens)
+            scheduler.run(runner.prefill_plan(weights))
+            return runner.prompt_logits()
+
+
+@pytest.mark.parametrize("preset", FIRST_GROUP)
+def test_decode_steps_give_the_logits_a_longer_prompt_gives(
+    backend: Backend, made: dict[str, Path], preset: str
+) -> None:
+    """The KV cache carries a prompt into decode: step k's logits are those of the prompt extended by
+    the tokens fed so far, computed in one prefill."""
+    with Model.open(made[preset], backend=backend, ubatch=16) as model:
+        tokens = _tokens(PROMPT, model.transformer.n_vocab)
+        generated = [g.token for g in model.generate(list(tokens), 4, Sampling(temperature=0))]
+        assert len(generated) == 4
+        full = model.logits([*tokens, *generated[:-1]])
+    assert np.all(np.isfinite(full))
+    for i, token in enumerate(generated):
+        assert int(np.argmax(full[PROMPT - 1 + i])) == token  # greedy picks what the longer prompt says
+
+
+@pytest.mark.parametrize("preset", FIRST_GROUP)
+def test_layer_major_and_ubatch_major_prefill_give_the_same_bytes(
+    backend: Backend, made: dict[str, Path], preset: str
+) -> None:
+    tokens = _tokens(PROMPT, 512, seed=1)
+    by_ubatch = _logits(backend, made[preset], tokens, ubatch=16, layer_major=False, slots=3)
+    by_layer = _logits(backend, made[preset], tokens, ubatch=16, layer_major=True, slots=3)
+    assert np.all(np.isfinite(by_ubatch))
+    assert by_ubatch.tobytes() == by_layer.tobytes()
+
+
+def test_slots_do_not_change_the_logits(backend: Backend, made: dict[str, Path]) -> None:
+    tokens = _tokens(PROMPT, 512, seed=2)
+    outputs = [_logits(backend, made["tiny"], tokens, ubatch=16, layer_major=False, slots=s) for s in (0, 2, 3)]
+    assert outputs[0].tobytes() == outputs[1].tobytes() == outputs[2].tobytes()
+
+
+def test_later_ubatches_attend_to_earlier_ones(backend: Backend, made: dict[str, Path]) -> None:
+    """A token's logits depend on the tokens before it, even across a ubatch boundary: changing the
+    first token changes the last one's logits."""
+    tokens = _tokens(PROMPT, 512, seed=4)
+    other = tokens.copy()
+    other[0] = (other[0] + 1) % 512
+    a = _logits(backend, made["tiny"], tokens, ubatch=16, layer_major=False, slots=0)
+    b = _logits(backend, made["tiny"], other, ubatch=16, layer_major=False, slots=0)
+    assert not np.allclose(a[-1], b[-1])
+    # and never on the tokens after it (causal)
+    later = tokens.copy()
+    later[-1] = (later[-1] + 1) % 512
+    c = _logits(backend, made["tiny"], later, ubatch=16, layer_major=False, slots=0)
+    assert a[:-1].tobytes() == c[:-1].tobytes()
+
+
+def test_generate_yields_text_and_stops_at_max_tokens(backend: Backend, made: dict[str, Path]) -> None:
+    with Model.open(made["tiny"], backend=backend) as model:
+        pieces = list(model.generate("the quick brown fox", 5, Sampling(temperature=0.7, seed=9)))
+        again = list(model.generate("the quick brown fox", 5, Sampling(temperature=0.7, seed=9)))
+    assert 1 <= len(pieces) <= 5
+    assert [p.token for p in pieces] == [p.token for p in again]  # a seed gives the same draws
+    assert all(isinstance(p.text, str) for p in pieces)
+
+
+def test_bad_input_is_refused_with_a_clear_error(backend: Backend, made: dict[str, Path], tmp_path: Path) -> None:
+    with Model.open(made["tiny"], backend=backend, n_ctx=16) as model:
+        with pytest.raises(InvalidArgument, match="empty"):
+            model.logits([])
+        with pytest.raises(InvalidArgument, match="context of 16"):
+            model.logits(list(range(3, 20)))
+        with pytest.raises(InvalidArgument, match="outside the vocabulary"):
+            model.logits([5, 10**6])
+    deepseek = make_model("tiny-deepseek2", "Q8_0", tmp_path / "ds.gguf")
+    with pytest.raises(ModelError, match="multi-head latent attention"):
+        Model.open(deepseek, backend=backend)
