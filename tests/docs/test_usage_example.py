@@ -1,7 +1,8 @@
 """The Python examples in docs/usage.md run as written.
 
-The first (scheduler and kernels) runs here on the simulator; the second (torch) runs in
-tests/interop/test_torch_program.py on every backend torch can reach.
+The first (a whole model: logits and greedy text) and the second (scheduler and kernels) run
+here on the simulator; the third (torch) runs in tests/interop/test_programs.py on every backend
+torch can reach.
 """
 
 from __future__ import annotations
@@ -22,7 +23,10 @@ def usage_blocks() -> list[str]:
 def test_usage_example_runs(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("EXPERTSTREAM_BACKEND", "sim")
     blocks = usage_blocks()
-    assert len(blocks) == 2
-    exec(compile(blocks[0], str(USAGE), "exec"), {"__name__": "usage_example"})
+    assert len(blocks) == 3
+    exec(compile(blocks[0], str(USAGE), "exec"), {"__name__": "usage_model"})
+    text = capsys.readouterr().out.strip()
+    assert text.startswith(("'", '"')) and len(text) > 2  # the repr of the generated text, not empty
+    exec(compile(blocks[1], str(USAGE), "exec"), {"__name__": "usage_example"})
     lines = capsys.readouterr().out.split("\n")
     assert lines[0] == "0 0 fires" and lines[1] == "3 4 fires"
