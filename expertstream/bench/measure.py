@@ -50,7 +50,9 @@ class Settings:
     matrix_path: MatrixPath | None = None  # mul_mat_id's path for every type; None: each type's default
     direct: bool = True  # the direct-decode kernels where they apply (MoeKernels.direct)
     fuse_gate_up: bool = False  # gate, up and SwiGLU as one split where the kernels can (MoeRunner)
-    whole: bool = True  # the whole model; False: the expert blocks alone around the stand-in (--experts-only)
+    # The whole model (the commands' default), or the expert blocks alone around the stand-in: what
+    # the tuner calibrates the streaming costs on, and what the microbenches of the expert pipeline run.
+    whole: bool = False
     layer_major: bool = False  # layer-major prefill (whole model only)
     gather: bool = True  # decode's expert copies from page-locked memory made by the device (Scheduler.gather)
     graphs: bool = True  # decode steps replayed from one captured graph where the scheduler can capture them

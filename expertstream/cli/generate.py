@@ -48,6 +48,7 @@ def register(subparsers: Any) -> None:
     )
     _common(ppl, default_ctx=512)
     ppl.add_argument("-f", "--file", required=True, help="the text file")
+    ppl.add_argument("--chunks", type=_positive, default=None, help="score at most this many chunks (default: all)")
     ppl.set_defaults(run=_perplexity)
 
 
@@ -159,6 +160,6 @@ def _perplexity(args: argparse.Namespace, command_line: str) -> int:
         def chunk(i: int, value: float) -> None:
             print(f"[{i + 1}]{value:.4f},", end="", flush=True)
 
-        result = perplexity(model.logits, tokens, args.ctx_size, bos, chunk)
+        result = perplexity(model.logits, tokens, args.ctx_size, bos, chunk, max_chunks=args.chunks)
     print(f"\nFinal estimate: PPL = {result.value:.4f} +/- {result.error:.5f}")
     return 0

@@ -43,11 +43,13 @@ def perplexity(
     n_ctx: int,
     bos: int | None,
     on_chunk: Callable[[int, float], None] = lambda i, ppl: None,
+    max_chunks: int | None = None,
 ) -> Perplexity:
-    """Perplexity of ``tokens`` with ``logits_of`` (every position's logits of a chunk)."""
+    """Perplexity of ``tokens`` with ``logits_of`` (every position's logits of a chunk), over at most
+    ``max_chunks`` chunks (llama-perplexity's --chunks)."""
     if n_ctx < 4:
         raise InvalidArgument(f"the context must be at least 4 tokens, got {n_ctx}")
-    n_chunks = len(tokens) // n_ctx
+    n_chunks = len(tokens) // n_ctx if max_chunks is None else min(max_chunks, len(tokens) // n_ctx)
     if len(tokens) < 2 * n_ctx:
         raise InvalidArgument(
             f"the text has {len(tokens)} tokens; perplexity with a context of {n_ctx} needs at least {2 * n_ctx}",

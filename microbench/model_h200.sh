@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# The whole model on a GPU beside llama.cpp on the same files: logits, perplexity, prefill and decode.
+# Results: docs/results/model-h200.md (raw output in docs/results/model-h200/).
+#
+# usage: microbench/model_h200.sh STAGE...     (from the repository root; writes under $OUT)
+#   setup   unpack llama.cpp's prebuilt CUDA archive ($ARCHIVE) into /tmp and build llamacpp-logits
+#   tiny    make-model's tiny presets of every first-group architecture (Q8_0): a 512-token prompt and
+#           64 greedy steps through llama.cpp CUDA (-ngl 99), llama.cpp CPU (-ngl 0, same build) and
+#           expertstream; KL of each from llama.cpp CUDA
+#   big     the same on $FILES (made here), then llama-perplexity and expertstream perplexity on one text
+#   bench   llama-bench and expertstream bench on $FILES: pp$TOKENS at ubatch $UBATCH and tg64, every
+#           expert streamed (-ncmoe all / llama.cpp -ncmoe N -lm none) and everything on the GPU (-ncmoe 0)
+# Environment: ARCHIVE (.dev/llamacpp-sm90.tar.xz), MODELS (/tmp/models), OUT (.), FILES
+# ("qwen3-30b-a3b:Q4_K_M"), TOKENS (4096), UBATCH (512,2048,4096), REPS (2), LAYERS (all).
+set -euo pipefail
+ARCHIVE=${ARCHIVE:-.dev/llamacpp-sm90.tar.xz}
+MODELS=${MODELS:-/tmp/models}
+OUT=${OUT:-.}
+FILES=${FILES:-"qwen3-30b-a3b:Q4_K_M"}
+TOKENS=${TOKENS:-4096}
+UBATCH=${UBATCH:-512,2048,4096}
+REPS=${REPS:-2}
+python=${PYTHON:-python3}
+LCP=/tmp/llamacpp-sm90
+export LD_LIBRARY_PATH=$LCP/bin:${LD_LIBRARY_PATH:-}
+logits_tool=/tmp/llamacpp-logits
+
+prompt_tokens() {  # MODEL COUNT: the start of the project's corpus in the file's vocabulary, repeated to COUNT
+    "$python" -c "
+import sys
+from expertstream.engine.tokenizer import Tokenizer
+tok = Tokenizer.from_path(sys.argv[1])
+text = open('expertstream/model/corpus.txt', encoding='utf-8').read()
+ids = tok.encode(text)
+while len(ids) < int(sys.argv[2]):
+    ids += tok.encode(text, add_special=False)
+print(*ids[: int(sys.argv[2])], sep='\n')" "$1" "$2"
+}
+
+logits_three() {  # MODEL NAME: llama.cpp CUDA and CPU, then ours, each compared with llama.cpp CUDA
+    local model=$1 name=$2 dir=$OUT/logits
+    mkdir -p "$dir"
+    prompt_tokens "$model" 512 >"$dir/$name.prompt"
+    "$logits_tool" -m "$model" --tokens "$dir/$name.prompt" --n-prompt 512 --n-gen 64 --ngl 99 -o "$dir/$name-llama-cuda" \
+        >"$dir/$name-llama-cuda.log" 2>&1
+    "$logits_tool" -m "$model" --tokens "$dir/$name-llama-cuda.tokens" --n-prompt 576 --n-gen 0 --ngl 0 \
+        -o "$dir/$name-llama-cpu" >"$dir/$name-llama-cpu.log" 2>&1
+    "$python" tools/logits_check.py -m "$model" --ref "$dir/$name-llama-cuda" -o "$dir/$name-ours" --backend cuda \
+        | sed "s/^/$name ours vs llama.cpp CUDA: /" | tee -a "$OUT/logits.txt"
+    "$python" -m microbench.llamacpp_logits.compare "$dir/$name-llama-cuda" "$dir/$name-llama-cpu" \
+        | sed "s/^/$name llama.cpp CPU vs CUDA: /" | tee -a "$OUT/logits.txt"
+    rm -f "$dir"/*.logits  # large; the summaries and the token files stay
+}
+
+file_of() { echo "$MODELS/$1-$2.gguf"; }
+
+for stage in "$@"; do
+    case $stage in
+    setup)
+        [ -x "$LCP/bin/llama-bench" ] || tar xJf "$ARCHIVE" -C /tmp
+        bash microbench/llamacpp_logits/build.sh "$LCP" "$logits_tool" >/dev/null ;;
+    tiny)
+        mkdir -p "$MODELS"
+        for preset in tiny tiny-mixtral tiny-qwen2moe tiny-gpt-oss tiny-glm4moe; do
+            "$python" -m expertstream make-model --preset "$preset" --type Q8_0 --seed 3 -o "$MODELS/$preset.gguf" >/dev/null
+            logits_three "$MODELS/$preset.gguf" "$preset"
+        done ;;
+    make)
+        mkdir -p "$MODELS"
+        for spec in $FILES; do
+            preset=${spec%%:*} qtype=${spec##*:}
+            layers=()
+            [[ -n ${LAYERS:-} ]] && layers=(--layers "$LAYERS")
+            /usr/bin/time -f "make-model %e s" "$python" -m expertstream make-model --preset "$preset" --type "$qtype" \
+                "${layers[@]}" -o "$(file_of "$preset" "$qtype")" 2>&1 | tail -3 | tee -a "$OUT/make.txt"
+        done ;;
+    big)
+        for spec in $FILES; do
+            preset=${spec%%:*} qtype=${spec##*:}
+            file=$(file_of "$preset" "$qtype")
+            logits_three "$file" "$preset"
+            "$LCP/bin/llama-perplexity" -m "$file" -f docs/design.md -c 512 --chunks 8 -ngl 99 -fa off \
+                >"$OUT/ppl-llama-$preset.txt" 2>&1 || true
+            grep -E "Final estimate|^\[" "$OUT/ppl-llama-$preset.txt" | tail -2 | sed "s/^/$preset llama-perplexity: /" \
+                | tee -a "$OUT/ppl.txt"
+            "$python" -m expertstream perplexity -m "$file" -f docs/design.md -c 512 --chunks 8 --backend cuda \
+                2>&1 | tail -2 | sed "s/^/$preset expertstream perplexity: /" | tee -a "$OUT/ppl.txt"
+        done ;;
+    bench)
+        for spec in $FILES; do
+            preset=${spec%%:*} qtype=${spec##*:}
+            file=$(file_of "$preset" "$qtype")
+            n=$("$python" -c "from expertstream.model import MoeModel; print(len(MoeModel.open('$file').layers))")
+            "$LCP/bin/llama-bench" -m "$file" -ngl 99 -ncmoe "$n,0" -lm none -fa 0 -p "$TOKENS" -n 64 -b "$TOKENS" \
+                -ub "$UBATCH" -r "$REPS" -o md 2>&1 | tee "$OUT/llama-bench-$preset.md"
+            "$python" -m expertstream bench -m "$file" --backend cuda -p "$TOKENS" -n 64 -ub "$UBATCH" --slots 3 \
+                --host-memory pinned -ncmoe "all,0" -r "$REPS" -o json >"$OUT/ours-$preset.json"
+            "$python" -c "
+import json, sys
+doc = json.load(open(sys.argv[1]))
+for r in doc['rows']:
+    print(f\"{r['work']} ncmoe {str(r.get('n_cpu_moe')):>4} ub {r['ubatch']:>4}: pp {r['prefill_tokens_per_s']:8.0f} \"
+          f\"+- {r['prefill_tokens_per_s_sd']:5.0f} t/s, tg {r['decode_tokens_per_s'] or 0:7.1f} t/s, \"
+          f\"H2D {r['h2d_gbps']:5.1f} GB/s of {r['h2d_peak_gbps']:5.1f}, dev {r['device_bytes'] / 2**30:5.2f} GiB\")
+" "$OUT/ours-$preset.json" | tee "$OUT/ours-$preset.txt"
+        done ;;
+    *) echo "unknown stage $stage" >&2; exit 2 ;;
+    esac
+done
