@@ -7,7 +7,7 @@ the window) with NaN: a kernel that lets one of them into a result fails.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
@@ -66,7 +66,7 @@ CASES = [
 
 @dataclass
 class Inputs:
-    """A case's host tensors and the device buffers holding them."""
+    """A case's host tensors, and (once uploaded) the device buffers holding them."""
 
     case: Case
     q: np.ndarray
@@ -75,7 +75,7 @@ class Inputs:
     positions: np.ndarray
     sinks: np.ndarray | None
     scale: float
-    buffers: dict[str, DeviceBuffer]
+    buffers: dict[str, DeviceBuffer] = field(default_factory=dict)
 
     def reference(self, kv_len: int | None = None) -> np.ndarray:
         c = self.case
@@ -90,8 +90,20 @@ class Inputs:
             sinks=self.sinks,
         )
 
+    def upload(self, device: Device) -> Inputs:
+        self.buffers = {
+            "q": device.upload(self.q),
+            "k": device.upload(self.k.view(np.uint16)),
+            "v": device.upload(self.v.view(np.uint16)),
+            "positions": device.upload(self.positions),
+        }
+        if self.sinks is not None:
+            self.buffers["sinks"] = device.upload(self.sinks)
+        return self
 
-def make_inputs(device: Device, rng: np.random.Generator, case: Case) -> Inputs:
+
+def make_inputs_on_host(rng: np.random.Generator, case: Case) -> Inputs:
+    """Random inputs of ``case``, NaN in every cache row no query sees."""
     c = case
     cache_rows = c.kv_len + 5  # rows >= kv_len
     shape = (cache_rows, c.n_head_kv, c.head_dim)
@@ -105,15 +117,11 @@ def make_inputs(device: Device, rng: np.random.Generator, case: Case) -> Inputs:
     v[unseen] = np.nan
     q = (2 * rng.standard_normal((c.n_tokens, c.n_head, c.head_dim))).astype(np.float32)
     sinks = (rng.standard_normal(c.n_head) * 2).astype(np.float32) if c.sinks else None
-    buffers: dict[str, DeviceBuffer] = {
-        "q": device.upload(q),
-        "k": device.upload(k.view(np.uint16)),
-        "v": device.upload(v.view(np.uint16)),
-        "positions": device.upload(positions),
-    }
-    if sinks is not None:
-        buffers["sinks"] = device.upload(sinks)
-    return Inputs(case, q, k, v, positions, sinks, 1 / np.sqrt(c.head_dim), buffers)
+    return Inputs(case, q, k, v, positions, sinks, float(1 / np.sqrt(c.head_dim)))
+
+
+def make_inputs(device: Device, rng: np.random.Generator, case: Case) -> Inputs:
+    return make_inputs_on_host(rng, case).upload(device)
 
 
 def run(kernels: MoeKernels, stream: Stream, inputs: Inputs, kv_len: int | None = None) -> np.ndarray:
@@ -212,15 +220,11 @@ def test_rows_past_kv_len_stay_unseen(
 def test_sinks_take_weight_from_the_values(device: Device, kernels: MoeKernels, stream: Stream) -> None:
     """One key whose value is all ones: out = 1 / (1 + exp(sink - logit)) exactly as the softmax says."""
     case = Case(1, 0, 2, 1, 64, sinks=True)
-    inputs = make_inputs(device, np.random.default_rng(1), case)
+    inputs = make_inputs_on_host(np.random.default_rng(1), case)
     inputs.k[0] = 0  # logit 0
     inputs.v[0] = 1
-    inputs.buffers["k"] = device.upload(inputs.k.view(np.uint16))
-    inputs.buffers["v"] = device.upload(inputs.v.view(np.uint16))
-    sinks = np.array([0.0, np.log(3.0)], np.float32)
-    inputs.sinks = sinks
-    inputs.buffers["sinks"] = device.upload(sinks)
-    out = run(kernels, stream, inputs)
+    inputs.sinks = np.array([0.0, np.log(3.0)], np.float32)
+    out = run(kernels, stream, inputs.upload(device))
     np.testing.assert_allclose(out[0, 0], 0.5, rtol=1e-6)
     np.testing.assert_allclose(out[0, 1], 0.25, rtol=1e-6)
     assert ref.relative_error(out, inputs.reference()) < 1e-6

@@ -1,0 +1,134 @@
+"""The attention kernels of attention.cu, compiled for the host and run on CPU threads.
+
+The harness of test_kernels_on_host (each GPU thread a fiber, __syncthreads a hand-over, rounds
+in random order, so a read no barrier orders after its write sees the old value in some rounds)
+runs the SIMT prefill, the matrix-core prefill's generic branch (the SIMT steps over its 64 rows
+in two halves) and the split-K decode with its combine, with the partial buffers NaN before the
+launch: a combine that read a chunk no block wrote would fail. Results are checked against the
+float64 reference, with NaN in every cache row no query sees.
+"""
+
+from __future__ import annotations
+
+import struct
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from expertstream.kernels import kernel_source
+
+from .test_attention import RTOL_F32, Case, make_inputs_on_host, worst_row_error
+from .test_kernels_on_host import _FIBERS, CXX, build_on_host
+
+SIMT, MATRIX_GENERIC, DECODE = 0, 1, 2
+
+_DRIVER = (
+    _FIBERS
+    + """
+typedef void (*Prefill)(const float*, const unsigned short*, const unsigned short*, float*, const int*, const float*,
+                        int, int, int, int, int, float);
+typedef void (*Decode)(const float*, const unsigned short*, const unsigned short*, float*, float*, const int*, int,
+                       int, int, int, int, float, int);
+
+static void launch(unsigned gx, unsigned gy, unsigned gz, unsigned threads, const std::function<void()>& body) {
+    gridDim = EsDim3{gx, gy, gz};
+    blockDim = EsDim3{threads, 1, 1};
+    for (unsigned z = 0; z < gz; ++z) {
+        for (unsigned y = 0; y < gy; ++y) {
+            for (unsigned x = 0; x < gx; ++x) {
+                blockIdx = EsDim3{x, y, z};
+                run_block(threads, body);
+            }
+        }
+    }
+}
+
+// argv: mode (0 SIMT prefill, 1 matrix-core prefill, 2 decode). stdin: n_tokens, kv_len, n_head,
+// n_head_kv, head_dim, window, has_sinks, scale, q, k, v, positions, sinks. stdout: out.
+int main(int argc, char** argv) {
+    const int mode = atoi(argv[1]);
+    std::vector<int> shape = read_array<int>(7);
+    const int n_tokens = shape[0], kv_len = shape[1], n_head = shape[2], n_head_kv = shape[3], head_dim = shape[4];
+    const int window = shape[5], has_sinks = shape[6];
+    const float scale = read_array<float>(1)[0];
+    std::vector<float> q = read_array<float>((size_t)n_tokens * n_head * head_dim);
+    std::vector<unsigned short> k = read_array<unsigned short>((size_t)kv_len * n_head_kv * head_dim);
+    std::vector<unsigned short> v = read_array<unsigned short>((size_t)kv_len * n_head_kv * head_dim);
+    std::vector<int> positions = read_array<int>(n_tokens);
+    std::vector<float> sinks = read_array<float>(has_sinks ? n_head : 0);
+    const float* sinks_at = has_sinks ? sinks.data() : nullptr;
+    std::vector<float> out((size_t)n_tokens * n_head * head_dim, NAN);
+    const int wide = head_dim == 128;
+    if (mode != 2) {
+        Prefill prefill[2][2] = {{attn_prefill_simt_d64, attn_prefill_simt_d128},
+                                 {attn_prefill_mma_d64, attn_prefill_mma_d128}};
+        const int rows = mode ? ATTN_MMA_ROWS : ATTN_PREFILL_ROWS;
+        launch((n_tokens + rows - 1) / rows, n_head, 1, ATTN_THREADS, [&] {
+            prefill[mode][wide](q.data(), k.data(), v.data(), out.data(), positions.data(), sinks_at, n_tokens,
+                                kv_len, n_head, n_head_kv, window, scale);
+        });
+    } else {
+        Decode decode[2] = {attn_decode_d64, attn_decode_d128};
+        const int n_chunks = (kv_len + ATTN_DECODE_CHUNK - 1) / ATTN_DECODE_CHUNK;
+        const int group = n_head / n_head_kv;
+        std::vector<float> ml((size_t)n_tokens * n_head * n_chunks * 2, NAN);
+        std::vector<float> partial((size_t)n_tokens * n_head * n_chunks * head_dim, NAN);
+        launch(n_chunks, n_head_kv, (n_tokens * group + ATTN_DECODE_ROWS - 1) / ATTN_DECODE_ROWS, ATTN_THREADS, [&] {
+            decode[wide](q.data(), k.data(), v.data(), ml.data(), partial.data(), positions.data(), n_tokens, kv_len,
+                         n_head, n_head_kv, window, scale, n_chunks);
+        });
+        launch(n_head, n_tokens, 1, head_dim, [&] {
+            attn_decode_combine(ml.data(), partial.data(), positions.data(), sinks_at, out.data(), n_tokens, kv_len,
+                                n_head, window, n_chunks, head_dim);
+        });
+    }
+    fwrite(out.data(), sizeof(float), out.size(), stdout);
+    return 0;
+}
+"""
+)
+
+
+@pytest.fixture(scope="module")
+def attention_kernels(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if CXX is None:
+        pytest.skip("no C++ compiler (c++, g++ or clang++) on PATH")
+    return build_on_host(tmp_path_factory.mktemp("attention_kernels"), kernel_source(()), _DRIVER)
+
+
+def run_on_host(binary: Path, mode: int, case: Case, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """(the kernels' out, the float64 reference) for a fresh input of ``case``."""
+    inputs = make_inputs_on_host(rng, case)
+    c = case
+    header = struct.pack(
+        "7if", c.n_tokens, c.kv_len, c.n_head, c.n_head_kv, c.head_dim, c.window, int(c.sinks), inputs.scale
+    )
+    parts = [inputs.q, inputs.k[: c.kv_len], inputs.v[: c.kv_len], inputs.positions]
+    if inputs.sinks is not None:
+        parts.append(inputs.sinks)
+    data = header + b"".join(np.ascontiguousarray(p).tobytes() for p in parts)
+    run = subprocess.run([str(binary), str(mode)], input=data, capture_output=True, check=True)
+    out = np.frombuffer(run.stdout, np.float32).reshape(c.n_tokens, c.n_head, c.head_dim)
+    return out, inputs.reference()
+
+
+@pytest.mark.parametrize(
+    ("mode", "case"),
+    [
+        (SIMT, Case(40, 70, 4, 2, 64, window=24, sinks=True, extra_rows=30)),
+        (SIMT, Case(33, 0, 2, 1, 128, extra_rows=3)),
+        (MATRIX_GENERIC, Case(70, 20, 2, 2, 64, sinks=True, extra_rows=40)),
+        (DECODE, Case(1, 0, 2, 2, 64)),
+        (DECODE, Case(3, 600, 8, 2, 64, window=300, sinks=True, extra_rows=200)),
+        (DECODE, Case(2, 270, 4, 1, 128, extra_rows=500)),
+    ],
+    ids=str,
+)
+def test_attention_kernels_match_reference(
+    attention_kernels: Path, rng: np.random.Generator, mode: int, case: Case
+) -> None:
+    out, expected = run_on_host(attention_kernels, mode, case, rng)
+    err = worst_row_error(out, expected)
+    assert err < RTOL_F32, f"worst row relative error {err:.3g}"
