@@ -113,9 +113,12 @@ columns (times and rates are the median of -r repetitions after a warm-up; +- is
   p, ub          prompt tokens and tokens per ubatch
   ncmoe, gpu mem the -ncmoe or --gpu-memory setting of the row, when one is given
   streamed       MoE layers streamed from host memory / all MoE layers, and expert bytes copied per ubatch
+  work           what ran: whole (the model end to end) or experts (the expert blocks alone around a
+                 weightless stand-in, --experts-only); /L where the prefill ran layer-major
   decode t/s     decode tokens over the time all the steps took ("-" without -n); the JSON adds the
                  median step (decode_median_step_ms), which predictions and tune are held to
-  output sha256  hash of the outputs; every row must agree (exit status 1 if not)
+  output sha256  hash of the outputs; every row must agree (exit status 1 if not); the whole
+                 model's rows agree within one ubatch size (attention sums its keys by tiles)
   pred s, err    with --predict: the predicted ttft and (measured / predicted - 1); pred t/s: decode
   ring copy/wait host memory ring: % of its threads' time spent copying from the mapping into its
                  pinned chunks / waiting for a chunk's DMA to end; copying near 100 means the host's
@@ -189,7 +192,6 @@ def _decode_rate(row: Row, sd: bool) -> str:
 Column = tuple[str, int, Callable[[Row], str]]
 
 _COLUMNS: tuple[Column, ...] = (
-    ("work", 7, lambda r: r.work if r.prefill_order == "ubatch" else f"{r.work}/L"),
     ("slots", 5, lambda r: str(r.slots)),
     ("host", 10, lambda r: r.host_memory),
     ("ttft s", 9, lambda r: f"{r.ttft_s:.4f}"),
@@ -204,6 +206,7 @@ _COLUMNS: tuple[Column, ...] = (
     ("p", 6, lambda r: str(r.tokens)),
     ("ub", 5, lambda r: str(r.ubatch)),
     ("streamed", 12, _streamed),
+    ("work", 8, lambda r: r.work if r.prefill_order == "ubatch" else f"{r.work}/L"),
     ("decode t/s", 10, lambda r: _decode_rate(r, False)),
     ("+-", 5, lambda r: _decode_rate(r, True)),
     ("output sha256", 16, lambda r: r.output_sha256[:16] or "(no data)"),

@@ -69,10 +69,16 @@ class Report:
 
     def check(self) -> int:
         """0 when every row's output agrees (with the others of its prompt and decode steps, and the
-        compute-only run), else 1."""
-        alike: dict[tuple[int, int], list[Row]] = {}
+        compute-only run), else 1.
+
+        The expert blocks alone compute each token by itself, whatever the ubatch; the whole model's
+        attention sums over the ubatch's keys in tiles, so its rows agree within one ubatch size
+        (as llama.cpp's outputs do).
+        """
+        alike: dict[tuple[int, int, int, str], list[Row]] = {}
         for row in self.rows:
-            alike.setdefault((row.tokens, row.decode_steps), []).append(row)
+            ubatch = row.ubatch if row.work == "whole" else 0
+            alike.setdefault((row.tokens, row.decode_steps, ubatch, row.work), []).append(row)
         for rows in alike.values():
             differing = mismatched(rows)
             if differing:

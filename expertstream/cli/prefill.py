@@ -26,7 +26,9 @@ from ..bench.predict import Choice, predict, with_predictions
 from ..bench.provenance import provenance
 from ..bench.report import COLUMNS_HELP, Row
 from ..bench.tuner import fields_not_tuned, tune
+from ..engine.model import Model
 from ..engine.offload import format_gpu_memory, parse_gpu_memory
+from ..engine.sampling import Sampling
 from ..hostmem import (
     DEFAULT_RING_CHUNK_BYTES,
     DEFAULT_RING_CHUNKS,
@@ -377,6 +379,8 @@ def _demo(args: argparse.Namespace, command_line: str) -> int:
             told.append(True)
             _print_runs(printers, interrupted=True)
 
+    if not args.json:
+        _demo_text()
     with on_hard_stop(tell_interrupted) if args.json else nullcontext():
         try:
             if not simulated:
@@ -398,6 +402,20 @@ def _demo(args: argparse.Namespace, command_line: str) -> int:
     if args.json:
         _print_runs(printers)
     return max(r.check() for r in reports)
+
+
+DEMO_PROMPT = "Experts stream to the device while attention computes, so"
+
+
+def _demo_text() -> None:
+    """A prompt becoming text through the whole model on the default backend (a tiny made model: its
+    weights are random, so is its text)."""
+    write_out("Text: a prompt through a tiny made model (random weights), end to end, greedy")
+    with tempfile.TemporaryDirectory(prefix="expertstream-demo-") as folder:
+        path = make_model("tiny", "Q8_0", Path(folder) / "tiny.gguf")
+        with Model.open(path, ubatch=16) as model:
+            pieces = model.generate(DEMO_PROMPT, 24, Sampling(temperature=0))
+            write_out(f"{DEMO_PROMPT}|{''.join(piece.text for piece in pieces)}\n")
 
 
 def _print_runs(printers: list[RowPrinter], interrupted: bool = False) -> None:

@@ -109,7 +109,7 @@ def test_auto_picks_the_fastest_prediction_and_says_why(qwen3_layer: Path, capsy
     profile = resolve_profile("cuda-h200")
     with MoeModel.open(qwen3_layer) as model:
         for ubatch in (512, 1024, 2048):
-            settings = Settings(Batching(2048, ubatch), (0, 2, 3, 4), (REGISTERED, RING, MMAP))
+            settings = Settings(Batching(2048, ubatch), (0, 2, 3, 4), (REGISTERED, RING, MMAP), whole=True)
             for other in predict(profile, model, settings).rows:
                 assert picked["predicted_s"] <= seconds(other) * 1.002, other.label
 
