@@ -19,12 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from expertstream.backends import backend as open_backend
-from expertstream.engine.hparams import Transformer
-from expertstream.engine.runner import Batching, MoeRunner
-from expertstream.hostmem import HostWeights
-from expertstream.model import MoeModel
-from expertstream.scheduler import Scheduler
+from expertstream.engine.model import Model, Options
 from microbench.llamacpp_logits.compare import compare_logits, read_run
 
 
@@ -32,26 +27,11 @@ def run(args: argparse.Namespace) -> np.ndarray:
     """Our logits for every row of the reference run, [rows, n_vocab]."""
     reference = read_run(args.ref)
     n_prompt = int(reference.meta.get("n_prompt", len(reference.tokens)))
-    tokens = np.asarray(reference.tokens, dtype=np.int64)
-    steps = len(tokens) - n_prompt
-    with open_backend(args.backend) as backend, MoeModel.open(args.model) as model:
-        device = backend.device(0)
-        spec = Transformer.read(model)
-        batching = Batching(n_prompt, args.ubatch, steps)
-        layer_major = args.prefill_order == "layer"
-        with (
-            MoeRunner(device, model, batching, transformer=spec, layer_major=layer_major, all_logits=True) as runner,
-            HostWeights.open(model, device, args.host_memory) as weights,
-            Scheduler(slots=args.slots) as scheduler,
-        ):
-            runner.set_prompt(tokens[:n_prompt])
-            scheduler.run(runner.prefill_plan(weights))
-            rows = [runner.prompt_logits()]
-            for step in range(steps):
-                runner.set_decode_token(step, int(tokens[n_prompt + step]))
-                scheduler.run(runner.decode_plan(weights, step))
-                rows.append(runner.decode_logits(step)[None, :])
-    return np.concatenate(rows)
+    options = Options(
+        ubatch=args.ubatch, slots=args.slots, host_memory=args.host_memory, prefill_order=args.prefill_order
+    )
+    with Model.open(args.model, backend=args.backend, options=options) as model:
+        return model.logits(reference.tokens, prompt=n_prompt)
 
 
 def main(argv: list[str] | None = None) -> int:

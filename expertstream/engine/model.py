@@ -113,13 +113,26 @@ class Model(Closing):
         return opened
 
     # -- running ----------------------------------------------------------------------------
-    def logits(self, tokens: Sequence[int]) -> np.ndarray:
-        """float32 [len(tokens), n_vocab]: the next-token logits after each position of ``tokens``."""
+    def logits(self, tokens: Sequence[int], *, prompt: int | None = None) -> np.ndarray:
+        """float32 [len(tokens), n_vocab]: the next-token logits after each position of ``tokens``.
+
+        The first ``prompt`` tokens (default: all) run as one prefill; each later one runs as a
+        decode step of its own, as generation feeds them: how a check holds decode to a reference.
+        """
         ids = self._check_tokens(tokens, 0)
-        with self._runner(len(ids), 0, all_logits=True) as (runner, scheduler, experts):
-            runner.set_prompt(ids)
+        n_prompt = len(ids) if prompt is None else prompt
+        if not 1 <= n_prompt <= len(ids):
+            raise InvalidArgument(f"prompt must be 1..{len(ids)} tokens of the sequence, got {n_prompt}")
+        steps = len(ids) - n_prompt
+        with self._runner(n_prompt, steps, all_logits=True) as (runner, scheduler, experts):
+            runner.set_prompt(ids[:n_prompt])
             scheduler.run(runner.prefill_plan(experts))
-            return runner.prompt_logits()
+            rows = [runner.prompt_logits()]
+            for step in range(steps):
+                runner.set_decode_token(step, int(ids[n_prompt + step]))
+                scheduler.run(runner.decode_plan(experts, step))
+                rows.append(runner.decode_logits(step)[None, :])
+        return np.concatenate(rows)
 
     def generate(
         self, prompt: str | Sequence[int], max_tokens: int = 64, sampling: Sampling | None = None

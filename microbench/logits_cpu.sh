@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# expertstream's logits on the simulator against llama.cpp's CPU build, on make-model's tiny presets of every
+# first-group architecture (Q8_0, seed 3) and a 2-layer qwen3-30b-a3b Q4_K_M file: a 512-token prompt (128 for
+# the 2-layer file) and 64 greedy steps (8) that llama.cpp chose, fed to both. Prints tools/logits_check.py's
+# summary per file. Results: docs/results/model-cpu.md.
+# usage: microbench/logits_cpu.sh LLAMACPP_LOGITS WORK_DIR     (from the repository root)
+set -euo pipefail
+tool=${1:?usage: logits_cpu.sh LLAMACPP_LOGITS WORK_DIR}
+work=${2:?usage: logits_cpu.sh LLAMACPP_LOGITS WORK_DIR}
+export PYTHONPATH=.
+mkdir -p "$work"
+prompt() {  # MODEL COUNT: the project's corpus in the file's vocabulary, repeated to COUNT tokens
+    python3 -c "
+import sys
+from expertstream.engine.tokenizer import Tokenizer
+tok = Tokenizer.from_path(sys.argv[1])
+text = open('expertstream/model/corpus.txt', encoding='utf-8').read()
+ids = tok.encode(text)
+while len(ids) < int(sys.argv[2]):
+    ids += tok.encode(text, add_special=False)
+print(*ids[: int(sys.argv[2])], sep='\n')" "$1" "$2"
+}
+check() {  # NAME PRESET TYPE LAYERS N_PROMPT N_GEN UBATCH
+    local name=$1 model=$work/$1.gguf
+    [ -f "$model" ] || python3 -m expertstream make-model --preset "$2" --type "$3" --seed 3 ${4:+--layers "$4"} \
+        -o "$model" >/dev/null
+    prompt "$model" "$5" >"$work/$name.prompt"
+    "$tool" -m "$model" --tokens "$work/$name.prompt" --n-prompt "$5" --n-gen "$6" --ngl 0 -o "$work/$name-llama-cpu" \
+        >"$work/$name-llama-cpu.log" 2>&1
+    python3 tools/logits_check.py -m "$model" --ref "$work/$name-llama-cpu" -o "$work/$name-ours" --backend sim \
+        --ubatch "$7" | sed "s/^/$name (ubatch $7): /"
+}
+for preset in tiny tiny-mixtral tiny-qwen2moe tiny-gpt-oss tiny-glm4moe; do
+    check "$preset" "$preset" Q8_0 "" 512 64 512
+done
+check tiny-ub64 tiny Q8_0 "" 512 64 64
+check qwen3-30b-a3b-2L qwen3-30b-a3b Q4_K_M 2 128 8 64

@@ -1,0 +1,61 @@
+"""Write the llama.cpp logits fixtures of test_against_llamacpp.py (needs llamacpp-logits, a CPU build).
+
+python3 -m tests.engine.llamacpp.make LLAMACPP_LOGITS
+
+For each first-group tiny preset (make-model Q8_0, seed 3): a 128-token prompt from the project's corpus and
+16 greedy steps through llama.cpp on the CPU; saved as PRESET.npz with the tokens fed, the logits (float16),
+the prompt length and the made file's sha256 (the test refuses a fixture of another file).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from expertstream.engine.tokenizer import Tokenizer
+from expertstream.model import make_model
+from microbench.llamacpp_logits.compare import read_run
+
+HERE = Path(__file__).parent
+PRESETS = ("tiny", "tiny-mixtral", "tiny-qwen2moe", "tiny-gpt-oss", "tiny-glm4moe")
+N_PROMPT, N_GEN, SEED = 128, 16, 3
+CORPUS = Path(__file__).parents[3] / "expertstream" / "model" / "corpus.txt"
+
+
+def prompt(path: Path) -> list[int]:
+    tokenizer = Tokenizer.from_path(path)
+    text = CORPUS.read_text(encoding="utf-8")
+    ids = tokenizer.encode(text)
+    while len(ids) < N_PROMPT:
+        ids += tokenizer.encode(text, add_special=False)
+    return ids[:N_PROMPT]
+
+
+def main(tool: str) -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        for preset in PRESETS:
+            model = make_model(preset, "Q8_0", Path(folder) / f"{preset}.gguf", seed=SEED)
+            tokens = Path(folder) / f"{preset}.prompt"
+            tokens.write_text("".join(f"{t}\n" for t in prompt(model)))
+            out = Path(folder) / preset
+            argv = [tool, "-m", str(model), "--tokens", str(tokens), "--n-prompt", str(N_PROMPT)]
+            argv += ["--n-gen", str(N_GEN), "--ngl", "0", "-o", str(out)]
+            subprocess.run(argv, check=True, capture_output=True)
+            run = read_run(out)
+            np.savez_compressed(
+                HERE / f"{preset}.npz",
+                tokens=np.asarray(run.tokens, np.int32),
+                logits=run.logits.astype(np.float16),
+                n_prompt=N_PROMPT,
+                sha256=hashlib.sha256(model.read_bytes()).hexdigest(),
+            )
+            print(preset, run.logits.shape)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
