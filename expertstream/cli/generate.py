@@ -129,7 +129,7 @@ def _generate(args: argparse.Namespace, command_line: str) -> int:
             sys.stdout.write(piece.text)
             sys.stdout.flush()
         sys.stdout.write("\n")
-        stats = model.last_stats
+        stats, path = model.last_stats, model.decode_path
     err = sys.stderr
     prompt_s, n_prompt = stats["prompt_s"], int(stats["prompt_tokens"])
     print(f"\nseed: {int(stats['seed'])}", file=err)
@@ -138,6 +138,7 @@ def _generate(args: argparse.Namespace, command_line: str) -> int:
     decode_s = stats.get("decode_s")
     if decode_s is not None and generated > 1:
         print(_timing("eval", decode_s, generated - 1, "runs"), file=err)
+        print(f"decode steps: {'one captured step replayed' if path == 'graph' else 'calls issued per step'}", file=err)
     return 0
 
 

@@ -26,7 +26,7 @@ from ..errors import InvalidArgument
 from ..hostmem import HostMemoryMode, HostWeights
 from ..kernels.layout import MatrixPath
 from ..model import MoeModel
-from ..scheduler import Scheduler
+from ..scheduler import Replay, Scheduler
 from .hparams import Transformer
 from .offload import GpuMemory, ResidentExperts, plan_offload
 from .runner import Batching, ExpertData, MoeRunner
@@ -87,6 +87,7 @@ class Model(Closing):
         self.weights = stack.enter_context(HostWeights.open(model, self.devices[0], options.host_memory))
         self._resident: ResidentExperts | None = None
         self.last_stats: dict[str, float] = {}
+        self.decode_path = ""  # how the last generation's decode steps ran: "graph" (one step replayed) or "calls"
 
     @classmethod
     def open(
@@ -154,16 +155,16 @@ class Model(Closing):
             self.last_stats["prompt_s"] = host.timestamp() - start
             text = _TextStream(self.tokenizer)
             start = host.timestamp()
-            for step in range(max_tokens):
-                token = sampler(logits)
-                self.last_stats["generated"] = step + 1
-                yield Generated(token, text.push(token))
-                if token == self.tokenizer.eos_id or step == max_tokens - 1:
-                    break
-                runner.set_decode_token(step, token)
-                scheduler.run(runner.decode_plan(experts, step))
-                logits = runner.decode_logits(step)
-                self.last_stats["decode_s"] = host.timestamp() - start
+            with _DecodeSteps(runner, scheduler, experts, self.options.graphs) as steps:
+                for step in range(max_tokens):
+                    token = sampler(logits)
+                    self.last_stats["generated"] = step + 1
+                    yield Generated(token, text.push(token))
+                    if token == self.tokenizer.eos_id or step == max_tokens - 1:
+                        break
+                    logits = steps.run(step, token)
+                    self.last_stats["decode_s"] = host.timestamp() - start
+            self.decode_path = steps.path
 
     def _check_tokens(self, tokens: Sequence[int], generate: int) -> np.ndarray:
         ids = np.asarray(list(tokens), dtype=np.int64)
@@ -246,6 +247,55 @@ class _Run:
 
     def __exit__(self, *exc: object) -> None:
         self._stack.close()
+
+
+class _DecodeSteps:
+    """Decode steps of one generation: the first through the scheduler, the rest replayed from one
+    captured step where the scheduler can capture it (``Options.graphs``), with the same bytes."""
+
+    def __init__(self, runner: MoeRunner, scheduler: Scheduler, experts: ExpertData, graphs: bool) -> None:
+        self.runner, self.scheduler, self.experts, self.graphs = runner, scheduler, experts, graphs
+        self._replay: Replay | None = None
+        self.path = "calls"
+
+    def __enter__(self) -> _DecodeSteps:
+        return self
+
+    def run(self, step: int, token: int) -> np.ndarray:
+        """Feed ``token`` as decode step ``step``; its logits."""
+        runner = self.runner
+        runner.set_decode_token(step, token)
+        if self._replay is None:
+            self.scheduler.run(runner.decode_plan(self.experts, step))
+            self._replay = self._capture() if step == 0 else None
+        else:
+            replay = self._replay
+            runner.decode_step_in(replay.stream, step)
+            replay.launch()
+            runner.decode_step_out(replay.stream, step)
+            replay.finish()
+        return runner.decode_logits(step)
+
+    def _capture(self) -> Replay | None:
+        """After the first step (kernels compiled, scratch grown): one step captured, or None (said once)."""
+        if not self.graphs or len(self.runner.devices) != 1 or self.runner.batching.decode_steps < 2:
+            return None
+        plan = self.runner.decode_step_plan(self.experts)
+        why = self.scheduler.why_not_captured(plan)
+        if why is not None:
+            if why not in _told:
+                _told.add(why)
+                log.info("decode steps issue their calls one by one, not one captured graph: %s", why)
+            return None
+        self.path = "graph"
+        return self.scheduler.capture(plan)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._replay is not None:
+            self._replay.close()
+
+
+_told: set[str] = set()
 
 
 class _TextStream:

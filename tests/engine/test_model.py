@@ -117,3 +117,14 @@ def test_bad_input_is_refused_with_a_clear_error(backend: Backend, made: dict[st
     deepseek = make_model("tiny-deepseek2", "Q8_0", tmp_path / "ds.gguf")
     with pytest.raises(ModelError, match="multi-head latent attention"):
         Model.open(deepseek, backend=backend)
+
+
+def test_replayed_decode_steps_give_the_tokens_the_issued_ones_give(backend: Backend, made: dict[str, Path]) -> None:
+    greedy = Sampling(temperature=0)
+    runs = {}
+    for graphs in (False, True):
+        with Model.open(made["tiny-gpt-oss"], backend=backend, graphs=graphs, host_memory="pinned") as model:
+            runs[graphs] = [g.token for g in model.generate("the quick brown fox", 12, greedy)]
+            paths = model.decode_path
+        assert paths == ("graph" if graphs else "calls")
+    assert runs[False] == runs[True]
