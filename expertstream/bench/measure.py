@@ -21,7 +21,7 @@ import numpy as np
 from ..backends.base import Backend, Device, Stream, Usage
 from ..engine.hparams import Transformer
 from ..engine.offload import GpuMemory, ResidentExperts, UploadedExperts, plan_offload
-from ..engine.runner import ROUTER, Batching, ExpertData, MoeRunner, sha256
+from ..engine.runner import ROUTER, Batching, ExpertData, MoeRunner, prefers_layer_major, sha256
 from ..hostmem import HostMemoryMode, HostWeights, RingFill, RingOptions, RingStats
 from ..kernels.layout import MatrixPath
 from ..model import MoeModel
@@ -53,7 +53,7 @@ class Settings:
     # The whole model (the commands' default), or the expert blocks alone around the stand-in: what
     # the tuner calibrates the streaming costs on, and what the microbenches of the expert pipeline run.
     whole: bool = False
-    layer_major: bool = False  # layer-major prefill (whole model only)
+    prefill_order: str = "ubatch"  # "layer", "ubatch" or "auto" (engine.runner.prefers_layer_major); whole model
     gather: bool = True  # decode's expert copies from page-locked memory made by the device (Scheduler.gather)
     graphs: bool = True  # decode steps replayed from one captured graph where the scheduler can capture them
     # The compute-only baseline (every expert on the device) that rows compare to; without it rows
@@ -247,8 +247,9 @@ def measure(
     ``h2d_peak`` reuses a peak measured before (one per device set is enough for a matrix of
     runs). Several devices split the layers between them (layersplit.py).
     """
+    targets = (devices,) if isinstance(devices, Device) else tuple(devices)
     with MoeRunner(
-        devices,
+        targets,
         model,
         settings.batching,
         seed=settings.seed,
@@ -256,7 +257,7 @@ def measure(
         direct=settings.direct,
         fuse_gate_up=settings.fuse_gate_up,
         transformer=Transformer.read(model) if settings.whole else None,
-        layer_major=settings.layer_major,
+        layer_major=settings.whole and prefers_layer_major(settings.prefill_order, model, settings.batching, targets),
     ) as runner:
         if settings.whole:
             _random_tokens(runner, settings.seed)

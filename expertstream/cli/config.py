@@ -73,7 +73,7 @@ class RunConfig:
     direct: bool
     fuse_gate_up: bool
     experts_only: bool
-    layer_major: bool
+    prefill_order: str
     gather: bool
     graphs: bool
     repetitions: int
@@ -138,7 +138,7 @@ class RunConfig:
             direct=not args.no_direct,
             fuse_gate_up=args.fuse_gate_up,
             experts_only=args.experts_only,
-            layer_major=args.prefill_order == "layer",
+            prefill_order=args.prefill_order,
             gather=not args.no_gather,
             graphs=not args.no_graphs,
             repetitions=args.repetitions,
@@ -193,7 +193,7 @@ class RunConfig:
             direct=self.direct,
             fuse_gate_up=self.fuse_gate_up,
             whole=not self.experts_only,
-            layer_major=self.layer_major,
+            prefill_order=self.prefill_order,
             gather=self.gather,
             graphs=self.graphs,
         )

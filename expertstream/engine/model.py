@@ -29,7 +29,7 @@ from ..model import MoeModel
 from ..scheduler import Replay, Scheduler
 from .hparams import Transformer
 from .offload import GpuMemory, ResidentExperts, plan_offload
-from .runner import Batching, ExpertData, MoeRunner
+from .runner import Batching, ExpertData, MoeRunner, prefers_layer_major
 from .sampling import Sampler, Sampling
 from .tokenizer import Tokenizer
 
@@ -64,11 +64,6 @@ class Generated:
 
     token: int
     text: str
-
-
-# Layer-major prefill holds every prompt token's FFN rows per layer (runner._Scratch.HELD): it is
-# chosen automatically only while those take no more than this share of the device's free memory.
-_LAYER_MAJOR_SHARE = 0.25
 
 
 class Model(Closing):
@@ -179,15 +174,8 @@ class Model(Closing):
         return ids
 
     def _layer_major(self, tokens: int) -> bool:
-        order = self.options.prefill_order
-        if order != "auto":
-            return order == "layer"
-        if tokens <= self.options.ubatch:
-            return False
-        model = self.model
-        held = tokens * (model.n_embd + model.top_k * (1 + 3 * model.n_ff)) * 4
-        free = min(device.free_memory() for device in self.devices)
-        return held <= _LAYER_MAJOR_SHARE * free
+        batching = Batching(tokens, self.options.ubatch)
+        return prefers_layer_major(self.options.prefill_order, self.model, batching, self.devices)
 
     def _runner(self, tokens: int, steps: int, *, all_logits: bool) -> _Run:
         return _Run(self, tokens, steps, all_logits)

@@ -1,10 +1,13 @@
-"""MoE prefill and decode of a GGUF model through the scheduler, on one device or a layer split.
+"""Prefill and decode of a GGUF MoE model through the scheduler, on one device or a layer split.
 
-Each layer is four splits (three where gate and up fuse), in this order for every ubatch of tokens:
+A runner computes the whole model (``transformer``: hparams.Transformer.read of the file) or,
+for measuring the expert pipeline by itself, its MoE blocks alone around a weightless stand-in
+(standin.py). Each MoE layer is four splits (three where gate and up fuse), in this order:
 
-- ``router``: a weightless RMS norm of the hidden state (a stand-in for attention and
-  normalization, see standin.py), then the architecture's routing (arch.py) with the
-  layer's device-resident router into the routing ids and weights of this layer and ubatch:
+- ``router``: the whole model's block start (the token embeddings before the first block, the
+  layer's attention added into the hidden state: blocks.py), then the norm before the FFN with the
+  file's weights (the stand-in: a weightless RMS norm), then the architecture's routing (arch.py)
+  with the layer's device-resident router into the routing ids and weights of these tokens:
   router_topk where a softmax over the selected logits is exact, else router logits (with
   gpt-oss's router bias) and router_select (gating, selection bias, groups, norm, scale);
 - ``gate``: mul_mat_id over the layer's gate experts (+ per-expert biases where the file has them);
@@ -15,20 +18,29 @@ Each layer is four splits (three where gate and up fuse), in this order for ever
   routing-weighted sum of the top-k outputs, the shared expert's output and the residual add into the
   hidden state.
 
+A leading dense layer (whole model) is one split of device-resident weights: attention and its
+dense FFN. After the last layer, one ``output`` split runs the output norm and head into the
+logits of every prompt token (``all_logits``) or of the last one.
+
 Where the device's kernels decode the expert type straight into matrix fragments
 (MoeKernels.uses_direct: Q4_0 and Q4_K on NVIDIA sm_80+), the down projection scales each row
 by its routing weight as it writes it, so combine only adds the top-k outputs up; and, asked for with
 ``fuse_gate_up`` where the layer has plain SwiGLU and no expert biases, one ``gate_up`` split
 reads both tensors and writes SwiGLU's output in one pass (the same bytes as the two splits).
 
-The routing ids come from the router split before the three expert splits that read them,
-and each (layer, ubatch) has its own ids, so the stock path's ids read-back is right and the
-three splits sharing them are adjacent. Prefill is ONE plan over all ubatches in order, so the
-lookahead keeps copying across ubatch boundaries. Activation scratch is shared by all
-splits: they run in order on one compute stream. Decode runs one plan per step of one token.
+Prefill is ONE plan over all ubatches, so the lookahead keeps copying across ubatch boundaries.
+Ubatch-major (the default): each ubatch through every layer, then the next. Layer-major (whole
+model): each layer's splits run every ubatch in turn (the router split attends ubatch by ubatch,
+reading the keys and values the earlier ones wrote at that layer), so each layer's experts cross
+the bus once per prompt; the activations the expert splits read are then held for the whole
+prompt (``_Scratch.HELD``). Each (layer, token) has its own routing ids, in one run per layer, so
+the stock path's ids read-back is right and the splits sharing them are adjacent. Activation
+scratch is shared by all splits: they run in order on one compute stream. Decode runs one plan
+per step of one token.
 
-Inputs are deterministic embeddings from a seed, copied into the hidden state by the first
-split of each ubatch, so a plan can be run again (warm-up, then timed) with the same result.
+Inputs are the token ids set before a run (``set_prompt``, ``set_decode_token``), or for the
+expert blocks alone deterministic embeddings from a seed, so a plan can be run again (warm-up,
+then timed) with the same result.
 """
 
 from __future__ import annotations
@@ -1139,6 +1151,30 @@ class MoeRunner(Closing):
             closing.close()
         self._links.clear()
         self._parts.clear()
+
+
+# Layer-major prefill holds every prompt token's FFN rows per layer (_Scratch.HELD): "auto" takes it
+# only while those take no more than this share of the device's free memory.
+LAYER_MAJOR_SHARE = 0.25
+
+
+def held_bytes(model: MoeModel, tokens: int) -> int:
+    """Device bytes layer-major prefill holds for a prompt of ``tokens`` (the FFN input, routing
+    weights and gate/up/act rows of every token)."""
+    return tokens * (model.n_embd + model.top_k * (1 + 3 * model.n_ff)) * 4
+
+
+def prefers_layer_major(order: str, model: MoeModel, batching: Batching, devices: Sequence[Device]) -> bool:
+    """Whether prefill runs layer-major: ``order`` "layer", "ubatch", or "auto" (layer-major for a
+    prompt of several ubatches whose held rows fit LAYER_MAJOR_SHARE of every device's free memory)."""
+    if order not in ("auto", "layer", "ubatch"):
+        raise InvalidArgument(f"prefill order must be auto, layer or ubatch; got {order!r}")
+    if order != "auto":
+        return order == "layer"
+    if len(batching.ubatches()) < 2:
+        return False
+    need = held_bytes(model, batching.tokens)
+    return all(need <= LAYER_MAJOR_SHARE * device.free_memory() for device in devices)
 
 
 def _whole(spec: Transformer, batching: Batching, n_ctx: int | None, layer_major: bool, all_logits: bool) -> _Whole:
