@@ -106,11 +106,15 @@ def _options(args: argparse.Namespace) -> Options:
     )
 
 
-def _open(args: argparse.Namespace) -> Model:
+def _model_path(args: argparse.Namespace) -> Path:
     path = Path(args.model)
     if not path.is_file():
         raise InvalidArgument(f"{path}: no such file", hint="give a GGUF model with -m")
-    return Model.open(path, backend=args.backend, devices=(args.device,), options=_options(args))
+    return path
+
+
+def _open(args: argparse.Namespace) -> Model:
+    return Model.open(_model_path(args), backend=args.backend, devices=(args.device,), options=_options(args))
 
 
 def _read_text(name: str) -> str:
@@ -121,6 +125,7 @@ def _read_text(name: str) -> str:
 
 
 def _generate(args: argparse.Namespace, command_line: str) -> int:
+    _model_path(args)
     text = args.prompt if args.prompt is not None else _read_text(args.file)
     sampling = Sampling(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     with _open(args) as model:
@@ -152,6 +157,7 @@ def _timing(what: str, seconds: float, count: int, unit: str) -> str:
 
 
 def _perplexity(args: argparse.Namespace, command_line: str) -> int:
+    _model_path(args)
     text = _read_text(args.file)
     with _open(args) as model:
         tokens = model.tokenizer.encode(text)

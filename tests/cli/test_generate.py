@@ -1,0 +1,74 @@
+"""`expertstream generate` and `expertstream perplexity` on a tiny made model, and their errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from expertstream.cli import main
+from expertstream.model import make_model
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_model("tiny", "Q8_0", tmp_path_factory.mktemp("generate") / "tiny.gguf", seed=3)
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_generate_prints_the_prompt_its_continuation_and_llama_cpp_timings(
+    tiny_model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ("generate", "-m", str(tiny_model), "-p", "the quick brown fox", "-n", "6", "--temp", "0")
+    code, out, err = _run(capsys, *argv, "--backend", "sim")
+    assert code == 0, err
+    assert out.startswith("the quick brown fox") and len(out.strip()) > len("the quick brown fox")
+    assert "prompt eval time" in err and "tokens per second" in err and "       eval time" in err
+    again = _run(capsys, *argv, "--backend", "sim")[1]
+    assert again == out  # greedy: the same text every time
+
+
+def test_perplexity_prints_chunks_and_a_final_estimate(
+    tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = tmp_path / "text.txt"
+    text.write_text((Path(__file__).parents[2] / "expertstream" / "model" / "corpus.txt").read_text() * 2)
+    code, out, err = _run(capsys, "perplexity", "-m", str(tiny_model), "-f", str(text), "-c", "64", "--chunks", "3")
+    assert code == 0, err
+    assert "[1]" in out and "[3]" in out and "[4]" not in out
+    final = out.split("Final estimate: PPL = ")[1].split()
+    assert float(final[0]) > 1 and final[1] == "+/-"
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (("-p", ""), "the prompt is empty"),
+        (("-p", "a b c d e f g h i j k l m n o p", "-c", "8"), "do not fit the context of 8"),
+        (("-p", "x", "--top-p", "0"), "top_p must be in (0, 1]"),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_problem(
+    tiny_model: Path, capsys: pytest.CaptureFixture[str], extra: tuple[str, ...], message: str
+) -> None:
+    code, _, err = _run(capsys, "generate", "-m", str(tiny_model), *extra, "--backend", "sim")
+    assert code == 2 and message in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_a_file_of_an_architecture_not_run_whole_is_refused_at_open(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = make_model("tiny-qwen3next", "Q8_0", tmp_path / "next.gguf")
+    code, _, err = _run(capsys, "generate", "-m", str(path), "-p", "hi", "--backend", "sim")
+    assert code == 2 and "gated delta-net" in err and "--experts-only" in err
+
+
+def test_a_missing_model_file_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run(capsys, "perplexity", "-m", str(tmp_path / "none.gguf"), "-f", str(tmp_path / "t.txt"))
+    assert code == 2 and "none.gguf: no such file" in err
