@@ -32,7 +32,14 @@ def _tokens(n: int, n_vocab: int, seed: int = 0) -> np.ndarray:
 
 
 def _logits(
-    backend: Backend, path: Path, tokens: np.ndarray, *, ubatch: int, layer_major: bool, slots: int
+    backend: Backend,
+    path: Path,
+    tokens: np.ndarray,
+    *,
+    ubatch: int,
+    layer_major: bool,
+    slots: int,
+    host_memory: str = "pinned",
 ) -> np.ndarray:
     with MoeModel.open(path) as model:
         spec = Transformer.read(model)
@@ -40,7 +47,7 @@ def _logits(
         batching = Batching(len(tokens), ubatch)
         with (
             MoeRunner(device, model, batching, transformer=spec, layer_major=layer_major, all_logits=True) as runner,
-            HostWeights.open(model, device, "pinned") as weights,
+            HostWeights.open(model, device, host_memory) as weights,
             Scheduler(slots=slots) as scheduler,
         ):
             runner.set_prompt(tokens)
@@ -79,6 +86,15 @@ def test_slots_do_not_change_the_logits(backend: Backend, made: dict[str, Path])
     tokens = _tokens(PROMPT, 512, seed=2)
     outputs = [_logits(backend, made["tiny"], tokens, ubatch=16, layer_major=False, slots=s) for s in (0, 2, 3)]
     assert outputs[0].tobytes() == outputs[1].tobytes() == outputs[2].tobytes()
+
+
+def test_host_memory_modes_do_not_change_the_logits(backend: Backend, made: dict[str, Path]) -> None:
+    tokens = _tokens(PROMPT, 512, seed=5)
+    outputs = [
+        _logits(backend, made["tiny-qwen2moe"], tokens, ubatch=16, layer_major=True, slots=3, host_memory=mode)
+        for mode in ("pinned", "mmap", "registered", "ring")
+    ]
+    assert all(out.tobytes() == outputs[0].tobytes() for out in outputs[1:])
 
 
 def test_later_ubatches_attend_to_earlier_ones(backend: Backend, made: dict[str, Path]) -> None:
