@@ -71,6 +71,7 @@ for stage in "$@"; do
             preset=${spec%%:*} qtype=${spec##*:}
             layers=()
             [[ -n ${LAYERS:-} ]] && layers=(--layers "$LAYERS")
+            [ -f "$(file_of "$preset" "$qtype")" ] && continue  # made by an earlier call on this machine
             /usr/bin/time -f "make-model %e s" "$python" -m expertstream make-model --preset "$preset" --type "$qtype" \
                 "${layers[@]}" -o "$(file_of "$preset" "$qtype")" 2>&1 | tail -3 | tee -a "$OUT/make.txt"
         done ;;
@@ -79,11 +80,11 @@ for stage in "$@"; do
             preset=${spec%%:*} qtype=${spec##*:}
             file=$(file_of "$preset" "$qtype")
             logits_three "$file" "$preset"
-            "$LCP/bin/llama-perplexity" -m "$file" -f docs/design.md -c 512 --chunks 8 -ngl 99 -fa off \
+            "$LCP/bin/llama-perplexity" -m "$file" -f docs/design.md -c 512 --chunks 4 -ngl 99 -fa off \
                 >"$OUT/ppl-llama-$preset.txt" 2>&1 || true
             grep -E "Final estimate|^\[" "$OUT/ppl-llama-$preset.txt" | tail -2 | sed "s/^/$preset llama-perplexity: /" \
                 | tee -a "$OUT/ppl.txt"
-            "$python" -m expertstream perplexity -m "$file" -f docs/design.md -c 512 --chunks 8 --backend cuda \
+            "$python" -m expertstream perplexity -m "$file" -f docs/design.md -c 512 --chunks 4 --backend cuda \
                 2>&1 | tail -2 | sed "s/^/$preset expertstream perplexity: /" | tee -a "$OUT/ppl.txt"
         done ;;
     bench)
