@@ -18,11 +18,12 @@ import expertstream
 from expertstream.backends.base import Backend
 from expertstream.bench.measure import Settings, measure, measure_h2d_peak
 from expertstream.engine.layersplit import LayerSplit
+from expertstream.engine.model import Model
 from expertstream.engine.offload import ResidentExperts, plan_offload
 from expertstream.engine.runner import Batching, MoeRunner, sha256
 from expertstream.errors import InvalidArgument
 from expertstream.hostmem import HostMemoryMode, HostWeights, RingOptions
-from expertstream.model import MoeModel
+from expertstream.model import MoeModel, make_model
 from expertstream.scheduler import Scheduler
 
 BATCHING = Batching(tokens=32, ubatch=16, decode_steps=4)
@@ -138,3 +139,20 @@ def test_layers_are_split_in_order_as_evenly_as_they_go() -> None:
         split = LayerSplit(model, sim.devices)  # type: ignore[arg-type]
         assert split.layers == {sim.devices[0]: (1, 2, 3), sim.devices[1]: (4, 5)}
         assert split.device_of(4) is sim.devices[1]
+
+
+@pytest.mark.parametrize("preset", ["tiny", "tiny-gpt-oss"])
+def test_the_whole_model_over_two_devices_gives_the_one_device_logits(
+    two: tuple[Backend, str], tmp_path: Path, preset: str
+) -> None:
+    """Embeddings on the first device, the head on the last, each layer's attention and KV cache on
+    its own device: prefill and decode logits are the one-device bytes."""
+    backend, _ = two
+    path = make_model(preset, "Q8_0", tmp_path / f"{preset}.gguf", seed=3)
+    tokens = np.random.default_rng(0).integers(3, 512, 40).tolist()
+    outputs = []
+    for devices in ((0,), (0, 1)):
+        with Model.open(path, backend=backend, devices=devices, ubatch=16) as model:
+            outputs.append(model.logits(tokens, prompt=32))
+    assert np.all(np.isfinite(outputs[0]))
+    assert outputs[0].tobytes() == outputs[1].tobytes()
