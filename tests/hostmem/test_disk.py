@@ -16,6 +16,7 @@ import pytest
 from expertstream.backends.base import Backend, Device
 from expertstream.cli import main
 from expertstream.engine.model import Model, Options
+from expertstream.errors import HazardError, InvalidArgument
 from expertstream.hostmem import (
     DiskReadError,
     FileReader,
@@ -248,3 +249,40 @@ def test_a_short_file_stops_prefill_with_one_line_and_no_rows(
 def test_the_engine_takes_host_memory_disk(backend: Backend, tiny_path: Path) -> None:
     with Model.open(tiny_path, backend=backend, options=Options(host_memory="disk")) as model:
         assert model.weights.mode is HostMemoryMode.DISK
+
+
+def test_disk_reads_are_made_by_threads_where_processes_were_asked(
+    backend: Backend, tiny_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    options = RingOptions(fill="processes", threads=2, chunks=2, chunk_bytes=64 * 1024)
+    with (
+        caplog.at_level(logging.WARNING, logger="expertstream.hostmem"),
+        HostWeights.open(tiny_path, backend.device(0), HostMemoryMode.DISK, ring=options) as weights,
+    ):
+        (ring,) = weights.rings
+        assert ring.fill.value == "threads" and ring.fill_note == "reads from the files are made by threads"
+    assert any("made by threads" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+
+
+def test_a_read_into_read_only_host_memory_is_refused(backend: Backend) -> None:
+    device = backend.device(0)
+    source = device.wrap_host(np.frombuffer(bytes(4096), dtype=np.uint8))
+    with pytest.raises(InvalidArgument, match="read-only"):
+        backend.host.read_into(source, 0, 4096, lambda into: None)
+
+
+def test_a_read_into_a_chunk_a_copy_still_reads_is_a_hazard(backend: Backend) -> None:
+    if not backend.host.virtual_time:
+        pytest.skip("only the simulator checks host accesses against device work")
+    device = backend.device(0)
+    with device.alloc_pinned(4096) as chunk, device.alloc(4096) as dst, device.stream() as stream:
+        stream.copy_h2d(dst, 0, chunk, 0, 4096)
+        with pytest.raises(HazardError):
+            backend.host.read_into(chunk, 0, 4096, lambda into: None)
+        stream.synchronize()
+
+        def write_x(into: memoryview) -> None:
+            into[0:1] = b"x"
+
+        backend.host.read_into(chunk, 0, 4096, write_x)
+        assert chunk.numpy(0, 1).tobytes() == b"x"
