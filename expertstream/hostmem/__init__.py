@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..scheduler.source import HostRegion, HostSource
+from .diskread import DiskReadError, FileReader
 from .placement import (
     DEFAULT_RING_THREADS,
     HostMemoryFallback,
@@ -33,6 +34,8 @@ __all__ = [
     "PROCESS_RING_CHUNKS",
     "PROCESS_RING_CHUNK_BYTES",
     "PROCESS_RING_PART_BYTES",
+    "DiskReadError",
+    "FileReader",
     "HostMemoryFallback",
     "HostMemoryMode",
     "HostRegion",

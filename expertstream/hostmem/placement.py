@@ -1,9 +1,10 @@
 """Where a model's tensors live in host memory, which decides how fast they reach the device.
 
-``HostWeights`` puts a model's tensors in host memory in one of four ways: the file mapping as
+``HostWeights`` puts a model's tensors in host memory in one of five ways: the file mapping as
 it is (pageable: slow, and copies block the host), the mapping registered in place (DMA
-speed), one pinned copy of the tensors (DMA speed, a full copy in RAM), or a staging ring of a
-few pinned chunks fed from the mapping by host threads (``staging``). Each tensor becomes a
+speed), one pinned copy of the tensors (DMA speed, a full copy in RAM), a staging ring of a
+few pinned chunks fed from the mapping by host threads (``staging``), or such a ring whose
+chunks are read straight from the files, bypassing the page cache (``diskread``). Each tensor becomes a
 ``HostSource`` the scheduler can copy from. A split model has one mapping per shard, each
 wrapped (and registered) on its own; one ring reads them all. With a layer split over several
 devices, a staging ring is per device (its chunks and events are that device's): each tensor
@@ -27,6 +28,7 @@ from ..backends.base import Device, HostBuffer
 from ..errors import DeviceError, InvalidArgument
 from ..model.loader import MoeModel, TensorInfo
 from ..scheduler.source import HostRegion, HostSource
+from .diskread import FileReader, Opener
 from .staging import RingFill, RingStats, StagingRing
 
 log = logging.getLogger(__name__)
@@ -43,6 +45,7 @@ class HostMemoryMode(enum.Enum):
     REGISTERED = "registered"  # the mapping page-locked in place, read-only
     PINNED = "pinned"  # one pinned allocation holding a copy of the tensors
     RING = "ring"  # a staging ring of pinned chunks fed from the mapping
+    DISK = "disk"  # a staging ring whose chunks are read from the files with O_DIRECT (no page cache)
     # The fixed rule a run takes when it names no mode: registered where the device supports it, else
     # ring. (The command line's ``--host-memory auto`` is another thing: the fastest mode by prediction.)
     PREFERRED = "preferred"
@@ -104,6 +107,8 @@ def default_ring_threads(device: Device) -> int:
 
 _PINNED_ALIGN = 4096
 
+_Resource = HostBuffer | StagingRing | FileReader  # what HostWeights closes, last-made first
+
 
 class HostWeights(Mapping[str, HostSource], Closing):
     """A model's tensors (routers and experts) by name, each a HostSource in host memory.
@@ -119,7 +124,7 @@ class HostWeights(Mapping[str, HostSource], Closing):
         device: Device,
         mode: HostMemoryMode,
         regions: dict[str, HostSource],
-        resources: list[HostBuffer | StagingRing],
+        resources: list[_Resource],
         stats: HostWeightsStats,
         owns_model: bool,
     ) -> None:
@@ -141,19 +146,21 @@ class HostWeights(Mapping[str, HostSource], Closing):
         *,
         ring: RingOptions = RingOptions(),
         copied_to: Mapping[str, Device] | None = None,
+        opener: Opener = os.open,
     ) -> HostWeights:
         """Place the tensors of a model (or of the GGUF file at a path, opened and owned here).
 
         ``ring``: the staging ring's options, used where the mode is (or falls back to) a ring.
         ``copied_to`` names, for a layer split, the device a tensor is copied to where it is not
-        ``device``; only a staging ring depends on it.
+        ``device``; only a staging ring depends on it. ``opener`` opens the model's files for mode
+        disk, as ``os.open`` does.
         """
         requested = _parse_mode(mode)
         owns_model = not isinstance(model_or_path, MoeModel)
         model = MoeModel.open(model_or_path) if not isinstance(model_or_path, MoeModel) else model_or_path
         try:
             targets = dict(copied_to or {})
-            placed = _place(model, device, requested, ring, targets)
+            placed = _place(model, device, requested, ring, targets, opener)
             return cls(model, device, *placed, owns_model=owns_model)
         except BaseException:
             if owns_model:
@@ -165,7 +172,7 @@ class HostWeights(Mapping[str, HostSource], Closing):
 
     @property
     def rings(self) -> tuple[StagingRing, ...]:
-        """The staging rings the tensors are copied through (one per target device; none outside mode ring)."""
+        """The staging rings the tensors are copied through (one per target device; none but in ring and disk)."""
         return tuple(r for r in self._resources if isinstance(r, StagingRing))
 
     def ring_stats(self) -> RingStats | None:
@@ -205,13 +212,19 @@ def _parse_mode(mode: HostMemoryMode | str) -> HostMemoryMode:
         ) from None
 
 
-_Placement = tuple[HostMemoryMode, dict[str, HostSource], list[HostBuffer | StagingRing], HostWeightsStats]
+_Placement = tuple[HostMemoryMode, dict[str, HostSource], list[_Resource], HostWeightsStats]
 
 
 def _place(
-    model: MoeModel, device: Device, requested: HostMemoryMode, ring: RingOptions, targets: dict[str, Device]
+    model: MoeModel,
+    device: Device,
+    requested: HostMemoryMode,
+    ring: RingOptions,
+    targets: dict[str, Device],
+    opener: Opener,
 ) -> _Placement:
-    """One mapping (and registration) per shard; a ring (one per target device) reads every shard's mapping."""
+    """One mapping (and registration) per shard; a ring (one per target device) reads every shard's mapping,
+    or, in mode disk, every shard's file."""
     stats = HostWeightsStats()
     tensors = list(model.tensors.values())
     if requested is HostMemoryMode.PINNED:
@@ -219,8 +232,9 @@ def _place(
         stats.pinned_bytes = pinned.nbytes
         return requested, regions, [pinned], stats
     mappings = _wrap_mappings(model, device)
-    resources: list[HostBuffer | StagingRing] = list(mappings)
+    resources: list[_Resource] = list(mappings)
     refused: str | None = None  # why registration was refused, if it was
+    reader: FileReader | None = None
     try:
         if requested is HostMemoryMode.MMAP:
             return requested, _regions(mappings, tensors), list(mappings), stats
@@ -234,6 +248,10 @@ def _place(
             _close_all(mappings)
             mappings = _wrap_mappings(model, device)
             resources = list(mappings)
+        if requested is HostMemoryMode.DISK:
+            # Closed after the rings that read through it (resources close in reverse).
+            reader = FileReader(model.paths, opener=opener)
+            resources.append(reader)
         ring_regions: dict[str, HostSource] = {}
         by_device: dict[Device, list[TensorInfo]] = {}
         for t in tensors:
@@ -251,6 +269,7 @@ def _place(
                 part_bytes=ring.part_bytes,
                 fill=ring.fill,
                 max_copy_bytes=largest,
+                reader=reader,
             )
             # Closed in reverse: a ring (which waits for its DMAs) before the mappings it reads.
             resources.append(staging)
@@ -258,10 +277,12 @@ def _place(
             ring_regions.update({t.name: staging.region(t.offset, t.nbytes, t.shard) for t in mine})
         if refused is not None:
             _note_fallback(stats, requested, refused, tensors, staging)
+        if reader is not None and reader.fallback_reason is not None:
+            _note_buffered_reads(stats, reader.fallback_reason, tensors, staging)
     except BaseException:
         _close_all(resources)
         raise
-    return HostMemoryMode.RING, ring_regions, resources, stats
+    return HostMemoryMode.DISK if reader is not None else HostMemoryMode.RING, ring_regions, resources, stats
 
 
 def _wrap_mappings(model: MoeModel, device: Device) -> list[HostBuffer]:
@@ -275,7 +296,7 @@ def _wrap_mappings(model: MoeModel, device: Device) -> list[HostBuffer]:
     return mappings
 
 
-def _close_all(buffers: Sequence[HostBuffer | StagingRing]) -> None:
+def _close_all(buffers: Sequence[_Resource]) -> None:
     with ExitStack() as stack:
         for buffer in buffers:
             stack.callback(buffer.close)
@@ -328,6 +349,20 @@ def _note_fallback(
         ring.chunk_bytes,
         ring.threads,
         workers,
+    )
+
+
+def _note_buffered_reads(stats: HostWeightsStats, reason: str, tensors: list[TensorInfo], ring: StagingRing) -> None:
+    stats.fallbacks.append(HostMemoryFallback(HostMemoryMode.DISK, HostMemoryMode.DISK, f"buffered reads: {reason}"))
+    log.warning(
+        "%s: %s; reading %d bytes of tensors through the page cache instead (each read dropped from it "
+        "afterwards) into a staging ring of %d x %d pinned bytes by %d threads",
+        ring.device.label,
+        reason,
+        sum(t.nbytes for t in tensors),
+        ring.chunks,
+        ring.chunk_bytes,
+        ring.threads,
     )
 
 

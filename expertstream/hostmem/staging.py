@@ -3,7 +3,8 @@
 A mechanism only: it copies any byte range of one of a few pageable HostBuffers (the mappings
 of a model's shards) to a device at DMA speed through one set of page-locked chunks. Which
 tensors go through it is ``placement``'s decision. The workers that fill the chunks are processes
-where they can be (``fillproc``: on a GPU, sources that map files, Linux), else threads.
+where they can be (``fillproc``: on a GPU, sources that map files, Linux), else threads. Given a
+``FileReader`` (mode disk), threads read the chunks' bytes from the files instead of the mappings.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from .._closing import Closing
 from ..backends.base import DeviceBuffer, Event, HostBuffer, Stream, check_range
 from ..errors import BackendError, InvalidArgument, UseAfterClose
 from ..scheduler.source import HostRegion, HostSource, argument_kind
+from .diskread import FileReader
 from .fillproc import FileSpan, FillProcessError, FillProcesses, SharedChunks, close_spans, file_spans
 
 log = logging.getLogger(__name__)
@@ -67,6 +69,19 @@ def _parse_fill(fill: RingFill | str) -> RingFill:
         ) from None
 
 
+def _fill_with_reader(fill: RingFill, reader: FileReader | None, sources: int) -> tuple[RingFill, str | None]:
+    """Who fills a ring that reads from files (threads: a read releases the interpreter lock, so they
+    keep several in flight), and why where processes were asked for."""
+    if reader is None:
+        return fill, None
+    if len(reader.paths) != sources:
+        raise InvalidArgument(
+            f"a staging ring's reader names {len(reader.paths)} files for {sources} sources", call="StagingRing"
+        )
+    note = "reads from the files are made by threads" if fill is RingFill.PROCESSES else None
+    return RingFill.THREADS, note
+
+
 @dataclass
 class RingStats:
     """Where a staging ring's workers spent their time (backend.host.timestamp, virtual on the simulator).
@@ -101,6 +116,7 @@ class _Chunk:
     index: int
     buffer: HostBuffer  # one pinned chunk
     free_event: Event  # recorded after the last DMA that read this chunk
+    base: int = 0  # where fills start in the buffer: the first aligned byte, for reads from a file
 
 
 @dataclass(frozen=True)
@@ -120,12 +136,24 @@ class _ProcessPart:
 
 
 @dataclass(frozen=True)
+class _Read:
+    """One part of a chunk's fill read from a file: aligned offset, place in the chunk and size."""
+
+    source: int
+    file_offset: int
+    chunk_offset: int
+    nbytes: int
+    wanted: int  # the bytes that must come: those before the piece's end
+
+
+@dataclass(frozen=True)
 class _Fill:
     piece: _Piece
     chunk: _Chunk
     # Thread fills: each part returns the filling thread's clock when done. Process fills: where
     # each part was sent.
     parts: tuple[Future[float], ...] | tuple[_ProcessPart, ...]
+    chunk_offset: int = 0  # where the piece's bytes begin in the chunk (a read from a file starts aligned below)
 
 
 def _host_buffers(sources: object) -> tuple[HostBuffer, ...]:
@@ -161,6 +189,10 @@ class StagingRing(Closing):
     fill processes fail, the ring says so once in the log, drops their fills and goes on with
     threads (``fill`` turns to THREADS, ``fill_note`` says why).
 
+    ``reader``: the files behind the sources (source i is the whole of file i), read with
+    O_DIRECT into the chunks by the threads instead of copying from the sources; each chunk has
+    room for a piece rounded out to the reader's alignment.
+
     ``copy`` blocks the calling thread until the last piece is enqueued; call it from a
     copy worker. One caller at a time: concurrent callers are serialized by a lock.
     """
@@ -175,12 +207,15 @@ class StagingRing(Closing):
         part_bytes: int | None = None,
         fill: RingFill | str = RingFill.AUTO,
         max_copy_bytes: int | None = None,
+        reader: FileReader | None = None,
     ) -> None:
         self.sources = (sources,) if isinstance(sources, HostBuffer) else _host_buffers(sources)
         if not self.sources or any(s.device is not self.sources[0].device for s in self.sources):
             raise InvalidArgument("a staging ring needs one or more sources of one device", call="StagingRing")
+        self._reader = reader
         self.device = self.sources[0].device
-        fill = _parse_fill(fill)
+        # Why the chunks are filled by threads where processes were meant.
+        fill, self.fill_note = _fill_with_reader(_parse_fill(fill), reader, len(self.sources))
         given = {"chunk_bytes": chunk_bytes, "chunks": chunks, "part_bytes": part_bytes}
         least = {"chunk_bytes": 1, "chunks": 2, "part_bytes": 1}
         if threads < 1 or any(value is not None and value < least[key] for key, value in given.items()):
@@ -189,7 +224,6 @@ class StagingRing(Closing):
                 f"{chunk_bytes}, {chunks}, {threads}, {part_bytes}",
                 call="StagingRing",
             )
-        self.fill_note: str | None = None  # why the chunks are filled by threads where processes were meant
         backend = self.device.backend
         # The simulator times threads: a process's copies would take no time there. Under auto it
         # stands for its profile's machine: where that fills with processes, timed threads are
@@ -223,12 +257,7 @@ class StagingRing(Closing):
                 self._start_processes(spans, chunks, threads)
             if self._processes is None:
                 for index in range(chunks):
-                    buffer = self.device.alloc_pinned(chunk_bytes)
-                    try:
-                        self._chunks.append(_Chunk(index, buffer, self.device.event()))
-                    except BaseException:
-                        buffer.close()
-                        raise
+                    self._chunks.append(self._new_chunk(index))
         except BaseException:
             self._free_chunks()
             raise
@@ -261,6 +290,17 @@ class StagingRing(Closing):
         self.unannounced_copies = 0  # copies that were not expected: they waited for a fill of their own
         self.skipped_copies = 0  # expected copies never asked for before a later one was
         self.closed = False
+
+    def _new_chunk(self, index: int) -> _Chunk:
+        """A pinned chunk; for reads from files, with room to start at an aligned address and round a piece out."""
+        align = 1 if self._reader is None else self._reader.alignment
+        slack = 0 if self._reader is None else 3 * align  # the address's, the piece's head's and its tail's
+        buffer = self.device.alloc_pinned(self.chunk_bytes + slack)
+        try:
+            return _Chunk(index, buffer, self.device.event(), -buffer.address % align)
+        except BaseException:
+            buffer.close()
+            raise
 
     def _start_processes(self, spans: Sequence[FileSpan], chunks: int, count: int) -> None:
         """Fill processes and their shared chunks; on failure, a note and threads instead."""
@@ -440,7 +480,9 @@ class StagingRing(Closing):
                 continue
             self._ahead.popleft()
             with self.device.backend.host.bare_calls():
-                stream.copy_h2d(dst, dst_offset + fill.piece.offset, fill.chunk.buffer, 0, fill.piece.nbytes)
+                stream.copy_h2d(
+                    dst, dst_offset + fill.piece.offset, fill.chunk.buffer, fill.chunk_offset, fill.piece.nbytes
+                )
                 stream.record(fill.chunk.free_event)
             self.bytes_staged += fill.piece.nbytes
             self._top_up()  # the next fill takes the chunk just handed to the DMA, once it is read
@@ -462,7 +504,7 @@ class StagingRing(Closing):
         if starting <= 0:
             return
         pieces = [self._queue.popleft() for _ in range(starting)]
-        spans = [_parts(piece.nbytes, len(self._workers), self.part_bytes) for piece in pieces]
+        spans = [self._spans(piece) for piece in pieces]
         in_flight = sum(len(fill.parts) for fill in self._ahead) + sum(len(parts) for parts in spans)
         sharing = min(len(self._workers), in_flight)
         for index, (piece, parts) in enumerate(zip(pieces, spans, strict=True)):
@@ -505,6 +547,13 @@ class StagingRing(Closing):
             if part.exception() is None:
                 self.device.backend.host.resume_at(part.result())
 
+    def _spans(self, piece: _Piece) -> list[tuple[int, int]]:
+        """(offset, size) of the parts of a piece's fill: of its bytes, or of the aligned read that holds them."""
+        if self._reader is None:
+            return _parts(piece.nbytes, len(self._workers), self.part_bytes)
+        extent = self._reader.extent(piece.src_offset, piece.nbytes)
+        return _parts(extent.nbytes, len(self._workers), self.part_bytes, self._reader.alignment)
+
     def _start_fill(self, piece: _Piece, spans: list[tuple[int, int]], sharing: int) -> _Fill:
         chunk = self._chunks[self._next_chunk]
         self._next_chunk = (self._next_chunk + 1) % len(self._chunks)
@@ -512,6 +561,8 @@ class StagingRing(Closing):
             self._wait_chunk(chunk)
         if self._processes is not None:
             return _Fill(piece, chunk, self._send_parts(chunk, piece, spans))
+        if self._reader is not None:
+            return self._start_reads(chunk, piece, spans, sharing)
         handoff = self.device.backend.host.timestamp()
         parts = []
         for offset, n in spans:
@@ -523,6 +574,44 @@ class StagingRing(Closing):
                 )
             )
         return _Fill(piece, chunk, tuple(parts))
+
+    def _start_reads(self, chunk: _Chunk, piece: _Piece, spans: list[tuple[int, int]], sharing: int) -> _Fill:
+        """Hand the parts of the aligned read that holds a piece to the threads in turn."""
+        assert self._reader is not None
+        extent = self._reader.extent(piece.src_offset, piece.nbytes)
+        source = self.sources.index(piece.source)
+        handoff = self.device.backend.host.timestamp()
+        parts = []
+        for offset, n in spans:
+            worker = self._workers[self._next_worker]
+            self._next_worker = (self._next_worker + 1) % len(self._workers)
+            # The bytes of this part the piece needs: those before its end (the rest may lie past the file's).
+            wanted = min(n, extent.head + piece.nbytes - offset)
+            read = _Read(source, extent.start + offset, chunk.base + offset, n, wanted)
+            parts.append(worker.submit(self._read_part, chunk, read, handoff, sharing))
+        return _Fill(piece, chunk, tuple(parts), chunk.base + extent.head)
+
+    def _read_part(self, chunk: _Chunk, read: _Read, handoff: float, sharing: int) -> float:
+        reader = self._reader
+        assert reader is not None
+        backend = self.device.backend
+        backend.host.resume_at(handoff)
+        start = backend.host.timestamp()
+        chunk.free_event.synchronize()
+        reading = backend.host.timestamp()
+        backend.host.read_into(
+            chunk.buffer,
+            read.chunk_offset,
+            read.nbytes,
+            lambda into: reader.read(read.source, read.file_offset, into, read.wanted),
+            sharing=sharing,
+        )
+        end = backend.host.timestamp()
+        with self._stats_lock:
+            self._stats.chunk_wait_s += reading - start
+            self._stats.fill_s += end - reading
+            self._stats.bytes_filled += read.nbytes
+        return end
 
     def _wait_chunk(self, chunk: _Chunk) -> None:
         """The caller waits for the chunk's last DMA (fill processes cannot wait for it themselves)."""
@@ -646,10 +735,12 @@ def _pieces(
     ]
 
 
-def _parts(nbytes: int, threads: int, part_bytes: int) -> list[tuple[int, int]]:
-    """(offset, size) of the pieces one chunk fill is split into, one per thread at most."""
+def _parts(nbytes: int, threads: int, part_bytes: int, align: int = 1) -> list[tuple[int, int]]:
+    """(offset, size) of the pieces one chunk fill is split into, one per thread at most, each
+    starting at a multiple of ``align``."""
     count = max(1, min(threads, nbytes // part_bytes))
     step = -(-nbytes // count)
+    step = -(-step // align) * align
     return [(start, min(step, nbytes - start)) for start in range(0, nbytes, step)]
 
 

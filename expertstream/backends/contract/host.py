@@ -10,11 +10,12 @@ memcpy and this host's own defaults: what ``Host`` does.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import numpy as np
 
+from ...errors import InvalidArgument
 from .memory import HostBuffer, check_range, check_sharing
 
 
@@ -79,6 +80,22 @@ class Host:
         check_copy(dst, dst_offset, src, src_offset, nbytes, sharing)
         np.copyto(dst.array[dst_offset : dst_offset + nbytes], src.array[src_offset : src_offset + nbytes])
 
+    def read_into(
+        self,
+        dst: HostBuffer,
+        dst_offset: int,
+        nbytes: int,
+        read: Callable[[memoryview], None],
+        *,
+        sharing: int = 1,
+    ) -> None:
+        """``read`` writes bytes ``[dst_offset, dst_offset + nbytes)`` of ``dst`` in the calling thread
+        (a file read into a staging chunk). The simulator checks the write as it checks a copy's and,
+        having no model of a drive, charges it as a host copy of ``nbytes`` (``sharing`` as for
+        ``copy``)."""
+        check_read_into(dst, dst_offset, nbytes, sharing)
+        read(dst.array[dst_offset : dst_offset + nbytes].data)
+
 
 def check_copy(dst: HostBuffer, dst_offset: int, src: HostBuffer, src_offset: int, nbytes: int, sharing: int) -> None:
     """The checks of every ``Host.copy``: both ranges inside open buffers, a count of copies sharing the bus."""
@@ -88,4 +105,13 @@ def check_copy(dst: HostBuffer, dst_offset: int, src: HostBuffer, src_offset: in
     check_sharing(call, sharing)
 
 
-__all__ = ["Host", "check_copy"]
+def check_read_into(dst: HostBuffer, dst_offset: int, nbytes: int, sharing: int) -> None:
+    """The checks of every ``Host.read_into``: the range inside an open, writable buffer."""
+    call = "Host.read_into"
+    check_range(call, dst, dst_offset, nbytes)
+    check_sharing(call, sharing)
+    if dst.read_only:
+        raise InvalidArgument("cannot read into read-only host memory", call=call, device=dst.device.label)
+
+
+__all__ = ["Host", "check_copy", "check_read_into"]

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from ..base import Backend, Host, HostBuffer
-from ..contract.host import check_copy
+from ..contract.host import check_copy, check_read_into
 from .core import Simulation
 from .engine import HostTimestamp
 from .hazards import Touch
@@ -76,6 +76,24 @@ class SimHost(Host):
         if self._sim.data:  # timing-only: placeholder memory is never touched
             super().copy(dst, dst_offset, src, src_offset, nbytes, sharing=sharing, fixed_cost=fixed_cost)
         self._sim.host_copy(nbytes, sharing, fixed_cost=fixed_cost)
+
+    def read_into(
+        self,
+        dst: HostBuffer,
+        dst_offset: int,
+        nbytes: int,
+        read: Callable[[memoryview], None],
+        *,
+        sharing: int = 1,
+    ) -> None:
+        """A read into host memory on the calling thread, checked as a copy's write and timed as a
+        host copy of ``nbytes`` (the profile has no rate for a drive)."""
+        check_read_into(dst, dst_offset, nbytes, sharing)
+        check_own_host(self._backend, dst, "Host.read_into")
+        self._sim.host_access((Touch(dst, dst_offset, dst_offset + nbytes, write=True),), "host read", "Host.read_into")
+        if self._sim.data:  # timing-only: placeholder memory is never touched
+            super().read_into(dst, dst_offset, nbytes, read, sharing=sharing)
+        self._sim.host_copy(nbytes, sharing)
 
 
 __all__ = ["SimHost"]

@@ -1,0 +1,288 @@
+"""Mode disk: the staging ring's chunks read from the files (O_DIRECT, else buffered and dropped), byte-exact."""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from expertstream.backends.base import Backend, Device
+from expertstream.cli import main
+from expertstream.engine.model import Model, Options
+from expertstream.errors import HazardError, InvalidArgument
+from expertstream.hostmem import (
+    DiskReadError,
+    FileReader,
+    HostMemoryMode,
+    HostWeights,
+    RingOptions,
+    StagingRing,
+    diskread,
+)
+
+from .patterns import pattern
+
+# Small chunks and parts: tensors of the tiny preset (221184 bytes) span several chunks, each
+# read in several aligned parts by several threads.
+SMALL_DISK_RING = RingOptions(chunks=3, chunk_bytes=50_000, threads=3, part_bytes=8192)
+SMALL = ["--tokens", "32", "--ubatch", "16", "-r", "1", "--slots", "0,2"]
+
+
+def _refusing_direct(opened: list[int]) -> diskread.Opener:
+    """Opens as os.open does, but refuses O_DIRECT as tmpfs once did (EINVAL); records the flags asked for."""
+
+    def opener(path: str, flags: int) -> int:
+        opened.append(flags)
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL), path)
+        return os.open(path, flags)
+
+    return opener
+
+
+@pytest.fixture
+def buffered(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[int, int, int]]]:
+    """The O_DIRECT-refused path: reads through the page cache; yields the DONTNEED advice given."""
+    advised: list[tuple[int, int, int]] = []
+    real = os.posix_fadvise
+
+    def recording(fd: int, offset: int, length: int, advice: int) -> None:
+        advised.append((offset, length, advice))
+        real(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", recording)
+    yield advised
+
+
+def _direct_supported(path: Path) -> bool:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            return False
+        raise
+    os.close(fd)
+    return True
+
+
+def _copy_all(weights: HostWeights, device: Device) -> dict[str, np.ndarray]:
+    """Every tensor copied to the device through its region, read back."""
+    out: dict[str, np.ndarray] = {}
+    with device.stream() as stream:
+        buffers = {name: device.alloc(weights[name].nbytes) for name in weights}
+        for name, dst in buffers.items():
+            weights[name].enqueue_h2d(stream, dst, 0, 0, weights[name].nbytes)
+        stream.synchronize()
+    for name, dst in buffers.items():
+        out[name] = dst.read()
+        dst.close()
+    return out
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["o_direct", "buffered"])
+def test_every_tensor_arrives_as_the_file_holds_it(
+    backend: Backend, tiny_path: Path, direct: bool, buffered: list[tuple[int, int, int]]
+) -> None:
+    if direct and not _direct_supported(tiny_path):
+        pytest.skip(f"the filesystem of {tiny_path} refuses O_DIRECT")
+    opener = os.open if direct else _refusing_direct([])
+    device = backend.device(0)
+    with HostWeights.open(tiny_path, device, HostMemoryMode.DISK, ring=SMALL_DISK_RING, opener=opener) as weights:
+        assert weights.mode is HostMemoryMode.DISK
+        (ring,) = weights.rings
+        assert ring.chunk_bytes == 50_000
+        copied = _copy_all(weights, device)
+        file_bytes = tiny_path.read_bytes()
+        tensors = weights.model.tensors.values()
+        # Offsets off the alignment, and (chunks of 50000 bytes) pieces of odd lengths at odd offsets.
+        assert any(t.offset % 4096 for t in tensors) and any(t.nbytes > 50_000 for t in tensors)
+        for name, info in weights.model.tensors.items():
+            assert copied[name].tobytes() == file_bytes[info.offset : info.offset + info.nbytes], name
+    # Buffered reads drop what they read from the page cache; O_DIRECT reads never put it there.
+    assert bool(buffered) is not direct
+    assert all(advice == os.POSIX_FADV_DONTNEED for _, _, advice in buffered)
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["o_direct", "buffered"])
+def test_odd_ranges_spanning_chunks_are_exact(backend: Backend, tmp_path: Path, direct: bool) -> None:
+    data = pattern(5 * 4096 + 777)
+    path = tmp_path / "bytes.bin"
+    path.write_bytes(data.tobytes())
+    if direct and not _direct_supported(path):
+        pytest.skip(f"the filesystem of {path} refuses O_DIRECT")
+    device = backend.device(0)
+    opener = os.open if direct else _refusing_direct([])
+    # Ranges that start and end off the alignment, cross chunk (6000) and part (4096) boundaries,
+    # and reach the file's last, partial block.
+    cuts = [(1, 1), (3, 4093), (4095, 2), (4097, 6001), (777, 13_333), (9000, data.nbytes - 9000), (0, data.nbytes)]
+    with (
+        FileReader([path], opener=opener) as reader,
+        StagingRing(
+            device.wrap_host(np.fromfile(path, dtype=np.uint8)),
+            threads=3,
+            chunks=2,
+            chunk_bytes=6000,
+            part_bytes=4096,
+            reader=reader,
+        ) as ring,
+    ):
+        assert reader.direct is direct
+        with device.stream() as stream:
+            buffers = []
+            for start, nbytes in cuts:
+                dst = device.alloc(nbytes)
+                ring.region(0, data.nbytes).enqueue_h2d(stream, dst, 0, start, nbytes)
+                buffers.append(dst)
+            stream.synchronize()
+        for (start, nbytes), dst in zip(cuts, buffers, strict=True):
+            assert np.array_equal(dst.read(), data[start : start + nbytes]), (start, nbytes)
+            dst.close()
+
+
+def test_refused_o_direct_falls_back_once_with_a_warning(
+    backend: Backend, tiny_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    opened: list[int] = []
+    with (
+        caplog.at_level(logging.WARNING, logger="expertstream.hostmem"),
+        HostWeights.open(
+            tiny_path, backend.device(0), HostMemoryMode.DISK, ring=SMALL_DISK_RING, opener=_refusing_direct(opened)
+        ) as weights,
+    ):
+        assert weights.mode is HostMemoryMode.DISK
+        (fallback,) = weights.stats.fallbacks
+        assert (fallback.requested, fallback.used) == (HostMemoryMode.DISK, HostMemoryMode.DISK)
+        assert "refuses O_DIRECT" in fallback.reason and str(tiny_path) in fallback.reason
+    assert [bool(flags & os.O_DIRECT) for flags in opened] == [True, False]
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "page cache" in warnings[0].getMessage()
+
+
+def test_a_file_shorter_than_its_tensors_stops_the_copy_naming_file_and_offset(
+    backend: Backend, tiny_path: Path, tmp_path: Path
+) -> None:
+    path = tmp_path / "short.gguf"
+    shutil.copyfile(tiny_path, path)
+    device = backend.device(0)
+    with HostWeights.open(path, device, HostMemoryMode.DISK, ring=SMALL_DISK_RING) as weights:
+        last = max(weights.model.tensors.values(), key=lambda t: t.offset)
+        keep = last.offset + 1000  # the last tensor loses all but its first 1000 bytes
+        os.truncate(path, keep)
+        dst = device.alloc(last.nbytes)
+        with device.stream() as stream:
+            with pytest.raises(DiskReadError) as raised:
+                weights[last.name].enqueue_h2d(stream, dst, 0, 0, last.nbytes)
+            error = raised.value
+            assert error.path == path and error.offset is not None
+            assert last.offset - 4096 < error.offset < last.offset + last.nbytes
+            message = str(error)
+            assert "\n" not in message and str(path) in message and f"offset {error.offset}" in message
+            assert f"ends at byte {keep}" in message
+            # The ring stays usable for what the file still holds.
+            first = min(weights.model.tensors.values(), key=lambda t: t.offset)
+            weights[first.name].enqueue_h2d(stream, dst, 0, 0, first.nbytes)
+            stream.synchronize()
+        assert dst.read(0, first.nbytes).tobytes() == path.read_bytes()[first.offset : first.end]
+        dst.close()
+
+
+def test_a_read_that_fails_names_file_and_offset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "bytes.bin"
+    path.write_bytes(bytes(3 * 4096))
+
+    def failing(fd: int, buffers: list[memoryview], offset: int) -> int:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    with FileReader([path]) as reader:
+        monkeypatch.setattr(os, "preadv", failing)
+        with pytest.raises(DiskReadError, match=rf"{path} at offset 4096: .*{os.strerror(errno.EIO)}"):
+            reader.read(0, 4096, memoryview(bytearray(4096)), 4096)
+
+
+def test_a_prefill_through_disk_gives_the_hash_of_pinned_and_ring(
+    backend: Backend, tiny_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(
+        ["prefill", str(tiny_path), "--backend", backend.name, *SMALL, "--host-memory", "pinned,ring,disk", "--json"]
+    )
+    out, _ = capsys.readouterr()
+    assert code == 0
+    rows = json.loads(out)["rows"]
+    assert sorted({r["host_memory"] for r in rows}) == ["disk", "pinned", "ring"] and len(rows) == 6
+    assert len({r["output_sha256"] for r in rows}) == 1
+    assert len({r["prefill_sha256"] for r in rows}) == 1
+
+
+def test_a_short_file_stops_prefill_with_one_line_and_no_rows(
+    backend: Backend,
+    tiny_path: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    path = tmp_path / "short.gguf"
+    shutil.copyfile(tiny_path, path)
+    with HostWeights.open(tiny_path, backend.device(0), HostMemoryMode.MMAP) as weights:
+        last = max(weights.model.tensors.values(), key=lambda t: t.offset)
+    real_init = FileReader.__init__
+
+    def truncating(self: FileReader, paths: list[Path], **kwargs: diskread.Opener) -> None:
+        real_init(self, paths, **kwargs)
+        # After the header was read and the file opened: the last tensor loses all but 1000 bytes.
+        os.truncate(path, last.offset + 1000)
+
+    monkeypatch.setattr(FileReader, "__init__", truncating)
+    code = main(["prefill", str(path), "--backend", backend.name, *SMALL, "--host-memory", "disk", "--json"])
+    out, err = capsys.readouterr()
+    assert code != 0 and out == ""
+    (line,) = err.strip().splitlines()
+    assert line.startswith("expertstream: error: reading ") and str(path) in line and "offset" in line
+
+
+def test_the_engine_takes_host_memory_disk(backend: Backend, tiny_path: Path) -> None:
+    with Model.open(tiny_path, backend=backend, options=Options(host_memory="disk")) as model:
+        assert model.weights.mode is HostMemoryMode.DISK
+
+
+def test_disk_reads_are_made_by_threads_where_processes_were_asked(
+    backend: Backend, tiny_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    options = RingOptions(fill="processes", threads=2, chunks=2, chunk_bytes=64 * 1024)
+    with (
+        caplog.at_level(logging.WARNING, logger="expertstream.hostmem"),
+        HostWeights.open(tiny_path, backend.device(0), HostMemoryMode.DISK, ring=options) as weights,
+    ):
+        (ring,) = weights.rings
+        assert ring.fill.value == "threads" and ring.fill_note == "reads from the files are made by threads"
+    assert any("made by threads" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+
+
+def test_a_read_into_read_only_host_memory_is_refused(backend: Backend) -> None:
+    device = backend.device(0)
+    source = device.wrap_host(np.frombuffer(bytes(4096), dtype=np.uint8))
+    with pytest.raises(InvalidArgument, match="read-only"):
+        backend.host.read_into(source, 0, 4096, lambda into: None)
+
+
+def test_a_read_into_a_chunk_a_copy_still_reads_is_a_hazard(backend: Backend) -> None:
+    if not backend.host.virtual_time:
+        pytest.skip("only the simulator checks host accesses against device work")
+    device = backend.device(0)
+    with device.alloc_pinned(4096) as chunk, device.alloc(4096) as dst, device.stream() as stream:
+        stream.copy_h2d(dst, 0, chunk, 0, 4096)
+        with pytest.raises(HazardError):
+            backend.host.read_into(chunk, 0, 4096, lambda into: None)
+        stream.synchronize()
+
+        def write_x(into: memoryview) -> None:
+            into[0:1] = b"x"
+
+        backend.host.read_into(chunk, 0, 4096, write_x)
+        assert chunk.numpy(0, 1).tobytes() == b"x"
