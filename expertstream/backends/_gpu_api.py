@@ -284,7 +284,7 @@ class ApiTable:
     # kernels
     compile_options: Callable[[str], list[bytes]]  # arch -> compiler options
     compiler_version: Call  # () -> (major, minor) of NVRTC or hipRTC
-    matrix_cores: Callable[[str], bool]  # arch -> whether it has the bf16 matrix instructions kernels use
+    matrix_cores: Callable[[str], bool]  # arch -> whether it has the bf16/f16 matrix instructions kernels use
     int8_matrix_cores: Callable[[str], bool]  # arch -> whether it has the int8 ones int8.cu uses
     mma_fragments: Callable[[str], bool]  # arch -> whether direct.cu's mma.sync fragment layout applies
     program_create: Call  # (source bytes, name bytes) -> program

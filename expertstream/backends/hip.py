@@ -150,7 +150,7 @@ def _arch(gcn_arch_name: Any) -> str:
 
 
 # MFMA with bf16 inputs (CDNA2, CDNA3) and WMMA (RDNA3, RDNA3.5, RDNA4): the targets mma.cu's
-# matrix step has a path for.
+# matrix step has a path for (bf16 for mul_mat_id, f16 for attention's prefill).
 _MATRIX_CORE_ARCHS = re.compile(r"gfx(90a|94[0-2]|110[0-3]|115[0-2]|120[01])")
 
 

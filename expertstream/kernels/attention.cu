@@ -11,11 +11,13 @@
 // anything, NaN included, and tiles outside that union are skipped.
 //
 // - attn_prefill_simt_d*: one block per (32 queries, head), float32 FMAs: any device.
-// - attn_prefill_mma_d*: one block per (64 queries, head), Q.K^T and P.V by f16 mma.sync
-//   m16n8k16 with float32 accumulation (NVIDIA sm_80+; the launcher picks it where
-//   Capabilities.mma_fragments is set). Q is scaled, then rounded to f16; P is rounded to f16
-//   for P.V while l sums the unrounded values. Elsewhere it takes the SIMT steps over its rows in
-//   two halves, so the source compiles and runs on every target.
+// - attn_prefill_mma_d*: one block per (64 queries, head), Q.K^T and P.V on f16 matrix
+//   instructions with float32 accumulation (the launcher picks it where
+//   Capabilities.matrix_cores is set). Q is scaled, then rounded to f16; P is rounded to f16 for
+//   P.V while l sums the unrounded values. NVIDIA sm_80+ runs its own kernel on mma.sync m16n8k16
+//   fragments; every other target runs one written on mma.cu's matrix-step interface
+//   (v_mfma_f32_16x16x16f16 on AMD CDNA, v_wmma_f32_16x16x16_f16 on RDNA3/RDNA4, and the
+//   interface's generic FMA step elsewhere, so the source compiles and runs on every target).
 // - attn_decode_d* + attn_decode_combine: split-K (flash-decoding) for a few tokens: one block per
 //   (chunk of ATTN_DECODE_CHUNK keys, KV head, 8 (token, head) rows) writes each row's m, l and
 //   partial o; blocks whose chunk no row sees return at once. The combine kernel then merges a
@@ -71,6 +73,20 @@ __device__ float attn_half_low(unsigned int w) {
 
 __device__ float attn_half_high(unsigned int w) {
     return attn_half_low(w >> 16);
+}
+
+// The 16-byte part `part` of cache row j of KV head g, from the key and the value cache, or zeros
+// where j is outside [first, last] (nothing read).
+template <int D>
+__device__ void attn_cache_part(const unsigned short* k_cache, const unsigned short* v_cache, int n_head_kv, int g,
+                                int j, int part, int first, int last, attn_words4* kw, attn_words4* vw) {
+    *kw = attn_words4{0u, 0u, 0u, 0u};
+    *vw = *kw;
+    if (j >= first && j <= last) {
+        const long long at = ((long long)j * n_head_kv + g) * D + 8 * part;
+        *kw = *(const attn_words4*)(k_cache + at);
+        *vw = *(const attn_words4*)(v_cache + at);
+    }
 }
 
 // A row's softmax state after its keys, with the sink logit (if any) joined: out = o / l, or 0
@@ -166,14 +182,8 @@ __device__ void attn_simt_rows(typename AttnSimt<D, ROWS>::Shared& sh, const uns
         for (int i = tid; i < ATTN_KEYS * PARTS; i += ATTN_THREADS) {
             const int jr = i / PARTS;
             const int part = i % PARTS;
-            const int j = j0 + jr;
-            attn_words4 kw = {0u, 0u, 0u, 0u};
-            attn_words4 vw = kw;
-            if (j >= first && j <= last) {
-                const long long at = ((long long)j * n_head_kv + g) * D + 8 * part;
-                kw = *(const attn_words4*)(k_cache + at);
-                vw = *(const attn_words4*)(v_cache + at);
-            }
+            attn_words4 kw, vw;
+            attn_cache_part<D>(k_cache, v_cache, n_head_kv, g, j0 + jr, part, first, last, &kw, &vw);
             unsigned int* k_to = sh.k + jr * A::K_LD + 4 * part;
             unsigned int* v_to = sh.v + jr * A::V_LD + 4 * part;
             k_to[0] = kw.x;
@@ -246,7 +256,6 @@ __device__ void attn_prefill_simt_rows(ATTN_PREFILL_PARAMS, int first_token) {
     __shared__ int row_head[ATTN_PREFILL_ROWS];
     const int head = blockIdx.y;
     const int tid = threadIdx.x;
-    __syncthreads();  // a second call reuses the shared tiles
     if (tid < ATTN_PREFILL_ROWS) {
         row_token[tid] = first_token + tid < n_tokens ? first_token + tid : -1;
         row_head[tid] = head;
@@ -394,7 +403,7 @@ extern "C" __global__ void attn_decode_combine(const float* __restrict__ partial
 }
 
 // ---------------------------------------------------------------------------------
-// The matrix-core prefill: 4 warps, each 16 queries of the block's 64, all against the same
+// The matrix-core prefill on NVIDIA: 4 warps, each 16 queries of the block's 64, all against the same
 // double-buffered tiles of ATTN_KEYS keys (cp.async, zero-filled outside the block's union).
 // A warp keeps its queries' A fragments (scale * q, f16) in registers for the whole kernel;
 // per tile it takes S = Q K^T (16 x 32, C fragments), masks, updates m and l (each lane its
@@ -644,14 +653,262 @@ __device__ void attn_prefill_mma(ATTN_PREFILL_PARAMS) {
     }
 }
 
+#else  // not ATTN_MMA_NVIDIA
+
+// ---------------------------------------------------------------------------------
+// The matrix-core prefill on mma.cu's interface (AMD's MFMA and WMMA, the generic step elsewhere):
+// the block's 64 queries in 16-query blocks, BLOCKS per wave, against staged tiles of ATTN_KEYS keys.
+// K is staged as stored and V transposed, so both are B blocks with k contiguous (k = d for
+// S = Q K^T, k = key for O = P V). A wave keeps its queries' A fragments (scale * q, f16) for the
+// whole kernel. Per tile:
+//   1. all threads stage K and V^T (zeros outside the block's union of visible rows);
+//   2. each wave that sees the tile takes S for its rows into the score tile, from the C elements
+//      its lanes hold (mma_row, mma_col), so no step depends on how a target spreads C over lanes;
+//   3. thread r (r < 64) updates query row r's running max and sum over the whole tile, in key
+//      order, and writes the row's P as f16 over the start of its own score row and the factor
+//      its o is rescaled by;
+//   4. each wave that sees the tile rescales its O blocks and adds P V.
+// A barrier separates the steps, and the next tile's staging waits for step 4. A wave whose queries
+// see none of a tile skips steps 2 and 4: its rows keep m, l and o (alpha is 1, or 0 where o is
+// still 0), and their P is 0. P shares the score tile so that the block's shared memory stays
+// under 48 KB at D = 128 (46 KB), the static limit of the NVIDIA targets before sm_80 that
+// compile this branch.
+// ---------------------------------------------------------------------------------
+
+template <int D> struct AttnWaves {
+    static const int BLOCKS = ATTN_MMA_ROWS / 16 / (ATTN_THREADS / MMA_WAVE);  // 16-query blocks per wave
+    static const int KS = D / 16;            // k steps of Q K^T, and 16-column blocks of O
+    static const int LD = D + 8;             // halves per Q and K row: 16-byte aligned, rows spread over banks
+    static const int VT_LD = ATTN_KEYS + 8;  // halves per V^T row (one row per d)
+    static const int S_LD = ATTN_KEYS + 4;   // floats per score row: 16-byte aligned for P's fragment loads
+    static const int P_LD = 2 * S_LD;        // halves per P row, P row r at the start of score row r
+    static_assert(ATTN_MMA_ROWS % (16 * (ATTN_THREADS / MMA_WAVE)) == 0, "whole query blocks per wave");
+    static_assert(ATTN_KEYS == 32 && ATTN_MMA_ROWS <= ATTN_THREADS, "two key blocks per tile, a thread per row");
+
+    struct Shared {
+        __attribute__((aligned(16))) unsigned short q[ATTN_MMA_ROWS * LD];
+        __attribute__((aligned(16))) unsigned short k[ATTN_KEYS * LD];
+        __attribute__((aligned(16))) unsigned short vt[D * VT_LD];
+        __attribute__((aligned(16))) float s[ATTN_MMA_ROWS * S_LD];
+        float alpha[ATTN_MMA_ROWS];  // what a row's o is rescaled by for the current tile
+        float inv[ATTN_MMA_ROWS];    // 1 / l, the sink joined, at the end
+        int lo[ATTN_MMA_ROWS];
+        int hi[ATTN_MMA_ROWS];
+    };
+};
+
+// Step 3 for query row r over the tile at j0: returns alpha. The row's scores are all read before
+// any of its P is written (every P depends on the tile's max), so P may overwrite them.
+template <int D>
+__device__ float attn_waves_row_update(typename AttnWaves<D>::Shared& sh, int r, int j0, float* m, float* l) {
+    typedef AttnWaves<D> W;
+    const float* s_row = sh.s + r * W::S_LD;
+    float score[ATTN_KEYS];
+    float tile_max = ATTN_NEG_INF;
+#pragma unroll
+    for (int jr = 0; jr < ATTN_KEYS; ++jr) {
+        const int j = j0 + jr;
+        score[jr] = j >= sh.lo[r] && j <= sh.hi[r] ? s_row[jr] : ATTN_NEG_INF;
+        tile_max = fmaxf(tile_max, score[jr]);
+    }
+    const float m_new = fmaxf(*m, tile_max);
+    const float m_use = m_new == ATTN_NEG_INF ? 0.0f : m_new;  // a row that saw nothing stays at zeros
+    const float alpha = expf(*m - m_use);
+    *m = m_new;
+    float sum = 0.0f;
+    unsigned short* p_row = (unsigned short*)(sh.s + r * W::S_LD);
+#pragma unroll
+    for (int jr = 0; jr < ATTN_KEYS; ++jr) {
+        const float p = expf(score[jr] - m_use);
+        sum += p;
+        p_row[jr] = (unsigned short)float_to_half_bits(p);
+    }
+    *l = *l * alpha + sum;
+    return alpha;
+}
+
+template <int D>
+__device__ void attn_prefill_waves(ATTN_PREFILL_PARAMS) {
+    typedef AttnWaves<D> W;
+    __shared__ typename W::Shared sh;
+    const int tid = threadIdx.x;
+    const int wave = tid / MMA_WAVE;
+    const int lane = tid % MMA_WAVE;
+    const int head = blockIdx.y;
+    const int g = head / (n_head / n_head_kv);
+    const int first_token = blockIdx.x * ATTN_MMA_ROWS;
+    const int wave_row = wave * W::BLOCKS * 16;  // the wave's first query row of the block
+    if (tid < ATTN_MMA_ROWS) {
+        attn_visible(positions, first_token + tid, n_tokens, kv_len, window, &sh.lo[tid], &sh.hi[tid]);
+    }
+    for (int i = tid; i < ATTN_MMA_ROWS * D / 2; i += ATTN_THREADS) {
+        const int r = i / (D / 2);
+        const int d = 2 * (i % (D / 2));
+        const int t = first_token + r;
+        attn_float2 v = {0.0f, 0.0f};
+        if (t < n_tokens) {
+            v = *(const attn_float2*)(q + ((long long)t * n_head + head) * D + d);
+        }
+        const unsigned int low = float_to_half_bits(v.x * scale);
+        *(unsigned int*)(sh.q + r * W::LD + d) = low | (float_to_half_bits(v.y * scale) << 16);
+    }
+    __syncthreads();
+    MmaA qa[W::BLOCKS][W::KS];
+#pragma unroll
+    for (int b = 0; b < W::BLOCKS; ++b) {
+#pragma unroll
+        for (int ks = 0; ks < W::KS; ++ks) {
+            mma_load_a(qa[b][ks], sh.q + (wave_row + 16 * b) * W::LD + 16 * ks, lane, W::LD);
+        }
+    }
+    int first = kv_len;
+    int last = -1;
+    int wave_first = kv_len;
+    int wave_last = -1;
+    for (int i = 0; i < ATTN_MMA_ROWS; ++i) {
+        if (sh.lo[i] <= sh.hi[i]) {
+            first = min(first, sh.lo[i]);
+            last = max(last, sh.hi[i]);
+            if (i >= wave_row && i < wave_row + W::BLOCKS * 16) {
+                wave_first = min(wave_first, sh.lo[i]);
+                wave_last = max(wave_last, sh.hi[i]);
+            }
+        }
+    }
+    const int j_start = first - first % ATTN_KEYS;
+    const int n_tiles = last >= first ? (last - j_start) / ATTN_KEYS + 1 : 0;
+
+    MmaAcc o[W::BLOCKS][W::KS];
+#pragma unroll
+    for (int b = 0; b < W::BLOCKS; ++b) {
+#pragma unroll
+        for (int dt = 0; dt < W::KS; ++dt) {
+#pragma unroll
+            for (int e = 0; e < MMA_ACC; ++e) {
+                o[b][dt].v[e] = 0.0f;
+            }
+        }
+    }
+    float m = ATTN_NEG_INF;  // the running max and sum of row tid (tid < ATTN_MMA_ROWS)
+    float l = 0.0f;
+    for (int tile = 0; tile < n_tiles; ++tile) {
+        const int j0 = j_start + tile * ATTN_KEYS;
+        const bool wave_sees = j0 <= wave_last && j0 + ATTN_KEYS - 1 >= wave_first;  // the same for all its lanes
+        __syncthreads();  // the last tile's step 4 is done with k, vt and P
+        for (int i = tid; i < ATTN_KEYS * D / 8; i += ATTN_THREADS) {
+            const int jr = i % ATTN_KEYS;  // consecutive threads, consecutive keys: V^T's stores spread over banks
+            const int part = i / ATTN_KEYS;
+            attn_words4 kw, vw;
+            attn_cache_part<D>(k_cache, v_cache, n_head_kv, g, j0 + jr, part, first, last, &kw, &vw);
+            *(attn_words4*)(sh.k + jr * W::LD + 8 * part) = kw;
+            const unsigned int v_words[4] = {vw.x, vw.y, vw.z, vw.w};
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                sh.vt[(8 * part + e) * W::VT_LD + jr] = (unsigned short)(v_words[e / 2] >> (16 * (e % 2)));
+            }
+        }
+        __syncthreads();
+        if (wave_sees) {
+            MmaAcc s[W::BLOCKS][2];
+#pragma unroll
+            for (int b = 0; b < W::BLOCKS; ++b) {
+#pragma unroll
+                for (int nb = 0; nb < 2; ++nb) {
+#pragma unroll
+                    for (int e = 0; e < MMA_ACC; ++e) {
+                        s[b][nb].v[e] = 0.0f;
+                    }
+                }
+            }
+#pragma unroll
+            for (int ks = 0; ks < W::KS; ++ks) {
+#pragma unroll
+                for (int nb = 0; nb < 2; ++nb) {
+                    MmaB kb;
+                    mma_load_b(kb, sh.k + 16 * nb * W::LD + 16 * ks, lane, W::LD);
+#pragma unroll
+                    for (int b = 0; b < W::BLOCKS; ++b) {
+                        mma_step_f16(s[b][nb], qa[b][ks], kb);
+                    }
+                }
+            }
+#pragma unroll
+            for (int b = 0; b < W::BLOCKS; ++b) {
+#pragma unroll
+                for (int nb = 0; nb < 2; ++nb) {
+#pragma unroll
+                    for (int e = 0; e < MMA_ACC; ++e) {
+                        const int r = wave_row + 16 * b + mma_row(lane, e);
+                        sh.s[r * W::S_LD + 16 * nb + mma_col(lane, e)] = s[b][nb].v[e];
+                    }
+                }
+            }
+        }
+        __syncthreads();
+        if (tid < ATTN_MMA_ROWS) {
+            sh.alpha[tid] = attn_waves_row_update<D>(sh, tid, j0, &m, &l);
+        }
+        __syncthreads();
+        if (wave_sees) {
+#pragma unroll
+            for (int b = 0; b < W::BLOCKS; ++b) {
+#pragma unroll
+                for (int dt = 0; dt < W::KS; ++dt) {
+#pragma unroll
+                    for (int e = 0; e < MMA_ACC; ++e) {
+                        o[b][dt].v[e] *= sh.alpha[wave_row + 16 * b + mma_row(lane, e)];
+                    }
+                }
+            }
+            const unsigned short* p = (const unsigned short*)sh.s;
+#pragma unroll
+            for (int kc = 0; kc < 2; ++kc) {
+                MmaA pa[W::BLOCKS];
+#pragma unroll
+                for (int b = 0; b < W::BLOCKS; ++b) {
+                    mma_load_a(pa[b], p + (wave_row + 16 * b) * W::P_LD + 16 * kc, lane, W::P_LD);
+                }
+#pragma unroll
+                for (int dt = 0; dt < W::KS; ++dt) {
+                    MmaB vb;
+                    mma_load_b(vb, sh.vt + 16 * dt * W::VT_LD + 16 * kc, lane, W::VT_LD);
+#pragma unroll
+                    for (int b = 0; b < W::BLOCKS; ++b) {
+                        mma_step_f16(o[b][dt], pa[b], vb);
+                    }
+                }
+            }
+        }
+    }
+    if (tid < ATTN_MMA_ROWS) {
+        const float keep = sinks ? attn_join_sink(m, &l, sinks[head]) : 1.0f;
+        sh.inv[tid] = l > 0.0f ? keep / l : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int b = 0; b < W::BLOCKS; ++b) {
+#pragma unroll
+        for (int e = 0; e < MMA_ACC; ++e) {
+            const int r = wave_row + 16 * b + mma_row(lane, e);
+            const int t = first_token + r;
+            if (t < n_tokens) {
+                float* out_row = out + ((long long)t * n_head + head) * D;
+#pragma unroll
+                for (int dt = 0; dt < W::KS; ++dt) {
+                    out_row[16 * dt + mma_col(lane, e)] = o[b][dt].v[e] * sh.inv[r];
+                }
+            }
+        }
+    }
+}
+
 #endif  // ATTN_MMA_NVIDIA
 
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_prefill_mma_d64(ATTN_PREFILL_PARAMS) {
 #if defined(ATTN_MMA_NVIDIA)
     attn_prefill_mma<64>(ATTN_PREFILL_ARGS);
 #else
-    attn_prefill_simt_rows<64>(ATTN_PREFILL_ARGS, blockIdx.x * ATTN_MMA_ROWS);
-    attn_prefill_simt_rows<64>(ATTN_PREFILL_ARGS, blockIdx.x * ATTN_MMA_ROWS + ATTN_PREFILL_ROWS);
+    attn_prefill_waves<64>(ATTN_PREFILL_ARGS);
 #endif
 }
 
@@ -659,7 +916,6 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_prefill_mma_d128
 #if defined(ATTN_MMA_NVIDIA)
     attn_prefill_mma<128>(ATTN_PREFILL_ARGS);
 #else
-    attn_prefill_simt_rows<128>(ATTN_PREFILL_ARGS, blockIdx.x * ATTN_MMA_ROWS);
-    attn_prefill_simt_rows<128>(ATTN_PREFILL_ARGS, blockIdx.x * ATTN_MMA_ROWS + ATTN_PREFILL_ROWS);
+    attn_prefill_waves<128>(ATTN_PREFILL_ARGS);
 #endif
 }

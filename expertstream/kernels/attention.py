@@ -4,9 +4,11 @@
 
 - prefill (more than ``DECODE_MAX_TOKENS`` tokens): one block per tile of queries and head walks
   the keys its queries see in tiles staged in shared memory, with an online softmax. On devices
-  with ``Capabilities.mma_fragments`` (NVIDIA sm_80+) Q.K^T and P.V run on f16 matrix
-  instructions with float32 accumulation (``uses_matrix_cores``); elsewhere, or where the
-  MoeKernels instance was made for ``MatrixPath.SIMT``, in float32 FMAs.
+  with ``Capabilities.matrix_cores`` Q.K^T and P.V run on f16 matrix instructions with float32
+  accumulation (``uses_matrix_cores``): mma.sync on NVIDIA sm_80+, MFMA on AMD CDNA2/CDNA3
+  (gfx90a, gfx94x), WMMA on RDNA3/RDNA4 (gfx11, gfx12). Elsewhere (RDNA2 and older, NVIDIA before
+  sm_80), or where the MoeKernels instance was made for ``MatrixPath.SIMT``, they run in float32
+  FMAs.
 - decode (a few tokens): split-K over chunks of ``DECODE_CHUNK`` keys, so one token's attention
   over a long cache spreads over the whole GPU: each block writes its rows' running max, sum and
   unnormalized output into scratch, and a combine kernel merges a row's chunks in ascending order.
@@ -50,8 +52,13 @@ _MAX_GRID = layout.MAX_GRID_Y
 
 
 def uses_matrix_cores(kernels: MoeKernels) -> bool:
-    """Whether prefill takes the f16 matrix-core kernel on this instance's device (mma.sync, sm_80+)."""
-    return kernels.device.capabilities.mma_fragments and kernels.path is not MatrixPath.SIMT
+    """Whether prefill takes the f16 matrix-core kernel on this instance's device.
+
+    Every device with ``Capabilities.matrix_cores`` has the f16 instruction of the same shape as
+    the bf16 one mma.cu uses, so the capability that picks mul_mat_id's matrix-core path picks
+    attention's too.
+    """
+    return kernels.device.capabilities.matrix_cores and kernels.path is not MatrixPath.SIMT
 
 
 def decode_chunks(kv_len: int) -> int:

@@ -15,10 +15,15 @@
 // MmaB, MmaAcc, mma_load_a/b, mma_step, mma_row/mma_col): one wave multiplies a 16 x 16
 // block of A (rows x k) by a 16 x 16 block of B (columns x k, k contiguous, as weight
 // rows are stored) into a 16 x 16 block of C that its lanes hold MMA_ACC floats each of.
+// Off NVIDIA the loads also take the tile's row length (mma.cu's own tiles by default) and
+// mma_step_f16 multiplies f16 blocks the same way: attention.cu's matrix-core prefill uses
+// them there (on NVIDIA it has a kernel of its own on mma.sync).
 // It is chosen by the compiler's target macros:
 // - NVIDIA sm_80 and newer: ldmatrix and two mma.sync m16n8k16 bf16 (32-lane warps);
-// - AMD CDNA2/CDNA3 (gfx90a, gfx940..gfx942): one v_mfma_f32_16x16x16_bf16 (wave64);
-// - AMD RDNA3 (gfx11) and RDNA4 (gfx12): one v_wmma_f32_16x16x16_bf16 (wave32);
+// - AMD CDNA2/CDNA3 (gfx90a, gfx940..gfx942): one v_mfma_f32_16x16x16_bf16 (wave64), or
+//   v_mfma_f32_16x16x16_f16, whose lanes hold the same elements;
+// - AMD RDNA3 (gfx11) and RDNA4 (gfx12): one v_wmma_f32_16x16x16_bf16 (wave32), or its f16
+//   twin, likewise;
 // - anything else: plain fp32 FMAs over the same shared tiles, in logical waves of 32
 //   threads, so the source compiles and runs everywhere; the launcher picks the SIMT
 //   kernel of simt.cu for such devices (Capabilities.matrix_cores).
@@ -108,6 +113,42 @@ __device__ int mma_sync_col(int lane, int i) {
     return (i / 4) * 8 + 2 * (lane % 4) + i % 2;
 }
 
+// AMD's lane arithmetic, plain integer code for the same reason (its host test checks it against
+// the register layouts of AMD's ISA guides). On every AMD target lane l holds row l % 16 of A and
+// column l % 16 of B, a run of consecutive k (from fragment_offset, in a block stored in rows of
+// ld elements), and C elements of column l % 16 only; they differ in which k and which C rows.
+__device__ int amd_matrix_col(int lane) {
+    return lane % 16;
+}
+
+// CDNA's v_mfma_f32_16x16x16 (wave64): k 4 (l / 16) .. + 3; C rows 4 (l / 16) .. + 3.
+__device__ int mfma_fragment_offset(int lane, int ld) {
+    return (lane % 16) * ld + 4 * (lane / 16);
+}
+
+__device__ int mfma_row(int lane, int i) {
+    return 4 * (lane / 16) + i;
+}
+
+// RDNA3's v_wmma_f32_16x16x16 (wave32): all 16 k, lanes 16-31 repeating lanes 0-15; C rows
+// 2i + l / 16.
+__device__ int wmma_gfx11_fragment_offset(int lane, int ld) {
+    return (lane % 16) * ld;
+}
+
+__device__ int wmma_gfx11_row(int lane, int i) {
+    return 2 * i + lane / 16;
+}
+
+// RDNA4's v_wmma_f32_16x16x16 (wave32): k 8 (l / 16) .. + 7; C rows i + 8 (l / 16).
+__device__ int wmma_gfx12_fragment_offset(int lane, int ld) {
+    return (lane % 16) * ld + 8 * (lane / 16);
+}
+
+__device__ int wmma_gfx12_row(int lane, int i) {
+    return i + 8 * (lane / 16);
+}
+
 #if defined(MMA_NVIDIA)
 
 struct MmaA {
@@ -165,6 +206,7 @@ __device__ int mma_col(int lane, int i) {
 #elif defined(MMA_MFMA)
 
 typedef short mma_short4 __attribute__((ext_vector_type(4)));
+typedef _Float16 mma_half4 __attribute__((ext_vector_type(4)));
 typedef float mma_float4 __attribute__((ext_vector_type(4)));
 
 // Lane l holds k 4 * (l / 16) .. + 3 of row l % 16 (A) or column l % 16 (B).
@@ -178,30 +220,36 @@ struct MmaAcc {
     mma_float4 v;
 };
 
-__device__ void mma_load_a(MmaA& a, const unsigned short* p, int lane) {
-    a.v = *(const mma_short4*)(p + (lane % 16) * MMA_LDK + 4 * (lane / 16));
+__device__ void mma_load_a(MmaA& a, const unsigned short* p, int lane, int ld = MMA_LDK) {
+    a.v = *(const mma_short4*)(p + mfma_fragment_offset(lane, ld));
 }
 
-__device__ void mma_load_b(MmaB& b, const unsigned short* p, int lane) {
-    b.v = *(const mma_short4*)(p + (lane % 16) * MMA_LDK + 4 * (lane / 16));
+__device__ void mma_load_b(MmaB& b, const unsigned short* p, int lane, int ld = MMA_LDK) {
+    b.v = *(const mma_short4*)(p + mfma_fragment_offset(lane, ld));
 }
 
 __device__ void mma_step(MmaAcc& c, const MmaA& a, const MmaB& b) {
     c.v = __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(a.v, b.v, c.v, 0, 0, 0);
 }
 
+__device__ void mma_step_f16(MmaAcc& c, const MmaA& a, const MmaB& b) {
+    c.v = __builtin_amdgcn_mfma_f32_16x16x16f16(__builtin_bit_cast(mma_half4, a.v), __builtin_bit_cast(mma_half4, b.v),
+                                                 c.v, 0, 0, 0);
+}
+
 __device__ int mma_row(int lane, int i) {
-    return 4 * (lane / 16) + i;
+    return mfma_row(lane, i);
 }
 
 __device__ int mma_col(int lane, int) {
-    return lane % 16;
+    return amd_matrix_col(lane);
 }
 
 #elif defined(MMA_WMMA_GFX11)
 
 typedef short mma_short8 __attribute__((ext_vector_type(8)));
 typedef short mma_short16 __attribute__((ext_vector_type(16)));
+typedef _Float16 mma_half16 __attribute__((ext_vector_type(16)));
 typedef float mma_float8 __attribute__((ext_vector_type(8)));
 
 // Lane l holds all 16 k of row (A) or column (B) l % 16; lanes 16-31 repeat lanes 0-15.
@@ -222,29 +270,35 @@ __device__ mma_short16 load_row16(const unsigned short* row) {
     return __builtin_shufflevector(low, high, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
 }
 
-__device__ void mma_load_a(MmaA& a, const unsigned short* p, int lane) {
-    a.v = load_row16(p + (lane % 16) * MMA_LDK);
+__device__ void mma_load_a(MmaA& a, const unsigned short* p, int lane, int ld = MMA_LDK) {
+    a.v = load_row16(p + wmma_gfx11_fragment_offset(lane, ld));
 }
 
-__device__ void mma_load_b(MmaB& b, const unsigned short* p, int lane) {
-    b.v = load_row16(p + (lane % 16) * MMA_LDK);
+__device__ void mma_load_b(MmaB& b, const unsigned short* p, int lane, int ld = MMA_LDK) {
+    b.v = load_row16(p + wmma_gfx11_fragment_offset(lane, ld));
 }
 
 __device__ void mma_step(MmaAcc& c, const MmaA& a, const MmaB& b) {
     c.v = __builtin_amdgcn_wmma_f32_16x16x16_bf16_w32(a.v, b.v, c.v);
 }
 
+__device__ void mma_step_f16(MmaAcc& c, const MmaA& a, const MmaB& b) {
+    c.v = __builtin_amdgcn_wmma_f32_16x16x16_f16_w32(__builtin_bit_cast(mma_half16, a.v),
+                                                     __builtin_bit_cast(mma_half16, b.v), c.v);
+}
+
 __device__ int mma_row(int lane, int i) {
-    return 2 * i + lane / 16;
+    return wmma_gfx11_row(lane, i);
 }
 
 __device__ int mma_col(int lane, int) {
-    return lane % 16;
+    return amd_matrix_col(lane);
 }
 
 #elif defined(MMA_WMMA_GFX12)
 
 typedef short mma_short8 __attribute__((ext_vector_type(8)));
+typedef _Float16 mma_half8 __attribute__((ext_vector_type(8)));
 typedef float mma_float8 __attribute__((ext_vector_type(8)));
 
 // Lane l holds k 8 * (l / 16) .. + 7 of row (A) or column (B) l % 16.
@@ -258,24 +312,29 @@ struct MmaAcc {
     mma_float8 v;
 };
 
-__device__ void mma_load_a(MmaA& a, const unsigned short* p, int lane) {
-    a.v = *(const mma_short8*)(p + (lane % 16) * MMA_LDK + 8 * (lane / 16));
+__device__ void mma_load_a(MmaA& a, const unsigned short* p, int lane, int ld = MMA_LDK) {
+    a.v = *(const mma_short8*)(p + wmma_gfx12_fragment_offset(lane, ld));
 }
 
-__device__ void mma_load_b(MmaB& b, const unsigned short* p, int lane) {
-    b.v = *(const mma_short8*)(p + (lane % 16) * MMA_LDK + 8 * (lane / 16));
+__device__ void mma_load_b(MmaB& b, const unsigned short* p, int lane, int ld = MMA_LDK) {
+    b.v = *(const mma_short8*)(p + wmma_gfx12_fragment_offset(lane, ld));
 }
 
 __device__ void mma_step(MmaAcc& c, const MmaA& a, const MmaB& b) {
     c.v = __builtin_amdgcn_wmma_f32_16x16x16_bf16_w32_gfx12(a.v, b.v, c.v);
 }
 
+__device__ void mma_step_f16(MmaAcc& c, const MmaA& a, const MmaB& b) {
+    c.v = __builtin_amdgcn_wmma_f32_16x16x16_f16_w32_gfx12(__builtin_bit_cast(mma_half8, a.v),
+                                                           __builtin_bit_cast(mma_half8, b.v), c.v);
+}
+
 __device__ int mma_row(int lane, int i) {
-    return i + 8 * (lane / 16);
+    return wmma_gfx12_row(lane, i);
 }
 
 __device__ int mma_col(int lane, int) {
-    return lane % 16;
+    return amd_matrix_col(lane);
 }
 
 #else  // MMA_GENERIC
@@ -284,20 +343,24 @@ __device__ int mma_col(int lane, int) {
 // rows 2i + l / 16 with fp32 FMAs in k order.
 struct MmaA {
     const unsigned short* p;
+    int ld;
 };
 struct MmaB {
     const unsigned short* p;
+    int ld;
 };
 struct MmaAcc {
     float v[MMA_ACC];
 };
 
-__device__ void mma_load_a(MmaA& a, const unsigned short* p, int) {
+__device__ void mma_load_a(MmaA& a, const unsigned short* p, int, int ld = MMA_LDK) {
     a.p = p;
+    a.ld = ld;
 }
 
-__device__ void mma_load_b(MmaB& b, const unsigned short* p, int) {
+__device__ void mma_load_b(MmaB& b, const unsigned short* p, int, int ld = MMA_LDK) {
     b.p = p;
+    b.ld = ld;
 }
 
 __device__ int mma_row(int lane, int i) {
@@ -308,16 +371,28 @@ __device__ int mma_col(int lane, int) {
     return lane % 16;
 }
 
-__device__ void mma_step(MmaAcc& c, const MmaA& a, const MmaB& b) {
+__device__ float mma_generic_value(unsigned short v, bool f16) {
+    return f16 ? half_to_float(v) : bf16_to_float(v);
+}
+
+__device__ void mma_generic_step(MmaAcc& c, const MmaA& a, const MmaB& b, bool f16) {
     const int lane = threadIdx.x % MMA_WAVE;
 #pragma unroll
     for (int i = 0; i < MMA_ACC; ++i) {
-        const unsigned short* a_row = a.p + mma_row(lane, i) * MMA_LDK;
-        const unsigned short* b_row = b.p + mma_col(lane, i) * MMA_LDK;
+        const unsigned short* a_row = a.p + mma_row(lane, i) * a.ld;
+        const unsigned short* b_row = b.p + mma_col(lane, i) * b.ld;
         for (int k = 0; k < 16; ++k) {
-            c.v[i] = fmaf(bf16_to_float(a_row[k]), bf16_to_float(b_row[k]), c.v[i]);
+            c.v[i] = fmaf(mma_generic_value(a_row[k], f16), mma_generic_value(b_row[k], f16), c.v[i]);
         }
     }
+}
+
+__device__ void mma_step(MmaAcc& c, const MmaA& a, const MmaB& b) {
+    mma_generic_step(c, a, b, false);
+}
+
+__device__ void mma_step_f16(MmaAcc& c, const MmaA& a, const MmaB& b) {
+    mma_generic_step(c, a, b, true);
 }
 
 #endif

@@ -3,10 +3,11 @@
     python -m tests.amdcompile fetch                  # clang-19 and ROCm's files from Debian (idempotent)
     python -m tests.amdcompile check [--target gfx942 ...] [--keep DIR] [--source FILE]
 
-``check`` prints the toolchain, the clang line per target and a table of instruction counts from
-the disassembly, and exits 1 if a target does not compile cleanly, lacks a kernel the package
-launches, or has matrix cores but no matrix instruction while the source has the AMD matrix-core
-path (tests/amdcompile/hiprtc.py says what that is).
+``check`` prints the toolchain, the clang line per target, a table of instruction counts from
+the disassembly and one of the matrix instructions in each attention kernel, and exits 1 if a
+target does not compile cleanly, lacks a kernel the package launches, or has matrix cores but no
+matrix instruction (in all, or in a kernel the launchers take there) while the source has the
+AMD matrix-core path (tests/amdcompile/hiprtc.py says what that is).
 """
 
 from __future__ import annotations
@@ -67,6 +68,22 @@ def _mnemonics(results: list[hiprtc.Result]) -> list[str]:
     return lines
 
 
+def attention_table(results: list[hiprtc.Result]) -> list[str]:
+    """Matrix instructions (v_mfma_* and v_wmma_*) per attention kernel and compiled target."""
+    compiled = [result for result in results if result.compiled]
+    kernels = sorted({kernel for result in compiled for kernel in result.kernels if kernel.startswith("attn_")})
+    if not kernels:
+        return []
+    rows = [
+        "| kernel | " + " | ".join(result.target.name for result in compiled) + " |",
+        "| --- |" + " ---: |" * len(compiled),
+    ]
+    for kernel in kernels:
+        counts = [str(result.disassembly.matrix_in(kernel)) for result in compiled]
+        rows.append(f"| {kernel} | " + " | ".join(counts) + " |")
+    return rows
+
+
 def check(names: list[str], keep: Path | None, source_file: Path | None) -> int:
     chain = toolchain.locate()
     source = source_file.read_text() if source_file else kernel_source() + "\n" + gather_source()
@@ -92,6 +109,10 @@ def check(names: list[str], keep: Path | None, source_file: Path | None) -> int:
     if mnemonics:
         print("\nmatrix instructions by mnemonic, over the kernels that have them:")
         print("\n".join(mnemonics))
+    attention = attention_table(results)
+    if attention:
+        print("\nmatrix instructions per attention kernel:")
+        print("\n".join(attention))
     failures = [problem for result in results for problem in hiprtc.problems(result, builtins, required)]
     print()
     for problem in failures:

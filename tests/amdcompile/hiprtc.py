@@ -54,6 +54,9 @@ _KERNEL_DEFINITION = re.compile(
 _FUNCTION = re.compile(r"^[0-9a-f]+ <(?P<name>[^>]+)>:$")
 _MNEMONIC = re.compile(r"^\s+(?P<mnemonic>[a-z][a-z0-9_]*)\b")
 _MATRIX_MNEMONIC = {"mfma": re.compile(r"^v_s?mfmac?_"), "wmma": re.compile(r"^v_s?wmmac?_")}
+# Kernels the launchers take on devices with matrix cores (Capabilities.matrix_cores): mul_mat_id's
+# bf16 path and attention's f16 prefill. Each must hold its target's matrix instructions.
+MATRIX_KERNEL_PREFIXES = ("moe_mul_mat_id_mma_", "attn_prefill_mma_")
 
 
 def source_matrix_builtins(source: str) -> set[str]:
@@ -96,6 +99,11 @@ class Disassembly:
         for counts in self.functions.values():
             found.update({m: n for m, n in counts.items() if pattern.match(m)})
         return found
+
+    def matrix_in(self, function: str) -> int:
+        """Matrix instructions of either family in one function (0 for a function it lacks)."""
+        counts = self.functions.get(function, Counter())
+        return sum(n for m, n in counts.items() if any(p.match(m) for p in _MATRIX_MNEMONIC.values()))
 
     def matrix_functions(self, family: str) -> dict[str, int]:
         pattern = _MATRIX_MNEMONIC[family]
@@ -171,7 +179,8 @@ def problems(result: Result, matrix_builtins: set[str], required_kernels: set[st
     """Why ``result`` fails the session (empty when it passes).
 
     A target with matrix cores must emit its family's instructions once the source has the AMD
-    matrix-core path (``matrix_builtins`` not empty); before that, none is asked for.
+    matrix-core path (``matrix_builtins`` not empty), in every kernel of ``MATRIX_KERNEL_PREFIXES``
+    it exports; before that, none is asked for.
     """
     name = result.target.name
     if not result.compiled:
@@ -188,4 +197,14 @@ def problems(result: Result, matrix_builtins: set[str], required_kernels: set[st
             f"{name}: the source has an AMD matrix-core path ({', '.join(sorted(matrix_builtins)[:3])}...) "
             f"but the code object has no v_{family}_* instruction"
         )
+    elif family and matrix_builtins:
+        pattern = _MATRIX_MNEMONIC[family]
+        without = sorted(
+            kernel
+            for kernel in result.kernels
+            if kernel.startswith(MATRIX_KERNEL_PREFIXES)
+            and not any(pattern.match(m) for m in result.disassembly.functions.get(kernel, Counter()))
+        )
+        if without:
+            found.append(f"{name}: matrix-core kernels without a v_{family}_* instruction: {', '.join(without)}")
     return found

@@ -17,6 +17,7 @@ from expertstream.backends import hip
 from expertstream.backends.hip import compile_options
 
 from . import hiprtc, toolchain
+from .__main__ import attention_table
 
 # One kernel with each family's matrix instruction where the target has it, a plain loop elsewhere.
 MATRIX_KERNEL = """
@@ -94,6 +95,8 @@ def test_disassembly_counts_instructions_per_function() -> None:
     assert disassembly.matrix("mfma") == Counter({"v_mfma_f32_16x16x16_f16": 2})
     assert disassembly.matrix("wmma") == Counter()
     assert disassembly.matrix_functions("mfma") == {"moe_tile_mma": 2}
+    assert disassembly.matrix_in("moe_tile_mma") == 2
+    assert disassembly.matrix_in("moe_swiglu") == 0 and disassembly.matrix_in("absent") == 0
 
 
 def test_a_matrix_target_without_matrix_instructions_fails_once_the_source_has_the_path() -> None:
@@ -105,6 +108,36 @@ def test_a_matrix_target_without_matrix_instructions_fails_once_the_source_has_t
     assert hiprtc.problems(_compiled("gfx1030", simt), builtins, {"moe_swiglu"}) == []
     wmma = {"moe_swiglu": Counter({"v_wmma_f32_16x16x16_f16": 1})}
     assert hiprtc.problems(_compiled("gfx1201", wmma), builtins, {"moe_swiglu"}) == []
+
+
+def test_a_matrix_core_kernel_left_without_matrix_instructions_fails() -> None:
+    """The launchers take attention's and mul_mat_id's matrix-core kernels on matrix-core devices:
+    one that fell back to FMAs fails even where other kernels hold matrix instructions."""
+    builtins = {"__builtin_amdgcn_mfma_f32_16x16x16f16"}
+    counts = {
+        "moe_mul_mat_id_mma_q8_0_m64": Counter({"v_mfma_f32_16x16x16_bf16": 16}),
+        "attn_prefill_mma_d64": Counter({"v_fma_f32": 900}),
+        "attn_prefill_simt_d64": Counter({"v_fma_f32": 400}),
+    }
+    (problem,) = hiprtc.problems(_compiled("gfx942", counts), builtins, set(counts))
+    assert problem == "gfx942: matrix-core kernels without a v_mfma_* instruction: attn_prefill_mma_d64"
+    counts["attn_prefill_mma_d64"] = Counter({"v_mfma_f32_16x16x16_f16": 32})
+    assert hiprtc.problems(_compiled("gfx942", counts), builtins, set(counts)) == []
+    assert hiprtc.problems(_compiled("gfx1030", {"attn_prefill_mma_d64": Counter()}), builtins, set()) == []
+
+
+def test_the_report_lists_matrix_instructions_per_attention_kernel() -> None:
+    cdna = _compiled("gfx942", {"attn_prefill_mma_d64": Counter({"v_mfma_f32_16x16x16_f16": 32, "v_exp_f32": 9})})
+    cdna.kernels.add("attn_prefill_simt_d64")
+    rdna2 = _compiled("gfx1030", {"attn_prefill_mma_d64": Counter({"v_fma_f32": 9}), "moe_swiglu": Counter()})
+    failed = hiprtc.Result(hiprtc.TARGETS["gfx1201"], [], False, "error")
+    assert attention_table([cdna, rdna2, failed]) == [
+        "| kernel | gfx942 | gfx1030 |",
+        "| --- | ---: | ---: |",
+        "| attn_prefill_mma_d64 | 32 | 0 |",
+        "| attn_prefill_simt_d64 | 0 | 0 |",
+    ]
+    assert attention_table([failed]) == []
 
 
 def test_failed_compiles_warnings_and_missing_kernels_are_problems() -> None:

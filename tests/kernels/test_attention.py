@@ -6,18 +6,21 @@ the window) with NaN: a kernel that lets one of them into a result fails.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
 
+from expertstream.backends import sim
 from expertstream.backends.base import Device, DeviceBuffer, Stream
 from expertstream.errors import InvalidArgument
 from expertstream.kernels import MatrixPath, MoeKernels
 from expertstream.kernels import reference as ref
 from expertstream.kernels.attention import DECODE_MAX_TOKENS, attention, uses_matrix_cores
 from expertstream.kernels.reference_attention import attention as reference_attention
+from expertstream.timeline import OpKind
 
 from .tensors import poisoned
 
@@ -215,6 +218,38 @@ def test_rows_past_kv_len_stay_unseen(
     inputs = make_inputs(device, rng, decode)
     err = worst_row_error(run(kernels, stream, inputs, kv_len=51), inputs.reference(kv_len=51))
     assert err < RTOL_F32, f"worst row relative error {err:.3g}"
+
+
+# RDNA4 (WMMA, no mma.sync fragments) and the same card stripped of its matrix cores, like RDNA2.
+_RDNA4 = sim.BUILTIN_PROFILES["rocm-r9700"]
+_NO_MATRIX_CORES = dataclasses.replace(_RDNA4, name="rocm-no-matrix-cores", matrix_cores=False)
+
+
+@pytest.mark.parametrize(
+    ("profile", "path", "expected"),
+    [
+        (_RDNA4, None, "attn_prefill_mma_d64"),
+        (_RDNA4, MatrixPath.SIMT, "attn_prefill_simt_d64"),
+        (_NO_MATRIX_CORES, None, "attn_prefill_simt_d64"),
+        (sim.BUILTIN_PROFILES["cuda-h200"], None, "attn_prefill_mma_d64"),
+    ],
+    ids=["rdna4", "rdna4-simt-asked", "no-matrix-cores", "h200"],
+)
+def test_prefill_takes_the_matrix_core_kernel_where_the_device_has_matrix_cores(
+    profile: sim.Profile, path: MatrixPath | None, expected: str
+) -> None:
+    """Capabilities.matrix_cores picks the f16 matrix-core prefill on AMD as on NVIDIA, whether or
+    not the device has NVIDIA's mma.sync fragments; MatrixPath.SIMT keeps the float32 kernel."""
+    case = Case(12, 0, 2, 1, 64)
+    with sim.open(profile=profile) as backend, MoeKernels(backend.device(0), path) as kernels:
+        device = backend.device(0)
+        inputs = make_inputs(device, np.random.default_rng(2), case)
+        with device.stream() as stream:
+            out = run(kernels, stream, inputs)
+        launched = [op.name for op in backend.timeline if op.kind is OpKind.KERNEL and op.name.startswith("attn")]
+        assert launched == [expected]
+        assert uses_matrix_cores(kernels) == expected.startswith("attn_prefill_mma")
+        assert worst_row_error(out, inputs.reference()) < tolerance(kernels, case)
 
 
 def test_sinks_take_weight_from_the_values(device: Device, kernels: MoeKernels, stream: Stream) -> None:

@@ -1,10 +1,18 @@
-"""mma.cu's NVIDIA lane arithmetic against the fragment layouts the PTX ISA documents.
+"""mma.cu's lane arithmetic against the register layouts the vendors document.
 
-The addresses each lane hands ldmatrix .x4 and the C element each lane holds after
+NVIDIA: the addresses each lane hands ldmatrix .x4 and the C element each lane holds after
 mma.sync m16n8k16 are plain integer functions; compiled for the host, they are checked
 here by emulating ldmatrix and the A/B/C fragment layouts (PTX ISA, "Matrix Fragments for
-mma.m16n8k16" with .bf16). The host run of the kernels (test_kernels_on_host) uses the
-generic step instead, so this is what covers the tensor-core indexing without a GPU.
+mma.m16n8k16" with .bf16).
+
+AMD: where each lane's A and B fragment starts in a shared tile and which C element it holds
+after v_mfma_f32_16x16x16 (CDNA2/CDNA3, wave64) or v_wmma_f32_16x16x16 (RDNA3, RDNA4, wave32)
+are plain integer functions too; they are checked by emulating the instruction with the
+register layouts of AMD's ISA guides (the bf16 and f16 forms of each share one layout), so the
+product lands where mma_row/mma_col say.
+
+The host runs of the kernels (test_kernels_on_host, test_attention_on_host) use the generic
+step instead, so this is what covers the matrix-core indexing without a GPU.
 """
 
 from __future__ import annotations
@@ -12,6 +20,9 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -93,6 +104,111 @@ def _registers(tile: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         regs[:, j, 0] = rows[t // 4, 2 * (t % 4)]
         regs[:, j, 1] = rows[t // 4, 2 * (t % 4) + 1]
     return regs
+
+
+# -- AMD: MFMA (wave64) and WMMA on RDNA3 / RDNA4 (wave32) --------------------------------------
+
+_AMD_DRIVER = """
+#include <cstdio>
+#include <cstdlib>
+int main(int argc, char** argv) {
+    const int ld = atoi(argv[1]);
+    for (int lane = 0; lane < 64; ++lane) {
+        printf("%d %d %d %d", amd_matrix_col(lane), mfma_fragment_offset(lane, ld),
+               wmma_gfx11_fragment_offset(lane, ld), wmma_gfx12_fragment_offset(lane, ld));
+        for (int i = 0; i < 8; ++i) {
+            printf(" %d %d %d", mfma_row(lane, i), wmma_gfx11_row(lane, i), wmma_gfx12_row(lane, i));
+        }
+        printf("\\n");
+    }
+    return 0;
+}
+"""
+
+
+@dataclass(frozen=True)
+class AmdLayout:
+    """One instruction's documented register layout: for lane l and item j of its fragment, the
+    (row or column, k) of A or B, and the (row, column) of C."""
+
+    wave: int
+    k_per_lane: int  # consecutive k of one A row (B column) in a lane's fragment
+    ab: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]  # (lane, item) -> (m or n, k)
+    c: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]  # (lane, item) -> (m, n)
+
+
+AMD_LAYOUTS = {
+    # CDNA3 ISA and AMD's matrix instruction calculator, v_mfma_f32_16x16x16_f16 / _bf16(_1k):
+    # A[i][k] in lane i + 16 (k / 4), item k % 4 (B alike by column); D[i][j] in lane j + 16 (i / 4),
+    # item i % 4.
+    "mfma": AmdLayout(
+        64,
+        4,
+        lambda lane, j: (lane % 16, 4 * (lane // 16) + j),
+        lambda lane, j: (4 * (lane // 16) + j, lane % 16),
+    ),
+    # RDNA3 ISA, v_wmma_f32_16x16x16_f16 / _bf16 (wave32): lane l holds all 16 k of A row (B column)
+    # l % 16, lanes 16-31 repeating lanes 0-15; the 32-bit D has row 2 v + l / 16 in VGPR v.
+    "wmma_gfx11": AmdLayout(
+        32,
+        16,
+        lambda lane, j: (lane % 16, j),
+        lambda lane, j: (2 * j + lane // 16, lane % 16),
+    ),
+    # RDNA4 ISA, v_wmma_f32_16x16x16_f16 / _bf16: lanes 0-15 hold k 0-7 of their row (column), lanes
+    # 16-31 k 8-15; D has row v in lanes 0-15 and row 8 + v in lanes 16-31 of VGPR v.
+    "wmma_gfx12": AmdLayout(
+        32,
+        8,
+        lambda lane, j: (lane % 16, 8 * (lane // 16) + j),
+        lambda lane, j: (j + 8 * (lane // 16), lane % 16),
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def amd_lane_program(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if CXX is None:
+        pytest.skip("no C++ compiler (c++, g++ or clang++) on PATH")
+    source = kernel_source()
+    start = source.index("__device__ int amd_matrix_col")
+    functions = source[start : source.index("#if defined(MMA_NVIDIA)\n\nstruct")]
+    folder = tmp_path_factory.mktemp("amd_lanes")
+    (folder / "lanes.cpp").write_text("#define __device__\n" + functions + _AMD_DRIVER)
+    subprocess.run([CXX, "-std=c++17", "-o", str(folder / "lanes"), str(folder / "lanes.cpp")], check=True)
+    return folder / "lanes"
+
+
+@pytest.mark.parametrize("ld", [40, 72, 136], ids=lambda ld: f"ld{ld}")  # mma.cu's tiles; attention's Q/K rows
+@pytest.mark.parametrize("family", list(AMD_LAYOUTS))
+def test_the_amd_matrix_instruction_computes_a_times_b_transposed_where_mma_row_and_col_say(
+    amd_lane_program: Path, family: str, ld: int
+) -> None:
+    layout = AMD_LAYOUTS[family]
+    out = subprocess.run([str(amd_lane_program), str(ld)], capture_output=True, text=True, check=True).stdout
+    table = np.array([line.split() for line in out.splitlines()], int)[: layout.wave]
+    column = table[:, 0]
+    offset = table[:, 1 + list(AMD_LAYOUTS).index(family)]
+    rows = table[:, 4:].reshape(layout.wave, 8, 3)[:, : 256 // layout.wave, list(AMD_LAYOUTS).index(family)]
+    rng = np.random.default_rng(7)
+    a_tile, b_tile = rng.integers(-8, 8, (2, 16, ld))  # A[m][k] and B[n][k] in rows of ld elements
+    lanes = np.arange(layout.wave)[:, None]
+    items = np.arange(layout.k_per_lane)[None, :]
+    at = offset[:, None] + items  # each lane loads a run of consecutive elements from its offset
+    # The instruction reads item j of lane l as the (row, k) its layout names: rebuild A and B.
+    a_seen, b_seen = np.full((16, 16), -99), np.full((16, 16), -99)
+    m, k = layout.ab(lanes, items)
+    a_seen[m, k] = a_tile.reshape(-1)[at]
+    b_seen[m, k] = b_tile.reshape(-1)[at]
+    assert (a_seen[m, k] == a_tile.reshape(-1)[at]).all(), "lanes holding the same element disagree"
+    assert (b_seen[m, k] == b_tile.reshape(-1)[at]).all(), "lanes holding the same element disagree"
+    product = a_seen @ b_seen.T  # D[m][n] = sum_k A[m][k] B[k][n], B[k][n] = B stored at [n][k]
+    c_items = np.arange(256 // layout.wave)[None, :]
+    held = product[layout.c(lanes, c_items)]  # what the instruction leaves in each lane's items
+    placed = np.full((16, 16), -99)
+    placed[rows, np.broadcast_to(column[:, None], rows.shape)] = held
+    np.testing.assert_array_equal(placed, a_tile[:, :16] @ b_tile[:, :16].T)
+    assert len({(r, c) for r, c in zip(rows.reshape(-1), np.repeat(column, rows.shape[1]), strict=True)}) == 256
 
 
 # -- int8.cu: ldmatrix for the s8 A fragment of mma.sync m16n8k32, and the B words --------------

@@ -39,7 +39,8 @@ class Capabilities:
     host_register: bool
     host_register_read_only: bool
     peer_access: frozenset[int] = field(default_factory=frozenset)  # device indices reachable
-    # bf16 matrix instructions the kernels use (NVIDIA sm_80+, AMD gfx90a/gfx94x, gfx11, gfx12)
+    # 16x16x16 bf16 and f16 matrix instructions the kernels use (mul_mat_id's matrix-core path, attention's
+    # prefill): NVIDIA sm_80+, AMD gfx90a/gfx94x, gfx11, gfx12
     matrix_cores: bool = False
     # int8 matrix instructions the int8 kernels use (NVIDIA sm_80+: mma.sync m16n8k32 s8)
     int8_matrix_cores: bool = False
