@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -99,6 +99,13 @@ class Model(Closing):
         ``settings`` are fields of ``Options`` (ubatch, n_ctx, slots, host_memory, ...). ModelError
         names the file and what is wrong; an architecture not run whole yet is refused here.
         """
+        known = {f.name for f in fields(Options)}
+        unknown = sorted(set(settings) - known)
+        if unknown:
+            raise InvalidArgument(
+                f"unknown option {', '.join(map(repr, unknown))} for Model.open",
+                hint=f"options: {', '.join(sorted(known))}",
+            )
         chosen = replace(options or Options(), **settings)  # type: ignore[arg-type]
         with ExitStack() as stack:
             if isinstance(backend, str):

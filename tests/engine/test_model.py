@@ -130,6 +130,8 @@ def test_bad_input_is_refused_with_a_clear_error(backend: Backend, made: dict[st
             model.logits(list(range(3, 20)))
         with pytest.raises(InvalidArgument, match="outside the vocabulary"):
             model.logits([5, 10**6])
+    with pytest.raises(InvalidArgument, match="unknown option 'slot'"):
+        Model.open(made["tiny"], backend=backend, slot=3)
     deepseek = make_model("tiny-deepseek2", "Q8_0", tmp_path / "ds.gguf")
     with pytest.raises(ModelError, match="multi-head latent attention"):
         Model.open(deepseek, backend=backend)
