@@ -22,6 +22,12 @@ tensors, gate and up, as the runner reads them.
 
     python -m microbench.kernels --backend cuda [--json] [--ubatch 512 2048 4096] [--types Q4_0 F16]
         [--paths simt mma direct int8] [--tiles auto 32 64 128]
+
+``--gemv`` measures decode sizes instead (1 and 8 pairs of one token; kernels_gemv.py): the
+matrix-vector kernels of gemv.cu against each family's tile kernel, as GB/s of weight bytes read
+(types Q4_0 and Q4_K unless ``--types`` is given).
+
+    python -m microbench.kernels --backend cuda --gemv [--paths simt mma direct]
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from expertstream.kernels import MoeKernels, layout
 from expertstream.kernels import reference as ref
 from expertstream.kernels.layout import FORMATS, MatrixPath, TileM, weight_format
 
+from . import kernels_gemv
 from ._common import MIB, Column, emit, environment, median, open_backend
 from ._common import parser as common_parser
 
@@ -306,6 +313,8 @@ def run(be: Backend, args: argparse.Namespace) -> dict[str, Any]:
     device = be.device(args.device)
     kernels = {f: MoeKernels(device, FAMILIES[f][0], direct=FAMILIES[f][1]) for f in args.paths}
     try:
+        if args.gemv:
+            return run_gemv(device, kernels, args)
         with device.stream() as stream:
             if args.bandwidth_gbs:
                 bandwidth, source = args.bandwidth_gbs, "assumed"
@@ -326,6 +335,27 @@ def run(be: Backend, args: argparse.Namespace) -> dict[str, Any]:
         "bandwidth_gbs": bandwidth,
         "bandwidth_source": source,
         "peak_tflops": {path.value: peak for path, peak in PEAK_TFLOPS.items()},
+        "repeats": args.repeats,
+        "timing": args.timing,
+        "rows": [asdict(r) for r in rows],
+    }
+
+
+def run_gemv(device: Device, kernels: dict[str, MoeKernels], args: argparse.Namespace) -> dict[str, Any]:
+    """The --gemv comparison (kernels_gemv.py), timed as the tile rows are."""
+    with device.stream() as stream, contextlib.ExitStack() as stack:
+        gate = stack.enter_context(Gate.opened(device, stream, GATE_BYTES)) if args.timing == "back-to-back" else None
+
+        def timed(launch: Callable[[], None]) -> float:
+            return time_ms(device, stream, gate, launch, args.warmup, args.repeats)
+
+        types = args.types or kernels_gemv.DEFAULT_TYPES
+        rows = kernels_gemv.measure(device, stream, kernels, types, SHAPES, N_EXPERT, args.seed, timed)
+        device.synchronize()
+    return {
+        **environment(device.backend, device),
+        "n_expert": N_EXPERT,
+        "routing": "one token, distinct experts",
         "repeats": args.repeats,
         "timing": args.timing,
         "rows": [asdict(r) for r in rows],
@@ -354,8 +384,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--types",
         nargs="+",
-        default=[f.qtype.name for f in FORMATS.values()],
         choices=[f.qtype.name for f in FORMATS.values()],
+        help="weight types (default: every type; Q4_0 and Q4_K with --gemv)",
+    )
+    p.add_argument(
+        "--gemv",
+        action="store_true",
+        help="decode sizes (1 and 8 pairs): the matrix-vector kernels against the tile kernels, in GB/s",
     )
     p.add_argument("--paths", nargs="+", default=list(FAMILIES), choices=list(FAMILIES), help="kernel families")
     p.add_argument(
@@ -379,9 +414,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bandwidth-gbs", type=float, help="assume this pinned bandwidth instead of measuring it")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    if args.types is None and not args.gemv:
+        args.types = [f.qtype.name for f in FORMATS.values()]
     with open_backend(args) as be:
         result = run(be, args)
-    emit(args, result, COLUMNS, "mul_mat_id on Qwen3-30B-A3B expert tensors")
+    if args.gemv:
+        emit(args, result, kernels_gemv.COLUMNS, "mul_mat_id at decode sizes on Qwen3-30B-A3B expert tensors")
+    else:
+        emit(args, result, COLUMNS, "mul_mat_id on Qwen3-30B-A3B expert tensors")
     return 0
 
 

@@ -24,6 +24,10 @@ number of pairs (``uses_direct``; ``MoeKernels(device, direct=False)`` keeps the
 kernels). Only those kernels have the fused forms: ``gate_up`` (gate, up and SwiGLU in one pass)
 and mul_mat_id's ``route_weights`` (each row scaled by its pair's routing weight).
 
+``MoeKernels(device, gemv=True)`` takes the matrix-vector kernels of gemv.cu for calls of at most
+``layout.GEMV_MAX_PAIRS`` (token, k) pairs (decode): one output row per 32-lane wave, no grouping
+pass, float32 on every path (``uses_gemv``). Off by default: not yet measured on a GPU.
+
 Shapes (all float32 unless noted, row-major, contiguous):
 
 - ``mul_mat_id``: w [n_expert][n_out][n_in] of ``w_type`` (layout.FORMATS lists the
@@ -118,13 +122,16 @@ def _i32(value: int) -> np.int32:
 class MoeKernels(Closing):
     """Typed launchers for the MoE kernels on one device."""
 
-    def __init__(self, device: Device, path: MatrixPath | None = None, direct: bool = True) -> None:
+    def __init__(self, device: Device, path: MatrixPath | None = None, direct: bool = True, gemv: bool = False) -> None:
         self.device = device
         # None: each type takes its default path on this device (layout.default_path).
         self.path = path
         # Whether the MMA path takes direct.cu's kernels where they apply (benchmarks turn it off to
         # compare them with the shared-tile kernels of mma.cu).
         self.direct = direct
+        # Whether calls of few pairs take gemv.cu's matrix-vector kernels (uses_gemv). Off by default
+        # until measured on a GPU against the tile kernels at decode.
+        self.gemv = gemv
         if path is MatrixPath.SIMT and device.capabilities.matrix_cores:
             log.info("mul_mat_id on %s takes the float32 SIMT path although it has matrix cores", device.label)
         self._sources: dict[tuple[RowType, ...], str] = {}  # by module_types
@@ -151,6 +158,13 @@ class MoeKernels(Closing):
             and fmt.direct_fits(n_in)
         )
 
+    def uses_gemv(self, n_pairs: int) -> bool:
+        """Whether mul_mat_id of ``n_pairs`` (token, k) pairs takes a matrix-vector kernel (gemv.cu):
+        when asked for (``gemv``) and for at most layout.GEMV_MAX_PAIRS pairs (mul_mat_id keeps the tile
+        kernels when given a tile height). It computes in float32 whatever the path, and takes
+        ``route_weights`` where the direct kernels would."""
+        return self.gemv and n_pairs <= layout.GEMV_MAX_PAIRS
+
     def tile_for(self, w_type: RowType, n_pairs: int, n_expert: int, n_in: int) -> TileM:
         """The tile height mul_mat_id picks for this type, number of pairs and experts, and rows of
         ``n_in`` elements (which decide whether a direct-decode kernel fits)."""
@@ -159,8 +173,11 @@ class MoeKernels(Closing):
         return weight_format(w_type).tile_for(n_pairs, n_expert, self.path_for(w_type))
 
     def mul_mat_id_kernel(self, w_type: RowType, n_pairs: int, n_expert: int, n_in: int) -> str:
-        """The name of the matrix kernel mul_mat_id launches for these shapes (see ``tile_for``)."""
+        """The name of the matrix kernel mul_mat_id launches for these shapes (see ``uses_gemv`` and
+        ``tile_for``)."""
         fmt = weight_format(w_type)
+        if self.uses_gemv(n_pairs):
+            return fmt.gemv_kernel_name
         tile = self.tile_for(w_type, n_pairs, n_expert, n_in)
         if self.uses_direct(w_type, n_in):
             return fmt.direct_kernel_name(tile)
@@ -207,8 +224,10 @@ class MoeKernels(Closing):
         """y[t, k, :] = W[ids[t, k]] @ x[t] (or x[t, k]) with float32 accumulation.
 
         ``tile_m`` overrides the tile height chosen for the number of pairs per expert
-        (benchmarks compare them); results are the same bytes with either. ``route_weights``
-        (float32 [n_tokens, top_k], direct kernels only: ``uses_direct``) scales each pair's row:
+        (benchmarks compare them); results are the same bytes with either. Given, it also keeps a
+        call of few pairs on the tile kernels where ``uses_gemv`` would take the matrix-vector one.
+        ``route_weights`` (float32 [n_tokens, top_k], where ``uses_direct`` holds: the direct kernels,
+        or the matrix-vector ones in their place) scales each pair's row:
         y[t, k, :] = route_weights[t, k] * (W[ids[t, k]] @ x).
         """
         call = "MoeKernels.mul_mat_id"
@@ -218,6 +237,7 @@ class MoeKernels(Closing):
         self._check_mul_mat_id_shapes(call, fmt, n_expert, n_out, n_in, n_tokens * top_k)
         n_pairs = n_tokens * top_k
         direct = self.uses_direct(w_type, n_in)
+        gemv = tile_m is None and self.uses_gemv(n_pairs)
         if route_weights is not None and not direct:
             raise InvalidArgument(
                 f"route_weights needs a direct-decode kernel, which {fmt.qtype.name} rows of {n_in} elements on "
@@ -236,12 +256,35 @@ class MoeKernels(Closing):
                 hint=f"tile heights there: {shown}",
             )
         w_bytes = n_expert * n_out * fmt.row_bytes(n_in)
-        align = layout.DIRECT_ALIGN if direct else fmt.unit_bytes
+        align = layout.DIRECT_ALIGN if direct and not gemv else fmt.unit_bytes
         w_view = view(call, "w", w, padded_size(w_bytes, fmt.qtype, n_in), align)
         x_rows = n_pairs if x_per_pair else n_tokens
         x_view = view(call, "x", x, x_rows * n_in * 4, 4)
         ids_view = view(call, "ids", ids, n_pairs * 4, 4)
         y_view = view(call, "y", y, n_pairs * n_out * 4, 4)
+        if gemv:
+            weights_arg = (
+                np.uint64(0) if route_weights is None else view(call, "route_weights", route_weights, n_pairs * 4)
+            )
+            stream.launch(
+                self.kernel(fmt.gemv_kernel_name),
+                (-(-n_out // layout.GEMV_ROWS), n_pairs),
+                layout.GEMV_THREADS,
+                (
+                    w_view,
+                    x_view,
+                    ids_view,
+                    y_view,
+                    _i32(n_expert),
+                    _i32(n_out),
+                    _i32(n_in),
+                    _i32(top_k),
+                    _i32(1 if x_per_pair else 0),
+                    _i32(n_pairs),
+                    weights_arg,
+                ),
+            )
+            return
         if direct:
             weights_view = None if route_weights is None else view(call, "route_weights", route_weights, n_pairs * 4)
             name = fmt.direct_kernel_name(tile_m)

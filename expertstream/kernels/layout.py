@@ -20,7 +20,14 @@ MMA_THREADS = 128  # threads per block of the matrix-core mul_mat_id (mma.cu)
 INT8_THREADS = 256  # threads per block of the int8 mul_mat_id (int8.cu)
 DIRECT_THREADS = 128  # threads per block of the direct-decode mul_mat_id (direct.cu)
 DIRECT_K = 64  # elements per k step of the direct-decode kernels: n_in must be a multiple
-DIRECT_ROUND_THREADS = 256  # threads per block of moe_round_x_direct
+DIRECT_ROUND_THREADS = 256
+GEMV_THREADS = 128  # threads per block of the matrix-vector mul_mat_id (gemv.cu)
+GEMV_WAVE = 32  # lanes per output row of the matrix-vector kernels: a logical wave on any device
+GEMV_ROWS = GEMV_THREADS // GEMV_WAVE  # output rows per block of the matrix-vector kernels
+# Pairs up to which MoeKernels(device, gemv=True) takes the matrix-vector kernels: each pair reads
+# its expert's rows again, so past a few pairs per expert the tile kernels, which read a tile's
+# weights once for all its pairs, should win. Not yet measured.
+GEMV_MAX_PAIRS = 8  # threads per block of moe_round_x_direct
 DIRECT_ALIGN = 4  # bytes: the direct kernels read Q4_K blocks in 32-bit words
 QUANT_THREADS = 256  # threads per block of the activation quantizer (int8.cu), one per 32-element block
 QUANT_BLOCK = 32  # activation elements sharing one int8 scale
@@ -136,6 +143,11 @@ class WeightFormat:
     def direct_kernel_name(self, tile_m: TileM, gate_up: bool = False) -> str:
         """The direct-decode kernel: mul_mat_id (optionally routing-weighted), or gate and up with SwiGLU."""
         return f"moe_{'gate_up' if gate_up else 'mul_mat_id'}_direct_{self.suffix}_m{int(tile_m)}"
+
+    @property
+    def gemv_kernel_name(self) -> str:
+        """The matrix-vector mul_mat_id of this type, for a few pairs (gemv.cu)."""
+        return f"moe_mul_mat_vec_id_{self.suffix}"
 
     @property
     def get_rows_kernel_name(self) -> str:

@@ -8,6 +8,7 @@ concatenated in the order of ``SOURCE_NAMES``, each using what the files before 
 - decode.cu: ``decode_slice``, each type's block decoder;
 - grouping.cu: the (token, k) pairs bucketed by expert and cut into tiles;
 - simt.cu: the float32 SIMT mul_mat_id and the tile start every mul_mat_id shares;
+- gemv.cu: the matrix-vector mul_mat_id for a few pairs (decode), one output row per wave;
 - elementwise.cu: SwiGLU and the combine at the end of an MoE layer;
 - routing.cu: router top-k and the per-architecture routing and FFN pieces (routing.py);
 - standin.cu: the RMS norm and residual add the runner puts around each MoE block;
@@ -16,8 +17,8 @@ concatenated in the order of ``SOURCE_NAMES``, each using what the files before 
   rotary embedding, the float16 KV cache write;
 - attention.cu: causal attention over an f16 KV cache (attention.py).
 
-After them come the per-type instances of the weight types a module needs: mul_mat_id's, and
-get_rows' for tables of that type.
+After them come the per-type instances of the weight types a module needs: mul_mat_id's (tile
+and matrix-vector), and get_rows' for tables of that type.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ SOURCE_NAMES = (
     "decode.cu",
     "grouping.cu",
     "simt.cu",
+    "gemv.cu",
     "elementwise.cu",
     "routing.cu",
     "standin.cu",
@@ -51,9 +53,9 @@ def kernel_source(types: Iterable[RowType] | None = None) -> str:
 
     The files of ``SOURCE_NAMES`` (the shared code and every kernel that is not per type), then
     the per-type instances of ``types`` (every type of layout.FORMATS when None): mul_mat_id's,
-    one kernel per path and tile height, and get_rows', each naming its type by its ggml number,
-    the template argument of the block formats in formats.cu. Compile time grows with the
-    instances, so a module holds only what its kernel needs (``module_types``).
+    one kernel per path and tile height and the matrix-vector one, and get_rows', each naming its
+    type by its ggml number, the template argument of the block formats in formats.cu. Compile time
+    grows with the instances, so a module holds only what its kernel needs (``module_types``).
     """
     files = [source_file(name) for name in SOURCE_NAMES]
     formats = layout.FORMATS.values() if types is None else [weight_format(t) for t in dict.fromkeys(types)]
@@ -67,7 +69,8 @@ def source_file(name: str) -> str:
 
 
 def type_kernels(fmt: WeightFormat) -> list[str]:
-    """The names of every per-type kernel of ``fmt``: each path's tile heights, the direct ones, get_rows."""
+    """The names of every per-type kernel of ``fmt``: each path's tile heights, the direct ones, the
+    matrix-vector one, get_rows."""
     return [name for name, _ in _instances(fmt)]
 
 
@@ -81,6 +84,7 @@ def _instances(fmt: WeightFormat) -> Iterator[tuple[str, str]]:
         for tile in layout.DIRECT_TILES:
             yield _instance(fmt.direct_kernel_name(tile), "MOE_MUL_MAT_ID_DIRECT", qtype, tile)
             yield _instance(fmt.direct_kernel_name(tile, gate_up=True), "MOE_GATE_UP_DIRECT", qtype, tile)
+    yield fmt.gemv_kernel_name, f"MOE_MUL_MAT_VEC_ID({fmt.gemv_kernel_name}, {qtype})"
     name = fmt.get_rows_kernel_name
     yield name, f"DENSE_GET_ROWS({name}, {qtype})"
 

@@ -264,6 +264,52 @@ def mul_mat_id_rate_key(args: Args) -> tuple[tuple[int, int], float]:
     return (n_out, n_in), y.nbytes / (4 * n_out) / n_expert
 
 
+# -- the matrix-vector kernels (gemv.cu) ---------------------------------------------------
+# moe_mul_mat_vec_id_*: w, x, ids, y, n_expert, n_out, n_in, top_k, x_per_pair, n_pairs, route_weights (or 0)
+
+
+def _gemv_runner(fmt: WeightFormat) -> Any:
+    def run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
+        w_bytes, x_bytes, ids_bytes, y_bytes, n_expert, n_out, n_in, top_k, x_per_pair, n_pairs, route_weights = args
+        n_expert, n_out, n_in, top_k, n_pairs = int(n_expert), int(n_out), int(n_in), int(top_k), int(n_pairs)
+        scales = route_weights.view(np.float32) if isinstance(route_weights, np.ndarray) else None
+        x = x_bytes.view(np.float32).reshape(-1, n_in)
+        y = y_bytes.view(np.float32).reshape(-1, n_out)
+        ids = ids_bytes.view(np.int32)[:n_pairs]
+        width = fmt.padded_row_elements(n_in)
+        for pair, expert in enumerate(ids.tolist()):
+            if not 0 <= expert < n_expert:
+                y[pair] = np.nan
+                continue
+            acts = np.zeros(width, np.float32)
+            acts[:n_in] = x[pair if x_per_pair else pair // top_k]
+            out = _padded_rows(w_bytes, fmt, expert, n_out, n_in) @ acts
+            y[pair] = out if scales is None else scales[pair] * out
+
+    return run
+
+
+def _gemv_accesses_for(fmt: WeightFormat) -> Any:
+    def accesses(args: Args) -> Sequence[Access]:
+        w, x, ids, y, n_expert, n_out, n_in = args[:7]
+        w_view = _as_view(w)
+        tensor_bytes = int(n_expert) * int(n_out) * fmt.row_bytes(int(n_in))
+        padded_from = w_view.offset + tensor_bytes if w_view.nbytes > tensor_bytes else None
+        return [
+            Access(w_view, write=False, padded_from=padded_from),
+            Access(_as_view(x), write=False),
+            Access(_as_view(ids), write=False),
+            *([Access(args[10], write=False)] if isinstance(args[10], BufferView) else []),
+            Access(_as_view(y), write=True),
+        ]
+
+    return accesses
+
+
+def _gemv_flops(args: Args) -> float:
+    return 2.0 * int(args[9]) * int(args[5]) * int(args[6])
+
+
 # -- the direct-decode kernels (direct.cu) --------------------------------------------------
 # moe_round_x_direct args: x, xb, n_rows, n_in
 # moe_mul_mat_id_direct_*: w, xb, scratch, y, n_expert, n_out, n_in, top_k, x_per_pair, max_tiles, route_weights
@@ -468,6 +514,10 @@ def twin_specs() -> list[KernelSpec]:
                         mul_mat_id_rate_key,
                     )
                 )
+    specs += [
+        KernelSpec(fmt.gemv_kernel_name, _gemv_runner(fmt), _gemv_accesses_for(fmt), _gemv_flops, mul_mat_id_rate_key)
+        for fmt in FORMATS.values()
+    ]
     specs.append(
         KernelSpec(
             "moe_round_x_direct",

@@ -1,0 +1,173 @@
+// ---------------------------------------------------------------------------------
+// mul_mat_vec_id: mul_mat_id for a few (token, k) pairs, as decode runs it.
+//
+// The tile kernels give a block 128 output rows of one expert, so one token's top-k pairs
+// (or a dense projection run as one expert and one pair) make only n_out / 128 blocks per
+// expert: far too few to read the weights at the memory's bandwidth. Here a logical wave of
+// MOE_GEMV_WAVE threads computes one output row of one pair, and a block MOE_GEMV_ROWS rows of
+// one pair: grid (ceil(n_out / MOE_GEMV_ROWS), n_pairs), no grouping pass.
+//
+// Lane l of a wave takes the row's 32-element slices l, l + 32, ...: it loads a slice's units
+// (16 bytes at a time where the type's slice is made of 16-byte runs and the address allows),
+// decodes them with decode_slice and adds x * w in float32 over the slice's elements in
+// ascending order. The wave's 32 partial sums are then added in a fixed tree (lane l + s into
+// lane l for s = 16, 8, 4, 2, 1), so an output does not depend on timing, on the other pairs of
+// the call or on the wave size of the device: on NVIDIA through warp shuffles, elsewhere (AMD's
+// wave64 targets, the host test harness) through shared memory and barriers, the same
+// additions in the same order.
+//
+// As the tile kernels do, quantized rows are read up to the next multiple of MOE_ROW_PADDING
+// elements against zero activations (past the last row, ggml's padding tail): a dirty tail
+// shows as NaN. Pairs whose id is outside [0, n_expert) get NaN rows and read no weights.
+// With route_weights (float32 per pair; null for none) each row is scaled by its pair's routing
+// weight, as the direct kernels' down projection does: y = route_weights[p] * (W x).
+// ---------------------------------------------------------------------------------
+
+// Must match expertstream/kernels/layout.py.
+#define MOE_GEMV_THREADS 128
+#define MOE_GEMV_WAVE 32                                  // lanes per output row: a logical wave
+#define MOE_GEMV_ROWS (MOE_GEMV_THREADS / MOE_GEMV_WAVE)  // output rows per block
+
+struct alignas(16) gemv_words4 {
+    unsigned int x, y, z, w;
+};
+
+// Whether every slice of TYPE is runs of 16 bytes that start 16 bytes apart in the block
+// (unit_of(s, h) consecutive in h within each run of 16 / sizeof(Unit) units): such a slice
+// is loaded 16 bytes at a time when its block is 16-byte aligned. Q4_K: the 16-byte header and
+// 32 quant bytes; Q5_K: header and qh (48 bytes), 32 quant bytes; the float types: 32 elements.
+template <int TYPE> struct GemvWide {
+    static const bool value = TYPE == ES_TYPE_Q4_K || TYPE == ES_TYPE_Q5_K || TYPE == ES_TYPE_F16 ||
+                              TYPE == ES_TYPE_BF16 || TYPE == ES_TYPE_F32;
+};
+
+// One slice's units as decode_slice reads them; the 16-byte words hold them for wide loads.
+template <int TYPE> union GemvStaged {
+    static const int WORDS = (BlockFormat<TYPE>::slice_units * (int)sizeof(typename BlockFormat<TYPE>::Unit) + 15) / 16;
+    gemv_words4 words[WORDS];
+    typename BlockFormat<TYPE>::Unit units[WORDS * 16 / sizeof(typename BlockFormat<TYPE>::Unit)];
+};
+
+// Stage slice ks of the row at `row` (n_in elements). For the float types a slice past n_in is
+// partial: its units there are zeros, never read.
+template <int TYPE>
+__device__ void gemv_stage(const unsigned char* __restrict__ row, int ks, int n_in, GemvStaged<TYPE>& staged) {
+    typedef typename BlockFormat<TYPE>::Unit Unit;
+    const int UNITS = BlockFormat<TYPE>::slice_units;
+    const int SLICES = BlockFormat<TYPE>::slices;
+    const int RUN_UNITS = 16 / (int)sizeof(Unit);
+    const int s = ks % SLICES;
+    const unsigned char* block = row + (long long)(ks / SLICES) * BlockFormat<TYPE>::bytes;
+    const bool whole = BlockFormat<TYPE>::quantized || ks * MOE_TILE_K + MOE_TILE_K <= n_in;
+    if (GemvWide<TYPE>::value && whole && ((unsigned long long)block & 15u) == 0) {
+#pragma unroll
+        for (int r = 0; r < GemvStaged<TYPE>::WORDS; ++r) {
+            staged.words[r] = *(const gemv_words4*)(block + BlockFormat<TYPE>::unit_of(s, r * RUN_UNITS) * sizeof(Unit));
+        }
+        return;
+    }
+#pragma unroll
+    for (int h = 0; h < UNITS; ++h) {
+        const bool inside = BlockFormat<TYPE>::quantized || ks * MOE_TILE_K + h < n_in;
+        staged.units[h] = inside ? ((const Unit*)block)[BlockFormat<TYPE>::unit_of(s, h)] : (Unit)0;
+    }
+}
+
+// acc plus x[k0 + j] * v[j] for j ascending, x zero at and past n_in (the padded part).
+__device__ float gemv_slice_dot(const float* __restrict__ x_row, int k0, int n_in, const float* v, float acc) {
+    if (k0 + MOE_TILE_K <= n_in && ((unsigned long long)(x_row + k0) & 15u) == 0) {
+#pragma unroll
+        for (int q = 0; q < MOE_TILE_K / 4; ++q) {
+            const vec4 a = *(const vec4*)(x_row + k0 + 4 * q);
+            acc = fmaf(a.x, v[4 * q], acc);
+            acc = fmaf(a.y, v[4 * q + 1], acc);
+            acc = fmaf(a.z, v[4 * q + 2], acc);
+            acc = fmaf(a.w, v[4 * q + 3], acc);
+        }
+        return acc;
+    }
+#pragma unroll
+    for (int j = 0; j < MOE_TILE_K; ++j) {
+        const float a = k0 + j < n_in ? x_row[k0 + j] : 0.0f;
+        acc = fmaf(a, v[j], acc);
+    }
+    return acc;
+}
+
+// The sum of a wave's partial sums, valid at its lane 0: lane l + s added into lane l for
+// s = 16, 8, 4, 2, 1. Every thread of the block must call it (the generic form holds barriers).
+__device__ float gemv_wave_sum(float partial, float* exchange) {
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+    for (int s = MOE_GEMV_WAVE / 2; s > 0; s >>= 1) {
+        partial += __shfl_down_sync(0xffffffffu, partial, s);
+    }
+    return partial;
+#else
+    const int tid = threadIdx.x;
+    exchange[tid] = partial;
+    __syncthreads();
+    for (int s = MOE_GEMV_WAVE / 2; s > 0; s >>= 1) {
+        if (tid % MOE_GEMV_WAVE < s) {
+            exchange[tid] += exchange[tid + s];
+        }
+        __syncthreads();
+    }
+    return exchange[tid];
+#endif
+}
+
+template <int TYPE>
+__device__ void mul_mat_vec_id(const unsigned char* __restrict__ w, const float* __restrict__ x,
+                               const int* __restrict__ ids, float* __restrict__ y, int n_expert, int n_out, int n_in,
+                               int top_k, int x_per_pair, int n_pairs, const float* __restrict__ route_weights) {
+#if defined(__CUDA_ARCH__)
+    float* exchange = 0;
+#else
+    __shared__ float exchange[MOE_GEMV_THREADS];
+#endif
+    const int pair = blockIdx.y;
+    if (pair >= n_pairs) {
+        return;
+    }
+    const int lane = threadIdx.x % MOE_GEMV_WAVE;
+    const int o = blockIdx.x * MOE_GEMV_ROWS + threadIdx.x / MOE_GEMV_WAVE;
+    const int expert = ids[pair];
+    if (expert < 0 || expert >= n_expert) {  // the same for the whole block: it returns before any barrier
+        if (lane == 0 && o < n_out) {
+            y[(long long)pair * n_out + o] = bits_to_float(0x7fc00000u);
+        }
+        return;
+    }
+    float partial = 0.0f;
+    if (o < n_out) {
+        const long long row_bytes = weight_row_bytes<TYPE>(n_in);
+        const unsigned char* row = w + ((long long)expert * n_out + o) * row_bytes;
+        const float* x_row = x + (long long)(x_per_pair ? pair : pair / top_k) * n_in;
+        const int steps = BlockFormat<TYPE>::quantized
+                              ? (n_in + MOE_ROW_PADDING - 1) / MOE_ROW_PADDING * (MOE_ROW_PADDING / MOE_TILE_K)
+                              : (n_in + MOE_TILE_K - 1) / MOE_TILE_K;
+        for (int ks = lane; ks < steps; ks += MOE_GEMV_WAVE) {
+            GemvStaged<TYPE> staged;
+            gemv_stage<TYPE>(row, ks, n_in, staged);
+            float v[MOE_TILE_K];
+            decode_slice<TYPE>(staged.units, ks % BlockFormat<TYPE>::slices, v);
+            partial = gemv_slice_dot(x_row, ks * MOE_TILE_K, n_in, v, partial);
+        }
+    }
+    const float sum = gemv_wave_sum(partial, exchange);
+    if (lane == 0 && o < n_out) {
+        y[(long long)pair * n_out + o] = route_weights ? route_weights[pair] * sum : sum;
+    }
+}
+
+#define MOE_MUL_MAT_VEC_ID(NAME, TYPE)                                                                    \
+    extern "C" __global__ void __launch_bounds__(MOE_GEMV_THREADS)                                        \
+        NAME(const unsigned char* __restrict__ w, const float* __restrict__ x, const int* __restrict__ ids, \
+             float* __restrict__ y, int n_expert, int n_out, int n_in, int top_k, int x_per_pair,          \
+             int n_pairs, const float* __restrict__ route_weights) {                                      \
+        mul_mat_vec_id<TYPE>(w, x, ids, y, n_expert, n_out, n_in, top_k, x_per_pair, n_pairs,              \
+                             route_weights);                                                               \
+    }
+// Instances (one per weight type of layout.FORMATS) are appended after the last file by
+// kernel_source (program.py), for the types a module needs.

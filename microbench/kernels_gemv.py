@@ -1,0 +1,121 @@
+"""mul_mat_id at decode sizes: the matrix-vector kernels of gemv.cu against the tile kernels
+(``python -m microbench.kernels --gemv``).
+
+One token's pairs on Qwen3-30B-A3B-shaped tensors (128 experts; gate/up [768][2048] with the token's
+activation row shared by its pairs, down [2048][768] with one row per pair): 1 pair (one expert, as a
+dense projection runs) and 8 (the token's top-8, distinct experts). A row's time is the device time
+per call, back to back behind a gate as kernels.py times them, and its GB/s the weight bytes the call
+must read (the rows of the experts its pairs use, each expert once) over that time: against the
+device's memory bandwidth, how far decode is from reading each weight once at full speed. "vs gemv"
+is each output's relative difference from the matrix-vector kernel's (about 2.4e-3 for the bf16
+paths, from their rounding).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from gguf import GGMLQuantizationType
+
+from expertstream.backends.base import Device, DeviceBuffer, Stream
+from expertstream.bench.probes import expert_weights
+from expertstream.kernels import MoeKernels
+from expertstream.kernels import reference as ref
+from expertstream.kernels.layout import weight_format
+
+from ._common import Column
+
+DEFAULT_TYPES = ("Q4_0", "Q4_K")
+PAIRS = (1, 8)
+
+
+@dataclass(frozen=True)
+class GemvRow:
+    type: str
+    tensor: str
+    pairs: int
+    kernel: str  # "gemv", or the tile kernel family of kernels.FAMILIES
+    kernel_ms: float
+    weight_mb: float  # bytes of the experts' rows the call reads
+    gbs: float
+    diff_vs_gemv: float | None  # ||y - y_gemv|| / ||y_gemv|| on the same inputs (None without outputs)
+
+
+COLUMNS: Sequence[Column] = (
+    Column("type", "type"),
+    Column("tensor", "tensor"),
+    Column("pairs", "pairs"),
+    Column("kernel", "kernel"),
+    Column("kernel_ms", "kernel ms", "{:.4f}"),
+    Column("weight_mb", "weight MB", "{:.2f}"),
+    Column("gbs", "GB/s", "{:.0f}"),
+    Column("diff_vs_gemv", "vs gemv", "{:.1e}"),
+)
+
+
+def measure(
+    device: Device,
+    stream: Stream,
+    families: dict[str, MoeKernels],
+    types: Sequence[str],
+    shapes: Sequence[Any],
+    n_expert: int,
+    seed: int,
+    time_ms: Callable[[Callable[[], None]], float],
+) -> list[GemvRow]:
+    """Every type, shape (kernels.TensorShape) and pair count: the matrix-vector kernel, then each
+    tile kernel family, on the same weights, routing and activations."""
+    rng = np.random.default_rng(seed)
+    rows: list[GemvRow] = []
+    with MoeKernels(device, gemv=True) as gemv:
+        kernels = {"gemv": gemv, **families}
+        for type_name in types:
+            w_type = GGMLQuantizationType[type_name]
+            for shape in shapes:
+                with expert_weights(device, rng, w_type, shape.n_out, shape.n_in, n_expert) as w:
+                    for pairs in PAIRS:
+                        ids = rng.permutation(n_expert)[:pairs].astype(np.int32).reshape(1, pairs)
+                        x = rng.standard_normal((pairs if shape.x_per_pair else 1, shape.n_in), dtype=np.float32)
+                        problem = (w, w_type, shape, n_expert)
+                        rows += _measure_pairs(device, stream, kernels, problem, x, ids, time_ms)
+    return rows
+
+
+def _measure_pairs(
+    device: Device,
+    stream: Stream,
+    kernels: dict[str, MoeKernels],
+    problem: tuple[DeviceBuffer, GGMLQuantizationType, Any, int],
+    x: np.ndarray,
+    ids: np.ndarray,
+    time_ms: Callable[[Callable[[], None]], float],
+) -> list[GemvRow]:
+    """One problem, (weights, their type, kernels.TensorShape, experts), through each of ``kernels``
+    (the first the matrix-vector one)."""
+    w, w_type, shape, n_expert = problem
+    pairs = ids.size
+    weight_bytes = pairs * shape.n_out * weight_format(w_type).row_bytes(shape.n_in)  # distinct experts
+    rows = []
+    gemv_output: np.ndarray | None = None
+    with device.upload(x) as x_buf, device.upload(ids) as ids_buf, device.alloc(pairs * shape.n_out * 4) as y:
+        for name, family in kernels.items():
+            if family.uses_gemv(pairs) != (name == "gemv"):
+                raise AssertionError(f"{name}: the launcher's choice is not the kernel this row names")
+
+            def launch(family: MoeKernels = family) -> None:
+                family.mul_mat_id(
+                    stream, w, w_type, n_expert, shape.n_out, shape.n_in, x_buf, shape.x_per_pair, ids_buf, 1, pairs, y
+                )
+
+            ms = time_ms(launch)
+            diff = None
+            if device.backend.host.holds_data:
+                output = y.read().view(np.float32)
+                gemv_output = output if gemv_output is None else gemv_output
+                diff = ref.relative_error(output, gemv_output)
+            gbs = weight_bytes / (ms * 1e-3) / 1e9
+            rows.append(GemvRow(w_type.name, shape.name, pairs, name, ms, weight_bytes / 1e6, gbs, diff))
+    return rows

@@ -1,0 +1,141 @@
+"""The matrix-vector mul_mat_id (gemv.cu) against the float64 reference on every usable backend, for
+every weight type: odd n_out, rows that read the padding tail, ids out of range, x per pair, routing
+weights, and the launcher's choice between it and the tile kernels.
+
+Fresh random inputs each run; outputs are poisoned with NaN before each launch, so an element the
+kernel did not write fails the finiteness check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType
+
+from expertstream.backends.base import Device, Stream
+from expertstream.kernels import MoeKernels, layout
+from expertstream.kernels import reference as ref
+from expertstream.kernels.layout import TileM, weight_format
+
+from . import tensors
+from .tensors import ALL_TYPES, QUANTIZED, Shape
+
+
+@pytest.fixture(scope="module")
+def kernels(device: Device) -> Iterator[MoeKernels]:
+    with MoeKernels(device, gemv=True) as k:
+        yield k
+        device.synchronize()
+
+
+def n_in_for(w_type: GGMLQuantizationType) -> int:
+    """768 for quantized types (not a multiple of 512: rows read the padding tail); 200 for the
+    float types (not a multiple of the 32-element slice: the last slice is partial)."""
+    return 768 if w_type in QUANTIZED else 200
+
+
+def check(y: np.ndarray, expected: np.ndarray) -> None:
+    assert np.isfinite(y).all(), f"{np.count_nonzero(~np.isfinite(y))} outputs unwritten or not finite"
+    err = ref.relative_error(y, expected)
+    assert err < ref.MUL_MAT_ID_RTOL, f"relative error {err:.3g} over {ref.MUL_MAT_ID_RTOL}"
+
+
+@pytest.mark.parametrize("x_per_pair", [False, True], ids=["shared_x", "x_per_pair"])
+@pytest.mark.parametrize("w_type", ALL_TYPES, ids=lambda t: t.name)
+def test_matches_reference(
+    kernels: MoeKernels,
+    device: Device,
+    stream: Stream,
+    rng: np.random.Generator,
+    w_type: GGMLQuantizationType,
+    x_per_pair: bool,
+) -> None:
+    # n_out 37: odd, the last block of rows partial; the last expert (whose last row reads the
+    # padding tail) is used; one id past the experts and one below zero give NaN rows.
+    shape = Shape(n_expert=5, n_out=37, n_in=n_in_for(w_type), n_tokens=2, top_k=4, x_per_pair=x_per_pair)
+    assert shape.n_pairs <= layout.GEMV_MAX_PAIRS
+    ids = np.array([[4, 0, 7, 2], [1, -1, 4, 3]], np.int32)
+    problem = tensors.make_problem(device, rng, w_type, shape, ids)
+    assert kernels.mul_mat_id_kernel(w_type, shape.n_pairs, shape.n_expert, shape.n_in) == (
+        weight_format(w_type).gemv_kernel_name
+    )
+    y = tensors.run(kernels, stream, problem)
+    bad = (ids < 0) | (ids >= shape.n_expert)
+    assert np.isnan(y[bad]).all(), "rows of ids out of range are not NaN"
+    check(y[~bad], problem.reference()[~bad])
+
+
+@pytest.mark.parametrize("w_type", [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_K], ids=lambda t: t.name)
+def test_one_pair_over_a_dense_projection(
+    kernels: MoeKernels, device: Device, stream: Stream, rng: np.random.Generator, w_type: GGMLQuantizationType
+) -> None:
+    """A dense projection as decode runs it: one expert, one token, many rows."""
+    shape = Shape(n_expert=1, n_out=1029, n_in=2560, n_tokens=1, top_k=1)
+    problem = tensors.make_problem(device, rng, w_type, shape, np.zeros((1, 1), np.int32))
+    check(tensors.run(kernels, stream, problem), problem.reference())
+
+
+def test_agrees_with_the_tile_kernels_beyond_its_pairs(
+    kernels: MoeKernels, device: Device, stream: Stream, rng: np.random.Generator
+) -> None:
+    """Past GEMV_MAX_PAIRS, or with a tile height given, the tile kernels run: same function."""
+    w_type = GGMLQuantizationType.Q4_K
+    few = Shape(n_expert=10, n_out=40, n_in=1024, n_tokens=1, top_k=layout.GEMV_MAX_PAIRS)
+    many = Shape(n_expert=10, n_out=40, n_in=1024, n_tokens=3, top_k=layout.GEMV_MAX_PAIRS // 2 + 1)
+    assert many.n_pairs > layout.GEMV_MAX_PAIRS
+    name = weight_format(w_type).gemv_kernel_name
+    assert kernels.mul_mat_id_kernel(w_type, few.n_pairs, few.n_expert, few.n_in) == name
+    assert kernels.mul_mat_id_kernel(w_type, many.n_pairs, many.n_expert, many.n_in) != name
+    for shape in (few, many):
+        ids = tensors.distinct_ids(rng, shape.n_tokens, shape.top_k, np.arange(shape.n_expert))
+        problem = tensors.make_problem(device, rng, w_type, shape, ids)
+        chosen = tensors.run(kernels, stream, problem)
+        tiled = tensors.run(kernels, stream, problem, tile_m=TileM.SHORT)
+        tile_bound = ref.mul_mat_id_rtol(kernels.path_for(w_type))
+        if shape is few:
+            check(chosen, problem.reference())
+        else:
+            assert chosen.tobytes() == tiled.tobytes(), "past GEMV_MAX_PAIRS the tile kernel should run"
+        assert ref.relative_error(tiled, problem.reference()) < tile_bound
+
+
+def test_off_by_default(device: Device) -> None:
+    with MoeKernels(device) as plain:
+        assert not plain.uses_gemv(1)
+        name = plain.mul_mat_id_kernel(GGMLQuantizationType.Q4_0, 1, 8, 2048)
+        assert name != weight_format(GGMLQuantizationType.Q4_0).gemv_kernel_name
+
+
+def test_route_weights_scale_each_row(
+    kernels: MoeKernels, device: Device, stream: Stream, rng: np.random.Generator
+) -> None:
+    """Where the direct kernels would scale rows by routing weights, the matrix-vector one does."""
+    w_type = GGMLQuantizationType.Q4_K
+    shape = Shape(n_expert=4, n_out=33, n_in=512, n_tokens=1, top_k=3, x_per_pair=True)
+    if not kernels.uses_direct(w_type, shape.n_in):
+        pytest.skip(f"{device.label} takes no direct-decode kernel, so mul_mat_id refuses route_weights")
+    problem = tensors.make_problem(device, rng, w_type, shape, np.array([[3, 0, 2]], np.int32))
+    weights = rng.uniform(0.1, 1.0, (1, 3)).astype(np.float32)
+    y_buf = tensors.poisoned(device, shape.n_pairs * shape.n_out * 4)
+    with device.upload(weights) as weights_buf:
+        kernels.mul_mat_id(
+            stream,
+            problem.w_buf,
+            w_type,
+            shape.n_expert,
+            shape.n_out,
+            shape.n_in,
+            problem.x_buf,
+            True,
+            problem.ids_buf,
+            1,
+            3,
+            y_buf,
+            route_weights=weights_buf,
+        )
+        stream.synchronize()
+    y = y_buf.read().view(np.float32).reshape(1, 3, shape.n_out)
+    y_buf.close()
+    check(y, weights[..., None] * problem.reference())

@@ -1,0 +1,157 @@
+"""gemv.cu's matrix-vector mul_mat_id itself, compiled for this host and run block by block with
+test_kernels_on_host's fiber runner (each round of a block's threads in a fresh random order), against
+the float64 reference: the CUDA-C the GPUs run, checked where no GPU is. The host takes the kernel's
+generic wave sum (shared memory and barriers), the one AMD's wave64 targets take.
+
+Each problem runs with the weights and activations 16-byte aligned (the types whose slices are 16-byte
+runs load them 16 bytes at a time, the activations 4 floats at a time) and misaligned (one unit at a
+time): the outputs must be the same bytes, and the same again on a second run (no dependence on the
+order the threads ran in).
+"""
+
+from __future__ import annotations
+
+import struct
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType
+
+from expertstream.kernels import kernel_source, layout
+from expertstream.kernels import reference as ref
+from expertstream.kernels.layout import FORMATS
+
+from .test_kernels_on_host import _FIBERS, CXX, build_on_host, with_tail
+
+_T = GGMLQuantizationType
+# Whole 32-element blocks (Q4_0, bytes for MXFP4), 256-element blocks loaded in 16-byte runs (Q4_K)
+# or not (Q6_K, IQ2_XS), and the float types (partial last slice; F16 in 16-byte runs, F32 in words).
+TYPES = (_T.Q4_0, _T.MXFP4, _T.Q4_K, _T.Q6_K, _T.IQ2_XS, _T.F16, _T.F32)
+
+_DRIVER = (
+    _FIBERS
+    + """
+typedef void (*MulMatVecId)(const unsigned char*, const float*, const int*, float*, int, int, int, int, int, int,
+                            const float*);
+
+int main(int argc, char** argv) {
+    MulMatVecId kernels[] = {%s};
+    const int kernel = atoi(argv[1]);
+    std::vector<int> shape = read_array<int>(10);
+    const int n_expert = shape[0], n_out = shape[1], n_in = shape[2], n_tokens = shape[3], top_k = shape[4];
+    const int x_per_pair = shape[5], w_bytes = shape[6], w_shift = shape[7], x_shift = shape[8];
+    const int scaled = shape[9];
+    const int n_pairs = n_tokens * top_k;
+    const size_t x_count = (size_t)(x_per_pair ? n_pairs : n_tokens) * n_in;
+    // Placed w_shift bytes (x_shift floats) past a 16-byte boundary.
+    std::vector<float> w_storage(w_bytes / 4 + 8);
+    std::vector<float> x_storage(x_count + 8);
+    unsigned char* w = (unsigned char*)w_storage.data() + (16 - (size_t)w_storage.data() %% 16) %% 16 + w_shift;
+    float* x = x_storage.data() + (16 - (size_t)x_storage.data() %% 16) %% 16 / 4 + x_shift;
+    if (w_bytes && fread(w, 1, w_bytes, stdin) != (size_t)w_bytes) exit(2);
+    if (fread(x, sizeof(float), x_count, stdin) != x_count) exit(2);
+    std::vector<int> ids = read_array<int>(n_pairs);
+    std::vector<float> route_weights = read_array<float>(scaled ? n_pairs : 0);
+    std::vector<float> y((size_t)n_pairs * n_out, NAN);
+    const unsigned grid_x = (n_out + MOE_GEMV_ROWS - 1) / MOE_GEMV_ROWS;
+    gridDim = EsDim3{grid_x, (unsigned)n_pairs, 1};
+    blockDim = EsDim3{MOE_GEMV_THREADS, 1, 1};
+    for (unsigned by = 0; by < (unsigned)n_pairs; ++by) {
+        for (unsigned bx = 0; bx < grid_x; ++bx) {
+            blockIdx = EsDim3{bx, by, 0};
+            run_block(MOE_GEMV_THREADS, [&] {
+                kernels[kernel](w, x, ids.data(), y.data(), n_expert, n_out, n_in, top_k, x_per_pair, n_pairs,
+                                scaled ? route_weights.data() : nullptr);
+            });
+        }
+    }
+    fwrite(y.data(), sizeof(float), y.size(), stdout);
+    return 0;
+}
+"""
+)
+
+
+@pytest.fixture(scope="module")
+def host_gemv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if CXX is None:
+        pytest.skip("no C++ compiler (c++, g++ or clang++) on PATH")
+    names = ", ".join(FORMATS[t].gemv_kernel_name for t in TYPES)
+    return build_on_host(tmp_path_factory.mktemp("host_gemv"), kernel_source(TYPES), _DRIVER % names)
+
+
+def run_gemv(
+    binary: Path,
+    w_type: GGMLQuantizationType,
+    padded: np.ndarray,
+    x: np.ndarray,
+    ids: np.ndarray,
+    shape: tuple[int, int, int],
+    misaligned: bool = False,
+    route_weights: np.ndarray | None = None,
+) -> np.ndarray:
+    """y [n_tokens, top_k, n_out] from the kernel; ``misaligned`` places w one unit and x one float
+    past a 16-byte boundary."""
+    n_expert, n_out, n_in = shape
+    n_tokens, top_k = ids.shape
+    w_shift, x_shift = (FORMATS[w_type].unit_bytes, 1) if misaligned else (0, 0)
+    fields = (n_expert, n_out, n_in, n_tokens, top_k, int(x.ndim == 3), padded.nbytes, w_shift, x_shift)
+    header = struct.pack("10i", *fields, int(route_weights is not None))
+    data = header + padded.tobytes() + np.ascontiguousarray(x, np.float32).tobytes() + ids.astype(np.int32).tobytes()
+    if route_weights is not None:
+        data += route_weights.astype(np.float32).tobytes()
+    run = subprocess.run([str(binary), str(TYPES.index(w_type))], input=data, capture_output=True, check=True)
+    return np.frombuffer(run.stdout, np.float32).reshape(n_tokens, top_k, n_out)
+
+
+@pytest.mark.parametrize("w_type", TYPES, ids=lambda t: t.name)
+def test_matches_reference_aligned_or_not(
+    host_gemv: Path, rng: np.random.Generator, w_type: GGMLQuantizationType
+) -> None:
+    # n_out 13: odd, the last block of rows partial. n_in 768 reads the padding tail of quantized
+    # rows; 200 ends the float rows in a partial slice. Ids out of range give NaN rows.
+    fmt = FORMATS[w_type]
+    n_expert, n_out, n_in = 4, 13, 768 if fmt.quantized else 200
+    w = ref.random_weights(rng, w_type, n_expert * n_out, n_in)
+    ids = np.array([[3, 0, -2], [1, 4, 3]], np.int32)
+    bad = (ids < 0) | (ids >= n_expert)
+    padded = with_tail(w, w_type, n_in)
+    for x_per_pair in (False, True):
+        x = rng.standard_normal((2, 3, n_in) if x_per_pair else (2, n_in)).astype(np.float32)
+        expected = ref.mul_mat_id(w, w_type, n_expert, n_out, n_in, x, ids)
+        y = run_gemv(host_gemv, w_type, padded, x, ids, (n_expert, n_out, n_in))
+        assert np.isnan(y[bad]).all(), "rows of ids out of range are not NaN"
+        assert np.isfinite(y[~bad]).all(), "outputs unwritten or not finite"
+        err = ref.relative_error(y[~bad], expected[~bad])
+        assert err < ref.MUL_MAT_ID_RTOL, f"relative error {err:.3g}"
+        again = run_gemv(host_gemv, w_type, padded, x, ids, (n_expert, n_out, n_in))
+        assert again.tobytes() == y.tobytes(), "a second run (threads in another order) gave other bytes"
+        shifted = run_gemv(host_gemv, w_type, padded, x, ids, (n_expert, n_out, n_in), misaligned=True)
+        assert shifted.tobytes() == y.tobytes(), "misaligned inputs (narrow loads) gave other bytes"
+
+
+@pytest.mark.parametrize("w_type", [_T.Q4_0, _T.Q4_K], ids=lambda t: t.name)
+def test_dirty_padding_tail_shows(host_gemv: Path, rng: np.random.Generator, w_type: GGMLQuantizationType) -> None:
+    n_expert, n_out, n_in = 2, 9, 768
+    w = ref.random_weights(rng, w_type, n_expert * n_out, n_in)
+    ids = np.array([[0, 1]], np.int32)
+    x = rng.standard_normal((1, n_in)).astype(np.float32)
+    y = run_gemv(host_gemv, w_type, with_tail(w, w_type, n_in, 0xFF), x, ids, (n_expert, n_out, n_in))
+    assert np.isnan(y[0, 1, -1]), "a NaN padding tail was not read"
+    assert np.isfinite(y[0, 0]).all() and np.isfinite(y[0, 1, :-1]).all()
+
+
+def test_route_weights_scale_each_row(host_gemv: Path, rng: np.random.Generator) -> None:
+    w_type = _T.Q4_K
+    n_expert, n_out, n_in = 3, 7, 2048
+    w = ref.random_weights(rng, w_type, n_expert * n_out, n_in)
+    ids = np.array([[2, 0, 1]], np.int32)
+    x = rng.standard_normal((1, 3, n_in)).astype(np.float32)
+    weights = rng.uniform(0.1, 1.0, (1, 3)).astype(np.float32)
+    padded = with_tail(w, w_type, n_in)
+    y = run_gemv(host_gemv, w_type, padded, x, ids, (n_expert, n_out, n_in), route_weights=weights)
+    err = ref.relative_error(y, weights[..., None] * ref.mul_mat_id(w, w_type, n_expert, n_out, n_in, x, ids))
+    assert err < ref.MUL_MAT_ID_RTOL, f"relative error {err:.3g}"
+    assert layout.GEMV_ROWS * layout.GEMV_WAVE == layout.GEMV_THREADS
