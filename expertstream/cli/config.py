@@ -71,6 +71,7 @@ class RunConfig:
     ring: RingOptions
     matrix_path: MatrixPath | None  # None: each expert type's default
     direct: bool
+    gemv: bool
     fuse_gate_up: bool
     experts_only: bool
     prefill_order: str
@@ -136,6 +137,7 @@ class RunConfig:
             ),
             matrix_path=None if args.matrix_path == AUTO else MatrixPath(args.matrix_path),
             direct=not args.no_direct,
+            gemv=args.gemv,
             fuse_gate_up=args.fuse_gate_up,
             experts_only=args.experts_only,
             prefill_order=args.prefill_order,
@@ -191,6 +193,7 @@ class RunConfig:
             gpu_memory=self.gpu_memory,
             matrix_path=self.matrix_path,
             direct=self.direct,
+            gemv=self.gemv,
             fuse_gate_up=self.fuse_gate_up,
             whole=not self.experts_only,
             prefill_order=self.prefill_order,

@@ -313,6 +313,12 @@ def register(subparsers: Any) -> None:
         "staging slots at once, so use slots >= 3",
     )
     prefill.add_argument(
+        "--gemv",
+        action="store_true",
+        help="decode's few rows on the matrix-vector kernels (one output row per wave) instead of the tile "
+        "kernels; not yet measured on a GPU, so off by default",
+    )
+    prefill.add_argument(
         "--experts-only",
         action="store_true",
         help="run the expert blocks alone around a weightless stand-in (no attention, embeddings or head): the "

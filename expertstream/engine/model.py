@@ -50,6 +50,7 @@ class Options:
     fuse_gate_up: bool = False
     prefill_order: str = "auto"  # "layer", "ubatch" or "auto" (layer-major where the prompt's rows fit)
     graphs: bool = True  # decode steps replayed from one captured graph where the scheduler can
+    gemv: bool = False  # decode's few rows on the matrix-vector kernels (MoeKernels.gemv; not yet measured)
 
     def __post_init__(self) -> None:
         if self.prefill_order not in ("auto", "layer", "ubatch"):
@@ -227,6 +228,7 @@ class _Run:
                     Batching(self.tokens, options.ubatch, self.steps),
                     matrix_path=options.matrix_path,
                     fuse_gate_up=options.fuse_gate_up,
+                    gemv=options.gemv,
                     transformer=m.transformer,
                     n_ctx=options.n_ctx,
                     layer_major=m._layer_major(self.tokens),

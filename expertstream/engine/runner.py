@@ -244,6 +244,7 @@ class _Part(Closing):
         last: bool,
         matrix_path: MatrixPath | None,
         direct: bool = True,
+        gemv: bool = False,
         whole: _Whole | None = None,
         blocks: Sequence[int] = (),
     ) -> None:
@@ -252,7 +253,7 @@ class _Part(Closing):
         self.batching = batching
         self.data = device.backend.host.holds_data
         self.position = {index: i for i, index in enumerate(layers)}  # layer index -> its place on this device
-        self.kernels = MoeKernels(device, matrix_path, direct=direct)
+        self.kernels = MoeKernels(device, matrix_path, direct=direct, gemv=gemv)
         self._uploads = Uploads(device, model)
         self._scratch: _Scratch | None = None
         self.blocks: Blocks | None = None
@@ -413,13 +414,15 @@ class MoeRunner(Closing):
         matrix_path: MatrixPath | None = None,
         fuse_gate_up: bool = False,
         direct: bool = True,
+        gemv: bool = False,
         transformer: Transformer | None = None,
         n_ctx: int | None = None,
         layer_major: bool = False,
         all_logits: bool = False,
     ) -> None:
         self.devices: tuple[Device, ...] = (devices,) if isinstance(devices, Device) else tuple(devices)
-        # direct: whether the MMA path takes direct.cu's kernels where they apply (MoeKernels.direct).
+        # direct: whether the MMA path takes direct.cu's kernels where they apply (MoeKernels.direct);
+        # gemv: whether a few pairs take the matrix-vector kernels (MoeKernels.gemv; not yet measured).
         # One gate_up split per layer where the kernels can (fuses_gate_up). Off by default: the
         # split's two tensors take two prefetch slots at once, so with fewer than 3 slots one of them
         # falls back to the stock copy (the scheduler counts it as too_many_inputs).
@@ -454,6 +457,7 @@ class MoeRunner(Closing):
                         last=i == len(self.devices) - 1,
                         matrix_path=matrix_path,
                         direct=direct,
+                        gemv=gemv,
                         whole=self.whole,
                         blocks=blocks[i],
                     )
