@@ -1,14 +1,16 @@
 """Write the llama.cpp logits fixtures of test_against_llamacpp.py (needs llamacpp-logits, a CPU build).
 
-python3 -m tests.engine.llamacpp.make LLAMACPP_LOGITS
+python3 -m tests.engine.llamacpp.make LLAMACPP_LOGITS [PRESET ...]
 
-For each first-group tiny preset (make-model Q8_0, seed 3): a 128-token prompt from the project's corpus and
-16 greedy steps through llama.cpp on the CPU; saved as PRESET.npz with the tokens fed, the logits (float16),
-the prompt length and the made file's sha256 (the test refuses a fixture of another file).
+For each first-group tiny preset (make-model Q8_0, seed 3), and glm4moe with a leading dense layer: a
+128-token prompt from the project's corpus and 16 greedy steps through llama.cpp on the CPU; saved as
+PRESET.npz with the tokens fed, the logits (float16), the prompt length and the made file's sha256 (the
+test refuses a fixture of another file). PRESET names limit the run to those.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import subprocess
 import sys
@@ -19,12 +21,23 @@ import numpy as np
 
 from expertstream.engine.tokenizer import Tokenizer
 from expertstream.model import make_model
+from expertstream.model.presets import PRESETS as MODEL_PRESETS
+from expertstream.model.presets import ModelPreset
 from microbench.llamacpp_logits.compare import read_run
 
 HERE = Path(__file__).parent
-PRESETS = ("tiny", "tiny-mixtral", "tiny-qwen2moe", "tiny-gpt-oss", "tiny-glm4moe")
+# glm4moe with a leading dense layer as GLM-4.5 has one: attention and a dense FFN before the MoE layers.
+VARIANTS = {
+    "tiny-glm4moe-dense": dataclasses.replace(MODEL_PRESETS["tiny-glm4moe"], n_dense_lead=1, n_layer=3, n_ff=384),
+}
+PRESETS = ("tiny", "tiny-mixtral", "tiny-qwen2moe", "tiny-gpt-oss", "tiny-glm4moe", *VARIANTS)
 N_PROMPT, N_GEN, SEED = 128, 16, 3
 CORPUS = Path(__file__).parents[3] / "expertstream" / "model" / "corpus.txt"
+
+
+def preset_of(name: str) -> str | ModelPreset:
+    """A preset's name, or the variant of one this fixture set defines."""
+    return VARIANTS.get(name, name)
 
 
 def prompt(path: Path) -> list[int]:
@@ -36,10 +49,10 @@ def prompt(path: Path) -> list[int]:
     return ids[:N_PROMPT]
 
 
-def main(tool: str) -> None:
+def main(tool: str, only: list[str]) -> None:
     with tempfile.TemporaryDirectory() as folder:
-        for preset in PRESETS:
-            model = make_model(preset, "Q8_0", Path(folder) / f"{preset}.gguf", seed=SEED)
+        for preset in only or PRESETS:
+            model = make_model(preset_of(preset), "Q8_0", Path(folder) / f"{preset}.gguf", seed=SEED)
             tokens = Path(folder) / f"{preset}.prompt"
             tokens.write_text("".join(f"{t}\n" for t in prompt(model)))
             out = Path(folder) / preset
@@ -58,4 +71,4 @@ def main(tool: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2:])
