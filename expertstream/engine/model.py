@@ -5,8 +5,9 @@ tensors in host memory and checks that the architecture runs whole (hparams.py).
 gives the next-token logits of every position of a token sequence; ``generate`` yields tokens
 and their text as they are produced. Each call runs on a ``MoeRunner`` sized for its tokens
 (weights other than the experts, KV cache, activations), through the scheduler's lookahead
-with ``slots`` prefetch slots; device-resident experts (``n_cpu_moe``, ``gpu_memory``) are
-uploaded once, on the first call, and kept.
+with ``slots`` prefetch slots; the last runner is kept for the next call of the same shape.
+Device-resident experts (``n_cpu_moe``, ``gpu_memory``) are uploaded once, on the first call,
+and kept.
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ class Model(Closing):
         self._stack = stack
         self.weights = stack.enter_context(HostWeights.open(model, self.devices[0], options.host_memory))
         self._resident: ResidentExperts | None = None
+        self._run: _Run | None = None
         self.last_stats: dict[str, float] = {}
         self.decode_path = ""  # how the last generation's decode steps ran: "graph" (one step replayed) or "calls"
 
@@ -186,7 +188,19 @@ class Model(Closing):
         return prefers_layer_major(self.options.prefill_order, self.model, batching, self.devices)
 
     def _runner(self, tokens: int, steps: int, *, all_logits: bool) -> _Run:
-        return _Run(self, tokens, steps, all_logits)
+        """The run of this shape: the last one where it has the shape, else a new one (the last closed)."""
+        key = (tokens, steps, all_logits)
+        if self._run is not None and self._run.busy:  # a generation still open uses it: this call gets its own
+            return _Run(self, tokens, steps, all_logits, kept=False)
+        if self._run is None or self._run.key != key:
+            self._forget_run()
+            self._run = _Run(self, tokens, steps, all_logits)
+        return self._run
+
+    def _forget_run(self) -> None:
+        if self._run is not None:
+            self._run.close()
+            self._run = None
 
     def resident_experts(self, runner: MoeRunner) -> ResidentExperts:
         """The device-resident experts (none unless n_cpu_moe or gpu_memory say so), uploaded once."""
@@ -207,42 +221,69 @@ class Model(Closing):
         return self._resident
 
     def close(self) -> None:
+        self._forget_run()
         self._stack.close()
 
 
 class _Run:
-    """A runner, a scheduler and the expert data for one call: ``with model._runner(...) as (r, s, e)``."""
+    """A runner, a scheduler and the expert data for calls of one shape (prompt tokens, decode steps,
+    which logits): ``with model._runner(...) as (runner, scheduler, experts)``.
 
-    def __init__(self, model: Model, tokens: int, steps: int, all_logits: bool) -> None:
+    The model keeps the last one and hands it to the next call of the same shape (perplexity's chunks,
+    repeated generations of one length), so its weights, KV cache and kernels are not set up again;
+    a call of another shape closes it first. A call that fails closes it too.
+    """
+
+    def __init__(self, model: Model, tokens: int, steps: int, all_logits: bool, *, kept: bool = True) -> None:
         self.model = model
-        self.tokens, self.steps, self.all_logits = tokens, steps, all_logits
+        self.key = (tokens, steps, all_logits)
+        self.kept = kept  # the model keeps it for the next call; else it closes when the call ends
+        self.busy = False
         self._stack = ExitStack()
+        self._parts: tuple[MoeRunner, Scheduler, ExpertData] | None = None
 
-    def __enter__(self) -> tuple[MoeRunner, Scheduler, ExpertData]:
+    def open(self) -> tuple[MoeRunner, Scheduler, ExpertData]:
+        if self._parts is not None:
+            return self._parts
         m, options = self.model, self.model.options
+        tokens, steps, all_logits = self.key
         try:
             runner = self._stack.enter_context(
                 MoeRunner(
                     m.devices,
                     m.model,
-                    Batching(self.tokens, options.ubatch, self.steps),
+                    Batching(tokens, options.ubatch, steps),
                     matrix_path=options.matrix_path,
                     fuse_gate_up=options.fuse_gate_up,
                     gemv=options.gemv,
                     transformer=m.transformer,
                     n_ctx=options.n_ctx,
-                    layer_major=m._layer_major(self.tokens),
-                    all_logits=self.all_logits,
+                    layer_major=m._layer_major(tokens),
+                    all_logits=all_logits,
                 )
             )
             experts = m.resident_experts(runner).experts(m.weights)
             scheduler = self._stack.enter_context(Scheduler(slots=options.slots))
         except BaseException:
-            self._stack.close()
+            self.close()
             raise
-        return runner, scheduler, experts
+        self._parts = (runner, scheduler, experts)
+        return self._parts
 
-    def __exit__(self, *exc: object) -> None:
+    def __enter__(self) -> tuple[MoeRunner, Scheduler, ExpertData]:
+        parts = self.open()
+        self.busy = True
+        return parts
+
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        self.busy = False
+        if not self.kept:
+            self.close()
+        elif kind is not None:  # a failed call may leave work half done: the next call starts afresh
+            self.model._forget_run()
+
+    def close(self) -> None:
+        self._parts = None
         self._stack.close()
 
 

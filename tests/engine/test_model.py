@@ -160,3 +160,20 @@ def test_decode_on_the_matrix_vector_kernels_agrees_with_the_tile_kernels(
     assert outputs[0][:32].tobytes() == outputs[1][:32].tobytes()
     assert outputs[0][32:].tobytes() != outputs[1][32:].tobytes()  # other kernels: other rounding
     np.testing.assert_allclose(outputs[1], outputs[0], rtol=2e-2, atol=2e-2)
+
+
+def test_calls_of_one_shape_reuse_the_runner_and_give_the_same_bytes(backend: Backend, made: dict[str, Path]) -> None:
+    tokens = _tokens(PROMPT, 512, seed=7).tolist()
+    with Model.open(made["tiny"], backend=backend, ubatch=16) as model:
+        first = model.logits(tokens)
+        kept = model._run
+        other = model.logits(tokens[:20])  # another shape: a runner of its own
+        again = model.logits(tokens)
+        # a generation left open keeps its runner; a call meanwhile gets another one
+        steps = model.generate(tokens, 3, Sampling(temperature=0))
+        token = next(steps).token
+        during = model.logits(tokens)
+        rest = [g.token for g in steps]
+    assert kept is not None and other.shape == (20, 512)
+    assert first.tobytes() == again.tobytes() == during.tobytes()
+    assert token == int(np.argmax(first[-1])) and len(rest) == 2
