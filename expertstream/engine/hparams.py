@@ -114,9 +114,18 @@ class Transformer:
         embd = model.optional_tensor("token_embd.weight")
         if embd is None:
             raise ModelError(f"{where}: no token_embd.weight: the file has no token embeddings")
+        _refuse_what_is_not_run(model, keys)
+        # GLM-4.5's multi-token-prediction layers come last; llama.cpp skips them, as this does.
+        nextn = keys.integer("nextn_predict_layers", 0)
+        if not 0 <= nextn < model.n_layer:
+            raise keys.error("nextn_predict_layers", nextn, f"0..{model.n_layer - 1}")
+        window = keys.integer("attention.sliding_window", 0)
+        if spec.swa_period and not window:
+            key = f"{arch}.attention.sliding_window"
+            raise ModelError(f"{where}: metadata key {key!r} is missing; {arch} needs it")
         return cls(
             arch=spec,
-            n_layer=model.n_layer,
+            n_layer=model.n_layer - nextn,
             n_embd=model.n_embd,
             n_head=n_head,
             n_head_kv=n_head_kv,
@@ -124,7 +133,7 @@ class Transformer:
             n_vocab=embd.ne[1],
             eps=keys.real("attention.layer_norm_rms_epsilon", 1e-6),
             rope=_rope(keys, spec, head_dim),
-            sliding_window=keys.integer("attention.sliding_window", 0),
+            sliding_window=window,
             n_ctx_train=keys.integer("context_length", 0),
         )
 
@@ -135,8 +144,8 @@ def _rope(keys: _Keys, spec: ArchAttention, head_dim: int) -> Rope:
     if n_rot > head_dim or n_rot % 2:
         raise keys.error("rope.dimension_count", n_rot, f"an even number up to the head size {head_dim}")
     base = keys.real("rope.freq_base", _DEFAULT_ROPE_BASE)
-    scaling = keys.value("rope.scaling.type") or "none"
-    factor = keys.real("rope.scaling.factor", 0.0)
+    scaling = keys.value("rope.scaling.type") or "linear"  # llama.cpp's default type
+    factor = keys.real("rope.scaling.factor", keys.real("rope.scale_linear", 0.0))
     freq_scale = 1.0 / factor if factor > 0 and scaling != "none" else 1.0
     if scaling not in ("none", "linear", "yarn"):
         raise keys.error("rope.scaling.type", scaling, "none, linear or yarn")
@@ -147,11 +156,31 @@ def _rope(keys: _Keys, spec: ArchAttention, head_dim: int) -> Rope:
         freq_base=base,
         freq_scale=freq_scale,
         ext_factor=1.0 if yarn else 0.0,
-        attn_factor=1.0,
+        attn_factor=keys.real("rope.scaling.attn_factor", 1.0),
         beta_fast=keys.real("rope.scaling.yarn_beta_fast", 32.0),
         beta_slow=keys.real("rope.scaling.yarn_beta_slow", 1.0),
         n_ctx_orig=keys.integer("rope.scaling.original_context_length", keys.integer("context_length", 0)),
     )
+
+
+def _refuse_what_is_not_run(model: MoeModel, keys: _Keys) -> None:
+    """Settings llama.cpp honours that this forward pass does not compute: refused, never ignored."""
+    where = str(model.path)
+    if keys.value("rope.dimension_sections") is not None:
+        raise ModelError(f"{where}: multi-section RoPE (rope.dimension_sections) is not run here")
+    if model.optional_tensor("rope_freqs.weight") is not None:
+        raise ModelError(f"{where}: per-dimension RoPE factors (rope_freqs.weight) are not run here")
+    base_swa = keys.value("rope.freq_base_swa")
+    if base_swa is not None and base_swa != keys.real("rope.freq_base", _DEFAULT_ROPE_BASE):
+        raise ModelError(f"{where}: a RoPE base of sliding-window layers of their own (rope.freq_base_swa) is not run")
+    pattern = keys.value("attention.sliding_window_pattern")
+    if pattern is not None:
+        # llama.cpp takes a period n (layer il slides where il % n < n - 1) or one flag per layer
+        period = ATTENTION[model.arch].swa_period
+        ours = [bool(period) and i % period < period - 1 for i in range(model.n_layer)]
+        same = [bool(flag) for flag in pattern] == ours if isinstance(pattern, list) else pattern == period
+        if not same:
+            raise ModelError(f"{where}: sliding-window layer pattern {pattern!r} is not the one run here")
 
 
 class _Keys:

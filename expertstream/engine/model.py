@@ -115,7 +115,8 @@ class Model(Closing):
                 backend = stack.enter_context(open_backend(backend))
             model = stack.enter_context(MoeModel.open(path))
             found = [backend.device(i) for i in devices]
-            opened = cls(model, backend, found, chosen, stack.pop_all())
+            opened = cls(model, backend, found, chosen, stack)  # a refusal here closes what the stack holds
+            opened._stack = stack.pop_all()
         return opened
 
     # -- running ----------------------------------------------------------------------------
@@ -148,7 +149,7 @@ class Model(Closing):
         if max_tokens < 1:
             raise InvalidArgument(f"max_tokens must be >= 1, got {max_tokens}")
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        ids = list(self._check_tokens(ids, max_tokens))
+        ids = list(self._check_tokens(ids, max_tokens - 1))
         sampler = Sampler(sampling or Sampling())
         self.last_stats = {"seed": sampler.seed, "prompt_tokens": len(ids)}
         with self._runner(len(ids), max_tokens - 1, all_logits=False) as (runner, scheduler, experts):
@@ -178,7 +179,8 @@ class Model(Closing):
         n_ctx = self.options.n_ctx
         if n_ctx is not None and ids.size + generate > n_ctx:
             raise InvalidArgument(
-                f"the prompt ({ids.size} tokens) and {generate} generated tokens do not fit the context of {n_ctx}",
+                f"the prompt ({ids.size} tokens) and {generate} tokens fed back while generating do not fit the "
+                f"context of {n_ctx}",
                 hint="raise the context (-c) or shorten the prompt",
             )
         return ids

@@ -49,6 +49,8 @@ def perplexity(
     ``max_chunks`` chunks (llama-perplexity's --chunks)."""
     if n_ctx < 4:
         raise InvalidArgument(f"the context must be at least 4 tokens, got {n_ctx}")
+    if max_chunks is not None and max_chunks < 1:
+        raise InvalidArgument(f"max_chunks must be at least 1 (None: every chunk), got {max_chunks}")
     n_chunks = len(tokens) // n_ctx if max_chunks is None else min(max_chunks, len(tokens) // n_ctx)
     if len(tokens) < 2 * n_ctx:
         raise InvalidArgument(

@@ -477,8 +477,14 @@ class MoeRunner(Closing):
         if self.whole is None:
             return found
         moe = {layer.index: self.devices.index(self.layer_split.device_of(layer.index)) for layer in self.model.layers}
-        for block in range(self.model.n_layer):
-            later = [moe[i] for i in range(block, self.model.n_layer) if i in moe]
+        n_blocks = self.whole.spec.n_layer
+        for block in range(n_blocks):
+            later = [moe[i] for i in range(block, n_blocks) if i in moe]
+            if block not in moe and any(i in moe for i in range(block)):
+                raise ModelError(
+                    f"{self.model.path}: block {block} has no experts but follows MoE layers; only leading dense "
+                    "layers are supported"
+                )
             found[later[0] if later else len(self.devices) - 1].append(block)
         return found
 
@@ -569,6 +575,7 @@ class MoeRunner(Closing):
         """
         all_ubatches = self.batching.ubatches()
         chosen = list(range(len(all_ubatches)) if ubatches is None else ubatches)
+        self._check_ubatches(chosen, len(all_ubatches))
         row = self.model.n_embd * 4
         splits: list[Split] = []
 
@@ -584,11 +591,26 @@ class MoeRunner(Closing):
                     splits += self._block_splits(block, group(block, [u]), experts)
         return Plan.of(splits)
 
+    def _check_ubatches(self, chosen: Sequence[int], count: int) -> None:
+        """Ubatches a plan may run: in range; for the whole model a run from the first (attention reads
+        the keys the earlier ones wrote); layer-major, ascending and adjacent (their routing ids in one run)."""
+        if not chosen or any(not 0 <= u < count for u in chosen):
+            raise InvalidArgument(f"ubatches must be some of 0..{count - 1}; got {list(chosen)}")
+        if self.whole is not None and list(chosen) != list(range(len(chosen))):
+            raise InvalidArgument(
+                f"the whole model runs ubatches from the first, in order (0..k); got {list(chosen)}",
+                hint="attention reads the keys and values every earlier ubatch wrote",
+            )
+
     def _blocks(self) -> list[int]:
         """The blocks a plan runs: every one for the whole model, the MoE layers for the expert blocks alone."""
         if self.whole is not None:
-            return list(range(self.model.n_layer))
+            return list(range(self.whole.spec.n_layer))
         return [layer.index for layer in self.model.layers]
+
+    @property
+    def _last_block(self) -> int:
+        return self._blocks()[-1]
 
     def _prompt_tokens(self, block: int, u: int, ubatch: tuple[int, int], row: int) -> _Tokens:
         first, count = ubatch
@@ -604,7 +626,7 @@ class MoeRunner(Closing):
                 "token_ids": io.token_ids.view(first * 4, count * 4) if block == 0 else None,
                 "positions": io.positions.view(first * 4, count * 4),
                 "kv_len": first + count,
-                "logits": self._prompt_logits_view(part, first, count) if block == self.model.n_layer - 1 else None,
+                "logits": self._prompt_logits_view(part, first, count) if block == self._last_block else None,
             }
         return _Tokens(
             part=part,
@@ -645,7 +667,7 @@ class MoeRunner(Closing):
                     "token_ids": io.decode_token_ids.view(step * 4, 4) if block == 0 else None,
                     "positions": io.decode_positions.view(step * 4, 4),
                     "kv_len": position + 1,
-                    "logits": self._decode_logits_view(part, step) if block == self.model.n_layer - 1 else None,
+                    "logits": self._decode_logits_view(part, step) if block == self._last_block else None,
                 }
             tokens = _Tokens(
                 part=part,
@@ -682,12 +704,12 @@ class MoeRunner(Closing):
             if self.whole is not None:
                 io = self._io(part)
                 n_vocab = self.whole.spec.n_vocab * 4
-                last = io.current_logits is not None and block == self.model.n_layer - 1
+                last = block == self._last_block
                 whole = {
                     "token_ids": io.current_token.view(0, 4) if block == 0 else None,
                     "positions": io.current_position.view(0, 4),
                     "kv_len": self.whole.n_ctx,  # a bound: the attention reads the rows up to the position
-                    "logits": io.current_logits.view(0, n_vocab) if io.current_logits and last else None,
+                    "logits": io.current_logits.view(0, n_vocab) if io.current_logits is not None and last else None,
                 }
             tokens = _Tokens(
                 part=part,
@@ -781,7 +803,7 @@ class MoeRunner(Closing):
             splits = [Split(name, part.device, (), functools.partial(self._dense_block, group))]
         else:
             splits = self._layer_splits(layer, group, experts)
-        if self.whole is not None and block == self.model.n_layer - 1:
+        if self.whole is not None and block == self._last_block:
             splits.append(Split(f"output.{group[0].label}", part.device, (), functools.partial(self._output, group)))
         return splits
 

@@ -177,3 +177,63 @@ def test_calls_of_one_shape_reuse_the_runner_and_give_the_same_bytes(backend: Ba
     assert kept is not None and other.shape == (20, 512)
     assert first.tobytes() == again.tobytes() == during.tobytes()
     assert token == int(np.argmax(first[-1])) and len(rest) == 2
+
+
+def test_multi_token_prediction_layers_at_the_end_are_skipped(
+    backend: Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GLM-4.5 file's last block predicts further tokens; llama.cpp skips it, and so does this: its
+    logits are those of the same file cut before that block."""
+    full = make_model("tiny-glm4moe", "Q8_0", tmp_path / "full.gguf", seed=3)
+    cut = make_model("tiny-glm4moe", "Q8_0", tmp_path / "cut.gguf", seed=3, layers=1)
+    tokens = _tokens(20, 512, seed=8).tolist()
+    with Model.open(cut, backend=backend) as model:
+        want = model.logits(tokens)
+    real = MoeModel.metadata
+
+    def with_nextn(self: MoeModel, key: str) -> object:
+        return 1 if key == "glm4moe.nextn_predict_layers" else real(self, key)
+
+    monkeypatch.setattr(MoeModel, "metadata", with_nextn)
+    with Model.open(full, backend=backend) as model:
+        assert model.transformer.n_layer == 1
+        got = model.logits(tokens)
+    assert got.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("qwen3moe.rope.dimension_sections", [16, 16, 0, 0], "multi-section RoPE"),
+        ("qwen3moe.attention.sliding_window_pattern", 4, "sliding-window layer pattern 4"),
+        ("qwen3moe.nextn_predict_layers", 2, "nextn_predict_layers"),
+    ],
+)
+def test_file_settings_not_run_here_are_refused(
+    backend: Backend, made: dict[str, Path], monkeypatch: pytest.MonkeyPatch, key: str, value: object, message: str
+) -> None:
+    real = MoeModel.metadata
+
+    def patched(self: MoeModel, name: str) -> object:
+        return value if name == key else real(self, name)
+
+    monkeypatch.setattr(MoeModel, "metadata", patched)
+    with pytest.raises(ModelError, match=message):
+        Model.open(made["tiny"], backend=backend)
+
+
+def test_a_plan_of_ubatches_out_of_order_is_refused(backend: Backend, made: dict[str, Path]) -> None:
+    with MoeModel.open(made["tiny"]) as model:
+        spec = Transformer.read(model)
+        with MoeRunner(backend.device(0), model, Batching(40, 16), transformer=spec) as runner:
+            with pytest.raises(InvalidArgument, match="from the first, in order"):
+                runner.prefill_plan({}, [1])
+            with pytest.raises(InvalidArgument, match=r"some of 0\.\.2"):
+                runner.prefill_plan({}, [3])
+
+
+def test_perplexity_refuses_no_chunks() -> None:
+    from expertstream.engine.perplexity import perplexity
+
+    with pytest.raises(InvalidArgument, match="max_chunks must be at least 1"):
+        perplexity(lambda chunk: np.zeros((len(chunk), 8), np.float32), list(range(64)), 16, None, max_chunks=0)
