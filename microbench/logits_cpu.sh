@@ -9,22 +9,11 @@ tool=${1:?usage: logits_cpu.sh LLAMACPP_LOGITS WORK_DIR}
 work=${2:?usage: logits_cpu.sh LLAMACPP_LOGITS WORK_DIR}
 export PYTHONPATH=.
 mkdir -p "$work"
-prompt() {  # MODEL COUNT: the project's corpus in the file's vocabulary, repeated to COUNT tokens
-    python3 -c "
-import sys
-from expertstream.engine.tokenizer import Tokenizer
-tok = Tokenizer.from_path(sys.argv[1])
-text = open('expertstream/model/corpus.txt', encoding='utf-8').read()
-ids = tok.encode(text)
-while len(ids) < int(sys.argv[2]):
-    ids += tok.encode(text, add_special=False)
-print(*ids[: int(sys.argv[2])], sep='\n')" "$1" "$2"
-}
 check() {  # NAME PRESET TYPE LAYERS N_PROMPT N_GEN UBATCH
     local name=$1 model=$work/$1.gguf
     [ -f "$model" ] || python3 -m expertstream make-model --preset "$2" --type "$3" --seed 3 ${4:+--layers "$4"} \
         -o "$model" >/dev/null
-    prompt "$model" "$5" >"$work/$name.prompt"
+    python3 -m microbench.llamacpp_logits.prompt "$model" "$5" >"$work/$name.prompt"
     "$tool" -m "$model" --tokens "$work/$name.prompt" --n-prompt "$5" --n-gen "$6" --ngl 0 -o "$work/$name-llama-cpu" \
         >"$work/$name-llama-cpu.log" 2>&1
     python3 tools/logits_check.py -m "$model" --ref "$work/$name-llama-cpu" -o "$work/$name-ours" --backend sim \

@@ -25,22 +25,10 @@ LCP=/tmp/llamacpp-sm90
 export LD_LIBRARY_PATH=$LCP/bin:${LD_LIBRARY_PATH:-}
 logits_tool=/tmp/llamacpp-logits
 
-prompt_tokens() {  # MODEL COUNT: the start of the project's corpus in the file's vocabulary, repeated to COUNT
-    "$python" -c "
-import sys
-from expertstream.engine.tokenizer import Tokenizer
-tok = Tokenizer.from_path(sys.argv[1])
-text = open('expertstream/model/corpus.txt', encoding='utf-8').read()
-ids = tok.encode(text)
-while len(ids) < int(sys.argv[2]):
-    ids += tok.encode(text, add_special=False)
-print(*ids[: int(sys.argv[2])], sep='\n')" "$1" "$2"
-}
-
 logits_three() {  # MODEL NAME: llama.cpp CUDA and CPU, then ours, each compared with llama.cpp CUDA
     local model=$1 name=$2 dir=$OUT/logits
     mkdir -p "$dir"
-    prompt_tokens "$model" 512 >"$dir/$name.prompt"
+    "$python" -m microbench.llamacpp_logits.prompt "$model" 512 >"$dir/$name.prompt"
     "$logits_tool" -m "$model" --tokens "$dir/$name.prompt" --n-prompt 512 --n-gen 64 --ngl 99 -o "$dir/$name-llama-cuda" \
         >"$dir/$name-llama-cuda.log" 2>&1
     "$logits_tool" -m "$model" --tokens "$dir/$name-llama-cuda.tokens" --n-prompt 576 --n-gen 0 --ngl 0 \

@@ -91,7 +91,7 @@ def ffn_config(arch: str, metadata: Callable[[str], Any], source: str | None = N
     A key of the wrong type or out of range is a ModelError naming the key (and ``source``, the file).
     """
     ffn = arch_ffn(arch)
-    keys = _Keys(arch, metadata, source)
+    keys = ArchKeys(arch, metadata, source)
     gating, norm, scale = ffn.gating, ffn.norm, 1.0
     if ffn.routing_keys:
         gating_value = keys.integer("expert_gating_func", 0)
@@ -112,24 +112,36 @@ def ffn_config(arch: str, metadata: Callable[[str], Any], source: str | None = N
     return FfnConfig(ffn, routing, n_shared, n_dense)
 
 
-class _Keys:
-    """Typed reads of one file's ``{arch}.*`` routing keys, with llama.cpp's defaults when absent."""
+class ArchKeys:
+    """Typed reads of one file's ``{arch}.*`` keys, with llama.cpp's defaults when absent."""
 
     def __init__(self, arch: str, metadata: Callable[[str], Any], source: str | None) -> None:
         self.arch = arch
         self.metadata = metadata
         self.source = source
 
-    def integer(self, name: str, default: int) -> int:
-        value = self.metadata(f"{self.arch}.{name}")
+    def value(self, name: str) -> Any:
+        """The raw value of ``{arch}.name``, or None when the file lacks it."""
+        return self.metadata(f"{self.arch}.{name}")
+
+    def integer(self, name: str, default: int | None = None, *, per_layer: bool = False) -> int:
+        """A non-negative integer; ``default`` when absent (ModelError when absent without one).
+        ``per_layer``: an array of one value per layer is taken where every layer has the same."""
+        value = self.value(name)
         if value is None:
+            if default is None:
+                raise ModelError(f"{self._where}metadata key {self._key(name)!r} is missing")
             return default
+        if per_layer and isinstance(value, list):
+            if len(set(value)) != 1:
+                raise self.error(name, value, "the same value for every layer")
+            value = value[0]
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise self.error(name, value, "a non-negative integer")
         return value
 
     def boolean(self, name: str, default: bool) -> bool:
-        value = self.metadata(f"{self.arch}.{name}")
+        value = self.value(name)
         if value is None:
             return default
         if not isinstance(value, bool):
@@ -137,7 +149,7 @@ class _Keys:
         return value
 
     def real(self, name: str, default: float) -> float:
-        value = self.metadata(f"{self.arch}.{name}")
+        value = self.value(name)
         if value is None:
             return default
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -145,5 +157,11 @@ class _Keys:
         return float(value)
 
     def error(self, name: str, value: Any, expected: str) -> ModelError:
-        where = f"{self.source}: " if self.source else ""
-        return ModelError(f"{where}metadata key {f'{self.arch}.{name}'!r} is {value!r}; expected {expected}")
+        return ModelError(f"{self._where}metadata key {self._key(name)!r} is {value!r}; expected {expected}")
+
+    def _key(self, name: str) -> str:
+        return f"{self.arch}.{name}"
+
+    @property
+    def _where(self) -> str:
+        return f"{self.source}: " if self.source else ""

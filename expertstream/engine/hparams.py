@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from ..kernels.dense import Rope
 from ..model import ModelError, MoeModel
+from .arch import ArchKeys
 
 _DEFAULT_ROPE_BASE = 10000.0
 
@@ -66,7 +66,6 @@ class Transformer:
     eps: float
     rope: Rope
     sliding_window: int
-    n_ctx_train: int
 
     @property
     def q_width(self) -> int:
@@ -103,9 +102,9 @@ class Transformer:
                 f"{where}: architecture {arch!r} has no whole-model forward pass here (known: "
                 f"{', '.join(sorted(ATTENTION))}); --experts-only runs its expert blocks alone"
             )
-        keys = _Keys(model)
-        n_head = keys.integer("attention.head_count")
-        n_head_kv = keys.integer("attention.head_count_kv", n_head)
+        keys = ArchKeys(model.arch, model.metadata, str(model.path))
+        n_head = keys.integer("attention.head_count", per_layer=True)
+        n_head_kv = keys.integer("attention.head_count_kv", n_head, per_layer=True)
         head_dim = keys.integer("attention.key_length", model.n_embd // max(n_head, 1))
         if n_head < 1 or n_head_kv < 1 or n_head % n_head_kv:
             raise ModelError(f"{where}: {n_head} query heads cannot share {n_head_kv} key-value heads evenly")
@@ -134,11 +133,10 @@ class Transformer:
             eps=keys.real("attention.layer_norm_rms_epsilon", 1e-6),
             rope=_rope(keys, spec, head_dim),
             sliding_window=window,
-            n_ctx_train=keys.integer("context_length", 0),
         )
 
 
-def _rope(keys: _Keys, spec: ArchAttention, head_dim: int) -> Rope:
+def _rope(keys: ArchKeys, spec: ArchAttention, head_dim: int) -> Rope:
     """RoPE as llama.cpp sets it up: YaRN where rope.scaling.type says so, linear scaling otherwise."""
     n_rot = keys.integer("rope.dimension_count", head_dim)
     if n_rot > head_dim or n_rot % 2:
@@ -163,7 +161,7 @@ def _rope(keys: _Keys, spec: ArchAttention, head_dim: int) -> Rope:
     )
 
 
-def _refuse_what_is_not_run(model: MoeModel, keys: _Keys) -> None:
+def _refuse_what_is_not_run(model: MoeModel, keys: ArchKeys) -> None:
     """Settings llama.cpp honours that this forward pass does not compute: refused, never ignored."""
     where = str(model.path)
     if keys.value("rope.dimension_sections") is not None:
@@ -181,40 +179,3 @@ def _refuse_what_is_not_run(model: MoeModel, keys: _Keys) -> None:
         same = [bool(flag) for flag in pattern] == ours if isinstance(pattern, list) else pattern == period
         if not same:
             raise ModelError(f"{where}: sliding-window layer pattern {pattern!r} is not the one run here")
-
-
-class _Keys:
-    """Typed reads of ``{arch}.*`` keys with defaults."""
-
-    def __init__(self, model: MoeModel) -> None:
-        self.model = model
-        self.arch = model.arch
-
-    def value(self, name: str) -> Any:
-        return self.model.metadata(f"{self.arch}.{name}")
-
-    def integer(self, name: str, default: int | None = None) -> int:
-        value = self.value(name)
-        if value is None:
-            if default is None:
-                raise ModelError(f"{self.model.path}: metadata key {f'{self.arch}.{name}'!r} is missing")
-            return default
-        if isinstance(value, list):  # per-layer arrays: the runner needs one value for every layer
-            if len(set(value)) != 1:
-                raise self.error(name, value, "the same value for every layer")
-            value = value[0]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise self.error(name, value, "a non-negative integer")
-        return value
-
-    def real(self, name: str, default: float) -> float:
-        value = self.value(name)
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise self.error(name, value, "a number")
-        return float(value)
-
-    def error(self, name: str, value: Any, expected: str) -> ModelError:
-        key = f"{self.arch}.{name}"
-        return ModelError(f"{self.model.path}: metadata key {key!r} is {value!r}; expected {expected}")

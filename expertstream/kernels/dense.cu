@@ -11,15 +11,6 @@
 #define DENSE_NORM_MAX_THREADS 256              // the norm's block is a power of two up to this
 #define DENSE_THREADS 256                       // add_rows, rope, store_rows_f16
 
-__device__ unsigned int float_to_bits(float f) {
-    union {
-        float f;
-        unsigned int u;
-    } v;
-    v.f = f;
-    return v.u;
-}
-
 // float32 to float16 bits, rounded to nearest even: overflow to infinity, subnormal halves
 // included, NaN stays a (quiet) NaN of the same sign.
 __device__ unsigned int float_to_half_bits(float f) {

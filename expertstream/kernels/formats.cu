@@ -67,6 +67,15 @@ __device__ float bits_to_float(unsigned int bits) {
     return v.f;
 }
 
+__device__ unsigned int float_to_bits(float f) {
+    union {
+        float f;
+        unsigned int u;
+    } v;
+    v.f = f;
+    return v.u;
+}
+
 // Exact for normals, subnormals, infinities and NaNs: the exponent is rebased by a
 // multiplication with 2^112, which is exact for every finite half.
 __device__ float half_to_float(unsigned int h) {

@@ -64,15 +64,11 @@ static_assert(MOE_TILE_N == MOE_MMA_THREADS, "one thread decodes each weight row
 // ---------------------------------------------------------------------------------
 
 __device__ unsigned int float_to_bf16_bits(float f) {
-    union {
-        float f;
-        unsigned int u;
-    } v;
-    v.f = f;
-    if ((v.u & 0x7fffffffu) > 0x7f800000u) {
-        return (v.u >> 16) | 0x40u;  // quiet NaN of the same sign
+    const unsigned int u = float_to_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        return (u >> 16) | 0x40u;  // quiet NaN of the same sign
     }
-    return (v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16;
+    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
 }
 
 __device__ unsigned int pack_bf16x2(float low, float high) {

@@ -236,14 +236,19 @@ def _int8_runner(fmt: WeightFormat) -> Any:
     return run
 
 
+def _weights_access(fmt: WeightFormat, w: Any, n_expert: Any, n_out: Any, n_in: Any) -> Access:
+    """The read of a weight tensor, whose bytes past the tensor's rows are ggml's padding tail."""
+    w_view = _as_view(w)
+    tensor_bytes = int(n_expert) * int(n_out) * fmt.row_bytes(int(n_in))
+    padded_from = w_view.offset + tensor_bytes if w_view.nbytes > tensor_bytes else None
+    return Access(w_view, write=False, padded_from=padded_from)
+
+
 def _mul_mat_id_accesses_for(fmt: WeightFormat) -> Any:
     def accesses(args: Args) -> Sequence[Access]:
         w, x, scratch, y, n_expert, n_out, n_in = args[:7]
-        w_view = _as_view(w)
-        tensor_bytes = int(n_expert) * int(n_out) * fmt.row_bytes(int(n_in))
-        padded_from = w_view.offset + tensor_bytes if w_view.nbytes > tensor_bytes else None
         return [
-            Access(w_view, write=False, padded_from=padded_from),
+            _weights_access(fmt, w, n_expert, n_out, n_in),
             Access(_as_view(x), write=False),
             Access(_as_view(scratch), write=False),
             Access(_as_view(y), write=True),
@@ -292,11 +297,8 @@ def _gemv_runner(fmt: WeightFormat) -> Any:
 def _gemv_accesses_for(fmt: WeightFormat) -> Any:
     def accesses(args: Args) -> Sequence[Access]:
         w, x, ids, y, n_expert, n_out, n_in = args[:7]
-        w_view = _as_view(w)
-        tensor_bytes = int(n_expert) * int(n_out) * fmt.row_bytes(int(n_in))
-        padded_from = w_view.offset + tensor_bytes if w_view.nbytes > tensor_bytes else None
         return [
-            Access(w_view, write=False, padded_from=padded_from),
+            _weights_access(fmt, w, n_expert, n_out, n_in),
             Access(_as_view(x), write=False),
             Access(_as_view(ids), write=False),
             *([Access(args[10], write=False)] if isinstance(args[10], BufferView) else []),
@@ -383,13 +385,8 @@ def _direct_runner(fmt: WeightFormat, gate_up: bool) -> Any:
 def _direct_accesses_for(fmt: WeightFormat, gate_up: bool) -> Any:
     def accesses(args: Args) -> Sequence[Access]:
         n_w = 2 if gate_up else 1
-        n_expert, n_out, n_in = (int(v) for v in args[n_w + 3 : n_w + 6])
-        tensor_bytes = n_expert * n_out * fmt.row_bytes(n_in)
-        found = []
-        for w in args[:n_w]:
-            w_view = _as_view(w)
-            padded_from = w_view.offset + tensor_bytes if w_view.nbytes > tensor_bytes else None
-            found.append(Access(w_view, write=False, padded_from=padded_from))
+        n_expert, n_out, n_in = args[n_w + 3 : n_w + 6]
+        found = [_weights_access(fmt, w, n_expert, n_out, n_in) for w in args[:n_w]]
         found += [Access(_as_view(args[n_w]), write=False), Access(_as_view(args[n_w + 1]), write=False)]
         if not gate_up and isinstance(args[-1], BufferView):
             found.append(Access(args[-1], write=False))

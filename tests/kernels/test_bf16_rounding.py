@@ -78,9 +78,16 @@ def host_rounding(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if CXX is None:
         pytest.skip("no C++ compiler (c++, g++ or clang++) on PATH")
     source = kernel_source()
-    rounding = source[
-        source.index("__device__ unsigned int float_to_bf16_bits") : source.index("__device__ unsigned int pack_bf16x2")
-    ]
+    start = source.index("__device__ unsigned int float_to_bits")  # formats.cu's, which the rounding uses
+    bits = source[start : source.index("}\n", start) + 2]
+    rounding = (
+        bits
+        + source[
+            source.index("__device__ unsigned int float_to_bf16_bits") : source.index(
+                "__device__ unsigned int pack_bf16x2"
+            )
+        ]
+    )
     folder = tmp_path_factory.mktemp("bf16")
     (folder / "round.cpp").write_text("#define __device__\n" + rounding + _DRIVER)
     subprocess.run([CXX, "-std=c++17", "-O1", "-o", str(folder / "round"), str(folder / "round.cpp")], check=True)

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from expertstream.engine.tokenizer import Tokenizer
 from expertstream.model import make_model
 from expertstream.model.presets import PRESETS as MODEL_PRESETS
 from expertstream.model.presets import ModelPreset
 from microbench.llamacpp_logits.compare import read_run
+from microbench.llamacpp_logits.prompt import corpus_tokens
 
 HERE = Path(__file__).parent
 # glm4moe with a leading dense layer as GLM-4.5 has one: attention and a dense FFN before the MoE layers.
@@ -32,7 +32,6 @@ VARIANTS = {
 }
 PRESETS = ("tiny", "tiny-mixtral", "tiny-qwen2moe", "tiny-gpt-oss", "tiny-glm4moe", *VARIANTS)
 N_PROMPT, N_GEN, SEED = 128, 16, 3
-CORPUS = Path(__file__).parents[3] / "expertstream" / "model" / "corpus.txt"
 
 
 def preset_of(name: str) -> str | ModelPreset:
@@ -40,21 +39,12 @@ def preset_of(name: str) -> str | ModelPreset:
     return VARIANTS.get(name, name)
 
 
-def prompt(path: Path) -> list[int]:
-    tokenizer = Tokenizer.from_path(path)
-    text = CORPUS.read_text(encoding="utf-8")
-    ids = tokenizer.encode(text)
-    while len(ids) < N_PROMPT:
-        ids += tokenizer.encode(text, add_special=False)
-    return ids[:N_PROMPT]
-
-
 def main(tool: str, only: list[str]) -> None:
     with tempfile.TemporaryDirectory() as folder:
         for preset in only or PRESETS:
             model = make_model(preset_of(preset), "Q8_0", Path(folder) / f"{preset}.gguf", seed=SEED)
             tokens = Path(folder) / f"{preset}.prompt"
-            tokens.write_text("".join(f"{t}\n" for t in prompt(model)))
+            tokens.write_text("".join(f"{t}\n" for t in corpus_tokens(model, N_PROMPT)))
             out = Path(folder) / preset
             argv = [tool, "-m", str(model), "--tokens", str(tokens), "--n-prompt", str(N_PROMPT)]
             argv += ["--n-gen", str(N_GEN), "--ngl", "0", "-o", str(out)]
