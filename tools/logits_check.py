@@ -20,13 +20,11 @@ from pathlib import Path
 import numpy as np
 
 from expertstream.engine.model import Model, Options
-from microbench.llamacpp_logits.compare import compare_logits, read_run
+from microbench.llamacpp_logits.compare import LogitsRun, compare_logits, read_run
 
 
-def run(args: argparse.Namespace) -> np.ndarray:
+def run(args: argparse.Namespace, reference: LogitsRun, n_prompt: int) -> np.ndarray:
     """Our logits for every row of the reference run, [rows, n_vocab]."""
-    reference = read_run(args.ref)
-    n_prompt = int(reference.meta.get("n_prompt", len(reference.tokens)))
     options = Options(
         ubatch=args.ubatch, slots=args.slots, host_memory=args.host_memory, prefill_order=args.prefill_order
     )
@@ -46,12 +44,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefill-order", choices=("ubatch", "layer"), default="ubatch")
     args = parser.parse_args(argv)
     reference = read_run(args.ref)
-    ours = run(args)
+    n_prompt = int(reference.meta.get("n_prompt", len(reference.tokens)))
+    ours = run(args, reference, n_prompt)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     ours.astype(np.float32).tofile(out.with_name(out.name + ".logits"))
     out.with_name(out.name + ".tokens").write_text("".join(f"{t}\n" for t in reference.tokens))
-    n_prompt = int(reference.meta.get("n_prompt", len(reference.tokens)))
     meta = {"shape": list(ours.shape), "n_prompt": n_prompt, "model": str(args.model), "settings": vars(args)}
     out.with_name(out.name + ".json").write_text(json.dumps(meta, indent=1))
     for what, part in (("prompt", slice(0, n_prompt)), ("decode", slice(n_prompt, None))):

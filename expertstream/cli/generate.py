@@ -113,8 +113,8 @@ def _model_path(args: argparse.Namespace) -> Path:
     return path
 
 
-def _open(args: argparse.Namespace) -> Model:
-    return Model.open(_model_path(args), backend=args.backend, devices=(args.device,), options=_options(args))
+def _open(args: argparse.Namespace, path: Path) -> Model:
+    return Model.open(path, backend=args.backend, devices=(args.device,), options=_options(args))
 
 
 def _read_text(name: str) -> str:
@@ -125,16 +125,16 @@ def _read_text(name: str) -> str:
 
 
 def _generate(args: argparse.Namespace, command_line: str) -> int:
-    _model_path(args)
+    path = _model_path(args)
     text = args.prompt if args.prompt is not None else _read_text(args.file)
     sampling = Sampling(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-    with _open(args) as model:
+    with _open(args, path) as model:
         sys.stdout.write(text)
         for piece in model.generate(text, args.n_predict, sampling):
             sys.stdout.write(piece.text)
             sys.stdout.flush()
         sys.stdout.write("\n")
-        stats, path = model.last_stats, model.decode_path
+        stats, decode_path = model.last_stats, model.decode_path
     err = sys.stderr
     prompt_s, n_prompt = stats["prompt_s"], int(stats["prompt_tokens"])
     print(f"\nseed: {int(stats['seed'])}", file=err)
@@ -143,7 +143,8 @@ def _generate(args: argparse.Namespace, command_line: str) -> int:
     decode_s = stats.get("decode_s")
     if decode_s is not None and generated > 1:
         print(_timing("eval", decode_s, generated - 1, "runs"), file=err)
-        print(f"decode steps: {'one captured step replayed' if path == 'graph' else 'calls issued per step'}", file=err)
+        how = "one captured step replayed" if decode_path == "graph" else "calls issued per step"
+        print(f"decode steps: {how}", file=err)
     return 0
 
 
@@ -157,9 +158,9 @@ def _timing(what: str, seconds: float, count: int, unit: str) -> str:
 
 
 def _perplexity(args: argparse.Namespace, command_line: str) -> int:
-    _model_path(args)
+    path = _model_path(args)
     text = _read_text(args.file)
-    with _open(args) as model:
+    with _open(args, path) as model:
         tokens = model.tokenizer.encode(text)
         bos = model.tokenizer.bos_id if model.tokenizer.adds_bos else None
         print(f"{len(tokens)} tokens, chunks of {args.ctx_size}", file=sys.stderr)

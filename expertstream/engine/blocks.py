@@ -152,13 +152,16 @@ class Blocks(Closing):
             down=self._linear(f"{blk}.ffn_down", n_ff, n_embd),
         )
 
-    def _embeddings(self) -> BufferView:
-        return self._uploads.raw(self._tensor("token_embd.weight"))
+    def _embeddings(self) -> Linear:
+        """The token embeddings: rows looked up, and the head's weights where the file ties the two."""
+        return self._linear("token_embd", self.spec.n_embd, self.spec.n_vocab)
 
     def _head(self) -> tuple[BufferView, Linear]:
         norm = self._uploads.floats(self._tensor("output_norm.weight"))
-        name = "output" if self.model.optional_tensor("output.weight") is not None else "token_embd"  # tied
-        return norm, self._linear(name, self.spec.n_embd, self.spec.n_vocab)
+        if self.model.optional_tensor("output.weight") is not None:
+            return norm, self._linear("output", self.spec.n_embd, self.spec.n_vocab)
+        # Tied to the embeddings: one copy where this device holds the table already.
+        return norm, self.embeddings if self.embeddings is not None else self._embeddings()
 
     def _allocate_scratch(self) -> None:
         spec, rows = self.spec, self.rows
@@ -191,9 +194,9 @@ class Blocks(Closing):
         """hidden[:count] = the embeddings of ``count`` token ids (int32 on the device)."""
         if self.embeddings is None:
             raise InvalidArgument("token embeddings live on the first device of a run", call="Blocks.embed")
-        info = self._tensor("token_embd.weight")
+        table = self.embeddings
         dense.get_rows(
-            self.kernels, stream, self.embeddings, info.qtype, info.ne[0], info.ne[1], token_ids, count, hidden
+            self.kernels, stream, table.weight, table.info.qtype, table.n_in, table.n_out, token_ids, count, hidden
         )
 
     def attend(

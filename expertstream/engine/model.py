@@ -30,7 +30,7 @@ from ..model import MoeModel
 from ..scheduler import Replay, Scheduler
 from .hparams import Transformer
 from .offload import GpuMemory, ResidentExperts, plan_offload
-from .runner import Batching, ExpertData, MoeRunner, prefers_layer_major
+from .runner import Batching, ExpertData, MoeRunner, check_prefill_order, prefers_layer_major
 from .sampling import Sampler, Sampling
 from .tokenizer import Tokenizer
 
@@ -54,8 +54,7 @@ class Options:
     gemv: bool = False  # decode's few rows on the matrix-vector kernels (MoeKernels.gemv; not yet measured)
 
     def __post_init__(self) -> None:
-        if self.prefill_order not in ("auto", "layer", "ubatch"):
-            raise InvalidArgument(f"prefill order must be auto, layer or ubatch; got {self.prefill_order!r}")
+        check_prefill_order(self.prefill_order)
         if self.ubatch < 1:
             raise InvalidArgument(f"ubatch must be >= 1, got {self.ubatch}")
 

@@ -1190,11 +1190,18 @@ def held_bytes(model: MoeModel, tokens: int) -> int:
     return tokens * (model.n_embd + model.top_k * (1 + 3 * model.n_ff)) * 4
 
 
+PREFILL_ORDERS = ("auto", "layer", "ubatch")
+
+
+def check_prefill_order(order: str) -> None:
+    if order not in PREFILL_ORDERS:
+        raise InvalidArgument(f"prefill order must be one of {', '.join(PREFILL_ORDERS)}; got {order!r}")
+
+
 def prefers_layer_major(order: str, model: MoeModel, batching: Batching, devices: Sequence[Device]) -> bool:
     """Whether prefill runs layer-major: ``order`` "layer", "ubatch", or "auto" (layer-major for a
     prompt of several ubatches whose held rows fit LAYER_MAJOR_SHARE of every device's free memory)."""
-    if order not in ("auto", "layer", "ubatch"):
-        raise InvalidArgument(f"prefill order must be auto, layer or ubatch; got {order!r}")
+    check_prefill_order(order)
     if order != "auto":
         return order == "layer"
     if len(batching.ubatches()) < 2:

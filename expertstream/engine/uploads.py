@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType
 from .._closing import Closing
 from ..backends.base import BufferView, Device, DeviceBuffer, Usage
 from ..ggml import padded_size
-from ..model import MoeModel, TensorInfo
+from ..model import ModelError, MoeModel, TensorInfo
 
 _FLOAT_TYPES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
 
@@ -25,7 +25,7 @@ def tensor_floats(model: MoeModel, info: TensorInfo) -> np.ndarray:
         return raw.view(np.float16).astype(np.float32)
     if info.qtype is GGMLQuantizationType.BF16:  # the high half of a float32
         return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-    raise ValueError(f"{info.name} is {info.qtype.name}, not a float type")
+    raise ModelError(f"{model.path}: {info.name} is {info.qtype.name}; a float type (F32, F16, BF16) is needed here")
 
 
 class Uploads(Closing):
