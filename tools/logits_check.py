@@ -56,8 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         result = compare_logits(reference.logits[part], ours[part])
         if result.positions:
             print(
-                f"{what}: {result.positions} positions, KL(ref || ours) mean {result.mean_kl:.6g} max "
-                f"{result.max_kl:.6g} nats, argmax agreement {result.argmax_agreement:.2%}"
+                f"{what}: {result.positions} positions, KL(ref || ours) median {float(np.median(result.kl)):.6g} mean "
+                f"{result.mean_kl:.6g} max {result.max_kl:.6g} nats, argmax agreement {result.argmax_agreement:.2%}"
             )
     return 0
 
