@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +22,7 @@ from ..backends.base import Backend, Device, Stream, Usage
 from ..engine.hparams import Transformer
 from ..engine.offload import GpuMemory, ResidentExperts, UploadedExperts, plan_offload
 from ..engine.runner import ROUTER, Batching, ExpertData, MoeRunner, prefers_layer_major, sha256
+from ..engine.uploads import DeviceMemory
 from ..hostmem import HostMemoryMode, HostWeights, RingFill, RingOptions, RingStats
 from ..kernels.layout import MatrixPath
 from ..model import MoeModel
@@ -249,6 +250,7 @@ def measure(
     runs). Several devices split the layers between them (layersplit.py).
     """
     targets = (devices,) if isinstance(devices, Device) else tuple(devices)
+    free_before = {device: device.free_memory() for device in targets}
     with MoeRunner(
         targets,
         model,
@@ -299,7 +301,7 @@ def measure(
                 ) as weights:
                     for slots in settings.slots:
                         row = _measure_row(
-                            backend, runner, weights, resident, slots, settings, result.baselines, progress
+                            backend, runner, weights, resident, slots, settings, result.baselines, progress, free_before
                         )
                         result.rows.append(row)
         return result
@@ -324,6 +326,7 @@ def _measure_row(
     settings: Settings,
     base: Baselines,
     progress: Progress,
+    free_before: Mapping[Device, int],
 ) -> Row:
     batching = settings.batching
     experts: ExpertData = resident.experts(weights)
@@ -339,6 +342,10 @@ def _measure_row(
         decode_rates, decode_steps_s, decode_bytes, decode_path = _decode(
             backend, runner, scheduler, experts, settings, progress, what
         )
+        memory = runner.device_memory() + DeviceMemory(
+            resident_experts=resident.device_bytes, staging=scheduler.device_bytes()
+        )
+        device_used = sum(free - device.free_memory() for device, free in free_before.items())
     prefill_out = runner.prefill_output() if runner.data else None
     decode_out = runner.decode_output() if runner.data and batching.decode_steps else None
     moved = stats.bytes_moved()
@@ -395,6 +402,8 @@ def _measure_row(
         prefill_order="layer" if runner.layer_major else "ubatch",
         device_bytes=runner.device_bytes + resident.device_bytes,
         kv_cache_bytes=runner.kv_cache_bytes,
+        device_memory=memory.as_dict(),
+        device_used_bytes=device_used,
         **_ring_fields(weights, ring_before, ring_after, sum(times)),
     )
 

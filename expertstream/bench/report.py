@@ -6,7 +6,7 @@ import csv
 import io
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 
@@ -75,6 +75,11 @@ class Row:
     prefill_order: str = "ubatch"
     device_bytes: int = 0  # weights but the streamed experts, KV cache, activations, resident experts
     kv_cache_bytes: int = 0
+    # Device memory by kind (engine.uploads.DeviceMemory: weights, kv_cache, activations,
+    # resident_experts, staging, total) and what the devices' free memory fell by from before the
+    # runner to the end of the row, as the driver counts it (the kernels' code, its own pools).
+    device_memory: dict[str, int] = field(default_factory=dict)
+    device_used_bytes: int | None = None
 
     @property
     def decode_step_s(self) -> float | None:
@@ -174,7 +179,8 @@ def csv_lines(rows: Sequence[Row], names: Sequence[str], header: bool = True) ->
         writer.writeheader()
     for row in rows:
         values = row_json(row)
-        values["fallbacks"] = json.dumps(values["fallbacks"], sort_keys=True)
+        for nested in ("fallbacks", "device_memory"):
+            values[nested] = json.dumps(values[nested], sort_keys=True)
         writer.writerow(values)
     return out.getvalue().rstrip("\n")
 

@@ -273,6 +273,10 @@ class Blocks(Closing):
         return self._uploads.device_bytes
 
     @property
+    def weight_bytes(self) -> int:
+        return self._uploads.weight_bytes
+
+    @property
     def kv_cache_bytes(self) -> int:
         return sum(a.k_cache.nbytes + a.v_cache.nbytes for a in self.attention.values())
 

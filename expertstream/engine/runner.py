@@ -68,7 +68,7 @@ from .arch import FfnConfig, ffn_config
 from .blocks import Blocks
 from .hparams import Transformer
 from .layersplit import Crossing, LayerSplit, Link
-from .uploads import Uploads, tensor_floats
+from .uploads import DeviceMemory, Uploads, tensor_floats
 
 ExpertData = Mapping[str, "HostSource | BufferView"]
 """Expert tensor name -> host-resident source, or device bytes of its padded size."""
@@ -358,6 +358,13 @@ class _Part(Closing):
         blocks = self.blocks.device_bytes if self.blocks is not None else 0
         return self._uploads.device_bytes + sum(buf.alloc_size for buf in scratch) + blocks
 
+    def device_memory(self) -> DeviceMemory:
+        """``device_bytes`` by what it holds, with the kernels' scratch (grown by the runs so far) too."""
+        weights = self._uploads.weight_bytes + (self.blocks.weight_bytes if self.blocks is not None else 0)
+        kv = self.blocks.kv_cache_bytes if self.blocks is not None else 0
+        activations = self.device_bytes - weights - kv + self.kernels.scratch_bytes
+        return DeviceMemory(weights=weights, kv_cache=kv, activations=activations)
+
     def scratch(self) -> _Scratch:
         if self._scratch is None:
             raise InvalidArgument("the runner is closed", call="MoeRunner")
@@ -536,6 +543,10 @@ class MoeRunner(Closing):
     def device_bytes_on(self, device: Device) -> int:
         """Device memory this runner holds on ``device``."""
         return sum(part.device_bytes for part in self._parts if part.device is device)
+
+    def device_memory(self) -> DeviceMemory:
+        """What this runner holds on all its devices, by kind (``DeviceMemory``)."""
+        return sum((part.device_memory() for part in self._parts), DeviceMemory())
 
     @property
     def kv_cache_bytes(self) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 from gguf import GGMLQuantizationType
@@ -26,6 +27,27 @@ def tensor_floats(model: MoeModel, info: TensorInfo) -> np.ndarray:
     if info.qtype is GGMLQuantizationType.BF16:  # the high half of a float32
         return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
     raise ModelError(f"{model.path}: {info.name} is {info.qtype.name}; a float type (F32, F16, BF16) is needed here")
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """Device bytes by what they hold; parts and devices add up with ``+``."""
+
+    weights: int = 0  # the model's tensors but the experts: attention, norms, embeddings, head, routers
+    kv_cache: int = 0
+    activations: int = 0  # hidden rows, token ids, logits, the kernels' scratch
+    resident_experts: int = 0  # experts uploaded once and kept (-ncmoe, --gpu-memory)
+    staging: int = 0  # the prefetch slots and the stock copy's scratch for streamed experts
+
+    def __add__(self, other: DeviceMemory) -> DeviceMemory:
+        return DeviceMemory(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+
+    @property
+    def total(self) -> int:
+        return sum(getattr(self, f.name) for f in fields(self))
+
+    def as_dict(self) -> dict[str, int]:
+        return {**asdict(self), "total": self.total}
 
 
 class Uploads(Closing):
@@ -79,6 +101,11 @@ class Uploads(Closing):
     @property
     def device_bytes(self) -> int:
         return sum(buf.alloc_size for buf in self.buffers)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Of ``device_bytes``, the buffers holding the model's tensors (Usage.WEIGHTS)."""
+        return sum(buf.alloc_size for buf in self.buffers if buf.usage is Usage.WEIGHTS)
 
     def close(self) -> None:
         for buf in self.buffers:

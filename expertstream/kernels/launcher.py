@@ -627,5 +627,10 @@ class MoeKernels(Closing):
             buffers.append(current)
         return current.view(0, nbytes)
 
+    @property
+    def scratch_bytes(self) -> int:
+        """Device bytes the instance's scratch holds now (every owner's buffers, earlier ones too)."""
+        return sum(buf.alloc_size for buffers in self._scratch.values() for buf in buffers)
+
 
 __all__ = ["TWINS", "MoeKernels", "check_path", "default_path", "scratch_bytes"]

@@ -105,6 +105,11 @@ class PrefetchSlots:
         self._spare_pairs: list[tuple[Event, Event]] = []
         self._waited_ms = 0.0
 
+    @property
+    def device_bytes(self) -> int:
+        """Device bytes the slots allocated so far hold."""
+        return sum(slot.buffer.alloc_size for slot in self._slots)
+
     # -- configuration (only between runs, after drain) --------------------------------
     def configure(self, n_slots: int, slot_bytes: int) -> None:
         """Set up for a run: keep the slots that still fit, free the rest. Callers drain first."""

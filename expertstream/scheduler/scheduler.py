@@ -123,6 +123,12 @@ class Scheduler(Closing):
                 prefetch.keep(slots)
         self._prefetch_off.clear()
 
+    def device_bytes(self, device: Device | None = None) -> int:
+        """Device bytes the scheduler holds for streamed inputs (prefetch slots and stock copy
+        scratch) on ``device``, or on every device; a captured replay's own scratch is not counted."""
+        held: list[tuple[Device, PrefetchSlots | StockCopier]] = [*self._prefetch.items(), *self._stock.items()]
+        return sum(part.device_bytes for owner, part in held if device is None or owner is device)
+
     def stream(self, device: Device) -> Stream:
         """The compute stream of ``device`` (created on first use unless given)."""
         stream = self._streams.get(device)

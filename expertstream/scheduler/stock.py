@@ -35,6 +35,12 @@ class StockCopier:
         self._report: DeviceBuffer | None = None
         self._gathered: list[tuple[str, int]] = []  # (split name, n_expert) of this run's gathers, by tag
 
+    @property
+    def device_bytes(self) -> int:
+        """Device bytes of the scratch buffers (and the gathers' report word)."""
+        report = self._report.alloc_size if self._report is not None else 0
+        return sum(buf.alloc_size for buf in self._scratch) + report
+
     def reserve(self, sizes: list[int], stream: Stream) -> None:
         """Make scratch ``k`` hold at least ``sizes[k]`` bytes; called once per run, before any split."""
         for k, size in enumerate(sizes):

@@ -75,3 +75,17 @@ def test_rates_without_a_time_to_divide_by_are_none(tiny_path: Path) -> None:
         (row,) = measure(sim, sim.device(0), model, settings, h2d_peak=PeakProbe(10.0, 10.0, 10.0, 1)).rows
     assert dataclasses.replace(row, transfer_only_s=0.0).transfer_floor_tokens_per_s is None  # nothing copied
     assert dataclasses.replace(row, compute_only_s=None).compute_only_tokens_per_s is None  # not measured
+
+
+def test_device_memory_by_kind_adds_up_to_what_the_device_gave(tiny_path: Path) -> None:
+    """The whole model's row: weights, KV cache, activations, resident experts and staging add up to
+    what the simulated device's free memory fell by (it counts every allocation, nothing else)."""
+    settings = Settings(Batching(TOKENS, 16, 2), (3,), (HostMemoryMode.PINNED,), repeats=1, whole=True, n_cpu_moe=1)
+    with expertstream.backend("sim", data=False) as sim, MoeModel.open(tiny_path) as model:
+        (row,) = measure(sim, sim.device(0), model, settings, h2d_peak=PeakProbe(10.0, 10.0, 10.0, 1)).rows
+    memory = row.device_memory
+    assert set(memory) == {"weights", "kv_cache", "activations", "resident_experts", "staging", "total"}
+    assert all(memory[kind] > 0 for kind in memory)  # one layer resident, one streamed
+    assert memory["kv_cache"] == row.kv_cache_bytes
+    assert memory["total"] == sum(v for k, v in memory.items() if k != "total")
+    assert row.device_used_bytes == memory["total"]
