@@ -63,8 +63,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host-memory", default="pinned")
     p.add_argument("-ub", "--ubatch", type=int, help="prefill ubatch (default: the whole prompt)")
     p.add_argument("--top", type=int, default=25, help="prefill rows shown")
-    p.add_argument("--gemv", action="store_true", help="few rows on the matrix-vector kernels")
+    p.add_argument("--no-gemv", dest="gemv", action="store_false", help="few rows on the tile kernels")
     p.add_argument("--no-graphs", action="store_true", help="replay nothing: every step call by call")
+    p.add_argument(
+        "--profiler-range",
+        action="store_true",
+        help="CUDA: the next-to-last timed step inside cudaProfilerStart/Stop, for `ncu --profile-from-start off`",
+    )
     args = p.parse_args(argv)
     if args.steps < 3:
         p.error("--steps must be at least 3: one compiles, one or more are timed, one is traced")
@@ -92,6 +97,13 @@ def _backend(args: argparse.Namespace) -> Any:
     if args.profile or args.backend == "sim":
         return expertstream.backend("sim", profile=args.profile)
     return expertstream.backend(args.backend)
+
+
+def _cuda_profiler(*, start: bool) -> None:
+    """Open or close the range a profiler started with profiling off records (CUDA only)."""
+    from cuda.bindings import runtime
+
+    (runtime.cudaProfilerStart if start else runtime.cudaProfilerStop)()
 
 
 def _by_name(ops: Sequence[TimelineOp]) -> tuple[list[dict[str, Any]], float, int]:
@@ -134,9 +146,14 @@ def profile(backend: Any, path: Path, args: argparse.Namespace) -> dict[str, Any
             times = []
             with _DecodeSteps(runner, scheduler, experts, not args.no_graphs) as decode:
                 for step in range(steps - 1):
+                    ranged = args.profiler_range and step == steps - 2
+                    if ranged:
+                        _cuda_profiler(start=True)
                     start = host.timestamp()
                     decode.run(step, 1 + step)
                     times.append(host.timestamp() - start)
+                    if ranged:
+                        _cuda_profiler(start=False)
                 replay_path = decode.path
             # Traced last: timing events bracket every operation from here on.
             last = steps - 1

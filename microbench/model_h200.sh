@@ -10,8 +10,14 @@
 #   big     the same on $FILES (made here), then llama-perplexity and expertstream perplexity on one text
 #   bench   llama-bench and expertstream bench on $FILES: pp$TOKENS at ubatch $UBATCH and tg64, every
 #           expert streamed (-ncmoe all / llama.cpp -ncmoe N -lm none) and everything on the GPU (-ncmoe 0)
+#   decode  llama-bench -p 0 -n 64,256 and expertstream bench -p $DECODE_PROMPT -n 64,256 on $FILES: every
+#           expert on the host (pinned; llama.cpp -lm none), half the layers', none; mmap beside -lm mmap;
+#           then decode_profile's per-operation table of one step with everything on the GPU
+# Every llama-bench and expertstream run is wrapped in used_memory: nvidia-smi samples the device's used
+# memory every 100 ms and the run's peak goes to $OUT/memory.txt.
 # Environment: ARCHIVE (.dev/llamacpp-sm90.tar.xz), MODELS (/tmp/models), OUT (.), FILES
-# ("qwen3-30b-a3b:Q4_K_M"), TOKENS (4096), UBATCH (512,2048,4096), REPS (2), LAYERS (all).
+# ("qwen3-30b-a3b:Q4_K_M"), TOKENS (4096), UBATCH (512,2048,4096), REPS (2), LAYERS (all), DECODE_PROMPT (16:
+# the prompt before expertstream's decode steps; llama-bench's tg starts from an empty context).
 set -euo pipefail
 ARCHIVE=${ARCHIVE:-.dev/llamacpp-sm90.tar.xz}
 MODELS=${MODELS:-/tmp/models}
@@ -20,6 +26,7 @@ FILES=${FILES:-"qwen3-30b-a3b:Q4_K_M"}
 TOKENS=${TOKENS:-4096}
 UBATCH=${UBATCH:-512,2048,4096}
 REPS=${REPS:-2}
+DECODE_PROMPT=${DECODE_PROMPT:-16}
 python=${PYTHON:-python3}
 LCP=/tmp/llamacpp-sm90
 export LD_LIBRARY_PATH=$LCP/bin:${LD_LIBRARY_PATH:-}
@@ -41,6 +48,20 @@ logits_three() {  # MODEL NAME: llama.cpp CUDA and CPU, then ours, each compared
 }
 
 file_of() { echo "$MODELS/$1-$2.gguf"; }
+
+used_memory() {  # NAME COMMAND...: run COMMAND, noting the device's peak used memory (MiB) under NAME
+    local name=$1 log=/tmp/used-memory.$$
+    shift
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 >"$log" 2>/dev/null &
+    local sampler=$!
+    "$@"
+    local status=$?
+    kill "$sampler" 2>/dev/null
+    wait "$sampler" 2>/dev/null
+    echo "$name: peak $(sort -n "$log" | tail -1) MiB used on the device" >>"$OUT/memory.txt"
+    rm -f "$log"
+    return $status
+}
 
 for stage in "$@"; do
     case $stage in
@@ -80,10 +101,14 @@ for stage in "$@"; do
             preset=${spec%%:*} qtype=${spec##*:}
             file=$(file_of "$preset" "$qtype")
             n=$("$python" -c "from expertstream.model import MoeModel; print(len(MoeModel.open('$file').layers))")
-            "$LCP/bin/llama-bench" -m "$file" -ngl 99 -ncmoe "$n,0" -lm none -fa 0 -p "$TOKENS" -n 64 -b "$TOKENS" \
-                -ub "$UBATCH" -r "$REPS" -o md 2>&1 | tee "$OUT/llama-bench-$preset.md"
-            "$python" -m expertstream bench -m "$file" --backend cuda -p "$TOKENS" -n 64 -ub "$UBATCH" --slots 3 \
-                --host-memory pinned -ncmoe "all,0" -r "$REPS" -o json >"$OUT/ours-$preset.json"
+            for ncmoe in "$n" 0; do
+                used_memory "llama-bench $preset -ncmoe $ncmoe -p $TOKENS" "$LCP/bin/llama-bench" -m "$file" -ngl 99 \
+                    -ncmoe "$ncmoe" -lm none -fa 0 -p "$TOKENS" -n 64 -b "$TOKENS" -ub "$UBATCH" -r "$REPS" -o md 2>&1 \
+                    | tee -a "$OUT/llama-bench-$preset.md"
+            done
+            used_memory "expertstream $preset -ncmoe all,0 -p $TOKENS" "$python" -m expertstream bench -m "$file" \
+                --backend cuda -p "$TOKENS" -n 64 -ub "$UBATCH" --slots 3 --host-memory pinned -ncmoe "all,0" \
+                -r "$REPS" -o json >"$OUT/ours-$preset.json"
             "$python" -c "
 import json, sys
 doc = json.load(open(sys.argv[1]))
@@ -92,6 +117,32 @@ for r in doc['rows']:
           f\"+- {r['prefill_tokens_per_s_sd']:5.0f} t/s, tg {r['decode_tokens_per_s'] or 0:7.1f} t/s, \"
           f\"H2D {r['h2d_gbps']:5.1f} GB/s of {r['h2d_peak_gbps']:5.1f}, dev {r['device_bytes'] / 2**30:5.2f} GiB\")
 " "$OUT/ours-$preset.json" | tee "$OUT/ours-$preset.txt"
+        done ;;
+    decode)
+        for spec in $FILES; do
+            preset=${spec%%:*} qtype=${spec##*:}
+            file=$(file_of "$preset" "$qtype")
+            n=$("$python" -c "from expertstream.model import MoeModel; print(len(MoeModel.open('$file').layers))")
+            for ncmoe in "$n" $((n / 2)) 0; do
+                used_memory "llama-bench $preset decode -ncmoe $ncmoe" "$LCP/bin/llama-bench" -m "$file" -ngl 99 \
+                    -ncmoe "$ncmoe" -lm none -fa 0 -p 0 -n 64,256 -r "$REPS" -o md 2>&1 | tee -a "$OUT/decode-llama-$preset.md"
+            done
+            "$LCP/bin/llama-bench" -m "$file" -ngl 99 -ncmoe "$n" -lm mmap -fa 0 -p 0 -n 64 -r "$REPS" -o md 2>&1 \
+                | tee -a "$OUT/decode-llama-$preset.md"
+            used_memory "expertstream $preset decode -ncmoe all,$((n / 2)),0" "$python" -m expertstream bench \
+                -m "$file" --backend cuda -p "$DECODE_PROMPT" -n 64,256 --slots 3 --host-memory pinned \
+                -ncmoe "all,$((n / 2)),0" -r "$REPS" -o json >"$OUT/decode-ours-$preset.json"
+            "$python" -m expertstream bench -m "$file" --backend cuda -p "$DECODE_PROMPT" -n 64 --slots 3 \
+                --host-memory mmap -ncmoe all -r "$REPS" -o json >"$OUT/decode-ours-mmap-$preset.json"
+            "$python" -m microbench.decode_profile --backend cuda --model "$file" -p "$DECODE_PROMPT" -n 16 --top 12 \
+                --json >"$OUT/decode-profile-$preset.json" 2>"$OUT/decode-profile-$preset.txt"
+            "$python" -c "
+import json, sys
+for name in sys.argv[1:]:
+    for r in json.load(open(name))['rows']:
+        print(f\"{r['host_memory']:>6} ncmoe {str(r.get('n_cpu_moe')):>4} tg{r['decode_steps']:<3}: \"
+              f\"{r['decode_tokens_per_s']:7.1f} +- {r['decode_tokens_per_s_sd'] or 0:4.1f} t/s ({r['decode_path']})\")
+" "$OUT/decode-ours-$preset.json" "$OUT/decode-ours-mmap-$preset.json" | tee "$OUT/decode-ours-$preset.txt"
         done ;;
     *) echo "unknown stage $stage" >&2; exit 2 ;;
     esac

@@ -50,7 +50,7 @@ class Settings:
     gpu_memory: GpuMemory | None = None  # stream only as many leading layers as needed to fit the rest
     matrix_path: MatrixPath | None = None  # mul_mat_id's path for every type; None: each type's default
     direct: bool = True  # the direct-decode kernels where they apply (MoeKernels.direct)
-    gemv: bool = False  # a few pairs (decode) on the matrix-vector kernels (MoeKernels.gemv)
+    gemv: bool = True  # a few pairs (decode) on the matrix-vector kernels (MoeKernels.gemv)
     fuse_gate_up: bool = False  # gate, up and SwiGLU as one split where the kernels can (MoeRunner)
     # The whole model (the commands' default), or the expert blocks alone around the stand-in: what
     # the tuner calibrates the streaming costs on, and what the microbenches of the expert pipeline run.

@@ -675,11 +675,12 @@ def _kernels(
         )
         if n_expert <= layout.ROUTER_MAX_EXPERTS and k <= layout.ROUTER_MAX_K:  # else the runner routes otherwise
             time(
-                "moe_router_topk",
+                "router_topk",
                 lambda: kernels.router_topk(
                     stream, x.view(), router.view(), ubatch, n_embd, n_expert, k, ids_buf.view(), route.view()
                 ),
                 2.0 * ubatch * n_embd * n_expert,
+                launches=2,  # the logits, then the selection
             )
         n = pairs * n_ff
         time("moe_swiglu", lambda: kernels.swiglu(stream, x.view(), y.view(), z.view(), n), 4.0 * n)

@@ -51,7 +51,7 @@ class Options:
     fuse_gate_up: bool = False
     prefill_order: str = "auto"  # "layer", "ubatch" or "auto" (layer-major where the prompt's rows fit)
     graphs: bool = True  # decode steps replayed from one captured graph where the scheduler can
-    gemv: bool = False  # decode's few rows on the matrix-vector kernels (MoeKernels.gemv; not yet measured)
+    gemv: bool = True  # decode's few rows on the matrix-vector kernels (MoeKernels.gemv)
 
     def __post_init__(self) -> None:
         check_prefill_order(self.prefill_order)

@@ -244,7 +244,7 @@ class _Part(Closing):
         last: bool,
         matrix_path: MatrixPath | None,
         direct: bool = True,
-        gemv: bool = False,
+        gemv: bool = True,
         whole: _Whole | None = None,
         blocks: Sequence[int] = (),
     ) -> None:
@@ -421,7 +421,7 @@ class MoeRunner(Closing):
         matrix_path: MatrixPath | None = None,
         fuse_gate_up: bool = False,
         direct: bool = True,
-        gemv: bool = False,
+        gemv: bool = True,
         transformer: Transformer | None = None,
         n_ctx: int | None = None,
         layer_major: bool = False,
@@ -429,7 +429,7 @@ class MoeRunner(Closing):
     ) -> None:
         self.devices: tuple[Device, ...] = (devices,) if isinstance(devices, Device) else tuple(devices)
         # direct: whether the MMA path takes direct.cu's kernels where they apply (MoeKernels.direct);
-        # gemv: whether a few pairs take the matrix-vector kernels (MoeKernels.gemv; not yet measured).
+        # gemv: whether a few pairs take the matrix-vector kernels (MoeKernels.gemv).
         # One gate_up split per layer where the kernels can (fuses_gate_up). Off by default: the
         # split's two tensors take two prefetch slots at once, so with fewer than 3 slots one of them
         # falls back to the stock copy (the scheduler counts it as too_many_inputs).

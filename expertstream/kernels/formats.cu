@@ -48,11 +48,8 @@
 #define MOE_MMID_THREADS 128
 #define MOE_GROUP_THREADS 256
 #define MOE_GROUP_CHUNK 2048      // pairs per grouping block
-#define ROUTER_TOKENS 8           // tokens per block in router_topk
-#define ROUTER_EXPERT_CHUNK 64    // experts per pass over n_embd
 #define ROUTER_MAX_EXPERTS 512
 #define ROUTER_MAX_K 32
-#define ROUTER_THREADS 256        // ROUTER_TOKENS groups of 32 threads
 
 struct alignas(16) vec4 {
     float x, y, z, w;

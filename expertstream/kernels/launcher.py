@@ -63,7 +63,7 @@ from ..backends.base import BufferView, Device, DeviceBuffer, Kernel, Stream, Us
 from ..backends.sim import KernelSpec
 from ..errors import InvalidArgument
 from ..ggml import RowType, padded_size
-from . import attention_twins, dense_twins, layout, routing_twins, twins
+from . import attention_twins, dense_twins, layout, routing, routing_twins, twins
 from .args import ViewLike, fits_int32, positive, view
 from .layout import MatrixPath, TileM, WeightFormat, weight_format
 from .program import kernel_source, module_types
@@ -129,8 +129,9 @@ class MoeKernels(Closing):
         # Whether the MMA path takes direct.cu's kernels where they apply (benchmarks turn it off to
         # compare them with the shared-tile kernels of mma.cu).
         self.direct = direct
-        # Whether calls of few pairs take gemv.cu's matrix-vector kernels (uses_gemv). Off by default
-        # until measured on a GPU against the tile kernels at decode.
+        # Whether calls of few pairs take gemv.cu's matrix-vector kernels (uses_gemv). The runner asks
+        # for them by default: on the H200 a decode step took 3.7 ms with them and 6.6 ms on the tile
+        # kernels (microbench/decode_profile.py, 8 layers of qwen3-30b-a3b Q4_K_M).
         self.gemv = gemv
         if path is MatrixPath.SIMT and device.capabilities.matrix_cores:
             log.info("mul_mat_id on %s takes the float32 SIMT path although it has matrix cores", device.label)
@@ -557,7 +558,10 @@ class MoeKernels(Closing):
         ids: ViewLike,
         weights: ViewLike,
     ) -> None:
-        """ids, weights = top_k of x @ router^T per token, softmax over the selected logits."""
+        """ids, weights = top_k of x @ router^T per token, softmax over the selected logits.
+
+        Two launches: the logits (spread over the experts, so one token's take as many blocks as
+        the router has waves of experts), then the selection, into this instance's scratch."""
         call = "MoeKernels.router_topk"
         positive(call, n_tokens=n_tokens, n_embd=n_embd, n_expert=n_expert, top_k=top_k)
         if n_expert > layout.ROUTER_MAX_EXPERTS:
@@ -570,18 +574,10 @@ class MoeKernels(Closing):
                 call=call,
             )
         fits_int32(call, x=n_tokens * n_embd, router=n_expert * n_embd)
-        args = (
-            view(call, "x", x, n_tokens * n_embd * 4, 4),
-            view(call, "router", router, n_expert * n_embd * 4, 4),
-            view(call, "ids", ids, n_tokens * top_k * 4, 4),
-            view(call, "weights", weights, n_tokens * top_k * 4, 4),
-            _i32(n_tokens),
-            _i32(n_embd),
-            _i32(n_expert),
-            _i32(top_k),
-        )
-        blocks = -(-n_tokens // layout.ROUTER_TOKENS)
-        stream.launch(self.kernel("moe_router_topk"), blocks, layout.ROUTER_THREADS, args)
+        logits = self.scratch("router_topk", n_tokens * n_expert * 4)
+        routing.router_logits(self, stream, x, router, None, logits, n_tokens, n_embd, n_expert)
+        selected_softmax = routing.Routing(routing.Gating.SOFTMAX_WEIGHT, norm=False)
+        routing.router_select(self, stream, logits, None, selected_softmax, n_tokens, n_expert, top_k, ids, weights)
 
     def close(self) -> None:
         """Free the instance's own scratch; work that uses it must be finished."""

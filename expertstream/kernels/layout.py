@@ -43,8 +43,6 @@ GROUP_LAUNCHES = 2  # moe_group_count, then moe_group_place
 MAX_EXPERTS = 1024  # experts the grouping kernel can bucket
 SCRATCH_HEADER = 4  # int32 words before the tile table
 
-ROUTER_TOKENS = 8  # tokens per block of router_topk
-ROUTER_THREADS = 256
 ROUTER_MAX_EXPERTS = 512
 ROUTER_MAX_K = 32
 

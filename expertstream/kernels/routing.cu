@@ -1,6 +1,7 @@
 // ---------------------------------------------------------------------------------
-// Routing (part of the kernel source, see formats.cu): router_topk, the softmax router of
-// MoeKernels.router_topk, then the routing and FFN pieces of the other architectures.
+// Routing (part of the kernel source, see formats.cu): the router's logits and the
+// selection of experts from them (MoeKernels.router_topk takes both), and the routing and
+// FFN pieces of the architectures (routing.py).
 // ---------------------------------------------------------------------------------
 
 // Total order for top-k: a larger logit wins, equal logits go to the lower id, NaN loses
@@ -23,96 +24,6 @@ __device__ bool router_better(float v, int e, float best_v, int best_e) {
     return v > best_v || (v == best_v && e < best_e);
 }
 
-// logits = x @ router^T; ids = the top_k experts by logit; weights = softmax over the
-// selected logits. One block handles ROUTER_TOKENS tokens, 32 threads per token.
-extern "C" __global__ void __launch_bounds__(ROUTER_THREADS) moe_router_topk(
-    const float* __restrict__ x, const float* __restrict__ router, int* __restrict__ ids,
-    float* __restrict__ weights, int n_tokens, int n_embd, int n_expert, int top_k) {
-    __shared__ float logits[ROUTER_TOKENS][ROUTER_MAX_EXPERTS];
-    __shared__ unsigned char taken[ROUTER_TOKENS][ROUTER_MAX_EXPERTS];
-    __shared__ float x_chunk[ROUTER_TOKENS][33];
-    __shared__ float r_chunk[ROUTER_EXPERT_CHUNK][33];
-    __shared__ float cand_v[ROUTER_THREADS];
-    __shared__ int cand_e[ROUTER_THREADS];
-    __shared__ float sel_v[ROUTER_TOKENS][ROUTER_MAX_K];
-    __shared__ int sel_e[ROUTER_TOKENS][ROUTER_MAX_K];
-
-    const int tid = threadIdx.x;
-    const int group = tid / 32;
-    const int lane = tid % 32;
-    const int t = blockIdx.x * ROUTER_TOKENS + group;
-
-    for (int e0 = 0; e0 < n_expert; e0 += ROUTER_EXPERT_CHUNK) {
-        float acc0 = 0.0f;
-        float acc1 = 0.0f;
-        for (int k0 = 0; k0 < n_embd; k0 += 32) {
-            const bool x_inside = t < n_tokens && k0 + lane < n_embd;
-            x_chunk[group][lane] = x_inside ? x[(long long)t * n_embd + k0 + lane] : 0.0f;
-            for (int i = tid; i < ROUTER_EXPERT_CHUNK * 32; i += ROUTER_THREADS) {
-                const int e = e0 + i / 32;
-                const int k = k0 + i % 32;
-                const bool r_inside = e < n_expert && k < n_embd;
-                r_chunk[i / 32][i % 32] = r_inside ? router[(long long)e * n_embd + k] : 0.0f;
-            }
-            __syncthreads();
-#pragma unroll
-            for (int k = 0; k < 32; ++k) {
-                acc0 = fmaf(x_chunk[group][k], r_chunk[lane][k], acc0);
-                acc1 = fmaf(x_chunk[group][k], r_chunk[lane + 32][k], acc1);
-            }
-            __syncthreads();
-        }
-        if (e0 + lane < n_expert) {
-            logits[group][e0 + lane] = acc0;
-            taken[group][e0 + lane] = 0;
-        }
-        if (e0 + lane + 32 < n_expert) {
-            logits[group][e0 + lane + 32] = acc1;
-            taken[group][e0 + lane + 32] = 0;
-        }
-    }
-    __syncthreads();
-
-    for (int j = 0; j < top_k; ++j) {
-        float best_v = 0.0f;
-        int best_e = -1;
-        for (int e = lane; e < n_expert; e += 32) {
-            if (!taken[group][e] && router_better(logits[group][e], e, best_v, best_e)) {
-                best_v = logits[group][e];
-                best_e = e;
-            }
-        }
-        cand_v[tid] = best_v;
-        cand_e[tid] = best_e;
-        __syncthreads();
-        for (int s = 16; s > 0; s >>= 1) {
-            if (lane < s && router_better(cand_v[tid + s], cand_e[tid + s], cand_v[tid], cand_e[tid])) {
-                cand_v[tid] = cand_v[tid + s];
-                cand_e[tid] = cand_e[tid + s];
-            }
-            __syncthreads();
-        }
-        if (lane == 0) {
-            sel_v[group][j] = cand_v[tid];
-            sel_e[group][j] = cand_e[tid];
-            taken[group][cand_e[tid]] = 1;
-        }
-        __syncthreads();
-    }
-
-    if (lane == 0 && t < n_tokens) {
-        const float max_v = sel_v[group][0];  // the selection order puts the largest first
-        float sum = 0.0f;
-        for (int j = 0; j < top_k; ++j) {
-            sum += expf(sel_v[group][j] - max_v);
-        }
-        for (int j = 0; j < top_k; ++j) {
-            ids[(long long)t * top_k + j] = sel_e[group][j];
-            weights[(long long)t * top_k + j] = expf(sel_v[group][j] - max_v) / sum;
-        }
-    }
-}
-
 // ---------------------------------------------------------------------------------
 // Routing and expert FFN pieces per architecture (see kernels/routing.py): router
 // logits with an optional bias, gated top-k selection (softmax, sigmoid or softmax
@@ -126,37 +37,104 @@ extern "C" __global__ void __launch_bounds__(ROUTER_THREADS) moe_router_topk(
 #define GATING_SOFTMAX_WEIGHT 3
 #define SELECT_THREADS 128        // one block per token in router_select
 #define SELECT_MAX_GROUPS 64
-#define LOGITS_TOKENS 8           // logits tile: LOGITS_TOKENS tokens x 32 experts
+#define LOGITS_EXPERTS 8          // router logits: experts per block, one 32-thread wave each
+#define LOGITS_TOKENS 8           // and tokens per block
+#define LOGITS_THREADS (LOGITS_EXPERTS * 32)
 #define WEIGHTS_SUM_MIN 6.103515625e-5f  // floor of the sum that normalized weights divide by
 #define NEG_INFINITY bits_to_float(0xff800000u)
 
-// logits[t, e] = x[t, :] . router[e, :] (+ bias[e] when has_bias), accumulated in k order.
-extern "C" __global__ void __launch_bounds__(LOGITS_TOKENS * 32) moe_router_logits(
-    const float* __restrict__ x, const float* __restrict__ router, const float* __restrict__ bias,
-    float* __restrict__ logits, int n_tokens, int n_embd, int n_expert, int has_bias) {
-    __shared__ float x_tile[LOGITS_TOKENS][33];
-    __shared__ float r_tile[32][33];
-    const int lane = threadIdx.x % 32;
-    const int row = threadIdx.x / 32;
-    const int e = blockIdx.x * 32 + lane;
-    const int t = blockIdx.y * LOGITS_TOKENS + row;
-    float acc = 0.0f;
-    for (int k0 = 0; k0 < n_embd; k0 += 32) {
-        x_tile[row][lane] = (t < n_tokens && k0 + lane < n_embd) ? x[(long long)t * n_embd + k0 + lane] : 0.0f;
-        for (int i = threadIdx.x; i < 32 * 32; i += LOGITS_TOKENS * 32) {
-            const int re = blockIdx.x * 32 + i / 32;
-            const int rk = k0 + i % 32;
-            r_tile[i / 32][i % 32] = (re < n_expert && rk < n_embd) ? router[(long long)re * n_embd + rk] : 0.0f;
-        }
-        __syncthreads();
-        const int k_end = min(32, n_embd - k0);
-        for (int k = 0; k < k_end; ++k) {
-            acc = fmaf(x_tile[row][k], r_tile[lane][k], acc);
+// The sum of a wave's partial sums, valid at its lane 0: lane l + s added into lane l for
+// s = 16, 8, 4, 2, 1 (the same additions on every device). Every thread of the block calls
+// it; the generic form (AMD's wave64 targets, the host harness) goes through shared memory.
+__device__ float logits_wave_sum(float partial, float* exchange) {
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+    for (int s = 16; s > 0; s >>= 1) {
+        partial += __shfl_down_sync(0xffffffffu, partial, s);
+    }
+    return partial;
+#else
+    const int tid = threadIdx.x;
+    __syncthreads();  // the exchange's last readers are done
+    exchange[tid] = partial;
+    __syncthreads();
+    for (int s = 16; s > 0; s >>= 1) {
+        if (tid % 32 < s) {
+            exchange[tid] += exchange[tid + s];
         }
         __syncthreads();
     }
-    if (t < n_tokens && e < n_expert) {
-        logits[(long long)t * n_expert + e] = has_bias ? acc + bias[e] : acc;
+    return exchange[tid];
+#endif
+}
+
+// logits[t, e] = x[t, :] . router[e, :] (+ bias[e] when has_bias). A block takes LOGITS_EXPERTS
+// experts (a logical wave of 32 threads each) by LOGITS_TOKENS tokens; lane l of a wave adds the
+// products of elements 4l + 128i .. 4l + 128i + 3 (i ascending), then the wave's 32 sums are
+// added in a fixed tree: the order does not depend on the load width or the launch, so decode's
+// one token and prefill's many get the same logit for the same row. Each wave reads its expert's
+// router row once per LOGITS_TOKENS tokens, 16 bytes at a time where aligned.
+extern "C" __global__ void __launch_bounds__(LOGITS_THREADS) moe_router_logits(
+    const float* __restrict__ x, const float* __restrict__ router, const float* __restrict__ bias,
+    float* __restrict__ logits, int n_tokens, int n_embd, int n_expert, int has_bias) {
+#if defined(__CUDA_ARCH__)
+    float* exchange = 0;
+#else
+    __shared__ float exchange[LOGITS_THREADS];
+#endif
+    const int lane = threadIdx.x % 32;
+    const int e = blockIdx.x * LOGITS_EXPERTS + threadIdx.x / 32;
+    const int t0 = blockIdx.y * LOGITS_TOKENS;
+    const int tokens = min(LOGITS_TOKENS, n_tokens - t0);
+    float acc[LOGITS_TOKENS];
+#pragma unroll
+    for (int j = 0; j < LOGITS_TOKENS; ++j) {
+        acc[j] = 0.0f;
+    }
+    if (e < n_expert) {
+        const float* r_row = router + (long long)e * n_embd;
+        const float* x_rows = x + (long long)t0 * n_embd;
+        const bool wide = n_embd % 4 == 0 && ((unsigned long long)router & 15u) == 0 &&
+                          ((unsigned long long)x & 15u) == 0;
+        for (int k = 4 * lane; k < n_embd; k += 128) {
+            float r[4];
+            if (wide) {
+                const vec4 w = *(const vec4*)(r_row + k);
+                r[0] = w.x, r[1] = w.y, r[2] = w.z, r[3] = w.w;
+            } else {
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    r[q] = k + q < n_embd ? r_row[k + q] : 0.0f;
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < LOGITS_TOKENS; ++j) {
+                if (j < tokens) {
+                    const float* x_row = x_rows + (long long)j * n_embd;
+                    float a[4];
+                    if (wide) {
+                        const vec4 v = *(const vec4*)(x_row + k);
+                        a[0] = v.x, a[1] = v.y, a[2] = v.z, a[3] = v.w;
+                    } else {
+#pragma unroll
+                        for (int q = 0; q < 4; ++q) {
+                            a[q] = k + q < n_embd ? x_row[k + q] : 0.0f;
+                        }
+                    }
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) {
+                        acc[j] = fmaf(a[q], r[q], acc[j]);
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < LOGITS_TOKENS; ++j) {
+        const float sum = logits_wave_sum(acc[j], exchange);
+        if (lane == 0 && e < n_expert && j < tokens) {
+            logits[(long long)(t0 + j) * n_expert + e] = has_bias ? sum + bias[e] : sum;
+        }
     }
 }
 

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 SELECT_THREADS = 128  # must match routing.cu
 SELECT_MAX_GROUPS = 64
+LOGITS_EXPERTS = 8  # router logits: experts per block (one 32-thread wave each) and tokens per block
 LOGITS_TOKENS = 8
 SHARED_GATE_THREADS = 256
 SWIGLU_OAI_ALPHA = 1.702
@@ -100,10 +101,10 @@ def router_logits(
         np.int32(n_expert),
         np.int32(0 if bias is None else 1),
     )
-    grid = (-(-n_expert // 32), -(-n_tokens // LOGITS_TOKENS))
+    grid = (-(-n_expert // LOGITS_EXPERTS), -(-n_tokens // LOGITS_TOKENS))
     if grid[1] > layout.MAX_GRID_Y:
         raise InvalidArgument(f"{n_tokens} tokens are more than one launch handles", call=call, hint="split the batch")
-    stream.launch(kernels.kernel("moe_router_logits"), grid, LOGITS_TOKENS * 32, args)
+    stream.launch(kernels.kernel("moe_router_logits"), grid, LOGITS_EXPERTS * 32, args)
 
 
 def router_select(

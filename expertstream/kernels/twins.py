@@ -447,20 +447,6 @@ def _combine_accesses(args: Args) -> Sequence[Access]:
     return [*reads, Access(_as_view(args[3]), write=True)]
 
 
-def _router_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
-    x_bytes, r_bytes, ids_bytes, w_bytes, n_tokens, n_embd, n_expert, top_k = args
-    x = x_bytes.view(np.float32).reshape(int(n_tokens), int(n_embd))
-    router = r_bytes.view(np.float32).reshape(int(n_expert), int(n_embd))
-    logits = np.einsum("te,xe->tx", x, router)
-    expert_ids = np.broadcast_to(np.arange(int(n_expert)), logits.shape)
-    nan_last = np.isnan(logits)
-    order = np.lexsort((expert_ids, -np.where(nan_last, 0, logits), nan_last), axis=1)[:, : int(top_k)]
-    selected = np.take_along_axis(logits, order, axis=1)
-    exps = np.exp(selected - selected[:, :1])
-    ids_bytes.view(np.int32)[:] = order.reshape(-1)
-    w_bytes.view(np.float32)[:] = (exps / exps.sum(axis=1, keepdims=True)).reshape(-1)
-
-
 def _rms_norm_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
     h_bytes, x_bytes, n_tokens, n = args
     h = h_bytes.view(np.float32).reshape(int(n_tokens), int(n))
@@ -543,14 +529,6 @@ def twin_specs() -> list[KernelSpec]:
             "moe_combine",
             _combine_run,
             _combine_accesses,
-            lambda args: 2.0 * int(args[4]) * int(args[5]) * int(args[6]),
-        )
-    )
-    specs.append(
-        KernelSpec(
-            "moe_router_topk",
-            _router_run,
-            _reads_then_writes(2, 2),
             lambda args: 2.0 * int(args[4]) * int(args[5]) * int(args[6]),
         )
     )

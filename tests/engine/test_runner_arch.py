@@ -13,6 +13,7 @@ from expertstream.engine.arch import ffn_config
 from expertstream.engine.runner import Batching, MoeRunner, embeddings
 from expertstream.hostmem import HostWeights
 from expertstream.kernels import reference as ref
+from expertstream.kernels.routing import Gating, Routing
 from expertstream.model import MoeModel, make_model
 from expertstream.scheduler import Scheduler
 
@@ -81,10 +82,39 @@ def _check_prefill(backend: Backend, path: Path) -> None:
         matrix_paths = runner.matrix_paths
         cfg = ffn_config(model.arch, model.metadata)
         h = embeddings(2, 0, BATCHING.tokens, model.n_embd).astype(np.float64)
+        tied = np.zeros(BATCHING.tokens, bool)
         for layer in model.layers:
             x = ref.rms_norm(h)
-            h = h + ref.moe_ffn(x, _layer_weights(model, layer.index), cfg.routing, model.top_k, cfg.ffn.activation)
+            weights = _layer_weights(model, layer.index)
+            tied |= _near_tie(x, weights, cfg.routing, model.top_k)
+            h = h + ref.moe_ffn(x, weights, cfg.routing, model.top_k, cfg.ffn.activation)
+    # A token whose float64 routing is a near tie in some layer may take either expert after rounding.
+    assert tied.sum() <= BATCHING.tokens // 6, f"{tied.sum()} of {BATCHING.tokens} tokens route through near ties"
+    out, h = out[~tied], h[~tied]
     err = ref.relative_error(out, h)
     bound = 2 * max(ref.mul_mat_id_rtol(p) for p in matrix_paths)  # two matrix products deep per layer
     shown = ", ".join(sorted(p.value for p in matrix_paths))
     assert err < bound, f"{path.name}: relative error {err:.3g} over {bound} ({shown})"
+
+
+# Where the k-th and (k+1)-th selection values of a token are closer than this (relative to its
+# largest), the experts chosen may differ between float64 and the kernels' rounding.
+NEAR_TIE = 2e-3
+
+
+def _near_tie(x: np.ndarray, weights: ref.FfnWeights, routing: Routing, top_k: int) -> np.ndarray:
+    """Per token: whether its selection of the top_k experts is a near tie (see NEAR_TIE)."""
+    logits = x @ weights.router.T + (0.0 if weights.router_bias is None else weights.router_bias)
+    if routing.gating is Gating.SOFTMAX:
+        values = np.exp(logits - logits.max(axis=1, keepdims=True))
+        values /= values.sum(axis=1, keepdims=True)
+    elif routing.gating is Gating.SIGMOID:
+        values = 1.0 / (1.0 + np.exp(-logits))
+    else:
+        values = logits
+    if weights.selection_bias is not None:
+        values = values + weights.selection_bias
+    ranked = -np.sort(-values, axis=1)
+    if ranked.shape[1] <= top_k:
+        return np.zeros(len(values), bool)
+    return np.asarray(ranked[:, top_k - 1] - ranked[:, top_k] < NEAR_TIE * np.abs(ranked).max(axis=1), bool)
