@@ -188,15 +188,7 @@ class Profile:
 
     def disk_rate(self, depth: int) -> float:
         """Bytes per second of ``depth`` large reads from the drive at once, all of them together."""
-        points = self.disk_read_bps
-        depths = [d for d, _ in points]
-        i = bisect.bisect_left(depths, depth)
-        if i == 0:
-            return points[0][1]
-        if i == len(points):
-            return points[-1][1]
-        (d0, r0), (d1, r1) = points[i - 1], points[i]
-        return r0 + math.log(depth / d0) / math.log(d1 / d0) * (r1 - r0)
+        return _log_interpolated(self.disk_read_bps, depth)
 
     def kernel_rate(self, kernel: str, shape: Shape, size: float) -> float:
         """Flops per second of ``kernel`` at ``shape`` and ``size``: measured where the profile has it.
@@ -209,15 +201,7 @@ class Profile:
         if not by_shape:
             return self.flops_per_s
         points = by_shape.get(shape) or by_shape[min(by_shape, key=lambda s: _shape_distance(s, shape))]
-        sizes = [p[0] for p in points]
-        i = bisect.bisect_left(sizes, size)
-        if i == 0:
-            return points[0][1]
-        if i == len(points):
-            return points[-1][1]
-        (s0, r0), (s1, r1) = points[i - 1], points[i]
-        t = math.log(size / s0) / math.log(s1 / s0)
-        return r0 + t * (r1 - r0)
+        return _log_interpolated(points, size)
 
     @functools.cached_property
     def _rate_index(self) -> dict[str, dict[Shape, list[tuple[float, float]]]]:
@@ -270,6 +254,17 @@ class Profile:
         if not isinstance(data, dict):
             raise InvalidArgument(f"simulator profile {os.fspath(path)!r} must hold a JSON object")
         return cls.from_dict(data)
+
+
+def _log_interpolated(points: Sequence[tuple[float, float]], x: float) -> float:
+    """The y of (x, y) ``points`` sorted by x at ``x``: linear in log(x) between them, clamped at the ends."""
+    i = bisect.bisect_left([p[0] for p in points], x)
+    if i == 0:
+        return points[0][1]
+    if i == len(points):
+        return points[-1][1]
+    (x0, y0), (x1, y1) = points[i - 1], points[i]
+    return y0 + math.log(x / x0) / math.log(x1 / x0) * (y1 - y0)
 
 
 def _disk_rates(name: str, value: object) -> tuple[tuple[int, float], ...]:
