@@ -18,7 +18,7 @@ from ..backends import backend as open_backend
 from ..backends.sim.profiles import Profile
 from ..engine.runner import Batching
 from ..errors import OutOfDeviceMemory
-from ..hostmem import HostMemoryMode
+from ..hostmem import HostMemoryMode, MemoryReader, memlimit
 from ..model import MoeModel
 from ..scheduler.stats import Fallback
 from .measure import Measurement, Settings, measure
@@ -30,6 +30,20 @@ SLOT_CHOICES = (0, 2, 3, 4)
 # a staging ring, or the mapping as it is. A pinned copy doubles the host memory a model takes,
 # so it is chosen only when asked for.
 MODE_CHOICES = (HostMemoryMode.REGISTERED, HostMemoryMode.RING, HostMemoryMode.MMAP)
+
+
+def host_memory_choices(
+    model: MoeModel, memory: MemoryReader | None = None
+) -> tuple[tuple[HostMemoryMode, ...], str | None]:
+    """The modes ``--host-memory auto`` predicts: MODE_CHOICES, or mode disk alone where the model's
+    tensors do not fit the host memory this process may fill (``memory``; None: what
+    ``memlimit.read_memory_limit`` reads), with the reason: every other mode would read their pages
+    from the drive again and again, which no prediction times."""
+    limit = (memory or memlimit.read_memory_limit)()
+    why = memlimit.too_big_for_memory(sum(t.nbytes for t in model.tensors.values()), limit)
+    return (MODE_CHOICES, None) if why is None else ((HostMemoryMode.DISK,), why)
+
+
 # Settings predicted within this of each other are a tie: the one that takes less device memory wins.
 TIE = 0.002
 
@@ -94,6 +108,7 @@ class Choice:
     best: Candidate
     candidates: tuple[Candidate, ...]
     free_bytes: int
+    disk_reason: str | None = None  # why mode disk was the only host memory tried (host_memory_choices)
 
     @property
     def slots(self) -> int:
@@ -122,6 +137,8 @@ class Choice:
                 f"{len(too_big)} of {len(self.candidates)} settings do not fit in {self.free_bytes / 2**30:.1f} GiB "
                 f"free (e.g. {too_big[0].label}: {too_big[0].why_not})"
             )
+        if self.disk_reason is not None:
+            parts.append(f"host memory disk alone: {self.disk_reason}")
         return "; ".join(parts)
 
 

@@ -273,7 +273,9 @@ RING_IDLE_BELOW_PCT = 50.0  # copying and waiting together below this: the threa
 
 
 def ring_note(rows: Sequence[Row]) -> str | None:
-    """One line on where the staging ring's threads spent their time, over its rows (None without a ring)."""
+    """One line on where the staging ring's threads spent their time, over its rows (None without a ring);
+    rows of mode disk, whose ring reads the drive, have ``disk_note``."""
+    rows = [r for r in rows if r.host_memory != "disk"]
     shares = [(c, w) for r in rows if (c := r.ring_copy_pct) is not None and (w := r.ring_chunk_wait_pct) is not None]
     if not shares:
         return None
@@ -304,6 +306,25 @@ def ring_note(rows: Sequence[Row]) -> str | None:
     if max(sum(share) for share in shares) < RING_IDLE_BELOW_PCT:
         return line + f": its {workers} are mostly idle, so the ring is not what bounds the run{reach}"
     return line + reach
+
+
+def disk_note(rows: Sequence[Row]) -> str | None:
+    """One line on where the threads reading the model's file (mode disk) spent their time (None without such rows)."""
+    rows = [r for r in rows if r.host_memory == "disk" and r.ring_copy_pct is not None]
+    if not rows:
+        return None
+    reading = [r.ring_copy_pct or 0.0 for r in rows]
+    wait = [r.ring_chunk_wait_pct or 0.0 for r in rows]
+    rates = _span([r.h2d_gbps for r in rows], ".1f")
+    line = (
+        f"reads from the drive ({rows[0].ring_threads} threads): reading {_span(reading, '.0f')}% of the time, "
+        f"waiting for chunk DMAs {_span(wait, '.0f')}%; its rows reached {rates} GB/s"
+    )
+    if max(reading) >= RING_COPY_BOUND_PCT:
+        return line + ": the drive bounds it; more slots will not help (a faster drive or more RAM would)"
+    if min(wait) >= RING_WAIT_BOUND_PCT:
+        return line + ": the copies to the device hold it back, not the drive"
+    return line
 
 
 def _span(values: Sequence[float], fmt: str) -> str:

@@ -36,6 +36,7 @@ from ..engine.runner import Batching
 from ..hostmem import DEFAULT_RING_THREADS, HostMemoryMode, default_ring_threads
 from ..model import MoeModel, make_model
 from . import probes
+from .disk import DiskTiming, fit_disk, measure_disk
 from .measure import Settings, measure
 from .placeholder import write_sparse_model
 from .probes import (
@@ -82,6 +83,7 @@ class Tuned:
     graph_step_s: float | None = None  # a replayed decode step on the device, for the launch calibration
     host_paths: list[HostPathFit] = dataclasses.field(default_factory=list)  # the ring and mapping fitted to prefill
     decode_layers: int | None = None  # the MoE layers of the decode steps above (spread over the model)
+    disk: DiskTiming | None = None  # the drive behind the model's file (None on a simulated host)
 
     def document(self) -> dict[str, Any]:
         """The profile file: the measured fields over a built-in base."""
@@ -222,6 +224,8 @@ FITTED_FIELDS = (
     "ring_fill",
     "h2d_pageable_latency_s",
     "kernel_rates",
+    "disk_read_bps",
+    "disk_latency_s",
 )
 
 
@@ -736,8 +740,30 @@ def tune(
         # just fitted, so that what they took stays what the simulator's take.
         fields["host_copy_latency_s"] = calibrate_host_copy_latency(profile, measured.ring_small)
         profile = dataclasses.replace(profile, host_copy_latency_s=fields["host_copy_latency_s"])
+    clock.start("reads from the drive")
+    disk = disk_fields(backend, model, fields)
+    profile = dataclasses.replace(profile, **{name: fields[name] for name in DISK_FIELDS})
     clock.stop()
-    return Tuned(measured, fields, base.name, profile, step_s, clock.seconds, graph_s, host_paths, decode_layers)
+    return Tuned(measured, fields, base.name, profile, step_s, clock.seconds, graph_s, host_paths, decode_layers, disk)
+
+
+# What disk_fields sets.
+DISK_FIELDS = ("disk_read_bps", "disk_latency_s")
+
+
+def disk_fields(backend: Backend, model: MoeModel, fields: dict[str, Any]) -> DiskTiming | None:
+    """Set the drive's fields in ``fields``: measured on the largest of the model's files (mode disk's
+    reads), or, on a simulator, the figures of the machine its profile describes (its host has no
+    drive of its own to measure). The timings, where measured."""
+    if backend.host.virtual_time:
+        described = backend.describe()["profile"]
+        fields["disk_read_bps"] = [list(pair) for pair in described["disk_read_bps"]]
+        fields["disk_latency_s"] = described["disk_latency_s"]
+        return None
+    largest = max(model.paths, key=lambda path: path.stat().st_size)
+    timing = measure_disk(largest)
+    fields.update(fit_disk(timing))
+    return timing
 
 
 def calibration_model(backend: Backend, folder: Path, preset: str, qtype: str) -> Path:

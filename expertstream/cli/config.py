@@ -19,7 +19,7 @@ from pathlib import Path
 from ..backends.base import Device
 from ..backends.sim.profiles import Profile
 from ..bench.measure import Settings
-from ..bench.predict import MODE_CHOICES, SLOT_CHOICES, Choice, choose, ubatch_choices
+from ..bench.predict import SLOT_CHOICES, Choice, choose, host_memory_choices, ubatch_choices
 from ..engine.offload import GpuMemory
 from ..engine.runner import Batching
 from ..hostmem import HostMemoryMode, RingFill, RingOptions
@@ -212,16 +212,18 @@ class RunConfig:
         """This configuration with the automatic settings picked by prediction on these devices."""
         tokens, decode = self.tokens[0], self.decode[0]
         batch = self.batch[0] if self.batch else None
+        modes, disk_reason = host_memory_choices(model) if self.auto.host_memory else (self.host_memory, None)
         choice = choose(
             profile,
             model,
             self.settings(Batching(tokens, min(tokens, 512), decode), self.streamed_layer_settings[0]),
             slots=SLOT_CHOICES if self.auto.slots else self.slots,
-            modes=MODE_CHOICES if self.auto.host_memory else self.host_memory,
+            modes=modes,
             ubatches=ubatch_choices(tokens, batch) if self.auto.ubatch else self.ubatch,
             free_bytes=min(d.free_memory() for d in devices),
             devices=len(devices),
         )
+        choice = dataclasses.replace(choice, disk_reason=disk_reason)
         return dataclasses.replace(
             self,
             slots=(choice.slots,) if self.auto.slots else self.slots,

@@ -19,6 +19,7 @@ from ..bench.report import (
     as_json,
     csv_fields,
     csv_lines,
+    disk_note,
     jsonl_line,
     markdown_header,
     markdown_line,
@@ -185,8 +186,8 @@ def _closing_lines(report: Report) -> list[str]:
             f"{base.h2d_peak.high_gbps:.1f}); compute only {base.compute_only_s:.4f} s"
             f"{'' if base.compute_only_all_layers else ' (layer 0 weights for all layers)'}"
         )
-    note = ring_note(report.rows)
-    return lines + ([note] if note else [])
+    notes = (ring_note(report.rows), disk_note(report.rows))
+    return lines + [note for note in notes if note]
 
 
 __all__ = ["Report", "RowPrinter", "notice"]

@@ -213,8 +213,9 @@ def register(subparsers: Any) -> None:
         type=_mode_list,
         default=None,
         help="comma list of mmap, registered, pinned, ring, disk (a ring read from the file with O_DIRECT, no "
-        "page cache), preferred (registered where the device can, else ring; the default), or auto alone: the "
-        "fastest of registered, ring, mmap by prediction",
+        "page cache), preferred (disk where the model's tensors do not fit the host memory this process may fill, "
+        "else registered where the device can, else ring; the default), or auto alone: the fastest of registered, "
+        "ring, mmap by prediction (disk alone where the tensors do not fit)",
     )
     prefill.add_argument(
         "-lm", "--load-mode", type=_load_modes, default=None, help="llama-bench's: mmap (= mmap) or none (= pinned)"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..scheduler.source import HostRegion, HostSource
 from .diskread import DiskReadError, FileReader
+from .memlimit import HostMemoryLimit, MemoryReader, read_memory_limit
 from .placement import (
     DEFAULT_RING_THREADS,
     HostMemoryFallback,
@@ -37,15 +38,18 @@ __all__ = [
     "DiskReadError",
     "FileReader",
     "HostMemoryFallback",
+    "HostMemoryLimit",
     "HostMemoryMode",
     "HostRegion",
     "HostSource",
     "HostWeights",
     "HostWeightsStats",
+    "MemoryReader",
     "RingFill",
     "RingOptions",
     "RingRegion",
     "RingStats",
     "StagingRing",
     "default_ring_threads",
+    "read_memory_limit",
 ]

@@ -28,7 +28,9 @@ from ..backends.base import Device, HostBuffer
 from ..errors import DeviceError, InvalidArgument
 from ..model.loader import MoeModel, TensorInfo
 from ..scheduler.source import HostRegion, HostSource
+from . import memlimit
 from .diskread import FileReader, Opener
+from .memlimit import MemoryReader
 from .staging import RingFill, RingStats, StagingRing
 
 log = logging.getLogger(__name__)
@@ -46,7 +48,8 @@ class HostMemoryMode(enum.Enum):
     PINNED = "pinned"  # one pinned allocation holding a copy of the tensors
     RING = "ring"  # a staging ring of pinned chunks fed from the mapping
     DISK = "disk"  # a staging ring whose chunks are read from the files with O_DIRECT (no page cache)
-    # The fixed rule a run takes when it names no mode: registered where the device supports it, else
+    # The fixed rule a run takes when it names no mode: disk where the tensors do not fit the host
+    # memory the process may fill (memlimit), else registered where the device supports it, else
     # ring. (The command line's ``--host-memory auto`` is another thing: the fastest mode by prediction.)
     PREFERRED = "preferred"
 
@@ -147,21 +150,30 @@ class HostWeights(Mapping[str, HostSource], Closing):
         ring: RingOptions = RingOptions(),
         copied_to: Mapping[str, Device] | None = None,
         opener: Opener = os.open,
+        memory: MemoryReader | None = None,
     ) -> HostWeights:
         """Place the tensors of a model (or of the GGUF file at a path, opened and owned here).
 
         ``ring``: the staging ring's options, used where the mode is (or falls back to) a ring.
         ``copied_to`` names, for a layer split, the device a tensor is copied to where it is not
         ``device``; only a staging ring depends on it. ``opener`` opens the model's files for mode
-        disk, as ``os.open`` does.
+        disk, as ``os.open`` does. ``memory`` tells the preferred rule how much host memory the
+        process may fill (None: ``memlimit.read_memory_limit``).
         """
         requested = _parse_mode(mode)
         owns_model = not isinstance(model_or_path, MoeModel)
         model = MoeModel.open(model_or_path) if not isinstance(model_or_path, MoeModel) else model_or_path
         try:
             targets = dict(copied_to or {})
-            placed = _place(model, device, requested, ring, targets, opener)
-            return cls(model, device, *placed, owns_model=owns_model)
+            too_big = None
+            if requested is HostMemoryMode.PREFERRED:
+                limit = (memory or memlimit.read_memory_limit)()
+                too_big = memlimit.too_big_for_memory(sum(t.nbytes for t in model.tensors.values()), limit)
+            placed = _place(model, device, HostMemoryMode.DISK if too_big else requested, ring, targets, opener)
+            weights = cls(model, device, *placed, owns_model=owns_model)
+            if too_big is not None:
+                _note_disk_chosen(weights, too_big)
+            return weights
         except BaseException:
             if owns_model:
                 model.close()
@@ -349,6 +361,22 @@ def _note_fallback(
         ring.chunk_bytes,
         ring.threads,
         workers,
+    )
+
+
+def _note_disk_chosen(weights: HostWeights, reason: str) -> None:
+    """The preferred rule chose mode disk: recorded first among the fallbacks and said once, at WARNING
+    (a run much slower than one from memory, which more memory would give)."""
+    weights.stats.fallbacks.insert(0, HostMemoryFallback(HostMemoryMode.PREFERRED, HostMemoryMode.DISK, reason))
+    ring = weights.rings[0]
+    log.warning(
+        "%s: %s; reading them from the files as they are used (host memory mode disk: O_DIRECT, no page cache) "
+        "into a staging ring of %d x %d pinned bytes by %d threads",
+        ring.device.label,
+        reason,
+        ring.chunks,
+        ring.chunk_bytes,
+        ring.threads,
     )
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import expertstream
-from expertstream.backends.sim.profiles import resolve_profile
+from expertstream.backends.sim.profiles import Profile, resolve_profile
 from expertstream.bench.measure import Settings
 from expertstream.bench.placeholder import write_sparse_model
 from expertstream.bench.predict import SLOT_CHOICES, TIE, Candidate, choose, pick, predict, seconds
@@ -298,3 +298,45 @@ def test_a_replay_of_a_folder_without_a_run_is_refused(tmp_path: Path) -> None:
 
     with pytest.raises(InvalidArgument, match="cannot replay"):
         bench.replay(tmp_path, None)
+
+
+def _disk_prefill(model: MoeModel, **drive: object) -> tuple[float, int]:
+    """(predicted prefill seconds, expert bytes copied) of one 512-token ubatch through mode disk."""
+    profile = Profile.from_dict({"base": "cuda-h200", "disk_latency_s": 0.0, **drive})
+    settings = Settings(Batching(512, 512, 0), (0,), (HostMemoryMode.DISK,), compute_only=False)
+    (row,) = predict(profile, model, settings).rows
+    assert row.host_memory == "disk"
+    return row.ttft_s, row.h2d_bytes
+
+
+def test_a_slower_drive_predicts_a_proportionally_longer_disk_bound_prefill(qwen3_layer: Path) -> None:
+    """Mode disk's chunks are read at the profile's drive rate: where the drive bounds the prefill, half
+    the rate takes twice the time (within 1%: the compute and the DMA of the last chunk come after the
+    reads), never less than the bytes at that rate."""
+    rate = 1e9  # well below the memcpy and link rates: the drive bounds the prefill
+    with MoeModel.open(qwen3_layer) as model:
+        for threads in (1, 4, 12):
+            fast, nbytes = _disk_prefill(model, disk_read_bps=[[1, rate]], ring_threads=threads)
+            slow, _ = _disk_prefill(model, disk_read_bps=[[1, rate / 2]], ring_threads=threads)
+            assert slow == pytest.approx(2 * fast, rel=0.01), threads
+            assert fast > nbytes / rate, threads
+
+
+def test_the_drive_is_read_at_the_depth_the_rings_threads_keep_in_flight(qwen3_layer: Path) -> None:
+    """One thread reads at the drive's rate at depth 1; four threads at its (four times) rate at depth 4."""
+    drive = {"disk_read_bps": [[1, 0.5e9], [4, 2e9]]}
+    with MoeModel.open(qwen3_layer) as model:
+        one, nbytes = _disk_prefill(model, ring_threads=1, **drive)
+        four, _ = _disk_prefill(model, ring_threads=4, **drive)
+    assert one == pytest.approx(nbytes / 0.5e9, rel=0.03)
+    assert one - four == pytest.approx(nbytes / 0.5e9 - nbytes / 2e9, rel=0.03)
+
+
+def test_bench_predicts_mode_disk(qwen3_layer: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["prefill", str(qwen3_layer), "--backend", "sim", "--timing-only", "-p", "512", "-ub", "512"]
+    code, out, _ = _run(capsys, *argv, "--slots", "0", "--host-memory", "ring,disk", "-r", "1", "--json", "--predict")
+    ring, disk = json.loads(out)["rows"]
+    assert code == 0 and (ring["host_memory"], disk["host_memory"]) == ("ring", "disk")
+    assert disk["predicted_ttft_s"] == pytest.approx(disk["ttft_s"], rel=1e-9)
+    drive = resolve_profile("cuda-h200").disk_rate(12)  # the profile's 12 ring threads, each a read in flight
+    assert disk["ttft_s"] > disk["h2d_bytes"] / drive > ring["ttft_s"]

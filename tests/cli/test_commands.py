@@ -289,3 +289,13 @@ def test_the_ring_note_says_what_bounds_the_ring(
     if shares[0] == (45, 30):
         assert note.endswith("while copying; its rows reached 1% of the pinned peak")  # no verdict
     assert ring_note([ring_row(None, None)]) is None
+
+
+def test_rows_of_mode_disk_have_a_note_of_their_own(make_row: Callable[..., Row]) -> None:
+    from expertstream.bench.report import disk_note, ring_note
+
+    disk = make_row(host_memory="disk", ring_threads=12, ring_copy_pct=95.0, ring_chunk_wait_pct=1.0, h2d_gbps=6.3)
+    note = disk_note([disk, make_row(host_memory="registered")])
+    assert note is not None and note.startswith("reads from the drive (12 threads): ") and "the drive bounds it" in note
+    assert ring_note([disk]) is None  # the mapping's copies bound no row of mode disk
+    assert disk_note([make_row(host_memory="ring", ring_threads=12, ring_copy_pct=95.0)]) is None

@@ -90,9 +90,9 @@ class Host:
         sharing: int = 1,
     ) -> None:
         """``read`` writes bytes ``[dst_offset, dst_offset + nbytes)`` of ``dst`` in the calling thread
-        (a file read into a staging chunk). The simulator checks the write as it checks a copy's and,
-        having no model of a drive, charges it as a host copy of ``nbytes`` (``sharing`` as for
-        ``copy``)."""
+        (a file read into a staging chunk). The simulator checks the write as it checks a copy's and
+        charges it as a read from its profile's drive with ``sharing`` reads in flight, this one
+        included."""
         check_read_into(dst, dst_offset, nbytes, sharing)
         read(dst.array[dst_offset : dst_offset + nbytes].data)
 

@@ -263,6 +263,16 @@ class Simulation:
             end = before + (profile.host_copy_latency_s if fixed_cost else 0.0) + nbytes / rate
             self._host_op(OpKind.HOST_COPY, "host copy", before, self.clocks.advance_to(end), nbytes)
 
+    def host_read(self, nbytes: int, depth: int = 1) -> None:
+        """The calling thread reads ``nbytes`` from the profile's drive while ``depth`` such reads are in
+        flight (its own included): the drive's latency, then its bytes at 1 / ``depth`` of what the
+        drive reads at that depth. As for ``host_copy``, the depth is what the caller says it runs."""
+        profile = self.profile
+        with self.lock:
+            before = self.clocks.now()
+            end = before + profile.disk_latency_s + nbytes * depth / profile.disk_rate(depth)
+            self._host_op(OpKind.HOST_COPY, "disk read", before, self.clocks.advance_to(end), nbytes)
+
     def _host_op(self, kind: OpKind, name: str, start: float, end: float, nbytes: int) -> None:
         self._timeline.append(
             TimelineOp(

@@ -1,4 +1,4 @@
-"""The simulated machine's host: per-thread virtual clocks, timed memcpy, the profile's staging ring."""
+"""The simulated machine's host: per-thread virtual clocks, timed memcpy and drive reads, the profile's staging ring."""
 
 from __future__ import annotations
 
@@ -86,14 +86,14 @@ class SimHost(Host):
         *,
         sharing: int = 1,
     ) -> None:
-        """A read into host memory on the calling thread, checked as a copy's write and timed as a
-        host copy of ``nbytes`` (the profile has no rate for a drive)."""
+        """A read into host memory on the calling thread, checked as a copy's write and timed as a read
+        from the profile's drive with ``sharing`` reads in flight."""
         check_read_into(dst, dst_offset, nbytes, sharing)
         check_own_host(self._backend, dst, "Host.read_into")
         self._sim.host_access((Touch(dst, dst_offset, dst_offset + nbytes, write=True),), "host read", "Host.read_into")
         if self._sim.data:  # timing-only: placeholder memory is never touched
             super().read_into(dst, dst_offset, nbytes, read, sharing=sharing)
-        self._sim.host_copy(nbytes, sharing)
+        self._sim.host_read(nbytes, sharing)
 
 
 __all__ = ["SimHost"]

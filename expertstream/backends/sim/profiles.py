@@ -38,6 +38,12 @@ RING_FILLS = (None, "threads", "processes")
 
 Shape = tuple[int, ...]
 
+# A drive no one measured: one PCIe Gen4 NVMe SSD read with O_DIRECT in 16 MiB reads, (reads in
+# flight, GB/s of all together) as such drives are specified (about 7 GB/s sequential at depth), and
+# the time of one 4 KiB read. `expertstream tune` measures the drive of the model it is given.
+ASSUMED_NVME_BPS = ((1, 2.5e9), (4, 6.0e9), (16, 6.8e9))
+ASSUMED_NVME_LATENCY_S = 80e-6
+
 
 @dataclass(frozen=True)
 class KernelRate:
@@ -133,6 +139,12 @@ class Profile:
     # A kernel reading page-locked host memory over the link (Stream.gather_h2d); None: at
     # h2d_pinned_bps, as a DMA would.
     h2d_gather_bps: float | None = None
+    # The drive holding the model's files, read with O_DIRECT (mode disk): (reads in flight, bytes
+    # per second of all of them together) for large sequential reads, interpolated in log(reads)
+    # between the depths given and clamped at the ends; and the seconds one read costs before its
+    # bytes move. A read of n bytes with d in flight takes disk_latency_s + n * d / rate(d).
+    disk_read_bps: tuple[tuple[int, float], ...] = ASSUMED_NVME_BPS
+    disk_latency_s: float = ASSUMED_NVME_LATENCY_S
 
     def __post_init__(self) -> None:
         if self.vendor_like not in _VENDORS:
@@ -144,6 +156,7 @@ class Profile:
         if not isinstance(self.memory_bytes, int) or self.memory_bytes <= 0:
             raise InvalidArgument(f"profile {self.name!r}: memory_bytes must be a positive integer")
         object.__setattr__(self, "kernel_rates", tuple(KernelRate.from_value(r) for r in self.kernel_rates))
+        object.__setattr__(self, "disk_read_bps", _disk_rates(self.name, self.disk_read_bps))
         if self.ring_threads is not None and (
             not isinstance(self.ring_threads, int) or isinstance(self.ring_threads, bool) or self.ring_threads < 1
         ):
@@ -159,6 +172,8 @@ class Profile:
             value = getattr(self, f.name)
             if value is None and f.name in ("host_memcpy_total_bps", "h2d_gather_bps", "call_s"):
                 continue
+            if f.name == "disk_read_bps":  # checked by _disk_rates
+                continue
             if f.name.endswith(("_bps", "_per_s")) and not (_is_number(value) and value > 0):
                 raise InvalidArgument(f"profile {self.name!r}: {f.name} must be a positive number, got {value!r}")
             if f.name.endswith("_s") and not f.name.endswith("_per_s") and not (_is_number(value) and value >= 0):
@@ -171,6 +186,10 @@ class Profile:
         """The rate of Stream.gather_h2d: measured where the profile has it, else a DMA's."""
         return self.h2d_pinned_bps if self.h2d_gather_bps is None else self.h2d_gather_bps
 
+    def disk_rate(self, depth: int) -> float:
+        """Bytes per second of ``depth`` large reads from the drive at once, all of them together."""
+        return _log_interpolated(self.disk_read_bps, depth)
+
     def kernel_rate(self, kernel: str, shape: Shape, size: float) -> float:
         """Flops per second of ``kernel`` at ``shape`` and ``size``: measured where the profile has it.
 
@@ -182,15 +201,7 @@ class Profile:
         if not by_shape:
             return self.flops_per_s
         points = by_shape.get(shape) or by_shape[min(by_shape, key=lambda s: _shape_distance(s, shape))]
-        sizes = [p[0] for p in points]
-        i = bisect.bisect_left(sizes, size)
-        if i == 0:
-            return points[0][1]
-        if i == len(points):
-            return points[-1][1]
-        (s0, r0), (s1, r1) = points[i - 1], points[i]
-        t = math.log(size / s0) / math.log(s1 / s0)
-        return r0 + t * (r1 - r0)
+        return _log_interpolated(points, size)
 
     @functools.cached_property
     def _rate_index(self) -> dict[str, dict[Shape, list[tuple[float, float]]]]:
@@ -243,6 +254,30 @@ class Profile:
         if not isinstance(data, dict):
             raise InvalidArgument(f"simulator profile {os.fspath(path)!r} must hold a JSON object")
         return cls.from_dict(data)
+
+
+def _log_interpolated(points: Sequence[tuple[float, float]], x: float) -> float:
+    """The y of (x, y) ``points`` sorted by x at ``x``: linear in log(x) between them, clamped at the ends."""
+    i = bisect.bisect_left([p[0] for p in points], x)
+    if i == 0:
+        return points[0][1]
+    if i == len(points):
+        return points[-1][1]
+    (x0, y0), (x1, y1) = points[i - 1], points[i]
+    return y0 + math.log(x / x0) / math.log(x1 / x0) * (y1 - y0)
+
+
+def _disk_rates(name: str, value: object) -> tuple[tuple[int, float], ...]:
+    """The drive's rates as (depth, bytes per second) pairs by depth, or InvalidArgument."""
+    wanted = "[[reads in flight, bytes per second], ...] with distinct depths >= 1 and positive rates"
+    try:
+        pairs = tuple((depth, rate) for depth, rate in value)  # type: ignore[attr-defined]
+    except (TypeError, ValueError):
+        pairs = ()
+    good = all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 and _is_number(r) and r > 0 for d, r in pairs)
+    if not pairs or not good or len({d for d, _ in pairs}) != len(pairs):
+        raise InvalidArgument(f"profile {name!r}: disk_read_bps must be {wanted}, got {value!r}")
+    return tuple(sorted((int(d), float(r)) for d, r in pairs))
 
 
 def _is_number(value: object) -> bool:
@@ -381,6 +416,8 @@ CUDA_H200 = Profile(
     # measured: gather.cu reading 16 and 64 MiB of 1 MiB rows from pinned memory, `expertstream tune`
     # (docs/results/decode-h200.md)
     h2d_gather_bps=51.4e9,
+    disk_read_bps=ASSUMED_NVME_BPS,  # assumed: the drive of the model's files was not measured
+    disk_latency_s=ASSUMED_NVME_LATENCY_S,
     kernel_rates=_h200_kernel_rates(),
 )
 
@@ -417,6 +454,8 @@ ROCM_R9700 = Profile(
     host_register_read_only=False,  # HIP exposes no read-only registration flag
     memset_engine="fill-kernel",  # ROCm's runtime fills device memory with a blit kernel on the stream's queue
     h2d_gather_bps=None,  # assumed: no figure; a kernel reading host memory gathers at the DMA rate
+    disk_read_bps=ASSUMED_NVME_BPS,  # assumed: the drive of the model's files was not measured
+    disk_latency_s=ASSUMED_NVME_LATENCY_S,
     kernel_rates=(
         # fitted: gate_L 2.49 ms and up_L 3.13 ms in the reported timeline (llama.cpp's kernels)
         KernelRate(*_R9700_GATE_UP, 5.4011e13),
