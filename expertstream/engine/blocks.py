@@ -213,14 +213,8 @@ class Blocks(Closing):
         a.q.apply(k, stream, xn, count, q, ids)
         a.k.apply(k, stream, xn, count, kk, ids)
         a.v.apply(k, stream, xn, count, v, ids)
-        if a.q_norm is not None:
-            dense.rms_norm(k, stream, q, a.q_norm, q, count * spec.n_head, spec.head_dim, spec.eps)
-        if a.k_norm is not None:
-            dense.rms_norm(k, stream, kk, a.k_norm, kk, count * spec.n_head_kv, spec.head_dim, spec.eps)
-        dense.rope(k, stream, q, positions, count, spec.n_head, spec.head_dim, spec.rope)
-        dense.rope(k, stream, kk, positions, count, spec.n_head_kv, spec.head_dim, spec.rope)
-        dense.store_rows_f16(k, stream, kk, a.k_cache, positions, count, spec.kv_width)
-        dense.store_rows_f16(k, stream, v, a.v_cache, positions, count, spec.kv_width)
+        rows = dense.AttentionInputs(q, kk, v, a.q_norm, a.k_norm, a.k_cache, a.v_cache, positions)
+        dense.qkv_rope_store(k, stream, rows, count, spec.n_head, spec.n_head_kv, spec.head_dim, spec.rope, spec.eps)
         attention_kernels.attention(
             k,
             stream,

@@ -113,19 +113,11 @@ __device__ void get_rows_chunk(const unsigned char* __restrict__ table, const in
         get_rows_chunk<TYPE>(table, ids, out, n_cols, n_table_rows, n_ids);                       \
     }
 
-// out[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) (* weight[:] where weight is not null), as
-// ggml's rms_norm followed by its mul. One block per row, blockDim.x a power of two up to
-// DENSE_NORM_MAX_THREADS; the sum of squares is reduced in a fixed order. out may be x: each
-// element is read and written by one thread, the writes after the reduction's barriers.
-extern "C" __global__ void __launch_bounds__(DENSE_NORM_MAX_THREADS)
-    dense_rms_norm(const float* x, const float* __restrict__ weight, float* out, int n_rows, int n, float eps) {
-    __shared__ float partial[DENSE_NORM_MAX_THREADS];
-    const int r = blockIdx.x;
-    if (r >= n_rows) {
-        return;  // the whole block returns: no thread is left waiting at a barrier
-    }
+// 1 / sqrt(mean(row[:n]^2) + eps), the same in every thread of the block: thread tid adds the
+// squares of elements tid, tid + blockDim.x, ..., then the block's sums meet in a fixed tree.
+// Every thread of the block calls it (it holds barriers).
+__device__ float rms_scale(const float* row, int n, float eps, float* partial) {
     const int tid = threadIdx.x;
-    const float* row = x + (long long)r * n;
     float sum = 0.0f;
     for (int i = tid; i < n; i += blockDim.x) {
         sum = fmaf(row[i], row[i], sum);
@@ -139,6 +131,24 @@ extern "C" __global__ void __launch_bounds__(DENSE_NORM_MAX_THREADS)
         __syncthreads();
     }
     const float scale = 1.0f / sqrtf(partial[0] / (float)n + eps);
+    __syncthreads();  // partial[0] is read by every thread before the next call writes partial
+    return scale;
+}
+
+// out[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) (* weight[:] where weight is not null), as
+// ggml's rms_norm followed by its mul. One block per row, blockDim.x a power of two up to
+// DENSE_NORM_MAX_THREADS; the sum of squares is reduced in a fixed order. out may be x: each
+// element is read and written by one thread, the writes after the reduction's barriers.
+extern "C" __global__ void __launch_bounds__(DENSE_NORM_MAX_THREADS)
+    dense_rms_norm(const float* x, const float* __restrict__ weight, float* out, int n_rows, int n, float eps) {
+    __shared__ float partial[DENSE_NORM_MAX_THREADS];
+    const int r = blockIdx.x;
+    if (r >= n_rows) {
+        return;  // the whole block returns: no thread is left waiting at a barrier
+    }
+    const int tid = threadIdx.x;
+    const float* row = x + (long long)r * n;
+    const float scale = rms_scale(row, n, eps, partial);
     float* dst = out + (long long)r * n;
     for (int i = tid; i < n; i += blockDim.x) {
         const float v = row[i] * scale;
@@ -168,10 +178,32 @@ extern "C" __global__ void dense_add_rows(float* __restrict__ y, const float* __
 // the launcher computes it and the correction dims). Dimensions from n_rot on pass through.
 // Thread p of the token's block row takes pair p % (n_rot / 2) of head p / (n_rot / 2); tokens
 // blockIdx.y, blockIdx.y + gridDim.y, ...
+struct RopeArgs {
+    int n_rot, neox;
+    float freq_base, freq_scale, ext_factor, corr_low, corr_high, mscale;
+};
+
+// Pair i's cos and sin (mscale included) at position pos, as dense_rope's comment says.
+__device__ void rope_cos_sin(const RopeArgs& r, int i, int pos, float* c, float* s) {
+    const float inv_freq = powf(r.freq_base, -(float)(2 * i) / (float)r.n_rot);
+    float ramp_mix = 0.0f;
+    if (r.ext_factor != 0.0f) {
+        const float y = ((float)i - r.corr_low) / fmaxf(0.001f, r.corr_high - r.corr_low);
+        ramp_mix = (1.0f - fminf(1.0f, fmaxf(0.0f, y))) * r.ext_factor;
+    }
+    const float theta_extrap = (float)pos * inv_freq;
+    const float theta_interp = r.freq_scale * theta_extrap;
+    const float theta =
+        r.ext_factor != 0.0f ? fmaf(theta_extrap, ramp_mix, theta_interp * (1.0f - ramp_mix)) : theta_interp;
+    *c = cosf(theta) * r.mscale;
+    *s = sinf(theta) * r.mscale;
+}
+
 extern "C" __global__ void dense_rope(float* __restrict__ x, const int* __restrict__ positions, int n_tokens,
                                       int n_heads, int head_dim, int n_rot, int neox, float freq_base,
                                       float freq_scale, float ext_factor, float corr_low, float corr_high,
                                       float mscale) {
+    const RopeArgs rope = {n_rot, neox, freq_base, freq_scale, ext_factor, corr_low, corr_high, mscale};
     const int half = n_rot / 2;
     const int p = blockIdx.x * blockDim.x + threadIdx.x;
     if (p >= n_heads * half) {
@@ -181,19 +213,9 @@ extern "C" __global__ void dense_rope(float* __restrict__ x, const int* __restri
     const int i = p % half;
     const int first = neox ? i : 2 * i;
     const int second = neox ? i + half : 2 * i + 1;
-    const float inv_freq = powf(freq_base, -(float)(2 * i) / (float)n_rot);
-    float ramp_mix = 0.0f;
-    if (ext_factor != 0.0f) {
-        const float y = ((float)i - corr_low) / fmaxf(0.001f, corr_high - corr_low);
-        ramp_mix = (1.0f - fminf(1.0f, fmaxf(0.0f, y))) * ext_factor;
-    }
     for (int t = blockIdx.y; t < n_tokens; t += gridDim.y) {
-        const float theta_extrap = (float)positions[t] * inv_freq;
-        const float theta_interp = freq_scale * theta_extrap;
-        const float theta =
-            ext_factor != 0.0f ? fmaf(theta_extrap, ramp_mix, theta_interp * (1.0f - ramp_mix)) : theta_interp;
-        const float c = cosf(theta) * mscale;
-        const float s = sinf(theta) * mscale;
+        float c, s;
+        rope_cos_sin(rope, i, positions[t], &c, &s);
         float* head_x = x + ((long long)t * n_heads + head) * head_dim;
         const float x0 = head_x[first];
         const float x1 = head_x[second];
@@ -216,6 +238,66 @@ extern "C" __global__ void dense_store_rows_f16(const float* __restrict__ src, u
         const int row = positions[t];
         if (row >= 0 && row < n_cache_rows) {
             cache[(long long)row * width + j] = (unsigned short)float_to_half_bits(src[(long long)t * width + j]);
+        }
+    }
+}
+
+// What attention needs of a token's projected q, k and v rows, in one launch: each head row of q
+// and k normed by its own RMS (with the layer's q_norm / k_norm weight, where not null) and
+// rotated, q in place; k and v rounded to float16 into their caches at positions[t] (a position
+// outside [0, n_cache_rows) writes nothing). The same float operations, in the same order, as
+// dense_rms_norm (its block size for head_dim), dense_rope and dense_store_rows_f16 one after
+// another, so the bytes are theirs. Block x: q heads, then k heads, then v heads; tokens
+// blockIdx.y, blockIdx.y + gridDim.y, ...; blockDim.x is rms_norm's for head_dim (>= head_dim).
+extern "C" __global__ void __launch_bounds__(DENSE_NORM_MAX_THREADS)
+    dense_qkv_rope_store(float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                         const float* __restrict__ q_norm, const float* __restrict__ k_norm,
+                         unsigned short* __restrict__ k_cache, unsigned short* __restrict__ v_cache,
+                         const int* __restrict__ positions, int n_tokens, int n_head, int n_head_kv, int head_dim,
+                         int n_cache_rows, float eps, int n_rot, int neox, float freq_base, float freq_scale,
+                         float ext_factor, float corr_low, float corr_high, float mscale) {
+    __shared__ float partial[DENSE_NORM_MAX_THREADS];
+    __shared__ float normed[DENSE_NORM_MAX_THREADS];
+    const RopeArgs rope = {n_rot, neox, freq_base, freq_scale, ext_factor, corr_low, corr_high, mscale};
+    const int tid = threadIdx.x;
+    const int head = blockIdx.x;
+    const bool is_q = head < n_head;
+    const bool is_v = head >= n_head + n_head_kv;
+    const int kv_head = is_q ? 0 : is_v ? head - n_head - n_head_kv : head - n_head;
+    const float* weight = is_q ? q_norm : is_v ? 0 : k_norm;
+    const int half = n_rot / 2;
+    for (int t = blockIdx.y; t < n_tokens; t += gridDim.y) {
+        const float* src = is_q ? q + ((long long)t * n_head + head) * head_dim
+                                : (is_v ? v : k) + ((long long)t * n_head_kv + kv_head) * head_dim;
+        float x = tid < head_dim ? src[tid] : 0.0f;
+        if (weight) {  // the same for the whole block: every thread meets the barriers
+            const float scale = rms_scale(src, head_dim, eps, partial);
+            x = tid < head_dim ? x * scale * weight[tid] : 0.0f;
+        }
+        if (!is_v) {
+            normed[tid] = x;
+            __syncthreads();
+            if (tid < 2 * half) {  // a rotated dimension: the pair's two outputs, this thread's one kept
+                const int i = neox ? tid % half : tid / 2;
+                const bool second = neox ? tid >= half : tid % 2 == 1;
+                const float x0 = normed[neox ? i : 2 * i];
+                const float x1 = normed[neox ? i + half : 2 * i + 1];
+                float c, s;
+                rope_cos_sin(rope, i, positions[t], &c, &s);
+                x = second ? fmaf(x0, s, x1 * c) : fmaf(x0, c, -(x1 * s));
+            }
+            __syncthreads();  // the next token's rows overwrite normed
+        }
+        if (tid < head_dim) {
+            if (is_q) {
+                q[((long long)t * n_head + head) * head_dim + tid] = x;
+            } else {
+                const int row = positions[t];
+                if (row >= 0 && row < n_cache_rows) {
+                    unsigned short* cache = is_v ? v_cache : k_cache;
+                    cache[((long long)row * n_head_kv + kv_head) * head_dim + tid] = (unsigned short)float_to_half_bits(x);
+                }
+            }
         }
     }
 }

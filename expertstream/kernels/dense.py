@@ -142,8 +142,7 @@ def rms_norm(
         np.int32(n),
         np.float32(eps),
     )
-    threads = min(NORM_MAX_THREADS, max(32, 1 << (n - 1).bit_length()))
-    stream.launch(kernels.kernel("dense_rms_norm"), n_rows, threads, args)
+    stream.launch(kernels.kernel("dense_rms_norm"), n_rows, norm_threads(n), args)
 
 
 def add_rows(kernels: MoeKernels, stream: Stream, y: ViewLike, bias: ViewLike, n_rows: int, n: int) -> None:
@@ -235,6 +234,90 @@ def store_rows_f16(
     stream.launch(kernels.kernel("dense_store_rows_f16"), grid, DENSE_THREADS, args)
 
 
+def norm_threads(n: int) -> int:
+    """The block size of rms_norm for rows of ``n`` elements (its sum's order depends on it)."""
+    return min(NORM_MAX_THREADS, max(32, 1 << (n - 1).bit_length()))
+
+
+@dataclass(frozen=True)
+class AttentionInputs:
+    """A token batch's projected rows and where attention reads them: q, k, v float32
+    [n_tokens, heads, head_dim], the per-head norm weights (None: no norm), the float16 caches
+    [rows, n_head_kv, head_dim] and the positions int32 [n_tokens]."""
+
+    q: ViewLike
+    k: ViewLike
+    v: ViewLike
+    q_norm: ViewLike | None
+    k_norm: ViewLike | None
+    k_cache: BufferView
+    v_cache: BufferView
+    positions: ViewLike
+
+
+def qkv_rope_store(
+    kernels: MoeKernels,
+    stream: Stream,
+    rows: AttentionInputs,
+    n_tokens: int,
+    n_head: int,
+    n_head_kv: int,
+    head_dim: int,
+    rope: Rope,
+    eps: float,
+) -> None:
+    """In one launch, the bytes of: rms_norm of each q and k head row by its weight (where given),
+    rope of q and k, then store_rows_f16 of k and v into the caches at the positions (q in place).
+
+    The same operations in the same order as those calls, so a run gives the same bytes either
+    way (k's float rows are not written back: only its cache row is). head_dim up to NORM_MAX_THREADS.
+    """
+    call = "qkv_rope_store"
+    positive(call, n_tokens=n_tokens, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim)
+    _check_rope(call, rope, head_dim)
+    if head_dim > NORM_MAX_THREADS:
+        raise InvalidArgument(f"head_dim {head_dim} is over the {NORM_MAX_THREADS} one block handles", call=call)
+    if not (math.isfinite(eps) and eps >= 0.0):
+        raise InvalidArgument(f"eps must be a finite number >= 0, got {eps!r}", call=call)
+    fits_int32(call, q=n_tokens * n_head * head_dim)
+    kv_width = n_head_kv * head_dim
+    n_cache_rows = min(rows.k_cache.nbytes, rows.v_cache.nbytes) // (2 * kv_width)
+    if n_cache_rows < 1:
+        raise InvalidArgument(f"the caches must hold at least one row of {kv_width} float16 values", call=call)
+    n_cache_rows = min(n_cache_rows, layout.MAX_INT32)
+    low, high = yarn_corr_dims(rope) if rope.ext_factor != 0.0 else (0.0, 0.0)
+
+    def weight(name: str, w: ViewLike | None) -> BufferView | np.uint64:
+        return np.uint64(0) if w is None else view(call, name, w, head_dim * 4)
+
+    args = (
+        view(call, "q", rows.q, n_tokens * n_head * head_dim * 4),
+        view(call, "k", rows.k, n_tokens * kv_width * 4),
+        view(call, "v", rows.v, n_tokens * kv_width * 4),
+        weight("q_norm", rows.q_norm),
+        weight("k_norm", rows.k_norm),
+        view(call, "k_cache", rows.k_cache, n_cache_rows * kv_width * 2, 2),
+        view(call, "v_cache", rows.v_cache, n_cache_rows * kv_width * 2, 2),
+        view(call, "positions", rows.positions, n_tokens * 4),
+        np.int32(n_tokens),
+        np.int32(n_head),
+        np.int32(n_head_kv),
+        np.int32(head_dim),
+        np.int32(n_cache_rows),
+        np.float32(eps),
+        np.int32(rope.n_rot),
+        np.int32(1 if rope.neox else 0),
+        np.float32(rope.freq_base),
+        np.float32(rope.freq_scale),
+        np.float32(rope.ext_factor),
+        np.float32(low),
+        np.float32(high),
+        np.float32(rope_mscale(rope)),
+    )
+    grid = (n_head + 2 * n_head_kv, min(n_tokens, layout.MAX_GRID_Y))
+    stream.launch(kernels.kernel("dense_qkv_rope_store"), grid, norm_threads(head_dim), args)
+
+
 def _table_format(call: str, table_type: RowType) -> WeightFormat:
     try:
         fmt = layout.FORMATS.get(GGMLQuantizationType(int(table_type)))
@@ -285,4 +368,15 @@ def _same_or_apart(call: str, x: BufferView, out: BufferView) -> None:
         )
 
 
-__all__ = ["Rope", "add_rows", "get_rows", "rms_norm", "rope", "rope_mscale", "store_rows_f16", "yarn_corr_dims"]
+__all__ = [
+    "AttentionInputs",
+    "Rope",
+    "add_rows",
+    "get_rows",
+    "qkv_rope_store",
+    "rms_norm",
+    "rope",
+    "rope_mscale",
+    "store_rows_f16",
+    "yarn_corr_dims",
+]

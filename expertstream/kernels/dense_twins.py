@@ -58,15 +58,18 @@ def _get_rows_accesses(args: Args) -> Sequence[Access]:
 # -- rms_norm: x, weight (or 0), out, n_rows, n, eps ----------------------------------------
 
 
+def _rms_rows(x: np.ndarray, weight: np.ndarray | None, eps: Any) -> np.ndarray:
+    """Rows x [rows, n] over their RMS (times weight [n] where given)."""
+    mean_square = np.einsum("rn,rn->r", x, x, dtype=_F32) / _F32(x.shape[1])
+    y = x * (_F32(1) / np.sqrt(mean_square + _F32(eps)))[:, None]
+    return y if weight is None else y * weight
+
+
 def _rms_norm_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
     x_b, w_b, out_b, n_rows, n, eps = args
     x = x_b.view(_F32).reshape(int(n_rows), int(n))
-    mean_square = np.einsum("rn,rn->r", x, x, dtype=_F32) / _F32(n)
-    scale = _F32(1) / np.sqrt(mean_square + _F32(eps))
-    y = x * scale[:, None]
-    if isinstance(w_b, np.ndarray):
-        y = y * w_b.view(_F32)
-    out_b.view(_F32).reshape(int(n_rows), int(n))[:] = y
+    weight = w_b.view(_F32) if isinstance(w_b, np.ndarray) else None
+    out_b.view(_F32).reshape(int(n_rows), int(n))[:] = _rms_rows(x, weight, eps)
 
 
 def _rms_norm_accesses(args: Args) -> Sequence[Access]:
@@ -95,13 +98,20 @@ def _read_modify_write(args: Args) -> Sequence[Access]:
 
 def _rope_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
     x_b, pos_b = args[:2]
-    n_tokens, n_heads, head_dim, n_rot, neox = map(int, args[2:7])
-    freq_base, freq_scale, ext_factor, corr_low, corr_high, mscale = (_F32(a) for a in args[7:])
+    n_tokens, n_heads, head_dim = map(int, args[2:5])
     x = x_b.view(_F32).reshape(n_tokens, n_heads, head_dim)
+    _rotate(x, pos_b.view(np.int32)[:n_tokens], args[5:])
+
+
+def _rotate(x: np.ndarray, positions: np.ndarray, rope: Args) -> None:
+    """x [n_tokens, heads, head_dim] rotated in place; ``rope``: n_rot, neox, freq_base, freq_scale,
+    ext_factor, corr_low, corr_high, mscale (the kernels' argument order)."""
+    n_rot, neox = int(rope[0]), int(rope[1])
+    freq_base, freq_scale, ext_factor, corr_low, corr_high, mscale = (_F32(a) for a in rope[2:])
     half = n_rot // 2
     pair = np.arange(half)
     inv_freq = np.power(freq_base, -(2 * pair).astype(_F32) / _F32(n_rot))
-    theta_extrap = pos_b.view(np.int32)[:n_tokens].astype(_F32)[:, None] * inv_freq[None, :]
+    theta_extrap = positions.astype(_F32)[:, None] * inv_freq[None, :]
     theta = freq_scale * theta_extrap
     if ext_factor != 0:
         y = (pair.astype(_F32) - corr_low) / max(_F32(0.001), corr_high - corr_low)
@@ -124,9 +134,12 @@ def _store_rows_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
     src_b, cache_b, pos_b = args[:3]
     n_tokens, width, n_cache_rows = map(int, args[3:])
     src = src_b.view(_F32).reshape(n_tokens, width)
-    cache = cache_b.view(np.float16).reshape(n_cache_rows, width)
-    rows = pos_b.view(np.int32)[:n_tokens]
-    valid = (rows >= 0) & (rows < n_cache_rows)
+    _store(src, cache_b.view(np.float16).reshape(n_cache_rows, width), pos_b.view(np.int32)[:n_tokens])
+
+
+def _store(src: np.ndarray, cache: np.ndarray, rows: np.ndarray) -> None:
+    """cache[rows[t]] = src[t] as float16, for the rows inside the cache."""
+    valid = (rows >= 0) & (rows < cache.shape[0])
     with np.errstate(over="ignore"):  # beyond the largest half is infinity, as the kernel rounds it
         cache[rows[valid]] = src[valid].astype(np.float16)
 
@@ -137,6 +150,37 @@ def _store_rows_accesses(args: Args) -> Sequence[Access]:
         Access(_as_view(args[2]), write=False),
         Access(_as_view(args[1]), write=True),
     ]
+
+
+# -- qkv_rope_store: q, k, v, q_norm (or 0), k_norm (or 0), k_cache, v_cache, positions, n_tokens,
+#    n_head, n_head_kv, head_dim, n_cache_rows, eps, then rope's eight ------------------------------
+
+
+def _qkv_rope_store_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
+    q_b, k_b, v_b, qn_b, kn_b, kc_b, vc_b, pos_b = args[:8]
+    n_tokens, n_head, n_head_kv, head_dim, n_cache_rows = map(int, args[8:13])
+    eps, rope = args[13], args[14:]
+    positions = pos_b.view(np.int32)[:n_tokens]
+    q = q_b.view(_F32).reshape(n_tokens, n_head, head_dim)
+    k = k_b.view(_F32).reshape(n_tokens, n_head_kv, head_dim).copy()  # k's float rows stay as they were
+    for x, w_b in ((q, qn_b), (k, kn_b)):
+        if isinstance(w_b, np.ndarray):
+            x[:] = _rms_rows(x.reshape(-1, head_dim), w_b.view(_F32), eps).reshape(x.shape)
+        _rotate(x, positions, rope)
+    width = n_head_kv * head_dim
+    for src, cache_b in ((k, kc_b), (v_b.view(_F32), vc_b)):
+        cache = cache_b.view(np.float16).reshape(n_cache_rows, width)
+        _store(src.reshape(n_tokens, width), cache, positions)
+
+
+def _qkv_rope_store_accesses(args: Args) -> Sequence[Access]:
+    reads = [Access(_as_view(a), write=False) for a in (*args[:5], args[7]) if not isinstance(a, np.generic)]
+    return [*reads, *(Access(_as_view(a), write=True) for a in (args[0], args[5], args[6]))]
+
+
+def _qkv_rope_store_flops(args: Args) -> float:
+    rows = float(args[8]) * (float(args[9]) + 2.0 * float(args[10]))
+    return 20.0 * rows * float(args[11])
 
 
 def twin_specs() -> list[KernelSpec]:
@@ -154,5 +198,6 @@ def twin_specs() -> list[KernelSpec]:
             "dense_rope", _rope_run, _read_modify_write, lambda a: 16.0 * float(a[2]) * float(a[3]) * float(a[5])
         ),
         KernelSpec("dense_store_rows_f16", _store_rows_run, _store_rows_accesses, lambda a: float(a[3]) * float(a[4])),
+        KernelSpec("dense_qkv_rope_store", _qkv_rope_store_run, _qkv_rope_store_accesses, _qkv_rope_store_flops),
     ]
     return specs

@@ -93,6 +93,29 @@ int main(int argc, char** argv) {
             dense_store_rows_f16(src.data(), cache.data(), positions.data(), n_tokens, width, n_cache_rows);
         });
         fwrite(cache.data(), sizeof(unsigned short), cache.size(), stdout);
+    } else if (kernel == "qkv") {
+        std::vector<int> shape = read_array<int>(10);
+        const int n_tokens = shape[0], n_head = shape[1], n_head_kv = shape[2], head_dim = shape[3];
+        const int n_cache_rows = shape[4], n_rot = shape[5], neox = shape[6], threads = shape[9];
+        std::vector<float> f = read_array<float>(7);
+        std::vector<int> positions = read_array<int>(n_tokens);
+        std::vector<float> q = read_array<float>((size_t)n_tokens * n_head * head_dim);
+        std::vector<float> k = read_array<float>((size_t)n_tokens * n_head_kv * head_dim);
+        std::vector<float> v = read_array<float>((size_t)n_tokens * n_head_kv * head_dim);
+        std::vector<float> q_norm = read_array<float>(shape[7] ? head_dim : 0);
+        std::vector<float> k_norm = read_array<float>(shape[8] ? head_dim : 0);
+        const size_t cache_count = (size_t)n_cache_rows * n_head_kv * head_dim;
+        std::vector<unsigned short> k_cache = read_array<unsigned short>(cache_count);
+        std::vector<unsigned short> v_cache = read_array<unsigned short>(cache_count);
+        launch(n_head + 2 * n_head_kv, n_tokens, threads, [&] {
+            dense_qkv_rope_store(q.data(), k.data(), v.data(), shape[7] ? q_norm.data() : nullptr,
+                                 shape[8] ? k_norm.data() : nullptr, k_cache.data(), v_cache.data(), positions.data(),
+                                 n_tokens, n_head, n_head_kv, head_dim, n_cache_rows, f[0], n_rot, neox, f[1], f[2],
+                                 f[3], f[4], f[5], f[6]);
+        });
+        fwrite(q.data(), sizeof(float), q.size(), stdout);
+        fwrite(k_cache.data(), sizeof(unsigned short), k_cache.size(), stdout);
+        fwrite(v_cache.data(), sizeof(unsigned short), v_cache.size(), stdout);
     }
     return 0;
 }
@@ -190,3 +213,59 @@ def test_store_rows_f16_rounds_every_float32_class(host_dense: Path, rng: np.ran
     nan = np.isnan(expected)
     np.testing.assert_array_equal(np.isnan(got), nan)
     np.testing.assert_array_equal(got.view(np.uint16)[~nan], expected.view(np.uint16)[~nan])
+
+
+@pytest.mark.parametrize(
+    ("params", "head_dim", "norms"),
+    [
+        (Rope(128, True, 1e6), 128, True),  # qwen3moe: per-head norms, NEOX
+        (Rope(64, False, 10000.0), 64, False),  # mixtral's kind: normal mode, no norms
+        (Rope(64, True, 150000.0, 1 / 32, 1.0, 1.0, 32.0, 1.0, 4096), 64, False),  # gpt-oss: YaRN
+        (Rope(32, True, 1e6), 64, True),  # partial rotary
+    ],
+    ids=["qwen3", "normal", "yarn", "partial"],
+)
+def test_qkv_rope_store_is_the_bytes_of_norm_rope_and_store(
+    host_dense: Path, rng: np.random.Generator, params: Rope, head_dim: int, norms: bool
+) -> None:
+    """The one-launch kernel against rms_norm, rope and store_rows_f16 run one after another."""
+    n_tokens, n_head, n_head_kv, n_cache_rows, eps = 5, 4, 2, 12, 1e-6
+    positions = np.array([3, 0, 11, 12, 7], np.int32)  # 12 is past the cache: nothing written
+    q, k, v = (rng.standard_normal((n_tokens, h, head_dim)).astype(np.float32) for h in (n_head, n_head_kv, n_head_kv))
+    q_norm, k_norm = (rng.standard_normal(head_dim).astype(np.float32) if norms else None for _ in range(2))
+    caches = [rng.standard_normal((n_cache_rows, n_head_kv * head_dim)).astype(np.float16) for _ in range(2)]
+    low, high = dense.yarn_corr_dims(params) if params.ext_factor else (0.0, 0.0)
+    factors = (params.freq_base, params.freq_scale, params.ext_factor, low, high, dense.rope_mscale(params))
+    threads = dense.norm_threads(head_dim)
+
+    def separately(x: np.ndarray, weight: np.ndarray | None) -> np.ndarray:
+        rows = x.reshape(-1, head_dim)
+        if weight is not None:
+            header = struct.pack("4if", len(rows), head_dim, 1, threads, eps)
+            rows = np.frombuffer(_run(host_dense, ["rms_norm"], header, rows.tobytes(), weight.tobytes()), np.float32)
+        header = struct.pack("5i6f", n_tokens, x.shape[1], head_dim, params.n_rot, int(params.neox), *factors)
+        return np.frombuffer(_run(host_dense, ["rope"], header, positions.tobytes(), rows.tobytes()), np.float32)
+
+    def stored(rows: np.ndarray, cache: np.ndarray) -> bytes:
+        header = struct.pack("3i", n_tokens, n_head_kv * head_dim, n_cache_rows)
+        return _run(host_dense, ["store"], header, rows.tobytes(), positions.tobytes(), cache.tobytes())
+
+    expected = separately(q, q_norm).tobytes() + stored(separately(k, k_norm), caches[0]) + stored(v, caches[1])
+    flags = (int(norms), int(norms), threads)
+    header = struct.pack(
+        "10i7f",
+        n_tokens,
+        n_head,
+        n_head_kv,
+        head_dim,
+        n_cache_rows,
+        params.n_rot,
+        int(params.neox),
+        *flags,
+        eps,
+        *factors,
+    )
+    weights = b"" if not norms else q_norm.tobytes() + k_norm.tobytes()  # type: ignore[union-attr]
+    parts = (positions, q, k, v)
+    got = _run(host_dense, ["qkv"], header, *(a.tobytes() for a in parts), weights, *(c.tobytes() for c in caches))
+    assert got == expected
