@@ -17,7 +17,8 @@
 # memory every 100 ms and the run's peak goes to $OUT/memory.txt.
 # Environment: ARCHIVE (.dev/llamacpp-sm90.tar.xz), MODELS (/tmp/models), OUT (.), FILES
 # ("qwen3-30b-a3b:Q4_K_M"), TOKENS (4096), UBATCH (512,2048,4096), REPS (2), LAYERS (all), DECODE_PROMPT (16:
-# the prompt before expertstream's decode steps; llama-bench's tg starts from an empty context).
+# the prompt before expertstream's decode steps; llama-bench's tg starts from an empty context), TAG (bench
+# stage file-name suffix), PREFILL_ORDER (bench stage: expertstream's --prefill-order; default its own auto).
 set -euo pipefail
 ARCHIVE=${ARCHIVE:-.dev/llamacpp-sm90.tar.xz}
 MODELS=${MODELS:-/tmp/models}
@@ -27,6 +28,7 @@ TOKENS=${TOKENS:-4096}
 UBATCH=${UBATCH:-512,2048,4096}
 REPS=${REPS:-2}
 DECODE_PROMPT=${DECODE_PROMPT:-16}
+TAG=${TAG:-}  # appended to the bench stage's file names (e.g. -pp32768)
 python=${PYTHON:-python3}
 LCP=/tmp/llamacpp-sm90
 export LD_LIBRARY_PATH=$LCP/bin:${LD_LIBRARY_PATH:-}
@@ -104,11 +106,13 @@ for stage in "$@"; do
             for ncmoe in "$n" 0; do
                 used_memory "llama-bench $preset -ncmoe $ncmoe -p $TOKENS" "$LCP/bin/llama-bench" -m "$file" -ngl 99 \
                     -ncmoe "$ncmoe" -lm none -fa 0 -p "$TOKENS" -n 64 -b "$TOKENS" -ub "$UBATCH" -r "$REPS" -o md 2>&1 \
-                    | tee -a "$OUT/llama-bench-$preset.md"
+                    | tee -a "$OUT/llama-bench-$preset$TAG.md"
             done
+            order=()
+            [[ -n ${PREFILL_ORDER:-} ]] && order=(--prefill-order "$PREFILL_ORDER")
             used_memory "expertstream $preset -ncmoe all,0 -p $TOKENS" "$python" -m expertstream bench -m "$file" \
                 --backend cuda -p "$TOKENS" -n 64 -ub "$UBATCH" --slots 3 --host-memory pinned -ncmoe "all,0" \
-                -r "$REPS" -o json >"$OUT/ours-$preset.json"
+                "${order[@]}" -r "$REPS" -o json >"$OUT/ours-$preset$TAG.json"
             "$python" -c "
 import json, sys
 doc = json.load(open(sys.argv[1]))
@@ -116,7 +120,7 @@ for r in doc['rows']:
     print(f\"{r['work']} ncmoe {str(r.get('n_cpu_moe')):>4} ub {r['ubatch']:>4}: pp {r['prefill_tokens_per_s']:8.0f} \"
           f\"+- {r['prefill_tokens_per_s_sd']:5.0f} t/s, tg {r['decode_tokens_per_s'] or 0:7.1f} t/s, \"
           f\"H2D {r['h2d_gbps']:5.1f} GB/s of {r['h2d_peak_gbps']:5.1f}, dev {r['device_bytes'] / 2**30:5.2f} GiB\")
-" "$OUT/ours-$preset.json" | tee "$OUT/ours-$preset.txt"
+" "$OUT/ours-$preset$TAG.json" | tee "$OUT/ours-$preset$TAG.txt"
         done ;;
     decode)
         for spec in $FILES; do

@@ -7,6 +7,10 @@
 // MOE_GEMV_WAVE threads computes one output row of one pair, and a block MOE_GEMV_ROWS rows of
 // one pair: grid (ceil(n_out / MOE_GEMV_ROWS), n_pairs), no grouping pass.
 //
+// The block first stages its pair's activation row in shared memory (rows of up to
+// MOE_GEMV_STAGE elements; longer ones are read from global memory), each slice padded to
+// MOE_GEMV_STAGE_LD floats so the lanes, each on a slice of its own, read it conflict-free.
+//
 // Lane l of a wave takes the row's 32-element slices l, l + 32, ...: it loads a slice's units
 // (16 bytes at a time where the type's slice is made of 16-byte runs and the address allows),
 // decodes them with decode_slice and adds x * w in float32 over the slice's elements in
@@ -24,9 +28,11 @@
 // ---------------------------------------------------------------------------------
 
 // Must match expertstream/kernels/layout.py.
-#define MOE_GEMV_THREADS 128
+#define MOE_GEMV_THREADS 256
 #define MOE_GEMV_WAVE 32                                  // lanes per output row: a logical wave
 #define MOE_GEMV_ROWS (MOE_GEMV_THREADS / MOE_GEMV_WAVE)  // output rows per block
+#define MOE_GEMV_STAGE 4096  // activation rows up to this many elements are staged in shared memory
+#define MOE_GEMV_STAGE_LD 33 // floats per staged 32-element slice: lane l's slice l starts in bank l
 
 struct alignas(16) gemv_words4 {
     unsigned int x, y, z, w;
@@ -71,6 +77,18 @@ __device__ void gemv_stage(const unsigned char* __restrict__ row, int ks, int n_
         const bool inside = BlockFormat<TYPE>::quantized || ks * MOE_TILE_K + h < n_in;
         staged.units[h] = inside ? ((const Unit*)block)[BlockFormat<TYPE>::unit_of(s, h)] : (Unit)0;
     }
+}
+
+// gemv_slice_dot's sum with slice ks of x staged in shared memory (MOE_GEMV_STAGE_LD floats a
+// slice): the same products added in the same order.
+__device__ float gemv_slice_dot_staged(const float* x_staged, int ks, int n_in, const float* v, float acc) {
+    const float* xs = x_staged + ks * MOE_GEMV_STAGE_LD;
+#pragma unroll
+    for (int j = 0; j < MOE_TILE_K; ++j) {
+        const float a = ks * MOE_TILE_K + j < n_in ? xs[j] : 0.0f;
+        acc = fmaf(a, v[j], acc);
+    }
+    return acc;
 }
 
 // acc plus x[k0 + j] * v[j] for j ascending, x zero at and past n_in (the padded part).
@@ -126,6 +144,10 @@ __device__ void mul_mat_vec_id(const unsigned char* __restrict__ w, const float*
 #else
     __shared__ float exchange[MOE_GEMV_THREADS];
 #endif
+    // The activation row, read by every wave of the block: staged once, each 32-element slice at
+    // its own bank offset, so the lanes (each on its own slice) read it without conflicts. Global
+    // reads of it would fetch a separate line per lane.
+    __shared__ float x_staged[MOE_GEMV_STAGE / MOE_TILE_K * MOE_GEMV_STAGE_LD];
     const int pair = blockIdx.y;
     if (pair >= n_pairs) {
         return;
@@ -139,11 +161,18 @@ __device__ void mul_mat_vec_id(const unsigned char* __restrict__ w, const float*
         }
         return;
     }
+    const float* x_row = x + (long long)(x_per_pair ? pair : pair / top_k) * n_in;
+    const bool staged_x = n_in <= MOE_GEMV_STAGE;  // the same for the whole block
+    if (staged_x) {
+        for (int i = threadIdx.x; i < n_in; i += MOE_GEMV_THREADS) {
+            x_staged[i / MOE_TILE_K * MOE_GEMV_STAGE_LD + i % MOE_TILE_K] = x_row[i];
+        }
+        __syncthreads();
+    }
     float partial = 0.0f;
     if (o < n_out) {
         const long long row_bytes = weight_row_bytes<TYPE>(n_in);
         const unsigned char* row = w + ((long long)expert * n_out + o) * row_bytes;
-        const float* x_row = x + (long long)(x_per_pair ? pair : pair / top_k) * n_in;
         const int steps = BlockFormat<TYPE>::quantized
                               ? (n_in + MOE_ROW_PADDING - 1) / MOE_ROW_PADDING * (MOE_ROW_PADDING / MOE_TILE_K)
                               : (n_in + MOE_TILE_K - 1) / MOE_TILE_K;
@@ -152,7 +181,8 @@ __device__ void mul_mat_vec_id(const unsigned char* __restrict__ w, const float*
             gemv_stage<TYPE>(row, ks, n_in, staged);
             float v[MOE_TILE_K];
             decode_slice<TYPE>(staged.units, ks % BlockFormat<TYPE>::slices, v);
-            partial = gemv_slice_dot(x_row, ks * MOE_TILE_K, n_in, v, partial);
+            partial = staged_x ? gemv_slice_dot_staged(x_staged, ks, n_in, v, partial)
+                               : gemv_slice_dot(x_row, ks * MOE_TILE_K, n_in, v, partial);
         }
     }
     const float sum = gemv_wave_sum(partial, exchange);

@@ -22,6 +22,7 @@ from gguf import GGMLQuantizationType
 from expertstream.kernels import kernel_source, layout
 from expertstream.kernels import reference as ref
 from expertstream.kernels.layout import FORMATS
+from expertstream.kernels.program import source_file
 
 from .test_kernels_on_host import _FIBERS, CXX, build_on_host, with_tail
 
@@ -155,3 +156,19 @@ def test_route_weights_scale_each_row(host_gemv: Path, rng: np.random.Generator)
     err = ref.relative_error(y, weights[..., None] * ref.mul_mat_id(w, w_type, n_expert, n_out, n_in, x, ids))
     assert err < ref.MUL_MAT_ID_RTOL, f"relative error {err:.3g}"
     assert layout.GEMV_ROWS * layout.GEMV_WAVE == layout.GEMV_THREADS
+    assert f"#define MOE_GEMV_STAGE {layout.GEMV_STAGE} " in source_file("gemv.cu")
+
+
+@pytest.mark.parametrize("w_type", [_T.Q4_K, _T.F16], ids=lambda t: t.name)
+def test_rows_longer_than_the_stage_read_global_memory(
+    host_gemv: Path, rng: np.random.Generator, w_type: GGMLQuantizationType
+) -> None:
+    """Past MOE_GEMV_STAGE elements the activations are read from global memory: the same sums."""
+    n_expert, n_out, n_in = 2, 5, 4352 if FORMATS[w_type].quantized else 4133
+    assert n_in > layout.GEMV_STAGE
+    w = ref.random_weights(rng, w_type, n_expert * n_out, n_in)
+    ids = np.array([[1, 0]], np.int32)
+    x = rng.standard_normal((1, n_in)).astype(np.float32)
+    y = run_gemv(host_gemv, w_type, with_tail(w, w_type, n_in), x, ids, (n_expert, n_out, n_in))
+    err = ref.relative_error(y, ref.mul_mat_id(w, w_type, n_expert, n_out, n_in, x, ids))
+    assert err < ref.MUL_MAT_ID_RTOL, f"relative error {err:.3g}"
