@@ -27,7 +27,7 @@ from ..bench.provenance import provenance
 from ..bench.report import COLUMNS_HELP, Row
 from ..bench.tuner import fields_not_tuned, tune
 from ..engine.model import Model
-from ..engine.offload import format_gpu_memory, parse_gpu_memory
+from ..engine.offload import format_gpu_memory, format_size, parse_gpu_memory, parse_size
 from ..engine.sampling import Sampling
 from ..hostmem import (
     DEFAULT_RING_CHUNK_BYTES,
@@ -125,6 +125,13 @@ def _n_cpu_moe(text: str) -> tuple[str, ...]:
 def _gpu_memory(text: str) -> int | str:
     try:
         return parse_gpu_memory(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -237,6 +244,14 @@ def register(subparsers: Any) -> None:
         metavar="SIZE|auto",
         help="device memory to use (e.g. 24G, 512M; auto: what is free): as many layers' experts stay on the "
         "device as fit beside the staging slots, the rest stream (default: every layer streams)",
+    )
+    prefill.add_argument(
+        "--host-cache",
+        type=_size,
+        default=None,
+        metavar="SIZE",
+        help="with --host-memory disk: RAM (e.g. 24G, 512M) for the tensors of the first whole MoE layers that fit, "
+        "read once from the file and copied from there; the other layers are read from the file at every use",
     )
     prefill.add_argument("-r", "--repetitions", type=_positive, default=3, help="timed runs per row, after a warm-up")
     prefill.add_argument(
@@ -555,6 +570,8 @@ def _with_settings(rows: list[Row], config: RunConfig, setting: Settings, batch:
         given["n_cpu_moe"] = "all" if setting.n_cpu_moe is None else setting.n_cpu_moe
     if config.gpu_memory is not None:
         given["gpu_memory"] = format_gpu_memory(config.gpu_memory)
+    if config.host_cache is not None:
+        given["host_cache"] = format_size(config.host_cache)
     return [replace(row, **given) for row in rows] if given else rows
 
 
