@@ -98,7 +98,7 @@ def test_the_first_layer_is_read_once_into_pinned_memory_and_every_tensor_arrive
         # Read at open, through Host.read_into (the simulator's drive), into one buffer counted as pinned.
         buffers = {id(buffer) for buffer, _ in reads}
         assert len(buffers) == 1 and sum(n for _, n in reads) >= size
-        (buffer,) = {weights[name].buffer for name in cached}  # type: ignore[attr-defined]
+        (buffer,) = {region.buffer for name in cached if isinstance(region := weights[name], HostRegion)}
         assert id(buffer) in buffers
         assert weights.stats.host_cache_bytes == size and weights.stats.host_cache_layers == 1
         assert weights.stats.pinned_bytes == ring.pinned_bytes + buffer.nbytes
@@ -164,9 +164,11 @@ def test_prefill_and_decode_give_the_same_bytes_and_the_hit_rate_is_the_cached_s
         assert row["host_cache_bytes"] == experts[0] * 2  # two ubatches, each copying layer 0's experts
         assert experts[1] * 2 <= row["disk_bytes_read"] < plain[0]["disk_bytes_read"]
         assert row["host_cache"] == format_size(layer0)
+        assert row["decode_path"] == "calls"  # the ring's layer cannot be captured
     for row in whole:
         assert (row["host_cache_hit_pct"], row["disk_bytes_read"]) == (100.0, 0)
         assert row["host_cache_bytes"] == row["h2d_bytes"]
+        assert row["decode_path"] == "graph"  # every copy from pinned memory: one captured step replayed
     assert all(r["host_cache_bytes"] is None and r["host_cache_hit_pct"] is None for r in pinned)
 
 
