@@ -48,6 +48,7 @@ class Settings:
     ring: RingOptions = field(default_factory=RingOptions)
     n_cpu_moe: int | None = None  # experts of the first N MoE layers stream; None: all, unless gpu_memory
     gpu_memory: GpuMemory | None = None  # stream only as many leading layers as needed to fit the rest
+    host_cache: int | None = None  # mode disk: bytes of RAM for the first layers' tensors (HostWeights.open)
     matrix_path: MatrixPath | None = None  # mul_mat_id's path for every type; None: each type's default
     direct: bool = True  # the direct-decode kernels where they apply (MoeKernels.direct)
     gemv: bool = True  # a few pairs (decode) on the matrix-vector kernels (MoeKernels.gemv)
@@ -298,6 +299,7 @@ def measure(
                     mode,
                     ring=settings.ring,
                     copied_to=split.expert_devices,
+                    host_cache=settings.host_cache,
                 ) as weights:
                     for slots in settings.slots:
                         row = _measure_row(
@@ -405,6 +407,7 @@ def _measure_row(
         device_memory=memory.as_dict(),
         device_used_bytes=device_used,
         **_ring_fields(weights, ring_before, ring_after, sum(times)),
+        **_tier_fields(weights, ring_before, ring_after, moved, len(times)),
     )
 
 
@@ -428,6 +431,23 @@ def _ring_fields(
         "ring_copy_pct": 100.0 * used.fill_s / (threads * wall_s),
         "ring_chunk_wait_pct": 100.0 * used.chunk_wait_s / (waiters * wall_s),
         "ring_thread_gbps": used.thread_gbps,
+    }
+
+
+def _tier_fields(
+    weights: HostWeights, before: RingStats | None, after: RingStats | None, moved: int, runs: int
+) -> dict[str, Any]:
+    """Mode disk's tiers per timed prefill: the bytes its host cache served (those copied that its
+    rings did not stage), the bytes its rings read from the drive, and the share served from RAM
+    (nothing outside mode disk). ``moved``: the bytes one prefill copied; ``runs``: the timed prefills."""
+    if weights.mode is not HostMemoryMode.DISK:
+        return {}
+    used = after - before if before is not None and after is not None else RingStats()  # no ring: all cached
+    from_ram = max(0, moved - used.bytes_staged // runs)
+    return {
+        "host_cache_bytes": from_ram,
+        "disk_bytes_read": used.bytes_filled // runs,
+        "host_cache_hit_pct": 100.0 * from_ram / moved if moved else 0.0,
     }
 
 

@@ -65,10 +65,17 @@ class Row:
     ring_copy_pct: float | None = None
     ring_chunk_wait_pct: float | None = None
     ring_thread_gbps: float | None = None
+    # Host memory disk only, per timed prefill: the expert bytes its RAM tier (the host cache) served,
+    # the bytes read from the drive (each read rounded out to the drive's alignment), and the share of
+    # the copied bytes the RAM tier served (0 without a host cache).
+    host_cache_bytes: int | None = None
+    disk_bytes_read: int | None = None
+    host_cache_hit_pct: float | None = None
     # The offload setting of the row, where the command line gave one (None otherwise, and left out
     # of JSON and CSV): -ncmoe's layer count or "all", or --gpu-memory's size ("24G") or "auto".
     n_cpu_moe: int | str | None = None
     gpu_memory: str | None = None
+    host_cache: str | None = None  # --host-cache's size ("24G"), where given
     # What ran: "whole" (the model end to end) or "experts" (the expert blocks alone, --experts-only),
     # in which prefill order, and the device memory it held besides the prefetch slots.
     work: str = "whole"
@@ -140,7 +147,7 @@ def mismatched(rows: Sequence[Row]) -> list[str]:
 
 
 # Fields a row carries only when the command line set them.
-OPTIONAL_FIELDS = ("n_cpu_moe", "gpu_memory")
+OPTIONAL_FIELDS = ("n_cpu_moe", "gpu_memory", "host_cache")
 
 
 def row_json(row: Row) -> dict[str, Any]:
@@ -320,11 +327,24 @@ def disk_note(rows: Sequence[Row]) -> str | None:
         f"reads from the drive ({rows[0].ring_threads} threads): reading {_span(reading, '.0f')}% of the time, "
         f"waiting for chunk DMAs {_span(wait, '.0f')}%; its rows reached {rates} GB/s"
     )
+    line += _host_cache_part(rows)
     if max(reading) >= RING_COPY_BOUND_PCT:
         return line + ": the drive bounds it; more slots will not help (a faster drive or more RAM would)"
     if min(wait) >= RING_WAIT_BOUND_PCT:
         return line + ": the copies to the device hold it back, not the drive"
     return line
+
+
+def _host_cache_part(rows: Sequence[Row]) -> str:
+    """What the RAM tier served and what was read from the drive per prefill, where a host cache served any."""
+    served = [r for r in rows if r.host_cache_bytes and r.host_cache_hit_pct is not None]
+    if not served:
+        return ""
+    hits = _span([r.host_cache_hit_pct or 0.0 for r in served], ".0f")
+    ram = _span([(r.host_cache_bytes or 0) / 1e6 for r in served], ".1f")
+    drive = _span([(r.disk_bytes_read or 0) / 1e6 for r in served], ".1f")
+    setting = f" ({served[0].host_cache})" if served[0].host_cache else ""
+    return f"; the host cache{setting} served {hits}% of the expert bytes ({ram} MB per prefill), {drive} MB read"
 
 
 def _span(values: Sequence[float], fmt: str) -> str:

@@ -68,6 +68,7 @@ class RunConfig:
     host_memory: tuple[HostMemoryMode, ...]  # empty while auto picks it
     n_cpu_moe: tuple[int | None, ...]  # -ncmoe's values (None: all); empty when not given
     gpu_memory: GpuMemory | None
+    host_cache: int | None  # host memory disk's RAM tier, bytes
     ring: RingOptions
     matrix_path: MatrixPath | None  # None: each expert type's default
     direct: bool
@@ -115,6 +116,7 @@ class RunConfig:
             raise UsageError("layer-major prefill runs the whole model: leave out --experts-only")
         if args.gpu_memory is not None and args.n_cpu_moe:
             raise UsageError("-ncmoe and --gpu-memory both choose which layers stream: give one of them")
+        _check_host_cache(args.host_cache, host_memory)
         config = cls(
             backend=args.backend,
             devices=args.device,
@@ -128,6 +130,7 @@ class RunConfig:
             host_memory=() if auto.host_memory else host_memory,
             n_cpu_moe=tuple(None if value == "all" else int(value) for value in args.n_cpu_moe or ()),
             gpu_memory=args.gpu_memory,
+            host_cache=args.host_cache,
             ring=RingOptions(
                 fill=RingFill(args.ring_fill),
                 threads=args.ring_threads,
@@ -191,6 +194,7 @@ class RunConfig:
             ring=self.ring,
             n_cpu_moe=n_cpu_moe,
             gpu_memory=self.gpu_memory,
+            host_cache=self.host_cache,
             matrix_path=self.matrix_path,
             direct=self.direct,
             gemv=self.gemv,
@@ -231,3 +235,14 @@ class RunConfig:
             ubatch=(choice.ubatch,) if self.auto.ubatch else self.ubatch,
             choice=choice,
         )
+
+
+def _check_host_cache(host_cache: int | None, host_memory: tuple[HostMemoryMode, ...] | str) -> None:
+    """--host-cache is a RAM tier of mode disk: every row it applies to must read from disk."""
+    if host_cache is None or host_memory == (HostMemoryMode.DISK,):
+        return
+    given = host_memory if isinstance(host_memory, str) else ",".join(m.value for m in host_memory)
+    raise UsageError(
+        f"--host-cache is a RAM tier of --host-memory disk, not of {given}: give --host-memory disk with it, "
+        "or leave --host-cache out"
+    )

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..backends import ENV_VAR
 from ..engine.model import Model, Options
-from ..engine.offload import parse_gpu_memory
+from ..engine.offload import parse_gpu_memory, parse_size
 from ..engine.perplexity import perplexity
 from ..engine.sampling import Sampling
 from ..errors import InvalidArgument
@@ -71,7 +71,14 @@ def _common(parser: argparse.ArgumentParser, default_ctx: int | None = None) -> 
         default=HostMemoryMode.PREFERRED,
         choices=[m for m in HostMemoryMode if m.value != "auto"],
         metavar="MODE",
-        help="where the experts live on the host: mmap, registered, pinned, ring, preferred",
+        help="where the experts live on the host: mmap, registered, pinned, ring, disk, preferred",
+    )
+    parser.add_argument(
+        "--host-cache",
+        type=parse_size,
+        default=None,
+        metavar="SIZE",
+        help="with --host-memory disk: RAM for the first whole MoE layers' experts (e.g. 24G), read once",
     )
     parser.add_argument(
         "-ncmoe", "--n-cpu-moe", type=int, default=None, metavar="N", help="stream the experts of the first N layers"
@@ -101,6 +108,7 @@ def _options(args: argparse.Namespace) -> Options:
         host_memory=args.host_memory,
         n_cpu_moe=args.n_cpu_moe,
         gpu_memory=args.gpu_memory,
+        host_cache=args.host_cache,
         fuse_gate_up=args.fuse_gate_up,
         prefill_order=args.prefill_order,
     )

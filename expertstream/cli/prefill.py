@@ -27,7 +27,7 @@ from ..bench.provenance import provenance
 from ..bench.report import COLUMNS_HELP, Row
 from ..bench.tuner import fields_not_tuned, tune
 from ..engine.model import Model
-from ..engine.offload import format_gpu_memory, parse_gpu_memory
+from ..engine.offload import format_gpu_memory, format_size, parse_gpu_memory, parse_size
 from ..engine.sampling import Sampling
 from ..hostmem import (
     DEFAULT_RING_CHUNK_BYTES,
@@ -129,6 +129,13 @@ def _gpu_memory(text: str) -> int | str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _non_negative(text: str) -> int:
     value = int(text)
     if value < 0:
@@ -159,8 +166,10 @@ each group but the last finishes. Ctrl-C keeps the rows printed (exit status 130
 
 JSON (-o json) is one document, printed at the end: the run's provenance (version, git commit,
 device, driver, library versions, seed, command line), the model, and one object per row with
-every column above plus transfer_floor_tokens_per_s and compute_only_tokens_per_s (and n_cpu_moe
-or gpu_memory where given). Ctrl-C prints it with the rows done and "interrupted": true.
+every column above plus transfer_floor_tokens_per_s and compute_only_tokens_per_s (and n_cpu_moe,
+gpu_memory or host_cache where given); rows of --host-memory disk add, per prefill, the expert bytes
+its host cache served (host_cache_bytes), the bytes read from the drive (disk_bytes_read) and the
+share served from RAM (host_cache_hit_pct). Ctrl-C prints it with the rows done and "interrupted": true.
 
 {EXIT_STATUS_HELP}"""
 
@@ -237,6 +246,14 @@ def register(subparsers: Any) -> None:
         metavar="SIZE|auto",
         help="device memory to use (e.g. 24G, 512M; auto: what is free): as many layers' experts stay on the "
         "device as fit beside the staging slots, the rest stream (default: every layer streams)",
+    )
+    prefill.add_argument(
+        "--host-cache",
+        type=_size,
+        default=None,
+        metavar="SIZE",
+        help="with --host-memory disk: RAM (e.g. 24G, 512M) for the tensors of the first whole MoE layers that fit, "
+        "read once from the file and copied from there; the other layers are read from the file at every use",
     )
     prefill.add_argument("-r", "--repetitions", type=_positive, default=3, help="timed runs per row, after a warm-up")
     prefill.add_argument(
@@ -555,6 +572,8 @@ def _with_settings(rows: list[Row], config: RunConfig, setting: Settings, batch:
         given["n_cpu_moe"] = "all" if setting.n_cpu_moe is None else setting.n_cpu_moe
     if config.gpu_memory is not None:
         given["gpu_memory"] = format_gpu_memory(config.gpu_memory)
+    if config.host_cache is not None:
+        given["host_cache"] = format_size(config.host_cache)
     return [replace(row, **given) for row in rows] if given else rows
 
 

@@ -47,6 +47,7 @@ class Options:
     host_memory: HostMemoryMode | str = HostMemoryMode.PREFERRED
     n_cpu_moe: int | None = None  # with gpu_memory None too: every layer's experts stream
     gpu_memory: GpuMemory | None = None
+    host_cache: int | None = None  # host memory disk: bytes of RAM for the first layers' experts (HostWeights.open)
     matrix_path: MatrixPath | None = None
     fuse_gate_up: bool = False
     prefill_order: str = "auto"  # "layer", "ubatch" or "auto" (layer-major where the prompt's rows fit)
@@ -80,7 +81,9 @@ class Model(Closing):
         self.transformer = Transformer.read(model)
         self.tokenizer = Tokenizer.from_model(model)
         self._stack = stack
-        self.weights = stack.enter_context(HostWeights.open(model, self.devices[0], options.host_memory))
+        self.weights = stack.enter_context(
+            HostWeights.open(model, self.devices[0], options.host_memory, host_cache=options.host_cache)
+        )
         self._resident: ResidentExperts | None = None
         self._run: _Run | None = None
         self.last_stats: dict[str, float] = {}

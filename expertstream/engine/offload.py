@@ -38,22 +38,33 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
-def parse_gpu_memory(text: str) -> GpuMemory:
-    """'auto', or a size such as 24G, 512M, 1.5G, 4096 (bytes); binary units."""
-    if text.strip().lower() == "auto":
-        return "auto"
+def parse_size(text: str) -> int:
+    """A size in bytes such as 24G, 512M, 1.5G, 4096 (bytes); binary units."""
     match = _SIZE.match(text)
     if match is None:
-        raise InvalidArgument(f"cannot read {text!r} as a memory size", hint="write e.g. 24G, 512M or auto")
+        raise InvalidArgument(f"cannot read {text!r} as a memory size", hint="write e.g. 24G or 512M")
     return int(float(match[1]) * _UNITS[match[2].upper()])
+
+
+def format_size(nbytes: int) -> str:
+    """The size as ``parse_size`` reads it back, to three figures: 24G, 512M."""
+    unit = next((u for u in ("T", "G", "M", "K") if nbytes >= _UNITS[u]), "")
+    return f"{nbytes / _UNITS[unit]:.3g}{unit}"
+
+
+def parse_gpu_memory(text: str) -> GpuMemory:
+    """'auto', or a size (``parse_size``)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return parse_size(text)
+    except InvalidArgument:
+        raise InvalidArgument(f"cannot read {text!r} as a memory size", hint="write e.g. 24G, 512M or auto") from None
 
 
 def format_gpu_memory(memory: GpuMemory) -> str:
     """The size as ``parse_gpu_memory`` reads it back, to three figures: 24G, 512M, auto."""
-    if memory == "auto":
-        return "auto"
-    unit = next((u for u in ("T", "G", "M", "K") if memory >= _UNITS[u]), "")
-    return f"{memory / _UNITS[unit]:.3g}{unit}"
+    return "auto" if memory == "auto" else format_size(memory)
 
 
 @dataclass(frozen=True)

@@ -4,11 +4,12 @@
 it is (pageable: slow, and copies block the host), the mapping registered in place (DMA
 speed), one pinned copy of the tensors (DMA speed, a full copy in RAM), a staging ring of a
 few pinned chunks fed from the mapping by host threads (``staging``), or such a ring whose
-chunks are read straight from the files, bypassing the page cache (``diskread``). Each tensor becomes a
-``HostSource`` the scheduler can copy from. A split model has one mapping per shard, each
-wrapped (and registered) on its own; one ring reads them all. With a layer split over several
-devices, a staging ring is per device (its chunks and events are that device's): each tensor
-goes through the ring of the device it is copied to.
+chunks are read straight from the files, bypassing the page cache (``diskread``), the first
+layers' perhaps kept in RAM (``hostcache``). Each tensor becomes a ``HostSource`` the scheduler
+can copy from. A split model has one mapping per shard, each wrapped (and registered) on its
+own; one ring reads them all. With a layer split over several devices, a staging ring is per
+device (its chunks and events are that device's): each tensor goes through the ring of the
+device it is copied to.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from ..model.loader import MoeModel, TensorInfo
 from ..scheduler.source import HostRegion, HostSource
 from . import memlimit
 from .diskread import FileReader, Opener
+from .hostcache import cached_layers, layer_bytes, read_host_cache
 from .memlimit import MemoryReader
 from .staging import RingFill, RingStats, StagingRing
 
@@ -93,7 +95,9 @@ class HostMemoryFallback:
 class HostWeightsStats:
     fallbacks: list[HostMemoryFallback] = field(default_factory=list)
     registered_bytes: int = 0  # host memory page-locked in place
-    pinned_bytes: int = 0  # pinned memory allocated: the copy, or the ring's chunks
+    pinned_bytes: int = 0  # pinned memory allocated: the copy, or the ring's chunks and the host cache
+    host_cache_bytes: int = 0  # mode disk: tensor bytes held in RAM (the host cache), read once at open
+    host_cache_layers: int = 0  # the MoE layers those tensors belong to: the model's first
 
 
 # Inside a prefill on the H200 host, 12 threads each copied 3-5 GB/s from the mapping; 14 and 16
@@ -151,6 +155,7 @@ class HostWeights(Mapping[str, HostSource], Closing):
         copied_to: Mapping[str, Device] | None = None,
         opener: Opener = os.open,
         memory: MemoryReader | None = None,
+        host_cache: int | None = None,
     ) -> HostWeights:
         """Place the tensors of a model (or of the GGUF file at a path, opened and owned here).
 
@@ -158,9 +163,12 @@ class HostWeights(Mapping[str, HostSource], Closing):
         ``copied_to`` names, for a layer split, the device a tensor is copied to where it is not
         ``device``; only a staging ring depends on it. ``opener`` opens the model's files for mode
         disk, as ``os.open`` does. ``memory`` tells the preferred rule how much host memory the
-        process may fill (None: ``memlimit.read_memory_limit``).
+        process may fill (None: ``memlimit.read_memory_limit``). ``host_cache``: mode disk only, bytes
+        of RAM for the tensors of the first whole layers, read once here and served from there
+        (``hostcache``); the other layers' are read from the files at every use.
         """
         requested = _parse_mode(mode)
+        _check_host_cache(requested, host_cache)
         owns_model = not isinstance(model_or_path, MoeModel)
         model = MoeModel.open(model_or_path) if not isinstance(model_or_path, MoeModel) else model_or_path
         try:
@@ -169,7 +177,8 @@ class HostWeights(Mapping[str, HostSource], Closing):
             if requested is HostMemoryMode.PREFERRED:
                 limit = (memory or memlimit.read_memory_limit)()
                 too_big = memlimit.too_big_for_memory(sum(t.nbytes for t in model.tensors.values()), limit)
-            placed = _place(model, device, HostMemoryMode.DISK if too_big else requested, ring, targets, opener)
+            used = HostMemoryMode.DISK if too_big else requested
+            placed = _place(model, device, used, ring, targets, opener, host_cache or 0)
             weights = cls(model, device, *placed, owns_model=owns_model)
             if too_big is not None:
                 _note_disk_chosen(weights, too_big)
@@ -184,8 +193,9 @@ class HostWeights(Mapping[str, HostSource], Closing):
 
     @property
     def rings(self) -> tuple[StagingRing, ...]:
-        """The staging rings the tensors are copied through (one per target device; none but in ring and disk)."""
-        return tuple(r for r in self._resources if isinstance(r, StagingRing))
+        """The staging rings the tensors are copied through (one per target device; none but in ring and
+        disk, nor in disk where the host cache holds every tensor)."""
+        return tuple(_rings_of(self._resources))
 
     def ring_stats(self) -> RingStats | None:
         """The rings' time accounts so far, summed (None without a ring)."""
@@ -224,6 +234,22 @@ def _parse_mode(mode: HostMemoryMode | str) -> HostMemoryMode:
         ) from None
 
 
+def _check_host_cache(requested: HostMemoryMode, host_cache: int | None) -> None:
+    if host_cache is None:
+        return
+    if requested is not HostMemoryMode.DISK:
+        raise InvalidArgument(
+            f"host_cache is a RAM tier of host memory mode disk, not of {requested.value}",
+            call="HostWeights.open",
+            hint="pass mode disk (--host-memory disk) with it, or leave host_cache (--host-cache) out: the other "
+            "modes serve every tensor from RAM or the file mapping already",
+        )
+    if host_cache < 0:
+        raise InvalidArgument(
+            f"host_cache must be >= 0 bytes, got {host_cache}", call="HostWeights.open", hint="give a size such as 24G"
+        )
+
+
 _Placement = tuple[HostMemoryMode, dict[str, HostSource], list[_Resource], HostWeightsStats]
 
 
@@ -234,9 +260,10 @@ def _place(
     ring: RingOptions,
     targets: dict[str, Device],
     opener: Opener,
+    host_cache: int,
 ) -> _Placement:
     """One mapping (and registration) per shard; a ring (one per target device) reads every shard's mapping,
-    or, in mode disk, every shard's file."""
+    or, in mode disk, every shard's file (the tensors the host cache holds aside: none reads them)."""
     stats = HostWeightsStats()
     tensors = list(model.tensors.values())
     if requested is HostMemoryMode.PINNED:
@@ -260,14 +287,16 @@ def _place(
             _close_all(mappings)
             mappings = _wrap_mappings(model, device)
             resources = list(mappings)
+        by_name: dict[str, HostSource] = {}
         if requested is HostMemoryMode.DISK:
             # Closed after the rings that read through it (resources close in reverse).
             reader = FileReader(model.paths, opener=opener)
             resources.append(reader)
-        ring_regions: dict[str, HostSource] = {}
+            by_name.update(_host_cache(model, device, reader, host_cache, stats, resources))
         by_device: dict[Device, list[TensorInfo]] = {}
         for t in tensors:
-            by_device.setdefault(targets.get(t.name, device), []).append(t)
+            if t.name not in by_name:
+                by_device.setdefault(targets.get(t.name, device), []).append(t)
         largest = max((t.nbytes for t in tensors), default=1)
         for target, mine in by_device.items():
             sources = mappings if target is device else _wrap_mappings(model, target)
@@ -286,15 +315,55 @@ def _place(
             # Closed in reverse: a ring (which waits for its DMAs) before the mappings it reads.
             resources.append(staging)
             stats.pinned_bytes += staging.pinned_bytes
-            ring_regions.update({t.name: staging.region(t.offset, t.nbytes, t.shard) for t in mine})
+            by_name.update({t.name: staging.region(t.offset, t.nbytes, t.shard) for t in mine})
         if refused is not None:
             _note_fallback(stats, requested, refused, tensors, staging)
         if reader is not None and reader.fallback_reason is not None:
-            _note_buffered_reads(stats, reader.fallback_reason, tensors, staging)
+            _note_buffered_reads(stats, reader.fallback_reason, tensors, device, _rings_of(resources))
     except BaseException:
         _close_all(resources)
         raise
-    return HostMemoryMode.DISK if reader is not None else HostMemoryMode.RING, ring_regions, resources, stats
+    # In the tensors' order, whichever tier holds each.
+    ordered = {t.name: by_name[t.name] for t in tensors}
+    return HostMemoryMode.DISK if reader is not None else HostMemoryMode.RING, ordered, resources, stats
+
+
+def _rings_of(resources: Sequence[_Resource]) -> list[StagingRing]:
+    return [r for r in resources if isinstance(r, StagingRing)]
+
+
+def _host_cache(
+    model: MoeModel, device: Device, reader: FileReader, size: int, stats: HostWeightsStats, resources: list[_Resource]
+) -> dict[str, HostSource]:
+    """Mode disk's RAM tier: the first layers that fit ``size`` read into one pinned buffer (kept in
+    ``resources``), a region of it per tensor; said in the log, at WARNING where no layer fits."""
+    if not size:
+        return {}
+    layers = cached_layers(model, size)
+    if not layers:
+        log.warning(
+            "%s: a host cache of %d bytes holds no whole layer (the first MoE layer's tensors take %d bytes): "
+            "every layer is read from the files",
+            device.label,
+            size,
+            layer_bytes(model.layers[0]),
+        )
+        return {}
+    buffer, regions = read_host_cache(layers, device, reader)
+    assert buffer is not None
+    resources.append(buffer)
+    stats.pinned_bytes += buffer.nbytes
+    stats.host_cache_bytes = sum(layer_bytes(layer) for layer in layers)
+    stats.host_cache_layers = len(layers)
+    log.info(
+        "%s: host cache holds the tensors of the first %d of %d MoE layers (%d bytes, read once from the files); "
+        "the others are read from the files as they are used",
+        device.label,
+        len(layers),
+        len(model.layers),
+        stats.host_cache_bytes,
+    )
+    return regions
 
 
 def _wrap_mappings(model: MoeModel, device: Device) -> list[HostBuffer]:
@@ -380,17 +449,20 @@ def _note_disk_chosen(weights: HostWeights, reason: str) -> None:
     )
 
 
-def _note_buffered_reads(stats: HostWeightsStats, reason: str, tensors: list[TensorInfo], ring: StagingRing) -> None:
+def _note_buffered_reads(
+    stats: HostWeightsStats, reason: str, tensors: list[TensorInfo], device: Device, rings: list[StagingRing]
+) -> None:
     stats.fallbacks.append(HostMemoryFallback(HostMemoryMode.DISK, HostMemoryMode.DISK, f"buffered reads: {reason}"))
+    into = [f"a staging ring of {r.chunks} x {r.chunk_bytes} pinned bytes by {r.threads} threads" for r in rings[:1]]
+    if stats.host_cache_bytes:
+        into.insert(0, f"a host cache of {stats.host_cache_bytes} bytes")
     log.warning(
         "%s: %s; reading %d bytes of tensors through the page cache instead (each read dropped from it "
-        "afterwards) into a staging ring of %d x %d pinned bytes by %d threads",
-        ring.device.label,
+        "afterwards) into %s",
+        device.label,
         reason,
         sum(t.nbytes for t in tensors),
-        ring.chunks,
-        ring.chunk_bytes,
-        ring.threads,
+        " and ".join(into),
     )
 
 

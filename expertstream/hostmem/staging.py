@@ -94,6 +94,7 @@ class RingStats:
     """
 
     bytes_filled: int = 0  # copied into chunks, fills dropped and redone included
+    bytes_staged: int = 0  # handed to DMAs from the chunks: the bytes the copies asked for
     fill_s: float = 0.0  # worker-seconds spent copying into chunks
     # Seconds spent waiting for a chunk's previous DMA to end: by the threads, or, where the caller
     # waits before handing a chunk on (fill processes), by the caller.
@@ -284,7 +285,6 @@ class StagingRing(Closing):
         self._next_expected = 0
         self._queue: deque[_Piece] = deque()
         self._ahead: deque[_Fill] = deque()
-        self.bytes_staged = 0
         self._stats = RingStats()
         self._stats_lock = threading.Lock()  # the fill threads add to it; never held while waiting
         self.unannounced_copies = 0  # copies that were not expected: they waited for a fill of their own
@@ -332,6 +332,12 @@ class StagingRing(Closing):
     @property
     def pinned_bytes(self) -> int:
         return sum(chunk.buffer.nbytes for chunk in self._chunks)
+
+    @property
+    def bytes_staged(self) -> int:
+        """Bytes handed to DMAs from the chunks so far."""
+        with self._stats_lock:
+            return self._stats.bytes_staged
 
     @property
     def stats(self) -> RingStats:
@@ -484,7 +490,8 @@ class StagingRing(Closing):
                     dst, dst_offset + fill.piece.offset, fill.chunk.buffer, fill.chunk_offset, fill.piece.nbytes
                 )
                 stream.record(fill.chunk.free_event)
-            self.bytes_staged += fill.piece.nbytes
+            with self._stats_lock:
+                self._stats.bytes_staged += fill.piece.nbytes
             self._top_up()  # the next fill takes the chunk just handed to the DMA, once it is read
 
     def _top_up(self) -> None:
