@@ -315,8 +315,10 @@ def calibrate_enqueue(profile: Profile, model: MoeModel, mode: HostMemoryMode, m
     return solve(step, measured_s, x0, x0 * 2 if x0 > 0 else 10e-6)
 
 
-# Turns of fitting the device's time per operation and the host's time per call, each to its decode steps.
-CALL_FIT_ROUNDS = 3
+# Turns at most of fitting the device's time per operation and the host's time per call, each to its
+# decode steps (it stops once the first stays put). Where a step has few operations, as decode's
+# matrix-vector kernels make it, the calls around a replay weigh more and the turns take longer to settle.
+CALL_FIT_ROUNDS = 8
 
 
 def calibrate_calls(
