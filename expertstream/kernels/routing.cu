@@ -96,7 +96,8 @@ extern "C" __global__ void __launch_bounds__(LOGITS_THREADS) moe_router_logits(
         const float* x_rows = x + (long long)t0 * n_embd;
         const bool wide = n_embd % 4 == 0 && ((unsigned long long)router & 15u) == 0 &&
                           ((unsigned long long)x & 15u) == 0;
-        for (int k = 4 * lane; k < n_embd; k += 128) {
+#pragma unroll 4
+        for (int k = 4 * lane; k < n_embd; k += 128) {  // unrolled: several rows' loads in flight
             float r[4];
             if (wide) {
                 const vec4 w = *(const vec4*)(r_row + k);
@@ -138,9 +139,38 @@ extern "C" __global__ void __launch_bounds__(LOGITS_THREADS) moe_router_logits(
     }
 }
 
-// Block-wide best (value, id) by router_better; every thread gets the winner.
+// Block-wide best (value, id) by router_better; every thread gets the winner. router_better is a
+// strict total order, so the winner does not depend on the order candidates meet in: on NVIDIA
+// each warp finds its best by shuffles and thread 0's reading of the warps' bests ends it (two
+// barriers instead of a tree of seven); elsewhere a tree in shared memory.
 __device__ void select_block_best(float* cand_v, int* cand_e, float v, int e, float* out_v, int* out_e) {
     const int tid = threadIdx.x;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+    for (int s = 16; s > 0; s >>= 1) {
+        const float other_v = __shfl_down_sync(0xffffffffu, v, s);
+        const int other_e = __shfl_down_sync(0xffffffffu, e, s);
+        if (router_better(other_v, other_e, v, e)) {
+            v = other_v;
+            e = other_e;
+        }
+    }
+    if (tid % 32 == 0) {
+        cand_v[tid / 32] = v;
+        cand_e[tid / 32] = e;
+    }
+    __syncthreads();
+    v = cand_v[0];
+    e = cand_e[0];
+    for (int w = 1; w < SELECT_THREADS / 32; ++w) {
+        if (router_better(cand_v[w], cand_e[w], v, e)) {
+            v = cand_v[w];
+            e = cand_e[w];
+        }
+    }
+    *out_v = v;
+    *out_e = e;
+#else
     cand_v[tid] = v;
     cand_e[tid] = e;
     __syncthreads();
@@ -153,14 +183,10 @@ __device__ void select_block_best(float* cand_v, int* cand_e, float v, int e, fl
     }
     *out_v = cand_v[0];
     *out_e = cand_e[0];
+#endif
     __syncthreads();
 }
 
-// Per token: probs = gating(logits); selection = probs (+ sel_bias); with n_group > 1,
-// only the n_group_used groups with the largest sum of their two best selection values
-// stay selectable; ids = top_k by selection (descending, ties to the lower id);
-// weights = probs[ids], softmaxed for GATING_SOFTMAX_WEIGHT, divided by their sum
-// (floored) when norm, times scale. One block of SELECT_THREADS per token.
 extern "C" __global__ void __launch_bounds__(SELECT_THREADS) moe_router_select(
     const float* __restrict__ logits, const float* __restrict__ sel_bias, int* __restrict__ ids,
     float* __restrict__ weights, int n_tokens, int n_expert, int top_k, int gating, int has_sel_bias,
