@@ -10,13 +10,14 @@
 #   big     the same on $FILES (made here), then llama-perplexity and expertstream perplexity on one text
 #   bench   llama-bench and expertstream bench on $FILES: pp$TOKENS at ubatch $UBATCH and tg64, every
 #           expert streamed (-ncmoe all / llama.cpp -ncmoe N -lm none) and everything on the GPU (-ncmoe 0)
-#   decode  llama-bench -p 0 -n 64,256 and expertstream bench -p $DECODE_PROMPT -n 64,256 on $FILES: every
-#           expert on the host (pinned; llama.cpp -lm none), half the layers', none; mmap beside -lm mmap;
-#           then decode_profile's per-operation table of one step with everything on the GPU
+#   decode  llama-bench -p 0 -n $DECODE_STEPS and expertstream bench -p $DECODE_PROMPT -n $DECODE_STEPS on
+#           $FILES: every expert on the host (pinned; llama.cpp -lm none), half the layers', none; with
+#           DECODE_MMAP set also mmap beside -lm mmap and decode_profile's per-operation table of one step
 # Every llama-bench and expertstream run is wrapped in used_memory: nvidia-smi samples the device's used
 # memory every 100 ms and the run's peak goes to $OUT/memory.txt.
 # Environment: ARCHIVE (.dev/llamacpp-sm90.tar.xz), MODELS (/tmp/models), OUT (.), FILES
-# ("qwen3-30b-a3b:Q4_K_M"), TOKENS (4096), UBATCH (512,2048,4096), REPS (2), LAYERS (all), DECODE_PROMPT (16:
+# ("qwen3-30b-a3b:Q4_K_M"), TOKENS (4096), UBATCH (512,2048,4096), REPS (2), LAYERS (all), DECODE_STEPS
+# (64; a comma list such as 64,256 runs each), DECODE_PROMPT (16:
 # the prompt before expertstream's decode steps; llama-bench's tg starts from an empty context), TAG (bench
 # stage file-name suffix), PREFILL_ORDER (bench stage: expertstream's --prefill-order; default its own auto).
 set -euo pipefail
@@ -28,6 +29,7 @@ TOKENS=${TOKENS:-4096}
 UBATCH=${UBATCH:-512,2048,4096}
 REPS=${REPS:-2}
 DECODE_PROMPT=${DECODE_PROMPT:-16}
+DECODE_STEPS=${DECODE_STEPS:-64}
 TAG=${TAG:-}  # appended to the bench stage's file names (e.g. -pp32768)
 python=${PYTHON:-python3}
 LCP=/tmp/llamacpp-sm90
@@ -129,24 +131,28 @@ for r in doc['rows']:
             n=$("$python" -c "from expertstream.model import MoeModel; print(len(MoeModel.open('$file').layers))")
             for ncmoe in "$n" $((n / 2)) 0; do
                 used_memory "llama-bench $preset decode -ncmoe $ncmoe" "$LCP/bin/llama-bench" -m "$file" -ngl 99 \
-                    -ncmoe "$ncmoe" -lm none -fa 0 -p 0 -n 64,256 -r "$REPS" -o md 2>&1 | tee -a "$OUT/decode-llama-$preset.md"
+                    -ncmoe "$ncmoe" -lm none -fa 0 -p 0 -n "$DECODE_STEPS" -r "$REPS" -o md 2>&1 | tee -a "$OUT/decode-llama-$preset.md"
             done
-            "$LCP/bin/llama-bench" -m "$file" -ngl 99 -ncmoe "$n" -lm mmap -fa 0 -p 0 -n 64 -r "$REPS" -o md 2>&1 \
-                | tee -a "$OUT/decode-llama-$preset.md"
             used_memory "expertstream $preset decode -ncmoe all,$((n / 2)),0" "$python" -m expertstream bench \
-                -m "$file" --backend cuda -p "$DECODE_PROMPT" -n 64,256 --slots 3 --host-memory pinned \
+                -m "$file" --backend cuda -p "$DECODE_PROMPT" -n "$DECODE_STEPS" --slots 3 --host-memory pinned \
                 -ncmoe "all,$((n / 2)),0" -r "$REPS" -o json >"$OUT/decode-ours-$preset.json"
-            "$python" -m expertstream bench -m "$file" --backend cuda -p "$DECODE_PROMPT" -n 64 --slots 3 \
-                --host-memory mmap -ncmoe all -r "$REPS" -o json >"$OUT/decode-ours-mmap-$preset.json"
-            "$python" -m microbench.decode_profile --backend cuda --model "$file" -p "$DECODE_PROMPT" -n 16 --top 12 \
-                --json >"$OUT/decode-profile-$preset.json" 2>"$OUT/decode-profile-$preset.txt"
+            results=("$OUT/decode-ours-$preset.json")
+            if [[ -n ${DECODE_MMAP:-} ]]; then
+                "$LCP/bin/llama-bench" -m "$file" -ngl 99 -ncmoe "$n" -lm mmap -fa 0 -p 0 -n 64 -r "$REPS" -o md 2>&1 \
+                    | tee -a "$OUT/decode-llama-$preset.md"
+                "$python" -m expertstream bench -m "$file" --backend cuda -p "$DECODE_PROMPT" -n 64 --slots 3 \
+                    --host-memory mmap -ncmoe all -r "$REPS" -o json >"$OUT/decode-ours-mmap-$preset.json"
+                results+=("$OUT/decode-ours-mmap-$preset.json")
+                "$python" -m microbench.decode_profile --backend cuda --model "$file" -p "$DECODE_PROMPT" -n 16 \
+                    --top 12 --json >"$OUT/decode-profile-$preset.json" 2>"$OUT/decode-profile-$preset.txt"
+            fi
             "$python" -c "
 import json, sys
 for name in sys.argv[1:]:
     for r in json.load(open(name))['rows']:
         print(f\"{r['host_memory']:>6} ncmoe {str(r.get('n_cpu_moe')):>4} tg{r['decode_steps']:<3}: \"
               f\"{r['decode_tokens_per_s']:7.1f} +- {r['decode_tokens_per_s_sd'] or 0:4.1f} t/s ({r['decode_path']})\")
-" "$OUT/decode-ours-$preset.json" "$OUT/decode-ours-mmap-$preset.json" | tee "$OUT/decode-ours-$preset.txt"
+" "${results[@]}" | tee "$OUT/decode-ours-$preset.txt"
         done ;;
     *) echo "unknown stage $stage" >&2; exit 2 ;;
     esac
