@@ -180,6 +180,13 @@ class Blocks(Closing):
         for name, width in sizes.items():
             self._scratch[name] = self._uploads.alloc(max(rows * width * 4, 4))
         self.zero_ids = self._uploads.filled(rows * 4, Usage.COMPUTE, lambda: np.zeros(rows, np.int32))
+        # The decode attention's partial sums for the whole context, taken now: a captured decode
+        # step reads up to n_ctx rows, more chunks than the step run before its capture, and a
+        # capture may not allocate.
+        tokens = min(rows, attention_kernels.DECODE_MAX_TOKENS)
+        self.kernels.scratch(
+            "attention", attention_kernels.decode_scratch_bytes(tokens, spec.n_head, spec.head_dim, self.n_ctx)
+        )
 
     def _view(self, name: str, rows: int, width: int) -> BufferView:
         if rows > self.rows:

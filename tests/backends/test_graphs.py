@@ -100,3 +100,17 @@ def test_on_the_simulator_a_launch_costs_the_host_one_call_and_the_device_every_
             done = backend.host.timestamp()
     assert issued - start == pytest.approx(profile.enqueue_s)
     assert done - issued == pytest.approx(count * (profile.launch_latency_s + nbytes / profile.memset_bps), rel=1e-6)
+
+
+def test_a_capture_refuses_an_allocation_on_its_device(backend: Backend) -> None:
+    """As CUDA and HIP do in their default capture mode: what a captured plan needs is allocated first."""
+    device = backend.device(0)
+    with device.stream() as stream:
+        stream.begin_capture()
+        with pytest.raises(BackendError):
+            device.alloc(64)
+        with contextlib.suppress(BackendError):
+            stream.end_capture(keep=False)
+        assert not stream.capturing
+    with device.alloc(64) as buf:  # after the capture, as before it
+        assert buf.alloc_size >= 64

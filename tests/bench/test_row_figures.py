@@ -18,7 +18,7 @@ from expertstream.bench import measure as measure_module
 from expertstream.bench.measure import PeakProbe, Settings, measure
 from expertstream.engine.runner import Batching
 from expertstream.hostmem import HostMemoryMode
-from expertstream.model import MoeModel
+from expertstream.model import MoeModel, make_model
 from expertstream.scheduler import RunStats
 
 TOKENS = 32
@@ -89,3 +89,13 @@ def test_device_memory_by_kind_adds_up_to_what_the_device_gave(tiny_path: Path) 
     assert memory["kv_cache"] == row.kv_cache_bytes
     assert memory["total"] == sum(v for k, v in memory.items() if k != "total")
     assert row.device_used_bytes == memory["total"]
+
+
+def test_a_short_prompts_decode_steps_replay_one_graph(tmp_path: Path) -> None:
+    """The captured step reads the whole context's cache (more attention chunks than the warm-up step
+    at the prompt's end): what it needs is allocated before the capture, which may not allocate."""
+    path = make_model("qwen3-30b-a3b", "Q4_0", tmp_path / "q1.gguf", layers=1)
+    settings = Settings(Batching(16, 16, 64), (3,), (HostMemoryMode.PINNED,), repeats=1, whole=True, n_cpu_moe=0)
+    with expertstream.backend("sim", data=False) as sim, MoeModel.open(path) as model:
+        (row,) = measure(sim, sim.device(0), model, settings, h2d_peak=PeakProbe(10.0, 10.0, 10.0, 1)).rows
+    assert row.decode_path == "graph"

@@ -39,6 +39,7 @@ class SimDevice(Device):
         self._used = 0
         self._next_address = (index + 1) << 40  # distinct, plausible device addresses per device
         self._kernels: dict[str, SimKernel] = {}
+        self.capturing_streams: set[int] = set()  # ids of this device's streams between begin and end capture
 
     # -- description ---------------------------------------------------------------------
     @property
@@ -74,6 +75,14 @@ class SimDevice(Device):
 
     # -- device memory -------------------------------------------------------------------
     def _alloc(self, nbytes: int, alloc_size: int, usage: Usage) -> SimDeviceBuffer:
+        if self.capturing_streams:  # what CUDA and HIP answer in their default (global) capture mode
+            raise DeviceError(
+                "operation not permitted when stream is capturing",
+                call="Device.alloc",
+                device=self.label,
+                code="stream capture unsupported",
+                hint="allocate what the captured work needs before the capture begins",
+            )
         with self.sim.lock:
             free = self.free_memory()
             if alloc_size > free:

@@ -301,8 +301,10 @@ class SimStream(Stream):
     def _begin_capture(self) -> None:
         self._live_state("Stream.begin_capture")
         self._captured = []
+        self.sim_device.capturing_streams.add(self.state.id)
 
     def _end_capture(self, keep: bool) -> Graph | None:
+        self.sim_device.capturing_streams.discard(self.state.id)
         works, self._captured = self._captured, []
         return SimGraph(self.sim_device, works) if keep else None
 
