@@ -163,7 +163,7 @@ def tiles_to_measure(
     if direct:
         if not kernels.uses_direct(w_type, n_in):
             return []
-        auto, have = layout.direct_tile_for(ubatch * TOP_K, N_EXPERT), layout.DIRECT_TILES
+        auto, have = fmt.direct_tile_for(ubatch * TOP_K, N_EXPERT), fmt.direct_tiles
     else:
         if path is MatrixPath.MMA and kernels.uses_direct(w_type, n_in):
             raise AssertionError("the mma family must not take the direct kernels")
