@@ -44,7 +44,7 @@ from gguf import GGMLQuantizationType
 
 from expertstream.backends.base import Backend, Device, DeviceBuffer, Stream
 from expertstream.bench.probes import Gate, back_to_back, expert_weights
-from expertstream.kernels import MoeKernels, layout
+from expertstream.kernels import MoeKernels
 from expertstream.kernels import reference as ref
 from expertstream.kernels.layout import FORMATS, MatrixPath, TileM, weight_format
 

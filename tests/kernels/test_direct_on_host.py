@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
 
-from expertstream.kernels import kernel_source, layout, quants, twins
+from expertstream.kernels import kernel_source, quants, twins
 from expertstream.kernels import reference as ref
 from expertstream.kernels.layout import FORMATS, MatrixPath, TileM
 
@@ -231,7 +231,9 @@ def test_each_weight_is_decode_slices_value_in_bf16(
     w = ref.random_weights(rng, w_type, n_expert * n_out, n_in)
     x = np.eye(n_in, dtype=np.float32)
     ids = np.ones((n_in, 1), np.int32)
-    y = run_direct(direct_kernels, w_type, TileM.SHORT, PLAIN, [with_tail(w, w_type, n_in)], x, ids, n_expert, n_out, n_in)
+    y = run_direct(
+        direct_kernels, w_type, TileM.SHORT, PLAIN, [with_tail(w, w_type, n_in)], x, ids, n_expert, n_out, n_in
+    )
     rows = w.reshape(n_expert * n_out, fmt.row_bytes(n_in))[n_out:]
     expected = twins.round_to_bf16(quants.decode_rows(rows, w_type))
     np.testing.assert_array_equal(y[:, 0, :], expected.T)
