@@ -510,7 +510,9 @@ def twin_specs() -> list[KernelSpec]:
         )
     )
     for fmt in FORMATS.values():
-        for tile_m in fmt.direct_tiles:
+        if not fmt.direct:
+            continue
+        for tile_m in layout.DIRECT_TILES:
             for gate_up in (False, True):
                 specs.append(
                     KernelSpec(
