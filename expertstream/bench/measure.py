@@ -341,8 +341,8 @@ def _measure_row(
         poison = functools.partial(runner.poison_prefill_output, scheduler.stream)
         times, stats = _timed_runs(backend, scheduler, plan, settings.repeats, poison)
         ring_after = weights.ring_stats()
-        decode_rates, decode_steps_s, decode_bytes, decode_path = _decode(
-            backend, runner, scheduler, experts, settings, progress, what
+        decode_rates, decode_steps_s, decode_bytes, decode_path, decode_disk_bytes = _decode(
+            backend, runner, scheduler, experts, settings, progress, what, weights
         )
         memory = runner.device_memory() + DeviceMemory(
             resident_experts=resident.device_bytes, staging=scheduler.device_bytes()
@@ -408,6 +408,7 @@ def _measure_row(
         device_used_bytes=device_used,
         **_ring_fields(weights, ring_before, ring_after, sum(times)),
         **_tier_fields(weights, ring_before, ring_after, moved, len(times)),
+        **_decode_tier_fields(weights, decode_bytes, decode_disk_bytes),
     )
 
 
@@ -451,6 +452,14 @@ def _tier_fields(
     }
 
 
+def _decode_tier_fields(weights: HostWeights, decode_bytes: int, disk_bytes: int) -> dict[str, Any]:
+    """Mode disk's tiers per repetition of the decode steps: the share of the used experts' bytes its
+    host cache served (nothing outside mode disk, or without decode steps)."""
+    if weights.mode is not HostMemoryMode.DISK or not decode_bytes:
+        return {}
+    return {"decode_host_cache_hit_pct": 100.0 * max(0, decode_bytes - disk_bytes) / decode_bytes}
+
+
 def _decode(
     backend: Backend,
     runner: MoeRunner,
@@ -459,10 +468,12 @@ def _decode(
     settings: Settings,
     progress: Progress,
     what: str,
-) -> tuple[list[float], list[float], int, str | None]:
+    weights: HostWeights,
+) -> tuple[list[float], list[float], int, str | None, int]:
     """Decode tokens/s of each repetition (its tokens over the time all its steps took), each
-    repetition's median step in seconds, the expert bytes of one repetition, and how the steps ran:
-    "graph" (one captured step replayed) or "calls" (each step's calls issued).
+    repetition's median step in seconds, the expert bytes of one repetition, how the steps ran:
+    "graph" (one captured step replayed) or "calls" (each step's calls issued), and the bytes the
+    staging rings handed to copies per repetition (mode disk: those read from the drive).
 
     The median step is what a prediction is held to: a few steps that a busy host delays would
     otherwise decide a comparison whose target band (+-2%) is narrower than such noise. A warm-up
@@ -470,9 +481,10 @@ def _decode(
     """
     steps = runner.batching.decode_steps
     if not steps:
-        return [], [], 0, None
+        return [], [], 0, None, 0
     if settings.warmup:
         scheduler.run(_ticking(runner.decode_plan(experts, 0), progress, f"{what}, decode warm-up"))
+    rings_before = weights.ring_stats()
     with ExitStack() as stack:
         replay = _decode_replay(runner, scheduler, experts, settings, what)
         if replay is not None:
@@ -501,7 +513,11 @@ def _decode(
             # A run's rate is its tokens over the whole time its steps took; its median step beside it.
             rates.append(steps / float(np.sum(step_s)))
             median_steps.append(float(np.median(step_s)))
-    return rates, median_steps, moved, "calls" if replay is None else "graph"
+    rings_after = weights.ring_stats()
+    staged = 0
+    if rings_before is not None and rings_after is not None:
+        staged = (rings_after - rings_before).bytes_staged // max(1, settings.repeats)
+    return rates, median_steps, moved, "calls" if replay is None else "graph", staged
 
 
 _told_decode_calls: set[str] = set()

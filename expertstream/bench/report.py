@@ -71,6 +71,8 @@ class Row:
     host_cache_bytes: int | None = None
     disk_bytes_read: int | None = None
     host_cache_hit_pct: float | None = None
+    # The same share over the decode steps' used experts, per repetition.
+    decode_host_cache_hit_pct: float | None = None
     # The offload setting of the row, where the command line gave one (None otherwise, and left out
     # of JSON and CSV): -ncmoe's layer count or "all", or --gpu-memory's size ("24G") or "auto".
     n_cpu_moe: int | str | None = None

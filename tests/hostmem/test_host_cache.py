@@ -170,6 +170,10 @@ def test_prefill_and_decode_give_the_same_bytes_and_the_hit_rate_is_the_cached_s
         assert row["host_cache_bytes"] == row["h2d_bytes"]
         assert row["decode_path"] == "graph"  # every copy from pinned memory: one captured step replayed
     assert all(r["host_cache_bytes"] is None and r["host_cache_hit_pct"] is None for r in pinned)
+    # Decode: the used experts' bytes served from RAM, per repetition of the steps.
+    assert [r["decode_host_cache_hit_pct"] for r in plain + whole] == [0.0] * len(plain) + [100.0] * len(whole)
+    assert all(0.0 < r["decode_host_cache_hit_pct"] < 100.0 for r in half)
+    assert all(r["decode_host_cache_hit_pct"] is None for r in pinned)
 
 
 def test_the_summary_says_what_the_host_cache_served(
