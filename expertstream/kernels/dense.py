@@ -175,21 +175,13 @@ def rope(
     positive(call, n_tokens=n_tokens, n_heads=n_heads, head_dim=head_dim)
     _check_rope(call, rope, head_dim)
     fits_int32(call, x=n_tokens * n_heads * head_dim)
-    low, high = yarn_corr_dims(rope) if rope.ext_factor != 0.0 else (0.0, 0.0)
     args = (
         view(call, "x", x, n_tokens * n_heads * head_dim * 4),
         view(call, "positions", positions, n_tokens * 4),
         np.int32(n_tokens),
         np.int32(n_heads),
         np.int32(head_dim),
-        np.int32(rope.n_rot),
-        np.int32(1 if rope.neox else 0),
-        np.float32(rope.freq_base),
-        np.float32(rope.freq_scale),
-        np.float32(rope.ext_factor),
-        np.float32(low),
-        np.float32(high),
-        np.float32(rope_mscale(rope)),
+        *_rope_args(rope),
     )
     grid = (-(-n_heads * (rope.n_rot // 2) // DENSE_THREADS), min(n_tokens, layout.MAX_GRID_Y))
     stream.launch(kernels.kernel("dense_rope"), grid, DENSE_THREADS, args)
@@ -285,7 +277,6 @@ def qkv_rope_store(
     if n_cache_rows < 1:
         raise InvalidArgument(f"the caches must hold at least one row of {kv_width} float16 values", call=call)
     n_cache_rows = min(n_cache_rows, layout.MAX_INT32)
-    low, high = yarn_corr_dims(rope) if rope.ext_factor != 0.0 else (0.0, 0.0)
 
     def weight(name: str, w: ViewLike | None) -> BufferView | np.uint64:
         return np.uint64(0) if w is None else view(call, name, w, head_dim * 4)
@@ -305,6 +296,17 @@ def qkv_rope_store(
         np.int32(head_dim),
         np.int32(n_cache_rows),
         np.float32(eps),
+        *_rope_args(rope),
+    )
+    grid = (n_head + 2 * n_head_kv, min(n_tokens, layout.MAX_GRID_Y))
+    stream.launch(kernels.kernel("dense_qkv_rope_store"), grid, norm_threads(head_dim), args)
+
+
+def _rope_args(rope: Rope) -> tuple[np.int32 | np.float32, ...]:
+    """The rotation's kernel arguments, in dense.cu's order: n_rot, neox, freq_base, freq_scale,
+    ext_factor, the YaRN correction dims (zeros without YaRN), mscale."""
+    low, high = yarn_corr_dims(rope) if rope.ext_factor != 0.0 else (0.0, 0.0)
+    return (
         np.int32(rope.n_rot),
         np.int32(1 if rope.neox else 0),
         np.float32(rope.freq_base),
@@ -314,8 +316,6 @@ def qkv_rope_store(
         np.float32(high),
         np.float32(rope_mscale(rope)),
     )
-    grid = (n_head + 2 * n_head_kv, min(n_tokens, layout.MAX_GRID_Y))
-    stream.launch(kernels.kernel("dense_qkv_rope_store"), grid, norm_threads(head_dim), args)
 
 
 def _table_format(call: str, table_type: RowType) -> WeightFormat:

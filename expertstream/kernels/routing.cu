@@ -68,6 +68,20 @@ __device__ float logits_wave_sum(float partial, float* exchange) {
 #endif
 }
 
+// row[k .. k + 3] into v, zeros past n: 16 bytes at once where ``wide`` (n a multiple of 4, the
+// rows 16-byte aligned), else one float at a time.
+__device__ void logits_load4(const float* row, int k, int n, bool wide, float* v) {
+    if (wide) {
+        const vec4 w = *(const vec4*)(row + k);
+        v[0] = w.x, v[1] = w.y, v[2] = w.z, v[3] = w.w;
+        return;
+    }
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        v[q] = k + q < n ? row[k + q] : 0.0f;
+    }
+}
+
 // logits[t, e] = x[t, :] . router[e, :] (+ bias[e] when has_bias). A block takes LOGITS_EXPERTS
 // experts (a logical wave of 32 threads each) by LOGITS_TOKENS tokens; lane l of a wave adds the
 // products of elements 4l + 128i .. 4l + 128i + 3 (i ascending), then the wave's 32 sums are
@@ -99,29 +113,12 @@ extern "C" __global__ void __launch_bounds__(LOGITS_THREADS) moe_router_logits(
 #pragma unroll 4
         for (int k = 4 * lane; k < n_embd; k += 128) {  // unrolled: several rows' loads in flight
             float r[4];
-            if (wide) {
-                const vec4 w = *(const vec4*)(r_row + k);
-                r[0] = w.x, r[1] = w.y, r[2] = w.z, r[3] = w.w;
-            } else {
-#pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    r[q] = k + q < n_embd ? r_row[k + q] : 0.0f;
-                }
-            }
+            logits_load4(r_row, k, n_embd, wide, r);
 #pragma unroll
             for (int j = 0; j < LOGITS_TOKENS; ++j) {
                 if (j < tokens) {
-                    const float* x_row = x_rows + (long long)j * n_embd;
                     float a[4];
-                    if (wide) {
-                        const vec4 v = *(const vec4*)(x_row + k);
-                        a[0] = v.x, a[1] = v.y, a[2] = v.z, a[3] = v.w;
-                    } else {
-#pragma unroll
-                        for (int q = 0; q < 4; ++q) {
-                            a[q] = k + q < n_embd ? x_row[k + q] : 0.0f;
-                        }
-                    }
+                    logits_load4(x_rows + (long long)j * n_embd, k, n_embd, wide, a);
 #pragma unroll
                     for (int q = 0; q < 4; ++q) {
                         acc[j] = fmaf(a[q], r[q], acc[j]);

@@ -23,7 +23,7 @@ from expertstream.kernels.layout import FORMATS
 from expertstream.kernels.program import source_file
 
 from .test_dense import F16_EDGES
-from .test_kernels_on_host import _FIBERS, _PRELUDE, CXX
+from .test_kernels_on_host import _FIBERS, CXX, compile_on_host, shared_code
 
 TYPES = list(FORMATS)
 
@@ -127,19 +127,10 @@ int main(int argc, char** argv) {
 def host_dense(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if CXX is None:
         pytest.skip("no C++ compiler (c++, g++ or clang++) on PATH")
-    source = kernel_source(())
-    shared = source[: source.index('extern "C" __global__ void moe_swiglu(')]  # up to simt.cu
     instances = "".join(f"DENSE_GET_ROWS({FORMATS[t].get_rows_kernel_name}, {int(t)})\n" for t in TYPES)
     names = ", ".join(FORMATS[t].get_rows_kernel_name for t in TYPES)
-    folder = tmp_path_factory.mktemp("dense")
-    (folder / "dense.cpp").write_text(_PRELUDE + shared + source_file("dense.cu") + instances + _DRIVER % names)
-    build = subprocess.run(
-        [CXX, "-std=c++17", "-O1", "-o", str(folder / "dense"), str(folder / "dense.cpp")],
-        capture_output=True,
-        text=True,
-    )
-    assert build.returncode == 0, build.stderr[-4000:]
-    return folder / "dense"
+    code = shared_code(kernel_source(())) + source_file("dense.cu") + instances + _DRIVER % names
+    return compile_on_host(tmp_path_factory.mktemp("dense"), "dense", code)
 
 
 def _run(binary: Path, args: list[str], *parts: bytes) -> bytes:

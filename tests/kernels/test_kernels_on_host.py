@@ -215,20 +215,29 @@ def host_kernels(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_on_host(tmp_path_factory.mktemp("host_kernels"), kernel_source(), _DRIVER % tuple(names))
 
 
-def build_on_host(folder: Path, source: str, driver: str) -> Path:
-    """Compile ``source`` up to simt.cu's mul_mat_id kernels (not the elementwise, routing and stand-in
-    ones, which use dynamic shared memory), then all of mma.cu, int8.cu and direct.cu, with ``driver``,
-    for this host."""
-    simt_part = source[: source.index('extern "C" __global__ void moe_swiglu(')]
-    mma_part = source[source.index("// mul_mat_id on matrix cores") :]
-    (folder / "kernels.cpp").write_text(_PRELUDE + simt_part + mma_part + driver)
+def shared_code(source: str) -> str:
+    """The kernel source up to simt.cu's mul_mat_id kernels: the definitions every other part uses,
+    without the elementwise, routing and stand-in kernels (which use dynamic shared memory)."""
+    return source[: source.index('extern "C" __global__ void moe_swiglu(')]
+
+
+def compile_on_host(folder: Path, name: str, code: str) -> Path:
+    """The host prelude and ``code`` compiled into the program ``folder / name``."""
+    (folder / f"{name}.cpp").write_text(_PRELUDE + code)
     build = subprocess.run(
-        [CXX or "c++", "-std=c++17", "-O1", "-o", str(folder / "kernels"), str(folder / "kernels.cpp")],
+        [CXX or "c++", "-std=c++17", "-O1", "-o", str(folder / name), str(folder / f"{name}.cpp")],
         capture_output=True,
         text=True,
     )
     assert build.returncode == 0, build.stderr[-4000:]
-    return folder / "kernels"
+    return folder / name
+
+
+def build_on_host(folder: Path, source: str, driver: str) -> Path:
+    """Compile ``source``'s shared code, then all of mma.cu, int8.cu and direct.cu, with ``driver``,
+    for this host."""
+    mma_part = source[source.index("// mul_mat_id on matrix cores") :]
+    return compile_on_host(folder, "kernels", shared_code(source) + mma_part + driver)
 
 
 def with_tail(w: np.ndarray, w_type: GGMLQuantizationType, n_in: int, fill: int = 0) -> np.ndarray:

@@ -19,7 +19,7 @@ import pytest
 from expertstream.kernels import kernel_source, routing
 from expertstream.kernels.program import source_file
 
-from .test_kernels_on_host import _FIBERS, _PRELUDE, CXX
+from .test_kernels_on_host import _FIBERS, CXX, compile_on_host, shared_code
 
 _DRIVER = (
     _FIBERS
@@ -59,20 +59,11 @@ int main() {
 def host_logits(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if CXX is None:
         pytest.skip("no C++ compiler (c++, g++ or clang++) on PATH")
-    shared = kernel_source(())
-    shared = shared[: shared.index('extern "C" __global__ void moe_swiglu(')]  # formats.cu up to simt.cu
     routing_cu = source_file("routing.cu")
     defines = routing_cu[routing_cu.index("#define GATING_SOFTMAX") : routing_cu.index("// The sum of a wave's")]
     kernel = routing_cu[routing_cu.index("// The sum of a wave's") : routing_cu.index("// Block-wide best")]
-    folder = tmp_path_factory.mktemp("router")
-    (folder / "router.cpp").write_text(_PRELUDE + shared + defines + kernel + _DRIVER)
-    build = subprocess.run(
-        [CXX, "-std=c++17", "-O1", "-o", str(folder / "router"), str(folder / "router.cpp")],
-        capture_output=True,
-        text=True,
-    )
-    assert build.returncode == 0, build.stderr[-4000:]
-    return folder / "router"
+    code = shared_code(kernel_source(())) + defines + kernel + _DRIVER
+    return compile_on_host(tmp_path_factory.mktemp("router"), "router", code)
 
 
 def run_logits(
