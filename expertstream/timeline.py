@@ -29,6 +29,7 @@ class OpKind(str, enum.Enum):
     HOST_COPY = "host_copy"  # a memcpy between host buffers on a host thread
     HOST_SYNC = "host_sync"  # a host thread blocked in synchronize / event synchronize
     HOST_REGISTER = "host_register"  # page-locking host memory in place
+    MARK = "mark"  # a moment the host named (Backend.mark): where one phase of a run hands over to the next
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,18 @@ def _span(op: TimelineOp, pid: int, tid: int, start: float, end: float, name: st
 
 
 def _events(op: TimelineOp) -> list[dict[str, Any]]:
+    if op.kind is OpKind.MARK:  # an instant across every track: Perfetto draws a line there
+        return [
+            {
+                "name": op.name,
+                "cat": op.kind.value,
+                "ph": "i",
+                "s": "g",
+                "pid": _HOST_PID,
+                "tid": op.thread,
+                "ts": op.start * _US_PER_S,
+            }
+        ]
     if op.device is None or op.stream is None:
         return [_span(op, _HOST_PID, op.thread, op.start, op.end, op.name)]
     out: list[dict[str, Any]]

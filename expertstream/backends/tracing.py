@@ -71,6 +71,13 @@ class EventTracer:
                 _Pending(kind, name, nbytes, device, track, thread, issued - self._t0, blocked, start, end)
             )
 
+    def mark(self, name: str) -> None:
+        """A named moment on the host clock (OpKind.MARK), in the timeline with the operations."""
+        with self._lock:
+            thread = self._threads.setdefault(threading.get_ident(), len(self._threads))
+            now = time.perf_counter() - self._t0
+            self._done.append(TimelineOp(OpKind.MARK, name, now, now, thread, now))
+
     def timeline(self) -> tuple[TimelineOp, ...]:
         """Every traced operation so far; waits for the pending ones to finish."""
         with self._lock:

@@ -482,6 +482,7 @@ def _decode(
     steps = runner.batching.decode_steps
     if not steps:
         return [], [], 0, None, 0
+    backend.mark(f"{what}: prefill ends, decode begins")
     if settings.warmup:
         scheduler.run(_ticking(runner.decode_plan(experts, 0), progress, f"{what}, decode warm-up"))
     rings_before = weights.ring_stats()

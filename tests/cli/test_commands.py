@@ -299,3 +299,35 @@ def test_rows_of_mode_disk_have_a_note_of_their_own(make_row: Callable[..., Row]
     assert note is not None and note.startswith("reads from the drive (12 threads): ") and "the drive bounds it" in note
     assert ring_note([disk]) is None  # the mapping's copies bound no row of mode disk
     assert disk_note([make_row(host_memory="ring", ring_threads=12, ring_copy_pct=95.0)]) is None
+
+
+def test_the_trace_marks_where_decode_begins_with_nothing_of_prefill_in_flight(
+    backend_name: str, tiny_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "trace.json"
+    code, _, _ = _prefill(
+        capsys,
+        str(tiny_path),
+        "--backend",
+        backend_name,
+        *SMALL,
+        "-n",
+        "3",
+        "--slots",
+        "3",
+        "--host-memory",
+        "pinned",
+        "--trace",
+        str(trace),
+    )
+    assert code == 0
+    events = json.loads(trace.read_text())["traceEvents"]
+    marks = [e for e in events if e.get("cat") == "mark"]
+    assert [m["name"] for m in marks] == ["slots 3, pinned: prefill ends, decode begins"]
+    switch = marks[0]["ts"]
+    spans = [e for e in events if e.get("ph") == "X" and e["pid"] != 0]  # device operations
+    before = [e for e in spans if e["ts"] < switch]
+    after = [e for e in spans if e["ts"] >= switch]
+    assert before and after, "operations on both sides of the switch"
+    # The prefill's copies and kernels (its lookahead's included) have all ended when decode begins.
+    assert max(e["ts"] + e["dur"] for e in before) <= switch

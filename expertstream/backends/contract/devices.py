@@ -289,6 +289,11 @@ class Backend(abc.ABC, Closing):
         """Every operation with its start and end: always on the simulator, after start_trace() elsewhere."""
         return None if self._tracer is None else self._tracer.timeline()
 
+    def mark(self, name: str) -> None:
+        """Note the moment ``name`` (a phase of a run beginning) in the timeline, where one is kept."""
+        if self._tracer is not None:
+            self._tracer.mark(name)
+
     def start_trace(self) -> None:
         """Record every copy, memset and kernel from now on, for ``timeline``.
 

@@ -47,6 +47,9 @@ class SimBackend(Backend):
         """Every operation so far, in enqueue order (see expertstream.timeline for trace export)."""
         return self._sim.timeline()
 
+    def mark(self, name: str) -> None:
+        self._sim.mark(name)
+
     def host_time(self) -> float:
         """The calling thread's virtual clock in seconds."""
         return self._sim.clocks.now()

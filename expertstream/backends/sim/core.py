@@ -273,6 +273,12 @@ class Simulation:
             end = before + profile.disk_latency_s + nbytes * depth / profile.disk_rate(depth)
             self._host_op(OpKind.HOST_COPY, "disk read", before, self.clocks.advance_to(end), nbytes)
 
+    def mark(self, name: str) -> None:
+        """A named moment at the calling thread's virtual time (OpKind.MARK)."""
+        with self.lock:
+            now = self.clocks.now()
+            self._timeline.append(TimelineOp(OpKind.MARK, name, now, now, self.clocks.thread_index(), now))
+
     def _host_op(self, kind: OpKind, name: str, start: float, end: float, nbytes: int) -> None:
         self._timeline.append(
             TimelineOp(
