@@ -31,7 +31,7 @@ from ..engine import standin
 from ..errors import DeviceError, InvalidArgument
 from ..ggml import RowType
 from ..hostmem import DEFAULT_RING_CHUNK_BYTES, DEFAULT_RING_CHUNKS, RingFill, StagingRing, default_ring_threads
-from ..kernels import MoeKernels, layout
+from ..kernels import MoeKernels, layout, routing
 from ..kernels import reference as ref
 from ..kernels.layout import weight_format
 
@@ -674,13 +674,23 @@ def _kernels(
             3.0 * tokens,
         )
         if n_expert <= layout.ROUTER_MAX_EXPERTS and k <= layout.ROUTER_MAX_K:  # else the runner routes otherwise
+            # router_topk's two launches, each under its kernel's name (the simulator rates kernels by
+            # name): the logits first, whose bytes the selection then reads.
+            logits = y.view(0, ubatch * n_expert * 4)
             time(
-                "router_topk",
-                lambda: kernels.router_topk(
-                    stream, x.view(), router.view(), ubatch, n_embd, n_expert, k, ids_buf.view(), route.view()
+                "moe_router_logits",
+                lambda: routing.router_logits(
+                    kernels, stream, x.view(), router.view(), None, logits, ubatch, n_embd, n_expert
                 ),
                 2.0 * ubatch * n_embd * n_expert,
-                launches=2,  # the logits, then the selection
+            )
+            selected_softmax = routing.Routing(routing.Gating.SOFTMAX_WEIGHT, norm=False)
+            time(
+                "moe_router_select",
+                lambda: routing.router_select(
+                    kernels, stream, logits, None, selected_softmax, ubatch, n_expert, k, ids_buf.view(), route.view()
+                ),
+                8.0 * ubatch * n_expert * k,
             )
         n = pairs * n_ff
         time("moe_swiglu", lambda: kernels.swiglu(stream, x.view(), y.view(), z.view(), n), 4.0 * n)

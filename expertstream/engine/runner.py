@@ -354,16 +354,17 @@ class _Part(Closing):
 
     @property
     def device_bytes(self) -> int:
+        """What this part holds on its device, the kernels' scratch (grown by the runs so far) included."""
         scratch = self._scratch.buffers.values() if self._scratch is not None else ()
         blocks = self.blocks.device_bytes if self.blocks is not None else 0
-        return self._uploads.device_bytes + sum(buf.alloc_size for buf in scratch) + blocks
+        held = self._uploads.device_bytes + sum(buf.alloc_size for buf in scratch) + blocks
+        return held + self.kernels.scratch_bytes
 
     def device_memory(self) -> DeviceMemory:
-        """``device_bytes`` by what it holds, with the kernels' scratch (grown by the runs so far) too."""
+        """``device_bytes`` by what it holds."""
         weights = self._uploads.weight_bytes + (self.blocks.weight_bytes if self.blocks is not None else 0)
         kv = self.blocks.kv_cache_bytes if self.blocks is not None else 0
-        activations = self.device_bytes - weights - kv + self.kernels.scratch_bytes
-        return DeviceMemory(weights=weights, kv_cache=kv, activations=activations)
+        return DeviceMemory(weights=weights, kv_cache=kv, activations=self.device_bytes - weights - kv)
 
     def scratch(self) -> _Scratch:
         if self._scratch is None:

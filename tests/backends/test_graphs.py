@@ -114,3 +114,15 @@ def test_a_capture_refuses_an_allocation_on_its_device(backend: Backend) -> None
         assert not stream.capturing
     with device.alloc(64) as buf:  # after the capture, as before it
         assert buf.alloc_size >= 64
+
+
+def test_a_stream_closed_while_capturing_leaves_its_device_allocating() -> None:
+    with expertstream.backend("sim") as sim:
+        device = sim.device(0)
+        stream = device.stream()
+        stream.begin_capture()
+        with pytest.raises(BackendError):
+            device.alloc(64)
+        stream.close()  # error cleanup may close a capturing stream; its capture ends with it
+        with device.alloc(64) as buf:
+            assert buf.alloc_size >= 64

@@ -336,6 +336,7 @@ class SimStream(Stream):
 
     def _destroy(self) -> None:
         self.state.destroyed = True  # enqueued work still completes, as on a real device
+        self.sim_device.capturing_streams.discard(self.state.id)  # a capture ends with its stream
 
 
 def _argument_bytes(arg: Any) -> Any:
