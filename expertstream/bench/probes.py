@@ -684,11 +684,19 @@ def _kernels(
                 ),
                 2.0 * ubatch * n_embd * n_expert,
             )
-            selected_softmax = routing.Routing(routing.Gating.SOFTMAX_WEIGHT, norm=False)
             time(
                 "moe_router_select",
                 lambda: routing.router_select(
-                    kernels, stream, logits, None, selected_softmax, ubatch, n_expert, k, ids_buf.view(), route.view()
+                    kernels,
+                    stream,
+                    logits,
+                    None,
+                    routing.SELECTED_SOFTMAX,
+                    ubatch,
+                    n_expert,
+                    k,
+                    ids_buf.view(),
+                    route.view(),
                 ),
                 8.0 * ubatch * n_expert * k,
             )

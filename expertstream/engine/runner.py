@@ -7,9 +7,9 @@ for measuring the expert pipeline by itself, its MoE blocks alone around a weigh
 - ``router``: the whole model's block start (the token embeddings before the first block, the
   layer's attention added into the hidden state: blocks.py), then the norm before the FFN with the
   file's weights (the stand-in: a weightless RMS norm), then the architecture's routing (arch.py)
-  with the layer's device-resident router into the routing ids and weights of these tokens:
-  router_topk where a softmax over the selected logits is exact, else router logits (with
-  gpt-oss's router bias) and router_select (gating, selection bias, groups, norm, scale);
+  with the layer's device-resident router into the routing ids and weights of these tokens: router
+  logits (with gpt-oss's router bias), then router_select (gating, selection bias, groups, norm,
+  scale; a softmax over the selected logits where that is exact);
 - ``gate``: mul_mat_id over the layer's gate experts (+ per-expert biases where the file has them);
 - ``up``: mul_mat_id over the up experts (+ biases), then SwiGLU (gpt-oss: its clamped form);
 - ``down``: mul_mat_id over the down experts (one input row per (token, k) pair, + biases), the
@@ -929,19 +929,9 @@ class MoeRunner(Closing):
             standin.rms_norm(tokens.part.kernels, stream, tokens.hidden, x, tokens.count, model.n_embd)
         extras = tokens.part.extras[tokens.layer]
         route_weights = tokens.held_view("route_weights", 1)
-        if self.ffn.routing.is_softmax_topk and extras.router_bias is None and extras.selection_bias is None:
-            tokens.part.kernels.router_topk(
-                stream,
-                x,
-                bindings[ROUTER],
-                tokens.count,
-                model.n_embd,
-                model.n_expert,
-                model.top_k,
-                tokens.ids,
-                route_weights,
-            )
-            return
+        selection = self.ffn.routing
+        if selection.is_softmax_topk and extras.router_bias is None and extras.selection_bias is None:
+            selection = routing.SELECTED_SOFTMAX  # the same experts and weights in exact arithmetic, fewer operations
         logits = scratch.view("logits", tokens.count * model.n_expert * 4)
         routing.router_logits(
             tokens.part.kernels,
@@ -959,7 +949,7 @@ class MoeRunner(Closing):
             stream,
             logits,
             extras.selection_bias,
-            self.ffn.routing,
+            selection,
             tokens.count,
             model.n_expert,
             model.top_k,

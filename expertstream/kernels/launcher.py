@@ -576,8 +576,9 @@ class MoeKernels(Closing):
         fits_int32(call, x=n_tokens * n_embd, router=n_expert * n_embd)
         logits = self.scratch("router_topk", n_tokens * n_expert * 4)
         routing.router_logits(self, stream, x, router, None, logits, n_tokens, n_embd, n_expert)
-        selected_softmax = routing.Routing(routing.Gating.SOFTMAX_WEIGHT, norm=False)
-        routing.router_select(self, stream, logits, None, selected_softmax, n_tokens, n_expert, top_k, ids, weights)
+        routing.router_select(
+            self, stream, logits, None, routing.SELECTED_SOFTMAX, n_tokens, n_expert, top_k, ids, weights
+        )
 
     def close(self) -> None:
         """Free the instance's own scratch; work that uses it must be finished."""

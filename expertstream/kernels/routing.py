@@ -76,6 +76,11 @@ class Routing:
         return self.gating is Gating.SOFTMAX and self.norm and self.scale == 1.0 and self.n_group <= 1
 
 
+# Experts chosen by logit and weighted by a softmax over the chosen logits: what is_softmax_topk
+# routings compute exactly (MoeKernels.router_topk's selection).
+SELECTED_SOFTMAX = Routing(Gating.SOFTMAX_WEIGHT, norm=False)
+
+
 def router_logits(
     kernels: MoeKernels,
     stream: Stream,
