@@ -71,10 +71,11 @@ def model_file(args: argparse.Namespace, prog: str) -> Iterator[Path]:
         yield make_model(args.preset, args.qtype, Path(tmp) / "model.gguf", layers=args.layers)
 
 
-def open_backend(args: argparse.Namespace) -> Backend:
-    """The backend asked for; the simulator runs timing-only since the bytes are never checked."""
+def open_backend(args: argparse.Namespace, *, data: bool = False) -> Backend:
+    """The backend asked for; the simulator timing-only unless ``data`` (most benchmarks never
+    check the bytes)."""
     if args.profile or args.backend == "sim":
-        return expertstream.backend("sim", profile=args.profile, data=False)
+        return expertstream.backend("sim", profile=args.profile, data=data)
     return expertstream.backend(args.backend)
 
 

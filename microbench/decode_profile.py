@@ -21,13 +21,12 @@ from typing import Any
 
 from gguf import GGUFReader
 
-import expertstream
 from expertstream.engine.model import Model, _DecodeSteps
 from expertstream.engine.runner import MoeRunner
 from expertstream.model import MoeModel
 from expertstream.timeline import TimelineOp
 
-from ._common import Column, emit, model_arguments, model_file, parser, print_table
+from ._common import Column, emit, model_arguments, model_file, open_backend, parser, print_table
 
 COLUMNS = (
     Column("name", "operation"),
@@ -73,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.steps < 3:
         p.error("--steps must be at least 3: one compiles, one or more are timed, one is traced")
-    with _backend(args) as backend, model_file(args, "decode_profile") as path:
+    # With data on the simulator: the steps read their logits back.
+    with open_backend(args, data=True) as backend, model_file(args, "decode_profile") as path:
         result = profile(backend, Path(path), args)
     out = sys.stderr if args.json else sys.stdout
     print(
@@ -90,13 +90,6 @@ def main(argv: list[str] | None = None) -> int:
         file=out,
     )
     return 0
-
-
-def _backend(args: argparse.Namespace) -> Any:
-    """The backend asked for; the simulator with data, since the steps read their logits back."""
-    if args.profile or args.backend == "sim":
-        return expertstream.backend("sim", profile=args.profile)
-    return expertstream.backend(args.backend)
 
 
 def _cuda_profiler(*, start: bool) -> None:
