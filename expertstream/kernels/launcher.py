@@ -263,10 +263,8 @@ class MoeKernels(Closing):
         x_view = view(call, "x", x, x_rows * n_in * 4, 4)
         ids_view = view(call, "ids", ids, n_pairs * 4, 4)
         y_view = view(call, "y", y, n_pairs * n_out * 4, 4)
+        weights_view = None if route_weights is None else view(call, "route_weights", route_weights, n_pairs * 4)
         if gemv:
-            weights_arg = (
-                np.uint64(0) if route_weights is None else view(call, "route_weights", route_weights, n_pairs * 4)
-            )
             stream.launch(
                 self.kernel(fmt.gemv_kernel_name),
                 (-(-n_out // layout.GEMV_ROWS), n_pairs),
@@ -282,12 +280,11 @@ class MoeKernels(Closing):
                     _i32(top_k),
                     _i32(1 if x_per_pair else 0),
                     _i32(n_pairs),
-                    weights_arg,
+                    np.uint64(0) if weights_view is None else weights_view,
                 ),
             )
             return
         if direct:
-            weights_view = None if route_weights is None else view(call, "route_weights", route_weights, n_pairs * 4)
             name = fmt.direct_kernel_name(tile_m)
             self._direct(
                 stream,
