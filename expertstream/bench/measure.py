@@ -444,20 +444,25 @@ def _tier_fields(
     if weights.mode is not HostMemoryMode.DISK:
         return {}
     used = after - before if before is not None and after is not None else RingStats()  # no ring: all cached
-    from_ram = max(0, moved - used.bytes_staged // runs)
+    staged = used.bytes_staged // runs
     return {
-        "host_cache_bytes": from_ram,
+        "host_cache_bytes": max(0, moved - staged),
         "disk_bytes_read": used.bytes_filled // runs,
-        "host_cache_hit_pct": 100.0 * from_ram / moved if moved else 0.0,
+        "host_cache_hit_pct": _ram_share(moved, staged),
     }
 
 
-def _decode_tier_fields(weights: HostWeights, decode_bytes: int, disk_bytes: int) -> dict[str, Any]:
+def _decode_tier_fields(weights: HostWeights, decode_bytes: int, staged: int) -> dict[str, Any]:
     """Mode disk's tiers per repetition of the decode steps: the share of the used experts' bytes its
     host cache served (nothing outside mode disk, or without decode steps)."""
     if weights.mode is not HostMemoryMode.DISK or not decode_bytes:
         return {}
-    return {"decode_host_cache_hit_pct": 100.0 * max(0, decode_bytes - disk_bytes) / decode_bytes}
+    return {"decode_host_cache_hit_pct": _ram_share(decode_bytes, staged)}
+
+
+def _ram_share(moved: int, staged: int) -> float:
+    """Percent of ``moved`` bytes copied that the rings did not stage: the host cache served them."""
+    return 100.0 * max(0, moved - staged) / moved if moved else 0.0
 
 
 def _decode(
