@@ -27,8 +27,8 @@ GEMV_ROWS = GEMV_THREADS // GEMV_WAVE  # output rows per block of the matrix-vec
 GEMV_STAGE = 4096  # activation rows up to this many elements are staged in shared memory (gemv.cu)
 # Pairs up to which MoeKernels(device, gemv=True) takes the matrix-vector kernels: each pair reads
 # its expert's rows again, so past a few pairs per expert the tile kernels, which read a tile's
-# weights once for all its pairs, should win. Not yet measured.
-GEMV_MAX_PAIRS = 8  # threads per block of moe_round_x_direct
+# weights once for all its pairs, should win. 8 (one token's top-8) was not compared with other bounds.
+GEMV_MAX_PAIRS = 8
 DIRECT_ALIGN = 4  # bytes: the direct kernels read Q4_K blocks in 32-bit words
 QUANT_THREADS = 256  # threads per block of the activation quantizer (int8.cu), one per 32-element block
 QUANT_BLOCK = 32  # activation elements sharing one int8 scale
