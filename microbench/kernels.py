@@ -44,7 +44,7 @@ from gguf import GGMLQuantizationType
 
 from expertstream.backends.base import Backend, Device, DeviceBuffer, Stream
 from expertstream.bench.probes import Gate, back_to_back, expert_weights
-from expertstream.kernels import MoeKernels, layout
+from expertstream.kernels import MoeKernels
 from expertstream.kernels import reference as ref
 from expertstream.kernels.layout import FORMATS, MatrixPath, TileM, weight_format
 
@@ -163,7 +163,7 @@ def tiles_to_measure(
     if direct:
         if not kernels.uses_direct(w_type, n_in):
             return []
-        auto, have = layout.direct_tile_for(ubatch * TOP_K, N_EXPERT), layout.DIRECT_TILES
+        auto, have = fmt.direct_tile_for(ubatch * TOP_K, N_EXPERT), fmt.direct_tiles
     else:
         if path is MatrixPath.MMA and kernels.uses_direct(w_type, n_in):
             raise AssertionError("the mma family must not take the direct kernels")

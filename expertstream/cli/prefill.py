@@ -309,7 +309,7 @@ def register(subparsers: Any) -> None:
     prefill.add_argument(
         "--no-direct",
         action="store_true",
-        help="on the mma path, keep Q4_0 and Q4_K on the shared-tile kernels instead of the ones that decode "
+        help="on the mma path, keep Q4_0, Q4_K and Q6_K on the shared-tile kernels instead of the ones that decode "
         "weights straight into matrix fragments (NVIDIA sm_80+)",
     )
     prefill.add_argument(

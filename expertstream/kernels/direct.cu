@@ -1,5 +1,6 @@
-// mul_mat_id with the weights decoded straight into matrix fragments, for the 4-bit types whose
-// nibbles sit where NVIDIA's mma.sync m16n8k16 B fragments want them (Q4_0, Q4_K). Compiled
+// mul_mat_id with the weights decoded straight into matrix fragments, for the types whose quants of
+// four consecutive elements lie in one 32-bit word, where NVIDIA's mma.sync m16n8k16 B fragments
+// want them (Q4_0, Q4_K; Q6_K's in one word of low bits and one of high bits). Compiled
 // after the shared files, mma.cu and int8.cu as one source with them (block formats, padding_tail,
 // begin_tile, weight_row_bytes, pack_bf16x2, the bf16 fragment helpers); the instances at the end
 // are generated from layout.FORMATS by kernel_source().
@@ -7,24 +8,27 @@
 // The shared-tile kernels of mma.cu decode each weight row into a bf16 tile in shared memory and
 // then read it back into fragments: two barriers per 32 elements of k, every decoded weight
 // passing through shared memory. Here each lane decodes the four weights of its own B fragment
-// from one 32-bit word of quants, and no decoded weight is stored:
+// from one 32-bit word of quants (two for Q6_K), and no decoded weight is stored:
 //
 // - moe_round_x_direct, once per call, rounds the activations to bf16 (nearest even, as the
 //   shared-tile kernels round them) and writes each 16-element chunk of a row in fragment
 //   order: its 32-bit words (element pairs) 0..7 go to word positions 0, 4, 1, 5, 2, 6, 3, 7.
 //   Fragment slots 2c, 2c+1, 2c+8, 2c+9 of a chunk (lane c = lane % 4) then hold elements
 //   4c .. 4c+3, the four consecutive elements whose nibbles lie in one 32-bit word of a Q4_0
-//   or Q4_K block: a lane reads one word per chunk pair and never shuffles.
+//   or Q4_K block (whose low nibbles and high bits lie in one ql and one qh word of a Q6_K block):
+//   a lane reads one word per chunk pair (two per chunk pair for Q6_K) and never shuffles.
 // - Warp w owns weight rows 32w .. 32w+31 of the block's 128 in four n8 groups, and all TILE_M
 //   activation rows, so each weight is decoded exactly once per block.
 // - Per k step of DIRECT_K = 64 elements the block copies the step's activation rows (TILE_M x
 //   64 bf16, 16-byte copies into a swizzled tile) and each warp the step's raw bytes of its own
 //   32 weight rows (coalesced 4-byte copies) into shared memory: cp.async on sm_80+,
 //   double-buffered, so the next step's copies run during this step's products, one barrier
-//   per step.
+//   per step. Q6_K's 210-byte blocks put rows and blocks 2 bytes past a 4-byte boundary by
+//   turns: its words are copied from the boundary below and shifted into place when decoded.
 // - A weight is decoded with the float32 operations of decode_slice (the same values as the
 //   shared-tile kernels), rounded to bf16 and multiplied on the matrix unit with float32
-//   accumulation, k steps ascending and the four chunks of a step in k order.
+//   accumulation, k steps ascending and the four chunks of a step in k order (a Q6_K step takes
+//   two 32-element runs of its block 64 elements apart, see Direct<ES_TYPE_Q6_K>).
 //
 // Results do not depend on the tile a pair lands in: an output is the sum of its own
 // activation row times its own weight row, by the same instruction sequence whatever the
@@ -68,7 +72,8 @@
 // The direct kernels' launch bounds: their threads and, on NVIDIA, the blocks per multiprocessor the
 // compiler keeps registers for (0: no bound). Q4_K's 64-pair kernels took 178 registers (two
 // blocks); held to three blocks' worth (168, spilling 24-32 bytes) they ran 1.05-1.17x faster on the
-// H200. Q4_0's fit three blocks as they are, and ran 1-2% slower when held.
+// H200. Q4_0's fit three blocks as they are, and ran 1-2% slower when held. Q6_K's 64-pair kernels
+// fit three blocks as they are too (168 registers, no spills, from CUDA 13.0's ptxas for sm_90).
 #if defined(DIRECT_NVIDIA)
 #define DIRECT_BOUNDS(TYPE, TILE_M) MOE_DIRECT_THREADS, ((TYPE) == ES_TYPE_Q4_K && (TILE_M) == 64 ? 3 : 0)
 #else
@@ -99,10 +104,14 @@ extern "C" __global__ void __launch_bounds__(DIRECT_ROUND_THREADS)
 
 // ---------------------------------------------------------------------------------
 // Per-type fragment decoding. A warp stages, per k step, STEP_WORDS 32-bit words of each of its
-// 32 weight rows in shared memory: word w of a row comes from byte 4 w + step(ks, w >= FIXED_WORDS)
-// of the row. The first FIXED_WORDS words of a row (Q4_K's block header; Q4_0 has none) and the
-// rest take two different offsets per step, so each is copied as a group of its own whose copies all
-// add one value per step.
+// 32 weight rows in shared memory, in GROUPS groups: group i is words FIRST[i] .. FIRST[i + 1] - 1,
+// word w of it from byte 4 w + step(ks, i) of the row. Parts of a block that move differently from
+// step to step (Q4_K's header and its quants) are groups of their own, each copied by copies that all
+// add one value per step. Where rows are not whole words (Q6_K, not ALIGNED) each word is copied from
+// the 4-byte boundary at or below its byte, and the decoders shift the words down by the 2 bytes a
+// block may start past it.
+// The step's activations are elements x_at(ks) + x_part(h) .. + 7 of a row for the tile's 16-byte
+// parts h = 0..7 (64 consecutive elements but for Q6_K).
 // decode(row, c, ks, prep, part, b) turns the staged words of one row into lane c's B fragments
 // of chunks 2 part and 2 part + 1 of step ks's four 16-element chunks: b[0], b[1] are the (b0, b1)
 // registers of the first, b[2], b[3] of the second. With SPLIT the kernel decodes and multiplies
@@ -112,12 +121,25 @@ extern "C" __global__ void __launch_bounds__(DIRECT_ROUND_THREADS)
 
 template <int TYPE> struct Direct;
 
-// What a decoder needs of a row per step besides its quants (Q4_K: the two sub-blocks' scales and
-// mins). Four lanes decode each row, so one lane per row works it out (prepare) and leaves it in
-// shared memory for them, instead of all four working it out alike.
+// What a decoder needs of a row per step besides its quants (Prep: Q4_K the two sub-blocks' scales
+// and mins, Q6_K the four chunks' scales). Four lanes decode each row, so one lane per row works it
+// out (prepare, given where the row starts past a 4-byte boundary) and leaves it in shared memory for
+// them, instead of all four working it out alike.
 struct __attribute__((aligned(16))) DirectPrep {
     float scale[2];
     float min[2];
+};
+
+// What the types whose step is 64 consecutive elements of rows of whole words share.
+struct DirectContiguous {
+    typedef DirectPrep Prep;
+    static const bool ALIGNED = true;
+    __device__ static int x_at(int ks) {
+        return DIRECT_K * ks;
+    }
+    __device__ static int x_part(int part) {
+        return 8 * part;
+    }
 };
 
 // (h & mask) | 0x4B000000 in one instruction. Written as C, both constants are immediates, and
@@ -160,15 +182,16 @@ __device__ float pow2_minus_4p(int p) {  // 2^(-4p)
 // Two 32-element blocks per step (36 bytes, 4-byte aligned: rows hold whole pairs of blocks): d,
 // then qs[16] whose byte j holds element j (low nibble) and j + 16 (high). Lane c takes qs bytes
 // 4c .. 4c+3 of each block: elements 4c .. 4c+3 (chunk 2 blk) and 16 + 4c .. (chunk 2 blk + 1).
-template <> struct Direct<ES_TYPE_Q4_0> {
+template <> struct Direct<ES_TYPE_Q4_0> : DirectContiguous {
     static const int STEP_WORDS = 9;
     static const bool PREPARES = false;
     static const bool SPLIT = true;
-    static const int FIXED_WORDS = 0;
-    __device__ static int step(int ks, bool) {
+    static const int GROUPS = 1;
+    static constexpr int FIRST[GROUPS + 1] = {0, STEP_WORDS};
+    __device__ static int step(int ks, int) {
         return 36 * ks;
     }
-    __device__ static void prepare(const unsigned int*, int, DirectPrep*) {}
+    __device__ static void prepare(const unsigned int*, int, unsigned int, DirectPrep*) {}
     // 0 times a block's scale: +0 when it is finite, and then so is every value of the block.
     __device__ static float zero_times_scales(const unsigned char* block) {
         return 0.0f * half_to_float(*(const unsigned short*)block);
@@ -213,15 +236,16 @@ template <> struct Direct<ES_TYPE_Q4_0> {
 // scales[12] (words 0-3), then the group's 32 qs bytes (words 4-11), whose byte l holds element
 // 64g + l (low nibble, sub-block 2g) and 64g + 32 + l (high, sub-block 2g + 1). Lane c takes
 // words 4 + c (chunks 0 and 2) and 8 + c (chunks 1 and 3).
-template <> struct Direct<ES_TYPE_Q4_K> {
+template <> struct Direct<ES_TYPE_Q4_K> : DirectContiguous {
     static const int STEP_WORDS = 12;
     static const bool PREPARES = true;
     static const bool SPLIT = false;
     // Words 0-3 are the block's header, words 4-11 the group's quants at 16 + 32 g: byte 4 w either way
     // but for the group's 32 g.
-    static const int FIXED_WORDS = 4;
-    __device__ static int step(int ks, bool quants) {
-        return (ks / 4) * 144 + (quants ? 32 * (ks % 4) : 0);
+    static const int GROUPS = 2;
+    static constexpr int FIRST[GROUPS + 1] = {0, 4, STEP_WORDS};
+    __device__ static int step(int ks, int group) {
+        return (ks / 4) * 144 + (group == 1 ? 32 * (ks % 4) : 0);
     }
     // 0 times a block's d and dmin: +0 when both are finite, and then so is every value of the block.
     __device__ static float zero_times_scales(const unsigned char* block) {
@@ -243,7 +267,7 @@ template <> struct Direct<ES_TYPE_Q4_K> {
         }
     }
     // Sub-blocks 2g and 2g + 1: d * scale and dmin * min of each.
-    __device__ static void prepare(const unsigned int* row, int ks, DirectPrep* prep) {
+    __device__ static void prepare(const unsigned int* row, int ks, unsigned int, DirectPrep* prep) {
         const int group = ks % 4;
         const float d = half_to_float(row[0] & 0xffffu);
         const float dmin = half_to_float(row[0] >> 16);
@@ -276,6 +300,130 @@ template <> struct Direct<ES_TYPE_Q4_K> {
             }
             b[2 * word + 0] = pack_bf16x2(v[0], v[1]);
             b[2 * word + 1] = pack_bf16x2(v[2], v[3]);
+        }
+    }
+};
+
+// The 32-bit word at byte 4 k + shift / 8 of staged words (shift 0 or 16), in one funnel shift.
+__device__ unsigned int direct_word_at(const unsigned int* words, int k, unsigned int shift) {
+#if defined(DIRECT_NVIDIA)
+    unsigned int out;
+    asm("shf.r.clamp.b32 %0, %1, %2, %3;" : "=r"(out) : "r"(words[k]), "r"(words[k + 1]), "r"(shift));
+    return out;
+#else
+    return (unsigned int)((((unsigned long long)words[k + 1] << 32) | words[k]) >> shift);
+#endif
+}
+
+// 2^23 + byte I of v as a float, without an integer-to-float conversion (a slow unit) or a shift:
+// one byte permutation puts the byte under the exponent's bits.
+template <int I>
+__device__ float byte_plus_2_23(unsigned int v) {
+#if defined(DIRECT_NVIDIA)
+    unsigned int exponent;
+    asm("mov.b32 %0, 0x4B000000;" : "=r"(exponent));
+    unsigned int out;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(out) : "r"(v), "r"(exponent), "n"(0x7540 | I));  // v.I, 0, 0, 0x4B
+    return bits_to_float(out);
+#else
+    return bits_to_float(((v >> (8 * I)) & 0xffu) | 0x4B000000u);
+#endif
+}
+
+// Q6_K's Prep: d times the scale of each of the step's four chunks, and the shift that brings the
+// step's staged words down to the block's bytes (16 where the block starts 2 bytes past a 4-byte
+// boundary, else 0).
+struct __attribute__((aligned(16))) DirectScales {
+    float scale[4];
+    unsigned int shift;
+};
+
+// Q6_K: ql[128] qh[64] scales[16] d in 210-byte blocks, element 128 n + 32 r + l (half n, slice r)
+// the low (r < 2) or high nibble of ql byte 64 n + 32 (r % 2) + l and bits 2r, 2r + 1 of qh byte
+// 32 n + l, times d * scales[8 n + 2 r + l / 16]. Step ks (group g = ks % 4 = 2 n + p of its block)
+// takes slices p and p + 2 of half n rather than 64 consecutive elements: their quants share the 32
+// ql bytes 64 n + 32 p .. (low nibbles, then high), so a step stages 32 ql bytes instead of 64.
+// Chunks 0, 1 are slice p, chunks 2, 3 slice p + 2: the activations come from x_at(ks) = 256 b + 128 n
+// + 32 p on, parts 4-7 from 64 elements further (moe_round_x_direct's order is per 16-element chunk,
+// so a chunk's fragment order holds wherever it comes from). Results are summed in this order on
+// every tile height alike.
+// Staged: words 0-8 the ql bytes, 9-17 qh bytes 32 n .. (block byte 128 + 32 n), 18-22 the scales
+// and d (byte 192 on), each run one word longer than its bytes, for the block's 2-byte offset; each
+// run is copied as a group of 8 or 4 words and a group of 1, so that a warp's copies of a group hold
+// whole rows. Lane c takes ql and qh words c (chunks 0 and 2) and 4 + c (chunks 1 and 3).
+template <> struct Direct<ES_TYPE_Q6_K> {
+    typedef DirectScales Prep;
+    static const int STEP_WORDS = 23;
+    static const bool ALIGNED = false;
+    static const bool PREPARES = true;
+    static const bool SPLIT = true;
+    static const int GROUPS = 6;
+    static constexpr int FIRST[GROUPS + 1] = {0, 8, 9, 17, 18, 22, STEP_WORDS};
+    static const int QH_WORD = 9;
+    static const int TAIL_WORD = 18;
+    __device__ static int step(int ks, int group) {
+        const int block = BlockFormat<ES_TYPE_Q6_K>::bytes * (ks / 4);
+        const int g = ks % 4;
+        if (group < 2) {
+            return block + 32 * g;
+        }
+        return group < 4 ? block + 128 + 32 * (g / 2) - 4 * QH_WORD : block + 192 - 4 * TAIL_WORD;
+    }
+    __device__ static int x_at(int ks) {
+        return DIRECT_K * ks - 32 * (ks % 2);
+    }
+    __device__ static int x_part(int part) {
+        return 8 * part + 32 * (part / 4);
+    }
+    // 0 times a block's d: +0 when it is finite, and then so is every value of the block.
+    __device__ static float zero_times_scales(const unsigned char* block) {
+        return 0.0f * half_to_float(*(const unsigned short*)(block + 208));
+    }
+    // The 16 bits at byte x (even) of the staged scales and d.
+    __device__ static unsigned int tail_half(const unsigned int* row, unsigned int x) {
+        return (row[TAIL_WORD + x / 4] >> (8 * (x % 4))) & 0xffffu;
+    }
+    __device__ static float signed_byte(unsigned int b) {
+        const int v = (int)(b & 0xffu);
+        return (float)(v >= 128 ? v - 256 : v);
+    }
+    // decode_slice's d * scale of the step's four chunks: scales 8 n + 2 p, + 1 (slice p) and
+    // 8 n + 2 p + 4, + 5 (slice p + 2).
+    __device__ static void prepare(const unsigned int* row, int ks, unsigned int row_at, DirectScales* prep) {
+        const int g = ks % 4;
+        const unsigned int at = (row_at + (unsigned int)step(ks, 0)) & 3u;  // 0 or 2
+        const float d = half_to_float(tail_half(row, 16 + at));
+        const unsigned int first = 8 * (g / 2) + 2 * (g % 2) + at;
+        const unsigned int low = tail_half(row, first);
+        const unsigned int high = tail_half(row, first + 4);
+        DirectScales out;
+        out.scale[0] = d * signed_byte(low);
+        out.scale[1] = d * signed_byte(low >> 8);
+        out.scale[2] = d * signed_byte(high);
+        out.scale[3] = d * signed_byte(high >> 8);
+        out.shift = 8 * at;
+        *prep = out;
+    }
+    // Part 0 (chunks 0, 1): the low nibbles and qh bits 2p, 2p + 1; part 1 (chunks 2, 3): the high
+    // nibbles and bits 2p + 4, 2p + 5. The four 6-bit quants are put together in the four bytes of one
+    // word, each byte then made a float by one permutation: dl (q - 32) = dl ((2^23 + q) - (2^23 + 32)),
+    // the subtraction exact, as decode_slice's integer one is.
+    __device__ static void decode(const unsigned int* row, int c, int ks, const DirectScales& prep, int part,
+                                  unsigned int* b) {
+        const int p = ks % 2;
+#pragma unroll
+        for (int word = 0; word < 2; ++word) {  // chunk 2 * part + word
+            const unsigned int ql = direct_word_at(row, 4 * word + c, prep.shift);
+            const unsigned int qh = direct_word_at(row, QH_WORD + 4 * word + c, prep.shift);
+            const unsigned int q = part == 0 ? (ql & 0x0f0f0f0fu) | ((qh << (4 - 2 * p)) & 0x30303030u)
+                                             : ((ql >> 4) & 0x0f0f0f0fu) | ((qh >> (2 * p)) & 0x30303030u);
+            const float dl = prep.scale[2 * part + word];
+            const float v0 = dl * (byte_plus_2_23<0>(q) - 8388640.0f);
+            const float v1 = dl * (byte_plus_2_23<1>(q) - 8388640.0f);
+            const float v2 = dl * (byte_plus_2_23<2>(q) - 8388640.0f);
+            const float v3 = dl * (byte_plus_2_23<3>(q) - 8388640.0f);
+            b[2 * word + 0] = pack_bf16x2(v0, v1);
+            b[2 * word + 1] = pack_bf16x2(v2, v3);
         }
     }
 };
@@ -466,6 +614,11 @@ __device__ const unsigned char* direct_row(const unsigned char* w_expert, const 
     return base + (long long)(*inside ? n : n_out - 1) * row_bytes;
 }
 
+// p rounded down to a 4-byte boundary.
+__device__ const unsigned char* direct_word_base(const unsigned char* p) {
+    return p - ((unsigned long long)p & 3u);
+}
+
 // A warp's copies of one group of its rows' staged words: words F .. F + G - 1 of each of its 32
 // weight rows (rows of STEP words in the stage), one word per lane and copy, coalesced: copy r of
 // a lane takes word F + (lane + 32 r) % G of row (lane + 32 r) / G. Either the group is the whole
@@ -473,13 +626,16 @@ __device__ const unsigned char* direct_row(const unsigned char* w_expert, const 
 // 32 r / G ..); both ways copy r lands STRIDE words after copy r - 1, so a copy's place in the
 // stage is a constant offset from its lane's. Where it reads from is fixed but for the step: an
 // offset within its tensor's expert, and for the gate/up kernels which tensor (the warp's rows 16
-// .. 31 are the up tensor's): known per copy where copies hold whole rows, else held in bit 31.
-template <int F, int G, int STEP, bool GATE_UP>
+// .. 31 are the up tensor's): known per copy where each copy holds whole rows of one half of the
+// warp's (G >= 2), else held in bit 31. The
+// offsets count from the experts' starts rounded down to a 4-byte boundary (direct_word_base), which
+// copy() is given; for types not ALIGNED each copy's address is rounded down too.
+template <int F, int G, int STEP, bool ALIGNED, bool GATE_UP>
 struct DirectWordCopies {
-    static const int WORDS = G > 0 ? G : 1;  // G, or 1 for an empty group, which copies nothing
-    static_assert(G == STEP || 32 % WORDS == 0, "copies a constant stride apart in the stage");
+    static const int WORDS = G;
+    static_assert(G > 0 && (G == STEP || 32 % G == 0), "copies a constant stride apart in the stage");
     static const int STRIDE = G == STEP ? 32 : 32 / WORDS * STEP;
-    static const bool WHOLE_ROWS = 32 % WORDS == 0;
+    static const bool ONE_TENSOR = 32 % G == 0 && G >= 2;  // per copy
     unsigned int from[WORDS];
 
     __device__ static int row(int lane, int r) {
@@ -500,23 +656,50 @@ struct DirectWordCopies {
             const unsigned char* at =
                 direct_row<GATE_UP>(w_expert, w2_expert, 32 * warp + row(lane, r), n0, n_out, row_bytes, &inside);
             const bool up = second(lane, r);
-            from[r] = (unsigned int)(at - (up ? w2_expert : w_expert)) + 4u * (F + (lane + 32 * r) % WORDS);
-            if (!WHOLE_ROWS && up) {
+            const unsigned char* base = direct_word_base(up ? w2_expert : w_expert);
+            from[r] = (unsigned int)(at - base) + 4u * (F + (lane + 32 * r) % WORDS);
+            if (!ONE_TENSOR && up) {
                 from[r] |= 0x80000000u;
             }
         }
     }
-    // Copies this step's words (step_bytes into each row) to the warp's stage.
-    __device__ void copy(unsigned int* stage, int lane, const unsigned char* w_expert, const unsigned char* w2_expert,
+    // Copies this step's words (step_bytes into each row) to the warp's stage; w_words, w2_words: the
+    // experts' starts rounded down to a 4-byte boundary.
+    __device__ void copy(unsigned int* stage, int lane, const unsigned char* w_words, const unsigned char* w2_words,
                          int step_bytes) const {
         unsigned int* to = stage + stage_at(lane);
 #pragma unroll
         for (int r = 0; r < G; ++r) {
-            const bool up = WHOLE_ROWS ? second(0, r) : (from[r] & 0x80000000u) != 0;
-            const unsigned int offset = WHOLE_ROWS ? from[r] : from[r] & 0x7fffffffu;
-            direct_copy4(to + STRIDE * r, (up ? w2_expert : w_expert) + offset + step_bytes);
+            const bool up = ONE_TENSOR ? second(0, r) : (from[r] & 0x80000000u) != 0;
+            const unsigned int offset = (ONE_TENSOR ? from[r] : from[r] & 0x7fffffffu) + step_bytes;
+            direct_copy4(to + STRIDE * r, (up ? w2_words : w_words) + (ALIGNED ? offset : offset & ~3u));
         }
     }
+};
+
+// The copies of every group of a type's staged words: group I's, then those of the groups after it.
+template <int TYPE, int I, bool GATE_UP, bool END = I == Direct<TYPE>::GROUPS>
+struct DirectStageCopies {
+    typedef Direct<TYPE> D;
+    DirectWordCopies<D::FIRST[I], D::FIRST[I + 1] - D::FIRST[I], D::STEP_WORDS, D::ALIGNED, GATE_UP> group;
+    DirectStageCopies<TYPE, I + 1, GATE_UP> rest;
+
+    __device__ void set(int lane, int warp, const unsigned char* w_expert, const unsigned char* w2_expert, int n0,
+                        int n_out, long long row_bytes) {
+        group.set(lane, warp, w_expert, w2_expert, n0, n_out, row_bytes);
+        rest.set(lane, warp, w_expert, w2_expert, n0, n_out, row_bytes);
+    }
+    __device__ void copy(unsigned int* stage, int lane, const unsigned char* w_words, const unsigned char* w2_words,
+                         int ks) const {
+        group.copy(stage, lane, w_words, w2_words, D::step(ks, I));
+        rest.copy(stage, lane, w_words, w2_words, ks);
+    }
+};
+
+template <int TYPE, int I, bool GATE_UP>
+struct DirectStageCopies<TYPE, I, GATE_UP, true> {
+    __device__ void set(int, int, const unsigned char*, const unsigned char*, int, int, long long) {}
+    __device__ void copy(unsigned int*, int, const unsigned char*, const unsigned char*, int) const {}
 };
 
 template <int TYPE, int TILE_M, bool GATE_UP>
@@ -535,7 +718,7 @@ __device__ void mul_mat_id_direct_tile(const unsigned char* __restrict__ w, cons
 
     __shared__ __attribute__((aligned(16))) unsigned short x_tile[2][TILE_M * DIRECT_K];
     __shared__ unsigned int w_stage[2][DIRECT_WARPS][W_WORDS];
-    __shared__ DirectPrep w_prep[DIRECT_WARPS][32];  // this step's, per weight row of the warp
+    __shared__ typename D::Prep w_prep[DIRECT_WARPS][32];  // this step's, per weight row of the warp
     __shared__ int src_row[TILE_M];
     __shared__ int dst_row[TILE_M];
     __shared__ float tail[MOE_TILE_N];
@@ -561,6 +744,14 @@ __device__ void mul_mat_id_direct_tile(const unsigned char* __restrict__ w, cons
         const unsigned char* row = direct_row<GATE_UP>(w_expert, w2_expert, tid, n0, n_out, row_bytes, &inside);
         tail[tid] = inside ? direct_padding_tail<TYPE>(row, n_in) : 0.0f;  // read after the k loop's barriers
     }
+    // Where the weight row this lane prepares (row `lane` of the warp's) starts past a 4-byte boundary.
+    unsigned int row_at;
+    {
+        bool inside;
+        const unsigned char* row =
+            direct_row<GATE_UP>(w_expert, w2_expert, 32 * warp + lane, n0, n_out, row_bytes, &inside);
+        row_at = (unsigned int)((unsigned long long)row & 3u);
+    }
     // The routing weights, read after the k loop's barriers. Loaded here, while the block's first
     // copies are in flight: read in the epilogue straight from global memory, each output row of a
     // lane waited for its own load, and the down projection's epilogue was a run of such waits.
@@ -570,15 +761,11 @@ __device__ void mul_mat_id_direct_tile(const unsigned char* __restrict__ w, cons
         }
     }
 
-    // Each warp stages the words of its own 32 weight rows, the fixed words and the moving ones.
-    DirectWordCopies<0, D::FIXED_WORDS, D::STEP_WORDS, GATE_UP> fixed;
-    DirectWordCopies<D::FIXED_WORDS, D::STEP_WORDS - D::FIXED_WORDS, D::STEP_WORDS, GATE_UP> moving;
-    fixed.set(lane, warp, w_expert, w2_expert, n0, n_out, row_bytes);
-    moving.set(lane, warp, w_expert, w2_expert, n0, n_out, row_bytes);
-    auto copy_w = [&](int ks, int buf) {
-        fixed.copy(w_stage[buf][warp], lane, w_expert, w2_expert, D::step(ks, false));
-        moving.copy(w_stage[buf][warp], lane, w_expert, w2_expert, D::step(ks, true));
-    };
+    // Each warp stages the words of its own 32 weight rows, group by group.
+    const unsigned char* w_words = direct_word_base(w_expert);
+    const unsigned char* w2_words = direct_word_base(w2_expert);
+    DirectStageCopies<TYPE, 0, GATE_UP> stage;
+    stage.set(lane, warp, w_expert, w2_expert, n0, n_out, row_bytes);
     // This thread's activation copies: part x_part of tile rows x_row + X_ROWS r, from xb's element
     // x_from[r] on (empty slots read the tile's first pair). Held across the k loop, where
     // registers are scarce: 32-bit offsets rather than pointers, and the rows' places in the
@@ -592,14 +779,14 @@ __device__ void mul_mat_id_direct_tile(const unsigned char* __restrict__ w, cons
     for (int r = 0; r < X_COPIES; ++r) {
         const int m = x_row + X_ROWS * r;
         const int src = src_row[m] >= 0 ? src_row[m] : src_row[0];
-        x_from[r] = (unsigned int)src * (unsigned int)n_in + 8u * x_part;
+        x_from[r] = (unsigned int)src * (unsigned int)n_in + (unsigned int)D::x_part(x_part);
     }
     auto copy_step = [&](int ks, int buf) {
 #pragma unroll
         for (int r = 0; r < X_COPIES; ++r) {
-            direct_copy16(x_tile[buf] + x_to + X_ROWS * DIRECT_K * r, xb + x_from[r] + ks * DIRECT_K);
+            direct_copy16(x_tile[buf] + x_to + X_ROWS * DIRECT_K * r, xb + x_from[r] + D::x_at(ks));
         }
-        copy_w(ks, buf);
+        stage.copy(w_stage[buf][warp], lane, w_words, w2_words, ks);
         direct_copies_commit();
     };
 
@@ -628,7 +815,7 @@ __device__ void mul_mat_id_direct_tile(const unsigned char* __restrict__ w, cons
         if (D::PREPARES) {
             // Read by the warp's lanes in this step only: the next step's writes come after the
             // block's next barrier.
-            D::prepare(&w_stage[buf][warp][lane * D::STEP_WORDS], ks, &w_prep[warp][lane]);
+            D::prepare(&w_stage[buf][warp][lane * D::STEP_WORDS], ks, row_at, &w_prep[warp][lane]);
             direct_syncwarp();
         }
         if (D::SPLIT) {

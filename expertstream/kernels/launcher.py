@@ -18,7 +18,7 @@ otherwise. ``MoeKernels(device, path)`` asks for one path for every type (types 
 int8 kernel take MMA when INT8 is asked for); ``path_for`` says which one a type takes. On
 one device and path, outputs are byte-identical however the pairs are grouped into tiles.
 
-On the MMA path, Q4_0 and Q4_K rows (of a multiple of 64 elements) take the direct-decode kernels
+On the MMA path, Q4_0, Q4_K and Q6_K rows (of a multiple of 64 elements) take the direct-decode kernels
 of direct.cu where the device has ``Capabilities.mma_fragments`` (NVIDIA sm_80+), whatever the
 number of pairs (``uses_direct``; ``MoeKernels(device, direct=False)`` keeps the shared-tile
 kernels). Only those kernels have the fused forms: ``gate_up`` (gate, up and SwiGLU in one pass)
@@ -170,7 +170,7 @@ class MoeKernels(Closing):
         """The tile height mul_mat_id picks for this type, number of pairs and experts, and rows of
         ``n_in`` elements (which decide whether a direct-decode kernel fits)."""
         if self.uses_direct(w_type, n_in):
-            return layout.direct_tile_for(n_pairs, n_expert)
+            return weight_format(w_type).direct_tile_for(n_pairs, n_expert)
         return weight_format(w_type).tile_for(n_pairs, n_expert, self.path_for(w_type))
 
     def mul_mat_id_kernel(self, w_type: RowType, n_pairs: int, n_expert: int, n_in: int) -> str:
@@ -246,7 +246,7 @@ class MoeKernels(Closing):
                 call=call,
                 hint="check uses_direct() first, or scale the rows afterwards (weighted_sum)",
             )
-        tiles_here = layout.DIRECT_TILES if direct else fmt.tiles_on(path)
+        tiles_here = fmt.direct_tiles if direct else fmt.tiles_on(path)
         if tile_m is None:
             tile_m = self.tile_for(w_type, n_pairs, n_expert, n_in)
         elif tile_m not in tiles_here:
@@ -374,9 +374,9 @@ class MoeKernels(Closing):
             )
         n_pairs = n_tokens * top_k
         if tile_m is None:
-            tile_m = layout.direct_tile_for(n_pairs, n_expert)
-        elif tile_m not in layout.DIRECT_TILES:
-            shown = ", ".join(str(int(t)) for t in layout.DIRECT_TILES)
+            tile_m = fmt.direct_tile_for(n_pairs, n_expert)
+        elif tile_m not in fmt.direct_tiles:
+            shown = ", ".join(str(int(t)) for t in fmt.direct_tiles)
             raise InvalidArgument(f"no {int(tile_m)}-row tile for gate_up", call=call, hint=f"tile heights: {shown}")
         w_bytes = padded_size(n_expert * n_out * fmt.row_bytes(n_in), fmt.qtype, n_in)
         weights = tuple(

@@ -29,7 +29,7 @@ GEMV_STAGE = 4096  # activation rows up to this many elements are staged in shar
 # its expert's rows again, so past a few pairs per expert the tile kernels, which read a tile's
 # weights once for all its pairs, should win. 8 (one token's top-8) was not compared with other bounds.
 GEMV_MAX_PAIRS = 8
-DIRECT_ALIGN = 4  # bytes: the direct kernels read Q4_K blocks in 32-bit words
+DIRECT_ALIGN = 4  # bytes: the direct kernels copy weights in 32-bit words (Q6_K's from the word at or below)
 QUANT_THREADS = 256  # threads per block of the activation quantizer (int8.cu), one per 32-element block
 QUANT_BLOCK = 32  # activation elements sharing one int8 scale
 SCRATCH_ALIGN = 16  # bytes: a scratch given to mul_mat_id starts at a multiple of this
@@ -86,7 +86,7 @@ class MatrixPath(enum.Enum):
 
 MMA_TILES = (TileM.SHORT, TileM.TALL)  # every type has both heights on matrix cores
 INT8_TILES = (TileM.SHORT, TileM.TALL, TileM.TALLEST)  # for the types with an int8 kernel
-DIRECT_TILES = (TileM.SHORT, TileM.TALL, TileM.TALLEST)  # for the types with a direct-decode kernel
+DIRECT_TILES = (TileM.SHORT, TileM.TALL, TileM.TALLEST)  # the heights a direct-decode kernel may have
 
 # The path mul_mat_id takes per weight type on devices with int8 matrix instructions
 # (Capabilities.int8_matrix_cores); types not listed take the bf16 matrix-core path. Only types with
@@ -108,7 +108,14 @@ class WeightFormat:
     tiles: tuple[TileM, ...]  # the tile heights compiled for this type
     unit_bytes: int = 2  # the kernel reads the tensor in units of this many bytes: w is aligned to it
     int8: bool = False  # whether int8.cu has a kernel for this type (MatrixPath.INT8)
-    direct: bool = False  # whether direct.cu has kernels for this type (the MMA path on mma_fragments devices)
+    # The tile heights of direct.cu's kernels for this type (the MMA path on mma_fragments devices); none
+    # where it has none.
+    direct_tiles: tuple[TileM, ...] = ()
+
+    @property
+    def direct(self) -> bool:
+        """Whether direct.cu has kernels for this type."""
+        return bool(self.direct_tiles)
 
     @property
     def quantized(self) -> bool:
@@ -157,6 +164,11 @@ class WeightFormat:
         """Whether the direct kernels take rows of ``n_in`` elements (whole k steps)."""
         return self.direct and n_in % DIRECT_K == 0
 
+    def direct_tile_for(self, n_pairs: int, n_expert: int) -> TileM:
+        """The direct-decode kernel's tile height for this many (token, k) pairs per expert."""
+        tiles = [t for t in self.direct_tiles if n_pairs >= DIRECT_TILE_MIN_PAIRS_PER_EXPERT.get(t, 0) * n_expert]
+        return max(tiles, default=TileM.SHORT)
+
     def tile_for(self, n_pairs: int, n_expert: int, path: MatrixPath = MatrixPath.SIMT) -> TileM:
         """The tile height that runs faster for this many (token, k) pairs per expert."""
         if path is MatrixPath.INT8:
@@ -168,41 +180,37 @@ class WeightFormat:
         return TileM.SHORT
 
 
-def direct_tile_for(n_pairs: int, n_expert: int) -> TileM:
-    """The direct-decode kernel's tile height for this many (token, k) pairs per expert."""
-    tiles = [t for t in DIRECT_TILES if n_pairs >= DIRECT_TILE_MIN_PAIRS_PER_EXPERT.get(t, 0) * n_expert]
-    return max(tiles, default=TileM.SHORT)
-
-
 def _format(
     qtype: GGMLQuantizationType,
     tiles: tuple[TileM, ...] = (TileM.SHORT,),
     unit_bytes: int = 2,
     int8: bool = False,
-    direct: bool = False,
+    direct_tiles: tuple[TileM, ...] = (),
 ) -> WeightFormat:
     block_elements, block_bytes = GGML_QUANT_SIZES[qtype]
-    return WeightFormat(qtype, qtype.name.lower(), block_elements, block_bytes, tiles, unit_bytes, int8, direct)
+    return WeightFormat(qtype, qtype.name.lower(), block_elements, block_bytes, tiles, unit_bytes, int8, direct_tiles)
 
 
 _T = GGMLQuantizationType
 _BOTH = (TileM.SHORT, TileM.TALL)
 
 # Types not measured on the H200 compile the short tile only. MXFP4 blocks take 17 bytes
-# and F32 elements 4, so those two are read in bytes and in 32-bit words.
+# and F32 elements 4, so those two are read in bytes and in 32-bit words. Q6_K's direct kernels
+# stage 23 words of each weight row per k step (Q4_K's 12): a 128-pair tile would need more than the
+# 48 KiB of static shared memory a block may have.
 FORMATS: dict[GGMLQuantizationType, WeightFormat] = {
     f.qtype: f
     for f in (
-        _format(_T.Q4_0, _BOTH, int8=True, direct=True),
+        _format(_T.Q4_0, _BOTH, int8=True, direct_tiles=DIRECT_TILES),
         _format(_T.Q4_1),
         _format(_T.Q5_0),
         _format(_T.Q5_1),
         _format(_T.Q8_0),
         _format(_T.Q2_K),
         _format(_T.Q3_K),
-        _format(_T.Q4_K, int8=True, direct=True),
+        _format(_T.Q4_K, int8=True, direct_tiles=DIRECT_TILES),
         _format(_T.Q5_K),
-        _format(_T.Q6_K),
+        _format(_T.Q6_K, direct_tiles=_BOTH),
         _format(_T.IQ1_S),
         _format(_T.IQ1_M),
         _format(_T.IQ2_XXS),

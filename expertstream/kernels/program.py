@@ -80,10 +80,9 @@ def _instances(fmt: WeightFormat) -> Iterator[tuple[str, str]]:
     for path, macro in _INSTANCE_MACROS:
         for tile in fmt.tiles_on(path):
             yield _instance(fmt.kernel_name(tile, path), macro, qtype, tile)
-    if fmt.direct:
-        for tile in layout.DIRECT_TILES:
-            yield _instance(fmt.direct_kernel_name(tile), "MOE_MUL_MAT_ID_DIRECT", qtype, tile)
-            yield _instance(fmt.direct_kernel_name(tile, gate_up=True), "MOE_GATE_UP_DIRECT", qtype, tile)
+    for tile in fmt.direct_tiles:
+        yield _instance(fmt.direct_kernel_name(tile), "MOE_MUL_MAT_ID_DIRECT", qtype, tile)
+        yield _instance(fmt.direct_kernel_name(tile, gate_up=True), "MOE_GATE_UP_DIRECT", qtype, tile)
     yield fmt.gemv_kernel_name, f"MOE_MUL_MAT_VEC_ID({fmt.gemv_kernel_name}, {qtype})"
     name = fmt.get_rows_kernel_name
     yield name, f"DENSE_GET_ROWS({name}, {qtype})"

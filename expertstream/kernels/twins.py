@@ -510,9 +510,7 @@ def twin_specs() -> list[KernelSpec]:
         )
     )
     for fmt in FORMATS.values():
-        if not fmt.direct:
-            continue
-        for tile_m in layout.DIRECT_TILES:
+        for tile_m in fmt.direct_tiles:
             for gate_up in (False, True):
                 specs.append(
                     KernelSpec(

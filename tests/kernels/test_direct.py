@@ -15,7 +15,7 @@ from expertstream.backends.base import Device, Stream
 from expertstream.errors import InvalidArgument
 from expertstream.kernels import MoeKernels
 from expertstream.kernels import reference as ref
-from expertstream.kernels.layout import DIRECT_TILES, FORMATS, MatrixPath
+from expertstream.kernels.layout import FORMATS, MatrixPath, TileM
 
 from . import tensors
 from .tensors import Shape
@@ -35,7 +35,7 @@ def test_tiles_match_reference_and_each_other(
     shape = Shape(n_expert=5, n_out=200, n_in=768, n_tokens=40, top_k=4, x_per_pair=True)
     _direct_kernels(kernels, w_type, shape.n_in)
     problem = tensors.make_problem(device, rng, w_type, shape, tensors.distinct_ids(rng, 40, 4, np.arange(5)))
-    outputs = [tensors.run(kernels, stream, problem, tile_m=tile) for tile in DIRECT_TILES]
+    outputs = [tensors.run(kernels, stream, problem, tile_m=tile) for tile in FORMATS[w_type].direct_tiles]
     err = ref.relative_error(outputs[0], problem.reference())
     assert err < ref.mul_mat_id_rtol(MatrixPath.MMA), err
     assert all(y.tobytes() == outputs[0].tobytes() for y in outputs)
@@ -117,3 +117,18 @@ def test_activations_past_32_bit_offsets_are_refused() -> None:
                 small = n_tokens // 2  # 2^31 elements: taken
                 kernels.mul_mat_id(stream, w, w_type, n_expert, n_out, n_in, x, True, ids, small, top_k, y)
                 stream.synchronize()
+
+
+def test_q6_k_takes_the_64_pair_tile_where_others_take_128(device: Device, stream: Stream) -> None:
+    """Q6_K's direct kernels stop at 64 pairs a tile (a 128-pair one would pass 48 KiB of static shared
+    memory): at 256 pairs per expert Q4_K takes 128, Q6_K 64, and a 128-pair tile asked for is refused."""
+    w_type = GGMLQuantizationType.Q6_K
+    with MoeKernels(device) as kernels, device.alloc(1 << 20) as buf:
+        _direct_kernels(kernels, w_type, 768)
+        n_expert = 8
+        assert kernels.tile_for(GGMLQuantizationType.Q4_K, 256 * n_expert, n_expert, 768) == TileM.TALLEST
+        assert kernels.tile_for(w_type, 256 * n_expert, n_expert, 768) == TileM.TALL
+        with pytest.raises(InvalidArgument, match="no 128-row tile"):
+            kernels.mul_mat_id(stream, buf, w_type, 2, 32, 768, buf, False, buf, 4, 2, buf, tile_m=TileM.TALLEST)
+        with pytest.raises(InvalidArgument, match="no 128-row tile"):
+            kernels.gate_up(stream, buf, buf, w_type, 2, 32, 768, buf, buf, 4, 2, buf, tile_m=TileM.TALLEST)

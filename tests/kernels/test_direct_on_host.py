@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
 
-from expertstream.kernels import kernel_source, layout, twins
+from expertstream.kernels import kernel_source, quants, twins
 from expertstream.kernels import reference as ref
 from expertstream.kernels.layout import FORMATS, MatrixPath, TileM
 
@@ -91,7 +91,7 @@ int main(int argc, char** argv) {
 """
 )
 
-KERNELS = [(t, tile) for t in DIRECT_TYPES for tile in layout.DIRECT_TILES]
+KERNELS = [(t, tile) for t in DIRECT_TYPES for tile in FORMATS[t].direct_tiles]
 PLAIN, ROUTED, GATE_UP = 0, 1, 2
 
 
@@ -133,22 +133,26 @@ def run_direct(
 
 
 def _problem(
-    rng: np.random.Generator, w_type: GGMLQuantizationType, n_out: int = 150
+    rng: np.random.Generator, w_type: GGMLQuantizationType, n_out: int = 150, n_in: int = 256
 ) -> tuple[int, int, int, np.ndarray]:
     # n_out 150: two blocks of 128 rows (three of 64 outputs for gate/up), the last partial; n_in
     # 256 (four k steps) padded to 512, so the padding tail is read. An odd n_out leaves output rows
-    # unaligned for the epilogue's paired stores, which then store one column at a time.
-    n_expert, n_in, n_tokens, top_k = 4, 256, 21, 3
+    # unaligned for the epilogue's paired stores, which then store one column at a time, and puts
+    # every other expert of Q6_K (rows of 210 bytes per 256 elements) 2 bytes past a 4-byte boundary.
+    n_expert, n_tokens, top_k = 4, 21, 3
     ids = np.stack([rng.choice(n_expert, top_k, replace=False) for _ in range(n_tokens)]).astype(np.int32)
     ids[4, 1] = n_expert  # an id out of range: its row is NaN
     return n_expert, n_out, n_in, ids
 
 
+# n_in 768: three 256-element blocks a row, so Q6_K's blocks start at 2 mod 4 bytes in turn within a row
+# as well as from row to row.
+@pytest.mark.parametrize("n_in", [256, 768])
 @pytest.mark.parametrize("w_type", DIRECT_TYPES, ids=lambda t: t.name)
 def test_direct_kernels_match_reference_and_agree_across_tiles(
-    direct_kernels: Path, rng: np.random.Generator, w_type: GGMLQuantizationType
+    direct_kernels: Path, rng: np.random.Generator, w_type: GGMLQuantizationType, n_in: int
 ) -> None:
-    n_expert, n_out, n_in, ids = _problem(rng, w_type)
+    n_expert, n_out, n_in, ids = _problem(rng, w_type, n_in=n_in)
     n_tokens, top_k = ids.shape
     bad = ids >= n_expert
     w = ref.random_weights(rng, w_type, n_expert * n_out, n_in)
@@ -156,7 +160,7 @@ def test_direct_kernels_match_reference_and_agree_across_tiles(
         x = rng.standard_normal((n_tokens, top_k, n_in) if x_per_pair else (n_tokens, n_in)).astype(np.float32)
         expected = ref.mul_mat_id(w, w_type, n_expert, n_out, n_in, x, ids)
         results = []
-        for tile in layout.DIRECT_TILES:
+        for tile in FORMATS[w_type].direct_tiles:
             y = run_direct(
                 direct_kernels, w_type, tile, PLAIN, [with_tail(w, w_type, n_in)], x, ids, n_expert, n_out, n_in
             )
@@ -194,7 +198,8 @@ def test_gate_up_and_routed_epilogues(
     routed = run_direct(direct_kernels, w_type, tile, ROUTED, [gate], x, ids, n_expert, n_out, n_in, route)
     assert routed[good].tobytes() == (route[..., None] * g)[good].tobytes()
     assert np.isnan(routed[~good]).all()
-    tall = run_direct(direct_kernels, w_type, TileM.TALLEST, GATE_UP, [gate, up], x, ids, n_expert, n_out, n_in)
+    tallest = max(FORMATS[w_type].direct_tiles)
+    tall = run_direct(direct_kernels, w_type, tallest, GATE_UP, [gate, up], x, ids, n_expert, n_out, n_in)
     assert tall.tobytes() == fused.tobytes()
 
 
@@ -210,3 +215,25 @@ def test_rounded_activations_are_the_twins_bytes(direct_kernels: Path, rng: np.r
     assert got_bits.tobytes() == twins.round_x_direct(x).tobytes()
     back = twins.unround_x_direct(got_bits, n_in)
     assert back.tobytes() == twins.round_to_bf16(x).tobytes()
+
+
+@pytest.mark.parametrize("w_type", DIRECT_TYPES, ids=lambda t: t.name)
+def test_each_weight_is_decode_slices_value_in_bf16(
+    direct_kernels: Path, rng: np.random.Generator, w_type: GGMLQuantizationType
+) -> None:
+    """Token t's activations are 1 at element t and 0 elsewhere, so output n of token t is weight (n, t)
+    alone: every weight, wherever it lies in its block and k step, is the float32 value of
+    decode_slice (quants.decode_rows repeats its operations) rounded to bf16. Expert 1 of rows of 768
+    elements: with 63 rows an expert, its Q6_K rows and blocks start 2 bytes past a 4-byte boundary in
+    turn, and so does the expert."""
+    n_expert, n_out, n_in = 2, 63, 768
+    fmt = FORMATS[w_type]
+    w = ref.random_weights(rng, w_type, n_expert * n_out, n_in)
+    x = np.eye(n_in, dtype=np.float32)
+    ids = np.ones((n_in, 1), np.int32)
+    y = run_direct(
+        direct_kernels, w_type, TileM.SHORT, PLAIN, [with_tail(w, w_type, n_in)], x, ids, n_expert, n_out, n_in
+    )
+    rows = w.reshape(n_expert * n_out, fmt.row_bytes(n_in))[n_out:]
+    expected = twins.round_to_bf16(quants.decode_rows(rows, w_type))
+    np.testing.assert_array_equal(y[:, 0, :], expected.T)

@@ -128,7 +128,7 @@ class Profile:
     kernel_rates: tuple[KernelRate, ...] = ()
     # whether Q4_0 and Q4_K take the int8 path by default (kernels/layout.INT8_DEFAULT_TYPES)
     int8_matrix_cores: bool = False
-    # whether Q4_0 and Q4_K take the direct-decode kernels of direct.cu (NVIDIA sm_80+)
+    # whether Q4_0, Q4_K and Q6_K take the direct-decode kernels of direct.cu (NVIDIA sm_80+)
     mma_fragments: bool = False
     # Host threads a staging ring runs on the machine this profile describes (hostmem's default
     # there); None: the default of the machine the simulation runs on.
