@@ -279,6 +279,49 @@ extern "C" __global__ void __launch_bounds__(SELECT_THREADS) moe_router_select(
         __syncthreads();
     }
 
+#if defined(__CUDA_ARCH__)
+    // On NVIDIA the first warp alone takes the top_k rounds: lane l holds experts l, l + 32, ... in
+    // registers with a bit per expert taken, and each round's best meets by shuffles, with no
+    // barrier. router_better is a strict total order, so every round picks what the block-wide
+    // search below would.
+    if (tid < 32) {
+        float mine[ROUTER_MAX_EXPERTS / 32];
+#pragma unroll
+        for (int i = 0; i < ROUTER_MAX_EXPERTS / 32; ++i) {
+            mine[i] = tid + 32 * i < n_expert ? sel[tid + 32 * i] : 0.0f;
+        }
+        unsigned int mine_taken = 0;
+        for (int j = 0; j < top_k; ++j) {
+            float best_v = 0.0f;
+            int best_e = -1;
+#pragma unroll
+            for (int i = 0; i < ROUTER_MAX_EXPERTS / 32; ++i) {
+                const int e = tid + 32 * i;
+                if (e < n_expert && !((mine_taken >> i) & 1u) && router_better(mine[i], e, best_v, best_e)) {
+                    best_v = mine[i];
+                    best_e = e;
+                }
+            }
+#pragma unroll
+            for (int s = 16; s > 0; s >>= 1) {
+                const float other_v = __shfl_down_sync(0xffffffffu, best_v, s);
+                const int other_e = __shfl_down_sync(0xffffffffu, best_e, s);
+                if (router_better(other_v, other_e, best_v, best_e)) {
+                    best_v = other_v;
+                    best_e = other_e;
+                }
+            }
+            const int win_e = __shfl_sync(0xffffffffu, best_e, 0);
+            if (win_e % 32 == tid) {
+                mine_taken |= 1u << (win_e / 32);
+            }
+            if (tid == 0) {
+                chosen[j] = win_e;
+            }
+        }
+    }
+    __syncthreads();
+#else
     for (int j = 0; j < top_k; ++j) {
         float best_v = 0.0f;
         int best_e = -1;
@@ -297,6 +340,7 @@ extern "C" __global__ void __launch_bounds__(SELECT_THREADS) moe_router_select(
         }
         __syncthreads();
     }
+#endif
 
     if (tid == 0) {
         float w[ROUTER_MAX_K];
