@@ -207,10 +207,19 @@ class Blocks(Closing):
         )
 
     def attend(
-        self, stream: Stream, layer: int, hidden: BufferView, count: int, positions: BufferView, kv_len: int
+        self,
+        stream: Stream,
+        layer: int,
+        hidden: BufferView,
+        count: int,
+        positions: BufferView,
+        kv_len: int,
+        ffn_x: BufferView | None = None,
     ) -> None:
         """hidden += attention(norm(hidden)) for ``count`` tokens at ``positions``; their keys and values
-        go into the layer's cache first. ``kv_len``: the cache rows the attention may read."""
+        go into the layer's cache first. ``kv_len``: the cache rows the attention may read. With
+        ``ffn_x``, also ffn_x = the FFN's norm of the new hidden (``ffn_input``), in the residual
+        add's launch."""
         spec, a, k = self.spec, self.attention[layer], self.kernels
         ids = self._ids(count)
         xn, q = self._view("xn", count, spec.n_embd), self._view("q", count, spec.q_width)
@@ -240,7 +249,10 @@ class Blocks(Closing):
             sinks=a.sinks,
         )
         a.out.apply(k, stream, att, count, o, ids)
-        standin.add_inplace(k, stream, hidden, o, count * spec.n_embd)
+        if ffn_x is None:
+            standin.add_inplace(k, stream, hidden, o, count * spec.n_embd)
+        else:
+            dense.add_rms_norm(k, stream, hidden, o, a.ffn_norm, ffn_x, count, spec.n_embd, spec.eps)
 
     def ffn_input(self, stream: Stream, layer: int, hidden: BufferView, count: int, x: BufferView) -> None:
         """x = the layer's norm before its FFN, of hidden."""

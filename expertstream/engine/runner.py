@@ -879,9 +879,10 @@ class MoeRunner(Closing):
         )
 
     # -- what each split enqueues ------------------------------------------------------------
-    def _enter_block(self, tokens: _Tokens, stream: Stream) -> None:
+    def _enter_block(self, tokens: _Tokens, stream: Stream, ffn_x: BufferView | None = None) -> None:
         """The hidden rows ready for this block: embedded (first block), received (first on a later
-        device), then, for the whole model, the block's attention added in."""
+        device), then, for the whole model, the block's attention added in (and, given ``ffn_x``, the
+        FFN's norm of the result written there)."""
         if tokens.embed is not None:
             stream.copy_d2d(
                 tokens.hidden.buffer,
@@ -897,7 +898,7 @@ class MoeRunner(Closing):
             tokens.receive.receive(stream)
         if blocks is not None:
             assert tokens.positions is not None
-            blocks.attend(stream, tokens.layer, tokens.hidden, tokens.count, tokens.positions, tokens.kv_len)
+            blocks.attend(stream, tokens.layer, tokens.hidden, tokens.count, tokens.positions, tokens.kv_len, ffn_x)
 
     def _dense_block(self, group: Sequence[_Tokens], stream: Stream, bindings: Bindings) -> None:
         for tokens in group:
@@ -921,11 +922,9 @@ class MoeRunner(Closing):
 
     def _route(self, tokens: _Tokens, stream: Stream, bindings: Bindings) -> None:
         model, scratch = self.model, tokens.part.scratch()
-        self._enter_block(tokens, stream)
         x = tokens.held_view("x", model.n_embd)
-        if tokens.part.blocks is not None:
-            tokens.part.blocks.ffn_input(stream, tokens.layer, tokens.hidden, tokens.count, x)
-        else:
+        self._enter_block(tokens, stream, ffn_x=x)  # attention's residual add also writes the FFN's norm
+        if tokens.part.blocks is None:
             standin.rms_norm(tokens.part.kernels, stream, tokens.hidden, x, tokens.count, model.n_embd)
         extras = tokens.part.extras[tokens.layer]
         route_weights = tokens.held_view("route_weights", 1)

@@ -156,6 +156,32 @@ extern "C" __global__ void __launch_bounds__(DENSE_NORM_MAX_THREADS)
     }
 }
 
+// hidden[r, :] += delta[r, :], then out[r, :] = the new row's rms_norm (times weight[:] where not
+// null): moe_add_inplace followed by dense_rms_norm in one launch, the same float operations. A
+// thread adds the elements it then squares and scales (tid, tid + blockDim.x, ...), so its own
+// writes are all it reads back before the reduction's barriers. out must not overlap hidden.
+extern "C" __global__ void __launch_bounds__(DENSE_NORM_MAX_THREADS)
+    dense_add_rms_norm(float* __restrict__ hidden, const float* __restrict__ delta, const float* __restrict__ weight,
+                       float* __restrict__ out, int n_rows, int n, float eps) {
+    __shared__ float partial[DENSE_NORM_MAX_THREADS];
+    const int r = blockIdx.x;
+    if (r >= n_rows) {
+        return;  // the whole block returns: no thread is left waiting at a barrier
+    }
+    const int tid = threadIdx.x;
+    float* row = hidden + (long long)r * n;
+    const float* add = delta + (long long)r * n;
+    for (int i = tid; i < n; i += blockDim.x) {
+        row[i] += add[i];
+    }
+    const float scale = rms_scale(row, n, eps, partial);
+    float* dst = out + (long long)r * n;
+    for (int i = tid; i < n; i += blockDim.x) {
+        const float v = row[i] * scale;
+        dst[i] = weight ? v * weight[i] : v;
+    }
+}
+
 // y[r, i] += bias[i]: thread i of the row block, rows blockIdx.y, blockIdx.y + gridDim.y, ...
 extern "C" __global__ void dense_add_rows(float* __restrict__ y, const float* __restrict__ bias, int n_rows, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;

@@ -145,6 +145,40 @@ def rms_norm(
     stream.launch(kernels.kernel("dense_rms_norm"), n_rows, norm_threads(n), args)
 
 
+def add_rms_norm(
+    kernels: MoeKernels,
+    stream: Stream,
+    hidden: ViewLike,
+    delta: ViewLike,
+    weight: ViewLike | None,
+    out: ViewLike,
+    n_rows: int,
+    n: int,
+    eps: float,
+) -> None:
+    """hidden += delta, then out = rms_norm(hidden) * weight: a residual add and the next norm in one
+    launch, the same bytes as ``standin.add_inplace`` followed by ``rms_norm``. ``out`` apart from
+    ``hidden`` and ``delta``."""
+    call = "add_rms_norm"
+    positive(call, n_rows=n_rows, n=n)
+    if not (math.isfinite(eps) and eps >= 0.0):
+        raise InvalidArgument(f"eps must be a finite number >= 0, got {eps!r}", call=call)
+    fits_int32(call, hidden=n_rows * n)
+    views = {name: view(call, name, v, n_rows * n * 4) for name, v in (("hidden", hidden), ("delta", delta), ("out", out))}
+    for a, b in (("hidden", "delta"), ("out", "hidden"), ("out", "delta")):
+        _apart(call, a, views[a], b, views[b])
+    args = (
+        views["hidden"],
+        views["delta"],
+        np.uint64(0) if weight is None else view(call, "weight", weight, n * 4),
+        views["out"],
+        np.int32(n_rows),
+        np.int32(n),
+        np.float32(eps),
+    )
+    stream.launch(kernels.kernel("dense_add_rms_norm"), n_rows, norm_threads(n), args)
+
+
 def add_rows(kernels: MoeKernels, stream: Stream, y: ViewLike, bias: ViewLike, n_rows: int, n: int) -> None:
     """y[r, :] += bias[:] for y [n_rows, n] and bias [n]: projection biases."""
     call = "add_rows"
@@ -368,9 +402,20 @@ def _same_or_apart(call: str, x: BufferView, out: BufferView) -> None:
         )
 
 
+def _apart(call: str, name: str, a: BufferView, other_name: str, b: BufferView) -> None:
+    """Views a kernel reads and writes at once, each element by another thread, must not overlap."""
+    if a.buffer is b.buffer and a.offset < b.end and b.offset < a.end:
+        raise InvalidArgument(
+            f"{name} (bytes {a.offset}..{a.end}) overlaps {other_name} (bytes {b.offset}..{b.end})",
+            call=call,
+            hint=f"give {name} rows of its own",
+        )
+
+
 __all__ = [
     "AttentionInputs",
     "Rope",
+    "add_rms_norm",
     "add_rows",
     "get_rows",
     "qkv_rope_store",

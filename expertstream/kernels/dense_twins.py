@@ -77,6 +77,24 @@ def _rms_norm_accesses(args: Args) -> Sequence[Access]:
     return [*reads, Access(_as_view(args[2]), write=True)]
 
 
+# -- add_rms_norm: hidden, delta, weight (or 0), out, n_rows, n, eps --------------------------
+
+
+def _add_rms_norm_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
+    h_b, d_b, w_b, out_b, n_rows, n, eps = args
+    shape = (int(n_rows), int(n))
+    hidden = h_b.view(_F32).reshape(shape)
+    hidden += d_b.view(_F32).reshape(shape)
+    weight = w_b.view(_F32) if isinstance(w_b, np.ndarray) else None
+    out_b.view(_F32).reshape(shape)[:] = _rms_rows(hidden, weight, eps)
+
+
+def _add_rms_norm_accesses(args: Args) -> Sequence[Access]:
+    hidden = _as_view(args[0])
+    reads = [Access(_as_view(a), write=False) for a in args[:3] if not isinstance(a, np.generic)]
+    return [*reads, Access(hidden, write=True), Access(_as_view(args[3]), write=True)]
+
+
 # -- add_rows: y, bias, n_rows, n -------------------------------------------------------------
 
 
@@ -193,6 +211,9 @@ def twin_specs() -> list[KernelSpec]:
     ]
     specs += [
         KernelSpec("dense_rms_norm", _rms_norm_run, _rms_norm_accesses, lambda a: 3.0 * float(a[3]) * float(a[4])),
+        KernelSpec(
+            "dense_add_rms_norm", _add_rms_norm_run, _add_rms_norm_accesses, lambda a: 4.0 * float(a[4]) * float(a[5])
+        ),
         KernelSpec("dense_add_rows", _add_rows_run, _read_modify_write, lambda a: float(a[2]) * float(a[3])),
         KernelSpec(
             "dense_rope", _rope_run, _read_modify_write, lambda a: 16.0 * float(a[2]) * float(a[3]) * float(a[5])

@@ -13,6 +13,7 @@ from expertstream.kernels import MoeKernels, dense
 from expertstream.kernels import reference as ref
 from expertstream.kernels import reference_dense as ref_dense
 from expertstream.kernels.dense import Rope
+from expertstream.engine import standin
 from expertstream.kernels.layout import MAX_GRID_Y
 
 from .tensors import ALL_TYPES, FLOAT, poisoned
@@ -117,6 +118,43 @@ def test_rms_norm_in_place_and_eps(
     got = buf.read().view(np.float32)[16:].reshape(n_rows, n)
     err = ref.relative_error(got, ref_dense.rms_norm(x, weight, eps))
     assert err < ref_dense.RMS_NORM_RTOL, f"relative error {err:.3g}"
+
+
+@pytest.mark.parametrize(("n_rows", "n"), [(1, 2048), (4, 4096), (3, 45)])
+@pytest.mark.parametrize("with_weight", [True, False], ids=["weight", "no-weight"])
+def test_add_rms_norm_is_the_add_then_the_norm(
+    device: Device,
+    kernels: MoeKernels,
+    stream: Stream,
+    rng: np.random.Generator,
+    n_rows: int,
+    n: int,
+    with_weight: bool,
+) -> None:
+    """The fused residual add and norm writes the bytes of add_inplace then rms_norm, in both outputs."""
+    hidden = (rng.standard_normal((n_rows, n)) * 10.0 ** rng.integers(-2, 3, (n_rows, 1))).astype(np.float32)
+    delta = rng.standard_normal((n_rows, n)).astype(np.float32)
+    weight = rng.standard_normal(n).astype(np.float32) if with_weight else None
+    w_buf = None if weight is None else device.upload(weight)
+    delta_buf = device.upload(delta)
+    two_h, fused_h = device.upload(hidden), device.upload(hidden)
+    two_out, fused_out = poisoned(device, hidden.nbytes), poisoned(device, hidden.nbytes)
+    standin.add_inplace(kernels, stream, two_h.view(0, hidden.nbytes), delta_buf.view(0, delta.nbytes), n_rows * n)
+    dense.rms_norm(kernels, stream, two_h, w_buf, two_out, n_rows, n, 1e-6)
+    dense.add_rms_norm(kernels, stream, fused_h, delta_buf, w_buf, fused_out, n_rows, n, 1e-6)
+    stream.synchronize()
+    assert np.array_equal(_floats(fused_h, n_rows, n), hidden + delta), "hidden is not hidden + delta"
+    assert _floats(fused_out, n_rows, n).tobytes() == _floats(two_out, n_rows, n).tobytes()
+    err = ref.relative_error(_floats(fused_out, n_rows, n), ref_dense.rms_norm(hidden + delta, weight, 1e-6))
+    assert err < ref_dense.RMS_NORM_RTOL, f"relative error {err:.3g}"
+
+
+def test_add_rms_norm_refuses_overlapping_rows(device: Device, kernels: MoeKernels, stream: Stream) -> None:
+    buf = device.alloc(4 * 256)
+    with pytest.raises(InvalidArgument, match="out .* overlaps hidden"):
+        dense.add_rms_norm(kernels, stream, buf.view(0, 256), buf.view(256, 256), None, buf.view(128, 256), 1, 64, 1e-6)
+    with pytest.raises(InvalidArgument, match="hidden .* overlaps delta"):
+        dense.add_rms_norm(kernels, stream, buf.view(0, 256), buf.view(128, 256), None, buf.view(512, 256), 1, 64, 1e-6)
 
 
 @pytest.mark.parametrize(("n_rows", "n"), [(3, 5), (70, 1000), (MAX_GRID_Y + 3, 2)])

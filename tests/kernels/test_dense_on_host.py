@@ -72,6 +72,25 @@ int main(int argc, char** argv) {
             });
         }
         fwrite(x.data(), sizeof(float), x.size(), stdout);
+    } else if (kernel == "add_rms_norm") {
+        std::vector<int> shape = read_array<int>(4);
+        const int n_rows = shape[0], n = shape[1], has_weight = shape[2], threads = shape[3];
+        const float eps = read_array<float>(1)[0];
+        std::vector<float> hidden = read_array<float>((size_t)n_rows * n);
+        std::vector<float> delta = read_array<float>((size_t)n_rows * n);
+        std::vector<float> weight = read_array<float>(has_weight ? n : 0);
+        std::vector<float> out((size_t)n_rows * n);
+        gridDim = EsDim3{(unsigned)n_rows, 1, 1};
+        blockDim = EsDim3{(unsigned)threads, 1, 1};
+        for (unsigned b = 0; b < (unsigned)n_rows; ++b) {
+            blockIdx = EsDim3{b, 0, 0};
+            run_block(threads, [&] {
+                dense_add_rms_norm(hidden.data(), delta.data(), has_weight ? weight.data() : nullptr, out.data(),
+                                   n_rows, n, eps);
+            });
+        }
+        fwrite(hidden.data(), sizeof(float), hidden.size(), stdout);
+        fwrite(out.data(), sizeof(float), out.size(), stdout);
     } else if (kernel == "rope") {
         std::vector<int> shape = read_array<int>(5);
         const int n_tokens = shape[0], n_heads = shape[1], head_dim = shape[2], n_rot = shape[3];
@@ -163,6 +182,23 @@ def test_rms_norm_in_place(host_dense: Path, rng: np.random.Generator, n: int, t
     expected = ref_dense.rms_norm(x, weight if with_weight else None, eps)
     err = ref.relative_error(np.frombuffer(out, np.float32).reshape(n_rows, n), expected)
     assert err < ref_dense.RMS_NORM_RTOL, f"relative error {err:.3g}"
+
+
+@pytest.mark.parametrize(("n", "threads"), [(2048, 1024), (4096, 256), (45, 64)])
+@pytest.mark.parametrize("with_weight", [True, False], ids=["weight", "no-weight"])
+def test_add_rms_norm_is_the_bytes_of_the_add_then_the_norm(
+    host_dense: Path, rng: np.random.Generator, n: int, threads: int, with_weight: bool
+) -> None:
+    n_rows, eps = 3, 1e-6
+    hidden = (rng.standard_normal((n_rows, n)) * 10.0 ** rng.integers(-2, 3, (n_rows, 1))).astype(np.float32)
+    delta = rng.standard_normal((n_rows, n)).astype(np.float32)
+    weight = rng.standard_normal(n).astype(np.float32) if with_weight else np.zeros(0, np.float32)
+    header = struct.pack("4if", n_rows, n, int(with_weight), threads, eps)
+    added = hidden + delta  # moe_add_inplace's one float addition per element
+    normed = _run(host_dense, ["rms_norm"], header, added.tobytes(), weight.tobytes())
+    got = _run(host_dense, ["add_rms_norm"], header, hidden.tobytes(), delta.tobytes(), weight.tobytes())
+    assert got[: added.nbytes] == added.tobytes(), "hidden is not hidden + delta"
+    assert got[added.nbytes :] == normed, "the norm's bytes differ from rms_norm's of the sum"
 
 
 @pytest.mark.parametrize(
