@@ -164,7 +164,8 @@ def add_rms_norm(
     if not (math.isfinite(eps) and eps >= 0.0):
         raise InvalidArgument(f"eps must be a finite number >= 0, got {eps!r}", call=call)
     fits_int32(call, hidden=n_rows * n)
-    views = {name: view(call, name, v, n_rows * n * 4) for name, v in (("hidden", hidden), ("delta", delta), ("out", out))}
+    rows = (("hidden", hidden), ("delta", delta), ("out", out))
+    views = {name: view(call, name, v, n_rows * n * 4) for name, v in rows}
     for a, b in (("hidden", "delta"), ("out", "hidden"), ("out", "delta")):
         _apart(call, a, views[a], b, views[b])
     args = (

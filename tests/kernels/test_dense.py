@@ -8,12 +8,12 @@ import pytest
 from gguf import GGMLQuantizationType
 
 from expertstream.backends.base import Device, DeviceBuffer, Stream
+from expertstream.engine import standin
 from expertstream.errors import InvalidArgument
 from expertstream.kernels import MoeKernels, dense
 from expertstream.kernels import reference as ref
 from expertstream.kernels import reference_dense as ref_dense
 from expertstream.kernels.dense import Rope
-from expertstream.engine import standin
 from expertstream.kernels.layout import MAX_GRID_Y
 
 from .tensors import ALL_TYPES, FLOAT, poisoned
@@ -151,9 +151,9 @@ def test_add_rms_norm_is_the_add_then_the_norm(
 
 def test_add_rms_norm_refuses_overlapping_rows(device: Device, kernels: MoeKernels, stream: Stream) -> None:
     buf = device.alloc(4 * 256)
-    with pytest.raises(InvalidArgument, match="out .* overlaps hidden"):
+    with pytest.raises(InvalidArgument, match=r"out .* overlaps hidden"):
         dense.add_rms_norm(kernels, stream, buf.view(0, 256), buf.view(256, 256), None, buf.view(128, 256), 1, 64, 1e-6)
-    with pytest.raises(InvalidArgument, match="hidden .* overlaps delta"):
+    with pytest.raises(InvalidArgument, match=r"hidden .* overlaps delta"):
         dense.add_rms_norm(kernels, stream, buf.view(0, 256), buf.view(128, 256), None, buf.view(512, 256), 1, 64, 1e-6)
 
 
