@@ -150,16 +150,23 @@ template <> __device__ void decode_slice<ES_TYPE_Q3_K>(const unsigned short* uni
     }
 }
 
-// Scale and min j (0..7) of Q4_K / Q5_K from their 12 packed bytes at byte 4.
+// Scale and min j (0..7) of Q4_K / Q5_K from their 12 packed bytes at byte 4 (units 2..7),
+// taken as three 32-bit words and shifted: a j known only at run time then indexes no array, so
+// units held in registers stay there.
 __device__ void k4_scale_min(const unsigned short* units, int j, int* sc, int* m) {
-    const int at = 4;
+    const unsigned int w1 = units[2] | ((unsigned int)units[3] << 16);  // scales 0..3
+    const unsigned int w2 = units[4] | ((unsigned int)units[5] << 16);  // scales 4..7
+    const unsigned int w3 = units[6] | ((unsigned int)units[7] << 16);  // scales 8..11
+    const int shift = 8 * (j & 3);
+    const int a = (int)((w1 >> shift) & 0xffu);
+    const int b = (int)((w2 >> shift) & 0xffu);
+    const int c = (int)((w3 >> shift) & 0xffu);
     if (j < 4) {
-        *sc = (int)block_byte(units, at + j) & 63;
-        *m = (int)block_byte(units, at + j + 4) & 63;
+        *sc = a & 63;
+        *m = b & 63;
     } else {
-        const int high = (int)block_byte(units, at + j + 4);
-        *sc = (high & 0xf) | (((int)block_byte(units, at + j - 4) >> 6) << 4);
-        *m = (high >> 4) | (((int)block_byte(units, at + j) >> 6) << 4);
+        *sc = (c & 0xf) | ((a >> 6) << 4);
+        *m = (c >> 4) | ((b >> 6) << 4);
     }
 }
 

@@ -20,9 +20,8 @@
 // wave64 targets, the host test harness) through shared memory and barriers, the same
 // additions in the same order.
 //
-// A lane's slices all sit at the same place in their blocks (lane % slices), so the decode is
-// compiled per place and keeps its units in registers; each next slice is loaded before the
-// current one is decoded, and a lane's first load is issued before the activation row is staged.
+// Each next slice is loaded before the current one is decoded, and a lane's first load is issued
+// before the activation row is staged.
 // The tensor's last row is read, as the tile kernels read every row, up to the next multiple of
 // MOE_ROW_PADDING elements against zero activations (ggml's padding tail): a dirty tail shows as
 // NaN. Other rows stop at n_in: past them lie the next row's elements, which add only zeros. Pairs whose id is outside [0, n_expert) get NaN rows and read no weights.
@@ -139,10 +138,9 @@ __device__ float gemv_wave_sum(float partial, float* exchange) {
 }
 
 // Lane `lane`'s share of one row: slices lane, lane + MOE_GEMV_WAVE, ... below `steps`, whose
-// first is already in `first`. Every one of them is slice S of its block (S = lane % slices),
-// so decode_slice's slice index is a constant here and the staged units stay in registers. The
-// next slice is loaded before the current one is decoded, to keep a load in flight.
-template <int TYPE, int S>
+// first is already in `first`. The next slice is loaded before the current one is decoded, to
+// keep a load in flight.
+template <int TYPE>
 __device__ float gemv_lane_sum(const unsigned char* __restrict__ row, int lane, int steps, int n_in,
                                const float* x_staged, const float* __restrict__ x_row, bool staged_x,
                                const GemvStaged<TYPE>& first) {
@@ -155,7 +153,7 @@ __device__ float gemv_lane_sum(const unsigned char* __restrict__ row, int lane, 
             gemv_stage<TYPE>(row, ks + MOE_GEMV_WAVE, n_in, next);
         }
         float v[MOE_TILE_K];
-        decode_slice<TYPE>(current.units, S, v);
+        decode_slice<TYPE>(current.units, ks % BlockFormat<TYPE>::slices, v);
         partial = staged_x ? gemv_slice_dot_staged(x_staged, ks, n_in, v, partial)
                            : gemv_slice_dot(x_row, ks * MOE_TILE_K, n_in, v, partial);
         current = next;
@@ -163,24 +161,10 @@ __device__ float gemv_lane_sum(const unsigned char* __restrict__ row, int lane, 
     return partial;
 }
 
-// gemv_lane_sum for slice index s, chosen among the type's constant ones.
-template <int TYPE, int S = 0>
-__device__ float gemv_lane_sum_for(int s, const unsigned char* __restrict__ row, int lane, int steps, int n_in,
-                                   const float* x_staged, const float* __restrict__ x_row, bool staged_x,
-                                   const GemvStaged<TYPE>& first) {
-    if constexpr (S + 1 < BlockFormat<TYPE>::slices) {
-        if (s != S) {
-            return gemv_lane_sum_for<TYPE, S + 1>(s, row, lane, steps, n_in, x_staged, x_row, staged_x, first);
-        }
-    }
-    return gemv_lane_sum<TYPE, S>(row, lane, steps, n_in, x_staged, x_row, staged_x, first);
-}
-
 template <int TYPE>
 __device__ void mul_mat_vec_id(const unsigned char* __restrict__ w, const float* __restrict__ x,
                                const int* __restrict__ ids, float* __restrict__ y, int n_expert, int n_out, int n_in,
                                int top_k, int x_per_pair, int n_pairs, const float* __restrict__ route_weights) {
-    static_assert(MOE_GEMV_WAVE % BlockFormat<TYPE>::slices == 0, "a lane meets one slice index of the blocks");
 #if defined(__CUDA_ARCH__)
     float* exchange = 0;
 #else
@@ -226,9 +210,8 @@ __device__ void mul_mat_vec_id(const unsigned char* __restrict__ w, const float*
         }
         __syncthreads();
     }
-    const float partial = o < n_out ? gemv_lane_sum_for<TYPE>(lane % BlockFormat<TYPE>::slices, row, lane, steps,
-                                                               n_in, x_staged, x_row, staged_x, first)
-                                    : 0.0f;
+    const float partial =
+        o < n_out ? gemv_lane_sum<TYPE>(row, lane, steps, n_in, x_staged, x_row, staged_x, first) : 0.0f;
     const float sum = gemv_wave_sum(partial, exchange);
     if (lane == 0 && o < n_out) {
         y[(long long)pair * n_out + o] = route_weights ? route_weights[pair] * sum : sum;
