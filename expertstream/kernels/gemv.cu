@@ -20,8 +20,6 @@
 // wave64 targets, the host test harness) through shared memory and barriers, the same
 // additions in the same order.
 //
-// Each next slice is loaded before the current one is decoded, and a lane's first load is issued
-// before the activation row is staged.
 // The tensor's last row is read, as the tile kernels read every row, up to the next multiple of
 // MOE_ROW_PADDING elements against zero activations (ggml's padding tail): a dirty tail shows as
 // NaN. Other rows stop at n_in: past them lie the next row's elements, which add only zeros. Pairs whose id is outside [0, n_expert) get NaN rows and read no weights.
@@ -137,30 +135,6 @@ __device__ float gemv_wave_sum(float partial, float* exchange) {
 #endif
 }
 
-// Lane `lane`'s share of one row: slices lane, lane + MOE_GEMV_WAVE, ... below `steps`, whose
-// first is already in `first`. The next slice is loaded before the current one is decoded, to
-// keep a load in flight.
-template <int TYPE>
-__device__ float gemv_lane_sum(const unsigned char* __restrict__ row, int lane, int steps, int n_in,
-                               const float* x_staged, const float* __restrict__ x_row, bool staged_x,
-                               const GemvStaged<TYPE>& first) {
-    GemvStaged<TYPE> current = first;
-    float partial = 0.0f;
-#pragma unroll 1
-    for (int ks = lane; ks < steps; ks += MOE_GEMV_WAVE) {
-        GemvStaged<TYPE> next;
-        if (ks + MOE_GEMV_WAVE < steps) {
-            gemv_stage<TYPE>(row, ks + MOE_GEMV_WAVE, n_in, next);
-        }
-        float v[MOE_TILE_K];
-        decode_slice<TYPE>(current.units, ks % BlockFormat<TYPE>::slices, v);
-        partial = staged_x ? gemv_slice_dot_staged(x_staged, ks, n_in, v, partial)
-                           : gemv_slice_dot(x_row, ks * MOE_TILE_K, n_in, v, partial);
-        current = next;
-    }
-    return partial;
-}
-
 template <int TYPE>
 __device__ void mul_mat_vec_id(const unsigned char* __restrict__ w, const float* __restrict__ x,
                                const int* __restrict__ ids, float* __restrict__ y, int n_expert, int n_out, int n_in,
@@ -187,21 +161,6 @@ __device__ void mul_mat_vec_id(const unsigned char* __restrict__ w, const float*
         }
         return;
     }
-    // A row's own slices; the tensor's last row also reads up to the next multiple of
-    // MOE_ROW_PADDING elements, ggml's padding tail, against zero activations, as the tile kernels
-    // read every row. Past any other row those elements are the next row's, times zero: the same
-    // sum, so they are not read.
-    const bool last_row = expert == n_expert - 1 && o == n_out - 1;
-    const int steps = BlockFormat<TYPE>::quantized && last_row
-                          ? (n_in + MOE_ROW_PADDING - 1) / MOE_ROW_PADDING * (MOE_ROW_PADDING / MOE_TILE_K)
-                          : (n_in + MOE_TILE_K - 1) / MOE_TILE_K;
-    const long long row_bytes = weight_row_bytes<TYPE>(n_in);
-    const unsigned char* row = w + ((long long)expert * n_out + (o < n_out ? o : 0)) * row_bytes;
-    // The lane's first slice is on its way before the block stages the activation row.
-    GemvStaged<TYPE> first;
-    if (o < n_out && lane < steps) {
-        gemv_stage<TYPE>(row, lane, n_in, first);
-    }
     const float* x_row = x + (long long)(x_per_pair ? pair : pair / top_k) * n_in;
     const bool staged_x = n_in <= MOE_GEMV_STAGE;  // the same for the whole block
     if (staged_x) {
@@ -210,8 +169,27 @@ __device__ void mul_mat_vec_id(const unsigned char* __restrict__ w, const float*
         }
         __syncthreads();
     }
-    const float partial =
-        o < n_out ? gemv_lane_sum<TYPE>(row, lane, steps, n_in, x_staged, x_row, staged_x, first) : 0.0f;
+    float partial = 0.0f;
+    if (o < n_out) {
+        // A row's own slices; the tensor's last row also reads up to the next multiple of
+        // MOE_ROW_PADDING elements, ggml's padding tail, against zero activations, as the tile
+        // kernels read every row. Past any other row those elements are the next row's, times
+        // zero: the same sum, so they are not read.
+        const bool last_row = expert == n_expert - 1 && o == n_out - 1;
+        const int steps = BlockFormat<TYPE>::quantized && last_row
+                              ? (n_in + MOE_ROW_PADDING - 1) / MOE_ROW_PADDING * (MOE_ROW_PADDING / MOE_TILE_K)
+                              : (n_in + MOE_TILE_K - 1) / MOE_TILE_K;
+        const long long row_bytes = weight_row_bytes<TYPE>(n_in);
+        const unsigned char* row = w + ((long long)expert * n_out + o) * row_bytes;
+        for (int ks = lane; ks < steps; ks += MOE_GEMV_WAVE) {
+            GemvStaged<TYPE> staged;
+            gemv_stage<TYPE>(row, ks, n_in, staged);
+            float v[MOE_TILE_K];
+            decode_slice<TYPE>(staged.units, ks % BlockFormat<TYPE>::slices, v);
+            partial = staged_x ? gemv_slice_dot_staged(x_staged, ks, n_in, v, partial)
+                               : gemv_slice_dot(x_row, ks * MOE_TILE_K, n_in, v, partial);
+        }
+    }
     const float sum = gemv_wave_sum(partial, exchange);
     if (lane == 0 && o < n_out) {
         y[(long long)pair * n_out + o] = route_weights ? route_weights[pair] * sum : sum;
