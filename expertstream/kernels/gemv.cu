@@ -22,7 +22,8 @@
 //
 // The tensor's last row is read, as the tile kernels read every row, up to the next multiple of
 // MOE_ROW_PADDING elements against zero activations (ggml's padding tail): a dirty tail shows as
-// NaN. Other rows stop at n_in: past them lie the next row's elements, which add only zeros. Pairs whose id is outside [0, n_expert) get NaN rows and read no weights.
+// NaN. Other rows stop at n_in: past them lie the next row's elements, which add only zeros.
+// Pairs whose id is outside [0, n_expert) get NaN rows and read no weights.
 // With route_weights (float32 per pair; null for none) each row is scaled by its pair's routing
 // weight, as the direct kernels' down projection does: y = route_weights[p] * (W x).
 // ---------------------------------------------------------------------------------
