@@ -20,6 +20,7 @@ from ..backends.base import BufferView, Device, DeviceBuffer, Stream, Usage
 from ..errors import InvalidArgument
 from ..kernels import MoeKernels, dense
 from ..kernels import attention as attention_kernels
+from ..kernels.launcher import DirectInputs
 from ..model import ModelError, MoeModel, TensorInfo
 from . import standin
 from .hparams import Transformer
@@ -43,9 +44,18 @@ class Linear:
         return self.info.ne[1]
 
     def apply(
-        self, kernels: MoeKernels, stream: Stream, x: BufferView, rows: int, y: BufferView, ids: BufferView
+        self,
+        kernels: MoeKernels,
+        stream: Stream,
+        x: BufferView,
+        rows: int,
+        y: BufferView,
+        ids: BufferView,
+        prepared: DirectInputs | None = None,
     ) -> None:
-        kernels.mul_mat_id(stream, self.weight, self.info.qtype, 1, self.n_out, self.n_in, x, False, ids, rows, 1, y)
+        kernels.mul_mat_id(
+            stream, self.weight, self.info.qtype, 1, self.n_out, self.n_in, x, False, ids, rows, 1, y, prepared=prepared
+        )
         if self.bias is not None:
             dense.add_rows(kernels, stream, y, self.bias, rows, self.n_out)
 
@@ -226,9 +236,10 @@ class Blocks(Closing):
         kk, v = self._view("k", count, spec.kv_width), self._view("v", count, spec.kv_width)
         att, o = self._view("att", count, spec.q_width), self._view("o", count, spec.n_embd)
         dense.rms_norm(k, stream, hidden, a.norm, xn, count, spec.n_embd, spec.eps)
-        a.q.apply(k, stream, xn, count, q, ids)
-        a.k.apply(k, stream, xn, count, kk, ids)
-        a.v.apply(k, stream, xn, count, v, ids)
+        shared = self._shared_input(stream, (a.q, a.k, a.v), xn, count, ids)
+        a.q.apply(k, stream, xn, count, q, ids, shared)
+        a.k.apply(k, stream, xn, count, kk, ids, shared)
+        a.v.apply(k, stream, xn, count, v, ids, shared)
         rows = dense.AttentionInputs(q, kk, v, a.q_norm, a.k_norm, a.k_cache, a.v_cache, positions)
         dense.qkv_rope_store(k, stream, rows, count, spec.n_head, spec.n_head_kv, spec.head_dim, spec.rope, spec.eps)
         attention_kernels.attention(
@@ -254,6 +265,21 @@ class Blocks(Closing):
         else:
             dense.add_rms_norm(k, stream, hidden, o, a.ffn_norm, ffn_x, count, spec.n_embd, spec.eps)
 
+    def _shared_input(
+        self, stream: Stream, linears: Sequence[Linear], x: BufferView, count: int, ids: BufferView
+    ) -> DirectInputs | None:
+        """x rounded and its rows grouped once for projections that all read it through direct kernels
+        of one tile height (``MoeKernels.prepare_direct``); None where any of them takes another kernel
+        (the matrix-vector ones for a few rows, a type without direct kernels), each then preparing
+        its own."""
+        k = self.kernels
+        if k.uses_gemv(count) or not all(k.uses_direct(lin.info.qtype, lin.n_in) for lin in linears):
+            return None
+        tiles = {k.tile_for(lin.info.qtype, count, 1, lin.n_in) for lin in linears}
+        if len(tiles) != 1:
+            return None
+        return k.prepare_direct(stream, x, ids, count, 1, 1, linears[0].n_in, tiles.pop())
+
     def ffn_input(self, stream: Stream, layer: int, hidden: BufferView, count: int, x: BufferView) -> None:
         """x = the layer's norm before its FFN, of hidden."""
         norm = self.attention[layer].ffn_norm
@@ -267,8 +293,9 @@ class Blocks(Closing):
         gate, up = self._view("ffn_gate", count, n_ff), self._view("ffn_up", count, n_ff)
         act = self._view("ffn_act", count, n_ff)
         self.ffn_input(stream, layer, hidden, count, xn)
-        ffn.gate.apply(k, stream, xn, count, gate, ids)
-        ffn.up.apply(k, stream, xn, count, up, ids)
+        shared = self._shared_input(stream, (ffn.gate, ffn.up), xn, count, ids)
+        ffn.gate.apply(k, stream, xn, count, gate, ids, shared)
+        ffn.up.apply(k, stream, xn, count, up, ids, shared)
         k.swiglu(stream, gate, up, act, count * n_ff)
         ffn.down.apply(k, stream, act, count, o, ids)
         standin.add_inplace(k, stream, hidden, o, count * n_embd)

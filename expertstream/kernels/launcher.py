@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -117,6 +118,39 @@ def scratch_bytes(n_tokens: int, top_k: int, n_expert: int, n_in: int, x_per_pai
 
 def _i32(value: int) -> np.int32:
     return np.int32(value)
+
+
+@dataclass(frozen=True)
+class DirectInputs:
+    """Activation rows rounded and (token, k) pairs grouped for the direct kernels, in a scratch of
+    their own (``MoeKernels.prepare_direct``). mul_mat_id calls of the same ``x``, ``ids``, shapes and
+    tile height take them (``prepared=``) instead of rounding and grouping again: the Q, K and V
+    projections of one token batch read one input. Valid until the next prepare_direct of the
+    same kernels, in stream order."""
+
+    x: BufferView
+    ids: BufferView
+    n_tokens: int
+    top_k: int
+    n_expert: int
+    n_in: int
+    tile_m: TileM
+    groups: BufferView  # the grouping words
+    rounded: BufferView  # the rows rounded to bf16
+
+    def matches(
+        self, x: BufferView, ids: BufferView, n_tokens: int, top_k: int, n_expert: int, n_in: int, tile_m: TileM
+    ) -> bool:
+        """Whether a call of these inputs and tile height reads exactly what was prepared."""
+        return (x, ids, n_tokens, top_k, n_expert, n_in, tile_m) == (
+            self.x,
+            self.ids,
+            self.n_tokens,
+            self.top_k,
+            self.n_expert,
+            self.n_in,
+            self.tile_m,
+        )
 
 
 class MoeKernels(Closing):
@@ -221,6 +255,7 @@ class MoeKernels(Closing):
         scratch: ViewLike | None = None,
         tile_m: TileM | None = None,
         route_weights: ViewLike | None = None,
+        prepared: DirectInputs | None = None,
     ) -> None:
         """y[t, k, :] = W[ids[t, k]] @ x[t] (or x[t, k]) with float32 accumulation.
 
@@ -230,6 +265,8 @@ class MoeKernels(Closing):
         ``route_weights`` (float32 [n_tokens, top_k], where ``uses_direct`` holds: the direct kernels,
         or the matrix-vector ones in their place) scales each pair's row:
         y[t, k, :] = route_weights[t, k] * (W[ids[t, k]] @ x).
+        ``prepared`` (``prepare_direct`` of this x, ids and shapes): the rounded rows and groups to
+        read, for a call that takes a direct kernel of the tile height they were grouped for.
         """
         call = "MoeKernels.mul_mat_id"
         fmt = weight_format(w_type)
@@ -284,6 +321,18 @@ class MoeKernels(Closing):
                 ),
             )
             return
+        if prepared is not None and not (
+            direct
+            and not gemv
+            and not x_per_pair
+            and prepared.matches(x_view, ids_view, n_tokens, top_k, n_expert, n_in, tile_m)
+        ):
+            raise InvalidArgument(
+                "prepared inputs were made for other activations, ids, shapes or tile height, or this call "
+                f"takes no direct kernel ({fmt.qtype.name} rows of {n_in} elements, {n_pairs} pairs)",
+                call=call,
+                hint="prepare_direct with this call's x, ids and tile_for(), or leave prepared out",
+            )
         if direct:
             name = fmt.direct_kernel_name(tile_m)
             self._direct(
@@ -298,6 +347,7 @@ class MoeKernels(Closing):
                 tile_m,
                 (n_expert, n_out, n_in, n_tokens, top_k, x_per_pair),
                 weights_view,
+                prepared,
             )
             return
         tiles = layout.max_tiles(n_pairs, n_expert, tile_m)
@@ -413,22 +463,50 @@ class MoeKernels(Closing):
             (ids, scratch, _i32(n_pairs), _i32(n_expert), _i32(tile_m), _i32(tiles)),
         )
 
-    def _direct(
+    def prepare_direct(
+        self,
+        stream: Stream,
+        x: ViewLike,
+        ids: ViewLike,
+        n_tokens: int,
+        top_k: int,
+        n_expert: int,
+        n_in: int,
+        tile_m: TileM,
+    ) -> DirectInputs:
+        """Round ``x`` [n_tokens, n_in] and group the pairs of ``ids`` for direct kernels of ``tile_m``
+        rows, once, for every mul_mat_id of these inputs to take (``prepared=``). The instance's own
+        scratch holds them until the next call of this method."""
+        call = "MoeKernels.prepare_direct"
+        positive(call, n_tokens=n_tokens, top_k=top_k, n_expert=n_expert, n_in=n_in)
+        n_pairs = n_tokens * top_k
+        x_view = view(call, "x", x, n_tokens * n_in * 4, 4)
+        ids_view = view(call, "ids", ids, n_pairs * 4, 4)
+        need = layout.quantized_x_offset(n_pairs, n_expert, tile_m) + layout.direct_x_bytes(n_tokens, n_in)
+        groups, rounded, _ = self._direct_inputs(
+            stream,
+            call,
+            x_view,
+            ids_view,
+            self.scratch("direct_inputs", need),
+            tile_m,
+            (n_expert, n_in, n_tokens, top_k, False),
+        )
+        return DirectInputs(x_view, ids_view, n_tokens, top_k, n_expert, n_in, tile_m, groups, rounded)
+
+    def _direct_inputs(
         self,
         stream: Stream,
         call: str,
-        name: str,
-        weights: tuple[BufferView, ...],
         x: BufferView,
         ids: BufferView,
-        y: BufferView,
         scratch: ViewLike | None,
         tile_m: TileM,
-        shape: tuple[int, int, int, int, int, bool],
-        route_weights: BufferView | None,
-    ) -> None:
-        """Round the activations into the scratch, group the pairs, launch direct kernel ``name``."""
-        n_expert, n_out, n_in, n_tokens, top_k, x_per_pair = shape
+        shape: tuple[int, int, int, int, bool],
+    ) -> tuple[BufferView, BufferView, int]:
+        """Round the activations and group the pairs into the scratch: (grouping words, rounded rows,
+        tiles)."""
+        n_expert, n_in, n_tokens, top_k, x_per_pair = shape
         n_pairs = n_tokens * top_k
         x_rows = n_pairs if x_per_pair else n_tokens
         if x_rows * n_in >= 1 << 32:  # the kernels hold an activation row's start as a 32-bit element offset
@@ -447,7 +525,7 @@ class MoeKernels(Closing):
             if scratch is None
             else view(call, "scratch", scratch, need, layout.SCRATCH_ALIGN)
         )
-        scratch_view = BufferView(whole.buffer, whole.offset, words * 4)
+        groups = BufferView(whole.buffer, whole.offset, words * 4)
         xb = BufferView(whole.buffer, whole.offset + xb_at, need - xb_at)
         round_words = x_rows * n_in // 2
         stream.launch(
@@ -456,7 +534,34 @@ class MoeKernels(Closing):
             layout.DIRECT_ROUND_THREADS,
             (x, xb, _i32(x_rows), _i32(n_in)),
         )
-        self._group(stream, ids, scratch_view, n_pairs, n_expert, tile_m, tiles)
+        self._group(stream, ids, groups, n_pairs, n_expert, tile_m, tiles)
+        return groups, xb, tiles
+
+    def _direct(
+        self,
+        stream: Stream,
+        call: str,
+        name: str,
+        weights: tuple[BufferView, ...],
+        x: BufferView,
+        ids: BufferView,
+        y: BufferView,
+        scratch: ViewLike | None,
+        tile_m: TileM,
+        shape: tuple[int, int, int, int, int, bool],
+        route_weights: BufferView | None,
+        prepared: DirectInputs | None = None,
+    ) -> None:
+        """Round the activations into the scratch and group the pairs (or take ``prepared``'s), then
+        launch direct kernel ``name``."""
+        n_expert, n_out, n_in, n_tokens, top_k, x_per_pair = shape
+        if prepared is None:
+            groups, xb, tiles = self._direct_inputs(
+                stream, call, x, ids, scratch, tile_m, (n_expert, n_in, n_tokens, top_k, x_per_pair)
+            )
+        else:
+            groups, xb = prepared.groups, prepared.rounded
+            tiles = layout.max_tiles(n_tokens * top_k, n_expert, tile_m)
         gate_up = len(weights) == 2
         outputs_per_block = layout.TILE_N // 2 if gate_up else layout.TILE_N
         tail: tuple[BufferView | np.uint64, ...] = ()
@@ -469,7 +574,7 @@ class MoeKernels(Closing):
             (
                 *weights,
                 xb,
-                scratch_view,
+                groups,
                 y,
                 _i32(n_expert),
                 _i32(n_out),
@@ -627,4 +732,4 @@ class MoeKernels(Closing):
         return sum(buf.alloc_size for buffers in self._scratch.values() for buf in buffers)
 
 
-__all__ = ["TWINS", "MoeKernels", "check_path", "default_path", "scratch_bytes"]
+__all__ = ["TWINS", "DirectInputs", "MoeKernels", "check_path", "default_path", "scratch_bytes"]

@@ -237,3 +237,29 @@ def test_perplexity_refuses_no_chunks() -> None:
 
     with pytest.raises(InvalidArgument, match="max_chunks must be at least 1"):
         perplexity(lambda chunk: np.zeros((len(chunk), 8), np.float32), list(range(64)), 16, None, max_chunks=0)
+
+
+def test_projections_sharing_one_prepared_input_write_the_bytes_of_preparing_each(
+    backend: Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Q, K and V (and a dense FFN's gate and up) read one input rounded and grouped once where they
+    all take direct kernels of one tile height: the logits are those of each call preparing its own."""
+    from expertstream.engine import blocks
+
+    path = make_model("tiny-glm4moe", "Q4_0", tmp_path / "q40.gguf", seed=3)  # a leading dense layer too
+    tokens = _tokens(PROMPT, 512)
+    prepared_calls: list[int] = []
+    shared_input = blocks.Blocks._shared_input
+
+    def counted(self: blocks.Blocks, *args: object) -> object:
+        got = shared_input(self, *args)  # type: ignore[arg-type]
+        prepared_calls.append(got is not None)
+        return got
+
+    monkeypatch.setattr(blocks.Blocks, "_shared_input", counted)
+    shared = _logits(backend, path, tokens, ubatch=16, layer_major=False, slots=2)
+    if not any(prepared_calls):
+        pytest.skip(f"{backend.device(0).label} takes no direct kernels for Q4_0 projections")
+    monkeypatch.setattr(blocks.Blocks, "_shared_input", lambda self, *args: None)
+    each = _logits(backend, path, tokens, ubatch=16, layer_major=False, slots=2)
+    assert shared.tobytes() == each.tobytes()

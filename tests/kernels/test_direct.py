@@ -132,3 +132,48 @@ def test_q6_k_takes_the_64_pair_tile_where_others_take_128(device: Device, strea
             kernels.mul_mat_id(stream, buf, w_type, 2, 32, 768, buf, False, buf, 4, 2, buf, tile_m=TileM.TALLEST)
         with pytest.raises(InvalidArgument, match="no 128-row tile"):
             kernels.gate_up(stream, buf, buf, w_type, 2, 32, 768, buf, buf, 4, 2, buf, tile_m=TileM.TALLEST)
+
+
+def test_prepared_inputs_are_the_bytes_of_preparing_each_call(
+    device: Device, kernels: MoeKernels, stream: Stream, rng: np.random.Generator
+) -> None:
+    """Two weight types over one input, as the Q, K and V projections: rounded and grouped once
+    (prepare_direct), each call writes what it writes preparing its own; a call whose inputs or
+    tile differ from what was prepared is refused."""
+    types = [t for t in (GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K) if kernels.uses_direct(t, 512)]
+    if len(types) < 2:
+        pytest.skip(f"{kernels.device.label} takes no direct kernels for Q4_K and Q6_K")
+    shape = Shape(n_expert=3, n_out=200, n_in=512, n_tokens=70, top_k=2)
+    ids = tensors.distinct_ids(rng, shape.n_tokens, shape.top_k, np.arange(3))
+    problems = [tensors.make_problem(device, rng, t, shape, ids) for t in types]
+    problems[1].x_buf.write(problems[0].x)
+    problems[1].ids_buf.write(problems[0].ids)
+    x, ids_buf = problems[0].x_buf, problems[0].ids_buf
+    tile = kernels.tile_for(types[0], shape.n_pairs, shape.n_expert, shape.n_in)
+    assert tile == kernels.tile_for(types[1], shape.n_pairs, shape.n_expert, shape.n_in)
+    expected = [tensors.run(kernels, stream, p, ids_buf=ids_buf) for p in problems]
+    prepared = kernels.prepare_direct(stream, x, ids_buf, shape.n_tokens, shape.top_k, shape.n_expert, shape.n_in, tile)
+    for p, want in zip(problems, expected, strict=True):
+        with tensors.poisoned(device, shape.n_pairs * shape.n_out * 4) as y:
+            kernels.mul_mat_id(stream, p.w_buf, p.w_type, 3, 200, 512, x, False, ids_buf, 70, 2, y, prepared=prepared)
+            stream.synchronize()
+            assert y.read().view(np.float32).tobytes() == want.tobytes()
+    with tensors.poisoned(device, shape.n_pairs * shape.n_out * 4) as y:
+        for wrong in ({"x": problems[1].x_buf}, {"n_tokens": 69}):
+            args = {"x": x, "n_tokens": 70, **wrong}
+            with pytest.raises(InvalidArgument, match="prepared inputs were made for other"):
+                kernels.mul_mat_id(
+                    stream,
+                    problems[0].w_buf,
+                    types[0],
+                    3,
+                    200,
+                    512,
+                    args["x"],
+                    False,
+                    ids_buf,
+                    args["n_tokens"],
+                    2,
+                    y,
+                    prepared=prepared,
+                )
