@@ -186,6 +186,11 @@ class _Scratch:
         self.buffers.clear()
 
 
+# _mul_mat_id's shared_x: gate rounds and groups the layer's expert input once; up, right after it, reads that.
+_PREPARE = "prepare"
+_REUSE = "reuse"
+
+
 @dataclass(frozen=True)
 class _Tokens:
     """The hidden rows of one ubatch (or decode token) in one layer, and where their routing lives."""
@@ -957,11 +962,11 @@ class MoeRunner(Closing):
         )
 
     def _gate(self, tokens: _Tokens, info: TensorInfo, stream: Stream, bindings: Bindings) -> None:
-        self._mul_mat_id(stream, bindings[GATE], info, tokens, "x", False, "gate")
+        self._mul_mat_id(stream, bindings[GATE], info, tokens, "x", False, "gate", shared_x=_PREPARE)
         self._add_expert_bias(stream, tokens, GATE, "gate", info.ne[1])
 
     def _up(self, tokens: _Tokens, info: TensorInfo, stream: Stream, bindings: Bindings) -> None:
-        self._mul_mat_id(stream, bindings[UP], info, tokens, "x", False, "up")
+        self._mul_mat_id(stream, bindings[UP], info, tokens, "x", False, "up", shared_x=_REUSE)
         self._add_expert_bias(stream, tokens, UP, "up", info.ne[1])
         n_ff = self.model.n_ff
         views = (tokens.held_view("gate", n_ff), tokens.held_view("up", n_ff), tokens.held_view("act", n_ff))
@@ -1079,13 +1084,27 @@ class MoeRunner(Closing):
         x_per_pair: bool,
         y: str,
         route_weights: BufferView | None = None,
+        shared_x: str | None = None,
     ) -> None:
+        """``shared_x``: _PREPARE rounds and groups the input once (``MoeKernels.prepare_direct``) where
+        the call takes a direct kernel; _REUSE takes what the last such preparation left where it was
+        of these very rows, ids and tile (gate's, for up right after it on the same ubatch; in
+        layer-major order only the last ubatch's gate is still there), else prepares as usual."""
         n_in, n_out, n_expert = info.ne[0], info.ne[1], info.ne[2]
         pairs = tokens.count * self.model.top_k
         scratch = tokens.part.scratch()
+        kernels = tokens.part.kernels
         x_view = tokens.held_view(x, n_in)
         y_view = tokens.held_view(y, n_out) if y in _Scratch.HELD else scratch.view(y, pairs * n_out * 4)
-        tokens.part.kernels.mul_mat_id(
+        prepared = None
+        if shared_x is not None and kernels.uses_direct(info.qtype, n_in) and not kernels.uses_gemv(pairs):
+            shape = (tokens.count, self.model.top_k, n_expert, n_in)
+            tile = kernels.tile_for(info.qtype, pairs, n_expert, n_in)
+            if shared_x == _PREPARE:
+                prepared = kernels.prepare_direct(stream, x_view, tokens.ids, *shape, tile)
+            elif kernels.prepared is not None and kernels.prepared.matches(x_view, tokens.ids, *shape, tile):
+                prepared = kernels.prepared
+        kernels.mul_mat_id(
             stream,
             w,
             info.qtype,
@@ -1099,6 +1118,7 @@ class MoeRunner(Closing):
             self.model.top_k,
             y_view,
             route_weights=route_weights,
+            prepared=prepared,
         )
 
     # -- outputs -------------------------------------------------------------------------------

@@ -167,6 +167,7 @@ class MoeKernels(Closing):
         # for them by default: on the H200 a decode step took 3.7 ms with them and 6.6 ms on the tile
         # kernels (microbench/decode_profile.py, 8 layers of qwen3-30b-a3b Q4_K_M).
         self.gemv = gemv
+        self._prepared: DirectInputs | None = None  # the last prepare_direct's: what its scratch holds
         if path is MatrixPath.SIMT and device.capabilities.matrix_cores:
             log.info("mul_mat_id on %s takes the float32 SIMT path although it has matrix cores", device.label)
         self._sources: dict[tuple[RowType, ...], str] = {}  # by module_types
@@ -321,6 +322,12 @@ class MoeKernels(Closing):
                 ),
             )
             return
+        if prepared is not None and prepared is not self._prepared:
+            raise InvalidArgument(
+                "prepared inputs were overwritten by a later prepare_direct",
+                call=call,
+                hint="prepare_direct again, or leave prepared out",
+            )
         if prepared is not None and not (
             direct
             and not gemv
@@ -492,7 +499,14 @@ class MoeKernels(Closing):
             tile_m,
             (n_expert, n_in, n_tokens, top_k, False),
         )
-        return DirectInputs(x_view, ids_view, n_tokens, top_k, n_expert, n_in, tile_m, groups, rounded)
+        self._prepared = DirectInputs(x_view, ids_view, n_tokens, top_k, n_expert, n_in, tile_m, groups, rounded)
+        return self._prepared
+
+    @property
+    def prepared(self) -> DirectInputs | None:
+        """The last ``prepare_direct``'s inputs, the only ones mul_mat_id takes (its scratch holds
+        nothing older). Whether x and ids still hold what was prepared is the caller's to know."""
+        return self._prepared
 
     def _direct_inputs(
         self,

@@ -239,27 +239,43 @@ def test_perplexity_refuses_no_chunks() -> None:
         perplexity(lambda chunk: np.zeros((len(chunk), 8), np.float32), list(range(64)), 16, None, max_chunks=0)
 
 
+@pytest.mark.parametrize("layer_major", [False, True], ids=["ubatch-major", "layer-major"])
 def test_projections_sharing_one_prepared_input_write_the_bytes_of_preparing_each(
-    backend: Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    backend: Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layer_major: bool
 ) -> None:
-    """Q, K and V (and a dense FFN's gate and up) read one input rounded and grouped once where they
-    all take direct kernels of one tile height: the logits are those of each call preparing its own."""
-    from expertstream.engine import blocks
+    """Q, K and V, a dense FFN's gate and up, and a MoE layer's gate and up experts read one input
+    rounded and grouped once where they take direct kernels of one tile height: the logits are those
+    of every call preparing its own, in both prefill orders."""
+    from expertstream.kernels import MoeKernels
 
     path = make_model("tiny-glm4moe", "Q4_0", tmp_path / "q40.gguf", seed=3)  # a leading dense layer too
     tokens = _tokens(PROMPT, 512)
-    prepared_calls: list[int] = []
-    shared_input = blocks.Blocks._shared_input
+    calls = MoeKernels.mul_mat_id
+    shared: list[bool] = []
+    experts_shared: list[bool] = []  # the MoE layer's gate and up calls
 
-    def counted(self: blocks.Blocks, *args: object) -> object:
-        got = shared_input(self, *args)  # type: ignore[arg-type]
-        prepared_calls.append(got is not None)
-        return got
+    def counted(self: MoeKernels, *args: object, **kwargs: object) -> None:
+        shared.append(kwargs.get("prepared") is not None)
+        if args[3] != 1:  # n_expert
+            experts_shared.append(shared[-1])
+        calls(self, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(blocks.Blocks, "_shared_input", counted)
-    shared = _logits(backend, path, tokens, ubatch=16, layer_major=False, slots=2)
-    if not any(prepared_calls):
-        pytest.skip(f"{backend.device(0).label} takes no direct kernels for Q4_0 projections")
-    monkeypatch.setattr(blocks.Blocks, "_shared_input", lambda self, *args: None)
-    each = _logits(backend, path, tokens, ubatch=16, layer_major=False, slots=2)
-    assert shared.tobytes() == each.tobytes()
+    monkeypatch.setattr(MoeKernels, "mul_mat_id", counted)
+    with_sharing = _logits(backend, path, tokens, ubatch=16, layer_major=layer_major, slots=2)
+    if not any(shared):
+        pytest.skip(f"{backend.device(0).label} takes no direct kernels for Q4_0")
+    # In each MoE layer, each of the 3 ubatches' gate prepares; up reads it in ubatch-major order,
+    # and in layer-major order only the last ubatch's (the gates of all three run before the first up).
+    with MoeModel.open(path) as model:
+        n_moe = len(model.layers)
+    assert sum(experts_shared) == n_moe * (3 + (1 if layer_major else 3)), experts_shared
+    monkeypatch.setattr(MoeKernels, "prepare_direct", _no_preparing)
+    monkeypatch.setattr(MoeKernels, "prepared", property(lambda self: None))
+    shared.clear()
+    each = _logits(backend, path, tokens, ubatch=16, layer_major=layer_major, slots=2)
+    assert not any(shared)
+    assert with_sharing.tobytes() == each.tobytes()
+
+
+def _no_preparing(*args: object, **kwargs: object) -> None:
+    return None

@@ -177,3 +177,8 @@ def test_prepared_inputs_are_the_bytes_of_preparing_each_call(
                     y,
                     prepared=prepared,
                 )
+        kernels.prepare_direct(stream, x, ids_buf, shape.n_tokens, shape.top_k, shape.n_expert, shape.n_in, tile)
+        with pytest.raises(InvalidArgument, match="overwritten by a later prepare_direct"):
+            kernels.mul_mat_id(
+                stream, problems[0].w_buf, types[0], 3, 200, 512, x, False, ids_buf, 70, 2, y, prepared=prepared
+            )
