@@ -128,8 +128,7 @@ def rms_norm(
     """
     call = "rms_norm"
     positive(call, n_rows=n_rows, n=n)
-    if not (math.isfinite(eps) and eps >= 0.0):
-        raise InvalidArgument(f"eps must be a finite number >= 0, got {eps!r}", call=call)
+    _check_eps(call, eps)
     fits_int32(call, x=n_rows * n)
     x_view = view(call, "x", x, n_rows * n * 4)
     out_view = view(call, "out", out, n_rows * n * 4)
@@ -161,8 +160,7 @@ def add_rms_norm(
     ``hidden`` and ``delta``."""
     call = "add_rms_norm"
     positive(call, n_rows=n_rows, n=n)
-    if not (math.isfinite(eps) and eps >= 0.0):
-        raise InvalidArgument(f"eps must be a finite number >= 0, got {eps!r}", call=call)
+    _check_eps(call, eps)
     fits_int32(call, hidden=n_rows * n)
     rows = (("hidden", hidden), ("delta", delta), ("out", out))
     views = {name: view(call, name, v, n_rows * n * 4) for name, v in rows}
@@ -304,8 +302,7 @@ def qkv_rope_store(
     _check_rope(call, rope, head_dim)
     if head_dim > NORM_MAX_THREADS:
         raise InvalidArgument(f"head_dim {head_dim} is over the {NORM_MAX_THREADS} one block handles", call=call)
-    if not (math.isfinite(eps) and eps >= 0.0):
-        raise InvalidArgument(f"eps must be a finite number >= 0, got {eps!r}", call=call)
+    _check_eps(call, eps)
     fits_int32(call, q=n_tokens * n_head * head_dim)
     kv_width = n_head_kv * head_dim
     n_cache_rows = min(rows.k_cache.nbytes, rows.v_cache.nbytes) // (2 * kv_width)
@@ -401,6 +398,11 @@ def _same_or_apart(call: str, x: BufferView, out: BufferView) -> None:
             call=call,
             hint="pass the same view for an in-place norm, or views that do not overlap",
         )
+
+
+def _check_eps(call: str, eps: float) -> None:
+    if not (math.isfinite(eps) and eps >= 0.0):
+        raise InvalidArgument(f"eps must be a finite number >= 0, got {eps!r}", call=call)
 
 
 def _apart(call: str, name: str, a: BufferView, other_name: str, b: BufferView) -> None:

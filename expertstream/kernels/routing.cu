@@ -136,6 +136,22 @@ extern "C" __global__ void __launch_bounds__(LOGITS_THREADS) moe_router_logits(
     }
 }
 
+#if defined(__CUDA_ARCH__)
+// The warp's best (value, id) by router_better, valid at lane 0: lane l + s's candidate against lane
+// l's for s = 16, 8, 4, 2, 1.
+__device__ void warp_best(float* v, int* e) {
+#pragma unroll
+    for (int s = 16; s > 0; s >>= 1) {
+        const float other_v = __shfl_down_sync(0xffffffffu, *v, s);
+        const int other_e = __shfl_down_sync(0xffffffffu, *e, s);
+        if (router_better(other_v, other_e, *v, *e)) {
+            *v = other_v;
+            *e = other_e;
+        }
+    }
+}
+#endif
+
 // Block-wide best (value, id) by router_better; every thread gets the winner. router_better is a
 // strict total order, so the winner does not depend on the order candidates meet in: on NVIDIA
 // each warp finds its best by shuffles and thread 0's reading of the warps' bests ends it (two
@@ -143,15 +159,7 @@ extern "C" __global__ void __launch_bounds__(LOGITS_THREADS) moe_router_logits(
 __device__ void select_block_best(float* cand_v, int* cand_e, float v, int e, float* out_v, int* out_e) {
     const int tid = threadIdx.x;
 #if defined(__CUDA_ARCH__)
-#pragma unroll
-    for (int s = 16; s > 0; s >>= 1) {
-        const float other_v = __shfl_down_sync(0xffffffffu, v, s);
-        const int other_e = __shfl_down_sync(0xffffffffu, e, s);
-        if (router_better(other_v, other_e, v, e)) {
-            v = other_v;
-            e = other_e;
-        }
-    }
+    warp_best(&v, &e);
     if (tid % 32 == 0) {
         cand_v[tid / 32] = v;
         cand_e[tid / 32] = e;
@@ -190,7 +198,9 @@ extern "C" __global__ void __launch_bounds__(SELECT_THREADS) moe_router_select(
     int n_group, int n_group_used, int norm, float scale) {
     __shared__ float probs[ROUTER_MAX_EXPERTS];
     __shared__ float sel[ROUTER_MAX_EXPERTS];
-    __shared__ unsigned char taken[ROUTER_MAX_EXPERTS];
+#if !defined(__CUDA_ARCH__)
+    __shared__ unsigned char taken[ROUTER_MAX_EXPERTS];  // the block-wide rounds' (NVIDIA's keep bits in registers)
+#endif
     __shared__ float group_score[SELECT_MAX_GROUPS];
     __shared__ unsigned char group_kept[SELECT_MAX_GROUPS];
     __shared__ float cand_v[SELECT_THREADS];
@@ -207,7 +217,9 @@ extern "C" __global__ void __launch_bounds__(SELECT_THREADS) moe_router_select(
     for (int e = tid; e < n_expert; e += SELECT_THREADS) {
         probs[e] = row[e];
         local_max = fmaxf(local_max, row[e]);
+#if !defined(__CUDA_ARCH__)
         taken[e] = 0;
+#endif
     }
     if (gating == GATING_SOFTMAX) {
         float max_v;
@@ -302,15 +314,7 @@ extern "C" __global__ void __launch_bounds__(SELECT_THREADS) moe_router_select(
                     best_e = e;
                 }
             }
-#pragma unroll
-            for (int s = 16; s > 0; s >>= 1) {
-                const float other_v = __shfl_down_sync(0xffffffffu, best_v, s);
-                const int other_e = __shfl_down_sync(0xffffffffu, best_e, s);
-                if (router_better(other_v, other_e, best_v, best_e)) {
-                    best_v = other_v;
-                    best_e = other_e;
-                }
-            }
+            warp_best(&best_v, &best_e);
             const int win_e = __shfl_sync(0xffffffffu, best_e, 0);
             if (win_e % 32 == tid) {
                 mine_taken |= 1u << (win_e / 32);
