@@ -26,14 +26,19 @@ PACKAGE = Path(__file__).resolve().parents[1]  # the expertstream folder this co
 def git_commit(package: Path = PACKAGE, cwd: Path | None = None) -> str | None:
     """The commit this package's code is, or None where no checkout shows which.
 
-    Run from a checkout (an editable install, or PYTHONPATH), its HEAD. Installed (``pip install .``
+    Run from a checkout (an editable install, or PYTHONPATH), its HEAD, with "-modified" after it
+    where the package's files are not HEAD's (uncommitted edits, or a copied tree whose .git is older
+    than its files). Installed (``pip install .``
     copies the files away from the clone): the commit pip recorded for an install from a git URL,
     else the HEAD of a checkout whose expertstream/ at HEAD holds exactly the installed files: the
     folder pip installed from, or the current working directory (``cwd``).
     """
     top = _git(package, "rev-parse", "--show-toplevel")
     if top is not None and (Path(top).resolve() / package.name) == package.resolve():
-        return _git(package, "rev-parse", "HEAD")
+        head = _git(package, "rev-parse", "HEAD")
+        if head is None or _checkout_holding(package, package) == head:
+            return head
+        return f"{head}-modified"
     origin = _install_origin()
     if origin.get("commit_id"):
         return str(origin["commit_id"])

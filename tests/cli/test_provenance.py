@@ -49,6 +49,16 @@ def test_a_checkout_running_its_own_code_gives_its_head(clone_and_install: tuple
     assert git_commit(clone / "expertstream") == head
 
 
+def test_a_checkout_whose_files_are_not_its_head_says_so(clone_and_install: tuple[Path, Path, str]) -> None:
+    """Uncommitted edits, or a tree copied over an older .git: the HEAD alone would name other code."""
+    clone, _, head = clone_and_install
+    (clone / "expertstream" / "kernels" / "moe.cu").write_text("// kernels, edited\n")
+    assert git_commit(clone / "expertstream") == f"{head}-modified"
+    (clone / "expertstream" / "kernels" / "moe.cu").write_text("// kernels\n")
+    (clone / "expertstream" / "new.py").write_text("x = 1\n")  # a file HEAD does not have
+    assert git_commit(clone / "expertstream") == f"{head}-modified"
+
+
 def test_an_install_from_a_clone_is_found_from_the_clone(
     clone_and_install: tuple[Path, Path, str], tmp_path: Path
 ) -> None:
