@@ -27,8 +27,8 @@ def git_commit(package: Path = PACKAGE, cwd: Path | None = None) -> str | None:
     """The commit this package's code is, or None where no checkout shows which.
 
     Run from a checkout (an editable install, or PYTHONPATH), its HEAD, with "-modified" after it
-    where the package's files are not HEAD's (uncommitted edits, or a copied tree whose .git is older
-    than its files). Installed (``pip install .``
+    where git sees the package's files changed, added or removed against HEAD (uncommitted edits, or
+    a copied tree whose .git is older than its files; files git ignores do not count). Installed (``pip install .``
     copies the files away from the clone): the commit pip recorded for an install from a git URL,
     else the HEAD of a checkout whose expertstream/ at HEAD holds exactly the installed files: the
     folder pip installed from, or the current working directory (``cwd``).
@@ -36,9 +36,8 @@ def git_commit(package: Path = PACKAGE, cwd: Path | None = None) -> str | None:
     top = _git(package, "rev-parse", "--show-toplevel")
     if top is not None and (Path(top).resolve() / package.name) == package.resolve():
         head = _git(package, "rev-parse", "HEAD")
-        if head is None or _checkout_holding(package, package) == head:
-            return head
-        return f"{head}-modified"
+        changes = _git(package, "status", "--porcelain", "--untracked-files=normal", "--", ".")
+        return head if head is None or not changes else f"{head}-modified"
     origin = _install_origin()
     if origin.get("commit_id"):
         return str(origin["commit_id"])

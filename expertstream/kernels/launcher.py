@@ -302,6 +302,24 @@ class MoeKernels(Closing):
         ids_view = view(call, "ids", ids, n_pairs * 4, 4)
         y_view = view(call, "y", y, n_pairs * n_out * 4, 4)
         weights_view = None if route_weights is None else view(call, "route_weights", route_weights, n_pairs * 4)
+        if prepared is not None and prepared is not self._prepared:
+            raise InvalidArgument(
+                "prepared inputs were overwritten by a later prepare_direct",
+                call=call,
+                hint="prepare_direct again, or leave prepared out",
+            )
+        if prepared is not None and not (
+            direct
+            and not gemv
+            and not x_per_pair
+            and prepared.matches(x_view, ids_view, n_tokens, top_k, n_expert, n_in, tile_m)
+        ):
+            raise InvalidArgument(
+                "prepared inputs were made for other activations, ids, shapes or tile height, or this call "
+                f"takes no direct kernel ({fmt.qtype.name} rows of {n_in} elements, {n_pairs} pairs)",
+                call=call,
+                hint="prepare_direct with this call's x, ids and tile_for(), or leave prepared out",
+            )
         if gemv:
             stream.launch(
                 self.kernel(fmt.gemv_kernel_name),
@@ -322,24 +340,6 @@ class MoeKernels(Closing):
                 ),
             )
             return
-        if prepared is not None and prepared is not self._prepared:
-            raise InvalidArgument(
-                "prepared inputs were overwritten by a later prepare_direct",
-                call=call,
-                hint="prepare_direct again, or leave prepared out",
-            )
-        if prepared is not None and not (
-            direct
-            and not gemv
-            and not x_per_pair
-            and prepared.matches(x_view, ids_view, n_tokens, top_k, n_expert, n_in, tile_m)
-        ):
-            raise InvalidArgument(
-                "prepared inputs were made for other activations, ids, shapes or tile height, or this call "
-                f"takes no direct kernel ({fmt.qtype.name} rows of {n_in} elements, {n_pairs} pairs)",
-                call=call,
-                hint="prepare_direct with this call's x, ids and tile_for(), or leave prepared out",
-            )
         if direct:
             name = fmt.direct_kernel_name(tile_m)
             self._direct(
@@ -486,6 +486,18 @@ class MoeKernels(Closing):
         scratch holds them until the next call of this method."""
         call = "MoeKernels.prepare_direct"
         positive(call, n_tokens=n_tokens, top_k=top_k, n_expert=n_expert, n_in=n_in)
+        if not (self.direct and self.device.capabilities.mma_fragments):
+            raise InvalidArgument(
+                f"{self.device.label} takes no direct-decode kernels", call=call, hint="check uses_direct() first"
+            )
+        tiles = {t for fmt in layout.FORMATS.values() for t in fmt.direct_tiles}
+        if n_in % layout.DIRECT_K or tile_m not in tiles:
+            raise InvalidArgument(
+                f"direct kernels take rows of a multiple of {layout.DIRECT_K} elements and tiles of "
+                f"{', '.join(str(int(t)) for t in sorted(tiles))} rows, not {n_in} elements and {int(tile_m)} rows",
+                call=call,
+                hint="prepare with tile_for() of a call that uses_direct()",
+            )
         n_pairs = n_tokens * top_k
         x_view = view(call, "x", x, n_tokens * n_in * 4, 4)
         ids_view = view(call, "ids", ids, n_pairs * 4, 4)

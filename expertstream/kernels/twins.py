@@ -288,7 +288,11 @@ def _gemv_runner(fmt: WeightFormat) -> Any:
                 continue
             acts = np.zeros(width, np.float32)
             acts[:n_in] = x[pair if x_per_pair else pair // top_k]
-            out = _padded_rows(w_bytes, fmt, expert, n_out, n_in) @ acts
+            rows = _padded_rows(w_bytes, fmt, expert, n_out, n_in)
+            # Rows stop at n_in but the tensor's last, which reads the padding tail against zeros.
+            out = rows[:, :n_in] @ acts[:n_in]
+            if expert == n_expert - 1:
+                out[-1] = rows[-1] @ acts
             y[pair] = out if scales is None else scales[pair] * out
 
     return run

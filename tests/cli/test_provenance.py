@@ -57,6 +57,13 @@ def test_a_checkout_whose_files_are_not_its_head_says_so(clone_and_install: tupl
     (clone / "expertstream" / "kernels" / "moe.cu").write_text("// kernels\n")
     (clone / "expertstream" / "new.py").write_text("x = 1\n")  # a file HEAD does not have
     assert git_commit(clone / "expertstream") == f"{head}-modified"
+    (clone / "expertstream" / "new.py").unlink()
+    (clone / "expertstream" / "kernels" / "moe.cu").unlink()  # a file HEAD has, gone
+    assert git_commit(clone / "expertstream") == f"{head}-modified"
+    _git(clone, "checkout", "--", ".")
+    (clone / ".gitignore").write_text("*.so\n")
+    (clone / "expertstream" / "built.so").write_bytes(b"\x7fELF")  # ignored by git: not a change
+    assert git_commit(clone / "expertstream") == head
 
 
 def test_an_install_from_a_clone_is_found_from_the_clone(

@@ -182,3 +182,15 @@ def test_prepared_inputs_are_the_bytes_of_preparing_each_call(
             kernels.mul_mat_id(
                 stream, problems[0].w_buf, types[0], 3, 200, 512, x, False, ids_buf, 70, 2, y, prepared=prepared
             )
+
+
+def test_prepare_direct_refuses_rows_and_tiles_no_direct_kernel_takes(
+    device: Device, kernels: MoeKernels, stream: Stream
+) -> None:
+    if not kernels.uses_direct(GGMLQuantizationType.Q4_0, 512):
+        pytest.skip(f"{kernels.device.label} takes no direct kernels")
+    with device.alloc(70 * 512 * 4) as x, device.alloc(70 * 4) as ids:
+        with pytest.raises(InvalidArgument, match="multiple of 64 elements"):
+            kernels.prepare_direct(stream, x, ids, 70, 1, 1, 500, TileM.SHORT)
+        with pytest.raises(InvalidArgument, match="not 512 elements and 7 rows"):
+            kernels.prepare_direct(stream, x, ids, 70, 1, 1, 512, 7)  # type: ignore[arg-type]
