@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Q6_K direct kernels verified on the GPU; the current decode step profiled per kernel (8-layer file).
+# .dev/gemv_old.cu is `git show 56ecbca:expertstream/kernels/gemv.cu` and .dev/decode_old.cu `git show 56ecbca:expertstream/kernels/decode.cu`
+# (the kernels before this round); .dev/ also held the gguf wheel and llama.cpp's sm_90 archive.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .dev/*.whl
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1

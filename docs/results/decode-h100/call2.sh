@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # gemv variants A/B/C, kernel tests, 8-layer decode profile, 48-layer decode beside llama-bench.
+# .dev/gemv_old.cu is `git show 56ecbca:expertstream/kernels/gemv.cu` and .dev/decode_old.cu `git show 56ecbca:expertstream/kernels/decode.cu`
+# (the kernels before this round); .dev/ also held the gguf wheel and llama.cpp's sm_90 archive.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .dev/*.whl
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
