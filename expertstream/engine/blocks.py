@@ -52,9 +52,23 @@ class Linear:
         y: BufferView,
         ids: BufferView,
         prepared: DirectInputs | None = None,
+        silu_gate: BufferView | None = None,
     ) -> None:
         kernels.mul_mat_id(
-            stream, self.weight, self.info.qtype, 1, self.n_out, self.n_in, x, False, ids, rows, 1, y, prepared=prepared
+            stream,
+            self.weight,
+            self.info.qtype,
+            1,
+            self.n_out,
+            self.n_in,
+            x,
+            False,
+            ids,
+            rows,
+            1,
+            y,
+            prepared=prepared,
+            silu_gate=silu_gate,
         )
         if self.bias is not None:
             dense.add_rows(kernels, stream, y, self.bias, rows, self.n_out)
@@ -295,8 +309,11 @@ class Blocks(Closing):
         self.ffn_input(stream, layer, hidden, count, xn)
         shared = self._shared_input(stream, (ffn.gate, ffn.up), xn, count, ids)
         ffn.gate.apply(k, stream, xn, count, gate, ids, shared)
-        ffn.up.apply(k, stream, xn, count, up, ids, shared)
-        k.swiglu(stream, gate, up, act, count * n_ff)
+        if ffn.up.bias is None and k.uses_gemv(count):
+            ffn.up.apply(k, stream, xn, count, act, ids, silu_gate=gate)  # SwiGLU in the same launch
+        else:
+            ffn.up.apply(k, stream, xn, count, up, ids, shared)
+            k.swiglu(stream, gate, up, act, count * n_ff)
         ffn.down.apply(k, stream, act, count, o, ids)
         standin.add_inplace(k, stream, hidden, o, count * n_embd)
 

@@ -966,9 +966,19 @@ class MoeRunner(Closing):
         self._add_expert_bias(stream, tokens, GATE, "gate", info.ne[1])
 
     def _up(self, tokens: _Tokens, info: TensorInfo, stream: Stream, bindings: Bindings) -> None:
+        n_ff = self.model.n_ff
+        biases = tokens.part.extras[tokens.layer].expert_bias
+        if (
+            self.ffn.ffn.activation is Activation.SILU
+            and not (biases and UP in biases)
+            and tokens.part.kernels.uses_gemv(tokens.count * self.model.top_k)
+        ):
+            # A few rows (decode): the matrix-vector kernel writes SwiGLU's output itself.
+            gate = tokens.held_view("gate", n_ff)
+            self._mul_mat_id(stream, bindings[UP], info, tokens, "x", False, "act", silu_gate=gate)
+            return
         self._mul_mat_id(stream, bindings[UP], info, tokens, "x", False, "up", shared_x=_REUSE)
         self._add_expert_bias(stream, tokens, UP, "up", info.ne[1])
-        n_ff = self.model.n_ff
         views = (tokens.held_view("gate", n_ff), tokens.held_view("up", n_ff), tokens.held_view("act", n_ff))
         n = tokens.count * self.model.top_k * n_ff
         if self.ffn.ffn.activation is Activation.SWIGLU_OAI:
@@ -999,9 +1009,12 @@ class MoeRunner(Closing):
         scratch = part.scratch()
         ids = part.zero_ids.view(0, tokens.count * 4)
         x = tokens.held_view("x", model.n_embd)
+        fused = part.kernels.uses_gemv(tokens.count)  # a few rows: up's kernel writes SwiGLU's output itself
         for role, info in ((GATE, shared.gate), (UP, shared.up), (DOWN, shared.down)):
             n_in, n_out = info.ne[0], info.ne[1]
             source = x if role != DOWN else scratch.view("shared_act", tokens.count * n_in * 4)
+            n = tokens.count * n_out
+            into = "shared_act" if role == UP and fused else f"shared_{role}"
             part.kernels.mul_mat_id(
                 stream,
                 shared.weights[role],
@@ -1014,10 +1027,10 @@ class MoeRunner(Closing):
                 ids,
                 tokens.count,
                 1,
-                scratch.view(f"shared_{role}", tokens.count * n_out * 4),
+                scratch.view(into, n * 4),
+                silu_gate=scratch.view("shared_gate", n * 4) if role == UP and fused else None,
             )
-            if role == UP:
-                n = tokens.count * n_out
+            if role == UP and not fused:
                 gate, up, act = (scratch.view(name, n * 4) for name in ("shared_gate", "shared_up", "shared_act"))
                 part.kernels.swiglu(stream, gate, up, act, n)
         if "gate_inp" in shared.weights:
@@ -1085,6 +1098,7 @@ class MoeRunner(Closing):
         y: str,
         route_weights: BufferView | None = None,
         shared_x: str | None = None,
+        silu_gate: BufferView | None = None,
     ) -> None:
         """``shared_x``: _PREPARE rounds and groups the input once (``MoeKernels.prepare_direct``) where
         the call takes a direct kernel; _REUSE takes what the last such preparation left where it was
@@ -1119,6 +1133,7 @@ class MoeRunner(Closing):
             y_view,
             route_weights=route_weights,
             prepared=prepared,
+            silu_gate=silu_gate,
         )
 
     # -- outputs -------------------------------------------------------------------------------

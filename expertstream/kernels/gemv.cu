@@ -25,7 +25,9 @@
 // NaN. Other rows stop at n_in: past them lie the next row's elements, which add only zeros.
 // Pairs whose id is outside [0, n_expert) get NaN rows and read no weights.
 // With route_weights (float32 per pair; null for none) each row is scaled by its pair's routing
-// weight, as the direct kernels' down projection does: y = route_weights[p] * (W x).
+// weight, as the direct kernels' down projection does: y = route_weights[p] * (W x). With silu_gate
+// (float32 [pairs, n_out]; null for none) the output is SwiGLU's of that gate and this product,
+// y = silu(g) * (W x) with moe_swiglu's float operations: up and SwiGLU in one launch.
 // ---------------------------------------------------------------------------------
 
 // Must match expertstream/kernels/layout.py.
@@ -139,7 +141,8 @@ __device__ float gemv_wave_sum(float partial, float* exchange) {
 template <int TYPE>
 __device__ void mul_mat_vec_id(const unsigned char* __restrict__ w, const float* __restrict__ x,
                                const int* __restrict__ ids, float* __restrict__ y, int n_expert, int n_out, int n_in,
-                               int top_k, int x_per_pair, int n_pairs, const float* __restrict__ route_weights) {
+                               int top_k, int x_per_pair, int n_pairs, const float* __restrict__ route_weights,
+                               const float* __restrict__ silu_gate) {
 #if defined(__CUDA_ARCH__)
     float* exchange = 0;
 #else
@@ -193,7 +196,13 @@ __device__ void mul_mat_vec_id(const unsigned char* __restrict__ w, const float*
     }
     const float sum = gemv_wave_sum(partial, exchange);
     if (lane == 0 && o < n_out) {
-        y[(long long)pair * n_out + o] = route_weights ? route_weights[pair] * sum : sum;
+        const long long at = (long long)pair * n_out + o;
+        float value = route_weights ? route_weights[pair] * sum : sum;
+        if (silu_gate) {
+            const float g = silu_gate[at];
+            value = g / (1.0f + expf(-g)) * value;
+        }
+        y[at] = value;
     }
 }
 
@@ -201,9 +210,9 @@ __device__ void mul_mat_vec_id(const unsigned char* __restrict__ w, const float*
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_THREADS)                                        \
         NAME(const unsigned char* __restrict__ w, const float* __restrict__ x, const int* __restrict__ ids, \
              float* __restrict__ y, int n_expert, int n_out, int n_in, int top_k, int x_per_pair,          \
-             int n_pairs, const float* __restrict__ route_weights) {                                      \
+             int n_pairs, const float* __restrict__ route_weights, const float* __restrict__ silu_gate) {  \
         mul_mat_vec_id<TYPE>(w, x, ids, y, n_expert, n_out, n_in, top_k, x_per_pair, n_pairs,              \
-                             route_weights);                                                               \
+                             route_weights, silu_gate);                                                    \
     }
 // Instances (one per weight type of layout.FORMATS) are appended after the last file by
 // kernel_source (program.py), for the types a module needs.

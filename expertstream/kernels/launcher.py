@@ -257,6 +257,7 @@ class MoeKernels(Closing):
         tile_m: TileM | None = None,
         route_weights: ViewLike | None = None,
         prepared: DirectInputs | None = None,
+        silu_gate: ViewLike | None = None,
     ) -> None:
         """y[t, k, :] = W[ids[t, k]] @ x[t] (or x[t, k]) with float32 accumulation.
 
@@ -268,6 +269,8 @@ class MoeKernels(Closing):
         y[t, k, :] = route_weights[t, k] * (W[ids[t, k]] @ x).
         ``prepared`` (``prepare_direct`` of this x, ids and shapes): the rounded rows and groups to
         read, for a call that takes a direct kernel of the tile height they were grouped for.
+        ``silu_gate`` (float32 [n_tokens, top_k, n_out], a call that takes the matrix-vector kernels):
+        y = silu(silu_gate) * (W x), the bytes of this call without it followed by ``swiglu``.
         """
         call = "MoeKernels.mul_mat_id"
         fmt = weight_format(w_type)
@@ -302,6 +305,13 @@ class MoeKernels(Closing):
         ids_view = view(call, "ids", ids, n_pairs * 4, 4)
         y_view = view(call, "y", y, n_pairs * n_out * 4, 4)
         weights_view = None if route_weights is None else view(call, "route_weights", route_weights, n_pairs * 4)
+        gate_view = None if silu_gate is None else view(call, "silu_gate", silu_gate, n_pairs * n_out * 4, 4)
+        if gate_view is not None and not (gemv and weights_view is None):
+            raise InvalidArgument(
+                "silu_gate is an epilogue of the matrix-vector kernels, without route_weights",
+                call=call,
+                hint="check uses_gemv() first, or run swiglu after the call",
+            )
         if prepared is not None and prepared is not self._prepared:
             raise InvalidArgument(
                 "prepared inputs were overwritten by a later prepare_direct",
@@ -337,6 +347,7 @@ class MoeKernels(Closing):
                     _i32(1 if x_per_pair else 0),
                     _i32(n_pairs),
                     np.uint64(0) if weights_view is None else weights_view,
+                    np.uint64(0) if gate_view is None else gate_view,
                 ),
             )
             return

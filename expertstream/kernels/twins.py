@@ -270,14 +270,23 @@ def mul_mat_id_rate_key(args: Args) -> tuple[tuple[int, int], float]:
 
 
 # -- the matrix-vector kernels (gemv.cu) ---------------------------------------------------
-# moe_mul_mat_vec_id_*: w, x, ids, y, n_expert, n_out, n_in, top_k, x_per_pair, n_pairs, route_weights (or 0)
+# moe_mul_mat_vec_id_*: w, x, ids, y, n_expert, n_out, n_in, top_k, x_per_pair, n_pairs, route_weights (or 0),
+# silu_gate (or 0)
+
+
+def _silu_times(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """silu(gate) * up in float32, moe_swiglu's operations."""
+    with np.errstate(over="ignore"):  # exp(-gate) is inf for gate below about -88: silu is -0 there, as expf gives
+        return gate / (np.float32(1) + np.exp(-gate)) * up
 
 
 def _gemv_runner(fmt: WeightFormat) -> Any:
     def run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
-        w_bytes, x_bytes, ids_bytes, y_bytes, n_expert, n_out, n_in, top_k, x_per_pair, n_pairs, route_weights = args
+        w_bytes, x_bytes, ids_bytes, y_bytes, n_expert, n_out, n_in, top_k, x_per_pair, n_pairs = args[:10]
+        route_weights, silu_gate = args[10:12]
         n_expert, n_out, n_in, top_k, n_pairs = int(n_expert), int(n_out), int(n_in), int(top_k), int(n_pairs)
         scales = route_weights.view(np.float32) if isinstance(route_weights, np.ndarray) else None
+        gates = silu_gate.view(np.float32).reshape(-1, n_out) if isinstance(silu_gate, np.ndarray) else None
         x = x_bytes.view(np.float32).reshape(-1, n_in)
         y = y_bytes.view(np.float32).reshape(-1, n_out)
         ids = ids_bytes.view(np.int32)[:n_pairs]
@@ -293,7 +302,8 @@ def _gemv_runner(fmt: WeightFormat) -> Any:
             out = rows[:, :n_in] @ acts[:n_in]
             if expert == n_expert - 1:
                 out[-1] = rows[-1] @ acts
-            y[pair] = out if scales is None else scales[pair] * out
+            out = out if scales is None else scales[pair] * out
+            y[pair] = out if gates is None else _silu_times(gates[pair], out)
 
     return run
 
@@ -305,7 +315,7 @@ def _gemv_accesses_for(fmt: WeightFormat) -> Any:
             _weights_access(fmt, w, n_expert, n_out, n_in),
             Access(_as_view(x), write=False),
             Access(_as_view(ids), write=False),
-            *([Access(args[10], write=False)] if isinstance(args[10], BufferView) else []),
+            *[Access(a, write=False) for a in args[10:12] if isinstance(a, BufferView)],
             Access(_as_view(y), write=True),
         ]
 
@@ -423,8 +433,7 @@ def _direct_rate_key_for(gate_up: bool) -> Any:
 
 def _swiglu_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
     gate, up, out = (a.view(np.float32) for a in args[:3])
-    with np.errstate(over="ignore"):  # exp(-gate) is inf for gate below about -88: silu is -0 there, as expf gives
-        out[:] = gate / (np.float32(1) + np.exp(-gate)) * up
+    out[:] = _silu_times(gate, up)
 
 
 # args: y, weights (or 0), extra (or 0), hidden, n_tokens, top_k, n

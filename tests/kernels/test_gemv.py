@@ -15,6 +15,7 @@ import pytest
 from gguf import GGMLQuantizationType
 
 from expertstream.backends.base import Device, Stream
+from expertstream.errors import InvalidArgument
 from expertstream.kernels import MoeKernels, layout
 from expertstream.kernels import reference as ref
 from expertstream.kernels.layout import TileM, weight_format
@@ -139,3 +140,30 @@ def test_route_weights_scale_each_row(
     y = y_buf.read().view(np.float32).reshape(1, 3, shape.n_out)
     y_buf.close()
     check(y, weights[..., None] * problem.reference())
+
+
+@pytest.mark.parametrize("w_type", [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K], ids=lambda t: t.name)
+def test_silu_gate_is_the_bytes_of_the_call_then_swiglu(
+    kernels: MoeKernels, device: Device, stream: Stream, rng: np.random.Generator, w_type: GGMLQuantizationType
+) -> None:
+    """Up and SwiGLU in one launch, as decode runs them, write what up then swiglu write; the epilogue
+    belongs to the matrix-vector kernels and is refused elsewhere or with routing weights."""
+    shape = Shape(n_expert=5, n_out=37, n_in=768, n_tokens=1, top_k=4)
+    ids = np.array([[4, 0, 2, 1]], np.int32)
+    problem = tensors.make_problem(device, rng, w_type, shape, ids)
+    n = shape.n_pairs * shape.n_out
+    gate = (rng.standard_normal(n) * 30).astype(np.float32)  # some below -88: silu is -0 there
+    up = tensors.run(kernels, stream, problem)
+    args = (problem.w_buf, w_type, 5, 37, 768, problem.x_buf, False, problem.ids_buf, 1, 4)
+    with (
+        device.upload(gate) as gate_buf,
+        device.upload(up) as up_buf,
+        tensors.poisoned(device, n * 4) as act,
+        tensors.poisoned(device, n * 4) as fused,
+    ):
+        kernels.swiglu(stream, gate_buf, up_buf, act, n)
+        kernels.mul_mat_id(stream, *args, fused, silu_gate=gate_buf)
+        stream.synchronize()
+        assert fused.read().tobytes() == act.read().tobytes()
+        with pytest.raises(InvalidArgument, match="epilogue of the matrix-vector kernels"):
+            kernels.mul_mat_id(stream, *args, fused, tile_m=TileM.SHORT, silu_gate=gate_buf)

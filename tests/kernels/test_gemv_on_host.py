@@ -35,7 +35,7 @@ _DRIVER = (
     _FIBERS
     + """
 typedef void (*MulMatVecId)(const unsigned char*, const float*, const int*, float*, int, int, int, int, int, int,
-                            const float*);
+                            const float*, const float*);
 
 int main(int argc, char** argv) {
     MulMatVecId kernels[] = {%s};
@@ -43,7 +43,7 @@ int main(int argc, char** argv) {
     std::vector<int> shape = read_array<int>(10);
     const int n_expert = shape[0], n_out = shape[1], n_in = shape[2], n_tokens = shape[3], top_k = shape[4];
     const int x_per_pair = shape[5], w_bytes = shape[6], w_shift = shape[7], x_shift = shape[8];
-    const int scaled = shape[9];
+    const int scaled = shape[9] & 1, gated = shape[9] & 2;  // route weights; a SwiGLU gate (then y twice)
     const int n_pairs = n_tokens * top_k;
     const size_t x_count = (size_t)(x_per_pair ? n_pairs : n_tokens) * n_in;
     // Placed w_shift bytes (x_shift floats) past a 16-byte boundary.
@@ -55,20 +55,33 @@ int main(int argc, char** argv) {
     if (fread(x, sizeof(float), x_count, stdin) != x_count) exit(2);
     std::vector<int> ids = read_array<int>(n_pairs);
     std::vector<float> route_weights = read_array<float>(scaled ? n_pairs : 0);
-    std::vector<float> y((size_t)n_pairs * n_out, NAN);
+    std::vector<float> gate = read_array<float>(gated ? (size_t)n_pairs * n_out : 0);
     const unsigned grid_x = (n_out + MOE_GEMV_ROWS - 1) / MOE_GEMV_ROWS;
     gridDim = EsDim3{grid_x, (unsigned)n_pairs, 1};
     blockDim = EsDim3{MOE_GEMV_THREADS, 1, 1};
-    for (unsigned by = 0; by < (unsigned)n_pairs; ++by) {
-        for (unsigned bx = 0; bx < grid_x; ++bx) {
-            blockIdx = EsDim3{bx, by, 0};
-            run_block(MOE_GEMV_THREADS, [&] {
-                kernels[kernel](w, x, ids.data(), y.data(), n_expert, n_out, n_in, top_k, x_per_pair, n_pairs,
-                                scaled ? route_weights.data() : nullptr);
-            });
+    auto launch = [&](const float* silu_gate) {
+        std::vector<float> y((size_t)n_pairs * n_out, NAN);
+        for (unsigned by = 0; by < (unsigned)n_pairs; ++by) {
+            for (unsigned bx = 0; bx < grid_x; ++bx) {
+                blockIdx = EsDim3{bx, by, 0};
+                run_block(MOE_GEMV_THREADS, [&] {
+                    kernels[kernel](w, x, ids.data(), y.data(), n_expert, n_out, n_in, top_k, x_per_pair, n_pairs,
+                                    scaled ? route_weights.data() : nullptr, silu_gate);
+                });
+            }
         }
-    }
+        return y;
+    };
+    std::vector<float> y = launch(gated ? gate.data() : nullptr);
     fwrite(y.data(), sizeof(float), y.size(), stdout);
+    if (gated) {  // then the launch without the gate followed by moe_swiglu's operations
+        std::vector<float> up = launch(nullptr);
+        for (size_t i = 0; i < up.size(); ++i) {
+            const float g = gate[i];
+            up[i] = g / (1.0f + expf(-g)) * up[i];
+        }
+        fwrite(up.data(), sizeof(float), up.size(), stdout);
+    }
     return 0;
 }
 """
@@ -92,19 +105,25 @@ def run_gemv(
     shape: tuple[int, int, int],
     misaligned: bool = False,
     route_weights: np.ndarray | None = None,
+    silu_gate: np.ndarray | None = None,
 ) -> np.ndarray:
     """y [n_tokens, top_k, n_out] from the kernel; ``misaligned`` places w one unit and x one float
-    past a 16-byte boundary."""
+    past a 16-byte boundary. With ``silu_gate``: [2, n_tokens, top_k, n_out], the kernel's output with
+    that gate, then its output without it followed by moe_swiglu's operations."""
     n_expert, n_out, n_in = shape
     n_tokens, top_k = ids.shape
     w_shift, x_shift = (FORMATS[w_type].unit_bytes, 1) if misaligned else (0, 0)
     fields = (n_expert, n_out, n_in, n_tokens, top_k, int(x.ndim == 3), padded.nbytes, w_shift, x_shift)
-    header = struct.pack("10i", *fields, int(route_weights is not None))
+    flags = int(route_weights is not None) | 2 * int(silu_gate is not None)
+    header = struct.pack("10i", *fields, flags)
     data = header + padded.tobytes() + np.ascontiguousarray(x, np.float32).tobytes() + ids.astype(np.int32).tobytes()
     if route_weights is not None:
         data += route_weights.astype(np.float32).tobytes()
+    if silu_gate is not None:
+        data += silu_gate.astype(np.float32).tobytes()
     run = subprocess.run([str(binary), str(TYPES.index(w_type))], input=data, capture_output=True, check=True)
-    return np.frombuffer(run.stdout, np.float32).reshape(n_tokens, top_k, n_out)
+    out = np.frombuffer(run.stdout, np.float32)
+    return out.reshape(n_tokens, top_k, n_out) if silu_gate is None else out.reshape(2, n_tokens, top_k, n_out)
 
 
 @pytest.mark.parametrize("w_type", TYPES, ids=lambda t: t.name)
@@ -172,3 +191,17 @@ def test_rows_longer_than_the_stage_read_global_memory(
     y = run_gemv(host_gemv, w_type, with_tail(w, w_type, n_in), x, ids, (n_expert, n_out, n_in))
     err = ref.relative_error(y, ref.mul_mat_id(w, w_type, n_expert, n_out, n_in, x, ids))
     assert err < ref.MUL_MAT_ID_RTOL, f"relative error {err:.3g}"
+
+
+@pytest.mark.parametrize("w_type", [_T.Q4_K, _T.Q6_K], ids=lambda t: t.name)
+def test_silu_gate_is_the_bytes_of_the_launch_then_swiglu(
+    host_gemv: Path, rng: np.random.Generator, w_type: GGMLQuantizationType
+) -> None:
+    n_expert, n_out, n_in = 3, 13, 768
+    padded = with_tail(ref.random_weights(rng, w_type, n_expert * n_out, n_in), w_type, n_in, 0)
+    x = rng.standard_normal((2, n_in)).astype(np.float32)
+    ids = np.array([[2, 0], [1, 2]], np.int32)
+    gate = (rng.standard_normal((2, 2, n_out)) * 30).astype(np.float32)  # some below -88: silu's -0 there
+    fused, expected = run_gemv(host_gemv, w_type, padded, x, ids, (n_expert, n_out, n_in), silu_gate=gate)
+    assert np.isfinite(fused).all()
+    assert fused.tobytes() == expected.tobytes()
