@@ -186,9 +186,10 @@ class _Scratch:
         self.buffers.clear()
 
 
-# _mul_mat_id's shared_x: gate rounds and groups the layer's expert input once; up, right after it, reads that.
+# _mul_mat_id's shared_x: gate rounds and groups the layer's expert input once; up, right after it, reads that;
 _PREPARE = "prepare"
 _REUSE = "reuse"
+_REGROUP = "regroup"  # down: gate's groups (the same ids), its own input rounded
 
 
 @dataclass(frozen=True)
@@ -1069,7 +1070,17 @@ class MoeRunner(Closing):
         biases = tokens.part.extras[tokens.layer].expert_bias
         # Rows scaled as the kernel writes them, where it can and no bias is added after it.
         routed = tokens.part.kernels.uses_direct(info.qtype, info.ne[0]) and not (biases and DOWN in biases)
-        self._mul_mat_id(stream, bindings[DOWN], info, tokens, "act", True, "down", route_weights if routed else None)
+        self._mul_mat_id(
+            stream,
+            bindings[DOWN],
+            info,
+            tokens,
+            "act",
+            True,
+            "down",
+            route_weights if routed else None,
+            shared_x=_REGROUP,
+        )
         self._add_expert_bias(stream, tokens, DOWN, "down", model.n_embd)
         shared = tokens.part.extras[tokens.layer].shared
         if shared is not None:
@@ -1103,7 +1114,9 @@ class MoeRunner(Closing):
         """``shared_x``: _PREPARE rounds and groups the input once (``MoeKernels.prepare_direct``) where
         the call takes a direct kernel; _REUSE takes what the last such preparation left where it was
         of these very rows, ids and tile (gate's, for up right after it on the same ubatch; in
-        layer-major order only the last ubatch's gate is still there), else prepares as usual."""
+        layer-major order only the last ubatch's gate is still there); _REGROUP takes only its groups,
+        where they are of these ids and tile, and rounds this input (down's); else the call prepares
+        as usual."""
         n_in, n_out, n_expert = info.ne[0], info.ne[1], info.ne[2]
         pairs = tokens.count * self.model.top_k
         scratch = tokens.part.scratch()
@@ -1114,10 +1127,15 @@ class MoeRunner(Closing):
         if shared_x is not None and kernels.uses_direct(info.qtype, n_in) and not kernels.uses_gemv(pairs):
             shape = (tokens.count, self.model.top_k, n_expert, n_in)
             tile = kernels.tile_for(info.qtype, pairs, n_expert, n_in)
+            latest = kernels.prepared
             if shared_x == _PREPARE:
                 prepared = kernels.prepare_direct(stream, x_view, tokens.ids, *shape, tile)
-            elif kernels.prepared is not None and kernels.prepared.matches(x_view, tokens.ids, *shape, tile):
-                prepared = kernels.prepared
+            elif shared_x == _REUSE and latest is not None and latest.matches(x_view, tokens.ids, *shape, tile):
+                prepared = latest
+            elif shared_x == _REGROUP and latest is not None and latest.groups_match(tokens.ids, *shape[:3], tile):
+                prepared = kernels.prepare_direct(
+                    stream, x_view, tokens.ids, *shape, tile, x_per_pair=x_per_pair, groups_of=latest
+                )
         kernels.mul_mat_id(
             stream,
             w,

@@ -137,18 +137,31 @@ class DirectInputs:
     tile_m: TileM
     groups: BufferView  # the grouping words
     rounded: BufferView  # the rows rounded to bf16
+    x_per_pair: bool = False  # x holds a row per (token, k) pair (a down projection's input)
 
     def matches(
-        self, x: BufferView, ids: BufferView, n_tokens: int, top_k: int, n_expert: int, n_in: int, tile_m: TileM
+        self,
+        x: BufferView,
+        ids: BufferView,
+        n_tokens: int,
+        top_k: int,
+        n_expert: int,
+        n_in: int,
+        tile_m: TileM,
+        x_per_pair: bool = False,
     ) -> bool:
         """Whether a call of these inputs and tile height reads exactly what was prepared."""
-        return (x, ids, n_tokens, top_k, n_expert, n_in, tile_m) == (
-            self.x,
+        return (x, n_in, x_per_pair) == (self.x, self.n_in, self.x_per_pair) and self.groups_match(
+            ids, n_tokens, top_k, n_expert, tile_m
+        )
+
+    def groups_match(self, ids: BufferView, n_tokens: int, top_k: int, n_expert: int, tile_m: TileM) -> bool:
+        """Whether these ids and tile height group as what was prepared."""
+        return (ids, n_tokens, top_k, n_expert, tile_m) == (
             self.ids,
             self.n_tokens,
             self.top_k,
             self.n_expert,
-            self.n_in,
             self.tile_m,
         )
 
@@ -321,8 +334,7 @@ class MoeKernels(Closing):
         if prepared is not None and not (
             direct
             and not gemv
-            and not x_per_pair
-            and prepared.matches(x_view, ids_view, n_tokens, top_k, n_expert, n_in, tile_m)
+            and prepared.matches(x_view, ids_view, n_tokens, top_k, n_expert, n_in, tile_m, x_per_pair)
         ):
             raise InvalidArgument(
                 "prepared inputs were made for other activations, ids, shapes or tile height, or this call "
@@ -491,10 +503,14 @@ class MoeKernels(Closing):
         n_expert: int,
         n_in: int,
         tile_m: TileM,
+        x_per_pair: bool = False,
+        groups_of: DirectInputs | None = None,
     ) -> DirectInputs:
-        """Round ``x`` [n_tokens, n_in] and group the pairs of ``ids`` for direct kernels of ``tile_m``
-        rows, once, for every mul_mat_id of these inputs to take (``prepared=``). The instance's own
-        scratch holds them until the next call of this method."""
+        """Round ``x`` [n_tokens, n_in] (or [n_tokens, top_k, n_in] with ``x_per_pair``) and group the
+        pairs of ``ids`` for direct kernels of ``tile_m`` rows, once, for every mul_mat_id of these
+        inputs to take (``prepared=``). ``groups_of``, the last preparation, of the same ids and tile
+        height: its groups are taken and only ``x`` is rounded (a down projection after its gate). The
+        instance's own scratch holds them until the next call of this method."""
         call = "MoeKernels.prepare_direct"
         positive(call, n_tokens=n_tokens, top_k=top_k, n_expert=n_expert, n_in=n_in)
         if not (self.direct and self.device.capabilities.mma_fragments):
@@ -510,19 +526,36 @@ class MoeKernels(Closing):
                 hint="prepare with tile_for() of a call that uses_direct()",
             )
         n_pairs = n_tokens * top_k
-        x_view = view(call, "x", x, n_tokens * n_in * 4, 4)
+        x_rows = n_pairs if x_per_pair else n_tokens
+        x_view = view(call, "x", x, x_rows * n_in * 4, 4)
         ids_view = view(call, "ids", ids, n_pairs * 4, 4)
-        need = layout.quantized_x_offset(n_pairs, n_expert, tile_m) + layout.direct_x_bytes(n_tokens, n_in)
-        groups, rounded, _ = self._direct_inputs(
-            stream,
-            call,
-            x_view,
-            ids_view,
-            self.scratch("direct_inputs", need),
-            tile_m,
-            (n_expert, n_in, n_tokens, top_k, False),
+        if groups_of is None:
+            need = layout.quantized_x_offset(n_pairs, n_expert, tile_m) + layout.direct_x_bytes(x_rows, n_in)
+            groups, rounded, _ = self._direct_inputs(
+                stream,
+                call,
+                x_view,
+                ids_view,
+                self.scratch("direct_inputs", need),
+                tile_m,
+                (n_expert, n_in, n_tokens, top_k, x_per_pair),
+            )
+        else:
+            if groups_of is not self._prepared or not groups_of.groups_match(
+                ids_view, n_tokens, top_k, n_expert, tile_m
+            ):
+                raise InvalidArgument(
+                    "groups_of is not the last preparation, or groups other ids, shapes or tile height",
+                    call=call,
+                    hint="leave groups_of out: the pairs are then grouped again",
+                )
+            self._check_direct_rows(call, x_rows, n_in)
+            groups = groups_of.groups
+            rounded = self.scratch("direct_rounded", layout.direct_x_bytes(x_rows, n_in))
+            self._round_direct(stream, x_view, rounded, x_rows, n_in)
+        self._prepared = DirectInputs(
+            x_view, ids_view, n_tokens, top_k, n_expert, n_in, tile_m, groups, rounded, x_per_pair
         )
-        self._prepared = DirectInputs(x_view, ids_view, n_tokens, top_k, n_expert, n_in, tile_m, groups, rounded)
         return self._prepared
 
     @property
@@ -546,13 +579,7 @@ class MoeKernels(Closing):
         n_expert, n_in, n_tokens, top_k, x_per_pair = shape
         n_pairs = n_tokens * top_k
         x_rows = n_pairs if x_per_pair else n_tokens
-        if x_rows * n_in >= 1 << 32:  # the kernels hold an activation row's start as a 32-bit element offset
-            raise InvalidArgument(
-                f"{x_rows} activation rows of {n_in} elements are over the 2^32 elements the direct-decode "
-                "kernels address",
-                call=call,
-                hint="split the batch",
-            )
+        self._check_direct_rows(call, x_rows, n_in)
         tiles = layout.max_tiles(n_pairs, n_expert, tile_m)
         words = layout.scratch_words(n_pairs, n_expert, tile_m)
         xb_at = layout.quantized_x_offset(n_pairs, n_expert, tile_m)
@@ -564,6 +591,22 @@ class MoeKernels(Closing):
         )
         groups = BufferView(whole.buffer, whole.offset, words * 4)
         xb = BufferView(whole.buffer, whole.offset + xb_at, need - xb_at)
+        self._round_direct(stream, x, xb, x_rows, n_in)
+        self._group(stream, ids, groups, n_pairs, n_expert, tile_m, tiles)
+        return groups, xb, tiles
+
+    @staticmethod
+    def _check_direct_rows(call: str, x_rows: int, n_in: int) -> None:
+        if x_rows * n_in >= 1 << 32:  # the kernels hold an activation row's start as a 32-bit element offset
+            raise InvalidArgument(
+                f"{x_rows} activation rows of {n_in} elements are over the 2^32 elements the direct-decode "
+                "kernels address",
+                call=call,
+                hint="split the batch",
+            )
+
+    def _round_direct(self, stream: Stream, x: BufferView, xb: BufferView, x_rows: int, n_in: int) -> None:
+        """The activation rows rounded to bf16 in the direct kernels' order (moe_round_x_direct)."""
         round_words = x_rows * n_in // 2
         stream.launch(
             self.kernel("moe_round_x_direct"),
@@ -571,8 +614,6 @@ class MoeKernels(Closing):
             layout.DIRECT_ROUND_THREADS,
             (x, xb, _i32(x_rows), _i32(n_in)),
         )
-        self._group(stream, ids, groups, n_pairs, n_expert, tile_m, tiles)
-        return groups, xb, tiles
 
     def _direct(
         self,

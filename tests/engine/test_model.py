@@ -244,8 +244,8 @@ def test_projections_sharing_one_prepared_input_write_the_bytes_of_preparing_eac
     backend: Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layer_major: bool
 ) -> None:
     """Q, K and V, a dense FFN's gate and up, and a MoE layer's gate and up experts read one input
-    rounded and grouped once where they take direct kernels of one tile height: the logits are those
-    of every call preparing its own, in both prefill orders."""
+    rounded and grouped once where they take direct kernels of one tile height, and down takes gate's
+    groups: the logits are those of every call preparing its own, in both prefill orders."""
     from expertstream.kernels import MoeKernels
 
     path = make_model("tiny-glm4moe", "Q4_0", tmp_path / "q40.gguf", seed=3)  # a leading dense layer too
@@ -264,11 +264,12 @@ def test_projections_sharing_one_prepared_input_write_the_bytes_of_preparing_eac
     with_sharing = _logits(backend, path, tokens, ubatch=16, layer_major=layer_major, slots=2)
     if not any(shared):
         pytest.skip(f"{backend.device(0).label} takes no direct kernels for Q4_0")
-    # In each MoE layer, each of the 3 ubatches' gate prepares; up reads it in ubatch-major order,
-    # and in layer-major order only the last ubatch's (the gates of all three run before the first up).
+    # In each MoE layer, each of the 3 ubatches' gate prepares; up reads it and down its groups in
+    # ubatch-major order, in layer-major order only the last ubatch's (the gates of all three run
+    # before the first up, the ups before the first down).
     with MoeModel.open(path) as model:
         n_moe = len(model.layers)
-    assert sum(experts_shared) == n_moe * (3 + (1 if layer_major else 3)), experts_shared
+    assert sum(experts_shared) == n_moe * (3 + (2 if layer_major else 6)), experts_shared
     monkeypatch.setattr(MoeKernels, "prepare_direct", _no_preparing)
     monkeypatch.setattr(MoeKernels, "prepared", property(lambda self: None))
     shared.clear()

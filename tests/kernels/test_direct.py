@@ -178,6 +178,7 @@ def test_prepared_inputs_are_the_bytes_of_preparing_each_call(
                     prepared=prepared,
                 )
         kernels.prepare_direct(stream, x, ids_buf, shape.n_tokens, shape.top_k, shape.n_expert, shape.n_in, tile)
+        stream.synchronize()  # the kernels' scratch is theirs again, for another stream
         with pytest.raises(InvalidArgument, match="overwritten by a later prepare_direct"):
             kernels.mul_mat_id(
                 stream, problems[0].w_buf, types[0], 3, 200, 512, x, False, ids_buf, 70, 2, y, prepared=prepared
@@ -194,3 +195,37 @@ def test_prepare_direct_refuses_rows_and_tiles_no_direct_kernel_takes(
             kernels.prepare_direct(stream, x, ids, 70, 1, 1, 500, TileM.SHORT)
         with pytest.raises(InvalidArgument, match="not 512 elements and 7 rows"):
             kernels.prepare_direct(stream, x, ids, 70, 1, 1, 512, 7)  # type: ignore[arg-type]
+
+
+def test_groups_of_the_last_preparation_serve_a_per_pair_input(
+    device: Device, kernels: MoeKernels, stream: Stream, rng: np.random.Generator
+) -> None:
+    """A down projection after its gate: the gate's groups, the down's own rows rounded (x per pair),
+    the bytes of the call preparing both itself; groups of other ids are refused."""
+    w_type = GGMLQuantizationType.Q4_K
+    gate_shape = Shape(n_expert=4, n_out=256, n_in=512, n_tokens=30, top_k=2)
+    down_shape = Shape(n_expert=4, n_out=192, n_in=256, n_tokens=30, top_k=2, x_per_pair=True)
+    if not kernels.uses_direct(w_type, down_shape.n_in):
+        pytest.skip(f"{kernels.device.label} takes no direct kernels for {w_type.name}")
+    ids = tensors.distinct_ids(rng, 30, 2, np.arange(4))
+    gate = tensors.make_problem(device, rng, w_type, gate_shape, ids)
+    down = tensors.make_problem(device, rng, w_type, down_shape, ids)
+    tile = kernels.tile_for(w_type, 60, 4, 512)
+    assert tile == kernels.tile_for(w_type, 60, 4, 256)
+    expected = tensors.run(kernels, stream, down, ids_buf=gate.ids_buf)
+    first = kernels.prepare_direct(stream, gate.x_buf, gate.ids_buf, 30, 2, 4, 512, tile)
+    second = kernels.prepare_direct(
+        stream, down.x_buf, gate.ids_buf, 30, 2, 4, 256, tile, x_per_pair=True, groups_of=first
+    )
+    assert second.groups == first.groups
+    with tensors.poisoned(device, 60 * 192 * 4) as y:
+        kernels.mul_mat_id(
+            stream, down.w_buf, w_type, 4, 192, 256, down.x_buf, True, gate.ids_buf, 30, 2, y, prepared=second
+        )
+        stream.synchronize()
+        assert y.read().view(np.float32).tobytes() == expected.tobytes()
+    with pytest.raises(InvalidArgument, match="groups_of is not the last preparation"):
+        kernels.prepare_direct(stream, down.x_buf, down.ids_buf, 30, 2, 4, 256, tile, x_per_pair=True, groups_of=second)
+    with pytest.raises(InvalidArgument, match="groups_of is not the last preparation"):
+        kernels.prepare_direct(stream, down.x_buf, gate.ids_buf, 30, 2, 4, 256, tile, x_per_pair=True, groups_of=first)
+    stream.synchronize()
