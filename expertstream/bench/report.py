@@ -109,6 +109,20 @@ class Row:
         """The prefill rate with every expert already on the device."""
         return self.tokens / self.compute_only_s if self.compute_only_s else None
 
+    @property
+    def decode_link_limit_tokens_per_s(self) -> float | None:
+        """The decode rate if each step's expert copies at the H2D peak were all that took time: the
+        link's limit (None where the steps copied nothing)."""
+        if not (self.decode_bytes and self.decode_steps and self.h2d_peak_gbps):
+            return None
+        return self.h2d_peak_gbps * 1e9 * self.decode_steps / self.decode_bytes
+
+    @property
+    def decode_link_pct(self) -> float | None:
+        """The decode rate as a percent of the link's limit."""
+        limit = self.decode_link_limit_tokens_per_s
+        return None if limit is None or self.decode_tokens_per_s is None else 100.0 * self.decode_tokens_per_s / limit
+
 
 COLUMNS_HELP = """\
 columns (times and rates are the median of -r repetitions after a warm-up; +- is the sample sd):
@@ -130,7 +144,9 @@ columns (times and rates are the median of -r repetitions after a warm-up; +- is
   work           what ran: whole (the model end to end) or experts (the expert blocks alone around a
                  weightless stand-in, --experts-only); /L where the prefill ran layer-major
   decode t/s     decode tokens over the time all the steps took ("-" without -n); the JSON adds the
-                 median step (decode_median_step_ms), which predictions and tune are held to
+                 median step (decode_median_step_ms), which predictions and tune are held to, and,
+                 where the steps copy experts, the link's limit (decode_link_limit_tokens_per_s: the
+                 steps' expert bytes at the H2D peak) and the rate's share of it (decode_link_pct)
   output sha256  hash of the outputs; every row must agree (exit status 1 if not); the whole
                  model's rows agree within one ubatch size (attention sums its keys by tiles)
   pred s, err    with --predict: the predicted ttft and (measured / predicted - 1); pred t/s: decode
@@ -148,6 +164,14 @@ def mismatched(rows: Sequence[Row]) -> list[str]:
     return [rows[0].label, *(r.label for r in differing)] if differing else []
 
 
+# Figures derived from a row's fields, in its JSON and CSV beside them.
+DERIVED_FIELDS = (
+    "transfer_floor_tokens_per_s",
+    "compute_only_tokens_per_s",
+    "decode_link_limit_tokens_per_s",
+    "decode_link_pct",
+)
+
 # Fields a row carries only when the command line set them.
 OPTIONAL_FIELDS = ("n_cpu_moe", "gpu_memory", "host_cache")
 
@@ -155,8 +179,7 @@ OPTIONAL_FIELDS = ("n_cpu_moe", "gpu_memory", "host_cache")
 def row_json(row: Row) -> dict[str, Any]:
     values = {
         **asdict(row),
-        "transfer_floor_tokens_per_s": row.transfer_floor_tokens_per_s,
-        "compute_only_tokens_per_s": row.compute_only_tokens_per_s,
+        **{name: getattr(row, name) for name in DERIVED_FIELDS},
     }
     for name in OPTIONAL_FIELDS:
         if values[name] is None:
@@ -175,7 +198,7 @@ def jsonl_line(header: dict[str, Any], row: Row) -> str:
 
 def csv_fields(rows: Sequence[Row]) -> list[str]:
     """The CSV columns of ``rows``: every field, the optional ones where some row has them."""
-    names = [f.name for f in fields(Row)] + ["transfer_floor_tokens_per_s", "compute_only_tokens_per_s"]
+    names = [f.name for f in fields(Row)] + list(DERIVED_FIELDS)
     absent = {name for name in OPTIONAL_FIELDS if all(getattr(r, name) is None for r in rows)}
     return [name for name in names if name not in absent]
 

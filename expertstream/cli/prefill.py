@@ -166,7 +166,8 @@ each group but the last finishes. Ctrl-C keeps the rows printed (exit status 130
 
 JSON (-o json) is one document, printed at the end: the run's provenance (version, git commit,
 device, driver, library versions, seed, command line), the model, and one object per row with
-every column above plus transfer_floor_tokens_per_s and compute_only_tokens_per_s (and n_cpu_moe,
+every column above plus transfer_floor_tokens_per_s, compute_only_tokens_per_s,
+decode_link_limit_tokens_per_s and decode_link_pct (and n_cpu_moe,
 gpu_memory or host_cache where given); rows of --host-memory disk add, per prefill, the expert bytes
 its host cache served (host_cache_bytes), the bytes read from the drive (disk_bytes_read) and the
 share served from RAM (host_cache_hit_pct). Ctrl-C prints it with the rows done and "interrupted": true.

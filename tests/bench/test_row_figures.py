@@ -15,6 +15,7 @@ import pytest
 
 import expertstream
 from expertstream.bench import measure as measure_module
+from expertstream.bench import report
 from expertstream.bench.measure import PeakProbe, Settings, measure
 from expertstream.engine.runner import Batching
 from expertstream.hostmem import HostMemoryMode
@@ -99,3 +100,17 @@ def test_a_short_prompts_decode_steps_replay_one_graph(tmp_path: Path) -> None:
     with expertstream.backend("sim", data=False) as sim, MoeModel.open(path) as model:
         (row,) = measure(sim, sim.device(0), model, settings, h2d_peak=PeakProbe(10.0, 10.0, 10.0, 1)).rows
     assert row.decode_path == "graph"
+
+
+def test_decode_link_limit_and_share_are_the_hand_computed_ones(tiny_path: Path) -> None:
+    settings = Settings(Batching(TOKENS, 16), (0,), (HostMemoryMode.PINNED,))
+    with expertstream.backend("sim", data=False) as sim, MoeModel.open(tiny_path) as model:
+        (row,) = measure(sim, sim.device(0), model, settings, h2d_peak=PeakProbe(10.0, 10.0, 10.0, 1)).rows
+    # 64 steps copying 70.4 GB in all at 55 GB/s: 1.1 GB, 20 ms of copies a step, 50 tokens/s at most.
+    row = dataclasses.replace(row, decode_steps=64, decode_bytes=70_400_000_000, h2d_peak_gbps=55.0)
+    row = dataclasses.replace(row, decode_tokens_per_s=35.0)
+    assert row.decode_link_limit_tokens_per_s == pytest.approx(50.0, rel=1e-12)
+    assert row.decode_link_pct == pytest.approx(70.0, rel=1e-12)
+    assert report.row_json(row)["decode_link_pct"] == row.decode_link_pct
+    assert dataclasses.replace(row, decode_bytes=0).decode_link_limit_tokens_per_s is None  # nothing copied
+    assert dataclasses.replace(row, decode_tokens_per_s=None).decode_link_pct is None
