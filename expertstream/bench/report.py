@@ -112,8 +112,9 @@ class Row:
     @property
     def decode_link_limit_tokens_per_s(self) -> float | None:
         """The decode rate if each step's expert copies at the H2D peak were all that took time: the
-        link's limit (None where the steps copied nothing)."""
-        if not (self.decode_bytes and self.decode_steps and self.h2d_peak_gbps):
+        link's limit (None where the steps copied nothing, or over several devices, whose links the one
+        peak measured does not add up)."""
+        if not (self.decode_bytes and self.decode_steps and self.h2d_peak_gbps) or self.devices > 1:
             return None
         return self.h2d_peak_gbps * 1e9 * self.decode_steps / self.decode_bytes
 

@@ -113,4 +113,5 @@ def test_decode_link_limit_and_share_are_the_hand_computed_ones(tiny_path: Path)
     assert row.decode_link_pct == pytest.approx(70.0, rel=1e-12)
     assert report.row_json(row)["decode_link_pct"] == row.decode_link_pct
     assert dataclasses.replace(row, decode_bytes=0).decode_link_limit_tokens_per_s is None  # nothing copied
+    assert dataclasses.replace(row, devices=2).decode_link_limit_tokens_per_s is None  # one link's peak
     assert dataclasses.replace(row, decode_tokens_per_s=None).decode_link_pct is None
