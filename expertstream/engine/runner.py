@@ -186,10 +186,11 @@ class _Scratch:
         self.buffers.clear()
 
 
-# _mul_mat_id's shared_x: gate rounds and groups the layer's expert input once; up, right after it, reads that;
+# _mul_mat_id's shared_x: gate rounds and groups the layer's expert input once (_PREPARE); up, right
+# after it, reads that (_REUSE); down takes gate's groups, the same ids, and rounds its own input (_REGROUP).
 _PREPARE = "prepare"
 _REUSE = "reuse"
-_REGROUP = "regroup"  # down: gate's groups (the same ids), its own input rounded
+_REGROUP = "regroup"
 
 
 @dataclass(frozen=True)
