@@ -135,6 +135,15 @@ __device__ float rms_scale(const float* row, int n, float eps, float* partial) {
     return scale;
 }
 
+// dst[i] = row[i] * scale (* weight[i] where weight is not null) for the thread's elements i = tid,
+// tid + blockDim.x, ...: rms_scale's row normed.
+__device__ void rms_store(const float* row, int n, float scale, const float* __restrict__ weight, float* dst) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = row[i] * scale;
+        dst[i] = weight ? v * weight[i] : v;
+    }
+}
+
 // out[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) (* weight[:] where weight is not null), as
 // ggml's rms_norm followed by its mul. One block per row, blockDim.x a power of two up to
 // DENSE_NORM_MAX_THREADS; the sum of squares is reduced in a fixed order. out may be x: each
@@ -146,14 +155,8 @@ extern "C" __global__ void __launch_bounds__(DENSE_NORM_MAX_THREADS)
     if (r >= n_rows) {
         return;  // the whole block returns: no thread is left waiting at a barrier
     }
-    const int tid = threadIdx.x;
     const float* row = x + (long long)r * n;
-    const float scale = rms_scale(row, n, eps, partial);
-    float* dst = out + (long long)r * n;
-    for (int i = tid; i < n; i += blockDim.x) {
-        const float v = row[i] * scale;
-        dst[i] = weight ? v * weight[i] : v;
-    }
+    rms_store(row, n, rms_scale(row, n, eps, partial), weight, out + (long long)r * n);
 }
 
 // hidden[r, :] += delta[r, :], then out[r, :] = the new row's rms_norm (times weight[:] where not
@@ -174,12 +177,7 @@ extern "C" __global__ void __launch_bounds__(DENSE_NORM_MAX_THREADS)
     for (int i = tid; i < n; i += blockDim.x) {
         row[i] += add[i];
     }
-    const float scale = rms_scale(row, n, eps, partial);
-    float* dst = out + (long long)r * n;
-    for (int i = tid; i < n; i += blockDim.x) {
-        const float v = row[i] * scale;
-        dst[i] = weight ? v * weight[i] : v;
-    }
+    rms_store(row, n, rms_scale(row, n, eps, partial), weight, out + (long long)r * n);
 }
 
 // y[r, i] += bias[i]: thread i of the row block, rows blockIdx.y, blockIdx.y + gridDim.y, ...

@@ -875,7 +875,7 @@ __device__ void mul_mat_id_direct_tile(const unsigned char* __restrict__ w, cons
                     for (int e = 0; e < 2; ++e) {
                         const float g = acc[i][j][2 * h + e] + tail[r + e];
                         const float u = acc[i][j + 2][2 * h + e] + tail[r + e + 16];
-                        v[e] = g / (1.0f + expf(-g)) * u;
+                        v[e] = silu_times(g, u);
                     }
                     direct_store_pair(out, n0 / 2 + 16 * warp + 8 * j + col, n_out, pair_stores, v);
                 }

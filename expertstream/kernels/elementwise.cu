@@ -6,8 +6,7 @@ extern "C" __global__ void moe_swiglu(const float* __restrict__ gate, const floa
                                       float* __restrict__ out, int n) {
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        const float g = gate[i];
-        out[i] = g / (1.0f + expf(-g)) * up[i];
+        out[i] = silu_times(gate[i], up[i]);
     }
 }
 

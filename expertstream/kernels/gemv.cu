@@ -34,6 +34,7 @@
 #define MOE_GEMV_THREADS 256
 #define MOE_GEMV_WAVE 32                                  // lanes per output row: a logical wave
 #define MOE_GEMV_ROWS (MOE_GEMV_THREADS / MOE_GEMV_WAVE)  // output rows per block
+static_assert(MOE_GEMV_WAVE == 32, "a row's lanes add up by wave32_sum");
 #define MOE_GEMV_STAGE 4096  // activation rows up to this many elements are staged in shared memory
 #define MOE_GEMV_STAGE_LD 33 // floats per staged 32-element slice: lane l's slice l starts in bank l
 
@@ -115,29 +116,6 @@ __device__ float gemv_slice_dot(const float* __restrict__ x_row, int k0, int n_i
     return acc;
 }
 
-// The sum of a wave's partial sums, valid at its lane 0: lane l + s added into lane l for
-// s = 16, 8, 4, 2, 1. Every thread of the block must call it (the generic form holds barriers).
-__device__ float gemv_wave_sum(float partial, float* exchange) {
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-    for (int s = MOE_GEMV_WAVE / 2; s > 0; s >>= 1) {
-        partial += __shfl_down_sync(0xffffffffu, partial, s);
-    }
-    return partial;
-#else
-    const int tid = threadIdx.x;
-    exchange[tid] = partial;
-    __syncthreads();
-    for (int s = MOE_GEMV_WAVE / 2; s > 0; s >>= 1) {
-        if (tid % MOE_GEMV_WAVE < s) {
-            exchange[tid] += exchange[tid + s];
-        }
-        __syncthreads();
-    }
-    return exchange[tid];
-#endif
-}
-
 template <int TYPE>
 __device__ void mul_mat_vec_id(const unsigned char* __restrict__ w, const float* __restrict__ x,
                                const int* __restrict__ ids, float* __restrict__ y, int n_expert, int n_out, int n_in,
@@ -194,13 +172,12 @@ __device__ void mul_mat_vec_id(const unsigned char* __restrict__ w, const float*
                                : gemv_slice_dot(x_row, ks * MOE_TILE_K, n_in, v, partial);
         }
     }
-    const float sum = gemv_wave_sum(partial, exchange);
+    const float sum = wave32_sum(partial, exchange);
     if (lane == 0 && o < n_out) {
         const long long at = (long long)pair * n_out + o;
         float value = route_weights ? route_weights[pair] * sum : sum;
         if (silu_gate) {
-            const float g = silu_gate[at];
-            value = g / (1.0f + expf(-g)) * value;
+            value = silu_times(silu_gate[at], value);
         }
         y[at] = value;
     }

@@ -43,31 +43,6 @@ __device__ bool router_better(float v, int e, float best_v, int best_e) {
 #define WEIGHTS_SUM_MIN 6.103515625e-5f  // floor of the sum that normalized weights divide by
 #define NEG_INFINITY bits_to_float(0xff800000u)
 
-// The sum of a wave's partial sums, valid at its lane 0: lane l + s added into lane l for
-// s = 16, 8, 4, 2, 1 (the same additions on every device). Every thread of the block calls
-// it; the generic form (AMD's wave64 targets, the host harness) goes through shared memory.
-__device__ float logits_wave_sum(float partial, float* exchange) {
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-    for (int s = 16; s > 0; s >>= 1) {
-        partial += __shfl_down_sync(0xffffffffu, partial, s);
-    }
-    return partial;
-#else
-    const int tid = threadIdx.x;
-    __syncthreads();  // the exchange's last readers are done
-    exchange[tid] = partial;
-    __syncthreads();
-    for (int s = 16; s > 0; s >>= 1) {
-        if (tid % 32 < s) {
-            exchange[tid] += exchange[tid + s];
-        }
-        __syncthreads();
-    }
-    return exchange[tid];
-#endif
-}
-
 // row[k .. k + 3] into v, zeros past n: 16 bytes at once where ``wide`` (n a multiple of 4, the
 // rows 16-byte aligned), else one float at a time.
 __device__ void logits_load4(const float* row, int k, int n, bool wide, float* v) {
@@ -129,7 +104,7 @@ extern "C" __global__ void __launch_bounds__(LOGITS_THREADS) moe_router_logits(
     }
 #pragma unroll
     for (int j = 0; j < LOGITS_TOKENS; ++j) {
-        const float sum = logits_wave_sum(acc[j], exchange);
+        const float sum = wave32_sum(acc[j], exchange);
         if (lane == 0 && e < n_expert && j < tokens) {
             logits[(long long)(t0 + j) * n_expert + e] = has_bias ? sum + bias[e] : sum;
         }

@@ -60,8 +60,8 @@ def host_logits(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if CXX is None:
         pytest.skip("no C++ compiler (c++, g++ or clang++) on PATH")
     routing_cu = source_file("routing.cu")
-    defines = routing_cu[routing_cu.index("#define GATING_SOFTMAX") : routing_cu.index("// The sum of a wave's")]
-    kernel = routing_cu[routing_cu.index("// The sum of a wave's") : routing_cu.index("// Block-wide best")]
+    defines = routing_cu[routing_cu.index("#define GATING_SOFTMAX") : routing_cu.index("// row[k .. k + 3]")]
+    kernel = routing_cu[routing_cu.index("// row[k .. k + 3]") : routing_cu.index("// Block-wide best")]
     code = shared_code(kernel_source(())) + defines + kernel + _DRIVER
     return compile_on_host(tmp_path_factory.mktemp("router"), "router", code)
 
