@@ -39,8 +39,7 @@ def host_memory_choices(
     tensors do not fit the host memory this process may fill (``memory``; None: what
     ``memlimit.read_memory_limit`` reads), with the reason: every other mode would read their pages
     from the drive again and again, which no prediction times."""
-    limit = (memory or memlimit.read_memory_limit)()
-    why = memlimit.too_big_for_memory(sum(t.nbytes for t in model.tensors.values()), limit)
+    why = memlimit.model_too_big(model, memory)
     return (MODE_CHOICES, None) if why is None else ((HostMemoryMode.DISK,), why)
 
 

@@ -14,7 +14,7 @@ from ..engine.perplexity import perplexity
 from ..engine.sampling import Sampling
 from ..errors import InvalidArgument
 from ..hostmem import HostMemoryMode
-from .tools import EXIT_STATUS_HELP, HelpFormatter
+from .tools import EXIT_STATUS_HELP, HelpFormatter, option_type
 
 
 def register(subparsers: Any) -> None:
@@ -75,7 +75,7 @@ def _common(parser: argparse.ArgumentParser, default_ctx: int | None = None) -> 
     )
     parser.add_argument(
         "--host-cache",
-        type=parse_size,
+        type=option_type(parse_size),
         default=None,
         metavar="SIZE",
         help="with --host-memory disk: RAM for the first whole MoE layers' experts (e.g. 24G), read once",
@@ -83,7 +83,9 @@ def _common(parser: argparse.ArgumentParser, default_ctx: int | None = None) -> 
     parser.add_argument(
         "-ncmoe", "--n-cpu-moe", type=int, default=None, metavar="N", help="stream the experts of the first N layers"
     )
-    parser.add_argument("--gpu-memory", type=parse_gpu_memory, default=None, help="device memory to use (SIZE or auto)")
+    parser.add_argument(
+        "--gpu-memory", type=option_type(parse_gpu_memory), default=None, help="device memory to use (SIZE or auto)"
+    )
     parser.add_argument(
         "--prefill-order",
         choices=("auto", "layer", "ubatch"),

@@ -57,6 +57,7 @@ from .tools import (
     int_list,
     on_hard_stop,
     open_backend,
+    option_type,
     progress_bar,
     scratch_folder,
     write_out,
@@ -120,20 +121,6 @@ def _n_cpu_moe(text: str) -> tuple[str, ...]:
     if not values or any(v != "all" and not v.isdigit() for v in values):
         raise argparse.ArgumentTypeError(f"expected 'all' or layer counts, got {text!r}")
     return values
-
-
-def _gpu_memory(text: str) -> int | str:
-    try:
-        return parse_gpu_memory(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _non_negative(text: str) -> int:
@@ -242,7 +229,7 @@ def register(subparsers: Any) -> None:
     )
     prefill.add_argument(
         "--gpu-memory",
-        type=_gpu_memory,
+        type=option_type(parse_gpu_memory),
         default=None,
         metavar="SIZE|auto",
         help="device memory to use (e.g. 24G, 512M; auto: what is free): as many layers' experts stay on the "
@@ -250,7 +237,7 @@ def register(subparsers: Any) -> None:
     )
     prefill.add_argument(
         "--host-cache",
-        type=_size,
+        type=option_type(parse_size),
         default=None,
         metavar="SIZE",
         help="with --host-memory disk: RAM (e.g. 24G, 512M) for the tensors of the first whole MoE layers that fit, "

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from tqdm import tqdm
 
@@ -291,6 +291,23 @@ def prompt_interrupt(grace_s: float = HARD_STOP_GRACE_S) -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+_Parsed = TypeVar("_Parsed")
+
+
+def option_type(parse: Callable[[str], _Parsed]) -> Callable[[str], _Parsed]:
+    """``parse`` as an argparse type: the message of a ValueError it raises becomes the option's error
+    (argparse would otherwise print only "invalid value")."""
+
+    def parsed(text: str) -> _Parsed:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parsed.__name__ = parse.__name__
+    return parsed
+
+
 __all__ = [
     "EXIT_STATUS_HELP",
     "Exit",
@@ -302,6 +319,7 @@ __all__ = [
     "duration",
     "on_hard_stop",
     "open_backend",
+    "option_type",
     "progress_bar",
     "prompt_interrupt",
     "scratch_folder",

@@ -286,13 +286,10 @@ class Blocks(Closing):
         of one tile height (``MoeKernels.prepare_direct``); None where any of them takes another kernel
         (the matrix-vector ones for a few rows, a type without direct kernels), each then preparing
         its own."""
-        k = self.kernels
-        if k.uses_gemv(count) or not all(k.uses_direct(lin.info.qtype, lin.n_in) for lin in linears):
+        tiles = {self.kernels.direct_tile(lin.info.qtype, count, 1, lin.n_in) for lin in linears}
+        if len(tiles) != 1 or (tile := tiles.pop()) is None:
             return None
-        tiles = {k.tile_for(lin.info.qtype, count, 1, lin.n_in) for lin in linears}
-        if len(tiles) != 1:
-            return None
-        return k.prepare_direct(stream, x, ids, count, 1, 1, linears[0].n_in, tiles.pop())
+        return self.kernels.prepare_direct(stream, x, ids, count, 1, 1, linears[0].n_in, tile)
 
     def ffn_input(self, stream: Stream, layer: int, hidden: BufferView, count: int, x: BufferView) -> None:
         """x = the layer's norm before its FFN, of hidden."""

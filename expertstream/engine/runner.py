@@ -186,11 +186,10 @@ class _Scratch:
         self.buffers.clear()
 
 
-# _mul_mat_id's shared_x: gate rounds and groups the layer's expert input once (_PREPARE); up, right
-# after it, reads that (_REUSE); down takes gate's groups, the same ids, and rounds its own input (_REGROUP).
+# _mul_mat_id's shared_x: gate rounds and groups the layer's expert input once (_PREPARE); up and down
+# after it take what they can of that (_SHARE, MoeKernels.shared_direct).
 _PREPARE = "prepare"
-_REUSE = "reuse"
-_REGROUP = "regroup"
+_SHARE = "share"
 
 
 @dataclass(frozen=True)
@@ -979,7 +978,7 @@ class MoeRunner(Closing):
             gate = tokens.held_view("gate", n_ff)
             self._mul_mat_id(stream, bindings[UP], info, tokens, "x", False, "act", silu_gate=gate)
             return
-        self._mul_mat_id(stream, bindings[UP], info, tokens, "x", False, "up", shared_x=_REUSE)
+        self._mul_mat_id(stream, bindings[UP], info, tokens, "x", False, "up", shared_x=_SHARE)
         self._add_expert_bias(stream, tokens, UP, "up", info.ne[1])
         views = (tokens.held_view("gate", n_ff), tokens.held_view("up", n_ff), tokens.held_view("act", n_ff))
         n = tokens.count * self.model.top_k * n_ff
@@ -1080,7 +1079,7 @@ class MoeRunner(Closing):
             True,
             "down",
             route_weights if routed else None,
-            shared_x=_REGROUP,
+            shared_x=_SHARE,
         )
         self._add_expert_bias(stream, tokens, DOWN, "down", model.n_embd)
         shared = tokens.part.extras[tokens.layer].shared
@@ -1113,11 +1112,10 @@ class MoeRunner(Closing):
         silu_gate: BufferView | None = None,
     ) -> None:
         """``shared_x``: _PREPARE rounds and groups the input once (``MoeKernels.prepare_direct``) where
-        the call takes a direct kernel; _REUSE takes what the last such preparation left where it was
-        of these very rows, ids and tile (gate's, for up right after it on the same ubatch; in
-        layer-major order only the last ubatch's gate is still there); _REGROUP takes only its groups,
-        where they are of these ids and tile, and rounds this input (down's); else the call prepares
-        as usual."""
+        the call takes a direct kernel; _SHARE takes what the last such preparation gives this call
+        (``MoeKernels.shared_direct``: gate's whole for up right after it on the same ubatch, its groups
+        for down; in layer-major order only the last ubatch's gate is still there); else the call
+        prepares as usual."""
         n_in, n_out, n_expert = info.ne[0], info.ne[1], info.ne[2]
         pairs = tokens.count * self.model.top_k
         scratch = tokens.part.scratch()
@@ -1125,18 +1123,11 @@ class MoeRunner(Closing):
         x_view = tokens.held_view(x, n_in)
         y_view = tokens.held_view(y, n_out) if y in _Scratch.HELD else scratch.view(y, pairs * n_out * 4)
         prepared = None
-        if shared_x is not None and kernels.uses_direct(info.qtype, n_in) and not kernels.uses_gemv(pairs):
-            shape = (tokens.count, self.model.top_k, n_expert, n_in)
-            tile = kernels.tile_for(info.qtype, pairs, n_expert, n_in)
-            latest = kernels.prepared
-            if shared_x == _PREPARE:
-                prepared = kernels.prepare_direct(stream, x_view, tokens.ids, *shape, tile)
-            elif shared_x == _REUSE and latest is not None and latest.matches(x_view, tokens.ids, *shape, tile):
-                prepared = latest
-            elif shared_x == _REGROUP and latest is not None and latest.groups_match(tokens.ids, *shape[:3], tile):
-                prepared = kernels.prepare_direct(
-                    stream, x_view, tokens.ids, *shape, tile, x_per_pair=x_per_pair, groups_of=latest
-                )
+        tile = None if shared_x is None else kernels.direct_tile(info.qtype, pairs, n_expert, n_in)
+        if tile is not None:
+            inputs = (stream, x_view, tokens.ids, tokens.count, self.model.top_k, n_expert, n_in, tile, x_per_pair)
+            share = kernels.prepare_direct if shared_x == _PREPARE else kernels.shared_direct
+            prepared = share(*inputs)
         kernels.mul_mat_id(
             stream,
             w,

@@ -13,6 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..model.loader import MoeModel
 
 # Room left beside the tensors for everything else the process holds in host memory (the
 # interpreter, the ring's pinned chunks, outputs and host copies of activations).
@@ -75,6 +79,13 @@ def too_big_for_memory(nbytes: int, limit: HostMemoryLimit | None) -> str | None
         f"the model's {nbytes / _GIB:.1f} GiB of tensors and {HEADROOM_BYTES / _GIB:.0f} GiB of headroom do not fit "
         f"the {limit.usable_bytes / _GIB:.1f} GiB of host memory this process may fill ({limit.describe()})"
     )
+
+
+def model_too_big(model: MoeModel, memory: MemoryReader | None = None) -> str | None:
+    """``too_big_for_memory`` of the model's tensors, against what ``memory`` reads (None:
+    ``read_memory_limit``)."""
+    limit = (memory or read_memory_limit)()
+    return too_big_for_memory(sum(t.nbytes for t in model.tensors.values()), limit)
 
 
 def _meminfo_bytes(text: str, key: str) -> int | None:

@@ -173,10 +173,7 @@ class HostWeights(Mapping[str, HostSource], Closing):
         model = MoeModel.open(model_or_path) if not isinstance(model_or_path, MoeModel) else model_or_path
         try:
             targets = dict(copied_to or {})
-            too_big = None
-            if requested is HostMemoryMode.PREFERRED:
-                limit = (memory or memlimit.read_memory_limit)()
-                too_big = memlimit.too_big_for_memory(sum(t.nbytes for t in model.tensors.values()), limit)
+            too_big = memlimit.model_too_big(model, memory) if requested is HostMemoryMode.PREFERRED else None
             used = HostMemoryMode.DISK if too_big else requested
             placed = _place(model, device, used, ring, targets, opener, host_cache or 0)
             weights = cls(model, device, *placed, owns_model=owns_model)

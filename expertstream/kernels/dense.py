@@ -390,9 +390,7 @@ def _check_rope(call: str, rope: Rope, head_dim: int) -> None:
 
 def _same_or_apart(call: str, x: BufferView, out: BufferView) -> None:
     """An in-place call passes one view twice; any other overlap would read values already written."""
-    if x.buffer is not out.buffer or x.offset == out.offset:
-        return
-    if x.offset < out.end and out.offset < x.end:
+    if _overlaps(x, out) and x.offset != out.offset:
         raise InvalidArgument(
             f"out (bytes {out.offset}..{out.end}) partly overlaps x (bytes {x.offset}..{x.end})",
             call=call,
@@ -405,9 +403,13 @@ def _check_eps(call: str, eps: float) -> None:
         raise InvalidArgument(f"eps must be a finite number >= 0, got {eps!r}", call=call)
 
 
+def _overlaps(a: BufferView, b: BufferView) -> bool:
+    return a.buffer is b.buffer and a.offset < b.end and b.offset < a.end
+
+
 def _apart(call: str, name: str, a: BufferView, other_name: str, b: BufferView) -> None:
     """Views a kernel reads and writes at once, each element by another thread, must not overlap."""
-    if a.buffer is b.buffer and a.offset < b.end and b.offset < a.end:
+    if _overlaps(a, b):
         raise InvalidArgument(
             f"{name} (bytes {a.offset}..{a.end}) overlaps {other_name} (bytes {b.offset}..{b.end})",
             call=call,

@@ -221,6 +221,13 @@ class MoeKernels(Closing):
             return weight_format(w_type).direct_tile_for(n_pairs, n_expert)
         return weight_format(w_type).tile_for(n_pairs, n_expert, self.path_for(w_type))
 
+    def direct_tile(self, w_type: RowType, n_pairs: int, n_expert: int, n_in: int) -> TileM | None:
+        """The direct kernel's tile height a mul_mat_id of these shapes takes; None where it takes
+        another kernel (the matrix-vector ones for a few pairs, or a type or row with no direct kernel)."""
+        if self.uses_gemv(n_pairs) or not self.uses_direct(w_type, n_in):
+            return None
+        return weight_format(w_type).direct_tile_for(n_pairs, n_expert)
+
     def mul_mat_id_kernel(self, w_type: RowType, n_pairs: int, n_expert: int, n_in: int) -> str:
         """The name of the matrix kernel mul_mat_id launches for these shapes (see ``uses_gemv`` and
         ``tile_for``)."""
@@ -517,11 +524,11 @@ class MoeKernels(Closing):
             raise InvalidArgument(
                 f"{self.device.label} takes no direct-decode kernels", call=call, hint="check uses_direct() first"
             )
-        tiles = {t for fmt in layout.FORMATS.values() for t in fmt.direct_tiles}
-        if n_in % layout.DIRECT_K or tile_m not in tiles:
+        if n_in % layout.DIRECT_K or tile_m not in layout.DIRECT_TILES:
             raise InvalidArgument(
                 f"direct kernels take rows of a multiple of {layout.DIRECT_K} elements and tiles of "
-                f"{', '.join(str(int(t)) for t in sorted(tiles))} rows, not {n_in} elements and {int(tile_m)} rows",
+                f"{', '.join(str(int(t)) for t in layout.DIRECT_TILES)} rows, "
+                f"not {n_in} elements and {int(tile_m)} rows",
                 call=call,
                 hint="prepare with tile_for() of a call that uses_direct()",
             )
@@ -563,6 +570,37 @@ class MoeKernels(Closing):
         """The last ``prepare_direct``'s inputs, the only ones mul_mat_id takes (its scratch holds
         nothing older). Whether x and ids still hold what was prepared is the caller's to know."""
         return self._prepared
+
+    def shared_direct(
+        self,
+        stream: Stream,
+        x: ViewLike,
+        ids: ViewLike,
+        n_tokens: int,
+        top_k: int,
+        n_expert: int,
+        n_in: int,
+        tile_m: TileM,
+        x_per_pair: bool = False,
+    ) -> DirectInputs | None:
+        """What the last preparation gives a call of these inputs: itself where it is of these rows,
+        ids and tile height; its groups, with ``x`` rounded anew, where only the ids and tile height
+        agree (a down projection after its gate); else None. The caller vouches that x and ids still
+        hold what they held when it was made."""
+        last = self._prepared
+        if last is None:
+            return None
+        call = "MoeKernels.shared_direct"
+        n_pairs = n_tokens * top_k
+        x_view = view(call, "x", x, (n_pairs if x_per_pair else n_tokens) * n_in * 4, 4)
+        ids_view = view(call, "ids", ids, n_pairs * 4, 4)
+        if last.matches(x_view, ids_view, n_tokens, top_k, n_expert, n_in, tile_m, x_per_pair):
+            return last
+        if last.groups_match(ids_view, n_tokens, top_k, n_expert, tile_m):
+            return self.prepare_direct(
+                stream, x_view, ids_view, n_tokens, top_k, n_expert, n_in, tile_m, x_per_pair, groups_of=last
+            )
+        return None
 
     def _direct_inputs(
         self,

@@ -142,7 +142,8 @@ class Profile:
     # The drive holding the model's files, read with O_DIRECT (mode disk): (reads in flight, bytes
     # per second of all of them together) for large sequential reads, interpolated in log(reads)
     # between the depths given and clamped at the ends; and the seconds one read costs before its
-    # bytes move. A read of n bytes with d in flight takes disk_latency_s + n * d / rate(d).
+    # bytes move. A read of n bytes with d in flight takes disk_latency_s + n * d / rate(d). The
+    # built-in profiles keep the assumed drive: none measured the drive of the model's files.
     disk_read_bps: tuple[tuple[int, float], ...] = ASSUMED_NVME_BPS
     disk_latency_s: float = ASSUMED_NVME_LATENCY_S
 
@@ -416,8 +417,6 @@ CUDA_H200 = Profile(
     # measured: gather.cu reading 16 and 64 MiB of 1 MiB rows from pinned memory, `expertstream tune`
     # (docs/results/decode-h200.md)
     h2d_gather_bps=51.4e9,
-    disk_read_bps=ASSUMED_NVME_BPS,  # assumed: the drive of the model's files was not measured
-    disk_latency_s=ASSUMED_NVME_LATENCY_S,
     kernel_rates=_h200_kernel_rates(),
 )
 
@@ -454,8 +453,6 @@ ROCM_R9700 = Profile(
     host_register_read_only=False,  # HIP exposes no read-only registration flag
     memset_engine="fill-kernel",  # ROCm's runtime fills device memory with a blit kernel on the stream's queue
     h2d_gather_bps=None,  # assumed: no figure; a kernel reading host memory gathers at the DMA rate
-    disk_read_bps=ASSUMED_NVME_BPS,  # assumed: the drive of the model's files was not measured
-    disk_latency_s=ASSUMED_NVME_LATENCY_S,
     kernel_rates=(
         # fitted: gate_L 2.49 ms and up_L 3.13 ms in the reported timeline (llama.cpp's kernels)
         KernelRate(*_R9700_GATE_UP, 5.4011e13),
