@@ -12,6 +12,7 @@ rows) over the replayed step's time say how far it is from the device's memory b
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 from collections import defaultdict
@@ -67,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--profiler-range",
         action="store_true",
-        help="CUDA: the next-to-last timed step inside cudaProfilerStart/Stop, for `ncu --profile-from-start off`",
+        help="the next-to-last timed step inside the backend's profiler range (CUDA: cudaProfilerStart/Stop), "
+        "for `ncu --profile-from-start off`",
     )
     args = p.parse_args(argv)
     if args.steps < 3:
@@ -90,13 +92,6 @@ def main(argv: list[str] | None = None) -> int:
         file=out,
     )
     return 0
-
-
-def _cuda_profiler(*, start: bool) -> None:
-    """Open or close the range a profiler started with profiling off records (CUDA only)."""
-    from cuda.bindings import runtime
-
-    (runtime.cudaProfilerStart if start else runtime.cudaProfilerStop)()
 
 
 def _by_name(ops: Sequence[TimelineOp]) -> tuple[list[dict[str, Any]], float, int]:
@@ -140,13 +135,10 @@ def profile(backend: Any, path: Path, args: argparse.Namespace) -> dict[str, Any
             with _DecodeSteps(runner, scheduler, experts, not args.no_graphs) as decode:
                 for step in range(steps - 1):
                     ranged = args.profiler_range and step == steps - 2
-                    if ranged:
-                        _cuda_profiler(start=True)
-                    start = host.timestamp()
-                    decode.run(step, 1 + step)
-                    times.append(host.timestamp() - start)
-                    if ranged:
-                        _cuda_profiler(start=False)
+                    with backend.profiler_range() if ranged else contextlib.nullcontext():
+                        start = host.timestamp()
+                        decode.run(step, 1 + step)
+                        times.append(host.timestamp() - start)
                 replay_path = decode.path
             # Traced last: timing events bracket every operation from here on.
             last = steps - 1

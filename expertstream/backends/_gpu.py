@@ -16,7 +16,8 @@ import logging
 import threading
 import weakref
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, ClassVar, TypeVar
@@ -782,6 +783,18 @@ class GpuBackend(Backend):
             self.closed = True
             _open_backends.discard(self)
             super().close()
+
+    @contextmanager
+    def profiler_range(self) -> Iterator[None]:
+        start, stop = self.api.profiler_start, self.api.profiler_stop
+        if start is None or stop is None:
+            yield
+            return
+        invoke(start)
+        try:
+            yield
+        finally:
+            invoke(stop)
 
     def describe(self) -> dict[str, Any]:
         out = super().describe()

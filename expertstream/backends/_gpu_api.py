@@ -296,6 +296,9 @@ class ApiTable:
     module_get_function: Call  # (module, name bytes) -> function
     module_unload: Call  # (module)
     launch: Call  # (function, grid, block, shared_mem, stream, values, ctypes types)
+    # profiling: the range a profiler started with profiling off records (None: the vendor has none)
+    profiler_start: Call | None = None  # ()
+    profiler_stop: Call | None = None  # ()
 
 
 __all__ = [

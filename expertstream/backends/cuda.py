@@ -211,6 +211,8 @@ def _table() -> ApiTable:
         module_get_function=drv("cuModuleGetFunction"),
         module_unload=drv("cuModuleUnload"),
         launch=drv("cuLaunchKernel", launch),
+        profiler_start=rt("cudaProfilerStart"),
+        profiler_stop=rt("cudaProfilerStop"),
     )
 
 

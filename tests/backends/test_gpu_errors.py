@@ -289,6 +289,8 @@ class FakeGpu:
             module_get_function=call("fakeModuleGetFunction", self.module_get_function),
             module_unload=call("fakeModuleUnload", self.module_unload),
             launch=call("fakeModuleLaunchKernel", self.launch),
+            profiler_start=call("fakeProfilerStart", ok),
+            profiler_stop=call("fakeProfilerStop", ok),
         )
 
 
@@ -860,3 +862,22 @@ def test_hip_library_search_falls_back_to_rocm_home_then_opt_rocm(
     assert any(p.startswith("/opt/rocm/lib/libamdhip64.so (default") for p in places)
     if not Path("/opt/rocm/lib/libamdhip64.so").exists():
         assert found is None
+
+
+def test_profiler_range_starts_and_stops_the_vendor_profiler_even_when_the_work_fails(
+    fake: FakeGpu, backend: Any
+) -> None:
+    with backend.profiler_range():
+        assert (fake.calls.get("fakeProfilerStart"), fake.calls.get("fakeProfilerStop")) == (1, None)
+    with pytest.raises(RuntimeError), backend.profiler_range():
+        raise RuntimeError("the work inside failed")
+    assert (fake.calls["fakeProfilerStart"], fake.calls["fakeProfilerStop"]) == (2, 2)
+
+
+def test_profiler_range_without_vendor_calls_runs_the_work_as_it_would() -> None:
+    fake = FakeGpu()
+    table = dataclasses.replace(fake.table(), profiler_start=None, profiler_stop=None)
+    ran = []
+    with FakeBackend(table) as plain, plain.profiler_range():
+        ran.append(True)
+    assert ran == [True]

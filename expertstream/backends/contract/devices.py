@@ -7,6 +7,7 @@ import enum
 import itertools
 import threading
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -293,6 +294,12 @@ class Backend(abc.ABC, Closing):
         """Note the moment ``name`` (a phase of a run beginning) in the timeline, where one is kept."""
         if self._tracer is not None:
             self._tracer.mark(name)
+
+    @contextmanager
+    def profiler_range(self) -> Iterator[None]:
+        """The work inside is what a vendor profiler started with profiling off records (ncu's
+        ``--profile-from-start off``); where the backend has no such control, it runs as it would."""
+        yield
 
     def start_trace(self) -> None:
         """Record every copy, memset and kernel from now on, for ``timeline``.
