@@ -78,33 +78,6 @@ __device__ float silu_times(float g, float u) {
     return g / (1.0f + expf(-g)) * u;
 }
 
-// The sum of the partial sums of a logical wave of 32 threads, valid at its lane 0: lane l + s added
-// into lane l for s = 16, 8, 4, 2, 1, the same additions on every device. Every thread of the block
-// calls it: on NVIDIA through warp shuffles; elsewhere (AMD's wave64 targets, the host harness)
-// through ``exchange`` (a float per thread of the block) and barriers, the first of which lets an
-// earlier call's readers finish.
-__device__ float wave32_sum(float partial, float* exchange) {
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-    for (int s = 16; s > 0; s >>= 1) {
-        partial += __shfl_down_sync(0xffffffffu, partial, s);
-    }
-    return partial;
-#else
-    const int tid = threadIdx.x;
-    __syncthreads();
-    exchange[tid] = partial;
-    __syncthreads();
-    for (int s = 16; s > 0; s >>= 1) {
-        if (tid % 32 < s) {
-            exchange[tid] += exchange[tid + s];
-        }
-        __syncthreads();
-    }
-    return exchange[tid];
-#endif
-}
-
 // Exact for normals, subnormals, infinities and NaNs: the exponent is rebased by a
 // multiplication with 2^112, which is exact for every finite half.
 __device__ float half_to_float(unsigned int h) {

@@ -38,6 +38,33 @@ static_assert(MOE_GEMV_WAVE == 32, "a row's lanes add up by wave32_sum");
 #define MOE_GEMV_STAGE 4096  // activation rows up to this many elements are staged in shared memory
 #define MOE_GEMV_STAGE_LD 33 // floats per staged 32-element slice: lane l's slice l starts in bank l
 
+// The sum of the partial sums of a logical wave of 32 threads, valid at its lane 0 (the matrix-vector
+// kernels' rows here, the router's logits in routing.cu): lane l + s added into lane l for s = 16, 8,
+// 4, 2, 1, the same additions on every device. Every thread of the block calls it: on NVIDIA through
+// warp shuffles; elsewhere (AMD's wave64 targets, the host harness) through ``exchange`` (a float per
+// thread of the block) and barriers, the first of which lets an earlier call's readers finish.
+__device__ float wave32_sum(float partial, float* exchange) {
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+    for (int s = 16; s > 0; s >>= 1) {
+        partial += __shfl_down_sync(0xffffffffu, partial, s);
+    }
+    return partial;
+#else
+    const int tid = threadIdx.x;
+    __syncthreads();
+    exchange[tid] = partial;
+    __syncthreads();
+    for (int s = 16; s > 0; s >>= 1) {
+        if (tid % 32 < s) {
+            exchange[tid] += exchange[tid + s];
+        }
+        __syncthreads();
+    }
+    return exchange[tid];
+#endif
+}
+
 struct alignas(16) gemv_words4 {
     unsigned int x, y, z, w;
 };
