@@ -116,6 +116,14 @@ def scratch_bytes(n_tokens: int, top_k: int, n_expert: int, n_in: int, x_per_pai
     return layout.quantized_x_offset(n_pairs, n_expert, min(TileM)) + converted
 
 
+def _direct_views(
+    call: str, x: ViewLike, ids: ViewLike, n_tokens: int, top_k: int, n_in: int, x_per_pair: bool
+) -> tuple[BufferView, BufferView, int]:
+    """The activation rows and ids a direct call of these shapes reads, and the number of rows."""
+    x_rows = n_tokens * top_k if x_per_pair else n_tokens
+    return view(call, "x", x, x_rows * n_in * 4, 4), view(call, "ids", ids, n_tokens * top_k * 4, 4), x_rows
+
+
 def _i32(value: int) -> np.int32:
     return np.int32(value)
 
@@ -533,9 +541,7 @@ class MoeKernels(Closing):
                 hint="prepare with tile_for() of a call that uses_direct()",
             )
         n_pairs = n_tokens * top_k
-        x_rows = n_pairs if x_per_pair else n_tokens
-        x_view = view(call, "x", x, x_rows * n_in * 4, 4)
-        ids_view = view(call, "ids", ids, n_pairs * 4, 4)
+        x_view, ids_view, x_rows = _direct_views(call, x, ids, n_tokens, top_k, n_in, x_per_pair)
         if groups_of is None:
             need = layout.quantized_x_offset(n_pairs, n_expert, tile_m) + layout.direct_x_bytes(x_rows, n_in)
             groups, rounded, _ = self._direct_inputs(
@@ -565,12 +571,6 @@ class MoeKernels(Closing):
         )
         return self._prepared
 
-    @property
-    def prepared(self) -> DirectInputs | None:
-        """The last ``prepare_direct``'s inputs, the only ones mul_mat_id takes (its scratch holds
-        nothing older). Whether x and ids still hold what was prepared is the caller's to know."""
-        return self._prepared
-
     def shared_direct(
         self,
         stream: Stream,
@@ -590,10 +590,7 @@ class MoeKernels(Closing):
         last = self._prepared
         if last is None:
             return None
-        call = "MoeKernels.shared_direct"
-        n_pairs = n_tokens * top_k
-        x_view = view(call, "x", x, (n_pairs if x_per_pair else n_tokens) * n_in * 4, 4)
-        ids_view = view(call, "ids", ids, n_pairs * 4, 4)
+        x_view, ids_view, _ = _direct_views("MoeKernels.shared_direct", x, ids, n_tokens, top_k, n_in, x_per_pair)
         if last.matches(x_view, ids_view, n_tokens, top_k, n_expert, n_in, tile_m, x_per_pair):
             return last
         if last.groups_match(ids_view, n_tokens, top_k, n_expert, tile_m):
