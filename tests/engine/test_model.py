@@ -271,7 +271,7 @@ def test_projections_sharing_one_prepared_input_write_the_bytes_of_preparing_eac
         n_moe = len(model.layers)
     assert sum(experts_shared) == n_moe * (3 + (2 if layer_major else 6)), experts_shared
     monkeypatch.setattr(MoeKernels, "prepare_direct", _no_preparing)
-    monkeypatch.setattr(MoeKernels, "prepared", property(lambda self: None))
+    monkeypatch.setattr(MoeKernels, "shared_direct", _no_preparing)
     shared.clear()
     each = _logits(backend, path, tokens, ubatch=16, layer_major=layer_major, slots=2)
     assert not any(shared)
