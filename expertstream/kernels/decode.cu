@@ -11,8 +11,8 @@ template <> __device__ void decode_slice<ES_TYPE_Q4_0>(const unsigned short* uni
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
         const int q = (int)block_byte(units, 2 + j);
-        out[j] = d * (float)((q & 0xf) - 8);
-        out[j + 16] = d * (float)((q >> 4) - 8);
+        out[j] = d * small_float(q & 0xf, 8);
+        out[j + 16] = d * small_float(q >> 4, 8);
     }
 }
 
@@ -22,8 +22,8 @@ template <> __device__ void decode_slice<ES_TYPE_Q4_1>(const unsigned short* uni
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
         const int q = (int)block_byte(units, 4 + j);
-        out[j] = fmaf(d, (float)(q & 0xf), m);
-        out[j + 16] = fmaf(d, (float)(q >> 4), m);
+        out[j] = fmaf(d, small_float(q & 0xf, 0), m);
+        out[j + 16] = fmaf(d, small_float(q >> 4, 0), m);
     }
 }
 
@@ -35,8 +35,8 @@ template <> __device__ void decode_slice<ES_TYPE_Q5_0>(const unsigned short* uni
         const int q = (int)block_byte(units, 6 + j);
         const int high_low = (int)((qh >> j) & 1u) << 4;
         const int high_high = (int)((qh >> (j + 16)) & 1u) << 4;
-        out[j] = d * (float)(((q & 0xf) | high_low) - 16);
-        out[j + 16] = d * (float)(((q >> 4) | high_high) - 16);
+        out[j] = d * small_float((q & 0xf) | high_low, 16);
+        out[j + 16] = d * small_float((q >> 4) | high_high, 16);
     }
 }
 
@@ -49,8 +49,8 @@ template <> __device__ void decode_slice<ES_TYPE_Q5_1>(const unsigned short* uni
         const int q = (int)block_byte(units, 8 + j);
         const int high_low = (int)((qh >> j) & 1u) << 4;
         const int high_high = (int)((qh >> (j + 16)) & 1u) << 4;
-        out[j] = fmaf(d, (float)((q & 0xf) | high_low), m);
-        out[j + 16] = fmaf(d, (float)((q >> 4) | high_high), m);
+        out[j] = fmaf(d, small_float((q & 0xf) | high_low, 0), m);
+        out[j + 16] = fmaf(d, small_float((q >> 4) | high_high, 0), m);
     }
 }
 
@@ -59,7 +59,7 @@ template <> __device__ void decode_slice<ES_TYPE_Q8_0>(const unsigned short* uni
 #pragma unroll
     for (int j = 0; j < 32; ++j) {
         const int q = (int)block_byte(units, 2 + j);
-        out[j] = d * (float)(q >= 128 ? q - 256 : q);
+        out[j] = d * small_float(q ^ 0x80, 128);  // the signed byte
     }
 }
 
@@ -121,7 +121,7 @@ template <> __device__ void decode_slice<ES_TYPE_Q2_K>(const unsigned short* uni
 #pragma unroll
         for (int l = 0; l < 16; ++l) {
             const int q = ((int)block_byte(units, 2 + 16 * part + l) >> shift) & 3;
-            out[16 * part + l] = dl * (float)q - ml;
+            out[16 * part + l] = dl * small_float(q, 0) - ml;
         }
     }
 }
@@ -145,7 +145,7 @@ template <> __device__ void decode_slice<ES_TYPE_Q3_K>(const unsigned short* uni
             const int e = 16 * part + l;
             const int low = ((int)block_byte(units, 32 + e) >> shift) & 3;
             const int high = ((int)block_byte(units, e) >> s) & 1;
-            out[e] = dl * (float)(low - (high ? 0 : 4));
+            out[e] = dl * small_float(low | (high << 2), 4);  // low - (high ? 0 : 4)
         }
     }
 }
@@ -180,7 +180,7 @@ template <> __device__ void decode_slice<ES_TYPE_Q4_K>(const unsigned short* uni
 #pragma unroll
     for (int l = 0; l < 32; ++l) {
         const int q = ((int)block_byte(units, 16 + l) >> shift) & 0xf;
-        out[l] = d * (float)q - dm;
+        out[l] = d * small_float(q, 0) - dm;
     }
 }
 
@@ -195,7 +195,7 @@ template <> __device__ void decode_slice<ES_TYPE_Q5_K>(const unsigned short* uni
     for (int l = 0; l < 32; ++l) {
         const int low = ((int)block_byte(units, 48 + l) >> shift) & 0xf;
         const int high = ((int)block_byte(units, 16 + l) >> s) & 1;
-        out[l] = d * (float)(low | (high << 4)) - dm;
+        out[l] = d * small_float(low | (high << 4), 0) - dm;
     }
 }
 
@@ -213,7 +213,7 @@ template <> __device__ void decode_slice<ES_TYPE_Q6_K>(const unsigned short* uni
             const int e = 16 * part + l;
             const int low = ((int)block_byte(units, e) >> low_shift) & 0xf;
             const int high = ((int)block_byte(units, 32 + e) >> high_shift) & 3;
-            out[e] = dl * (float)((low | (high << 4)) - 32);
+            out[e] = dl * small_float(low | (high << 4), 32);
         }
     }
 }

@@ -73,6 +73,14 @@ __device__ unsigned int float_to_bits(float f) {
     return v.u;
 }
 
+// (float)(q - bias) for 0 <= q, bias < 2^23, exactly, without a conversion instruction: q in the
+// mantissa of a float of exponent 23 is 2^23 + q, and subtracting 2^23 + bias leaves the integer q - bias,
+// which a float holds exactly. NVIDIA's multiprocessors convert integers at a quarter of their float
+// rate, and the decoders make one value per weight: this costs a logic and a float operation.
+__device__ float small_float(unsigned int q, int bias) {
+    return bits_to_float(0x4b000000u | q) - (float)(8388608 + bias);
+}
+
 // silu(g) * u, SwiGLU's product: the one expression every kernel that writes it uses, so their bytes agree.
 __device__ float silu_times(float g, float u) {
     return g / (1.0f + expf(-g)) * u;

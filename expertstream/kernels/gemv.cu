@@ -31,9 +31,10 @@
 // ---------------------------------------------------------------------------------
 
 // Must match expertstream/kernels/layout.py.
-#define MOE_GEMV_THREADS 256
-#define MOE_GEMV_WAVE 32                                  // lanes per output row: a logical wave
-#define MOE_GEMV_ROWS (MOE_GEMV_THREADS / MOE_GEMV_WAVE)  // output rows per block
+#define MOE_GEMV_THREADS 128
+#define MOE_GEMV_WAVE 32     // lanes per output row: a logical wave
+#define MOE_GEMV_WAVE_ROWS 2 // output rows per wave, side by side: an activation slice is read once for all
+#define MOE_GEMV_ROWS (MOE_GEMV_THREADS / MOE_GEMV_WAVE * MOE_GEMV_WAVE_ROWS)  // output rows per block
 static_assert(MOE_GEMV_WAVE == 32, "a row's lanes add up by wave32_sum");
 #define MOE_GEMV_STAGE 4096  // activation rows up to this many elements are staged in shared memory
 #define MOE_GEMV_STAGE_LD 33 // floats per staged 32-element slice: lane l's slice l starts in bank l
@@ -110,37 +111,34 @@ __device__ void gemv_stage(const unsigned char* __restrict__ row, int ks, int n_
     }
 }
 
-// gemv_slice_dot's sum with slice ks of x staged in shared memory (MOE_GEMV_STAGE_LD floats a
-// slice): the same products added in the same order.
-__device__ float gemv_slice_dot_staged(const float* x_staged, int ks, int n_in, const float* v, float acc) {
-    const float* xs = x_staged + ks * MOE_GEMV_STAGE_LD;
+// Slice ks of the activation row into a[0..31], zero at and past n_in: from shared memory where the
+// row was staged, else from global memory (4 floats at a time where aligned).
+__device__ void gemv_x_slice(const float* x_staged, const float* __restrict__ x_row, bool staged_x, int ks, int n_in,
+                             float* a) {
+    const int k0 = ks * MOE_TILE_K;
+    if (staged_x) {
+        const float* xs = x_staged + ks * MOE_GEMV_STAGE_LD;
 #pragma unroll
-    for (int j = 0; j < MOE_TILE_K; ++j) {
-        const float a = ks * MOE_TILE_K + j < n_in ? xs[j] : 0.0f;
-        acc = fmaf(a, v[j], acc);
+        for (int j = 0; j < MOE_TILE_K; ++j) {
+            a[j] = k0 + j < n_in ? xs[j] : 0.0f;
+        }
+        return;
     }
-    return acc;
-}
-
-// acc plus x[k0 + j] * v[j] for j ascending, x zero at and past n_in (the padded part).
-__device__ float gemv_slice_dot(const float* __restrict__ x_row, int k0, int n_in, const float* v, float acc) {
     if (k0 + MOE_TILE_K <= n_in && ((unsigned long long)(x_row + k0) & 15u) == 0) {
 #pragma unroll
         for (int q = 0; q < MOE_TILE_K / 4; ++q) {
-            const vec4 a = *(const vec4*)(x_row + k0 + 4 * q);
-            acc = fmaf(a.x, v[4 * q], acc);
-            acc = fmaf(a.y, v[4 * q + 1], acc);
-            acc = fmaf(a.z, v[4 * q + 2], acc);
-            acc = fmaf(a.w, v[4 * q + 3], acc);
+            const vec4 v = *(const vec4*)(x_row + k0 + 4 * q);
+            a[4 * q] = v.x;
+            a[4 * q + 1] = v.y;
+            a[4 * q + 2] = v.z;
+            a[4 * q + 3] = v.w;
         }
-        return acc;
+        return;
     }
 #pragma unroll
     for (int j = 0; j < MOE_TILE_K; ++j) {
-        const float a = k0 + j < n_in ? x_row[k0 + j] : 0.0f;
-        acc = fmaf(a, v[j], acc);
+        a[j] = k0 + j < n_in ? x_row[k0 + j] : 0.0f;
     }
-    return acc;
 }
 
 template <int TYPE>
@@ -162,51 +160,91 @@ __device__ void mul_mat_vec_id(const unsigned char* __restrict__ w, const float*
         return;
     }
     const int lane = threadIdx.x % MOE_GEMV_WAVE;
-    const int o = blockIdx.x * MOE_GEMV_ROWS + threadIdx.x / MOE_GEMV_WAVE;
+    const int o0 = blockIdx.x * MOE_GEMV_ROWS + threadIdx.x / MOE_GEMV_WAVE * MOE_GEMV_WAVE_ROWS;
     const int expert = ids[pair];
     if (expert < 0 || expert >= n_expert) {  // the same for the whole block: it returns before any barrier
-        if (lane == 0 && o < n_out) {
-            y[(long long)pair * n_out + o] = bits_to_float(0x7fc00000u);
+#pragma unroll
+        for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
+            if (lane == 0 && o0 + r < n_out) {
+                y[(long long)pair * n_out + o0 + r] = bits_to_float(0x7fc00000u);
+            }
         }
         return;
     }
     const float* x_row = x + (long long)(x_per_pair ? pair : pair / top_k) * n_in;
     const bool staged_x = n_in <= MOE_GEMV_STAGE;  // the same for the whole block
+    const long long row_bytes = weight_row_bytes<TYPE>(n_in);
+    // A row's own slices; the tensor's last row also reads up to the next multiple of
+    // MOE_ROW_PADDING elements, ggml's padding tail, against zero activations, as the tile kernels
+    // read every row. Past any other row those elements are the next row's, times zero: the same
+    // sum, so they are not read. Rows past n_out read nothing.
+    const int row_steps = (n_in + MOE_TILE_K - 1) / MOE_TILE_K;
+    const int padded_steps = (n_in + MOE_ROW_PADDING - 1) / MOE_ROW_PADDING * (MOE_ROW_PADDING / MOE_TILE_K);
+    int steps[MOE_GEMV_WAVE_ROWS];
+    int max_steps = 0;
+#pragma unroll
+    for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
+        const int o = o0 + r;
+        const bool last_row = expert == n_expert - 1 && o == n_out - 1;
+        steps[r] = o >= n_out ? 0 : BlockFormat<TYPE>::quantized && last_row ? padded_steps : row_steps;
+        max_steps = steps[r] > max_steps ? steps[r] : max_steps;
+    }
+    const unsigned char* rows = w + ((long long)expert * n_out + o0) * row_bytes;
+    // The wave's first slices are loaded before the activations are staged: the two wait on memory together.
+    GemvStaged<TYPE> staged[MOE_GEMV_WAVE_ROWS];
+#pragma unroll
+    for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
+        if (lane < steps[r]) {
+            gemv_stage<TYPE>(rows + r * row_bytes, lane, n_in, staged[r]);
+        }
+    }
     if (staged_x) {
         for (int i = threadIdx.x; i < n_in; i += MOE_GEMV_THREADS) {
             x_staged[i / MOE_TILE_K * MOE_GEMV_STAGE_LD + i % MOE_TILE_K] = x_row[i];
         }
         __syncthreads();
     }
-    float partial = 0.0f;
-    if (o < n_out) {
-        // A row's own slices; the tensor's last row also reads up to the next multiple of
-        // MOE_ROW_PADDING elements, ggml's padding tail, against zero activations, as the tile
-        // kernels read every row. Past any other row those elements are the next row's, times
-        // zero: the same sum, so they are not read.
-        const bool last_row = expert == n_expert - 1 && o == n_out - 1;
-        const int steps = BlockFormat<TYPE>::quantized && last_row
-                              ? (n_in + MOE_ROW_PADDING - 1) / MOE_ROW_PADDING * (MOE_ROW_PADDING / MOE_TILE_K)
-                              : (n_in + MOE_TILE_K - 1) / MOE_TILE_K;
-        const long long row_bytes = weight_row_bytes<TYPE>(n_in);
-        const unsigned char* row = w + ((long long)expert * n_out + o) * row_bytes;
-        for (int ks = lane; ks < steps; ks += MOE_GEMV_WAVE) {
-            GemvStaged<TYPE> staged;
-            gemv_stage<TYPE>(row, ks, n_in, staged);
-            float v[MOE_TILE_K];
-            decode_slice<TYPE>(staged.units, ks % BlockFormat<TYPE>::slices, v);
-            partial = staged_x ? gemv_slice_dot_staged(x_staged, ks, n_in, v, partial)
-                               : gemv_slice_dot(x_row, ks * MOE_TILE_K, n_in, v, partial);
+    // Lane l adds its slices l, l + 32, ... in ascending order, each slice's 32 products in ascending
+    // order; the activation slice is read once for all the wave's rows.
+    float partial[MOE_GEMV_WAVE_ROWS];
+#pragma unroll
+    for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
+        partial[r] = 0.0f;
+    }
+    for (int ks = lane; ks < max_steps; ks += MOE_GEMV_WAVE) {
+        float a[MOE_TILE_K];
+        gemv_x_slice(x_staged, x_row, staged_x, ks, n_in, a);
+#pragma unroll
+        for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
+            if (ks < steps[r]) {
+                float v[MOE_TILE_K];
+                decode_slice<TYPE>(staged[r].units, ks % BlockFormat<TYPE>::slices, v);
+#pragma unroll
+                for (int j = 0; j < MOE_TILE_K; ++j) {
+                    partial[r] = fmaf(a[j], v[j], partial[r]);
+                }
+            }
+        }
+        const int next = ks + MOE_GEMV_WAVE;
+#pragma unroll
+        for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
+            if (next < steps[r]) {
+                gemv_stage<TYPE>(rows + r * row_bytes, next, n_in, staged[r]);
+            }
         }
     }
-    const float sum = wave32_sum(partial, exchange);
-    if (lane == 0 && o < n_out) {
-        const long long at = (long long)pair * n_out + o;
-        float value = route_weights ? route_weights[pair] * sum : sum;
-        if (silu_gate) {
-            value = silu_times(silu_gate[at], value);
+#pragma unroll
+    for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
+        const int o = o0 + r;
+        const float sum = wave32_sum(partial[r], exchange);
+        if (lane == 0 && o < n_out) {
+            const long long at = (long long)pair * n_out + o;
+            float value = route_weights ? route_weights[pair] * sum : sum;
+            if (silu_gate) {
+                value = silu_times(silu_gate[at], value);
+            }
+            y[at] = value;
         }
-        y[at] = value;
     }
 }
 
