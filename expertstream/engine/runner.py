@@ -27,6 +27,8 @@ Where the device's kernels decode the expert type straight into matrix fragments
 by its routing weight as it writes it, so combine only adds the top-k outputs up; and, asked for with
 ``fuse_gate_up`` where the layer has plain SwiGLU and no expert biases, one ``gate_up`` split
 reads both tensors and writes SwiGLU's output in one pass (the same bytes as the two splits).
+A few pairs (decode) over experts already on the device take that split unasked, on the
+matrix-vector kernels: one launch instead of two, no tensor staged.
 
 Prefill is ONE plan over all ubatches, so the lookahead keeps copying across ubatch boundaries.
 Ubatch-major (the default): each ubatch through every layer, then the next. Layer-major (whole
@@ -856,7 +858,7 @@ class MoeRunner(Closing):
 
         first_splits = (
             [split((GATE, UP), self._gate_up)]
-            if self._fuses_gate_up(part, layer)
+            if self._fuses_gate_up(part, layer) or self._gemv_fuses_gate_up(part, layer, experts, n_ids)
             else [
                 split((GATE,), self._gate),
                 split((UP,), self._up),
@@ -882,6 +884,21 @@ class MoeRunner(Closing):
             and self.ffn.ffn.activation is Activation.SILU
             and part.extras[layer.index].expert_bias is None
             and part.kernels.uses_direct(gate.qtype, gate.ne[0])
+        )
+
+    def _gemv_fuses_gate_up(self, part: _Part, layer: MoeLayer, experts: ExpertData, n_pairs: int) -> bool:
+        """Whether gate, up and SwiGLU of ``layer`` for ``n_pairs`` pairs run as one matrix-vector launch
+        (MoeKernels.gate_up): a few pairs (decode) over experts already on the device, so no split
+        stages two tensors at once."""
+        gate, up = layer.gate, layer.up
+        return (
+            part.kernels.uses_gemv(n_pairs)
+            and isinstance(experts[gate.name], BufferView)
+            and isinstance(experts[up.name], BufferView)
+            and gate.qtype == up.qtype
+            and gate.ne == up.ne
+            and self.ffn.ffn.activation is Activation.SILU
+            and part.extras[layer.index].expert_bias is None
         )
 
     # -- what each split enqueues ------------------------------------------------------------

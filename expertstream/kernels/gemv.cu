@@ -83,8 +83,26 @@ template <int TYPE> struct GemvWide {
 template <int TYPE> union GemvStaged {
     static const int WORDS = (BlockFormat<TYPE>::slice_units * (int)sizeof(typename BlockFormat<TYPE>::Unit) + 15) / 16;
     gemv_words4 words[WORDS];
+    unsigned int pairs[WORDS * 4];
     typename BlockFormat<TYPE>::Unit units[WORDS * 16 / sizeof(typename BlockFormat<TYPE>::Unit)];
 };
+
+// The 16 units (32 bytes) at src, 2-byte aligned, into pairs[0..7]: as the nine 32-bit words from
+// the one at or below src, each pair of units cut from two neighbouring words. Nine loads instead
+// of sixteen; the ninth word may lie past the run, never past the block's end where it is used.
+__device__ void gemv_load_run32(const unsigned char* src, unsigned int* pairs) {
+    const unsigned int* words = (const unsigned int*)((unsigned long long)src & ~3ull);
+    const int shift = 8 * (int)((unsigned long long)src & 3u);
+    unsigned int w[9];
+#pragma unroll
+    for (int i = 0; i < 9; ++i) {
+        w[i] = words[i];
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        pairs[i] = (unsigned int)((((unsigned long long)w[i + 1] << 32) | w[i]) >> shift);
+    }
+}
 
 // Stage slice ks of the row at `row` (n_in elements). For the float types a slice past n_in is
 // partial: its units there are zeros, never read.
@@ -109,6 +127,21 @@ __device__ void gemv_stage(const unsigned char* __restrict__ row, int ks, int n_
         const bool inside = BlockFormat<TYPE>::quantized || ks * MOE_TILE_K + h < n_in;
         staged.units[h] = inside ? ((const Unit*)block)[BlockFormat<TYPE>::unit_of(s, h)] : (Unit)0;
     }
+}
+
+// Q6_K's 210-byte blocks leave its runs 2-byte aligned: a slice's 32 ql bytes and 32 qh bytes (units
+// 0-15 and 16-31, BlockFormat<Q6_K>) by gemv_load_run32, then its scale pair and d. The qh run ends
+// 18 bytes before the block's end, the ql run 82 or more: the ninth word stays inside the block.
+template <>
+__device__ void gemv_stage<ES_TYPE_Q6_K>(const unsigned char* __restrict__ row, int ks, int, GemvStaged<ES_TYPE_Q6_K>& staged) {
+    const int s = ks % 8;
+    const int half = s >> 2;
+    const unsigned char* block = row + (long long)(ks / 8) * BlockFormat<ES_TYPE_Q6_K>::bytes;
+    gemv_load_run32(block + 64 * half + 32 * (s & 1), staged.pairs);
+    gemv_load_run32(block + 128 + 32 * half, staged.pairs + 8);
+    const unsigned short* units = (const unsigned short*)block;
+    staged.units[32] = units[BlockFormat<ES_TYPE_Q6_K>::unit_of(s, 32)];
+    staged.units[33] = units[BlockFormat<ES_TYPE_Q6_K>::unit_of(s, 33)];
 }
 
 // Slice ks of the activation row into a[0..31], zero at and past n_in: from shared memory where the
@@ -138,6 +171,78 @@ __device__ void gemv_x_slice(const float* x_staged, const float* __restrict__ x_
 #pragma unroll
     for (int j = 0; j < MOE_TILE_K; ++j) {
         a[j] = k0 + j < n_in ? x_row[k0 + j] : 0.0f;
+    }
+}
+
+// How many slices a row reads: its own, or for the tensor's last row (last_row) up to the next
+// multiple of MOE_ROW_PADDING elements, ggml's padding tail, against zero activations, as the tile
+// kernels read every row. Past any other row those elements are the next row's, times zero: the
+// same sum, so they are not read.
+template <int TYPE> __device__ int gemv_row_steps(int n_in, bool last_row) {
+    return BlockFormat<TYPE>::quantized && last_row
+               ? (n_in + MOE_ROW_PADDING - 1) / MOE_ROW_PADDING * (MOE_ROW_PADDING / MOE_TILE_K)
+               : (n_in + MOE_TILE_K - 1) / MOE_TILE_K;
+}
+
+// The sums of the wave's MOE_GEMV_WAVE_ROWS rows (rows[r], steps[r] slices; 0 for none) with x_row,
+// valid at lane 0. Every thread of the block calls it. Lane l adds its slices l, l + 32, ... in
+// ascending order, each slice's 32 products in ascending order, then the wave adds its lanes
+// (wave32_sum): a row's sum does not depend on the rows beside it. The activation slice is read
+// once for all the wave's rows; the wave's first slices are loaded before the activations are
+// staged, so the two wait on memory together.
+template <int TYPE>
+__device__ void gemv_wave_sums(const unsigned char* const* rows, const int* steps, const float* __restrict__ x_row,
+                               int n_in, float* x_staged, float* exchange, float* sums) {
+    const int lane = threadIdx.x % MOE_GEMV_WAVE;
+    int max_steps = 0;
+#pragma unroll
+    for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
+        max_steps = steps[r] > max_steps ? steps[r] : max_steps;
+    }
+    GemvStaged<TYPE> staged[MOE_GEMV_WAVE_ROWS];
+#pragma unroll
+    for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
+        if (lane < steps[r]) {
+            gemv_stage<TYPE>(rows[r], lane, n_in, staged[r]);
+        }
+    }
+    const bool staged_x = n_in <= MOE_GEMV_STAGE;  // the same for the whole block
+    if (staged_x) {
+        for (int i = threadIdx.x; i < n_in; i += MOE_GEMV_THREADS) {
+            x_staged[i / MOE_TILE_K * MOE_GEMV_STAGE_LD + i % MOE_TILE_K] = x_row[i];
+        }
+        __syncthreads();
+    }
+    float partial[MOE_GEMV_WAVE_ROWS];
+#pragma unroll
+    for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
+        partial[r] = 0.0f;
+    }
+    for (int ks = lane; ks < max_steps; ks += MOE_GEMV_WAVE) {
+        float a[MOE_TILE_K];
+        gemv_x_slice(x_staged, x_row, staged_x, ks, n_in, a);
+#pragma unroll
+        for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
+            if (ks < steps[r]) {
+                float v[MOE_TILE_K];
+                decode_slice<TYPE>(staged[r].units, ks % BlockFormat<TYPE>::slices, v);
+#pragma unroll
+                for (int j = 0; j < MOE_TILE_K; ++j) {
+                    partial[r] = fmaf(a[j], v[j], partial[r]);
+                }
+            }
+        }
+        const int next = ks + MOE_GEMV_WAVE;
+#pragma unroll
+        for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
+            if (next < steps[r]) {
+                gemv_stage<TYPE>(rows[r], next, n_in, staged[r]);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
+        sums[r] = wave32_sum(partial[r], exchange);
     }
 }
 
@@ -171,80 +276,71 @@ __device__ void mul_mat_vec_id(const unsigned char* __restrict__ w, const float*
         }
         return;
     }
-    const float* x_row = x + (long long)(x_per_pair ? pair : pair / top_k) * n_in;
-    const bool staged_x = n_in <= MOE_GEMV_STAGE;  // the same for the whole block
     const long long row_bytes = weight_row_bytes<TYPE>(n_in);
-    // A row's own slices; the tensor's last row also reads up to the next multiple of
-    // MOE_ROW_PADDING elements, ggml's padding tail, against zero activations, as the tile kernels
-    // read every row. Past any other row those elements are the next row's, times zero: the same
-    // sum, so they are not read. Rows past n_out read nothing.
-    const int row_steps = (n_in + MOE_TILE_K - 1) / MOE_TILE_K;
-    const int padded_steps = (n_in + MOE_ROW_PADDING - 1) / MOE_ROW_PADDING * (MOE_ROW_PADDING / MOE_TILE_K);
+    const unsigned char* rows[MOE_GEMV_WAVE_ROWS];
     int steps[MOE_GEMV_WAVE_ROWS];
-    int max_steps = 0;
+#pragma unroll
+    for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {  // rows past n_out read nothing
+        const int o = o0 + r;
+        rows[r] = w + ((long long)expert * n_out + o) * row_bytes;
+        steps[r] = o < n_out ? gemv_row_steps<TYPE>(n_in, expert == n_expert - 1 && o == n_out - 1) : 0;
+    }
+    float sums[MOE_GEMV_WAVE_ROWS];
+    gemv_wave_sums<TYPE>(rows, steps, x + (long long)(x_per_pair ? pair : pair / top_k) * n_in, n_in, x_staged,
+                         exchange, sums);
 #pragma unroll
     for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
         const int o = o0 + r;
-        const bool last_row = expert == n_expert - 1 && o == n_out - 1;
-        steps[r] = o >= n_out ? 0 : BlockFormat<TYPE>::quantized && last_row ? padded_steps : row_steps;
-        max_steps = steps[r] > max_steps ? steps[r] : max_steps;
-    }
-    const unsigned char* rows = w + ((long long)expert * n_out + o0) * row_bytes;
-    // The wave's first slices are loaded before the activations are staged: the two wait on memory together.
-    GemvStaged<TYPE> staged[MOE_GEMV_WAVE_ROWS];
-#pragma unroll
-    for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
-        if (lane < steps[r]) {
-            gemv_stage<TYPE>(rows + r * row_bytes, lane, n_in, staged[r]);
-        }
-    }
-    if (staged_x) {
-        for (int i = threadIdx.x; i < n_in; i += MOE_GEMV_THREADS) {
-            x_staged[i / MOE_TILE_K * MOE_GEMV_STAGE_LD + i % MOE_TILE_K] = x_row[i];
-        }
-        __syncthreads();
-    }
-    // Lane l adds its slices l, l + 32, ... in ascending order, each slice's 32 products in ascending
-    // order; the activation slice is read once for all the wave's rows.
-    float partial[MOE_GEMV_WAVE_ROWS];
-#pragma unroll
-    for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
-        partial[r] = 0.0f;
-    }
-    for (int ks = lane; ks < max_steps; ks += MOE_GEMV_WAVE) {
-        float a[MOE_TILE_K];
-        gemv_x_slice(x_staged, x_row, staged_x, ks, n_in, a);
-#pragma unroll
-        for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
-            if (ks < steps[r]) {
-                float v[MOE_TILE_K];
-                decode_slice<TYPE>(staged[r].units, ks % BlockFormat<TYPE>::slices, v);
-#pragma unroll
-                for (int j = 0; j < MOE_TILE_K; ++j) {
-                    partial[r] = fmaf(a[j], v[j], partial[r]);
-                }
-            }
-        }
-        const int next = ks + MOE_GEMV_WAVE;
-#pragma unroll
-        for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
-            if (next < steps[r]) {
-                gemv_stage<TYPE>(rows + r * row_bytes, next, n_in, staged[r]);
-            }
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
-        const int o = o0 + r;
-        const float sum = wave32_sum(partial[r], exchange);
         if (lane == 0 && o < n_out) {
             const long long at = (long long)pair * n_out + o;
-            float value = route_weights ? route_weights[pair] * sum : sum;
+            float value = route_weights ? route_weights[pair] * sums[r] : sums[r];
             if (silu_gate) {
                 value = silu_times(silu_gate[at], value);
             }
             y[at] = value;
         }
+    }
+}
+
+// gate_up_vec_id: SwiGLU's output of one token's pairs in one launch, y = silu(G x) * (U x) with G, U
+// the pair's expert in w_gate and w_up (the same type and shape). A wave computes row o of both
+// (its two rows side by side), a block MOE_GEMV_GATE_UP_ROWS outputs of one pair: grid
+// (ceil(n_out / MOE_GEMV_GATE_UP_ROWS), n_pairs). Each sum is the one mul_mat_vec_id makes of that
+// row, so y is the bytes of the gate launch followed by the up launch with silu_gate.
+static_assert(MOE_GEMV_WAVE_ROWS == 2, "gate_up_vec_id puts a gate row and an up row side by side");
+#define MOE_GEMV_GATE_UP_ROWS (MOE_GEMV_THREADS / MOE_GEMV_WAVE)
+
+template <int TYPE>
+__device__ void gate_up_vec_id(const unsigned char* __restrict__ w_gate, const unsigned char* __restrict__ w_up,
+                               const float* __restrict__ x, const int* __restrict__ ids, float* __restrict__ y,
+                               int n_expert, int n_out, int n_in, int top_k, int n_pairs) {
+#if defined(__CUDA_ARCH__)
+    float* exchange = 0;
+#else
+    __shared__ float exchange[MOE_GEMV_THREADS];
+#endif
+    __shared__ float x_staged[MOE_GEMV_STAGE / MOE_TILE_K * MOE_GEMV_STAGE_LD];
+    const int pair = blockIdx.y;
+    if (pair >= n_pairs) {
+        return;
+    }
+    const int lane = threadIdx.x % MOE_GEMV_WAVE;
+    const int o = blockIdx.x * MOE_GEMV_GATE_UP_ROWS + threadIdx.x / MOE_GEMV_WAVE;
+    const int expert = ids[pair];
+    if (expert < 0 || expert >= n_expert) {  // the same for the whole block: it returns before any barrier
+        if (lane == 0 && o < n_out) {
+            y[(long long)pair * n_out + o] = bits_to_float(0x7fc00000u);
+        }
+        return;
+    }
+    const long long at = ((long long)expert * n_out + o) * weight_row_bytes<TYPE>(n_in);
+    const unsigned char* rows[2] = {w_gate + at, w_up + at};
+    const int row_steps = o < n_out ? gemv_row_steps<TYPE>(n_in, expert == n_expert - 1 && o == n_out - 1) : 0;
+    const int steps[2] = {row_steps, row_steps};
+    float sums[2];
+    gemv_wave_sums<TYPE>(rows, steps, x + (long long)(pair / top_k) * n_in, n_in, x_staged, exchange, sums);
+    if (lane == 0 && o < n_out) {
+        y[(long long)pair * n_out + o] = silu_times(sums[0], sums[1]);
     }
 }
 
@@ -255,6 +351,13 @@ __device__ void mul_mat_vec_id(const unsigned char* __restrict__ w, const float*
              int n_pairs, const float* __restrict__ route_weights, const float* __restrict__ silu_gate) {  \
         mul_mat_vec_id<TYPE>(w, x, ids, y, n_expert, n_out, n_in, top_k, x_per_pair, n_pairs,              \
                              route_weights, silu_gate);                                                    \
+    }
+#define MOE_GATE_UP_VEC_ID(NAME, TYPE)                                                                    \
+    extern "C" __global__ void __launch_bounds__(MOE_GEMV_THREADS)                                        \
+        NAME(const unsigned char* __restrict__ w_gate, const unsigned char* __restrict__ w_up,              \
+             const float* __restrict__ x, const int* __restrict__ ids, float* __restrict__ y, int n_expert, \
+             int n_out, int n_in, int top_k, int n_pairs) {                                                \
+        gate_up_vec_id<TYPE>(w_gate, w_up, x, ids, y, n_expert, n_out, n_in, top_k, n_pairs);              \
     }
 // Instances (one per weight type of layout.FORMATS) are appended after the last file by
 // kernel_source (program.py), for the types a module needs.

@@ -263,6 +263,8 @@ class MoeKernels(Closing):
         self.kernel("moe_swiglu")
         for w_type in w_types:
             self.kernel(self.mul_mat_id_kernel(w_type, 1, 1, layout.DIRECT_K))
+            if self.uses_gemv(1):
+                self.kernel(weight_format(w_type).gemv_gate_up_kernel_name)
             if self.uses_direct(w_type, layout.DIRECT_K):
                 self.kernel(weight_format(w_type).direct_kernel_name(TileM.SHORT, gate_up=True))
                 self.kernel("moe_round_x_direct")
@@ -454,18 +456,22 @@ class MoeKernels(Closing):
         tile_m: TileM | None = None,
     ) -> None:
         """y[t, k, :] = silu(G @ x[t]) * (U @ x[t]) with G, U = w_gate[ids[t, k]], w_up[ids[t, k]]:
-        gate, up and SwiGLU in one pass, on the direct kernels only (``uses_direct``). The same bytes
-        as mul_mat_id of each tensor followed by swiglu."""
+        gate, up and SwiGLU in one pass, where a direct kernel fits (``uses_direct``) or the call takes
+        the matrix-vector kernels (``uses_gemv``, unless ``tile_m`` is given). The same bytes as
+        mul_mat_id of each tensor followed by swiglu."""
         call = "MoeKernels.gate_up"
         fmt = weight_format(w_type)
         positive(call, n_expert=n_expert, n_out=n_out, n_in=n_in, n_tokens=n_tokens, top_k=top_k)
         self._check_mul_mat_id_shapes(call, fmt, n_expert, n_out, n_in, n_tokens * top_k)
+        if tile_m is None and self.uses_gemv(n_tokens * top_k):
+            self._gate_up_vec(stream, call, fmt, (w_gate, w_up), n_expert, n_out, n_in, x, ids, n_tokens, top_k, y)
+            return
         if not self.uses_direct(w_type, n_in):
             raise InvalidArgument(
                 f"gate_up needs a direct-decode kernel, which {fmt.qtype.name} rows of {n_in} elements on "
                 f"{self.device.label} do not take",
                 call=call,
-                hint="check uses_direct() first, or run mul_mat_id for each tensor and then swiglu",
+                hint="check uses_direct() or uses_gemv() first, or run mul_mat_id for each tensor and then swiglu",
             )
         n_pairs = n_tokens * top_k
         if tile_m is None:
@@ -489,6 +495,44 @@ class MoeKernels(Closing):
             tile_m,
             (n_expert, n_out, n_in, n_tokens, top_k, False),
             None,
+        )
+
+    def _gate_up_vec(
+        self,
+        stream: Stream,
+        call: str,
+        fmt: WeightFormat,
+        weights: tuple[ViewLike, ViewLike],
+        n_expert: int,
+        n_out: int,
+        n_in: int,
+        x: ViewLike,
+        ids: ViewLike,
+        n_tokens: int,
+        top_k: int,
+        y: ViewLike,
+    ) -> None:
+        """gate_up of a few pairs on the matrix-vector kernel: a gate row and an up row a wave."""
+        n_pairs = n_tokens * top_k
+        w_bytes = padded_size(n_expert * n_out * fmt.row_bytes(n_in), fmt.qtype, n_in)
+        w_gate = view(call, "w_gate", weights[0], w_bytes, fmt.unit_bytes)
+        w_up = view(call, "w_up", weights[1], w_bytes, fmt.unit_bytes)
+        stream.launch(
+            self.kernel(fmt.gemv_gate_up_kernel_name),
+            (-(-n_out // layout.GEMV_GATE_UP_ROWS), n_pairs),
+            layout.GEMV_THREADS,
+            (
+                w_gate,
+                w_up,
+                view(call, "x", x, n_tokens * n_in * 4, 4),
+                view(call, "ids", ids, n_pairs * 4, 4),
+                view(call, "y", y, n_pairs * n_out * 4, 4),
+                _i32(n_expert),
+                _i32(n_out),
+                _i32(n_in),
+                _i32(top_k),
+                _i32(n_pairs),
+            ),
         )
 
     def _group(

@@ -70,7 +70,7 @@ def source_file(name: str) -> str:
 
 def type_kernels(fmt: WeightFormat) -> list[str]:
     """The names of every per-type kernel of ``fmt``: each path's tile heights, the direct ones, the
-    matrix-vector one, get_rows."""
+    matrix-vector ones, get_rows."""
     return [name for name, _ in _instances(fmt)]
 
 
@@ -84,6 +84,7 @@ def _instances(fmt: WeightFormat) -> Iterator[tuple[str, str]]:
         yield _instance(fmt.direct_kernel_name(tile), "MOE_MUL_MAT_ID_DIRECT", qtype, tile)
         yield _instance(fmt.direct_kernel_name(tile, gate_up=True), "MOE_GATE_UP_DIRECT", qtype, tile)
     yield fmt.gemv_kernel_name, f"MOE_MUL_MAT_VEC_ID({fmt.gemv_kernel_name}, {qtype})"
+    yield fmt.gemv_gate_up_kernel_name, f"MOE_GATE_UP_VEC_ID({fmt.gemv_gate_up_kernel_name}, {qtype})"
     name = fmt.get_rows_kernel_name
     yield name, f"DENSE_GET_ROWS({name}, {qtype})"
 

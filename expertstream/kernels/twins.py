@@ -308,6 +308,40 @@ def _gemv_runner(fmt: WeightFormat) -> Any:
     return run
 
 
+# moe_gate_up_vec_id_*: w_gate, w_up, x, ids, y, n_expert, n_out, n_in, top_k, n_pairs
+
+
+def _gemv_gate_up_runner(fmt: WeightFormat) -> Any:
+    mul_mat_vec = _gemv_runner(fmt)
+
+    def run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
+        w_gate, w_up, x, ids, y, n_expert, n_out, n_in, top_k, n_pairs = args
+        gate = np.empty_like(y.view(np.float32))
+        common = (n_expert, n_out, n_in, top_k, 0, n_pairs)
+        mul_mat_vec((w_gate, x, ids, gate.view(np.uint8), *common, 0, 0), grid, block)
+        mul_mat_vec((w_up, x, ids, y, *common, 0, gate.view(np.uint8)), grid, block)
+
+    return run
+
+
+def _gemv_gate_up_accesses_for(fmt: WeightFormat) -> Any:
+    def accesses(args: Args) -> Sequence[Access]:
+        w_gate, w_up, x, ids, y, n_expert, n_out, n_in = args[:8]
+        return [
+            _weights_access(fmt, w_gate, n_expert, n_out, n_in),
+            _weights_access(fmt, w_up, n_expert, n_out, n_in),
+            Access(_as_view(x), write=False),
+            Access(_as_view(ids), write=False),
+            Access(_as_view(y), write=True),
+        ]
+
+    return accesses
+
+
+def _gemv_gate_up_flops(args: Args) -> float:
+    return 4.0 * int(args[9]) * int(args[6]) * int(args[7])
+
+
 def _gemv_accesses_for(fmt: WeightFormat) -> Any:
     def accesses(args: Args) -> Sequence[Access]:
         w, x, ids, y, n_expert, n_out, n_in = args[:7]
@@ -512,6 +546,16 @@ def twin_specs() -> list[KernelSpec]:
                 )
     specs += [
         KernelSpec(fmt.gemv_kernel_name, _gemv_runner(fmt), _gemv_accesses_for(fmt), _gemv_flops, mul_mat_id_rate_key)
+        for fmt in FORMATS.values()
+    ]
+    specs += [
+        KernelSpec(
+            fmt.gemv_gate_up_kernel_name,
+            _gemv_gate_up_runner(fmt),
+            _gemv_gate_up_accesses_for(fmt),
+            _gemv_gate_up_flops,
+            _direct_rate_key_for(True),
+        )
         for fmt in FORMATS.values()
     ]
     specs.append(

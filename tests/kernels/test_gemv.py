@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
 
-from expertstream.backends.base import Device, Stream
+from expertstream.backends.base import Device, Stream, Usage
 from expertstream.errors import InvalidArgument
 from expertstream.kernels import MoeKernels, layout
 from expertstream.kernels import reference as ref
@@ -167,3 +167,39 @@ def test_silu_gate_is_the_bytes_of_the_call_then_swiglu(
         assert fused.read().tobytes() == act.read().tobytes()
         with pytest.raises(InvalidArgument, match="epilogue of the matrix-vector kernels"):
             kernels.mul_mat_id(stream, *args, fused, tile_m=TileM.SHORT, silu_gate=gate_buf)
+
+
+@pytest.mark.parametrize(
+    "w_type", [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K, GGMLQuantizationType.Q8_0], ids=lambda t: t.name
+)
+def test_gate_up_of_a_few_pairs_is_the_bytes_of_gate_then_up(
+    kernels: MoeKernels, device: Device, stream: Stream, rng: np.random.Generator, w_type: GGMLQuantizationType
+) -> None:
+    """gate_up of a few pairs takes the matrix-vector gate_up (no direct kernel needed): the bytes of
+    the gate launch followed by the up launch with SwiGLU, NaN rows for ids out of range."""
+    shape = Shape(n_expert=5, n_out=37, n_in=768, n_tokens=2, top_k=3)
+    ids = np.array([[4, 0, 2], [1, 9, 4]], np.int32)
+    bad = (ids < 0) | (ids >= shape.n_expert)
+    gate_p = tensors.make_problem(device, rng, w_type, shape, ids)
+    up_w = ref.random_weights(rng, w_type, shape.n_expert * shape.n_out, shape.n_in)
+    n = shape.n_pairs * shape.n_out
+    dims = (shape.n_expert, shape.n_out, shape.n_in)
+    with (
+        device.alloc(up_w.nbytes, Usage.WEIGHTS, row_type=w_type, ne0=shape.n_in) as up_buf,
+        tensors.poisoned(device, n * 4) as gate_y,
+        tensors.poisoned(device, n * 4) as two_launches,
+        tensors.poisoned(device, n * 4) as fused,
+    ):
+        up_buf.write(up_w)
+        common = (gate_p.x_buf, False, gate_p.ids_buf, shape.n_tokens, shape.top_k)
+        kernels.mul_mat_id(stream, gate_p.w_buf, w_type, *dims, *common, gate_y)
+        kernels.mul_mat_id(stream, up_buf, w_type, *dims, *common, two_launches, silu_gate=gate_y)
+        kernels.gate_up(stream, gate_p.w_buf, up_buf, w_type, *dims, gate_p.x_buf, gate_p.ids_buf, 2, 3, fused)
+        stream.synchronize()
+        y = fused.read().view(np.float32).reshape(2, 3, shape.n_out)
+        assert fused.read().tobytes() == two_launches.read().tobytes()
+    assert np.isnan(y[bad]).all(), "rows of ids out of range are not NaN"
+    g = gate_p.reference()
+    u = ref.mul_mat_id(up_w, w_type, *dims, gate_p.x, ids)
+    err = ref.relative_error(y[~bad], (g / (1.0 + np.exp(-g)) * u)[~bad])
+    assert err < 2 * ref.MUL_MAT_ID_RTOL, f"relative error {err:.3g}"

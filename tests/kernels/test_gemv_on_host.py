@@ -36,14 +36,18 @@ _DRIVER = (
     + """
 typedef void (*MulMatVecId)(const unsigned char*, const float*, const int*, float*, int, int, int, int, int, int,
                             const float*, const float*);
+typedef void (*GateUpVecId)(const unsigned char*, const unsigned char*, const float*, const int*, float*, int, int, int,
+                            int, int);
 
 int main(int argc, char** argv) {
     MulMatVecId kernels[] = {%s};
+    GateUpVecId gate_up_kernels[] = {%s};
     const int kernel = atoi(argv[1]);
     std::vector<int> shape = read_array<int>(10);
     const int n_expert = shape[0], n_out = shape[1], n_in = shape[2], n_tokens = shape[3], top_k = shape[4];
     const int x_per_pair = shape[5], w_bytes = shape[6], w_shift = shape[7], x_shift = shape[8];
-    const int scaled = shape[9] & 1, gated = shape[9] & 2;  // route weights; a SwiGLU gate (then y twice)
+    // route weights; a SwiGLU gate (then y twice); gate_up of the two halves of w (then y twice)
+    const int scaled = shape[9] & 1, gated = shape[9] & 2, fused = shape[9] & 4;
     const int n_pairs = n_tokens * top_k;
     const size_t x_count = (size_t)(x_per_pair ? n_pairs : n_tokens) * n_in;
     // Placed w_shift bytes (x_shift floats) past a 16-byte boundary.
@@ -72,6 +76,29 @@ int main(int argc, char** argv) {
         }
         return y;
     };
+    if (fused) {  // gate_up_vec_id of w's halves, then the gate launch and the up launch with its output as silu_gate
+        const unsigned char* w_up = w + w_bytes / 2;
+        std::vector<float> y((size_t)n_pairs * n_out, NAN);
+        const unsigned grid_gate_up = (n_out + MOE_GEMV_GATE_UP_ROWS - 1) / MOE_GEMV_GATE_UP_ROWS;
+        gridDim = EsDim3{grid_gate_up, (unsigned)n_pairs, 1};
+        for (unsigned by = 0; by < (unsigned)n_pairs; ++by) {
+            for (unsigned bx = 0; bx < grid_gate_up; ++bx) {
+                blockIdx = EsDim3{bx, by, 0};
+                run_block(MOE_GEMV_THREADS, [&] {
+                    gate_up_kernels[kernel](w, w_up, x, ids.data(), y.data(), n_expert, n_out, n_in, top_k, n_pairs);
+                });
+            }
+        }
+        fwrite(y.data(), sizeof(float), y.size(), stdout);
+        gridDim = EsDim3{grid_x, (unsigned)n_pairs, 1};
+        std::vector<float> g = launch(nullptr);
+        unsigned char* w_gate = w;
+        w = (unsigned char*)w_up;
+        std::vector<float> both = launch(g.data());
+        w = w_gate;
+        fwrite(both.data(), sizeof(float), both.size(), stdout);
+        return 0;
+    }
     std::vector<float> y = launch(gated ? gate.data() : nullptr);
     fwrite(y.data(), sizeof(float), y.size(), stdout);
     if (gated) {  // then the launch without the gate followed by moe_swiglu's operations
@@ -93,7 +120,8 @@ def host_gemv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if CXX is None:
         pytest.skip("no C++ compiler (c++, g++ or clang++) on PATH")
     names = ", ".join(FORMATS[t].gemv_kernel_name for t in TYPES)
-    return build_on_host(tmp_path_factory.mktemp("host_gemv"), kernel_source(TYPES), _DRIVER % names)
+    gate_up_names = ", ".join(FORMATS[t].gemv_gate_up_kernel_name for t in TYPES)
+    return build_on_host(tmp_path_factory.mktemp("host_gemv"), kernel_source(TYPES), _DRIVER % (names, gate_up_names))
 
 
 def run_gemv(
@@ -106,24 +134,29 @@ def run_gemv(
     misaligned: bool = False,
     route_weights: np.ndarray | None = None,
     silu_gate: np.ndarray | None = None,
+    up: np.ndarray | None = None,
 ) -> np.ndarray:
     """y [n_tokens, top_k, n_out] from the kernel; ``misaligned`` places w one unit and x one float
     past a 16-byte boundary. With ``silu_gate``: [2, n_tokens, top_k, n_out], the kernel's output with
-    that gate, then its output without it followed by moe_swiglu's operations."""
+    that gate, then its output without it followed by moe_swiglu's operations. With ``up`` (padded
+    like ``padded``, the gate): [2, n_tokens, top_k, n_out], gate_up_vec_id's output, then the gate
+    launch's followed by the up launch's with it as silu_gate."""
     n_expert, n_out, n_in = shape
     n_tokens, top_k = ids.shape
     w_shift, x_shift = (FORMATS[w_type].unit_bytes, 1) if misaligned else (0, 0)
-    fields = (n_expert, n_out, n_in, n_tokens, top_k, int(x.ndim == 3), padded.nbytes, w_shift, x_shift)
-    flags = int(route_weights is not None) | 2 * int(silu_gate is not None)
+    w_bytes = padded.tobytes() + (b"" if up is None else up.tobytes())
+    fields = (n_expert, n_out, n_in, n_tokens, top_k, int(x.ndim == 3), len(w_bytes), w_shift, x_shift)
+    flags = int(route_weights is not None) | 2 * int(silu_gate is not None) | 4 * int(up is not None)
     header = struct.pack("10i", *fields, flags)
-    data = header + padded.tobytes() + np.ascontiguousarray(x, np.float32).tobytes() + ids.astype(np.int32).tobytes()
+    data = header + w_bytes + np.ascontiguousarray(x, np.float32).tobytes() + ids.astype(np.int32).tobytes()
     if route_weights is not None:
         data += route_weights.astype(np.float32).tobytes()
     if silu_gate is not None:
         data += silu_gate.astype(np.float32).tobytes()
     run = subprocess.run([str(binary), str(TYPES.index(w_type))], input=data, capture_output=True, check=True)
     out = np.frombuffer(run.stdout, np.float32)
-    return out.reshape(n_tokens, top_k, n_out) if silu_gate is None else out.reshape(2, n_tokens, top_k, n_out)
+    pairs = (n_tokens, top_k, n_out)
+    return out.reshape(pairs) if silu_gate is None and up is None else out.reshape(2, *pairs)
 
 
 @pytest.mark.parametrize("w_type", TYPES, ids=lambda t: t.name)
@@ -207,3 +240,30 @@ def test_silu_gate_is_the_bytes_of_the_launch_then_swiglu(
     fused, expected = run_gemv(host_gemv, w_type, padded, x, ids, (n_expert, n_out, n_in), silu_gate=gate)
     assert np.isfinite(fused).all()
     assert fused.tobytes() == expected.tobytes()
+
+
+@pytest.mark.parametrize("w_type", TYPES, ids=lambda t: t.name)
+def test_gate_up_is_the_bytes_of_gate_then_up_with_its_gate(
+    host_gemv: Path, rng: np.random.Generator, w_type: GGMLQuantizationType
+) -> None:
+    """gate_up_vec_id, a gate row and an up row a wave, against the two launches it replaces and the
+    float64 reference; ids out of range give NaN rows; aligned or not, the same bytes."""
+    fmt = FORMATS[w_type]
+    n_expert, n_out, n_in = 4, 13, 768 if fmt.quantized else 200
+    gate_w, up_w = (ref.random_weights(rng, w_type, n_expert * n_out, n_in) for _ in range(2))
+    gate_padded, up_padded = (with_tail(w, w_type, n_in) for w in (gate_w, up_w))
+    ids = np.array([[3, 0, -1], [1, 2, 3]], np.int32)
+    bad = (ids < 0) | (ids >= n_expert)
+    x = rng.standard_normal((2, n_in)).astype(np.float32)
+    shape = (n_expert, n_out, n_in)
+    fused, two_launches = run_gemv(host_gemv, w_type, gate_padded, x, ids, shape, up=up_padded)
+    assert np.isnan(fused[bad]).all(), "rows of ids out of range are not NaN"
+    assert np.isfinite(fused[~bad]).all(), "outputs unwritten or not finite"
+    assert fused[~bad].tobytes() == two_launches[~bad].tobytes()
+    g = ref.mul_mat_id(gate_w, w_type, n_expert, n_out, n_in, x, ids)
+    u = ref.mul_mat_id(up_w, w_type, n_expert, n_out, n_in, x, ids)
+    expected = g / (1.0 + np.exp(-g)) * u
+    err = ref.relative_error(fused[~bad], expected[~bad])
+    assert err < 2 * ref.MUL_MAT_ID_RTOL, f"relative error {err:.3g}"
+    shifted, _ = run_gemv(host_gemv, w_type, gate_padded, x, ids, shape, misaligned=True, up=up_padded)
+    assert shifted.tobytes() == fused.tobytes(), "misaligned inputs (narrow loads) gave other bytes"
