@@ -4,13 +4,12 @@
 // The tile kernels give a block 128 output rows of one expert, so one token's top-k pairs
 // (or a dense projection run as one expert and one pair) make only n_out / 128 blocks per
 // expert: far too few to read the weights at the memory's bandwidth. Here a logical wave of
-// MOE_GEMV_WAVE threads computes MOE_GEMV_WAVE_ROWS output rows of one pair side by side, and a
-// block MOE_GEMV_ROWS rows of one pair: grid (ceil(n_out / MOE_GEMV_ROWS), n_pairs), no grouping pass.
+// MOE_GEMV_WAVE threads computes one output row of one pair, and a block MOE_GEMV_ROWS rows of
+// one pair: grid (ceil(n_out / MOE_GEMV_ROWS), n_pairs), no grouping pass.
 //
-// The block stages its pair's activation row in shared memory (rows of up to MOE_GEMV_STAGE
-// elements, launches of up to MOE_GEMV_STAGE_BLOCKS blocks; otherwise the lanes read it from global
-// memory), each slice padded to MOE_GEMV_STAGE_LD floats so the lanes, each on a slice of its own,
-// read it conflict-free. The wave's first weight loads go out before that, so both wait together.
+// The block first stages its pair's activation row in shared memory (rows of up to
+// MOE_GEMV_STAGE elements; longer ones are read from global memory), each slice padded to
+// MOE_GEMV_STAGE_LD floats so the lanes, each on a slice of its own, read it conflict-free.
 //
 // Lane l of a wave takes the row's 32-element slices l, l + 32, ...: it loads a slice's units
 // (16 bytes at a time where the type's slice is made of 16-byte runs and the address allows),
@@ -38,7 +37,6 @@
 #define MOE_GEMV_ROWS (MOE_GEMV_THREADS / MOE_GEMV_WAVE * MOE_GEMV_WAVE_ROWS)  // output rows per block
 static_assert(MOE_GEMV_WAVE == 32, "a row's lanes add up by wave32_sum");
 #define MOE_GEMV_STAGE 4096  // activation rows up to this many elements are staged in shared memory
-#define MOE_GEMV_STAGE_BLOCKS 4096  // and only by launches of at most this many blocks
 #define MOE_GEMV_STAGE_LD 33 // floats per staged 32-element slice: lane l's slice l starts in bank l
 
 // The sum of the partial sums of a logical wave of 32 threads, valid at its lane 0 (the matrix-vector
@@ -208,10 +206,7 @@ __device__ void gemv_wave_sums(const unsigned char* const* rows, const int* step
             gemv_stage<TYPE>(rows[r], lane, n_in, staged[r]);
         }
     }
-    // The same for the whole launch. Every block stages the whole row, 4 bytes an element against the
-    // 0.5-1 its rows read: past a few waves of blocks (the output head's 19 000) that L2 traffic
-    // outweighs what the lanes' own reads of x cost.
-    const bool staged_x = n_in <= MOE_GEMV_STAGE && gridDim.x * gridDim.y <= MOE_GEMV_STAGE_BLOCKS;
+    const bool staged_x = n_in <= MOE_GEMV_STAGE;  // the same for the whole block
     if (staged_x) {
         for (int i = threadIdx.x; i < n_in; i += MOE_GEMV_THREADS) {
             x_staged[i / MOE_TILE_K * MOE_GEMV_STAGE_LD + i % MOE_TILE_K] = x_row[i];

@@ -11,7 +11,6 @@ order the threads ran in).
 
 from __future__ import annotations
 
-import re
 import struct
 import subprocess
 from pathlib import Path
@@ -268,22 +267,3 @@ def test_gate_up_is_the_bytes_of_gate_then_up_with_its_gate(
     assert err < 2 * ref.MUL_MAT_ID_RTOL, f"relative error {err:.3g}"
     shifted, _ = run_gemv(host_gemv, w_type, gate_padded, x, ids, shape, misaligned=True, up=up_padded)
     assert shifted.tobytes() == fused.tobytes(), "misaligned inputs (narrow loads) gave other bytes"
-
-
-def test_launches_of_many_blocks_read_x_unstaged_with_the_same_sums(host_gemv: Path, rng: np.random.Generator) -> None:
-    """Past MOE_GEMV_STAGE_BLOCKS blocks (an output head) the lanes read x from global memory: each
-    row's bytes are those of a small launch over the same rows, which stages x."""
-    w_type = _T.Q4_0
-    found = re.search(r"#define MOE_GEMV_STAGE_BLOCKS (\d+) ", source_file("gemv.cu"))
-    assert found is not None
-    n_in, n_out = 64, layout.GEMV_ROWS * (int(found.group(1)) + 4) + 3
-    w = ref.random_weights(rng, w_type, n_out, n_in)
-    x = rng.standard_normal((1, n_in)).astype(np.float32)
-    ids = np.array([[0]], np.int32)
-    y = run_gemv(host_gemv, w_type, with_tail(w, w_type, n_in), x, ids, (1, n_out, n_in))
-    err = ref.relative_error(y, ref.mul_mat_id(w, w_type, 1, n_out, n_in, x, ids))
-    assert err < ref.MUL_MAT_ID_RTOL, f"relative error {err:.3g}"
-    rows = 37
-    small = w.reshape(n_out, -1)[:rows]
-    y_small = run_gemv(host_gemv, w_type, with_tail(small, w_type, n_in), x, ids, (1, rows, n_in))
-    assert y_small.tobytes() == y[..., :rows].tobytes()
