@@ -366,35 +366,68 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_decode_d128(ATTN
     attn_decode_chunk<128>(ATTN_DECODE_ARGS);
 }
 
-// out[t, h, d] from the chunks of row (t, h) that its visible range touches, in ascending order.
-// One block per (head, token) = (blockIdx.x, blockIdx.y), one thread per d (blockDim.x = head_dim);
-// every thread works out the row's max and weights itself.
+// out[t, h, d] from the chunks of row (t, h) that its visible range touches. One block per (head, token)
+// = (blockIdx.x, blockIdx.y) of head_dim * ATTN_COMBINE_STRANDS threads: thread (s, d), s = threadIdx.x /
+// head_dim, adds the row's chunks s, s + ATTN_COMBINE_STRANDS, ... in ascending order for its d; the
+// strands' maxima meet first (a max is exact in any order), then their sums in strand order. At 32768
+// keys a row has 512 chunks: one strand of them was a chain of 1024 dependent loads per thread, in a
+// launch of only n_head blocks for a token.
+#define ATTN_COMBINE_STRANDS 4
+#define ATTN_COMBINE_MAX_D 128  // head_dim at most (the decode kernels' widest)
 extern "C" __global__ void attn_decode_combine(const float* __restrict__ partial_ml,
                                                const float* __restrict__ partial_o, const int* __restrict__ positions,
                                                const float* __restrict__ sinks, float* __restrict__ out,
                                                int n_tokens, int kv_len, int n_head, int window, int n_chunks,
                                                int head_dim) {
+    __shared__ float strand_top[ATTN_COMBINE_STRANDS];
+    __shared__ float strand_l[ATTN_COMBINE_STRANDS];
+    __shared__ float strand_o[ATTN_COMBINE_STRANDS * ATTN_COMBINE_MAX_D];
     const int h = blockIdx.x;
     const int t = blockIdx.y;
-    const int d = threadIdx.x;
+    const int d = threadIdx.x % head_dim;
+    const int strand = threadIdx.x / head_dim;
     int lo, hi;
     attn_visible(positions, t, n_tokens, kv_len, window, &lo, &hi);
     const int c_first = lo / ATTN_DECODE_CHUNK;
     const int c_last = lo <= hi ? hi / ATTN_DECODE_CHUNK : c_first - 1;
     const long long base = ((long long)t * n_head + h) * n_chunks;
-    float top = sinks ? sinks[h] : ATTN_NEG_INF;
-    for (int c = c_first; c <= c_last; ++c) {
+    float top = ATTN_NEG_INF;
+    for (int c = c_first + strand; c <= c_last; c += ATTN_COMBINE_STRANDS) {
         top = fmaxf(top, partial_ml[2 * (base + c)]);
+    }
+    if (d == 0) {
+        strand_top[strand] = top;
+    }
+    __syncthreads();
+    top = sinks ? sinks[h] : ATTN_NEG_INF;
+#pragma unroll
+    for (int i = 0; i < ATTN_COMBINE_STRANDS; ++i) {
+        top = fmaxf(top, strand_top[i]);
     }
     float l = 0.0f;
     float o = 0.0f;
-    for (int c = c_first; c <= c_last; ++c) {
+    for (int c = c_first + strand; c <= c_last; c += ATTN_COMBINE_STRANDS) {
         const float m = partial_ml[2 * (base + c)];
         if (m != ATTN_NEG_INF) {
             const float w = expf(m - top);
             l = fmaf(partial_ml[2 * (base + c) + 1], w, l);
             o = fmaf(partial_o[(base + c) * head_dim + d], w, o);
         }
+    }
+    if (d == 0) {
+        strand_l[strand] = l;
+    }
+    strand_o[strand * head_dim + d] = o;
+    __syncthreads();
+    if (strand != 0) {
+        return;
+    }
+    l = strand_l[0];
+    o = strand_o[d];
+#pragma unroll
+    for (int i = 1; i < ATTN_COMBINE_STRANDS; ++i) {
+        l += strand_l[i];
+        o += strand_o[i * head_dim + d];
     }
     if (sinks) {
         l += expf(sinks[h] - top);

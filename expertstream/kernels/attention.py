@@ -43,6 +43,7 @@ PREFILL_ROWS = 32  # queries per block of the SIMT prefill
 MMA_ROWS = 64  # queries per block of the matrix-core prefill
 DECODE_ROWS = 8  # (token, head) rows per decode block
 DECODE_CHUNK = 64  # keys per decode block (one token over a 512-row cache: 8 chunks a KV head)
+COMBINE_STRANDS = 4  # threads per (row, d) of the decode combine, each adding every 4th chunk (attention.cu)
 DECODE_MAX_TOKENS = 8  # up to this many tokens take the split-K decode
 HEAD_DIMS = (64, 128)  # head dims with a kernel instance
 CACHE_ALIGN = 16  # bytes: the kernels read cache rows 16 bytes at a time
@@ -144,7 +145,7 @@ def attention(
     stream.launch(
         kernels.kernel("attn_decode_combine"),
         (n_head, n_tokens),
-        head_dim,
+        head_dim * COMBINE_STRANDS,
         (
             partial_ml,
             partial_o,

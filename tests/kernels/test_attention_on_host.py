@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from expertstream.kernels import kernel_source
+from expertstream.kernels import attention, kernel_source
+from expertstream.kernels.program import source_file
 
 from .test_attention import RTOL_F16, RTOL_F32, Case, make_inputs_on_host, worst_row_error
 from .test_kernels_on_host import _FIBERS, CXX, build_on_host
@@ -82,7 +83,7 @@ int main(int argc, char** argv) {
             decode[wide](q.data(), k.data(), v.data(), ml.data(), partial.data(), positions.data(), n_tokens, kv_len,
                          n_head, n_head_kv, window, scale, n_chunks);
         });
-        launch(n_head, n_tokens, 1, head_dim, [&] {
+        launch(n_head, n_tokens, 1, head_dim * ATTN_COMBINE_STRANDS, [&] {
             attn_decode_combine(ml.data(), partial.data(), positions.data(), sinks_at, out.data(), n_tokens, kv_len,
                                 n_head, window, n_chunks, head_dim);
         });
@@ -137,3 +138,10 @@ def test_attention_kernels_match_reference(
     out, expected = run_on_host(attention_kernels, mode, case, rng)
     err = worst_row_error(out, expected)
     assert err < (RTOL_F16 if mode == MATRIX_GENERIC else RTOL_F32), f"worst row relative error {err:.3g}"
+
+
+def test_the_launcher_gives_the_combine_its_strands() -> None:
+    """attention.py launches head_dim * COMBINE_STRANDS threads per combine block, the strands attention.cu adds."""
+    source = source_file("attention.cu")
+    assert f"#define ATTN_COMBINE_STRANDS {attention.COMBINE_STRANDS}\n" in source
+    assert f"#define ATTN_COMBINE_MAX_D {max(attention.HEAD_DIMS)} " in source
