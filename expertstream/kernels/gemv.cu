@@ -4,12 +4,15 @@
 // The tile kernels give a block 128 output rows of one expert, so one token's top-k pairs
 // (or a dense projection run as one expert and one pair) make only n_out / 128 blocks per
 // expert: far too few to read the weights at the memory's bandwidth. Here a logical wave of
-// MOE_GEMV_WAVE threads computes one output row of one pair, and a block MOE_GEMV_ROWS rows of
-// one pair: grid (ceil(n_out / MOE_GEMV_ROWS), n_pairs), no grouping pass.
+// MOE_GEMV_WAVE threads computes MOE_GEMV_WAVE_ROWS output rows of one pair side by side, and a
+// block MOE_GEMV_ROWS rows of one pair: grid (ceil(n_out / MOE_GEMV_ROWS), n_pairs), no grouping pass.
+// gate_up_vec_id (below) puts a gate row and an up row side by side instead.
 //
-// The block first stages its pair's activation row in shared memory (rows of up to
-// MOE_GEMV_STAGE elements; longer ones are read from global memory), each slice padded to
-// MOE_GEMV_STAGE_LD floats so the lanes, each on a slice of its own, read it conflict-free.
+// The block stages its pair's activation row in shared memory (rows of up to MOE_GEMV_STAGE
+// elements; longer ones are read from global memory), each slice padded to MOE_GEMV_STAGE_LD floats
+// so the lanes, each on a slice of its own, read it conflict-free; each slice a lane reads serves
+// all its wave's rows. The wave's first weight loads go out before the staging, so both wait on
+// memory together.
 //
 // Lane l of a wave takes the row's 32-element slices l, l + 32, ...: it loads a slice's units
 // (16 bytes at a time where the type's slice is made of 16-byte runs and the address allows),
