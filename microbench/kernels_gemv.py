@@ -3,7 +3,10 @@
 
 One token's pairs on Qwen3-30B-A3B-shaped tensors (128 experts; gate/up [768][2048] with the token's
 activation row shared by its pairs, down [2048][768] with one row per pair): 1 pair (one expert, as a
-dense projection runs) and 8 (the token's top-8, distinct experts). A row's time is the device time
+dense projection runs) and 8 (the token's top-8, distinct experts); then gate, up and SwiGLU in one
+launch ("gate+up", both tensors' bytes), and the attention projections of one token (one expert, one
+pair: "dense q" [4096][2048], "dense k/v" [512][2048], "dense o" [2048][4096]) on the matrix-vector
+kernel only. A row's time is the device time
 per call, back to back behind a gate as kernels.py times them, and its GB/s the weight bytes the call
 must read (the rows of the experts its pairs use, each expert once) over that time: against the
 device's memory bandwidth, how far decode is from reading each weight once at full speed. "vs gemv"
@@ -30,6 +33,8 @@ from ._common import Column
 
 DEFAULT_TYPES = ("Q4_0", "Q4_K")
 PAIRS = (1, 8)
+# Qwen3-30B-A3B's attention projections for one token, run as one expert and one pair: (name, n_out, n_in).
+DENSE_SHAPES = (("q", 4096, 2048), ("k/v", 512, 2048), ("o", 2048, 4096))
 
 
 @dataclass(frozen=True)
@@ -81,6 +86,56 @@ def measure(
                         x = rng.standard_normal((pairs if shape.x_per_pair else 1, shape.n_in), dtype=np.float32)
                         problem = (w, w_type, shape, n_expert)
                         rows += _measure_pairs(device, stream, kernels, problem, x, ids, time_ms)
+            rows += _measure_gate_up(device, stream, gemv, w_type, shapes[0], n_expert, rng, time_ms)
+            for name, n_out, n_in in DENSE_SHAPES:
+                with expert_weights(device, rng, w_type, n_out, n_in, 1) as w:
+                    x = rng.standard_normal((1, n_in), dtype=np.float32)
+                    dense = (w, w_type, _Shape(f"dense {name}", n_out, n_in, False), 1)
+                    ids = np.zeros((1, 1), np.int32)
+                    rows += _measure_pairs(device, stream, {"gemv": gemv}, dense, x, ids, time_ms)
+    return rows
+
+
+@dataclass(frozen=True)
+class _Shape:  # kernels.TensorShape's fields
+    name: str
+    n_out: int
+    n_in: int
+    x_per_pair: bool
+
+
+def _measure_gate_up(
+    device: Device,
+    stream: Stream,
+    gemv: MoeKernels,
+    w_type: GGMLQuantizationType,
+    shape: Any,
+    n_expert: int,
+    rng: np.random.Generator,
+    time_ms: Callable[[Callable[[], None]], float],
+) -> list[GemvRow]:
+    """Gate, up and SwiGLU in one matrix-vector launch (MoeKernels.gate_up) on the gate/up shape: the
+    bytes of both tensors' rows over the time of the one launch."""
+    rows = []
+    with (
+        expert_weights(device, rng, w_type, shape.n_out, shape.n_in, n_expert) as w_gate,
+        expert_weights(device, rng, w_type, shape.n_out, shape.n_in, n_expert) as w_up,
+    ):
+        for pairs in PAIRS:
+            ids = rng.permutation(n_expert)[:pairs].astype(np.int32).reshape(1, pairs)
+            x = rng.standard_normal((1, shape.n_in), dtype=np.float32)
+            weight_bytes = 2 * pairs * shape.n_out * weight_format(w_type).row_bytes(shape.n_in)
+            with device.upload(x) as x_buf, device.upload(ids) as ids_buf, device.alloc(pairs * shape.n_out * 4) as y:
+
+                def launch(top_k: int = pairs) -> None:
+                    gemv.gate_up(
+                        stream, w_gate, w_up, w_type, n_expert, shape.n_out, shape.n_in, x_buf, ids_buf, 1, top_k, y
+                    )
+
+                ms = time_ms(launch)
+                device.synchronize()
+            gbs = weight_bytes / (ms * 1e-3) / 1e9
+            rows.append(GemvRow(w_type.name, "gate+up", pairs, "gemv", ms, weight_bytes / 1e6, gbs, None))
     return rows
 
 
