@@ -7,6 +7,12 @@ either side of every copy and kernel, and the table sums those device times per 
 name: how many calls a step makes of each and how long they take together. The bytes a
 step must read (the weights other than the experts, each used expert's rows once, the KV
 rows) over the replayed step's time say how far it is from the device's memory bandwidth.
+
+The timing events of a traced step weigh more than its small kernels. ``--alone`` also times
+every kernel launch of one more step on its own: ``ALONE_CHAIN`` launches of it captured in one
+graph, replayed ``ALONE_REPLAYS`` times, as the step's graph runs them (one after the other on
+one stream). The table gains each operation's time alone per step, and their sum sits beside the
+replayed step's time: what the kernels take, and what the step adds between them.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from typing import Any
 
 from gguf import GGUFReader
 
+from expertstream.backends.base import Stream
 from expertstream.engine.model import Model, _DecodeSteps
 from expertstream.engine.runner import MoeRunner
 from expertstream.model import MoeModel
@@ -35,6 +42,9 @@ COLUMNS = (
     Column("device_us", "device us", "{:.1f}"),
     Column("share", "share", "{:.1%}"),
 )
+ALONE_COLUMNS = (*COLUMNS, Column("alone_us", "alone us", "{:.1f}"))
+ALONE_CHAIN = 16  # launches of one kernel in the graph that times it alone
+ALONE_REPLAYS = 5  # replays of that graph timed together, after one untimed
 
 
 def step_bytes(path: Path, model: MoeModel, runner: MoeRunner, position: int) -> int:
@@ -66,6 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-gemv", dest="gemv", action="store_false", help="few rows on the tile kernels")
     p.add_argument("--no-graphs", action="store_true", help="replay nothing: every step call by call")
     p.add_argument(
+        "--alone",
+        action="store_true",
+        help="also time each kernel launch of a step on its own, in a graph of its repeats (see above)",
+    )
+    p.add_argument(
         "--profiler-range",
         action="store_true",
         help="the next-to-last timed step inside the backend's profiler range (CUDA: cudaProfilerStart/Stop), "
@@ -84,14 +99,68 @@ def main(argv: list[str] | None = None) -> int:
         file=out,
     )
     print_table(result["prefill_rows"][: args.top], COLUMNS, out)
-    emit(args, result, COLUMNS, f"one decode step, {result['step_ms']:.3f} ms replayed ({result['path']})")
+    columns = ALONE_COLUMNS if args.alone else COLUMNS
+    emit(args, result, columns, f"one decode step, {result['step_ms']:.3f} ms replayed ({result['path']})")
     print(
         f"bytes a step reads: {result['step_bytes'] / 1e6:.1f} MB, {result['step_gbs']:.0f} GB/s at the replayed "
         f"step's time; traced step: {result['traced_ms']:.3f} ms end to end, {result['device_ms']:.3f} ms in "
         f"{result['calls']} operations",
         file=out,
     )
+    if args.alone:
+        print(
+            f"the step's {result['alone_launches']} kernel launches, each alone in a graph of {ALONE_CHAIN}: "
+            f"{result['alone_ms']:.3f} ms together, against the replayed step's {result['step_ms']:.3f} ms",
+            file=out,
+        )
     return 0
+
+
+def _noted_launches(run: Callable[[], object]) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+    """The kernel launches ``run`` enqueues (on any stream), as Stream.launch got them; it enqueues them too."""
+    noted: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+    original = Stream.launch
+
+    def noting(stream: Stream, *args: Any, **kwargs: Any) -> None:
+        noted.append((args, kwargs))
+        original(stream, *args, **kwargs)
+
+    Stream.launch = noting  # type: ignore[method-assign,assignment]
+    try:
+        run()
+    finally:
+        Stream.launch = original  # type: ignore[method-assign]
+    return noted
+
+
+def _alone_s(device: Any, stream: Stream, launch: tuple[tuple[Any, ...], dict[str, Any]]) -> float:
+    """Device seconds per launch of one kernel launch: ALONE_CHAIN of it captured in one graph, the
+    graph replayed ALONE_REPLAYS times after one untimed replay."""
+    args, kwargs = launch
+    stream.begin_capture()
+    try:
+        for _ in range(ALONE_CHAIN):
+            stream.launch(*args, **kwargs)
+    finally:
+        graph = stream.end_capture()
+    assert graph is not None
+    with graph, device.event(timing=True) as start, device.event(timing=True) as end:
+        graph.launch(stream)
+        stream.record(start)
+        for _ in range(ALONE_REPLAYS):
+            graph.launch(stream)
+        stream.record(end)
+        end.synchronize()
+        return start.elapsed_ms(end) * 1e-3 / (ALONE_REPLAYS * ALONE_CHAIN)
+
+
+def _alone(device: Any, launches: Sequence[tuple[tuple[Any, ...], dict[str, Any]]]) -> dict[str, float]:
+    """Seconds alone per step by kernel name: each launch timed by _alone_s, summed per name."""
+    by_name: dict[str, float] = defaultdict(float)
+    with device.stream() as stream:
+        for launch in launches:
+            by_name[launch[0][0].name] += _alone_s(device, stream, launch)
+    return by_name
 
 
 def _by_name(ops: Sequence[TimelineOp]) -> tuple[list[dict[str, Any]], float, int]:
@@ -140,14 +209,24 @@ def profile(backend: Any, path: Path, args: argparse.Namespace) -> dict[str, Any
                         decode.run(step, 1 + step)
                         times.append(host.timestamp() - start)
                 replay_path = decode.path
-            # Traced last: timing events bracket every operation from here on.
+            # Traced last: timing events bracket every operation from then on.
             last = steps - 1
             runner.set_decode_token(last, 7)
+            alone: dict[str, float] = {}
+            launches = 0
+            if args.alone:  # before any trace: no timing events among the launches timed alone
+                noted = _noted_launches(lambda: scheduler.run(runner.decode_plan(experts, last)))
+                backend.device(args.device).synchronize()
+                alone, launches = _alone(backend.device(args.device), noted), len(noted)
+                runner.set_decode_token(last, 7)
             step_ops, traced_s = _traced(backend, lambda: scheduler.run(runner.decode_plan(experts, last)))
             prefill_ops, traced_prefill_s = _traced(backend, lambda: scheduler.run(runner.prefill_plan(experts)))
             step_s = statistics.median(times[1:])
             nbytes = step_bytes(path, model.model, runner, args.prompt + steps)
     rows, device_s, calls = _by_name(step_ops)
+    for row in rows:
+        if args.alone:
+            row["alone_us"] = alone.get(row["name"], 0.0) * 1e6
     prefill_rows, prefill_device_s, prefill_calls = _by_name(prefill_ops)
     return {
         "backend": backend.name,
@@ -171,6 +250,8 @@ def profile(backend: Any, path: Path, args: argparse.Namespace) -> dict[str, Any
         "device_ms": device_s * 1e3,
         "calls": calls,
         "rows": rows,
+        "alone_ms": sum(alone.values()) * 1e3,
+        "alone_launches": launches,
     }
 
 
