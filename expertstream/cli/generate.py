@@ -78,7 +78,8 @@ def _common(parser: argparse.ArgumentParser, default_ctx: int | None = None) -> 
         type=option_type(parse_size),
         default=None,
         metavar="SIZE",
-        help="with --host-memory disk: RAM for the first whole MoE layers' experts (e.g. 24G), read once",
+        help="with --host-memory disk: RAM for the first whole MoE layers' experts (e.g. 24G), read once, and "
+        "what is left for single experts decode uses again",
     )
     parser.add_argument(
         "-ncmoe", "--n-cpu-moe", type=int, default=None, metavar="N", help="stream the experts of the first N layers"

@@ -241,7 +241,8 @@ def register(subparsers: Any) -> None:
         default=None,
         metavar="SIZE",
         help="with --host-memory disk: RAM (e.g. 24G, 512M) for the tensors of the first whole MoE layers that fit, "
-        "read once from the file and copied from there; the other layers are read from the file at every use",
+        "read once from the file and copied from there, and what is left for single experts decode uses again; "
+        "the rest is read from the file at every use",
     )
     prefill.add_argument("-r", "--repetitions", type=_positive, default=3, help="timed runs per row, after a warm-up")
     prefill.add_argument(

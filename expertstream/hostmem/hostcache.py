@@ -1,4 +1,5 @@
-"""Mode disk's RAM tier: the first layers' tensors read once into one pinned buffer and served from there.
+"""Mode disk's RAM tier: the first layers' tensors read once into one pinned buffer and served from there,
+and single experts that decode uses again.
 
 With a host cache of SIZE bytes, mode disk reads the tensors of whole MoE layers (router and
 experts), first layers first, as many as fit SIZE together, from the files into one pinned buffer
@@ -6,6 +7,12 @@ when it opens. Copies of those tensors are plain DMAs from that buffer (``HostRe
 other layers' tensors are read from the drive through the staging ring, at every use. The first
 layers, because a prefill (and a decode step) copies them first: while they cross from RAM, the
 ring is already reading the first layer it serves.
+
+What SIZE has left after the whole layers goes to single experts of the other layers
+(``ExpertTier``), for decode, which copies only the experts its token uses: an expert a decode
+step asks for the ``ADMIT_AT_USE``-th time is read once from the files into the tier, while room
+is left, and copied from there at every later use (``TieredRegion``). Nothing is evicted, so no
+copy ever reads a slot being refilled; whole-tensor copies (prefill) still come through the ring.
 
 The reads go through the ring's ``FileReader`` and ``Host.read_into``: O_DIRECT where the
 filesystem allows (the page cache is not filled; buffered reads are dropped from it), and on the
@@ -16,12 +23,17 @@ KiB per tensor more than the tensors.
 
 from __future__ import annotations
 
+import threading
+from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from ..backends.base import Device, HostBuffer
+from .._closing import Closing
+from ..backends.base import Device, DeviceBuffer, HostBuffer, Stream
 from ..model.loader import MoeLayer, MoeModel, TensorInfo
 from ..scheduler.source import HostRegion, HostSource
 from .diskread import Extent, FileReader
+from .staging import RingRegion
 
 # One read of the buffer's fill: large enough that the drive's latency per read is nothing beside
 # its bytes, a multiple of every alignment the reader takes (at most 64 KiB).
@@ -61,7 +73,7 @@ def read_host_cache(
         regions: dict[str, HostSource] = {}
         place = -buffer.address % align
         for tensor, extent in zip(tensors, extents, strict=True):
-            _read_extent(device, reader, buffer, place, tensor, extent)
+            _read_extent(device, reader, buffer, place, tensor.shard, tensor.nbytes, extent)
             regions[tensor.name] = HostRegion(buffer, place + extent.head, tensor.nbytes)
             place += extent.nbytes
     except BaseException:
@@ -71,16 +83,119 @@ def read_host_cache(
 
 
 def _read_extent(
-    device: Device, reader: FileReader, buffer: HostBuffer, place: int, tensor: TensorInfo, extent: Extent
+    device: Device, reader: FileReader, buffer: HostBuffer, place: int, shard: int, nbytes: int, extent: Extent
 ) -> None:
-    """Read the aligned extent that holds ``tensor`` into ``buffer`` at ``place``, in aligned reads."""
-    wanted_end = extent.head + tensor.nbytes  # the bytes after it may lie past the end of the file
+    """Read the aligned extent that holds ``nbytes`` wanted bytes of file ``shard`` into ``buffer`` at
+    ``place``, in aligned reads."""
+    wanted_end = extent.head + nbytes  # the bytes after them may lie past the end of the file
     for start in range(0, extent.nbytes, CACHE_READ_BYTES):
         nbytes = min(CACHE_READ_BYTES, extent.nbytes - start)
         wanted = min(nbytes, wanted_end - start)
         offset = extent.start + start
 
         def read(into: memoryview, offset: int = offset, wanted: int = wanted) -> None:
-            reader.read(tensor.shard, offset, into, wanted)
+            reader.read(shard, offset, into, wanted)
 
         device.backend.host.read_into(buffer, place + start, nbytes, read)
+
+
+def expert_slot_bytes(tensor: TensorInfo, reader: FileReader) -> int:
+    """The most bytes of an ExpertTier one expert of ``tensor`` can take: its bytes rounded out to the
+    reader's alignment at both ends."""
+    return tensor.slice_nbytes + 2 * reader.alignment
+
+
+# The use (counted per expert of a tensor over the decode steps) at which an expert enters the tier:
+# the second, so an expert a single token used does not take the room of one decode keeps using.
+ADMIT_AT_USE = 2
+
+
+class ExpertTier(Closing):
+    """Single experts' bytes of expert tensors, read from the files into one pinned buffer as decode
+    uses them again (see the module's docstring). Thread-safe."""
+
+    def __init__(self, device: Device, reader: FileReader, capacity: int) -> None:
+        self.device = device
+        self._reader = reader
+        self._buffer = device.alloc_pinned(capacity)
+        self._place = -self._buffer.address % reader.alignment  # the next slot, at an aligned address
+        self._held: dict[tuple[str, int], HostRegion] = {}
+        self._uses: Counter[tuple[str, int]] = Counter()
+        self._lock = threading.Lock()
+        self.full = False  # an expert did not fit: none is admitted any more
+
+    @property
+    def nbytes(self) -> int:
+        """The pinned bytes the tier holds (its capacity)."""
+        return self._buffer.nbytes
+
+    @property
+    def experts(self) -> int:
+        """How many experts it holds."""
+        with self._lock:
+            return len(self._held)
+
+    def region(self, tensor: TensorInfo, ring: RingRegion) -> TieredRegion:
+        """``tensor``'s source: its ring region, with this tier in front of it for single experts."""
+        return TieredRegion(ring.buffer, ring.start, ring.length, ring.ring, ring.source, tier=self, tensor=tensor)
+
+    def held(self, tensor: TensorInfo, expert: int) -> HostRegion | None:
+        with self._lock:
+            return self._held.get((tensor.name, expert))
+
+    def used(self, tensor: TensorInfo, experts: Sequence[int]) -> None:
+        """Count a decode step's use of ``experts`` of ``tensor``; read those at ADMIT_AT_USE into the tier
+        while they fit."""
+        with self._lock:
+            for expert in experts:
+                key = (tensor.name, expert)
+                self._uses[key] += 1
+                if key in self._held or self.full or self._uses[key] < ADMIT_AT_USE:
+                    continue
+                nbytes = tensor.slice_nbytes
+                extent = self._reader.extent(tensor.offset + expert * nbytes, nbytes)
+                if self._place + extent.nbytes > self._buffer.nbytes:
+                    self.full = True
+                    continue
+                _read_extent(self.device, self._reader, self._buffer, self._place, tensor.shard, nbytes, extent)
+                self._held[key] = HostRegion(self._buffer, self._place + extent.head, nbytes)
+                self._place += extent.nbytes
+
+    def close(self) -> None:
+        self._buffer.close()  # idempotent
+
+
+@dataclass(frozen=True, kw_only=True)
+class TieredRegion(RingRegion):
+    """An expert tensor in mode disk behind an ExpertTier: a region of its staging ring (whole copies, and
+    the ring's lookahead, as any), whose ranges for a decode step come from the tier for each expert it
+    holds and through the ring for the rest."""
+
+    tier: ExpertTier
+    tensor: TensorInfo
+
+    def enqueue_h2d_ranges(self, stream: Stream, dst: DeviceBuffer, ranges: Sequence[tuple[int, int]]) -> None:
+        """Each range cut at expert boundaries: a piece of an expert the tier holds is a DMA from it, the
+        others go to the ring together. Then the experts asked for whole count as used."""
+        size, n_expert = self.tensor.slice_nbytes, self.nbytes // self.tensor.slice_nbytes
+        rest: list[tuple[int, int]] = []
+        whole: list[int] = []
+        for start, end in ranges:
+            self._check_range(start, end - start)
+            at = start
+            while at < end:
+                expert = at // size
+                stop = min(end, (expert + 1) * size)
+                if at == expert * size and stop == (expert + 1) * size:
+                    whole.append(expert)
+                held = self.tier.held(self.tensor, expert) if expert < n_expert else None
+                if held is not None:
+                    held.enqueue_h2d(stream, dst, at, at - expert * size, stop - at)
+                elif rest and rest[-1][1] == at:
+                    rest[-1] = (rest[-1][0], stop)
+                else:
+                    rest.append((at, stop))
+                at = stop
+        if rest:
+            super().enqueue_h2d_ranges(stream, dst, rest)
+        self.tier.used(self.tensor, whole)

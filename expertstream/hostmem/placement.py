@@ -31,9 +31,9 @@ from ..model.loader import MoeModel, TensorInfo
 from ..scheduler.source import HostRegion, HostSource
 from . import memlimit
 from .diskread import FileReader, Opener
-from .hostcache import cached_layers, layer_bytes, read_host_cache
+from .hostcache import ExpertTier, cached_layers, expert_slot_bytes, layer_bytes, read_host_cache
 from .memlimit import MemoryReader
-from .staging import RingFill, RingStats, StagingRing
+from .staging import RingFill, RingRegion, RingStats, StagingRing
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +98,7 @@ class HostWeightsStats:
     pinned_bytes: int = 0  # pinned memory allocated: the copy, or the ring's chunks and the host cache
     host_cache_bytes: int = 0  # mode disk: tensor bytes held in RAM (the host cache), read once at open
     host_cache_layers: int = 0  # the MoE layers those tensors belong to: the model's first
+    host_cache_expert_bytes: int = 0  # mode disk: the rest of the host cache, for single experts decode uses again
 
 
 # Inside a prefill on the H200 host, 12 threads each copied 3-5 GB/s from the mapping; 14 and 16
@@ -114,7 +115,7 @@ def default_ring_threads(device: Device) -> int:
 
 _PINNED_ALIGN = 4096
 
-_Resource = HostBuffer | StagingRing | FileReader  # what HostWeights closes, last-made first
+_Resource = HostBuffer | StagingRing | FileReader | ExpertTier  # what HostWeights closes, last-made first
 
 
 class HostWeights(Mapping[str, HostSource], Closing):
@@ -285,11 +286,13 @@ def _place(
             mappings = _wrap_mappings(model, device)
             resources = list(mappings)
         by_name: dict[str, HostSource] = {}
+        tier: ExpertTier | None = None
         if requested is HostMemoryMode.DISK:
             # Closed after the rings that read through it (resources close in reverse).
             reader = FileReader(model.paths, opener=opener)
             resources.append(reader)
             by_name.update(_host_cache(model, device, reader, host_cache, stats, resources))
+            tier = _expert_tier(model, device, reader, host_cache - stats.host_cache_bytes, stats, resources, by_name)
         by_device: dict[Device, list[TensorInfo]] = {}
         for t in tensors:
             if t.name not in by_name:
@@ -313,6 +316,8 @@ def _place(
             resources.append(staging)
             stats.pinned_bytes += staging.pinned_bytes
             by_name.update({t.name: staging.region(t.offset, t.nbytes, t.shard) for t in mine})
+        if tier is not None:
+            _behind_tier(tier, model, by_name)
         if refused is not None:
             _note_fallback(stats, requested, refused, tensors, staging)
         if reader is not None and reader.fallback_reason is not None:
@@ -338,9 +343,9 @@ def _host_cache(
         return {}
     layers = cached_layers(model, size)
     if not layers:
-        log.warning(
+        log.info(
             "%s: a host cache of %d bytes holds no whole layer (the first MoE layer's tensors take %d bytes): "
-            "every layer is read from the files",
+            "every layer is read from the files, but for single experts decode uses again",
             device.label,
             size,
             layer_bytes(model.layers[0]),
@@ -361,6 +366,55 @@ def _host_cache(
         stats.host_cache_bytes,
     )
     return regions
+
+
+def _expert_tier(
+    model: MoeModel,
+    device: Device,
+    reader: FileReader,
+    size: int,
+    stats: HostWeightsStats,
+    resources: list[_Resource],
+    cached: dict[str, HostSource],
+) -> ExpertTier | None:
+    """Mode disk's decode tier in the ``size`` bytes the whole layers left of the host cache (kept in
+    ``resources``), or None; said in the log, at WARNING where the host cache holds neither a layer
+    nor one expert."""
+    streamed = [t for t in model.expert_tensors if t.name not in cached]
+    if not streamed or size <= 0:
+        return None
+    smallest = min(expert_slot_bytes(t, reader) for t in streamed)
+    if size < smallest:
+        if not cached:
+            log.warning(
+                "%s: a host cache of %d bytes holds neither a whole layer (the first MoE layer's tensors take "
+                "%d bytes) nor one expert (%d bytes): every expert is read from the files at every use",
+                device.label,
+                size,
+                layer_bytes(model.layers[0]),
+                smallest,
+            )
+        return None
+    tier = ExpertTier(device, reader, size)
+    resources.append(tier)
+    stats.pinned_bytes += tier.nbytes
+    stats.host_cache_expert_bytes = tier.nbytes
+    log.info(
+        "%s: host cache: %d bytes for single experts of the layers it does not hold, each read from the files "
+        "at its second use in decode and kept",
+        device.label,
+        size,
+    )
+    return tier
+
+
+def _behind_tier(tier: ExpertTier, model: MoeModel, by_name: dict[str, HostSource]) -> None:
+    """Put ``tier`` in front of every expert tensor the device's ring reads (not those the whole layers
+    hold, nor those another device's ring reads)."""
+    for t in model.expert_tensors:
+        region = by_name[t.name]
+        if isinstance(region, RingRegion) and region.ring.device is tier.device:
+            by_name[t.name] = tier.region(t, region)
 
 
 def _wrap_mappings(model: MoeModel, device: Device) -> list[HostBuffer]:

@@ -25,7 +25,7 @@ from expertstream.engine.offload import format_size, parse_size
 from expertstream.engine.runner import Batching
 from expertstream.errors import InvalidArgument
 from expertstream.hostmem import HostMemoryMode, HostRegion, HostWeights, RingOptions, RingRegion
-from expertstream.hostmem.hostcache import layer_bytes
+from expertstream.hostmem.hostcache import TieredRegion, layer_bytes
 from expertstream.model import MoeModel
 
 SMALL_DISK_RING = RingOptions(chunks=3, chunk_bytes=50_000, threads=3, part_bytes=8192)
@@ -124,14 +124,59 @@ def test_a_cache_larger_than_every_tensor_holds_all_and_needs_no_ring(backend: B
         assert all(copied[n] == file_bytes[t.offset : t.end] for n, t in weights.model.tensors.items())
 
 
-def test_a_cache_smaller_than_the_first_layer_caches_nothing_and_says_so(
-    backend: Backend, tiny_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_a_cache_smaller_than_the_first_layer_holds_experts_for_decode(backend: Backend, tiny_path: Path) -> None:
     size = _layer0_bytes(tiny_path) - 1
     with HostWeights.open(tiny_path, backend.device(0), HostMemoryMode.DISK, host_cache=size) as weights:
-        assert weights.stats.host_cache_bytes == 0 and all(isinstance(weights[n], RingRegion) for n in weights)
+        assert (weights.stats.host_cache_bytes, weights.stats.host_cache_layers) == (0, 0)
+        assert weights.stats.host_cache_expert_bytes == size
+        experts = {t.name for t in weights.model.expert_tensors}
+        assert all(isinstance(weights[n], TieredRegion) == (n in experts) for n in weights)
+        assert all(isinstance(weights[n], RingRegion) for n in weights if n not in experts)
+        file_bytes = tiny_path.read_bytes()
+        copied = _copy_all(weights, backend)  # whole copies come through the ring, exact
+        assert all(copied[n] == file_bytes[t.offset : t.end] for n, t in weights.model.tensors.items())
+
+
+def test_a_cache_smaller_than_one_expert_holds_nothing_and_says_so(
+    backend: Backend, tiny_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    size = 100
+    with HostWeights.open(tiny_path, backend.device(0), HostMemoryMode.DISK, host_cache=size) as weights:
+        assert weights.stats.host_cache_bytes == 0 and weights.stats.host_cache_expert_bytes == 0
+        assert all(isinstance(weights[n], RingRegion) for n in weights)
     (warning,) = [r for r in caplog.records if r.levelname == "WARNING" and "host cache" in r.getMessage()]
-    assert f"{size} bytes holds no whole layer" in warning.getMessage()
+    assert f"{size} bytes holds neither a whole layer" in warning.getMessage()
+    assert "nor one expert" in warning.getMessage()
+
+
+def test_decode_copies_an_expert_from_the_tier_from_its_second_use_on(
+    backend: Backend, tiny_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ranges of one expert tensor as decode asks for them: the first use comes through the ring, the second
+    reads the expert once from the file into the tier, the third copies it from there; the bytes are the file's."""
+    device = backend.device(0)
+    file_bytes = tiny_path.read_bytes()
+    with HostWeights.open(tiny_path, device, HostMemoryMode.DISK, host_cache=_layer0_bytes(tiny_path) - 1) as weights:
+        tensor = weights.model.layers[1].gate
+        size = tensor.slice_nbytes
+        source = weights[tensor.name]
+        assert isinstance(source, TieredRegion)
+        ring = weights.ring_stats
+        reads = _recording_reads(backend, monkeypatch)
+        ranges = [(2 * size, 3 * size), (4 * size, 5 * size)]
+        staged = []
+        with device.alloc(tensor.nbytes) as dst, device.stream() as stream:
+            for use in range(3):
+                before = ring()
+                source.enqueue_h2d_ranges(stream, dst, ranges)
+                stream.synchronize()
+                staged.append(ring().bytes_staged - before.bytes_staged)
+                got = dst.read().tobytes()
+                for start, end in ranges:
+                    assert got[start:end] == file_bytes[tensor.offset + start : tensor.offset + end], use
+        assert staged[0] == staged[1] == 2 * size and staged[2] == 0
+        tier_reads = [nbytes for buffer, nbytes in reads if buffer.nbytes == weights.stats.host_cache_expert_bytes]
+        assert len(tier_reads) == 2 and all(nbytes >= size for nbytes in tier_reads)  # each expert read once
 
 
 def _prefill_rows(capsys: pytest.CaptureFixture[str], path: Path, backend: Backend, *extra: str) -> list[dict]:
@@ -189,14 +234,32 @@ def test_the_summary_says_what_the_host_cache_served(
 
 
 def test_the_engine_gives_the_same_logits_with_a_host_cache(backend: Backend, tiny_path: Path) -> None:
-    tokens = [1, 5, 9, 2, 7, 3]
+    tokens = [1, 5, 9, 2, 7, 3, 1, 5, 9, 2, 7, 3]
     logits = []
-    for cache in (None, _layer0_bytes(tiny_path)):
+    layer0 = _layer0_bytes(tiny_path)
+    for cache, layers in ((None, 0), (layer0, 1), (layer0 - 1, 0)):  # none, a whole layer, single experts
         options = Options(ubatch=4, host_memory="disk", host_cache=cache)
         with Model.open(tiny_path, backend=backend, options=options) as model:
-            assert model.weights.stats.host_cache_layers == (0 if cache is None else 1)
-            logits.append(model.logits(tokens, prompt=4))  # two ubatches, then two decode steps
-    assert np.array_equal(logits[0], logits[1])
+            assert model.weights.stats.host_cache_layers == layers
+            logits.append(model.logits(tokens, prompt=4))  # two ubatches, then eight decode steps
+    assert np.array_equal(logits[0], logits[1]) and np.array_equal(logits[0], logits[2])
+
+
+def test_decode_finds_experts_it_uses_again_in_the_tier(
+    backend: Backend, tiny_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A host cache smaller than a layer: prefill reads every expert from the drive, decode gets the
+    experts it uses again from RAM; the same bytes as without a host cache."""
+    decode = ["--decode", "12"]
+    plain = _prefill_rows(capsys, tiny_path, backend, "--host-memory", "disk", *decode)
+    tier = _prefill_rows(
+        capsys, tiny_path, backend, "--host-memory", "disk", "--host-cache", str(_layer0_bytes(tiny_path) - 1), *decode
+    )
+    for key in ("prefill_sha256", "decode_sha256", "output_sha256"):
+        assert len({r[key] for r in plain + tier}) == 1, key
+    assert all(r["decode_host_cache_hit_pct"] == 0.0 for r in plain)
+    assert all(0.0 < r["decode_host_cache_hit_pct"] < 100.0 for r in tier)
+    assert all(r["host_cache_hit_pct"] == 0.0 for r in tier)  # prefill's whole copies all from the drive
 
 
 @pytest.fixture(scope="module")
