@@ -10,8 +10,8 @@ ring is already reading the first layer it serves.
 
 What SIZE has left after the whole layers goes to single experts of the other layers
 (``ExpertTier``), for decode, which copies only the experts its token uses: an expert a decode
-step asks for the ``ADMIT_AT_USE``-th time is read once from the files into the tier, while room
-is left, and copied from there at every later use (``TieredRegion``). Nothing is evicted, so no
+step asks for the ``ADMIT_AT_USE``-th time (or later, where it then fits) is read once from the
+files into the tier and copied from there at every later use (``TieredRegion``). Nothing is evicted, so no
 copy ever reads a slot being refilled; whole-tensor copies (prefill) still come through the ring.
 
 The reads go through the ring's ``FileReader`` and ``Host.read_into``: O_DIRECT where the
@@ -122,7 +122,6 @@ class ExpertTier(Closing):
         self._held: dict[tuple[str, int], HostRegion] = {}
         self._uses: Counter[tuple[str, int]] = Counter()
         self._lock = threading.Lock()
-        self.full = False  # an expert did not fit: none is admitted any more
 
     @property
     def nbytes(self) -> int:
@@ -144,19 +143,18 @@ class ExpertTier(Closing):
             return self._held.get((tensor.name, expert))
 
     def used(self, tensor: TensorInfo, experts: Sequence[int]) -> None:
-        """Count a decode step's use of ``experts`` of ``tensor``; read those at ADMIT_AT_USE into the tier
-        while they fit."""
+        """Count a decode step's use of ``experts`` of ``tensor``; read those at ADMIT_AT_USE or later into
+        the tier where they still fit."""
         with self._lock:
             for expert in experts:
                 key = (tensor.name, expert)
                 self._uses[key] += 1
-                if key in self._held or self.full or self._uses[key] < ADMIT_AT_USE:
+                if key in self._held or self._uses[key] < ADMIT_AT_USE:
                     continue
                 nbytes = tensor.slice_nbytes
                 extent = self._reader.extent(tensor.offset + expert * nbytes, nbytes)
                 if self._place + extent.nbytes > self._buffer.nbytes:
-                    self.full = True
-                    continue
+                    continue  # a smaller expert may still fit
                 _read_extent(self.device, self._reader, self._buffer, self._place, tensor.shard, nbytes, extent)
                 self._held[key] = HostRegion(self._buffer, self._place + extent.head, nbytes)
                 self._place += extent.nbytes
