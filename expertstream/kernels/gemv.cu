@@ -195,7 +195,16 @@ template <int TYPE> __device__ int gemv_row_steps(int n_in, bool last_row) {
 // staged, so the two wait on memory together.
 template <int TYPE>
 __device__ void gemv_wave_sums(const unsigned char* const* rows, const int* steps, const float* __restrict__ x_row,
-                               int n_in, float* x_staged, float* exchange, float* sums) {
+                               int n_in, float* sums) {
+#if defined(__CUDA_ARCH__)
+    float* exchange = 0;
+#else
+    __shared__ float exchange[MOE_GEMV_THREADS];
+#endif
+    // The activation row, read by every wave of the block: staged once, each 32-element slice at
+    // its own bank offset, so the lanes (each on its own slice) read it without conflicts. Global
+    // reads of it would fetch a separate line per lane.
+    __shared__ float x_staged[MOE_GEMV_STAGE / MOE_TILE_K * MOE_GEMV_STAGE_LD];
     const int lane = threadIdx.x % MOE_GEMV_WAVE;
     int max_steps = 0;
 #pragma unroll
@@ -254,15 +263,6 @@ __device__ void mul_mat_vec_id(const unsigned char* __restrict__ w, const float*
                                const int* __restrict__ ids, float* __restrict__ y, int n_expert, int n_out, int n_in,
                                int top_k, int x_per_pair, int n_pairs, const float* __restrict__ route_weights,
                                const float* __restrict__ silu_gate) {
-#if defined(__CUDA_ARCH__)
-    float* exchange = 0;
-#else
-    __shared__ float exchange[MOE_GEMV_THREADS];
-#endif
-    // The activation row, read by every wave of the block: staged once, each 32-element slice at
-    // its own bank offset, so the lanes (each on its own slice) read it without conflicts. Global
-    // reads of it would fetch a separate line per lane.
-    __shared__ float x_staged[MOE_GEMV_STAGE / MOE_TILE_K * MOE_GEMV_STAGE_LD];
     const int pair = blockIdx.y;
     if (pair >= n_pairs) {
         return;
@@ -289,8 +289,7 @@ __device__ void mul_mat_vec_id(const unsigned char* __restrict__ w, const float*
         steps[r] = o < n_out ? gemv_row_steps<TYPE>(n_in, expert == n_expert - 1 && o == n_out - 1) : 0;
     }
     float sums[MOE_GEMV_WAVE_ROWS];
-    gemv_wave_sums<TYPE>(rows, steps, x + (long long)(x_per_pair ? pair : pair / top_k) * n_in, n_in, x_staged,
-                         exchange, sums);
+    gemv_wave_sums<TYPE>(rows, steps, x + (long long)(x_per_pair ? pair : pair / top_k) * n_in, n_in, sums);
 #pragma unroll
     for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
         const int o = o0 + r;
@@ -317,12 +316,6 @@ template <int TYPE>
 __device__ void gate_up_vec_id(const unsigned char* __restrict__ w_gate, const unsigned char* __restrict__ w_up,
                                const float* __restrict__ x, const int* __restrict__ ids, float* __restrict__ y,
                                int n_expert, int n_out, int n_in, int top_k, int n_pairs) {
-#if defined(__CUDA_ARCH__)
-    float* exchange = 0;
-#else
-    __shared__ float exchange[MOE_GEMV_THREADS];
-#endif
-    __shared__ float x_staged[MOE_GEMV_STAGE / MOE_TILE_K * MOE_GEMV_STAGE_LD];
     const int pair = blockIdx.y;
     if (pair >= n_pairs) {
         return;
@@ -341,7 +334,7 @@ __device__ void gate_up_vec_id(const unsigned char* __restrict__ w_gate, const u
     const int row_steps = o < n_out ? gemv_row_steps<TYPE>(n_in, expert == n_expert - 1 && o == n_out - 1) : 0;
     const int steps[2] = {row_steps, row_steps};
     float sums[2];
-    gemv_wave_sums<TYPE>(rows, steps, x + (long long)(pair / top_k) * n_in, n_in, x_staged, exchange, sums);
+    gemv_wave_sums<TYPE>(rows, steps, x + (long long)(pair / top_k) * n_in, n_in, sums);
     if (lane == 0 && o < n_out) {
         y[(long long)pair * n_out + o] = silu_times(sums[0], sums[1]);
     }
