@@ -11,8 +11,10 @@ ring is already reading the first layer it serves.
 What SIZE has left after the whole layers goes to single experts of the other layers
 (``ExpertTier``), for decode, which copies only the experts its token uses: an expert a decode
 step asks for the ``ADMIT_AT_USE``-th time (or later, where it then fits) is read once from the
-files into the tier and copied from there at every later use (``TieredRegion``). Nothing is evicted, so no
-copy ever reads a slot being refilled; whole-tensor copies (prefill) still come through the ring.
+files into the tier and copied from there at every later use (``TieredRegion``). Once the tier is
+full, such an expert takes the slot of the least used one it fits in, where that one has fewer uses,
+after the copies already enqueued from the slot are done: the tier keeps the most used experts.
+Whole-tensor copies (prefill) still come through the ring.
 
 The reads go through the ring's ``FileReader`` and ``Host.read_into``: O_DIRECT where the
 filesystem allows (the page cache is not filled; buffered reads are dropped from it), and on the
@@ -29,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .._closing import Closing
-from ..backends.base import Device, DeviceBuffer, HostBuffer, Stream
+from ..backends.base import Device, DeviceBuffer, Event, HostBuffer, Stream
 from ..model.loader import MoeLayer, MoeModel, TensorInfo
 from ..scheduler.source import HostRegion, HostSource
 from .diskread import Extent, FileReader
@@ -110,18 +112,34 @@ def expert_slot_bytes(tensor: TensorInfo, reader: FileReader) -> int:
 ADMIT_AT_USE = 2
 
 
+@dataclass
+class _Slot:
+    """Where one expert's bytes lie in an ExpertTier, and the event after the last copy from them."""
+
+    key: tuple[str, int]  # (tensor name, expert)
+    region: HostRegion  # the expert's bytes
+    place: int  # the start of the aligned extent read there
+    room: int  # the buffer bytes the slot spans: the extent first read into it
+    done: Event
+
+
 class ExpertTier(Closing):
     """Single experts' bytes of expert tensors, read from the files into one pinned buffer as decode
-    uses them again (see the module's docstring). Thread-safe."""
+    uses them again (see the module's docstring). Thread-safe.
+
+    Full, it keeps the most used: an expert at ADMIT_AT_USE or more uses takes the slot of the least
+    used one it fits in, where that one has fewer uses, after the copies from that slot are done.
+    """
 
     def __init__(self, device: Device, reader: FileReader, capacity: int) -> None:
         self.device = device
         self._reader = reader
         self._buffer = device.alloc_pinned(capacity)
-        self._place = -self._buffer.address % reader.alignment  # the next slot, at an aligned address
-        self._held: dict[tuple[str, int], HostRegion] = {}
+        self._place = -self._buffer.address % reader.alignment  # the next free slot, at an aligned address
+        self._slots: dict[tuple[str, int], _Slot] = {}
         self._uses: Counter[tuple[str, int]] = Counter()
         self._lock = threading.Lock()
+        self.evictions = 0
 
     @property
     def nbytes(self) -> int:
@@ -132,34 +150,65 @@ class ExpertTier(Closing):
     def experts(self) -> int:
         """How many experts it holds."""
         with self._lock:
-            return len(self._held)
+            return len(self._slots)
 
     def region(self, tensor: TensorInfo, ring: RingRegion) -> TieredRegion:
         """``tensor``'s source: its ring region, with this tier in front of it for single experts."""
         return TieredRegion(ring.buffer, ring.start, ring.length, ring.ring, ring.source, tier=self, tensor=tensor)
 
-    def held(self, tensor: TensorInfo, expert: int) -> HostRegion | None:
+    def copy(self, stream: Stream, dst: DeviceBuffer, tensor: TensorInfo, expert: int, start: int, end: int) -> bool:
+        """Enqueue a copy of bytes ``[start, end)`` of ``tensor``, all of them in ``expert``, from the tier into
+        the same offsets of ``dst``, if it holds that expert (False: it does not, nothing enqueued)."""
         with self._lock:
-            return self._held.get((tensor.name, expert))
+            slot = self._slots.get((tensor.name, expert))
+            if slot is None:
+                return False
+            slot.region.enqueue_h2d(stream, dst, start, start - expert * tensor.slice_nbytes, end - start)
+            stream.record(slot.done)  # an eviction waits for it before refilling the slot
+            return True
 
     def used(self, tensor: TensorInfo, experts: Sequence[int]) -> None:
-        """Count a decode step's use of ``experts`` of ``tensor``; read those at ADMIT_AT_USE or later into
-        the tier where they still fit."""
+        """Count a decode step's use of ``experts`` of ``tensor``; read those at ADMIT_AT_USE or more uses
+        into the tier where a free place or a less used expert's slot takes them."""
         with self._lock:
             for expert in experts:
                 key = (tensor.name, expert)
                 self._uses[key] += 1
-                if key in self._held or self._uses[key] < ADMIT_AT_USE:
+                if key in self._slots or self._uses[key] < ADMIT_AT_USE:
                     continue
                 nbytes = tensor.slice_nbytes
                 extent = self._reader.extent(tensor.offset + expert * nbytes, nbytes)
-                if self._place + extent.nbytes > self._buffer.nbytes:
-                    continue  # a smaller expert may still fit
-                _read_extent(self.device, self._reader, self._buffer, self._place, tensor.shard, nbytes, extent)
-                self._held[key] = HostRegion(self._buffer, self._place + extent.head, nbytes)
-                self._place += extent.nbytes
+                slot = self._free_slot(key, extent.nbytes)
+                if slot is None:
+                    continue
+                _read_extent(self.device, self._reader, self._buffer, slot.place, tensor.shard, nbytes, extent)
+                slot.region = HostRegion(self._buffer, slot.place + extent.head, nbytes)
+                self._slots[key] = slot
+
+    def _free_slot(self, key: tuple[str, int], need: int) -> _Slot | None:
+        """A slot of at least ``need`` bytes for ``key``: a free place, else the least used held expert's
+        with fewer uses than ``key`` (its copies waited for, it leaves the tier), else None. Holds the lock."""
+        if self._place + need <= self._buffer.nbytes:
+            slot = _Slot(key, HostRegion(self._buffer, self._place, 0), self._place, need, self.device.event())
+            self._place += need
+            return slot
+        fits = [s for s in self._slots.values() if s.room >= need]
+        if not fits:
+            return None
+        victim = min(fits, key=lambda s: self._uses[s.key])  # the first held among equals: deterministic
+        if self._uses[victim.key] >= self._uses[key]:
+            return None
+        victim.done.synchronize()
+        del self._slots[victim.key]
+        self.evictions += 1
+        victim.key = key
+        return victim
 
     def close(self) -> None:
+        with self._lock:
+            slots, self._slots = list(self._slots.values()), {}
+        for slot in slots:
+            slot.done.close()
         self._buffer.close()  # idempotent
 
 
@@ -186,13 +235,11 @@ class TieredRegion(RingRegion):
                 stop = min(end, (expert + 1) * size)
                 if at == expert * size and stop == (expert + 1) * size:
                     whole.append(expert)
-                held = self.tier.held(self.tensor, expert) if expert < n_expert else None
-                if held is not None:
-                    held.enqueue_h2d(stream, dst, at, at - expert * size, stop - at)
-                elif rest and rest[-1][1] == at:
-                    rest[-1] = (rest[-1][0], stop)
-                else:
-                    rest.append((at, stop))
+                if expert >= n_expert or not self.tier.copy(stream, dst, self.tensor, expert, at, stop):
+                    if rest and rest[-1][1] == at:
+                        rest[-1] = (rest[-1][0], stop)
+                    else:
+                        rest.append((at, stop))
                 at = stop
         if rest:
             super().enqueue_h2d_ranges(stream, dst, rest)

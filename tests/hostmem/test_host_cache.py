@@ -347,3 +347,44 @@ def test_generate_and_perplexity_take_host_cache_into_options() -> None:
         args = parser.parse_args([*argv, "-m", "m.gguf", "--host-memory", "disk", "--host-cache", "512M"])
         options = _options(args)
         assert (options.host_memory, options.host_cache) == (HostMemoryMode.DISK, 512 << 20)
+
+
+def test_a_full_tier_trades_its_least_used_expert_for_one_used_more(
+    backend: Backend, tiny_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tier with room for one expert: expert 2 enters at its second use; expert 5 takes its slot only once
+    it has more uses (its fourth against 2's three), after the copies from the slot are done; every copy
+    gets the file's bytes, from the tier or the ring."""
+    device = backend.device(0)
+    file_bytes = tiny_path.read_bytes()
+    with HostWeights.open(tiny_path, device, HostMemoryMode.DISK, host_cache=40_000) as weights:
+        tensor = weights.model.layers[1].gate
+        size = tensor.slice_nbytes
+        source = weights[tensor.name]
+        assert isinstance(source, TieredRegion) and source.tier.nbytes == 40_000
+        ring = weights.ring_stats
+        served = []
+        with device.alloc(tensor.nbytes) as dst, device.stream() as stream:
+            for expert in (2, 2, 2, 5, 5, 5, 5, 5, 2):
+                before = ring()
+                source.enqueue_h2d_ranges(stream, dst, [(expert * size, (expert + 1) * size)])
+                stream.synchronize()
+                served.append("ring" if ring().bytes_staged > before.bytes_staged else "tier")
+                start, end = tensor.offset + expert * size, tensor.offset + (expert + 1) * size
+                assert dst.read().tobytes()[expert * size : (expert + 1) * size] == file_bytes[start:end]
+        assert served == ["ring", "ring", "tier", "ring", "ring", "ring", "ring", "tier", "ring"]
+        assert source.tier.experts == 1 and source.tier.evictions == 1
+        # Back to back, no synchronize between: the eviction must wait for the slot's copies itself (the
+        # simulator's hazard checker fails a refill that a pending DMA still reads).
+        # Expert 5 (6 uses after the first call, copied from the tier there) gives way to expert 7 at its
+        # seventh use.
+        with device.alloc(tensor.nbytes) as dst, device.stream() as stream:
+            source.enqueue_h2d_ranges(stream, dst, [(5 * size, 6 * size), (7 * size, 8 * size)])
+            for _ in range(6):
+                source.enqueue_h2d_ranges(stream, dst, [(7 * size, 8 * size)])
+            stream.synchronize()
+            got = dst.read().tobytes()
+        assert source.tier.evictions == 2
+        for expert in (5, 7):
+            start, end = expert * size, (expert + 1) * size
+            assert got[start:end] == file_bytes[tensor.offset + start : tensor.offset + end]
