@@ -362,15 +362,20 @@ def disk_note(rows: Sequence[Row]) -> str | None:
 
 
 def _host_cache_part(rows: Sequence[Row]) -> str:
-    """What the RAM tier served and what was read from the drive per prefill, where a host cache served any."""
+    """What the RAM tier served and what was read from the drive per prefill, where a host cache served any;
+    then the share of the used experts' bytes decode found in RAM, where it found any."""
+    part = ""
     served = [r for r in rows if r.host_cache_bytes and r.host_cache_hit_pct is not None]
-    if not served:
-        return ""
-    hits = _span([r.host_cache_hit_pct or 0.0 for r in served], ".0f")
-    ram = _span([(r.host_cache_bytes or 0) / 1e6 for r in served], ".1f")
-    drive = _span([(r.disk_bytes_read or 0) / 1e6 for r in served], ".1f")
-    setting = f" ({served[0].host_cache})" if served[0].host_cache else ""
-    return f"; the host cache{setting} served {hits}% of the expert bytes ({ram} MB per prefill), {drive} MB read"
+    if served:
+        hits = _span([r.host_cache_hit_pct or 0.0 for r in served], ".0f")
+        ram = _span([(r.host_cache_bytes or 0) / 1e6 for r in served], ".1f")
+        drive = _span([(r.disk_bytes_read or 0) / 1e6 for r in served], ".1f")
+        setting = f" ({served[0].host_cache})" if served[0].host_cache else ""
+        part = f"; the host cache{setting} served {hits}% of the expert bytes ({ram} MB per prefill), {drive} MB read"
+    decoded = [r.decode_host_cache_hit_pct for r in rows if r.decode_host_cache_hit_pct]
+    if decoded:
+        part += f"; decode found {_span(decoded, '.0f')}% of its experts' bytes in RAM"
+    return part
 
 
 def _span(values: Sequence[float], fmt: str) -> str:

@@ -260,6 +260,11 @@ def test_decode_finds_experts_it_uses_again_in_the_tier(
     assert all(r["decode_host_cache_hit_pct"] == 0.0 for r in plain)
     assert all(0.0 < r["decode_host_cache_hit_pct"] < 100.0 for r in tier)
     assert all(r["host_cache_hit_pct"] == 0.0 for r in tier)  # prefill's whole copies all from the drive
+    size = str(_layer0_bytes(tiny_path) - 1)  # in bytes: a rounded size could hold the layer
+    argv = ["prefill", str(tiny_path), "--backend", backend.name, "-p", "32", "-ub", "16", "-r", "1", "--slots", "0"]
+    assert main([*argv, "--host-memory", "disk", "--host-cache", size, *decode]) == 0
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("reads from the drive")]
+    assert "% of its experts' bytes in RAM" in line and "served" not in line
 
 
 @pytest.fixture(scope="module")
