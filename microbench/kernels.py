@@ -51,6 +51,7 @@ from expertstream.kernels.layout import FORMATS, MatrixPath, TileM, weight_forma
 from . import kernels_gemv
 from ._common import MIB, Column, emit, environment, median, open_backend
 from ._common import parser as common_parser
+from .kernels_gemv import TensorShape
 
 log = logging.getLogger(__name__)
 
@@ -76,14 +77,6 @@ BANDWIDTH_PROBE_BYTES = 256 * MIB
 PROBLEM = {"n_expert": N_EXPERT, "top_k": TOP_K, "routing": "uniform random, distinct experts per token"}
 GATE_BYTES = 64 * MIB  # one pinned copy of the gate that holds the stream while calls are enqueued
 BACK_TO_BACK_ROUNDS = 3
-
-
-@dataclass(frozen=True)
-class TensorShape:
-    name: str
-    n_out: int
-    n_in: int
-    x_per_pair: bool
 
 
 SHAPES = (TensorShape("gate/up", 768, 2048, False), TensorShape("down", 2048, 768, True))

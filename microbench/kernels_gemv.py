@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from gguf import GGMLQuantizationType
@@ -66,12 +65,12 @@ def measure(
     stream: Stream,
     families: dict[str, MoeKernels],
     types: Sequence[str],
-    shapes: Sequence[Any],
+    shapes: Sequence[TensorShape],
     n_expert: int,
     seed: int,
     time_ms: Callable[[Callable[[], None]], float],
 ) -> list[GemvRow]:
-    """Every type, shape (kernels.TensorShape) and pair count: the matrix-vector kernel, then each
+    """Every type, shape (TensorShape) and pair count: the matrix-vector kernel, then each
     tile kernel family, on the same weights, routing and activations."""
     rng = np.random.default_rng(seed)
     rows: list[GemvRow] = []
@@ -90,14 +89,16 @@ def measure(
             for name, n_out, n_in in DENSE_SHAPES:
                 with expert_weights(device, rng, w_type, n_out, n_in, 1) as w:
                     x = rng.standard_normal((1, n_in), dtype=np.float32)
-                    dense = (w, w_type, _Shape(f"dense {name}", n_out, n_in, False), 1)
+                    dense = (w, w_type, TensorShape(f"dense {name}", n_out, n_in, False), 1)
                     ids = np.zeros((1, 1), np.int32)
                     rows += _measure_pairs(device, stream, {"gemv": gemv}, dense, x, ids, time_ms)
     return rows
 
 
 @dataclass(frozen=True)
-class _Shape:  # kernels.TensorShape's fields
+class TensorShape:
+    """One weight tensor's shape: (n_out, n_in), and whether each pair brings its own activation row."""
+
     name: str
     n_out: int
     n_in: int
@@ -109,7 +110,7 @@ def _measure_gate_up(
     stream: Stream,
     gemv: MoeKernels,
     w_type: GGMLQuantizationType,
-    shape: Any,
+    shape: TensorShape,
     n_expert: int,
     rng: np.random.Generator,
     time_ms: Callable[[Callable[[], None]], float],
@@ -143,12 +144,12 @@ def _measure_pairs(
     device: Device,
     stream: Stream,
     kernels: dict[str, MoeKernels],
-    problem: tuple[DeviceBuffer, GGMLQuantizationType, Any, int],
+    problem: tuple[DeviceBuffer, GGMLQuantizationType, TensorShape, int],
     x: np.ndarray,
     ids: np.ndarray,
     time_ms: Callable[[Callable[[], None]], float],
 ) -> list[GemvRow]:
-    """One problem, (weights, their type, kernels.TensorShape, experts), through each of ``kernels``
+    """One problem, (weights, their type, TensorShape, experts), through each of ``kernels``
     (the first the matrix-vector one)."""
     w, w_type, shape, n_expert = problem
     pairs = ids.size

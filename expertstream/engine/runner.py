@@ -876,13 +876,10 @@ class MoeRunner(Closing):
 
     def _fuses_gate_up(self, part: _Part, layer: MoeLayer) -> bool:
         """Whether gate, up and SwiGLU of ``layer`` run as one pass (MoeKernels.gate_up) on ``part``."""
-        gate, up = layer.gate, layer.up
+        gate = layer.gate
         return (
             self.fuse_gate_up
-            and gate.qtype == up.qtype
-            and gate.ne == up.ne
-            and self.ffn.ffn.activation is Activation.SILU
-            and part.extras[layer.index].expert_bias is None
+            and self._gate_up_fusable(part, layer)
             and part.kernels.uses_direct(gate.qtype, gate.ne[0])
         )
 
@@ -890,12 +887,19 @@ class MoeRunner(Closing):
         """Whether gate, up and SwiGLU of ``layer`` for ``n_pairs`` pairs run as one matrix-vector launch
         (MoeKernels.gate_up): a few pairs (decode) over experts already on the device, so no split
         stages two tensors at once."""
-        gate, up = layer.gate, layer.up
         return (
             part.kernels.uses_gemv(n_pairs)
-            and isinstance(experts[gate.name], BufferView)
-            and isinstance(experts[up.name], BufferView)
-            and gate.qtype == up.qtype
+            and isinstance(experts[layer.gate.name], BufferView)
+            and isinstance(experts[layer.up.name], BufferView)
+            and self._gate_up_fusable(part, layer)
+        )
+
+    def _gate_up_fusable(self, part: _Part, layer: MoeLayer) -> bool:
+        """Whether ``layer``'s gate and up can be one gate_up call at all: the same type and shape, plain
+        SwiGLU, no expert biases."""
+        gate, up = layer.gate, layer.up
+        return (
+            gate.qtype == up.qtype
             and gate.ne == up.ne
             and self.ffn.ffn.activation is Activation.SILU
             and part.extras[layer.index].expert_bias is None

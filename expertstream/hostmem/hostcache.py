@@ -224,7 +224,7 @@ class TieredRegion(RingRegion):
     def enqueue_h2d_ranges(self, stream: Stream, dst: DeviceBuffer, ranges: Sequence[tuple[int, int]]) -> None:
         """Each range cut at expert boundaries: a piece of an expert the tier holds is a DMA from it, the
         others go to the ring together. Then the experts asked for whole count as used."""
-        size, n_expert = self.tensor.slice_nbytes, self.nbytes // self.tensor.slice_nbytes
+        size = self.tensor.slice_nbytes
         rest: list[tuple[int, int]] = []
         whole: list[int] = []
         for start, end in ranges:
@@ -235,7 +235,7 @@ class TieredRegion(RingRegion):
                 stop = min(end, (expert + 1) * size)
                 if at == expert * size and stop == (expert + 1) * size:
                     whole.append(expert)
-                if expert >= n_expert or not self.tier.copy(stream, dst, self.tensor, expert, at, stop):
+                if not self.tier.copy(stream, dst, self.tensor, expert, at, stop):
                     if rest and rest[-1][1] == at:
                         rest[-1] = (rest[-1][0], stop)
                     else:

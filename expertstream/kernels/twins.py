@@ -325,15 +325,13 @@ def _gemv_gate_up_runner(fmt: WeightFormat) -> Any:
 
 
 def _gemv_gate_up_accesses_for(fmt: WeightFormat) -> Any:
+    gemv_accesses = _gemv_accesses_for(fmt)
+
     def accesses(args: Args) -> Sequence[Access]:
-        w_gate, w_up, x, ids, y, n_expert, n_out, n_in = args[:8]
-        return [
-            _weights_access(fmt, w_gate, n_expert, n_out, n_in),
-            _weights_access(fmt, w_up, n_expert, n_out, n_in),
-            Access(_as_view(x), write=False),
-            Access(_as_view(ids), write=False),
-            Access(_as_view(y), write=True),
-        ]
+        w_gate, w_up, x, ids, y, n_expert, n_out, n_in, top_k, n_pairs = args
+        # The gate launch's accesses, and the up tensor read beside them.
+        gate = gemv_accesses((w_gate, x, ids, y, n_expert, n_out, n_in, top_k, 0, n_pairs, 0, 0))
+        return [_weights_access(fmt, w_up, n_expert, n_out, n_in), *gate]
 
     return accesses
 
