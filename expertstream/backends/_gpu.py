@@ -13,6 +13,7 @@ import ctypes
 import dataclasses
 import hashlib
 import logging
+import os
 import threading
 import weakref
 from collections import deque
@@ -306,7 +307,7 @@ class GpuStream(Stream):
             )
             grid = (chunks, count, 1)
             self._enqueue(
-                self._api.launch, kernel.function, grid, (_GATHER_THREADS, 1, 1), 0, self._handle, values, types
+                device.launch_call, kernel.function, grid, (_GATHER_THREADS, 1, 1), 0, self._handle, values, types
             )
         self._keep(src)
 
@@ -350,7 +351,8 @@ class GpuStream(Stream):
     ) -> None:
         kernel = _native(kernel, GpuKernel, "Stream.launch", self._device)
         values, types = pack_kernel_args(args)
-        self._enqueue(self._api.launch, kernel.function, grid, block, shared_mem, self._handle, values, types)
+        launch = self._device.launch_call
+        self._enqueue(launch, kernel.function, grid, block, shared_mem, self._handle, values, types)
 
     def synchronize(self) -> None:
         self._check_open("Stream.synchronize")
@@ -399,12 +401,17 @@ class _Live:
 class GpuDevice(Device):
     foreign_handles = True
 
-    def __init__(self, backend: GpuBackend, index: int) -> None:
+    def __init__(self, backend: GpuBackend, index: int, chained_launches: bool) -> None:
         super().__init__(backend, index, "")
         self.api = backend.api
         props = invoke(self.api.device_props, index, device=self.label)
         self._info = self.api.read_props(props)
         self.name = self._info.name
+        # Every kernel launch: chained to the one before it where the device has it and the backend
+        # was not asked otherwise (formats.cu's KERNEL_PROLOGUE waits for its predecessors' writes).
+        chained = self.api.launch_chained if chained_launches and self.api.chained_launches(self.arch) else None
+        self._chained = chained is not None
+        self.launch_call: Call = chained or self.api.launch
         self._register_flags = {ro: self.api.register_flags(props, ro) for ro in (False, True)}
         self._async_engines = self._attribute(DeviceAttr.ASYNC_ENGINE_COUNT)
         self._can_register = bool(self._attribute(DeviceAttr.HOST_REGISTER))
@@ -444,6 +451,7 @@ class GpuDevice(Device):
             matrix_cores=self.api.matrix_cores(self.arch),
             int8_matrix_cores=self.api.int8_matrix_cores(self.arch),
             mma_fragments=self.api.mma_fragments(self.arch),
+            chained_launches=self._chained,
         )
 
     @property
@@ -756,12 +764,18 @@ class GpuBackend(Backend):
     name: ClassVar[str]
     vendor: ClassVar[Vendor]
 
-    def __init__(self, api: ApiTable, **options: Any) -> None:
+    def __init__(self, api: ApiTable, *, chained_launches: bool | None = None, **options: Any) -> None:
+        """``chained_launches``: launch each kernel chained to the one before it in its stream, where
+        the device can (Capabilities.chained_launches); False launches every kernel on its own. None
+        reads $EXPERTSTREAM_CHAINED_LAUNCHES (0 or 1; chained when unset)."""
         super().__init__()
+        if chained_launches is None:
+            chained_launches = _chained_from_environment(self.name)
         if options:
             raise InvalidArgument(
-                f"the {self.name} backend takes no options, got {sorted(options)}",
+                f"the {self.name} backend takes only chained_launches, got {sorted(options)}",
                 call=f"expertstream.backend({self.name!r})",
+                hint="open it as expertstream.backend(name) or with chained_launches=False",
             )
         self.api = api
         invoke(api.init, device=None)
@@ -770,7 +784,7 @@ class GpuBackend(Backend):
             raise BackendUnavailable(
                 f"no {self.name} device", call=api.device_count.name, hint=HINTS[Problem.NO_DEVICE]
             )
-        self._devices = [GpuDevice(self, i) for i in range(count)]
+        self._devices = [GpuDevice(self, i, chained_launches) for i in range(count)]
         self.closed = False
         _open_backends.add(self)
 
@@ -801,6 +815,20 @@ class GpuBackend(Backend):
         out["driver_version"] = int(invoke(self.api.driver_version))
         out["bindings_version"] = self.api.bindings_version
         return out
+
+
+CHAINED_LAUNCHES_VAR = "EXPERTSTREAM_CHAINED_LAUNCHES"
+
+
+def _chained_from_environment(backend_name: str) -> bool:
+    value = os.environ.get(CHAINED_LAUNCHES_VAR, "").strip()
+    if value not in ("", "0", "1"):
+        raise InvalidArgument(
+            f"{CHAINED_LAUNCHES_VAR}={value!r} is neither 0 nor 1",
+            call=f"expertstream.backend({backend_name!r})",
+            hint=f"set {CHAINED_LAUNCHES_VAR}=0 to launch every kernel on its own, 1 or unset to chain them",
+        )
+    return value != "0"
 
 
 @atexit.register

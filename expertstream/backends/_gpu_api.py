@@ -296,6 +296,10 @@ class ApiTable:
     module_get_function: Call  # (module, name bytes) -> function
     module_unload: Call  # (module)
     launch: Call  # (function, grid, block, shared_mem, stream, values, ctypes types)
+    # a launch chained to the kernel before it in the stream (programmatic dependent launch), with
+    # launch's arguments; None where the vendor has none
+    launch_chained: Call | None = None
+    chained_launches: Callable[[str], bool] = lambda arch: False  # arch -> whether launch_chained works there
     # profiling: the range a profiler started with profiling off records (None: the vendor has none)
     profiler_start: Call | None = None  # ()
     profiler_stop: Call | None = None  # ()

@@ -85,6 +85,11 @@ def _has_bf16_mma(arch: str) -> bool:
     return int(arch.removeprefix("sm_")) >= 80
 
 
+def _has_chained_launches(arch: str) -> bool:
+    """Programmatic dependent launch (griddepcontrol, which every kernel opens with) exists from 9.0 on."""
+    return int(arch.removeprefix("sm_")) >= 90
+
+
 def _table() -> ApiTable:
     from cuda.bindings import driver, nvrtc, runtime
 
@@ -120,6 +125,28 @@ def _table() -> ApiTable:
         gx, gy, gz = grid
         bx, by, bz = block
         return driver.cuLaunchKernel(function, gx, gy, gz, bx, by, bz, shared_mem, stream, params, 0)
+
+    chain = driver.CUlaunchAttribute()
+    chain.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    chain.value.programmaticStreamSerializationAllowed = 1
+
+    def launch_chained(
+        function: Any,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared_mem: int,
+        stream: Any,
+        values: tuple[Any, ...],
+        types: tuple[Any, ...],
+    ) -> Any:
+        config = driver.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = grid
+        config.blockDimX, config.blockDimY, config.blockDimZ = block
+        config.sharedMemBytes = shared_mem
+        config.hStream = stream
+        config.attrs = [chain]
+        config.numAttrs = 1
+        return driver.cuLaunchKernelEx(config, function, (values, types) if values else 0, 0)
 
     return ApiTable(
         backend_name="cuda",
@@ -211,6 +238,8 @@ def _table() -> ApiTable:
         module_get_function=drv("cuModuleGetFunction"),
         module_unload=drv("cuModuleUnload"),
         launch=drv("cuLaunchKernel", launch),
+        launch_chained=drv("cuLaunchKernelEx", launch_chained),
+        chained_launches=_has_chained_launches,
         profiler_start=rt("cudaProfilerStart"),
         profiler_stop=rt("cudaProfilerStop"),
     )

@@ -7,6 +7,13 @@
 // first launch to meet one writes its tag and the id into report[0] and report[1] (report[0]
 // must hold -1 before).
 
+// Chained launches: as the kernels' formats.cu says (this file is compiled on its own).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(__HIP_PLATFORM_AMD__)
+#define KERNEL_PROLOGUE() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define KERNEL_PROLOGUE() ((void)0)
+#endif
+
 #define GATHER_CHUNK_BYTES 32768ull
 #define GATHER_IN_FLIGHT 4  // 16-byte loads each thread has outstanding before it stores
 
@@ -60,6 +67,7 @@ extern "C" __global__ void expertstream_gather_rows(
     unsigned long long overrun,
     int* report,  // null: not asked
     int tag) {
+    KERNEL_PROLOGUE();
     const int j = first + (int)blockIdx.y;
     const int id = ids[j];
     if (id < 0 || (unsigned long long)id >= nbytes / row_bytes) {

@@ -281,10 +281,12 @@ __device__ void attn_prefill_simt_rows(ATTN_PREFILL_PARAMS, int first_token) {
 }
 
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_prefill_simt_d64(ATTN_PREFILL_PARAMS) {
+    KERNEL_PROLOGUE();
     attn_prefill_simt_rows<64>(ATTN_PREFILL_ARGS, blockIdx.x * ATTN_PREFILL_ROWS);
 }
 
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_prefill_simt_d128(ATTN_PREFILL_PARAMS) {
+    KERNEL_PROLOGUE();
     attn_prefill_simt_rows<128>(ATTN_PREFILL_ARGS, blockIdx.x * ATTN_PREFILL_ROWS);
 }
 
@@ -359,10 +361,12 @@ __device__ void attn_decode_chunk(const float* __restrict__ q, const unsigned sh
     q, k_cache, v_cache, partial_ml, partial_o, positions, n_tokens, kv_len, n_head, n_head_kv, window, scale, n_chunks
 
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_decode_d64(ATTN_DECODE_PARAMS) {
+    KERNEL_PROLOGUE();
     attn_decode_chunk<64>(ATTN_DECODE_ARGS);
 }
 
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_decode_d128(ATTN_DECODE_PARAMS) {
+    KERNEL_PROLOGUE();
     attn_decode_chunk<128>(ATTN_DECODE_ARGS);
 }
 
@@ -379,6 +383,7 @@ extern "C" __global__ void attn_decode_combine(const float* __restrict__ partial
                                                const float* __restrict__ sinks, float* __restrict__ out,
                                                int n_tokens, int kv_len, int n_head, int window, int n_chunks,
                                                int head_dim) {
+    KERNEL_PROLOGUE();
     __shared__ float strand_top[ATTN_COMBINE_STRANDS];
     __shared__ float strand_l[ATTN_COMBINE_STRANDS];
     __shared__ float strand_o[ATTN_COMBINE_STRANDS * ATTN_COMBINE_MAX_D];
@@ -938,6 +943,7 @@ __device__ void attn_prefill_waves(ATTN_PREFILL_PARAMS) {
 #endif  // ATTN_MMA_NVIDIA
 
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_prefill_mma_d64(ATTN_PREFILL_PARAMS) {
+    KERNEL_PROLOGUE();
 #if defined(ATTN_MMA_NVIDIA)
     attn_prefill_mma<64>(ATTN_PREFILL_ARGS);
 #else
@@ -946,6 +952,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_prefill_mma_d64(
 }
 
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_prefill_mma_d128(ATTN_PREFILL_PARAMS) {
+    KERNEL_PROLOGUE();
 #if defined(ATTN_MMA_NVIDIA)
     attn_prefill_mma<128>(ATTN_PREFILL_ARGS);
 #else

@@ -110,6 +110,7 @@ __device__ void get_rows_chunk(const unsigned char* __restrict__ table, const in
     extern "C" __global__ void __launch_bounds__(GET_ROWS_THREADS)                                 \
         NAME(const unsigned char* __restrict__ table, const int* __restrict__ ids,                \
              float* __restrict__ out, int n_cols, int n_table_rows, int n_ids) {                 \
+        KERNEL_PROLOGUE();                                                                       \
         get_rows_chunk<TYPE>(table, ids, out, n_cols, n_table_rows, n_ids);                       \
     }
 
@@ -150,6 +151,7 @@ __device__ void rms_store(const float* row, int n, float scale, const float* __r
 // element is read and written by one thread, the writes after the reduction's barriers.
 extern "C" __global__ void __launch_bounds__(DENSE_NORM_MAX_THREADS)
     dense_rms_norm(const float* x, const float* __restrict__ weight, float* out, int n_rows, int n, float eps) {
+    KERNEL_PROLOGUE();
     __shared__ float partial[DENSE_NORM_MAX_THREADS];
     const int r = blockIdx.x;
     if (r >= n_rows) {
@@ -166,6 +168,7 @@ extern "C" __global__ void __launch_bounds__(DENSE_NORM_MAX_THREADS)
 extern "C" __global__ void __launch_bounds__(DENSE_NORM_MAX_THREADS)
     dense_add_rms_norm(float* __restrict__ hidden, const float* __restrict__ delta, const float* __restrict__ weight,
                        float* __restrict__ out, int n_rows, int n, float eps) {
+    KERNEL_PROLOGUE();
     __shared__ float partial[DENSE_NORM_MAX_THREADS];
     const int r = blockIdx.x;
     if (r >= n_rows) {
@@ -182,6 +185,7 @@ extern "C" __global__ void __launch_bounds__(DENSE_NORM_MAX_THREADS)
 
 // y[r, i] += bias[i]: thread i of the row block, rows blockIdx.y, blockIdx.y + gridDim.y, ...
 extern "C" __global__ void dense_add_rows(float* __restrict__ y, const float* __restrict__ bias, int n_rows, int n) {
+    KERNEL_PROLOGUE();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) {
         return;
@@ -227,6 +231,7 @@ extern "C" __global__ void dense_rope(float* __restrict__ x, const int* __restri
                                       int n_heads, int head_dim, int n_rot, int neox, float freq_base,
                                       float freq_scale, float ext_factor, float corr_low, float corr_high,
                                       float mscale) {
+    KERNEL_PROLOGUE();
     const RopeArgs rope = {n_rot, neox, freq_base, freq_scale, ext_factor, corr_low, corr_high, mscale};
     const int half = n_rot / 2;
     const int p = blockIdx.x * blockDim.x + threadIdx.x;
@@ -254,6 +259,7 @@ extern "C" __global__ void dense_rope(float* __restrict__ x, const int* __restri
 extern "C" __global__ void dense_store_rows_f16(const float* __restrict__ src, unsigned short* __restrict__ cache,
                                                 const int* __restrict__ positions, int n_tokens, int width,
                                                 int n_cache_rows) {
+    KERNEL_PROLOGUE();
     const int j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= width) {
         return;
@@ -280,6 +286,7 @@ extern "C" __global__ void __launch_bounds__(DENSE_NORM_MAX_THREADS)
                          const int* __restrict__ positions, int n_tokens, int n_head, int n_head_kv, int head_dim,
                          int n_cache_rows, float eps, int n_rot, int neox, float freq_base, float freq_scale,
                          float ext_factor, float corr_low, float corr_high, float mscale) {
+    KERNEL_PROLOGUE();
     __shared__ float partial[DENSE_NORM_MAX_THREADS];
     __shared__ float normed[DENSE_NORM_MAX_THREADS];
     const RopeArgs rope = {n_rot, neox, freq_base, freq_scale, ext_factor, corr_low, corr_high, mscale};

@@ -92,6 +92,7 @@ __device__ int direct_pair_slot(int i) {
 // n_in a multiple of DIRECT_K. One thread per output word.
 extern "C" __global__ void __launch_bounds__(DIRECT_ROUND_THREADS)
     moe_round_x_direct(const float* __restrict__ x, unsigned int* __restrict__ xb, int n_rows, int n_in) {
+    KERNEL_PROLOGUE();
     const long long words = (long long)n_rows * (n_in / 2);
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < words; i += stride) {
@@ -906,6 +907,7 @@ __device__ void mul_mat_id_direct_tile(const unsigned char* __restrict__ w, cons
         NAME(const unsigned char* __restrict__ w, const unsigned short* __restrict__ xb,                \
              const int* __restrict__ scratch, float* __restrict__ y, int n_expert, int n_out, int n_in,  \
              int top_k, int x_per_pair, int max_tiles, const float* __restrict__ route_weights) {        \
+        KERNEL_PROLOGUE();                                                                               \
         mul_mat_id_direct_tile<TYPE, TILE_M, false>(w, w, xb, scratch, route_weights, y, n_expert, n_out, \
                                                     n_in, top_k, x_per_pair, max_tiles);                 \
     }
@@ -916,6 +918,7 @@ __device__ void mul_mat_id_direct_tile(const unsigned char* __restrict__ w, cons
              const unsigned short* __restrict__ xb, const int* __restrict__ scratch,                    \
              float* __restrict__ y, int n_expert, int n_out, int n_in, int top_k, int x_per_pair,        \
              int max_tiles) {                                                                            \
+        KERNEL_PROLOGUE();                                                                               \
         mul_mat_id_direct_tile<TYPE, TILE_M, true>(w_gate, w_up, xb, scratch, 0, y, n_expert, n_out, n_in, \
                                                    top_k, x_per_pair, max_tiles);                        \
     }

@@ -4,6 +4,7 @@
 
 extern "C" __global__ void moe_swiglu(const float* __restrict__ gate, const float* __restrict__ up,
                                       float* __restrict__ out, int n) {
+    KERNEL_PROLOGUE();
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         out[i] = silu_times(gate[i], up[i]);
@@ -17,6 +18,7 @@ extern "C" __global__ void moe_swiglu(const float* __restrict__ gate, const floa
 extern "C" __global__ void moe_combine(const float* __restrict__ y, const float* __restrict__ weights,
                                        const float* __restrict__ extra, float* __restrict__ hidden, int n_tokens,
                                        int top_k, int n) {
+    KERNEL_PROLOGUE();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) {
         return;

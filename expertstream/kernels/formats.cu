@@ -15,6 +15,18 @@
 // k by 32 elements: one block of the 32-element types, one slice of the 256-element ones
 // (K-quants, i-quants), which it decodes with the block's shared scales.
 
+// Chained launches (NVIDIA sm_90+, programmatic dependent launch): a kernel launched chained to
+// the kernel before it in its stream may be scheduled while that one still runs. Every kernel
+// opens with KERNEL_PROLOGUE: griddepcontrol.wait holds it until the kernels it depends on have
+// finished and their writes are visible, then launch_dependents lets the next kernel be scheduled
+// in turn, so its launch overlaps this one's work. A kernel launched unchained passes through
+// both at once; elsewhere the macro is empty.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(__HIP_PLATFORM_AMD__)
+#define KERNEL_PROLOGUE() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define KERNEL_PROLOGUE() ((void)0)
+#endif
+
 #define ES_TYPE_F32 0
 #define ES_TYPE_F16 1
 #define ES_TYPE_Q4_0 2

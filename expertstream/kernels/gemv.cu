@@ -345,6 +345,7 @@ __device__ void gate_up_vec_id(const unsigned char* __restrict__ w_gate, const u
         NAME(const unsigned char* __restrict__ w, const float* __restrict__ x, const int* __restrict__ ids, \
              float* __restrict__ y, int n_expert, int n_out, int n_in, int top_k, int x_per_pair,          \
              int n_pairs, const float* __restrict__ route_weights, const float* __restrict__ silu_gate) {  \
+        KERNEL_PROLOGUE();                                                                                 \
         mul_mat_vec_id<TYPE>(w, x, ids, y, n_expert, n_out, n_in, top_k, x_per_pair, n_pairs,              \
                              route_weights, silu_gate);                                                    \
     }
@@ -353,6 +354,7 @@ __device__ void gate_up_vec_id(const unsigned char* __restrict__ w_gate, const u
         NAME(const unsigned char* __restrict__ w_gate, const unsigned char* __restrict__ w_up,              \
              const float* __restrict__ x, const int* __restrict__ ids, float* __restrict__ y, int n_expert, \
              int n_out, int n_in, int top_k, int n_pairs) {                                                \
+        KERNEL_PROLOGUE();                                                                                 \
         gate_up_vec_id<TYPE>(w_gate, w_up, x, ids, y, n_expert, n_out, n_in, top_k, n_pairs);              \
     }
 // Instances (one per weight type of layout.FORMATS) are appended after the last file by

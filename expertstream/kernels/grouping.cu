@@ -79,6 +79,7 @@ __device__ void block_exclusive_scan(int* a, int* tmp, int n) {
 
 extern "C" __global__ void __launch_bounds__(MOE_GROUP_THREADS)
     moe_group_count(const int* __restrict__ ids, int* __restrict__ scratch, int n_pairs, int n_expert, int max_tiles) {
+    KERNEL_PROLOGUE();
     __shared__ int count[MOE_MAX_EXPERTS + 1];
     const int n_buckets = n_expert + 1;
     for (int e = threadIdx.x; e < n_buckets; e += blockDim.x) {
@@ -96,6 +97,7 @@ extern "C" __global__ void __launch_bounds__(MOE_GROUP_THREADS)
 extern "C" __global__ void __launch_bounds__(MOE_GROUP_THREADS)
     moe_group_place(const int* __restrict__ ids, int* __restrict__ scratch, int n_pairs, int n_expert, int tile_m,
                     int max_tiles) {
+    KERNEL_PROLOGUE();
     __shared__ int first_row[MOE_MAX_EXPERTS + 1];   // of each bucket
     __shared__ int first_tile[MOE_MAX_EXPERTS + 1];  // of each bucket
     __shared__ int cursor[MOE_MAX_EXPERTS + 1];      // where this block's next pair of each bucket goes

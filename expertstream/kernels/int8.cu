@@ -75,6 +75,7 @@ struct alignas(8) Int8Scales {
 
 extern "C" __global__ void __launch_bounds__(MOE_QUANT_THREADS)
     moe_quantize_x(const float* __restrict__ x, unsigned char* __restrict__ xq, int n_rows, int n_in) {
+    KERNEL_PROLOGUE();
     const int blocks_per_row = n_in / MOE_QUANT_BLOCK;
     const long long b = (long long)blockIdx.x * MOE_QUANT_THREADS + threadIdx.x;
     if (b >= (long long)n_rows * blocks_per_row) {
@@ -508,6 +509,7 @@ __device__ void mul_mat_id_int8_tile(const unsigned char* __restrict__ w, const 
         NAME(const unsigned char* __restrict__ w, const unsigned char* __restrict__ xq,                     \
              const int* __restrict__ scratch, float* __restrict__ y, int n_expert, int n_out, int n_in,    \
              int top_k, int x_per_pair, int max_tiles) {                                                   \
+        KERNEL_PROLOGUE();                                                                                 \
         mul_mat_id_int8_tile<TYPE, TILE_M>(w, xq, scratch, y, n_expert, n_out, n_in, top_k, x_per_pair,   \
                                            max_tiles);                                                     \
     }

@@ -600,6 +600,7 @@ __device__ void mul_mat_id_mma_tile(const unsigned char* __restrict__ w, const f
         NAME(const unsigned char* __restrict__ w, const float* __restrict__ x,                           \
              const int* __restrict__ scratch, float* __restrict__ y, int n_expert, int n_out, int n_in,   \
              int top_k, int x_per_pair, int max_tiles) {                                                  \
+        KERNEL_PROLOGUE();                                                                                \
         mul_mat_id_mma_tile<TYPE, TILE_M>(w, x, scratch, y, n_expert, n_out, n_in, top_k, x_per_pair,    \
                                           max_tiles);                                                     \
     }

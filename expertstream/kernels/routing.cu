@@ -66,6 +66,7 @@ __device__ void logits_load4(const float* row, int k, int n, bool wide, float* v
 extern "C" __global__ void __launch_bounds__(LOGITS_THREADS) moe_router_logits(
     const float* __restrict__ x, const float* __restrict__ router, const float* __restrict__ bias,
     float* __restrict__ logits, int n_tokens, int n_embd, int n_expert, int has_bias) {
+    KERNEL_PROLOGUE();
 #if defined(__CUDA_ARCH__)
     float* exchange = 0;
 #else
@@ -171,6 +172,7 @@ extern "C" __global__ void __launch_bounds__(SELECT_THREADS) moe_router_select(
     const float* __restrict__ logits, const float* __restrict__ sel_bias, int* __restrict__ ids,
     float* __restrict__ weights, int n_tokens, int n_expert, int top_k, int gating, int has_sel_bias,
     int n_group, int n_group_used, int norm, float scale) {
+    KERNEL_PROLOGUE();
     __shared__ float probs[ROUTER_MAX_EXPERTS];
     __shared__ float sel[ROUTER_MAX_EXPERTS];
 #if !defined(__CUDA_ARCH__)
@@ -361,6 +363,7 @@ extern "C" __global__ void __launch_bounds__(SELECT_THREADS) moe_router_select(
 // out = g / (1 + exp(-alpha g)) * (u + 1).
 extern "C" __global__ void moe_swiglu_oai(const float* __restrict__ gate, const float* __restrict__ up,
                                           float* __restrict__ out, int n, float alpha, float limit) {
+    KERNEL_PROLOGUE();
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         const float g = fminf(gate[i], limit);
@@ -374,6 +377,7 @@ extern "C" __global__ void moe_swiglu_oai(const float* __restrict__ gate, const 
 extern "C" __global__ void moe_add_expert_bias(float* __restrict__ y, const float* __restrict__ bias,
                                                const int* __restrict__ ids, int n_pairs, int n_out,
                                                int n_expert) {
+    KERNEL_PROLOGUE();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n_out) {
         return;
@@ -391,6 +395,7 @@ extern "C" __global__ void moe_add_expert_bias(float* __restrict__ y, const floa
 // shared memory.
 extern "C" __global__ void moe_shared_gate(const float* __restrict__ x, const float* __restrict__ w,
                                            float* __restrict__ y, int n_tokens, int n_embd, int n) {
+    KERNEL_PROLOGUE();
     extern __shared__ float partial[];
     const int t = blockIdx.x;
     if (t >= n_tokens) {

@@ -7,6 +7,7 @@
 // a power of two and the launch must give blockDim.x floats of dynamic shared memory. The
 // reduction runs in a fixed order, so the result never depends on timing.
 extern "C" __global__ void moe_rms_norm(const float* __restrict__ h, float* __restrict__ x, int n_tokens, int n) {
+    KERNEL_PROLOGUE();
     extern __shared__ float partial[];
     const int t = blockIdx.x;
     if (t >= n_tokens) {
@@ -33,6 +34,7 @@ extern "C" __global__ void moe_rms_norm(const float* __restrict__ h, float* __re
 
 // h[i] += delta[i] for i < n.
 extern "C" __global__ void moe_add_inplace(float* __restrict__ h, const float* __restrict__ delta, int n) {
+    KERNEL_PROLOGUE();
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         h[i] += delta[i];

@@ -90,6 +90,8 @@ class FakeGpu:
         self.programs: set[int] = set()
         self.modules: set[int] = set()
         self.launches: list[tuple[Any, ...]] = []
+        self.chained: list[tuple[Any, ...]] = []  # launches chained to the kernel before them
+        self.chains = False  # whether the fake arch has chained launches
         self.refuse_read_only = False
         self.compile_error: str | None = None
         self._next = 0x1000
@@ -215,6 +217,10 @@ class FakeGpu:
         self.launches.append(args)
         return (OK,)
 
+    def launch_chained(self, *args: Any) -> tuple[Any, ...]:
+        self.chained.append(args)
+        return (OK,)
+
     def table(self) -> ApiTable:
         def call(name: str, fn: Callable[..., Any], errors: ErrorTable = ERRORS) -> Call:
             def run(*args: Any) -> Any:
@@ -289,6 +295,8 @@ class FakeGpu:
             module_get_function=call("fakeModuleGetFunction", self.module_get_function),
             module_unload=call("fakeModuleUnload", self.module_unload),
             launch=call("fakeModuleLaunchKernel", self.launch),
+            launch_chained=call("fakeLaunchKernelEx", self.launch_chained),
+            chained_launches=lambda arch: self.chains,
             profiler_start=call("fakeProfilerStart", ok),
             profiler_stop=call("fakeProfilerStop", ok),
         )
@@ -383,7 +391,7 @@ def test_backend_without_devices_is_unavailable(fake: FakeGpu) -> None:
 
 
 def test_unknown_backend_option_is_rejected(fake: FakeGpu) -> None:
-    with pytest.raises(InvalidArgument, match=r"takes no options.*profile"):
+    with pytest.raises(InvalidArgument, match=r"takes only chained_launches.*profile"):
         FakeBackend(fake.table(), profile="cuda-h200")
 
 
@@ -515,6 +523,49 @@ def test_kernel_launch_passes_addresses_and_typed_scalars(backend: Any, fake: Fa
     assert (grid, block, shared, handle) == ((2, 1, 1), (64, 1, 1), 0, stream.handle)
     assert values == (buf.address + 8, 24)
     assert ctypes_types == (ctypes.c_void_p, ctypes.c_int32)
+
+
+@pytest.mark.parametrize(
+    ("arch_chains", "asked", "chained"), [(True, True, True), (True, False, False), (False, True, False)]
+)
+def test_kernels_launch_chained_where_the_arch_has_it_unless_asked_not_to(
+    fake: FakeGpu, arch_chains: bool, asked: bool, chained: bool
+) -> None:
+    fake.chains = arch_chains
+    with FakeBackend(fake.table(), chained_launches=asked) as be:
+        dev = be.device(0)
+        assert dev.capabilities.chained_launches is chained
+        assert be.describe()["devices"][0]["capabilities"]["chained_launches"] is chained
+        kernel = dev.compile('extern "C" __global__ void es_fill(char* p, int n) {}', "es_fill")
+        buf = dev.alloc(32)
+        stream = dev.stream()
+        stream.launch(kernel, 2, (64, 1), [buf.view(8), np.int32(24)])
+        went, other = (fake.chained, fake.launches) if chained else (fake.launches, fake.chained)
+        assert len(went) == 1 and not other
+        assert went[0][1:] == (
+            (2, 1, 1),
+            (64, 1, 1),
+            0,
+            stream.handle,
+            (buf.address + 8, 24),
+            (ctypes.c_void_p, ctypes.c_int32),
+        )
+
+
+def test_chained_launches_follow_the_environment_and_a_bad_value_is_named(
+    fake: FakeGpu, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake.chains = True
+    for value, chained in (("0", False), ("1", True), ("", True)):
+        monkeypatch.setenv("EXPERTSTREAM_CHAINED_LAUNCHES", value)
+        with FakeBackend(fake.table()) as be:
+            assert be.device(0).capabilities.chained_launches is chained
+    monkeypatch.setenv("EXPERTSTREAM_CHAINED_LAUNCHES", "0")
+    with FakeBackend(fake.table(), chained_launches=True) as be:  # an explicit option wins
+        assert be.device(0).capabilities.chained_launches
+    monkeypatch.setenv("EXPERTSTREAM_CHAINED_LAUNCHES", "off")
+    with pytest.raises(InvalidArgument, match=r"EXPERTSTREAM_CHAINED_LAUNCHES='off' is neither 0 nor 1"):
+        FakeBackend(fake.table())
 
 
 def test_gather_launches_over_the_mapped_address_and_says_when_memory_is_not_mapped(

@@ -14,6 +14,7 @@ from typing import Any
 from gguf import GGMLQuantizationType
 
 import expertstream
+from expertstream.backends._gpu import gather_source
 from expertstream.kernels import MoeKernels, kernel_source, module_types, type_kernels
 from expertstream.kernels.launcher import TWINS
 from expertstream.kernels.layout import FORMATS
@@ -77,3 +78,16 @@ def test_a_model_of_one_type_compiles_two_modules() -> None:
             for name in ("moe_combine", kernels.mul_mat_id_kernel(q4_0, 4096 * 8, 128, 2048)):
                 kernels.kernel(name)
     assert set(device.sources) == {kernel_source(()), kernel_source([q4_0])}
+
+
+_BODY_START = re.compile(r"__global__[^{]*\{[\s\\]*(\w+)")
+
+
+def test_every_kernel_opens_with_the_chained_launch_wait() -> None:
+    """A chained launch (Capabilities.chained_launches) may start a kernel while the one before it
+    runs: a kernel whose first statement is not KERNEL_PROLOGUE could read that one's output early."""
+    sources = {"kernels": kernel_source(()), "gather.cu": gather_source()}
+    for where, source in sources.items():
+        first_statements = _BODY_START.findall(source)
+        assert first_statements.count("KERNEL_PROLOGUE") == source.count("__global__") > 0, where
+    assert len(_BODY_START.findall(sources["kernels"])) >= 30

@@ -47,6 +47,9 @@ class Capabilities:
     int8_matrix_cores: bool = False
     # NVIDIA's mma.sync register fragments (sm_80+), into which direct.cu's kernels decode weights
     mma_fragments: bool = False
+    # kernels launched chained to the one before them (NVIDIA sm_90+: programmatic dependent launch),
+    # so a kernel's launch overlaps the work of the one it waits for
+    chained_launches: bool = False
 
 
 class Device(abc.ABC):
@@ -331,6 +334,7 @@ class Backend(abc.ABC, Closing):
                         "matrix_cores": d.capabilities.matrix_cores,
                         "int8_matrix_cores": d.capabilities.int8_matrix_cores,
                         "mma_fragments": d.capabilities.mma_fragments,
+                        "chained_launches": d.capabilities.chained_launches,
                     },
                 }
                 for d in self.devices
