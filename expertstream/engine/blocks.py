@@ -250,10 +250,7 @@ class Blocks(Closing):
         kk, v = self._view("k", count, spec.kv_width), self._view("v", count, spec.kv_width)
         att, o = self._view("att", count, spec.q_width), self._view("o", count, spec.n_embd)
         dense.rms_norm(k, stream, hidden, a.norm, xn, count, spec.n_embd, spec.eps)
-        shared = self._shared_input(stream, (a.q, a.k, a.v), xn, count, ids)
-        a.q.apply(k, stream, xn, count, q, ids, shared)
-        a.k.apply(k, stream, xn, count, kk, ids, shared)
-        a.v.apply(k, stream, xn, count, v, ids, shared)
+        self._project((a.q, a.k, a.v), stream, xn, count, (q, kk, v), ids)
         rows = dense.AttentionInputs(q, kk, v, a.q_norm, a.k_norm, a.k_cache, a.v_cache, positions)
         dense.qkv_rope_store(k, stream, rows, count, spec.n_head, spec.n_head_kv, spec.head_dim, spec.rope, spec.eps)
         attention_kernels.attention(
@@ -278,6 +275,35 @@ class Blocks(Closing):
             standin.add_inplace(k, stream, hidden, o, count * spec.n_embd)
         else:
             dense.add_rms_norm(k, stream, hidden, o, a.ffn_norm, ffn_x, count, spec.n_embd, spec.eps)
+
+    def _project(
+        self,
+        linears: Sequence[Linear],
+        stream: Stream,
+        x: BufferView,
+        count: int,
+        outputs: Sequence[BufferView],
+        ids: BufferView,
+    ) -> None:
+        """outputs[i] = linears[i](x) for projections that read the same rows: where the matrix-vector
+        kernels take the rows, each run of same-typed projections without biases in one launch
+        (``mul_mat_vec_parts``); else one call each, sharing the rounded and grouped input where
+        they all take a direct kernel of one tile height."""
+        k = self.kernels
+        if not k.uses_gemv(count) or any(lin.bias is not None for lin in linears):
+            shared = self._shared_input(stream, linears, x, count, ids)
+            for lin, y in zip(linears, outputs, strict=True):
+                lin.apply(k, stream, x, count, y, ids, shared)
+            return
+        first = 0
+        while first < len(linears):
+            qtype = linears[first].info.qtype
+            end = first + 1
+            while end < len(linears) and end - first < 3 and linears[end].info.qtype == qtype:
+                end += 1
+            parts = [(lin.weight, lin.n_out, y) for lin, y in zip(linears[first:end], outputs[first:end], strict=True)]
+            k.mul_mat_vec_parts(stream, qtype, linears[first].n_in, x, count, parts)
+            first = end
 
     def _shared_input(
         self, stream: Stream, linears: Sequence[Linear], x: BufferView, count: int, ids: BufferView

@@ -6,7 +6,8 @@
 // expert: far too few to read the weights at the memory's bandwidth. Here a logical wave of
 // MOE_GEMV_WAVE threads computes MOE_GEMV_WAVE_ROWS output rows of one pair side by side, and a
 // block MOE_GEMV_ROWS rows of one pair: grid (ceil(n_out / MOE_GEMV_ROWS), n_pairs), no grouping pass.
-// gate_up_vec_id (below) puts a gate row and an up row side by side instead.
+// gate_up_vec_id (below) puts a gate row and an up row side by side instead; mul_mat_vec_parts runs up
+// to three dense projections of the same activations (attention's Q, K, V) in one launch.
 //
 // The block stages its pair's activation row in shared memory (rows of up to MOE_GEMV_STAGE
 // elements; longer ones are read from global memory), each slice padded to MOE_GEMV_STAGE_LD floats
@@ -340,6 +341,46 @@ __device__ void gate_up_vec_id(const unsigned char* __restrict__ w_gate, const u
     }
 }
 
+// mul_mat_vec_parts: up to three dense projections of the same activation rows in one launch, their
+// weights of one type and row length (attention's Q, K and V). blockIdx.y = part * n_tokens + token;
+// part p has n_out[p] rows in w[p] and writes y[p][token, :] (a part left out: n_out 0, its blocks
+// return at once). Each row is summed as mul_mat_vec_id sums that tensor's row for one expert, so
+// the outputs are the bytes of one launch per part.
+template <int TYPE>
+__device__ void mul_mat_vec_parts(const unsigned char* __restrict__ w0, const unsigned char* __restrict__ w1,
+                                  const unsigned char* __restrict__ w2, const float* __restrict__ x,
+                                  float* __restrict__ y0, float* __restrict__ y1, float* __restrict__ y2, int n_out0,
+                                  int n_out1, int n_out2, int n_in, int n_tokens) {
+    const int part = blockIdx.y / n_tokens;
+    const int token = blockIdx.y % n_tokens;
+    const unsigned char* w = part == 0 ? w0 : (part == 1 ? w1 : w2);
+    float* y = part == 0 ? y0 : (part == 1 ? y1 : y2);
+    const int n_out = part == 0 ? n_out0 : (part == 1 ? n_out1 : n_out2);
+    if ((int)blockIdx.x * MOE_GEMV_ROWS >= n_out) {  // the whole block, before any barrier: past this part's rows
+        return;
+    }
+    const int lane = threadIdx.x % MOE_GEMV_WAVE;
+    const int o0 = blockIdx.x * MOE_GEMV_ROWS + threadIdx.x / MOE_GEMV_WAVE * MOE_GEMV_WAVE_ROWS;
+    const long long row_bytes = weight_row_bytes<TYPE>(n_in);
+    const unsigned char* rows[MOE_GEMV_WAVE_ROWS];
+    int steps[MOE_GEMV_WAVE_ROWS];
+#pragma unroll
+    for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {  // rows past n_out read nothing
+        const int o = o0 + r;
+        rows[r] = w + (long long)o * row_bytes;
+        steps[r] = o < n_out ? gemv_row_steps<TYPE>(n_in, o == n_out - 1) : 0;
+    }
+    float sums[MOE_GEMV_WAVE_ROWS];
+    gemv_wave_sums<TYPE>(rows, steps, x + (long long)token * n_in, n_in, sums);
+#pragma unroll
+    for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
+        const int o = o0 + r;
+        if (lane == 0 && o < n_out) {
+            y[(long long)token * n_out + o] = sums[r];
+        }
+    }
+}
+
 #define MOE_MUL_MAT_VEC_ID(NAME, TYPE)                                                                    \
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_THREADS)                                        \
         NAME(const unsigned char* __restrict__ w, const float* __restrict__ x, const int* __restrict__ ids, \
@@ -356,6 +397,15 @@ __device__ void gate_up_vec_id(const unsigned char* __restrict__ w_gate, const u
              int n_out, int n_in, int top_k, int n_pairs) {                                                \
         KERNEL_PROLOGUE();                                                                                 \
         gate_up_vec_id<TYPE>(w_gate, w_up, x, ids, y, n_expert, n_out, n_in, top_k, n_pairs);              \
+    }
+#define MOE_MUL_MAT_VEC_PARTS(NAME, TYPE)                                                                   \
+    extern "C" __global__ void __launch_bounds__(MOE_GEMV_THREADS)                                          \
+        NAME(const unsigned char* __restrict__ w0, const unsigned char* __restrict__ w1,                    \
+             const unsigned char* __restrict__ w2, const float* __restrict__ x, float* __restrict__ y0,     \
+             float* __restrict__ y1, float* __restrict__ y2, int n_out0, int n_out1, int n_out2, int n_in,  \
+             int n_tokens) {                                                                                \
+        KERNEL_PROLOGUE();                                                                                  \
+        mul_mat_vec_parts<TYPE>(w0, w1, w2, x, y0, y1, y2, n_out0, n_out1, n_out2, n_in, n_tokens);         \
     }
 // Instances (one per weight type of layout.FORMATS) are appended after the last file by
 // kernel_source (program.py), for the types a module needs.

@@ -53,7 +53,7 @@ call of the instance, so calls on concurrent streams must pass their own.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -495,6 +495,55 @@ class MoeKernels(Closing):
             tile_m,
             (n_expert, n_out, n_in, n_tokens, top_k, False),
             None,
+        )
+
+    def mul_mat_vec_parts(
+        self,
+        stream: Stream,
+        w_type: RowType,
+        n_in: int,
+        x: ViewLike,
+        n_tokens: int,
+        parts: Sequence[tuple[ViewLike, int, ViewLike]],
+    ) -> None:
+        """y_p[t] = W_p @ x[t] for up to three dense projections (W_p, n_out_p, y_p) of one weight type
+        and row length that read the same ``n_tokens`` rows x, in one matrix-vector launch: the bytes of
+        one ``mul_mat_id`` of one expert per part. For as many rows as ``uses_gemv`` takes."""
+        call = "MoeKernels.mul_mat_vec_parts"
+        fmt = weight_format(w_type)
+        positive(call, n_in=n_in, n_tokens=n_tokens)
+        if not 1 <= len(parts) <= 3:
+            raise InvalidArgument(f"{len(parts)} parts; the kernel runs one to three", call=call)
+        if not self.uses_gemv(n_tokens):
+            raise InvalidArgument(
+                f"{n_tokens} rows take the tile kernels, not the matrix-vector ones",
+                call=call,
+                hint="check uses_gemv() first, or run one mul_mat_id per projection",
+            )
+        weights, outputs, n_outs = [], [], []
+        for p, (w, n_out, y) in enumerate(parts):
+            positive(call, n_out=n_out)
+            self._check_mul_mat_id_shapes(call, fmt, 1, n_out, n_in, n_tokens)
+            w_bytes = padded_size(n_out * fmt.row_bytes(n_in), fmt.qtype, n_in)
+            weights.append(view(call, f"w{p}", w, w_bytes, fmt.unit_bytes))
+            outputs.append(view(call, f"y{p}", y, n_tokens * n_out * 4, 4))
+            n_outs.append(n_out)
+        absent = 3 - len(parts)
+        null = [np.uint64(0)] * absent
+        stream.launch(
+            self.kernel(fmt.gemv_parts_kernel_name),
+            (-(-max(n_outs) // layout.GEMV_ROWS), len(parts) * n_tokens),
+            layout.GEMV_THREADS,
+            (
+                *weights,
+                *null,
+                view(call, "x", x, n_tokens * n_in * 4, 4),
+                *outputs,
+                *null,
+                *(_i32(n) for n in n_outs + [0] * absent),
+                _i32(n_in),
+                _i32(n_tokens),
+            ),
         )
 
     def _gate_up_vec(

@@ -165,6 +165,11 @@ class WeightFormat:
         return f"moe_gate_up_vec_id_{self.suffix}"
 
     @property
+    def gemv_parts_kernel_name(self) -> str:
+        """The matrix-vector kernel of up to three dense projections of one input, this type (gemv.cu)."""
+        return f"moe_mul_mat_vec_parts_{self.suffix}"
+
+    @property
     def get_rows_kernel_name(self) -> str:
         """The kernel that decodes rows of a table of this type (dense.get_rows)."""
         return f"dense_get_rows_{self.suffix}"

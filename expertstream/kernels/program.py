@@ -85,6 +85,7 @@ def _instances(fmt: WeightFormat) -> Iterator[tuple[str, str]]:
         yield _instance(fmt.direct_kernel_name(tile, gate_up=True), "MOE_GATE_UP_DIRECT", qtype, tile)
     yield fmt.gemv_kernel_name, f"MOE_MUL_MAT_VEC_ID({fmt.gemv_kernel_name}, {qtype})"
     yield fmt.gemv_gate_up_kernel_name, f"MOE_GATE_UP_VEC_ID({fmt.gemv_gate_up_kernel_name}, {qtype})"
+    yield fmt.gemv_parts_kernel_name, f"MOE_MUL_MAT_VEC_PARTS({fmt.gemv_parts_kernel_name}, {qtype})"
     name = fmt.get_rows_kernel_name
     yield name, f"DENSE_GET_ROWS({name}, {qtype})"
 

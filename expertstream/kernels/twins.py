@@ -340,6 +340,42 @@ def _gemv_gate_up_flops(args: Args) -> float:
     return 4.0 * int(args[9]) * int(args[6]) * int(args[7])
 
 
+# moe_mul_mat_vec_parts_*: w0, w1, w2, x, y0, y1, y2, n_out0, n_out1, n_out2, n_in, n_tokens; a part
+# left out has n_out 0 (and null pointers)
+
+
+def _gemv_parts(args: Args) -> list[tuple[Any, Any, int]]:
+    """(weights, y, n_out) of each part a launch runs."""
+    return [(args[p], args[4 + p], int(args[7 + p])) for p in range(3) if int(args[7 + p]) > 0]
+
+
+def _gemv_parts_runner(fmt: WeightFormat) -> Any:
+    mul_mat_vec = _gemv_runner(fmt)
+
+    def run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
+        x, n_in, n_tokens = args[3], int(args[10]), int(args[11])
+        zeros = np.zeros(n_tokens, np.int32).view(np.uint8)
+        for w, y, n_out in _gemv_parts(args):
+            mul_mat_vec((w, x, zeros, y, 1, n_out, n_in, 1, 0, n_tokens, 0, 0), grid, block)
+
+    return run
+
+
+def _gemv_parts_accesses_for(fmt: WeightFormat) -> Any:
+    def accesses(args: Args) -> Sequence[Access]:
+        n_in = int(args[10])
+        parts = _gemv_parts(args)
+        weights = [_weights_access(fmt, w, 1, n_out, n_in) for w, _, n_out in parts]
+        outputs = [Access(_as_view(y), write=True) for _, y, _ in parts]
+        return [*weights, Access(_as_view(args[3]), write=False), *outputs]
+
+    return accesses
+
+
+def _gemv_parts_flops(args: Args) -> float:
+    return 2.0 * int(args[11]) * int(args[10]) * sum(int(n) for n in args[7:10])
+
+
 def _gemv_accesses_for(fmt: WeightFormat) -> Any:
     def accesses(args: Args) -> Sequence[Access]:
         w, x, ids, y, n_expert, n_out, n_in = args[:7]
@@ -544,6 +580,15 @@ def twin_specs() -> list[KernelSpec]:
                 )
     specs += [
         KernelSpec(fmt.gemv_kernel_name, _gemv_runner(fmt), _gemv_accesses_for(fmt), _gemv_flops, mul_mat_id_rate_key)
+        for fmt in FORMATS.values()
+    ]
+    specs += [
+        KernelSpec(
+            fmt.gemv_parts_kernel_name,
+            _gemv_parts_runner(fmt),
+            _gemv_parts_accesses_for(fmt),
+            _gemv_parts_flops,
+        )
         for fmt in FORMATS.values()
     ]
     specs += [

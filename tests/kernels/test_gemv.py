@@ -8,6 +8,7 @@ kernel did not write fails the finiteness check.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 
 import numpy as np
@@ -203,3 +204,47 @@ def test_gate_up_of_a_few_pairs_is_the_bytes_of_gate_then_up(
     u = ref.mul_mat_id(up_w, w_type, *dims, gate_p.x, ids)
     err = ref.relative_error(y[~bad], (g / (1.0 + np.exp(-g)) * u)[~bad])
     assert err < 2 * ref.MUL_MAT_ID_RTOL, f"relative error {err:.3g}"
+
+
+@pytest.mark.parametrize(
+    "w_type", [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K, GGMLQuantizationType.Q8_0], ids=lambda t: t.name
+)
+@pytest.mark.parametrize("n_parts", [1, 2, 3])
+def test_parts_are_the_bytes_of_one_launch_per_projection(
+    kernels: MoeKernels,
+    device: Device,
+    stream: Stream,
+    rng: np.random.Generator,
+    w_type: GGMLQuantizationType,
+    n_parts: int,
+) -> None:
+    """mul_mat_vec_parts (attention's Q, K and V of decode in one launch) writes, for each part, what
+    mul_mat_id of that projection alone writes, row lengths that read the padding tail included, and
+    near the float64 reference; it is refused for rows the tile kernels take."""
+    n_tokens, n_in = 2, 768
+    n_outs = [45, 16, 37][:n_parts]
+    x = rng.standard_normal((n_tokens, n_in)).astype(np.float32)
+    zeros = np.zeros(n_tokens, np.int32)
+    ws = [ref.random_weights(rng, w_type, n_out, n_in) for n_out in n_outs]
+    with contextlib.ExitStack() as held:
+        x_buf = held.enter_context(device.upload(x))
+        ids = held.enter_context(device.upload(zeros))
+        w_bufs, alone, fused = [], [], []
+        for w, n_out in zip(ws, n_outs, strict=True):
+            w_buf = held.enter_context(device.alloc(w.nbytes, Usage.WEIGHTS, row_type=w_type, ne0=n_in))
+            w_buf.write(w)
+            w_bufs.append(w_buf)
+            alone.append(held.enter_context(tensors.poisoned(device, n_tokens * n_out * 4)))
+            fused.append(held.enter_context(tensors.poisoned(device, n_tokens * n_out * 4)))
+        for w_buf, n_out, y in zip(w_bufs, n_outs, alone, strict=True):
+            kernels.mul_mat_id(stream, w_buf, w_type, 1, n_out, n_in, x_buf, False, ids, n_tokens, 1, y)
+        kernels.mul_mat_vec_parts(stream, w_type, n_in, x_buf, n_tokens, list(zip(w_bufs, n_outs, fused, strict=True)))
+        stream.synchronize()
+        for w, n_out, one, both in zip(ws, n_outs, alone, fused, strict=True):
+            assert both.read().tobytes() == one.read().tobytes()
+            expected = ref.mul_mat_id(w, w_type, 1, n_out, n_in, x, zeros[:, None])
+            check(both.read().view(np.float32).reshape(expected.shape), expected)
+        with pytest.raises(InvalidArgument, match="take the tile kernels"):
+            kernels.mul_mat_vec_parts(
+                stream, w_type, n_in, x_buf, layout.GEMV_MAX_PAIRS + 1, [(w_bufs[0], 45, fused[0])]
+            )

@@ -267,3 +267,111 @@ def test_gate_up_is_the_bytes_of_gate_then_up_with_its_gate(
     assert err < 2 * ref.MUL_MAT_ID_RTOL, f"relative error {err:.3g}"
     shifted, _ = run_gemv(host_gemv, w_type, gate_padded, x, ids, shape, misaligned=True, up=up_padded)
     assert shifted.tobytes() == fused.tobytes(), "misaligned inputs (narrow loads) gave other bytes"
+
+
+_PARTS_DRIVER = (
+    _FIBERS
+    + """
+typedef void (*MulMatVecId)(const unsigned char*, const float*, const int*, float*, int, int, int, int, int, int,
+                            const float*, const float*);
+typedef void (*MulMatVecParts)(const unsigned char*, const unsigned char*, const unsigned char*, const float*, float*,
+                               float*, float*, int, int, int, int, int);
+
+// stdin: n_parts, n_out[3], n_in, n_tokens, bytes[3] (int32), each part's padded weights, x [n_tokens, n_in].
+// stdout: each part's y from one mul_mat_vec_parts launch, then from one mul_mat_vec_id launch per part.
+int main(int argc, char** argv) {
+    MulMatVecId kernels[] = {%s};
+    MulMatVecParts parts_kernels[] = {%s};
+    const int kernel = atoi(argv[1]);
+    std::vector<int> head = read_array<int>(9);
+    const int n_parts = head[0], n_in = head[4], n_tokens = head[5];
+    int n_out[3] = {head[1], head[2], head[3]};
+    std::vector<std::vector<unsigned char>> w(3);
+    for (int p = 0; p < 3; ++p) {
+        w[p] = read_array<unsigned char>(head[6 + p]);
+    }
+    std::vector<float> x = read_array<float>((size_t)n_tokens * n_in);
+    std::vector<int> zeros(n_tokens, 0);
+    std::vector<std::vector<float>> y(3);
+    int max_out = 0;
+    for (int p = 0; p < 3; ++p) {
+        y[p].assign((size_t)n_tokens * n_out[p], NAN);
+        max_out = n_out[p] > max_out ? n_out[p] : max_out;
+    }
+    const unsigned grid_x = (max_out + MOE_GEMV_ROWS - 1) / MOE_GEMV_ROWS;
+    gridDim = EsDim3{grid_x, (unsigned)(n_parts * n_tokens), 1};
+    blockDim = EsDim3{MOE_GEMV_THREADS, 1, 1};
+    for (unsigned by = 0; by < gridDim.y; ++by) {
+        for (unsigned bx = 0; bx < grid_x; ++bx) {
+            blockIdx = EsDim3{bx, by, 0};
+            run_block(MOE_GEMV_THREADS, [&] {
+                parts_kernels[kernel](w[0].data(), w[1].data(), w[2].data(), x.data(), y[0].data(), y[1].data(),
+                                      y[2].data(), n_out[0], n_out[1], n_out[2], n_in, n_tokens);
+            });
+        }
+    }
+    for (int p = 0; p < n_parts; ++p) {
+        fwrite(y[p].data(), sizeof(float), y[p].size(), stdout);
+    }
+    for (int p = 0; p < n_parts; ++p) {
+        std::vector<float> alone((size_t)n_tokens * n_out[p], NAN);
+        const unsigned grid_p = (n_out[p] + MOE_GEMV_ROWS - 1) / MOE_GEMV_ROWS;
+        gridDim = EsDim3{grid_p, (unsigned)n_tokens, 1};
+        for (unsigned by = 0; by < (unsigned)n_tokens; ++by) {
+            for (unsigned bx = 0; bx < grid_p; ++bx) {
+                blockIdx = EsDim3{bx, by, 0};
+                run_block(MOE_GEMV_THREADS, [&] {
+                    kernels[kernel](w[p].data(), x.data(), zeros.data(), alone.data(), 1, n_out[p], n_in, 1, 0,
+                                    n_tokens, nullptr, nullptr);
+                });
+            }
+        }
+        fwrite(alone.data(), sizeof(float), alone.size(), stdout);
+    }
+    return 0;
+}
+"""
+)
+
+
+@pytest.fixture(scope="module")
+def host_gemv_parts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if CXX is None:
+        pytest.skip("no C++ compiler (c++, g++ or clang++) on PATH")
+    names = ", ".join(FORMATS[t].gemv_kernel_name for t in TYPES)
+    parts_names = ", ".join(FORMATS[t].gemv_parts_kernel_name for t in TYPES)
+    source = kernel_source(TYPES)
+    return build_on_host(tmp_path_factory.mktemp("host_gemv_parts"), source, _PARTS_DRIVER % (names, parts_names))
+
+
+@pytest.mark.parametrize("w_type", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("n_parts", [2, 3])
+def test_parts_are_the_bytes_of_one_launch_each(
+    host_gemv_parts: Path, rng: np.random.Generator, w_type: GGMLQuantizationType, n_parts: int
+) -> None:
+    """mul_mat_vec_parts, Q, K and V of decode in one launch: each part's rows (of other lengths than
+    the others', the last reading its padding tail) are the bytes of that projection's own launch,
+    and near the float64 reference."""
+    fmt = FORMATS[w_type]
+    n_in, n_tokens = (768 if fmt.quantized else 200), 2
+    n_outs = [21, 8, 13][:n_parts] + [0] * (3 - n_parts)
+    ws = [ref.random_weights(rng, w_type, n_out, n_in) if n_out else None for n_out in n_outs]
+    padded = [with_tail(w, w_type, n_in).tobytes() if w is not None else b"" for w in ws]
+    x = rng.standard_normal((n_tokens, n_in)).astype(np.float32)
+    header = struct.pack("9i", n_parts, *n_outs, n_in, n_tokens, *(len(b) for b in padded))
+    run = subprocess.run(
+        [str(host_gemv_parts), str(TYPES.index(w_type))],
+        input=header + b"".join(padded) + x.tobytes(),
+        capture_output=True,
+        check=True,
+    )
+    out = np.frombuffer(run.stdout, np.float32)
+    sizes = [n_tokens * n for n in n_outs[:n_parts]]
+    fused = np.split(out[: sum(sizes)], np.cumsum(sizes)[:-1])
+    alone = np.split(out[sum(sizes) :], np.cumsum(sizes)[:-1])
+    zeros = np.zeros((n_tokens, 1), np.int32)
+    for p in range(n_parts):
+        assert np.isfinite(fused[p]).all(), f"part {p}: outputs unwritten or not finite"
+        assert fused[p].tobytes() == alone[p].tobytes(), f"part {p}: other bytes than its own launch"
+        expected = ref.mul_mat_id(ws[p], w_type, 1, n_outs[p], n_in, x, zeros).reshape(-1)
+        assert ref.relative_error(fused[p], expected) < ref.MUL_MAT_ID_RTOL

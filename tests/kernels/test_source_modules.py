@@ -19,7 +19,7 @@ from expertstream.kernels import MoeKernels, kernel_source, module_types, type_k
 from expertstream.kernels.launcher import TWINS
 from expertstream.kernels.layout import FORMATS
 
-_INSTANCE = re.compile(r"^(?:MOE_(?:MUL_MAT_ID|MUL_MAT_VEC_ID|GATE_UP)\w*|DENSE_GET_ROWS)\((\w+),", re.M)
+_INSTANCE = re.compile(r"^(?:MOE_(?:MUL_MAT_ID|MUL_MAT_VEC_\w+|GATE_UP)\w*|DENSE_GET_ROWS)\((\w+),", re.M)
 # A kernel the shared code defines by name (the per-type ones come from instance macros).
 _SHARED_KERNEL = re.compile(
     r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\)\s+)?(?!__launch_bounds__)(\w+)\('
