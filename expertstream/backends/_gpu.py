@@ -767,7 +767,8 @@ class GpuBackend(Backend):
     def __init__(self, api: ApiTable, *, chained_launches: bool | None = None, **options: Any) -> None:
         """``chained_launches``: launch each kernel chained to the one before it in its stream, where
         the device can (Capabilities.chained_launches); False launches every kernel on its own. None
-        reads $EXPERTSTREAM_CHAINED_LAUNCHES (0 or 1; chained when unset)."""
+        reads $EXPERTSTREAM_CHAINED_LAUNCHES (0 or 1; unset: each on its own, until chained launches
+        have been run and timed on a GPU)."""
         super().__init__()
         if chained_launches is None:
             chained_launches = _chained_from_environment(self.name)
@@ -826,9 +827,9 @@ def _chained_from_environment(backend_name: str) -> bool:
         raise InvalidArgument(
             f"{CHAINED_LAUNCHES_VAR}={value!r} is neither 0 nor 1",
             call=f"expertstream.backend({backend_name!r})",
-            hint=f"set {CHAINED_LAUNCHES_VAR}=0 to launch every kernel on its own, 1 or unset to chain them",
+            hint=f"set {CHAINED_LAUNCHES_VAR}=1 to chain kernel launches, 0 or unset to launch each on its own",
         )
-    return value != "0"
+    return value == "1"
 
 
 @atexit.register

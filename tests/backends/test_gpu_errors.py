@@ -556,13 +556,16 @@ def test_chained_launches_follow_the_environment_and_a_bad_value_is_named(
     fake: FakeGpu, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fake.chains = True
-    for value, chained in (("0", False), ("1", True), ("", True)):
+    for value, chained in (("0", False), ("1", True), ("", False)):
         monkeypatch.setenv("EXPERTSTREAM_CHAINED_LAUNCHES", value)
         with FakeBackend(fake.table()) as be:
             assert be.device(0).capabilities.chained_launches is chained
     monkeypatch.setenv("EXPERTSTREAM_CHAINED_LAUNCHES", "0")
     with FakeBackend(fake.table(), chained_launches=True) as be:  # an explicit option wins
         assert be.device(0).capabilities.chained_launches
+    monkeypatch.delenv("EXPERTSTREAM_CHAINED_LAUNCHES")
+    with FakeBackend(fake.table()) as be:
+        assert not be.device(0).capabilities.chained_launches
     monkeypatch.setenv("EXPERTSTREAM_CHAINED_LAUNCHES", "off")
     with pytest.raises(InvalidArgument, match=r"EXPERTSTREAM_CHAINED_LAUNCHES='off' is neither 0 nor 1"):
         FakeBackend(fake.table())
