@@ -290,6 +290,8 @@ class _Part(Closing):
         self._scratch = _Scratch(self.device, batching.ubatch_tokens, held_rows, model, n_ff_shared)
         rows = batching.ubatch_tokens
         self.zero_ids = uploads.filled(rows * 4, Usage.COMPUTE, functools.partial(np.zeros, rows, np.int32))
+        # The fused router's count of finished blocks: 0 between its launches (routing.router_logits_select).
+        self.router_counter = uploads.filled(4, Usage.COMPUTE, functools.partial(np.zeros, 1, np.int32)).view(0, 4)
         tokens, steps = batching.tokens, batching.decode_steps
         self.embed = self.decode_embed = None
         if first and whole is None:
@@ -959,6 +961,27 @@ class MoeRunner(Closing):
         if selection.is_softmax_topk and extras.router_bias is None and extras.selection_bias is None:
             selection = routing.SELECTED_SOFTMAX  # the same experts and weights in exact arithmetic, fewer operations
         logits = scratch.view("logits", tokens.count * model.n_expert * 4)
+        kernels = tokens.part.kernels
+        if kernels.uses_gemv(tokens.count * model.top_k) and tokens.count <= routing.LOGITS_TOKENS:
+            # A few rows (decode): logits and selection in one launch, the bytes of the two below.
+            routing.router_logits_select(
+                kernels,
+                stream,
+                x,
+                bindings[ROUTER],
+                extras.router_bias,
+                logits,
+                tokens.part.router_counter,
+                extras.selection_bias,
+                selection,
+                tokens.count,
+                model.n_embd,
+                model.n_expert,
+                model.top_k,
+                tokens.ids,
+                route_weights,
+            )
+            return
         routing.router_logits(
             tokens.part.kernels,
             stream,

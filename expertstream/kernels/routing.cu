@@ -37,7 +37,7 @@ __device__ bool router_better(float v, int e, float best_v, int best_e) {
 #define GATING_SOFTMAX_WEIGHT 3
 #define SELECT_THREADS 128        // one block per token in router_select
 #define SELECT_MAX_GROUPS 64
-#define LOGITS_EXPERTS 8          // router logits: experts per block, one 32-thread wave each
+#define LOGITS_EXPERTS 4          // router logits: experts per block, one 32-thread wave each
 #define LOGITS_TOKENS 8           // and tokens per block
 #define LOGITS_THREADS (LOGITS_EXPERTS * 32)
 #define WEIGHTS_SUM_MIN 6.103515625e-5f  // floor of the sum that normalized weights divide by
@@ -63,10 +63,9 @@ __device__ void logits_load4(const float* row, int k, int n, bool wide, float* v
 // added in a fixed tree: the order does not depend on the load width or the launch, so decode's
 // one token and prefill's many get the same logit for the same row. Each wave reads its expert's
 // router row once per LOGITS_TOKENS tokens, 16 bytes at a time where aligned.
-extern "C" __global__ void __launch_bounds__(LOGITS_THREADS) moe_router_logits(
-    const float* __restrict__ x, const float* __restrict__ router, const float* __restrict__ bias,
-    float* __restrict__ logits, int n_tokens, int n_embd, int n_expert, int has_bias) {
-    KERNEL_PROLOGUE();
+__device__ void router_logits_block(const float* __restrict__ x, const float* __restrict__ router,
+                                    const float* __restrict__ bias, float* __restrict__ logits, int n_tokens,
+                                    int n_embd, int n_expert, int has_bias) {
 #if defined(__CUDA_ARCH__)
     float* exchange = 0;
 #else
@@ -110,6 +109,13 @@ extern "C" __global__ void __launch_bounds__(LOGITS_THREADS) moe_router_logits(
             logits[(long long)(t0 + j) * n_expert + e] = has_bias ? sum + bias[e] : sum;
         }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(LOGITS_THREADS) moe_router_logits(
+    const float* __restrict__ x, const float* __restrict__ router, const float* __restrict__ bias,
+    float* __restrict__ logits, int n_tokens, int n_embd, int n_expert, int has_bias) {
+    KERNEL_PROLOGUE();
+    router_logits_block(x, router, bias, logits, n_tokens, n_embd, n_expert, has_bias);
 }
 
 #if defined(__CUDA_ARCH__)
@@ -168,11 +174,12 @@ __device__ void select_block_best(float* cand_v, int* cand_e, float v, int e, fl
     __syncthreads();
 }
 
-extern "C" __global__ void __launch_bounds__(SELECT_THREADS) moe_router_select(
-    const float* __restrict__ logits, const float* __restrict__ sel_bias, int* __restrict__ ids,
-    float* __restrict__ weights, int n_tokens, int n_expert, int top_k, int gating, int has_sel_bias,
-    int n_group, int n_group_used, int norm, float scale) {
-    KERNEL_PROLOGUE();
+// Token t's experts and weights from its logits, by a block of SELECT_THREADS threads. The logits are
+// read as volatile: in moe_router_logits_select other blocks of the same launch wrote them.
+__device__ void router_select_row(const volatile float* logits, const float* __restrict__ sel_bias,
+                                  int* __restrict__ ids, float* __restrict__ weights, int t, int n_expert, int top_k,
+                                  int gating, int has_sel_bias, int n_group, int n_group_used, int norm,
+                                  float scale) {
     __shared__ float probs[ROUTER_MAX_EXPERTS];
     __shared__ float sel[ROUTER_MAX_EXPERTS];
 #if !defined(__CUDA_ARCH__)
@@ -183,17 +190,14 @@ extern "C" __global__ void __launch_bounds__(SELECT_THREADS) moe_router_select(
     __shared__ float cand_v[SELECT_THREADS];
     __shared__ int cand_e[SELECT_THREADS];
     __shared__ int chosen[ROUTER_MAX_K];
-    const int t = blockIdx.x;
-    if (t >= n_tokens) {
-        return;  // the whole block returns together
-    }
     const int tid = threadIdx.x;
-    const float* row = logits + (long long)t * n_expert;
+    const volatile float* row = logits + (long long)t * n_expert;
 
     float local_max = NEG_INFINITY;
     for (int e = tid; e < n_expert; e += SELECT_THREADS) {
-        probs[e] = row[e];
-        local_max = fmaxf(local_max, row[e]);
+        const float logit = row[e];
+        probs[e] = logit;
+        local_max = fmaxf(local_max, logit);
 #if !defined(__CUDA_ARCH__)
         taken[e] = 0;
 #endif
@@ -356,6 +360,52 @@ extern "C" __global__ void __launch_bounds__(SELECT_THREADS) moe_router_select(
             ids[(long long)t * top_k + j] = chosen[j];
             weights[(long long)t * top_k + j] = w[j] * scale;
         }
+    }
+    __syncthreads();  // thread 0 has read probs and chosen: a next row may overwrite them
+}
+
+extern "C" __global__ void __launch_bounds__(SELECT_THREADS) moe_router_select(
+    const float* __restrict__ logits, const float* __restrict__ sel_bias, int* __restrict__ ids,
+    float* __restrict__ weights, int n_tokens, int n_expert, int top_k, int gating, int has_sel_bias,
+    int n_group, int n_group_used, int norm, float scale) {
+    KERNEL_PROLOGUE();
+    if ((int)blockIdx.x >= n_tokens) {
+        return;  // the whole block returns together
+    }
+    router_select_row(logits, sel_bias, ids, weights, blockIdx.x, n_expert, top_k, gating, has_sel_bias, n_group,
+                      n_group_used, norm, scale);
+}
+
+// moe_router_logits then moe_router_select in one launch, for a few tokens (decode): each block writes
+// its logits as moe_router_logits does, then counts itself done in *counter; the last block to count
+// (after every block's logits are visible) selects every token's experts as moe_router_select's
+// blocks do, one token after another, and puts *counter back to 0 for the next launch (it must hold
+// 0 before the first). The bytes of the two launches.
+static_assert(LOGITS_THREADS == SELECT_THREADS, "the last block of moe_router_logits_select selects");
+extern "C" __global__ void __launch_bounds__(LOGITS_THREADS) moe_router_logits_select(
+    const float* __restrict__ x, const float* __restrict__ router, const float* __restrict__ bias,
+    float* logits, int* counter, const float* __restrict__ sel_bias, int* __restrict__ ids,
+    float* __restrict__ weights, int n_tokens, int n_embd, int n_expert, int has_bias, int top_k, int gating,
+    int has_sel_bias, int n_group, int n_group_used, int norm, float scale) {
+    KERNEL_PROLOGUE();
+    __shared__ int last;
+    router_logits_block(x, router, bias, logits, n_tokens, n_embd, n_expert, has_bias);
+    __threadfence();  // this thread's logits are visible to every block before the block counts itself
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(counter, 1) == (int)(gridDim.x * gridDim.y) - 1;
+    }
+    __syncthreads();
+    if (!last) {
+        return;  // the whole block returns together
+    }
+    __threadfence();
+    for (int t = 0; t < n_tokens; ++t) {
+        router_select_row(logits, sel_bias, ids, weights, t, n_expert, top_k, gating, has_sel_bias, n_group,
+                          n_group_used, norm, scale);
+    }
+    if (threadIdx.x == 0) {
+        *counter = 0;
     }
 }
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..backends.base import Stream
+from ..backends.base import KernelArg, Stream
 from ..errors import InvalidArgument
 from . import layout
 from .args import ViewLike, positive, view
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 SELECT_THREADS = 128  # must match routing.cu
 SELECT_MAX_GROUPS = 64
-LOGITS_EXPERTS = 8  # router logits: experts per block (one 32-thread wave each) and tokens per block
+LOGITS_EXPERTS = 4  # router logits: experts per block (one 32-thread wave each) and tokens per block
 LOGITS_TOKENS = 8
 SHARED_GATE_THREADS = 256
 SWIGLU_OAI_ALPHA = 1.702
@@ -127,9 +127,19 @@ def router_select(
     """ids, weights of each token from its logits, as ``routing`` says."""
     call = "router_select"
     positive(call, n_tokens=n_tokens, n_expert=n_expert, top_k=top_k)
+    _check_selection(call, routing, n_expert, top_k)
+    if n_tokens > 2**31 - 1:
+        raise InvalidArgument(f"{n_tokens} tokens are more than one launch handles", call=call)
+    logits_view = view(call, "logits", logits, n_tokens * n_expert * 4)
+    selection = _selection_args(call, logits_view, sel_bias, routing, n_tokens, n_expert, top_k, ids, weights)
+    args = (logits_view, *selection)
+    stream.launch(kernels.kernel("moe_router_select"), n_tokens, SELECT_THREADS, args)
+
+
+def _check_selection(call: str, routing: Routing, n_expert: int, top_k: int) -> None:
     if n_expert > layout.ROUTER_MAX_EXPERTS or top_k > min(n_expert, layout.ROUTER_MAX_K):
         raise InvalidArgument(
-            f"router_select handles at most {layout.ROUTER_MAX_EXPERTS} experts and top_k <= "
+            f"{call} handles at most {layout.ROUTER_MAX_EXPERTS} experts and top_k <= "
             f"min(n_expert, {layout.ROUTER_MAX_K}); got {n_expert} experts, top_k {top_k}",
             call=call,
         )
@@ -144,11 +154,22 @@ def router_select(
             call=call,
             hint=f"groups must split the experts evenly, at least 2 per group, at most {SELECT_MAX_GROUPS} groups",
         )
-    if n_tokens > 2**31 - 1:
-        raise InvalidArgument(f"{n_tokens} tokens are more than one launch handles", call=call)
-    logits_view = view(call, "logits", logits, n_tokens * n_expert * 4)
-    args = (
-        logits_view,
+
+
+def _selection_args(
+    call: str,
+    logits_view: ViewLike,
+    sel_bias: ViewLike | None,
+    routing: Routing,
+    n_tokens: int,
+    n_expert: int,
+    top_k: int,
+    ids: ViewLike,
+    weights: ViewLike,
+) -> tuple[KernelArg, ...]:
+    """The selection's arguments after the logits: sel_bias (the logits where there is none), ids,
+    weights, n_tokens, n_expert, top_k and the routing's knobs."""
+    return (
         logits_view if sel_bias is None else view(call, "sel_bias", sel_bias, n_expert * 4),
         view(call, "ids", ids, n_tokens * top_k * 4),
         view(call, "weights", weights, n_tokens * top_k * 4),
@@ -162,7 +183,55 @@ def router_select(
         np.int32(1 if routing.norm else 0),
         np.float32(routing.scale),
     )
-    stream.launch(kernels.kernel("moe_router_select"), n_tokens, SELECT_THREADS, args)
+
+
+def router_logits_select(
+    kernels: MoeKernels,
+    stream: Stream,
+    x: ViewLike,
+    router: ViewLike,
+    bias: ViewLike | None,
+    logits: ViewLike,
+    counter: ViewLike,
+    sel_bias: ViewLike | None,
+    routing: Routing,
+    n_tokens: int,
+    n_embd: int,
+    n_expert: int,
+    top_k: int,
+    ids: ViewLike,
+    weights: ViewLike,
+) -> None:
+    """``router_logits`` then ``router_select`` in one launch, the same bytes, for at most
+    LOGITS_TOKENS tokens (decode). ``counter``: a device int32 that holds 0 (each launch leaves it
+    so); launches that share one run in one stream's order."""
+    call = "router_logits_select"
+    positive(call, n_tokens=n_tokens, n_embd=n_embd, n_expert=n_expert, top_k=top_k)
+    if n_tokens > LOGITS_TOKENS:
+        raise InvalidArgument(
+            f"{n_tokens} tokens: the fused router takes at most {LOGITS_TOKENS}",
+            call=call,
+            hint="run router_logits and router_select",
+        )
+    _check_selection(call, routing, n_expert, top_k)
+    router_view = view(call, "router", router, n_expert * n_embd * 4)
+    logits_view = view(call, "logits", logits, n_tokens * n_expert * 4)
+    selection = _selection_args(call, logits_view, sel_bias, routing, n_tokens, n_expert, top_k, ids, weights)
+    args = (
+        view(call, "x", x, n_tokens * n_embd * 4),
+        router_view,
+        router_view if bias is None else view(call, "bias", bias, n_expert * 4),
+        logits_view,
+        view(call, "counter", counter, 4, 4),
+        *selection[:3],
+        np.int32(n_tokens),
+        np.int32(n_embd),
+        np.int32(n_expert),
+        np.int32(0 if bias is None else 1),
+        *selection[5:],
+    )
+    grid = (-(-n_expert // LOGITS_EXPERTS), 1)
+    stream.launch(kernels.kernel("moe_router_logits_select"), grid, LOGITS_EXPERTS * 32, args)
 
 
 def swiglu_oai(

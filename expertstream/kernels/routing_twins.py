@@ -112,6 +112,22 @@ def _shared_gate_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
     y *= gate[:, None]
 
 
+# moe_router_logits_select: x, router, bias, logits, counter, sel_bias, ids, weights, n_tokens, n_embd,
+# n_expert, has_bias, top_k, gating, has_sel_bias, n_group, n_group_used, norm, scale
+
+
+def _logits_select_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
+    x, router, bias, logits, _counter, sel_bias, ids, weights, n_tokens, n_embd, n_expert, has_bias = args[:12]
+    _logits_run((x, router, bias, logits, n_tokens, n_embd, n_expert, has_bias), grid, block)
+    _select_run((logits, sel_bias, ids, weights, n_tokens, n_expert, *args[12:]), grid, block)
+
+
+def _logits_select_accesses(args: Args) -> Sequence[Access]:
+    reads = [Access(_as_view(a), write=False) for a in (args[0], args[1], args[2], args[5])]
+    writes = [Access(_as_view(a), write=True) for a in (args[3], args[4], args[6], args[7])]
+    return [*reads, Access(_as_view(args[4]), write=False), *writes]
+
+
 def _shared_gate_accesses(args: Args) -> Sequence[Access]:
     y = _as_view(args[2])
     return [
@@ -136,6 +152,12 @@ def twin_specs() -> list[KernelSpec]:
             _select_run,
             _access(False, False, True, True),
             lambda a: 8.0 * int(a[4]) * int(a[5]) * int(a[6]),
+        ),
+        KernelSpec(
+            "moe_router_logits_select",
+            _logits_select_run,
+            _logits_select_accesses,
+            lambda a: 2.0 * int(a[8]) * int(a[9]) * int(a[10]) + 8.0 * int(a[8]) * int(a[10]) * int(a[12]),
         ),
         KernelSpec("moe_swiglu_oai", _swiglu_oai_run, _access(False, False, True), lambda a: 8.0 * int(a[3])),
         KernelSpec("moe_add_expert_bias", _expert_bias_run, _expert_bias_accesses, lambda a: float(a[3]) * float(a[4])),

@@ -7,6 +7,7 @@ import pytest
 
 from expertstream.backends.base import Device, Stream
 from expertstream.engine.arch import ARCHS, ffn_config
+from expertstream.errors import InvalidArgument
 from expertstream.kernels import MoeKernels, routing
 from expertstream.kernels import reference as ref
 from expertstream.kernels.routing import Gating, Routing
@@ -99,6 +100,43 @@ def test_router_logits_with_bias(device: Device, kernels: MoeKernels, stream: St
     stream.synchronize()
     expected = x.astype(np.float64) @ router.T.astype(np.float64) + bias
     assert ref.relative_error(out.read().view(np.float32).reshape(19, 40), expected) < 1e-5
+
+
+@pytest.mark.parametrize("arch", sorted(ARCH_ROUTING))
+def test_router_logits_select_is_the_bytes_of_the_two_launches(
+    device: Device, kernels: MoeKernels, stream: Stream, rng: np.random.Generator, arch: str
+) -> None:
+    """Decode's router in one launch writes the logits, ids and weights of router_logits then
+    router_select, leaves its counter at 0 (a second launch gives the same bytes), and refuses more
+    tokens than one block row of logits holds."""
+    cfg = ARCH_ROUTING[arch]
+    n_tokens, n_embd, n_expert, top_k = 3, 70, 40, 6
+    x = device.upload(rng.standard_normal((n_tokens, n_embd)).astype(np.float32))
+    router = device.upload(rng.standard_normal((n_expert, n_embd)).astype(np.float32))
+    bias = device.upload(rng.standard_normal(n_expert).astype(np.float32))
+    sel_bias = device.upload(rng.standard_normal(n_expert).astype(np.float32)) if cfg.n_group > 1 else None
+    counter = device.upload(np.zeros(1, np.int32))
+    outputs = []
+    for fused in (False, True, True):
+        logits = poisoned(device, n_tokens * n_expert * 4)
+        ids, weights = poisoned(device, n_tokens * top_k * 4), poisoned(device, n_tokens * top_k * 4)
+        if fused:
+            routing.router_logits_select(
+                kernels, stream, x, router, bias, logits, counter, sel_bias, cfg, n_tokens, n_embd, n_expert, top_k,
+                ids, weights,
+            )  # fmt: skip
+        else:
+            routing.router_logits(kernels, stream, x, router, bias, logits, n_tokens, n_embd, n_expert)
+            routing.router_select(kernels, stream, logits, sel_bias, cfg, n_tokens, n_expert, top_k, ids, weights)
+        stream.synchronize()
+        outputs.append([buf.read().tobytes() for buf in (logits, ids, weights)])
+    assert np.isfinite(np.frombuffer(outputs[0][2], np.float32)).all()
+    assert outputs[1] == outputs[0] and outputs[2] == outputs[0]
+    assert counter.read().view(np.int32).tolist() == [0]
+    with pytest.raises(InvalidArgument, match="at most 8"):
+        routing.router_logits_select(
+            kernels, stream, x, router, bias, logits, counter, sel_bias, cfg, 9, n_embd, n_expert, top_k, ids, weights
+        )
 
 
 def test_swiglu_oai(device: Device, kernels: MoeKernels, stream: Stream, rng: np.random.Generator) -> None:

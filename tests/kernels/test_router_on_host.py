@@ -20,6 +20,7 @@ from expertstream.kernels import kernel_source, routing
 from expertstream.kernels.program import source_file
 
 from .test_kernels_on_host import _FIBERS, CXX, compile_on_host, shared_code
+from .test_router_arch import ARCH_ROUTING
 
 _DRIVER = (
     _FIBERS
@@ -101,3 +102,111 @@ def test_the_launch_shape_is_the_kernels() -> None:
     assert routing.LOGITS_EXPERTS * 32 <= 1024
     assert f"#define LOGITS_EXPERTS {routing.LOGITS_EXPERTS} " in source_file("routing.cu")
     assert f"#define LOGITS_TOKENS {routing.LOGITS_TOKENS} " in source_file("routing.cu")
+
+
+_FUSED_DRIVER = (
+    _FIBERS
+    + """
+// stdin: n_tokens, n_embd, n_expert, has_bias, top_k, gating, has_sel_bias, n_group, n_group_used, norm (int32),
+// scale (float32), x, router, bias, sel_bias. stdout: logits, ids, weights of the two launches, then of the
+// fused launch (its blocks in reverse order) twice, then the counter after each block of both.
+int main() {
+    std::vector<int> h = read_array<int>(10);
+    const int n_tokens = h[0], n_embd = h[1], n_expert = h[2], has_bias = h[3], top_k = h[4], gating = h[5];
+    const int has_sel_bias = h[6], n_group = h[7], n_group_used = h[8], norm = h[9];
+    const float scale = read_array<float>(1)[0];
+    std::vector<float> x = read_array<float>((size_t)n_tokens * n_embd);
+    std::vector<float> r = read_array<float>((size_t)n_expert * n_embd);
+    std::vector<float> bias = read_array<float>(n_expert);
+    std::vector<float> sel_bias = read_array<float>(n_expert);
+    std::vector<float> logits((size_t)n_tokens * n_expert, NAN), weights((size_t)n_tokens * top_k, NAN);
+    std::vector<int> ids((size_t)n_tokens * top_k, -7);
+    auto out = [&] {
+        fwrite(logits.data(), sizeof(float), logits.size(), stdout);
+        fwrite(ids.data(), sizeof(int), ids.size(), stdout);
+        fwrite(weights.data(), sizeof(float), weights.size(), stdout);
+        std::fill(logits.begin(), logits.end(), NAN);
+        std::fill(weights.begin(), weights.end(), NAN);
+        std::fill(ids.begin(), ids.end(), -7);
+    };
+    const unsigned grid_x = (n_expert + LOGITS_EXPERTS - 1) / LOGITS_EXPERTS;
+    gridDim = EsDim3{grid_x, 1, 1};
+    blockDim = EsDim3{LOGITS_THREADS, 1, 1};
+    for (unsigned bx = 0; bx < grid_x; ++bx) {
+        blockIdx = EsDim3{bx, 0, 0};
+        run_block(LOGITS_THREADS, [&] {
+            moe_router_logits(x.data(), r.data(), bias.data(), logits.data(), n_tokens, n_embd, n_expert, has_bias);
+        });
+    }
+    gridDim = EsDim3{(unsigned)n_tokens, 1, 1};
+    blockDim = EsDim3{SELECT_THREADS, 1, 1};
+    for (unsigned bx = 0; bx < (unsigned)n_tokens; ++bx) {
+        blockIdx = EsDim3{bx, 0, 0};
+        run_block(SELECT_THREADS, [&] {
+            moe_router_select(logits.data(), sel_bias.data(), ids.data(), weights.data(), n_tokens, n_expert, top_k,
+                              gating, has_sel_bias, n_group, n_group_used, norm, scale);
+        });
+    }
+    out();
+    int counter = 0;
+    std::vector<int> counts;
+    for (int launch = 0; launch < 2; ++launch) {
+        gridDim = EsDim3{grid_x, 1, 1};
+        blockDim = EsDim3{LOGITS_THREADS, 1, 1};
+        for (unsigned bx = grid_x; bx-- > 0;) {
+            blockIdx = EsDim3{bx, 0, 0};
+            run_block(LOGITS_THREADS, [&] {
+                moe_router_logits_select(x.data(), r.data(), bias.data(), logits.data(), &counter, sel_bias.data(),
+                                         ids.data(), weights.data(), n_tokens, n_embd, n_expert, has_bias, top_k,
+                                         gating, has_sel_bias, n_group, n_group_used, norm, scale);
+            });
+            counts.push_back(counter);
+        }
+        out();
+    }
+    fwrite(counts.data(), sizeof(int), counts.size(), stdout);
+    return 0;
+}
+"""
+)
+
+
+@pytest.fixture(scope="module")
+def host_fused_router(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if CXX is None:
+        pytest.skip("no C++ compiler (c++, g++ or clang++) on PATH")
+    routing_cu = source_file("routing.cu")
+    kernels = routing_cu[: routing_cu.index("// gpt-oss's SwiGLU")]  # the router's kernels, before the FFN pieces
+    code = shared_code(kernel_source(())) + kernels + _FUSED_DRIVER
+    return compile_on_host(tmp_path_factory.mktemp("fused_router"), "fused_router", code)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCH_ROUTING))
+@pytest.mark.parametrize("n_tokens", [1, 3])
+def test_fused_router_is_the_bytes_of_logits_then_select(
+    host_fused_router: Path, rng: np.random.Generator, arch: str, n_tokens: int
+) -> None:
+    """moe_router_logits_select, decode's router in one launch, writes the logits, ids and weights the
+    two launches write, whichever block counts itself last; each block counts itself once and only the
+    last selects, leaving the counter at 0 for the next launch."""
+    cfg = ARCH_ROUTING[arch]
+    n_embd, n_expert, top_k = 96, 40, 6
+    x = rng.standard_normal((n_tokens, n_embd)).astype(np.float32)
+    router = rng.standard_normal((n_expert, n_embd)).astype(np.float32)
+    bias = rng.standard_normal(n_expert).astype(np.float32)
+    sel_bias = rng.standard_normal(n_expert).astype(np.float32)
+    has_sel_bias = int(cfg.gating is routing.Gating.SIGMOID)
+    fields = (n_tokens, n_embd, n_expert, 1, top_k, int(cfg.gating), has_sel_bias, max(cfg.n_group, 1))
+    header = struct.pack("10i", *fields, cfg.n_group_used, int(cfg.norm)) + struct.pack("f", cfg.scale)
+    data = header + x.tobytes() + router.tobytes() + bias.tobytes() + sel_bias.tobytes()
+    run = subprocess.run([str(host_fused_router)], input=data, capture_output=True, check=True)
+    sizes = (n_tokens * n_expert * 4, n_tokens * top_k * 4, n_tokens * top_k * 4)
+    runs = [run.stdout[i * sum(sizes) : (i + 1) * sum(sizes)] for i in range(3)]
+    blocks = -(-n_expert // routing.LOGITS_EXPERTS)
+    counts = list(np.frombuffer(run.stdout[3 * sum(sizes) :], np.int32))
+    assert counts == [*range(1, blocks), 0] * 2, "blocks did not count themselves, or the last did not reset"
+    two_launches = runs[0]
+    ids = np.frombuffer(two_launches[sizes[0] : sizes[0] + sizes[1]], np.int32)
+    assert ((ids >= 0) & (ids < n_expert)).all() and np.isfinite(np.frombuffer(two_launches, np.float32)[:1]).all()
+    assert runs[1] == two_launches, "the fused launch wrote other bytes than the two launches"
+    assert runs[2] == two_launches, "a second fused launch (the counter reused) wrote other bytes"
