@@ -211,6 +211,8 @@ class Blocks(Closing):
         self.kernels.scratch(
             "attention", attention_kernels.decode_scratch_bytes(tokens, spec.n_head, spec.head_dim, self.n_ctx)
         )
+        counters = attention_kernels.decode_counters(tokens, spec.n_head, spec.n_head_kv)
+        self.kernels.zeroed("attention_counters", counters * 4)
 
     def _view(self, name: str, rows: int, width: int) -> BufferView:
         if rows > self.rows:

@@ -370,74 +370,132 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_decode_d128(ATTN
     attn_decode_chunk<128>(ATTN_DECODE_ARGS);
 }
 
-// out[t, h, d] from the chunks of row (t, h) that its visible range touches. One block per (head, token)
-// = (blockIdx.x, blockIdx.y) of head_dim * ATTN_COMBINE_STRANDS threads: thread (s, d), s = threadIdx.x /
-// head_dim, adds the row's chunks s, s + ATTN_COMBINE_STRANDS, ... in ascending order for its d; the
-// strands' maxima meet first (a max is exact in any order), then their sums in strand order. At 32768
-// keys a row has 512 chunks: one strand of them was a chain of 1024 dependent loads per thread, in a
-// launch of only n_head blocks for a token.
+// out[t, h, :] from the chunks of row (t, h) that its visible range touches, by the whole block: (strand s,
+// d) for s < ATTN_COMBINE_STRANDS adds the row's chunks s, s + ATTN_COMBINE_STRANDS, ... in ascending order
+// for its d (each thread takes every blockDim.x-th (s, d)); the strands' maxima meet first (a max is exact
+// in any order), then their sums in strand order. So the bytes do not depend on the block size. At 32768
+// keys a row has 512 chunks: one strand of them was a chain of 1024 dependent loads per thread, in a launch
+// of only n_head blocks for a token. The partials are read as volatile: in attn_decode_fused_d* other
+// blocks of the same launch wrote them.
 #define ATTN_COMBINE_STRANDS 4
 #define ATTN_COMBINE_MAX_D 128  // head_dim at most (the decode kernels' widest)
+__device__ void attn_combine_row(const volatile float* partial_ml, const volatile float* partial_o,
+                                 const int* __restrict__ positions, const float* __restrict__ sinks,
+                                 float* __restrict__ out, int t, int h, int n_tokens, int kv_len, int n_head,
+                                 int window, int n_chunks, int head_dim) {
+    __shared__ float strand_top[ATTN_COMBINE_STRANDS];
+    __shared__ float strand_l[ATTN_COMBINE_STRANDS];
+    __shared__ float strand_o[ATTN_COMBINE_STRANDS * ATTN_COMBINE_MAX_D];
+    const int tid = threadIdx.x;
+    int lo, hi;
+    attn_visible(positions, t, n_tokens, kv_len, window, &lo, &hi);
+    const int c_first = lo / ATTN_DECODE_CHUNK;
+    const int c_last = lo <= hi ? hi / ATTN_DECODE_CHUNK : c_first - 1;
+    const long long base = ((long long)t * n_head + h) * n_chunks;
+    for (int s = tid; s < ATTN_COMBINE_STRANDS; s += blockDim.x) {
+        float top = ATTN_NEG_INF;
+        for (int c = c_first + s; c <= c_last; c += ATTN_COMBINE_STRANDS) {
+            top = fmaxf(top, partial_ml[2 * (base + c)]);
+        }
+        strand_top[s] = top;
+    }
+    __syncthreads();
+    float top = sinks ? sinks[h] : ATTN_NEG_INF;
+#pragma unroll
+    for (int i = 0; i < ATTN_COMBINE_STRANDS; ++i) {
+        top = fmaxf(top, strand_top[i]);
+    }
+    for (int i = tid; i < ATTN_COMBINE_STRANDS * head_dim; i += blockDim.x) {
+        const int strand = i / head_dim;
+        const int d = i % head_dim;
+        float l = 0.0f;
+        float o = 0.0f;
+        for (int c = c_first + strand; c <= c_last; c += ATTN_COMBINE_STRANDS) {
+            const float m = partial_ml[2 * (base + c)];
+            if (m != ATTN_NEG_INF) {
+                const float w = expf(m - top);
+                l = fmaf(partial_ml[2 * (base + c) + 1], w, l);
+                o = fmaf(partial_o[(base + c) * head_dim + d], w, o);
+            }
+        }
+        if (d == 0) {
+            strand_l[strand] = l;
+        }
+        strand_o[strand * head_dim + d] = o;
+    }
+    __syncthreads();
+    for (int d = tid; d < head_dim; d += blockDim.x) {
+        float l = strand_l[0];
+        float o = strand_o[d];
+#pragma unroll
+        for (int i = 1; i < ATTN_COMBINE_STRANDS; ++i) {
+            l += strand_l[i];
+            o += strand_o[i * head_dim + d];
+        }
+        if (sinks) {
+            l += expf(sinks[h] - top);
+        }
+        out[((long long)t * n_head + h) * head_dim + d] = l > 0.0f ? o / l : 0.0f;
+    }
+    __syncthreads();  // a next row may overwrite the strands' sums
+}
+
+// One block per (head, token) = (blockIdx.x, blockIdx.y), head_dim * ATTN_COMBINE_STRANDS threads.
 extern "C" __global__ void attn_decode_combine(const float* __restrict__ partial_ml,
                                                const float* __restrict__ partial_o, const int* __restrict__ positions,
                                                const float* __restrict__ sinks, float* __restrict__ out,
                                                int n_tokens, int kv_len, int n_head, int window, int n_chunks,
                                                int head_dim) {
     KERNEL_PROLOGUE();
-    __shared__ float strand_top[ATTN_COMBINE_STRANDS];
-    __shared__ float strand_l[ATTN_COMBINE_STRANDS];
-    __shared__ float strand_o[ATTN_COMBINE_STRANDS * ATTN_COMBINE_MAX_D];
-    const int h = blockIdx.x;
-    const int t = blockIdx.y;
-    const int d = threadIdx.x % head_dim;
-    const int strand = threadIdx.x / head_dim;
-    int lo, hi;
-    attn_visible(positions, t, n_tokens, kv_len, window, &lo, &hi);
-    const int c_first = lo / ATTN_DECODE_CHUNK;
-    const int c_last = lo <= hi ? hi / ATTN_DECODE_CHUNK : c_first - 1;
-    const long long base = ((long long)t * n_head + h) * n_chunks;
-    float top = ATTN_NEG_INF;
-    for (int c = c_first + strand; c <= c_last; c += ATTN_COMBINE_STRANDS) {
-        top = fmaxf(top, partial_ml[2 * (base + c)]);
-    }
-    if (d == 0) {
-        strand_top[strand] = top;
+    attn_combine_row(partial_ml, partial_o, positions, sinks, out, blockIdx.y, blockIdx.x, n_tokens, kv_len, n_head,
+                     window, n_chunks, head_dim);
+}
+
+// attn_decode_d* then attn_decode_combine in one launch (the grid and block of attn_decode_d*): each block
+// writes its chunk's partials, then counts itself done in counters[blockIdx.z * gridDim.y + blockIdx.y]; the
+// last of that (KV head, rows) group's n_chunks blocks to count, once every block's partials are visible,
+// combines the group's rows as attn_decode_combine does and puts the counter back to 0 for the next launch
+// (each must hold 0 before the first). The bytes of the two launches.
+template <int D>
+__device__ void attn_decode_fused(ATTN_DECODE_PARAMS, const float* __restrict__ sinks, float* __restrict__ out,
+                                  int* counters) {
+    __shared__ int last;
+    attn_decode_chunk<D>(ATTN_DECODE_ARGS);  // a block whose chunk no row sees writes nothing, but counts
+    __threadfence();  // this thread's partials are visible to every block before the block counts itself
+    __syncthreads();
+    int* counter = counters + blockIdx.z * gridDim.y + blockIdx.y;
+    if (threadIdx.x == 0) {
+        last = atomicAdd(counter, 1) == (int)gridDim.x - 1;
     }
     __syncthreads();
-    top = sinks ? sinks[h] : ATTN_NEG_INF;
-#pragma unroll
-    for (int i = 0; i < ATTN_COMBINE_STRANDS; ++i) {
-        top = fmaxf(top, strand_top[i]);
+    if (!last) {
+        return;  // the whole block returns together
     }
-    float l = 0.0f;
-    float o = 0.0f;
-    for (int c = c_first + strand; c <= c_last; c += ATTN_COMBINE_STRANDS) {
-        const float m = partial_ml[2 * (base + c)];
-        if (m != ATTN_NEG_INF) {
-            const float w = expf(m - top);
-            l = fmaf(partial_ml[2 * (base + c) + 1], w, l);
-            o = fmaf(partial_o[(base + c) * head_dim + d], w, o);
+    __threadfence();
+    const int group = n_head / n_head_kv;
+    for (int r = 0; r < ATTN_DECODE_ROWS; ++r) {
+        const int row = blockIdx.z * ATTN_DECODE_ROWS + r;
+        if (row / group >= n_tokens) {
+            break;
         }
+        attn_combine_row(partial_ml, partial_o, positions, sinks, out, row / group, blockIdx.y * group + row % group,
+                         n_tokens, kv_len, n_head, window, n_chunks, D);
     }
-    if (d == 0) {
-        strand_l[strand] = l;
+    if (threadIdx.x == 0) {
+        *counter = 0;
     }
-    strand_o[strand * head_dim + d] = o;
-    __syncthreads();
-    if (strand != 0) {
-        return;
-    }
-    l = strand_l[0];
-    o = strand_o[d];
-#pragma unroll
-    for (int i = 1; i < ATTN_COMBINE_STRANDS; ++i) {
-        l += strand_l[i];
-        o += strand_o[i * head_dim + d];
-    }
-    if (sinks) {
-        l += expf(sinks[h] - top);
-    }
-    out[((long long)t * n_head + h) * head_dim + d] = l > 0.0f ? o / l : 0.0f;
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_decode_fused_d64(
+    ATTN_DECODE_PARAMS, const float* __restrict__ sinks, float* __restrict__ out, int* counters) {
+    KERNEL_PROLOGUE();
+    attn_decode_fused<64>(ATTN_DECODE_ARGS, sinks, out, counters);
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_decode_fused_d128(
+    ATTN_DECODE_PARAMS, const float* __restrict__ sinks, float* __restrict__ out, int* counters) {
+    KERNEL_PROLOGUE();
+    attn_decode_fused<128>(ATTN_DECODE_ARGS, sinks, out, counters);
 }
 
 // ---------------------------------------------------------------------------------

@@ -11,9 +11,12 @@
   FMAs.
 - decode (a few tokens): split-K over chunks of ``DECODE_CHUNK`` keys, so one token's attention
   over a long cache spreads over the whole GPU: each block writes its rows' running max, sum and
-  unnormalized output into scratch, and a combine kernel merges a row's chunks in ascending order.
-  Chunks past a token's position return at once. The scratch is the MoeKernels instance's own
-  (``decode_scratch_bytes``), so attention calls on concurrent streams need their own instances.
+  unnormalized output into scratch, and the last block of each KV head's rows to finish (a counter
+  per group, put back to 0) merges its rows' chunks in ascending order, in the same launch
+  (``fused=False``: a second launch of a combine kernel does, the same bytes). Chunks past a
+  token's position write nothing. The scratch and counters are the MoeKernels instance's own
+  (``decode_scratch_bytes``, ``decode_counters``), so attention calls on concurrent streams need
+  their own instances.
 
 Results never depend on timing, nor on ``kv_len`` beyond the rows a query sees: a captured decode
 step replayed with kv_len = the cache size gives the bytes an eager call with just enough rows
@@ -74,6 +77,11 @@ def decode_scratch_bytes(n_tokens: int, n_head: int, head_dim: int, kv_len: int)
     return ml_bytes + n_tokens * n_head * decode_chunks(kv_len) * head_dim * 4
 
 
+def decode_counters(n_tokens: int, n_head: int, n_head_kv: int) -> int:
+    """How many int32 counters a fused decode call takes: one per (KV head, block of rows)."""
+    return n_head_kv * -(-n_tokens * (n_head // n_head_kv) // DECODE_ROWS)
+
+
 def _ml_bytes(partials: int) -> int:
     return -(-partials * 8 // _SCRATCH_ALIGN) * _SCRATCH_ALIGN
 
@@ -95,6 +103,7 @@ def attention(
     scale: float,
     window: int = 0,
     sinks: ViewLike | None = None,
+    fused: bool = True,
 ) -> None:
     """out[i, h, :] = softmax_j(scale * q[i, h, :] . k[j, g, :]) @ v[j, g, :], g = h // (n_head // n_head_kv).
 
@@ -136,12 +145,14 @@ def attention(
     partial_ml = BufferView(scratch.buffer, scratch.offset, n_tokens * n_head * n_chunks * 8)
     partial_o = BufferView(scratch.buffer, scratch.offset + ml_bytes, scratch.nbytes - ml_bytes)
     group = n_head // n_head_kv
-    stream.launch(
-        kernels.kernel(f"attn_decode_d{head_dim}"),
-        (n_chunks, n_head_kv, -(-n_tokens * group // DECODE_ROWS)),
-        THREADS,
-        (*views, partial_ml, partial_o, pos_view, *shape, np.float32(scale), np.int32(n_chunks)),
-    )
+    grid = (n_chunks, n_head_kv, -(-n_tokens * group // DECODE_ROWS))
+    decode_args = (*views, partial_ml, partial_o, pos_view, *shape, np.float32(scale), np.int32(n_chunks))
+    if fused:
+        counters = kernels.zeroed("attention_counters", decode_counters(n_tokens, n_head, n_head_kv) * 4)
+        fused_args = (*decode_args, sinks_arg, out_view, counters)
+        stream.launch(kernels.kernel(f"attn_decode_fused_d{head_dim}"), grid, THREADS, fused_args)
+        return
+    stream.launch(kernels.kernel(f"attn_decode_d{head_dim}"), grid, THREADS, decode_args)
     stream.launch(
         kernels.kernel("attn_decode_combine"),
         (n_head, n_tokens),
@@ -187,6 +198,7 @@ __all__ = [
     "HEAD_DIMS",
     "attention",
     "decode_chunks",
+    "decode_counters",
     "decode_scratch_bytes",
     "uses_matrix_cores",
 ]

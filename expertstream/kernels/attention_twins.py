@@ -155,6 +155,19 @@ def _combine_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
         out[t] = np.divide(o, total[:, None], out=np.zeros_like(o), where=total[:, None] > 0)
 
 
+def _fused_decode_runner(head_dim: int) -> Run:
+    """attn_decode_fused_d*: the decode launch's args, then sinks, out and the counters."""
+    decode = _decode_runner(head_dim)
+
+    def run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
+        decode(args[:13], grid, block)
+        ml_b, o_b, pos_b, n_tokens, kv_len, n_head, window, n_chunks = (*args[3:6], *args[6:9], args[10], args[12])
+        combine = (ml_b, o_b, pos_b, args[13], args[14], n_tokens, kv_len, n_head, window, n_chunks, head_dim)
+        _combine_run(combine, grid, block)
+
+    return run
+
+
 def _attention_flops(args: Args) -> float:
     n_tokens, kv_len, n_head = int(args[6]), int(args[7]), int(args[8])
     head_dim = _as_view(args[0]).nbytes // (4 * n_tokens * n_head)
@@ -179,6 +192,14 @@ def twin_specs() -> list[KernelSpec]:
         specs.append(
             KernelSpec(
                 f"attn_decode_d{head_dim}", _decode_runner(head_dim), _accesses((0, 1, 2, 5), (3, 4)), _attention_flops
+            )
+        )
+        specs.append(
+            KernelSpec(
+                f"attn_decode_fused_d{head_dim}",
+                _fused_decode_runner(head_dim),
+                _accesses((0, 1, 2, 5, 13, 15), (3, 4, 14, 15)),
+                _attention_flops,
             )
         )
     return specs

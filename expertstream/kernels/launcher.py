@@ -932,6 +932,18 @@ class MoeKernels(Closing):
             buffers.append(current)
         return current.view(0, nbytes)
 
+    def zeroed(self, owner: str, nbytes: int) -> BufferView:
+        """``nbytes`` of device memory for ``owner`` that held zeros when allocated, grown (to fresh
+        zeros) when a call needs more: counters a kernel puts back to 0 before it ends. Calls of one
+        owner share it, so they must run in one stream's order."""
+        buffers = self._scratch.setdefault(owner, [])
+        current = buffers[-1] if buffers else None
+        if current is None or current.nbytes < nbytes:
+            size = 1 << max(8, (nbytes - 1).bit_length())
+            current = self.device.upload(np.zeros(size, np.uint8), Usage.COMPUTE)
+            buffers.append(current)
+        return current.view(0, nbytes)
+
     @property
     def scratch_bytes(self) -> int:
         """Device bytes the instance's scratch holds now (every owner's buffers, earlier ones too)."""

@@ -127,7 +127,9 @@ def make_inputs(device: Device, rng: np.random.Generator, case: Case) -> Inputs:
     return make_inputs_on_host(rng, case).upload(device)
 
 
-def run(kernels: MoeKernels, stream: Stream, inputs: Inputs, kv_len: int | None = None) -> np.ndarray:
+def run(
+    kernels: MoeKernels, stream: Stream, inputs: Inputs, kv_len: int | None = None, fused: bool = True
+) -> np.ndarray:
     """out [n_tokens, n_head, head_dim] from a freshly poisoned buffer."""
     c = inputs.case
     b = inputs.buffers
@@ -148,6 +150,7 @@ def run(kernels: MoeKernels, stream: Stream, inputs: Inputs, kv_len: int | None 
         scale=inputs.scale,
         window=c.window,
         sinks=b.get("sinks"),
+        fused=fused,
     )
     stream.synchronize()
     result = out.read().view(np.float32).reshape(c.n_tokens, c.n_head, c.head_dim).copy()
@@ -204,6 +207,19 @@ def test_kv_len_past_the_positions_changes_no_byte(
     assert np.isfinite(just_enough).all()
     np.testing.assert_array_equal(whole_cache.view(np.uint32), just_enough.view(np.uint32))
     np.testing.assert_array_equal(again.view(np.uint32), just_enough.view(np.uint32))
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.n_tokens <= DECODE_MAX_TOKENS], ids=str)
+def test_fused_decode_is_the_bytes_of_two_launches(
+    device: Device, kernels: MoeKernels, stream: Stream, rng: np.random.Generator, case: Case
+) -> None:
+    """Decode's attention in one launch (the last block of a KV head's rows combines them) writes
+    what the decode and combine launches write, again on a second launch (its counters back to 0)."""
+    inputs = make_inputs(device, rng, case)
+    two_launches = run(kernels, stream, inputs, fused=False)
+    assert np.isfinite(two_launches).all()
+    for _ in range(2):
+        np.testing.assert_array_equal(run(kernels, stream, inputs).view(np.uint32), two_launches.view(np.uint32))
 
 
 def test_rows_past_kv_len_stay_unseen(

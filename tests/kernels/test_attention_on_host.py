@@ -26,7 +26,7 @@ from expertstream.kernels.program import source_file
 from .test_attention import RTOL_F16, RTOL_F32, Case, make_inputs_on_host, worst_row_error
 from .test_kernels_on_host import _FIBERS, CXX, build_on_host
 
-SIMT, MATRIX_GENERIC, DECODE = 0, 1, 2
+SIMT, MATRIX_GENERIC, DECODE, FUSED_DECODE = 0, 1, 2, 3
 
 _DRIVER = (
     _FIBERS
@@ -35,6 +35,8 @@ typedef void (*Prefill)(const float*, const unsigned short*, const unsigned shor
                         int, int, int, int, int, float);
 typedef void (*Decode)(const float*, const unsigned short*, const unsigned short*, float*, float*, const int*, int,
                        int, int, int, int, float, int);
+typedef void (*FusedDecode)(const float*, const unsigned short*, const unsigned short*, float*, float*, const int*, int,
+                            int, int, int, int, float, int, const float*, float*, int*);
 
 static void launch(unsigned gx, unsigned gy, unsigned gz, unsigned threads, const std::function<void()>& body) {
     gridDim = EsDim3{gx, gy, gz};
@@ -49,8 +51,11 @@ static void launch(unsigned gx, unsigned gy, unsigned gz, unsigned threads, cons
     }
 }
 
-// argv: mode (0 SIMT prefill, 1 matrix-core prefill, 2 decode). stdin: n_tokens, kv_len, n_head,
-// n_head_kv, head_dim, window, has_sinks, scale, q, k, v, positions, sinks. stdout: out.
+// argv: mode (0 SIMT prefill, 1 matrix-core prefill, 2 decode, 3 fused decode: twice, its blocks in reverse
+// order, each partial NaN before; exit 4 where a block's count is not the blocks of its group run so far
+// (0 after the last), 3 where a counter is not back to 0). stdin: n_tokens, kv_len,
+// n_head, n_head_kv, head_dim, window, has_sinks, scale, q, k, v, positions, sinks. stdout: out (for 3,
+// each launch's).
 int main(int argc, char** argv) {
     const int mode = atoi(argv[1]);
     std::vector<int> shape = read_array<int>(7);
@@ -65,7 +70,7 @@ int main(int argc, char** argv) {
     const float* sinks_at = has_sinks ? sinks.data() : nullptr;
     std::vector<float> out((size_t)n_tokens * n_head * head_dim, NAN);
     const int wide = head_dim == 128;
-    if (mode != 2) {
+    if (mode < 2) {
         Prefill prefill[2][2] = {{attn_prefill_simt_d64, attn_prefill_simt_d128},
                                  {attn_prefill_mma_d64, attn_prefill_mma_d128}};
         const int rows = mode ? ATTN_MMA_ROWS : ATTN_PREFILL_ROWS;
@@ -73,6 +78,37 @@ int main(int argc, char** argv) {
             prefill[mode][wide](q.data(), k.data(), v.data(), out.data(), positions.data(), sinks_at, n_tokens,
                                 kv_len, n_head, n_head_kv, window, scale);
         });
+    } else if (mode == 3) {
+        FusedDecode fused[2] = {attn_decode_fused_d64, attn_decode_fused_d128};
+        const int n_chunks = (kv_len + ATTN_DECODE_CHUNK - 1) / ATTN_DECODE_CHUNK;
+        const int group = n_head / n_head_kv;
+        const unsigned gz = (n_tokens * group + ATTN_DECODE_ROWS - 1) / ATTN_DECODE_ROWS;
+        std::vector<int> counters(n_head_kv * gz, 0);
+        for (int pass = 0; pass < 2; ++pass) {
+            std::vector<float> ml((size_t)n_tokens * n_head * n_chunks * 2, NAN);
+            std::vector<float> partial((size_t)n_tokens * n_head * n_chunks * head_dim, NAN);
+            std::fill(out.begin(), out.end(), NAN);
+            gridDim = EsDim3{(unsigned)n_chunks, (unsigned)n_head_kv, gz};
+            blockDim = EsDim3{ATTN_THREADS, 1, 1};
+            for (unsigned z = gz; z-- > 0;) {
+                for (unsigned y = n_head_kv; y-- > 0;) {
+                    for (unsigned x = n_chunks; x-- > 0;) {
+                        blockIdx = EsDim3{x, y, z};
+                        run_block(ATTN_THREADS, [&] {
+                            fused[wide](q.data(), k.data(), v.data(), ml.data(), partial.data(), positions.data(),
+                                        n_tokens, kv_len, n_head, n_head_kv, window, scale, n_chunks, sinks_at,
+                                        out.data(), counters.data());
+                        });
+                        // each block counts itself once; only the group's last puts the count back to 0
+                        if (counters[z * n_head_kv + y] != (int)(n_chunks - x) % n_chunks) exit(4);
+                    }
+                }
+            }
+            for (int c : counters) {
+                if (c != 0) exit(3);
+            }
+            if (pass == 0) fwrite(out.data(), sizeof(float), out.size(), stdout);  // the second after the branches
+        }
     } else {
         Decode decode[2] = {attn_decode_d64, attn_decode_d128};
         const int n_chunks = (kv_len + ATTN_DECODE_CHUNK - 1) / ATTN_DECODE_CHUNK;
@@ -114,8 +150,8 @@ def run_on_host(binary: Path, mode: int, case: Case, rng: np.random.Generator) -
         parts.append(inputs.sinks)
     data = header + b"".join(np.ascontiguousarray(p).tobytes() for p in parts)
     run = subprocess.run([str(binary), str(mode)], input=data, capture_output=True, check=True)
-    out = np.frombuffer(run.stdout, np.float32).reshape(c.n_tokens, c.n_head, c.head_dim)
-    return out, inputs.reference()
+    out = np.frombuffer(run.stdout, np.float32).reshape(-1, c.n_tokens, c.n_head, c.head_dim)
+    return out[0] if out.shape[0] == 1 else out, inputs.reference()
 
 
 @pytest.mark.parametrize(
@@ -145,3 +181,30 @@ def test_the_launcher_gives_the_combine_its_strands() -> None:
     source = source_file("attention.cu")
     assert f"#define ATTN_COMBINE_STRANDS {attention.COMBINE_STRANDS}\n" in source
     assert f"#define ATTN_COMBINE_MAX_D {max(attention.HEAD_DIMS)} " in source
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        Case(1, 0, 2, 2, 64),
+        Case(1, 700, 8, 2, 128, sinks=True, extra_rows=100),
+        Case(3, 600, 8, 2, 64, window=300, sinks=True, extra_rows=200),
+        Case(2, 270, 4, 1, 128, extra_rows=500),
+        Case(5, 130, 16, 4, 64, window=70),
+    ],
+    ids=str,
+)
+def test_fused_decode_is_the_bytes_of_decode_then_combine(
+    attention_kernels: Path, rng: np.random.Generator, case: Case
+) -> None:
+    """attn_decode_fused_d*, decode's attention in one launch (the last block of each KV head's rows
+    combines them), writes the bytes of the decode launch then the combine launch, whichever block
+    finishes last; a second launch with the same counters writes them again (each counter back to 0)."""
+    inputs_seed = int(rng.integers(1 << 30))
+    two_launches, expected = run_on_host(attention_kernels, DECODE, case, np.random.default_rng(inputs_seed))
+    fused, _ = run_on_host(attention_kernels, FUSED_DECODE, case, np.random.default_rng(inputs_seed))
+    assert np.isfinite(fused).all(), "outputs unwritten or not finite"
+    assert fused.shape == (2, *two_launches.shape), "the fused launches wrote no two outputs"
+    assert fused[0].tobytes() == two_launches.tobytes(), "the fused launch wrote other bytes than the two launches"
+    assert fused[1].tobytes() == two_launches.tobytes(), "a second fused launch (the counters reused) wrote other bytes"
+    assert worst_row_error(fused[0], expected) < RTOL_F32
