@@ -12,9 +12,11 @@
 - decode (a few tokens): split-K over chunks of ``DECODE_CHUNK`` keys, so one token's attention
   over a long cache spreads over the whole GPU: each block writes its rows' running max, sum and
   unnormalized output into scratch, and the last block of each KV head's rows to finish (a counter
-  per group, put back to 0) merges its rows' chunks in ascending order, in the same launch
-  (``fused=False``: a second launch of a combine kernel does, the same bytes). Chunks past a
-  token's position write nothing. The scratch and counters are the MoeKernels instance's own
+  per group, put back to 0) merges its rows' chunks in ascending order, in the same launch, where
+  the cache has at most ``FUSED_MAX_CHUNKS`` chunks; over a longer cache (or with ``fused=False``)
+  a second launch of a combine kernel, one block per row, does, the same bytes: there one block
+  merging 8 rows of hundreds of chunks each in turn would take longer than the launch it saves.
+  Chunks past a token's position write nothing. The scratch and counters are the MoeKernels instance's own
   (``decode_scratch_bytes``, ``decode_counters``), so attention calls on concurrent streams need
   their own instances.
 
@@ -48,6 +50,7 @@ DECODE_ROWS = 8  # (token, head) rows per decode block
 DECODE_CHUNK = 64  # keys per decode block (one token over a 512-row cache: 8 chunks a KV head)
 COMBINE_STRANDS = 4  # threads per (row, d) of the decode combine, each adding every 4th chunk (attention.cu)
 DECODE_MAX_TOKENS = 8  # up to this many tokens take the split-K decode
+FUSED_MAX_CHUNKS = 64  # decode combines in its own launch up to this many chunks (4096 cache rows)
 HEAD_DIMS = (64, 128)  # head dims with a kernel instance
 CACHE_ALIGN = 16  # bytes: the kernels read cache rows 16 bytes at a time
 ROW_ALIGN = 8  # bytes: query and output rows are read and written two floats at a time
@@ -147,7 +150,7 @@ def attention(
     group = n_head // n_head_kv
     grid = (n_chunks, n_head_kv, -(-n_tokens * group // DECODE_ROWS))
     decode_args = (*views, partial_ml, partial_o, pos_view, *shape, np.float32(scale), np.int32(n_chunks))
-    if fused:
+    if fused and n_chunks <= FUSED_MAX_CHUNKS:
         counters = kernels.zeroed("attention_counters", decode_counters(n_tokens, n_head, n_head_kv) * 4)
         fused_args = (*decode_args, sinks_arg, out_view, counters)
         stream.launch(kernels.kernel(f"attn_decode_fused_d{head_dim}"), grid, THREADS, fused_args)
@@ -195,6 +198,7 @@ def _check_shapes(call: str, n_head: int, n_head_kv: int, head_dim: int, window:
 __all__ = [
     "DECODE_CHUNK",
     "DECODE_MAX_TOKENS",
+    "FUSED_MAX_CHUNKS",
     "HEAD_DIMS",
     "attention",
     "decode_chunks",
