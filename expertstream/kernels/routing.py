@@ -158,7 +158,7 @@ def _check_selection(call: str, routing: Routing, n_expert: int, top_k: int) -> 
 
 def _selection_args(
     call: str,
-    logits_view: ViewLike,
+    stand_in: ViewLike,
     sel_bias: ViewLike | None,
     routing: Routing,
     n_tokens: int,
@@ -167,10 +167,11 @@ def _selection_args(
     ids: ViewLike,
     weights: ViewLike,
 ) -> tuple[KernelArg, ...]:
-    """The selection's arguments after the logits: sel_bias (the logits where there is none), ids,
-    weights, n_tokens, n_expert, top_k and the routing's knobs."""
+    """The selection's arguments after the logits: sel_bias (``stand_in``, a buffer written before the
+    launch and never read, where there is none), ids, weights, n_tokens, n_expert, top_k and the
+    routing's knobs."""
     return (
-        logits_view if sel_bias is None else view(call, "sel_bias", sel_bias, n_expert * 4),
+        stand_in if sel_bias is None else view(call, "sel_bias", sel_bias, n_expert * 4),
         view(call, "ids", ids, n_tokens * top_k * 4),
         view(call, "weights", weights, n_tokens * top_k * 4),
         np.int32(n_tokens),
@@ -216,7 +217,8 @@ def router_logits_select(
     _check_selection(call, routing, n_expert, top_k)
     router_view = view(call, "router", router, n_expert * n_embd * 4)
     logits_view = view(call, "logits", logits, n_tokens * n_expert * 4)
-    selection = _selection_args(call, logits_view, sel_bias, routing, n_tokens, n_expert, top_k, ids, weights)
+    # Without a selection bias the router stands in for it: never read, and written before the launch.
+    selection = _selection_args(call, router_view, sel_bias, routing, n_tokens, n_expert, top_k, ids, weights)
     args = (
         view(call, "x", x, n_tokens * n_embd * 4),
         router_view,

@@ -22,8 +22,9 @@ def test_the_profile_counts_a_steps_operations_and_a_ubatchs(
     assert result["path"] == "graph" and len(result["step_ms_all"]) == 3
     names = {row["name"]: row["calls"] for row in result["rows"]}
     with_layers = {name: calls for name, calls in names.items() if calls % 2 == 0}
-    # Two MoE layers: each a router (logits, selection), q/k/v prepared in one launch, attention.
-    for name in ("moe_router_logits", "moe_router_select", "dense_qkv_rope_store", "attn_decode_d64"):
+    # Two MoE layers: each a router (logits and selection in one launch), q/k/v prepared in one launch,
+    # attention and its combine in one launch.
+    for name in ("moe_router_logits_select", "dense_qkv_rope_store", "attn_decode_fused_d64"):
         assert with_layers.get(name) == 2, (name, names)
     assert sum(names.values()) == result["calls"]
     assert sum(row["share"] for row in result["rows"]) == pytest.approx(1.0)
