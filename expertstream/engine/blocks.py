@@ -241,17 +241,20 @@ class Blocks(Closing):
         positions: BufferView,
         kv_len: int,
         ffn_x: BufferView | None = None,
+        normed: bool = False,
     ) -> None:
         """hidden += attention(norm(hidden)) for ``count`` tokens at ``positions``; their keys and values
         go into the layer's cache first. ``kv_len``: the cache rows the attention may read. With
         ``ffn_x``, also ffn_x = the FFN's norm of the new hidden (``ffn_input``), in the residual
-        add's launch."""
+        add's launch. ``normed``: ``norm_rows(count)`` already holds the attention's norm of hidden
+        (``combine_norm``, the layer before's last launch)."""
         spec, a, k = self.spec, self.attention[layer], self.kernels
         ids = self._ids(count)
-        xn, q = self._view("xn", count, spec.n_embd), self._view("q", count, spec.q_width)
+        xn, q = self.norm_rows(count), self._view("q", count, spec.q_width)
         kk, v = self._view("k", count, spec.kv_width), self._view("v", count, spec.kv_width)
         att, o = self._view("att", count, spec.q_width), self._view("o", count, spec.n_embd)
-        dense.rms_norm(k, stream, hidden, a.norm, xn, count, spec.n_embd, spec.eps)
+        if not normed:
+            dense.rms_norm(k, stream, hidden, a.norm, xn, count, spec.n_embd, spec.eps)
         self._project((a.q, a.k, a.v), stream, xn, count, (q, kk, v), ids)
         rows = dense.AttentionInputs(q, kk, v, a.q_norm, a.k_norm, a.k_cache, a.v_cache, positions)
         dense.qkv_rope_store(k, stream, rows, count, spec.n_head, spec.n_head_kv, spec.head_dim, spec.rope, spec.eps)
@@ -342,13 +345,29 @@ class Blocks(Closing):
         ffn.down.apply(k, stream, act, count, o, ids)
         standin.add_inplace(k, stream, hidden, o, count * n_embd)
 
-    def head(self, stream: Stream, hidden: BufferView, count: int, logits: BufferView) -> None:
-        """logits[:count] = output(norm(hidden[:count])), float32 [count, n_vocab]."""
+    def head(self, stream: Stream, hidden: BufferView, count: int, logits: BufferView, normed: bool = False) -> None:
+        """logits[:count] = output(norm(hidden[:count])), float32 [count, n_vocab]. ``normed``:
+        ``norm_rows(count)`` already holds the output norm of hidden (``combine_norm``)."""
         if self.output is None or self.output_norm is None:
             raise InvalidArgument("the output head lives on the last device of a run", call="Blocks.head")
-        xn = self._view("xn", count, self.spec.n_embd)
-        dense.rms_norm(self.kernels, stream, hidden, self.output_norm, xn, count, self.spec.n_embd, self.spec.eps)
+        xn = self.norm_rows(count)
+        if not normed:
+            dense.rms_norm(self.kernels, stream, hidden, self.output_norm, xn, count, self.spec.n_embd, self.spec.eps)
         self.output.apply(self.kernels, stream, xn, count, logits, self._ids(count))
+
+    def norm_rows(self, count: int) -> BufferView:
+        """Where the attention and the head read the norm of ``count`` hidden rows."""
+        return self._view("xn", count, self.spec.n_embd)
+
+    def norm_after(self, layer: int) -> BufferView | None:
+        """The weights of the norm that reads the hidden rows after ``layer`` on this device: the next
+        layer's attention norm, the output norm after the last layer; None where the rows go on to
+        another device."""
+        if layer + 1 in self.attention:
+            return self.attention[layer + 1].norm
+        if layer + 1 == self.spec.n_layer and self.output_norm is not None:
+            return self.output_norm
+        return None
 
     @property
     def device_bytes(self) -> int:

@@ -59,7 +59,7 @@ import numpy as np
 from .._closing import Closing
 from ..backends.base import BufferView, Device, DeviceBuffer, Stream, Usage
 from ..errors import InvalidArgument
-from ..kernels import MoeKernels, check_path, routing
+from ..kernels import MoeKernels, check_path, dense, routing
 from ..kernels.layout import MatrixPath
 from ..kernels.routing import Activation
 from ..model import ModelError, MoeLayer, MoeModel, TensorInfo
@@ -213,6 +213,7 @@ class _Tokens:
     logits: BufferView | None = None  # where the head writes the logits of the last rows (whole model, last block)
     receive: Crossing | None = None  # rows arriving from the previous device before this layer
     send: Crossing | None = None  # rows leaving for the next device after this layer
+    decode: bool = False  # a decode step's token: one group of one token, layer after layer
 
     def held_view(self, name: str, width: int) -> BufferView:
         """This ubatch's rows of held scratch ``name`` (``width`` floats per row of a token or pair)."""
@@ -700,6 +701,7 @@ class MoeRunner(Closing):
                 layer=block,
                 first=position,
                 embed=part.decode_embed.view(step * row, row) if part.decode_embed is not None and place == 0 else None,
+                decode=True,
                 **whole,
                 **(self._crossings(part, place, (step * row, row), decode=True) if place is not None else {}),
             )
@@ -741,6 +743,7 @@ class MoeRunner(Closing):
                 label="step",
                 layer=block,
                 first=self.batching.tokens,
+                decode=True,
                 **whole,
             )
             splits += self._block_splits(block, [tokens], experts)
@@ -927,7 +930,10 @@ class MoeRunner(Closing):
             tokens.receive.receive(stream)
         if blocks is not None:
             assert tokens.positions is not None
-            blocks.attend(stream, tokens.layer, tokens.hidden, tokens.count, tokens.positions, tokens.kv_len, ffn_x)
+            normed = self._normed_before(tokens)
+            blocks.attend(
+                stream, tokens.layer, tokens.hidden, tokens.count, tokens.positions, tokens.kv_len, ffn_x, normed
+            )
 
     def _dense_block(self, group: Sequence[_Tokens], stream: Stream, bindings: Bindings) -> None:
         for tokens in group:
@@ -947,7 +953,8 @@ class MoeRunner(Closing):
                 continue
             rows = tokens.logits.nbytes // n_vocab
             start = tokens.hidden.offset + tokens.hidden.nbytes - rows * row
-            blocks.head(stream, BufferView(tokens.hidden.buffer, start, rows * row), rows, tokens.logits)
+            normed = rows == tokens.count and self._combine_norm(tokens) is not None
+            blocks.head(stream, BufferView(tokens.hidden.buffer, start, rows * row), rows, tokens.logits, normed)
 
     def _route(self, tokens: _Tokens, stream: Stream, bindings: Bindings) -> None:
         model, scratch = self.model, tokens.part.scratch()
@@ -1129,18 +1136,44 @@ class MoeRunner(Closing):
         shared = tokens.part.extras[tokens.layer].shared
         if shared is not None:
             self._shared_expert(stream, tokens, shared)
-        tokens.part.kernels.combine(
-            stream,
+        combine = (
             scratch.view("down", pairs * model.n_embd * 4),
             None if routed else route_weights,
             None if shared is None else scratch.view("shared_down", tokens.hidden.nbytes),
             tokens.hidden,
-            tokens.count,
-            model.top_k,
-            model.n_embd,
         )
+        blocks, norm = tokens.part.blocks, self._combine_norm(tokens)
+        if blocks is not None and norm is not None:  # and the norm of what reads the rows next
+            out = blocks.norm_rows(tokens.count)
+            eps = blocks.spec.eps
+            dense.combine_rms_norm(
+                tokens.part.kernels, stream, *combine, norm, out, tokens.count, model.top_k, model.n_embd, eps
+            )
+        else:
+            tokens.part.kernels.combine(stream, *combine, tokens.count, model.top_k, model.n_embd)
         if tokens.send is not None:
             tokens.send.send(stream)
+
+    def _combine_norm(self, tokens: _Tokens) -> BufferView | None:
+        """The weights of the norm this MoE layer's combine also writes into ``Blocks.norm_rows`` (a
+        decode token: the next layer's attention norm, or the output norm after the last layer, on
+        this device); None where the combine adds the rows alone and their reader norms them."""
+        blocks = tokens.part.blocks
+        if blocks is None or not tokens.decode or tokens.send is not None or tokens.layer not in tokens.part.position:
+            return None
+        return blocks.norm_after(tokens.layer)
+
+    def _normed_before(self, tokens: _Tokens) -> bool:
+        """Whether the layer before ``tokens.layer`` left this layer's attention norm in
+        ``Blocks.norm_rows`` (its ``_combine_norm``): it is an MoE layer on this device, and a decode
+        token's."""
+        blocks, before = tokens.part.blocks, tokens.layer - 1
+        return (
+            tokens.decode
+            and blocks is not None
+            and before in tokens.part.position
+            and blocks.norm_after(before) is not None
+        )
 
     def _mul_mat_id(
         self,

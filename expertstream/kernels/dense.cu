@@ -183,6 +183,29 @@ extern "C" __global__ void __launch_bounds__(DENSE_NORM_MAX_THREADS)
     rms_store(row, n, rms_scale(row, n, eps, partial), weight, out + (long long)r * n);
 }
 
+// hidden[t, :] += the MoE layer's combine_sum (elementwise.cu), then out[t, :] = the new row's rms_norm
+// (times weight[:] where not null): moe_combine followed by dense_rms_norm in one launch, the same float
+// operations (decode: the next layer's attention norm, or the output norm, in the layer's last launch).
+// One block per token, of dense_rms_norm's size for n; each thread adds the elements it then squares and
+// scales. out must not overlap hidden, y or extra.
+extern "C" __global__ void __launch_bounds__(DENSE_NORM_MAX_THREADS)
+    dense_combine_rms_norm(const float* __restrict__ y, const float* __restrict__ weights,
+                           const float* __restrict__ extra, float* __restrict__ hidden,
+                           const float* __restrict__ weight, float* __restrict__ out, int n_tokens, int top_k, int n,
+                           float eps) {
+    KERNEL_PROLOGUE();
+    __shared__ float partial[DENSE_NORM_MAX_THREADS];
+    const int t = blockIdx.x;
+    if (t >= n_tokens) {
+        return;  // the whole block returns: no thread is left waiting at a barrier
+    }
+    float* row = hidden + (long long)t * n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        row[i] += combine_sum(y, weights, extra, t, i, top_k, n);
+    }
+    rms_store(row, n, rms_scale(row, n, eps, partial), weight, out + (long long)t * n);
+}
+
 // y[r, i] += bias[i]: thread i of the row block, rows blockIdx.y, blockIdx.y + gridDim.y, ...
 extern "C" __global__ void dense_add_rows(float* __restrict__ y, const float* __restrict__ bias, int n_rows, int n) {
     KERNEL_PROLOGUE();

@@ -178,6 +178,37 @@ def add_rms_norm(
     stream.launch(kernels.kernel("dense_add_rms_norm"), n_rows, norm_threads(n), args)
 
 
+def combine_rms_norm(
+    kernels: MoeKernels,
+    stream: Stream,
+    y: ViewLike,
+    weights: ViewLike | None,
+    extra: ViewLike | None,
+    hidden: ViewLike,
+    weight: ViewLike | None,
+    out: ViewLike,
+    n_tokens: int,
+    top_k: int,
+    n: int,
+    eps: float,
+) -> None:
+    """``MoeKernels.combine`` (hidden += the layer's weighted expert rows, + extra), then out =
+    rms_norm(hidden) * weight, in one launch, the same bytes as the two: the end of an MoE layer and
+    the norm of whatever reads its rows next. ``out`` apart from ``hidden``, ``y`` and ``extra``."""
+    call = "combine_rms_norm"
+    _check_eps(call, eps)
+    combine = kernels.combine_args(call, y, weights, extra, ("hidden", hidden), n_tokens, top_k, n)
+    if n_tokens > layout.MAX_GRID_Y:
+        raise InvalidArgument(f"{n_tokens} tokens are more than one launch handles", call=call, hint="split them")
+    out_view = view(call, "out", out, n_tokens * n * 4)
+    for name, other in (("hidden", combine[3]), ("y", combine[0]), ("extra", combine[2])):
+        if isinstance(other, BufferView):
+            _apart(call, "out", out_view, name, other)
+    norm = np.uint64(0) if weight is None else view(call, "weight", weight, n * 4)
+    args = (*combine[:4], norm, out_view, *combine[4:], np.float32(eps))
+    stream.launch(kernels.kernel("dense_combine_rms_norm"), n_tokens, norm_threads(n), args)
+
+
 def add_rows(kernels: MoeKernels, stream: Stream, y: ViewLike, bias: ViewLike, n_rows: int, n: int) -> None:
     """y[r, :] += bias[:] for y [n_rows, n] and bias [n]: projection biases."""
     call = "add_rows"

@@ -19,6 +19,7 @@ from ..backends.sim import Access, KernelSpec
 from ..backends.sim.kernels import Dim3Tuple
 from . import quants
 from .layout import FORMATS, WeightFormat
+from .twins import combine_run
 
 Args = tuple[Any, ...]
 _F32 = np.float32
@@ -93,6 +94,23 @@ def _add_rms_norm_accesses(args: Args) -> Sequence[Access]:
     hidden = _as_view(args[0])
     reads = [Access(_as_view(a), write=False) for a in args[:3] if not isinstance(a, np.generic)]
     return [*reads, Access(hidden, write=True), Access(_as_view(args[3]), write=True)]
+
+
+# -- combine_rms_norm: y, weights (or 0), extra (or 0), hidden, weight (or 0), out, n_tokens, top_k, n, eps ----
+
+
+def _combine_rms_norm_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
+    y_b, w_b, extra_b, h_b, norm_b, out_b, n_tokens, top_k, n, eps = args
+    combine_run((y_b, w_b, extra_b, h_b, n_tokens, top_k, n), grid, block)
+    shape = (int(n_tokens), int(n))
+    weight = norm_b.view(_F32) if isinstance(norm_b, np.ndarray) else None
+    out_b.view(_F32).reshape(shape)[:] = _rms_rows(h_b.view(_F32).reshape(shape), weight, eps)
+
+
+def _combine_rms_norm_accesses(args: Args) -> Sequence[Access]:
+    hidden = _as_view(args[3])
+    reads = [Access(_as_view(a), write=False) for a in args[:5] if not isinstance(a, np.generic)]
+    return [*reads, Access(hidden, write=True), Access(_as_view(args[5]), write=True)]
 
 
 # -- add_rows: y, bias, n_rows, n -------------------------------------------------------------
@@ -213,6 +231,12 @@ def twin_specs() -> list[KernelSpec]:
         KernelSpec("dense_rms_norm", _rms_norm_run, _rms_norm_accesses, lambda a: 3.0 * float(a[3]) * float(a[4])),
         KernelSpec(
             "dense_add_rms_norm", _add_rms_norm_run, _add_rms_norm_accesses, lambda a: 4.0 * float(a[4]) * float(a[5])
+        ),
+        KernelSpec(
+            "dense_combine_rms_norm",
+            _combine_rms_norm_run,
+            _combine_rms_norm_accesses,
+            lambda a: (2.0 * float(a[7]) + 3.0) * float(a[6]) * float(a[8]),
         ),
         KernelSpec("dense_add_rows", _add_rows_run, _read_modify_write, lambda a: float(a[2]) * float(a[3])),
         KernelSpec(

@@ -2,6 +2,23 @@
 // Elementwise and reduction kernels.
 // ---------------------------------------------------------------------------------
 
+// The end of an MoE layer: hidden[t, i] += combine_sum(...), the sum over k = 0..top_k-1, in that
+// order, of weights[t, k] * y[t, k, i] (fused multiply-adds), or of y[t, k, i] where weights is null
+// (rows the routing weights already scale), plus extra[t, i] (a shared expert's output) where
+// extra is not null. dense_combine_rms_norm (dense.cu) adds the same sums.
+__device__ float combine_sum(const float* __restrict__ y, const float* __restrict__ weights,
+                             const float* __restrict__ extra, int t, int i, int top_k, int n) {
+    float acc = 0.0f;
+    for (int k = 0; k < top_k; ++k) {
+        const float v = y[((long long)t * top_k + k) * n + i];
+        acc = weights ? fmaf(weights[t * top_k + k], v, acc) : acc + v;
+    }
+    if (extra) {
+        acc += extra[(long long)t * n + i];
+    }
+    return acc;
+}
+
 extern "C" __global__ void moe_swiglu(const float* __restrict__ gate, const float* __restrict__ up,
                                       float* __restrict__ out, int n) {
     KERNEL_PROLOGUE();
@@ -11,10 +28,7 @@ extern "C" __global__ void moe_swiglu(const float* __restrict__ gate, const floa
     }
 }
 
-// The end of an MoE layer: hidden[t, i] += sum over k = 0..top_k-1, in that order, of
-// weights[t, k] * y[t, k, i] (fused multiply-adds), or of y[t, k, i] where weights is null
-// (rows the routing weights already scale), plus extra[t, i] (a shared expert's output) where
-// extra is not null.
+// moe_combine: hidden[t, i] += combine_sum(y, weights, extra, t, i, top_k, n).
 extern "C" __global__ void moe_combine(const float* __restrict__ y, const float* __restrict__ weights,
                                        const float* __restrict__ extra, float* __restrict__ hidden, int n_tokens,
                                        int top_k, int n) {
@@ -24,14 +38,6 @@ extern "C" __global__ void moe_combine(const float* __restrict__ y, const float*
         return;
     }
     for (int t = blockIdx.y; t < n_tokens; t += gridDim.y) {
-        float acc = 0.0f;
-        for (int k = 0; k < top_k; ++k) {
-            const float v = y[((long long)t * top_k + k) * n + i];
-            acc = weights ? fmaf(weights[t * top_k + k], v, acc) : acc + v;
-        }
-        if (extra) {
-            acc += extra[(long long)t * n + i];
-        }
-        hidden[(long long)t * n + i] += acc;
+        hidden[(long long)t * n + i] += combine_sum(y, weights, extra, t, i, top_k, n);
     }
 }

@@ -804,7 +804,7 @@ class MoeKernels(Closing):
         self, stream: Stream, y: ViewLike, weights: ViewLike, out: ViewLike, n_tokens: int, top_k: int, n: int
     ) -> None:
         """out[t, :] = sum over k ascending of weights[t, k] * y[t, k, :]: combine into a zeroed ``out``."""
-        args = self._combine_args("MoeKernels.weighted_sum", y, weights, None, ("out", out), n_tokens, top_k, n)
+        args = self.combine_args("MoeKernels.weighted_sum", y, weights, None, ("out", out), n_tokens, top_k, n)
         target = args[3]
         stream.memset(target.buffer, target.offset, target.nbytes)
         self._launch_combine(stream, args, n_tokens, n)
@@ -822,10 +822,10 @@ class MoeKernels(Closing):
     ) -> None:
         """hidden[t, :] += sum over k ascending of weights[t, k] * y[t, k, :] (of y[t, k, :] where
         ``weights`` is None: rows mul_mat_id's route_weights already scaled), + extra[t, :] if given."""
-        args = self._combine_args("MoeKernels.combine", y, weights, extra, ("hidden", hidden), n_tokens, top_k, n)
+        args = self.combine_args("MoeKernels.combine", y, weights, extra, ("hidden", hidden), n_tokens, top_k, n)
         self._launch_combine(stream, args, n_tokens, n)
 
-    def _combine_args(
+    def combine_args(
         self,
         call: str,
         y: ViewLike,
@@ -836,7 +836,8 @@ class MoeKernels(Closing):
         top_k: int,
         n: int,
     ) -> tuple[Any, ...]:
-        """moe_combine's checked arguments; ``target`` is (its name for messages, the view added into)."""
+        """moe_combine's checked arguments (y, weights, extra, target, n_tokens, top_k, n); ``target`` is
+        (its name for messages, the view added into). dense.combine_rms_norm passes them on too."""
         positive(call, n_tokens=n_tokens, top_k=top_k, n=n)
         fits_int32(call, y=n_tokens * top_k * n)
         null = np.uint64(0)

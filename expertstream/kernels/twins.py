@@ -507,7 +507,8 @@ def _swiglu_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
 # args: y, weights (or 0), extra (or 0), hidden, n_tokens, top_k, n
 
 
-def _combine_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
+def combine_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
+    """moe_combine's twin (dense_combine_rms_norm's first half)."""
     y_bytes, w_bytes, extra_bytes, hidden_bytes, n_tokens, top_k, n = args
     n_tokens, top_k, n = int(n_tokens), int(top_k), int(n)
     y = y_bytes.view(np.float32).reshape(n_tokens, top_k, n)
@@ -625,7 +626,7 @@ def twin_specs() -> list[KernelSpec]:
     specs.append(
         KernelSpec(
             "moe_combine",
-            _combine_run,
+            combine_run,
             _combine_accesses,
             lambda args: 2.0 * int(args[4]) * int(args[5]) * int(args[6]),
         )

@@ -315,3 +315,31 @@ def test_bad_arguments_are_refused_before_launch(device: Device, kernels: MoeKer
         with pytest.raises(InvalidArgument, match=words):
             launch()
     stream.synchronize()
+
+
+@pytest.mark.parametrize("weighted", [True, False], ids=["weighted", "scaled"])
+def test_combine_rms_norm_is_the_bytes_of_combine_then_rms_norm(
+    device: Device, kernels: MoeKernels, stream: Stream, rng: np.random.Generator, weighted: bool
+) -> None:
+    """The end of an MoE layer and the next norm in one launch write what combine then rms_norm
+    write, and the norm may not be written over the rows it reads."""
+    n_tokens, top_k, n, eps = 2, 4, 300, 1e-6
+    y = device.upload(rng.standard_normal((n_tokens, top_k, n)).astype(np.float32))
+    weights = device.upload(rng.random((n_tokens, top_k)).astype(np.float32)) if weighted else None
+    extra = device.upload(rng.standard_normal((n_tokens, n)).astype(np.float32))
+    start = rng.standard_normal((n_tokens, n)).astype(np.float32)
+    norm = device.upload(rng.standard_normal(n).astype(np.float32))
+    results = []
+    for fused in (False, True):
+        hidden, out = device.upload(start), poisoned(device, n_tokens * n * 4)
+        if fused:
+            dense.combine_rms_norm(kernels, stream, y, weights, extra, hidden, norm, out, n_tokens, top_k, n, eps)
+        else:
+            kernels.combine(stream, y, weights, extra, hidden, n_tokens, top_k, n)
+            dense.rms_norm(kernels, stream, hidden, norm, out, n_tokens, n, eps)
+        stream.synchronize()
+        results.append((hidden.read().tobytes(), out.read().tobytes()))
+    assert np.isfinite(np.frombuffer(results[0][1], np.float32)).all()
+    assert results[1] == results[0]
+    with pytest.raises(InvalidArgument, match="overlap"):
+        dense.combine_rms_norm(kernels, stream, y, weights, extra, hidden, norm, hidden, n_tokens, top_k, n, eps)

@@ -91,6 +91,30 @@ int main(int argc, char** argv) {
         }
         fwrite(hidden.data(), sizeof(float), hidden.size(), stdout);
         fwrite(out.data(), sizeof(float), out.size(), stdout);
+    } else if (kernel == "combine_rms_norm") {
+        // moe_combine then dense_rms_norm (into out), then dense_combine_rms_norm on a copy of hidden:
+        // both hiddens and both outs.
+        std::vector<int> shape = read_array<int>(6);
+        const int n_tokens = shape[0], top_k = shape[1], n = shape[2], has_weights = shape[3], has_extra = shape[4];
+        const int threads = shape[5];
+        const float eps = read_array<float>(1)[0];
+        std::vector<float> y = read_array<float>((size_t)n_tokens * top_k * n);
+        std::vector<float> weights = read_array<float>(has_weights ? n_tokens * top_k : 0);
+        std::vector<float> extra = read_array<float>(has_extra ? (size_t)n_tokens * n : 0);
+        std::vector<float> hidden = read_array<float>((size_t)n_tokens * n);
+        std::vector<float> norm = read_array<float>(n);
+        std::vector<float> fused_hidden = hidden, out((size_t)n_tokens * n, NAN), fused_out(out);
+        const float* w = has_weights ? weights.data() : nullptr;
+        const float* e = has_extra ? extra.data() : nullptr;
+        launch((n + 255) / 256, n_tokens, 256, [&] { moe_combine(y.data(), w, e, hidden.data(), n_tokens, top_k, n); });
+        launch(n_tokens, 1, threads, [&] { dense_rms_norm(hidden.data(), norm.data(), out.data(), n_tokens, n, eps); });
+        launch(n_tokens, 1, threads, [&] {
+            dense_combine_rms_norm(y.data(), w, e, fused_hidden.data(), norm.data(), fused_out.data(), n_tokens, top_k,
+                                   n, eps);
+        });
+        for (const std::vector<float>* v : {&hidden, &out, &fused_hidden, &fused_out}) {
+            fwrite(v->data(), sizeof(float), v->size(), stdout);
+        }
     } else if (kernel == "rope") {
         std::vector<int> shape = read_array<int>(5);
         const int n_tokens = shape[0], n_heads = shape[1], head_dim = shape[2], n_rot = shape[3];
@@ -148,7 +172,9 @@ def host_dense(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.skip("no C++ compiler (c++, g++ or clang++) on PATH")
     instances = "".join(f"DENSE_GET_ROWS({FORMATS[t].get_rows_kernel_name}, {int(t)})\n" for t in TYPES)
     names = ", ".join(FORMATS[t].get_rows_kernel_name for t in TYPES)
-    code = shared_code(kernel_source(())) + source_file("dense.cu") + instances + _DRIVER % names
+    elementwise = source_file("elementwise.cu")
+    combine = elementwise[elementwise.index("// moe_combine: ") :]  # after the kernels of dynamic shared memory
+    code = shared_code(kernel_source(())) + combine + source_file("dense.cu") + instances + _DRIVER % names
     return compile_on_host(tmp_path_factory.mktemp("dense"), "dense", code)
 
 
@@ -199,6 +225,28 @@ def test_add_rms_norm_is_the_bytes_of_the_add_then_the_norm(
     got = _run(host_dense, ["add_rms_norm"], header, hidden.tobytes(), delta.tobytes(), weight.tobytes())
     assert got[: added.nbytes] == added.tobytes(), "hidden is not hidden + delta"
     assert got[added.nbytes :] == normed, "the norm's bytes differ from rms_norm's of the sum"
+
+
+@pytest.mark.parametrize(("n", "threads"), [(2048, 1024), (45, 64)])
+@pytest.mark.parametrize(("weights", "extra"), [(True, False), (False, True)], ids=["weighted", "scaled+shared"])
+def test_combine_rms_norm_is_the_bytes_of_the_combine_then_the_norm(
+    host_dense: Path, rng: np.random.Generator, n: int, threads: int, weights: bool, extra: bool
+) -> None:
+    """dense_combine_rms_norm, the end of an MoE layer and the next norm in one launch (decode), leaves
+    the hidden rows moe_combine leaves and writes the norm dense_rms_norm writes of them."""
+    n_tokens, top_k, eps = 2, 8, 1e-6
+    y = rng.standard_normal((n_tokens, top_k, n)).astype(np.float32)
+    w = rng.random((n_tokens, top_k)).astype(np.float32) if weights else np.zeros(0, np.float32)
+    e = rng.standard_normal((n_tokens, n)).astype(np.float32) if extra else np.zeros(0, np.float32)
+    hidden = (rng.standard_normal((n_tokens, n)) * 4).astype(np.float32)
+    norm = rng.standard_normal(n).astype(np.float32)
+    header = struct.pack("6if", n_tokens, top_k, n, int(weights), int(extra), threads, eps)
+    out = _run(host_dense, ["combine_rms_norm"], header, *(a.tobytes() for a in (y, w, e, hidden, norm)))
+    size = hidden.nbytes
+    two_launches, fused = out[: 2 * size], out[2 * size :]
+    assert np.isfinite(np.frombuffer(fused, np.float32)).all()
+    assert fused[:size] == two_launches[:size], "hidden differs from moe_combine's"
+    assert fused[size:] == two_launches[size:], "the norm differs from dense_rms_norm's of the combined rows"
 
 
 @pytest.mark.parametrize(
