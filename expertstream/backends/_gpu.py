@@ -165,9 +165,12 @@ class GpuEvent(Event):
 
 
 class GpuKernel(Kernel):
-    def __init__(self, device: GpuDevice, name: str, function: Any) -> None:
+    def __init__(self, device: GpuDevice, name: str, function: Any, launch: Call) -> None:
         super().__init__(device, name)
         self.function = function
+        # how it is launched: chained to the kernel before it where it waits for it (compile's
+        # ``chained``) and the device chains launches, else on its own
+        self.launch = launch
 
 
 # --------------------------------------------------------------------------------------
@@ -306,9 +309,7 @@ class GpuStream(Stream):
                 )
             )
             grid = (chunks, count, 1)
-            self._enqueue(
-                device.launch_call, kernel.function, grid, (_GATHER_THREADS, 1, 1), 0, self._handle, values, types
-            )
+            self._enqueue(kernel.launch, kernel.function, grid, (_GATHER_THREADS, 1, 1), 0, self._handle, values, types)
         self._keep(src)
 
     def _begin_capture(self) -> None:
@@ -351,8 +352,7 @@ class GpuStream(Stream):
     ) -> None:
         kernel = _native(kernel, GpuKernel, "Stream.launch", self._device)
         values, types = pack_kernel_args(args)
-        launch = self._device.launch_call
-        self._enqueue(launch, kernel.function, grid, block, shared_mem, self._handle, values, types)
+        self._enqueue(kernel.launch, kernel.function, grid, block, shared_mem, self._handle, values, types)
 
     def synchronize(self) -> None:
         self._check_open("Stream.synchronize")
@@ -407,8 +407,9 @@ class GpuDevice(Device):
         props = invoke(self.api.device_props, index, device=self.label)
         self._info = self.api.read_props(props)
         self.name = self._info.name
-        # Every kernel launch: chained to the one before it where the device has it and the backend
-        # was not asked otherwise (formats.cu's KERNEL_PROLOGUE waits for its predecessors' writes).
+        # How kernels that wait for the kernels before them (compile's ``chained``: formats.cu's
+        # KERNEL_PROLOGUE) launch: chained where the device has it and the backend was not asked
+        # otherwise. Every other kernel launches on its own.
         chained = self.api.launch_chained if chained_launches and self.api.chained_launches(self.arch) else None
         self._chained = chained is not None
         self.launch_call: Call = chained or self.api.launch
@@ -419,7 +420,7 @@ class GpuDevice(Device):
         self._peers: set[GpuDevice] = set()  # devices, not indices: another backend's device 0 is not ours
         self._live = _Live()
         self._modules: dict[str, Any] = {}  # source hash -> loaded module
-        self._kernels: dict[tuple[str, str], GpuKernel] = {}
+        self._kernels: dict[tuple[str, str, bool], GpuKernel] = {}  # by (source hash, name, chained)
         self._compile_lock = threading.Lock()
         self._gather: GpuKernel | None = None  # gather.cu's kernel, once compiled
 
@@ -543,16 +544,16 @@ class GpuDevice(Device):
         self._peers.add(other)
 
     # -- kernels ------------------------------------------------------------------------
-    def compile(self, source: str, name: str, twin: object | None = None) -> Kernel:
+    def compile(self, source: str, name: str, twin: object | None = None, chained: bool = False) -> Kernel:
         key = hashlib.sha256(source.encode()).hexdigest()
         with self._compile_lock:  # two threads asking for one kernel load its module once
-            kernel = self._kernels.get((key, name))
+            kernel = self._kernels.get((key, name, chained))
             if kernel is None:
-                kernel = self._load_kernel(source, key, name)
-                self._kernels[(key, name)] = kernel
+                kernel = self._load_kernel(source, key, name, chained)
+                self._kernels[(key, name, chained)] = kernel
         return kernel
 
-    def _load_kernel(self, source: str, key: str, name: str) -> GpuKernel:
+    def _load_kernel(self, source: str, key: str, name: str, chained: bool) -> GpuKernel:
         self.activate()
         module = self._modules.get(key)
         loaded_here = module is None
@@ -565,13 +566,13 @@ class GpuDevice(Device):
                 _release_quietly([(self.api.module_unload, (module,))], self.label)
             raise
         self._modules[key] = module
-        return GpuKernel(self, name, function)
+        return GpuKernel(self, name, function, self.launch_call if chained else self.api.launch)
 
     def gather_kernel(self) -> GpuKernel:
         """gather.cu's kernel, compiled on first use (and cached like every kernel)."""
         kernel = self._gather
         if kernel is None:
-            compiled = self.compile(gather_source(), GATHER_KERNEL)
+            compiled = self.compile(gather_source(), GATHER_KERNEL, chained=True)
             assert isinstance(compiled, GpuKernel)
             kernel = self._gather = compiled
         return kernel

@@ -375,12 +375,14 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_decode_d128(ATTN
 // for its d (each thread takes every blockDim.x-th (s, d)); the strands' maxima meet first (a max is exact
 // in any order), then their sums in strand order. So the bytes do not depend on the block size. At 32768
 // keys a row has 512 chunks: one strand of them was a chain of 1024 dependent loads per thread, in a launch
-// of only n_head blocks for a token. The partials are read as volatile: in attn_decode_fused_d* other
-// blocks of the same launch wrote them.
+// of only n_head blocks for a token. P is how the partials are read: const float* __restrict__ in
+// attn_decode_combine, const volatile float* in attn_decode_fused_d*, where other blocks of the same
+// launch wrote them (no read-only cache path, no load the compiler may reuse).
 #define ATTN_COMBINE_STRANDS 4
 #define ATTN_COMBINE_MAX_D 128  // head_dim at most (the decode kernels' widest)
-__device__ void attn_combine_row(const volatile float* partial_ml, const volatile float* partial_o,
-                                 const int* __restrict__ positions, const float* __restrict__ sinks,
+template <typename P>
+__device__ void attn_combine_row(P partial_ml, P partial_o, const int* __restrict__ positions,
+                                 const float* __restrict__ sinks,
                                  float* __restrict__ out, int t, int h, int n_tokens, int kv_len, int n_head,
                                  int window, int n_chunks, int head_dim) {
     __shared__ float strand_top[ATTN_COMBINE_STRANDS];
@@ -447,25 +449,25 @@ extern "C" __global__ void attn_decode_combine(const float* __restrict__ partial
                                                int n_tokens, int kv_len, int n_head, int window, int n_chunks,
                                                int head_dim) {
     KERNEL_PROLOGUE();
-    attn_combine_row(partial_ml, partial_o, positions, sinks, out, blockIdx.y, blockIdx.x, n_tokens, kv_len, n_head,
-                     window, n_chunks, head_dim);
+    attn_combine_row<const float* __restrict__>(partial_ml, partial_o, positions, sinks, out, blockIdx.y, blockIdx.x,
+                                                n_tokens, kv_len, n_head, window, n_chunks, head_dim);
 }
 
 // attn_decode_d* then attn_decode_combine in one launch (the grid and block of attn_decode_d*): each block
-// writes its chunk's partials, then counts itself done in counters[blockIdx.z * gridDim.y + blockIdx.y]; the
-// last of that (KV head, rows) group's n_chunks blocks to count, once every block's partials are visible,
-// combines the group's rows as attn_decode_combine does and puts the counter back to 0 for the next launch
-// (each must hold 0 before the first). The bytes of the two launches.
+// writes its chunk's partials, then counts itself done in counters[blockIdx.z * gridDim.y + blockIdx.y]
+// (atomicInc, which wraps the group's last count back to 0 for the next launch; each must hold 0 before
+// the first); the last of that (KV head, rows) group's n_chunks blocks to count, once every block's
+// partials are visible, combines the group's rows as attn_decode_combine does. The bytes of the two
+// launches.
 template <int D>
 __device__ void attn_decode_fused(ATTN_DECODE_PARAMS, const float* __restrict__ sinks, float* __restrict__ out,
-                                  int* counters) {
+                                  unsigned int* counters) {
     __shared__ int last;
     attn_decode_chunk<D>(ATTN_DECODE_ARGS);  // a block whose chunk no row sees writes nothing, but counts
     __threadfence();  // this thread's partials are visible to every block before the block counts itself
     __syncthreads();
-    int* counter = counters + blockIdx.z * gridDim.y + blockIdx.y;
     if (threadIdx.x == 0) {
-        last = atomicAdd(counter, 1) == (int)gridDim.x - 1;
+        last = atomicInc(counters + blockIdx.z * gridDim.y + blockIdx.y, gridDim.x - 1) == gridDim.x - 1;
     }
     __syncthreads();
     if (!last) {
@@ -478,22 +480,20 @@ __device__ void attn_decode_fused(ATTN_DECODE_PARAMS, const float* __restrict__ 
         if (row / group >= n_tokens) {
             break;
         }
-        attn_combine_row(partial_ml, partial_o, positions, sinks, out, row / group, blockIdx.y * group + row % group,
-                         n_tokens, kv_len, n_head, window, n_chunks, D);
-    }
-    if (threadIdx.x == 0) {
-        *counter = 0;
+        attn_combine_row<const volatile float*>(partial_ml, partial_o, positions, sinks, out, row / group,
+                                                blockIdx.y * group + row % group, n_tokens, kv_len, n_head, window,
+                                                n_chunks, D);
     }
 }
 
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_decode_fused_d64(
-    ATTN_DECODE_PARAMS, const float* __restrict__ sinks, float* __restrict__ out, int* counters) {
+    ATTN_DECODE_PARAMS, const float* __restrict__ sinks, float* __restrict__ out, unsigned int* counters) {
     KERNEL_PROLOGUE();
     attn_decode_fused<64>(ATTN_DECODE_ARGS, sinks, out, counters);
 }
 
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_decode_fused_d128(
-    ATTN_DECODE_PARAMS, const float* __restrict__ sinks, float* __restrict__ out, int* counters) {
+    ATTN_DECODE_PARAMS, const float* __restrict__ sinks, float* __restrict__ out, unsigned int* counters) {
     KERNEL_PROLOGUE();
     attn_decode_fused<128>(ATTN_DECODE_ARGS, sinks, out, counters);
 }

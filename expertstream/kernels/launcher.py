@@ -255,7 +255,8 @@ class MoeKernels(Closing):
             source = self._sources.get(types)
             if source is None:
                 source = self._sources[types] = kernel_source(types)
-            kernel = self._kernels[name] = self.device.compile(source, name, twin=TWINS.get(name))
+            # Every kernel of the source opens with KERNEL_PROLOGUE (a source test says so).
+            kernel = self._kernels[name] = self.device.compile(source, name, twin=TWINS.get(name), chained=True)
         return kernel
 
     def prepare(self, w_types: Iterable[RowType]) -> None:

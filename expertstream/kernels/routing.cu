@@ -377,14 +377,14 @@ extern "C" __global__ void __launch_bounds__(SELECT_THREADS) moe_router_select(
 }
 
 // moe_router_logits then moe_router_select in one launch, for a few tokens (decode): each block writes
-// its logits as moe_router_logits does, then counts itself done in *counter; the last block to count
-// (after every block's logits are visible) selects every token's experts as moe_router_select's
-// blocks do, one token after another, and puts *counter back to 0 for the next launch (it must hold
-// 0 before the first). The bytes of the two launches.
+// its logits as moe_router_logits does, then counts itself done in *counter (atomicInc, which wraps the
+// last count back to 0 for the next launch; it must hold 0 before the first); the last block to count,
+// once every block's logits are visible, selects every token's experts as moe_router_select's blocks
+// do, one token after another. The bytes of the two launches.
 static_assert(LOGITS_THREADS == SELECT_THREADS, "the last block of moe_router_logits_select selects");
 extern "C" __global__ void __launch_bounds__(LOGITS_THREADS) moe_router_logits_select(
     const float* __restrict__ x, const float* __restrict__ router, const float* __restrict__ bias,
-    float* logits, int* counter, const float* __restrict__ sel_bias, int* __restrict__ ids,
+    float* logits, unsigned int* counter, const float* __restrict__ sel_bias, int* __restrict__ ids,
     float* __restrict__ weights, int n_tokens, int n_embd, int n_expert, int has_bias, int top_k, int gating,
     int has_sel_bias, int n_group, int n_group_used, int norm, float scale) {
     KERNEL_PROLOGUE();
@@ -393,7 +393,8 @@ extern "C" __global__ void __launch_bounds__(LOGITS_THREADS) moe_router_logits_s
     __threadfence();  // this thread's logits are visible to every block before the block counts itself
     __syncthreads();
     if (threadIdx.x == 0) {
-        last = atomicAdd(counter, 1) == (int)(gridDim.x * gridDim.y) - 1;
+        const unsigned int blocks = gridDim.x * gridDim.y;
+        last = atomicInc(counter, blocks - 1) == blocks - 1;
     }
     __syncthreads();
     if (!last) {
@@ -403,9 +404,6 @@ extern "C" __global__ void __launch_bounds__(LOGITS_THREADS) moe_router_logits_s
     for (int t = 0; t < n_tokens; ++t) {
         router_select_row(logits, sel_bias, ids, weights, t, n_expert, top_k, gating, has_sel_bias, n_group,
                           n_group_used, norm, scale);
-    }
-    if (threadIdx.x == 0) {
-        *counter = 0;
     }
 }
 

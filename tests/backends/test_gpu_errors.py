@@ -536,12 +536,16 @@ def test_kernels_launch_chained_where_the_arch_has_it_unless_asked_not_to(
         dev = be.device(0)
         assert dev.capabilities.chained_launches is chained
         assert be.describe()["devices"][0]["capabilities"]["chained_launches"] is chained
-        kernel = dev.compile('extern "C" __global__ void es_fill(char* p, int n) {}', "es_fill")
+        source = 'extern "C" __global__ void es_fill(char* p, int n) {}'
+        kernel = dev.compile(source, "es_fill", chained=True)  # it waits for the kernels before it
+        alone = dev.compile(source, "es_fill")  # it does not: never chained
         buf = dev.alloc(32)
         stream = dev.stream()
         stream.launch(kernel, 2, (64, 1), [buf.view(8), np.int32(24)])
         went, other = (fake.chained, fake.launches) if chained else (fake.launches, fake.chained)
         assert len(went) == 1 and not other
+        stream.launch(alone, 2, (64, 1), [buf.view(8), np.int32(24)])
+        assert len(fake.launches) == (1 if chained else 2) and len(fake.chained) == int(chained)
         assert went[0][1:] == (
             (2, 1, 1),
             (64, 1, 1),

@@ -36,7 +36,7 @@ typedef void (*Prefill)(const float*, const unsigned short*, const unsigned shor
 typedef void (*Decode)(const float*, const unsigned short*, const unsigned short*, float*, float*, const int*, int,
                        int, int, int, int, float, int);
 typedef void (*FusedDecode)(const float*, const unsigned short*, const unsigned short*, float*, float*, const int*, int,
-                            int, int, int, int, float, int, const float*, float*, int*);
+                            int, int, int, int, float, int, const float*, float*, unsigned*);
 
 static void launch(unsigned gx, unsigned gy, unsigned gz, unsigned threads, const std::function<void()>& body) {
     gridDim = EsDim3{gx, gy, gz};
@@ -83,7 +83,7 @@ int main(int argc, char** argv) {
         const int n_chunks = (kv_len + ATTN_DECODE_CHUNK - 1) / ATTN_DECODE_CHUNK;
         const int group = n_head / n_head_kv;
         const unsigned gz = (n_tokens * group + ATTN_DECODE_ROWS - 1) / ATTN_DECODE_ROWS;
-        std::vector<int> counters(n_head_kv * gz, 0);
+        std::vector<unsigned> counters(n_head_kv * gz, 0);
         for (int pass = 0; pass < 2; ++pass) {
             std::vector<float> ml((size_t)n_tokens * n_head * n_chunks * 2, NAN);
             std::vector<float> partial((size_t)n_tokens * n_head * n_chunks * head_dim, NAN);
@@ -100,11 +100,11 @@ int main(int argc, char** argv) {
                                         out.data(), counters.data());
                         });
                         // each block counts itself once; only the group's last puts the count back to 0
-                        if (counters[z * n_head_kv + y] != (int)(n_chunks - x) % n_chunks) exit(4);
+                        if (counters[z * n_head_kv + y] != (unsigned)((n_chunks - x) % n_chunks)) exit(4);
                     }
                 }
             }
-            for (int c : counters) {
+            for (unsigned c : counters) {
                 if (c != 0) exit(3);
             }
             if (pass == 0) fwrite(out.data(), sizeof(float), out.size(), stdout);  // the second after the branches

@@ -54,6 +54,7 @@ static std::vector<char> finished;
 static unsigned current;
 static void __syncthreads() { swapcontext(&fibers[current], &scheduler); }
 static int atomicAdd(int* p, int v) { int old = *p; *p += v; return old; }
+static unsigned atomicInc(unsigned* p, unsigned v) { unsigned old = *p; *p = old >= v ? 0 : old + 1; return old; }
 static void __threadfence() {}
 using std::max;
 using std::min;

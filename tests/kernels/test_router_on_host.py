@@ -148,7 +148,7 @@ int main() {
         });
     }
     out();
-    int counter = 0;
+    unsigned counter = 0;
     std::vector<int> counts;
     for (int launch = 0; launch < 2; ++launch) {
         gridDim = EsDim3{grid_x, 1, 1};
@@ -160,7 +160,7 @@ int main() {
                                          ids.data(), weights.data(), n_tokens, n_embd, n_expert, has_bias, top_k,
                                          gating, has_sel_bias, n_group, n_group_used, norm, scale);
             });
-            counts.push_back(counter);
+            counts.push_back((int)counter);
         }
         out();
     }

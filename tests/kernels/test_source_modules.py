@@ -63,9 +63,10 @@ class _CountingDevice:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._device, name)
 
-    def compile(self, source: str, name: str, twin: object | None = None) -> Any:
+    def compile(self, source: str, name: str, twin: object | None = None, chained: bool = False) -> Any:
+        assert chained, f"{name}: the package's kernels open with KERNEL_PROLOGUE and may launch chained"
         self.sources.setdefault(source, set()).add(name)
-        return self._device.compile(source, name, twin)
+        return self._device.compile(source, name, twin, chained)
 
 
 def test_a_model_of_one_type_compiles_two_modules() -> None:

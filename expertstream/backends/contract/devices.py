@@ -124,11 +124,14 @@ class Device(abc.ABC):
     def event(self, timing: bool = False) -> Event: ...
 
     @abc.abstractmethod
-    def compile(self, source: str, name: str, twin: object | None = None) -> Kernel:
+    def compile(self, source: str, name: str, twin: object | None = None, chained: bool = False) -> Kernel:
         """Compile ``extern "C" __global__`` source and return kernel ``name`` (cached).
 
         ``twin``: what a backend that runs kernels on the host runs instead (the simulator takes a
         ``sim.KernelSpec``, else the one registered under ``name``); GPU backends ignore it.
+        ``chained``: the kernel opens by waiting for the kernels before it to finish (the package's
+        ``KERNEL_PROLOGUE``), so it may be launched chained to them (``Capabilities.chained_launches``);
+        any other kernel is launched on its own.
         """
 
     @abc.abstractmethod

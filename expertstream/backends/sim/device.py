@@ -141,7 +141,7 @@ class SimDevice(Device):
     def event(self, timing: bool = False) -> SimEvent:
         return SimEvent(self, timing)
 
-    def compile(self, source: str, name: str, twin: object | None = None) -> Kernel:
+    def compile(self, source: str, name: str, twin: object | None = None, chained: bool = False) -> Kernel:
         """Kernel ``name`` running ``twin`` (a KernelSpec of that name), else the twin registered under it."""
         spec = lookup_kernel(name, self.label) if twin is None else checked_twin(twin, name, self.label)
         kernel = self._kernels.get(name)
