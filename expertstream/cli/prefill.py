@@ -168,9 +168,10 @@ def register(subparsers: Any) -> None:
         "prefill",
         aliases=["bench"],
         help="MoE prefill (and decode) with host-resident experts, one row per setting",
-        description="Run a GGUF MoE model's expert layers through the scheduler for each setting (prompt "
-        "size, ubatch, decode steps, slot count, host memory mode); report time to first token, tokens/s, "
-        "H2D bandwidth, overlap and an output hash that must be equal across rows.",
+        description="Run a GGUF MoE model (the whole model; its expert layers alone with --experts-only) "
+        "through the scheduler for each setting (prompt size, ubatch, decode steps, slot count, host memory "
+        "mode); report time to first token, tokens/s, H2D bandwidth, overlap and an output hash that must be "
+        "equal across rows.",
         epilog=PREFILL_EPILOG,
         formatter_class=HelpFormatter,
     )

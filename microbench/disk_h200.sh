@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Mode disk on the 48-layer qwen3-30b-a3b Q4_K_M file with the process and its page cache held under a
+# cgroup v2 memory limit, beside llama.cpp -lm mmap under the same limit, on one GPU machine as root.
+# Results: docs/results/disk-h200.md (not yet written: this script has not run on a GPU machine).
+#
+# usage: OUT=DIR [LIMIT=8G] bash microbench/disk_h200.sh     (from the repository root)
+#   1. microbench/model_h200.sh setup make: llama.cpp unpacked, the 48-layer file made in $MODELS;
+#   2. the drive's own rate: microbench.disk_read, O_DIRECT at 1, 4 and 16 reads in flight, page cache dropped;
+#   3. under the limit, the page cache dropped before each row: expertstream --host-memory disk pp4096 and
+#      pp32768 (ubatch 4096; layer-major, mode disk's default), tg64, tg64 with --host-cache 4G (the decode
+#      tier's hit rate), llama-bench -ncmoe 48 -lm mmap pp4096+tg64 and pp32768;
+#   4. the limit lifted and the file in the page cache: pp4096 through ring and through disk.
+# Writes $OUT/summary.txt (one line a row) and $OUT/raw/ (every command's output).
+set -uo pipefail
+OUT=${OUT:-.}
+LIMIT=${LIMIT:-8G}
+MODELS=${MODELS:-/tmp/models}
+S=$OUT/summary.txt R=$OUT/raw
+mkdir -p "$R"
+T0=$(date +%s)
+el() { echo "[$(($(date +%s) - T0)) s] $*" | tee -a "$S"; }
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; date -u; free -g | head -2
+  df -h "$MODELS" 2>/dev/null | tail -1; } | tee "$S"
+OUT=$R MODELS=$MODELS bash microbench/model_h200.sh setup make >"$R/make.log" 2>&1
+F=$MODELS/qwen3-30b-a3b-Q4_K_M.gguf
+el "file: $(stat -c %s "$F") bytes"
+CG=/sys/fs/cgroup/expertstream-disk
+echo "+memory" >/sys/fs/cgroup/cgroup.subtree_control 2>>"$R/cgroup.txt"
+mkdir -p $CG && echo "$LIMIT" >$CG/memory.max && { echo 0 >$CG/memory.swap.max 2>/dev/null || true; }
+el "cgroup $CG: memory.max $(cat $CG/memory.max)"
+limited() { sh -c "echo \$\$ > $CG/cgroup.procs && exec \"\$@\"" sh "$@"; }
+drop() { sync; echo 3 >/proc/sys/vm/drop_caches; }
+row() {  # JSON: one line per row
+    python3 -c "import json, sys
+for r in json.load(open(sys.argv[1]))['rows']:
+    print(r['host_memory'], r.get('prefill_order'), 'pp', r['tokens'], round(r['prefill_tokens_per_s'] or 0),
+          'tg', round(r['decode_tokens_per_s'] or 0, 1), 'disk GB', round((r.get('disk_bytes_read') or 0) / 1e9, 1),
+          'hit', r.get('host_cache_hit_pct'), r.get('decode_host_cache_hit_pct'), (r.get('prefill_sha256') or '')[:12])
+" "$1" 2>&1 | tr '\n' ';'
+}
+bench() {  # NAME ARGS...: expertstream bench under the limit, the page cache dropped first
+    local name=$1; shift
+    drop
+    limited timeout 300 python3 -m expertstream bench -m "$F" --backend cuda --slots 3 -ncmoe all -r 1 -o json "$@" \
+        >"$R/$name.json" 2>"$R/$name.err"
+    el "$name (limit $LIMIT): $(row "$R/$name.json") cgroup peak $(cat $CG/memory.peak 2>/dev/null)"
+}
+drop
+timeout 120 python3 -m microbench.disk_read --file "$F" --depths 1 4 16 --gib 2 >"$R/disk-read.txt" 2>&1
+el "drive: $(tail -4 "$R/disk-read.txt" | tr '\n' ' ')"
+# kernels compiled once outside the limit: the kernel cache serves the limited runs
+timeout 300 python3 -m expertstream bench -m "$F" --backend cuda -p 512 -n 2 --slots 3 --host-memory disk -ncmoe all \
+    -r 1 -o json >"$R/warm.json" 2>"$R/warm.err"
+bench disk-pp4096 --host-memory disk -p 4096 -ub 4096 -n 0
+bench disk-pp32768 --host-memory disk -p 32768 -ub 4096 -n 0
+bench disk-tg64 --host-memory disk -p 16 -n 64
+bench disk-cache4g-tg64 --host-memory disk --host-cache 4G -p 16 -n 64
+export LD_LIBRARY_PATH=/tmp/llamacpp-sm90/bin:${LD_LIBRARY_PATH:-}
+LB=/tmp/llamacpp-sm90/bin/llama-bench
+drop
+limited timeout 300 $LB -m "$F" -ngl 99 -ncmoe 48 -lm mmap -fa 0 -p 4096 -b 4096 -ub 4096 -n 64 -r 1 -o md \
+    >"$R/llama-mmap-pp4096.md" 2>&1
+el "llama-bench -lm mmap pp4096, tg64 (limit $LIMIT): $(grep -E 'pp4096|tg64' "$R/llama-mmap-pp4096.md" | awk -F'|' '{print $(NF-1)}' | tr '\n' ' ')"
+drop
+limited timeout 600 $LB -m "$F" -ngl 99 -ncmoe 48 -lm mmap -fa 0 -p 32768 -b 4096 -ub 4096 -n 0 -r 1 -o md \
+    >"$R/llama-mmap-pp32768.md" 2>&1
+el "llama-bench -lm mmap pp32768 (limit $LIMIT): $(grep pp32768 "$R/llama-mmap-pp32768.md" | awk -F'|' '{print $(NF-1)}')"
+cat "$F" >/dev/null  # the limit lifted: the file in the page cache
+for mode in ring disk; do
+    timeout 300 python3 -m expertstream bench -m "$F" --backend cuda -p 4096 -ub 4096 -n 0 --slots 3 --host-memory $mode \
+        -ncmoe all -r 2 -o json >"$R/$mode-cached-pp4096.json" 2>"$R/$mode-cached-pp4096.err"
+    el "$mode pp4096 (no limit, file cached): $(row "$R/$mode-cached-pp4096.json")"
+done
