@@ -259,6 +259,21 @@ __device__ void gemv_wave_sums(const unsigned char* const* rows, const int* step
     }
 }
 
+// The wave's rows o0, o0 + 1, ... of a tensor of n_out rows of n_in elements at w: where each starts
+// and how many slices it reads (none past n_out; the last row's padding tail where padded_tail, as for
+// the last row of the last expert).
+template <int TYPE>
+__device__ void gemv_wave_rows(const unsigned char* w, int o0, int n_out, int n_in, bool padded_tail,
+                               const unsigned char** rows, int* steps) {
+    const long long row_bytes = weight_row_bytes<TYPE>(n_in);
+#pragma unroll
+    for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
+        const int o = o0 + r;
+        rows[r] = w + (long long)o * row_bytes;
+        steps[r] = o < n_out ? gemv_row_steps<TYPE>(n_in, padded_tail && o == n_out - 1) : 0;
+    }
+}
+
 template <int TYPE>
 __device__ void mul_mat_vec_id(const unsigned char* __restrict__ w, const float* __restrict__ x,
                                const int* __restrict__ ids, float* __restrict__ y, int n_expert, int n_out, int n_in,
@@ -280,15 +295,10 @@ __device__ void mul_mat_vec_id(const unsigned char* __restrict__ w, const float*
         }
         return;
     }
-    const long long row_bytes = weight_row_bytes<TYPE>(n_in);
     const unsigned char* rows[MOE_GEMV_WAVE_ROWS];
     int steps[MOE_GEMV_WAVE_ROWS];
-#pragma unroll
-    for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {  // rows past n_out read nothing
-        const int o = o0 + r;
-        rows[r] = w + ((long long)expert * n_out + o) * row_bytes;
-        steps[r] = o < n_out ? gemv_row_steps<TYPE>(n_in, expert == n_expert - 1 && o == n_out - 1) : 0;
-    }
+    const unsigned char* tensor = w + (long long)expert * n_out * weight_row_bytes<TYPE>(n_in);
+    gemv_wave_rows<TYPE>(tensor, o0, n_out, n_in, expert == n_expert - 1, rows, steps);
     float sums[MOE_GEMV_WAVE_ROWS];
     gemv_wave_sums<TYPE>(rows, steps, x + (long long)(x_per_pair ? pair : pair / top_k) * n_in, n_in, sums);
 #pragma unroll
@@ -361,15 +371,9 @@ __device__ void mul_mat_vec_parts(const unsigned char* __restrict__ w0, const un
     }
     const int lane = threadIdx.x % MOE_GEMV_WAVE;
     const int o0 = blockIdx.x * MOE_GEMV_ROWS + threadIdx.x / MOE_GEMV_WAVE * MOE_GEMV_WAVE_ROWS;
-    const long long row_bytes = weight_row_bytes<TYPE>(n_in);
     const unsigned char* rows[MOE_GEMV_WAVE_ROWS];
     int steps[MOE_GEMV_WAVE_ROWS];
-#pragma unroll
-    for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {  // rows past n_out read nothing
-        const int o = o0 + r;
-        rows[r] = w + (long long)o * row_bytes;
-        steps[r] = o < n_out ? gemv_row_steps<TYPE>(n_in, o == n_out - 1) : 0;
-    }
+    gemv_wave_rows<TYPE>(w, o0, n_out, n_in, true, rows, steps);
     float sums[MOE_GEMV_WAVE_ROWS];
     gemv_wave_sums<TYPE>(rows, steps, x + (long long)token * n_in, n_in, sums);
 #pragma unroll
