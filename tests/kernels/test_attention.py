@@ -18,7 +18,13 @@ from expertstream.backends.base import Device, DeviceBuffer, Stream
 from expertstream.errors import InvalidArgument
 from expertstream.kernels import MatrixPath, MoeKernels
 from expertstream.kernels import reference as ref
-from expertstream.kernels.attention import DECODE_MAX_TOKENS, attention, uses_matrix_cores
+from expertstream.kernels.attention import (
+    DECODE_CHUNK,
+    DECODE_MAX_TOKENS,
+    FUSED_MAX_CHUNKS,
+    attention,
+    uses_matrix_cores,
+)
 from expertstream.kernels.reference_attention import attention as reference_attention
 from expertstream.timeline import OpKind
 
@@ -326,3 +332,23 @@ def test_misaligned_cache_and_small_sinks_are_named(device: Device, kernels: Moe
         _call(kernels, stream, device, k_cache=cache.view(8, 16 * 2 * 64 * 2))
     with pytest.raises(InvalidArgument, match="sinks holds 8 bytes"):
         _call(kernels, stream, device, sinks=device.alloc(8))
+
+
+@pytest.mark.parametrize(
+    ("kv_len", "kernels_run"), [(64, ["attn_decode_fused_d64"]), (4160, ["attn_decode_d64", "attn_decode_combine"])]
+)
+def test_decode_combines_in_its_own_launch_past_the_fused_bound(
+    device: Device, kernels: MoeKernels, stream: Stream, rng: np.random.Generator, kv_len: int, kernels_run: list[str]
+) -> None:
+    """Up to FUSED_MAX_CHUNKS chunks the last block of a KV head's rows combines them; past that (4160
+    rows: 65 chunks) one block would merge them in turn, and a launch of one block per row does."""
+    assert FUSED_MAX_CHUNKS * DECODE_CHUNK < 4160
+    case = Case(1, kv_len - 1, 4, 2, 64)
+    inputs = make_inputs(device, rng, case)
+    backend = device.backend
+    backend.start_trace()
+    before = len(backend.timeline or ())
+    out = run(kernels, stream, inputs)
+    launched = [op.name for op in (backend.timeline or ())[before:] if op.name.startswith("attn_")]
+    assert launched == kernels_run
+    assert worst_row_error(out, inputs.reference()) < RTOL_F32
