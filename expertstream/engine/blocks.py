@@ -18,7 +18,7 @@ import numpy as np
 from .._closing import Closing
 from ..backends.base import BufferView, Device, DeviceBuffer, Stream, Usage
 from ..errors import InvalidArgument
-from ..kernels import MoeKernels, dense
+from ..kernels import MoeKernels, dense, layout
 from ..kernels import attention as attention_kernels
 from ..kernels.launcher import DirectInputs
 from ..model import ModelError, MoeModel, TensorInfo
@@ -213,6 +213,7 @@ class Blocks(Closing):
         )
         counters = attention_kernels.decode_counters(tokens, spec.n_head, spec.n_head_kv)
         self.kernels.zeroed("attention_counters", counters * 4)
+        self.kernels.zeroed("add_norm_counters", min(rows, layout.GEMV_MAX_PAIRS) * 4)
 
     def _view(self, name: str, rows: int, width: int) -> BufferView:
         if rows > self.rows:
@@ -275,7 +276,15 @@ class Blocks(Closing):
             window=spec.window(layer),
             sinks=a.sinks,
         )
-        a.out.apply(k, stream, att, count, o, ids)
+        out = a.out
+        if ffn_x is not None and out.bias is None and k.uses_gemv(count):
+            # A few rows: the projection, the residual add and the FFN's norm in one launch.
+            dense.project_add_rms_norm(
+                k, stream, out.weight, out.info.qtype, out.n_in, att, count, o, hidden, a.ffn_norm, ffn_x,
+                spec.n_embd, spec.eps,
+            )  # fmt: skip
+            return
+        out.apply(k, stream, att, count, o, ids)
         if ffn_x is None:
             standin.add_inplace(k, stream, hidden, o, count * spec.n_embd)
         else:

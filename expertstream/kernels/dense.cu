@@ -117,23 +117,34 @@ __device__ void get_rows_chunk(const unsigned char* __restrict__ table, const in
 // 1 / sqrt(mean(row[:n]^2) + eps), the same in every thread of the block: thread tid adds the
 // squares of elements tid, tid + blockDim.x, ..., then the block's sums meet in a fixed tree.
 // Every thread of the block calls it (it holds barriers).
-__device__ float rms_scale(const float* row, int n, float eps, float* partial) {
+// 1 / sqrt(mean(row^2) + eps), the sum taken over `lanes` logical threads (a power of two, at least
+// blockDim.x, at most DENSE_NORM_MAX_THREADS): lane l adds the squares of elements l, l + lanes, ...
+// in order, then the lanes' sums meet in a fixed tree. Thread t plays lanes t, t + blockDim.x, ..., so
+// the result depends on `lanes` alone, not on the block size.
+__device__ float rms_scale_lanes(const float* row, int n, float eps, float* partial, int lanes) {
     const int tid = threadIdx.x;
-    float sum = 0.0f;
-    for (int i = tid; i < n; i += blockDim.x) {
-        sum = fmaf(row[i], row[i], sum);
+    for (int lane = tid; lane < lanes; lane += blockDim.x) {
+        float sum = 0.0f;
+        for (int i = lane; i < n; i += lanes) {
+            sum = fmaf(row[i], row[i], sum);
+        }
+        partial[lane] = sum;
     }
-    partial[tid] = sum;
     __syncthreads();
-    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (tid < s) {
-            partial[tid] += partial[tid + s];
+    for (int s = lanes / 2; s > 0; s >>= 1) {
+        for (int lane = tid; lane < s; lane += blockDim.x) {
+            partial[lane] += partial[lane + s];
         }
         __syncthreads();
     }
     const float scale = 1.0f / sqrtf(partial[0] / (float)n + eps);
     __syncthreads();  // partial[0] is read by every thread before the next call writes partial
     return scale;
+}
+
+// rms_scale_lanes over the block's own threads, one lane each (the norm kernels' block is the lanes).
+__device__ float rms_scale(const float* row, int n, float eps, float* partial) {
+    return rms_scale_lanes(row, n, eps, partial, blockDim.x);
 }
 
 // dst[i] = row[i] * scale (* weight[i] where weight is not null) for the thread's elements i = tid,
@@ -182,6 +193,62 @@ extern "C" __global__ void __launch_bounds__(DENSE_NORM_MAX_THREADS)
     }
     rms_store(row, n, rms_scale(row, n, eps, partial), weight, out + (long long)r * n);
 }
+
+// mul_mat_vec_add_norm: decode's attention output projection, its residual add and the FFN's norm in
+// one launch: y[t] = W x[t] for a few tokens (a matrix-vector launch of one expert, the rows as
+// mul_mat_vec_id sums them; grid (ceil(n / MOE_GEMV_ROWS), n_tokens)), then the last of token t's blocks to
+// finish (counters[t], wrapped back to 0 by atomicInc) adds y[t] into hidden[t] and writes out[t] = its
+// rms_norm times weight, as dense_add_rms_norm does at its block size for n (norm_lanes logical
+// threads): the bytes of the three launches. y, hidden and out are [n_tokens, n].
+template <int TYPE>
+__device__ void mul_mat_vec_add_norm(const unsigned char* __restrict__ w, const float* __restrict__ x, float* y,
+                                     float* __restrict__ hidden, const float* __restrict__ weight,
+                                     float* __restrict__ out, unsigned int* counters, int n, int n_in, float eps,
+                                     int norm_lanes) {
+    __shared__ int last;
+    __shared__ float partial[DENSE_NORM_MAX_THREADS];
+    const int token = blockIdx.y;
+    const int lane = threadIdx.x % MOE_GEMV_WAVE;
+    const int o0 = blockIdx.x * MOE_GEMV_ROWS + threadIdx.x / MOE_GEMV_WAVE * MOE_GEMV_WAVE_ROWS;
+    const unsigned char* rows[MOE_GEMV_WAVE_ROWS];
+    int steps[MOE_GEMV_WAVE_ROWS];
+    gemv_wave_rows<TYPE>(w, o0, n, n_in, true, rows, steps);
+    float sums[MOE_GEMV_WAVE_ROWS];
+    gemv_wave_sums<TYPE>(rows, steps, x + (long long)token * n_in, n_in, sums);
+#pragma unroll
+    for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
+        if (lane == 0 && o0 + r < n) {
+            y[(long long)token * n + o0 + r] = sums[r];
+        }
+    }
+    __threadfence();  // this thread's rows are visible to every block before the block counts itself
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicInc(counters + token, gridDim.x - 1) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) {
+        return;  // the whole block returns together
+    }
+    __threadfence();
+    const volatile float* add = y + (long long)token * n;  // other blocks of this launch wrote it
+    float* row = hidden + (long long)token * n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        row[i] += add[i];
+    }
+    __syncthreads();  // the norm's lanes read elements other threads added
+    rms_store(row, n, rms_scale_lanes(row, n, eps, partial, norm_lanes), weight, out + (long long)token * n);
+}
+
+// One mul_mat_vec_add_norm kernel per weight type, named by layout.WeightFormat.gemv_add_norm_kernel_name.
+#define DENSE_MUL_MAT_VEC_ADD_NORM(NAME, TYPE)                                                             \
+    extern "C" __global__ void __launch_bounds__(MOE_GEMV_THREADS)                                         \
+        NAME(const unsigned char* __restrict__ w, const float* __restrict__ x, float* y,                   \
+             float* __restrict__ hidden, const float* __restrict__ weight, float* __restrict__ out,        \
+             unsigned int* counters, int n, int n_in, float eps, int norm_lanes) {                         \
+        KERNEL_PROLOGUE();                                                                                 \
+        mul_mat_vec_add_norm<TYPE>(w, x, y, hidden, weight, out, counters, n, n_in, eps, norm_lanes);      \
+    }
 
 // hidden[t, :] += the MoE layer's combine_sum (elementwise.cu), then out[t, :] = the new row's rms_norm
 // (times weight[:] where not null): moe_combine followed by dense_rms_norm in one launch, the same float

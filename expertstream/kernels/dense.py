@@ -23,7 +23,7 @@ from gguf import GGMLQuantizationType
 
 from ..backends.base import BufferView, DeviceBuffer, Stream
 from ..errors import InvalidArgument
-from ..ggml import RowType
+from ..ggml import RowType, padded_size
 from . import layout
 from .args import ViewLike, fits_int32, positive, view
 from .layout import WeightFormat
@@ -176,6 +176,57 @@ def add_rms_norm(
         np.float32(eps),
     )
     stream.launch(kernels.kernel("dense_add_rms_norm"), n_rows, norm_threads(n), args)
+
+
+def project_add_rms_norm(
+    kernels: MoeKernels,
+    stream: Stream,
+    w: ViewLike,
+    w_type: RowType,
+    n_in: int,
+    x: ViewLike,
+    n_tokens: int,
+    y: ViewLike,
+    hidden: ViewLike,
+    weight: ViewLike | None,
+    out: ViewLike,
+    n: int,
+    eps: float,
+) -> None:
+    """y = W x (W [n, n_in] of ``w_type``, a few rows: ``MoeKernels.uses_gemv``), then ``add_rms_norm``
+    (hidden += y; out = rms_norm(hidden) * weight) in one launch, the bytes of the two: decode's
+    attention output, residual add and FFN norm. The last block of each token's rows to finish does the
+    token's add and norm, counting in the instance's own counters (``MoeKernels.zeroed``), so calls run
+    in one stream's order."""
+    call = "project_add_rms_norm"
+    fmt = layout.weight_format(w_type)
+    positive(call, n_in=n_in, n_tokens=n_tokens, n=n)
+    _check_eps(call, eps)
+    if not kernels.uses_gemv(n_tokens):
+        raise InvalidArgument(
+            f"{n_tokens} rows take the tile kernels, not the matrix-vector ones",
+            call=call,
+            hint="check uses_gemv() first, or run mul_mat_id and add_rms_norm",
+        )
+    views = {name: view(call, name, v, n_tokens * n * 4) for name, v in (("y", y), ("hidden", hidden), ("out", out))}
+    for a, b in (("hidden", "y"), ("out", "hidden"), ("out", "y")):
+        _apart(call, a, views[a], b, views[b])
+    w_bytes = padded_size(n * fmt.row_bytes(n_in), fmt.qtype, n_in)
+    args = (
+        view(call, "w", w, w_bytes, fmt.unit_bytes),
+        view(call, "x", x, n_tokens * n_in * 4, 4),
+        views["y"],
+        views["hidden"],
+        np.uint64(0) if weight is None else view(call, "weight", weight, n * 4),
+        views["out"],
+        kernels.zeroed("add_norm_counters", n_tokens * 4),
+        np.int32(n),
+        np.int32(n_in),
+        np.float32(eps),
+        np.int32(norm_threads(n)),
+    )
+    grid = (-(-n // layout.GEMV_ROWS), n_tokens)
+    stream.launch(kernels.kernel(fmt.gemv_add_norm_kernel_name), grid, layout.GEMV_THREADS, args)
 
 
 def combine_rms_norm(

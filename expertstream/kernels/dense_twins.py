@@ -19,7 +19,7 @@ from ..backends.sim import Access, KernelSpec
 from ..backends.sim.kernels import Dim3Tuple
 from . import quants
 from .layout import FORMATS, WeightFormat
-from .twins import combine_run
+from .twins import combine_run, gemv_runner, weights_access
 
 Args = tuple[Any, ...]
 _F32 = np.float32
@@ -111,6 +111,39 @@ def _combine_rms_norm_accesses(args: Args) -> Sequence[Access]:
     hidden = _as_view(args[3])
     reads = [Access(_as_view(a), write=False) for a in args[:5] if not isinstance(a, np.generic)]
     return [*reads, Access(hidden, write=True), Access(_as_view(args[5]), write=True)]
+
+
+# -- mul_mat_vec_add_norm: w, x, y, hidden, weight (or 0), out, counters, n, n_in, eps, norm_lanes ----
+
+
+def _mul_mat_vec_add_norm_runner(fmt: WeightFormat) -> Any:
+    mul_mat_vec = gemv_runner(fmt)
+
+    def run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
+        w, x, y, hidden, weight, out, _counters, n, n_in, eps, _lanes = args
+        n_tokens = y.nbytes // (4 * int(n))
+        zeros = np.zeros(n_tokens, np.int32).view(np.uint8)
+        mul_mat_vec((w, x, zeros, y, 1, n, n_in, 1, 0, n_tokens, 0, 0), grid, block)
+        _add_rms_norm_run((hidden, y, weight, out, n_tokens, n, eps), grid, block)
+
+    return run
+
+
+def _mul_mat_vec_add_norm_accesses_for(fmt: WeightFormat) -> Any:
+    def accesses(args: Args) -> Sequence[Access]:
+        w, x, y, hidden, weight, out, counters, n, n_in = args[:9]
+        reads = [
+            Access(_as_view(a), write=False) for a in (x, weight, hidden, counters) if not isinstance(a, np.generic)
+        ]
+        writes = [Access(_as_view(a), write=True) for a in (y, hidden, out, counters)]
+        return [weights_access(fmt, w, 1, n, n_in), *reads, *writes]
+
+    return accesses
+
+
+def _mul_mat_vec_add_norm_flops(args: Args) -> float:
+    n_tokens = _as_view(args[2]).nbytes // (4 * int(args[7]))
+    return (2.0 * int(args[8]) + 5.0) * int(args[7]) * n_tokens
 
 
 # -- add_rows: y, bias, n_rows, n -------------------------------------------------------------
@@ -237,6 +270,15 @@ def twin_specs() -> list[KernelSpec]:
             _combine_rms_norm_run,
             _combine_rms_norm_accesses,
             lambda a: (2.0 * float(a[7]) + 3.0) * float(a[6]) * float(a[8]),
+        ),
+        *(
+            KernelSpec(
+                fmt.gemv_add_norm_kernel_name,
+                _mul_mat_vec_add_norm_runner(fmt),
+                _mul_mat_vec_add_norm_accesses_for(fmt),
+                _mul_mat_vec_add_norm_flops,
+            )
+            for fmt in FORMATS.values()
         ),
         KernelSpec("dense_add_rows", _add_rows_run, _read_modify_write, lambda a: float(a[2]) * float(a[3])),
         KernelSpec(

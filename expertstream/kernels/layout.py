@@ -170,6 +170,11 @@ class WeightFormat:
         return f"moe_mul_mat_vec_parts_{self.suffix}"
 
     @property
+    def gemv_add_norm_kernel_name(self) -> str:
+        """The matrix-vector projection of this type with the residual add and the next norm (dense.cu)."""
+        return f"dense_mul_mat_vec_add_norm_{self.suffix}"
+
+    @property
     def get_rows_kernel_name(self) -> str:
         """The kernel that decodes rows of a table of this type (dense.get_rows)."""
         return f"dense_get_rows_{self.suffix}"

@@ -86,6 +86,8 @@ def _instances(fmt: WeightFormat) -> Iterator[tuple[str, str]]:
     yield fmt.gemv_kernel_name, f"MOE_MUL_MAT_VEC_ID({fmt.gemv_kernel_name}, {qtype})"
     yield fmt.gemv_gate_up_kernel_name, f"MOE_GATE_UP_VEC_ID({fmt.gemv_gate_up_kernel_name}, {qtype})"
     yield fmt.gemv_parts_kernel_name, f"MOE_MUL_MAT_VEC_PARTS({fmt.gemv_parts_kernel_name}, {qtype})"
+    name = fmt.gemv_add_norm_kernel_name
+    yield name, f"DENSE_MUL_MAT_VEC_ADD_NORM({name}, {qtype})"
     name = fmt.get_rows_kernel_name
     yield name, f"DENSE_GET_ROWS({name}, {qtype})"
 

@@ -236,7 +236,7 @@ def _int8_runner(fmt: WeightFormat) -> Any:
     return run
 
 
-def _weights_access(fmt: WeightFormat, w: Any, n_expert: Any, n_out: Any, n_in: Any) -> Access:
+def weights_access(fmt: WeightFormat, w: Any, n_expert: Any, n_out: Any, n_in: Any) -> Access:
     """The read of a weight tensor, whose bytes past the tensor's rows are ggml's padding tail."""
     w_view = _as_view(w)
     tensor_bytes = int(n_expert) * int(n_out) * fmt.row_bytes(int(n_in))
@@ -248,7 +248,7 @@ def _mul_mat_id_accesses_for(fmt: WeightFormat) -> Any:
     def accesses(args: Args) -> Sequence[Access]:
         w, x, scratch, y, n_expert, n_out, n_in = args[:7]
         return [
-            _weights_access(fmt, w, n_expert, n_out, n_in),
+            weights_access(fmt, w, n_expert, n_out, n_in),
             Access(_as_view(x), write=False),
             Access(_as_view(scratch), write=False),
             Access(_as_view(y), write=True),
@@ -280,7 +280,7 @@ def _silu_times(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         return gate / (np.float32(1) + np.exp(-gate)) * up
 
 
-def _gemv_runner(fmt: WeightFormat) -> Any:
+def gemv_runner(fmt: WeightFormat) -> Any:
     def run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
         w_bytes, x_bytes, ids_bytes, y_bytes, n_expert, n_out, n_in, top_k, x_per_pair, n_pairs = args[:10]
         route_weights, silu_gate = args[10:12]
@@ -312,7 +312,7 @@ def _gemv_runner(fmt: WeightFormat) -> Any:
 
 
 def _gemv_gate_up_runner(fmt: WeightFormat) -> Any:
-    mul_mat_vec = _gemv_runner(fmt)
+    mul_mat_vec = gemv_runner(fmt)
 
     def run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
         w_gate, w_up, x, ids, y, n_expert, n_out, n_in, top_k, n_pairs = args
@@ -331,7 +331,7 @@ def _gemv_gate_up_accesses_for(fmt: WeightFormat) -> Any:
         w_gate, w_up, x, ids, y, n_expert, n_out, n_in, top_k, n_pairs = args
         # The gate launch's accesses, and the up tensor read beside them.
         gate = gemv_accesses((w_gate, x, ids, y, n_expert, n_out, n_in, top_k, 0, n_pairs, 0, 0))
-        return [_weights_access(fmt, w_up, n_expert, n_out, n_in), *gate]
+        return [weights_access(fmt, w_up, n_expert, n_out, n_in), *gate]
 
     return accesses
 
@@ -350,7 +350,7 @@ def _gemv_parts(args: Args) -> list[tuple[Any, Any, int]]:
 
 
 def _gemv_parts_runner(fmt: WeightFormat) -> Any:
-    mul_mat_vec = _gemv_runner(fmt)
+    mul_mat_vec = gemv_runner(fmt)
 
     def run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
         x, n_in, n_tokens = args[3], int(args[10]), int(args[11])
@@ -365,7 +365,7 @@ def _gemv_parts_accesses_for(fmt: WeightFormat) -> Any:
     def accesses(args: Args) -> Sequence[Access]:
         n_in = int(args[10])
         parts = _gemv_parts(args)
-        weights = [_weights_access(fmt, w, 1, n_out, n_in) for w, _, n_out in parts]
+        weights = [weights_access(fmt, w, 1, n_out, n_in) for w, _, n_out in parts]
         outputs = [Access(_as_view(y), write=True) for _, y, _ in parts]
         return [*weights, Access(_as_view(args[3]), write=False), *outputs]
 
@@ -380,7 +380,7 @@ def _gemv_accesses_for(fmt: WeightFormat) -> Any:
     def accesses(args: Args) -> Sequence[Access]:
         w, x, ids, y, n_expert, n_out, n_in = args[:7]
         return [
-            _weights_access(fmt, w, n_expert, n_out, n_in),
+            weights_access(fmt, w, n_expert, n_out, n_in),
             Access(_as_view(x), write=False),
             Access(_as_view(ids), write=False),
             *[Access(a, write=False) for a in args[10:12] if isinstance(a, BufferView)],
@@ -468,7 +468,7 @@ def _direct_accesses_for(fmt: WeightFormat, gate_up: bool) -> Any:
     def accesses(args: Args) -> Sequence[Access]:
         n_w = 2 if gate_up else 1
         n_expert, n_out, n_in = args[n_w + 3 : n_w + 6]
-        found = [_weights_access(fmt, w, n_expert, n_out, n_in) for w in args[:n_w]]
+        found = [weights_access(fmt, w, n_expert, n_out, n_in) for w in args[:n_w]]
         found += [Access(_as_view(args[n_w]), write=False), Access(_as_view(args[n_w + 1]), write=False)]
         if not gate_up and isinstance(args[-1], BufferView):
             found.append(Access(args[-1], write=False))
@@ -580,7 +580,7 @@ def twin_specs() -> list[KernelSpec]:
                     )
                 )
     specs += [
-        KernelSpec(fmt.gemv_kernel_name, _gemv_runner(fmt), _gemv_accesses_for(fmt), _gemv_flops, mul_mat_id_rate_key)
+        KernelSpec(fmt.gemv_kernel_name, gemv_runner(fmt), _gemv_accesses_for(fmt), _gemv_flops, mul_mat_id_rate_key)
         for fmt in FORMATS.values()
     ]
     specs += [

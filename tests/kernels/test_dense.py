@@ -343,3 +343,37 @@ def test_combine_rms_norm_is_the_bytes_of_combine_then_rms_norm(
     assert results[1] == results[0]
     with pytest.raises(InvalidArgument, match="overlap"):
         dense.combine_rms_norm(kernels, stream, y, weights, extra, hidden, norm, hidden, n_tokens, top_k, n, eps)
+
+
+@pytest.mark.parametrize("w_type", [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q8_0], ids=lambda t: t.name)
+def test_project_add_rms_norm_is_the_bytes_of_the_projection_then_add_rms_norm(
+    device: Device, stream: Stream, rng: np.random.Generator, w_type: GGMLQuantizationType
+) -> None:
+    """Decode's attention output, residual add and FFN norm in one launch write what the projection
+    then add_rms_norm write, again on a second launch (its counters back to 0); more rows than the
+    matrix-vector kernels take are refused."""
+    n_tokens, n, n_in, eps = 2, 300, 256, 1e-6
+    w = ref.random_weights(rng, w_type, n, n_in)
+    x = device.upload(rng.standard_normal((n_tokens, n_in)).astype(np.float32))
+    start = rng.standard_normal((n_tokens, n)).astype(np.float32)
+    norm = device.upload(rng.standard_normal(n).astype(np.float32))
+    ids = device.upload(np.zeros(n_tokens, np.int32))
+    with MoeKernels(device, gemv=True) as kernels, device.alloc(w.nbytes, row_type=w_type, ne0=n_in) as w_buf:
+        w_buf.write(w)
+        results = []
+        for fused in (False, True, True):
+            hidden, y, out = device.upload(start), poisoned(device, start.nbytes), poisoned(device, start.nbytes)
+            if fused:
+                dense.project_add_rms_norm(
+                    kernels, stream, w_buf, w_type, n_in, x, n_tokens, y, hidden, norm, out, n, eps
+                )
+            else:
+                kernels.mul_mat_id(stream, w_buf, w_type, 1, n, n_in, x, False, ids, n_tokens, 1, y)
+                dense.add_rms_norm(kernels, stream, hidden, y, norm, out, n_tokens, n, eps)
+            stream.synchronize()
+            results.append([buf.read().tobytes() for buf in (y, hidden, out)])
+        assert np.isfinite(np.frombuffer(results[0][2], np.float32)).all()
+        assert results[1] == results[0] and results[2] == results[0]
+        with pytest.raises(InvalidArgument, match="tile kernels"):
+            rows = 64
+            dense.project_add_rms_norm(kernels, stream, w_buf, w_type, n_in, x, rows, y, hidden, norm, out, n, eps)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
 
-from expertstream.kernels import dense, kernel_source
+from expertstream.kernels import dense, kernel_source, layout
 from expertstream.kernels import reference as ref
 from expertstream.kernels import reference_dense as ref_dense
 from expertstream.kernels.dense import Rope
@@ -23,7 +23,7 @@ from expertstream.kernels.layout import FORMATS
 from expertstream.kernels.program import source_file
 
 from .test_dense import F16_EDGES
-from .test_kernels_on_host import _FIBERS, CXX, compile_on_host, shared_code
+from .test_kernels_on_host import _FIBERS, CXX, compile_on_host, shared_code, with_tail
 
 TYPES = list(FORMATS)
 
@@ -31,6 +31,10 @@ _DRIVER = (
     _FIBERS
     + """
 typedef void (*GetRows)(const unsigned char*, const int*, float*, int, int, int);
+typedef void (*MulMatVecId)(const unsigned char*, const float*, const int*, float*, int, int, int, int, int, int,
+                            const float*, const float*);
+typedef void (*AddNorm)(const unsigned char*, const float*, float*, float*, const float*, float*, unsigned*, int, int,
+                        float, int);
 
 static void launch(unsigned grid_x, unsigned rows, unsigned threads, const std::function<void()>& body) {
     const unsigned grid_y = std::min(rows, 3u);
@@ -91,6 +95,61 @@ int main(int argc, char** argv) {
         }
         fwrite(hidden.data(), sizeof(float), hidden.size(), stdout);
         fwrite(out.data(), sizeof(float), out.size(), stdout);
+    } else if (kernel == "project_add_norm") {
+        // argv[2]: the type's index. The projection (mul_mat_vec_id of expert 0) then dense_add_rms_norm,
+        // then the fused kernel, its blocks in reverse order, twice: each's hidden and out, and the
+        // counters after each block of the first fused launch.
+        MulMatVecId gemv[] = {%s};
+        AddNorm fused[] = {%s};
+        const int type = atoi(argv[2]);
+        std::vector<int> shape = read_array<int>(4);
+        const int n_tokens = shape[0], n = shape[1], n_in = shape[2], threads = shape[3];
+        const float eps = read_array<float>(1)[0];
+        std::vector<unsigned char> w = read_array<unsigned char>(read_array<int>(1)[0]);
+        std::vector<float> x = read_array<float>((size_t)n_tokens * n_in);
+        std::vector<float> start = read_array<float>((size_t)n_tokens * n);
+        std::vector<float> norm = read_array<float>(n);
+        std::vector<int> zeros(n_tokens, 0);
+        std::vector<float> y((size_t)n_tokens * n, NAN), hidden = start, out((size_t)n_tokens * n, NAN);
+        const unsigned grid_x = (n + MOE_GEMV_ROWS - 1) / MOE_GEMV_ROWS;
+        gridDim = EsDim3{grid_x, (unsigned)n_tokens, 1};  // every pair's row: launch() strides over three
+        blockDim = EsDim3{MOE_GEMV_THREADS, 1, 1};
+        for (unsigned by = 0; by < (unsigned)n_tokens; ++by) {
+            for (unsigned bx = 0; bx < grid_x; ++bx) {
+                blockIdx = EsDim3{bx, by, 0};
+                run_block(MOE_GEMV_THREADS, [&] {
+                    gemv[type](w.data(), x.data(), zeros.data(), y.data(), 1, n, n_in, 1, 0, n_tokens, nullptr,
+                               nullptr);
+                });
+            }
+        }
+        launch(n_tokens, 1, threads, [&] {
+            dense_add_rms_norm(hidden.data(), y.data(), norm.data(), out.data(), n_tokens, n, eps);
+        });
+        fwrite(hidden.data(), sizeof(float), hidden.size(), stdout);
+        fwrite(out.data(), sizeof(float), out.size(), stdout);
+        std::vector<unsigned> counters(n_tokens, 0);
+        std::vector<int> counts;
+        for (int pass = 0; pass < 2; ++pass) {
+            std::fill(y.begin(), y.end(), NAN);
+            std::fill(out.begin(), out.end(), NAN);
+            hidden = start;
+            gridDim = EsDim3{grid_x, (unsigned)n_tokens, 1};
+            blockDim = EsDim3{MOE_GEMV_THREADS, 1, 1};
+            for (unsigned by = n_tokens; by-- > 0;) {
+                for (unsigned bx = grid_x; bx-- > 0;) {
+                    blockIdx = EsDim3{bx, by, 0};
+                    run_block(MOE_GEMV_THREADS, [&] {
+                        fused[type](w.data(), x.data(), y.data(), hidden.data(), norm.data(), out.data(),
+                                    counters.data(), n, n_in, eps, threads);
+                    });
+                    if (pass == 0) counts.push_back((int)counters[by]);
+                }
+            }
+            fwrite(hidden.data(), sizeof(float), hidden.size(), stdout);
+            fwrite(out.data(), sizeof(float), out.size(), stdout);
+        }
+        fwrite(counts.data(), sizeof(int), counts.size(), stdout);
     } else if (kernel == "combine_rms_norm") {
         // moe_combine then dense_rms_norm (into out), then dense_combine_rms_norm on a copy of hidden:
         // both hiddens and both outs.
@@ -170,8 +229,17 @@ int main(int argc, char** argv) {
 def host_dense(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if CXX is None:
         pytest.skip("no C++ compiler (c++, g++ or clang++) on PATH")
-    instances = "".join(f"DENSE_GET_ROWS({FORMATS[t].get_rows_kernel_name}, {int(t)})\n" for t in TYPES)
-    names = ", ".join(FORMATS[t].get_rows_kernel_name for t in TYPES)
+    instances = "".join(
+        f"DENSE_GET_ROWS({f.get_rows_kernel_name}, {int(t)})\n"
+        f"MOE_MUL_MAT_VEC_ID({f.gemv_kernel_name}, {int(t)})\n"
+        f"DENSE_MUL_MAT_VEC_ADD_NORM({f.gemv_add_norm_kernel_name}, {int(t)})\n"
+        for t, f in ((t, FORMATS[t]) for t in TYPES)
+    )
+    names = (
+        ", ".join(FORMATS[t].get_rows_kernel_name for t in TYPES),
+        ", ".join(FORMATS[t].gemv_kernel_name for t in TYPES),
+        ", ".join(FORMATS[t].gemv_add_norm_kernel_name for t in TYPES),
+    )
     elementwise = source_file("elementwise.cu")
     combine = elementwise[elementwise.index("// moe_combine: ") :]  # after the kernels of dynamic shared memory
     code = shared_code(kernel_source(())) + combine + source_file("dense.cu") + instances + _DRIVER % names
@@ -225,6 +293,38 @@ def test_add_rms_norm_is_the_bytes_of_the_add_then_the_norm(
     got = _run(host_dense, ["add_rms_norm"], header, hidden.tobytes(), delta.tobytes(), weight.tobytes())
     assert got[: added.nbytes] == added.tobytes(), "hidden is not hidden + delta"
     assert got[added.nbytes :] == normed, "the norm's bytes differ from rms_norm's of the sum"
+
+
+@pytest.mark.parametrize(
+    "w_type", [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K, GGMLQuantizationType.F16], ids=lambda t: t.name
+)
+@pytest.mark.parametrize(("n", "n_tokens"), [(1024, 6), (300, 3)])
+def test_project_add_norm_is_the_bytes_of_the_projection_then_add_rms_norm(
+    host_dense: Path, rng: np.random.Generator, w_type: GGMLQuantizationType, n: int, n_tokens: int
+) -> None:
+    """dense_mul_mat_vec_add_norm_*, decode's attention output, residual add and FFN norm in one launch:
+    the hidden rows and norm of the matrix-vector launch then dense_add_rms_norm at its block size for n
+    (256 lanes on 128 threads), whichever block finishes last, twice with the same counters."""
+    n_in, eps = 512, 1e-6
+    threads = dense.norm_threads(n)
+    w = with_tail(ref.random_weights(rng, w_type, n, n_in), w_type, n_in)
+    x = rng.standard_normal((n_tokens, n_in)).astype(np.float32)
+    # magnitudes 1e-3..1e3 element by element: the sum of squares' order shows in its last bits
+    hidden = (rng.standard_normal((n_tokens, n)) * 10.0 ** rng.integers(-3, 4, (n_tokens, n))).astype(np.float32)
+    norm = rng.standard_normal(n).astype(np.float32)
+    header = struct.pack("4ifi", n_tokens, n, n_in, threads, eps, w.nbytes)
+    out = _run(
+        host_dense, ["project_add_norm", str(TYPES.index(w_type))], header, w.tobytes(), x.tobytes(),
+        hidden.tobytes(), norm.tobytes(),
+    )  # fmt: skip
+    size = 2 * hidden.nbytes
+    two_launches, first, second, counts = out[:size], out[size : 2 * size], out[2 * size : 3 * size], out[3 * size :]
+    assert np.isfinite(np.frombuffer(two_launches, np.float32)).all()
+    assert first == two_launches, "the fused launch wrote other bytes than the projection and add_rms_norm"
+    assert second == two_launches, "a second fused launch (the counters reused) wrote other bytes"
+    blocks = -(-n // layout.GEMV_ROWS)
+    expected_counts = [*range(1, blocks), 0] * n_tokens
+    assert list(np.frombuffer(counts, np.int32)) == expected_counts, "a block counted twice, or not the last reset"
 
 
 @pytest.mark.parametrize(("n", "threads"), [(2048, 1024), (45, 64)])

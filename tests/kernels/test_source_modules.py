@@ -19,7 +19,10 @@ from expertstream.kernels import MoeKernels, kernel_source, module_types, type_k
 from expertstream.kernels.launcher import TWINS
 from expertstream.kernels.layout import FORMATS
 
-_INSTANCE = re.compile(r"^(?:MOE_(?:MUL_MAT_ID|MUL_MAT_VEC_\w+|GATE_UP)\w*|DENSE_GET_ROWS)\((\w+),", re.M)
+# An instance line of a per-type kernel: one of the instance macros, then the kernel's name.
+_INSTANCE = re.compile(
+    r"^(?:MOE_(?:MUL_MAT_ID|MUL_MAT_VEC_\w+|GATE_UP)\w*|DENSE_(?:GET_ROWS|MUL_MAT_VEC_\w+))\((\w+),", re.M
+)
 # A kernel the shared code defines by name (the per-type ones come from instance macros).
 _SHARED_KERNEL = re.compile(
     r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\)\s+)?(?!__launch_bounds__)(\w+)\('
