@@ -208,19 +208,7 @@ __device__ void mul_mat_vec_add_norm(const unsigned char* __restrict__ w, const 
     __shared__ int last;
     __shared__ float partial[DENSE_NORM_MAX_THREADS];
     const int token = blockIdx.y;
-    const int lane = threadIdx.x % MOE_GEMV_WAVE;
-    const int o0 = blockIdx.x * MOE_GEMV_ROWS + threadIdx.x / MOE_GEMV_WAVE * MOE_GEMV_WAVE_ROWS;
-    const unsigned char* rows[MOE_GEMV_WAVE_ROWS];
-    int steps[MOE_GEMV_WAVE_ROWS];
-    gemv_wave_rows<TYPE>(w, o0, n, n_in, true, rows, steps);
-    float sums[MOE_GEMV_WAVE_ROWS];
-    gemv_wave_sums<TYPE>(rows, steps, x + (long long)token * n_in, n_in, sums);
-#pragma unroll
-    for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
-        if (lane == 0 && o0 + r < n) {
-            y[(long long)token * n + o0 + r] = sums[r];
-        }
-    }
+    gemv_block_rows<TYPE>(w, x + (long long)token * n_in, y + (long long)token * n, n, n_in);
     __threadfence();  // this thread's rows are visible to every block before the block counts itself
     __syncthreads();
     if (threadIdx.x == 0) {

@@ -274,6 +274,25 @@ __device__ void gemv_wave_rows(const unsigned char* w, int o0, int n_out, int n_
     }
 }
 
+// The block's rows of one tensor of n_out rows at w (its last row reading the padding tail) against
+// the activation row x_row, each written to y_row[o]: a dense projection's share of one token.
+template <int TYPE>
+__device__ void gemv_block_rows(const unsigned char* w, const float* x_row, float* y_row, int n_out, int n_in) {
+    const int lane = threadIdx.x % MOE_GEMV_WAVE;
+    const int o0 = blockIdx.x * MOE_GEMV_ROWS + threadIdx.x / MOE_GEMV_WAVE * MOE_GEMV_WAVE_ROWS;
+    const unsigned char* rows[MOE_GEMV_WAVE_ROWS];
+    int steps[MOE_GEMV_WAVE_ROWS];
+    gemv_wave_rows<TYPE>(w, o0, n_out, n_in, true, rows, steps);
+    float sums[MOE_GEMV_WAVE_ROWS];
+    gemv_wave_sums<TYPE>(rows, steps, x_row, n_in, sums);
+#pragma unroll
+    for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
+        if (lane == 0 && o0 + r < n_out) {
+            y_row[o0 + r] = sums[r];
+        }
+    }
+}
+
 template <int TYPE>
 __device__ void mul_mat_vec_id(const unsigned char* __restrict__ w, const float* __restrict__ x,
                                const int* __restrict__ ids, float* __restrict__ y, int n_expert, int n_out, int n_in,
@@ -369,20 +388,7 @@ __device__ void mul_mat_vec_parts(const unsigned char* __restrict__ w0, const un
     if ((int)blockIdx.x * MOE_GEMV_ROWS >= n_out) {  // the whole block, before any barrier: past this part's rows
         return;
     }
-    const int lane = threadIdx.x % MOE_GEMV_WAVE;
-    const int o0 = blockIdx.x * MOE_GEMV_ROWS + threadIdx.x / MOE_GEMV_WAVE * MOE_GEMV_WAVE_ROWS;
-    const unsigned char* rows[MOE_GEMV_WAVE_ROWS];
-    int steps[MOE_GEMV_WAVE_ROWS];
-    gemv_wave_rows<TYPE>(w, o0, n_out, n_in, true, rows, steps);
-    float sums[MOE_GEMV_WAVE_ROWS];
-    gemv_wave_sums<TYPE>(rows, steps, x + (long long)token * n_in, n_in, sums);
-#pragma unroll
-    for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
-        const int o = o0 + r;
-        if (lane == 0 && o < n_out) {
-            y[(long long)token * n_out + o] = sums[r];
-        }
-    }
+    gemv_block_rows<TYPE>(w, x + (long long)token * n_in, y + (long long)token * n_out, n_out, n_in);
 }
 
 #define MOE_MUL_MAT_VEC_ID(NAME, TYPE)                                                                    \
