@@ -21,9 +21,9 @@ M=/tmp/m8.gguf F=/tmp/models/qwen3-30b-a3b-Q4_K_M.gguf
 (OUT=/tmp/mh bash microbench/model_h200.sh setup make >"$R/make.log" 2>&1
  [ -f $M ] || python3 -m expertstream make-model --preset qwen3-30b-a3b --type Q4_K_M --layers 8 -o $M >>"$R/make.log" 2>&1) &
 maker=$!
-EXPERTSTREAM_CHAINED_LAUNCHES=1 timeout 150 python3 -m pytest -q -x tests/kernels/test_gemv.py \
-    tests/kernels/test_router_arch.py tests/kernels/test_attention.py tests/backends/test_graphs.py \
-    tests/engine/test_model.py --backend cuda -p no:cacheprovider >"$R/tests.txt" 2>&1
+EXPERTSTREAM_CHAINED_LAUNCHES=1 timeout 200 python3 -m pytest -q -x tests/kernels/test_gemv.py \
+    tests/kernels/test_router_arch.py tests/kernels/test_attention.py tests/kernels/test_dense.py \
+    tests/backends/test_graphs.py tests/engine/test_model.py --backend cuda -p no:cacheprovider >"$R/tests.txt" 2>&1
 el "cuda tests, chained launches: $(tail -1 "$R/tests.txt")"
 wait $maker
 in_tree() {  # VARIANT COMMAND...: c1/c0 in this tree with chained launches on/off, base in $BASE
