@@ -6,6 +6,7 @@ import numpy as np
 
 from ..backends.base import BufferView, DeviceBuffer
 from ..errors import InvalidArgument
+from ..ggml import padded_size
 from . import layout
 
 ViewLike = DeviceBuffer | BufferView
@@ -29,6 +30,14 @@ def view(call: str, name: str, arg: ViewLike, nbytes: int, align: int = 4) -> Bu
     if arg.offset % align:
         raise InvalidArgument(f"{name} starts at byte offset {arg.offset}, not a multiple of {align}", call=call)
     return BufferView(arg.buffer, arg.offset, nbytes)
+
+
+def weight_view(
+    call: str, name: str, w: ViewLike, fmt: layout.WeightFormat, n_expert: int, n_out: int, n_in: int, align: int
+) -> BufferView:
+    """``w`` as a view of ``n_expert`` tensors of ``n_out`` rows of ``n_in`` elements of ``fmt``, with
+    ggml's padding tail after the last row, checked as ``view`` checks."""
+    return view(call, name, w, padded_size(n_expert * n_out * fmt.row_bytes(n_in), fmt.qtype, n_in), align)
 
 
 def fits_int32(call: str, **counts: int) -> None:

@@ -23,9 +23,9 @@ from gguf import GGMLQuantizationType
 
 from ..backends.base import BufferView, DeviceBuffer, Stream
 from ..errors import InvalidArgument
-from ..ggml import RowType, padded_size
+from ..ggml import RowType
 from . import layout
-from .args import ViewLike, fits_int32, positive, view
+from .args import ViewLike, fits_int32, positive, view, weight_view
 from .layout import WeightFormat
 
 if TYPE_CHECKING:
@@ -211,9 +211,8 @@ def project_add_rms_norm(
     views = {name: view(call, name, v, n_tokens * n * 4) for name, v in (("y", y), ("hidden", hidden), ("out", out))}
     for a, b in (("hidden", "y"), ("out", "hidden"), ("out", "y")):
         _apart(call, a, views[a], b, views[b])
-    w_bytes = padded_size(n * fmt.row_bytes(n_in), fmt.qtype, n_in)
     args = (
-        view(call, "w", w, w_bytes, fmt.unit_bytes),
+        weight_view(call, "w", w, fmt, 1, n, n_in, fmt.unit_bytes),
         view(call, "x", x, n_tokens * n_in * 4, 4),
         views["y"],
         views["hidden"],
@@ -249,8 +248,6 @@ def combine_rms_norm(
     call = "combine_rms_norm"
     _check_eps(call, eps)
     combine = kernels.combine_args(call, y, weights, extra, ("hidden", hidden), n_tokens, top_k, n)
-    if n_tokens > layout.MAX_GRID_Y:
-        raise InvalidArgument(f"{n_tokens} tokens are more than one launch handles", call=call, hint="split them")
     out_view = view(call, "out", out, n_tokens * n * 4)
     for name, other in (("hidden", combine[3]), ("y", combine[0]), ("extra", combine[2])):
         if isinstance(other, BufferView):

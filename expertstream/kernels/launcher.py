@@ -63,9 +63,9 @@ from .._closing import Closing
 from ..backends.base import BufferView, Device, DeviceBuffer, Kernel, Stream, Usage
 from ..backends.sim import KernelSpec
 from ..errors import InvalidArgument
-from ..ggml import RowType, padded_size
+from ..ggml import RowType
 from . import attention_twins, dense_twins, layout, routing, routing_twins, twins
-from .args import ViewLike, fits_int32, positive, view
+from .args import ViewLike, fits_int32, positive, view, weight_view
 from .layout import MatrixPath, TileM, WeightFormat, weight_format
 from .program import kernel_source, module_types
 
@@ -328,9 +328,8 @@ class MoeKernels(Closing):
                 call=call,
                 hint=f"tile heights there: {shown}",
             )
-        w_bytes = n_expert * n_out * fmt.row_bytes(n_in)
         align = layout.DIRECT_ALIGN if direct and not gemv else fmt.unit_bytes
-        w_view = view(call, "w", w, padded_size(w_bytes, fmt.qtype, n_in), align)
+        w_view = weight_view(call, "w", w, fmt, n_expert, n_out, n_in, align)
         x_rows = n_pairs if x_per_pair else n_tokens
         x_view = view(call, "x", x, x_rows * n_in * 4, 4)
         ids_view = view(call, "ids", ids, n_pairs * 4, 4)
@@ -480,9 +479,9 @@ class MoeKernels(Closing):
         elif tile_m not in fmt.direct_tiles:
             shown = ", ".join(str(int(t)) for t in fmt.direct_tiles)
             raise InvalidArgument(f"no {int(tile_m)}-row tile for gate_up", call=call, hint=f"tile heights: {shown}")
-        w_bytes = padded_size(n_expert * n_out * fmt.row_bytes(n_in), fmt.qtype, n_in)
         weights = tuple(
-            view(call, name, w, w_bytes, layout.DIRECT_ALIGN) for name, w in (("w_gate", w_gate), ("w_up", w_up))
+            weight_view(call, name, w, fmt, n_expert, n_out, n_in, layout.DIRECT_ALIGN)
+            for name, w in (("w_gate", w_gate), ("w_up", w_up))
         )
         self._direct(
             stream,
@@ -525,8 +524,7 @@ class MoeKernels(Closing):
         for p, (w, n_out, y) in enumerate(parts):
             positive(call, n_out=n_out)
             self._check_mul_mat_id_shapes(call, fmt, 1, n_out, n_in, n_tokens)
-            w_bytes = padded_size(n_out * fmt.row_bytes(n_in), fmt.qtype, n_in)
-            weights.append(view(call, f"w{p}", w, w_bytes, fmt.unit_bytes))
+            weights.append(weight_view(call, f"w{p}", w, fmt, 1, n_out, n_in, fmt.unit_bytes))
             outputs.append(view(call, f"y{p}", y, n_tokens * n_out * 4, 4))
             n_outs.append(n_out)
         absent = 3 - len(parts)
@@ -564,9 +562,8 @@ class MoeKernels(Closing):
     ) -> None:
         """gate_up of a few pairs on the matrix-vector kernel: a gate row and an up row a wave."""
         n_pairs = n_tokens * top_k
-        w_bytes = padded_size(n_expert * n_out * fmt.row_bytes(n_in), fmt.qtype, n_in)
-        w_gate = view(call, "w_gate", weights[0], w_bytes, fmt.unit_bytes)
-        w_up = view(call, "w_up", weights[1], w_bytes, fmt.unit_bytes)
+        w_gate = weight_view(call, "w_gate", weights[0], fmt, n_expert, n_out, n_in, fmt.unit_bytes)
+        w_up = weight_view(call, "w_up", weights[1], fmt, n_expert, n_out, n_in, fmt.unit_bytes)
         stream.launch(
             self.kernel(fmt.gemv_gate_up_kernel_name),
             (-(-n_out // layout.GEMV_GATE_UP_ROWS), n_pairs),

@@ -25,9 +25,8 @@ GEMV_THREADS = 128  # threads per block of the matrix-vector mul_mat_id (gemv.cu
 GEMV_WAVE = 32  # lanes per output row of the matrix-vector kernels: a logical wave on any device
 GEMV_WAVE_ROWS = 2  # output rows a wave of the matrix-vector kernels computes side by side
 GEMV_ROWS = GEMV_THREADS // GEMV_WAVE * GEMV_WAVE_ROWS  # output rows per block of the matrix-vector kernels
-GEMV_GATE_UP_ROWS = (
-    GEMV_THREADS // GEMV_WAVE
-)  # outputs per block of the matrix-vector gate_up (a gate, an up row a wave)
+# outputs per block of the matrix-vector gate_up (a gate and an up row a wave)
+GEMV_GATE_UP_ROWS = GEMV_THREADS // GEMV_WAVE
 GEMV_STAGE = 4096  # activation rows up to this many elements are staged in shared memory (gemv.cu)
 # Pairs up to which MoeKernels(device, gemv=True) takes the matrix-vector kernels: each pair reads
 # its expert's rows again, so past a few pairs per expert the tile kernels, which read a tile's
