@@ -10,6 +10,7 @@ needs them; the runner (runner.py) puts them into its splits. A dense projection
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -309,15 +310,9 @@ class Blocks(Closing):
             for lin, y in zip(linears, outputs, strict=True):
                 lin.apply(k, stream, x, count, y, ids, shared)
             return
-        first = 0
-        while first < len(linears):
-            qtype = linears[first].info.qtype
-            end = first + 1
-            while end < len(linears) and end - first < 3 and linears[end].info.qtype == qtype:
-                end += 1
-            parts = [(lin.weight, lin.n_out, y) for lin, y in zip(linears[first:end], outputs[first:end], strict=True)]
-            k.mul_mat_vec_parts(stream, qtype, linears[first].n_in, x, count, parts)
-            first = end
+        for qtype, run in itertools.groupby(zip(linears, outputs, strict=True), key=lambda pair: pair[0].info.qtype):
+            parts = [(lin.weight, lin.n_out, y) for lin, y in run]
+            k.mul_mat_vec_parts(stream, qtype, linears[0].n_in, x, count, parts)
 
     def _shared_input(
         self, stream: Stream, linears: Sequence[Linear], x: BufferView, count: int, ids: BufferView

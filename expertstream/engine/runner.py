@@ -1154,26 +1154,22 @@ class MoeRunner(Closing):
         if tokens.send is not None:
             tokens.send.send(stream)
 
-    def _combine_norm(self, tokens: _Tokens) -> BufferView | None:
-        """The weights of the norm this MoE layer's combine also writes into ``Blocks.norm_rows`` (a
-        decode token: the next layer's attention norm, or the output norm after the last layer, on
-        this device); None where the combine adds the rows alone and their reader norms them."""
+    @staticmethod
+    def _combine_norm(tokens: _Tokens, layer: int | None = None) -> BufferView | None:
+        """The weights of the norm the combine of MoE layer ``layer`` (``tokens.layer`` by default)
+        also writes into ``Blocks.norm_rows``, for a decode token: the norm of what reads its rows next
+        on this device (``Blocks.norm_after``). None where that layer is not an MoE layer on this
+        device, or the rows go on to another one, or in prefill: the reader norms them itself."""
+        layer = tokens.layer if layer is None else layer
         blocks = tokens.part.blocks
-        if blocks is None or not tokens.decode or tokens.send is not None or tokens.layer not in tokens.part.position:
+        if blocks is None or not tokens.decode or layer not in tokens.part.position:
             return None
-        return blocks.norm_after(tokens.layer)
+        return blocks.norm_after(layer)
 
     def _normed_before(self, tokens: _Tokens) -> bool:
         """Whether the layer before ``tokens.layer`` left this layer's attention norm in
-        ``Blocks.norm_rows`` (its ``_combine_norm``): it is an MoE layer on this device, and a decode
-        token's."""
-        blocks, before = tokens.part.blocks, tokens.layer - 1
-        return (
-            tokens.decode
-            and blocks is not None
-            and before in tokens.part.position
-            and blocks.norm_after(before) is not None
-        )
+        ``Blocks.norm_rows``: its ``_combine_norm``."""
+        return self._combine_norm(tokens, tokens.layer - 1) is not None
 
     def _mul_mat_id(
         self,
