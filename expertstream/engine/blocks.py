@@ -205,16 +205,12 @@ class Blocks(Closing):
         for name, width in sizes.items():
             self._scratch[name] = self._uploads.alloc(max(rows * width * 4, 4))
         self.zero_ids = self._uploads.filled(rows * 4, Usage.COMPUTE, lambda: np.zeros(rows, np.int32))
-        # The decode attention's partial sums for the whole context, taken now: a captured decode
-        # step reads up to n_ctx rows, more chunks than the step run before its capture, and a
-        # capture may not allocate.
+        # The decode attention's partial sums for the whole context and the fused launches' counters,
+        # taken now: a captured decode step reads up to n_ctx rows, more chunks than the step run
+        # before its capture, and a capture may not allocate.
         tokens = min(rows, attention_kernels.DECODE_MAX_TOKENS)
-        self.kernels.scratch(
-            "attention", attention_kernels.decode_scratch_bytes(tokens, spec.n_head, spec.head_dim, self.n_ctx)
-        )
-        counters = attention_kernels.decode_counters(tokens, spec.n_head, spec.n_head_kv)
-        self.kernels.zeroed("attention_counters", counters * 4)
-        self.kernels.zeroed("add_norm_counters", min(rows, layout.GEMV_MAX_PAIRS) * 4)
+        attention_kernels.reserve_decode(self.kernels, tokens, spec.n_head, spec.n_head_kv, spec.head_dim, self.n_ctx)
+        dense.reserve_project_add_rms_norm(self.kernels, min(rows, layout.GEMV_MAX_PAIRS))
 
     def _view(self, name: str, rows: int, width: int) -> BufferView:
         if rows > self.rows:

@@ -291,8 +291,7 @@ class _Part(Closing):
         self._scratch = _Scratch(self.device, batching.ubatch_tokens, held_rows, model, n_ff_shared)
         rows = batching.ubatch_tokens
         self.zero_ids = uploads.filled(rows * 4, Usage.COMPUTE, functools.partial(np.zeros, rows, np.int32))
-        # The fused router's count of finished blocks: 0 between its launches (routing.router_logits_select).
-        self.router_counter = uploads.filled(4, Usage.COMPUTE, functools.partial(np.zeros, 1, np.int32)).view(0, 4)
+        routing.reserve_logits_select(self.kernels)  # before any capture, which may not allocate
         tokens, steps = batching.tokens, batching.decode_steps
         self.embed = self.decode_embed = None
         if first and whole is None:
@@ -978,7 +977,6 @@ class MoeRunner(Closing):
                 bindings[ROUTER],
                 extras.router_bias,
                 logits,
-                tokens.part.router_counter,
                 extras.selection_bias,
                 selection,
                 tokens.count,

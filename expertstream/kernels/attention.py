@@ -85,6 +85,17 @@ def decode_counters(n_tokens: int, n_head: int, n_head_kv: int) -> int:
     return n_head_kv * -(-n_tokens * (n_head // n_head_kv) // DECODE_ROWS)
 
 
+_SCRATCH = "attention"  # the MoeKernels owners of decode's partial sums and of its counters
+_COUNTERS = "attention_counters"
+
+
+def reserve_decode(kernels: MoeKernels, n_tokens: int, n_head: int, n_head_kv: int, head_dim: int, kv_len: int) -> None:
+    """Take now the scratch and counters decode calls of up to these shapes use, so that a call
+    captured into a graph later (a capture may not allocate) finds them."""
+    kernels.scratch(_SCRATCH, decode_scratch_bytes(n_tokens, n_head, head_dim, kv_len))
+    kernels.zeroed(_COUNTERS, decode_counters(n_tokens, n_head, n_head_kv) * 4)
+
+
 def _ml_bytes(partials: int) -> int:
     return -(-partials * 8 // _SCRATCH_ALIGN) * _SCRATCH_ALIGN
 
@@ -143,7 +154,7 @@ def attention(
         )
         return
     n_chunks = decode_chunks(kv_len)
-    scratch = kernels.scratch("attention", decode_scratch_bytes(n_tokens, n_head, head_dim, kv_len))
+    scratch = kernels.scratch(_SCRATCH, decode_scratch_bytes(n_tokens, n_head, head_dim, kv_len))
     ml_bytes = _ml_bytes(n_tokens * n_head * n_chunks)
     partial_ml = BufferView(scratch.buffer, scratch.offset, n_tokens * n_head * n_chunks * 8)
     partial_o = BufferView(scratch.buffer, scratch.offset + ml_bytes, scratch.nbytes - ml_bytes)
@@ -151,7 +162,7 @@ def attention(
     grid = (n_chunks, n_head_kv, -(-n_tokens * group // DECODE_ROWS))
     decode_args = (*views, partial_ml, partial_o, pos_view, *shape, np.float32(scale), np.int32(n_chunks))
     if fused and n_chunks <= FUSED_MAX_CHUNKS:
-        counters = kernels.zeroed("attention_counters", decode_counters(n_tokens, n_head, n_head_kv) * 4)
+        counters = kernels.zeroed(_COUNTERS, decode_counters(n_tokens, n_head, n_head_kv) * 4)
         fused_args = (*decode_args, sinks_arg, out_view, counters)
         stream.launch(kernels.kernel(f"attn_decode_fused_d{head_dim}"), grid, THREADS, fused_args)
         return
@@ -204,5 +215,6 @@ __all__ = [
     "decode_chunks",
     "decode_counters",
     "decode_scratch_bytes",
+    "reserve_decode",
     "uses_matrix_cores",
 ]

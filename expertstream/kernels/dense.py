@@ -178,6 +178,15 @@ def add_rms_norm(
     stream.launch(kernels.kernel("dense_add_rms_norm"), n_rows, norm_threads(n), args)
 
 
+_ADD_NORM_COUNTERS = "add_norm_counters"  # the MoeKernels owner of project_add_rms_norm's counters
+
+
+def reserve_project_add_rms_norm(kernels: MoeKernels, n_tokens: int) -> None:
+    """Take now the counters project_add_rms_norm calls of up to ``n_tokens`` rows use, so that a call
+    captured into a graph later finds them."""
+    kernels.zeroed(_ADD_NORM_COUNTERS, n_tokens * 4)
+
+
 def project_add_rms_norm(
     kernels: MoeKernels,
     stream: Stream,
@@ -218,7 +227,7 @@ def project_add_rms_norm(
         views["hidden"],
         np.uint64(0) if weight is None else view(call, "weight", weight, n * 4),
         views["out"],
-        kernels.zeroed("add_norm_counters", n_tokens * 4),
+        kernels.zeroed(_ADD_NORM_COUNTERS, n_tokens * 4),
         np.int32(n),
         np.int32(n_in),
         np.float32(eps),

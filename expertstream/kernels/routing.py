@@ -186,6 +186,15 @@ def _selection_args(
     )
 
 
+_COUNTER = "router_counter"  # the MoeKernels owner of router_logits_select's counter
+
+
+def reserve_logits_select(kernels: MoeKernels) -> None:
+    """Take now the counter router_logits_select uses by default, so that a call captured into a
+    graph later finds it."""
+    kernels.zeroed(_COUNTER, 4)
+
+
 def router_logits_select(
     kernels: MoeKernels,
     stream: Stream,
@@ -193,7 +202,6 @@ def router_logits_select(
     router: ViewLike,
     bias: ViewLike | None,
     logits: ViewLike,
-    counter: ViewLike,
     sel_bias: ViewLike | None,
     routing: Routing,
     n_tokens: int,
@@ -202,10 +210,12 @@ def router_logits_select(
     top_k: int,
     ids: ViewLike,
     weights: ViewLike,
+    counter: ViewLike | None = None,
 ) -> None:
     """``router_logits`` then ``router_select`` in one launch, the same bytes, for at most
     LOGITS_TOKENS tokens (decode). ``counter``: a device int32 that holds 0 (each launch leaves it
-    so); launches that share one run in one stream's order."""
+    so); by default the instance's own (``reserve_logits_select``). Launches that share one run in
+    one stream's order."""
     call = "router_logits_select"
     positive(call, n_tokens=n_tokens, n_embd=n_embd, n_expert=n_expert, top_k=top_k)
     if n_tokens > LOGITS_TOKENS:
@@ -224,7 +234,7 @@ def router_logits_select(
         router_view,
         router_view if bias is None else view(call, "bias", bias, n_expert * 4),
         logits_view,
-        view(call, "counter", counter, 4, 4),
+        kernels.zeroed(_COUNTER, 4) if counter is None else view(call, "counter", counter, 4, 4),
         *selection[:3],
         np.int32(n_tokens),
         np.int32(n_embd),

@@ -122,8 +122,8 @@ def test_router_logits_select_is_the_bytes_of_the_two_launches(
         ids, weights = poisoned(device, n_tokens * top_k * 4), poisoned(device, n_tokens * top_k * 4)
         if fused:
             routing.router_logits_select(
-                kernels, stream, x, router, bias, logits, counter, sel_bias, cfg, n_tokens, n_embd, n_expert, top_k,
-                ids, weights,
+                kernels, stream, x, router, bias, logits, sel_bias, cfg, n_tokens, n_embd, n_expert, top_k, ids,
+                weights, counter,
             )  # fmt: skip
         else:
             routing.router_logits(kernels, stream, x, router, bias, logits, n_tokens, n_embd, n_expert)
@@ -135,7 +135,7 @@ def test_router_logits_select_is_the_bytes_of_the_two_launches(
     assert counter.read().view(np.int32).tolist() == [0]
     with pytest.raises(InvalidArgument, match="at most 8"):
         routing.router_logits_select(
-            kernels, stream, x, router, bias, logits, counter, sel_bias, cfg, 9, n_embd, n_expert, top_k, ids, weights
+            kernels, stream, x, router, bias, logits, sel_bias, cfg, 9, n_embd, n_expert, top_k, ids, weights, counter
         )
 
 
