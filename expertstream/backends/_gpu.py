@@ -410,9 +410,9 @@ class GpuDevice(Device):
         # How kernels that wait for the kernels before them (compile's ``chained``: formats.cu's
         # KERNEL_PROLOGUE) launch: chained where the device has it and the backend was not asked
         # otherwise. Every other kernel launches on its own.
-        chained = self.api.launch_chained if chained_launches and self.api.chained_launches(self.arch) else None
-        self._chained = chained is not None
-        self.launch_call: Call = chained or self.api.launch
+        self._launch_chained = (
+            self.api.launch_chained if chained_launches and self.api.chained_launches(self.arch) else None
+        )
         self._register_flags = {ro: self.api.register_flags(props, ro) for ro in (False, True)}
         self._async_engines = self._attribute(DeviceAttr.ASYNC_ENGINE_COUNT)
         self._can_register = bool(self._attribute(DeviceAttr.HOST_REGISTER))
@@ -452,7 +452,7 @@ class GpuDevice(Device):
             matrix_cores=self.api.matrix_cores(self.arch),
             int8_matrix_cores=self.api.int8_matrix_cores(self.arch),
             mma_fragments=self.api.mma_fragments(self.arch),
-            chained_launches=self._chained,
+            chained_launches=self._launch_chained is not None,
         )
 
     @property
@@ -566,7 +566,7 @@ class GpuDevice(Device):
                 _release_quietly([(self.api.module_unload, (module,))], self.label)
             raise
         self._modules[key] = module
-        return GpuKernel(self, name, function, self.launch_call if chained else self.api.launch)
+        return GpuKernel(self, name, function, (chained and self._launch_chained) or self.api.launch)
 
     def gather_kernel(self) -> GpuKernel:
         """gather.cu's kernel, compiled on first use (and cached like every kernel)."""
