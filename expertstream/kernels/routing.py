@@ -95,8 +95,27 @@ def router_logits(
     """logits = x @ router^T (+ bias per expert)."""
     call = "router_logits"
     positive(call, n_tokens=n_tokens, n_embd=n_embd, n_expert=n_expert)
+    args = _logits_args(call, x, router, bias, logits, n_tokens, n_embd, n_expert)
+    grid = (-(-n_expert // LOGITS_EXPERTS), -(-n_tokens // LOGITS_TOKENS))
+    if grid[1] > layout.MAX_GRID_Y:
+        raise InvalidArgument(f"{n_tokens} tokens are more than one launch handles", call=call, hint="split the batch")
+    stream.launch(kernels.kernel("moe_router_logits"), grid, LOGITS_EXPERTS * 32, args)
+
+
+def _logits_args(
+    call: str,
+    x: ViewLike,
+    router: ViewLike,
+    bias: ViewLike | None,
+    logits: ViewLike,
+    n_tokens: int,
+    n_embd: int,
+    n_expert: int,
+) -> tuple[KernelArg, ...]:
+    """moe_router_logits' arguments: x, router, bias (the router where there is none: never read),
+    logits, n_tokens, n_embd, n_expert, has_bias."""
     router_view = view(call, "router", router, n_expert * n_embd * 4)
-    args = (
+    return (
         view(call, "x", x, n_tokens * n_embd * 4),
         router_view,
         router_view if bias is None else view(call, "bias", bias, n_expert * 4),
@@ -106,10 +125,6 @@ def router_logits(
         np.int32(n_expert),
         np.int32(0 if bias is None else 1),
     )
-    grid = (-(-n_expert // LOGITS_EXPERTS), -(-n_tokens // LOGITS_TOKENS))
-    if grid[1] > layout.MAX_GRID_Y:
-        raise InvalidArgument(f"{n_tokens} tokens are more than one launch handles", call=call, hint="split the batch")
-    stream.launch(kernels.kernel("moe_router_logits"), grid, LOGITS_EXPERTS * 32, args)
 
 
 def router_select(
@@ -128,8 +143,6 @@ def router_select(
     call = "router_select"
     positive(call, n_tokens=n_tokens, n_expert=n_expert, top_k=top_k)
     _check_selection(call, routing, n_expert, top_k)
-    if n_tokens > 2**31 - 1:
-        raise InvalidArgument(f"{n_tokens} tokens are more than one launch handles", call=call)
     logits_view = view(call, "logits", logits, n_tokens * n_expert * 4)
     selection = _selection_args(call, logits_view, sel_bias, routing, n_tokens, n_expert, top_k, ids, weights)
     args = (logits_view, *selection)
@@ -158,7 +171,7 @@ def _check_selection(call: str, routing: Routing, n_expert: int, top_k: int) -> 
 
 def _selection_args(
     call: str,
-    stand_in: ViewLike,
+    stand_in: KernelArg,
     sel_bias: ViewLike | None,
     routing: Routing,
     n_tokens: int,
@@ -225,23 +238,13 @@ def router_logits_select(
             hint="run router_logits and router_select",
         )
     _check_selection(call, routing, n_expert, top_k)
-    router_view = view(call, "router", router, n_expert * n_embd * 4)
-    logits_view = view(call, "logits", logits, n_tokens * n_expert * 4)
+    logit = _logits_args(call, x, router, bias, logits, n_tokens, n_embd, n_expert)
     # Without a selection bias the router stands in for it: never read, and written before the launch.
-    selection = _selection_args(call, router_view, sel_bias, routing, n_tokens, n_expert, top_k, ids, weights)
-    args = (
-        view(call, "x", x, n_tokens * n_embd * 4),
-        router_view,
-        router_view if bias is None else view(call, "bias", bias, n_expert * 4),
-        logits_view,
-        kernels.zeroed(_COUNTER, 4) if counter is None else view(call, "counter", counter, 4, 4),
-        *selection[:3],
-        np.int32(n_tokens),
-        np.int32(n_embd),
-        np.int32(n_expert),
-        np.int32(0 if bias is None else 1),
-        *selection[5:],
-    )
+    selection = _selection_args(call, logit[1], sel_bias, routing, n_tokens, n_expert, top_k, ids, weights)
+    counter_view = kernels.zeroed(_COUNTER, 4) if counter is None else view(call, "counter", counter, 4, 4)
+    # The kernel's order: logits' pointers, the counter, the selection's pointers, then logits' and the
+    # selection's scalars, each named once (n_tokens and n_expert from the logits').
+    args = (*logit[:4], counter_view, *selection[:3], *logit[4:], *selection[5:])
     grid = (-(-n_expert // LOGITS_EXPERTS), 1)
     stream.launch(kernels.kernel("moe_router_logits_select"), grid, LOGITS_EXPERTS * 32, args)
 
