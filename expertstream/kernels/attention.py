@@ -12,13 +12,13 @@
 - decode (a few tokens): split-K over chunks of ``DECODE_CHUNK`` keys, so one token's attention
   over a long cache spreads over the whole GPU: each block writes its rows' running max, sum and
   unnormalized output into scratch, and the last block of each KV head's rows to finish (a counter
-  per group, put back to 0) merges its rows' chunks in ascending order, in the same launch, where
-  the cache has at most ``FUSED_MAX_CHUNKS`` chunks; over a longer cache (or with ``fused=False``)
-  a second launch of a combine kernel, one block per row, does, the same bytes: there one block
-  merging 8 rows of hundreds of chunks each in turn would take longer than the launch it saves.
-  Chunks past a token's position write nothing. The scratch and counters are the MoeKernels instance's own
-  (``decode_scratch_bytes``, ``decode_counters``), so attention calls on concurrent streams need
-  their own instances.
+  per group, wrapped back to 0) merges its rows' chunks in ascending order, in the same launch,
+  where the cache has at most ``FUSED_MAX_CHUNKS`` chunks; over a longer cache (or with
+  ``fused=False``) a second launch of a combine kernel, one block per row, does, the same bytes:
+  there one block merging 8 rows of hundreds of chunks each in turn would take longer than the
+  launch it saves. Chunks past a token's position write nothing. The scratch and counters are the
+  MoeKernels instance's own (``reserve_decode`` takes them ahead of a capture), so attention calls
+  on concurrent streams need their own instances.
 
 Results never depend on timing, nor on ``kv_len`` beyond the rows a query sees: a captured decode
 step replayed with kv_len = the cache size gives the bytes an eager call with just enough rows
