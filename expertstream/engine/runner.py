@@ -967,44 +967,17 @@ class MoeRunner(Closing):
         if selection.is_softmax_topk and extras.router_bias is None and extras.selection_bias is None:
             selection = routing.SELECTED_SOFTMAX  # the same experts and weights in exact arithmetic, fewer operations
         logits = scratch.view("logits", tokens.count * model.n_expert * 4)
-        kernels = tokens.part.kernels
-        if kernels.uses_gemv(tokens.count * model.top_k) and tokens.count <= routing.LOGITS_TOKENS:
-            # A few rows (decode): logits and selection in one launch, the bytes of the two below.
-            routing.router_logits_select(
-                kernels,
-                stream,
-                x,
-                bindings[ROUTER],
-                extras.router_bias,
-                logits,
-                extras.selection_bias,
-                selection,
-                tokens.count,
-                model.n_embd,
-                model.n_expert,
-                model.top_k,
-                tokens.ids,
-                route_weights,
-            )
-            return
-        routing.router_logits(
+        routing.route(
             tokens.part.kernels,
             stream,
             x,
             bindings[ROUTER],
             extras.router_bias,
             logits,
-            tokens.count,
-            model.n_embd,
-            model.n_expert,
-        )
-        routing.router_select(
-            tokens.part.kernels,
-            stream,
-            logits,
             extras.selection_bias,
             selection,
             tokens.count,
+            model.n_embd,
             model.n_expert,
             model.top_k,
             tokens.ids,

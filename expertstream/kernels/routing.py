@@ -249,6 +249,34 @@ def router_logits_select(
     stream.launch(kernels.kernel("moe_router_logits_select"), grid, LOGITS_EXPERTS * 32, args)
 
 
+def route(
+    kernels: MoeKernels,
+    stream: Stream,
+    x: ViewLike,
+    router: ViewLike,
+    bias: ViewLike | None,
+    logits: ViewLike,
+    sel_bias: ViewLike | None,
+    routing: Routing,
+    n_tokens: int,
+    n_embd: int,
+    n_expert: int,
+    top_k: int,
+    ids: ViewLike,
+    weights: ViewLike,
+) -> None:
+    """``router_logits`` then ``router_select``: in one launch (``router_logits_select``, the same bytes)
+    for at most LOGITS_TOKENS tokens, as decode has, else in two."""
+    if n_tokens <= LOGITS_TOKENS:
+        router_logits_select(
+            kernels, stream, x, router, bias, logits, sel_bias, routing, n_tokens, n_embd, n_expert, top_k, ids,
+            weights,
+        )  # fmt: skip
+        return
+    router_logits(kernels, stream, x, router, bias, logits, n_tokens, n_embd, n_expert)
+    router_select(kernels, stream, logits, sel_bias, routing, n_tokens, n_expert, top_k, ids, weights)
+
+
 def swiglu_oai(
     kernels: MoeKernels,
     stream: Stream,
