@@ -6,10 +6,11 @@
 # usage: OUT=DIR [LIMIT=8G] bash microbench/disk_h200.sh     (from the repository root)
 #   1. microbench/model_h200.sh setup make: llama.cpp unpacked, the 48-layer file made in $MODELS;
 #   2. the drive's own rate: microbench.disk_read, O_DIRECT at 1, 4 and 16 reads in flight, page cache dropped;
-#   3. under the limit, the page cache dropped before each row: expertstream --host-memory disk pp4096 and
-#      pp32768 (ubatch 4096; layer-major, mode disk's default), tg64, tg64 with --host-cache 4G (the decode
-#      tier's hit rate), llama-bench -ncmoe 48 -lm mmap pp4096+tg64 and pp32768;
-#   4. the limit lifted and the file in the page cache: pp4096 through ring and through disk.
+#   3. under the limit, the page cache dropped before each row: expertstream --host-memory disk pp4096
+#      (ubatch 4096; layer-major, mode disk's default), llama-bench -ncmoe 48 -lm mmap pp4096+tg64,
+#      expertstream tg64, tg64 with --host-cache 4G (the decode tier's hit rate);
+#   4. the limit lifted and the file in the page cache: pp4096 through ring and through disk;
+#   5. under the limit again: expertstream pp32768 and llama-bench pp32768 (the longest rows, last).
 # Writes $OUT/summary.txt (one line a row) and $OUT/raw/ (every command's output).
 set -uo pipefail
 OUT=${OUT:-.}
@@ -51,23 +52,24 @@ el "drive: $(tail -4 "$R/disk-read.txt" | tr '\n' ' ')"
 # kernels compiled once outside the limit: the kernel cache serves the limited runs
 timeout 300 python3 -m expertstream bench -m "$F" --backend cuda -p 512 -n 2 --slots 3 --host-memory disk -ncmoe all \
     -r 1 -o json >"$R/warm.json" 2>"$R/warm.err"
-bench disk-pp4096 --host-memory disk -p 4096 -ub 4096 -n 0
-bench disk-pp32768 --host-memory disk -p 32768 -ub 4096 -n 0
-bench disk-tg64 --host-memory disk -p 16 -n 64
-bench disk-cache4g-tg64 --host-memory disk --host-cache 4G -p 16 -n 64
 export LD_LIBRARY_PATH=/tmp/llamacpp-sm90/bin:${LD_LIBRARY_PATH:-}
 LB=/tmp/llamacpp-sm90/bin/llama-bench
-drop
-limited timeout 300 $LB -m "$F" -ngl 99 -ncmoe 48 -lm mmap -fa 0 -p 4096 -b 4096 -ub 4096 -n 64 -r 1 -o md \
-    >"$R/llama-mmap-pp4096.md" 2>&1
-el "llama-bench -lm mmap pp4096, tg64 (limit $LIMIT): $(grep -E 'pp4096|tg64' "$R/llama-mmap-pp4096.md" | awk -F'|' '{print $(NF-1)}' | tr '\n' ' ')"
-drop
-limited timeout 600 $LB -m "$F" -ngl 99 -ncmoe 48 -lm mmap -fa 0 -p 32768 -b 4096 -ub 4096 -n 0 -r 1 -o md \
-    >"$R/llama-mmap-pp32768.md" 2>&1
-el "llama-bench -lm mmap pp32768 (limit $LIMIT): $(grep pp32768 "$R/llama-mmap-pp32768.md" | awk -F'|' '{print $(NF-1)}')"
+llama() {  # NAME ARGS...: llama-bench -ncmoe 48 -lm mmap under the limit, the page cache dropped first
+    local name=$1; shift
+    drop
+    limited timeout 300 $LB -m "$F" -ngl 99 -ncmoe 48 -lm mmap -fa 0 -b 4096 -ub 4096 -r 1 -o md "$@" >"$R/$name.md" 2>&1
+    el "$name (limit $LIMIT): $(grep -E '\| *(pp|tg)[0-9]+ ' "$R/$name.md" | awk -F'|' '{print $(NF-2), $(NF-1)}' | tr '\n' ' ')"
+}
+# the rows most worth having first: a run that meets its time limit keeps what came before
+bench disk-pp4096 --host-memory disk -p 4096 -ub 4096 -n 0
+llama llama-mmap-pp4096 -p 4096 -n 64
+bench disk-tg64 --host-memory disk -p 16 -n 64
+bench disk-cache4g-tg64 --host-memory disk --host-cache 4G -p 16 -n 64
 cat "$F" >/dev/null  # the limit lifted: the file in the page cache
 for mode in ring disk; do
     timeout 300 python3 -m expertstream bench -m "$F" --backend cuda -p 4096 -ub 4096 -n 0 --slots 3 --host-memory $mode \
         -ncmoe all -r 2 -o json >"$R/$mode-cached-pp4096.json" 2>"$R/$mode-cached-pp4096.err"
     el "$mode pp4096 (no limit, file cached): $(row "$R/$mode-cached-pp4096.json")"
 done
+bench disk-pp32768 --host-memory disk -p 32768 -ub 4096 -n 0
+llama llama-mmap-pp32768 -p 32768 -n 0
