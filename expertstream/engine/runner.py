@@ -59,7 +59,7 @@ import numpy as np
 from .._closing import Closing
 from ..backends.base import BufferView, Device, DeviceBuffer, Stream, Usage
 from ..errors import InvalidArgument
-from ..kernels import MoeKernels, check_path, dense, routing
+from ..kernels import MoeKernels, check_path, dense, layout, routing
 from ..kernels.layout import MatrixPath
 from ..kernels.routing import Activation
 from ..model import ModelError, MoeLayer, MoeModel, TensorInfo
@@ -292,6 +292,7 @@ class _Part(Closing):
         rows = batching.ubatch_tokens
         self.zero_ids = uploads.filled(rows * 4, Usage.COMPUTE, functools.partial(np.zeros, rows, np.int32))
         routing.reserve_logits_select(self.kernels)  # before any capture, which may not allocate
+        dense.reserve_down_combine_rms_norm(self.kernels, layout.GEMV_MAX_PAIRS)
         tokens, steps = batching.tokens, batching.decode_steps
         self.embed = self.decode_embed = None
         if first and whole is None:
@@ -1092,6 +1093,39 @@ class MoeRunner(Closing):
         biases = tokens.part.extras[tokens.layer].expert_bias
         # Rows scaled as the kernel writes them, where it can and no bias is added after it.
         routed = tokens.part.kernels.uses_direct(info.qtype, info.ne[0]) and not (biases and DOWN in biases)
+        shared = tokens.part.extras[tokens.layer].shared
+        blocks, norm = tokens.part.blocks, self._combine_norm(tokens)
+        if (
+            blocks is not None
+            and norm is not None
+            and not (biases and DOWN in biases)
+            and tokens.part.kernels.uses_gemv(pairs)
+        ):
+            # Decode: the shared expert first, then down, the combine and the next norm in one launch.
+            if shared is not None:
+                self._shared_expert(stream, tokens, shared)
+            dense.down_combine_rms_norm(
+                tokens.part.kernels,
+                stream,
+                bindings[DOWN],
+                info.qtype,
+                info.ne[2],
+                info.ne[0],
+                tokens.held_view("act", info.ne[0]),
+                tokens.ids,
+                tokens.count,
+                model.top_k,
+                scratch.view("down", pairs * model.n_embd * 4),
+                route_weights if routed else None,
+                None if routed else route_weights,
+                None if shared is None else scratch.view("shared_down", tokens.hidden.nbytes),
+                tokens.hidden,
+                norm,
+                blocks.norm_rows(tokens.count),
+                model.n_embd,
+                blocks.spec.eps,
+            )
+            return
         self._mul_mat_id(
             stream,
             bindings[DOWN],
@@ -1104,7 +1138,6 @@ class MoeRunner(Closing):
             shared_x=_SHARE,
         )
         self._add_expert_bias(stream, tokens, DOWN, "down", model.n_embd)
-        shared = tokens.part.extras[tokens.layer].shared
         if shared is not None:
             self._shared_expert(stream, tokens, shared)
         combine = (
@@ -1113,7 +1146,6 @@ class MoeRunner(Closing):
             None if shared is None else scratch.view("shared_down", tokens.hidden.nbytes),
             tokens.hidden,
         )
-        blocks, norm = tokens.part.blocks, self._combine_norm(tokens)
         if blocks is not None and norm is not None:  # and the norm of what reads the rows next
             out = blocks.norm_rows(tokens.count)
             eps = blocks.spec.eps

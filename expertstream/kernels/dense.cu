@@ -256,10 +256,60 @@ extern "C" __global__ void __launch_bounds__(DENSE_NORM_MAX_THREADS)
     }
     float* row = hidden + (long long)t * n;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        row[i] += combine_sum(y, weights, extra, t, i, top_k, n);
+        row[i] += combine_sum<const float* __restrict__>(y, weights, extra, t, i, top_k, n);
     }
     rms_store(row, n, rms_scale(row, n, eps, partial), weight, out + (long long)t * n);
 }
+
+// mul_mat_vec_combine_norm: decode's down projection, the MoE layer's combine and the next norm in one
+// launch. y[p] = W[ids[p]] act[p] for each (token, k) pair p, the rows as mul_mat_vec_id sums and scales
+// them (route_weights where not null; grid (ceil(n / MOE_GEMV_ROWS), n_tokens * top_k)); then the last of
+// token t's blocks to finish (counters[t], wrapped back to 0 by atomicInc) does dense_combine_rms_norm's
+// work for t: hidden[t] += combine_sum(y, weights, extra, t, ...), out[t] = the new row's rms_norm times
+// weight over norm_lanes logical threads (dense_combine_rms_norm's block size for n). The bytes of the
+// down launch followed by the combine's. y, extra, hidden and out are apart.
+template <int TYPE>
+__device__ void mul_mat_vec_combine_norm(const unsigned char* __restrict__ w, const float* __restrict__ act,
+                                         const int* __restrict__ ids, float* y, const float* __restrict__ route_weights,
+                                         const float* __restrict__ weights, const float* __restrict__ extra,
+                                         float* __restrict__ hidden, const float* __restrict__ weight,
+                                         float* __restrict__ out, unsigned int* counters, int n_expert, int n,
+                                         int n_in, int top_k, float eps, int norm_lanes) {
+    __shared__ int last;
+    __shared__ float partial[DENSE_NORM_MAX_THREADS];
+    mul_mat_vec_id<TYPE>(w, act, ids, y, n_expert, n, n_in, top_k, 1, gridDim.y, route_weights, 0);
+    __threadfence();  // this thread's rows are visible to every block before the block counts itself
+    __syncthreads();
+    const int token = blockIdx.y / top_k;
+    const unsigned int blocks = gridDim.x * top_k;  // token t's: every row block of its top_k pairs
+    if (threadIdx.x == 0) {
+        last = atomicInc(counters + token, blocks - 1) == blocks - 1;
+    }
+    __syncthreads();
+    if (!last) {
+        return;  // the whole block returns together
+    }
+    __threadfence();
+    float* row = hidden + (long long)token * n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {  // other blocks of this launch wrote y
+        row[i] += combine_sum<const volatile float*>(y, weights, extra, token, i, top_k, n);
+    }
+    __syncthreads();  // the norm's lanes read elements other threads added
+    rms_store(row, n, rms_scale_lanes(row, n, eps, partial, norm_lanes), weight, out + (long long)token * n);
+}
+
+// One mul_mat_vec_combine_norm kernel per weight type, named by layout.WeightFormat.gemv_combine_norm_kernel_name.
+#define DENSE_MUL_MAT_VEC_COMBINE_NORM(NAME, TYPE)                                                          \
+    extern "C" __global__ void __launch_bounds__(MOE_GEMV_THREADS)                                          \
+        NAME(const unsigned char* __restrict__ w, const float* __restrict__ act, const int* __restrict__ ids, \
+             float* y, const float* __restrict__ route_weights, const float* __restrict__ weights,          \
+             const float* __restrict__ extra, float* __restrict__ hidden, const float* __restrict__ weight, \
+             float* __restrict__ out, unsigned int* counters, int n_expert, int n, int n_in, int top_k,     \
+             float eps, int norm_lanes) {                                                                   \
+        KERNEL_PROLOGUE();                                                                                  \
+        mul_mat_vec_combine_norm<TYPE>(w, act, ids, y, route_weights, weights, extra, hidden, weight, out,  \
+                                       counters, n_expert, n, n_in, top_k, eps, norm_lanes);                \
+    }
 
 // y[r, i] += bias[i]: thread i of the row block, rows blockIdx.y, blockIdx.y + gridDim.y, ...
 extern "C" __global__ void dense_add_rows(float* __restrict__ y, const float* __restrict__ bias, int n_rows, int n) {

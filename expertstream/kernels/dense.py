@@ -266,6 +266,82 @@ def combine_rms_norm(
     stream.launch(kernels.kernel("dense_combine_rms_norm"), n_tokens, norm_threads(n), args)
 
 
+_COMBINE_NORM_COUNTERS = "combine_norm_counters"  # the MoeKernels owner of down_combine_rms_norm's counters
+
+
+def reserve_down_combine_rms_norm(kernels: MoeKernels, n_tokens: int) -> None:
+    """Take now the counters down_combine_rms_norm calls of up to ``n_tokens`` tokens use, so that a
+    call captured into a graph later finds them."""
+    kernels.zeroed(_COMBINE_NORM_COUNTERS, n_tokens * 4)
+
+
+def down_combine_rms_norm(
+    kernels: MoeKernels,
+    stream: Stream,
+    w: ViewLike,
+    w_type: RowType,
+    n_expert: int,
+    n_in: int,
+    act: ViewLike,
+    ids: ViewLike,
+    n_tokens: int,
+    top_k: int,
+    y: ViewLike,
+    route_weights: ViewLike | None,
+    weights: ViewLike | None,
+    extra: ViewLike | None,
+    hidden: ViewLike,
+    weight: ViewLike | None,
+    out: ViewLike,
+    n: int,
+    eps: float,
+) -> None:
+    """An MoE layer's down projection of one pair's activations each (``MoeKernels.mul_mat_id`` with
+    x_per_pair, rows scaled by ``route_weights`` where given, a few pairs: ``MoeKernels.uses_gemv``),
+    then ``combine_rms_norm`` of its rows (``weights``, ``extra``) into ``hidden`` and ``out`` in one
+    launch, the bytes of the two: the end of a decode token's MoE layer with the norm of what reads its
+    rows next. The last block of each token's rows to finish does the token's combine and norm, counting
+    in the instance's own counters (``MoeKernels.zeroed``), so calls run in one stream's order."""
+    call = "down_combine_rms_norm"
+    fmt = layout.weight_format(w_type)
+    positive(call, n_expert=n_expert, n_in=n_in, n_tokens=n_tokens, top_k=top_k, n=n)
+    _check_eps(call, eps)
+    n_pairs = n_tokens * top_k
+    if not kernels.uses_gemv(n_pairs):
+        raise InvalidArgument(
+            f"{n_pairs} pairs take the tile kernels, not the matrix-vector ones",
+            call=call,
+            hint="check uses_gemv() first, or run mul_mat_id and combine_rms_norm",
+        )
+    combine = kernels.combine_args(call, y, weights, extra, ("hidden", hidden), n_tokens, top_k, n)
+    out_view = view(call, "out", out, n_tokens * n * 4, 4)
+    for name, other in (("hidden", combine[3]), ("y", combine[0]), ("extra", combine[2])):
+        if isinstance(other, BufferView):
+            _apart(call, "out", out_view, name, other)
+    for name, other in (("hidden", combine[3]), ("extra", combine[2])):
+        if isinstance(other, BufferView):
+            _apart(call, "y", combine[0], name, other)
+    args = (
+        weight_view(call, "w", w, fmt, n_expert, n, n_in, fmt.unit_bytes),
+        view(call, "act", act, n_pairs * n_in * 4, 4),
+        view(call, "ids", ids, n_pairs * 4, 4),
+        combine[0],
+        np.uint64(0) if route_weights is None else view(call, "route_weights", route_weights, n_pairs * 4, 4),
+        *combine[1:4],
+        np.uint64(0) if weight is None else view(call, "weight", weight, n * 4),
+        out_view,
+        kernels.zeroed(_COMBINE_NORM_COUNTERS, n_tokens * 4),
+        np.int32(n_expert),
+        np.int32(n),
+        np.int32(n_in),
+        np.int32(top_k),
+        np.float32(eps),
+        np.int32(norm_threads(n)),
+    )
+    grid = (-(-n // layout.GEMV_ROWS), n_pairs)
+    stream.launch(kernels.kernel(fmt.gemv_combine_norm_kernel_name), grid, layout.GEMV_THREADS, args)
+
+
 def add_rows(kernels: MoeKernels, stream: Stream, y: ViewLike, bias: ViewLike, n_rows: int, n: int) -> None:
     """y[r, :] += bias[:] for y [n_rows, n] and bias [n]: projection biases."""
     call = "add_rows"

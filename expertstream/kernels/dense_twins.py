@@ -146,6 +146,41 @@ def _mul_mat_vec_add_norm_flops(args: Args) -> float:
     return (2.0 * int(args[8]) + 5.0) * int(args[7]) * n_tokens
 
 
+# -- mul_mat_vec_combine_norm: w, act, ids, y, route_weights, weights, extra, hidden, weight, out, counters,
+#    n_expert, n, n_in, top_k, eps, norm_lanes ----------------------------------------------------------
+
+
+def _mul_mat_vec_combine_norm_runner(fmt: WeightFormat) -> Any:
+    mul_mat_vec = gemv_runner(fmt)
+
+    def run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
+        w, act, ids, y, route_weights, weights, extra, hidden, weight, out = args[:10]
+        n_expert, n, n_in, top_k, eps = args[11:16]
+        n_pairs = int(grid[1])
+        mul_mat_vec((w, act, ids, y, n_expert, n, n_in, top_k, 1, n_pairs, route_weights, 0), grid, block)
+        n_tokens = n_pairs // int(top_k)
+        _combine_rms_norm_run((y, weights, extra, hidden, weight, out, n_tokens, top_k, n, eps), grid, block)
+
+    return run
+
+
+def _mul_mat_vec_combine_norm_accesses_for(fmt: WeightFormat) -> Any:
+    def accesses(args: Args) -> Sequence[Access]:
+        w, act, ids, y, route_weights, weights, extra, hidden, weight, out, counters, n_expert, n, n_in = args[:14]
+        read = (act, ids, route_weights, weights, extra, hidden, weight, counters)
+        reads = [Access(_as_view(a), write=False) for a in read if not isinstance(a, np.generic)]
+        writes = [Access(_as_view(a), write=True) for a in (y, hidden, out, counters)]
+        return [weights_access(fmt, w, n_expert, n, n_in), *reads, *writes]
+
+    return accesses
+
+
+def _mul_mat_vec_combine_norm_flops(args: Args) -> float:
+    n, n_in, top_k = int(args[12]), int(args[13]), int(args[14])
+    n_pairs = _as_view(args[2]).nbytes // 4
+    return 2.0 * n_pairs * n * n_in + (2.0 * top_k + 3.0) * (n_pairs // top_k) * n
+
+
 # -- add_rows: y, bias, n_rows, n -------------------------------------------------------------
 
 
@@ -277,6 +312,15 @@ def twin_specs() -> list[KernelSpec]:
                 _mul_mat_vec_add_norm_runner(fmt),
                 _mul_mat_vec_add_norm_accesses_for(fmt),
                 _mul_mat_vec_add_norm_flops,
+            )
+            for fmt in FORMATS.values()
+        ),
+        *(
+            KernelSpec(
+                fmt.gemv_combine_norm_kernel_name,
+                _mul_mat_vec_combine_norm_runner(fmt),
+                _mul_mat_vec_combine_norm_accesses_for(fmt),
+                _mul_mat_vec_combine_norm_flops,
             )
             for fmt in FORMATS.values()
         ),

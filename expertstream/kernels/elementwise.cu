@@ -5,9 +5,11 @@
 // The end of an MoE layer: hidden[t, i] += combine_sum(...), the sum over k = 0..top_k-1, in that
 // order, of weights[t, k] * y[t, k, i] (fused multiply-adds), or of y[t, k, i] where weights is null
 // (rows the routing weights already scale), plus extra[t, i] (a shared expert's output) where
-// extra is not null. dense_combine_rms_norm (dense.cu) adds the same sums.
-__device__ float combine_sum(const float* __restrict__ y, const float* __restrict__ weights,
-                             const float* __restrict__ extra, int t, int i, int top_k, int n) {
+// extra is not null. dense_combine_rms_norm (dense.cu) adds the same sums. P, the type of y: a restricted
+// pointer, or a volatile one where other blocks of the same launch wrote y (mul_mat_vec_combine_norm).
+template <typename P>
+__device__ float combine_sum(P y, const float* __restrict__ weights, const float* __restrict__ extra, int t, int i,
+                             int top_k, int n) {
     float acc = 0.0f;
     for (int k = 0; k < top_k; ++k) {
         const float v = y[((long long)t * top_k + k) * n + i];
@@ -38,6 +40,6 @@ extern "C" __global__ void moe_combine(const float* __restrict__ y, const float*
         return;
     }
     for (int t = blockIdx.y; t < n_tokens; t += gridDim.y) {
-        hidden[(long long)t * n + i] += combine_sum(y, weights, extra, t, i, top_k, n);
+        hidden[(long long)t * n + i] += combine_sum<const float* __restrict__>(y, weights, extra, t, i, top_k, n);
     }
 }

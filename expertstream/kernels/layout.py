@@ -174,6 +174,11 @@ class WeightFormat:
         return f"dense_mul_mat_vec_add_norm_{self.suffix}"
 
     @property
+    def gemv_combine_norm_kernel_name(self) -> str:
+        """The matrix-vector down projection of this type with the MoE combine and the next norm (dense.cu)."""
+        return f"dense_mul_mat_vec_combine_norm_{self.suffix}"
+
+    @property
     def get_rows_kernel_name(self) -> str:
         """The kernel that decodes rows of a table of this type (dense.get_rows)."""
         return f"dense_get_rows_{self.suffix}"

@@ -88,6 +88,8 @@ def _instances(fmt: WeightFormat) -> Iterator[tuple[str, str]]:
     yield fmt.gemv_parts_kernel_name, f"MOE_MUL_MAT_VEC_PARTS({fmt.gemv_parts_kernel_name}, {qtype})"
     name = fmt.gemv_add_norm_kernel_name
     yield name, f"DENSE_MUL_MAT_VEC_ADD_NORM({name}, {qtype})"
+    name = fmt.gemv_combine_norm_kernel_name
+    yield name, f"DENSE_MUL_MAT_VEC_COMBINE_NORM({name}, {qtype})"
     name = fmt.get_rows_kernel_name
     yield name, f"DENSE_GET_ROWS({name}, {qtype})"
 

@@ -345,6 +345,62 @@ def test_combine_rms_norm_is_the_bytes_of_combine_then_rms_norm(
         dense.combine_rms_norm(kernels, stream, y, weights, extra, hidden, norm, hidden, n_tokens, top_k, n, eps)
 
 
+@pytest.mark.parametrize("w_type", [GGMLQuantizationType.Q6_K, GGMLQuantizationType.Q4_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("scaled", [True, False], ids=["scaled-rows", "combine-weights"])
+def test_down_combine_rms_norm_is_the_bytes_of_down_then_combine_rms_norm(
+    device: Device, stream: Stream, rng: np.random.Generator, w_type: GGMLQuantizationType, scaled: bool
+) -> None:
+    """Decode's down projection, the MoE combine (a shared expert's rows too) and the next norm in one
+    launch write what mul_mat_id then combine_rms_norm write, again on a second launch (its counters
+    back to 0), with the last expert (the padding tail) among the pairs; more pairs than the
+    matrix-vector kernels take are refused."""
+    n_tokens, top_k, n_expert, n, n_in, eps = 2, 3, 4, 300, 256, 1e-6
+    w = ref.random_weights(rng, w_type, n_expert * n, n_in)
+    act = device.upload(rng.standard_normal((n_tokens * top_k, n_in)).astype(np.float32))
+    ids = device.upload(np.array([3, 0, 2, 1, 3, 0], np.int32))
+    route = device.upload(rng.random((n_tokens, top_k)).astype(np.float32))
+    extra = device.upload(rng.standard_normal((n_tokens, n)).astype(np.float32))
+    start = rng.standard_normal((n_tokens, n)).astype(np.float32)
+    norm = device.upload(rng.standard_normal(n).astype(np.float32))
+    row_weights, combine_weights = (route, None) if scaled else (None, route)
+    with MoeKernels(device, gemv=True) as kernels, device.alloc(w.nbytes, row_type=w_type, ne0=n_in) as w_buf:
+        if scaled and not kernels.uses_direct(w_type, n_in):
+            pytest.skip(f"mul_mat_id scales {w_type.name} rows only where a direct kernel runs them")
+        w_buf.write(w)
+        results = []
+        for fused in (False, True, True):
+            hidden, out = device.upload(start), poisoned(device, start.nbytes)
+            y = poisoned(device, n_tokens * top_k * n * 4)
+            if fused:
+                dense.down_combine_rms_norm(
+                    kernels, stream, w_buf, w_type, n_expert, n_in, act, ids, n_tokens, top_k, y, row_weights,
+                    combine_weights, extra, hidden, norm, out, n, eps,
+                )  # fmt: skip
+            else:
+                kernels.mul_mat_id(
+                    stream, w_buf, w_type, n_expert, n, n_in, act, True, ids, n_tokens, top_k, y,
+                    route_weights=row_weights,
+                )  # fmt: skip
+                dense.combine_rms_norm(
+                    kernels, stream, y, combine_weights, extra, hidden, norm, out, n_tokens, top_k, n, eps
+                )
+            stream.synchronize()
+            results.append([buf.read().tobytes() for buf in (y, hidden, out)])
+        assert np.isfinite(np.frombuffer(results[0][2], np.float32)).all()
+        assert results[1] == results[0], "the fused launch wrote other bytes than down then combine_rms_norm"
+        assert results[2] == results[0], "a second fused launch (the counters reused) wrote other bytes"
+        with pytest.raises(InvalidArgument, match="tile kernels"):
+            dense.down_combine_rms_norm(
+                kernels, stream, w_buf, w_type, n_expert, n_in, act, ids, 16, top_k, y, row_weights,
+                combine_weights, extra, hidden, norm, out, n, eps,
+            )  # fmt: skip
+        with pytest.raises(InvalidArgument, match="overlap"):
+            dense.down_combine_rms_norm(
+                kernels, stream, w_buf, w_type, n_expert, n_in, act, ids, n_tokens, top_k, y, row_weights,
+                combine_weights, extra, hidden, norm, hidden, n, eps,
+            )  # fmt: skip
+
+
 @pytest.mark.parametrize("w_type", [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q8_0], ids=lambda t: t.name)
 def test_project_add_rms_norm_is_the_bytes_of_the_projection_then_add_rms_norm(
     device: Device, stream: Stream, rng: np.random.Generator, w_type: GGMLQuantizationType

@@ -35,6 +35,8 @@ typedef void (*MulMatVecId)(const unsigned char*, const float*, const int*, floa
                             const float*, const float*);
 typedef void (*AddNorm)(const unsigned char*, const float*, float*, float*, const float*, float*, unsigned*, int, int,
                         float, int);
+typedef void (*CombineNorm)(const unsigned char*, const float*, const int*, float*, const float*, const float*,
+                            const float*, float*, const float*, float*, unsigned*, int, int, int, int, float, int);
 
 static void launch(unsigned grid_x, unsigned rows, unsigned threads, const std::function<void()>& body) {
     const unsigned grid_y = std::min(rows, 3u);
@@ -150,6 +152,69 @@ int main(int argc, char** argv) {
             fwrite(out.data(), sizeof(float), out.size(), stdout);
         }
         fwrite(counts.data(), sizeof(int), counts.size(), stdout);
+    } else if (kernel == "down_combine_norm") {
+        // argv[2]: the type's index. The down projection (mul_mat_vec_id, rows scaled) then
+        // dense_combine_rms_norm (with the shared rows), then the fused kernel, its blocks in reverse
+        // order, twice: each's y, hidden and out, and the counters after each block of the first fused launch.
+        MulMatVecId gemv[] = {%s};
+        CombineNorm fused[] = {%s};
+        const int type = atoi(argv[2]);
+        std::vector<int> shape = read_array<int>(6);
+        const int n_tokens = shape[0], top_k = shape[1], n_expert = shape[2], n = shape[3], n_in = shape[4];
+        const int threads = shape[5];
+        const float eps = read_array<float>(1)[0];
+        const int n_pairs = n_tokens * top_k;
+        std::vector<unsigned char> w = read_array<unsigned char>(read_array<int>(1)[0]);
+        std::vector<float> act = read_array<float>((size_t)n_pairs * n_in);
+        std::vector<int> ids = read_array<int>(n_pairs);
+        std::vector<float> route = read_array<float>(n_pairs);
+        std::vector<float> extra = read_array<float>((size_t)n_tokens * n);
+        std::vector<float> start = read_array<float>((size_t)n_tokens * n);
+        std::vector<float> norm = read_array<float>(n);
+        std::vector<float> y((size_t)n_pairs * n, NAN), hidden = start, out((size_t)n_tokens * n, NAN);
+        const unsigned grid_x = (n + MOE_GEMV_ROWS - 1) / MOE_GEMV_ROWS;
+        gridDim = EsDim3{grid_x, (unsigned)n_pairs, 1};
+        blockDim = EsDim3{MOE_GEMV_THREADS, 1, 1};
+        for (unsigned by = 0; by < (unsigned)n_pairs; ++by) {
+            for (unsigned bx = 0; bx < grid_x; ++bx) {
+                blockIdx = EsDim3{bx, by, 0};
+                run_block(MOE_GEMV_THREADS, [&] {
+                    gemv[type](w.data(), act.data(), ids.data(), y.data(), n_expert, n, n_in, top_k, 1, n_pairs,
+                               route.data(), nullptr);
+                });
+            }
+        }
+        launch(n_tokens, 1, threads, [&] {
+            dense_combine_rms_norm(y.data(), nullptr, extra.data(), hidden.data(), norm.data(), out.data(), n_tokens,
+                                   top_k, n, eps);
+        });
+        for (const std::vector<float>* v : {&y, &hidden, &out}) {
+            fwrite(v->data(), sizeof(float), v->size(), stdout);
+        }
+        std::vector<unsigned> counters(n_tokens, 0);
+        std::vector<int> counts;
+        for (int pass = 0; pass < 2; ++pass) {
+            std::fill(y.begin(), y.end(), NAN);
+            std::fill(out.begin(), out.end(), NAN);
+            hidden = start;
+            gridDim = EsDim3{grid_x, (unsigned)n_pairs, 1};
+            blockDim = EsDim3{MOE_GEMV_THREADS, 1, 1};
+            for (unsigned by = n_pairs; by-- > 0;) {
+                for (unsigned bx = grid_x; bx-- > 0;) {
+                    blockIdx = EsDim3{bx, by, 0};
+                    run_block(MOE_GEMV_THREADS, [&] {
+                        fused[type](w.data(), act.data(), ids.data(), y.data(), route.data(), nullptr, extra.data(),
+                                    hidden.data(), norm.data(), out.data(), counters.data(), n_expert, n, n_in, top_k,
+                                    eps, threads);
+                    });
+                    if (pass == 0) counts.push_back((int)counters[by / top_k]);
+                }
+            }
+            for (const std::vector<float>* v : {&y, &hidden, &out}) {
+                fwrite(v->data(), sizeof(float), v->size(), stdout);
+            }
+        }
+        fwrite(counts.data(), sizeof(int), counts.size(), stdout);
     } else if (kernel == "combine_rms_norm") {
         // moe_combine then dense_rms_norm (into out), then dense_combine_rms_norm on a copy of hidden:
         // both hiddens and both outs.
@@ -233,12 +298,15 @@ def host_dense(tmp_path_factory: pytest.TempPathFactory) -> Path:
         f"DENSE_GET_ROWS({f.get_rows_kernel_name}, {int(t)})\n"
         f"MOE_MUL_MAT_VEC_ID({f.gemv_kernel_name}, {int(t)})\n"
         f"DENSE_MUL_MAT_VEC_ADD_NORM({f.gemv_add_norm_kernel_name}, {int(t)})\n"
+        f"DENSE_MUL_MAT_VEC_COMBINE_NORM({f.gemv_combine_norm_kernel_name}, {int(t)})\n"
         for t, f in ((t, FORMATS[t]) for t in TYPES)
     )
     names = (
         ", ".join(FORMATS[t].get_rows_kernel_name for t in TYPES),
         ", ".join(FORMATS[t].gemv_kernel_name for t in TYPES),
         ", ".join(FORMATS[t].gemv_add_norm_kernel_name for t in TYPES),
+        ", ".join(FORMATS[t].gemv_kernel_name for t in TYPES),
+        ", ".join(FORMATS[t].gemv_combine_norm_kernel_name for t in TYPES),
     )
     elementwise = source_file("elementwise.cu")
     combine = elementwise[elementwise.index("// moe_combine: ") :]  # after the kernels of dynamic shared memory
@@ -323,6 +391,41 @@ def test_project_add_norm_is_the_bytes_of_the_projection_then_add_rms_norm(
     assert first == two_launches, "the fused launch wrote other bytes than the projection and add_rms_norm"
     assert second == two_launches, "a second fused launch (the counters reused) wrote other bytes"
     blocks = -(-n // layout.GEMV_ROWS)
+    expected_counts = [*range(1, blocks), 0] * n_tokens
+    assert list(np.frombuffer(counts, np.int32)) == expected_counts, "a block counted twice, or not the last reset"
+
+
+@pytest.mark.parametrize(
+    "w_type", [GGMLQuantizationType.Q6_K, GGMLQuantizationType.Q4_K, GGMLQuantizationType.F16], ids=lambda t: t.name
+)
+@pytest.mark.parametrize(("n", "n_tokens", "top_k"), [(2048, 1, 8), (300, 2, 3)])
+def test_down_combine_norm_is_the_bytes_of_down_then_combine_rms_norm(
+    host_dense: Path, rng: np.random.Generator, w_type: GGMLQuantizationType, n: int, n_tokens: int, top_k: int
+) -> None:
+    """dense_mul_mat_vec_combine_norm_*, decode's down projection, MoE combine and next norm in one launch:
+    the rows, hidden rows and norm of the matrix-vector launch then dense_combine_rms_norm at its block
+    size for n (norm_threads(n) lanes on 128 threads), whichever block finishes last, twice with the same
+    counters; the last expert's padding tail read where it is routed to."""
+    n_in, n_expert, eps = 512, 4, 1e-6
+    n_pairs = n_tokens * top_k
+    threads = dense.norm_threads(n)
+    w = with_tail(ref.random_weights(rng, w_type, n_expert * n, n_in), w_type, n_in)
+    act = rng.standard_normal((n_pairs, n_in)).astype(np.float32)
+    ids = rng.permutation(np.resize(np.arange(n_expert, dtype=np.int32), n_pairs)).astype(np.int32)
+    route = rng.random(n_pairs).astype(np.float32)
+    extra = rng.standard_normal((n_tokens, n)).astype(np.float32)
+    # magnitudes 1e-3..1e3 element by element: the sum of squares' order shows in its last bits
+    hidden = (rng.standard_normal((n_tokens, n)) * 10.0 ** rng.integers(-3, 4, (n_tokens, n))).astype(np.float32)
+    norm = rng.standard_normal(n).astype(np.float32)
+    header = struct.pack("6ifi", n_tokens, top_k, n_expert, n, n_in, threads, eps, w.nbytes)
+    arrays = (w, act, ids, route, extra, hidden, norm)
+    out = _run(host_dense, ["down_combine_norm", str(TYPES.index(w_type))], header, *(a.tobytes() for a in arrays))
+    size = (n_pairs + 2 * n_tokens) * n * 4
+    two_launches, first, second, counts = out[:size], out[size : 2 * size], out[2 * size : 3 * size], out[3 * size :]
+    assert np.isfinite(np.frombuffer(two_launches, np.float32)).all()
+    assert first == two_launches, "the fused launch wrote other bytes than down and combine_rms_norm"
+    assert second == two_launches, "a second fused launch (the counters reused) wrote other bytes"
+    blocks = -(-n // layout.GEMV_ROWS) * top_k
     expected_counts = [*range(1, blocks), 0] * n_tokens
     assert list(np.frombuffer(counts, np.int32)) == expected_counts, "a block counted twice, or not the last reset"
 
