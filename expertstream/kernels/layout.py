@@ -6,6 +6,7 @@ The numbers here must match the #defines at the top of formats.cu and mma.cu.
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import dataclass
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -32,6 +33,8 @@ GEMV_STAGE = 4096  # activation rows up to this many elements are staged in shar
 # its expert's rows again, so past a few pairs per expert the tile kernels, which read a tile's
 # weights once for all its pairs, should win. 8 (one token's top-8) was not compared with other bounds.
 GEMV_MAX_PAIRS = 8
+GEMV_MAX_GROUPS = 64  # row groups per block of the experts' matrix-vector launches (MoeKernels.gemv_groups)
+GEMV_GROUPS_VAR = "EXPERTSTREAM_GEMV_GROUPS"
 DIRECT_ALIGN = 4  # bytes: the direct kernels copy weights in 32-bit words (Q6_K's from the word at or below)
 QUANT_THREADS = 256  # threads per block of the activation quantizer (int8.cu), one per 32-element block
 QUANT_BLOCK = 32  # activation elements sharing one int8 scale
@@ -319,3 +322,17 @@ def direct_x_bytes(n_rows: int, n_in: int) -> int:
 def direct_pair_slot(pair: int) -> int:
     """Word position of element pair ``pair`` (0..7) of a 16-element chunk in direct.cu's fragment order."""
     return (pair % 2) * 4 + pair // 2
+
+
+def gemv_groups_from_environment() -> int:
+    """$EXPERTSTREAM_GEMV_GROUPS (1 to GEMV_MAX_GROUPS; unset: 1): MoeKernels' default gemv_groups."""
+    value = os.environ.get(GEMV_GROUPS_VAR, "").strip()
+    if not value:
+        return 1
+    if not value.isdigit() or not 1 <= int(value) <= GEMV_MAX_GROUPS:
+        raise InvalidArgument(
+            f"{GEMV_GROUPS_VAR}={value!r} is not a whole number from 1 to {GEMV_MAX_GROUPS}",
+            call="MoeKernels",
+            hint=f"unset {GEMV_GROUPS_VAR} for a block per group of rows",
+        )
+    return int(value)

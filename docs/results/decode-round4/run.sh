@@ -9,7 +9,10 @@
 #   1. the CUDA tests of the kernels this round added, chained launches on;
 #   2. the 8-layer step (decode_profile --alone: each launch timed on its own beside the replayed
 #      step) for chained launches on (c1) and off (c0), and base, twice in turn;
-#   3. 48-layer tg64 all on the GPU, c1, c0 and base, beside llama-bench -ncmoe 0 -n 64 in the same call.
+#   3. the experts' matrix-vector kernels with 1, 2 and 4 row groups a block (EXPERTSTREAM_GEMV_GROUPS):
+#      microbench.kernels --gemv at Qwen3-30B-A3B expert shapes;
+#   4. 48-layer tg64 all on the GPU, c1, c0, base and c1g4 (chained, 4 row groups a block), beside
+#      llama-bench -ncmoe 0 -n 64 in the same call.
 set -uo pipefail
 OUT=${OUT:-.}
 S=$OUT/summary.txt R=$OUT/raw
@@ -21,7 +24,7 @@ M=/tmp/m8.gguf F=/tmp/models/qwen3-30b-a3b-Q4_K_M.gguf
 (OUT=/tmp/mh bash microbench/model_h200.sh setup make >"$R/make.log" 2>&1
  [ -f $M ] || python3 -m expertstream make-model --preset qwen3-30b-a3b --type Q4_K_M --layers 8 -o $M >>"$R/make.log" 2>&1) &
 maker=$!
-EXPERTSTREAM_CHAINED_LAUNCHES=1 timeout 200 python3 -m pytest -q -x tests/kernels/test_gemv.py \
+EXPERTSTREAM_CHAINED_LAUNCHES=1 timeout 150 python3 -m pytest -q -x tests/kernels/test_gemv.py \
     tests/kernels/test_router_arch.py tests/kernels/test_attention.py tests/kernels/test_dense.py \
     tests/backends/test_graphs.py tests/engine/test_model.py --backend cuda -p no:cacheprovider >"$R/tests.txt" 2>&1
 el "cuda tests, chained launches: $(tail -1 "$R/tests.txt")"
@@ -30,12 +33,13 @@ in_tree() {  # VARIANT COMMAND...: c1/c0 in this tree with chained launches on/o
     local v=$1; shift
     case $v in
     c1) EXPERTSTREAM_CHAINED_LAUNCHES=1 "$@" ;;
+    c1g4) EXPERTSTREAM_CHAINED_LAUNCHES=1 EXPERTSTREAM_GEMV_GROUPS=4 "$@" ;;
     c0) EXPERTSTREAM_CHAINED_LAUNCHES=0 "$@" ;;
     base) (cd "$BASE" && PYTHONPATH="$BASE:${PYTHONPATH:-}" "$@") ;;
     esac
 }
-variants="c1 c0"
-[ -n "${BASE:-}" ] && variants="c1 c0 base"
+variants="c1 c0 c1g4"
+[ -n "${BASE:-}" ] && variants="c1 c0 base c1g4"
 for round in 1 2; do
     for v in $variants; do
         in_tree $v timeout 120 python3 -m microbench.decode_profile --backend cuda --model $M -p 512 -n 12 \
@@ -43,15 +47,20 @@ for round in 1 2; do
         el "8-layer step $v round $round: $(grep -E 'one decode step' "$R/profile-$v-$round.txt" | tail -1)"
     done
 done
+for g in 1 2 4; do
+    EXPERTSTREAM_GEMV_GROUPS=$g timeout 60 python3 -m microbench.kernels --backend cuda --gemv --types Q4_K Q6_K \
+        --paths direct >"$R/gemv-groups$g.txt" 2>&1
+    el "gemv, $g row groups a block (type tensor pairs kernel ms MB GB/s): $(grep ' gemv ' "$R/gemv-groups$g.txt" | grep -v dense | tr -s ' ' | sed 's/^ //' | cut -d' ' -f1-7 | tr '\n' ';')"
+done
 for v in $variants; do
-    in_tree $v timeout 150 python3 -m expertstream bench -m $F --backend cuda -p 16 -n 64 --slots 3 \
-        --host-memory pinned -ncmoe 0 -r 3 -o json >"$R/decode48-$v.json" 2>"$R/decode48-$v.err"
+    in_tree $v timeout 120 python3 -m expertstream bench -m $F --backend cuda -p 16 -n 64 --slots 3 \
+        --host-memory pinned -ncmoe 0 -r 2 -o json >"$R/decode48-$v.json" 2>"$R/decode48-$v.err"
     el "48-layer tg64 $v: $(python3 -c "import json, sys
 for r in json.load(open(sys.argv[1]))['rows']:
     print(round(r['decode_tokens_per_s'], 1), '+-', round(r['decode_tokens_per_s_sd'] or 0, 1), r['decode_sha256'][:12])
 " "$R/decode48-$v.json" 2>&1)"
 done
 export LD_LIBRARY_PATH=/tmp/llamacpp-sm90/bin:${LD_LIBRARY_PATH:-}
-timeout 120 /tmp/llamacpp-sm90/bin/llama-bench -m $F -ngl 99 -ncmoe 0 -lm none -fa 0 -p 0 -n 64 -r 3 -o md \
+timeout 120 /tmp/llamacpp-sm90/bin/llama-bench -m $F -ngl 99 -ncmoe 0 -lm none -fa 0 -p 0 -n 64 -r 2 -o md \
     >"$R/llama-decode.md" 2>&1
 el "llama-bench tg64 -ncmoe 0: $(grep tg64 "$R/llama-decode.md" | awk -F'|' '{print $(NF-1)}')"
