@@ -8,11 +8,11 @@
 # Writes under $OUT: summary.txt (the table), raw/ (every command's output).
 #   1. the CUDA tests of the kernels this round added, chained launches on;
 #   2. the 8-layer step (decode_profile --alone: each launch timed on its own beside the replayed
-#      step) for chained launches on (c1) and off (c0), and base, twice in turn;
-#   3. the experts' matrix-vector kernels with 1, 2 and 4 row groups a block (EXPERTSTREAM_GEMV_GROUPS):
+#      step) for chained launches on (c1) and off (c0), base, and c1g4 (chained, 4 row groups a block);
+#   3. 48-layer tg64 all on the GPU of the four, beside llama-bench -ncmoe 0 -n 64 in the same call;
+#   4. the experts' matrix-vector kernels with 1, 2 and 4 row groups a block (EXPERTSTREAM_GEMV_GROUPS):
 #      microbench.kernels --gemv at Qwen3-30B-A3B expert shapes;
-#   4. 48-layer tg64 all on the GPU, c1, c0, base and c1g4 (chained, 4 row groups a block), beside
-#      llama-bench -ncmoe 0 -n 64 in the same call.
+#   5. the 8-layer step of the four again.
 set -uo pipefail
 OUT=${OUT:-.}
 S=$OUT/summary.txt R=$OUT/raw
@@ -40,18 +40,15 @@ in_tree() {  # VARIANT COMMAND...: c1/c0 in this tree with chained launches on/o
 }
 variants="c1 c0 c1g4"
 [ -n "${BASE:-}" ] && variants="c1 c0 base c1g4"
-for round in 1 2; do
+profiles() {  # ROUND: the 8-layer step of every variant
     for v in $variants; do
         in_tree $v timeout 120 python3 -m microbench.decode_profile --backend cuda --model $M -p 512 -n 12 \
-            --top 40 -ncmoe 0 --alone >"$R/profile-$v-$round.txt" 2>&1
-        el "8-layer step $v round $round: $(grep -E 'one decode step' "$R/profile-$v-$round.txt" | tail -1)"
+            --top 40 -ncmoe 0 --alone >"$R/profile-$v-$1.txt" 2>&1
+        el "8-layer step $v round $1: $(grep -E 'one decode step' "$R/profile-$v-$1.txt" | tail -1)"
     done
-done
-for g in 1 2 4; do
-    EXPERTSTREAM_GEMV_GROUPS=$g timeout 60 python3 -m microbench.kernels --backend cuda --gemv --types Q4_K Q6_K \
-        --paths direct >"$R/gemv-groups$g.txt" 2>&1
-    el "gemv, $g row groups a block (type tensor pairs kernel ms MB GB/s): $(grep ' gemv ' "$R/gemv-groups$g.txt" | grep -v dense | tr -s ' ' | sed 's/^ //' | cut -d' ' -f1-7 | tr '\n' ';')"
-done
+}
+# In order of worth: a call cut short keeps what came before.
+profiles 1
 for v in $variants; do
     in_tree $v timeout 120 python3 -m expertstream bench -m $F --backend cuda -p 16 -n 64 --slots 3 \
         --host-memory pinned -ncmoe 0 -r 2 -o json >"$R/decode48-$v.json" 2>"$R/decode48-$v.err"
@@ -64,3 +61,9 @@ export LD_LIBRARY_PATH=/tmp/llamacpp-sm90/bin:${LD_LIBRARY_PATH:-}
 timeout 120 /tmp/llamacpp-sm90/bin/llama-bench -m $F -ngl 99 -ncmoe 0 -lm none -fa 0 -p 0 -n 64 -r 2 -o md \
     >"$R/llama-decode.md" 2>&1
 el "llama-bench tg64 -ncmoe 0: $(grep tg64 "$R/llama-decode.md" | awk -F'|' '{print $(NF-1)}')"
+for g in 1 2 4; do
+    EXPERTSTREAM_GEMV_GROUPS=$g timeout 60 python3 -m microbench.kernels --backend cuda --gemv --types Q4_K Q6_K \
+        --paths direct >"$R/gemv-groups$g.txt" 2>&1
+    el "gemv, $g row groups a block (type tensor pairs kernel ms MB GB/s): $(grep ' gemv ' "$R/gemv-groups$g.txt" | grep -v dense | tr -s ' ' | sed 's/^ //' | cut -d' ' -f1-7 | tr '\n' ';')"
+done
+profiles 2
