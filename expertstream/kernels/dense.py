@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from ..backends.base import BufferView, DeviceBuffer, Stream
+from ..backends.base import BufferView, DeviceBuffer, KernelArg, Stream
 from ..errors import InvalidArgument
 from ..ggml import RowType
 from . import layout
@@ -225,7 +225,7 @@ def project_add_rms_norm(
         view(call, "x", x, n_tokens * n_in * 4, 4),
         views["y"],
         views["hidden"],
-        np.uint64(0) if weight is None else view(call, "weight", weight, n * 4),
+        _norm_weight(call, weight, n),
         views["out"],
         kernels.zeroed(_ADD_NORM_COUNTERS, n_tokens * 4),
         np.int32(n),
@@ -233,8 +233,19 @@ def project_add_rms_norm(
         np.float32(eps),
         np.int32(norm_threads(n)),
     )
-    grid = (-(-n // layout.GEMV_ROWS), n_tokens)
-    stream.launch(kernels.kernel(fmt.gemv_add_norm_kernel_name), grid, layout.GEMV_THREADS, args)
+    _launch_gemv_rows(kernels, stream, fmt.gemv_add_norm_kernel_name, n, n_tokens, args)
+
+
+def _norm_weight(call: str, weight: ViewLike | None, n: int) -> BufferView | np.uint64:
+    """A norm's weight argument: its [n] floats, or a null pointer for none."""
+    return np.uint64(0) if weight is None else view(call, "weight", weight, n * 4)
+
+
+def _launch_gemv_rows(
+    kernels: MoeKernels, stream: Stream, name: str, n: int, grid_y: int, args: tuple[KernelArg, ...]
+) -> None:
+    """A matrix-vector launch with a block per MOE_GEMV_ROWS of the n output rows, grid_y rows of blocks."""
+    stream.launch(kernels.kernel(name), (-(-n // layout.GEMV_ROWS), grid_y), layout.GEMV_THREADS, args)
 
 
 def combine_rms_norm(
@@ -261,8 +272,7 @@ def combine_rms_norm(
     for name, other in (("hidden", combine[3]), ("y", combine[0]), ("extra", combine[2])):
         if isinstance(other, BufferView):
             _apart(call, "out", out_view, name, other)
-    norm = np.uint64(0) if weight is None else view(call, "weight", weight, n * 4)
-    args = (*combine[:4], norm, out_view, *combine[4:], np.float32(eps))
+    args = (*combine[:4], _norm_weight(call, weight, n), out_view, *combine[4:], np.float32(eps))
     stream.launch(kernels.kernel("dense_combine_rms_norm"), n_tokens, norm_threads(n), args)
 
 
@@ -328,7 +338,7 @@ def down_combine_rms_norm(
         combine[0],
         np.uint64(0) if route_weights is None else view(call, "route_weights", route_weights, n_pairs * 4, 4),
         *combine[1:4],
-        np.uint64(0) if weight is None else view(call, "weight", weight, n * 4),
+        _norm_weight(call, weight, n),
         out_view,
         kernels.zeroed(_COMBINE_NORM_COUNTERS, n_tokens * 4),
         np.int32(n_expert),
@@ -338,8 +348,7 @@ def down_combine_rms_norm(
         np.float32(eps),
         np.int32(norm_threads(n)),
     )
-    grid = (-(-n // layout.GEMV_ROWS), n_pairs)
-    stream.launch(kernels.kernel(fmt.gemv_combine_norm_kernel_name), grid, layout.GEMV_THREADS, args)
+    _launch_gemv_rows(kernels, stream, fmt.gemv_combine_norm_kernel_name, n, n_pairs, args)
 
 
 def add_rows(kernels: MoeKernels, stream: Stream, y: ViewLike, bias: ViewLike, n_rows: int, n: int) -> None:

@@ -50,6 +50,20 @@ static void launch(unsigned grid_x, unsigned rows, unsigned threads, const std::
     }
 }
 
+// Every block of a matrix-vector grid (grid_x, grid_y) of MOE_GEMV_THREADS threads, in order or the last
+// block first (reversed); after(by) after each.
+static void gemv_grid(unsigned grid_x, unsigned grid_y, bool reversed, const std::function<void()>& body,
+                      const std::function<void(unsigned)>& after = [](unsigned) {}) {
+    gridDim = EsDim3{grid_x, grid_y, 1};
+    blockDim = EsDim3{MOE_GEMV_THREADS, 1, 1};
+    for (unsigned i = 0; i < grid_x * grid_y; ++i) {
+        const unsigned at = reversed ? grid_x * grid_y - 1 - i : i;
+        blockIdx = EsDim3{at %% grid_x, at / grid_x, 0};
+        run_block(MOE_GEMV_THREADS, body);
+        after(at / grid_x);
+    }
+}
+
 int main(int argc, char** argv) {
     const std::string kernel = argv[1];
     if (kernel == "get_rows") {
@@ -114,17 +128,9 @@ int main(int argc, char** argv) {
         std::vector<int> zeros(n_tokens, 0);
         std::vector<float> y((size_t)n_tokens * n, NAN), hidden = start, out((size_t)n_tokens * n, NAN);
         const unsigned grid_x = (n + MOE_GEMV_ROWS - 1) / MOE_GEMV_ROWS;
-        gridDim = EsDim3{grid_x, (unsigned)n_tokens, 1};  // every pair's row: launch() strides over three
-        blockDim = EsDim3{MOE_GEMV_THREADS, 1, 1};
-        for (unsigned by = 0; by < (unsigned)n_tokens; ++by) {
-            for (unsigned bx = 0; bx < grid_x; ++bx) {
-                blockIdx = EsDim3{bx, by, 0};
-                run_block(MOE_GEMV_THREADS, [&] {
-                    gemv[type](w.data(), x.data(), zeros.data(), y.data(), 1, n, n_in, 1, 0, n_tokens, nullptr,
-                               nullptr);
-                });
-            }
-        }
+        gemv_grid(grid_x, n_tokens, false, [&] {  // every token's row: launch() strides over three
+            gemv[type](w.data(), x.data(), zeros.data(), y.data(), 1, n, n_in, 1, 0, n_tokens, nullptr, nullptr);
+        });
         launch(n_tokens, 1, threads, [&] {
             dense_add_rms_norm(hidden.data(), y.data(), norm.data(), out.data(), n_tokens, n, eps);
         });
@@ -136,18 +142,15 @@ int main(int argc, char** argv) {
             std::fill(y.begin(), y.end(), NAN);
             std::fill(out.begin(), out.end(), NAN);
             hidden = start;
-            gridDim = EsDim3{grid_x, (unsigned)n_tokens, 1};
-            blockDim = EsDim3{MOE_GEMV_THREADS, 1, 1};
-            for (unsigned by = n_tokens; by-- > 0;) {
-                for (unsigned bx = grid_x; bx-- > 0;) {
-                    blockIdx = EsDim3{bx, by, 0};
-                    run_block(MOE_GEMV_THREADS, [&] {
-                        fused[type](w.data(), x.data(), y.data(), hidden.data(), norm.data(), out.data(),
-                                    counters.data(), n, n_in, eps, threads);
-                    });
+            gemv_grid(
+                grid_x, n_tokens, true,
+                [&] {
+                    fused[type](w.data(), x.data(), y.data(), hidden.data(), norm.data(), out.data(), counters.data(),
+                                n, n_in, eps, threads);
+                },
+                [&](unsigned by) {
                     if (pass == 0) counts.push_back((int)counters[by]);
-                }
-            }
+                });
             fwrite(hidden.data(), sizeof(float), hidden.size(), stdout);
             fwrite(out.data(), sizeof(float), out.size(), stdout);
         }
@@ -173,17 +176,10 @@ int main(int argc, char** argv) {
         std::vector<float> norm = read_array<float>(n);
         std::vector<float> y((size_t)n_pairs * n, NAN), hidden = start, out((size_t)n_tokens * n, NAN);
         const unsigned grid_x = (n + MOE_GEMV_ROWS - 1) / MOE_GEMV_ROWS;
-        gridDim = EsDim3{grid_x, (unsigned)n_pairs, 1};
-        blockDim = EsDim3{MOE_GEMV_THREADS, 1, 1};
-        for (unsigned by = 0; by < (unsigned)n_pairs; ++by) {
-            for (unsigned bx = 0; bx < grid_x; ++bx) {
-                blockIdx = EsDim3{bx, by, 0};
-                run_block(MOE_GEMV_THREADS, [&] {
-                    gemv[type](w.data(), act.data(), ids.data(), y.data(), n_expert, n, n_in, top_k, 1, n_pairs,
-                               route.data(), nullptr);
-                });
-            }
-        }
+        gemv_grid(grid_x, n_pairs, false, [&] {
+            gemv[type](w.data(), act.data(), ids.data(), y.data(), n_expert, n, n_in, top_k, 1, n_pairs, route.data(),
+                       nullptr);
+        });
         launch(n_tokens, 1, threads, [&] {
             dense_combine_rms_norm(y.data(), nullptr, extra.data(), hidden.data(), norm.data(), out.data(), n_tokens,
                                    top_k, n, eps);
@@ -197,19 +193,16 @@ int main(int argc, char** argv) {
             std::fill(y.begin(), y.end(), NAN);
             std::fill(out.begin(), out.end(), NAN);
             hidden = start;
-            gridDim = EsDim3{grid_x, (unsigned)n_pairs, 1};
-            blockDim = EsDim3{MOE_GEMV_THREADS, 1, 1};
-            for (unsigned by = n_pairs; by-- > 0;) {
-                for (unsigned bx = grid_x; bx-- > 0;) {
-                    blockIdx = EsDim3{bx, by, 0};
-                    run_block(MOE_GEMV_THREADS, [&] {
-                        fused[type](w.data(), act.data(), ids.data(), y.data(), route.data(), nullptr, extra.data(),
-                                    hidden.data(), norm.data(), out.data(), counters.data(), n_expert, n, n_in, top_k,
-                                    eps, threads);
-                    });
+            gemv_grid(
+                grid_x, n_pairs, true,
+                [&] {
+                    fused[type](w.data(), act.data(), ids.data(), y.data(), route.data(), nullptr, extra.data(),
+                                hidden.data(), norm.data(), out.data(), counters.data(), n_expert, n, n_in, top_k, eps,
+                                threads);
+                },
+                [&](unsigned by) {
                     if (pass == 0) counts.push_back((int)counters[by / top_k]);
-                }
-            }
+                });
             for (const std::vector<float>* v : {&y, &hidden, &out}) {
                 fwrite(v->data(), sizeof(float), v->size(), stdout);
             }

@@ -118,24 +118,23 @@ int main(int argc, char** argv) {
 )
 
 
-@pytest.fixture(scope="module")
-def host_gemv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def _build_gemv(tmp_path_factory: pytest.TempPathFactory, name: str, prefix: str = "") -> Path:
     if CXX is None:
         pytest.skip("no C++ compiler (c++, g++ or clang++) on PATH")
     names = ", ".join(FORMATS[t].gemv_kernel_name for t in TYPES)
     gate_up_names = ", ".join(FORMATS[t].gemv_gate_up_kernel_name for t in TYPES)
-    return build_on_host(tmp_path_factory.mktemp("host_gemv"), kernel_source(TYPES), _DRIVER % (names, gate_up_names))
+    return build_on_host(tmp_path_factory.mktemp(name), prefix + kernel_source(TYPES), _DRIVER % (names, gate_up_names))
+
+
+@pytest.fixture(scope="module")
+def host_gemv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _build_gemv(tmp_path_factory, "host_gemv")
 
 
 @pytest.fixture(scope="module")
 def host_gemv_grouped(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The kernels as MoeKernels compiles them for gemv_groups > 1 (MOE_GEMV_GROUPED)."""
-    if CXX is None:
-        pytest.skip("no C++ compiler (c++, g++ or clang++) on PATH")
-    names = ", ".join(FORMATS[t].gemv_kernel_name for t in TYPES)
-    gate_up_names = ", ".join(FORMATS[t].gemv_gate_up_kernel_name for t in TYPES)
-    source = "#define MOE_GEMV_GROUPED 1\n" + kernel_source(TYPES)
-    return build_on_host(tmp_path_factory.mktemp("host_gemv_grouped"), source, _DRIVER % (names, gate_up_names))
+    return _build_gemv(tmp_path_factory, "host_gemv_grouped", "#define MOE_GEMV_GROUPED 1\n")
 
 
 def run_gemv(
