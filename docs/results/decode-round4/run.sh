@@ -6,7 +6,8 @@
 # BASE: a checkout of the commit before the round (8b9ef3c), for the "base" rows; left out, they are
 # skipped. Needs what microbench/model_h200.sh needs (its setup and make stages run first).
 # Writes under $OUT: summary.txt (the table), raw/ (every command's output).
-#   1. the CUDA tests of the kernels this round added, chained launches on;
+#   1. the CUDA tests of the kernels this round added, chained launches on (TEST_S seconds at most, 150;
+#      TEST_K: a pytest -k expression to run fewer);
 #   2. the 8-layer step (decode_profile --alone: each launch timed on its own beside the replayed
 #      step) for chained launches on (c1) and off (c0), base, and c1g4 (chained, 4 row groups a block);
 #   3. 48-layer tg64 all on the GPU of the four, beside llama-bench -ncmoe 0 -n 64 in the same call;
@@ -24,9 +25,10 @@ M=/tmp/m8.gguf F=/tmp/models/qwen3-30b-a3b-Q4_K_M.gguf
 (OUT=/tmp/mh bash microbench/model_h200.sh setup make >"$R/make.log" 2>&1
  [ -f $M ] || python3 -m expertstream make-model --preset qwen3-30b-a3b --type Q4_K_M --layers 8 -o $M >>"$R/make.log" 2>&1) &
 maker=$!
-EXPERTSTREAM_CHAINED_LAUNCHES=1 timeout 150 python3 -m pytest -q -x tests/kernels/test_gemv.py \
+EXPERTSTREAM_CHAINED_LAUNCHES=1 timeout ${TEST_S:-150} python3 -m pytest -q tests/kernels/test_gemv.py \
     tests/kernels/test_router_arch.py tests/kernels/test_attention.py tests/kernels/test_dense.py \
-    tests/backends/test_graphs.py tests/engine/test_model.py --backend cuda -p no:cacheprovider >"$R/tests.txt" 2>&1
+    tests/backends/test_graphs.py tests/engine/test_model.py --backend cuda -p no:cacheprovider \
+    ${TEST_K:+-k "$TEST_K"} >"$R/tests.txt" 2>&1
 el "cuda tests, chained launches: $(tail -1 "$R/tests.txt")"
 wait $maker
 in_tree() {  # VARIANT COMMAND...: c1/c0 in this tree with chained launches on/off, base in $BASE
