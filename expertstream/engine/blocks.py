@@ -272,9 +272,10 @@ class Blocks(Closing):
             scale=spec.scale,
             window=spec.window(layer),
             sinks=a.sinks,
+            fused=k.decode_epilogues,
         )
         out = a.out
-        if ffn_x is not None and out.bias is None and k.uses_gemv(count):
+        if ffn_x is not None and out.bias is None and k.uses_gemv(count) and k.decode_epilogues:
             # A few rows: the projection, the residual add and the FFN's norm in one launch.
             dense.project_add_rms_norm(
                 k, stream, out.weight, out.info.qtype, out.n_in, att, count, o, hidden, a.ffn_norm, ffn_x,

@@ -1100,6 +1100,7 @@ class MoeRunner(Closing):
             and norm is not None
             and not (biases and DOWN in biases)
             and tokens.part.kernels.uses_gemv(pairs)
+            and tokens.part.kernels.decode_epilogues
         ):
             # Decode: the shared expert first, then down, the combine and the next norm in one launch.
             if shared is not None:

@@ -184,6 +184,7 @@ class MoeKernels(Closing):
         direct: bool = True,
         gemv: bool = False,
         gemv_groups: int | None = None,
+        decode_epilogues: bool | None = None,
     ) -> None:
         self.device = device
         # None: each type takes its default path on this device (layout.default_path).
@@ -205,6 +206,13 @@ class MoeKernels(Closing):
                 call="MoeKernels",
                 hint="1 gives every group of rows its own block",
             )
+        # Whether decode joins a launch's work to the one before it in the launch's last block(s): the
+        # attention's combine, the output projection's residual add and FFN norm, the down projection's
+        # combine and next norm (the same bytes either way). Off: on an H100 each ran slower than the two
+        # launches it replaces (docs/results/decode-round4.md). None reads $EXPERTSTREAM_DECODE_EPILOGUES.
+        self.decode_epilogues = (
+            layout.decode_epilogues_from_environment() if decode_epilogues is None else decode_epilogues
+        )
         self._prepared: DirectInputs | None = None  # the last prepare_direct's: what its scratch holds
         if path is MatrixPath.SIMT and device.capabilities.matrix_cores:
             log.info("mul_mat_id on %s takes the float32 SIMT path although it has matrix cores", device.label)

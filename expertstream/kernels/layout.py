@@ -35,6 +35,9 @@ GEMV_STAGE = 4096  # activation rows up to this many elements are staged in shar
 GEMV_MAX_PAIRS = 8
 GEMV_MAX_GROUPS = 64  # row groups per block of the experts' matrix-vector launches (MoeKernels.gemv_groups)
 GEMV_GROUPS_VAR = "EXPERTSTREAM_GEMV_GROUPS"
+# Decode's last-block epilogues (MoeKernels.decode_epilogues): attention with its combine, the output
+# projection with the residual add and FFN norm, the down projection with the combine and next norm.
+DECODE_EPILOGUES_VAR = "EXPERTSTREAM_DECODE_EPILOGUES"
 DIRECT_ALIGN = 4  # bytes: the direct kernels copy weights in 32-bit words (Q6_K's from the word at or below)
 QUANT_THREADS = 256  # threads per block of the activation quantizer (int8.cu), one per 32-element block
 QUANT_BLOCK = 32  # activation elements sharing one int8 scale
@@ -336,3 +339,15 @@ def gemv_groups_from_environment() -> int:
             hint=f"unset {GEMV_GROUPS_VAR} for a block per group of rows",
         )
     return int(value)
+
+
+def decode_epilogues_from_environment() -> bool:
+    """$EXPERTSTREAM_DECODE_EPILOGUES (0 or 1; unset: 0): MoeKernels' default decode_epilogues."""
+    value = os.environ.get(DECODE_EPILOGUES_VAR, "").strip()
+    if value not in ("", "0", "1"):
+        raise InvalidArgument(
+            f"{DECODE_EPILOGUES_VAR}={value!r} is neither 0 nor 1",
+            call="MoeKernels",
+            hint=f"unset {DECODE_EPILOGUES_VAR} for a launch each",
+        )
+    return value == "1"

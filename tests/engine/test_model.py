@@ -7,13 +7,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from expertstream.backends.base import Backend
+from expertstream.backends.base import Backend, Stream
 from expertstream.engine.hparams import Transformer
 from expertstream.engine.model import Model
 from expertstream.engine.runner import Batching, MoeRunner
 from expertstream.engine.sampling import Sampling
 from expertstream.errors import InvalidArgument
 from expertstream.hostmem import HostWeights
+from expertstream.kernels import layout
 from expertstream.model import ModelError, MoeModel, make_model
 from expertstream.scheduler import Scheduler
 
@@ -160,6 +161,35 @@ def test_decode_on_the_matrix_vector_kernels_agrees_with_the_tile_kernels(
     assert outputs[0][:32].tobytes() == outputs[1][:32].tobytes()
     assert outputs[0][32:].tobytes() != outputs[1][32:].tobytes()  # other kernels: other rounding
     np.testing.assert_allclose(outputs[1], outputs[0], rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("preset", ["tiny", "tiny-qwen2moe"])
+def test_decode_epilogues_give_the_bytes_of_a_launch_each(
+    backend: Backend, made: dict[str, Path], monkeypatch: pytest.MonkeyPatch, preset: str
+) -> None:
+    """Decode with the last-block epilogues (EXPERTSTREAM_DECODE_EPILOGUES=1: attention with its
+    combine, the output projection with its add and norm, down with the combine and next norm, a
+    shared expert's rows included) gives the logits of a launch each, and takes those kernels."""
+    tokens = _tokens(PROMPT + 6, 512, seed=7).tolist()
+    outputs, launched = [], []
+    real_launch = Stream.launch
+
+    def noting(self: Stream, kernel: object, *args: object, **kwargs: object) -> None:
+        launched[-1].add(str(getattr(kernel, "name", "")))
+        real_launch(self, kernel, *args, **kwargs)  # type: ignore[arg-type]
+
+    for epilogues in ("0", "1"):
+        monkeypatch.setenv(layout.DECODE_EPILOGUES_VAR, epilogues)
+        launched.append(set())
+        with monkeypatch.context() as patched:
+            patched.setattr(Stream, "launch", noting)
+            with Model.open(made[preset], backend=backend) as model:
+                outputs.append(model.logits(tokens, prompt=PROMPT))
+    assert np.isfinite(outputs[0]).all()
+    assert outputs[1].tobytes() == outputs[0].tobytes()
+    fused = {"attn_decode_fused", "dense_mul_mat_vec_add_norm", "dense_mul_mat_vec_combine_norm"}
+    for names, expected in zip(launched, (set(), fused), strict=True):
+        assert {f for f in fused if any(name.startswith(f) for name in names)} == expected
 
 
 def test_calls_of_one_shape_reuse_the_runner_and_give_the_same_bytes(backend: Backend, made: dict[str, Path]) -> None:
