@@ -23,8 +23,8 @@ def test_the_profile_counts_a_steps_operations_and_a_ubatchs(
     names = {row["name"]: row["calls"] for row in result["rows"]}
     with_layers = {name: calls for name, calls in names.items() if calls % 2 == 0}
     # Two MoE layers: each a router (logits and selection in one launch), q/k/v prepared in one launch,
-    # attention and its combine in one launch.
-    for name in ("moe_router_logits_select", "dense_qkv_rope_store", "attn_decode_fused_d64"):
+    # attention and its combine in a launch each (the joined launch is off by default).
+    for name in ("moe_router_logits_select", "dense_qkv_rope_store", "attn_decode_d64", "attn_decode_combine"):
         assert with_layers.get(name) == 2, (name, names)
     assert sum(names.values()) == result["calls"]
     assert sum(row["share"] for row in result["rows"]) == pytest.approx(1.0)
