@@ -188,18 +188,15 @@ template <int TYPE> __device__ int gemv_row_steps(int n_in, bool last_row) {
                : (n_in + MOE_TILE_K - 1) / MOE_TILE_K;
 }
 
-// The sums of the wave's MOE_GEMV_WAVE_ROWS rows in each of `groups` groups of rows against one activation
-// row x_row, valid at lane 0: rows_of(g, rows, steps) names group g's rows (rows[r], steps[r] slices; 0 for
-// none), and emit(g, sums) takes its sums. Every thread of the block calls it. Lane l adds its slices l,
-// l + 32, ... of a row in ascending order, each slice's 32 products in ascending order, then the wave adds
-// its lanes (wave32_sum): a row's sum depends neither on the rows beside it nor on the groups around it.
-// The activation row is staged once for all the groups, and the slices stream through each lane's slots:
-// the wave's first slices go out before the staging, so the two wait on memory together, and a lane's
-// last slice of a row makes way for its first of the next group's row, loaded before this group's sums
-// are added up.
-template <int TYPE, typename RowsOf, typename Emit>
-__device__ void gemv_wave_groups(const RowsOf& rows_of, const Emit& emit, int groups, const float* __restrict__ x_row,
-                                 int n_in) {
+// The sums of the wave's MOE_GEMV_WAVE_ROWS rows (rows[r], steps[r] slices; 0 for none) with x_row,
+// valid at lane 0. Every thread of the block calls it. Lane l adds its slices l, l + 32, ... in
+// ascending order, each slice's 32 products in ascending order, then the wave adds its lanes
+// (wave32_sum): a row's sum does not depend on the rows beside it. The activation slice is read
+// once for all the wave's rows; the wave's first slices are loaded before the activations are
+// staged, so the two wait on memory together.
+template <int TYPE>
+__device__ void gemv_wave_sums(const unsigned char* const* rows, const int* steps, const float* __restrict__ x_row,
+                               int n_in, float* sums) {
 #if defined(__CUDA_ARCH__)
     float* exchange = 0;
 #else
@@ -210,9 +207,11 @@ __device__ void gemv_wave_groups(const RowsOf& rows_of, const Emit& emit, int gr
     // reads of it would fetch a separate line per lane.
     __shared__ float x_staged[MOE_GEMV_STAGE / MOE_TILE_K * MOE_GEMV_STAGE_LD];
     const int lane = threadIdx.x % MOE_GEMV_WAVE;
-    const unsigned char* rows[MOE_GEMV_WAVE_ROWS];
-    int steps[MOE_GEMV_WAVE_ROWS];
-    rows_of(0, rows, steps);
+    int max_steps = 0;
+#pragma unroll
+    for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
+        max_steps = steps[r] > max_steps ? steps[r] : max_steps;
+    }
     GemvStaged<TYPE> staged[MOE_GEMV_WAVE_ROWS];
 #pragma unroll
     for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
@@ -227,112 +226,37 @@ __device__ void gemv_wave_groups(const RowsOf& rows_of, const Emit& emit, int gr
         }
         __syncthreads();
     }
-    for (int g = 0; g < groups; ++g) {
-        const unsigned char* next_rows[MOE_GEMV_WAVE_ROWS];
-        int next_steps[MOE_GEMV_WAVE_ROWS];
-        if (g + 1 < groups) {
-            rows_of(g + 1, next_rows, next_steps);
-        } else {
+    float partial[MOE_GEMV_WAVE_ROWS];
 #pragma unroll
-            for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
-                next_rows[r] = 0;
-                next_steps[r] = 0;
-            }
-        }
-        int max_steps = 0;
-        float partial[MOE_GEMV_WAVE_ROWS];
+    for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
+        partial[r] = 0.0f;
+    }
+    for (int ks = lane; ks < max_steps; ks += MOE_GEMV_WAVE) {
+        float a[MOE_TILE_K];
+        gemv_x_slice(x_staged, x_row, staged_x, ks, n_in, a);
 #pragma unroll
         for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
-            max_steps = steps[r] > max_steps ? steps[r] : max_steps;
-            partial[r] = 0.0f;
-        }
-        for (int ks = lane; ks < max_steps; ks += MOE_GEMV_WAVE) {
-            float a[MOE_TILE_K];
-            gemv_x_slice(x_staged, x_row, staged_x, ks, n_in, a);
+            if (ks < steps[r]) {
+                float v[MOE_TILE_K];
+                decode_slice<TYPE>(staged[r].units, ks % BlockFormat<TYPE>::slices, v);
 #pragma unroll
-            for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
-                if (ks < steps[r]) {
-                    float v[MOE_TILE_K];
-                    decode_slice<TYPE>(staged[r].units, ks % BlockFormat<TYPE>::slices, v);
-#pragma unroll
-                    for (int j = 0; j < MOE_TILE_K; ++j) {
-                        partial[r] = fmaf(a[j], v[j], partial[r]);
-                    }
-                }
-            }
-            const int next = ks + MOE_GEMV_WAVE;
-#pragma unroll
-            for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
-                if (next < steps[r]) {
-                    gemv_stage<TYPE>(rows[r], next, n_in, staged[r]);
-                } else if (ks < steps[r] && lane < next_steps[r]) {  // this row's last slice: the next group's first
-                    gemv_stage<TYPE>(next_rows[r], lane, n_in, staged[r]);
+                for (int j = 0; j < MOE_TILE_K; ++j) {
+                    partial[r] = fmaf(a[j], v[j], partial[r]);
                 }
             }
         }
+        const int next = ks + MOE_GEMV_WAVE;
 #pragma unroll
         for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
-            if (lane >= steps[r] && lane < next_steps[r]) {  // no slice of this group's row: the next's first
-                gemv_stage<TYPE>(next_rows[r], lane, n_in, staged[r]);
+            if (next < steps[r]) {
+                gemv_stage<TYPE>(rows[r], next, n_in, staged[r]);
             }
         }
-        float sums[MOE_GEMV_WAVE_ROWS];
-#pragma unroll
-        for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
-            sums[r] = wave32_sum(partial[r], exchange);
-        }
-        emit(g, sums);
-#pragma unroll
-        for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
-            rows[r] = next_rows[r];
-            steps[r] = next_steps[r];
-        }
     }
-}
-
-// The row groups of a matrix-vector launch's block: the launch covers `row_blocks` groups of
-// MOE_GEMV_ROWS rows with gridDim.x blocks, block b taking the ceil(row_blocks / gridDim.x) groups from
-// b times that on (the host picks gridDim.x; a group past row_blocks has no rows).
-// Compiled in only where the host launches fewer blocks (MOE_GEMV_GROUPED, defined by MoeKernels for
-// gemv_groups > 1): with one group a block the compiler drops the streaming across groups, so the
-// kernels keep their registers.
-#ifndef MOE_GEMV_GROUPED
-#define MOE_GEMV_GROUPED 0
-#endif
-__device__ int gemv_groups_per_block(int row_blocks) {
-#if MOE_GEMV_GROUPED
-    return (row_blocks + (int)gridDim.x - 1) / (int)gridDim.x;
-#else
-    (void)row_blocks;
-    return 1;
-#endif
-}
-
-// gemv_wave_groups for one group: the sums of the wave's rows (rows[r], steps[r] slices; 0 for none).
-struct GemvOneGroup {
-    const unsigned char* const* rows;
-    const int* steps;
-    __device__ void operator()(int, const unsigned char** out_rows, int* out_steps) const {
 #pragma unroll
-        for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
-            out_rows[r] = rows[r];
-            out_steps[r] = steps[r];
-        }
+    for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
+        sums[r] = wave32_sum(partial[r], exchange);
     }
-};
-struct GemvKeepSums {
-    float* sums;
-    __device__ void operator()(int, const float* group_sums) const {
-#pragma unroll
-        for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
-            sums[r] = group_sums[r];
-        }
-    }
-};
-template <int TYPE>
-__device__ void gemv_wave_sums(const unsigned char* const* rows, const int* steps, const float* __restrict__ x_row,
-                               int n_in, float* sums) {
-    gemv_wave_groups<TYPE>(GemvOneGroup{rows, steps}, GemvKeepSums{sums}, 1, x_row, n_in);
 }
 
 // The wave's rows o0, o0 + 1, ... of a tensor of n_out rows of n_in elements at w: where each starts
@@ -369,41 +293,6 @@ __device__ void gemv_block_rows(const unsigned char* w, const float* x_row, floa
     }
 }
 
-// The wave's rows of group g of a matrix-vector launch's block (gemv_groups_per_block): rows
-// (group0 + g) * MOE_GEMV_ROWS + wave_row + r of the tensor at w, as gemv_wave_rows gives them.
-template <int TYPE> struct GemvTensorRows {
-    const unsigned char* w;
-    int group0, wave_row, n_out, n_in;
-    bool padded_tail;
-    __device__ void operator()(int g, const unsigned char** rows, int* steps) const {
-        gemv_wave_rows<TYPE>(w, (group0 + g) * MOE_GEMV_ROWS + wave_row, n_out, n_in, padded_tail, rows, steps);
-    }
-};
-
-// mul_mat_vec_id's outputs of group g: y[pair, o] for the wave's rows o, scaled and gated as asked.
-struct GemvPairOutputs {
-    float* y;
-    const float* route_weights;
-    const float* silu_gate;
-    int pair, group0, wave_row, n_out;
-    __device__ void operator()(int g, const float* sums) const {
-        const int o0 = (group0 + g) * MOE_GEMV_ROWS + wave_row;
-#pragma unroll
-        for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
-            const int o = o0 + r;
-            if (threadIdx.x % MOE_GEMV_WAVE == 0 && o < n_out) {
-                const long long at = (long long)pair * n_out + o;
-                float value = route_weights ? route_weights[pair] * sums[r] : sums[r];
-                if (silu_gate) {
-                    value = silu_times(silu_gate[at], value);
-                }
-                y[at] = value;
-            }
-        }
-    }
-};
-
-// grid (gridDim.x blocks of gemv_groups_per_block groups of MOE_GEMV_ROWS rows each, n_pairs).
 template <int TYPE>
 __device__ void mul_mat_vec_id(const unsigned char* __restrict__ w, const float* __restrict__ x,
                                const int* __restrict__ ids, float* __restrict__ y, int n_expert, int n_out, int n_in,
@@ -413,62 +302,45 @@ __device__ void mul_mat_vec_id(const unsigned char* __restrict__ w, const float*
     if (pair >= n_pairs) {
         return;
     }
-    const int groups = gemv_groups_per_block((n_out + MOE_GEMV_ROWS - 1) / MOE_GEMV_ROWS);
-    const int group0 = blockIdx.x * groups;
-    const int wave_row = threadIdx.x / MOE_GEMV_WAVE * MOE_GEMV_WAVE_ROWS;
+    const int lane = threadIdx.x % MOE_GEMV_WAVE;
+    const int o0 = blockIdx.x * MOE_GEMV_ROWS + threadIdx.x / MOE_GEMV_WAVE * MOE_GEMV_WAVE_ROWS;
     const int expert = ids[pair];
     if (expert < 0 || expert >= n_expert) {  // the same for the whole block: it returns before any barrier
-        for (int g = 0; g < groups; ++g) {
 #pragma unroll
-            for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
-                const int o = (group0 + g) * MOE_GEMV_ROWS + wave_row + r;
-                if (threadIdx.x % MOE_GEMV_WAVE == 0 && o < n_out) {
-                    y[(long long)pair * n_out + o] = bits_to_float(0x7fc00000u);
-                }
+        for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
+            if (lane == 0 && o0 + r < n_out) {
+                y[(long long)pair * n_out + o0 + r] = bits_to_float(0x7fc00000u);
             }
         }
         return;
     }
+    const unsigned char* rows[MOE_GEMV_WAVE_ROWS];
+    int steps[MOE_GEMV_WAVE_ROWS];
     const unsigned char* tensor = w + (long long)expert * n_out * weight_row_bytes<TYPE>(n_in);
-    const GemvTensorRows<TYPE> rows = {tensor, group0, wave_row, n_out, n_in, expert == n_expert - 1};
-    const GemvPairOutputs outputs = {y, route_weights, silu_gate, pair, group0, wave_row, n_out};
-    gemv_wave_groups<TYPE>(rows, outputs, groups, x + (long long)(x_per_pair ? pair : pair / top_k) * n_in, n_in);
+    gemv_wave_rows<TYPE>(tensor, o0, n_out, n_in, expert == n_expert - 1, rows, steps);
+    float sums[MOE_GEMV_WAVE_ROWS];
+    gemv_wave_sums<TYPE>(rows, steps, x + (long long)(x_per_pair ? pair : pair / top_k) * n_in, n_in, sums);
+#pragma unroll
+    for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
+        const int o = o0 + r;
+        if (lane == 0 && o < n_out) {
+            const long long at = (long long)pair * n_out + o;
+            float value = route_weights ? route_weights[pair] * sums[r] : sums[r];
+            if (silu_gate) {
+                value = silu_times(silu_gate[at], value);
+            }
+            y[at] = value;
+        }
+    }
 }
 
 // gate_up_vec_id: SwiGLU's output of one token's pairs in one launch, y = silu(G x) * (U x) with G, U
 // the pair's expert in w_gate and w_up (the same type and shape). A wave computes row o of both
-// (its two rows side by side), a block groups of MOE_GEMV_GATE_UP_ROWS outputs of one pair (grid
-// (gridDim.x, n_pairs), gemv_groups_per_block). Each sum is the one mul_mat_vec_id makes of that
+// (its two rows side by side), a block MOE_GEMV_GATE_UP_ROWS outputs of one pair: grid
+// (ceil(n_out / MOE_GEMV_GATE_UP_ROWS), n_pairs). Each sum is the one mul_mat_vec_id makes of that
 // row, so y is the bytes of the gate launch followed by the up launch with silu_gate.
 static_assert(MOE_GEMV_WAVE_ROWS == 2, "gate_up_vec_id puts a gate row and an up row side by side");
 #define MOE_GEMV_GATE_UP_ROWS (MOE_GEMV_THREADS / MOE_GEMV_WAVE)
-
-// A wave's gate row and up row o = (group0 + g) * MOE_GEMV_GATE_UP_ROWS + wave of an expert's tensors.
-template <int TYPE> struct GemvGateUpRows {
-    const unsigned char* w_gate;
-    const unsigned char* w_up;
-    long long tensor_at;
-    int group0, wave, n_out, n_in;
-    bool last_expert;
-    __device__ void operator()(int g, const unsigned char** rows, int* steps) const {
-        const int o = (group0 + g) * MOE_GEMV_GATE_UP_ROWS + wave;
-        const long long at = tensor_at + (long long)o * weight_row_bytes<TYPE>(n_in);
-        rows[0] = w_gate + at;
-        rows[1] = w_up + at;
-        steps[0] = steps[1] = o < n_out ? gemv_row_steps<TYPE>(n_in, last_expert && o == n_out - 1) : 0;
-    }
-};
-
-struct GemvGateUpOutputs {
-    float* y;
-    int pair, group0, wave, n_out;
-    __device__ void operator()(int g, const float* sums) const {
-        const int o = (group0 + g) * MOE_GEMV_GATE_UP_ROWS + wave;
-        if (threadIdx.x % MOE_GEMV_WAVE == 0 && o < n_out) {
-            y[(long long)pair * n_out + o] = silu_times(sums[0], sums[1]);
-        }
-    }
-};
 
 template <int TYPE>
 __device__ void gate_up_vec_id(const unsigned char* __restrict__ w_gate, const unsigned char* __restrict__ w_up,
@@ -478,23 +350,24 @@ __device__ void gate_up_vec_id(const unsigned char* __restrict__ w_gate, const u
     if (pair >= n_pairs) {
         return;
     }
-    const int groups = gemv_groups_per_block((n_out + MOE_GEMV_GATE_UP_ROWS - 1) / MOE_GEMV_GATE_UP_ROWS);
-    const int group0 = blockIdx.x * groups;
-    const int wave = threadIdx.x / MOE_GEMV_WAVE;
+    const int lane = threadIdx.x % MOE_GEMV_WAVE;
+    const int o = blockIdx.x * MOE_GEMV_GATE_UP_ROWS + threadIdx.x / MOE_GEMV_WAVE;
     const int expert = ids[pair];
     if (expert < 0 || expert >= n_expert) {  // the same for the whole block: it returns before any barrier
-        for (int g = 0; g < groups; ++g) {
-            const int o = (group0 + g) * MOE_GEMV_GATE_UP_ROWS + wave;
-            if (threadIdx.x % MOE_GEMV_WAVE == 0 && o < n_out) {
-                y[(long long)pair * n_out + o] = bits_to_float(0x7fc00000u);
-            }
+        if (lane == 0 && o < n_out) {
+            y[(long long)pair * n_out + o] = bits_to_float(0x7fc00000u);
         }
         return;
     }
-    const GemvGateUpRows<TYPE> rows = {w_gate, w_up, (long long)expert * n_out * weight_row_bytes<TYPE>(n_in),
-                                       group0, wave, n_out, n_in, expert == n_expert - 1};
-    const GemvGateUpOutputs outputs = {y, pair, group0, wave, n_out};
-    gemv_wave_groups<TYPE>(rows, outputs, groups, x + (long long)(pair / top_k) * n_in, n_in);
+    const long long at = ((long long)expert * n_out + o) * weight_row_bytes<TYPE>(n_in);
+    const unsigned char* rows[2] = {w_gate + at, w_up + at};
+    const int row_steps = o < n_out ? gemv_row_steps<TYPE>(n_in, expert == n_expert - 1 && o == n_out - 1) : 0;
+    const int steps[2] = {row_steps, row_steps};
+    float sums[2];
+    gemv_wave_sums<TYPE>(rows, steps, x + (long long)(pair / top_k) * n_in, n_in, sums);
+    if (lane == 0 && o < n_out) {
+        y[(long long)pair * n_out + o] = silu_times(sums[0], sums[1]);
+    }
 }
 
 // mul_mat_vec_parts: up to three dense projections of the same activation rows in one launch, their

@@ -183,7 +183,6 @@ class MoeKernels(Closing):
         path: MatrixPath | None = None,
         direct: bool = True,
         gemv: bool = False,
-        gemv_groups: int | None = None,
         decode_epilogues: bool | None = None,
     ) -> None:
         self.device = device
@@ -196,16 +195,6 @@ class MoeKernels(Closing):
         # for them by default: on the H200 a decode step took 3.7 ms with them and 6.6 ms on the tile
         # kernels (microbench/decode_profile.py, 8 layers of qwen3-30b-a3b Q4_K_M).
         self.gemv = gemv
-        # Row groups per block of the matrix-vector kernels of the experts (mul_mat_id's and gate_up's):
-        # each block stages its activation row once and streams that many groups of rows through its
-        # lanes' slots. The same bytes for any count (tested); 1 (a block per group) until timed on a GPU.
-        self.gemv_groups = layout.gemv_groups_from_environment() if gemv_groups is None else gemv_groups
-        if not 1 <= self.gemv_groups <= layout.GEMV_MAX_GROUPS:
-            raise InvalidArgument(
-                f"gemv_groups={self.gemv_groups} is outside 1..{layout.GEMV_MAX_GROUPS}",
-                call="MoeKernels",
-                hint="1 gives every group of rows its own block",
-            )
         # Whether decode joins a launch's work to the one before it in the launch's last block(s): the
         # attention's combine, the output projection's residual add and FFN norm, the down projection's
         # combine and next norm (the same bytes either way). Off: on an H100 each ran slower than the two
@@ -279,10 +268,7 @@ class MoeKernels(Closing):
             types = module_types(name)
             source = self._sources.get(types)
             if source is None:
-                source = kernel_source(types)
-                if self.gemv_groups > 1:  # the experts' matrix-vector kernels stream several groups a block
-                    source = "#define MOE_GEMV_GROUPED 1\n" + source
-                self._sources[types] = source
+                source = self._sources[types] = kernel_source(types)
             # Every kernel of the source opens with KERNEL_PROLOGUE (a source test says so).
             kernel = self._kernels[name] = self.device.compile(source, name, twin=TWINS.get(name), chained=True)
         return kernel
@@ -390,7 +376,7 @@ class MoeKernels(Closing):
         if gemv:
             stream.launch(
                 self.kernel(fmt.gemv_kernel_name),
-                (self._gemv_blocks(n_out, layout.GEMV_ROWS), n_pairs),
+                (-(-n_out // layout.GEMV_ROWS), n_pairs),
                 layout.GEMV_THREADS,
                 (
                     w_view,
@@ -594,7 +580,7 @@ class MoeKernels(Closing):
         w_up = weight_view(call, "w_up", weights[1], fmt, n_expert, n_out, n_in, fmt.unit_bytes)
         stream.launch(
             self.kernel(fmt.gemv_gate_up_kernel_name),
-            (self._gemv_blocks(n_out, layout.GEMV_GATE_UP_ROWS), n_pairs),
+            (-(-n_out // layout.GEMV_GATE_UP_ROWS), n_pairs),
             layout.GEMV_THREADS,
             (
                 w_gate,
@@ -958,12 +944,6 @@ class MoeKernels(Closing):
             current = self.device.alloc(size, Usage.COMPUTE)
             buffers.append(current)
         return current.view(0, nbytes)
-
-    def _gemv_blocks(self, n_out: int, rows_per_group: int) -> int:
-        """Blocks along n_out of an expert matrix-vector launch: ``gemv_groups`` groups of rows each
-        (gemv_groups_per_block in gemv.cu)."""
-        groups_of_rows = -(-n_out // rows_per_group)
-        return -(-groups_of_rows // self.gemv_groups)
 
     def zeroed(self, owner: str, nbytes: int) -> BufferView:
         """``nbytes`` of device memory for ``owner`` that held zeros when allocated, grown (to fresh

@@ -33,8 +33,6 @@ GEMV_STAGE = 4096  # activation rows up to this many elements are staged in shar
 # its expert's rows again, so past a few pairs per expert the tile kernels, which read a tile's
 # weights once for all its pairs, should win. 8 (one token's top-8) was not compared with other bounds.
 GEMV_MAX_PAIRS = 8
-GEMV_MAX_GROUPS = 64  # row groups per block of the experts' matrix-vector launches (MoeKernels.gemv_groups)
-GEMV_GROUPS_VAR = "EXPERTSTREAM_GEMV_GROUPS"
 # Decode's last-block epilogues (MoeKernels.decode_epilogues): attention with its combine, the output
 # projection with the residual add and FFN norm, the down projection with the combine and next norm.
 DECODE_EPILOGUES_VAR = "EXPERTSTREAM_DECODE_EPILOGUES"
@@ -325,20 +323,6 @@ def direct_x_bytes(n_rows: int, n_in: int) -> int:
 def direct_pair_slot(pair: int) -> int:
     """Word position of element pair ``pair`` (0..7) of a 16-element chunk in direct.cu's fragment order."""
     return (pair % 2) * 4 + pair // 2
-
-
-def gemv_groups_from_environment() -> int:
-    """$EXPERTSTREAM_GEMV_GROUPS (1 to GEMV_MAX_GROUPS; unset: 1): MoeKernels' default gemv_groups."""
-    value = os.environ.get(GEMV_GROUPS_VAR, "").strip()
-    if not value:
-        return 1
-    if not value.isdigit() or not 1 <= int(value) <= GEMV_MAX_GROUPS:
-        raise InvalidArgument(
-            f"{GEMV_GROUPS_VAR}={value!r} is not a whole number from 1 to {GEMV_MAX_GROUPS}",
-            call="MoeKernels",
-            hint=f"unset {GEMV_GROUPS_VAR} for a block per group of rows",
-        )
-    return int(value)
 
 
 def decode_epilogues_from_environment() -> bool:

@@ -170,48 +170,6 @@ def test_silu_gate_is_the_bytes_of_the_call_then_swiglu(
             kernels.mul_mat_id(stream, *args, fused, tile_m=TileM.SHORT, silu_gate=gate_buf)
 
 
-@pytest.mark.parametrize("w_type", [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K], ids=lambda t: t.name)
-def test_row_groups_per_block_change_no_byte(
-    device: Device, stream: Stream, rng: np.random.Generator, w_type: GGMLQuantizationType
-) -> None:
-    """MoeKernels(gemv_groups=g): blocks streaming g groups of rows write the bytes of a block per
-    group, for mul_mat_id (down's rows per pair, gate's shared x) and gate_up, ids out of range too."""
-    shape = Shape(n_expert=4, n_out=37, n_in=768, n_tokens=2, top_k=3, x_per_pair=True)
-    ids = np.array([[3, 0, -1], [1, 3, 2]], np.int32)
-    p = tensors.make_problem(device, rng, w_type, shape, ids)
-    up_w = ref.random_weights(rng, w_type, shape.n_expert * shape.n_out, shape.n_in)
-    x = device.upload(rng.standard_normal((shape.n_tokens, shape.n_in)).astype(np.float32))
-    dims = (shape.n_expert, shape.n_out, shape.n_in)
-    n = shape.n_pairs * shape.n_out * 4
-    results = []
-    with device.alloc(up_w.nbytes, Usage.WEIGHTS, row_type=w_type, ne0=shape.n_in) as up_buf:
-        up_buf.write(up_w)
-        for groups in (1, 3, 64):
-            with MoeKernels(device, gemv=True, gemv_groups=groups) as k:
-                down = tensors.run(k, stream, p)
-                gate_up = tensors.poisoned(device, n)
-                k.gate_up(stream, p.w_buf, up_buf, w_type, *dims, x, p.ids_buf, shape.n_tokens, shape.top_k, gate_up)
-                stream.synchronize()
-                results.append(down.tobytes() + gate_up.read().tobytes())
-                gate_up.close()
-    assert np.isnan(down[ids < 0]).all() and np.isfinite(down[ids >= 0]).all()
-    assert results[1] == results[0], "3 groups a block wrote other bytes than one"
-    assert results[2] == results[0], "64 groups a block (one block a pair) wrote other bytes than one"
-
-
-def test_row_groups_are_checked(device: Device, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(layout.GEMV_GROUPS_VAR, "4")
-    with MoeKernels(device, gemv=True) as k:
-        assert k.gemv_groups == 4
-    for bad in ("0", "x", str(layout.GEMV_MAX_GROUPS + 1)):
-        monkeypatch.setenv(layout.GEMV_GROUPS_VAR, bad)
-        with pytest.raises(InvalidArgument, match=layout.GEMV_GROUPS_VAR):
-            MoeKernels(device, gemv=True)
-    monkeypatch.delenv(layout.GEMV_GROUPS_VAR)
-    with pytest.raises(InvalidArgument, match="outside"):
-        MoeKernels(device, gemv=True, gemv_groups=0)
-
-
 @pytest.mark.parametrize(
     "w_type", [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K, GGMLQuantizationType.Q8_0], ids=lambda t: t.name
 )

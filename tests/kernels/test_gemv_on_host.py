@@ -60,9 +60,7 @@ int main(int argc, char** argv) {
     std::vector<int> ids = read_array<int>(n_pairs);
     std::vector<float> route_weights = read_array<float>(scaled ? n_pairs : 0);
     std::vector<float> gate = read_array<float>(gated ? (size_t)n_pairs * n_out : 0);
-    // argv[2]: the row groups per block (MoeKernels.gemv_groups), the grid's blocks along n_out from it
-    const unsigned groups = argc > 2 ? (unsigned)atoi(argv[2]) : 1u;
-    const unsigned grid_x = ((n_out + MOE_GEMV_ROWS - 1) / MOE_GEMV_ROWS + groups - 1) / groups;
+    const unsigned grid_x = (n_out + MOE_GEMV_ROWS - 1) / MOE_GEMV_ROWS;
     gridDim = EsDim3{grid_x, (unsigned)n_pairs, 1};
     blockDim = EsDim3{MOE_GEMV_THREADS, 1, 1};
     auto launch = [&](const float* silu_gate) {
@@ -81,8 +79,7 @@ int main(int argc, char** argv) {
     if (fused) {  // gate_up_vec_id of w's halves, then the gate launch and the up launch with its output as silu_gate
         const unsigned char* w_up = w + w_bytes / 2;
         std::vector<float> y((size_t)n_pairs * n_out, NAN);
-        const unsigned gate_up_groups = (n_out + MOE_GEMV_GATE_UP_ROWS - 1) / MOE_GEMV_GATE_UP_ROWS;
-        const unsigned grid_gate_up = (gate_up_groups + groups - 1) / groups;
+        const unsigned grid_gate_up = (n_out + MOE_GEMV_GATE_UP_ROWS - 1) / MOE_GEMV_GATE_UP_ROWS;
         gridDim = EsDim3{grid_gate_up, (unsigned)n_pairs, 1};
         for (unsigned by = 0; by < (unsigned)n_pairs; ++by) {
             for (unsigned bx = 0; bx < grid_gate_up; ++bx) {
@@ -118,23 +115,13 @@ int main(int argc, char** argv) {
 )
 
 
-def _build_gemv(tmp_path_factory: pytest.TempPathFactory, name: str, prefix: str = "") -> Path:
+@pytest.fixture(scope="module")
+def host_gemv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if CXX is None:
         pytest.skip("no C++ compiler (c++, g++ or clang++) on PATH")
     names = ", ".join(FORMATS[t].gemv_kernel_name for t in TYPES)
     gate_up_names = ", ".join(FORMATS[t].gemv_gate_up_kernel_name for t in TYPES)
-    return build_on_host(tmp_path_factory.mktemp(name), prefix + kernel_source(TYPES), _DRIVER % (names, gate_up_names))
-
-
-@pytest.fixture(scope="module")
-def host_gemv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _build_gemv(tmp_path_factory, "host_gemv")
-
-
-@pytest.fixture(scope="module")
-def host_gemv_grouped(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The kernels as MoeKernels compiles them for gemv_groups > 1 (MOE_GEMV_GROUPED)."""
-    return _build_gemv(tmp_path_factory, "host_gemv_grouped", "#define MOE_GEMV_GROUPED 1\n")
+    return build_on_host(tmp_path_factory.mktemp("host_gemv"), kernel_source(TYPES), _DRIVER % (names, gate_up_names))
 
 
 def run_gemv(
@@ -148,14 +135,12 @@ def run_gemv(
     route_weights: np.ndarray | None = None,
     silu_gate: np.ndarray | None = None,
     up: np.ndarray | None = None,
-    groups: int = 1,
 ) -> np.ndarray:
     """y [n_tokens, top_k, n_out] from the kernel; ``misaligned`` places w one unit and x one float
     past a 16-byte boundary. With ``silu_gate``: [2, n_tokens, top_k, n_out], the kernel's output with
     that gate, then its output without it followed by moe_swiglu's operations. With ``up`` (padded
     like ``padded``, the gate): [2, n_tokens, top_k, n_out], gate_up_vec_id's output, then the gate
-    launch's followed by the up launch's with it as silu_gate. ``groups``: row groups per block, the
-    grid's blocks along n_out taken from it as MoeKernels does."""
+    launch's followed by the up launch's with it as silu_gate."""
     n_expert, n_out, n_in = shape
     n_tokens, top_k = ids.shape
     w_shift, x_shift = (FORMATS[w_type].unit_bytes, 1) if misaligned else (0, 0)
@@ -168,8 +153,7 @@ def run_gemv(
         data += route_weights.astype(np.float32).tobytes()
     if silu_gate is not None:
         data += silu_gate.astype(np.float32).tobytes()
-    argv = [str(binary), str(TYPES.index(w_type)), str(groups)]
-    run = subprocess.run(argv, input=data, capture_output=True, check=True)
+    run = subprocess.run([str(binary), str(TYPES.index(w_type))], input=data, capture_output=True, check=True)
     out = np.frombuffer(run.stdout, np.float32)
     pairs = (n_tokens, top_k, n_out)
     return out.reshape(pairs) if silu_gate is None and up is None else out.reshape(2, *pairs)
@@ -283,37 +267,6 @@ def test_gate_up_is_the_bytes_of_gate_then_up_with_its_gate(
     assert err < 2 * ref.MUL_MAT_ID_RTOL, f"relative error {err:.3g}"
     shifted, _ = run_gemv(host_gemv, w_type, gate_padded, x, ids, shape, misaligned=True, up=up_padded)
     assert shifted.tobytes() == fused.tobytes(), "misaligned inputs (narrow loads) gave other bytes"
-
-
-@pytest.mark.parametrize("w_type", [_T.Q4_K, _T.Q6_K, _T.Q4_0, _T.F16], ids=lambda t: t.name)
-def test_row_groups_per_block_change_no_byte(
-    host_gemv: Path, host_gemv_grouped: Path, rng: np.random.Generator, w_type: GGMLQuantizationType
-) -> None:
-    """A block streaming several groups of rows (MoeKernels.gemv_groups: the kernels compiled with
-    MOE_GEMV_GROUPED, the slices of the next group's rows loaded in the last slots of this one's) writes
-    the bytes of the kernels compiled for a block per group: rows scaled and gated, ids out of range,
-    the last expert's padding tail, the last block's groups partly past n_out, and gate_up; rows of 768
-    elements (some lanes without a slice) and of 2048 (two slices a lane)."""
-    n_expert = 3
-    for n_out, n_in in ((37, 768), (21, 2048) if FORMATS[w_type].quantized else (21, 1000)):
-        shape = (n_expert, n_out, n_in)
-        gate_w, up_w = (with_tail(ref.random_weights(rng, w_type, n_expert * n_out, n_in), w_type, n_in) for _ in "gu")
-        ids = np.array([[2, 0, -1], [1, 2, 2]], np.int32)
-        x = rng.standard_normal((2, n_in)).astype(np.float32)
-        weights = rng.uniform(0.1, 1.0, ids.shape).astype(np.float32)
-        gate = rng.standard_normal((*ids.shape, n_out)).astype(np.float32)
-        base = None
-        for binary, groups in ((host_gemv, 1), (host_gemv_grouped, 1), (host_gemv_grouped, 2), (host_gemv_grouped, 7)):
-            outputs = (
-                run_gemv(binary, w_type, gate_w, x, ids, shape, route_weights=weights, groups=groups),
-                run_gemv(binary, w_type, gate_w, x, ids, shape, silu_gate=gate, groups=groups),
-                run_gemv(binary, w_type, gate_w, x, ids, shape, up=up_w, groups=groups),
-            )
-            got = b"".join(out.tobytes() for out in outputs)
-            if base is None:
-                base = got
-                assert np.isnan(outputs[0][ids < 0]).all() and np.isfinite(outputs[0][ids >= 0]).all()
-            assert got == base, f"{groups} groups a block wrote other bytes than one"
 
 
 _PARTS_DRIVER = (

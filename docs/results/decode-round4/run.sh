@@ -9,11 +9,12 @@
 #   1. the CUDA tests of the kernels this round added, chained launches on (TEST_S seconds at most, 150;
 #      TEST_K: a pytest -k expression to run fewer);
 #   2. the 8-layer step (decode_profile --alone: each launch timed on its own beside the replayed
-#      step) for chained launches on (c1) and off (c0), base, and c1g4 (chained, 4 row groups a block);
-#   3. 48-layer tg64 all on the GPU of the four, beside llama-bench -ncmoe 0 -n 64 in the same call;
-#   4. the experts' matrix-vector kernels with 1, 2 and 4 row groups a block (EXPERTSTREAM_GEMV_GROUPS):
-#      microbench.kernels --gemv at Qwen3-30B-A3B expert shapes;
-#   5. the 8-layer step of the four again.
+#      step) for chained launches on (c1) and off (c0), and base;
+#   3. 48-layer tg64 all on the GPU of the three, beside llama-bench -ncmoe 0 -n 64 in the same call;
+#   4. the experts' matrix-vector kernels alone: microbench.kernels --gemv at Qwen3-30B-A3B expert shapes;
+#   5. the 8-layer step of the three again.
+# The H100 run of 2026-12-06 used this script as of commit ad39cb8, which also ran a c1g4 variant (row
+# groups a block in the matrix-vector kernels, since taken back): `git show ad39cb8:<this file>`.
 set -uo pipefail
 OUT=${OUT:-.}
 S=$OUT/summary.txt R=$OUT/raw
@@ -35,13 +36,12 @@ in_tree() {  # VARIANT COMMAND...: c1/c0 in this tree with chained launches on/o
     local v=$1; shift
     case $v in
     c1) EXPERTSTREAM_CHAINED_LAUNCHES=1 "$@" ;;
-    c1g4) EXPERTSTREAM_CHAINED_LAUNCHES=1 EXPERTSTREAM_GEMV_GROUPS=4 "$@" ;;
     c0) EXPERTSTREAM_CHAINED_LAUNCHES=0 "$@" ;;
     base) (cd "$BASE" && PYTHONPATH="$BASE:${PYTHONPATH:-}" "$@") ;;
     esac
 }
-variants="c1 c0 c1g4"
-[ -n "${BASE:-}" ] && variants="c1 c0 base c1g4"
+variants="c1 c0"
+[ -n "${BASE:-}" ] && variants="c1 c0 base"
 profiles() {  # ROUND: the 8-layer step of every variant
     for v in $variants; do
         in_tree $v timeout 120 python3 -m microbench.decode_profile --backend cuda --model $M -p 512 -n 12 \
@@ -63,9 +63,6 @@ export LD_LIBRARY_PATH=/tmp/llamacpp-sm90/bin:${LD_LIBRARY_PATH:-}
 timeout 120 /tmp/llamacpp-sm90/bin/llama-bench -m $F -ngl 99 -ncmoe 0 -lm none -fa 0 -p 0 -n 64 -r 2 -o md \
     >"$R/llama-decode.md" 2>&1
 el "llama-bench tg64 -ncmoe 0: $(grep tg64 "$R/llama-decode.md" | awk -F'|' '{print $(NF-1)}')"
-for g in 1 2 4; do
-    EXPERTSTREAM_GEMV_GROUPS=$g timeout 60 python3 -m microbench.kernels --backend cuda --gemv --types Q4_K Q6_K \
-        --paths direct >"$R/gemv-groups$g.txt" 2>&1
-    el "gemv, $g row groups a block (type tensor pairs kernel ms MB GB/s): $(grep ' gemv ' "$R/gemv-groups$g.txt" | grep -v dense | tr -s ' ' | sed 's/^ //' | cut -d' ' -f1-7 | tr '\n' ';')"
-done
+timeout 60 python3 -m microbench.kernels --backend cuda --gemv --types Q4_K Q6_K --paths direct >"$R/gemv.txt" 2>&1
+el "gemv (type tensor pairs kernel ms MB GB/s): $(grep ' gemv ' "$R/gemv.txt" | grep -v dense | tr -s ' ' | sed 's/^ //' | cut -d' ' -f1-7 | tr '\n' ';')"
 profiles 2
