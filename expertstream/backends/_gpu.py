@@ -13,7 +13,6 @@ import ctypes
 import dataclasses
 import hashlib
 import logging
-import os
 import threading
 import weakref
 from collections import deque
@@ -25,6 +24,7 @@ from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
+from .._env import switch
 from ..errors import (
     BackendError,
     BackendUnavailable,
@@ -823,14 +823,8 @@ CHAINED_LAUNCHES_VAR = "EXPERTSTREAM_CHAINED_LAUNCHES"
 
 
 def _chained_from_environment(backend_name: str) -> bool:
-    value = os.environ.get(CHAINED_LAUNCHES_VAR, "").strip()
-    if value not in ("", "0", "1"):
-        raise InvalidArgument(
-            f"{CHAINED_LAUNCHES_VAR}={value!r} is neither 0 nor 1",
-            call=f"expertstream.backend({backend_name!r})",
-            hint=f"set {CHAINED_LAUNCHES_VAR}=1 to chain kernel launches, 0 or unset to launch each on its own",
-        )
-    return value == "1"
+    hint = f"set {CHAINED_LAUNCHES_VAR}=1 to chain kernel launches, 0 or unset to launch each on its own"
+    return switch(CHAINED_LAUNCHES_VAR, f"expertstream.backend({backend_name!r})", hint)
 
 
 @atexit.register

@@ -6,11 +6,11 @@ The numbers here must match the #defines at the top of formats.cu and mma.cu.
 from __future__ import annotations
 
 import enum
-import os
 from dataclasses import dataclass
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from .._env import switch
 from ..errors import InvalidArgument
 from ..ggml import MATRIX_ROW_PADDING, RowType
 
@@ -327,11 +327,4 @@ def direct_pair_slot(pair: int) -> int:
 
 def decode_epilogues_from_environment() -> bool:
     """$EXPERTSTREAM_DECODE_EPILOGUES (0 or 1; unset: 0): MoeKernels' default decode_epilogues."""
-    value = os.environ.get(DECODE_EPILOGUES_VAR, "").strip()
-    if value not in ("", "0", "1"):
-        raise InvalidArgument(
-            f"{DECODE_EPILOGUES_VAR}={value!r} is neither 0 nor 1",
-            call="MoeKernels",
-            hint=f"unset {DECODE_EPILOGUES_VAR} for a launch each",
-        )
-    return value == "1"
+    return switch(DECODE_EPILOGUES_VAR, "MoeKernels", f"unset {DECODE_EPILOGUES_VAR} for a launch each")

@@ -14,7 +14,7 @@ from expertstream.engine.runner import Batching, MoeRunner
 from expertstream.engine.sampling import Sampling
 from expertstream.errors import InvalidArgument
 from expertstream.hostmem import HostWeights
-from expertstream.kernels import layout
+from expertstream.kernels import MoeKernels, layout
 from expertstream.model import ModelError, MoeModel, make_model
 from expertstream.scheduler import Scheduler
 
@@ -190,6 +190,14 @@ def test_decode_epilogues_give_the_bytes_of_a_launch_each(
     fused = {"attn_decode_fused", "dense_mul_mat_vec_add_norm", "dense_mul_mat_vec_combine_norm"}
     for names, expected in zip(launched, (set(), fused), strict=True):
         assert {f for f in fused if any(name.startswith(f) for name in names)} == expected
+
+
+def test_a_decode_epilogues_switch_that_is_neither_0_nor_1_is_refused(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(layout.DECODE_EPILOGUES_VAR, "yes")
+    with pytest.raises(InvalidArgument, match=r"EXPERTSTREAM_DECODE_EPILOGUES='yes' is neither 0 nor 1"):
+        MoeKernels(backend.device(0))
 
 
 def test_calls_of_one_shape_reuse_the_runner_and_give_the_same_bytes(backend: Backend, made: dict[str, Path]) -> None:
