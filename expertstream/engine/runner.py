@@ -1087,45 +1087,36 @@ class MoeRunner(Closing):
         )
 
     def _down(self, tokens: _Tokens, info: TensorInfo, stream: Stream, bindings: Bindings) -> None:
-        model, scratch = self.model, tokens.part.scratch()
+        model, scratch, kernels = self.model, tokens.part.scratch(), tokens.part.kernels
         pairs = tokens.count * model.top_k
         route_weights = tokens.held_view("route_weights", 1)
         biases = tokens.part.extras[tokens.layer].expert_bias
+        down_bias = bool(biases and DOWN in biases)
         # Rows scaled as the kernel writes them, where it can and no bias is added after it.
-        routed = tokens.part.kernels.uses_direct(info.qtype, info.ne[0]) and not (biases and DOWN in biases)
+        routed = kernels.uses_direct(info.qtype, info.ne[0]) and not down_bias
         shared = tokens.part.extras[tokens.layer].shared
+        # Down scales its rows by the routing weights (scales), or the combine weighs them (weights); the
+        # combine adds them and the shared expert's rows into the hidden rows.
+        scales, weights = (route_weights, None) if routed else (None, route_weights)
+        rows = scratch.view("down", pairs * model.n_embd * 4)
+        extra = None if shared is None else scratch.view("shared_down", tokens.hidden.nbytes)
         blocks, norm = tokens.part.blocks, self._combine_norm(tokens)
         if (
             blocks is not None
             and norm is not None
-            and not (biases and DOWN in biases)
-            and tokens.part.kernels.uses_gemv(pairs)
-            and tokens.part.kernels.decode_epilogues
+            and not down_bias
+            and kernels.uses_gemv(pairs)
+            and kernels.decode_epilogues
         ):
             # Decode: the shared expert first, then down, the combine and the next norm in one launch.
             if shared is not None:
                 self._shared_expert(stream, tokens, shared)
             dense.down_combine_rms_norm(
-                tokens.part.kernels,
-                stream,
-                bindings[DOWN],
-                info.qtype,
-                info.ne[2],
-                info.ne[0],
-                tokens.held_view("act", info.ne[0]),
-                tokens.ids,
-                tokens.count,
-                model.top_k,
-                scratch.view("down", pairs * model.n_embd * 4),
-                route_weights if routed else None,
-                None if routed else route_weights,
-                None if shared is None else scratch.view("shared_down", tokens.hidden.nbytes),
-                tokens.hidden,
-                norm,
-                blocks.norm_rows(tokens.count),
-                model.n_embd,
-                blocks.spec.eps,
-            )
+                kernels, stream, bindings[DOWN], info.qtype, info.ne[2], info.ne[0],
+                tokens.held_view("act", info.ne[0]), tokens.ids, tokens.count, model.top_k, rows,
+                scales, weights, extra, tokens.hidden, norm, blocks.norm_rows(tokens.count),
+                model.n_embd, blocks.spec.eps,
+            )  # fmt: skip
             return
         self._mul_mat_id(
             stream,
@@ -1135,26 +1126,19 @@ class MoeRunner(Closing):
             "act",
             True,
             "down",
-            route_weights if routed else None,
+            scales,
             shared_x=_SHARE,
         )
         self._add_expert_bias(stream, tokens, DOWN, "down", model.n_embd)
         if shared is not None:
             self._shared_expert(stream, tokens, shared)
-        combine = (
-            scratch.view("down", pairs * model.n_embd * 4),
-            None if routed else route_weights,
-            None if shared is None else scratch.view("shared_down", tokens.hidden.nbytes),
-            tokens.hidden,
-        )
+        combine = (rows, weights, extra, tokens.hidden)
         if blocks is not None and norm is not None:  # and the norm of what reads the rows next
             out = blocks.norm_rows(tokens.count)
             eps = blocks.spec.eps
-            dense.combine_rms_norm(
-                tokens.part.kernels, stream, *combine, norm, out, tokens.count, model.top_k, model.n_embd, eps
-            )
+            dense.combine_rms_norm(kernels, stream, *combine, norm, out, tokens.count, model.top_k, model.n_embd, eps)
         else:
-            tokens.part.kernels.combine(stream, *combine, tokens.count, model.top_k, model.n_embd)
+            kernels.combine(stream, *combine, tokens.count, model.top_k, model.n_embd)
         if tokens.send is not None:
             tokens.send.send(stream)
 
