@@ -64,6 +64,32 @@ static void gemv_grid(unsigned grid_x, unsigned grid_y, bool reversed, const std
     }
 }
 
+// A fused kernel that finishes in each token's last block, run twice with the same counters (one per
+// token, rows_per_token rows of blocks each), its blocks in reverse order: y and out set to NaN and hidden
+// to start before each launch, the `written` vectors written after it; then each token's counter after
+// every block of the first launch.
+static void fused_twice(unsigned grid_x, unsigned n_tokens, unsigned rows_per_token, std::vector<float>& y,
+                        std::vector<float>& hidden, const std::vector<float>& start, std::vector<float>& out,
+                        const std::vector<const std::vector<float>*>& written,
+                        const std::function<void(unsigned*)>& body) {
+    std::vector<unsigned> counters(n_tokens, 0);
+    std::vector<int> counts;
+    for (int pass = 0; pass < 2; ++pass) {
+        std::fill(y.begin(), y.end(), NAN);
+        std::fill(out.begin(), out.end(), NAN);
+        hidden = start;
+        gemv_grid(
+            grid_x, n_tokens * rows_per_token, true, [&] { body(counters.data()); },
+            [&](unsigned by) {
+                if (pass == 0) counts.push_back((int)counters[by / rows_per_token]);
+            });
+        for (const std::vector<float>* v : written) {
+            fwrite(v->data(), sizeof(float), v->size(), stdout);
+        }
+    }
+    fwrite(counts.data(), sizeof(int), counts.size(), stdout);
+}
+
 int main(int argc, char** argv) {
     const std::string kernel = argv[1];
     if (kernel == "get_rows") {
@@ -136,25 +162,10 @@ int main(int argc, char** argv) {
         });
         fwrite(hidden.data(), sizeof(float), hidden.size(), stdout);
         fwrite(out.data(), sizeof(float), out.size(), stdout);
-        std::vector<unsigned> counters(n_tokens, 0);
-        std::vector<int> counts;
-        for (int pass = 0; pass < 2; ++pass) {
-            std::fill(y.begin(), y.end(), NAN);
-            std::fill(out.begin(), out.end(), NAN);
-            hidden = start;
-            gemv_grid(
-                grid_x, n_tokens, true,
-                [&] {
-                    fused[type](w.data(), x.data(), y.data(), hidden.data(), norm.data(), out.data(), counters.data(),
-                                n, n_in, eps, threads);
-                },
-                [&](unsigned by) {
-                    if (pass == 0) counts.push_back((int)counters[by]);
-                });
-            fwrite(hidden.data(), sizeof(float), hidden.size(), stdout);
-            fwrite(out.data(), sizeof(float), out.size(), stdout);
-        }
-        fwrite(counts.data(), sizeof(int), counts.size(), stdout);
+        fused_twice(grid_x, n_tokens, 1, y, hidden, start, out, {&hidden, &out}, [&](unsigned* counters) {
+            fused[type](w.data(), x.data(), y.data(), hidden.data(), norm.data(), out.data(), counters, n, n_in, eps,
+                        threads);
+        });
     } else if (kernel == "down_combine_norm") {
         // argv[2]: the type's index. The down projection (mul_mat_vec_id, rows scaled) then
         // dense_combine_rms_norm (with the shared rows), then the fused kernel, its blocks in reverse
@@ -187,27 +198,10 @@ int main(int argc, char** argv) {
         for (const std::vector<float>* v : {&y, &hidden, &out}) {
             fwrite(v->data(), sizeof(float), v->size(), stdout);
         }
-        std::vector<unsigned> counters(n_tokens, 0);
-        std::vector<int> counts;
-        for (int pass = 0; pass < 2; ++pass) {
-            std::fill(y.begin(), y.end(), NAN);
-            std::fill(out.begin(), out.end(), NAN);
-            hidden = start;
-            gemv_grid(
-                grid_x, n_pairs, true,
-                [&] {
-                    fused[type](w.data(), act.data(), ids.data(), y.data(), route.data(), nullptr, extra.data(),
-                                hidden.data(), norm.data(), out.data(), counters.data(), n_expert, n, n_in, top_k, eps,
-                                threads);
-                },
-                [&](unsigned by) {
-                    if (pass == 0) counts.push_back((int)counters[by / top_k]);
-                });
-            for (const std::vector<float>* v : {&y, &hidden, &out}) {
-                fwrite(v->data(), sizeof(float), v->size(), stdout);
-            }
-        }
-        fwrite(counts.data(), sizeof(int), counts.size(), stdout);
+        fused_twice(grid_x, n_tokens, top_k, y, hidden, start, out, {&y, &hidden, &out}, [&](unsigned* counters) {
+            fused[type](w.data(), act.data(), ids.data(), y.data(), route.data(), nullptr, extra.data(), hidden.data(),
+                        norm.data(), out.data(), counters, n_expert, n, n_in, top_k, eps, threads);
+        });
     } else if (kernel == "combine_rms_norm") {
         // moe_combine then dense_rms_norm (into out), then dense_combine_rms_norm on a copy of hidden:
         // both hiddens and both outs.
