@@ -9,7 +9,7 @@ from pathlib import Path
 import expertstream
 
 PACKAGE = Path(expertstream.__file__).parent
-LEAVES = {"errors", "ggml", "timeline", "_closing", "_deprecated"}
+LEAVES = {"errors", "ggml", "timeline", "_closing", "_deprecated", "_env"}
 
 # Which top-level parts of expertstream each part may import (besides itself).
 MAY_IMPORT: dict[str, set[str]] = {
@@ -18,8 +18,9 @@ MAY_IMPORT: dict[str, set[str]] = {
     "timeline": set(),
     "_closing": set(),
     "_deprecated": set(),
-    "backends": {"errors", "ggml", "timeline", "_closing", "_deprecated"},
-    "kernels": {"backends", "errors", "ggml", "_closing"},
+    "_env": {"errors"},
+    "backends": {"errors", "ggml", "timeline", "_closing", "_deprecated", "_env"},
+    "kernels": {"backends", "errors", "ggml", "_closing", "_env"},
     "scheduler": {"backends", "errors", "ggml", "_closing"},
     "model": {"errors", "ggml", "_closing"},
     "hostmem": {"backends", "scheduler", "model", "errors", "_closing", "_deprecated"},
