@@ -12,8 +12,8 @@
 // The block stages its pair's activation row in shared memory (rows of up to MOE_GEMV_STAGE
 // elements; longer ones are read from global memory), each slice padded to MOE_GEMV_STAGE_LD floats
 // so the lanes, each on a slice of its own, read it conflict-free; each slice a lane reads serves
-// all its wave's rows. The wave's first weight loads go out before the staging, so both wait on
-// memory together.
+// all its wave's rows. Each lane has MOE_GEMV_DEPTH slices of each row in flight (a 2048-element
+// row in one round trip), the first ones issued before the staging, so both wait on memory together.
 //
 // Lane l of a wave takes the row's 32-element slices l, l + 32, ...: it loads a slice's units
 // (16 bytes at a time where the type's slice is made of 16-byte runs and the address allows),
@@ -42,6 +42,7 @@
 static_assert(MOE_GEMV_WAVE == 32, "a row's lanes add up by wave32_sum");
 #define MOE_GEMV_STAGE 4096  // activation rows up to this many elements are staged in shared memory
 #define MOE_GEMV_STAGE_LD 33 // floats per staged 32-element slice: lane l's slice l starts in bank l
+#define MOE_GEMV_DEPTH 2     // slices of each of a wave's rows a lane has in flight
 
 // The sum of the partial sums of a logical wave of 32 threads, valid at its lane 0 (the matrix-vector
 // kernels' rows here, the router's logits in routing.cu): lane l + s added into lane l for s = 16, 8,
@@ -192,8 +193,8 @@ template <int TYPE> __device__ int gemv_row_steps(int n_in, bool last_row) {
 // valid at lane 0. Every thread of the block calls it. Lane l adds its slices l, l + 32, ... in
 // ascending order, each slice's 32 products in ascending order, then the wave adds its lanes
 // (wave32_sum): a row's sum does not depend on the rows beside it. The activation slice is read
-// once for all the wave's rows; the wave's first slices are loaded before the activations are
-// staged, so the two wait on memory together.
+// once for all the wave's rows; the wave's first MOE_GEMV_DEPTH slices of each row are loaded before
+// the activations are staged, so they all wait on memory together.
 template <int TYPE>
 __device__ void gemv_wave_sums(const unsigned char* const* rows, const int* steps, const float* __restrict__ x_row,
                                int n_in, float* sums) {
@@ -212,11 +213,17 @@ __device__ void gemv_wave_sums(const unsigned char* const* rows, const int* step
     for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
         max_steps = steps[r] > max_steps ? steps[r] : max_steps;
     }
-    GemvStaged<TYPE> staged[MOE_GEMV_WAVE_ROWS];
+    // MOE_GEMV_DEPTH slices of each row in flight a lane: staged[d] holds slice lane + 32 (i + d) while
+    // slice lane + 32 i is summed, so a row of up to 32 * MOE_GEMV_DEPTH slices (2048 elements) is
+    // loaded in one round trip. Each staged[d] is indexed with a constant (the d loop unrolled).
+    GemvStaged<TYPE> staged[MOE_GEMV_DEPTH][MOE_GEMV_WAVE_ROWS];
 #pragma unroll
-    for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
-        if (lane < steps[r]) {
-            gemv_stage<TYPE>(rows[r], lane, n_in, staged[r]);
+    for (int d = 0; d < MOE_GEMV_DEPTH; ++d) {
+#pragma unroll
+        for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
+            if (lane + MOE_GEMV_WAVE * d < steps[r]) {
+                gemv_stage<TYPE>(rows[r], lane + MOE_GEMV_WAVE * d, n_in, staged[d][r]);
+            }
         }
     }
     const bool staged_x = n_in <= MOE_GEMV_STAGE;  // the same for the whole block
@@ -231,25 +238,31 @@ __device__ void gemv_wave_sums(const unsigned char* const* rows, const int* step
     for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
         partial[r] = 0.0f;
     }
-    for (int ks = lane; ks < max_steps; ks += MOE_GEMV_WAVE) {
-        float a[MOE_TILE_K];
-        gemv_x_slice(x_staged, x_row, staged_x, ks, n_in, a);
+    for (int k0 = lane; k0 < max_steps; k0 += MOE_GEMV_WAVE * MOE_GEMV_DEPTH) {
 #pragma unroll
-        for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
-            if (ks < steps[r]) {
-                float v[MOE_TILE_K];
-                decode_slice<TYPE>(staged[r].units, ks % BlockFormat<TYPE>::slices, v);
+        for (int d = 0; d < MOE_GEMV_DEPTH; ++d) {
+            const int ks = k0 + MOE_GEMV_WAVE * d;
+            if (ks < max_steps) {
+                float a[MOE_TILE_K];
+                gemv_x_slice(x_staged, x_row, staged_x, ks, n_in, a);
 #pragma unroll
-                for (int j = 0; j < MOE_TILE_K; ++j) {
-                    partial[r] = fmaf(a[j], v[j], partial[r]);
+                for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
+                    if (ks < steps[r]) {
+                        float v[MOE_TILE_K];
+                        decode_slice<TYPE>(staged[d][r].units, ks % BlockFormat<TYPE>::slices, v);
+#pragma unroll
+                        for (int j = 0; j < MOE_TILE_K; ++j) {
+                            partial[r] = fmaf(a[j], v[j], partial[r]);
+                        }
+                    }
                 }
-            }
-        }
-        const int next = ks + MOE_GEMV_WAVE;
+                const int next = ks + MOE_GEMV_WAVE * MOE_GEMV_DEPTH;
 #pragma unroll
-        for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
-            if (next < steps[r]) {
-                gemv_stage<TYPE>(rows[r], next, n_in, staged[r]);
+                for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
+                    if (next < steps[r]) {
+                        gemv_stage<TYPE>(rows[r], next, n_in, staged[d][r]);
+                    }
+                }
             }
         }
     }

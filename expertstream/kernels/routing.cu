@@ -40,6 +40,7 @@ __device__ bool router_better(float v, int e, float best_v, int best_e) {
 #define LOGITS_EXPERTS 4          // router logits: experts per block, one 32-thread wave each
 #define LOGITS_TOKENS 8           // and tokens per block
 #define LOGITS_THREADS (LOGITS_EXPERTS * 32)
+#define LOGITS_DEPTH 8            // router row pieces of 16 bytes a lane loads before summing them
 #define WEIGHTS_SUM_MIN 6.103515625e-5f  // floor of the sum that normalized weights divide by
 #define NEG_INFINITY bits_to_float(0xff800000u)
 
@@ -85,18 +86,30 @@ __device__ void router_logits_block(const float* __restrict__ x, const float* __
         const float* x_rows = x + (long long)t0 * n_embd;
         const bool wide = n_embd % 4 == 0 && ((unsigned long long)router & 15u) == 0 &&
                           ((unsigned long long)x & 15u) == 0;
-#pragma unroll 4
-        for (int k = 4 * lane; k < n_embd; k += 128) {  // unrolled: several rows' loads in flight
-            float r[4];
-            logits_load4(r_row, k, n_embd, wide, r);
+        // LOGITS_DEPTH of the row's 16-byte pieces loaded a lane before any is summed: a 2048-wide
+        // row is 16 of them. Summed in the same ascending order.
+        for (int k0 = 4 * lane; k0 < n_embd; k0 += 128 * LOGITS_DEPTH) {
+            float r[LOGITS_DEPTH][4];
 #pragma unroll
-            for (int j = 0; j < LOGITS_TOKENS; ++j) {
-                if (j < tokens) {
-                    float a[4];
-                    logits_load4(x_rows + (long long)j * n_embd, k, n_embd, wide, a);
+            for (int c = 0; c < LOGITS_DEPTH; ++c) {
+                if (k0 + 128 * c < n_embd) {
+                    logits_load4(r_row, k0 + 128 * c, n_embd, wide, r[c]);
+                }
+            }
 #pragma unroll
-                    for (int q = 0; q < 4; ++q) {
-                        acc[j] = fmaf(a[q], r[q], acc[j]);
+            for (int c = 0; c < LOGITS_DEPTH; ++c) {
+                const int k = k0 + 128 * c;
+                if (k < n_embd) {
+#pragma unroll
+                    for (int j = 0; j < LOGITS_TOKENS; ++j) {
+                        if (j < tokens) {
+                            float a[4];
+                            logits_load4(x_rows + (long long)j * n_embd, k, n_embd, wide, a);
+#pragma unroll
+                            for (int q = 0; q < 4; ++q) {
+                                acc[j] = fmaf(a[q], r[c][q], acc[j]);
+                            }
+                        }
                     }
                 }
             }

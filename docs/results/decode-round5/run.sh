@@ -12,8 +12,10 @@
 #      llama-bench's tg on the same file: each kernel's time, DRAM throughput, occupancy, registers;
 #   3. 48-layer tg64 all on the GPU: head, head with chained launches (c1), base, llama-bench;
 #   4. the experts' matrix-vector kernels alone (microbench.kernels --gemv);
-#   5. the 8-layer step again.
-# VARIANTS (default "head base") picks the trees; NCU=0 skips stage 2.
+#   5. the 8-layer step again, if fewer than ROUND2_BEFORE seconds (420) have gone.
+# VARIANTS (default "head d1 base") picks the trees, d1 being this tree with the kernel constants $D1
+# (default: the matrix-vector kernels' and the router's loads as deep as before this round); NCU=0
+# skips stage 2.
 set -uo pipefail
 OUT=${OUT:-.}
 S=$OUT/summary.txt R=$OUT/raw
@@ -26,20 +28,24 @@ M=/tmp/m8.gguf F=/tmp/models/qwen3-30b-a3b-Q4_K_M.gguf LCP=/tmp/llamacpp-sm90
  [ -f $M ] || python3 -m expertstream make-model --preset qwen3-30b-a3b --type Q4_K_M --layers 8 -o $M >>"$R/make.log" 2>&1
  OUT=/tmp/mh bash microbench/model_h200.sh make >>"$R/make.log" 2>&1) &
 maker=$!
-in_tree() {  # VARIANT COMMAND...: head (this tree), c1 (chained launches on), base ($BASE)
-    local v=$1; shift
+D1=${D1:-MOE_GEMV_DEPTH=1 LOGITS_DEPTH=4}
+in_tree() {  # VARIANT SECONDS MODULE ARGS...: python3 -m MODULE ARGS in a variant, SECONDS at most
+    # head: this tree; c1: chained launches on; d1: this tree with the kernel constants $D1 (with_defines.py);
+    # base: the tree at $BASE
+    local v=$1 t=$2; shift 2
     case $v in
-    head) EXPERTSTREAM_CHAINED_LAUNCHES=0 "$@" ;;
-    c1) EXPERTSTREAM_CHAINED_LAUNCHES=1 "$@" ;;
-    base) (cd "$BASE" && PYTHONPATH="$BASE:${PYTHONPATH:-}" "$@") ;;
+    head) EXPERTSTREAM_CHAINED_LAUNCHES=0 timeout "$t" python3 -m "$@" ;;
+    c1) EXPERTSTREAM_CHAINED_LAUNCHES=1 timeout "$t" python3 -m "$@" ;;
+    d1) timeout "$t" python3 docs/results/decode-round5/with_defines.py $D1 -- -m "$@" ;;
+    base) (cd "$BASE" && PYTHONPATH="$BASE:${PYTHONPATH:-}" timeout "$t" python3 -m "$@") ;;
     esac
 }
-variants=${VARIANTS:-head base}
+variants=${VARIANTS:-head d1 base}
 [ -z "${BASE:-}" ] && variants=${variants//base/}
 until [ -f $M ] && ! pgrep -f "make-model.*m8.gguf" >/dev/null; do sleep 2; done
 profiles() {  # ROUND: the 8-layer step of every variant
     for v in $variants; do
-        in_tree $v timeout 120 python3 -m microbench.decode_profile --backend cuda --model $M -p 512 -n 12 \
+        in_tree $v 120 microbench.decode_profile --backend cuda --model $M -p 512 -n 12 \
             --top 40 -ncmoe 0 --alone >"$R/profile-$v-$1.txt" 2>&1
         el "8-layer step $v round $1: $(grep -E 'one decode step' "$R/profile-$v-$1.txt" | tail -1)"
     done
@@ -60,7 +66,7 @@ fi
 wait $maker
 el "models: $(ls -la $F 2>&1 | awk '{print $5}') bytes"
 for v in ${variants/head/head c1}; do
-    in_tree $v timeout 120 python3 -m expertstream bench -m $F --backend cuda -p 16 -n 64 --slots 3 \
+    in_tree $v 120 expertstream bench -m $F --backend cuda -p 16 -n 64 --slots 3 \
         --host-memory pinned -ncmoe 0 -r 3 -o json >"$R/decode48-$v.json" 2>"$R/decode48-$v.err"
     el "48-layer tg64 $v: $(python3 -c "import json, sys
 for r in json.load(open(sys.argv[1]))['rows']:
@@ -71,6 +77,8 @@ export LD_LIBRARY_PATH=$LCP/bin:${LD_LIBRARY_PATH:-}
 timeout 120 $LCP/bin/llama-bench -m $F -ngl 99 -ncmoe 0 -lm none -fa 0 -p 0 -n 64 -r 3 -o md \
     >"$R/llama-decode.md" 2>&1
 el "llama-bench tg64 -ncmoe 0: $(grep tg64 "$R/llama-decode.md" | awk -F'|' '{print $(NF-1)}')"
-timeout 60 python3 -m microbench.kernels --backend cuda --gemv --types Q4_K Q6_K --paths direct >"$R/gemv.txt" 2>&1
-el "gemv (type tensor pairs kernel ms MB GB/s): $(grep ' gemv ' "$R/gemv.txt" | grep -v dense | tr -s ' ' | sed 's/^ //' | cut -d' ' -f1-7 | tr '\n' ';')"
-profiles 2
+for v in ${variants/base/}; do
+    in_tree $v 60 microbench.kernels --backend cuda --gemv --types Q4_K Q6_K --paths direct >"$R/gemv-$v.txt" 2>&1
+    el "gemv $v (type tensor pairs kernel ms MB GB/s): $(grep ' gemv ' "$R/gemv-$v.txt" | grep -v dense | tr -s ' ' | sed 's/^ //' | cut -d' ' -f1-7 | tr '\n' ';')"
+done
+[ $(($(date +%s) - T0)) -lt ${ROUND2_BEFORE:-420} ] && profiles 2
