@@ -31,20 +31,22 @@ maker=$!
 D1=${D1:-MOE_GEMV_DEPTH=1 LOGITS_DEPTH=4}
 in_tree() {  # VARIANT SECONDS MODULE ARGS...: python3 -m MODULE ARGS in a variant, SECONDS at most
     # head: this tree; c1: chained launches on; d1: this tree with the kernel constants $D1 (with_defines.py);
-    # base: the tree at $BASE
+    # a32: decode attention over chunks of 32 keys instead of 64; base: the tree at $BASE
     local v=$1 t=$2; shift 2
     case $v in
     head) EXPERTSTREAM_CHAINED_LAUNCHES=0 timeout "$t" python3 -m "$@" ;;
     c1) EXPERTSTREAM_CHAINED_LAUNCHES=1 timeout "$t" python3 -m "$@" ;;
     d1) timeout "$t" python3 docs/results/decode-round5/with_defines.py $D1 -- -m "$@" ;;
+    a32) timeout "$t" python3 docs/results/decode-round5/with_defines.py ATTN_DECODE_CHUNK=32 \
+        expertstream.kernels.attention.DECODE_CHUNK=32 -- -m "$@" ;;
     base) (cd "$BASE" && PYTHONPATH="$BASE:${PYTHONPATH:-}" timeout "$t" python3 -m "$@") ;;
     esac
 }
 variants=${VARIANTS:-head d1 base}
 [ -z "${BASE:-}" ] && variants=${variants//base/}
 until [ -f $M ] && ! pgrep -f "make-model.*m8.gguf" >/dev/null; do sleep 2; done
-profiles() {  # ROUND: the 8-layer step of every variant
-    for v in $variants; do
+profiles() {  # ROUND: the 8-layer step of every variant (and a32)
+    for v in $variants a32; do
         in_tree $v 120 microbench.decode_profile --backend cuda --model $M -p 512 -n 12 \
             --top 40 -ncmoe 0 --alone >"$R/profile-$v-$1.txt" 2>&1
         el "8-layer step $v round $1: $(grep -E 'one decode step' "$R/profile-$v-$1.txt" | tail -1)"
