@@ -189,13 +189,13 @@ template <int TYPE> __device__ int gemv_row_steps(int n_in, bool last_row) {
                : (n_in + MOE_TILE_K - 1) / MOE_TILE_K;
 }
 
-// The sums of the wave's MOE_GEMV_WAVE_ROWS rows (rows[r], steps[r] slices; 0 for none) with x_row,
+// The sums of the wave's ROWS rows (rows[r], steps[r] slices; 0 for none) with x_row,
 // valid at lane 0. Every thread of the block calls it. Lane l adds its slices l, l + 32, ... in
 // ascending order, each slice's 32 products in ascending order, then the wave adds its lanes
 // (wave32_sum): a row's sum does not depend on the rows beside it. The activation slice is read
 // once for all the wave's rows; the wave's first MOE_GEMV_DEPTH slices of each row are loaded before
 // the activations are staged, so they all wait on memory together.
-template <int TYPE>
+template <int TYPE, int ROWS>
 __device__ void gemv_wave_sums(const unsigned char* const* rows, const int* steps, const float* __restrict__ x_row,
                                int n_in, float* sums) {
 #if defined(__CUDA_ARCH__)
@@ -210,17 +210,17 @@ __device__ void gemv_wave_sums(const unsigned char* const* rows, const int* step
     const int lane = threadIdx.x % MOE_GEMV_WAVE;
     int max_steps = 0;
 #pragma unroll
-    for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
+    for (int r = 0; r < ROWS; ++r) {
         max_steps = steps[r] > max_steps ? steps[r] : max_steps;
     }
     // MOE_GEMV_DEPTH slices of each row in flight a lane: staged[d] holds slice lane + 32 (i + d) while
     // slice lane + 32 i is summed, so a row of up to 32 * MOE_GEMV_DEPTH slices (2048 elements) is
     // loaded in one round trip. Each staged[d] is indexed with a constant (the d loop unrolled).
-    GemvStaged<TYPE> staged[MOE_GEMV_DEPTH][MOE_GEMV_WAVE_ROWS];
+    GemvStaged<TYPE> staged[MOE_GEMV_DEPTH][ROWS];
 #pragma unroll
     for (int d = 0; d < MOE_GEMV_DEPTH; ++d) {
 #pragma unroll
-        for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
+        for (int r = 0; r < ROWS; ++r) {
             if (lane + MOE_GEMV_WAVE * d < steps[r]) {
                 gemv_stage<TYPE>(rows[r], lane + MOE_GEMV_WAVE * d, n_in, staged[d][r]);
             }
@@ -233,9 +233,9 @@ __device__ void gemv_wave_sums(const unsigned char* const* rows, const int* step
         }
         __syncthreads();
     }
-    float partial[MOE_GEMV_WAVE_ROWS];
+    float partial[ROWS];
 #pragma unroll
-    for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
+    for (int r = 0; r < ROWS; ++r) {
         partial[r] = 0.0f;
     }
     for (int k0 = lane; k0 < max_steps; k0 += MOE_GEMV_WAVE * MOE_GEMV_DEPTH) {
@@ -246,7 +246,7 @@ __device__ void gemv_wave_sums(const unsigned char* const* rows, const int* step
                 float a[MOE_TILE_K];
                 gemv_x_slice(x_staged, x_row, staged_x, ks, n_in, a);
 #pragma unroll
-                for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
+                for (int r = 0; r < ROWS; ++r) {
                     if (ks < steps[r]) {
                         float v[MOE_TILE_K];
                         decode_slice<TYPE>(staged[d][r].units, ks % BlockFormat<TYPE>::slices, v);
@@ -258,7 +258,7 @@ __device__ void gemv_wave_sums(const unsigned char* const* rows, const int* step
                 }
                 const int next = ks + MOE_GEMV_WAVE * MOE_GEMV_DEPTH;
 #pragma unroll
-                for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
+                for (int r = 0; r < ROWS; ++r) {
                     if (next < steps[r]) {
                         gemv_stage<TYPE>(rows[r], next, n_in, staged[d][r]);
                     }
@@ -267,7 +267,7 @@ __device__ void gemv_wave_sums(const unsigned char* const* rows, const int* step
         }
     }
 #pragma unroll
-    for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
+    for (int r = 0; r < ROWS; ++r) {
         sums[r] = wave32_sum(partial[r], exchange);
     }
 }
@@ -297,7 +297,7 @@ __device__ void gemv_block_rows(const unsigned char* w, const float* x_row, floa
     int steps[MOE_GEMV_WAVE_ROWS];
     gemv_wave_rows<TYPE>(w, o0, n_out, n_in, true, rows, steps);
     float sums[MOE_GEMV_WAVE_ROWS];
-    gemv_wave_sums<TYPE>(rows, steps, x_row, n_in, sums);
+    gemv_wave_sums<TYPE, MOE_GEMV_WAVE_ROWS>(rows, steps, x_row, n_in, sums);
 #pragma unroll
     for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
         if (lane == 0 && o0 + r < n_out) {
@@ -332,7 +332,8 @@ __device__ void mul_mat_vec_id(const unsigned char* __restrict__ w, const float*
     const unsigned char* tensor = w + (long long)expert * n_out * weight_row_bytes<TYPE>(n_in);
     gemv_wave_rows<TYPE>(tensor, o0, n_out, n_in, expert == n_expert - 1, rows, steps);
     float sums[MOE_GEMV_WAVE_ROWS];
-    gemv_wave_sums<TYPE>(rows, steps, x + (long long)(x_per_pair ? pair : pair / top_k) * n_in, n_in, sums);
+    gemv_wave_sums<TYPE, MOE_GEMV_WAVE_ROWS>(rows, steps, x + (long long)(x_per_pair ? pair : pair / top_k) * n_in, n_in,
+                                             sums);
 #pragma unroll
     for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
         const int o = o0 + r;
@@ -352,7 +353,6 @@ __device__ void mul_mat_vec_id(const unsigned char* __restrict__ w, const float*
 // (its two rows side by side), a block MOE_GEMV_GATE_UP_ROWS outputs of one pair: grid
 // (ceil(n_out / MOE_GEMV_GATE_UP_ROWS), n_pairs). Each sum is the one mul_mat_vec_id makes of that
 // row, so y is the bytes of the gate launch followed by the up launch with silu_gate.
-static_assert(MOE_GEMV_WAVE_ROWS == 2, "gate_up_vec_id puts a gate row and an up row side by side");
 #define MOE_GEMV_GATE_UP_ROWS (MOE_GEMV_THREADS / MOE_GEMV_WAVE)
 
 template <int TYPE>
@@ -377,7 +377,7 @@ __device__ void gate_up_vec_id(const unsigned char* __restrict__ w_gate, const u
     const int row_steps = o < n_out ? gemv_row_steps<TYPE>(n_in, expert == n_expert - 1 && o == n_out - 1) : 0;
     const int steps[2] = {row_steps, row_steps};
     float sums[2];
-    gemv_wave_sums<TYPE>(rows, steps, x + (long long)(pair / top_k) * n_in, n_in, sums);
+    gemv_wave_sums<TYPE, 2>(rows, steps, x + (long long)(pair / top_k) * n_in, n_in, sums);
     if (lane == 0 && o < n_out) {
         y[(long long)pair * n_out + o] = silu_times(sums[0], sums[1]);
     }
