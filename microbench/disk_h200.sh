@@ -6,6 +6,8 @@
 # usage: OUT=DIR [LIMIT=8G] bash microbench/disk_h200.sh     (from the repository root)
 #   1. microbench/model_h200.sh setup make: llama.cpp unpacked, the 48-layer file made in $MODELS;
 #   2. the drive's own rate: microbench.disk_read, O_DIRECT at 1, 4 and 16 reads in flight, page cache dropped;
+#      then KvikIO's reads into device memory at 1, 4 and 16 threads (microbench.kvikio_read), where its
+#      wheels lie in .dev/kvikio;
 #   3. under the limit, the page cache dropped before each row: expertstream --host-memory disk pp4096
 #      (ubatch 4096; layer-major, mode disk's default), llama-bench -ncmoe 48 -lm mmap pp4096+tg64,
 #      expertstream tg64, tg64 with --host-cache 4G (the decode tier's hit rate);
@@ -49,6 +51,17 @@ bench() {  # NAME ARGS...: expertstream bench under the limit, the page cache dr
 drop
 timeout 120 python3 -m microbench.disk_read --file "$F" --depths 1 4 16 --gib 2 >"$R/disk-read.txt" 2>&1
 el "drive: $(tail -4 "$R/disk-read.txt" | tr '\n' ' ')"
+# KvikIO (cuFile, or its POSIX compatibility mode where GPUDirect Storage is not there) from the same drive
+# into device memory, beside the ring; its wheels are carried in .dev/kvikio (the project does not install it)
+if ls .dev/kvikio/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/kvsite .dev/kvikio/*.whl >"$R/kvikio.txt" 2>&1
+    for n in 1 4 16; do
+        drop
+        KVIKIO_NTHREADS=$n PYTHONPATH=/tmp/kvsite:${PYTHONPATH:-} timeout 90 python3 -m microbench.kvikio_read --file "$F" \
+            --gib 2 >>"$R/kvikio.txt" 2>&1
+        el "kvikio, $n threads: $(tail -1 "$R/kvikio.txt")"
+    done
+fi
 # kernels compiled once outside the limit: the kernel cache serves the limited runs
 timeout 300 python3 -m expertstream bench -m "$F" --backend cuda -p 512 -n 2 --slots 3 --host-memory disk -ncmoe all \
     -r 1 -o json >"$R/warm.json" 2>"$R/warm.err"
