@@ -43,6 +43,7 @@ static_assert(MOE_GEMV_WAVE == 32, "a row's lanes add up by wave32_sum");
 #define MOE_GEMV_STAGE 4096  // activation rows up to this many elements are staged in shared memory
 #define MOE_GEMV_STAGE_LD 33 // floats per staged 32-element slice: lane l's slice l starts in bank l
 #define MOE_GEMV_DEPTH 2     // slices of each of a wave's rows a lane has in flight
+#define MOE_GEMV_MIN_BLOCKS 1 // blocks a multiprocessor must hold at once (1: no bound on registers)
 
 // The sum of the partial sums of a logical wave of 32 threads, valid at its lane 0 (the matrix-vector
 // kernels' rows here, the router's logits in routing.cu): lane l + s added into lane l for s = 16, 8,
@@ -405,7 +406,7 @@ __device__ void mul_mat_vec_parts(const unsigned char* __restrict__ w0, const un
 }
 
 #define MOE_MUL_MAT_VEC_ID(NAME, TYPE)                                                                    \
-    extern "C" __global__ void __launch_bounds__(MOE_GEMV_THREADS)                                        \
+    extern "C" __global__ void __launch_bounds__(MOE_GEMV_THREADS, MOE_GEMV_MIN_BLOCKS)                   \
         NAME(const unsigned char* __restrict__ w, const float* __restrict__ x, const int* __restrict__ ids, \
              float* __restrict__ y, int n_expert, int n_out, int n_in, int top_k, int x_per_pair,          \
              int n_pairs, const float* __restrict__ route_weights, const float* __restrict__ silu_gate) {  \
@@ -414,7 +415,7 @@ __device__ void mul_mat_vec_parts(const unsigned char* __restrict__ w0, const un
                              route_weights, silu_gate);                                                    \
     }
 #define MOE_GATE_UP_VEC_ID(NAME, TYPE)                                                                    \
-    extern "C" __global__ void __launch_bounds__(MOE_GEMV_THREADS)                                        \
+    extern "C" __global__ void __launch_bounds__(MOE_GEMV_THREADS, MOE_GEMV_MIN_BLOCKS)                   \
         NAME(const unsigned char* __restrict__ w_gate, const unsigned char* __restrict__ w_up,              \
              const float* __restrict__ x, const int* __restrict__ ids, float* __restrict__ y, int n_expert, \
              int n_out, int n_in, int top_k, int n_pairs) {                                                \
@@ -422,7 +423,7 @@ __device__ void mul_mat_vec_parts(const unsigned char* __restrict__ w0, const un
         gate_up_vec_id<TYPE>(w_gate, w_up, x, ids, y, n_expert, n_out, n_in, top_k, n_pairs);              \
     }
 #define MOE_MUL_MAT_VEC_PARTS(NAME, TYPE)                                                                   \
-    extern "C" __global__ void __launch_bounds__(MOE_GEMV_THREADS)                                          \
+    extern "C" __global__ void __launch_bounds__(MOE_GEMV_THREADS, MOE_GEMV_MIN_BLOCKS)                     \
         NAME(const unsigned char* __restrict__ w0, const unsigned char* __restrict__ w1,                    \
              const unsigned char* __restrict__ w2, const float* __restrict__ x, float* __restrict__ y0,     \
              float* __restrict__ y1, float* __restrict__ y2, int n_out0, int n_out1, int n_out2, int n_in,  \
