@@ -300,6 +300,8 @@ class ApiTable:
     # launch's arguments; None where the vendor has none
     launch_chained: Call | None = None
     chained_launches: Callable[[str], bool] = lambda arch: False  # arch -> whether launch_chained works there
+    # the driver_version from which kernels launch chained unless asked not to (below it: only when asked)
+    chained_default_driver: int = 0
     # profiling: the range a profiler started with profiling off records (None: the vendor has none)
     profiler_start: Call | None = None  # ()
     profiler_stop: Call | None = None  # ()

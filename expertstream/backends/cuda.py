@@ -85,6 +85,12 @@ def _has_bf16_mma(arch: str) -> bool:
     return int(arch.removeprefix("sm_")) >= 80
 
 
+# CUDA 12.3: from this driver on, stream capture records a chained launch's dependency as a graph edge
+# of its own kind (programmatic), so decode's captured steps keep the overlap. Below it chained
+# launches are only taken when asked for.
+CHAINED_DEFAULT_DRIVER = 12030
+
+
 def _has_chained_launches(arch: str) -> bool:
     """Programmatic dependent launch (griddepcontrol, which every kernel opens with) exists from 9.0 on."""
     return int(arch.removeprefix("sm_")) >= 90
@@ -240,6 +246,7 @@ def _table() -> ApiTable:
         launch=drv("cuLaunchKernel", launch),
         launch_chained=drv("cuLaunchKernelEx", launch_chained),
         chained_launches=_has_chained_launches,
+        chained_default_driver=CHAINED_DEFAULT_DRIVER,
         profiler_start=rt("cudaProfilerStart"),
         profiler_stop=rt("cudaProfilerStop"),
     )

@@ -33,7 +33,7 @@
 #define ATTN_PREFILL_ROWS 32     // queries per block of the SIMT prefill
 #define ATTN_MMA_ROWS 64         // queries per block of the matrix-core prefill: 16 per warp
 #define ATTN_DECODE_ROWS 8       // (token, head) rows per decode block
-#define ATTN_DECODE_CHUNK 64     // keys per decode block
+#define ATTN_DECODE_CHUNK 32     // keys per decode block (one tile: 64 ran slower on an H100, decode-round5.md)
 
 #define ATTN_NEG_INF bits_to_float(0xff800000u)
 

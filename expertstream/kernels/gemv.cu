@@ -12,8 +12,8 @@
 // The block stages its pair's activation row in shared memory (rows of up to MOE_GEMV_STAGE
 // elements; longer ones are read from global memory), each slice padded to MOE_GEMV_STAGE_LD floats
 // so the lanes, each on a slice of its own, read it conflict-free; each slice a lane reads serves
-// all its wave's rows. Each lane has MOE_GEMV_DEPTH slices of each row in flight (a 2048-element
-// row in one round trip), the first ones issued before the staging, so both wait on memory together.
+// all its wave's rows. Each lane has MOE_GEMV_DEPTH slices of each row in flight, the first ones
+// issued before the staging, so both wait on memory together.
 //
 // Lane l of a wave takes the row's 32-element slices l, l + 32, ...: it loads a slice's units
 // (16 bytes at a time where the type's slice is made of 16-byte runs and the address allows),
@@ -42,8 +42,10 @@
 static_assert(MOE_GEMV_WAVE == 32, "a row's lanes add up by wave32_sum");
 #define MOE_GEMV_STAGE 4096  // activation rows up to this many elements are staged in shared memory
 #define MOE_GEMV_STAGE_LD 33 // floats per staged 32-element slice: lane l's slice l starts in bank l
-#define MOE_GEMV_DEPTH 2     // slices of each of a wave's rows a lane has in flight
-#define MOE_GEMV_MIN_BLOCKS 1 // blocks a multiprocessor must hold at once (1: no bound on registers)
+#define MOE_GEMV_DEPTH 1     // slices of each of a wave's rows a lane has in flight (2: slower on an H100,
+                             // docs/results/decode-round5.md: the registers cost more than the loads gain)
+#define MOE_GEMV_MIN_BLOCKS 1 // blocks a multiprocessor must hold at once (1: no bound on registers; 4 was
+                              // no faster on an H100, decode-round5.md)
 
 // The sum of the partial sums of a logical wave of 32 threads, valid at its lane 0 (the matrix-vector
 // kernels' rows here, the router's logits in routing.cu): lane l + s added into lane l for s = 16, 8,
@@ -215,8 +217,8 @@ __device__ void gemv_wave_sums(const unsigned char* const* rows, const int* step
         max_steps = steps[r] > max_steps ? steps[r] : max_steps;
     }
     // MOE_GEMV_DEPTH slices of each row in flight a lane: staged[d] holds slice lane + 32 (i + d) while
-    // slice lane + 32 i is summed, so a row of up to 32 * MOE_GEMV_DEPTH slices (2048 elements) is
-    // loaded in one round trip. Each staged[d] is indexed with a constant (the d loop unrolled).
+    // slice lane + 32 i is summed (at depth 2, a 2048-element row in one round trip). Each staged[d]
+    // is indexed with a constant (the d loop unrolled).
     GemvStaged<TYPE> staged[MOE_GEMV_DEPTH][ROWS];
 #pragma unroll
     for (int d = 0; d < MOE_GEMV_DEPTH; ++d) {

@@ -568,8 +568,18 @@ def test_chained_launches_follow_the_environment_and_a_bad_value_is_named(
     with FakeBackend(fake.table(), chained_launches=True) as be:  # an explicit option wins
         assert be.device(0).capabilities.chained_launches
     monkeypatch.delenv("EXPERTSTREAM_CHAINED_LAUNCHES")
-    with FakeBackend(fake.table()) as be:
+    with FakeBackend(fake.table()) as be:  # the fake's driver (1) is below any default
         assert not be.device(0).capabilities.chained_launches
+    for driver, chained in ((12029, False), (12030, True), (13000, True)):
+        table = dataclasses.replace(
+            fake.table(), chained_default_driver=12030, driver_version=Call("v", lambda d=driver: (OK, d), ERRORS)
+        )
+        with FakeBackend(table) as be:  # unset: on from the vendor's default driver
+            assert be.device(0).capabilities.chained_launches is chained
+        monkeypatch.setenv("EXPERTSTREAM_CHAINED_LAUNCHES", "0")
+        with FakeBackend(table) as be:
+            assert not be.device(0).capabilities.chained_launches
+        monkeypatch.delenv("EXPERTSTREAM_CHAINED_LAUNCHES")
     monkeypatch.setenv("EXPERTSTREAM_CHAINED_LAUNCHES", "off")
     with pytest.raises(InvalidArgument, match=r"EXPERTSTREAM_CHAINED_LAUNCHES='off' is neither 0 nor 1"):
         FakeBackend(fake.table())

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Decode round 5's defaults on the 48-layer file beside the round's start and llama.cpp, in one call:
+#
+#   BASE=DIR OUT=DIR bash docs/results/decode-round5/final.sh    (from the repository root)
+#
+# tg64 with everything on the GPU: this tree as it stands (its defaults), then the tree at $BASE (left
+# out: skipped), then llama-bench -ncmoe 0 -n 64. Needs what microbench/model_h200.sh needs (its setup
+# and make stages run first). Appends to $OUT/summary.txt, writes raw/final-*.
+set -uo pipefail
+OUT=${OUT:-.}
+S=$OUT/summary.txt R=$OUT/raw
+mkdir -p "$R"
+T0=$(date +%s)
+el() { echo "[$(($(date +%s) - T0)) s] $*" | tee -a "$S"; }
+F=/tmp/models/qwen3-30b-a3b-Q4_K_M.gguf LCP=/tmp/llamacpp-sm90
+OUT=/tmp/mh bash microbench/model_h200.sh setup make >"$R/final-make.log" 2>&1
+tg64() {  # NAME DIR: expertstream bench tg64 from DIR
+    (cd "$2" && PYTHONPATH="$2:${PYTHONPATH:-}" timeout 120 python3 -m expertstream bench -m $F --backend cuda -p 16 \
+        -n 64 --slots 3 --host-memory pinned -ncmoe 0 -r 3 -o json) >"$R/final-$1.json" 2>"$R/final-$1.err"
+    el "48-layer tg64 $1: $(python3 -c "import json, sys
+for r in json.load(open(sys.argv[1]))['rows']:
+    print(round(r['decode_tokens_per_s'], 1), '+-', round(r['decode_tokens_per_s_sd'] or 0, 1), 'median step',
+          round(r['decode_median_step_ms'], 3), 'ms', r['decode_sha256'][:12])
+" "$R/final-$1.json" 2>&1)"
+}
+tg64 head "$PWD"
+[ -n "${BASE:-}" ] && tg64 base "$BASE"
+export LD_LIBRARY_PATH=$LCP/bin:${LD_LIBRARY_PATH:-}
+timeout 120 $LCP/bin/llama-bench -m $F -ngl 99 -ncmoe 0 -lm none -fa 0 -p 0 -n 64 -r 3 -o md >"$R/final-llama.md" 2>&1
+el "llama-bench tg64 -ncmoe 0: $(grep tg64 "$R/final-llama.md" | awk -F'|' '{print $(NF-1)}')"
