@@ -125,6 +125,7 @@ __device__ float rms_scale_lanes(const float* row, int n, float eps, float* part
     const int tid = threadIdx.x;
     for (int lane = tid; lane < lanes; lane += blockDim.x) {
         float sum = 0.0f;
+#pragma unroll 8  // the loads of several elements in flight; the sum stays in order
         for (int i = lane; i < n; i += lanes) {
             sum = fmaf(row[i], row[i], sum);
         }
@@ -150,6 +151,7 @@ __device__ float rms_scale(const float* row, int n, float eps, float* partial) {
 // dst[i] = row[i] * scale (* weight[i] where weight is not null) for the thread's elements i = tid,
 // tid + blockDim.x, ...: rms_scale's row normed.
 __device__ void rms_store(const float* row, int n, float scale, const float* __restrict__ weight, float* dst) {
+#pragma unroll 8
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         const float v = row[i] * scale;
         dst[i] = weight ? v * weight[i] : v;
@@ -188,6 +190,7 @@ extern "C" __global__ void __launch_bounds__(DENSE_NORM_MAX_THREADS)
     const int tid = threadIdx.x;
     float* row = hidden + (long long)r * n;
     const float* add = delta + (long long)r * n;
+#pragma unroll 8
     for (int i = tid; i < n; i += blockDim.x) {
         row[i] += add[i];
     }
@@ -255,6 +258,7 @@ extern "C" __global__ void __launch_bounds__(DENSE_NORM_MAX_THREADS)
         return;  // the whole block returns: no thread is left waiting at a barrier
     }
     float* row = hidden + (long long)t * n;
+#pragma unroll 8  // one block for the whole row: several elements' loads in flight a thread
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         row[i] += combine_sum<const float* __restrict__>(y, weights, extra, t, i, top_k, n);
     }

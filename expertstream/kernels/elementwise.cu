@@ -11,6 +11,7 @@ template <typename P>
 __device__ float combine_sum(P y, const float* __restrict__ weights, const float* __restrict__ extra, int t, int i,
                              int top_k, int n) {
     float acc = 0.0f;
+#pragma unroll 8  // every pair's element loaded before the sum, which stays in order
     for (int k = 0; k < top_k; ++k) {
         const float v = y[((long long)t * top_k + k) * n + i];
         acc = weights ? fmaf(weights[t * top_k + k], v, acc) : acc + v;
