@@ -5,7 +5,8 @@
 #
 # tg64 with everything on the GPU: this tree as it stands (its defaults), then the tree at $BASE (left
 # out: skipped), then llama-bench -ncmoe 0 -n 64. Needs what microbench/model_h200.sh needs (its setup
-# and make stages run first). Appends to $OUT/summary.txt, writes raw/final-*.
+# and make stages run first); then the 8-layer step of this tree with each launch timed alone. Appends to
+# $OUT/summary.txt, writes raw/final-*.
 set -uo pipefail
 OUT=${OUT:-.}
 S=$OUT/summary.txt R=$OUT/raw
@@ -28,3 +29,10 @@ tg64 head "$PWD"
 export LD_LIBRARY_PATH=$LCP/bin:${LD_LIBRARY_PATH:-}
 timeout 120 $LCP/bin/llama-bench -m $F -ngl 99 -ncmoe 0 -lm none -fa 0 -p 0 -n 64 -r 3 -o md >"$R/final-llama.md" 2>&1
 el "llama-bench tg64 -ncmoe 0: $(grep tg64 "$R/final-llama.md" | awk -F'|' '{print $(NF-1)}')"
+# the 8-layer step of this tree, each launch also timed alone (decode_profile --alone)
+M=/tmp/m8.gguf
+[ -f $M ] || timeout 60 python3 -m expertstream make-model --preset qwen3-30b-a3b --type Q4_K_M --layers 8 -o $M \
+    >>"$R/final-make.log" 2>&1
+timeout 60 python3 -m microbench.decode_profile --backend cuda --model $M -p 512 -n 12 --top 40 -ncmoe 0 --alone \
+    >"$R/final-profile-head.txt" 2>&1
+el "8-layer step head: $(grep -E 'one decode step' "$R/final-profile-head.txt" | tail -1)"
