@@ -40,6 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         import cupy
         import kvikio
+        import kvikio.defaults  # a submodule kvikio's __init__ does not import (26.10)
     except ImportError as e:
         print(f"kvikio_read: {e}; install the kvikio-cu13 wheel (with cupy) to run it", file=sys.stderr)
         return 2
