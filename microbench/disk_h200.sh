@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Mode disk on the 48-layer qwen3-30b-a3b Q4_K_M file with the process and its page cache held under a
 # cgroup v2 memory limit, beside llama.cpp -lm mmap under the same limit, on one GPU machine as root.
-# Results: docs/results/disk-h200.md (not yet written: this script has not run on a GPU machine).
+# Results: docs/results/disk-h200.md (one run so far, cut short by its call's time limit).
 #
 # usage: OUT=DIR [LIMIT=8G] bash microbench/disk_h200.sh     (from the repository root)
 #   1. microbench/model_h200.sh setup make: llama.cpp unpacked, the 48-layer file made in $MODELS;
@@ -9,10 +9,11 @@
 #      then KvikIO's reads into device memory at 1, 4 and 16 threads (microbench.kvikio_read), where its
 #      wheels lie in .dev/kvikio;
 #   3. under the limit, the page cache dropped before each row: expertstream --host-memory disk pp4096
-#      (ubatch 4096; layer-major, mode disk's default), llama-bench -ncmoe 48 -lm mmap pp4096+tg64,
+#      (one ubatch of 4096), llama-bench -ncmoe 48 -lm mmap pp4096+tg64,
 #      expertstream tg64, tg64 with --host-cache 4G (the decode tier's hit rate);
 #   4. the limit lifted and the file in the page cache: pp4096 through ring and through disk;
-#   5. under the limit again: expertstream pp32768 and llama-bench pp32768 (the longest rows, last).
+#   5. under the limit again: expertstream pp32768 (ubatch 4096, layer-major: mode disk's default) and
+#      llama-bench pp32768 (the longest rows, last).
 # Writes $OUT/summary.txt (one line a row) and $OUT/raw/ (every command's output).
 set -uo pipefail
 OUT=${OUT:-.}

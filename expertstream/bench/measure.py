@@ -56,7 +56,9 @@ class Settings:
     # The whole model (the commands' default), or the expert blocks alone around the stand-in: what
     # the tuner calibrates the streaming costs on, and what the microbenches of the expert pipeline run.
     whole: bool = False
-    prefill_order: str = "ubatch"  # "layer", "ubatch" or "auto" (engine.runner.prefers_layer_major); whole model
+    # "layer", "ubatch" or "auto" (engine.runner.prefers_layer_major); whole model. None: auto where a row
+    # reads the experts from the file (mode disk: layer-major reads each layer's once a prompt), else ubatch.
+    prefill_order: str | None = None
     gather: bool = True  # decode's expert copies from page-locked memory made by the device (Scheduler.gather)
     graphs: bool = True  # decode steps replayed from one captured graph where the scheduler can capture them
     # The compute-only baseline (every expert on the device) that rows compare to; without it rows
@@ -237,6 +239,15 @@ def measure_compute_only(
         experts.close()
 
 
+def default_prefill_order(settings: Settings) -> str:
+    """The prefill order asked for, or where none was: auto (layer-major where the prompt's rows fit)
+    when a row reads its experts from the file (mode disk), since layer-major reads each layer's experts
+    once a prompt instead of once a ubatch; else ubatch."""
+    if settings.prefill_order is not None:
+        return settings.prefill_order
+    return "auto" if HostMemoryMode.DISK in settings.host_memory else "ubatch"
+
+
 def measure(
     backend: Backend,
     devices: Device | Sequence[Device],
@@ -262,7 +273,8 @@ def measure(
         gemv=settings.gemv,
         fuse_gate_up=settings.fuse_gate_up,
         transformer=Transformer.read(model) if settings.whole else None,
-        layer_major=settings.whole and prefers_layer_major(settings.prefill_order, model, settings.batching, targets),
+        layer_major=settings.whole
+        and prefers_layer_major(default_prefill_order(settings), model, settings.batching, targets),
     ) as runner:
         if settings.whole:
             _random_tokens(runner, settings.seed)

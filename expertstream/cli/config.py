@@ -75,7 +75,7 @@ class RunConfig:
     gemv: bool
     fuse_gate_up: bool
     experts_only: bool
-    prefill_order: str
+    prefill_order: str | None  # None: bench.measure.default_prefill_order
     gather: bool
     graphs: bool
     repetitions: int

@@ -336,10 +336,11 @@ def register(subparsers: Any) -> None:
     prefill.add_argument(
         "--prefill-order",
         choices=("ubatch", "layer", "auto"),
-        default="ubatch",
+        default=None,
         help="ubatch-major, or layer-major (every ubatch through a layer before the next: each layer's experts "
         "cross once per prompt; whole model only), or auto: layer-major where the prompt's rows fit a quarter of "
-        "the device's free memory",
+        "the device's free memory. Default: auto with --host-memory disk (each layer's experts read from the "
+        "file once per prompt), else ubatch",
     )
     prefill.add_argument("--seed", type=int, default=0, help="seed of the prompt tokens (and of a made model)")
     prefill.add_argument("-o", "--output-format", choices=FORMATS, default="text", help="how to print the rows")

@@ -220,6 +220,20 @@ def test_a_prefill_through_disk_gives_the_hash_of_pinned_and_ring(
     assert len({r["prefill_sha256"] for r in rows}) == 1
 
 
+def test_disk_rows_prefill_layer_major_unless_told_otherwise(
+    backend: Backend, tiny_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Mode disk reads each layer's experts from the file: with no --prefill-order its rows go
+    layer-major (once a prompt, not once a ubatch), other modes ubatch-major; the bytes agree."""
+    rows = []
+    for modes, order in (("disk", None), ("pinned", None), ("disk", "ubatch")):
+        argv = ["prefill", str(tiny_path), "--backend", backend.name, *SMALL, "--host-memory", modes, "--json"]
+        assert main(argv + (["--prefill-order", order] if order else [])) == 0
+        rows.append(json.loads(capsys.readouterr().out)["rows"])
+    assert [{r["prefill_order"] for r in group} for group in rows] == [{"layer"}, {"ubatch"}, {"ubatch"}]
+    assert len({r["prefill_sha256"] for group in rows for r in group}) == 1
+
+
 def test_a_short_file_stops_prefill_with_one_line_and_no_rows(
     backend: Backend,
     tiny_path: Path,
