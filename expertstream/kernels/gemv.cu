@@ -43,7 +43,7 @@ static_assert(MOE_GEMV_WAVE == 32, "a row's lanes add up by wave32_sum");
 #define MOE_GEMV_STAGE 4096  // activation rows up to this many elements are staged in shared memory
 #define MOE_GEMV_STAGE_LD 33 // floats per staged 32-element slice: lane l's slice l starts in bank l
 #define MOE_GEMV_DEPTH 1     // slices of each of a wave's rows a lane has in flight (2: decode 8% slower on
-                             // an H100, Q4_K's registers 90 to 118 a thread; docs/results/decode-round5.md)
+                             // an H100, Q4_K's registers 90 to 120 a thread; docs/results/decode-round5.md)
 #define MOE_GEMV_MIN_BLOCKS 1 // blocks a multiprocessor must hold at once (1: no bound on registers; 4 was
                               // no faster on an H100, decode-round5.md)
 
