@@ -206,8 +206,9 @@ def test_prefill_and_decode_give_the_same_bytes_and_the_hit_rate_is_the_cached_s
         assert row["disk_bytes_read"] >= row["h2d_bytes"] and "host_cache" not in row
     for row in half:
         assert row["host_cache_hit_pct"] == pytest.approx(100.0 * experts[0] / sum(experts), abs=1e-9)
-        assert row["host_cache_bytes"] == experts[0] * 2  # two ubatches, each copying layer 0's experts
-        assert experts[1] * 2 <= row["disk_bytes_read"] < plain[0]["disk_bytes_read"]
+        # two ubatches layer-major (mode disk's default): layer 0's experts copied once for the prompt
+        assert row["prefill_order"] == "layer" and row["host_cache_bytes"] == experts[0]
+        assert experts[1] <= row["disk_bytes_read"] < plain[0]["disk_bytes_read"]
         assert row["host_cache"] == format_size(layer0)
         assert row["decode_path"] == "calls"  # the ring's layer cannot be captured
     for row in whole:
