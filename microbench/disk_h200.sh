@@ -15,14 +15,10 @@
 #   4. the limit lifted and the file in the page cache: pp4096 through ring and through disk.
 # Writes $OUT/summary.txt (one line a row) and $OUT/raw/ (every command's output).
 set -uo pipefail
-OUT=${OUT:-.}
 LIMIT=${LIMIT:-8G}
 ROW_S=${ROW_S:-150}  # seconds a row may take; llama.cpp's rows under the limit can take far longer
 MODELS=${MODELS:-/tmp/models}
-S=$OUT/summary.txt R=$OUT/raw
-mkdir -p "$R"
-T0=$(date +%s)
-el() { echo "[$(($(date +%s) - T0)) s] $*" | tee -a "$S"; }
+source microbench/summary.sh
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; date -u; free -g | head -2
   df -h "$MODELS" 2>/dev/null | tail -1; } | tee "$S"
 OUT=$R MODELS=$MODELS bash microbench/model_h200.sh setup make >"$R/make.log" 2>&1

@@ -16,11 +16,8 @@
 # The H100 run of 2026-12-06 used this script as of commit ad39cb8, which also ran a c1g4 variant (row
 # groups a block in the matrix-vector kernels, since taken back): `git show ad39cb8:<this file>`.
 set -uo pipefail
-OUT=${OUT:-.}
-S=$OUT/summary.txt R=$OUT/raw
-mkdir -p "$R" /tmp/mh
-T0=$(date +%s)
-el() { echo "[$(($(date +%s) - T0)) s] $*" | tee -a "$S"; }
+source microbench/summary.sh  # the summary and timer lines it ran with, shared since with later scripts
+mkdir -p /tmp/mh
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; date -u; } | tee "$S"
 M=/tmp/m8.gguf F=/tmp/models/qwen3-30b-a3b-Q4_K_M.gguf
 (OUT=/tmp/mh bash microbench/model_h200.sh setup make >"$R/make.log" 2>&1

@@ -8,11 +8,7 @@
 # and make stages run first); then the 8-layer step of this tree with each launch timed alone. Appends to
 # $OUT/summary.txt, writes raw/final-*.
 set -uo pipefail
-OUT=${OUT:-.}
-S=$OUT/summary.txt R=$OUT/raw
-mkdir -p "$R"
-T0=$(date +%s)
-el() { echo "[$(($(date +%s) - T0)) s] $*" | tee -a "$S"; }
+source microbench/summary.sh
 F=/tmp/models/qwen3-30b-a3b-Q4_K_M.gguf LCP=/tmp/llamacpp-sm90
 OUT=/tmp/mh bash microbench/model_h200.sh setup make >"$R/final-make.log" 2>&1
 tg64() {  # NAME DIR: expertstream bench tg64 from DIR

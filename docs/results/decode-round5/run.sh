@@ -17,11 +17,8 @@
 # and the router's loads as deep as at the round's start (defines_of below); stages 1, 4 and 5 also time
 # a32, w4 and m4. NCU=0 skips stage 3.
 set -uo pipefail
-OUT=${OUT:-.}
-S=$OUT/summary.txt R=$OUT/raw
-mkdir -p "$R" /tmp/mh
-T0=$(date +%s)
-el() { echo "[$(($(date +%s) - T0)) s] $*" | tee -a "$S"; }
+source microbench/summary.sh
+mkdir -p /tmp/mh
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; date -u; } | tee "$S"
 M=/tmp/m8.gguf F=/tmp/models/qwen3-30b-a3b-Q4_K_M.gguf LCP=/tmp/llamacpp-sm90
 (OUT=/tmp/mh bash microbench/model_h200.sh setup >"$R/make.log" 2>&1
