@@ -1,13 +1,13 @@
 """A table of one ncu report's kernels, from its raw page exported as CSV.
 
     ncu -i REPORT.ncu-rep --csv --page raw > REPORT.csv
-    python3 microbench/ncu_table.py REPORT.csv [--summary]
+    python3 -m microbench.ncu_table REPORT.csv [--summary]
 
 Kernels of one name are gathered in a row: how many ran, the time of all of them, and per launch the
-mean time, DRAM throughput (% of peak and GB/s from the bytes it moved), achieved occupancy, registers
-a thread, grid and block, and the three stall reasons that cost each issued instruction most
-(the sections SpeedOfLight, LaunchStats, Occupancy and WarpStateStats give these). The last line sums
-every kernel, for a one-line summary.
+mean time, DRAM and memory throughput (% of peak), achieved occupancy, registers a thread, grid and
+block, and the three stall reasons that cost each issued instruction most (the sections SpeedOfLight,
+LaunchStats, Occupancy and WarpStateStats give these; "-" where the report lacks one). The last line
+sums every kernel, for a one-line summary.
 """
 
 from __future__ import annotations
@@ -17,6 +17,9 @@ import csv
 import statistics
 import sys
 from collections import defaultdict
+from typing import Any
+
+from ._common import Column, print_table
 
 STALL = "smsp__average_warps_issue_stalled_"
 STALL_END = "_per_issue_active.ratio"
@@ -48,38 +51,55 @@ def read(path: str) -> list[dict[str, str]]:
     return out
 
 
-def table(records: list[dict[str, str]]) -> list[str]:
+COLUMNS = (
+    Column("kernel", "kernel"),
+    Column("n", "n"),
+    Column("sum_us", "sum us", "{:.1f}"),
+    Column("us", "us", "{:.2f}"),
+    Column("dram_pct", "dram%", "{:.1f}"),
+    Column("memory_pct", "mem%", "{:.1f}"),
+    Column("occupancy_pct", "occ%", "{:.1f}"),
+    Column("registers", "regs", "{:.0f}"),
+    Column("grid", "grid", "{:.0f}"),
+    Column("block", "blk", "{:.0f}"),
+    Column("stalls", "stalls"),
+)
+METRICS = {  # column: ncu's metric, a mean over the launches of a row
+    "us": "gpu__time_duration.sum",
+    "dram_pct": "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
+    "memory_pct": "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
+    "occupancy_pct": "sm__warps_active.avg.pct_of_peak_sustained_active",
+    "registers": "launch__registers_per_thread",
+    "grid": "launch__grid_size",
+    "block": "launch__block_size",
+}
+
+
+def _mean(records: list[dict[str, str]], key: str) -> float | None:
+    values = [v for v in (number(r.get(key, "")) for r in records) if v is not None]
+    return statistics.fmean(values) if values else None
+
+
+def kernel_rows(records: list[dict[str, str]]) -> list[dict[str, Any]]:
+    """A row per kernel name, the most time first."""
     by_name: dict[str, list[dict[str, str]]] = defaultdict(list)
     for r in records:
         by_name[r.get("Kernel Name", "?").split("(")[0]].append(r)
+    rows = []
+    for name, launches in by_name.items():
+        row: dict[str, Any] = {"kernel": name[:44], "n": len(launches)}
+        row.update({column: _mean(launches, metric) for column, metric in METRICS.items()})
+        row["sum_us"] = None if row["us"] is None else row["us"] * len(launches)
+        reasons = [k for k in launches[0] if k.startswith(STALL) and k.endswith(STALL_END)]
+        stalls = sorted(((_mean(launches, k) or 0.0, k[len(STALL) : -len(STALL_END)]) for k in reasons), reverse=True)
+        row["stalls"] = " ".join(f"{k} {v:.1f}" for v, k in stalls[:3])
+        rows.append(row)
+    return sorted(rows, key=lambda row: -(row["sum_us"] or 0.0))
 
-    def mean(rows: list[dict[str, str]], key: str) -> float:
-        values = [v for v in (number(r.get(key, "")) for r in rows) if v is not None]
-        return statistics.fmean(values) if values else float("nan")
 
-    head = f"{'kernel':<44} {'n':>3} {'sum us':>8} {'us':>7} {'dram%':>6} {'mem%':>6} {'occ%':>5}"
-    lines = [head + f" {'regs':>4} {'grid':>7} {'blk':>4}  stalls"]
-    total = 0.0
-
-    def time_of(rows: list[dict[str, str]]) -> float:
-        return sum(number(r.get("gpu__time_duration.sum", "")) or 0.0 for r in rows)
-
-    order = sorted(by_name.items(), key=lambda kv: -time_of(kv[1]))
-    for name, rows in order:
-        us = mean(rows, "gpu__time_duration.sum")
-        total += us * len(rows)
-        reasons = [k for k in rows[0] if k.startswith(STALL) and k.endswith(STALL_END)]
-        stalls = sorted(((mean(rows, k), k[len(STALL) : -len(STALL_END)]) for k in reasons), reverse=True)[:3]
-        lines.append(
-            f"{name[:44]:<44} {len(rows):>3} {us * len(rows):>8.1f} {us:>7.2f}"
-            f" {mean(rows, 'gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed'):>6.1f}"
-            f" {mean(rows, 'gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed'):>6.1f}"
-            f" {mean(rows, 'sm__warps_active.avg.pct_of_peak_sustained_active'):>5.1f}"
-            f" {mean(rows, 'launch__registers_per_thread'):>4.0f} {mean(rows, 'launch__grid_size'):>7.0f}"
-            f" {mean(rows, 'launch__block_size'):>4.0f}  " + " ".join(f"{k} {v:.1f}" for v, k in stalls)
-        )
-    lines.append(f"{len(records)} kernels, {total:.1f} us of kernel time")
-    return lines
+def summary(rows: list[dict[str, Any]]) -> str:
+    total = sum(row["sum_us"] or 0.0 for row in rows)
+    return f"{sum(row['n'] for row in rows)} kernels, {total:.1f} us of kernel time"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,8 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("csv")
     p.add_argument("--summary", action="store_true", help="print only the last line")
     args = p.parse_args(argv)
-    lines = table(read(args.csv))
-    print("\n".join(lines[-1:] if args.summary else lines))
+    rows = kernel_rows(read(args.csv))
+    if not args.summary:
+        print_table(rows, COLUMNS, sys.stdout)
+    print(summary(rows))
     return 0
 
 

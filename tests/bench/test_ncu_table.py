@@ -37,15 +37,16 @@ def write_report(path: Path) -> None:
 def test_kernels_of_one_name_share_a_row_in_order_of_their_time(tmp_path: Path) -> None:
     report = tmp_path / "r.csv"
     write_report(report)
-    lines = ncu_table.table(ncu_table.read(str(report)))
-    gemv, norm = lines[1].split(), lines[2].split()
+    gemv, norm = ncu_table.kernel_rows(ncu_table.read(str(report)))
     # gemv's two launches (8 us) before norm's one (2 us); thousands separators read as numbers
-    assert gemv[:4] == ["gemv", "2", "8.0", "4.00"] and gemv[4] == "25.0" and gemv[8] == "1024"
-    assert norm[:4] == ["norm", "1", "2.0", "2.00"]
+    assert (gemv["kernel"], gemv["n"], gemv["sum_us"], gemv["us"]) == ("gemv", 2, 8.0, 4.0)
+    assert gemv["dram_pct"] == 25.0 and gemv["grid"] == 1024
+    assert (norm["kernel"], norm["n"], norm["sum_us"], norm["us"]) == ("norm", 1, 2.0, 2.0)
+    assert norm["registers"] is None  # not in the report: shown as "-"
     # the three costliest stall reasons, largest first, as means over the launches
-    assert lines[1].endswith("long_scoreboard 3.0 wait 1.0 barrier 0.5")
-    assert lines[2].endswith("long_scoreboard 9.0 barrier 3.0 wait 0.2")
-    assert lines[-1] == "3 kernels, 10.0 us of kernel time"
+    assert gemv["stalls"] == "long_scoreboard 3.0 wait 1.0 barrier 0.5"
+    assert norm["stalls"] == "long_scoreboard 9.0 barrier 3.0 wait 0.2"
+    assert ncu_table.summary([gemv, norm]) == "3 kernels, 10.0 us of kernel time"
 
 
 def test_a_report_with_no_kernels_is_named(tmp_path: Path) -> None:
@@ -55,7 +56,8 @@ def test_a_report_with_no_kernels_is_named(tmp_path: Path) -> None:
         ncu_table.read(str(report))
 
 
-def test_times_in_nanoseconds_are_read_as_microseconds(tmp_path: Path) -> None:
+def test_times_in_nanoseconds_are_read_as_microseconds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     report = tmp_path / "ns.csv"
     report.write_text('"ID","Kernel Name","gpu__time_duration.sum"\n"","","nsecond"\n"0","k()","2,500"\n')
-    assert ncu_table.table(ncu_table.read(str(report)))[-1] == "1 kernels, 2.5 us of kernel time"
+    assert ncu_table.main([str(report), "--summary"]) == 0
+    assert capsys.readouterr().out == "1 kernels, 2.5 us of kernel time\n"

@@ -73,12 +73,12 @@ if [ "${NCU:-1}" != 0 ] && command -v ncu >/dev/null; then
     timeout 150 $NCU_CMD --profile-from-start off -f -o "$R/ncu-head" python3 -m microbench.decode_profile --backend cuda \
         --model $M -p 512 -n 4 -ncmoe 0 --profiler-range >"$R/ncu-head.log" 2>&1
     ncu -i "$R/ncu-head.ncu-rep" --csv --page raw >"$R/ncu-head.csv" 2>>"$R/ncu-head.log"
-    el "ncu head: $(python3 microbench/ncu_table.py "$R/ncu-head.csv" --summary 2>&1 | tail -1)"
+    el "ncu head: $(python3 -m microbench.ncu_table "$R/ncu-head.csv" --summary 2>&1 | tail -1)"
     export LD_LIBRARY_PATH=$LCP/bin:${LD_LIBRARY_PATH:-}
     timeout 150 $NCU_CMD --launch-skip 400 --launch-count 140 -f -o "$R/ncu-llama" $LCP/bin/llama-bench -m $M -ngl 99 \
         -ncmoe 0 -lm none -fa 0 -p 0 -n 8 -r 1 >"$R/ncu-llama.log" 2>&1
     ncu -i "$R/ncu-llama.ncu-rep" --csv --page raw >"$R/ncu-llama.csv" 2>>"$R/ncu-llama.log"
-    el "ncu llama.cpp: $(python3 microbench/ncu_table.py "$R/ncu-llama.csv" --summary 2>&1 | tail -1)"
+    el "ncu llama.cpp: $(python3 -m microbench.ncu_table "$R/ncu-llama.csv" --summary 2>&1 | tail -1)"
 fi
 for v in ${variants/base/} w4 m4; do
     in_tree $v 60 microbench.kernels --backend cuda --gemv --types Q4_K Q6_K --paths direct >"$R/gemv-$v.txt" 2>&1
