@@ -781,7 +781,8 @@ class GpuBackend(Backend):
         self.api = api
         invoke(api.init, device=None)
         if chained_launches is None:
-            on_by_default = int(invoke(api.driver_version)) >= api.chained_default_driver > 0
+            driver = int(invoke(api.driver_version))
+            on_by_default = api.chained_default_driver > 0 and driver >= api.chained_default_driver
             chained_launches = _chained_from_environment(self.name, on_by_default)
         count = int(invoke(api.device_count))
         if count == 0:
