@@ -8,7 +8,8 @@
 
 #define GET_ROWS_THREADS 128
 #define GET_ROWS_CHUNK (GET_ROWS_THREADS * 32)  // row elements per block: one 32-element slice per thread
-#define DENSE_NORM_MAX_THREADS 256              // the norm's block is a power of two up to this
+#define DENSE_NORM_MAX_THREADS 256              // the norm's sum: a power of two of lanes up to this
+#define DENSE_NORM_BLOCK_THREADS 1024           // the norm kernels' blocks: at most this many threads
 #define DENSE_THREADS 256                       // add_rows, rope, store_rows_f16
 
 // float32 to float16 bits, rounded to nearest even: overflow to infinity, subnormal halves
@@ -117,12 +118,14 @@ __device__ void get_rows_chunk(const unsigned char* __restrict__ table, const in
 // 1 / sqrt(mean(row[:n]^2) + eps), the same in every thread of the block: thread tid adds the
 // squares of elements tid, tid + blockDim.x, ..., then the block's sums meet in a fixed tree.
 // Every thread of the block calls it (it holds barriers).
-// 1 / sqrt(mean(row^2) + eps), the sum taken over `lanes` logical threads (a power of two, at least
-// blockDim.x, at most DENSE_NORM_MAX_THREADS): lane l adds the squares of elements l, l + lanes, ...
-// in order, then the lanes' sums meet in a fixed tree. Thread t plays lanes t, t + blockDim.x, ..., so
-// the result depends on `lanes` alone, not on the block size.
+// 1 / sqrt(mean(row^2) + eps), the sum taken over `lanes` logical threads (a power of two, at most
+// DENSE_NORM_MAX_THREADS): lane l adds the squares of elements l, l + lanes, ... in order, then the
+// lanes' sums meet in a fixed tree. Thread t plays lanes t, t + blockDim.x, ... (those under `lanes`),
+// so the result depends on `lanes` alone, not on the block size. It opens with a barrier: the row may
+// have just been written by other threads of the block.
 __device__ float rms_scale_lanes(const float* row, int n, float eps, float* partial, int lanes) {
     const int tid = threadIdx.x;
+    __syncthreads();
     for (int lane = tid; lane < lanes; lane += blockDim.x) {
         float sum = 0.0f;
 #pragma unroll 8  // the loads of several elements in flight; the sum stays in order
@@ -143,9 +146,20 @@ __device__ float rms_scale_lanes(const float* row, int n, float eps, float* part
     return scale;
 }
 
-// rms_scale_lanes over the block's own threads, one lane each (the norm kernels' block is the lanes).
+// The lanes of a norm over rows of n elements: the power of two that covers n, from 32 up to
+// DENSE_NORM_MAX_THREADS (dense.norm_threads). The block may have more threads (their loads in flight
+// together) or fewer; the sum's order is this one.
+__device__ int norm_lanes(int n) {
+    int lanes = 32;
+    while (lanes < n && lanes < DENSE_NORM_MAX_THREADS) {
+        lanes *= 2;
+    }
+    return lanes;
+}
+
+// rms_scale_lanes over norm_lanes(n) lanes.
 __device__ float rms_scale(const float* row, int n, float eps, float* partial) {
-    return rms_scale_lanes(row, n, eps, partial, blockDim.x);
+    return rms_scale_lanes(row, n, eps, partial, norm_lanes(n));
 }
 
 // dst[i] = row[i] * scale (* weight[i] where weight is not null) for the thread's elements i = tid,
@@ -159,10 +173,10 @@ __device__ void rms_store(const float* row, int n, float scale, const float* __r
 }
 
 // out[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) (* weight[:] where weight is not null), as
-// ggml's rms_norm followed by its mul. One block per row, blockDim.x a power of two up to
-// DENSE_NORM_MAX_THREADS; the sum of squares is reduced in a fixed order. out may be x: each
-// element is read and written by one thread, the writes after the reduction's barriers.
-extern "C" __global__ void __launch_bounds__(DENSE_NORM_MAX_THREADS)
+// ggml's rms_norm followed by its mul. One block per row of up to DENSE_NORM_BLOCK_THREADS threads
+// (dense.norm_block); the sum of squares is reduced in rms_scale's fixed order. out may be x: the
+// writes come after the reduction's barriers, each element written by the thread that reads it then.
+extern "C" __global__ void __launch_bounds__(DENSE_NORM_BLOCK_THREADS)
     dense_rms_norm(const float* x, const float* __restrict__ weight, float* out, int n_rows, int n, float eps) {
     KERNEL_PROLOGUE();
     __shared__ float partial[DENSE_NORM_MAX_THREADS];
@@ -175,10 +189,9 @@ extern "C" __global__ void __launch_bounds__(DENSE_NORM_MAX_THREADS)
 }
 
 // hidden[r, :] += delta[r, :], then out[r, :] = the new row's rms_norm (times weight[:] where not
-// null): moe_add_inplace followed by dense_rms_norm in one launch, the same float operations. A
-// thread adds the elements it then squares and scales (tid, tid + blockDim.x, ...), so its own
-// writes are all it reads back before the reduction's barriers. out must not overlap hidden.
-extern "C" __global__ void __launch_bounds__(DENSE_NORM_MAX_THREADS)
+// null): moe_add_inplace followed by dense_rms_norm in one launch, the same float operations (the
+// sum's barrier comes after the adds). out must not overlap hidden.
+extern "C" __global__ void __launch_bounds__(DENSE_NORM_BLOCK_THREADS)
     dense_add_rms_norm(float* __restrict__ hidden, const float* __restrict__ delta, const float* __restrict__ weight,
                        float* __restrict__ out, int n_rows, int n, float eps) {
     KERNEL_PROLOGUE();
@@ -227,7 +240,6 @@ __device__ void mul_mat_vec_add_norm(const unsigned char* __restrict__ w, const 
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         row[i] += add[i];
     }
-    __syncthreads();  // the norm's lanes read elements other threads added
     rms_store(row, n, rms_scale_lanes(row, n, eps, partial, norm_lanes), weight, out + (long long)token * n);
 }
 
@@ -244,9 +256,8 @@ __device__ void mul_mat_vec_add_norm(const unsigned char* __restrict__ w, const 
 // hidden[t, :] += the MoE layer's combine_sum (elementwise.cu), then out[t, :] = the new row's rms_norm
 // (times weight[:] where not null): moe_combine followed by dense_rms_norm in one launch, the same float
 // operations (decode: the next layer's attention norm, or the output norm, in the layer's last launch).
-// One block per token, of dense_rms_norm's size for n; each thread adds the elements it then squares and
-// scales. out must not overlap hidden, y or extra.
-extern "C" __global__ void __launch_bounds__(DENSE_NORM_MAX_THREADS)
+// One block per token, of dense_rms_norm's size for n. out must not overlap hidden, y or extra.
+extern "C" __global__ void __launch_bounds__(DENSE_NORM_BLOCK_THREADS)
     dense_combine_rms_norm(const float* __restrict__ y, const float* __restrict__ weights,
                            const float* __restrict__ extra, float* __restrict__ hidden,
                            const float* __restrict__ weight, float* __restrict__ out, int n_tokens, int top_k, int n,
@@ -298,7 +309,6 @@ __device__ void mul_mat_vec_combine_norm(const unsigned char* __restrict__ w, co
     for (int i = threadIdx.x; i < n; i += blockDim.x) {  // other blocks of this launch wrote y
         row[i] += combine_sum<const volatile float*>(y, weights, extra, token, i, top_k, n);
     }
-    __syncthreads();  // the norm's lanes read elements other threads added
     rms_store(row, n, rms_scale_lanes(row, n, eps, partial, norm_lanes), weight, out + (long long)token * n);
 }
 

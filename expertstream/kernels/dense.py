@@ -33,7 +33,8 @@ if TYPE_CHECKING:
 
 GET_ROWS_THREADS = 128  # must match dense.cu
 GET_ROWS_CHUNK = GET_ROWS_THREADS * 32  # row elements per block
-NORM_MAX_THREADS = 256
+NORM_MAX_THREADS = 256  # the norm's sum: at most this many lanes (dense.cu's DENSE_NORM_MAX_THREADS)
+NORM_BLOCK_THREADS = 1024  # the norm kernels' blocks: at most this many threads (DENSE_NORM_BLOCK_THREADS)
 DENSE_THREADS = 256
 
 
@@ -141,7 +142,7 @@ def rms_norm(
         np.int32(n),
         np.float32(eps),
     )
-    stream.launch(kernels.kernel("dense_rms_norm"), n_rows, norm_threads(n), args)
+    stream.launch(kernels.kernel("dense_rms_norm"), n_rows, norm_block(n), args)
 
 
 def add_rms_norm(
@@ -175,7 +176,7 @@ def add_rms_norm(
         np.int32(n),
         np.float32(eps),
     )
-    stream.launch(kernels.kernel("dense_add_rms_norm"), n_rows, norm_threads(n), args)
+    stream.launch(kernels.kernel("dense_add_rms_norm"), n_rows, norm_block(n), args)
 
 
 _ADD_NORM_COUNTERS = "add_norm_counters"  # the MoeKernels owner of project_add_rms_norm's counters
@@ -273,7 +274,7 @@ def combine_rms_norm(
         if isinstance(other, BufferView):
             _apart(call, "out", out_view, name, other)
     args = (*combine[:4], _norm_weight(call, weight, n), out_view, *combine[4:], np.float32(eps))
-    stream.launch(kernels.kernel("dense_combine_rms_norm"), n_tokens, norm_threads(n), args)
+    stream.launch(kernels.kernel("dense_combine_rms_norm"), n_tokens, norm_block(n), args)
 
 
 _COMBINE_NORM_COUNTERS = "combine_norm_counters"  # the MoeKernels owner of down_combine_rms_norm's counters
@@ -433,8 +434,16 @@ def store_rows_f16(
 
 
 def norm_threads(n: int) -> int:
-    """The block size of rms_norm for rows of ``n`` elements (its sum's order depends on it)."""
+    """The lanes of rms_norm's sum for rows of ``n`` elements (its order depends on them, dense.cu's
+    norm_lanes), and the block of the norms that run one head a block (qkv_rope_store)."""
     return min(NORM_MAX_THREADS, max(32, 1 << (n - 1).bit_length()))
+
+
+def norm_block(n: int) -> int:
+    """The threads of a norm kernel's block for rows of ``n`` elements: about two elements a thread, so
+    one block has a whole row's loads in flight at once; at least the sum's lanes, at most
+    NORM_BLOCK_THREADS. The bytes do not depend on it."""
+    return min(NORM_BLOCK_THREADS, max(norm_threads(n), (1 << (n - 1).bit_length()) // 2))
 
 
 @dataclass(frozen=True)

@@ -63,7 +63,8 @@ __device__ void logits_load4(const float* row, int k, int n, bool wide, float* v
 // products of elements 4l + 128i .. 4l + 128i + 3 (i ascending), then the wave's 32 sums are
 // added in a fixed tree: the order does not depend on the load width or the launch, so decode's
 // one token and prefill's many get the same logit for the same row. Each wave reads its expert's
-// router row once per LOGITS_TOKENS tokens, 16 bytes at a time where aligned.
+// router row once per LOGITS_TOKENS tokens, 16 bytes at a time where aligned. The kernel's
+// KERNEL_PROLOGUE is here: the router's rows, which no kernel writes, are asked into L2 before it.
 __device__ void router_logits_block(const float* __restrict__ x, const float* __restrict__ router,
                                     const float* __restrict__ bias, float* __restrict__ logits, int n_tokens,
                                     int n_embd, int n_expert, int has_bias) {
@@ -76,6 +77,12 @@ __device__ void router_logits_block(const float* __restrict__ x, const float* __
     const int e = blockIdx.x * LOGITS_EXPERTS + threadIdx.x / 32;
     const int t0 = blockIdx.y * LOGITS_TOKENS;
     const int tokens = min(LOGITS_TOKENS, n_tokens - t0);
+    if (e < n_expert) {
+        for (int k = 32 * lane; k < n_embd; k += 32 * 32) {
+            PREFETCH_L2(router + (long long)e * n_embd + k);
+        }
+    }
+    KERNEL_PROLOGUE();
     float acc[LOGITS_TOKENS];
 #pragma unroll
     for (int j = 0; j < LOGITS_TOKENS; ++j) {
@@ -127,7 +134,6 @@ __device__ void router_logits_block(const float* __restrict__ x, const float* __
 extern "C" __global__ void __launch_bounds__(LOGITS_THREADS) moe_router_logits(
     const float* __restrict__ x, const float* __restrict__ router, const float* __restrict__ bias,
     float* __restrict__ logits, int n_tokens, int n_embd, int n_expert, int has_bias) {
-    KERNEL_PROLOGUE();
     router_logits_block(x, router, bias, logits, n_tokens, n_embd, n_expert, has_bias);
 }
 
@@ -187,8 +193,230 @@ __device__ void select_block_best(float* cand_v, int* cand_e, float v, int e, fl
     __syncthreads();
 }
 
+#if defined(__CUDA_ARCH__)
+// router_better's order as one integer, a larger key winning: the logit's bits made monotone in the
+// high word (NaN 0, below every number; -0 taken as +0, which it equals), the complement of the id in
+// the low word (the lower id wins a tie). 0 is the empty or taken candidate, which never wins.
+__device__ unsigned long long router_key(float v, int e) {
+    unsigned int high = 0u;
+    if (v == v) {
+        const unsigned int bits = float_to_bits(v == 0.0f ? 0.0f : v);
+        high = (bits & 0x80000000u) ? ~bits : bits | 0x80000000u;
+    }
+    return ((unsigned long long)high << 32) | (0xffffffffu - (unsigned int)e);
+}
+
+// The warp's largest key, at every lane: the high words' maximum, then the low words' among the lanes
+// that hold it (one instruction each from sm_80), else five shuffled comparisons.
+__device__ unsigned long long warp_max_key(unsigned long long key) {
+#if __CUDA_ARCH__ >= 800
+    const unsigned int high = __reduce_max_sync(0xffffffffu, (unsigned int)(key >> 32));
+    const unsigned int low = __reduce_max_sync(0xffffffffu, (unsigned int)(key >> 32) == high ? (unsigned int)key : 0u);
+    return ((unsigned long long)high << 32) | low;
+#else
+#pragma unroll
+    for (int s = 16; s > 0; s >>= 1) {
+        const unsigned long long other = __shfl_xor_sync(0xffffffffu, key, s);
+        key = other > key ? other : key;
+    }
+    return key;
+#endif
+}
+
+// Token t's top_k experts and weights from one warp: lane l holds the selection values and the
+// probabilities of experts l, l + 32, ... (PER of them). Each round takes the largest router_key
+// (router_better's winner) and clears it; lane j keeps round j's expert and probability. The weights
+// then take thread 0's float operations of the block path below, every sum in ascending j, so both
+// paths write the same bytes.
+template <int PER>
+__device__ __forceinline__ void warp_topk_write(const float* sel, const float* probs, int* __restrict__ ids,
+                                float* __restrict__ weights, int t, int n_expert, int top_k, int gating, int norm,
+                                float scale) {
+    const int lane = threadIdx.x % 32;
+    unsigned long long key[PER];
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+        const int e = lane + 32 * i;
+        key[i] = e < n_expert ? router_key(sel[i], e) : 0ull;
+    }
+    int my_id = 0;
+    float my_w = 0.0f;
+    for (int j = 0; j < top_k; ++j) {
+        // Each lane's best and its probability, compared by value only: an index chosen at run time
+        // would put the arrays in local memory.
+        unsigned long long best = 0ull;
+        float best_p = 0.0f;
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+            if (key[i] > best) {
+                best = key[i];
+                best_p = probs[i];
+            }
+        }
+        const unsigned long long win_key = warp_max_key(best);
+        const int win = (int)(0xffffffffu - (unsigned int)win_key);
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+            key[i] = key[i] == win_key ? 0ull : key[i];  // keys are unique: only the winner's is cleared
+        }
+        const float p = __shfl_sync(0xffffffffu, best_p, win % 32);
+        if (lane == j) {
+            my_id = win;
+            my_w = p;
+        }
+    }
+    if (gating == GATING_SOFTMAX_WEIGHT) {
+        float max_w = __shfl_sync(0xffffffffu, my_w, 0);
+        for (int j = 1; j < top_k; ++j) {
+            max_w = fmaxf(max_w, __shfl_sync(0xffffffffu, my_w, j));
+        }
+        my_w = expf(my_w - max_w);
+        float sum = 0.0f;
+        for (int j = 0; j < top_k; ++j) {
+            sum += __shfl_sync(0xffffffffu, my_w, j);
+        }
+        my_w = my_w / sum;
+    }
+    if (norm) {
+        float sum = 0.0f;
+        for (int j = 0; j < top_k; ++j) {
+            sum += __shfl_sync(0xffffffffu, my_w, j);
+        }
+        my_w = my_w / fmaxf(sum, WEIGHTS_SUM_MIN);
+    }
+    if (lane < top_k) {
+        ids[(long long)t * top_k + lane] = my_id;
+        weights[(long long)t * top_k + lane] = my_w * scale;
+    }
+}
+
+// warp_topk_write with PER the fewest of 1, 2, 4, 8, 16 experts a lane that cover n_expert.
+__device__ void warp_topk_write_any(const float* sel, const float* probs, int* __restrict__ ids,
+                                    float* __restrict__ weights, int t, int n_expert, int top_k, int gating,
+                                    int norm, float scale);
+
+// Token t's selection by the first warp alone, without groups: the logits into registers (lane l:
+// experts l, l + 32, ...), the softmax's maximum by shuffles and its sum in the block path's order
+// (thread m of SELECT_THREADS adds experts m, m + SELECT_THREADS, ... ascending, then a tree of
+// halves: lane l plays threads l, l + 32, l + 64 and l + 96), then warp_topk_write. No barrier and no
+// shared memory; the same bytes as the block path.
+template <int PER>
+__device__ __forceinline__ void router_select_warp(const volatile float* row, const float* __restrict__ sel_bias,
+                                   int* __restrict__ ids, float* __restrict__ weights, int t, int n_expert,
+                                   int top_k, int gating, int has_sel_bias, int norm, float scale) {
+    static_assert(SELECT_THREADS == 128, "lane l plays the block path's threads l + 32 m, m < 4");
+    const int lane = threadIdx.x % 32;
+    float probs[PER];
+    float sel[PER];
+    float local_max = NEG_INFINITY;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+        const int e = lane + 32 * i;
+        probs[i] = e < n_expert ? row[e] : 0.0f;
+        if (e < n_expert) {
+            local_max = fmaxf(local_max, probs[i]);
+        }
+    }
+    if (gating == GATING_SOFTMAX) {
+        float max_v = local_max;
+#pragma unroll
+        for (int s = 16; s > 0; s >>= 1) {
+            max_v = fmaxf(max_v, __shfl_xor_sync(0xffffffffu, max_v, s));
+        }
+        float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+            if (lane + 32 * i < n_expert) {
+                probs[i] = expf(probs[i] - max_v);
+                part[i % 4] += probs[i];
+            }
+        }
+        float sum = (part[0] + part[2]) + (part[1] + part[3]);
+#pragma unroll
+        for (int s = 16; s > 0; s >>= 1) {
+            sum += __shfl_down_sync(0xffffffffu, sum, s);
+        }
+        sum = __shfl_sync(0xffffffffu, sum, 0);
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+            probs[i] = probs[i] / sum;
+        }
+    } else if (gating == GATING_SIGMOID) {
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+            probs[i] = 1.0f / (1.0f + expf(-probs[i]));
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+        const int e = lane + 32 * i;
+        sel[i] = has_sel_bias && e < n_expert ? probs[i] + sel_bias[e] : probs[i];
+    }
+    warp_topk_write<PER>(sel, probs, ids, weights, t, n_expert, top_k, gating, norm, scale);
+}
+
+// The fewest experts a lane, of 1, 2, 4, 8 and 16, that cover n_expert (at most ROUTER_MAX_EXPERTS).
+__device__ int experts_a_lane(int n_expert) {
+    return n_expert <= 32 ? 1 : n_expert <= 64 ? 2 : n_expert <= 128 ? 4 : n_expert <= 256 ? 8 : 16;
+}
+static_assert(ROUTER_MAX_EXPERTS == 16 * 32, "experts_a_lane covers ROUTER_MAX_EXPERTS");
+
+__device__ void router_select_warp_any(const volatile float* row, const float* __restrict__ sel_bias,
+                                       int* __restrict__ ids, float* __restrict__ weights, int t, int n_expert,
+                                       int top_k, int gating, int has_sel_bias, int norm, float scale) {
+    switch (experts_a_lane(n_expert)) {
+    case 1:
+        return router_select_warp<1>(row, sel_bias, ids, weights, t, n_expert, top_k, gating, has_sel_bias, norm, scale);
+    case 2:
+        return router_select_warp<2>(row, sel_bias, ids, weights, t, n_expert, top_k, gating, has_sel_bias, norm, scale);
+    case 4:
+        return router_select_warp<4>(row, sel_bias, ids, weights, t, n_expert, top_k, gating, has_sel_bias, norm, scale);
+    case 8:
+        return router_select_warp<8>(row, sel_bias, ids, weights, t, n_expert, top_k, gating, has_sel_bias, norm, scale);
+    default:
+        return router_select_warp<16>(row, sel_bias, ids, weights, t, n_expert, top_k, gating, has_sel_bias, norm, scale);
+    }
+}
+
+// warp_topk_write over selection values and probabilities in shared memory (the grouped path).
+template <int PER>
+__device__ __forceinline__ void warp_topk_write_shared(const float* sel_all, const float* probs_all, int* __restrict__ ids,
+                                       float* __restrict__ weights, int t, int n_expert, int top_k, int gating,
+                                       int norm, float scale) {
+    const int lane = threadIdx.x % 32;
+    float sel[PER];
+    float probs[PER];
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+        const int e = lane + 32 * i;
+        sel[i] = e < n_expert ? sel_all[e] : 0.0f;
+        probs[i] = e < n_expert ? probs_all[e] : 0.0f;
+    }
+    warp_topk_write<PER>(sel, probs, ids, weights, t, n_expert, top_k, gating, norm, scale);
+}
+
+__device__ void warp_topk_write_any(const float* sel, const float* probs, int* __restrict__ ids,
+                                    float* __restrict__ weights, int t, int n_expert, int top_k, int gating,
+                                    int norm, float scale) {
+    switch (experts_a_lane(n_expert)) {
+    case 1:
+        return warp_topk_write_shared<1>(sel, probs, ids, weights, t, n_expert, top_k, gating, norm, scale);
+    case 2:
+        return warp_topk_write_shared<2>(sel, probs, ids, weights, t, n_expert, top_k, gating, norm, scale);
+    case 4:
+        return warp_topk_write_shared<4>(sel, probs, ids, weights, t, n_expert, top_k, gating, norm, scale);
+    case 8:
+        return warp_topk_write_shared<8>(sel, probs, ids, weights, t, n_expert, top_k, gating, norm, scale);
+    default:
+        return warp_topk_write_shared<16>(sel, probs, ids, weights, t, n_expert, top_k, gating, norm, scale);
+    }
+}
+#endif
+
 // Token t's experts and weights from its logits, by a block of SELECT_THREADS threads. The logits are
-// read as volatile: in moe_router_logits_select other blocks of the same launch wrote them.
+// read as volatile: in moe_router_logits_select other blocks of the same launch wrote them. On NVIDIA
+// the first warp alone takes a selection without groups (router_select_warp), and the rounds of a
+// grouped one (warp_topk_write); the bytes are the block path's.
 __device__ void router_select_row(const volatile float* logits, const float* __restrict__ sel_bias,
                                   int* __restrict__ ids, float* __restrict__ weights, int t, int n_expert, int top_k,
                                   int gating, int has_sel_bias, int n_group, int n_group_used, int norm,
@@ -197,14 +425,22 @@ __device__ void router_select_row(const volatile float* logits, const float* __r
     __shared__ float sel[ROUTER_MAX_EXPERTS];
 #if !defined(__CUDA_ARCH__)
     __shared__ unsigned char taken[ROUTER_MAX_EXPERTS];  // the block-wide rounds' (NVIDIA's keep bits in registers)
+    __shared__ int chosen[ROUTER_MAX_K];
 #endif
     __shared__ float group_score[SELECT_MAX_GROUPS];
     __shared__ unsigned char group_kept[SELECT_MAX_GROUPS];
     __shared__ float cand_v[SELECT_THREADS];
     __shared__ int cand_e[SELECT_THREADS];
-    __shared__ int chosen[ROUTER_MAX_K];
     const int tid = threadIdx.x;
     const volatile float* row = logits + (long long)t * n_expert;
+#if defined(__CUDA_ARCH__)
+    if (n_group <= 1) {
+        if (tid < 32) {
+            router_select_warp_any(row, sel_bias, ids, weights, t, n_expert, top_k, gating, has_sel_bias, norm, scale);
+        }
+        return;  // no shared memory used: a next row needs no barrier
+    }
+#endif
 
     float local_max = NEG_INFINITY;
     for (int e = tid; e < n_expert; e += SELECT_THREADS) {
@@ -286,39 +522,9 @@ __device__ void router_select_row(const volatile float* logits, const float* __r
     }
 
 #if defined(__CUDA_ARCH__)
-    // On NVIDIA the first warp alone takes the top_k rounds: lane l holds experts l, l + 32, ... in
-    // registers with a bit per expert taken, and each round's best meets by shuffles, with no
-    // barrier. router_better is a strict total order, so every round picks what the block-wide
-    // search below would.
     if (tid < 32) {
-        float mine[ROUTER_MAX_EXPERTS / 32];
-#pragma unroll
-        for (int i = 0; i < ROUTER_MAX_EXPERTS / 32; ++i) {
-            mine[i] = tid + 32 * i < n_expert ? sel[tid + 32 * i] : 0.0f;
-        }
-        unsigned int mine_taken = 0;
-        for (int j = 0; j < top_k; ++j) {
-            float best_v = 0.0f;
-            int best_e = -1;
-#pragma unroll
-            for (int i = 0; i < ROUTER_MAX_EXPERTS / 32; ++i) {
-                const int e = tid + 32 * i;
-                if (e < n_expert && !((mine_taken >> i) & 1u) && router_better(mine[i], e, best_v, best_e)) {
-                    best_v = mine[i];
-                    best_e = e;
-                }
-            }
-            warp_best(&best_v, &best_e);
-            const int win_e = __shfl_sync(0xffffffffu, best_e, 0);
-            if (win_e % 32 == tid) {
-                mine_taken |= 1u << (win_e / 32);
-            }
-            if (tid == 0) {
-                chosen[j] = win_e;
-            }
-        }
+        warp_topk_write_any(sel, probs, ids, weights, t, n_expert, top_k, gating, norm, scale);
     }
-    __syncthreads();
 #else
     for (int j = 0; j < top_k; ++j) {
         float best_v = 0.0f;
@@ -338,7 +544,6 @@ __device__ void router_select_row(const volatile float* logits, const float* __r
         }
         __syncthreads();
     }
-#endif
 
     if (tid == 0) {
         float w[ROUTER_MAX_K];
@@ -374,7 +579,8 @@ __device__ void router_select_row(const volatile float* logits, const float* __r
             weights[(long long)t * top_k + j] = w[j] * scale;
         }
     }
-    __syncthreads();  // thread 0 has read probs and chosen: a next row may overwrite them
+#endif
+    __syncthreads();  // probs and sel are read: a next row may overwrite them
 }
 
 extern "C" __global__ void __launch_bounds__(SELECT_THREADS) moe_router_select(
@@ -400,7 +606,6 @@ extern "C" __global__ void __launch_bounds__(LOGITS_THREADS) moe_router_logits_s
     float* logits, unsigned int* counter, const float* __restrict__ sel_bias, int* __restrict__ ids,
     float* __restrict__ weights, int n_tokens, int n_embd, int n_expert, int has_bias, int top_k, int gating,
     int has_sel_bias, int n_group, int n_group_used, int norm, float scale) {
-    KERNEL_PROLOGUE();
     __shared__ int last;
     router_logits_block(x, router, bias, logits, n_tokens, n_embd, n_expert, has_bias);
     __threadfence();  // this thread's logits are visible to every block before the block counts itself

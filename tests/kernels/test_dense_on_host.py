@@ -333,6 +333,26 @@ def test_rms_norm_in_place(host_dense: Path, rng: np.random.Generator, n: int, t
     assert err < ref_dense.RMS_NORM_RTOL, f"relative error {err:.3g}"
 
 
+@pytest.mark.parametrize("n", [2048, 300, 45])
+def test_rms_norm_bytes_do_not_depend_on_the_block(host_dense: Path, rng: np.random.Generator, n: int) -> None:
+    """The sum's lanes are norm_threads(n) whatever the block: fewer threads play several lanes, more
+    threads leave the extra ones out of the sum. norm_block(n), the launchers' block, is one of them."""
+    n_rows, eps = 2, 1e-6
+    x = (rng.standard_normal((n_rows, n)) * 3).astype(np.float32)
+    weight = rng.standard_normal(n).astype(np.float32)
+    blocks = sorted({32, dense.norm_threads(n), dense.norm_block(n), dense.NORM_BLOCK_THREADS})
+    outs = {
+        threads: _run(host_dense, ["rms_norm"], struct.pack("4if", n_rows, n, 1, threads, eps), x.tobytes(),
+                      weight.tobytes())
+        for threads in blocks
+    }  # fmt: skip
+    assert len(set(outs.values())) == 1, f"the bytes differ between blocks of {blocks} threads"
+    # and they are the norm: a sum in another order (numpy's) lands within rounding
+    err = ref.relative_error(np.frombuffer(outs[blocks[0]], np.float32).reshape(n_rows, n),
+                             ref_dense.rms_norm(x, weight, eps))  # fmt: skip
+    assert err < ref_dense.RMS_NORM_RTOL
+
+
 @pytest.mark.parametrize(("n", "threads"), [(2048, 1024), (4096, 256), (45, 64)])
 @pytest.mark.parametrize("with_weight", [True, False], ids=["weight", "no-weight"])
 def test_add_rms_norm_is_the_bytes_of_the_add_then_the_norm(

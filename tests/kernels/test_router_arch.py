@@ -80,6 +80,31 @@ def test_router_select_matches_reference(
     assert err < 1e-5, f"relative error {err:.3g}"
 
 
+@pytest.mark.parametrize("n_expert", [1, 31, 33, 64, 100, 128, 200, 256, 300, 512])
+def test_every_width_of_selection_matches_reference(
+    device: Device, kernels: MoeKernels, stream: Stream, rng: np.random.Generator, n_expert: int
+) -> None:
+    """Every count of experts a lane (NVIDIA's one-warp selection holds 1 to 16) against the reference:
+    integer logits tie for real (the lower id wins), and under selection by logit a NaN loses to every
+    number and -0 ties +0."""
+    top_k = min(n_expert, 8 if n_expert < 300 else 32)
+    logits = rng.integers(-3, 4, (5, n_expert)).astype(np.float32)
+    ids, weights = _select(device, kernels, stream, logits, None, ARCH_ROUTING["qwen3moe"], top_k)
+    ref_ids, ref_weights = ref.route(logits, ARCH_ROUTING["qwen3moe"], top_k)
+    np.testing.assert_array_equal(ids, ref_ids)
+    assert ref.relative_error(weights, ref_weights) < 1e-5
+    by_logit = Routing(Gating.SOFTMAX_WEIGHT, norm=False)
+    special = rng.permutation(n_expert)
+    logits[:, special[: n_expert // 4]] = np.nan
+    logits[:, special[n_expert // 4 :][::2]] = -0.0
+    logits[:, special[n_expert // 4 :][1::2]] = 0.0
+    top_k = max(1, min(top_k, n_expert - n_expert // 4))
+    ids, weights = _select(device, kernels, stream, logits, None, by_logit, top_k)
+    ref_ids, ref_weights = ref.route(logits, by_logit, top_k)
+    np.testing.assert_array_equal(ids, ref_ids)
+    assert ref.relative_error(weights, ref_weights) < 1e-5
+
+
 def test_groups_limit_the_selection(device: Device, kernels: MoeKernels, stream: Stream) -> None:
     # 4 groups of 4; group 3 holds the single best expert, groups 0 and 1 the best pairs.
     logits = np.array([[5, 4.5, 0, 0, 4, 4, 0, 0, 1, 1, 1, 1, 6, 0, 0, 0]], np.float32)
