@@ -3,7 +3,7 @@
 # cgroup v2 memory limit, beside llama.cpp -lm mmap under the same limit, on one GPU machine as root.
 # Results: docs/results/disk-h200.md (one run so far, cut short by its call's time limit).
 #
-# usage: OUT=DIR [LIMIT=8G] [ROW_S=150] bash microbench/disk_h200.sh     (from the repository root)
+# usage: OUT=DIR [LIMIT=8G] [ROW_S=150] [ROWS="..."] bash microbench/disk_h200.sh   (from the repository root)
 #   1. microbench/model_h200.sh setup make: llama.cpp unpacked, the 48-layer file made in $MODELS;
 #   2. the drive's own rate: microbench.disk_read, O_DIRECT at 1, 4 and 16 reads in flight, page cache dropped;
 #      then KvikIO's reads into device memory at 1, 4 and 16 threads (microbench.kvikio_read), where its
@@ -13,6 +13,9 @@
 #      of both (expertstream at ubatch 4096, layer-major: mode disk's default); expertstream tg64, and with
 #      --host-cache 4G (the decode tier's hit rate); llama-bench tg64;
 #   4. the limit lifted and the file in the page cache: pp4096 through ring and through disk.
+# ROWS names the rows of 3 and 4 to run, in order (default: all, in the order above); beside those,
+# disk-pp4096-t16p16 and disk-pp4096-t24p16 are the pp4096 row with the ring's reads made by 16 or 24
+# threads in parts of 16 MiB (16 chunks of 32 MiB for 24).
 # Writes $OUT/summary.txt (one line a row) and $OUT/raw/ (every command's output).
 set -uo pipefail
 LIMIT=${LIMIT:-8G}
@@ -76,16 +79,29 @@ llama() {  # NAME ARGS...: llama-bench -ncmoe 48 -lm mmap under the limit, the p
 # the rows most worth having first: a run that meets its time limit keeps what came before. The prompts
 # first (the 5x target), then decode, then the file cached; llama.cpp's decode under the limit is slow
 # (every token faults its experts in), so it runs after expertstream's.
-bench disk-pp4096 --host-memory disk -p 4096 -ub 4096 -n 0
-llama llama-mmap-pp4096 -p 4096 -n 0
-bench disk-pp32768 --host-memory disk -p 32768 -ub 4096 -n 0
-llama llama-mmap-pp32768 -p 32768 -n 0
-bench disk-tg64 --host-memory disk -p 16 -n 64
-bench disk-cache4g-tg64 --host-memory disk --host-cache 4G -p 16 -n 64
-llama llama-mmap-tg64 -p 0 -n 64
-cat "$F" >/dev/null  # the limit lifted: the file in the page cache
-for mode in ring disk; do
-    timeout "$ROW_S" python3 -m expertstream bench -m "$F" --backend cuda -p 4096 -ub 4096 -n 0 --slots 3 \
-        --host-memory $mode -ncmoe all -r 2 -o json >"$R/$mode-cached-pp4096.json" 2>"$R/$mode-cached-pp4096.err"
-    el "$mode pp4096 (no limit, file cached): $(row "$R/$mode-cached-pp4096.json")"
+run_row() {  # NAME
+    case $1 in
+    disk-pp4096) bench $1 --host-memory disk -p 4096 -ub 4096 -n 0 ;;
+    disk-pp4096-t16p16) bench $1 --host-memory disk -p 4096 -ub 4096 -n 0 --ring-threads 16 --ring-part-mib 16 ;;
+    disk-pp4096-t24p16) bench $1 --host-memory disk -p 4096 -ub 4096 -n 0 --ring-threads 24 --ring-part-mib 16 \
+        --ring-chunks 16 ;;
+    llama-mmap-pp4096) llama $1 -p 4096 -n 0 ;;
+    disk-pp32768) bench $1 --host-memory disk -p 32768 -ub 4096 -n 0 ;;
+    llama-mmap-pp32768) llama $1 -p 32768 -n 0 ;;
+    disk-tg64) bench $1 --host-memory disk -p 16 -n 64 ;;
+    disk-cache4g-tg64) bench $1 --host-memory disk --host-cache 4G -p 16 -n 64 ;;
+    llama-mmap-tg64) llama $1 -p 0 -n 64 ;;
+    cached)
+        cat "$F" >/dev/null  # the limit lifted: the file in the page cache
+        for mode in ring disk; do
+            timeout "$ROW_S" python3 -m expertstream bench -m "$F" --backend cuda -p 4096 -ub 4096 -n 0 --slots 3 \
+                --host-memory $mode -ncmoe all -r 2 -o json >"$R/$mode-cached-pp4096.json" 2>"$R/$mode-cached-pp4096.err"
+            el "$mode pp4096 (no limit, file cached): $(row "$R/$mode-cached-pp4096.json")"
+        done ;;
+    *) el "no row named $1" ;;
+    esac
+}
+for name in ${ROWS:-disk-pp4096 llama-mmap-pp4096 disk-pp32768 llama-mmap-pp32768 disk-tg64 disk-cache4g-tg64 \
+    llama-mmap-tg64 cached}; do
+    run_row "$name"
 done
