@@ -310,10 +310,11 @@ __device__ void gemv_block_rows(const unsigned char* w, const float* x_row, floa
 }
 
 // The bytes of the block's rows of a tensor of n_out rows at w, asked into L2 (PREFETCH_L2) by the
-// block's threads, a 128-byte line each in turn: a dense projection's weights, which no kernel writes,
-// before KERNEL_PROLOGUE's wait, so they come from L2 once the kernel before has finished.
+// block's threads, a 128-byte line each in turn: a dense projection's weights, which are no kernel's
+// output, before KERNEL_PROLOGUE's wait, so they come from L2 once the kernel before has finished. A
+// prefetch reads nothing.
 template <int TYPE>
-__device__ void gemv_prefetch_block_rows(const unsigned char* w, int n_out, int n_in) {
+__device__ void prefetch_block_rows(const unsigned char* w, int n_out, int n_in) {
     const int o0 = blockIdx.x * MOE_GEMV_ROWS;
     if (o0 >= n_out) {
         return;
@@ -327,6 +328,24 @@ __device__ void gemv_prefetch_block_rows(const unsigned char* w, int n_out, int 
     if (threadIdx.x == 0) {
         PREFETCH_L2(start + bytes - 1);  // the last line, where the rows do not start on one
     }
+}
+
+// prefetch_block_rows for a matrix-vector launch of one tensor (n_expert 1: a dense projection, its
+// tensor known before the ids are read); nothing for experts.
+template <int TYPE>
+__device__ void prefetch_dense_rows(const unsigned char* w, int n_expert, int n_out, int n_in) {
+    if (n_expert == 1) {
+        prefetch_block_rows<TYPE>(w, n_out, n_in);
+    }
+}
+
+// prefetch_block_rows for mul_mat_vec_parts: the block's rows of its part.
+template <int TYPE>
+__device__ void prefetch_parts_rows(const unsigned char* w0, const unsigned char* w1, const unsigned char* w2,
+                                    int n_out0, int n_out1, int n_out2, int n_in, int n_tokens) {
+    const int part = blockIdx.y / n_tokens;
+    prefetch_block_rows<TYPE>(part == 0 ? w0 : (part == 1 ? w1 : w2),
+                              part == 0 ? n_out0 : (part == 1 ? n_out1 : n_out2), n_in);
 }
 
 template <int TYPE>
@@ -432,9 +451,7 @@ __device__ void mul_mat_vec_parts(const unsigned char* __restrict__ w0, const un
         NAME(const unsigned char* __restrict__ w, const float* __restrict__ x, const int* __restrict__ ids, \
              float* __restrict__ y, int n_expert, int n_out, int n_in, int top_k, int x_per_pair,          \
              int n_pairs, const float* __restrict__ route_weights, const float* __restrict__ silu_gate) {  \
-        if (n_expert == 1) { /* a dense projection: its one tensor is known before the ids are */        \
-            gemv_prefetch_block_rows<TYPE>(w, n_out, n_in);                                                \
-        }                                                                                                  \
+        prefetch_dense_rows<TYPE>(w, n_expert, n_out, n_in);                                               \
         KERNEL_PROLOGUE();                                                                                 \
         mul_mat_vec_id<TYPE>(w, x, ids, y, n_expert, n_out, n_in, top_k, x_per_pair, n_pairs,              \
                              route_weights, silu_gate);                                                    \
@@ -453,9 +470,7 @@ __device__ void mul_mat_vec_parts(const unsigned char* __restrict__ w0, const un
              const unsigned char* __restrict__ w2, const float* __restrict__ x, float* __restrict__ y0,     \
              float* __restrict__ y1, float* __restrict__ y2, int n_out0, int n_out1, int n_out2, int n_in,  \
              int n_tokens) {                                                                                \
-        const int part = blockIdx.y / n_tokens;                                                             \
-        gemv_prefetch_block_rows<TYPE>(part == 0 ? w0 : (part == 1 ? w1 : w2),                              \
-                                       part == 0 ? n_out0 : (part == 1 ? n_out1 : n_out2), n_in);           \
+        prefetch_parts_rows<TYPE>(w0, w1, w2, n_out0, n_out1, n_out2, n_in, n_tokens);                      \
         KERNEL_PROLOGUE();                                                                                  \
         mul_mat_vec_parts<TYPE>(w0, w1, w2, x, y0, y1, y2, n_out0, n_out1, n_out2, n_in, n_tokens);         \
     }

@@ -63,8 +63,7 @@ __device__ void logits_load4(const float* row, int k, int n, bool wide, float* v
 // products of elements 4l + 128i .. 4l + 128i + 3 (i ascending), then the wave's 32 sums are
 // added in a fixed tree: the order does not depend on the load width or the launch, so decode's
 // one token and prefill's many get the same logit for the same row. Each wave reads its expert's
-// router row once per LOGITS_TOKENS tokens, 16 bytes at a time where aligned. The kernel's
-// KERNEL_PROLOGUE is here: the router's rows, which no kernel writes, are asked into L2 before it.
+// router row once per LOGITS_TOKENS tokens, 16 bytes at a time where aligned.
 __device__ void router_logits_block(const float* __restrict__ x, const float* __restrict__ router,
                                     const float* __restrict__ bias, float* __restrict__ logits, int n_tokens,
                                     int n_embd, int n_expert, int has_bias) {
@@ -77,12 +76,6 @@ __device__ void router_logits_block(const float* __restrict__ x, const float* __
     const int e = blockIdx.x * LOGITS_EXPERTS + threadIdx.x / 32;
     const int t0 = blockIdx.y * LOGITS_TOKENS;
     const int tokens = min(LOGITS_TOKENS, n_tokens - t0);
-    if (e < n_expert) {
-        for (int k = 32 * lane; k < n_embd; k += 32 * 32) {
-            PREFETCH_L2(router + (long long)e * n_embd + k);
-        }
-    }
-    KERNEL_PROLOGUE();
     float acc[LOGITS_TOKENS];
 #pragma unroll
     for (int j = 0; j < LOGITS_TOKENS; ++j) {
@@ -131,9 +124,22 @@ __device__ void router_logits_block(const float* __restrict__ x, const float* __
     }
 }
 
+// Before KERNEL_PROLOGUE: the rows of the block's experts asked into L2 (PREFETCH_L2), a 128-byte line
+// a lane in turn. The router's weights are no kernel's output, and a prefetch reads nothing.
+__device__ void prefetch_router_rows(const float* router, int n_embd, int n_expert) {
+    const int e = blockIdx.x * LOGITS_EXPERTS + threadIdx.x / 32;
+    if (e < n_expert) {
+        for (int k = 32 * (threadIdx.x % 32); k < n_embd; k += 32 * 32) {
+            PREFETCH_L2(router + (long long)e * n_embd + k);
+        }
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(LOGITS_THREADS) moe_router_logits(
     const float* __restrict__ x, const float* __restrict__ router, const float* __restrict__ bias,
     float* __restrict__ logits, int n_tokens, int n_embd, int n_expert, int has_bias) {
+    prefetch_router_rows(router, n_embd, n_expert);
+    KERNEL_PROLOGUE();
     router_logits_block(x, router, bias, logits, n_tokens, n_embd, n_expert, has_bias);
 }
 
@@ -606,6 +612,8 @@ extern "C" __global__ void __launch_bounds__(LOGITS_THREADS) moe_router_logits_s
     float* logits, unsigned int* counter, const float* __restrict__ sel_bias, int* __restrict__ ids,
     float* __restrict__ weights, int n_tokens, int n_embd, int n_expert, int has_bias, int top_k, int gating,
     int has_sel_bias, int n_group, int n_group_used, int norm, float scale) {
+    prefetch_router_rows(router, n_embd, n_expert);
+    KERNEL_PROLOGUE();
     __shared__ int last;
     router_logits_block(x, router, bias, logits, n_tokens, n_embd, n_expert, has_bias);
     __threadfence();  // this thread's logits are visible to every block before the block counts itself
