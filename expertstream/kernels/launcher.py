@@ -269,7 +269,8 @@ class MoeKernels(Closing):
             source = self._sources.get(types)
             if source is None:
                 source = self._sources[types] = kernel_source(types)
-            # Every kernel of the source opens with KERNEL_PROLOGUE (a source test says so).
+            # Every kernel of the source opens with KERNEL_PROLOGUE, or a prefetch_* helper and then it
+            # (a source test says so).
             kernel = self._kernels[name] = self.device.compile(source, name, twin=TWINS.get(name), chained=True)
         return kernel
 
