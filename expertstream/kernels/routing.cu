@@ -32,6 +32,13 @@ __device__ bool router_better(float v, int e, float best_v, int best_e) {
 // biases, and the sigmoid gate of a shared expert.
 // ---------------------------------------------------------------------------------
 
+// The router's warp paths (shuffles in place of shared memory and barriers): NVIDIA's, and the host
+// harness's, which emulates the few warp functions they use (ES_EMULATE_WARPS) to hold them to the
+// block path's bytes.
+#if defined(__CUDA_ARCH__) || defined(ES_EMULATE_WARPS)
+#define ROUTER_WARP_PATHS 1
+#endif
+
 #define GATING_SOFTMAX 1          // llama.cpp's expert_gating_func values
 #define GATING_SIGMOID 2
 #define GATING_SOFTMAX_WEIGHT 3
@@ -143,7 +150,7 @@ extern "C" __global__ void __launch_bounds__(LOGITS_THREADS) moe_router_logits(
     router_logits_block(x, router, bias, logits, n_tokens, n_embd, n_expert, has_bias);
 }
 
-#if defined(__CUDA_ARCH__)
+#if defined(ROUTER_WARP_PATHS)
 // The warp's best (value, id) by router_better, valid at lane 0: lane l + s's candidate against lane
 // l's for s = 16, 8, 4, 2, 1.
 __device__ void warp_best(float* v, int* e) {
@@ -165,7 +172,7 @@ __device__ void warp_best(float* v, int* e) {
 // barriers instead of a tree of seven); elsewhere a tree in shared memory.
 __device__ void select_block_best(float* cand_v, int* cand_e, float v, int e, float* out_v, int* out_e) {
     const int tid = threadIdx.x;
-#if defined(__CUDA_ARCH__)
+#if defined(ROUTER_WARP_PATHS)
     warp_best(&v, &e);
     if (tid % 32 == 0) {
         cand_v[tid / 32] = v;
@@ -199,7 +206,7 @@ __device__ void select_block_best(float* cand_v, int* cand_e, float v, int e, fl
     __syncthreads();
 }
 
-#if defined(__CUDA_ARCH__)
+#if defined(ROUTER_WARP_PATHS)
 // router_better's order as one integer, a larger key winning: the logit's bits made monotone in the
 // high word (NaN 0, below every number; -0 taken as +0, which it equals), the complement of the id in
 // the low word (the lower id wins a tie). 0 is the empty or taken candidate, which never wins.
@@ -215,7 +222,7 @@ __device__ unsigned long long router_key(float v, int e) {
 // The warp's largest key, at every lane: the high words' maximum, then the low words' among the lanes
 // that hold it (one instruction each from sm_80), else five shuffled comparisons.
 __device__ unsigned long long warp_max_key(unsigned long long key) {
-#if __CUDA_ARCH__ >= 800
+#if (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800) || defined(ES_EMULATE_REDUX)
     const unsigned int high = __reduce_max_sync(0xffffffffu, (unsigned int)(key >> 32));
     const unsigned int low = __reduce_max_sync(0xffffffffu, (unsigned int)(key >> 32) == high ? (unsigned int)key : 0u);
     return ((unsigned long long)high << 32) | low;
@@ -429,7 +436,7 @@ __device__ void router_select_row(const volatile float* logits, const float* __r
                                   float scale) {
     __shared__ float probs[ROUTER_MAX_EXPERTS];
     __shared__ float sel[ROUTER_MAX_EXPERTS];
-#if !defined(__CUDA_ARCH__)
+#if !defined(ROUTER_WARP_PATHS)
     __shared__ unsigned char taken[ROUTER_MAX_EXPERTS];  // the block-wide rounds' (NVIDIA's keep bits in registers)
     __shared__ int chosen[ROUTER_MAX_K];
 #endif
@@ -439,7 +446,7 @@ __device__ void router_select_row(const volatile float* logits, const float* __r
     __shared__ int cand_e[SELECT_THREADS];
     const int tid = threadIdx.x;
     const volatile float* row = logits + (long long)t * n_expert;
-#if defined(__CUDA_ARCH__)
+#if defined(ROUTER_WARP_PATHS)
     if (n_group <= 1) {
         if (tid < 32) {
             router_select_warp_any(row, sel_bias, ids, weights, t, n_expert, top_k, gating, has_sel_bias, norm, scale);
@@ -453,7 +460,7 @@ __device__ void router_select_row(const volatile float* logits, const float* __r
         const float logit = row[e];
         probs[e] = logit;
         local_max = fmaxf(local_max, logit);
-#if !defined(__CUDA_ARCH__)
+#if !defined(ROUTER_WARP_PATHS)
         taken[e] = 0;
 #endif
     }
@@ -527,7 +534,7 @@ __device__ void router_select_row(const volatile float* logits, const float* __r
         __syncthreads();
     }
 
-#if defined(__CUDA_ARCH__)
+#if defined(ROUTER_WARP_PATHS)
     if (tid < 32) {
         warp_topk_write_any(sel, probs, ids, weights, t, n_expert, top_k, gating, norm, scale);
     }

@@ -210,3 +210,104 @@ def test_fused_router_is_the_bytes_of_logits_then_select(
     assert ((ids >= 0) & (ids < n_expert)).all() and np.isfinite(np.frombuffer(two_launches, np.float32)[:1]).all()
     assert runs[1] == two_launches, "the fused launch wrote other bytes than the two launches"
     assert runs[2] == two_launches, "a second fused launch (the counter reused) wrote other bytes"
+
+
+# The warp functions the router's warp paths use, for fibers: a lane's value goes through a slot, with a
+# barrier (a fiber yield) after the writes and another after the reads. A yield is not a count, so this is
+# faithful where the block's other warps have left the selection, as they do on the paths without groups
+# (and on the grouped path for one row a block).
+_WARP_EMULATION = """
+#include <cstring>
+#define ES_EMULATE_WARPS 1
+#define __forceinline__ inline
+static unsigned long long es_warp_slots[1024];
+template <typename T> static T es_warp_read(T v, unsigned src_lane) {
+    unsigned long long bits = 0;
+    memcpy(&bits, &v, sizeof(T));
+    es_warp_slots[threadIdx.x] = bits;
+    __syncthreads();
+    const unsigned long long got = es_warp_slots[(threadIdx.x & ~31u) + (src_lane & 31u)];
+    __syncthreads();
+    T out;
+    memcpy(&out, &got, sizeof(T));
+    return out;
+}
+template <typename T> static T __shfl_sync(unsigned, T v, int src) { return es_warp_read(v, (unsigned)src); }
+template <typename T> static T __shfl_xor_sync(unsigned, T v, int s) {
+    return es_warp_read(v, (threadIdx.x & 31u) ^ s);
+}
+template <typename T> static T __shfl_down_sync(unsigned, T v, int s) {
+    const unsigned lane = threadIdx.x & 31u;
+    return es_warp_read(v, lane + s < 32 ? lane + s : lane);
+}
+static unsigned __reduce_max_sync(unsigned, unsigned v) {
+    for (int s = 16; s > 0; s >>= 1) {
+        const unsigned other = __shfl_xor_sync(0xffffffffu, v, s);
+        v = other > v ? other : v;
+    }
+    return v;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def host_router_warps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The fused-router driver built three ways: the block path (AMD's, and the host's), NVIDIA's warp
+    paths with five shuffles for the warp's largest key (before sm_80), and with __reduce_max_sync (sm_80+)."""
+    if CXX is None:
+        pytest.skip("no C++ compiler (c++, g++ or clang++) on PATH")
+    routing_cu = source_file("routing.cu")
+    kernels = routing_cu[: routing_cu.index("// gpt-oss's SwiGLU")]
+    base = shared_code(kernel_source(())) + kernels + _FUSED_DRIVER
+    folder = tmp_path_factory.mktemp("router_warps")
+    return {
+        "block": compile_on_host(folder, "block", base),
+        "warps": compile_on_host(folder, "warps", _WARP_EMULATION + base),
+        "redux": compile_on_host(folder, "redux", "#define ES_EMULATE_REDUX 1\n" + _WARP_EMULATION + base),
+    }
+
+
+# Every architecture's routing at one width; the widths (1 to 16 experts a lane, partial lanes, top_k up
+# to 32) with softmax; selection by logit, sigmoid and groups at a wider one.
+_WARP_CASES = [
+    *((arch, 40, 6) for arch in sorted(ARCH_ROUTING)),
+    *(("qwen3moe", n, k) for n, k in ((8, 2), (100, 8), (300, 32), (512, 10))),
+    ("gpt-oss", 128, 4),
+    ("glm4moe", 256, 8),
+    ("deepseek2", 256, 8),
+]
+
+
+@pytest.mark.parametrize(("arch", "n_expert", "top_k"), _WARP_CASES)
+def test_warp_paths_are_the_bytes_of_the_block_path(
+    host_router_warps: dict[str, Path], rng: np.random.Generator, arch: str, n_expert: int, top_k: int
+) -> None:
+    """NVIDIA's selection by one warp (1 to 16 experts a lane; the softmax's sum in the block's order; the
+    rounds' keys compared as integers) writes the bytes of the block path: ids, weights and logits, for
+    random rows, integer rows that tie, and rows with NaN logits."""
+    cfg = ARCH_ROUTING[arch]
+    assert n_expert % max(cfg.n_group, 1) == 0 and top_k <= n_expert // max(cfg.n_group, 1) * cfg.n_group_used
+    n_tokens = 1 if cfg.n_group > 1 else 3  # the emulation's barrier is a yield: one grouped row a block
+    n_embd = 64
+    cases = {
+        "random": rng.standard_normal((n_expert, n_embd)),
+        "ties": rng.integers(-1, 2, (n_expert, n_embd)),
+        "nan": np.where(rng.random((n_expert, 1)) < 0.2, np.nan, rng.standard_normal((n_expert, n_embd))),
+    }
+    for name, router in cases.items():
+        x = rng.integers(-2, 3, (n_tokens, n_embd)) if name == "ties" else rng.standard_normal((n_tokens, n_embd))
+        bias = np.zeros(n_expert) if name == "ties" else rng.standard_normal(n_expert)
+        sel_bias = rng.standard_normal(n_expert)
+        fields = (n_tokens, n_embd, n_expert, 1, top_k, int(cfg.gating), int(cfg.gating is routing.Gating.SIGMOID))
+        header = struct.pack("10i", *fields, max(cfg.n_group, 1), cfg.n_group_used, int(cfg.norm))
+        data = (
+            header
+            + struct.pack("f", cfg.scale)
+            + b"".join(np.asarray(a, np.float32).tobytes() for a in (x, router, bias, sel_bias))
+        )
+        out = {
+            way: subprocess.run([str(binary)], input=data, capture_output=True, check=True).stdout
+            for way, binary in host_router_warps.items()
+        }
+        assert out["warps"] == out["block"], f"{name}: the warp path's bytes differ from the block path's"
+        assert out["redux"] == out["block"], f"{name}: with __reduce_max_sync the bytes differ"
