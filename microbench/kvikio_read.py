@@ -31,6 +31,13 @@ def setting(kvikio: object, name: str) -> object:
     return getattr(defaults, {"num_threads": "get_num_threads"}.get(name, name))()
 
 
+def _posix_preferred(kvikio: object) -> bool | None:
+    """Whether KvikIO takes its POSIX path (compatibility mode) for these reads, as it decides it under
+    AUTO: no cuFile library, or a system cuFile cannot serve."""
+    preferred = getattr(kvikio.defaults, "is_compat_mode_preferred", None)  # type: ignore[attr-defined]
+    return bool(preferred()) if callable(preferred) else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m microbench.kvikio_read", description=__doc__.split("\n\n")[0])
     p.add_argument("--file", type=Path, required=True)
@@ -71,6 +78,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = {
         "file": str(args.file),
         "compat_mode": str(setting(kvikio, "compat_mode")),
+        # True: KvikIO reads through POSIX (its compatibility mode), not cuFile; None where it cannot say
+        "posix_reads": _posix_preferred(kvikio),
         "num_threads": setting(kvikio, "num_threads"),
         "task_size": setting(kvikio, "task_size"),
         "read_mib": read / MIB,
