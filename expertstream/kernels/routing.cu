@@ -243,8 +243,8 @@ __device__ unsigned long long warp_max_key(unsigned long long key) {
 // paths write the same bytes.
 template <int PER>
 __device__ __forceinline__ void warp_topk_write(const float* sel, const float* probs, int* __restrict__ ids,
-                                float* __restrict__ weights, int t, int n_expert, int top_k, int gating, int norm,
-                                float scale) {
+                                                float* __restrict__ weights, int t, int n_expert, int top_k,
+                                                int gating, int norm, float scale) {
     const int lane = threadIdx.x % 32;
     unsigned long long key[PER];
 #pragma unroll
@@ -315,8 +315,9 @@ __device__ void warp_topk_write_any(const float* sel, const float* probs, int* _
 // shared memory; the same bytes as the block path.
 template <int PER>
 __device__ __forceinline__ void router_select_warp(const volatile float* row, const float* __restrict__ sel_bias,
-                                   int* __restrict__ ids, float* __restrict__ weights, int t, int n_expert,
-                                   int top_k, int gating, int has_sel_bias, int norm, float scale) {
+                                                   int* __restrict__ ids, float* __restrict__ weights, int t,
+                                                   int n_expert, int top_k, int gating, int has_sel_bias, int norm,
+                                                   float scale) {
     static_assert(SELECT_THREADS == 128, "lane l plays the block path's threads l + 32 m, m < 4");
     const int lane = threadIdx.x % 32;
     float probs[PER];
@@ -379,23 +380,28 @@ __device__ void router_select_warp_any(const volatile float* row, const float* _
                                        int top_k, int gating, int has_sel_bias, int norm, float scale) {
     switch (experts_a_lane(n_expert)) {
     case 1:
-        return router_select_warp<1>(row, sel_bias, ids, weights, t, n_expert, top_k, gating, has_sel_bias, norm, scale);
+        return router_select_warp<1>(row, sel_bias, ids, weights, t, n_expert, top_k, gating, has_sel_bias, norm,
+                                     scale);
     case 2:
-        return router_select_warp<2>(row, sel_bias, ids, weights, t, n_expert, top_k, gating, has_sel_bias, norm, scale);
+        return router_select_warp<2>(row, sel_bias, ids, weights, t, n_expert, top_k, gating, has_sel_bias, norm,
+                                     scale);
     case 4:
-        return router_select_warp<4>(row, sel_bias, ids, weights, t, n_expert, top_k, gating, has_sel_bias, norm, scale);
+        return router_select_warp<4>(row, sel_bias, ids, weights, t, n_expert, top_k, gating, has_sel_bias, norm,
+                                     scale);
     case 8:
-        return router_select_warp<8>(row, sel_bias, ids, weights, t, n_expert, top_k, gating, has_sel_bias, norm, scale);
+        return router_select_warp<8>(row, sel_bias, ids, weights, t, n_expert, top_k, gating, has_sel_bias, norm,
+                                     scale);
     default:
-        return router_select_warp<16>(row, sel_bias, ids, weights, t, n_expert, top_k, gating, has_sel_bias, norm, scale);
+        return router_select_warp<16>(row, sel_bias, ids, weights, t, n_expert, top_k, gating, has_sel_bias, norm,
+                                      scale);
     }
 }
 
 // warp_topk_write over selection values and probabilities in shared memory (the grouped path).
 template <int PER>
-__device__ __forceinline__ void warp_topk_write_shared(const float* sel_all, const float* probs_all, int* __restrict__ ids,
-                                       float* __restrict__ weights, int t, int n_expert, int top_k, int gating,
-                                       int norm, float scale) {
+__device__ __forceinline__ void warp_topk_write_shared(const float* sel_all, const float* probs_all,
+                                                       int* __restrict__ ids, float* __restrict__ weights, int t,
+                                                       int n_expert, int top_k, int gating, int norm, float scale) {
     const int lane = threadIdx.x % 32;
     float sel[PER];
     float probs[PER];
