@@ -5,9 +5,10 @@
 //
 // Portability rules every file keeps:
 // - no includes: f16 and bf16 are decoded from their bits by hand;
-// - no warp-level intrinsics: every cooperation goes through shared memory and
-//   __syncthreads, so the code is correct for any wavefront size (32 on NVIDIA,
-//   64 on most AMD GPUs);
+// - no warp-level intrinsics on the portable paths: every cooperation goes through shared
+//   memory and __syncthreads, so the code is correct for any wavefront size (32 on NVIDIA,
+//   64 on most AMD GPUs); NVIDIA-only paths (under __CUDA_ARCH__, such as the router's
+//   warp selection) may shuffle, and write the bytes of the portable path they stand for;
 // - explicit fmaf, so both compilers accumulate with the same contraction.
 //
 // Weight layouts are ggml's (ggml-common.h): a 3-D expert tensor [n_expert][n_out][n_in]
