@@ -303,18 +303,15 @@ __device__ __forceinline__ void warp_topk_write(const float* sel, const float* p
     }
 }
 
-// warp_topk_write with PER the fewest of 1, 2, 4, 8, 16 experts a lane that cover n_expert.
-__device__ void warp_topk_write_any(const float* sel, const float* probs, int* __restrict__ ids,
-                                    float* __restrict__ weights, int t, int n_expert, int top_k, int gating,
-                                    int norm, float scale);
-
-// Token t's selection by the first warp alone, without groups: the logits into registers (lane l:
-// experts l, l + 32, ...), the softmax's maximum by shuffles and its sum in the block path's order
-// (thread m of SELECT_THREADS adds experts m, m + SELECT_THREADS, ... ascending, then a tree of
-// halves: lane l plays threads l, l + 32, l + 64 and l + 96), then warp_topk_write. No barrier and no
-// shared memory; the same bytes as the block path.
+// Token t's selection by the first warp alone; lane l holds experts l, l + 32, ... (PER of them) in
+// registers. Without groups (sel_all null) from the logits in `row`: the softmax's maximum by shuffles
+// and its sum in the block path's order (thread m of SELECT_THREADS adds experts m, m + SELECT_THREADS,
+// ... ascending, then a tree of halves: lane l plays threads l, l + 32, l + 64 and l + 96), with no
+// barrier and no shared memory. With groups, from the block path's probabilities and selection values
+// in shared memory (probs_all, sel_all). Then warp_topk_write: the same bytes as the block path.
 template <int PER>
-__device__ __forceinline__ void router_select_warp(const volatile float* row, const float* __restrict__ sel_bias,
+__device__ __forceinline__ void router_select_warp(const volatile float* row, const float* probs_all,
+                                                   const float* sel_all, const float* __restrict__ sel_bias,
                                                    int* __restrict__ ids, float* __restrict__ weights, int t,
                                                    int n_expert, int top_k, int gating, int has_sel_bias, int norm,
                                                    float scale) {
@@ -322,6 +319,16 @@ __device__ __forceinline__ void router_select_warp(const volatile float* row, co
     const int lane = threadIdx.x % 32;
     float probs[PER];
     float sel[PER];
+    if (sel_all) {
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+            const int e = lane + 32 * i;
+            probs[i] = e < n_expert ? probs_all[e] : 0.0f;
+            sel[i] = e < n_expert ? sel_all[e] : 0.0f;
+        }
+        warp_topk_write<PER>(sel, probs, ids, weights, t, n_expert, top_k, gating, norm, scale);
+        return;
+    }
     float local_max = NEG_INFINITY;
 #pragma unroll
     for (int i = 0; i < PER; ++i) {
@@ -369,66 +376,28 @@ __device__ __forceinline__ void router_select_warp(const volatile float* row, co
     warp_topk_write<PER>(sel, probs, ids, weights, t, n_expert, top_k, gating, norm, scale);
 }
 
-// The fewest experts a lane, of 1, 2, 4, 8 and 16, that cover n_expert (at most ROUTER_MAX_EXPERTS).
-__device__ int experts_a_lane(int n_expert) {
-    return n_expert <= 32 ? 1 : n_expert <= 64 ? 2 : n_expert <= 128 ? 4 : n_expert <= 256 ? 8 : 16;
-}
-static_assert(ROUTER_MAX_EXPERTS == 16 * 32, "experts_a_lane covers ROUTER_MAX_EXPERTS");
-
-__device__ void router_select_warp_any(const volatile float* row, const float* __restrict__ sel_bias,
-                                       int* __restrict__ ids, float* __restrict__ weights, int t, int n_expert,
-                                       int top_k, int gating, int has_sel_bias, int norm, float scale) {
-    switch (experts_a_lane(n_expert)) {
-    case 1:
-        return router_select_warp<1>(row, sel_bias, ids, weights, t, n_expert, top_k, gating, has_sel_bias, norm,
-                                     scale);
-    case 2:
-        return router_select_warp<2>(row, sel_bias, ids, weights, t, n_expert, top_k, gating, has_sel_bias, norm,
-                                     scale);
-    case 4:
-        return router_select_warp<4>(row, sel_bias, ids, weights, t, n_expert, top_k, gating, has_sel_bias, norm,
-                                     scale);
-    case 8:
-        return router_select_warp<8>(row, sel_bias, ids, weights, t, n_expert, top_k, gating, has_sel_bias, norm,
-                                     scale);
-    default:
-        return router_select_warp<16>(row, sel_bias, ids, weights, t, n_expert, top_k, gating, has_sel_bias, norm,
-                                      scale);
+// router_select_warp with PER the fewest experts a lane, of 1, 2, 4, 8 and 16, that cover n_expert (at
+// most ROUTER_MAX_EXPERTS).
+static_assert(ROUTER_MAX_EXPERTS == 16 * 32, "16 experts a lane cover ROUTER_MAX_EXPERTS");
+__device__ void router_select_warp_any(const volatile float* row, const float* probs_all, const float* sel_all,
+                                       const float* __restrict__ sel_bias, int* __restrict__ ids,
+                                       float* __restrict__ weights, int t, int n_expert, int top_k, int gating,
+                                       int has_sel_bias, int norm, float scale) {
+#define ROUTER_SELECT_WARP(PER)                                                                              \
+    router_select_warp<PER>(row, probs_all, sel_all, sel_bias, ids, weights, t, n_expert, top_k, gating,     \
+                            has_sel_bias, norm, scale)
+    if (n_expert <= 32) {
+        ROUTER_SELECT_WARP(1);
+    } else if (n_expert <= 64) {
+        ROUTER_SELECT_WARP(2);
+    } else if (n_expert <= 128) {
+        ROUTER_SELECT_WARP(4);
+    } else if (n_expert <= 256) {
+        ROUTER_SELECT_WARP(8);
+    } else {
+        ROUTER_SELECT_WARP(16);
     }
-}
-
-// warp_topk_write over selection values and probabilities in shared memory (the grouped path).
-template <int PER>
-__device__ __forceinline__ void warp_topk_write_shared(const float* sel_all, const float* probs_all,
-                                                       int* __restrict__ ids, float* __restrict__ weights, int t,
-                                                       int n_expert, int top_k, int gating, int norm, float scale) {
-    const int lane = threadIdx.x % 32;
-    float sel[PER];
-    float probs[PER];
-#pragma unroll
-    for (int i = 0; i < PER; ++i) {
-        const int e = lane + 32 * i;
-        sel[i] = e < n_expert ? sel_all[e] : 0.0f;
-        probs[i] = e < n_expert ? probs_all[e] : 0.0f;
-    }
-    warp_topk_write<PER>(sel, probs, ids, weights, t, n_expert, top_k, gating, norm, scale);
-}
-
-__device__ void warp_topk_write_any(const float* sel, const float* probs, int* __restrict__ ids,
-                                    float* __restrict__ weights, int t, int n_expert, int top_k, int gating,
-                                    int norm, float scale) {
-    switch (experts_a_lane(n_expert)) {
-    case 1:
-        return warp_topk_write_shared<1>(sel, probs, ids, weights, t, n_expert, top_k, gating, norm, scale);
-    case 2:
-        return warp_topk_write_shared<2>(sel, probs, ids, weights, t, n_expert, top_k, gating, norm, scale);
-    case 4:
-        return warp_topk_write_shared<4>(sel, probs, ids, weights, t, n_expert, top_k, gating, norm, scale);
-    case 8:
-        return warp_topk_write_shared<8>(sel, probs, ids, weights, t, n_expert, top_k, gating, norm, scale);
-    default:
-        return warp_topk_write_shared<16>(sel, probs, ids, weights, t, n_expert, top_k, gating, norm, scale);
-    }
+#undef ROUTER_SELECT_WARP
 }
 #endif
 
@@ -455,7 +424,8 @@ __device__ void router_select_row(const volatile float* logits, const float* __r
 #if defined(ROUTER_WARP_PATHS)
     if (n_group <= 1) {
         if (tid < 32) {
-            router_select_warp_any(row, sel_bias, ids, weights, t, n_expert, top_k, gating, has_sel_bias, norm, scale);
+            router_select_warp_any(row, 0, 0, sel_bias, ids, weights, t, n_expert, top_k, gating, has_sel_bias, norm,
+                                   scale);
         }
         return;  // no shared memory used: a next row needs no barrier
     }
@@ -542,7 +512,8 @@ __device__ void router_select_row(const volatile float* logits, const float* __r
 
 #if defined(ROUTER_WARP_PATHS)
     if (tid < 32) {
-        warp_topk_write_any(sel, probs, ids, weights, t, n_expert, top_k, gating, norm, scale);
+        router_select_warp_any(row, probs, sel, sel_bias, ids, weights, t, n_expert, top_k, gating, has_sel_bias,
+                               norm, scale);
     }
 #else
     for (int j = 0; j < top_k; ++j) {
