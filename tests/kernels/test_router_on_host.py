@@ -171,14 +171,17 @@ int main() {
 )
 
 
+def _fused_router_code() -> str:
+    """The shared code, the router's kernels (routing.cu before the FFN pieces) and _FUSED_DRIVER."""
+    routing_cu = source_file("routing.cu")
+    return shared_code(kernel_source(())) + routing_cu[: routing_cu.index("// gpt-oss's SwiGLU")] + _FUSED_DRIVER
+
+
 @pytest.fixture(scope="module")
 def host_fused_router(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if CXX is None:
         pytest.skip("no C++ compiler (c++, g++ or clang++) on PATH")
-    routing_cu = source_file("routing.cu")
-    kernels = routing_cu[: routing_cu.index("// gpt-oss's SwiGLU")]  # the router's kernels, before the FFN pieces
-    code = shared_code(kernel_source(())) + kernels + _FUSED_DRIVER
-    return compile_on_host(tmp_path_factory.mktemp("fused_router"), "fused_router", code)
+    return compile_on_host(tmp_path_factory.mktemp("fused_router"), "fused_router", _fused_router_code())
 
 
 @pytest.mark.parametrize("arch", sorted(ARCH_ROUTING))
@@ -251,19 +254,16 @@ static unsigned __reduce_max_sync(unsigned, unsigned v) {
 
 
 @pytest.fixture(scope="module")
-def host_router_warps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The fused-router driver built three ways: the block path (AMD's, and the host's), NVIDIA's warp
-    paths with five shuffles for the warp's largest key (before sm_80), and with __reduce_max_sync (sm_80+)."""
-    if CXX is None:
-        pytest.skip("no C++ compiler (c++, g++ or clang++) on PATH")
-    routing_cu = source_file("routing.cu")
-    kernels = routing_cu[: routing_cu.index("// gpt-oss's SwiGLU")]
-    base = shared_code(kernel_source(())) + kernels + _FUSED_DRIVER
+def host_router_warps(tmp_path_factory: pytest.TempPathFactory, host_fused_router: Path) -> dict[str, Path]:
+    """The fused-router driver three ways: the block path (AMD's, and the host's: host_fused_router),
+    NVIDIA's warp paths with five shuffles for the warp's largest key (before sm_80), and with
+    __reduce_max_sync (sm_80+)."""
+    code = _fused_router_code()
     folder = tmp_path_factory.mktemp("router_warps")
     return {
-        "block": compile_on_host(folder, "block", base),
-        "warps": compile_on_host(folder, "warps", _WARP_EMULATION + base),
-        "redux": compile_on_host(folder, "redux", "#define ES_EMULATE_REDUX 1\n" + _WARP_EMULATION + base),
+        "block": host_fused_router,
+        "warps": compile_on_host(folder, "warps", _WARP_EMULATION + code),
+        "redux": compile_on_host(folder, "redux", "#define ES_EMULATE_REDUX 1\n" + _WARP_EMULATION + code),
     }
 
 
