@@ -115,16 +115,25 @@ __device__ void get_rows_chunk(const unsigned char* __restrict__ table, const in
         get_rows_chunk<TYPE>(table, ids, out, n_cols, n_table_rows, n_ids);                       \
     }
 
-// 1 / sqrt(mean(row[:n]^2) + eps), the same in every thread of the block: thread tid adds the
-// squares of elements tid, tid + blockDim.x, ..., then the block's sums meet in a fixed tree.
-// Every thread of the block calls it (it holds barriers).
-// 1 / sqrt(mean(row^2) + eps), the sum taken over `lanes` logical threads (a power of two, at most
-// DENSE_NORM_MAX_THREADS): lane l adds the squares of elements l, l + lanes, ... in order, then the
-// lanes' sums meet in a fixed tree. Thread t plays lanes t, t + blockDim.x, ... (those under `lanes`),
-// so the result depends on `lanes` alone, not on the block size. It opens with a barrier: the row may
-// have just been written by other threads of the block.
-__device__ float rms_scale_lanes(const float* row, int n, float eps, float* partial, int lanes) {
+// The lanes of a norm over rows of n elements: the power of two that covers n, from 32 up to
+// DENSE_NORM_MAX_THREADS (dense.norm_threads). The block may have more threads (their loads in flight
+// together) or fewer; the sum's order is this one.
+__device__ int norm_lanes(int n) {
+    int lanes = 32;
+    while (lanes < n && lanes < DENSE_NORM_MAX_THREADS) {
+        lanes *= 2;
+    }
+    return lanes;
+}
+
+// 1 / sqrt(mean(row^2) + eps), the sum taken over norm_lanes(n) logical threads: lane l adds the
+// squares of elements l, l + lanes, ... in order, then the lanes' sums meet in a fixed tree. Thread t
+// plays lanes t, t + blockDim.x, ... (those under the lanes), so the result depends on n alone, not on
+// the block size. Every thread of the block calls it (it holds barriers); it opens with one, since the
+// row may have just been written by other threads of the block.
+__device__ float rms_scale(const float* row, int n, float eps, float* partial) {
     const int tid = threadIdx.x;
+    const int lanes = norm_lanes(n);
     __syncthreads();
     for (int lane = tid; lane < lanes; lane += blockDim.x) {
         float sum = 0.0f;
@@ -144,22 +153,6 @@ __device__ float rms_scale_lanes(const float* row, int n, float eps, float* part
     const float scale = 1.0f / sqrtf(partial[0] / (float)n + eps);
     __syncthreads();  // partial[0] is read by every thread before the next call writes partial
     return scale;
-}
-
-// The lanes of a norm over rows of n elements: the power of two that covers n, from 32 up to
-// DENSE_NORM_MAX_THREADS (dense.norm_threads). The block may have more threads (their loads in flight
-// together) or fewer; the sum's order is this one.
-__device__ int norm_lanes(int n) {
-    int lanes = 32;
-    while (lanes < n && lanes < DENSE_NORM_MAX_THREADS) {
-        lanes *= 2;
-    }
-    return lanes;
-}
-
-// rms_scale_lanes over norm_lanes(n) lanes.
-__device__ float rms_scale(const float* row, int n, float eps, float* partial) {
-    return rms_scale_lanes(row, n, eps, partial, norm_lanes(n));
 }
 
 // dst[i] = row[i] * scale (* weight[i] where weight is not null) for the thread's elements i = tid,
@@ -214,13 +207,12 @@ extern "C" __global__ void __launch_bounds__(DENSE_NORM_BLOCK_THREADS)
 // one launch: y[t] = W x[t] for a few tokens (a matrix-vector launch of one expert, the rows as
 // mul_mat_vec_id sums them; grid (ceil(n / MOE_GEMV_ROWS), n_tokens)), then the last of token t's blocks to
 // finish (counters[t], wrapped back to 0 by atomicInc) adds y[t] into hidden[t] and writes out[t] = its
-// rms_norm times weight, as dense_add_rms_norm does at its block size for n (norm_lanes logical
+// rms_norm times weight, as dense_add_rms_norm does (rms_scale's lanes, played by this launch's
 // threads): the bytes of the three launches. y, hidden and out are [n_tokens, n].
 template <int TYPE>
 __device__ void mul_mat_vec_add_norm(const unsigned char* __restrict__ w, const float* __restrict__ x, float* y,
                                      float* __restrict__ hidden, const float* __restrict__ weight,
-                                     float* __restrict__ out, unsigned int* counters, int n, int n_in, float eps,
-                                     int norm_lanes) {
+                                     float* __restrict__ out, unsigned int* counters, int n, int n_in, float eps) {
     __shared__ int last;
     __shared__ float partial[DENSE_NORM_MAX_THREADS];
     const int token = blockIdx.y;
@@ -240,7 +232,7 @@ __device__ void mul_mat_vec_add_norm(const unsigned char* __restrict__ w, const 
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         row[i] += add[i];
     }
-    rms_store(row, n, rms_scale_lanes(row, n, eps, partial, norm_lanes), weight, out + (long long)token * n);
+    rms_store(row, n, rms_scale(row, n, eps, partial), weight, out + (long long)token * n);
 }
 
 // One mul_mat_vec_add_norm kernel per weight type, named by layout.WeightFormat.gemv_add_norm_kernel_name.
@@ -248,9 +240,9 @@ __device__ void mul_mat_vec_add_norm(const unsigned char* __restrict__ w, const 
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_THREADS)                                         \
         NAME(const unsigned char* __restrict__ w, const float* __restrict__ x, float* y,                   \
              float* __restrict__ hidden, const float* __restrict__ weight, float* __restrict__ out,        \
-             unsigned int* counters, int n, int n_in, float eps, int norm_lanes) {                         \
+             unsigned int* counters, int n, int n_in, float eps) {                                         \
         KERNEL_PROLOGUE();                                                                                 \
-        mul_mat_vec_add_norm<TYPE>(w, x, y, hidden, weight, out, counters, n, n_in, eps, norm_lanes);      \
+        mul_mat_vec_add_norm<TYPE>(w, x, y, hidden, weight, out, counters, n, n_in, eps);                  \
     }
 
 // hidden[t, :] += the MoE layer's combine_sum (elementwise.cu), then out[t, :] = the new row's rms_norm
@@ -281,15 +273,15 @@ extern "C" __global__ void __launch_bounds__(DENSE_NORM_BLOCK_THREADS)
 // them (route_weights where not null; grid (ceil(n / MOE_GEMV_ROWS), n_tokens * top_k)); then the last of
 // token t's blocks to finish (counters[t], wrapped back to 0 by atomicInc) does dense_combine_rms_norm's
 // work for t: hidden[t] += combine_sum(y, weights, extra, t, ...), out[t] = the new row's rms_norm times
-// weight over norm_lanes logical threads (dense_combine_rms_norm's block size for n). The bytes of the
-// down launch followed by the combine's. y, extra, hidden and out are apart.
+// weight (rms_scale's lanes, played by this launch's threads). The bytes of the down launch followed by
+// the combine's. y, extra, hidden and out are apart.
 template <int TYPE>
 __device__ void mul_mat_vec_combine_norm(const unsigned char* __restrict__ w, const float* __restrict__ act,
                                          const int* __restrict__ ids, float* y, const float* __restrict__ route_weights,
                                          const float* __restrict__ weights, const float* __restrict__ extra,
                                          float* __restrict__ hidden, const float* __restrict__ weight,
                                          float* __restrict__ out, unsigned int* counters, int n_expert, int n,
-                                         int n_in, int top_k, float eps, int norm_lanes) {
+                                         int n_in, int top_k, float eps) {
     __shared__ int last;
     __shared__ float partial[DENSE_NORM_MAX_THREADS];
     mul_mat_vec_id<TYPE>(w, act, ids, y, n_expert, n, n_in, top_k, 1, gridDim.y, route_weights, 0);
@@ -309,7 +301,7 @@ __device__ void mul_mat_vec_combine_norm(const unsigned char* __restrict__ w, co
     for (int i = threadIdx.x; i < n; i += blockDim.x) {  // other blocks of this launch wrote y
         row[i] += combine_sum<const volatile float*>(y, weights, extra, token, i, top_k, n);
     }
-    rms_store(row, n, rms_scale_lanes(row, n, eps, partial, norm_lanes), weight, out + (long long)token * n);
+    rms_store(row, n, rms_scale(row, n, eps, partial), weight, out + (long long)token * n);
 }
 
 // One mul_mat_vec_combine_norm kernel per weight type, named by layout.WeightFormat.gemv_combine_norm_kernel_name.
@@ -319,10 +311,10 @@ __device__ void mul_mat_vec_combine_norm(const unsigned char* __restrict__ w, co
              float* y, const float* __restrict__ route_weights, const float* __restrict__ weights,          \
              const float* __restrict__ extra, float* __restrict__ hidden, const float* __restrict__ weight, \
              float* __restrict__ out, unsigned int* counters, int n_expert, int n, int n_in, int top_k,     \
-             float eps, int norm_lanes) {                                                                   \
+             float eps) {                                                                                   \
         KERNEL_PROLOGUE();                                                                                  \
         mul_mat_vec_combine_norm<TYPE>(w, act, ids, y, route_weights, weights, extra, hidden, weight, out,  \
-                                       counters, n_expert, n, n_in, top_k, eps, norm_lanes);                \
+                                       counters, n_expert, n, n_in, top_k, eps);                            \
     }
 
 // y[r, i] += bias[i]: thread i of the row block, rows blockIdx.y, blockIdx.y + gridDim.y, ...

@@ -232,7 +232,6 @@ def project_add_rms_norm(
         np.int32(n),
         np.int32(n_in),
         np.float32(eps),
-        np.int32(norm_threads(n)),
     )
     _launch_gemv_rows(kernels, stream, fmt.gemv_add_norm_kernel_name, n, n_tokens, args)
 
@@ -347,7 +346,6 @@ def down_combine_rms_norm(
         np.int32(n_in),
         np.int32(top_k),
         np.float32(eps),
-        np.int32(norm_threads(n)),
     )
     _launch_gemv_rows(kernels, stream, fmt.gemv_combine_norm_kernel_name, n, n_pairs, args)
 

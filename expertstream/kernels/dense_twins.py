@@ -113,14 +113,14 @@ def _combine_rms_norm_accesses(args: Args) -> Sequence[Access]:
     return [*reads, Access(hidden, write=True), Access(_as_view(args[5]), write=True)]
 
 
-# -- mul_mat_vec_add_norm: w, x, y, hidden, weight (or 0), out, counters, n, n_in, eps, norm_lanes ----
+# -- mul_mat_vec_add_norm: w, x, y, hidden, weight (or 0), out, counters, n, n_in, eps ----------------
 
 
 def _mul_mat_vec_add_norm_runner(fmt: WeightFormat) -> Any:
     mul_mat_vec = gemv_runner(fmt)
 
     def run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
-        w, x, y, hidden, weight, out, _counters, n, n_in, eps, _lanes = args
+        w, x, y, hidden, weight, out, _counters, n, n_in, eps = args
         n_tokens = y.nbytes // (4 * int(n))
         zeros = np.zeros(n_tokens, np.int32).view(np.uint8)
         mul_mat_vec((w, x, zeros, y, 1, n, n_in, 1, 0, n_tokens, 0, 0), grid, block)
@@ -147,7 +147,7 @@ def _mul_mat_vec_add_norm_flops(args: Args) -> float:
 
 
 # -- mul_mat_vec_combine_norm: w, act, ids, y, route_weights, weights, extra, hidden, weight, out, counters,
-#    n_expert, n, n_in, top_k, eps, norm_lanes ----------------------------------------------------------
+#    n_expert, n, n_in, top_k, eps ----------------------------------------------------------------------
 
 
 def _mul_mat_vec_combine_norm_runner(fmt: WeightFormat) -> Any:

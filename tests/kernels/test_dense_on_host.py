@@ -34,9 +34,9 @@ typedef void (*GetRows)(const unsigned char*, const int*, float*, int, int, int)
 typedef void (*MulMatVecId)(const unsigned char*, const float*, const int*, float*, int, int, int, int, int, int,
                             const float*, const float*);
 typedef void (*AddNorm)(const unsigned char*, const float*, float*, float*, const float*, float*, unsigned*, int, int,
-                        float, int);
+                        float);
 typedef void (*CombineNorm)(const unsigned char*, const float*, const int*, float*, const float*, const float*,
-                            const float*, float*, const float*, float*, unsigned*, int, int, int, int, float, int);
+                            const float*, float*, const float*, float*, unsigned*, int, int, int, int, float);
 
 static void launch(unsigned grid_x, unsigned rows, unsigned threads, const std::function<void()>& body) {
     const unsigned grid_y = std::min(rows, 3u);
@@ -163,8 +163,7 @@ int main(int argc, char** argv) {
         fwrite(hidden.data(), sizeof(float), hidden.size(), stdout);
         fwrite(out.data(), sizeof(float), out.size(), stdout);
         fused_twice(grid_x, n_tokens, 1, y, hidden, start, out, {&hidden, &out}, [&](unsigned* counters) {
-            fused[type](w.data(), x.data(), y.data(), hidden.data(), norm.data(), out.data(), counters, n, n_in, eps,
-                        threads);
+            fused[type](w.data(), x.data(), y.data(), hidden.data(), norm.data(), out.data(), counters, n, n_in, eps);
         });
     } else if (kernel == "down_combine_norm") {
         // argv[2]: the type's index. The down projection (mul_mat_vec_id, rows scaled) then
@@ -200,7 +199,7 @@ int main(int argc, char** argv) {
         }
         fused_twice(grid_x, n_tokens, top_k, y, hidden, start, out, {&y, &hidden, &out}, [&](unsigned* counters) {
             fused[type](w.data(), act.data(), ids.data(), y.data(), route.data(), nullptr, extra.data(), hidden.data(),
-                        norm.data(), out.data(), counters, n_expert, n, n_in, top_k, eps, threads);
+                        norm.data(), out.data(), counters, n_expert, n, n_in, top_k, eps);
         });
     } else if (kernel == "combine_rms_norm") {
         // moe_combine then dense_rms_norm (into out), then dense_combine_rms_norm on a copy of hidden:
