@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Mode disk on the 48-layer qwen3-30b-a3b Q4_K_M file with the process and its page cache held under a
 # cgroup v2 memory limit, beside llama.cpp -lm mmap under the same limit, on one GPU machine as root.
-# Results: docs/results/disk-h200.md (one run so far, cut short by its call's time limit).
+# Results: docs/results/disk-h200.md (an H200 machine's run, cut short, and an H100 machine's, in three calls).
 #
 # usage: OUT=DIR [LIMIT=8G] [ROW_S=150] [ROWS="..."] bash microbench/disk_h200.sh   (from the repository root)
 #   1. microbench/model_h200.sh setup make: llama.cpp unpacked, the 48-layer file made in $MODELS;
@@ -79,12 +79,12 @@ llama() {  # NAME ARGS...: llama-bench -ncmoe 48 -lm mmap under the limit, the p
 # the rows most worth having first: a run that meets its time limit keeps what came before. The prompts
 # first (the 5x target), then decode, then the file cached; llama.cpp's decode under the limit is slow
 # (every token faults its experts in), so it runs after expertstream's.
+pp4096="--host-memory disk -p 4096 -ub 4096 -n 0"
 run_row() {  # NAME
     case $1 in
-    disk-pp4096) bench $1 --host-memory disk -p 4096 -ub 4096 -n 0 ;;
-    disk-pp4096-t16p16) bench $1 --host-memory disk -p 4096 -ub 4096 -n 0 --ring-threads 16 --ring-part-mib 16 ;;
-    disk-pp4096-t24p16) bench $1 --host-memory disk -p 4096 -ub 4096 -n 0 --ring-threads 24 --ring-part-mib 16 \
-        --ring-chunks 16 ;;
+    disk-pp4096) bench $1 $pp4096 ;;
+    disk-pp4096-t16p16) bench $1 $pp4096 --ring-threads 16 --ring-part-mib 16 ;;
+    disk-pp4096-t24p16) bench $1 $pp4096 --ring-threads 24 --ring-part-mib 16 --ring-chunks 16 ;;
     llama-mmap-pp4096) llama $1 -p 4096 -n 0 ;;
     disk-pp32768) bench $1 --host-memory disk -p 32768 -ub 4096 -n 0 ;;
     llama-mmap-pp32768) llama $1 -p 32768 -n 0 ;;
