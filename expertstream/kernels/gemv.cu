@@ -9,16 +9,19 @@
 // gate_up_vec_id (below) puts a gate row and an up row side by side instead; mul_mat_vec_parts runs up
 // to three dense projections of the same activations (attention's Q, K, V) in one launch.
 //
-// The block stages its pair's activation row in shared memory (rows of up to MOE_GEMV_STAGE
-// elements; longer ones are read from global memory), each slice padded to MOE_GEMV_STAGE_LD floats
-// so the lanes, each on a slice of its own, read it conflict-free; each slice a lane reads serves
-// all its wave's rows. Each lane has MOE_GEMV_DEPTH slices of each row in flight, the first ones
-// issued before the staging, so both wait on memory together.
+// The block stages its pair's activation row in shared memory (float rows of up to MOE_GEMV_STAGE
+// elements, each slice padded to MOE_GEMV_STAGE_LD floats so the lanes, each on a slice of its own,
+// read it conflict-free; int8 rows of up to MOE_GEMV_STAGE_Q8; longer ones are read from global
+// memory); each slice a lane reads serves all its wave's rows. Each lane has GemvX<TYPE>::DEPTH
+// slices of each row in flight, the first ones issued before the staging, so both wait on memory
+// together.
 //
 // Lane l of a wave takes the row's 32-element slices l, l + 32, ...: it loads a slice's units
-// (16 bytes at a time where the type's slice is made of 16-byte runs and the address allows),
-// decodes them with decode_slice and adds x * w in float32 over the slice's elements in
-// ascending order. The wave's 32 partial sums are then added in a fixed tree (lane l + s into
+// (16 bytes at a time where the type's slice is made of 16-byte runs and the address allows) and
+// adds the slice's product in ascending slice order: for most types decoded by decode_slice and
+// summed as x * w in float32, for the types of GemvInt8 (Q4_0, Q4_K) as the integer dot of the
+// weight quants with the activations on the int8 grid, scaled in float32 (GemvX below). The
+// wave's 32 partial sums are then added in a fixed tree (lane l + s into
 // lane l for s = 16, 8, 4, 2, 1), so an output does not depend on timing, on the other pairs of
 // the call or on the wave size of the device: on NVIDIA through warp shuffles, elsewhere (AMD's
 // wave64 targets, the host test harness) through shared memory and barriers, the same
@@ -77,6 +80,71 @@ __device__ float wave32_sum(float partial, float* exchange) {
 struct alignas(16) gemv_words4 {
     unsigned int x, y, z, w;
 };
+
+// ---------------------------------------------------------------------------------
+// Activations on the int8 grid, as the int8 path (int8.cu's moe_quantize_x) and llama.cpp's q8_1
+// matrix-vector products take them: per 32-element block d = amax / 127, q = rint(x / d) (to
+// nearest even, clamped to [-127, 127]) and s = d * sum(q), all in float32; a block holding a NaN
+// or an infinity gets d = s = NaN and q = 0, an all-zero block d = s = 0 and q = 0.
+// ---------------------------------------------------------------------------------
+
+struct alignas(8) Int8Scales {
+    float d;  // activations: the block's scale; weights: the multiplier of the integer dot
+    float s;  // activations: d * sum(q); weights: what multiplies it (Q4_K: dmin * m), else 0
+};
+
+// Block v[0..31] quantized: its quants into words (four signed bytes a word, element 4i + j in byte
+// j of word i) and its (d, s).
+__device__ Int8Scales quantize_block32(const float* v, unsigned int* words) {
+    float amax = 0.0f;
+    bool finite = true;
+#pragma unroll
+    for (int j = 0; j < MOE_TILE_K; ++j) {
+        const float a = fabsf(v[j]);
+        finite = finite && a <= 3.40282347e38f;  // false for NaN and infinities
+        amax = a > amax ? a : amax;
+    }
+    const float d = finite ? amax / 127.0f : bits_to_float(0x7fc00000u);
+    const bool usable = finite && d > 0.0f;
+    int sum = 0;
+#pragma unroll
+    for (int i = 0; i < MOE_TILE_K / 4; ++i) {
+        words[i] = 0u;
+    }
+#pragma unroll
+    for (int j = 0; j < MOE_TILE_K; ++j) {
+        int q = 0;
+        if (usable) {
+            const float r = rintf(v[j] / d);
+            q = r > 127.0f ? 127 : (r < -127.0f ? -127 : (int)r);
+        }
+        sum += q;
+        words[j / 4] |= ((unsigned int)q & 0xffu) << (8 * (j % 4));
+    }
+    Int8Scales out;
+    out.d = d;
+    out.s = d * (float)sum;
+    return out;
+}
+
+// Each byte v (0..15) to the signed byte v - 8: v + 0x78 stays below 0x100 (no carry into the next
+// byte), and flipping bit 7 subtracts 0x80 modulo 256.
+__device__ unsigned int nibbles_minus_8(unsigned int v) {
+    return (v + 0x78787878u) ^ 0x80808080u;
+}
+
+// c + the dot product of the four signed bytes of a with those of b (exact in int32).
+__device__ int dot4_i8(unsigned int a, unsigned int b, int c) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 610
+    return __dp4a((int)a, (int)b, c);
+#else
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        c += (int)(signed char)(unsigned char)(a >> (8 * i)) * (int)(signed char)(unsigned char)(b >> (8 * i));
+    }
+    return c;
+#endif
+}
 
 // Whether every slice of TYPE is runs of 16 bytes that start 16 bytes apart in the block
 // (unit_of(s, h) consecutive in h within each run of 16 / sizeof(Unit) units): such a slice
@@ -153,11 +221,10 @@ __device__ void gemv_stage<ES_TYPE_Q6_K>(const unsigned char* __restrict__ row, 
 }
 
 // Slice ks of the activation row into a[0..31], zero at and past n_in: from shared memory where the
-// row was staged, else from global memory (4 floats at a time where aligned).
-__device__ void gemv_x_slice(const float* x_staged, const float* __restrict__ x_row, bool staged_x, int ks, int n_in,
-                             float* a) {
+// row was staged (x_staged not null), else from global memory (4 floats at a time where aligned).
+__device__ void gemv_x_slice(const float* x_staged, const float* __restrict__ x_row, int ks, int n_in, float* a) {
     const int k0 = ks * MOE_TILE_K;
-    if (staged_x) {
+    if (x_staged) {
         const float* xs = x_staged + ks * MOE_GEMV_STAGE_LD;
 #pragma unroll
         for (int j = 0; j < MOE_TILE_K; ++j) {
@@ -182,6 +249,131 @@ __device__ void gemv_x_slice(const float* x_staged, const float* __restrict__ x_
     }
 }
 
+// How a wave's rows meet the activation row, by weight type (GemvX below):
+// - float32 activations (the float types, and the quantized types without an int8 form here): each
+//   slice decoded to 32 floats (decode_slice) and added as x * w, in ascending order;
+// - int8 activations (GemvInt8: types whose quants are small integers under one scale, and a min,
+//   per 32-element block, as on llama.cpp's q8_1 path): the row's activations go onto the int8
+//   grid once per block (quantize_block32, moe_quantize_x's bytes), and each slice adds
+//   fmaf(dw * dx, dot, acc) and, with a min, fmaf(-mw, s, acc), dot the int32 product of the two
+//   blocks' quants: the products of int8.cu's kernels. A slice reads a third of the shared bytes
+//   and no decoded floats stay live, so each lane has two slices of each row in flight.
+template <int TYPE> struct GemvInt8 {
+    static const bool value = TYPE == ES_TYPE_Q4_0 || TYPE == ES_TYPE_Q4_K;
+};
+
+#define MOE_GEMV_STAGE_Q8 8192  // int8 activation rows up to this many elements are staged in shared memory
+#define MOE_GEMV_INT8_DEPTH 2   // MOE_GEMV_DEPTH of the int8 activations
+
+// One 32-element block of activations on the int8 grid: 32 quants (element 4i + j in byte j of
+// q[i]) and its (d, s). 48 bytes, so eight lanes on neighbouring blocks read it in 16-byte loads
+// from distinct banks.
+struct alignas(16) GemvXq {
+    unsigned int q[MOE_TILE_K / 4];
+    Int8Scales scales;
+    unsigned int unused[2];
+};
+
+// Slice ks of the activation row on the int8 grid (zeros at and past n_in) from global memory.
+__device__ GemvXq gemv_quantize_slice(const float* __restrict__ x_row, int ks, int n_in) {
+    float a[MOE_TILE_K];
+    gemv_x_slice(0, x_row, ks, n_in, a);
+    GemvXq xq;
+    xq.scales = quantize_block32(a, xq.q);
+    xq.unused[0] = xq.unused[1] = 0u;
+    return xq;
+}
+
+template <int TYPE, bool INT8 = GemvInt8<TYPE>::value> struct GemvX;
+
+template <int TYPE> struct GemvX<TYPE, false> {
+    static const int DEPTH = MOE_GEMV_DEPTH;
+    struct Slice {
+        float a[MOE_TILE_K];
+    };
+    // The row staged by the block (every thread calls it): each 32-element slice at its own bank
+    // offset, so the lanes (each on its own slice) read it without conflicts; global reads of it
+    // would fetch a separate line per lane. Null where the row is too long to stage.
+    __device__ static const float* stage(const float* __restrict__ x_row, int n_in) {
+        __shared__ float x_staged[MOE_GEMV_STAGE / MOE_TILE_K * MOE_GEMV_STAGE_LD];
+        if (n_in > MOE_GEMV_STAGE) {  // the same for the whole block
+            return 0;
+        }
+        for (int i = threadIdx.x; i < n_in; i += MOE_GEMV_THREADS) {
+            x_staged[i / MOE_TILE_K * MOE_GEMV_STAGE_LD + i % MOE_TILE_K] = x_row[i];
+        }
+        __syncthreads();
+        return x_staged;
+    }
+    __device__ static void load(const float* staged, const float* __restrict__ x_row, int ks, int n_in, Slice& x) {
+        gemv_x_slice(staged, x_row, ks, n_in, x.a);
+    }
+    __device__ static float add(const typename BlockFormat<TYPE>::Unit* units, int s, const Slice& x, float acc) {
+        float v[MOE_TILE_K];
+        decode_slice<TYPE>(units, s, v);
+#pragma unroll
+        for (int j = 0; j < MOE_TILE_K; ++j) {
+            acc = fmaf(x.a[j], v[j], acc);
+        }
+        return acc;
+    }
+};
+
+template <int TYPE> struct GemvX<TYPE, true> {
+    static const int DEPTH = MOE_GEMV_INT8_DEPTH;
+    typedef GemvXq Slice;
+    // The row's blocks quantized by the block's threads, one block a thread, up to the padding tail's
+    // end (zeros past n_in). Null where the row is too long to stage: each lane then quantizes its
+    // own slices, the same bytes.
+    __device__ static const GemvXq* stage(const float* __restrict__ x_row, int n_in) {
+        __shared__ GemvXq xq_staged[MOE_GEMV_STAGE_Q8 / MOE_TILE_K];
+        const int blocks = (n_in + MOE_ROW_PADDING - 1) / MOE_ROW_PADDING * (MOE_ROW_PADDING / MOE_TILE_K);
+        if (blocks * MOE_TILE_K > MOE_GEMV_STAGE_Q8) {  // the same for the whole block
+            return 0;
+        }
+        for (int b = threadIdx.x; b < blocks; b += MOE_GEMV_THREADS) {
+            xq_staged[b] = gemv_quantize_slice(x_row, b, n_in);
+        }
+        __syncthreads();
+        return xq_staged;
+    }
+    __device__ static void load(const GemvXq* staged, const float* __restrict__ x_row, int ks, int n_in, Slice& x) {
+        x = staged ? staged[ks] : gemv_quantize_slice(x_row, ks, n_in);
+    }
+    __device__ static float add(const typename BlockFormat<TYPE>::Unit* units, int s, const Slice& x, float acc);
+};
+
+// Q4_0: d, then 16 bytes holding element j in the low nibble of byte j and element j + 16 in the high.
+template <>
+__device__ float GemvX<ES_TYPE_Q4_0, true>::add(const unsigned short* units, int, const GemvXq& x, float acc) {
+    int dot = 0;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+        const unsigned int w = (unsigned int)units[1 + 2 * c] | ((unsigned int)units[2 + 2 * c] << 16);
+        dot = dot4_i8(nibbles_minus_8(w & 0x0f0f0f0fu), x.q[c], dot);
+        dot = dot4_i8(nibbles_minus_8((w >> 4) & 0x0f0f0f0fu), x.q[4 + c], dot);
+    }
+    return fmaf(half_to_float(units[0]) * x.scales.d, (float)dot, acc);
+}
+
+// Q4_K: the 16-byte header (d, dmin, the packed scales and mins), then the 32 quant bytes of the
+// slice's pair: element j of slice s in nibble s % 2 of byte j.
+template <>
+__device__ float GemvX<ES_TYPE_Q4_K, true>::add(const unsigned short* units, int s, const GemvXq& x, float acc) {
+    int sc;
+    int m;
+    k4_scale_min(units, s, &sc, &m);
+    const int shift = 4 * (s & 1);
+    int dot = 0;
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+        const unsigned int w = (unsigned int)units[8 + 2 * c] | ((unsigned int)units[9 + 2 * c] << 16);
+        dot = dot4_i8((w >> shift) & 0x0f0f0f0fu, x.q[c], dot);
+    }
+    acc = fmaf(half_to_float(units[0]) * (float)sc * x.scales.d, (float)dot, acc);
+    return fmaf(-(half_to_float(units[1]) * (float)m), x.scales.s, acc);
+}
+
 // How many slices a row reads: its own, or for the tensor's last row (last_row) up to the next
 // multiple of MOE_ROW_PADDING elements, ggml's padding tail, against zero activations, as the tile
 // kernels read every row. Past any other row those elements are the next row's, times zero: the
@@ -194,10 +386,10 @@ template <int TYPE> __device__ int gemv_row_steps(int n_in, bool last_row) {
 
 // The sums of the wave's ROWS rows (rows[r], steps[r] slices; 0 for none) with x_row,
 // valid at lane 0. Every thread of the block calls it. Lane l adds its slices l, l + 32, ... in
-// ascending order, each slice's 32 products in ascending order, then the wave adds its lanes
-// (wave32_sum): a row's sum does not depend on the rows beside it. The activation slice is read
-// once for all the wave's rows; the wave's first MOE_GEMV_DEPTH slices of each row are loaded before
-// the activations are staged, so they all wait on memory together.
+// ascending order (GemvX<TYPE>::add), then the wave adds its lanes (wave32_sum): a row's sum does
+// not depend on the rows beside it. The activation slice is read once for all the wave's rows; the
+// wave's first DEPTH slices of each row are loaded before the activations are staged, so they all
+// wait on memory together.
 template <int TYPE, int ROWS>
 __device__ void gemv_wave_sums(const unsigned char* const* rows, const int* steps, const float* __restrict__ x_row,
                                int n_in, float* sums) {
@@ -206,22 +398,20 @@ __device__ void gemv_wave_sums(const unsigned char* const* rows, const int* step
 #else
     __shared__ float exchange[MOE_GEMV_THREADS];
 #endif
-    // The activation row, read by every wave of the block: staged once, each 32-element slice at
-    // its own bank offset, so the lanes (each on its own slice) read it without conflicts. Global
-    // reads of it would fetch a separate line per lane.
-    __shared__ float x_staged[MOE_GEMV_STAGE / MOE_TILE_K * MOE_GEMV_STAGE_LD];
+    typedef GemvX<TYPE> X;
+    const int DEPTH = X::DEPTH;
     const int lane = threadIdx.x % MOE_GEMV_WAVE;
     int max_steps = 0;
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
         max_steps = steps[r] > max_steps ? steps[r] : max_steps;
     }
-    // MOE_GEMV_DEPTH slices of each row in flight a lane: staged[d] holds slice lane + 32 (i + d) while
+    // DEPTH slices of each row in flight a lane: staged[d] holds slice lane + 32 (i + d) while
     // slice lane + 32 i is summed (at depth 2, a 2048-element row in one round trip). Each staged[d]
     // is indexed with a constant (the d loop unrolled).
-    GemvStaged<TYPE> staged[MOE_GEMV_DEPTH][ROWS];
+    GemvStaged<TYPE> staged[DEPTH][ROWS];
 #pragma unroll
-    for (int d = 0; d < MOE_GEMV_DEPTH; ++d) {
+    for (int d = 0; d < DEPTH; ++d) {
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) {
             if (lane + MOE_GEMV_WAVE * d < steps[r]) {
@@ -229,37 +419,26 @@ __device__ void gemv_wave_sums(const unsigned char* const* rows, const int* step
             }
         }
     }
-    const bool staged_x = n_in <= MOE_GEMV_STAGE;  // the same for the whole block
-    if (staged_x) {
-        for (int i = threadIdx.x; i < n_in; i += MOE_GEMV_THREADS) {
-            x_staged[i / MOE_TILE_K * MOE_GEMV_STAGE_LD + i % MOE_TILE_K] = x_row[i];
-        }
-        __syncthreads();
-    }
+    const auto* x_staged = X::stage(x_row, n_in);
     float partial[ROWS];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
         partial[r] = 0.0f;
     }
-    for (int k0 = lane; k0 < max_steps; k0 += MOE_GEMV_WAVE * MOE_GEMV_DEPTH) {
+    for (int k0 = lane; k0 < max_steps; k0 += MOE_GEMV_WAVE * DEPTH) {
 #pragma unroll
-        for (int d = 0; d < MOE_GEMV_DEPTH; ++d) {
+        for (int d = 0; d < DEPTH; ++d) {
             const int ks = k0 + MOE_GEMV_WAVE * d;
             if (ks < max_steps) {
-                float a[MOE_TILE_K];
-                gemv_x_slice(x_staged, x_row, staged_x, ks, n_in, a);
+                typename X::Slice x;
+                X::load(x_staged, x_row, ks, n_in, x);
 #pragma unroll
                 for (int r = 0; r < ROWS; ++r) {
                     if (ks < steps[r]) {
-                        float v[MOE_TILE_K];
-                        decode_slice<TYPE>(staged[d][r].units, ks % BlockFormat<TYPE>::slices, v);
-#pragma unroll
-                        for (int j = 0; j < MOE_TILE_K; ++j) {
-                            partial[r] = fmaf(a[j], v[j], partial[r]);
-                        }
+                        partial[r] = X::add(staged[d][r].units, ks % BlockFormat<TYPE>::slices, x, partial[r]);
                     }
                 }
-                const int next = ks + MOE_GEMV_WAVE * MOE_GEMV_DEPTH;
+                const int next = ks + MOE_GEMV_WAVE * DEPTH;
 #pragma unroll
                 for (int r = 0; r < ROWS; ++r) {
                     if (next < steps[r]) {

@@ -64,11 +64,6 @@ __device__ int int8_x_row_bytes(int n_in) {
     return (n_in + n_in / MOE_QUANT_BLOCK * 8 + 15) / 16 * 16;
 }
 
-struct alignas(8) Int8Scales {
-    float d;  // activations: the block's scale; weights: the multiplier of the integer dot
-    float s;  // activations: d * sum(q); weights: what multiplies it (Q4_K: dmin * m), else 0
-};
-
 // ---------------------------------------------------------------------------------
 // Activation quantization: one thread per 32-element block.
 // ---------------------------------------------------------------------------------
@@ -82,38 +77,18 @@ extern "C" __global__ void __launch_bounds__(MOE_QUANT_THREADS)
         return;
     }
     const float* src = x + b * MOE_QUANT_BLOCK;
-    float amax = 0.0f;
-    bool finite = true;
+    float v[MOE_QUANT_BLOCK];
     for (int j = 0; j < MOE_QUANT_BLOCK; ++j) {
-        const float a = fabsf(src[j]);
-        finite = finite && a <= 3.40282347e38f;  // false for NaN and infinities
-        amax = a > amax ? a : amax;
+        v[j] = src[j];
     }
-    const float d = finite ? amax / 127.0f : bits_to_float(0x7fc00000u);
-    const bool usable = finite && d > 0.0f;
-    int sum = 0;
     unsigned int words[MOE_QUANT_BLOCK / 4];
-    for (int j = 0; j < MOE_QUANT_BLOCK / 4; ++j) {
-        words[j] = 0u;
-    }
-    for (int j = 0; j < MOE_QUANT_BLOCK; ++j) {
-        int q = 0;
-        if (usable) {
-            const float r = rintf(src[j] / d);
-            q = r > 127.0f ? 127 : (r < -127.0f ? -127 : (int)r);
-        }
-        sum += q;
-        words[j / 4] |= ((unsigned int)q & 0xffu) << (8 * (j % 4));
-    }
+    const Int8Scales out = quantize_block32(v, words);
     const long long row = b / blocks_per_row;
     const int block = (int)(b - row * blocks_per_row);
     unsigned char* dst = xq + row * int8_x_row_bytes(n_in);
     for (int j = 0; j < MOE_QUANT_BLOCK / 4; ++j) {
         ((unsigned int*)(dst + block * MOE_QUANT_BLOCK))[j] = words[j];
     }
-    Int8Scales out;
-    out.d = d;
-    out.s = d * (float)sum;
     ((Int8Scales*)(dst + n_in))[block] = out;
 }
 
@@ -151,7 +126,6 @@ template <> struct Int8Format<ES_TYPE_Q4_0> {
     }
     // Each byte v (0..15) to the signed byte v - 8: v + 0x78 stays below 0x100 (no carry into
     // the next byte), and flipping bit 7 subtracts 0x80 modulo 256.
-    __device__ static unsigned int nibbles_minus_8(unsigned int v) { return (v + 0x78787878u) ^ 0x80808080u; }
 };
 
 // A step is one 64-element chunk j = ks % 4 of a 256-element block: the 16-byte header (d,

@@ -25,8 +25,9 @@ kernels). Only those kernels have the fused forms: ``gate_up`` (gate, up and Swi
 and mul_mat_id's ``route_weights`` (each row scaled by its pair's routing weight).
 
 ``MoeKernels(device, gemv=True)`` takes the matrix-vector kernels of gemv.cu for calls of at most
-``layout.GEMV_MAX_PAIRS`` (token, k) pairs (decode): one output row per 32-lane wave, no grouping
-pass, float32 on every path (``uses_gemv``). Off by default: not yet measured on a GPU.
+``layout.GEMV_MAX_PAIRS`` (token, k) pairs (decode): two weight rows per 32-lane wave, no grouping
+pass, float32 products on every path but for the types of ``layout.GEMV_INT8_TYPES``, whose rows
+meet the activations on the int8 grid (``uses_gemv``). Off by default here; the engine asks for it.
 
 Shapes (all float32 unless noted, row-major, contiguous):
 

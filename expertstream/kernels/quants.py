@@ -21,6 +21,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ..errors import InvalidArgument
 from ..ggml import iq1_m_scale_bits
+from .layout import QUANT_BLOCK
 from .program import source_file
 
 Decoder = Callable[[np.ndarray], np.ndarray]
@@ -391,6 +392,23 @@ INT8_SPLITS: dict[GGMLQuantizationType, Callable[[np.ndarray], tuple[np.ndarray,
     _T.Q4_0: _q4_0_int8,
     _T.Q4_K: _q4_k_int8,
 }
+
+
+def quantize_x(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """float32 rows [n_rows, n_in] quantized as moe_quantize_x does: int8 q [n_rows, blocks, 32],
+    float32 d and s = d * sum(q) [n_rows, blocks]. d = amax / 127 and q = rint(x / d) clamped to
+    +-127 in float32; a block with a NaN or infinity gets d = NaN and q = 0, an all-zero one d = 0."""
+    n_rows, n_in = x.shape
+    blocks = np.ascontiguousarray(x, np.float32).reshape(n_rows, n_in // QUANT_BLOCK, QUANT_BLOCK)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        finite = np.isfinite(blocks).all(axis=-1)
+        amax = np.where(finite, np.abs(np.where(np.isfinite(blocks), blocks, 0)).max(axis=-1), 0).astype(np.float32)
+        d = np.where(finite, amax / np.float32(127), np.float32(np.nan)).astype(np.float32)
+        usable = finite & (d > 0)
+        ratio = blocks / np.where(usable, d, np.float32(1))[..., None]
+        q = np.where(usable[..., None], np.clip(np.rint(ratio), -127, 127), 0).astype(np.int8)
+        s = d * q.sum(axis=-1, dtype=np.int32).astype(np.float32)
+    return q, d, s
 
 
 def int8_rows(rows: np.ndarray, qtype: GGMLQuantizationType) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -15,7 +15,8 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from ..ggml import RowType, iq1_m_scale_bits, set_iq1_m_scale_bits
-from .layout import MatrixPath, weight_format
+from . import quants
+from .layout import GEMV_INT8_TYPES, MatrixPath, weight_format
 from .routing import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, WEIGHTS_SUM_MIN, Activation, Gating, Routing
 
 # float32 accumulation over a few thousand terms lands near 1e-6; a wrong block, row or
@@ -152,6 +153,33 @@ def mul_mat_id(
         if 0 <= e < n_expert:
             mask = ids == e
             y[mask] = per_pair[mask] @ weights[e].T
+    return y
+
+
+def mul_mat_vec_id(
+    w: np.ndarray, w_type: RowType, n_expert: int, n_out: int, n_in: int, x: np.ndarray, ids: np.ndarray
+) -> np.ndarray:
+    """mul_mat_id as the matrix-vector kernels (gemv.cu) compute it, in float64: the types of
+    layout.GEMV_INT8_TYPES take their activations on the int8 grid (per 32-element block, the
+    weights' integer quants times the activations' as moe_quantize_x rounds them, scaled), the
+    others the float activations themselves."""
+    if weight_format(w_type).qtype not in GEMV_INT8_TYPES:
+        return mul_mat_id(w, w_type, n_expert, n_out, n_in, x, ids)
+    fmt = weight_format(w_type)
+    rows = np.ascontiguousarray(np.asarray(w, np.uint8).reshape(-1)[: n_expert * n_out * fmt.row_bytes(n_in)])
+    q_w, d_w, m_w = quants.int8_rows(rows.reshape(n_expert * n_out, -1), fmt.qtype)
+    ids = np.asarray(ids)
+    n_tokens, top_k = ids.shape
+    per_pair = np.asarray(x).ndim == 3  # x [n_tokens, top_k, n_in]: a row of its own per pair
+    q_x, d_x, s_x = quants.quantize_x(np.asarray(x, np.float32).reshape(-1, n_in))
+    y = np.full((n_tokens, top_k, n_out), np.nan)
+    for (t, k), e in np.ndenumerate(ids):
+        if 0 <= e < n_expert:
+            at = t * top_k + k if per_pair else t
+            r = slice(e * n_out, (e + 1) * n_out)
+            dots = np.einsum("nbk,bk->nb", q_w[r].astype(np.int64), q_x[at].astype(np.int64))
+            scaled = d_w[r].astype(np.float64) * d_x[at] * dots - m_w[r].astype(np.float64) * s_x[at]
+            y[t, k] = scaled.sum(axis=1)
     return y
 
 

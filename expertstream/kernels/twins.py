@@ -26,6 +26,7 @@ from ..backends.sim import Access, KernelSpec
 from ..backends.sim.kernels import Dim3Tuple
 from . import layout, quants
 from .layout import FORMATS, MatrixPath, WeightFormat
+from .quants import quantize_x
 
 Args = tuple[Any, ...]
 
@@ -111,23 +112,6 @@ def round_to_bf16(values: np.ndarray) -> np.ndarray:
     return np.where(is_nan, quiet_nan, rounded).view(np.float32)
 
 
-def quantize_x(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """float32 rows [n_rows, n_in] quantized as moe_quantize_x does: int8 q [n_rows, blocks, 32],
-    float32 d and s = d * sum(q) [n_rows, blocks]. d = amax / 127 and q = rint(x / d) clamped to
-    +-127 in float32; a block with a NaN or infinity gets d = NaN and q = 0, an all-zero one d = 0."""
-    n_rows, n_in = x.shape
-    blocks = np.ascontiguousarray(x, np.float32).reshape(n_rows, n_in // layout.QUANT_BLOCK, layout.QUANT_BLOCK)
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        finite = np.isfinite(blocks).all(axis=-1)
-        amax = np.where(finite, np.abs(np.where(np.isfinite(blocks), blocks, 0)).max(axis=-1), 0).astype(np.float32)
-        d = np.where(finite, amax / np.float32(127), np.float32(np.nan)).astype(np.float32)
-        usable = finite & (d > 0)
-        ratio = blocks / np.where(usable, d, np.float32(1))[..., None]
-        q = np.where(usable[..., None], np.clip(np.rint(ratio), -127, 127), 0).astype(np.int8)
-        s = d * q.sum(axis=-1, dtype=np.int32).astype(np.float32)
-    return q, d, s
-
-
 def pack_quantized_x(q: np.ndarray, d: np.ndarray, s: np.ndarray) -> np.ndarray:
     """uint8 [n_rows, row bytes]: each row's int8 q, then its (d, s) pairs, padded to 16 bytes."""
     n_rows, n_blocks, _ = q.shape
@@ -211,23 +195,30 @@ def _mul_mat_id_runner(fmt: WeightFormat, path: MatrixPath) -> Any:
     return run
 
 
+def _int8_weights(
+    w_bytes: np.ndarray, fmt: WeightFormat, expert: int, n_out: int, n_in: int
+) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
+    """One expert's rows as the int8 products take them (quants.int8_rows), and what the padded
+    part of each row adds: 0 * w, NaN where a tail value is not finite."""
+    row_bytes = fmt.row_bytes(n_in)
+    start = expert * n_out * row_bytes
+    own = w_bytes[start : start + n_out * row_bytes].reshape(n_out, row_bytes)
+    padded = _padded_rows(w_bytes, fmt, expert, n_out, n_in)[:, n_in:]
+    with np.errstate(invalid="ignore"):
+        tail = (np.float32(0) * padded).sum(axis=1, dtype=np.float32)
+    return quants.int8_rows(own, fmt.qtype), tail
+
+
 def _int8_runner(fmt: WeightFormat) -> Any:
     def run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
         w_bytes, xq_bytes, scratch_bytes, y_bytes, n_expert, n_out, n_in, top_k, x_per_pair, max_tiles = args
         n_expert, n_out, n_in, top_k = int(n_expert), int(n_out), int(n_in), int(top_k)
         xq = unpack_quantized_x(xq_bytes.reshape(-1, layout.quantized_x_row_bytes(n_in)), n_in)
         y = y_bytes.view(np.float32).reshape(-1, n_out)
-        row_bytes = fmt.row_bytes(n_in)
         weights: dict[int, tuple[tuple[np.ndarray, np.ndarray, np.ndarray], np.ndarray]] = {}
         for expert, pairs in _expert_groups(scratch_bytes, int(max_tiles), n_expert, y):
             if expert not in weights:
-                start = int(expert) * n_out * row_bytes
-                own = w_bytes[start : start + n_out * row_bytes].reshape(n_out, row_bytes)
-                # What the padded part of each row adds: 0 * w, NaN where a tail value is not finite.
-                padded = _padded_rows(w_bytes, fmt, int(expert), n_out, n_in)[:, n_in:]
-                with np.errstate(invalid="ignore"):
-                    tail = (np.float32(0) * padded).sum(axis=1, dtype=np.float32)
-                weights[expert] = (quants.int8_rows(own, fmt.qtype), tail)
+                weights[expert] = _int8_weights(w_bytes, fmt, int(expert), n_out, n_in)
             split, tail = weights[expert]
             x_rows = pairs if x_per_pair else pairs // top_k
             q_x, d_x, s_x = xq
@@ -281,6 +272,8 @@ def _silu_times(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
 
 
 def gemv_runner(fmt: WeightFormat) -> Any:
+    int8 = fmt.qtype in layout.GEMV_INT8_TYPES  # activations on the int8 grid (gemv.cu's GemvInt8)
+
     def run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
         w_bytes, x_bytes, ids_bytes, y_bytes, n_expert, n_out, n_in, top_k, x_per_pair, n_pairs = args[:10]
         route_weights, silu_gate = args[10:12]
@@ -295,13 +288,20 @@ def gemv_runner(fmt: WeightFormat) -> Any:
             if not 0 <= expert < n_expert:
                 y[pair] = np.nan
                 continue
-            acts = np.zeros(width, np.float32)
-            acts[:n_in] = x[pair if x_per_pair else pair // top_k]
-            rows = _padded_rows(w_bytes, fmt, expert, n_out, n_in)
+            x_row = x[pair if x_per_pair else pair // top_k]
             # Rows stop at n_in but the tensor's last, which reads the padding tail against zeros.
-            out = rows[:, :n_in] @ acts[:n_in]
-            if expert == n_expert - 1:
-                out[-1] = rows[-1] @ acts
+            if int8:
+                split, tail = _int8_weights(w_bytes, fmt, expert, n_out, n_in)
+                out = _int8_products(quantize_x(x_row[None]), split)[0]
+                if expert == n_expert - 1:
+                    out[-1] += tail[-1]
+            else:
+                acts = np.zeros(width, np.float32)
+                acts[:n_in] = x_row
+                rows = _padded_rows(w_bytes, fmt, expert, n_out, n_in)
+                out = rows[:, :n_in] @ acts[:n_in]
+                if expert == n_expert - 1:
+                    out[-1] = rows[-1] @ acts
             out = out if scales is None else scales[pair] * out
             y[pair] = out if gates is None else _silu_times(gates[pair], out)
 

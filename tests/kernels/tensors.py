@@ -50,6 +50,11 @@ class Problem:
         s = self.shape
         return ref.mul_mat_id(self.w, self.w_type, s.n_expert, s.n_out, s.n_in, self.x, self.ids)
 
+    def gemv_reference(self) -> np.ndarray:
+        """The reference of the matrix-vector kernels (their int8 activations where the type has them)."""
+        s = self.shape
+        return ref.mul_mat_vec_id(self.w, self.w_type, s.n_expert, s.n_out, s.n_in, self.x, self.ids)
+
 
 def distinct_ids(rng: np.random.Generator, n_tokens: int, top_k: int, experts: np.ndarray) -> np.ndarray:
     """int32 [n_tokens, top_k]: each token picks top_k different experts from ``experts``."""

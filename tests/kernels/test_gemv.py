@@ -66,7 +66,7 @@ def test_matches_reference(
     y = tensors.run(kernels, stream, problem)
     bad = (ids < 0) | (ids >= shape.n_expert)
     assert np.isnan(y[bad]).all(), "rows of ids out of range are not NaN"
-    check(y[~bad], problem.reference()[~bad])
+    check(y[~bad], problem.gemv_reference()[~bad])
 
 
 @pytest.mark.parametrize("w_type", [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_K], ids=lambda t: t.name)
@@ -76,7 +76,7 @@ def test_one_pair_over_a_dense_projection(
     """A dense projection as decode runs it: one expert, one token, many rows."""
     shape = Shape(n_expert=1, n_out=1029, n_in=2560, n_tokens=1, top_k=1)
     problem = tensors.make_problem(device, rng, w_type, shape, np.zeros((1, 1), np.int32))
-    check(tensors.run(kernels, stream, problem), problem.reference())
+    check(tensors.run(kernels, stream, problem), problem.gemv_reference())
 
 
 def test_agrees_with_the_tile_kernels_beyond_its_pairs(
@@ -97,7 +97,7 @@ def test_agrees_with_the_tile_kernels_beyond_its_pairs(
         tiled = tensors.run(kernels, stream, problem, tile_m=TileM.SHORT)
         tile_bound = ref.mul_mat_id_rtol(kernels.path_for(w_type))
         if shape is few:
-            check(chosen, problem.reference())
+            check(chosen, problem.gemv_reference())
         else:
             assert chosen.tobytes() == tiled.tobytes(), "past GEMV_MAX_PAIRS the tile kernel should run"
         assert ref.relative_error(tiled, problem.reference()) < tile_bound
@@ -140,7 +140,7 @@ def test_route_weights_scale_each_row(
         stream.synchronize()
     y = y_buf.read().view(np.float32).reshape(1, 3, shape.n_out)
     y_buf.close()
-    check(y, weights[..., None] * problem.reference())
+    check(y, weights[..., None] * problem.gemv_reference())
 
 
 @pytest.mark.parametrize("w_type", [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K], ids=lambda t: t.name)
@@ -200,8 +200,8 @@ def test_gate_up_of_a_few_pairs_is_the_bytes_of_gate_then_up(
         y = fused.read().view(np.float32).reshape(2, 3, shape.n_out)
         assert fused.read().tobytes() == two_launches.read().tobytes()
     assert np.isnan(y[bad]).all(), "rows of ids out of range are not NaN"
-    g = gate_p.reference()
-    u = ref.mul_mat_id(up_w, w_type, *dims, gate_p.x, ids)
+    g = gate_p.gemv_reference()
+    u = ref.mul_mat_vec_id(up_w, w_type, *dims, gate_p.x, ids)
     err = ref.relative_error(y[~bad], (g / (1.0 + np.exp(-g)) * u)[~bad])
     assert err < 2 * ref.MUL_MAT_ID_RTOL, f"relative error {err:.3g}"
 
@@ -242,7 +242,7 @@ def test_parts_are_the_bytes_of_one_launch_per_projection(
         stream.synchronize()
         for w, n_out, one, both in zip(ws, n_outs, alone, fused, strict=True):
             assert both.read().tobytes() == one.read().tobytes()
-            expected = ref.mul_mat_id(w, w_type, 1, n_out, n_in, x, zeros[:, None])
+            expected = ref.mul_mat_vec_id(w, w_type, 1, n_out, n_in, x, zeros[:, None])
             check(both.read().view(np.float32).reshape(expected.shape), expected)
         with pytest.raises(InvalidArgument, match="take the tile kernels"):
             kernels.mul_mat_vec_parts(

@@ -11,6 +11,7 @@ order the threads ran in).
 
 from __future__ import annotations
 
+import re
 import struct
 import subprocess
 from pathlib import Path
@@ -173,7 +174,7 @@ def test_matches_reference_aligned_or_not(
     padded = with_tail(w, w_type, n_in)
     for x_per_pair in (False, True):
         x = rng.standard_normal((2, 3, n_in) if x_per_pair else (2, n_in)).astype(np.float32)
-        expected = ref.mul_mat_id(w, w_type, n_expert, n_out, n_in, x, ids)
+        expected = ref.mul_mat_vec_id(w, w_type, n_expert, n_out, n_in, x, ids)
         y = run_gemv(host_gemv, w_type, padded, x, ids, (n_expert, n_out, n_in))
         assert np.isnan(y[bad]).all(), "rows of ids out of range are not NaN"
         assert np.isfinite(y[~bad]).all(), "outputs unwritten or not finite"
@@ -205,27 +206,51 @@ def test_route_weights_scale_each_row(host_gemv: Path, rng: np.random.Generator)
     weights = rng.uniform(0.1, 1.0, (1, 3)).astype(np.float32)
     padded = with_tail(w, w_type, n_in)
     y = run_gemv(host_gemv, w_type, padded, x, ids, (n_expert, n_out, n_in), route_weights=weights)
-    err = ref.relative_error(y, weights[..., None] * ref.mul_mat_id(w, w_type, n_expert, n_out, n_in, x, ids))
+    err = ref.relative_error(y, weights[..., None] * ref.mul_mat_vec_id(w, w_type, n_expert, n_out, n_in, x, ids))
     assert err < ref.MUL_MAT_ID_RTOL, f"relative error {err:.3g}"
     source = source_file("gemv.cu")
     assert f"#define MOE_GEMV_THREADS {layout.GEMV_THREADS}\n" in source
     assert f"#define MOE_GEMV_WAVE_ROWS {layout.GEMV_WAVE_ROWS} " in source
     assert f"#define MOE_GEMV_STAGE {layout.GEMV_STAGE} " in source
+    assert f"#define MOE_GEMV_STAGE_Q8 {layout.GEMV_STAGE_Q8} " in source
 
 
-@pytest.mark.parametrize("w_type", [_T.Q4_K, _T.F16], ids=lambda t: t.name)
+@pytest.mark.parametrize(
+    ("w_type", "n_in"),
+    [(_T.Q6_K, 4352), (_T.F16, 4133), (_T.Q4_K, 8704), (_T.Q4_0, 8224)],
+    ids=lambda v: v.name if isinstance(v, _T) else str(v),
+)
 def test_rows_longer_than_the_stage_read_global_memory(
-    host_gemv: Path, rng: np.random.Generator, w_type: GGMLQuantizationType
+    host_gemv: Path, rng: np.random.Generator, w_type: GGMLQuantizationType, n_in: int
 ) -> None:
-    """Past MOE_GEMV_STAGE elements the activations are read from global memory: the same sums."""
-    n_expert, n_out, n_in = 2, 5, 4352 if FORMATS[w_type].quantized else 4133
-    assert n_in > layout.GEMV_STAGE
+    """Past the stage (MOE_GEMV_STAGE float elements; MOE_GEMV_STAGE_Q8 for the int8 activations, then
+    each lane quantizes its own slices) the activations are read from global memory: the same sums."""
+    stage = layout.GEMV_STAGE_Q8 if w_type in layout.GEMV_INT8_TYPES else layout.GEMV_STAGE
+    assert n_in > stage
+    n_expert, n_out = 2, 5
     w = ref.random_weights(rng, w_type, n_expert * n_out, n_in)
     ids = np.array([[1, 0]], np.int32)
     x = rng.standard_normal((1, n_in)).astype(np.float32)
     y = run_gemv(host_gemv, w_type, with_tail(w, w_type, n_in), x, ids, (n_expert, n_out, n_in))
-    err = ref.relative_error(y, ref.mul_mat_id(w, w_type, n_expert, n_out, n_in, x, ids))
+    err = ref.relative_error(y, ref.mul_mat_vec_id(w, w_type, n_expert, n_out, n_in, x, ids))
     assert err < ref.MUL_MAT_ID_RTOL, f"relative error {err:.3g}"
+
+
+def test_int8_activations_are_those_of_the_listed_types(host_gemv: Path, rng: np.random.Generator) -> None:
+    """gemv.cu's GemvInt8 names layout.GEMV_INT8_TYPES; a listed type's rows are the int8 products
+    (off the float ones by far more than the bound), an unlisted type's the float ones."""
+    listed = re.search(r"struct GemvInt8 \{\s*static const bool value = ([^;]*);", source_file("gemv.cu"))
+    assert listed is not None
+    assert {_T[name] for name in re.findall(r"ES_TYPE_(\w+)", listed.group(1))} == set(layout.GEMV_INT8_TYPES)
+    for w_type in (_T.Q4_K, _T.Q6_K):
+        n_expert, n_out, n_in = 1, 16, 1024
+        w = ref.random_weights(rng, w_type, n_out, n_in)
+        ids = np.zeros((1, 1), np.int32)
+        x = rng.standard_normal((1, n_in)).astype(np.float32)
+        y = run_gemv(host_gemv, w_type, with_tail(w, w_type, n_in), x, ids, (n_expert, n_out, n_in))
+        exact = ref.mul_mat_id(w, w_type, n_expert, n_out, n_in, x, ids)
+        off = ref.relative_error(y, exact)
+        assert (off > 10 * ref.MUL_MAT_ID_RTOL) == (w_type in layout.GEMV_INT8_TYPES), f"{w_type.name}: {off:.3g}"
 
 
 @pytest.mark.parametrize("w_type", [_T.Q4_K, _T.Q6_K], ids=lambda t: t.name)
@@ -260,8 +285,8 @@ def test_gate_up_is_the_bytes_of_gate_then_up_with_its_gate(
     assert np.isnan(fused[bad]).all(), "rows of ids out of range are not NaN"
     assert np.isfinite(fused[~bad]).all(), "outputs unwritten or not finite"
     assert fused[~bad].tobytes() == two_launches[~bad].tobytes()
-    g = ref.mul_mat_id(gate_w, w_type, n_expert, n_out, n_in, x, ids)
-    u = ref.mul_mat_id(up_w, w_type, n_expert, n_out, n_in, x, ids)
+    g = ref.mul_mat_vec_id(gate_w, w_type, n_expert, n_out, n_in, x, ids)
+    u = ref.mul_mat_vec_id(up_w, w_type, n_expert, n_out, n_in, x, ids)
     expected = g / (1.0 + np.exp(-g)) * u
     err = ref.relative_error(fused[~bad], expected[~bad])
     assert err < 2 * ref.MUL_MAT_ID_RTOL, f"relative error {err:.3g}"
@@ -373,5 +398,5 @@ def test_parts_are_the_bytes_of_one_launch_each(
     for p in range(n_parts):
         assert np.isfinite(fused[p]).all(), f"part {p}: outputs unwritten or not finite"
         assert fused[p].tobytes() == alone[p].tobytes(), f"part {p}: other bytes than its own launch"
-        expected = ref.mul_mat_id(ws[p], w_type, 1, n_outs[p], n_in, x, zeros).reshape(-1)
+        expected = ref.mul_mat_vec_id(ws[p], w_type, 1, n_outs[p], n_in, x, zeros).reshape(-1)
         assert ref.relative_error(fused[p], expected) < ref.MUL_MAT_ID_RTOL

@@ -26,7 +26,7 @@ import pytest
 from gguf import GGMLQuantizationType
 
 from expertstream.ggml import padded_size
-from expertstream.kernels import kernel_source, layout, twins
+from expertstream.kernels import kernel_source, layout, quants, twins
 from expertstream.kernels import reference as ref
 from expertstream.kernels.layout import FORMATS, MatrixPath, TileM, weight_format
 
@@ -386,7 +386,7 @@ def test_activation_quantizer_writes_the_twins_bytes(host_kernels: Path, rng: np
     x[4, :32] = np.arange(32, dtype=np.float32) - 12.7  # amax 18.3: quotients near .5 ties
     x[5, 32:64] = np.float32(127) * np.arange(-16, 16, dtype=np.float32) / 2  # exact ties: q = k / 2 * 127 / d
     x[6, 64:] = np.float32(1e-44)  # subnormal: d rounds to 0
-    expected = twins.pack_quantized_x(*twins.quantize_x(x))
+    expected = twins.pack_quantized_x(*quants.quantize_x(x))
     got = quantize_on_host(host_kernels, x)
     assert got.shape == expected.shape
     assert got.tobytes() == expected.tobytes(), np.argwhere(got != expected)[:5]
