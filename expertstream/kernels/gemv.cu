@@ -83,9 +83,12 @@ struct alignas(16) gemv_words4 {
 
 // ---------------------------------------------------------------------------------
 // Activations on the int8 grid, as the int8 path (int8.cu's moe_quantize_x) and llama.cpp's q8_1
-// matrix-vector products take them: per 32-element block d = amax / 127, q = rint(x / d) (to
-// nearest even, clamped to [-127, 127]) and s = d * sum(q), all in float32; a block holding a NaN
-// or an infinity gets d = s = NaN and q = 0, an all-zero block d = s = 0 and q = 0.
+// matrix-vector products take them: per 32-element block d = amax / 127, and with r = 127 / amax,
+// q = the integer nearest x * r (ties to even, the product unrounded: one fmaf), s = d * sum(q), all
+// in float32. |x * r| stays within 127 + 2^-16, so q needs no clamp. A block holding a NaN or an
+// infinity gets d = s = NaN and q = 0; an all-zero block, or one whose r overflows (amax below
+// 127 / FLT_MAX, about 3.7e-37), d = amax / 127, q = 0 and s = 0. No division by element: the
+// matrix-vector kernels quantize their row in every block.
 // ---------------------------------------------------------------------------------
 
 struct alignas(8) Int8Scales {
@@ -93,45 +96,7 @@ struct alignas(8) Int8Scales {
     float s;  // activations: d * sum(q); weights: what multiplies it (Q4_K: dmin * m), else 0
 };
 
-// Block v[0..31] quantized: its quants into words (four signed bytes a word, element 4i + j in byte
-// j of word i) and its (d, s).
-__device__ Int8Scales quantize_block32(const float* v, unsigned int* words) {
-    float amax = 0.0f;
-    bool finite = true;
-#pragma unroll
-    for (int j = 0; j < MOE_TILE_K; ++j) {
-        const float a = fabsf(v[j]);
-        finite = finite && a <= 3.40282347e38f;  // false for NaN and infinities
-        amax = a > amax ? a : amax;
-    }
-    const float d = finite ? amax / 127.0f : bits_to_float(0x7fc00000u);
-    const bool usable = finite && d > 0.0f;
-    int sum = 0;
-#pragma unroll
-    for (int i = 0; i < MOE_TILE_K / 4; ++i) {
-        words[i] = 0u;
-    }
-#pragma unroll
-    for (int j = 0; j < MOE_TILE_K; ++j) {
-        int q = 0;
-        if (usable) {
-            const float r = rintf(v[j] / d);
-            q = r > 127.0f ? 127 : (r < -127.0f ? -127 : (int)r);
-        }
-        sum += q;
-        words[j / 4] |= ((unsigned int)q & 0xffu) << (8 * (j % 4));
-    }
-    Int8Scales out;
-    out.d = d;
-    out.s = d * (float)sum;
-    return out;
-}
-
-// Each byte v (0..15) to the signed byte v - 8: v + 0x78 stays below 0x100 (no carry into the next
-// byte), and flipping bit 7 subtracts 0x80 modulo 256.
-__device__ unsigned int nibbles_minus_8(unsigned int v) {
-    return (v + 0x78787878u) ^ 0x80808080u;
-}
+#define QUANT_ROUND_BIAS 12582912.0f  // 1.5 * 2^23: added to |v| < 2^22, it leaves rint(v) in the low bits
 
 // c + the dot product of the four signed bytes of a with those of b (exact in int32).
 __device__ int dot4_i8(unsigned int a, unsigned int b, int c) {
@@ -144,6 +109,73 @@ __device__ int dot4_i8(unsigned int a, unsigned int b, int c) {
     }
     return c;
 #endif
+}
+
+// The quants of v[0..7], elements of a block of the given amax (finite: the block holds no NaN or
+// infinity), into words[0..1].
+__device__ void quantize_part8(const float* v, float amax, bool finite, unsigned int* words) {
+    const float r = 127.0f / amax;
+    const bool usable = finite && r <= 3.40282347e38f;  // false for an all-zero block (r infinite)
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        unsigned int word = 0u;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            // the low byte of rint(v * r) + 1.5 * 2^23 is that of rint(v * r), two's complement
+            const unsigned int q = usable ? float_to_bits(fmaf(v[4 * i + j], r, QUANT_ROUND_BIAS)) & 0xffu : 0u;
+            word |= q << (8 * j);
+        }
+        words[i] = word;
+    }
+}
+
+// The largest |v| of v[0..n), and whether all are finite.
+__device__ float quantize_amax(const float* v, int n, bool* finite) {
+    float amax = 0.0f;
+    bool all_finite = true;
+    for (int j = 0; j < n; ++j) {
+        const float a = fabsf(v[j]);
+        all_finite = all_finite && a <= 3.40282347e38f;  // false for NaN and infinities
+        amax = a > amax ? a : amax;
+    }
+    *finite = all_finite;
+    return amax;
+}
+
+// The scale d of a block of the given amax.
+__device__ float quantize_d(float amax, bool finite) {
+    return finite ? amax / 127.0f : bits_to_float(0x7fc00000u);
+}
+
+// s = d * sum(q) of a block's quants words[0..7].
+__device__ float quantize_s(float d, const unsigned int* words) {
+    int sum = 0;
+#pragma unroll
+    for (int i = 0; i < MOE_TILE_K / 4; ++i) {
+        sum = dot4_i8(words[i], 0x01010101u, sum);
+    }
+    return d * (float)sum;
+}
+
+// Block v[0..31] quantized: its quants into words (four signed bytes a word, element 4i + j in byte
+// j of word i) and its (d, s).
+__device__ Int8Scales quantize_block32(const float* v, unsigned int* words) {
+    bool finite;
+    const float amax = quantize_amax(v, MOE_TILE_K, &finite);
+#pragma unroll
+    for (int p = 0; p < MOE_TILE_K / 8; ++p) {
+        quantize_part8(v + 8 * p, amax, finite, words + 2 * p);
+    }
+    Int8Scales out;
+    out.d = quantize_d(amax, finite);
+    out.s = quantize_s(out.d, words);
+    return out;
+}
+
+// Each byte v (0..15) to the signed byte v - 8: v + 0x78 stays below 0x100 (no carry into the next
+// byte), and flipping bit 7 subtracts 0x80 modulo 256.
+__device__ unsigned int nibbles_minus_8(unsigned int v) {
+    return (v + 0x78787878u) ^ 0x80808080u;
 }
 
 // Whether every slice of TYPE is runs of 16 bytes that start 16 bytes apart in the block
@@ -249,6 +281,16 @@ __device__ void gemv_x_slice(const float* x_staged, const float* __restrict__ x_
     }
 }
 
+// How many slices a row reads: its own, or for the tensor's last row (last_row) up to the next
+// multiple of MOE_ROW_PADDING elements, ggml's padding tail, against zero activations, as the tile
+// kernels read every row. Past any other row those elements are the next row's, times zero: the
+// same sum, so they are not read.
+template <int TYPE> __device__ int gemv_row_steps(int n_in, bool last_row) {
+    return BlockFormat<TYPE>::quantized && last_row
+               ? (n_in + MOE_ROW_PADDING - 1) / MOE_ROW_PADDING * (MOE_ROW_PADDING / MOE_TILE_K)
+               : (n_in + MOE_TILE_K - 1) / MOE_TILE_K;
+}
+
 // How a wave's rows meet the activation row, by weight type (GemvX below):
 // - float32 activations (the float types, and the quantized types without an int8 form here): each
 //   slice decoded to 32 floats (decode_slice) and added as x * w, in ascending order;
@@ -274,27 +316,18 @@ struct alignas(16) GemvXq {
     unsigned int unused[2];
 };
 
-// Slice ks of the activation row on the int8 grid (zeros at and past n_in) from global memory.
-__device__ GemvXq gemv_quantize_slice(const float* __restrict__ x_row, int ks, int n_in) {
-    float a[MOE_TILE_K];
-    gemv_x_slice(0, x_row, ks, n_in, a);
-    GemvXq xq;
-    xq.scales = quantize_block32(a, xq.q);
-    xq.unused[0] = xq.unused[1] = 0u;
-    return xq;
-}
-
 template <int TYPE, bool INT8 = GemvInt8<TYPE>::value> struct GemvX;
 
 template <int TYPE> struct GemvX<TYPE, false> {
     static const int DEPTH = MOE_GEMV_DEPTH;
+    static const int CHUNK = 1 << 30;  // slices staged at once: the whole row
     struct Slice {
         float a[MOE_TILE_K];
     };
     // The row staged by the block (every thread calls it): each 32-element slice at its own bank
     // offset, so the lanes (each on its own slice) read it without conflicts; global reads of it
     // would fetch a separate line per lane. Null where the row is too long to stage.
-    __device__ static const float* stage(const float* __restrict__ x_row, int n_in) {
+    __device__ static const float* stage(const float* __restrict__ x_row, int n_in, int) {
         __shared__ float x_staged[MOE_GEMV_STAGE / MOE_TILE_K * MOE_GEMV_STAGE_LD];
         if (n_in > MOE_GEMV_STAGE) {  // the same for the whole block
             return 0;
@@ -321,24 +354,60 @@ template <int TYPE> struct GemvX<TYPE, false> {
 
 template <int TYPE> struct GemvX<TYPE, true> {
     static const int DEPTH = MOE_GEMV_INT8_DEPTH;
+    static const int CHUNK = MOE_GEMV_STAGE_Q8 / MOE_TILE_K;  // slices staged at once
+    static_assert(CHUNK % (MOE_GEMV_WAVE * DEPTH) == 0, "a lane's slices continue into the next chunk");
     typedef GemvXq Slice;
-    // The row's blocks quantized by the block's threads, one block a thread, up to the padding tail's
-    // end (zeros past n_in). Null where the row is too long to stage: each lane then quantizes its
-    // own slices, the same bytes.
-    __device__ static const GemvXq* stage(const float* __restrict__ x_row, int n_in) {
-        __shared__ GemvXq xq_staged[MOE_GEMV_STAGE_Q8 / MOE_TILE_K];
-        const int blocks = (n_in + MOE_ROW_PADDING - 1) / MOE_ROW_PADDING * (MOE_ROW_PADDING / MOE_TILE_K);
-        if (blocks * MOE_TILE_K > MOE_GEMV_STAGE_Q8) {  // the same for the whole block
-            return 0;
+    // Slices [c0, c0 + CHUNK) of the row quantized by the block's threads, four to a slice (eight
+    // elements each), up to the padding tail's end (zeros past n_in): the bytes of quantize_block32,
+    // s left for load(). Every thread calls it; it returns once every thread has finished reading
+    // the chunk before.
+    __device__ static const GemvXq* stage(const float* __restrict__ x_row, int n_in, int c0) {
+        __shared__ GemvXq xq_staged[CHUNK];
+        __shared__ float part_max[MOE_GEMV_THREADS];  // a part's amax, NaN where it is not finite
+        const int padded = gemv_row_steps<TYPE>(n_in, true);
+        const int blocks = padded - c0 < CHUNK ? padded - c0 : CHUNK;
+        for (int first = 0; first < 4 * blocks; first += MOE_GEMV_THREADS) {  // the same rounds for every thread
+            const int part = first + (int)threadIdx.x;
+            const int k0 = MOE_TILE_K * c0 + 8 * part;
+            float v[8];
+            if (k0 + 8 <= n_in && ((unsigned long long)(x_row + k0) & 15u) == 0) {
+                const vec4 low = *(const vec4*)(x_row + k0);
+                const vec4 high = *(const vec4*)(x_row + k0 + 4);
+                v[0] = low.x, v[1] = low.y, v[2] = low.z, v[3] = low.w;
+                v[4] = high.x, v[5] = high.y, v[6] = high.z, v[7] = high.w;
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    v[j] = k0 + j < n_in ? x_row[k0 + j] : 0.0f;
+                }
+            }
+            bool finite;
+            const float amax = quantize_amax(v, 8, &finite);
+            part_max[threadIdx.x] = finite ? amax : bits_to_float(0x7fc00000u);
+            __syncthreads();
+            if (part < 4 * blocks) {
+                const int own = threadIdx.x & ~3;
+                float block_max = 0.0f;
+                bool block_finite = true;
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const float m = part_max[own + i];
+                    block_finite = block_finite && m == m;
+                    block_max = m > block_max ? m : block_max;
+                }
+                GemvXq& xq = xq_staged[part / 4];
+                quantize_part8(v, block_max, block_finite, xq.q + 2 * (part % 4));
+                if (part % 4 == 0) {
+                    xq.scales.d = quantize_d(block_max, block_finite);
+                }
+            }
+            __syncthreads();
         }
-        for (int b = threadIdx.x; b < blocks; b += MOE_GEMV_THREADS) {
-            xq_staged[b] = gemv_quantize_slice(x_row, b, n_in);
-        }
-        __syncthreads();
         return xq_staged;
     }
     __device__ static void load(const GemvXq* staged, const float* __restrict__ x_row, int ks, int n_in, Slice& x) {
-        x = staged ? staged[ks] : gemv_quantize_slice(x_row, ks, n_in);
+        x = staged[ks % CHUNK];
+        x.scales.s = quantize_s(x.scales.d, x.q);
     }
     __device__ static float add(const typename BlockFormat<TYPE>::Unit* units, int s, const Slice& x, float acc);
 };
@@ -372,16 +441,6 @@ __device__ float GemvX<ES_TYPE_Q4_K, true>::add(const unsigned short* units, int
     }
     acc = fmaf(half_to_float(units[0]) * (float)sc * x.scales.d, (float)dot, acc);
     return fmaf(-(half_to_float(units[1]) * (float)m), x.scales.s, acc);
-}
-
-// How many slices a row reads: its own, or for the tensor's last row (last_row) up to the next
-// multiple of MOE_ROW_PADDING elements, ggml's padding tail, against zero activations, as the tile
-// kernels read every row. Past any other row those elements are the next row's, times zero: the
-// same sum, so they are not read.
-template <int TYPE> __device__ int gemv_row_steps(int n_in, bool last_row) {
-    return BlockFormat<TYPE>::quantized && last_row
-               ? (n_in + MOE_ROW_PADDING - 1) / MOE_ROW_PADDING * (MOE_ROW_PADDING / MOE_TILE_K)
-               : (n_in + MOE_TILE_K - 1) / MOE_TILE_K;
 }
 
 // The sums of the wave's ROWS rows (rows[r], steps[r] slices; 0 for none) with x_row,
@@ -419,30 +478,36 @@ __device__ void gemv_wave_sums(const unsigned char* const* rows, const int* step
             }
         }
     }
-    const auto* x_staged = X::stage(x_row, n_in);
     float partial[ROWS];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
         partial[r] = 0.0f;
     }
-    for (int k0 = lane; k0 < max_steps; k0 += MOE_GEMV_WAVE * DEPTH) {
+    // The activations in chunks of X::CHUNK slices (one for the float ones), the same for the whole
+    // block: as many as the longest row of the tensor reads.
+    const int row_slices = gemv_row_steps<TYPE>(n_in, true);
+    for (int c0 = 0; c0 < row_slices; c0 += X::CHUNK) {
+        const auto* x_staged = X::stage(x_row, n_in, c0);
+        const int c1 = max_steps < c0 + X::CHUNK ? max_steps : c0 + X::CHUNK;
+        for (int k0 = c0 + lane; k0 < c1; k0 += MOE_GEMV_WAVE * DEPTH) {
 #pragma unroll
-        for (int d = 0; d < DEPTH; ++d) {
-            const int ks = k0 + MOE_GEMV_WAVE * d;
-            if (ks < max_steps) {
-                typename X::Slice x;
-                X::load(x_staged, x_row, ks, n_in, x);
+            for (int d = 0; d < DEPTH; ++d) {
+                const int ks = k0 + MOE_GEMV_WAVE * d;
+                if (ks < c1) {
+                    typename X::Slice x;
+                    X::load(x_staged, x_row, ks, n_in, x);
 #pragma unroll
-                for (int r = 0; r < ROWS; ++r) {
-                    if (ks < steps[r]) {
-                        partial[r] = X::add(staged[d][r].units, ks % BlockFormat<TYPE>::slices, x, partial[r]);
+                    for (int r = 0; r < ROWS; ++r) {
+                        if (ks < steps[r]) {
+                            partial[r] = X::add(staged[d][r].units, ks % BlockFormat<TYPE>::slices, x, partial[r]);
+                        }
                     }
-                }
-                const int next = ks + MOE_GEMV_WAVE * DEPTH;
+                    const int next = ks + MOE_GEMV_WAVE * DEPTH;
 #pragma unroll
-                for (int r = 0; r < ROWS; ++r) {
-                    if (next < steps[r]) {
-                        gemv_stage<TYPE>(rows[r], next, n_in, staged[d][r]);
+                    for (int r = 0; r < ROWS; ++r) {
+                        if (next < steps[r]) {
+                            gemv_stage<TYPE>(rows[r], next, n_in, staged[d][r]);
+                        }
                     }
                 }
             }

@@ -395,18 +395,20 @@ INT8_SPLITS: dict[GGMLQuantizationType, Callable[[np.ndarray], tuple[np.ndarray,
 
 
 def quantize_x(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """float32 rows [n_rows, n_in] quantized as moe_quantize_x does: int8 q [n_rows, blocks, 32],
-    float32 d and s = d * sum(q) [n_rows, blocks]. d = amax / 127 and q = rint(x / d) clamped to
-    +-127 in float32; a block with a NaN or infinity gets d = NaN and q = 0, an all-zero one d = 0."""
+    """float32 rows [n_rows, n_in] quantized as quantize_block32 (gemv.cu) does: int8 q [n_rows,
+    blocks, 32], float32 d and s = d * sum(q) [n_rows, blocks]. d = amax / 127 and, with r = 127 / amax
+    in float32, q = rint(x * r) of the unrounded product (the kernel's fmaf); a block with a NaN or an
+    infinity gets d = NaN and q = 0, one whose r overflows (an all-zero block among them) q = 0."""
     n_rows, n_in = x.shape
     blocks = np.ascontiguousarray(x, np.float32).reshape(n_rows, n_in // QUANT_BLOCK, QUANT_BLOCK)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         finite = np.isfinite(blocks).all(axis=-1)
         amax = np.where(finite, np.abs(np.where(np.isfinite(blocks), blocks, 0)).max(axis=-1), 0).astype(np.float32)
         d = np.where(finite, amax / np.float32(127), np.float32(np.nan)).astype(np.float32)
-        usable = finite & (d > 0)
-        ratio = blocks / np.where(usable, d, np.float32(1))[..., None]
-        q = np.where(usable[..., None], np.clip(np.rint(ratio), -127, 127), 0).astype(np.int8)
+        r = (np.float32(127) / amax).astype(np.float32)
+        usable = finite & np.isfinite(r)
+        product = blocks.astype(np.float64) * np.where(usable, r, np.float32(0)).astype(np.float64)[..., None]
+        q = np.where(usable[..., None], np.rint(product), 0).astype(np.int8)  # exact in float64, as fmaf
         s = d * q.sum(axis=-1, dtype=np.int32).astype(np.float32)
     return q, d, s
 

@@ -376,22 +376,24 @@ def test_dirty_padding_tail_shows_on_every_path(
 
 
 def test_activation_quantizer_writes_the_twins_bytes(host_kernels: Path, rng: np.random.Generator) -> None:
-    """moe_quantize_x and twins.quantize_x agree bit for bit, including rounding ties, zero,
-    NaN and infinite blocks, and values whose quotient lands on the clamp."""
+    """moe_quantize_x and quants.quantize_x agree bit for bit, including rounding ties, zero,
+    NaN and infinite blocks, blocks too small for 127 / amax, and values whose product is +-127."""
     n_in = 96
-    x = (rng.standard_normal((7, n_in)) * np.exp(rng.uniform(-20, 20, (7, 1)))).astype(np.float32)
+    x = (rng.standard_normal((8, n_in)) * np.exp(rng.uniform(-20, 20, (8, 1)))).astype(np.float32)
     x[1, :32] = 0.0  # an all-zero block: d = 0, q = 0
     x[2, 40] = np.nan
     x[3, 70] = -np.inf
     x[4, :32] = np.arange(32, dtype=np.float32) - 12.7  # amax 18.3: quotients near .5 ties
     x[5, 32:64] = np.float32(127) * np.arange(-16, 16, dtype=np.float32) / 2  # exact ties: q = k / 2 * 127 / d
     x[6, 64:] = np.float32(1e-44)  # subnormal: d rounds to 0
+    x[7, :32] = np.float32(2e-38)  # 127 / amax overflows: q = 0, d = amax / 127
     expected = twins.pack_quantized_x(*quants.quantize_x(x))
     got = quantize_on_host(host_kernels, x)
     assert got.shape == expected.shape
     assert got.tobytes() == expected.tobytes(), np.argwhere(got != expected)[:5]
     q, d, _ = twins.unpack_quantized_x(got, n_in)
     assert np.isnan(d[2, 1]) and np.isnan(d[3, 2]) and (q[2, 1] == 0).all() and d[1, 0] == 0
+    assert (q[7, 0] == 0).all() and d[7, 0] > 0 and (np.abs(q) <= 127).all()
 
 
 def test_int8_q4_0_row_of_an_odd_number_of_blocks(host_kernels: Path, rng: np.random.Generator) -> None:

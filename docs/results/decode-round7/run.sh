@@ -11,7 +11,7 @@
 #   1. the matrix-vector and dense kernel tests on the GPU (TESTS_S seconds, default 150);
 #   2. the 8-layer step (decode_profile --alone) of head, d1 (head with one slice a lane in flight on
 #      the int8 path) and base;
-#   3. 48-layer tg64, everything on the GPU: head, base, llama-bench;
+#   3. 48-layer tg64, everything on the GPU: head, d1, base, llama-bench;
 #   4. 48-layer tg64 with every expert in pinned host memory: head, base, llama-bench -ncmoe 48 -lm none.
 set -uo pipefail
 source microbench/summary.sh
@@ -59,6 +59,7 @@ llama_tg64() {  # NCMOE
     el "llama-bench tg64 -ncmoe $1: $(grep tg64 "$R/llama-tg64-ncmoe$1.md" | awk -F'|' '{print $(NF-1)}')"
 }
 tg64 head 0
+tg64 d1 0
 [ -n "${BASE:-}" ] && tg64 base 0
 llama_tg64 0
 tg64 head 48
