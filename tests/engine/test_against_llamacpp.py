@@ -1,5 +1,5 @@
 """Logits against llama.cpp's own, on make-model's tiny file of every first-group architecture (and
-glm4moe with a leading dense layer).
+glm4moe with a leading dense layer; qwen3moe also in Q4_K_M, whose decode takes the int8 activations).
 
 The fixtures (tests/engine/llamacpp/*.npz, written by ``python3 -m tests.engine.llamacpp.make``
 with llama.cpp's CPU build) hold llama.cpp's logits over a 128-token prompt and 16 greedy steps
@@ -20,7 +20,7 @@ from expertstream.backends.base import Backend
 from expertstream.engine.model import Model
 from expertstream.model import make_model
 from microbench.llamacpp_logits.compare import compare_logits
-from tests.engine.llamacpp.make import PRESETS, SEED, preset_of
+from tests.engine.llamacpp.make import PRESETS, SEED, preset_of, type_of
 
 FIXTURES = Path(__file__).parent / "llamacpp"
 # KL(llama.cpp || ours) per position, in nats. Where the forward pass is right the median sits at
@@ -36,7 +36,7 @@ ARGMAX = 0.75  # random weights give near-flat distributions: near ties flip the
 @pytest.mark.parametrize("preset", PRESETS)
 def test_logits_agree_with_llamacpp(backend: Backend, tmp_path: Path, preset: str) -> None:
     fixture = np.load(FIXTURES / f"{preset}.npz")
-    path = make_model(preset_of(preset), "Q8_0", tmp_path / f"{preset}.gguf", seed=SEED)
+    path = make_model(preset_of(preset), type_of(preset), tmp_path / f"{preset}.gguf", seed=SEED)
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     assert digest == str(fixture["sha256"]), "make-model writes another file now: rerun tests/engine/llamacpp/make.py"
     n_prompt = int(fixture["n_prompt"])

@@ -249,11 +249,13 @@ def int8_lanes(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, np.ndarra
     functions = source[
         source.index("template <int TYPE> struct Int8Format;") : source.index("#if defined(INT8_NVIDIA)")
     ]
+    start = source.index("__device__ unsigned int nibbles_minus_8(")  # gemv.cu's, shared with int8.cu
+    nibbles = source[start : source.index("}\n", start) + 2]
     prelude = (
         "#define __device__\n#define ES_TYPE_Q4_0 2\n#define ES_TYPE_Q4_K 12\n"
         f"#define INT8_X_STRIDE {stride.group(1)}\n#define INT8_W_WORDS {words.group(1)}\n"
         "struct Int8Scales { float d, s; };\nfloat half_to_float(unsigned int);\n"
-        "void k4_scale_min(const unsigned short*, int, int*, int*);\n"
+        "void k4_scale_min(const unsigned short*, int, int*, int*);\n" + nibbles
     )
     folder = tmp_path_factory.mktemp("int8_lanes")
     (folder / "lanes.cpp").write_text(prelude + functions + _INT8_DRIVER)

@@ -9,8 +9,8 @@
 # of the changed kernels run). Writes under $OUT: summary.txt (the table) and raw/ (every command's
 # output). In order:
 #   1. the matrix-vector and dense kernel tests on the GPU (TESTS_S seconds, default 150);
-#   2. the 8-layer step (decode_profile --alone) of head, d1 (head with one slice a lane in flight on
-#      the int8 path) and base;
+#   2. the 8-layer step (decode_profile --alone) of head, d1 (head with MOE_GEMV_INT8_DEPTH 1: one
+#      slice of each row a lane in flight on the int8 path, the default since these runs) and base;
 #   3. 48-layer tg64, everything on the GPU: head, d1, base, llama-bench;
 #   4. 48-layer tg64 with every expert in pinned host memory: head, base, llama-bench -ncmoe 48 -lm none.
 set -uo pipefail
@@ -65,3 +65,5 @@ llama_tg64 0
 tg64 head 48
 [ -n "${BASE:-}" ] && tg64 base 48
 llama_tg64 48
+# the rows' JSON and stderr in one archive: a call brings back a limited number of files
+(cd "$R" && tar czf tg64.tgz tg64-* && rm -f tg64-*)

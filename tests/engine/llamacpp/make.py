@@ -2,7 +2,8 @@
 
 python3 -m tests.engine.llamacpp.make LLAMACPP_LOGITS [PRESET ...]
 
-For each first-group tiny preset (make-model Q8_0, seed 3), and glm4moe with a leading dense layer: a
+For each first-group tiny preset (make-model Q8_0, seed 3), glm4moe with a leading dense layer and the
+qwen3moe file in Q4_K_M: a
 128-token prompt from the project's corpus and 16 greedy steps through llama.cpp on the CPU; saved as
 PRESET.npz with the tokens fed, the logits (float16), the prompt length and the made file's sha256 (the
 test refuses a fixture of another file). PRESET names limit the run to those.
@@ -30,19 +31,27 @@ HERE = Path(__file__).parent
 VARIANTS = {
     "tiny-glm4moe-dense": dataclasses.replace(MODEL_PRESETS["tiny-glm4moe"], n_dense_lead=1, n_layer=3, n_ff=384),
 }
-PRESETS = ("tiny", "tiny-mixtral", "tiny-qwen2moe", "tiny-gpt-oss", "tiny-glm4moe", *VARIANTS)
+# Files of another type than Q8_0: the qwen3moe file in Q4_K_M, whose Q4_K rows decode on the int8
+# activations of the matrix-vector kernels (layout.GEMV_INT8_TYPES), as llama.cpp's CPU rows take q8_K.
+TYPES = {"tiny-q4km": ("tiny", "Q4_K_M")}
+PRESETS = ("tiny", "tiny-mixtral", "tiny-qwen2moe", "tiny-gpt-oss", "tiny-glm4moe", *VARIANTS, *TYPES)
 N_PROMPT, N_GEN, SEED = 128, 16, 3
 
 
 def preset_of(name: str) -> str | ModelPreset:
     """A preset's name, or the variant of one this fixture set defines."""
-    return VARIANTS.get(name, name)
+    return VARIANTS.get(name, TYPES[name][0] if name in TYPES else name)
+
+
+def type_of(name: str) -> str:
+    """The weight type of a fixture's file."""
+    return TYPES[name][1] if name in TYPES else "Q8_0"
 
 
 def main(tool: str, only: list[str]) -> None:
     with tempfile.TemporaryDirectory() as folder:
         for preset in only or PRESETS:
-            model = make_model(preset_of(preset), "Q8_0", Path(folder) / f"{preset}.gguf", seed=SEED)
+            model = make_model(preset_of(preset), type_of(preset), Path(folder) / f"{preset}.gguf", seed=SEED)
             tokens = Path(folder) / f"{preset}.prompt"
             tokens.write_text("".join(f"{t}\n" for t in corpus_tokens(model, N_PROMPT)))
             out = Path(folder) / preset
