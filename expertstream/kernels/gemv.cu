@@ -19,7 +19,7 @@
 // Lane l of a wave takes the row's 32-element slices l, l + 32, ...: it loads a slice's units
 // (16 bytes at a time where the type's slice is made of 16-byte runs and the address allows) and
 // adds the slice's product in ascending slice order: for most types decoded by decode_slice and
-// summed as x * w in float32, for the types of GemvInt8 (Q4_0, Q4_K) as the integer dot of the
+// summed as x * w in float32, for the types of GemvInt8 (Q4_0, Q4_K, Q6_K) as the integer dot of the
 // weight quants with the activations on the int8 grid, scaled in float32 (GemvX below). The
 // wave's 32 partial sums are then added in a fixed tree (lane l + s into
 // lane l for s = 16, 8, 4, 2, 1), so an output does not depend on timing, on the other pairs of
@@ -295,13 +295,13 @@ template <int TYPE> __device__ int gemv_row_steps(int n_in, bool last_row) {
 // - float32 activations (the float types, and the quantized types without an int8 form here): each
 //   slice decoded to 32 floats (decode_slice) and added as x * w, in ascending order;
 // - int8 activations (GemvInt8: types whose quants are small integers under one scale, and a min,
-//   per 32-element block, as on llama.cpp's q8_1 path): the row's activations go onto the int8
+//   per 32- or 16-element block, as on llama.cpp's q8_1 path): the row's activations go onto the int8
 //   grid once per block (quantize_block32, moe_quantize_x's bytes), and each slice adds
 //   fmaf(dw * dx, dot, acc) and, with a min, fmaf(-mw, s, acc), dot the int32 product of the two
 //   blocks' quants: the products of int8.cu's kernels. A slice reads a third of the shared bytes
 //   and no decoded floats stay live, so each lane has two slices of each row in flight.
 template <int TYPE> struct GemvInt8 {
-    static const bool value = TYPE == ES_TYPE_Q4_0 || TYPE == ES_TYPE_Q4_K;
+    static const bool value = TYPE == ES_TYPE_Q4_0 || TYPE == ES_TYPE_Q4_K || TYPE == ES_TYPE_Q6_K;
 };
 
 #define MOE_GEMV_STAGE_Q8 8192  // int8 activation rows up to this many elements are staged in shared memory
@@ -423,6 +423,30 @@ __device__ float GemvX<ES_TYPE_Q4_0, true>::add(const unsigned short* units, int
         dot = dot4_i8(nibbles_minus_8((w >> 4) & 0x0f0f0f0fu), x.q[4 + c], dot);
     }
     return fmaf(half_to_float(units[0]) * x.scales.d, (float)dot, acc);
+}
+
+// Q6_K: the slice's 32 low-bit bytes (units 0-15) and 32 high-bit bytes (units 16-31), its two
+// signed 16-element scales (unit 32) and d (unit 33): element e of slice s is (low nibble s / 2 % 2 of
+// byte e) | (bits 2 (s % 4) of byte 32 + e) << 4, minus 32. Each 16-element half adds its own dot.
+template <>
+__device__ float GemvX<ES_TYPE_Q6_K, true>::add(const unsigned short* units, int s, const GemvXq& x, float acc) {
+    const int low_shift = 4 * ((s & 3) >> 1);
+    const int high_shift = 2 * (s & 3);
+    const float d = half_to_float(units[33]);
+#pragma unroll
+    for (int part = 0; part < 2; ++part) {
+        int dot = 0;
+#pragma unroll
+        for (int c = 4 * part; c < 4 * part + 4; ++c) {
+            const unsigned int low = (unsigned int)units[2 * c] | ((unsigned int)units[2 * c + 1] << 16);
+            const unsigned int high = (unsigned int)units[16 + 2 * c] | ((unsigned int)units[17 + 2 * c] << 16);
+            const unsigned int q = ((low >> low_shift) & 0x0f0f0f0fu) | (((high >> high_shift) & 0x03030303u) << 4);
+            dot = dot4_i8((q + 0x60606060u) ^ 0x80808080u, x.q[c], dot);  // each byte q - 32, as nibbles_minus_8
+        }
+        const int sc = (int)(signed char)(unsigned char)(units[32] >> (8 * part));
+        acc = fmaf(d * (float)sc * x.scales.d, (float)dot, acc);
+    }
+    return acc;
 }
 
 // Q4_K: the 16-byte header (d, dmin, the packed scales and mins), then the 32 quant bytes of the

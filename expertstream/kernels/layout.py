@@ -30,10 +30,13 @@ GEMV_ROWS = GEMV_THREADS // GEMV_WAVE * GEMV_WAVE_ROWS  # output rows per block 
 GEMV_GATE_UP_ROWS = GEMV_THREADS // GEMV_WAVE
 GEMV_STAGE = 4096  # activation rows up to this many elements are staged in shared memory (gemv.cu)
 # The weight types whose matrix-vector rows take their activations on the int8 grid (gemv.cu's
-# GemvInt8): per 32-element block the integer dot of the weight quants with the activations
-# quantized as moe_quantize_x does, scaled in float32, as llama.cpp's q8_1 matrix-vector path. The
-# other types add decoded float32 weights times float32 activations.
-GEMV_INT8_TYPES: frozenset[GGMLQuantizationType] = frozenset({GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_K})
+# GemvInt8): per 32-element block (Q6_K: per 16-element half, each with its scale) the integer dot of
+# the weight quants with the activations quantized as moe_quantize_x does, scaled in float32, as
+# llama.cpp's q8_1 matrix-vector path. The other types add decoded float32 weights times float32
+# activations.
+GEMV_INT8_TYPES: frozenset[GGMLQuantizationType] = frozenset(
+    {GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K}
+)
 GEMV_STAGE_Q8 = 8192  # int8 activation rows up to this many elements (padded) are staged in shared memory
 # Pairs up to which MoeKernels(device, gemv=True) takes the matrix-vector kernels: each pair reads
 # its expert's rows again, so past a few pairs per expert the tile kernels, which read a tile's

@@ -388,9 +388,22 @@ def _q4_k_int8(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return q, d * sc[:, :, 0], dmin * m[:, :, 0]
 
 
+def _q6_k_int8(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per 16-element half-slice: its own signed scale (the matrix-vector kernels' blocks)."""
+    n = b.shape[0]
+    ql = b[:, 0:128].reshape(n, 2, 2, 32)
+    low = np.stack([ql & 0xF, ql >> 4], axis=2).reshape(n, SLICES, 32)
+    qh = b[:, 128:192].reshape(n, 2, 1, 32)
+    high = ((qh >> np.arange(0, 8, 2, dtype=np.uint8)[None, None, :, None]) & 3).reshape(n, SLICES, 32)
+    q = ((low | (high << 4)).astype(np.int16) - 32).astype(np.int8).reshape(n, 2 * SLICES, 16)
+    dl = _f16(b, 208) * b[:, 192:208].view(np.int8).astype(np.float32)
+    return q, dl, np.zeros_like(dl)
+
+
 INT8_SPLITS: dict[GGMLQuantizationType, Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]] = {
     _T.Q4_0: _q4_0_int8,
     _T.Q4_K: _q4_k_int8,
+    _T.Q6_K: _q6_k_int8,  # 16-element blocks: the matrix-vector kernels only (no int8 tile kernel)
 }
 
 
@@ -413,10 +426,27 @@ def quantize_x(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return q, d, s
 
 
+def x_blocks(
+    xq: tuple[np.ndarray, np.ndarray, np.ndarray], width: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Quantized activations (q [..., blocks, 32], d, s) cut into blocks of ``width`` elements (32 or
+    16), each half of a 32-element block keeping its d; s is then d * the half's own sum."""
+    q, d, s = xq
+    if width == QUANT_BLOCK:
+        return q, d, s
+    parts = QUANT_BLOCK // width
+    q = q.reshape(*q.shape[:-2], q.shape[-2] * parts, width)
+    d = np.repeat(d, parts, axis=-1)
+    with np.errstate(invalid="ignore", over="ignore"):
+        s = d * q.sum(axis=-1, dtype=np.int32).astype(np.float32)
+    return q, d, s
+
+
 def int8_rows(rows: np.ndarray, qtype: GGMLQuantizationType) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """What the int8 kernels take from uint8 rows [n_rows, row_bytes] of ``qtype``, per 32-element
-    block: int8 quants [n_rows, blocks, 32] and float32 [n_rows, blocks] multipliers of their dot
-    (Q4_0: d; Q4_K: d * sc) and of the activations' sum term (Q4_K: dmin * m; else 0).
+    """What the int8 kernels take from uint8 rows [n_rows, row_bytes] of ``qtype``, per block of B
+    elements (32; Q6_K's 16): int8 quants [n_rows, blocks, B] and float32 [n_rows, blocks] multipliers
+    of their dot (Q4_0: d; Q4_K: d * sc; Q6_K: d * the half's scale) and of the activations' sum term
+    (Q4_K: dmin * m; else 0).
 
     Element k of the row decodes to d * q[k] - m, as decode_rows gives it.
     """
@@ -426,4 +456,4 @@ def int8_rows(rows: np.ndarray, qtype: GGMLQuantizationType) -> tuple[np.ndarray
     _, block_bytes = GGML_QUANT_SIZES[qtype]
     n_rows = rows.shape[0]
     q, d, m = split(np.ascontiguousarray(rows, np.uint8).reshape(-1, block_bytes))
-    return q.reshape(n_rows, -1, 32), d.reshape(n_rows, -1), m.reshape(n_rows, -1)
+    return q.reshape(n_rows, -1, q.shape[-1]), d.reshape(n_rows, -1), m.reshape(n_rows, -1)

@@ -160,9 +160,9 @@ def mul_mat_vec_id(
     w: np.ndarray, w_type: RowType, n_expert: int, n_out: int, n_in: int, x: np.ndarray, ids: np.ndarray
 ) -> np.ndarray:
     """mul_mat_id as the matrix-vector kernels (gemv.cu) compute it, in float64: the types of
-    layout.GEMV_INT8_TYPES take their activations on the int8 grid (per 32-element block, the
-    weights' integer quants times the activations' as moe_quantize_x rounds them, scaled), the
-    others the float activations themselves."""
+    layout.GEMV_INT8_TYPES take their activations on the int8 grid (per 32-element block, Q6_K's
+    16, the weights' integer quants times the activations' as moe_quantize_x rounds them, scaled),
+    the others the float activations themselves."""
     if weight_format(w_type).qtype not in GEMV_INT8_TYPES:
         return mul_mat_id(w, w_type, n_expert, n_out, n_in, x, ids)
     fmt = weight_format(w_type)
@@ -171,7 +171,7 @@ def mul_mat_vec_id(
     ids = np.asarray(ids)
     n_tokens, top_k = ids.shape
     per_pair = np.asarray(x).ndim == 3  # x [n_tokens, top_k, n_in]: a row of its own per pair
-    q_x, d_x, s_x = quants.quantize_x(np.asarray(x, np.float32).reshape(-1, n_in))
+    q_x, d_x, s_x = quants.x_blocks(quants.quantize_x(np.asarray(x, np.float32).reshape(-1, n_in)), q_w.shape[-1])
     y = np.full((n_tokens, top_k, n_out), np.nan)
     for (t, k), e in np.ndenumerate(ids):
         if 0 <= e < n_expert:

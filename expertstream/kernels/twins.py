@@ -145,9 +145,10 @@ def _quantize_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
 def _int8_products(
     xq: tuple[np.ndarray, np.ndarray, np.ndarray], w: tuple[np.ndarray, np.ndarray, np.ndarray]
 ) -> np.ndarray:
-    """float32 [m, n]: per 32-block integer dots of activations and weights, scaled and summed in k order."""
-    q_x, d_x, s_x = xq
+    """float32 [m, n]: per block (the weights' width) integer dots of activations and weights, scaled and
+    summed in k order."""
     q_w, d_w, m_w = w
+    q_x, d_x, s_x = quants.x_blocks(xq, q_w.shape[-1])
     dots = np.einsum("mbk,nbk->bmn", q_x.astype(np.int32), q_w.astype(np.int32))
     acc = np.zeros((q_x.shape[0], q_w.shape[0]), np.float32)
     with np.errstate(invalid="ignore", over="ignore"):

@@ -217,7 +217,7 @@ def test_route_weights_scale_each_row(host_gemv: Path, rng: np.random.Generator)
 
 @pytest.mark.parametrize(
     ("w_type", "n_in"),
-    [(_T.Q6_K, 4352), (_T.F16, 4133), (_T.Q4_K, 8704), (_T.Q4_0, 8224)],
+    [(_T.Q6_K, 8448), (_T.F16, 4133), (_T.Q4_K, 8704), (_T.Q4_0, 8224), (_T.IQ2_XS, 4352)],
     ids=lambda v: v.name if isinstance(v, _T) else str(v),
 )
 def test_rows_longer_than_the_stage_read_global_memory(
@@ -242,7 +242,7 @@ def test_int8_activations_are_those_of_the_listed_types(host_gemv: Path, rng: np
     listed = re.search(r"struct GemvInt8 \{\s*static const bool value = ([^;]*);", source_file("gemv.cu"))
     assert listed is not None
     assert {_T[name] for name in re.findall(r"ES_TYPE_(\w+)", listed.group(1))} == set(layout.GEMV_INT8_TYPES)
-    for w_type in (_T.Q4_K, _T.Q6_K):
+    for w_type in (_T.Q4_K, _T.Q6_K, _T.IQ2_XS):
         n_expert, n_out, n_in = 1, 16, 1024
         w = ref.random_weights(rng, w_type, n_out, n_in)
         ids = np.zeros((1, 1), np.int32)
