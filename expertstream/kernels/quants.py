@@ -426,9 +426,7 @@ def quantize_x(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return q, d, s
 
 
-def x_blocks(
-    xq: tuple[np.ndarray, np.ndarray, np.ndarray], width: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def x_blocks(xq: tuple[np.ndarray, np.ndarray, np.ndarray], width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Quantized activations (q [..., blocks, 32], d, s) cut into blocks of ``width`` elements (32 or
     16), each half of a 32-element block keeping its d; s is then d * the half's own sum."""
     q, d, s = xq
