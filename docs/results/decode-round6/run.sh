@@ -14,6 +14,7 @@
 #   4. the routing and dense kernel tests on the GPU (TESTS_S seconds, default 300).
 set -uo pipefail
 source microbench/summary.sh
+source microbench/decode_rows.sh
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; date -u; } | tee "$S"
 M=/tmp/m8.gguf F=/tmp/models/qwen3-30b-a3b-Q4_K_M.gguf LCP=/tmp/llamacpp-sm90
 mkdir -p /tmp/mh
@@ -32,28 +33,9 @@ in_tree() {  # VARIANT SECONDS MODULE ARGS...: python3 -m MODULE ARGS in a varia
 }
 variants="head n256"
 [ -n "${BASE:-}" ] && variants="$variants base"
-until [ -f $M ] && ! pgrep -f "make-model.*m8.gguf" >/dev/null; do sleep 2; done
-for v in $variants; do
-    in_tree $v 90 microbench.decode_profile --backend cuda --model $M -p 512 -n 12 --top 40 -ncmoe 0 --alone \
-        >"$R/profile-$v.txt" 2>&1
-    el "8-layer step $v: $(grep -E 'one decode step' "$R/profile-$v.txt" | tail -1)"
-done
+profiles $variants
 wait $maker
 el "models: $(ls -la $F 2>&1 | awk '{print $5}') bytes"
-tg64() {  # VARIANT NCMOE: expertstream bench tg64, experts past the first NCMOE layers' on the GPU
-    in_tree $1 150 expertstream bench -m $F --backend cuda -p 16 -n 64 --slots 3 --host-memory pinned -ncmoe $2 \
-        -r 3 -o json >"$R/tg64-$1-ncmoe$2.json" 2>"$R/tg64-$1-ncmoe$2.err"
-    el "48-layer tg64 -ncmoe $2 $1: $(python3 -c "import json, sys
-for r in json.load(open(sys.argv[1]))['rows']:
-    print(round(r['decode_tokens_per_s'], 1), '+-', round(r['decode_tokens_per_s_sd'] or 0, 1), 'median step',
-          round(r['decode_median_step_ms'], 3), 'ms', r['decode_sha256'][:12])
-" "$R/tg64-$1-ncmoe$2.json" 2>&1)"
-}
-llama_tg64() {  # NCMOE
-    LD_LIBRARY_PATH=$LCP/bin:${LD_LIBRARY_PATH:-} timeout 150 $LCP/bin/llama-bench -m $F -ngl 99 -ncmoe $1 -lm none \
-        -fa 0 -p 0 -n 64 -r 3 -o md >"$R/llama-tg64-ncmoe$1.md" 2>&1
-    el "llama-bench tg64 -ncmoe $1: $(grep tg64 "$R/llama-tg64-ncmoe$1.md" | awk -F'|' '{print $(NF-1)}')"
-}
 tg64 head 0
 [ -n "${BASE:-}" ] && tg64 base 0
 llama_tg64 0

@@ -9,12 +9,13 @@
 # of the changed kernels run). Writes under $OUT: summary.txt (the table) and raw/ (every command's
 # output). In order:
 #   1. the matrix-vector and dense kernel tests on the GPU (TESTS_S seconds, default 150);
-#   2. the 8-layer step (decode_profile --alone) of head, d1 (head with MOE_GEMV_INT8_DEPTH 1: one
-#      slice of each row a lane in flight on the int8 path, the default since these runs) and base;
-#   3. 48-layer tg64, everything on the GPU: head, d1, base, llama-bench;
+#   2. the 8-layer step (decode_profile --alone) of head, d2 (head with MOE_GEMV_INT8_DEPTH 2: two
+#      slices of each row a lane in flight on the int8 path) and base;
+#   3. 48-layer tg64, everything on the GPU: head, d2, base, llama-bench;
 #   4. 48-layer tg64 with every expert in pinned host memory: head, base, llama-bench -ncmoe 48 -lm none.
 set -uo pipefail
 source microbench/summary.sh
+source microbench/decode_rows.sh
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; date -u; } | tee "$S"
 M=/tmp/m8.gguf F=/tmp/models/qwen3-30b-a3b-Q4_K_M.gguf LCP=/tmp/llamacpp-sm90
 mkdir -p /tmp/mh
@@ -29,37 +30,17 @@ in_tree() {  # VARIANT SECONDS MODULE ARGS...: python3 -m MODULE ARGS in a varia
     local v=$1 t=$2; shift 2
     case $v in
     head) timeout "$t" python3 -m "$@" ;;
-    d1) timeout "$t" python3 docs/results/decode-round5/with_defines.py MOE_GEMV_INT8_DEPTH=1 -- -m "$@" ;;
+    d2) timeout "$t" python3 docs/results/decode-round5/with_defines.py MOE_GEMV_INT8_DEPTH=2 -- -m "$@" ;;
     base) (cd "$BASE" && PYTHONPATH="$BASE:${PYTHONPATH:-}" timeout "$t" python3 -m "$@") ;;
     esac
 }
-variants="head d1"
+variants="head d2"
 [ -n "${BASE:-}" ] && variants="$variants base"
-until [ -f $M ] && ! pgrep -f "make-model.*m8.gguf" >/dev/null; do sleep 2; done
-for v in $variants; do
-    in_tree $v 90 microbench.decode_profile --backend cuda --model $M -p 512 -n 12 --top 40 -ncmoe 0 --alone \
-        >"$R/profile-$v.txt" 2>&1
-    el "8-layer step $v: $(grep -E 'one decode step' "$R/profile-$v.txt" | tail -1)"
-done
+profiles $variants
 wait $maker
 el "models: $(ls -la $F 2>&1 | awk '{print $5}') bytes"
-tg64() {  # VARIANT NCMOE: expertstream bench tg64, experts past the first NCMOE layers' on the GPU
-    in_tree $1 150 expertstream bench -m $F --backend cuda -p 16 -n 64 --slots 3 --host-memory pinned -ncmoe $2 \
-        -r 3 -o json >"$R/tg64-$1-ncmoe$2.json" 2>"$R/tg64-$1-ncmoe$2.err"
-    el "48-layer tg64 -ncmoe $2 $1: $(python3 -c "import json, sys
-for r in json.load(open(sys.argv[1]))['rows']:
-    print(round(r['decode_tokens_per_s'], 1), '+-', round(r['decode_tokens_per_s_sd'] or 0, 1), 'median step',
-          round(r['decode_median_step_ms'], 3), 'ms', r['decode_sha256'][:12],
-          'link limit', round(r.get('decode_link_limit_tokens_per_s') or 0, 1))
-" "$R/tg64-$1-ncmoe$2.json" 2>&1)"
-}
-llama_tg64() {  # NCMOE
-    LD_LIBRARY_PATH=$LCP/bin:${LD_LIBRARY_PATH:-} timeout 150 $LCP/bin/llama-bench -m $F -ngl 99 -ncmoe $1 -lm none \
-        -fa 0 -p 0 -n 64 -r 3 -o md >"$R/llama-tg64-ncmoe$1.md" 2>&1
-    el "llama-bench tg64 -ncmoe $1: $(grep tg64 "$R/llama-tg64-ncmoe$1.md" | awk -F'|' '{print $(NF-1)}')"
-}
 tg64 head 0
-tg64 d1 0
+tg64 d2 0
 [ -n "${BASE:-}" ] && tg64 base 0
 llama_tg64 0
 tg64 head 48
