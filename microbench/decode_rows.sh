@@ -1,6 +1,16 @@
-# Sourced by the decode rounds' scripts (docs/results/decode-round*/run.sh), after microbench/summary.sh
-# and with in_tree VARIANT SECONDS MODULE ARGS... defined (how a variant of the tree runs a module).
-# Needs M (the 8-layer file), F (the 48-layer file) and LCP (llama.cpp's build).
+# Sourced by the decode rounds' scripts (docs/results/decode-round*/run.sh), after microbench/summary.sh;
+# the rows need in_tree VARIANT SECONDS MODULE ARGS... (how a variant of the tree runs a module).
+M=/tmp/m8.gguf F=/tmp/models/qwen3-30b-a3b-Q4_K_M.gguf LCP=/tmp/llamacpp-sm90  # the 8- and 48-layer files
+
+start_models() {  # the machine into the summary, then llama.cpp and both files made in the background ($maker)
+    { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; date -u; } | tee "$S"
+    mkdir -p /tmp/mh
+    (OUT=/tmp/mh bash microbench/model_h200.sh setup >"$R/make.log" 2>&1
+     [ -f $M ] || python3 -m expertstream make-model --preset qwen3-30b-a3b --type Q4_K_M --layers 8 -o $M \
+         >>"$R/make.log" 2>&1
+     OUT=/tmp/mh bash microbench/model_h200.sh make >>"$R/make.log" 2>&1) &
+    maker=$!
+}
 
 profiles() {  # VARIANT...: the 8-layer step of each variant, each launch also timed alone
     until [ -f $M ] && ! pgrep -f "make-model.*m8.gguf" >/dev/null; do sleep 2; done

@@ -16,13 +16,7 @@
 set -uo pipefail
 source microbench/summary.sh
 source microbench/decode_rows.sh
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; date -u; } | tee "$S"
-M=/tmp/m8.gguf F=/tmp/models/qwen3-30b-a3b-Q4_K_M.gguf LCP=/tmp/llamacpp-sm90
-mkdir -p /tmp/mh
-(OUT=/tmp/mh bash microbench/model_h200.sh setup >"$R/make.log" 2>&1
- [ -f $M ] || python3 -m expertstream make-model --preset qwen3-30b-a3b --type Q4_K_M --layers 8 -o $M >>"$R/make.log" 2>&1
- OUT=/tmp/mh bash microbench/model_h200.sh make >>"$R/make.log" 2>&1) &
-maker=$!
+start_models
 timeout ${TESTS_S:-150} python3 -m pytest -q -p no:cacheprovider --backend cuda tests/kernels/test_gemv.py \
     tests/kernels/test_dense.py >"$R/tests-cuda.txt" 2>&1
 el "kernel tests on the GPU: $(grep -E 'passed|failed|error' "$R/tests-cuda.txt" | tail -1)"
