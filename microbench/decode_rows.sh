@@ -1,5 +1,6 @@
-# Sourced by the decode rounds' scripts (docs/results/decode-round*/run.sh), after microbench/summary.sh;
-# the rows need in_tree VARIANT SECONDS MODULE ARGS... (how a variant of the tree runs a module).
+# Sourced by the decode rounds' scripts (docs/results/decode-round*/run.sh), after microbench/summary.sh.
+# A variant of the tree: head (this tree), base (the tree at $BASE) or a name of DEFINES, an associative
+# array the script declares: this tree with those settings (docs/results/decode-round5/with_defines.py).
 M=/tmp/m8.gguf F=/tmp/models/qwen3-30b-a3b-Q4_K_M.gguf LCP=/tmp/llamacpp-sm90  # the 8- and 48-layer files
 
 start_models() {  # the machine into the summary, then llama.cpp and both files made in the background ($maker)
@@ -10,6 +11,15 @@ start_models() {  # the machine into the summary, then llama.cpp and both files 
          >>"$R/make.log" 2>&1
      OUT=/tmp/mh bash microbench/model_h200.sh make >>"$R/make.log" 2>&1) &
     maker=$!
+}
+
+in_tree() {  # VARIANT SECONDS MODULE ARGS...: python3 -m MODULE ARGS in a variant, SECONDS at most
+    local v=$1 t=$2; shift 2
+    case $v in
+    head) timeout "$t" python3 -m "$@" ;;
+    base) (cd "$BASE" && PYTHONPATH="$BASE:${PYTHONPATH:-}" timeout "$t" python3 -m "$@") ;;
+    *) timeout "$t" python3 docs/results/decode-round5/with_defines.py ${DEFINES[$v]} -- -m "$@" ;;
+    esac
 }
 
 profiles() {  # VARIANT...: the 8-layer step of each variant, each launch also timed alone

@@ -16,15 +16,7 @@ set -uo pipefail
 source microbench/summary.sh
 source microbench/decode_rows.sh
 start_models
-in_tree() {  # VARIANT SECONDS MODULE ARGS...: python3 -m MODULE ARGS in a variant, SECONDS at most
-    local v=$1 t=$2; shift 2
-    case $v in
-    head) timeout "$t" python3 -m "$@" ;;
-    n256) timeout "$t" python3 docs/results/decode-round5/with_defines.py DENSE_NORM_BLOCK_THREADS=256 \
-        expertstream.kernels.dense.NORM_BLOCK_THREADS=256 -- -m "$@" ;;
-    base) (cd "$BASE" && PYTHONPATH="$BASE:${PYTHONPATH:-}" timeout "$t" python3 -m "$@") ;;
-    esac
-}
+declare -A DEFINES=([n256]="DENSE_NORM_BLOCK_THREADS=256 expertstream.kernels.dense.NORM_BLOCK_THREADS=256")
 variants="head n256"
 [ -n "${BASE:-}" ] && variants="$variants base"
 profiles $variants

@@ -20,14 +20,7 @@ start_models
 timeout ${TESTS_S:-150} python3 -m pytest -q -p no:cacheprovider --backend cuda tests/kernels/test_gemv.py \
     tests/kernels/test_dense.py >"$R/tests-cuda.txt" 2>&1
 el "kernel tests on the GPU: $(grep -E 'passed|failed|error' "$R/tests-cuda.txt" | tail -1)"
-in_tree() {  # VARIANT SECONDS MODULE ARGS...: python3 -m MODULE ARGS in a variant, SECONDS at most
-    local v=$1 t=$2; shift 2
-    case $v in
-    head) timeout "$t" python3 -m "$@" ;;
-    d2) timeout "$t" python3 docs/results/decode-round5/with_defines.py MOE_GEMV_INT8_DEPTH=2 -- -m "$@" ;;
-    base) (cd "$BASE" && PYTHONPATH="$BASE:${PYTHONPATH:-}" timeout "$t" python3 -m "$@") ;;
-    esac
-}
+declare -A DEFINES=([d2]="MOE_GEMV_INT8_DEPTH=2")
 variants="head d2"
 [ -n "${BASE:-}" ] && variants="$variants base"
 profiles $variants
