@@ -11,8 +11,8 @@
 //
 // The block stages its pair's activation row in shared memory (float rows of up to MOE_GEMV_STAGE
 // elements, each slice padded to MOE_GEMV_STAGE_LD floats so the lanes, each on a slice of its own,
-// read it conflict-free; int8 rows of up to MOE_GEMV_STAGE_Q8; longer ones are read from global
-// memory); each slice a lane reads serves all its wave's rows. Each lane has GemvX<TYPE>::DEPTH
+// read it conflict-free; longer float rows are read from global memory; int8 rows in chunks of
+// MOE_GEMV_STAGE_Q8 elements); each slice a lane reads serves all its wave's rows. Each lane has GemvX<TYPE>::DEPTH
 // slices of each row in flight, the first ones issued before the staging, so both wait on memory
 // together.
 //
@@ -299,7 +299,7 @@ template <int TYPE> __device__ int gemv_row_steps(int n_in, bool last_row) {
 //   grid once per block (quantize_block32, moe_quantize_x's bytes), and each slice adds
 //   fmaf(dw * dx, dot, acc) and, with a min, fmaf(-mw, s, acc), dot the int32 product of the two
 //   blocks' quants: the products of int8.cu's kernels. A slice reads a third of the shared bytes
-//   and no decoded floats stay live, so each lane has two slices of each row in flight.
+//   and no decoded floats stay live: a third fewer registers, so more warps a multiprocessor.
 template <int TYPE> struct GemvInt8 {
     static const bool value = TYPE == ES_TYPE_Q4_0 || TYPE == ES_TYPE_Q4_K || TYPE == ES_TYPE_Q6_K;
 };

@@ -124,8 +124,6 @@ template <> struct Int8Format<ES_TYPE_Q4_0> {
         *b0 = nibbles_minus_8(w & 0x0f0f0f0fu);
         *b1 = nibbles_minus_8((w >> 4) & 0x0f0f0f0fu);
     }
-    // Each byte v (0..15) to the signed byte v - 8: v + 0x78 stays below 0x100 (no carry into
-    // the next byte), and flipping bit 7 subtracts 0x80 modulo 256.
 };
 
 // A step is one 64-element chunk j = ks % 4 of a 256-element block: the 16-byte header (d,

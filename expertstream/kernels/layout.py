@@ -37,7 +37,7 @@ GEMV_STAGE = 4096  # activation rows up to this many elements are staged in shar
 GEMV_INT8_TYPES: frozenset[GGMLQuantizationType] = frozenset(
     {GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K}
 )
-GEMV_STAGE_Q8 = 8192  # int8 activation rows up to this many elements (padded) are staged in shared memory
+GEMV_STAGE_Q8 = 8192  # int8 activation rows are staged in shared memory in chunks of this many elements
 # Pairs up to which MoeKernels(device, gemv=True) takes the matrix-vector kernels: each pair reads
 # its expert's rows again, so past a few pairs per expert the tile kernels, which read a tile's
 # weights once for all its pairs, should win. 8 (one token's top-8) was not compared with other bounds.

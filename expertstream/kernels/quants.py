@@ -376,19 +376,22 @@ def decode_rows(rows: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
 # -- the int8 path: integer quants and per-32-block scales ---------------------------------
 
 
-def _q4_0_int8(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+Int8Split = tuple[np.ndarray, np.ndarray, "np.ndarray | None"]
+
+
+def _q4_0_int8(b: np.ndarray) -> Int8Split:
     q = _nibbles(b[:, 2:18]).astype(np.int8) - np.int8(8)
-    return q[:, None, :], _f16(b, 0), np.zeros((b.shape[0], 1), np.float32)
+    return q[:, None, :], _f16(b, 0), None
 
 
-def _q4_k_int8(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _q4_k_int8(b: np.ndarray) -> Int8Split:
     sc, m = _k4_scales(b[:, 4:16])
     d, dmin = _f16(b, 0), _f16(b, 2)
     q = _low_nibble_slices(b[:, 16:144]).astype(np.int8)
     return q, d * sc[:, :, 0], dmin * m[:, :, 0]
 
 
-def _q6_k_int8(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _q6_k_int8(b: np.ndarray) -> Int8Split:
     """Per 16-element half-slice: its own signed scale (the matrix-vector kernels' blocks)."""
     n = b.shape[0]
     ql = b[:, 0:128].reshape(n, 2, 2, 32)
@@ -397,10 +400,10 @@ def _q6_k_int8(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     high = ((qh >> np.arange(0, 8, 2, dtype=np.uint8)[None, None, :, None]) & 3).reshape(n, SLICES, 32)
     q = ((low | (high << 4)).astype(np.int16) - 32).astype(np.int8).reshape(n, 2 * SLICES, 16)
     dl = _f16(b, 208) * b[:, 192:208].view(np.int8).astype(np.float32)
-    return q, dl, np.zeros_like(dl)
+    return q, dl, None
 
 
-INT8_SPLITS: dict[GGMLQuantizationType, Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]] = {
+INT8_SPLITS: dict[GGMLQuantizationType, Callable[[np.ndarray], Int8Split]] = {
     _T.Q4_0: _q4_0_int8,
     _T.Q4_K: _q4_k_int8,
     _T.Q6_K: _q6_k_int8,  # 16-element blocks: the matrix-vector kernels only (no int8 tile kernel)
@@ -440,11 +443,11 @@ def x_blocks(xq: tuple[np.ndarray, np.ndarray, np.ndarray], width: int) -> tuple
     return q, d, s
 
 
-def int8_rows(rows: np.ndarray, qtype: GGMLQuantizationType) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def int8_rows(rows: np.ndarray, qtype: GGMLQuantizationType) -> Int8Split:
     """What the int8 kernels take from uint8 rows [n_rows, row_bytes] of ``qtype``, per block of B
     elements (32; Q6_K's 16): int8 quants [n_rows, blocks, B] and float32 [n_rows, blocks] multipliers
     of their dot (Q4_0: d; Q4_K: d * sc; Q6_K: d * the half's scale) and of the activations' sum term
-    (Q4_K: dmin * m; else 0).
+    (Q4_K: dmin * m; None for the types without one, whose kernels never read the sum).
 
     Element k of the row decodes to d * q[k] - m, as decode_rows gives it.
     """
@@ -454,4 +457,4 @@ def int8_rows(rows: np.ndarray, qtype: GGMLQuantizationType) -> tuple[np.ndarray
     _, block_bytes = GGML_QUANT_SIZES[qtype]
     n_rows = rows.shape[0]
     q, d, m = split(np.ascontiguousarray(rows, np.uint8).reshape(-1, block_bytes))
-    return q.reshape(n_rows, -1, q.shape[-1]), d.reshape(n_rows, -1), m.reshape(n_rows, -1)
+    return q.reshape(n_rows, -1, q.shape[-1]), d.reshape(n_rows, -1), None if m is None else m.reshape(n_rows, -1)

@@ -178,7 +178,9 @@ def mul_mat_vec_id(
             at = t * top_k + k if per_pair else t
             r = slice(e * n_out, (e + 1) * n_out)
             dots = np.einsum("nbk,bk->nb", q_w[r].astype(np.int64), q_x[at].astype(np.int64))
-            scaled = d_w[r].astype(np.float64) * d_x[at] * dots - m_w[r].astype(np.float64) * s_x[at]
+            scaled = d_w[r].astype(np.float64) * d_x[at] * dots
+            if m_w is not None:  # the activations' sum term of the types with a min
+                scaled = scaled - m_w[r].astype(np.float64) * s_x[at]
             y[t, k] = scaled.sum(axis=1)
     return y
 

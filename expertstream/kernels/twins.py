@@ -142,11 +142,9 @@ def _quantize_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
     xq_bytes.reshape(n_rows, -1)[:] = pack_quantized_x(*quantize_x(x))
 
 
-def _int8_products(
-    xq: tuple[np.ndarray, np.ndarray, np.ndarray], w: tuple[np.ndarray, np.ndarray, np.ndarray]
-) -> np.ndarray:
+def _int8_products(xq: tuple[np.ndarray, np.ndarray, np.ndarray], w: quants.Int8Split) -> np.ndarray:
     """float32 [m, n]: per block (the weights' width) integer dots of activations and weights, scaled and
-    summed in k order."""
+    summed in k order; the activations' sum term only where the weights have a min."""
     q_w, d_w, m_w = w
     q_x, d_x, s_x = quants.x_blocks(xq, q_w.shape[-1])
     dots = np.einsum("mbk,nbk->bmn", q_x.astype(np.int32), q_w.astype(np.int32))
@@ -154,7 +152,8 @@ def _int8_products(
     with np.errstate(invalid="ignore", over="ignore"):
         for b in range(dots.shape[0]):
             acc += (d_x[:, b, None] * d_w[None, :, b]) * dots[b].astype(np.float32)
-            acc -= m_w[None, :, b] * s_x[:, b, None]
+            if m_w is not None:
+                acc -= m_w[None, :, b] * s_x[:, b, None]
     return acc
 
 
@@ -198,7 +197,7 @@ def _mul_mat_id_runner(fmt: WeightFormat, path: MatrixPath) -> Any:
 
 def _int8_weights(
     w_bytes: np.ndarray, fmt: WeightFormat, expert: int, n_out: int, n_in: int
-) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
+) -> tuple[quants.Int8Split, np.ndarray]:
     """One expert's rows as the int8 products take them (quants.int8_rows), and what the padded
     part of each row adds: 0 * w, NaN where a tail value is not finite."""
     row_bytes = fmt.row_bytes(n_in)
@@ -216,7 +215,7 @@ def _int8_runner(fmt: WeightFormat) -> Any:
         n_expert, n_out, n_in, top_k = int(n_expert), int(n_out), int(n_in), int(top_k)
         xq = unpack_quantized_x(xq_bytes.reshape(-1, layout.quantized_x_row_bytes(n_in)), n_in)
         y = y_bytes.view(np.float32).reshape(-1, n_out)
-        weights: dict[int, tuple[tuple[np.ndarray, np.ndarray, np.ndarray], np.ndarray]] = {}
+        weights: dict[int, tuple[quants.Int8Split, np.ndarray]] = {}
         for expert, pairs in _expert_groups(scratch_bytes, int(max_tiles), n_expert, y):
             if expert not in weights:
                 weights[expert] = _int8_weights(w_bytes, fmt, int(expert), n_out, n_in)

@@ -220,11 +220,11 @@ def test_route_weights_scale_each_row(host_gemv: Path, rng: np.random.Generator)
     [(_T.Q6_K, 8448), (_T.F16, 4133), (_T.Q4_K, 8704), (_T.Q4_0, 8224), (_T.IQ2_XS, 4352)],
     ids=lambda v: v.name if isinstance(v, _T) else str(v),
 )
-def test_rows_longer_than_the_stage_read_global_memory(
+def test_rows_longer_than_the_stage_give_the_same_sums(
     host_gemv: Path, rng: np.random.Generator, w_type: GGMLQuantizationType, n_in: int
 ) -> None:
-    """Past the stage (MOE_GEMV_STAGE float elements; MOE_GEMV_STAGE_Q8 for the int8 activations, then
-    each lane quantizes its own slices) the activations are read from global memory: the same sums."""
+    """Past the stage the float activations are read from global memory, the int8 ones staged in chunks of
+    MOE_GEMV_STAGE_Q8 elements: the same sums."""
     stage = layout.GEMV_STAGE_Q8 if w_type in layout.GEMV_INT8_TYPES else layout.GEMV_STAGE
     assert n_in > stage
     n_expert, n_out = 2, 5
