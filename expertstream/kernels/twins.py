@@ -284,6 +284,7 @@ def gemv_runner(fmt: WeightFormat) -> Any:
         y = y_bytes.view(np.float32).reshape(-1, n_out)
         ids = ids_bytes.view(np.int32)[:n_pairs]
         width = fmt.padded_row_elements(n_in)
+        decoded: dict[int, Any] = {}  # each expert's rows, decoded once a call
         for pair, expert in enumerate(ids.tolist()):
             if not 0 <= expert < n_expert:
                 y[pair] = np.nan
@@ -291,14 +292,18 @@ def gemv_runner(fmt: WeightFormat) -> Any:
             x_row = x[pair if x_per_pair else pair // top_k]
             # Rows stop at n_in but the tensor's last, which reads the padding tail against zeros.
             if int8:
-                split, tail = _int8_weights(w_bytes, fmt, expert, n_out, n_in)
+                if expert not in decoded:
+                    decoded[expert] = _int8_weights(w_bytes, fmt, expert, n_out, n_in)
+                split, tail = decoded[expert]
                 out = _int8_products(quantize_x(x_row[None]), split)[0]
                 if expert == n_expert - 1:
                     out[-1] += tail[-1]
             else:
                 acts = np.zeros(width, np.float32)
                 acts[:n_in] = x_row
-                rows = _padded_rows(w_bytes, fmt, expert, n_out, n_in)
+                if expert not in decoded:
+                    decoded[expert] = _padded_rows(w_bytes, fmt, expert, n_out, n_in)
+                rows = decoded[expert]
                 out = rows[:, :n_in] @ acts[:n_in]
                 if expert == n_expert - 1:
                     out[-1] = rows[-1] @ acts
