@@ -186,6 +186,31 @@ def test_matches_reference_aligned_or_not(
         assert shifted.tobytes() == y.tobytes(), "misaligned inputs (narrow loads) gave other bytes"
 
 
+def test_slices_in_flight_do_not_change_the_bytes(
+    host_gemv: Path, tmp_path_factory: pytest.TempPathFactory, rng: np.random.Generator
+) -> None:
+    """One or two slices of each row a lane in flight (MOE_GEMV_DEPTH, MOE_GEMV_INT8_DEPTH): the same
+    additions in the same order, so the same bytes, on the float path and the int8 one."""
+    depth = {"MOE_GEMV_DEPTH": 1, "MOE_GEMV_INT8_DEPTH": 1}
+    source = kernel_source(TYPES)
+    for name, value in depth.items():
+        assert f"#define {name} {value} " in source, f"{name} is no longer {value}: swap the depths tried here"
+        source = source.replace(f"#define {name} {value} ", f"#define {name} 2 ")
+    names = ", ".join(FORMATS[t].gemv_kernel_name for t in TYPES)
+    gate_up_names = ", ".join(FORMATS[t].gemv_gate_up_kernel_name for t in TYPES)
+    deeper = build_on_host(tmp_path_factory.mktemp("host_gemv_depth2"), source, _DRIVER % (names, gate_up_names))
+    n_expert, n_out, n_in = 3, 11, 2560  # 80 slices: a lane's second and third rounds, the last partial
+    ids = np.array([[2, 0, 1]], np.int32)
+    x = rng.standard_normal((1, n_in)).astype(np.float32)
+    for w_type in (_T.Q4_K, _T.Q6_K, _T.F16):
+        w = ref.random_weights(rng, w_type, n_expert * n_out, n_in)
+        padded = with_tail(w, w_type, n_in)
+        one = run_gemv(host_gemv, w_type, padded, x, ids, (n_expert, n_out, n_in))
+        two = run_gemv(deeper, w_type, padded, x, ids, (n_expert, n_out, n_in))
+        assert np.isfinite(one).all()
+        assert one.tobytes() == two.tobytes(), w_type.name
+
+
 @pytest.mark.parametrize("w_type", [_T.Q4_0, _T.Q4_K], ids=lambda t: t.name)
 def test_dirty_padding_tail_shows(host_gemv: Path, rng: np.random.Generator, w_type: GGMLQuantizationType) -> None:
     n_expert, n_out, n_in = 2, 9, 768
