@@ -98,10 +98,17 @@ struct alignas(8) Int8Scales {
 
 #define QUANT_ROUND_BIAS 12582912.0f  // 1.5 * 2^23: added to |v| < 2^22, it leaves rint(v) in the low bits
 
-// c + the dot product of the four signed bytes of a with those of b (exact in int32).
+// c + the dot product of the four signed bytes of a with those of b (exact in int32): one instruction
+// on NVIDIA from sm_61 and on the AMD targets tests/amdcompile checks (v_dot4c_i32_i8 on gfx90a, gfx942
+// and gfx1030; v_dot4_i32_iu8 with both operands signed on gfx1100 and gfx1201; clamp off), four byte
+// products elsewhere.
 __device__ int dot4_i8(unsigned int a, unsigned int b, int c) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 610
     return __dp4a((int)a, (int)b, c);
+#elif defined(__gfx90a__) || defined(__gfx942__) || defined(__gfx1030__)
+    return __builtin_amdgcn_sdot4((int)a, (int)b, c, false);
+#elif defined(__gfx1100__) || defined(__gfx1201__)
+    return __builtin_amdgcn_sudot4(true, (int)a, true, (int)b, c, false);
 #else
 #pragma unroll
     for (int i = 0; i < 4; ++i) {

@@ -105,6 +105,10 @@ class Disassembly:
         counts = self.functions.get(function, Counter())
         return sum(n for m, n in counts.items() if any(p.match(m) for p in _MATRIX_MNEMONIC.values()))
 
+    def dot4_in(self, function: str) -> int:
+        """Integer dot-product instructions (v_dot4*: four signed bytes a word) in one function."""
+        return sum(n for m, n in self.functions.get(function, Counter()).items() if m.startswith("v_dot4"))
+
     def matrix_functions(self, family: str) -> dict[str, int]:
         pattern = _MATRIX_MNEMONIC[family]
         per_function = {
