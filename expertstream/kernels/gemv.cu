@@ -259,8 +259,28 @@ __device__ void gemv_stage<ES_TYPE_Q6_K>(const unsigned char* __restrict__ row, 
     staged.units[33] = units[BlockFormat<ES_TYPE_Q6_K>::unit_of(s, 33)];
 }
 
+// x_row[k0 .. k0 + N) into v, zero at and past n_in, from global memory: 4 floats at a time where the
+// N elements lie inside the row and start 16-byte aligned.
+template <int N> __device__ void gemv_load_x(const float* __restrict__ x_row, int k0, int n_in, float* v) {
+    if (k0 + N <= n_in && ((unsigned long long)(x_row + k0) & 15u) == 0) {
+#pragma unroll
+        for (int q = 0; q < N / 4; ++q) {
+            const vec4 w = *(const vec4*)(x_row + k0 + 4 * q);
+            v[4 * q] = w.x;
+            v[4 * q + 1] = w.y;
+            v[4 * q + 2] = w.z;
+            v[4 * q + 3] = w.w;
+        }
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+        v[j] = k0 + j < n_in ? x_row[k0 + j] : 0.0f;
+    }
+}
+
 // Slice ks of the activation row into a[0..31], zero at and past n_in: from shared memory where the
-// row was staged (x_staged not null), else from global memory (4 floats at a time where aligned).
+// row was staged (x_staged not null), else from global memory (gemv_load_x).
 __device__ void gemv_x_slice(const float* x_staged, const float* __restrict__ x_row, int ks, int n_in, float* a) {
     const int k0 = ks * MOE_TILE_K;
     if (x_staged) {
@@ -271,21 +291,7 @@ __device__ void gemv_x_slice(const float* x_staged, const float* __restrict__ x_
         }
         return;
     }
-    if (k0 + MOE_TILE_K <= n_in && ((unsigned long long)(x_row + k0) & 15u) == 0) {
-#pragma unroll
-        for (int q = 0; q < MOE_TILE_K / 4; ++q) {
-            const vec4 v = *(const vec4*)(x_row + k0 + 4 * q);
-            a[4 * q] = v.x;
-            a[4 * q + 1] = v.y;
-            a[4 * q + 2] = v.z;
-            a[4 * q + 3] = v.w;
-        }
-        return;
-    }
-#pragma unroll
-    for (int j = 0; j < MOE_TILE_K; ++j) {
-        a[j] = k0 + j < n_in ? x_row[k0 + j] : 0.0f;
-    }
+    gemv_load_x<MOE_TILE_K>(x_row, k0, n_in, a);
 }
 
 // How many slices a row reads: its own, or for the tensor's last row (last_row) up to the next
@@ -377,17 +383,7 @@ template <int TYPE> struct GemvX<TYPE, true> {
             const int part = first + (int)threadIdx.x;
             const int k0 = MOE_TILE_K * c0 + 8 * part;
             float v[8];
-            if (k0 + 8 <= n_in && ((unsigned long long)(x_row + k0) & 15u) == 0) {
-                const vec4 low = *(const vec4*)(x_row + k0);
-                const vec4 high = *(const vec4*)(x_row + k0 + 4);
-                v[0] = low.x, v[1] = low.y, v[2] = low.z, v[3] = low.w;
-                v[4] = high.x, v[5] = high.y, v[6] = high.z, v[7] = high.w;
-            } else {
-#pragma unroll
-                for (int j = 0; j < 8; ++j) {
-                    v[j] = k0 + j < n_in ? x_row[k0 + j] : 0.0f;
-                }
-            }
+            gemv_load_x<8>(x_row, k0, n_in, v);
             bool finite;
             const float amax = quantize_amax(v, 8, &finite);
             part_max[threadIdx.x] = finite ? amax : bits_to_float(0x7fc00000u);

@@ -116,13 +116,18 @@ int main(int argc, char** argv) {
 )
 
 
+def build_gemv(folder: Path, source: str) -> Path:
+    """_DRIVER over ``source``'s matrix-vector kernels of TYPES, compiled for this host."""
+    names = ", ".join(FORMATS[t].gemv_kernel_name for t in TYPES)
+    gate_up_names = ", ".join(FORMATS[t].gemv_gate_up_kernel_name for t in TYPES)
+    return build_on_host(folder, source, _DRIVER % (names, gate_up_names))
+
+
 @pytest.fixture(scope="module")
 def host_gemv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if CXX is None:
         pytest.skip("no C++ compiler (c++, g++ or clang++) on PATH")
-    names = ", ".join(FORMATS[t].gemv_kernel_name for t in TYPES)
-    gate_up_names = ", ".join(FORMATS[t].gemv_gate_up_kernel_name for t in TYPES)
-    return build_on_host(tmp_path_factory.mktemp("host_gemv"), kernel_source(TYPES), _DRIVER % (names, gate_up_names))
+    return build_gemv(tmp_path_factory.mktemp("host_gemv"), kernel_source(TYPES))
 
 
 def run_gemv(
@@ -196,9 +201,7 @@ def test_slices_in_flight_do_not_change_the_bytes(
     for name, value in depth.items():
         assert f"#define {name} {value} " in source, f"{name} is no longer {value}: swap the depths tried here"
         source = source.replace(f"#define {name} {value} ", f"#define {name} 2 ")
-    names = ", ".join(FORMATS[t].gemv_kernel_name for t in TYPES)
-    gate_up_names = ", ".join(FORMATS[t].gemv_gate_up_kernel_name for t in TYPES)
-    deeper = build_on_host(tmp_path_factory.mktemp("host_gemv_depth2"), source, _DRIVER % (names, gate_up_names))
+    deeper = build_gemv(tmp_path_factory.mktemp("host_gemv_depth2"), source)
     n_expert, n_out, n_in = 3, 11, 2560  # 80 slices: a lane's second and third rounds, the last partial
     ids = np.array([[2, 0, 1]], np.int32)
     x = rng.standard_normal((1, n_in)).astype(np.float32)
