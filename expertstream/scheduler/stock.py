@@ -10,7 +10,6 @@ ids buffer) and each run of consecutive experts is one copy (llama.cpp's behavio
 from __future__ import annotations
 
 import logging
-import os
 
 import numpy as np
 
@@ -35,7 +34,6 @@ class StockCopier:
         # Gathers report an id naming no expert here (int32 tag, id); a tag is an index into _gathered.
         self._report: DeviceBuffer | None = None
         self._gathered: list[tuple[str, int]] = []  # (split name, n_expert) of this run's gathers, by tag
-        self._mapped: dict[tuple[int, int], DeviceBuffer] = {}
 
     @property
     def device_bytes(self) -> int:
@@ -100,10 +98,6 @@ class StockCopier:
         padded = inp.padded_nbytes
         if decode_routing is not None and inp.name in decode_routing.weights:
             assert inp.expert_nbytes is not None
-            mapped = self._read_in_place(inp, padded)
-            if mapped is not None:
-                stats.gathers += 1
-                return mapped
             if not self._gather(stream, dst, split, inp, decode_routing, padded - inp.nbytes, stats):
                 used = self._used_experts(stream, split, decode_routing, stats)
                 ranges = expert_ranges(used, inp.expert_nbytes, inp.nbytes, padded - inp.nbytes)
@@ -118,21 +112,6 @@ class StockCopier:
             # The scratch may have held a larger tensor: the tail kernels read must be zero again.
             stream.memset(dst, inp.nbytes, padded - inp.nbytes, 0)
         return dst.view(0, padded)
-
-    def _read_in_place(self, inp: Input, padded: int) -> BufferView | None:
-        """EXPERIMENT: the kernels read the experts from page-locked host memory themselves."""
-        if not os.environ.get("EXPERTSTREAM_DECODE_READ_HOST"):
-            return None
-        assert inp.host is not None
-        region = gather_region(inp.host)
-        address_of = getattr(self.device, "host_device_address", None)
-        if region is None or address_of is None or region.start + padded > region.buffer.nbytes:
-            return None
-        key = (id(region.buffer), region.start)
-        buf = self._mapped.get(key)
-        if buf is None:
-            buf = self._mapped[key] = _MappedHost(self.device, address_of(region.buffer) + region.start, padded)
-        return buf.view(0, padded)
 
     def _gather(
         self,
@@ -214,19 +193,6 @@ class StockCopier:
         if self._report is not None:
             self._report.close()
             self._report = None
-
-
-class _MappedHost(DeviceBuffer):
-    def __init__(self, device: Device, address: int, nbytes: int) -> None:
-        super().__init__(device, nbytes, nbytes, Usage.COMPUTE)
-        self._address = address
-
-    @property
-    def address(self) -> int:
-        return self._address
-
-    def _free(self) -> None:
-        pass
 
 
 def gather_region(source: HostSource) -> HostRegion | None:
