@@ -19,7 +19,7 @@
 // Lane l of a wave takes the row's 32-element slices l, l + 32, ...: it loads a slice's units
 // (16 bytes at a time where the type's slice is made of 16-byte runs and the address allows) and
 // adds the slice's product in ascending slice order: for most types decoded by decode_slice and
-// summed as x * w in float32, for the types of GemvInt8 (Q4_0, Q4_K, Q6_K) as the integer dot of the
+// summed as x * w in float32, for the types of GemvInt8 (Q4_0, Q4_K, Q6_K, Q8_0, MXFP4) as the integer dot of the
 // weight quants with the activations on the int8 grid, scaled in float32 (GemvX below). The
 // wave's 32 partial sums are then added in a fixed tree (lane l + s into
 // lane l for s = 16, 8, 4, 2, 1), so an output does not depend on timing, on the other pairs of
@@ -259,6 +259,57 @@ __device__ void gemv_stage<ES_TYPE_Q6_K>(const unsigned char* __restrict__ row, 
     staged.units[33] = units[BlockFormat<ES_TYPE_Q6_K>::unit_of(s, 33)];
 }
 
+// The 32 bytes at src, 2-byte aligned, into pairs[0..7], as gemv_load_run32 but reading no word that
+// holds none of them: for runs that end their block (Q8_0's quants), where the next word may lie past
+// the tensor.
+__device__ void gemv_load_run32_within(const unsigned char* src, unsigned int* pairs) {
+    const unsigned int* words = (const unsigned int*)((unsigned long long)src & ~3ull);
+    const int shift = 8 * (int)((unsigned long long)src & 3u);
+    unsigned int w[9];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        w[i] = words[i];
+    }
+    w[8] = shift ? words[8] : 0u;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        pairs[i] = (unsigned int)((((unsigned long long)w[i + 1] << 32) | w[i]) >> shift);
+    }
+}
+
+// The int8 path's Q8_0 slices (GemvInt8): the 32 quant bytes of the 34-byte block, 2-byte aligned, into
+// pairs[0..7] by aligned words, and d into units[16]. (The float path's decode_slice reads the block's
+// own layout: this staging serves GemvX<ES_TYPE_Q8_0, true> only.)
+template <>
+__device__ void gemv_stage<ES_TYPE_Q8_0>(const unsigned char* __restrict__ row, int ks, int, GemvStaged<ES_TYPE_Q8_0>& staged) {
+    const unsigned char* block = row + (long long)ks * BlockFormat<ES_TYPE_Q8_0>::bytes;
+    gemv_load_run32_within(block + 2, staged.pairs);
+    staged.units[16] = *(const unsigned short*)block;
+}
+
+// The int8 path's MXFP4 slices (GemvInt8): the 17-byte block, at any alignment, by the five aligned
+// words that hold it (each holds at least one of its bytes, so none lies past the tensor): its 16
+// quant bytes into pairs[0..3], its E8M0 scale into pairs[4]. (The float path's decode_slice reads the
+// block's own layout: this staging serves GemvX<ES_TYPE_MXFP4, true> only.)
+template <>
+__device__ void gemv_stage<ES_TYPE_MXFP4>(const unsigned char* __restrict__ row, int ks, int, GemvStaged<ES_TYPE_MXFP4>& staged) {
+    const unsigned char* block = row + (long long)ks * BlockFormat<ES_TYPE_MXFP4>::bytes;
+    const unsigned int* words = (const unsigned int*)((unsigned long long)block & ~3ull);
+    const int at = (int)((unsigned long long)block & 3u);  // the scale's byte in words[0]
+    unsigned int w[5];
+#pragma unroll
+    for (int i = 0; i < 5; ++i) {
+        w[i] = words[i];
+    }
+    // The quants start at byte at + 1 of the window: word 1 exactly where at is 3, else cut from two.
+    const int shift = 8 * ((at + 1) & 3);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+        staged.pairs[c] = at == 3 ? w[c + 1] : (unsigned int)((((unsigned long long)w[c + 1] << 32) | w[c]) >> shift);
+    }
+    staged.pairs[4] = (w[0] >> (8 * at)) & 0xffu;
+}
+
 // x_row[k0 .. k0 + N) into v, zero at and past n_in, from global memory: 4 floats at a time where the
 // N elements lie inside the row and start 16-byte aligned.
 template <int N> __device__ void gemv_load_x(const float* __restrict__ x_row, int k0, int n_in, float* v) {
@@ -314,7 +365,8 @@ template <int TYPE> __device__ int gemv_row_steps(int n_in, bool last_row) {
 //   blocks' quants: the products of int8.cu's kernels. A slice reads a third of the shared bytes
 //   and no decoded floats stay live: a third fewer registers, so more warps a multiprocessor.
 template <int TYPE> struct GemvInt8 {
-    static const bool value = TYPE == ES_TYPE_Q4_0 || TYPE == ES_TYPE_Q4_K || TYPE == ES_TYPE_Q6_K;
+    static const bool value = TYPE == ES_TYPE_Q4_0 || TYPE == ES_TYPE_Q4_K || TYPE == ES_TYPE_Q6_K ||
+                              TYPE == ES_TYPE_Q8_0 || TYPE == ES_TYPE_MXFP4;
 };
 
 #define MOE_GEMV_STAGE_Q8 8192  // int8 activation rows up to this many elements are staged in shared memory
@@ -426,6 +478,56 @@ __device__ float GemvX<ES_TYPE_Q4_0, true>::add(const unsigned short* units, int
         dot = dot4_i8(nibbles_minus_8((w >> 4) & 0x0f0f0f0fu), x.q[4 + c], dot);
     }
     return fmaf(half_to_float(units[0]) * x.scales.d, (float)dot, acc);
+}
+
+// Q8_0 (staged by gemv_stage<ES_TYPE_Q8_0>): the 32 signed quants in pairs 0-7, d in unit 16.
+template <>
+__device__ float GemvX<ES_TYPE_Q8_0, true>::add(const unsigned short* units, int, const GemvXq& x, float acc) {
+    const unsigned int* pairs = (const unsigned int*)units;
+    int dot = 0;
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+        dot = dot4_i8(pairs[c], x.q[c], dot);
+    }
+    return fmaf(half_to_float(units[16]) * x.scales.d, (float)dot, acc);
+}
+
+// Each byte v (an MXFP4 code, 0..15) to the signed byte MXFP4_VALUES[v]: on NVIDIA two byte
+// permutations (prmt) from the table's halves, 0..7 and 8..15, then each byte from the half its bit 3
+// names; elsewhere a shift of the half's eight bytes per byte.
+__device__ unsigned int mxfp4_codes_to_i8(unsigned int v) {
+    const unsigned int negative = ((v >> 3) & 0x01010101u) * 0xffu;  // 0xff in the bytes of codes 8..15
+#if defined(__CUDA_ARCH__)
+    const unsigned int t = v | (v >> 4);
+    const unsigned int select = ((t & 0xffu) | ((t >> 8) & 0xff00u)) & 0x7777u;  // code k & 7 in nibble k
+    const unsigned int low = __byte_perm(0x03020100u, 0x0c080604u, select);      // 0, 1, 2, 3, 4, 6, 8, 12
+    const unsigned int high = __byte_perm(0xfdfeff00u, 0xf4f8fafcu, select);     // 0, -1, ..., -12
+    return (low & ~negative) | (high & negative);
+#else
+    unsigned int out = 0u;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const unsigned int code = (v >> (8 * j)) & 0xfu;
+        const unsigned long long half = code & 8u ? 0xf4f8fafcfdfeff00ull : 0x0c08060403020100ull;
+        out |= (unsigned int)((half >> (8 * (code & 7u))) & 0xffu) << (8 * j);
+    }
+    return out;
+#endif
+}
+
+// MXFP4 (staged by gemv_stage<ES_TYPE_MXFP4>): element j of the block in the low nibble of quant byte
+// j, element j + 16 in the high one, each a code of MXFP4_VALUES; the scale half the E8M0 power, as
+// decode_slice takes it.
+template <>
+__device__ float GemvX<ES_TYPE_MXFP4, true>::add(const unsigned char* units, int, const GemvXq& x, float acc) {
+    const unsigned int* pairs = (const unsigned int*)units;
+    int dot = 0;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+        dot = dot4_i8(mxfp4_codes_to_i8(pairs[c] & 0x0f0f0f0fu), x.q[c], dot);
+        dot = dot4_i8(mxfp4_codes_to_i8((pairs[c] >> 4) & 0x0f0f0f0fu), x.q[4 + c], dot);
+    }
+    return fmaf(e8m0_half(pairs[4]) * x.scales.d, (float)dot, acc);
 }
 
 // Q6_K: the slice's 32 low-bit bytes (units 0-15) and 32 high-bit bytes (units 16-31), its two

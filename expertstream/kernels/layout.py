@@ -35,7 +35,13 @@ GEMV_STAGE = 4096  # activation rows up to this many elements are staged in shar
 # llama.cpp's q8_1 matrix-vector path. The other types add decoded float32 weights times float32
 # activations.
 GEMV_INT8_TYPES: frozenset[GGMLQuantizationType] = frozenset(
-    {GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K}
+    {
+        GGMLQuantizationType.Q4_0,
+        GGMLQuantizationType.Q4_K,
+        GGMLQuantizationType.Q6_K,
+        GGMLQuantizationType.Q8_0,
+        GGMLQuantizationType.MXFP4,
+    }
 )
 GEMV_STAGE_Q8 = 8192  # int8 activation rows are staged in shared memory in chunks of this many elements
 # Pairs up to which MoeKernels(device, gemv=True) takes the matrix-vector kernels: each pair reads

@@ -403,8 +403,18 @@ def _q6_k_int8(b: np.ndarray) -> Int8Split:
     return q, dl, None
 
 
+def _q8_0_int8(b: np.ndarray) -> Int8Split:
+    return b[:, None, 2:34].view(np.int8), _f16(b, 0), None
+
+
+def _mxfp4_int8(b: np.ndarray) -> Int8Split:
+    return MXFP4_VALUES[_nibbles(b[:, 1:17])].astype(np.int8)[:, None, :], e8m0_half(b[:, :1]), None
+
+
 INT8_SPLITS: dict[GGMLQuantizationType, Callable[[np.ndarray], Int8Split]] = {
     _T.Q4_0: _q4_0_int8,
+    _T.Q8_0: _q8_0_int8,
+    _T.MXFP4: _mxfp4_int8,
     _T.Q4_K: _q4_k_int8,
     _T.Q6_K: _q6_k_int8,  # 16-element blocks: the matrix-vector kernels only (no int8 tile kernel)
 }

@@ -133,3 +133,19 @@ def test_run_files_that_disagree_are_refused(tmp_path: Path) -> None:
         read_run(prefix)
     with pytest.raises(InvalidArgument, match=r"missing\.json is missing"):
         read_run(tmp_path / "missing")
+
+
+def test_by_prints_the_mean_kl_of_each_run_of_positions(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rng = np.random.default_rng(4)
+    logits = rng.normal(0, 1, (5, 20)).astype(np.float32)
+    other_logits = logits.copy()
+    other_logits[4] = rng.normal(0, 1, 20)  # only the last position differs: the second run of two
+    ref = write_run(tmp_path / "ref", logits, [1, 2, 3, 4, 5])
+    other = write_run(tmp_path / "other", other_logits, [1, 2, 3, 4, 5])
+    last = float(kl_divergence(logits[4:], other_logits[4:])[0])
+    assert main([str(ref), str(other), "--by", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "positions 0-1: KL mean 0, median 0" in out and "positions 2-3: KL mean 0, median 0" in out
+    assert f"positions 4-4: KL mean {last:.6g}, median {last:.6g}" in out
+    with pytest.raises(SystemExit):
+        main([str(ref), str(other), "--by", "0"])

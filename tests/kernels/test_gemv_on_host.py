@@ -30,7 +30,7 @@ from .test_kernels_on_host import _FIBERS, CXX, build_on_host, with_tail
 _T = GGMLQuantizationType
 # Whole 32-element blocks (Q4_0, bytes for MXFP4), 256-element blocks loaded in 16-byte runs (Q4_K)
 # or not (Q6_K, IQ2_XS), and the float types (partial last slice; F16 in 16-byte runs, F32 in words).
-TYPES = (_T.Q4_0, _T.MXFP4, _T.Q4_K, _T.Q6_K, _T.IQ2_XS, _T.F16, _T.F32)
+TYPES = (_T.Q4_0, _T.Q8_0, _T.MXFP4, _T.Q4_K, _T.Q6_K, _T.IQ2_XS, _T.F16, _T.F32)
 
 _DRIVER = (
     _FIBERS
@@ -245,7 +245,15 @@ def test_route_weights_scale_each_row(host_gemv: Path, rng: np.random.Generator)
 
 @pytest.mark.parametrize(
     ("w_type", "n_in"),
-    [(_T.Q6_K, 8448), (_T.F16, 4133), (_T.Q4_K, 8704), (_T.Q4_0, 8224), (_T.IQ2_XS, 4352)],
+    [
+        (_T.Q6_K, 8448),
+        (_T.F16, 4133),
+        (_T.Q4_K, 8704),
+        (_T.Q4_0, 8224),
+        (_T.Q8_0, 8704),
+        (_T.MXFP4, 8256),
+        (_T.IQ2_XS, 4352),
+    ],
     ids=lambda v: v.name if isinstance(v, _T) else str(v),
 )
 def test_rows_longer_than_the_stage_give_the_same_sums(
@@ -270,7 +278,7 @@ def test_int8_activations_are_those_of_the_listed_types(host_gemv: Path, rng: np
     listed = re.search(r"struct GemvInt8 \{\s*static const bool value = ([^;]*);", source_file("gemv.cu"))
     assert listed is not None
     assert {_T[name] for name in re.findall(r"ES_TYPE_(\w+)", listed.group(1))} == set(layout.GEMV_INT8_TYPES)
-    for w_type in (_T.Q4_K, _T.Q6_K, _T.IQ2_XS):
+    for w_type in (_T.Q4_K, _T.Q6_K, _T.MXFP4, _T.IQ2_XS):
         n_expert, n_out, n_in = 1, 16, 1024
         w = ref.random_weights(rng, w_type, n_out, n_in)
         ids = np.zeros((1, 1), np.int32)
