@@ -204,15 +204,19 @@ template <int TYPE> union GemvStaged {
 
 // The 16 units (32 bytes) at src, 2-byte aligned, into pairs[0..7]: as the nine 32-bit words from
 // the one at or below src, each pair of units cut from two neighbouring words. Nine loads instead
-// of sixteen; the ninth word may lie past the run, never past the block's end where it is used.
-__device__ void gemv_load_run32(const unsigned char* src, unsigned int* pairs) {
+// of sixteen. Where src is 4-byte aligned the ninth word holds none of the run's bytes and is not
+// used: READ_NINTH reads it unconditionally (no predicate), for runs whose block goes on past
+// that word (Q6_K's); runs that end their block (Q8_0's quants), where it may lie past the tensor,
+// read it only where it holds some of them.
+template <bool READ_NINTH> __device__ void gemv_load_run32(const unsigned char* src, unsigned int* pairs) {
     const unsigned int* words = (const unsigned int*)((unsigned long long)src & ~3ull);
     const int shift = 8 * (int)((unsigned long long)src & 3u);
     unsigned int w[9];
 #pragma unroll
-    for (int i = 0; i < 9; ++i) {
+    for (int i = 0; i < 8; ++i) {
         w[i] = words[i];
     }
+    w[8] = READ_NINTH || shift ? words[8] : 0u;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
         pairs[i] = (unsigned int)((((unsigned long long)w[i + 1] << 32) | w[i]) >> shift);
@@ -252,29 +256,11 @@ __device__ void gemv_stage<ES_TYPE_Q6_K>(const unsigned char* __restrict__ row, 
     const int s = ks % 8;
     const int half = s >> 2;
     const unsigned char* block = row + (long long)(ks / 8) * BlockFormat<ES_TYPE_Q6_K>::bytes;
-    gemv_load_run32(block + 64 * half + 32 * (s & 1), staged.pairs);
-    gemv_load_run32(block + 128 + 32 * half, staged.pairs + 8);
+    gemv_load_run32<true>(block + 64 * half + 32 * (s & 1), staged.pairs);
+    gemv_load_run32<true>(block + 128 + 32 * half, staged.pairs + 8);
     const unsigned short* units = (const unsigned short*)block;
     staged.units[32] = units[BlockFormat<ES_TYPE_Q6_K>::unit_of(s, 32)];
     staged.units[33] = units[BlockFormat<ES_TYPE_Q6_K>::unit_of(s, 33)];
-}
-
-// The 32 bytes at src, 2-byte aligned, into pairs[0..7], as gemv_load_run32 but reading no word that
-// holds none of them: for runs that end their block (Q8_0's quants), where the next word may lie past
-// the tensor.
-__device__ void gemv_load_run32_within(const unsigned char* src, unsigned int* pairs) {
-    const unsigned int* words = (const unsigned int*)((unsigned long long)src & ~3ull);
-    const int shift = 8 * (int)((unsigned long long)src & 3u);
-    unsigned int w[9];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        w[i] = words[i];
-    }
-    w[8] = shift ? words[8] : 0u;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        pairs[i] = (unsigned int)((((unsigned long long)w[i + 1] << 32) | w[i]) >> shift);
-    }
 }
 
 // The int8 path's Q8_0 slices (GemvInt8): the 32 quant bytes of the 34-byte block, 2-byte aligned, into
@@ -283,7 +269,7 @@ __device__ void gemv_load_run32_within(const unsigned char* src, unsigned int* p
 template <>
 __device__ void gemv_stage<ES_TYPE_Q8_0>(const unsigned char* __restrict__ row, int ks, int, GemvStaged<ES_TYPE_Q8_0>& staged) {
     const unsigned char* block = row + (long long)ks * BlockFormat<ES_TYPE_Q8_0>::bytes;
-    gemv_load_run32_within(block + 2, staged.pairs);
+    gemv_load_run32<false>(block + 2, staged.pairs);
     staged.units[16] = *(const unsigned short*)block;
 }
 
