@@ -19,9 +19,9 @@
 // Lane l of a wave takes the row's 32-element slices l, l + 32, ...: it loads a slice's units
 // (16 bytes at a time where the type's slice is made of 16-byte runs and the address allows) and
 // adds the slice's product in ascending slice order: for most types decoded by decode_slice and
-// summed as x * w in float32, for the types of GemvInt8 (Q4_0, Q4_K, Q6_K, Q8_0, MXFP4) as the integer dot of the
-// weight quants with the activations on the int8 grid, scaled in float32 (GemvX below). The
-// wave's 32 partial sums are then added in a fixed tree (lane l + s into
+// summed as x * w in float32, for the types of GemvInt8 (Q4_0, Q4_K, Q6_K, Q8_0, MXFP4) as the
+// integer dot of the weight quants with the activations on the int8 grid, scaled in float32 (GemvX
+// below). The wave's 32 partial sums are then added in a fixed tree (lane l + s into
 // lane l for s = 16, 8, 4, 2, 1), so an output does not depend on timing, on the other pairs of
 // the call or on the wave size of the device: on NVIDIA through warp shuffles, elsewhere (AMD's
 // wave64 targets, the host test harness) through shared memory and barriers, the same
@@ -263,39 +263,6 @@ __device__ void gemv_stage<ES_TYPE_Q6_K>(const unsigned char* __restrict__ row, 
     staged.units[33] = units[BlockFormat<ES_TYPE_Q6_K>::unit_of(s, 33)];
 }
 
-// The int8 path's Q8_0 slices (GemvInt8): the 32 quant bytes of the 34-byte block, 2-byte aligned, into
-// pairs[0..7] by aligned words, and d into units[16]. (The float path's decode_slice reads the block's
-// own layout: this staging serves GemvX<ES_TYPE_Q8_0, true> only.)
-template <>
-__device__ void gemv_stage<ES_TYPE_Q8_0>(const unsigned char* __restrict__ row, int ks, int, GemvStaged<ES_TYPE_Q8_0>& staged) {
-    const unsigned char* block = row + (long long)ks * BlockFormat<ES_TYPE_Q8_0>::bytes;
-    gemv_load_run32<false>(block + 2, staged.pairs);
-    staged.units[16] = *(const unsigned short*)block;
-}
-
-// The int8 path's MXFP4 slices (GemvInt8): the 17-byte block, at any alignment, by the five aligned
-// words that hold it (each holds at least one of its bytes, so none lies past the tensor): its 16
-// quant bytes into pairs[0..3], its E8M0 scale into pairs[4]. (The float path's decode_slice reads the
-// block's own layout: this staging serves GemvX<ES_TYPE_MXFP4, true> only.)
-template <>
-__device__ void gemv_stage<ES_TYPE_MXFP4>(const unsigned char* __restrict__ row, int ks, int, GemvStaged<ES_TYPE_MXFP4>& staged) {
-    const unsigned char* block = row + (long long)ks * BlockFormat<ES_TYPE_MXFP4>::bytes;
-    const unsigned int* words = (const unsigned int*)((unsigned long long)block & ~3ull);
-    const int at = (int)((unsigned long long)block & 3u);  // the scale's byte in words[0]
-    unsigned int w[5];
-#pragma unroll
-    for (int i = 0; i < 5; ++i) {
-        w[i] = words[i];
-    }
-    // The quants start at byte at + 1 of the window: word 1 exactly where at is 3, else cut from two.
-    const int shift = 8 * ((at + 1) & 3);
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-        staged.pairs[c] = at == 3 ? w[c + 1] : (unsigned int)((((unsigned long long)w[c + 1] << 32) | w[c]) >> shift);
-    }
-    staged.pairs[4] = (w[0] >> (8 * at)) & 0xffu;
-}
-
 // x_row[k0 .. k0 + N) into v, zero at and past n_in, from global memory: 4 floats at a time where the
 // N elements lie inside the row and start 16-byte aligned.
 template <int N> __device__ void gemv_load_x(const float* __restrict__ x_row, int k0, int n_in, float* v) {
@@ -354,6 +321,41 @@ template <int TYPE> struct GemvInt8 {
     static const bool value = TYPE == ES_TYPE_Q4_0 || TYPE == ES_TYPE_Q4_K || TYPE == ES_TYPE_Q6_K ||
                               TYPE == ES_TYPE_Q8_0 || TYPE == ES_TYPE_MXFP4;
 };
+
+// The int8 path's Q8_0 slices (GemvInt8): the 32 quant bytes of the 34-byte block, 2-byte aligned, into
+// pairs[0..7] by aligned words, and d into units[16]. (The float path's decode_slice reads the block's
+// own layout: this staging serves GemvX<ES_TYPE_Q8_0, true> only.)
+template <>
+__device__ void gemv_stage<ES_TYPE_Q8_0>(const unsigned char* __restrict__ row, int ks, int, GemvStaged<ES_TYPE_Q8_0>& staged) {
+    static_assert(GemvInt8<ES_TYPE_Q8_0>::value, "the float path reads decode_slice's layout");
+    const unsigned char* block = row + (long long)ks * BlockFormat<ES_TYPE_Q8_0>::bytes;
+    gemv_load_run32<false>(block + 2, staged.pairs);
+    staged.units[16] = *(const unsigned short*)block;
+}
+
+// The int8 path's MXFP4 slices (GemvInt8): the 17-byte block, at any alignment, by the five aligned
+// words that hold it (each holds at least one of its bytes, so none lies wholly past the tensor): its 16
+// quant bytes into pairs[0..3], its E8M0 scale into pairs[4]. (The float path's decode_slice reads the
+// block's own layout: this staging serves GemvX<ES_TYPE_MXFP4, true> only.)
+template <>
+__device__ void gemv_stage<ES_TYPE_MXFP4>(const unsigned char* __restrict__ row, int ks, int, GemvStaged<ES_TYPE_MXFP4>& staged) {
+    static_assert(GemvInt8<ES_TYPE_MXFP4>::value, "the float path reads decode_slice's layout");
+    const unsigned char* block = row + (long long)ks * BlockFormat<ES_TYPE_MXFP4>::bytes;
+    const unsigned int* words = (const unsigned int*)((unsigned long long)block & ~3ull);
+    const int at = (int)((unsigned long long)block & 3u);  // the scale's byte in words[0]
+    unsigned int w[5];
+#pragma unroll
+    for (int i = 0; i < 5; ++i) {
+        w[i] = words[i];
+    }
+    // The quants start at byte at + 1 of the window: word 1 exactly where at is 3, else cut from two.
+    const int shift = 8 * ((at + 1) & 3);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+        staged.pairs[c] = at == 3 ? w[c + 1] : (unsigned int)((((unsigned long long)w[c + 1] << 32) | w[c]) >> shift);
+    }
+    staged.pairs[4] = (w[0] >> (8 * at)) & 0xffu;
+}
 
 #define MOE_GEMV_STAGE_Q8 8192  // int8 activation rows up to this many elements are staged in shared memory
 #define MOE_GEMV_INT8_DEPTH 1   // MOE_GEMV_DEPTH of the int8 activations (2: decode 1% slower on an H100)
@@ -482,10 +484,11 @@ __device__ float GemvX<ES_TYPE_Q8_0, true>::add(const unsigned short* units, int
 // permutations (prmt) from the table's halves, 0..7 and 8..15, then each byte from the half its bit 3
 // names; elsewhere a shift of the half's eight bytes per byte.
 __device__ unsigned int mxfp4_codes_to_i8(unsigned int v) {
-    const unsigned int negative = ((v >> 3) & 0x01010101u) * 0xffu;  // 0xff in the bytes of codes 8..15
 #if defined(__CUDA_ARCH__)
+    const unsigned int negative = ((v >> 3) & 0x01010101u) * 0xffu;  // 0xff in the bytes of codes 8..15
+    // code k & 7 in selector nibble k; its bit 3, which would make prmt replicate the byte's sign, clear
     const unsigned int t = v | (v >> 4);
-    const unsigned int select = ((t & 0xffu) | ((t >> 8) & 0xff00u)) & 0x7777u;  // code k & 7 in nibble k
+    const unsigned int select = ((t & 0xffu) | ((t >> 8) & 0xff00u)) & 0x7777u;
     const unsigned int low = __byte_perm(0x03020100u, 0x0c080604u, select);      // 0, 1, 2, 3, 4, 6, 8, 12
     const unsigned int high = __byte_perm(0xfdfeff00u, 0xf4f8fafcu, select);     // 0, -1, ..., -12
     return (low & ~negative) | (high & negative);

@@ -199,13 +199,21 @@ def _int8_weights(
     w_bytes: np.ndarray, fmt: WeightFormat, expert: int, n_out: int, n_in: int
 ) -> tuple[quants.Int8Split, np.ndarray]:
     """One expert's rows as the int8 products take them (quants.int8_rows), and what the padded
-    part of each row adds: 0 * w, NaN where a tail value is not finite."""
+    part of each row adds against zero activations (whose blocks have scale 0 and quants 0): each
+    tail block's multipliers times 0, NaN where one is not finite (a dirty Q4_0, Q4_K, Q6_K or Q8_0
+    scale; MXFP4's E8M0 scales are all finite, so its dirty tail adds 0)."""
     row_bytes = fmt.row_bytes(n_in)
     start = expert * n_out * row_bytes
     own = w_bytes[start : start + n_out * row_bytes].reshape(n_out, row_bytes)
-    padded = _padded_rows(w_bytes, fmt, expert, n_out, n_in)[:, n_in:]
-    with np.errstate(invalid="ignore"):
-        tail = (np.float32(0) * padded).sum(axis=1, dtype=np.float32)
+    width = fmt.row_bytes(fmt.padded_row_elements(n_in))
+    if width == row_bytes:  # no padding tail
+        return quants.int8_rows(own, fmt.qtype), np.zeros(n_out, np.float32)
+    rows = np.lib.stride_tricks.as_strided(w_bytes[start:], shape=(n_out, width), strides=(row_bytes, 1))
+    _, d, m = quants.int8_rows(rows[:, row_bytes:], fmt.qtype)
+    with np.errstate(invalid="ignore", over="ignore"):
+        tail = (np.float32(0) * d).sum(axis=1, dtype=np.float32)
+        if m is not None:
+            tail += (np.float32(0) * m).sum(axis=1, dtype=np.float32)
     return quants.int8_rows(own, fmt.qtype), tail
 
 

@@ -6,8 +6,8 @@ A run is PREFIX.logits (float32, [rows, n_vocab]), PREFIX.tokens (the ids fed, o
 PREFIX.json (its ``shape``). Row i is the next-token distribution after position i, so it depends
 on the tokens fed at positions 0..i: rows are compared only while both runs fed the same tokens
 (greedy continuations may part). Per row: KL(P_ref || P_other) in nats, from float64 log-softmax,
-and whether the two argmaxes agree. With --by N, also the mean KL of each run of N positions (where
-in the context the two part).
+and whether the two argmaxes agree. With --by N, also the mean and median KL of each run of N
+positions (where in the context the two part).
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("reference", type=Path, help="the reference run's prefix")
     parser.add_argument("other", type=Path, help="the other run's prefix")
-    parser.add_argument("--by", type=int, metavar="N", help="also the mean KL of each run of N positions")
+    parser.add_argument("--by", type=int, metavar="N", help="also the mean and median KL of each run of N positions")
     args = parser.parse_args(argv)
     if args.by is not None and args.by < 1:
         parser.error(f"--by takes a positive number of positions, not {args.by}")
@@ -142,9 +142,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"KL(ref || other): mean {result.mean_kl:.6g} nats, max {result.max_kl:.6g} at position {worst}")
         agree = int(result.argmax_agrees.sum())
         print(f"argmax agreement: {agree} of {result.positions} ({result.argmax_agreement:.2%})")
-        for start in range(0, result.positions if args.by else 0, args.by or 1):
-            part = result.kl[start : start + args.by]
-            print(f"positions {start}-{start + len(part) - 1}: KL mean {part.mean():.6g}, median {np.median(part):.6g}")
+        if args.by:
+            for start in range(0, result.positions, args.by):
+                part = result.kl[start : start + args.by]
+                stats = f"KL mean {part.mean():.6g}, median {np.median(part):.6g}"
+                print(f"positions {start}-{start + len(part) - 1}: {stats}")
     return 0
 
 

@@ -63,21 +63,22 @@ def test_decode_steps_give_the_logits_a_longer_prompt_gives(
 ) -> None:
     """The KV cache carries a prompt into decode: step k's logits are those of the prompt extended by
     the tokens fed so far, computed in one prefill. On the tile kernels (the prefill's) greedy picks
-    exactly what the longer prompt says; on the matrix-vector kernels, whose rows of the int8 types
-    take activations on the int8 grid, a near tie may go the other way, by no more than that rounding
-    (a wrong cache moves logits by about their spread)."""
+    exactly what the longer prompt says; on the matrix-vector kernels, whose rows take activations on
+    the int8 grid, a near tie may go the other way, by no more than that rounding, but for at most one
+    step where the rounding flips a near tie of the router's (another expert); a wrong cache moves
+    every step's logits by about their spread."""
     with Model.open(made[preset], backend=backend, ubatch=16, gemv=gemv) as model:
         tokens = _tokens(PROMPT, model.transformer.n_vocab)
         generated = [g.token for g in model.generate(list(tokens), 4, Sampling(temperature=0))]
         assert len(generated) == 4
         full = model.logits([*tokens, *generated[:-1]])
     assert np.all(np.isfinite(full))
-    for i, token in enumerate(generated):
-        row = full[PROMPT - 1 + i]
-        if gemv:
-            assert row.max() - row[token] <= 0.02 * row.std(), f"step {i}: {token} is not within rounding of the top"
-        else:
-            assert int(np.argmax(row)) == token  # greedy picks what the longer prompt says
+    rows = full[PROMPT - 1 : PROMPT - 1 + len(generated)]
+    below_top = np.array([row.max() - row[token] for row, token in zip(rows, generated, strict=True)])
+    if gemv:
+        assert np.count_nonzero(below_top > 0.02 * rows.std(axis=1)) <= 1, below_top.tolist()
+    else:
+        assert (below_top == 0).all(), below_top.tolist()  # greedy picks what the longer prompt says
 
 
 @pytest.mark.parametrize("preset", FIRST_GROUP)
@@ -170,9 +171,9 @@ def test_decode_on_the_matrix_vector_kernels_agrees_with_the_tile_kernels(
     assert outputs[0][32:].tobytes() != outputs[1][32:].tobytes()  # other kernels: other rounding
     # The matrix-vector rows take activations on the int8 grid: each row within that rounding, but
     # where it flips a near tie of the router's (one row of these, 37% off: another expert's output).
+    assert np.isfinite(outputs[1]).all()
     off = np.linalg.norm(outputs[1] - outputs[0], axis=1) / np.linalg.norm(outputs[0], axis=1)
-    assert off.max() > 0
-    assert np.count_nonzero(off > 2e-2) <= 1, off.round(4).tolist()
+    assert np.count_nonzero(off > 2e-2) <= 1 and off.max() < 0.6, off.round(4).tolist()
     assert np.median(off[32:]) < 1.5e-2, off.round(4).tolist()
 
 

@@ -16,7 +16,7 @@ import pytest
 from gguf import GGMLQuantizationType
 
 from expertstream.backends.base import Device, Stream, Usage
-from expertstream.errors import InvalidArgument
+from expertstream.errors import HazardError, InvalidArgument
 from expertstream.kernels import MoeKernels, layout
 from expertstream.kernels import reference as ref
 from expertstream.kernels.layout import TileM, weight_format
@@ -67,6 +67,40 @@ def test_matches_reference(
     bad = (ids < 0) | (ids >= shape.n_expert)
     assert np.isnan(y[bad]).all(), "rows of ids out of range are not NaN"
     check(y[~bad], problem.gemv_reference()[~bad])
+
+
+@pytest.mark.parametrize("w_type", [GGMLQuantizationType.Q8_0, GGMLQuantizationType.MXFP4], ids=lambda t: t.name)
+def test_a_dirty_padding_tail_on_the_int8_path(
+    backend_name: str,
+    kernels: MoeKernels,
+    device: Device,
+    stream: Stream,
+    rng: np.random.Generator,
+    w_type: GGMLQuantizationType,
+) -> None:
+    """0xFF bytes in ggml's padding tail, read by the last expert's last row against zero activations:
+    Q8_0's NaN scales show there; MXFP4's E8M0 scales are all finite, so its rows are a clean tail's.
+    The simulator's hazard checker refuses the read."""
+    shape = Shape(n_expert=2, n_out=5, n_in=768, n_tokens=1, top_k=2, x_per_pair=False)
+    problem = tensors.make_problem(device, rng, w_type, shape, np.array([[0, 1]], np.int32))
+    clean = tensors.run(kernels, stream, problem)
+    tail = problem.w_buf.alloc_size - problem.w.nbytes
+    assert tail > 0, "the weights buffer holds no padding tail"
+    problem.w_buf.write(np.full(tail, 0xFF, np.uint8), problem.w.nbytes)
+    if backend_name == "sim":
+        with pytest.raises(HazardError, match="stale padding"):
+            tensors.run(kernels, stream, problem)
+        device.synchronize()
+        return
+    dirty = tensors.run(kernels, stream, problem)
+    assert np.isfinite(clean).all()
+    if w_type == GGMLQuantizationType.MXFP4:
+        assert dirty.tobytes() == clean.tobytes()
+    else:
+        assert np.isnan(dirty[0, 1, -1]), "a NaN padding tail was not read"
+        assert (
+            dirty[0, :, :-1].tobytes() == clean[0, :, :-1].tobytes() and dirty[0, 0].tobytes() == clean[0, 0].tobytes()
+        )
 
 
 @pytest.mark.parametrize("w_type", [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_K], ids=lambda t: t.name)

@@ -28,7 +28,7 @@ from expertstream.kernels.program import source_file
 from .test_kernels_on_host import _FIBERS, CXX, build_on_host, with_tail
 
 _T = GGMLQuantizationType
-# Whole 32-element blocks (Q4_0, bytes for MXFP4), 256-element blocks loaded in 16-byte runs (Q4_K)
+# Whole 32-element blocks (Q4_0, Q8_0, bytes for MXFP4), 256-element blocks loaded in 16-byte runs (Q4_K)
 # or not (Q6_K, IQ2_XS), and the float types (partial last slice; F16 in 16-byte runs, F32 in words).
 TYPES = (_T.Q4_0, _T.Q8_0, _T.MXFP4, _T.Q4_K, _T.Q6_K, _T.IQ2_XS, _T.F16, _T.F32)
 
@@ -214,15 +214,22 @@ def test_slices_in_flight_do_not_change_the_bytes(
         assert one.tobytes() == two.tobytes(), w_type.name
 
 
-@pytest.mark.parametrize("w_type", [_T.Q4_0, _T.Q4_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("w_type", [_T.Q4_0, _T.Q4_K, _T.Q8_0, _T.MXFP4], ids=lambda t: t.name)
 def test_dirty_padding_tail_shows(host_gemv: Path, rng: np.random.Generator, w_type: GGMLQuantizationType) -> None:
+    """A tail of 0xFF bytes: NaN scales on the int8 path but MXFP4's, whose E8M0 scales are all
+    finite, so its tail adds 0 against zero activations (the twin says the same)."""
     n_expert, n_out, n_in = 2, 9, 768
     w = ref.random_weights(rng, w_type, n_expert * n_out, n_in)
     ids = np.array([[0, 1]], np.int32)
     x = rng.standard_normal((1, n_in)).astype(np.float32)
-    y = run_gemv(host_gemv, w_type, with_tail(w, w_type, n_in, 0xFF), x, ids, (n_expert, n_out, n_in))
-    assert np.isnan(y[0, 1, -1]), "a NaN padding tail was not read"
+    dirty = with_tail(w, w_type, n_in, 0xFF)
+    y = run_gemv(host_gemv, w_type, dirty, x, ids, (n_expert, n_out, n_in))
     assert np.isfinite(y[0, 0]).all() and np.isfinite(y[0, 1, :-1]).all()
+    if w_type == _T.MXFP4:
+        clean = run_gemv(host_gemv, w_type, with_tail(w, w_type, n_in), x, ids, (n_expert, n_out, n_in))
+        assert y.tobytes() == clean.tobytes(), "an MXFP4 tail against zero activations changed a row"
+    else:
+        assert np.isnan(y[0, 1, -1]), "a NaN padding tail was not read"
 
 
 def test_route_weights_scale_each_row(host_gemv: Path, rng: np.random.Generator) -> None:

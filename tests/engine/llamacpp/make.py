@@ -31,8 +31,9 @@ HERE = Path(__file__).parent
 VARIANTS = {
     "tiny-glm4moe-dense": dataclasses.replace(MODEL_PRESETS["tiny-glm4moe"], n_dense_lead=1, n_layer=3, n_ff=384),
 }
-# Files of another type than Q8_0: the qwen3moe file in Q4_K_M, whose Q4_K rows decode on the int8
-# activations of the matrix-vector kernels (layout.GEMV_INT8_TYPES), as llama.cpp's CPU rows take q8_K.
+# Files of another type than Q8_0: the qwen3moe file in Q4_K_M. Its Q4_K and Q6_K rows, as the Q8_0
+# files' rows, decode on the int8 activations of the matrix-vector kernels (layout.GEMV_INT8_TYPES),
+# as llama.cpp's CPU rows take q8_K and q8_0 activations.
 TYPES = {"tiny-q4km": ("tiny", "Q4_K_M")}
 PRESETS = ("tiny", "tiny-mixtral", "tiny-qwen2moe", "tiny-gpt-oss", "tiny-glm4moe", *VARIANTS, *TYPES)
 N_PROMPT, N_GEN, SEED = 128, 16, 3
