@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pytest
 from gguf import GGMLQuantizationType
 
 from expertstream.backends.base import Device, DeviceBuffer, Stream, Usage
+from expertstream.errors import HazardError
 from expertstream.kernels import MoeKernels
 from expertstream.kernels import reference as ref
 from expertstream.kernels.layout import FORMATS, TileM, weight_format
@@ -108,3 +110,18 @@ def run(
 
 def tensor_bytes(w_type: GGMLQuantizationType, shape: Shape) -> int:
     return shape.n_expert * shape.n_out * weight_format(w_type).row_bytes(shape.n_in)
+
+
+def run_with_dirty_tail(backend_name: str, kernels: MoeKernels, stream: Stream, p: Problem) -> np.ndarray | None:
+    """run() after 0xFF bytes are written into the weights' padding tail (past the tensor's bytes); on
+    the simulator, whose hazard checker refuses that read, check it does and return None."""
+    tail_at = tensor_bytes(p.w_type, p.shape)
+    tail = p.w_buf.alloc_size - tail_at
+    assert tail > 0, "the weights buffer holds no padding tail"
+    p.w_buf.write(np.full(tail, 0xFF, np.uint8), tail_at)
+    if backend_name == "sim":
+        with pytest.raises(HazardError, match="stale padding"):
+            run(kernels, stream, p)
+        kernels.device.synchronize()
+        return None
+    return run(kernels, stream, p)

@@ -15,7 +15,7 @@ import pytest
 from gguf import GGMLQuantizationType
 
 from expertstream.backends.base import Device, Stream, Usage
-from expertstream.errors import HazardError, InvalidArgument
+from expertstream.errors import InvalidArgument
 from expertstream.kernels import MoeKernels, layout
 from expertstream.kernels import reference as ref
 from expertstream.kernels.layout import MatrixPath, TileM, weight_format
@@ -273,16 +273,9 @@ def test_dirty_padding_tail_is_not_silently_read(
     shape = Shape(n_expert=3, n_out=20, n_in=768, n_tokens=4, top_k=3)
     ids = np.tile(np.arange(3, dtype=np.int32), (4, 1))
     problem = tensors.make_problem(device, rng, w_type, shape, ids)
-    tail_at = tensors.tensor_bytes(w_type, shape)
-    tail = problem.w_buf.alloc_size - tail_at
-    assert tail > 0
-    problem.w_buf.write(np.full(tail, 0xFF, np.uint8), tail_at)
-    if backend_name == "sim":
-        with pytest.raises(HazardError, match="stale padding"):
-            tensors.run(kernels, stream, problem)
-        device.synchronize()
+    y = tensors.run_with_dirty_tail(backend_name, kernels, stream, problem)
+    if y is None:
         return
-    y = tensors.run(kernels, stream, problem)
     # Only the last row of the last expert reads into the tail: output column n_out - 1.
     assert np.isnan(y[:, 2, -1]).all(), "a NaN padding tail was not read"
     assert np.isfinite(y[:, :2]).all() and np.isfinite(y[:, 2, :-1]).all()
