@@ -11,7 +11,7 @@
 #   make-oss  the same with gpt-oss-20b alone
 #   host      tg64 with every expert of the qwen3 file in pinned host memory: the device's gather, then
 #             the experts' kernels reading host memory in place (EXPERTSTREAM_DECODE_READ_HOST=1, a
-#             trial: slower, not kept); llama-bench -ncmoe 48 -lm none
+#             trial in commit cd511d5 only: slower, taken back); llama-bench -ncmoe 48 -lm none
 #   gpu       tg64, everything on the GPU: both files, expertstream and llama-bench
 #   more      partial offload (-ncmoe 24; --gpu-memory 24G), mmap beside -lm mmap, tg256 on the GPU, and
 #             gpt-oss-20b's host rows
