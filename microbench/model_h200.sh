@@ -7,7 +7,8 @@
 #   tiny    make-model's tiny presets of every first-group architecture (Q8_0): a 512-token prompt and
 #           64 greedy steps through llama.cpp CUDA (-ngl 99), llama.cpp CPU (-ngl 0, same build) and
 #           expertstream; KL of each from llama.cpp CUDA
-#   big     the same on $FILES (made here), then llama-perplexity and expertstream perplexity on one text
+#   big     the same on $FILES (made here), then llama-perplexity (CUDA, and CPU with no GPU visible) and
+#           expertstream perplexity on one text
 #   bench   llama-bench and expertstream bench on $FILES: pp$TOKENS at ubatch $UBATCH and tg64, every
 #           expert streamed (-ncmoe all / llama.cpp -ncmoe N -lm none) and everything on the GPU (-ncmoe 0)
 #   decode  llama-bench -p 0 -n $DECODE_STEPS and expertstream bench -p $DECODE_PROMPT -n $DECODE_STEPS on
@@ -97,6 +98,12 @@ for stage in "$@"; do
                 >"$OUT/ppl-llama-$preset.txt" 2>&1 || true
             grep -E "Final estimate|^\[" "$OUT/ppl-llama-$preset.txt" | tail -2 | sed "s/^/$preset llama-perplexity: /" \
                 | tee -a "$OUT/ppl.txt"
+            # llama.cpp's own spread: its CPU backend with no GPU visible (with -ngl 0 alone the prompt's
+            # matrix products still run on a visible GPU, giving the CUDA figure)
+            CUDA_VISIBLE_DEVICES= "$LCP/bin/llama-perplexity" -m "$file" -f docs/design.md -c 512 --chunks 4 -ngl 0 \
+                -fa off >"$OUT/ppl-llama-cpu-$preset.txt" 2>&1 || true
+            { grep -E "Final estimate" "$OUT/ppl-llama-cpu-$preset.txt" || true; } \
+                | sed "s/^/$preset llama-perplexity CPU: /" | tee -a "$OUT/ppl.txt"
             "$python" -m expertstream perplexity -m "$file" -f docs/design.md -c 512 --chunks 4 --backend cuda \
                 2>&1 | tail -2 | sed "s/^/$preset expertstream perplexity: /" | tee -a "$OUT/ppl.txt"
         done ;;
