@@ -202,6 +202,11 @@ template <int TYPE> union GemvStaged {
     typename BlockFormat<TYPE>::Unit units[WORDS * 16 / sizeof(typename BlockFormat<TYPE>::Unit)];
 };
 
+// The 32-bit word starting `shift` bits into lo, continued by hi: bytes cut across two aligned words.
+__device__ unsigned int word_across(unsigned int lo, unsigned int hi, int shift) {
+    return (unsigned int)((((unsigned long long)hi << 32) | lo) >> shift);
+}
+
 // The 16 units (32 bytes) at src, 2-byte aligned, into pairs[0..7]: as the nine 32-bit words from
 // the one at or below src, each pair of units cut from two neighbouring words. Nine loads instead
 // of sixteen. Where src is 4-byte aligned the ninth word holds none of the run's bytes and is not
@@ -219,7 +224,7 @@ template <bool READ_NINTH> __device__ void gemv_load_run32(const unsigned char* 
     w[8] = READ_NINTH || shift ? words[8] : 0u;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-        pairs[i] = (unsigned int)((((unsigned long long)w[i + 1] << 32) | w[i]) >> shift);
+        pairs[i] = word_across(w[i], w[i + 1], shift);
     }
 }
 
@@ -352,7 +357,7 @@ __device__ void gemv_stage<ES_TYPE_MXFP4>(const unsigned char* __restrict__ row,
     const int shift = 8 * ((at + 1) & 3);
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-        staged.pairs[c] = at == 3 ? w[c + 1] : (unsigned int)((((unsigned long long)w[c + 1] << 32) | w[c]) >> shift);
+        staged.pairs[c] = at == 3 ? w[c + 1] : word_across(w[c], w[c + 1], shift);
     }
     staged.pairs[4] = (w[0] >> (8 * at)) & 0xffu;
 }

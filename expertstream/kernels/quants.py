@@ -455,10 +455,10 @@ def x_blocks(xq: tuple[np.ndarray, np.ndarray, np.ndarray], width: int) -> tuple
 
 def int8_rows(rows: np.ndarray, qtype: GGMLQuantizationType) -> Int8Split:
     """What the int8 kernels take from uint8 rows [n_rows, row_bytes] of ``qtype``, per block of B
-    elements (32; Q6_K's 16): int8 quants [n_rows, blocks, B] and float32 [n_rows, blocks] multipliers
-    of their dot (Q4_0, Q8_0: d; Q4_K: d * sc; Q6_K: d * the half's scale; MXFP4: half the E8M0 scale, its
-    quants the value table's) and of the activations' sum term
-    (Q4_K: dmin * m; None for the types without one, whose kernels never read the sum).
+    elements (32; Q6_K's 16): int8 quants [n_rows, blocks, B] (MXFP4's: its value table's) and float32
+    [n_rows, blocks] multipliers of their dot (Q4_0, Q8_0: d; Q4_K: d * sc; Q6_K: d * the half's scale;
+    MXFP4: half the E8M0 scale) and of the activations' sum term (Q4_K: dmin * m; None for the types
+    without one, whose kernels never read the sum).
 
     Element k of the row decodes to d * q[k] - m, as decode_rows gives it.
     """

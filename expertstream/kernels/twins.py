@@ -26,7 +26,6 @@ from ..backends.sim import Access, KernelSpec
 from ..backends.sim.kernels import Dim3Tuple
 from . import layout, quants
 from .layout import FORMATS, MatrixPath, WeightFormat
-from .quants import quantize_x
 
 Args = tuple[Any, ...]
 
@@ -139,7 +138,7 @@ def _quantize_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
     x_bytes, xq_bytes, n_rows, n_in = args
     n_rows, n_in = int(n_rows), int(n_in)
     x = x_bytes.view(np.float32).reshape(n_rows, n_in)
-    xq_bytes.reshape(n_rows, -1)[:] = pack_quantized_x(*quantize_x(x))
+    xq_bytes.reshape(n_rows, -1)[:] = pack_quantized_x(*quants.quantize_x(x))
 
 
 def _int8_products(xq: tuple[np.ndarray, np.ndarray, np.ndarray], w: quants.Int8Split) -> np.ndarray:
@@ -204,17 +203,17 @@ def _int8_weights(
     scale; MXFP4's E8M0 scales are all finite, so its dirty tail adds 0)."""
     row_bytes = fmt.row_bytes(n_in)
     start = expert * n_out * row_bytes
-    own = w_bytes[start : start + n_out * row_bytes].reshape(n_out, row_bytes)
+    split = quants.int8_rows(w_bytes[start : start + n_out * row_bytes].reshape(n_out, row_bytes), fmt.qtype)
+    tail = np.zeros(n_out, np.float32)
     width = fmt.row_bytes(fmt.padded_row_elements(n_in))
-    if width == row_bytes:  # no padding tail
-        return quants.int8_rows(own, fmt.qtype), np.zeros(n_out, np.float32)
-    rows = np.lib.stride_tricks.as_strided(w_bytes[start:], shape=(n_out, width), strides=(row_bytes, 1))
-    _, d, m = quants.int8_rows(rows[:, row_bytes:], fmt.qtype)
-    with np.errstate(invalid="ignore", over="ignore"):
-        tail = (np.float32(0) * d).sum(axis=1, dtype=np.float32)
-        if m is not None:
-            tail += (np.float32(0) * m).sum(axis=1, dtype=np.float32)
-    return quants.int8_rows(own, fmt.qtype), tail
+    if width > row_bytes:
+        rows = np.lib.stride_tricks.as_strided(w_bytes[start:], shape=(n_out, width), strides=(row_bytes, 1))
+        _, d, m = quants.int8_rows(rows[:, row_bytes:], fmt.qtype)
+        with np.errstate(invalid="ignore", over="ignore"):
+            tail += (np.float32(0) * d).sum(axis=1, dtype=np.float32)
+            if m is not None:
+                tail += (np.float32(0) * m).sum(axis=1, dtype=np.float32)
+    return split, tail
 
 
 def _int8_runner(fmt: WeightFormat) -> Any:
@@ -303,7 +302,7 @@ def gemv_runner(fmt: WeightFormat) -> Any:
                 if expert not in decoded:
                     decoded[expert] = _int8_weights(w_bytes, fmt, expert, n_out, n_in)
                 split, tail = decoded[expert]
-                out = _int8_products(quantize_x(x_row[None]), split)[0]
+                out = _int8_products(quants.quantize_x(x_row[None]), split)[0]
                 if expert == n_expert - 1:
                     out[-1] += tail[-1]
             else:
