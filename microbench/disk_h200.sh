@@ -13,9 +13,12 @@
 #      of both (expertstream at ubatch 4096, layer-major: mode disk's default); expertstream tg64, and with
 #      --host-cache 4G (the decode tier's hit rate); llama-bench tg64;
 #   4. the limit lifted and the file in the page cache: pp4096 through ring and through disk.
+# llama-bench runs without its warm-up pass (--no-warmup): under the limit a warm-up leaves nothing cached
+# for the measured pass, it only doubles the row's time.
 # ROWS names the rows of 3 and 4 to run, in order (default: all, in the order above); beside those,
 # disk-pp4096-t16p16 and disk-pp4096-t24p16 are the pp4096 row with the ring's reads made by 16 or 24
-# threads in parts of 16 MiB (16 chunks of 32 MiB for 24).
+# threads in parts of 16 MiB (16 chunks of 32 MiB for 24), and disk-pp4096-ub512 and llama-mmap-pp4096-ub512
+# the pp4096 rows at ubatch 512, llama.cpp's default (eight ubatches: expertstream layer-major).
 # Writes $OUT/summary.txt (one line a row) and $OUT/raw/ (every command's output).
 set -uo pipefail
 LIMIT=${LIMIT:-8G}
@@ -67,10 +70,10 @@ timeout 300 python3 -m expertstream bench -m "$F" --backend cuda -p 512 -n 2 --s
     -r 1 -o json >"$R/warm.json" 2>"$R/warm.err"
 export LD_LIBRARY_PATH=/tmp/llamacpp-sm90/bin:${LD_LIBRARY_PATH:-}
 LB=/tmp/llamacpp-sm90/bin/llama-bench
-llama() {  # NAME ARGS...: llama-bench -ncmoe 48 -lm mmap under the limit, the page cache dropped first
-    local name=$1; shift
+llama() {  # NAME UBATCH ARGS...: llama-bench -ncmoe 48 -lm mmap under the limit, the page cache dropped first
+    local name=$1 ub=$2; shift 2
     drop
-    limited timeout "$ROW_S" $LB -m "$F" -ngl 99 -ncmoe 48 -lm mmap -fa 0 -b 4096 -ub 4096 -r 1 -o md "$@" \
+    limited timeout "$ROW_S" $LB -m "$F" -ngl 99 -ncmoe 48 -lm mmap -fa 0 -b "$ub" -ub "$ub" -r 1 --no-warmup -o md "$@" \
         >"$R/$name.md" 2>&1
     local rc=$?
     el "$name (limit $LIMIT): $(grep -E '\| *(pp|tg)[0-9]+ ' "$R/$name.md" | awk -F'|' '{print $(NF-2), $(NF-1)}' | tr '\n' ' ')$(
@@ -85,12 +88,14 @@ run_row() {  # NAME
     disk-pp4096) bench $1 $pp4096 ;;
     disk-pp4096-t16p16) bench $1 $pp4096 --ring-threads 16 --ring-part-mib 16 ;;
     disk-pp4096-t24p16) bench $1 $pp4096 --ring-threads 24 --ring-part-mib 16 --ring-chunks 16 ;;
-    llama-mmap-pp4096) llama $1 -p 4096 -n 0 ;;
+    llama-mmap-pp4096) llama $1 4096 -p 4096 -n 0 ;;
+    disk-pp4096-ub512) bench $1 --host-memory disk -p 4096 -ub 512 -n 0 ;;
+    llama-mmap-pp4096-ub512) llama $1 512 -p 4096 -n 0 ;;
     disk-pp32768) bench $1 --host-memory disk -p 32768 -ub 4096 -n 0 ;;
-    llama-mmap-pp32768) llama $1 -p 32768 -n 0 ;;
+    llama-mmap-pp32768) llama $1 4096 -p 32768 -n 0 ;;
     disk-tg64) bench $1 --host-memory disk -p 16 -n 64 ;;
     disk-cache4g-tg64) bench $1 --host-memory disk --host-cache 4G -p 16 -n 64 ;;
-    llama-mmap-tg64) llama $1 -p 0 -n 64 ;;
+    llama-mmap-tg64) llama $1 4096 -p 0 -n 64 ;;
     cached)
         cat "$F" >/dev/null  # the limit lifted: the file in the page cache
         for mode in ring disk; do
