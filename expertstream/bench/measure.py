@@ -451,7 +451,8 @@ def _tier_fields(
     weights: HostWeights, before: RingStats | None, after: RingStats | None, moved: int, runs: int
 ) -> dict[str, Any]:
     """Mode disk's tiers per timed prefill: the bytes its host cache served (those copied that its
-    rings did not stage), the bytes its rings read from the drive, and the share served from RAM
+    rings did not stage), the bytes its rings read from the drive and those they found in the page
+    cache, and the share served from RAM
     (nothing outside mode disk). ``moved``: the bytes one prefill copied; ``runs``: the timed prefills."""
     if weights.mode is not HostMemoryMode.DISK:
         return {}
@@ -459,7 +460,8 @@ def _tier_fields(
     staged = used.bytes_staged // runs
     return {
         "host_cache_bytes": max(0, moved - staged),
-        "disk_bytes_read": used.bytes_filled // runs,
+        "disk_bytes_read": (used.bytes_filled - used.bytes_cached) // runs,
+        "page_cache_bytes": used.bytes_cached // runs,
         "host_cache_hit_pct": _ram_share(moved, staged),
     }
 

@@ -66,10 +66,12 @@ class Row:
     ring_chunk_wait_pct: float | None = None
     ring_thread_gbps: float | None = None
     # Host memory disk only, per timed prefill: the expert bytes its RAM tier (the host cache) served,
-    # the bytes read from the drive (each read rounded out to the drive's alignment), and the share of
-    # the copied bytes the RAM tier served (0 without a host cache).
+    # the bytes read from the drive (each read rounded out to the drive's alignment), those read out of
+    # the page cache instead (ranges the kernel held already), and the share of the copied bytes the
+    # RAM tier served (0 without a host cache).
     host_cache_bytes: int | None = None
     disk_bytes_read: int | None = None
+    page_cache_bytes: int | None = None
     host_cache_hit_pct: float | None = None
     # The same share over the decode steps' used experts, per repetition.
     decode_host_cache_hit_pct: float | None = None
@@ -362,8 +364,9 @@ def disk_note(rows: Sequence[Row]) -> str | None:
 
 
 def _host_cache_part(rows: Sequence[Row]) -> str:
-    """What the RAM tier served and what was read from the drive per prefill, where a host cache served any;
-    then the share of the used experts' bytes decode found in RAM, where it found any."""
+    """What the RAM tier served and what was read from the drive per prefill, where a host cache served
+    any; what the page cache held, where it held any; then the share of the used experts' bytes decode
+    found in RAM, where it found any."""
     part = ""
     served = [r for r in rows if r.host_cache_bytes and r.host_cache_hit_pct is not None]
     if served:
@@ -372,6 +375,9 @@ def _host_cache_part(rows: Sequence[Row]) -> str:
         drive = _span([(r.disk_bytes_read or 0) / 1e6 for r in served], ".1f")
         setting = f" ({served[0].host_cache})" if served[0].host_cache else ""
         part = f"; the host cache{setting} served {hits}% of the expert bytes ({ram} MB per prefill), {drive} MB read"
+    cached = [r.page_cache_bytes / 1e6 for r in rows if r.page_cache_bytes]
+    if cached:
+        part += f"; {_span(cached, '.1f')} MB per prefill found in the page cache (not read from the drive)"
     decoded = [r.decode_host_cache_hit_pct for r in rows if r.decode_host_cache_hit_pct]
     if decoded:
         part += f"; decode found {_span(decoded, '.0f')}% of its experts' bytes in RAM"

@@ -156,8 +156,9 @@ device, driver, library versions, seed, command line), the model, and one object
 every column above plus transfer_floor_tokens_per_s, compute_only_tokens_per_s,
 decode_link_limit_tokens_per_s and decode_link_pct (and n_cpu_moe,
 gpu_memory or host_cache where given); rows of --host-memory disk add, per prefill, the expert bytes
-its host cache served (host_cache_bytes), the bytes read from the drive (disk_bytes_read) and the
-share served from RAM (host_cache_hit_pct). Ctrl-C prints it with the rows done and "interrupted": true.
+its host cache served (host_cache_bytes), the bytes read from the drive (disk_bytes_read), those
+found in the page cache instead (page_cache_bytes) and the share served from RAM
+(host_cache_hit_pct). Ctrl-C prints it with the rows done and "interrupted": true.
 
 {EXIT_STATUS_HELP}"""
 

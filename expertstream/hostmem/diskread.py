@@ -7,11 +7,19 @@ range rounded out to it (``Extent``), and the wanted bytes are taken from inside
 refuses O_DIRECT (open fails with EINVAL) is read through the page cache instead, dropping what was
 read with POSIX_FADV_DONTNEED; ``fallback_reason`` says so. Reads are thread-safe (``os.preadv``
 releases the interpreter lock, so a few threads keep several reads in flight).
+
+A range whose every page is already in the page cache (the file was read lately, and nothing under
+a memory limit evicted it) is copied from there instead, at memory speed and without dropping it:
+O_DIRECT would read it from the drive again. ``resident`` decides which ranges are; by default the
+kernel says so (``mincore`` over a mapping of the range, which reads nothing).
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import errno
+import functools
 import mmap
 import os
 from collections.abc import Callable, Sequence
@@ -19,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._closing import Closing
+from ..backends.base import Host, HostBuffer
 from ..errors import ExpertStreamError
 
 # The alignment O_DIRECT wants where the filesystem names none larger: the page size, which covers
@@ -28,6 +37,8 @@ DEFAULT_ALIGNMENT = max(4096, mmap.PAGESIZE)
 _MAX_ALIGNMENT = 1 << 16
 
 Opener = Callable[[str, int], int]  # os.open's shape: (path, flags) -> descriptor
+# (descriptor, offset, bytes) -> whether every page of the range is in the page cache
+Resident = Callable[[int, int, int], bool]
 
 
 class DiskReadError(ExpertStreamError):
@@ -38,6 +49,48 @@ class DiskReadError(ExpertStreamError):
         self.offset = offset
         where = f"{path}" if offset is None else f"{path} at offset {offset}"
         super().__init__(f"reading {where}: {why}")
+
+
+# mincore's answer a page: resident where the lowest bit is set (the others are reserved)
+_LOW_BIT = bytes(b & 1 for b in range(256))
+_ABSENT = b"\x00"
+
+
+@functools.cache
+def _mincore_libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
+    libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p)
+    return libc
+
+
+def in_page_cache(fd: int, offset: int, nbytes: int) -> bool:
+    """Whether every page of bytes ``[offset, offset + nbytes)`` of the open file is in the page cache:
+    ``mincore`` over a fresh read-only mapping of the range (mapping and asking read nothing).
+
+    The kernel answers for pages this process has not touched only where it may write the file or
+    owns it; elsewhere it counts them as absent, and the range is read from the drive, as before.
+    False wherever the question cannot be asked."""
+    page = mmap.PAGESIZE
+    start = offset - offset % page
+    length = offset + nbytes - start
+    try:
+        libc = _mincore_libc()
+    except (OSError, AttributeError):
+        return False
+    address = libc.mmap(None, length, mmap.PROT_READ, mmap.MAP_SHARED, fd, start)
+    if address is None or address == ctypes.c_void_p(-1).value:
+        return False
+    try:
+        pages = -(-length // page)
+        vector = ctypes.create_string_buffer(pages)
+        if libc.mincore(address, length, vector) != 0:
+            return False
+        return _ABSENT not in vector.raw.translate(_LOW_BIT)
+    finally:
+        libc.munmap(address, length)
 
 
 @dataclass(frozen=True)
@@ -54,17 +107,23 @@ class _File:
     path: Path
     fd: int
     direct: bool  # False: read through the page cache, dropped after each read
+    cached_fd: int  # the same file without O_DIRECT: ranges already in the page cache are read through it
 
 
 class FileReader(Closing):
     """The files of a model's shards, open for reads that bypass the page cache where they can.
 
-    ``opener`` opens a file as ``os.open`` does (tests pass one that refuses O_DIRECT).
+    ``opener`` opens a file as ``os.open`` does (tests pass one that refuses O_DIRECT). ``resident``
+    says whether a range lies in the page cache already (``in_page_cache`` by default); None reads
+    every range from the drive (the simulator's machine, whose page cache is not modelled).
     """
 
-    def __init__(self, paths: Sequence[Path], *, opener: Opener = os.open) -> None:
+    def __init__(
+        self, paths: Sequence[Path], *, opener: Opener = os.open, resident: Resident | None = in_page_cache
+    ) -> None:
         self._files: list[_File] = []
         self.fallback_reason: str | None = None  # why a file is read through the page cache
+        self._resident = resident
         self.closed = False
         try:
             for path in paths:
@@ -76,17 +135,23 @@ class FileReader(Closing):
 
     def _open(self, path: Path, opener: Opener) -> _File:
         flags = os.O_RDONLY | os.O_CLOEXEC
+        direct = -1
         try:
-            return _File(path, opener(str(path), flags | os.O_DIRECT), direct=True)
+            direct = opener(str(path), flags | os.O_DIRECT)
         except OSError as exc:
             if exc.errno != errno.EINVAL:
                 raise DiskReadError(path, None, f"cannot open it: {exc.strerror or exc}") from exc
             if self.fallback_reason is None:
                 self.fallback_reason = f"the filesystem of {path} refuses O_DIRECT ({exc.strerror or exc})"
         try:
-            return _File(path, opener(str(path), flags), direct=False)
+            buffered = opener(str(path), flags)
         except OSError as exc:
+            if direct >= 0:
+                os.close(direct)
             raise DiskReadError(path, None, f"cannot open it: {exc.strerror or exc}") from exc
+        if direct < 0:
+            return _File(path, buffered, direct=False, cached_fd=buffered)
+        return _File(path, direct, direct=True, cached_fd=buffered)
 
     @property
     def paths(self) -> tuple[Path, ...]:
@@ -103,37 +168,72 @@ class FileReader(Closing):
         end = -(-(offset + nbytes) // self.alignment) * self.alignment
         return Extent(start, end - start, offset - start)
 
-    def read(self, source: int, offset: int, into: memoryview, wanted: int) -> None:
+    def cached(self, source: int, offset: int, nbytes: int) -> bool:
+        """Whether every page of bytes ``[offset, offset + nbytes)`` of file ``source`` that the file
+        holds is in the page cache, so that ``read(..., cached=True)`` copies them from there."""
+        if self._resident is None:
+            return False
+        file = self._files[source]
+        end = min(offset + nbytes, os.fstat(file.cached_fd).st_size)
+        return end <= offset or self._resident(file.cached_fd, offset, end - offset)
+
+    def read(self, source: int, offset: int, into: memoryview, wanted: int, *, cached: bool = False) -> None:
         """Read file ``source`` from ``offset`` into ``into``; DiskReadError unless ``wanted`` bytes came.
 
         ``offset``, ``len(into)`` and the address of ``into`` are multiples of ``alignment``; the
-        bytes past ``wanted`` may lie beyond the end of the file.
+        bytes past ``wanted`` may lie beyond the end of the file. ``cached`` (what ``cached`` said):
+        the bytes are copied from the page cache and left there.
         """
         file = self._files[source]
+        fd, direct = (file.cached_fd, False) if cached else (file.fd, file.direct)
         got = 0
         while got < wanted:
             try:
-                count = os.preadv(file.fd, [into[got:]], offset + got)
+                count = os.preadv(fd, [into[got:]], offset + got)
             except OSError as exc:
                 raise DiskReadError(
                     file.path, offset + got, f"the read of {len(into) - got} bytes failed: {exc.strerror or exc}"
                 ) from exc
             got += count
             # An unaligned count from an O_DIRECT read, or none at all, is the end of the file.
-            if got < wanted and (count == 0 or (file.direct and count % self.alignment)):
-                size = os.fstat(file.fd).st_size
+            if got < wanted and (count == 0 or (direct and count % self.alignment)):
+                size = os.fstat(fd).st_size
                 raise DiskReadError(
                     file.path,
                     offset,
                     f"the file ends at byte {size}, before the {wanted} bytes wanted from here; it is shorter "
                     "than its tensors say (truncated or replaced since it was opened?)",
                 )
-        if not file.direct:
-            os.posix_fadvise(file.fd, offset, got, os.POSIX_FADV_DONTNEED)
+        if not direct and not cached:
+            os.posix_fadvise(fd, offset, got, os.POSIX_FADV_DONTNEED)
+
+    def read_into(
+        self,
+        host: Host,
+        dst: HostBuffer,
+        dst_offset: int,
+        nbytes: int,
+        source: int,
+        offset: int,
+        wanted: int,
+        *,
+        sharing: int = 1,
+    ) -> bool:
+        """``host.read_into`` of ``nbytes`` of file ``source`` from ``offset`` into ``dst`` (the
+        alignments of ``read``), from the page cache where every page lies there; whether it did."""
+        cached = self.cached(source, offset, nbytes)
+
+        def read(into: memoryview) -> None:
+            self.read(source, offset, into, wanted, cached=cached)
+
+        host.read_into(dst, dst_offset, nbytes, read, sharing=sharing, cached=cached)
+        return cached
 
     def close(self) -> None:
         for file in self._files:
             os.close(file.fd)
+            if file.cached_fd != file.fd:
+                os.close(file.cached_fd)
         self._files.clear()
         self.closed = True
 

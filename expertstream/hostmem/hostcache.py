@@ -17,8 +17,9 @@ after the copies already enqueued from the slot are done: the tier keeps the mos
 Whole-tensor copies (prefill) still come through the ring.
 
 The reads go through the ring's ``FileReader`` and ``Host.read_into``: O_DIRECT where the
-filesystem allows (the page cache is not filled; buffered reads are dropped from it), and on the
-simulator charged at the profile's drive rate. Each tensor is read rounded out to the reader's
+filesystem allows (the page cache is not filled; buffered reads are dropped from it), out of the
+page cache where the bytes lie there already, and on the simulator charged at the profile's drive
+rate. Each tensor is read rounded out to the reader's
 alignment into an aligned place of the buffer and served from inside it, so the buffer holds a few
 KiB per tensor more than the tensors.
 """
@@ -93,12 +94,7 @@ def _read_extent(
     for start in range(0, extent.nbytes, CACHE_READ_BYTES):
         nbytes = min(CACHE_READ_BYTES, extent.nbytes - start)
         wanted = min(nbytes, wanted_end - start)
-        offset = extent.start + start
-
-        def read(into: memoryview, offset: int = offset, wanted: int = wanted) -> None:
-            reader.read(shard, offset, into, wanted)
-
-        device.backend.host.read_into(buffer, place + start, nbytes, read)
+        reader.read_into(device.backend.host, buffer, place + start, nbytes, shard, extent.start + start, wanted)
 
 
 def expert_slot_bytes(tensor: TensorInfo, reader: FileReader) -> int:

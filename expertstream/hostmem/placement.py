@@ -30,7 +30,7 @@ from ..errors import DeviceError, InvalidArgument
 from ..model.loader import MoeModel, TensorInfo
 from ..scheduler.source import HostRegion, HostSource
 from . import memlimit
-from .diskread import FileReader, Opener
+from .diskread import FileReader, Opener, in_page_cache
 from .hostcache import ExpertTier, cached_layers, expert_slot_bytes, layer_bytes, read_host_cache
 from .memlimit import MemoryReader
 from .staging import RingFill, RingRegion, RingStats, StagingRing
@@ -157,6 +157,7 @@ class HostWeights(Mapping[str, HostSource], Closing):
         opener: Opener = os.open,
         memory: MemoryReader | None = None,
         host_cache: int | None = None,
+        page_cache: bool = True,
     ) -> HostWeights:
         """Place the tensors of a model (or of the GGUF file at a path, opened and owned here).
 
@@ -166,7 +167,9 @@ class HostWeights(Mapping[str, HostSource], Closing):
         disk, as ``os.open`` does. ``memory`` tells the preferred rule how much host memory the
         process may fill (None: ``memlimit.read_memory_limit``). ``host_cache``: mode disk only, bytes
         of RAM for the tensors of the first whole layers, read once here and served from there
-        (``hostcache``); the other layers' are read from the files at every use.
+        (``hostcache``); the other layers' are read from the files at every use. ``page_cache``: mode
+        disk reads the ranges the kernel holds in its page cache already from there, not from the
+        drive (False: every read from the drive; the simulator models no page cache).
         """
         requested = _parse_mode(mode)
         _check_host_cache(requested, host_cache)
@@ -176,7 +179,7 @@ class HostWeights(Mapping[str, HostSource], Closing):
             targets = dict(copied_to or {})
             too_big = memlimit.model_too_big(model, memory) if requested is HostMemoryMode.PREFERRED else None
             used = HostMemoryMode.DISK if too_big else requested
-            placed = _place(model, device, used, ring, targets, opener, host_cache or 0)
+            placed = _place(model, device, used, ring, targets, opener, host_cache or 0, page_cache)
             weights = cls(model, device, *placed, owns_model=owns_model)
             if too_big is not None:
                 _note_disk_chosen(weights, too_big)
@@ -259,6 +262,7 @@ def _place(
     targets: dict[str, Device],
     opener: Opener,
     host_cache: int,
+    page_cache: bool,
 ) -> _Placement:
     """One mapping (and registration) per shard; a ring (one per target device) reads every shard's mapping,
     or, in mode disk, every shard's file (the tensors the host cache holds aside: none reads them)."""
@@ -289,7 +293,9 @@ def _place(
         tier: ExpertTier | None = None
         if requested is HostMemoryMode.DISK:
             # Closed after the rings that read through it (resources close in reverse).
-            reader = FileReader(model.paths, opener=opener)
+            # The simulated machine's page cache is not modelled: its drive serves every read.
+            resident = in_page_cache if page_cache and not device.backend.host.virtual_time else None
+            reader = FileReader(model.paths, opener=opener, resident=resident)
             resources.append(reader)
             by_name.update(_host_cache(model, device, reader, host_cache, stats, resources))
             tier = _expert_tier(model, device, reader, host_cache - stats.host_cache_bytes, stats, resources, by_name)

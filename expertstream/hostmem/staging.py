@@ -94,6 +94,7 @@ class RingStats:
     """
 
     bytes_filled: int = 0  # copied into chunks, fills dropped and redone included
+    bytes_cached: int = 0  # of those, read from files out of the page cache rather than from the drive
     bytes_staged: int = 0  # handed to DMAs from the chunks: the bytes the copies asked for
     fill_s: float = 0.0  # worker-seconds spent copying into chunks
     # Seconds spent waiting for a chunk's previous DMA to end: by the threads, or, where the caller
@@ -606,11 +607,14 @@ class StagingRing(Closing):
         start = backend.host.timestamp()
         chunk.free_event.synchronize()
         reading = backend.host.timestamp()
-        backend.host.read_into(
+        cached = reader.read_into(
+            backend.host,
             chunk.buffer,
             read.chunk_offset,
             read.nbytes,
-            lambda into: reader.read(read.source, read.file_offset, into, read.wanted),
+            read.source,
+            read.file_offset,
+            read.wanted,
             sharing=sharing,
         )
         end = backend.host.timestamp()
@@ -618,6 +622,7 @@ class StagingRing(Closing):
             self._stats.chunk_wait_s += reading - start
             self._stats.fill_s += end - reading
             self._stats.bytes_filled += read.nbytes
+            self._stats.bytes_cached += read.nbytes if cached else 0
         return end
 
     def _wait_chunk(self, chunk: _Chunk) -> None:

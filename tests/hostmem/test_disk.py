@@ -23,6 +23,7 @@ from expertstream.hostmem import (
     HostMemoryMode,
     HostWeights,
     RingOptions,
+    RingStats,
     StagingRing,
     diskread,
 )
@@ -94,7 +95,10 @@ def test_every_tensor_arrives_as_the_file_holds_it(
         pytest.skip(f"the filesystem of {tiny_path} refuses O_DIRECT")
     opener = os.open if direct else _refusing_direct([])
     device = backend.device(0)
-    with HostWeights.open(tiny_path, device, HostMemoryMode.DISK, ring=SMALL_DISK_RING, opener=opener) as weights:
+    # Every read from the drive: the file this test's fixture wrote may lie in the page cache.
+    with HostWeights.open(
+        tiny_path, device, HostMemoryMode.DISK, ring=SMALL_DISK_RING, opener=opener, page_cache=False
+    ) as weights:
         assert weights.mode is HostMemoryMode.DISK
         (ring,) = weights.rings
         assert ring.chunk_bytes == 50_000
@@ -123,7 +127,7 @@ def test_odd_ranges_spanning_chunks_are_exact(backend: Backend, tmp_path: Path, 
     # and reach the file's last, partial block.
     cuts = [(1, 1), (3, 4093), (4095, 2), (4097, 6001), (777, 13_333), (9000, data.nbytes - 9000), (0, data.nbytes)]
     with (
-        FileReader([path], opener=opener) as reader,
+        FileReader([path], opener=opener, resident=None) as reader,
         StagingRing(
             device.wrap_host(np.fromfile(path, dtype=np.uint8)),
             threads=3,
@@ -144,6 +148,80 @@ def test_odd_ranges_spanning_chunks_are_exact(backend: Backend, tmp_path: Path, 
         for (start, nbytes), dst in zip(cuts, buffers, strict=True):
             assert np.array_equal(dst.read(), data[start : start + nbytes]), (start, nbytes)
             dst.close()
+
+
+def _ring_reads(backend: Backend, path: Path, resident: diskread.Resident | None) -> tuple[bytes, RingStats]:
+    """The whole file through a small disk ring whose reader asks ``resident``: the bytes, the ring's stats."""
+    device = backend.device(0)
+    nbytes = path.stat().st_size
+    with (
+        FileReader([path], resident=resident) as reader,
+        StagingRing(
+            device.wrap_host(np.fromfile(path, dtype=np.uint8)),
+            threads=2,
+            chunks=2,
+            chunk_bytes=4096,  # one aligned read a chunk
+            part_bytes=4096,
+            reader=reader,
+        ) as ring,
+        device.stream() as stream,
+    ):
+        dst = device.alloc(nbytes)
+        ring.region(0, nbytes).enqueue_h2d(stream, dst, 0, 0, nbytes)
+        stream.synchronize()
+        got = dst.read().tobytes()
+        dst.close()
+        return got, ring.stats
+
+
+def test_ranges_in_the_page_cache_are_read_from_there_and_left_there(
+    backend: Backend, tmp_path: Path, buffered: list[tuple[int, int, int]]
+) -> None:
+    data = pattern(8 * 4096 + 100)
+    path = tmp_path / "bytes.bin"
+    path.write_bytes(data.tobytes())
+    asked: list[tuple[int, int]] = []
+
+    def second_half(fd: int, offset: int, nbytes: int) -> bool:
+        asked.append((offset, nbytes))
+        return offset >= 4 * 4096
+
+    got, stats = _ring_reads(backend, path, second_half)
+    assert got == data.tobytes()
+    # Each read asked about (4096 bytes, the last one clipped at the end of the file); those in the
+    # second half came out of the page cache, the rest from the drive.
+    assert sorted(asked) == [(i * 4096, 4096) for i in range(8)] + [(8 * 4096, 100)]
+    assert stats.bytes_filled == 9 * 4096 and stats.bytes_cached == 5 * 4096
+    # Nothing read out of the page cache is dropped from it (where the filesystem refuses O_DIRECT,
+    # the drive's reads are).
+    assert all(offset < 4 * 4096 for offset, _, _ in buffered)
+    never, drive = _ring_reads(backend, path, None)
+    assert never == got and drive.bytes_cached == 0
+    if backend.host.virtual_time:  # the simulator charges a memcpy for them, not the drive's rate
+        assert stats.fill_s < drive.fill_s
+
+
+def test_the_kernel_says_a_tmpfs_file_is_in_the_page_cache(tmp_path: Path) -> None:
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or not os.access(shm, os.W_OK):
+        pytest.skip("no writable /dev/shm (tmpfs) here")
+    path = shm / f"expertstream-{os.getpid()}-{tmp_path.name}"
+    try:
+        path.write_bytes(bytes(5 * 4096))  # tmpfs pages live in the page cache
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            assert diskread.in_page_cache(fd, 0, 5 * 4096)
+            assert diskread.in_page_cache(fd, 4097, 3)
+        finally:
+            os.close(fd)
+    finally:
+        path.unlink()
+    read_end, write_end = os.pipe()  # nothing to map: no answer, so from the drive
+    try:
+        assert not diskread.in_page_cache(read_end, 0, 4096)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
 
 
 def test_refused_o_direct_falls_back_once_with_a_warning(

@@ -88,11 +88,13 @@ class Host:
         read: Callable[[memoryview], None],
         *,
         sharing: int = 1,
+        cached: bool = False,
     ) -> None:
         """``read`` writes bytes ``[dst_offset, dst_offset + nbytes)`` of ``dst`` in the calling thread
         (a file read into a staging chunk). The simulator checks the write as it checks a copy's and
         charges it as a read from its profile's drive with ``sharing`` reads in flight, this one
-        included."""
+        included, or, where ``cached`` (the bytes come out of the page cache), as a memcpy sharing
+        the host memory bus with ``sharing`` others."""
         check_read_into(dst, dst_offset, nbytes, sharing)
         read(dst.array[dst_offset : dst_offset + nbytes].data)
 

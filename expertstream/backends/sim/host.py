@@ -85,15 +85,19 @@ class SimHost(Host):
         read: Callable[[memoryview], None],
         *,
         sharing: int = 1,
+        cached: bool = False,
     ) -> None:
         """A read into host memory on the calling thread, checked as a copy's write and timed as a read
-        from the profile's drive with ``sharing`` reads in flight."""
+        from the profile's drive with ``sharing`` reads in flight, or, ``cached``, as a memcpy."""
         check_read_into(dst, dst_offset, nbytes, sharing)
         check_own_host(self._backend, dst, "Host.read_into")
         self._sim.host_access((Touch(dst, dst_offset, dst_offset + nbytes, write=True),), "host read", "Host.read_into")
         if self._sim.data:  # timing-only: placeholder memory is never touched
-            super().read_into(dst, dst_offset, nbytes, read, sharing=sharing)
-        self._sim.host_read(nbytes, sharing)
+            super().read_into(dst, dst_offset, nbytes, read, sharing=sharing, cached=cached)
+        if cached:
+            self._sim.host_copy(nbytes, sharing)
+        else:
+            self._sim.host_read(nbytes, sharing)
 
 
 __all__ = ["SimHost"]
