@@ -458,10 +458,12 @@ def _tier_fields(
         return {}
     used = after - before if before is not None and after is not None else RingStats()  # no ring: all cached
     staged = used.bytes_staged // runs
+    # Rings that copy from the mappings (the files lay in the page cache at open) read no drive.
+    cached = used.bytes_cached if any(ring.reads_files for ring in weights.rings) else used.bytes_filled
     return {
         "host_cache_bytes": max(0, moved - staged),
-        "disk_bytes_read": (used.bytes_filled - used.bytes_cached) // runs,
-        "page_cache_bytes": used.bytes_cached // runs,
+        "disk_bytes_read": (used.bytes_filled - cached) // runs,
+        "page_cache_bytes": cached // runs,
         "host_cache_hit_pct": _ram_share(moved, staged),
     }
 

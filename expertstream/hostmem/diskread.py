@@ -151,6 +151,10 @@ class FileReader(Closing):
             raise DiskReadError(path, None, f"cannot open it: {exc.strerror or exc}") from exc
         if direct < 0:
             return _File(path, buffered, direct=False, cached_fd=buffered)
+        if self._resident is not None:
+            # Reads of cached ranges start no read-ahead: it would fill the page cache (and, under a
+            # memory limit, evict what else is there) with bytes the next check then finds resident.
+            os.posix_fadvise(buffered, 0, 0, os.POSIX_FADV_RANDOM)
         return _File(path, direct, direct=True, cached_fd=buffered)
 
     @property

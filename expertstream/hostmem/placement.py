@@ -30,7 +30,7 @@ from ..errors import DeviceError, InvalidArgument
 from ..model.loader import MoeModel, TensorInfo
 from ..scheduler.source import HostRegion, HostSource
 from . import memlimit
-from .diskread import FileReader, Opener, in_page_cache
+from .diskread import FileReader, Opener, Resident, in_page_cache
 from .hostcache import ExpertTier, cached_layers, expert_slot_bytes, layer_bytes, read_host_cache
 from .memlimit import MemoryReader
 from .staging import RingFill, RingRegion, RingStats, StagingRing
@@ -157,7 +157,7 @@ class HostWeights(Mapping[str, HostSource], Closing):
         opener: Opener = os.open,
         memory: MemoryReader | None = None,
         host_cache: int | None = None,
-        page_cache: bool = True,
+        page_cache: bool | Resident = True,
     ) -> HostWeights:
         """Place the tensors of a model (or of the GGUF file at a path, opened and owned here).
 
@@ -169,7 +169,9 @@ class HostWeights(Mapping[str, HostSource], Closing):
         of RAM for the tensors of the first whole layers, read once here and served from there
         (``hostcache``); the other layers' are read from the files at every use. ``page_cache``: mode
         disk reads the ranges the kernel holds in its page cache already from there, not from the
-        drive (False: every read from the drive; the simulator models no page cache).
+        drive, and where it holds every streamed byte at open, the ring copies from the mappings as
+        mode ring does (False: every read from the drive; the simulator models no page cache; a
+        function asked as ``diskread.in_page_cache`` is stands in for the kernel, on any backend).
         """
         requested = _parse_mode(mode)
         _check_host_cache(requested, host_cache)
@@ -262,7 +264,7 @@ def _place(
     targets: dict[str, Device],
     opener: Opener,
     host_cache: int,
-    page_cache: bool,
+    page_cache: bool | Resident,
 ) -> _Placement:
     """One mapping (and registration) per shard; a ring (one per target device) reads every shard's mapping,
     or, in mode disk, every shard's file (the tensors the host cache holds aside: none reads them)."""
@@ -293,9 +295,7 @@ def _place(
         tier: ExpertTier | None = None
         if requested is HostMemoryMode.DISK:
             # Closed after the rings that read through it (resources close in reverse).
-            # The simulated machine's page cache is not modelled: its drive serves every read.
-            resident = in_page_cache if page_cache and not device.backend.host.virtual_time else None
-            reader = FileReader(model.paths, opener=opener, resident=resident)
+            reader = FileReader(model.paths, opener=opener, resident=_resident(page_cache, device))
             resources.append(reader)
             by_name.update(_host_cache(model, device, reader, host_cache, stats, resources))
             tier = _expert_tier(model, device, reader, host_cache - stats.host_cache_bytes, stats, resources, by_name)
@@ -303,6 +303,10 @@ def _place(
         for t in tensors:
             if t.name not in by_name:
                 by_device.setdefault(targets.get(t.name, device), []).append(t)
+        ring_reader = reader
+        if reader is not None and _in_page_cache(reader, [t for mine in by_device.values() for t in mine]):
+            ring_reader = None  # the ring copies from the mappings, as mode ring does
+            _note_page_cache(stats, device)
         largest = max((t.nbytes for t in tensors), default=1)
         for target, mine in by_device.items():
             sources = mappings if target is device else _wrap_mappings(model, target)
@@ -316,7 +320,7 @@ def _place(
                 part_bytes=ring.part_bytes,
                 fill=ring.fill,
                 max_copy_bytes=largest,
-                reader=reader,
+                reader=ring_reader,
             )
             # Closed in reverse: a ring (which waits for its DMAs) before the mappings it reads.
             resources.append(staging)
@@ -334,6 +338,31 @@ def _place(
     # In the tensors' order, whichever tier holds each.
     ordered = {t.name: by_name[t.name] for t in tensors}
     return HostMemoryMode.DISK if reader is not None else HostMemoryMode.RING, ordered, resources, stats
+
+
+def _resident(page_cache: bool | Resident, device: Device) -> Resident | None:
+    """Who says which ranges lie in the page cache: the kernel on a real backend (the simulated
+    machine's page cache is not modelled: its drive serves every read), a stand-in, or no one."""
+    if callable(page_cache):
+        return page_cache
+    return in_page_cache if page_cache and not device.backend.host.virtual_time else None
+
+
+def _in_page_cache(reader: FileReader, tensors: Sequence[TensorInfo]) -> bool:
+    """Whether every byte of ``tensors`` lies in the page cache now (never where the reader asks no one)."""
+    return bool(tensors) and all(reader.cached(t.shard, t.offset, t.nbytes) for t in tensors)
+
+
+# Why mode disk's ring copies from the files' mappings rather than reading the drive.
+PAGE_CACHE_REASON = (
+    "every byte of the tensors it streams lay in the page cache when it opened (the files were read lately, "
+    "with room to keep them): its staging ring copies them from the files' mappings, as mode ring does"
+)
+
+
+def _note_page_cache(stats: HostWeightsStats, device: Device) -> None:
+    stats.fallbacks.append(HostMemoryFallback(HostMemoryMode.DISK, HostMemoryMode.DISK, PAGE_CACHE_REASON))
+    log.info("%s: host memory mode disk: %s", device.label, PAGE_CACHE_REASON)
 
 
 def _rings_of(resources: Sequence[_Resource]) -> list[StagingRing]:

@@ -317,6 +317,11 @@ class StagingRing(Closing):
         self._chunks = [_Chunk(i, buffer, self.device.event()) for i, buffer in enumerate(self._shared.buffers)]
 
     @property
+    def reads_files(self) -> bool:
+        """Whether the chunks are read from files (mode disk's reader) rather than copied from the sources."""
+        return self._reader is not None
+
+    @property
     def chunks(self) -> int:
         return len(self._chunks)
 

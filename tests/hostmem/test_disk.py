@@ -26,6 +26,7 @@ from expertstream.hostmem import (
     RingStats,
     StagingRing,
     diskread,
+    placement,
 )
 
 from .patterns import pattern
@@ -199,6 +200,38 @@ def test_ranges_in_the_page_cache_are_read_from_there_and_left_there(
     assert never == got and drive.bytes_cached == 0
     if backend.host.virtual_time:  # the simulator charges a memcpy for them, not the drive's rate
         assert stats.fill_s < drive.fill_s
+
+
+def test_a_file_wholly_in_the_page_cache_at_open_is_copied_as_mode_ring_copies_it(
+    backend: Backend, tiny_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    device = backend.device(0)
+    with (
+        caplog.at_level(logging.INFO, logger="expertstream.hostmem.placement"),
+        HostWeights.open(
+            tiny_path, device, HostMemoryMode.DISK, ring=SMALL_DISK_RING, page_cache=lambda fd, offset, nbytes: True
+        ) as weights,
+    ):
+        assert weights.mode is HostMemoryMode.DISK
+        (ring,) = weights.rings
+        assert not ring.reads_files
+        assert [f.reason for f in weights.stats.fallbacks] == [placement.PAGE_CACHE_REASON]
+        copied = _copy_all(weights, device)
+    file_bytes = tiny_path.read_bytes()
+    for name, info in weights.model.tensors.items():
+        assert copied[name].tobytes() == file_bytes[info.offset : info.offset + info.nbytes], name
+    assert sum(placement.PAGE_CACHE_REASON in r.getMessage() for r in caplog.records) == 1
+    # One tensor the page cache lacks (the second asked about): every chunk is read from the files, as before.
+    asked: list[int] = []
+
+    def all_but_the_second(fd: int, offset: int, nbytes: int) -> bool:
+        asked.append(offset)
+        return len(asked) != 2
+
+    with HostWeights.open(
+        tiny_path, device, HostMemoryMode.DISK, ring=SMALL_DISK_RING, page_cache=all_but_the_second
+    ) as weights:
+        assert weights.rings[0].reads_files and not weights.stats.fallbacks
 
 
 def test_the_kernel_says_a_tmpfs_file_is_in_the_page_cache(tmp_path: Path) -> None:

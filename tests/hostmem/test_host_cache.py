@@ -84,7 +84,7 @@ def test_the_first_layer_is_read_once_into_pinned_memory_and_every_tensor_arrive
     reads = _recording_reads(backend, monkeypatch)
     device = backend.device(0)
     with HostWeights.open(
-        tiny_path, device, HostMemoryMode.DISK, ring=SMALL_DISK_RING, opener=opener, host_cache=size
+        tiny_path, device, HostMemoryMode.DISK, ring=SMALL_DISK_RING, opener=opener, host_cache=size, page_cache=False
     ) as weights:
         first, second = weights.model.layers
         cached = {t.name for t in (first.router, *first.experts)}
