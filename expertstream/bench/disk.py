@@ -10,13 +10,12 @@ each), so a file held there reads at memory speed: ``DiskTiming`` says how much 
 
 from __future__ import annotations
 
-import ctypes
-import mmap
 import os
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidArgument
-from ..hostmem.diskread import FileReader, Opener
+from ..hostmem.diskread import FileReader, Opener, drop_from_page_cache, in_page_cache, resident_pages
+from ..model.loader import MoeModel
 
 DEFAULT_DEPTHS = (1, 4, 16)
 DEFAULT_READ_BYTES = 16 << 20
@@ -88,7 +88,7 @@ def measure_disk(
         )
     file = Path(path)
     cached = page_cache_share(file)
-    with FileReader([file], opener=opener) as reader:
+    with FileReader([file], opener=opener, resident=None) as reader:  # the drive's own rate, cached or not
         size = file.stat().st_size
         align = reader.alignment
         if size < align:
@@ -123,31 +123,34 @@ def fit_disk(timing: DiskTiming) -> dict[str, Any]:
 
 
 def page_cache_share(path: Path) -> float | None:
-    """The share of the file's pages in the page cache (mincore on a mapping of it); None where it
+    """The share of the file's pages in the page cache (``diskread.resident_pages``); None where it
     cannot be told (not Linux, an empty file, the call refused)."""
     size = path.stat().st_size
     if size == 0 or not hasattr(os, "O_DIRECT"):
         return None
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
-    libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
-    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
-    pages = -(-size // mmap.PAGESIZE)
-    resident = (ctypes.c_ubyte * pages)()
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-        if address in (None, ctypes.c_void_p(-1).value):
-            return None
-        try:
-            if libc.mincore(address, size, resident) != 0:
-                return None
-        finally:
-            libc.munmap(address, size)
+        pages = resident_pages(fd, 0, size)
     finally:
         os.close(fd)
-    return sum(page & 1 for page in resident) / pages
+    return None if not pages else pages.count(1) / len(pages)
+
+
+@contextmanager
+def page_cache_as_found(model: MoeModel) -> Iterator[None]:
+    """Drop again, after the body, the expert tensors the body brought into the page cache: those not
+    wholly there before it. A baseline that uploads every expert through the file's mappings (the
+    compute-only run) then leaves mode disk's rows to read what a run of their own would, not what it
+    left behind (under a memory limit, the file's last few GB)."""
+    fds = [os.open(path, os.O_RDONLY | os.O_CLOEXEC) for path in model.paths]
+    try:
+        absent = [t for t in model.expert_tensors if not in_page_cache(fds[t.shard], t.offset, t.nbytes)]
+        yield
+        for t in absent:
+            drop_from_page_cache(fds[t.shard], t.offset, t.nbytes, mapped=model.raw(t).ctypes.data)
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def _aligned(nbytes: int, align: int) -> memoryview:

@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import ExitStack
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +27,7 @@ from ..hostmem import HostMemoryMode, HostWeights, RingFill, RingOptions, RingSt
 from ..kernels.layout import MatrixPath
 from ..model import MoeModel
 from ..scheduler import Bindings, Plan, Replay, RunStats, Scheduler, Split
+from .disk import page_cache_as_found
 from .report import Row
 
 log = logging.getLogger(__name__)
@@ -284,9 +285,12 @@ def measure(
         all_layers: bool | None = None
         compute_sha: str | None = None
         if settings.compute_only:
-            compute_s, all_layers, compute_sha = measure_compute_only(
-                backend, runner, settings.warmup, settings.repeats, progress
-            )
+            # Mode disk's rows read what a run of their own would, not what the baseline's uploads left.
+            keep = page_cache_as_found(model) if HostMemoryMode.DISK in settings.host_memory else nullcontext()
+            with keep:
+                compute_s, all_layers, compute_sha = measure_compute_only(
+                    backend, runner, settings.warmup, settings.repeats, progress
+                )
         paths = {name: path.value for name, path in runner.matrix_path_by_type.items()}
         result = Measurement(
             Baselines(peak, compute_s, all_layers, compute_sha),

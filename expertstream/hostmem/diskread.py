@@ -16,6 +16,7 @@ kernel says so (``mincore`` over a mapping of the range, which reads nothing).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import errno
@@ -57,40 +58,62 @@ _ABSENT = b"\x00"
 
 
 @functools.cache
-def _mincore_libc() -> ctypes.CDLL:
+def _libc() -> ctypes.CDLL:
     libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
     libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
     libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
     libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p)
+    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
     return libc
 
 
-def in_page_cache(fd: int, offset: int, nbytes: int) -> bool:
-    """Whether every page of bytes ``[offset, offset + nbytes)`` of the open file is in the page cache:
-    ``mincore`` over a fresh read-only mapping of the range (mapping and asking read nothing).
+def resident_pages(fd: int, offset: int, nbytes: int) -> bytes | None:
+    """One byte a page of bytes ``[offset, offset + nbytes)`` of the open file (its first page the one
+    ``offset`` lies in): 1 where the page is in the page cache, else 0. ``mincore`` over a fresh
+    read-only mapping of the range: mapping and asking read nothing.
 
     The kernel answers for pages this process has not touched only where it may write the file or
-    owns it; elsewhere it counts them as absent, and the range is read from the drive, as before.
-    False wherever the question cannot be asked."""
+    owns it; elsewhere it counts them as absent. None wherever the question cannot be asked."""
     page = mmap.PAGESIZE
     start = offset - offset % page
     length = offset + nbytes - start
+    if length <= 0:
+        return b""
     try:
-        libc = _mincore_libc()
+        libc = _libc()
     except (OSError, AttributeError):
-        return False
+        return None
     address = libc.mmap(None, length, mmap.PROT_READ, mmap.MAP_SHARED, fd, start)
     if address is None or address == ctypes.c_void_p(-1).value:
-        return False
+        return None
     try:
-        pages = -(-length // page)
-        vector = ctypes.create_string_buffer(pages)
+        vector = ctypes.create_string_buffer(-(-length // page))
         if libc.mincore(address, length, vector) != 0:
-            return False
-        return _ABSENT not in vector.raw.translate(_LOW_BIT)
+            return None
+        return vector.raw.translate(_LOW_BIT)
     finally:
         libc.munmap(address, length)
+
+
+def in_page_cache(fd: int, offset: int, nbytes: int) -> bool:
+    """Whether every page of bytes ``[offset, offset + nbytes)`` of the open file is in the page cache
+    (``resident_pages``); False where the kernel cannot say, so the range is read from the drive."""
+    pages = resident_pages(fd, offset, nbytes)
+    return pages is not None and _ABSENT not in pages
+
+
+def drop_from_page_cache(fd: int, offset: int, nbytes: int, mapped: int | None = None) -> None:
+    """Ask the kernel to drop bytes ``[offset, offset + nbytes)`` of the open file from the page cache.
+    ``mapped``: the address where this process maps those bytes, unmapped from it first (the kernel
+    keeps pages a process maps; the pages around them it maps are only faulted in again on use)."""
+    if mapped is not None and nbytes > 0:
+        page = mmap.PAGESIZE
+        start = mapped - mapped % page
+        end = -(-(mapped + nbytes) // page) * page
+        with contextlib.suppress(OSError, AttributeError):
+            _libc().madvise(start, end - start, mmap.MADV_DONTNEED)
+    os.posix_fadvise(fd, offset, nbytes, os.POSIX_FADV_DONTNEED)
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 
 from expertstream.backends.sim.profiles import CUDA_H200, Profile
+from expertstream.bench import disk
 from expertstream.bench.disk import DiskReadTiming, DiskTiming, fit_disk, measure_disk, page_cache_share
 from expertstream.bench.tuner import fields_not_tuned
 from expertstream.errors import InvalidArgument
+from expertstream.model import MoeModel
 from microbench import disk_read
 
 MIB = 1 << 20
@@ -121,3 +123,30 @@ def test_the_microbench_prints_a_row_per_depth(data_file: Path, capsys: pytest.C
     assert all(row["gb_per_s"] > 0 for row in result["rows"])
     assert [pair[0] for pair in result["profile_fields"]["disk_read_bps"]] == [1, 4]
     assert "GB/s" in table and "byte read" in table
+
+
+def test_the_baseline_leaves_the_page_cache_as_it_found_it(tiny_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = MoeModel.open(tiny_path)
+    try:
+        experts = model.expert_tensors
+        cached_before = {experts[0].name}  # the one expert tensor the page cache held wholly before
+        dropped: list[tuple[str, int]] = []
+
+        def tensor_at(offset: int, nbytes: int) -> str:
+            (name,) = [t.name for t in experts if (t.offset, t.nbytes) == (offset, nbytes)]
+            return name
+
+        def resident(fd: int, offset: int, nbytes: int) -> bool:
+            return tensor_at(offset, nbytes) in cached_before
+
+        def drop(fd: int, offset: int, nbytes: int, mapped: int | None = None) -> None:
+            dropped.append((tensor_at(offset, nbytes), mapped or 0))
+
+        monkeypatch.setattr(disk, "in_page_cache", resident)
+        monkeypatch.setattr(disk, "drop_from_page_cache", drop)
+        with disk.page_cache_as_found(model):
+            assert not dropped  # nothing before the body ends
+        # Every expert tensor the body may have brought in, unmapped from the model's own mapping first.
+        assert dropped == [(t.name, model.raw(t).ctypes.data) for t in experts if t.name not in cached_before]
+    finally:
+        model.close()
