@@ -61,7 +61,7 @@ _ABSENT = b"\x00"
 def _libc() -> ctypes.CDLL:
     libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
+    libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64)
     libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
     libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p)
     libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
@@ -73,13 +73,16 @@ def resident_pages(fd: int, offset: int, nbytes: int) -> bytes | None:
     ``offset`` lies in): 1 where the page is in the page cache, else 0. ``mincore`` over a fresh
     read-only mapping of the range: mapping and asking read nothing.
 
-    The kernel answers for pages this process has not touched only where it may write the file or
-    owns it; elsewhere it counts them as absent. None wherever the question cannot be asked."""
+    The kernel answers truly only to a process that owns the file, may write it, or runs as root:
+    for anyone else it says every page is there. None there, and wherever the question cannot be
+    asked."""
     page = mmap.PAGESIZE
     start = offset - offset % page
     length = offset + nbytes - start
     if length <= 0:
         return b""
+    if not _mincore_answers(fd):
+        return None
     try:
         libc = _libc()
     except (OSError, AttributeError):
@@ -94,6 +97,15 @@ def resident_pages(fd: int, offset: int, nbytes: int) -> bytes | None:
         return vector.raw.translate(_LOW_BIT)
     finally:
         libc.munmap(address, length)
+
+
+def _mincore_answers(fd: int) -> bool:
+    """Whether mincore tells this process the truth about the file's pages: it owns the file, may
+    write it, or is root (for any other caller Linux reports every page resident)."""
+    euid = os.geteuid()
+    if euid == 0 or os.fstat(fd).st_uid == euid:
+        return True
+    return os.access(f"/proc/self/fd/{fd}", os.W_OK)
 
 
 def in_page_cache(fd: int, offset: int, nbytes: int) -> bool:
@@ -174,11 +186,16 @@ class FileReader(Closing):
             raise DiskReadError(path, None, f"cannot open it: {exc.strerror or exc}") from exc
         if direct < 0:
             return _File(path, buffered, direct=False, cached_fd=buffered)
+        file = _File(path, direct, direct=True, cached_fd=buffered)
         if self._resident is not None:
             # Reads of cached ranges start no read-ahead: it would fill the page cache (and, under a
             # memory limit, evict what else is there) with bytes the next check then finds resident.
-            os.posix_fadvise(buffered, 0, 0, os.POSIX_FADV_RANDOM)
-        return _File(path, direct, direct=True, cached_fd=buffered)
+            try:
+                os.posix_fadvise(buffered, 0, 0, os.POSIX_FADV_RANDOM)
+            except OSError:
+                _close(file)
+                raise
+        return file
 
     @property
     def paths(self) -> tuple[Path, ...]:
@@ -196,13 +213,15 @@ class FileReader(Closing):
         return Extent(start, end - start, offset - start)
 
     def cached(self, source: int, offset: int, nbytes: int) -> bool:
-        """Whether every page of bytes ``[offset, offset + nbytes)`` of file ``source`` that the file
-        holds is in the page cache, so that ``read(..., cached=True)`` copies them from there."""
-        if self._resident is None:
+        """Whether every page of bytes ``[offset, offset + nbytes)`` of file ``source`` is in the page
+        cache, so that ``read(..., cached=True)`` copies them from there. False where the file ends
+        before them: the drive's read then says where it ends."""
+        if self._resident is None or nbytes <= 0:
             return False
         file = self._files[source]
-        end = min(offset + nbytes, os.fstat(file.cached_fd).st_size)
-        return end <= offset or self._resident(file.cached_fd, offset, end - offset)
+        if offset + nbytes > os.fstat(file.cached_fd).st_size:
+            return False
+        return self._resident(file.cached_fd, offset, nbytes)
 
     def read(self, source: int, offset: int, into: memoryview, wanted: int, *, cached: bool = False) -> None:
         """Read file ``source`` from ``offset`` into ``into``; DiskReadError unless ``wanted`` bytes came.
@@ -248,7 +267,7 @@ class FileReader(Closing):
     ) -> bool:
         """``host.read_into`` of ``nbytes`` of file ``source`` from ``offset`` into ``dst`` (the
         alignments of ``read``), from the page cache where every page lies there; whether it did."""
-        cached = self.cached(source, offset, nbytes)
+        cached = self.cached(source, offset, wanted)  # the rest of an aligned read may lie past the file's end
 
         def read(into: memoryview) -> None:
             self.read(source, offset, into, wanted, cached=cached)
@@ -257,12 +276,19 @@ class FileReader(Closing):
         return cached
 
     def close(self) -> None:
-        for file in self._files:
-            os.close(file.fd)
-            if file.cached_fd != file.fd:
-                os.close(file.cached_fd)
-        self._files.clear()
+        files, self._files = self._files, []
         self.closed = True
+        for file in files:
+            _close(file)
+
+
+def _close(file: _File) -> None:
+    """Close both of a file's descriptors, the second even where the first fails."""
+    try:
+        os.close(file.fd)
+    finally:
+        if file.cached_fd != file.fd:
+            os.close(file.cached_fd)
 
 
 def _alignment_of(fd: int) -> int:

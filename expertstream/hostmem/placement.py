@@ -4,7 +4,8 @@
 it is (pageable: slow, and copies block the host), the mapping registered in place (DMA
 speed), one pinned copy of the tensors (DMA speed, a full copy in RAM), a staging ring of a
 few pinned chunks fed from the mapping by host threads (``staging``), or such a ring whose
-chunks are read straight from the files, bypassing the page cache (``diskread``), the first
+chunks are read straight from the files, bypassing the page cache where it does not hold them
+already (``diskread``), the first
 layers' perhaps kept in RAM (``hostcache``). Each tensor becomes a ``HostSource`` the scheduler
 can copy from. A split model has one mapping per shard, each wrapped (and registered) on its
 own; one ring reads them all. With a layer split over several devices, a staging ring is per
@@ -181,7 +182,9 @@ class HostWeights(Mapping[str, HostSource], Closing):
             targets = dict(copied_to or {})
             too_big = memlimit.model_too_big(model, memory) if requested is HostMemoryMode.PREFERRED else None
             used = HostMemoryMode.DISK if too_big else requested
-            placed = _place(model, device, used, ring, targets, opener, host_cache or 0, page_cache)
+            # Mode disk chosen for want of memory never copies from the mappings: their page faults
+            # would fill the page cache under the very limit that chose it.
+            placed = _place(model, device, used, ring, targets, opener, host_cache or 0, page_cache, too_big is None)
             weights = cls(model, device, *placed, owns_model=owns_model)
             if too_big is not None:
                 _note_disk_chosen(weights, too_big)
@@ -265,6 +268,7 @@ def _place(
     opener: Opener,
     host_cache: int,
     page_cache: bool | Resident,
+    may_copy_mappings: bool = True,
 ) -> _Placement:
     """One mapping (and registration) per shard; a ring (one per target device) reads every shard's mapping,
     or, in mode disk, every shard's file (the tensors the host cache holds aside: none reads them)."""
@@ -304,7 +308,8 @@ def _place(
             if t.name not in by_name:
                 by_device.setdefault(targets.get(t.name, device), []).append(t)
         ring_reader = reader
-        if reader is not None and _in_page_cache(reader, [t for mine in by_device.values() for t in mine]):
+        streamed = [t for mine in by_device.values() for t in mine]
+        if may_copy_mappings and reader is not None and reader.direct and _in_page_cache(reader, streamed):
             ring_reader = None  # the ring copies from the mappings, as mode ring does
             _note_page_cache(stats, device)
         largest = max((t.nbytes for t in tensors), default=1)
@@ -349,7 +354,8 @@ def _resident(page_cache: bool | Resident, device: Device) -> Resident | None:
 
 
 def _in_page_cache(reader: FileReader, tensors: Sequence[TensorInfo]) -> bool:
-    """Whether every byte of ``tensors`` lies in the page cache now (never where the reader asks no one)."""
+    """Whether every byte of ``tensors`` lies in the page cache now (never where the reader asks no one,
+    nor where a file ends before its tensors do: the drive's reads then say so)."""
     return bool(tensors) and all(reader.cached(t.shard, t.offset, t.nbytes) for t in tensors)
 
 
@@ -525,7 +531,7 @@ def _note_disk_chosen(weights: HostWeights, reason: str) -> None:
     weights.stats.fallbacks.insert(0, HostMemoryFallback(HostMemoryMode.PREFERRED, HostMemoryMode.DISK, reason))
     ring = weights.rings[0]
     log.warning(
-        "%s: %s; reading them from the files as they are used (host memory mode disk: O_DIRECT, no page cache) "
+        "%s: %s; reading them from the files as they are used (host memory mode disk: O_DIRECT, past the page cache) "
         "into a staging ring of %d x %d pinned bytes by %d threads",
         ring.device.label,
         reason,

@@ -187,8 +187,27 @@ def test_ranges_in_the_page_cache_are_read_from_there_and_left_there(
         asked.append((offset, nbytes))
         return offset >= 4 * 4096
 
-    got, stats = _ring_reads(backend, path, second_half)
+    direct_fds: set[int] = set()
+    read_from: dict[int, bool] = {}  # offset: whether through an O_DIRECT descriptor
+    real_open, real_preadv = os.open, os.preadv
+
+    def opening(name: str, flags: int, *args: int) -> int:
+        fd = real_open(name, flags, *args)
+        if flags & os.O_DIRECT:
+            direct_fds.add(fd)
+        return fd
+
+    def reading(fd: int, buffers: list[memoryview], offset: int, *args: int) -> int:
+        read_from[offset] = fd in direct_fds
+        return real_preadv(fd, buffers, offset, *args)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "open", opening)
+        patch.setattr(os, "preadv", reading)
+        got, stats = _ring_reads(backend, path, second_half)
     assert got == data.tobytes()
+    if direct_fds:  # the filesystem took O_DIRECT: the first half through it, the second half not
+        assert read_from == {i * 4096: i < 4 for i in range(9)}
     # Each read asked about (4096 bytes, the last one clipped at the end of the file); those in the
     # second half came out of the page cache, the rest from the drive.
     assert sorted(asked) == [(i * 4096, 4096) for i in range(8)] + [(8 * 4096, 100)]
@@ -234,6 +253,34 @@ def test_a_file_wholly_in_the_page_cache_at_open_is_copied_as_mode_ring_copies_i
         assert weights.rings[0].reads_files and not weights.stats.fallbacks
 
 
+def test_the_kernel_is_not_asked_where_its_answer_would_be_every_page(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "theirs.bin"
+    path.write_bytes(bytes(2 * 4096))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        owner = os.fstat(fd).st_uid
+        # Another user's file this process may not write: Linux would say every page is resident.
+        monkeypatch.setattr(os, "geteuid", lambda: owner + 1 if owner + 1 != 0 else owner + 2)
+        monkeypatch.setattr(os, "access", lambda path, mode: False)
+        assert diskread.resident_pages(fd, 0, 4096) is None
+        assert not diskread.in_page_cache(fd, 0, 4096)
+        monkeypatch.setattr(os, "access", lambda path, mode: mode == os.W_OK)  # writable: asked
+        assert diskread.resident_pages(fd, 0, 4096) is not None
+    finally:
+        os.close(fd)
+
+
+def test_a_range_past_the_end_of_the_file_is_never_taken_from_the_page_cache(tmp_path: Path) -> None:
+    path = tmp_path / "bytes.bin"
+    path.write_bytes(bytes(3 * 4096))
+    with FileReader([path], resident=lambda fd, offset, nbytes: True) as reader:
+        assert reader.cached(0, 4096, 2 * 4096)
+        assert not reader.cached(0, 4096, 2 * 4096 + 1)  # the drive's read says where the file ends
+        assert not reader.cached(0, 0, 0)
+
+
 def test_the_kernel_says_a_tmpfs_file_is_in_the_page_cache(tmp_path: Path) -> None:
     shm = Path("/dev/shm")
     if not shm.is_dir() or not os.access(shm, os.W_OK):
@@ -264,7 +311,12 @@ def test_refused_o_direct_falls_back_once_with_a_warning(
     with (
         caplog.at_level(logging.WARNING, logger="expertstream.hostmem"),
         HostWeights.open(
-            tiny_path, backend.device(0), HostMemoryMode.DISK, ring=SMALL_DISK_RING, opener=_refusing_direct(opened)
+            tiny_path,
+            backend.device(0),
+            HostMemoryMode.DISK,
+            ring=SMALL_DISK_RING,
+            opener=_refusing_direct(opened),
+            page_cache=False,
         ) as weights,
     ):
         assert weights.mode is HostMemoryMode.DISK
@@ -282,7 +334,9 @@ def test_a_file_shorter_than_its_tensors_stops_the_copy_naming_file_and_offset(
     path = tmp_path / "short.gguf"
     shutil.copyfile(tiny_path, path)
     device = backend.device(0)
-    with HostWeights.open(path, device, HostMemoryMode.DISK, ring=SMALL_DISK_RING) as weights:
+    # Read from the drive: a file wholly in the page cache at open would be copied from its mapping,
+    # where a file cut short afterwards faults as it does in mode ring.
+    with HostWeights.open(path, device, HostMemoryMode.DISK, ring=SMALL_DISK_RING, page_cache=False) as weights:
         last = max(weights.model.tensors.values(), key=lambda t: t.offset)
         keep = last.offset + 1000  # the last tensor loses all but its first 1000 bytes
         os.truncate(path, keep)
@@ -382,7 +436,7 @@ def test_disk_reads_are_made_by_threads_where_processes_were_asked(
     options = RingOptions(fill="processes", threads=2, chunks=2, chunk_bytes=64 * 1024)
     with (
         caplog.at_level(logging.WARNING, logger="expertstream.hostmem"),
-        HostWeights.open(tiny_path, backend.device(0), HostMemoryMode.DISK, ring=options) as weights,
+        HostWeights.open(tiny_path, backend.device(0), HostMemoryMode.DISK, ring=options, page_cache=False) as weights,
     ):
         (ring,) = weights.rings
         assert ring.fill.value == "threads" and ring.fill_note == "reads from the files are made by threads"
