@@ -10,12 +10,13 @@ each), so a file held there reads at memory speed: ``DiskTiming`` says how much 
 
 from __future__ import annotations
 
+import mmap
 import os
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ import numpy as np
 
 from ..errors import InvalidArgument
 from ..hostmem.diskread import FileReader, Opener, drop_from_page_cache, in_page_cache, resident_pages
-from ..model.loader import MoeModel
+from ..model.loader import MoeModel, TensorInfo
 
 DEFAULT_DEPTHS = (1, 4, 16)
 DEFAULT_READ_BYTES = 16 << 20
@@ -142,15 +143,29 @@ def page_cache_as_found(model: MoeModel) -> Iterator[None]:
     wholly there before it. A baseline that uploads every expert through the file's mappings (the
     compute-only run) then leaves mode disk's rows to read what a run of their own would, not what it
     left behind (under a memory limit, the file's last few GB)."""
-    fds = [os.open(path, os.O_RDONLY | os.O_CLOEXEC) for path in model.paths]
-    try:
+    with ExitStack() as stack:
+        fds = []
+        for path in model.paths:
+            fds.append(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
+            stack.callback(os.close, fds[-1])
         absent = [t for t in model.expert_tensors if not in_page_cache(fds[t.shard], t.offset, t.nbytes)]
         yield
-        for t in absent:
-            drop_from_page_cache(fds[t.shard], t.offset, t.nbytes, mapped=model.raw(t).ctypes.data)
-    finally:
-        for fd in fds:
-            os.close(fd)
+        for shard, start, end in _runs(absent):
+            # One range a run of neighbouring tensors: the pages they share at their edges go too.
+            mapped = model.mappings[shard][start:end].ctypes.data
+            drop_from_page_cache(fds[shard], start, end - start, mapped=mapped)
+
+
+def _runs(tensors: Sequence[TensorInfo]) -> list[tuple[int, int, int]]:
+    """(shard, start, end) of the runs of ``tensors`` that follow each other in their files with less
+    than a page between them (the alignment's padding)."""
+    runs: list[tuple[int, int, int]] = []
+    for t in sorted(tensors, key=lambda t: (t.shard, t.offset)):
+        if runs and runs[-1][0] == t.shard and t.offset - runs[-1][2] < mmap.PAGESIZE:
+            runs[-1] = (t.shard, runs[-1][1], t.end)
+        else:
+            runs.append((t.shard, t.offset, t.end))
+    return runs
 
 
 def _aligned(nbytes: int, align: int) -> memoryview:

@@ -130,7 +130,7 @@ def test_the_baseline_leaves_the_page_cache_as_it_found_it(tiny_path: Path, monk
     try:
         experts = model.expert_tensors
         cached_before = {experts[0].name}  # the one expert tensor the page cache held wholly before
-        dropped: list[tuple[str, int]] = []
+        dropped: list[tuple[int, int, int]] = []
 
         def tensor_at(offset: int, nbytes: int) -> str:
             (name,) = [t.name for t in experts if (t.offset, t.nbytes) == (offset, nbytes)]
@@ -140,13 +140,19 @@ def test_the_baseline_leaves_the_page_cache_as_it_found_it(tiny_path: Path, monk
             return tensor_at(offset, nbytes) in cached_before
 
         def drop(fd: int, offset: int, nbytes: int, mapped: int | None = None) -> None:
-            dropped.append((tensor_at(offset, nbytes), mapped or 0))
+            dropped.append((offset, offset + nbytes, mapped or 0))
 
         monkeypatch.setattr(disk, "in_page_cache", resident)
         monkeypatch.setattr(disk, "drop_from_page_cache", drop)
         with disk.page_cache_as_found(model):
             assert not dropped  # nothing before the body ends
-        # Every expert tensor the body may have brought in, unmapped from the model's own mapping first.
-        assert dropped == [(t.name, model.raw(t).ctypes.data) for t in experts if t.name not in cached_before]
+        # Every expert tensor the body may have brought in, in runs of neighbours, each unmapped from
+        # the model's own mapping first; the one cached before stays.
+        assert dropped
+        for start, _, mapped in dropped:
+            assert mapped == model.mappings[0][start:].ctypes.data
+        inside = [[start <= t.offset and t.end <= end for start, end, _ in dropped] for t in experts]
+        assert [sum(runs) for runs in inside] == [0] + [1] * (len(experts) - 1)
+        assert all(start >= experts[0].end or end <= experts[0].offset for start, end, _ in dropped)
     finally:
         model.close()

@@ -151,12 +151,14 @@ def test_odd_ranges_spanning_chunks_are_exact(backend: Backend, tmp_path: Path, 
             dst.close()
 
 
-def _ring_reads(backend: Backend, path: Path, resident: diskread.Resident | None) -> tuple[bytes, RingStats]:
+def _ring_reads(
+    backend: Backend, path: Path, resident: diskread.Resident | None, opener: diskread.Opener = os.open
+) -> tuple[bytes, RingStats]:
     """The whole file through a small disk ring whose reader asks ``resident``: the bytes, the ring's stats."""
     device = backend.device(0)
     nbytes = path.stat().st_size
     with (
-        FileReader([path], resident=resident) as reader,
+        FileReader([path], resident=resident, opener=opener) as reader,
         StagingRing(
             device.wrap_host(np.fromfile(path, dtype=np.uint8)),
             threads=2,
@@ -191,8 +193,8 @@ def test_ranges_in_the_page_cache_are_read_from_there_and_left_there(
     read_from: dict[int, bool] = {}  # offset: whether through an O_DIRECT descriptor
     real_open, real_preadv = os.open, os.preadv
 
-    def opening(name: str, flags: int, *args: int) -> int:
-        fd = real_open(name, flags, *args)
+    def opening(name: str, flags: int) -> int:
+        fd = real_open(name, flags)
         if flags & os.O_DIRECT:
             direct_fds.add(fd)
         return fd
@@ -202,9 +204,8 @@ def test_ranges_in_the_page_cache_are_read_from_there_and_left_there(
         return real_preadv(fd, buffers, offset, *args)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(os, "open", opening)
         patch.setattr(os, "preadv", reading)
-        got, stats = _ring_reads(backend, path, second_half)
+        got, stats = _ring_reads(backend, path, second_half, opening)
     assert got == data.tobytes()
     if direct_fds:  # the filesystem took O_DIRECT: the first half through it, the second half not
         assert read_from == {i * 4096: i < 4 for i in range(9)}
