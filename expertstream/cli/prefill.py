@@ -211,8 +211,9 @@ def register(subparsers: Any) -> None:
         "--host-memory",
         type=_mode_list,
         default=None,
-        help="comma list of mmap, registered, pinned, ring, disk (a ring read from the file with O_DIRECT, no "
-        "page cache), preferred (disk where the model's tensors do not fit the host memory this process may fill, "
+        help="comma list of mmap, registered, pinned, ring, disk (a ring read from the file with O_DIRECT, past "
+        "the page cache; what the page cache holds already is taken from there), preferred (disk where the "
+        "model's tensors do not fit the host memory this process may fill, "
         "else registered where the device can, else ring; the default), or auto alone: the fastest of registered, "
         "ring, mmap by prediction (disk alone where the tensors do not fit)",
     )
