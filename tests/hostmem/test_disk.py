@@ -115,6 +115,12 @@ def test_every_tensor_arrives_as_the_file_holds_it(
     assert all(advice == os.POSIX_FADV_DONTNEED for _, _, advice in buffered)
 
 
+def _file_ring(device: Device, path: Path, reader: FileReader, *, threads: int, chunk_bytes: int) -> StagingRing:
+    """A ring of two chunks over the file at ``path``, its chunks read through ``reader`` in 4096-byte parts."""
+    source = device.wrap_host(np.fromfile(path, dtype=np.uint8))
+    return StagingRing(source, threads=threads, chunks=2, chunk_bytes=chunk_bytes, part_bytes=4096, reader=reader)
+
+
 @pytest.mark.parametrize("direct", [True, False], ids=["o_direct", "buffered"])
 def test_odd_ranges_spanning_chunks_are_exact(backend: Backend, tmp_path: Path, direct: bool) -> None:
     data = pattern(5 * 4096 + 777)
@@ -129,14 +135,7 @@ def test_odd_ranges_spanning_chunks_are_exact(backend: Backend, tmp_path: Path, 
     cuts = [(1, 1), (3, 4093), (4095, 2), (4097, 6001), (777, 13_333), (9000, data.nbytes - 9000), (0, data.nbytes)]
     with (
         FileReader([path], opener=opener, resident=None) as reader,
-        StagingRing(
-            device.wrap_host(np.fromfile(path, dtype=np.uint8)),
-            threads=3,
-            chunks=2,
-            chunk_bytes=6000,
-            part_bytes=4096,
-            reader=reader,
-        ) as ring,
+        _file_ring(device, path, reader, threads=3, chunk_bytes=6000) as ring,
     ):
         assert reader.direct is direct
         with device.stream() as stream:
@@ -159,14 +158,7 @@ def _ring_reads(
     nbytes = path.stat().st_size
     with (
         FileReader([path], resident=resident, opener=opener) as reader,
-        StagingRing(
-            device.wrap_host(np.fromfile(path, dtype=np.uint8)),
-            threads=2,
-            chunks=2,
-            chunk_bytes=4096,  # one aligned read a chunk
-            part_bytes=4096,
-            reader=reader,
-        ) as ring,
+        _file_ring(device, path, reader, threads=2, chunk_bytes=4096) as ring,  # one aligned read a chunk
         device.stream() as stream,
     ):
         dst = device.alloc(nbytes)
