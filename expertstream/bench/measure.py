@@ -73,15 +73,17 @@ Progress = Callable[[str], None]
 
 @dataclass(frozen=True)
 class Spread:
-    """Median and sample standard deviation of repeated measurements (sd 0 for one)."""
+    """Median, mean and sample standard deviation of repeated measurements (sd 0 for one)."""
 
     median: float
     sd: float
+    mean: float
 
     @classmethod
     def of(cls, values: Sequence[float]) -> Spread:
         data = np.asarray(values, dtype=np.float64)
-        return cls(float(np.median(data)), float(data.std(ddof=1)) if data.size > 1 else 0.0)
+        sd = float(data.std(ddof=1)) if data.size > 1 else 0.0
+        return cls(float(np.median(data)), sd, float(data.mean()))
 
 
 @dataclass(frozen=True)
@@ -403,7 +405,8 @@ def _measure_row(
         fallbacks=fallbacks,
         prefill_sha256=sha256(prefill_out) if prefill_out is not None else "",
         decode_steps=batching.decode_steps,
-        decode_tokens_per_s=decode_rate.median if decode_rate else None,
+        # As llama-bench reports tg: the mean of the repetitions' rates, beside their sd.
+        decode_tokens_per_s=decode_rate.mean if decode_rate else None,
         decode_tokens_per_s_sd=decode_rate.sd if decode_rate else None,
         decode_median_step_ms=Spread.of(decode_steps_s).median * 1e3 if decode_steps_s else None,
         decode_bytes=decode_bytes,

@@ -44,7 +44,7 @@ class Row:
     h2d_peak_gbps: float = 0.0
     batch: int | None = None  # llama.cpp's logical batch (-b), when given
     decode_steps: int = 0
-    decode_tokens_per_s: float | None = None  # tokens over the time all steps took (median of the runs)
+    decode_tokens_per_s: float | None = None  # tokens over the time all steps took (mean of the runs, as llama-bench)
     decode_tokens_per_s_sd: float | None = None
     decode_median_step_ms: float | None = None  # the median step (median of the runs' medians)
     decode_bytes: int = 0  # expert bytes one repetition of the decode steps copied (used experts only)
@@ -128,7 +128,8 @@ class Row:
 
 
 COLUMNS_HELP = """\
-columns (times and rates are the median of -r repetitions after a warm-up; +- is the sample sd):
+columns (times and rates are the median of -r repetitions after a warm-up, decode t/s their mean as
+llama-bench's; +- is the sample sd):
   slots          prefetch slots: 0 is the stock path (each expert tensor copied right before the
                  split that reads it); N >= 2 copies split i+N-1 while split i computes
   host           host memory the weights were copied from (after any fallback)
@@ -146,7 +147,8 @@ columns (times and rates are the median of -r repetitions after a warm-up; +- is
   streamed       MoE layers streamed from host memory / all MoE layers, and expert bytes copied per ubatch
   work           what ran: whole (the model end to end) or experts (the expert blocks alone around a
                  weightless stand-in, --experts-only); /L where the prefill ran layer-major
-  decode t/s     decode tokens over the time all the steps took ("-" without -n); the JSON adds the
+  decode t/s     decode tokens over the time all the steps took, the mean of the repetitions' rates
+                 ("-" without -n); the JSON adds the
                  median step (decode_median_step_ms), which predictions and tune are held to, and,
                  where the steps copy experts, the link's limit (decode_link_limit_tokens_per_s: the
                  steps' expert bytes at the H2D peak) and the rate's share of it (decode_link_pct)

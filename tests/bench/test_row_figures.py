@@ -115,3 +115,21 @@ def test_decode_link_limit_and_share_are_the_hand_computed_ones(tiny_path: Path)
     assert dataclasses.replace(row, decode_bytes=0).decode_link_limit_tokens_per_s is None  # nothing copied
     assert dataclasses.replace(row, devices=2).decode_link_limit_tokens_per_s is None  # one link's peak
     assert dataclasses.replace(row, decode_tokens_per_s=None).decode_link_pct is None
+
+
+def test_decode_tokens_per_s_is_the_mean_of_the_repetitions_as_llama_bench_reports(
+    tiny_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = measure_module._decode
+    rates = [10.0, 20.0, 60.0]  # median 20, mean 30, sample sd 26.46
+
+    def decode(*args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        _, *rest = real(*args, **kwargs)
+        return (rates, *rest)
+
+    monkeypatch.setattr(measure_module, "_decode", decode)
+    settings = Settings(Batching(TOKENS, 16, 2), (0,), (HostMemoryMode.PINNED,), repeats=len(rates))
+    with expertstream.backend("sim", data=False) as sim, MoeModel.open(tiny_path) as model:
+        (row,) = measure(sim, sim.device(0), model, settings, h2d_peak=PeakProbe(10.0, 10.0, 10.0, 1)).rows
+    assert row.decode_tokens_per_s == pytest.approx(30.0, rel=1e-12)
+    assert row.decode_tokens_per_s_sd == pytest.approx(700.0**0.5, rel=1e-12)
