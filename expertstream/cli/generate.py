@@ -140,8 +140,9 @@ def _generate(args: argparse.Namespace, command_line: str) -> int:
     text = args.prompt if args.prompt is not None else _read_text(args.file)
     sampling = Sampling(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     with _open(args, path) as model:
+        pieces = model.generate(text, args.n_predict, sampling)  # bad input is refused here, before any output
         sys.stdout.write(text)
-        for piece in model.generate(text, args.n_predict, sampling):
+        for piece in pieces:
             sys.stdout.write(piece.text)
             sys.stdout.flush()
         sys.stdout.write("\n")

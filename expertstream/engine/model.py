@@ -147,12 +147,17 @@ class Model(Closing):
         self, prompt: str | Sequence[int], max_tokens: int = 64, sampling: Sampling | None = None
     ) -> Iterator[Generated]:
         """Tokens after ``prompt`` (text, tokenized with the file's vocabulary, or token ids), until
-        an end-of-generation token or ``max_tokens``. Greedy where ``sampling.temperature`` is 0."""
+        an end-of-generation token or ``max_tokens``. Greedy where ``sampling.temperature`` is 0.
+
+        Bad input (an empty prompt, one that does not fit the context, bad sampling settings) raises
+        InvalidArgument here, before the iterator is returned and anything is computed."""
         if max_tokens < 1:
             raise InvalidArgument(f"max_tokens must be >= 1, got {max_tokens}")
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         ids = list(self._check_tokens(ids, max_tokens - 1))
-        sampler = Sampler(sampling or Sampling())
+        return self._generated(ids, max_tokens, Sampler(sampling or Sampling()))
+
+    def _generated(self, ids: list[int], max_tokens: int, sampler: Sampler) -> Iterator[Generated]:
         self.last_stats = {"seed": sampler.seed, "prompt_tokens": len(ids)}
         with self._runner(len(ids), max_tokens - 1, all_logits=False) as (runner, scheduler, experts):
             host = self.backend.host

@@ -56,9 +56,10 @@ def test_perplexity_prints_chunks_and_a_final_estimate(
 def test_bad_input_is_one_line_naming_the_problem(
     tiny_model: Path, capsys: pytest.CaptureFixture[str], extra: tuple[str, ...], message: str
 ) -> None:
-    code, _, err = _run(capsys, "generate", "-m", str(tiny_model), *extra, "--backend", "sim")
+    code, out, err = _run(capsys, "generate", "-m", str(tiny_model), *extra, "--backend", "sim")
     assert code == 2 and message in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert out == ""  # the prompt is not echoed before its refusal
 
 
 def test_a_file_of_an_architecture_not_run_whole_is_refused_at_open(
