@@ -68,7 +68,7 @@ def _common(parser: argparse.ArgumentParser, default_ctx: int | None = None) -> 
     parser.add_argument(
         "--host-memory",
         type=HostMemoryMode,
-        default=HostMemoryMode.PREFERRED,
+        default=HostMemoryMode.PREFERRED.value,
         choices=[m for m in HostMemoryMode if m.value != "auto"],
         metavar="MODE",
         help="where the experts live on the host: mmap, registered, pinned, ring, disk, preferred",

@@ -58,6 +58,11 @@ class Options:
         check_prefill_order(self.prefill_order)
         if self.ubatch < 1:
             raise InvalidArgument(f"ubatch must be >= 1, got {self.ubatch}")
+        if self.gpu_memory is not None and self.n_cpu_moe is not None:
+            raise InvalidArgument(
+                "n_cpu_moe (-ncmoe) and gpu_memory (--gpu-memory) both choose which layers stream",
+                hint="give one of them",
+            )
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,7 @@ def test_perplexity_prints_chunks_and_a_final_estimate(
         (("-p", ""), "the prompt is empty"),
         (("-p", "a b c d e f g h i j k l m n o p", "-c", "8"), "do not fit the context of 8"),
         (("-p", "x", "--top-p", "0"), "top_p must be in (0, 1]"),
+        (("-p", "x", "-ncmoe", "1", "--gpu-memory", "1G"), "both choose which layers stream"),
     ],
 )
 def test_bad_input_is_one_line_naming_the_problem(
