@@ -152,6 +152,23 @@ def test_ncmoe_and_gpu_memory_are_not_given_together(tiny_path: Path, capsys: py
     assert code == 2 and "-ncmoe and --gpu-memory" in err
 
 
+def test_rows_say_whether_the_whole_model_or_the_expert_blocks_alone_ran(
+    tiny_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs = {}
+    for extra in ([], ["--experts-only"]):
+        code, out, _ = _run(capsys, "bench", "-m", str(tiny_path), "--slots", "0", *SMALL, *extra, "-o", "json")
+        assert code == 0
+        (row,) = json.loads(out)["rows"]
+        runs[row["work"]] = row
+    assert set(runs) == {"whole", "experts"}
+    # The same expert bytes cross either way; the whole model's output is the head's, not the blocks'.
+    assert runs["whole"]["h2d_bytes"] == runs["experts"]["h2d_bytes"]
+    assert runs["whole"]["output_sha256"] != runs["experts"]["output_sha256"]
+    code, _, err = _run(capsys, "bench", "-m", str(tiny_path), *SMALL, "--experts-only", "--prefill-order", "layer")
+    assert code == 2 and "layer-major prefill runs the whole model" in err
+
+
 @pytest.mark.parametrize("fmt", ["csv", "md", "jsonl"])
 def test_output_formats(fmt: str, tiny_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = _run(capsys, "prefill", str(tiny_path), *SMALL, "--slots", "0,3", "-o", fmt, "--backend", "sim")
