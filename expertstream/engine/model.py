@@ -53,6 +53,9 @@ class Options:
     prefill_order: str = "auto"  # "layer", "ubatch" or "auto" (layer-major where the prompt's rows fit)
     graphs: bool = True  # decode steps replayed from one captured graph where the scheduler can
     gemv: bool = True  # decode's few rows on the matrix-vector kernels (MoeKernels.gemv)
+    # decode's expert rows from page-locked memory copied by the device itself (Scheduler.gather);
+    # False: DMAs enqueued after the routing ids are read back, the same bytes
+    gather: bool = True
 
     def __post_init__(self) -> None:
         check_prefill_order(self.prefill_order)
@@ -277,7 +280,7 @@ class _Run:
                 )
             )
             experts = m.resident_experts(runner).experts(m.weights)
-            scheduler = self._stack.enter_context(Scheduler(slots=options.slots))
+            scheduler = self._stack.enter_context(Scheduler(slots=options.slots, gather=options.gather))
         except BaseException:
             self.close()
             raise

@@ -158,6 +158,17 @@ def test_replayed_decode_steps_give_the_tokens_the_issued_ones_give(backend: Bac
     assert runs[False] == runs[True]
 
 
+def test_the_devices_gather_and_dmas_after_the_ids_give_the_same_bytes(backend: Backend, made: dict[str, Path]) -> None:
+    greedy = Sampling(temperature=0)
+    ids = list(range(3, 23))
+    runs = {}
+    for gather in (False, True):
+        with Model.open(made["tiny"], backend=backend, gather=gather, host_memory="pinned") as model:
+            tokens = [g.token for g in model.generate("the quick brown fox", 8, greedy)]
+            runs[gather] = (tokens, model.logits(ids).tobytes())
+    assert runs[False] == runs[True]
+
+
 def test_decode_on_the_matrix_vector_kernels_agrees_with_the_tile_kernels(
     backend: Backend, made: dict[str, Path]
 ) -> None:
