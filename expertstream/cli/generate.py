@@ -94,6 +94,17 @@ def _common(parser: argparse.ArgumentParser, default_ctx: int | None = None) -> 
         help="layer-major (each layer's experts cross once per prompt) or ubatch-major prefill",
     )
     parser.add_argument("--fuse-gate-up", action="store_true", help="gate, up and SwiGLU in one pass where possible")
+    parser.add_argument(
+        "--no-gather",
+        action="store_true",
+        help="decode: read each layer's routing ids back and copy the used experts with DMAs instead of the "
+        "device copying them from registered or pinned memory itself (the same bytes)",
+    )
+    parser.add_argument(
+        "--no-graphs",
+        action="store_true",
+        help="decode: issue each step's calls instead of replaying one captured step (the same bytes)",
+    )
 
 
 def _positive(text: str) -> int:
@@ -114,6 +125,8 @@ def _options(args: argparse.Namespace) -> Options:
         host_cache=args.host_cache,
         fuse_gate_up=args.fuse_gate_up,
         prefill_order=args.prefill_order,
+        graphs=not args.no_graphs,
+        gather=not args.no_gather,
     )
 
 

@@ -31,6 +31,9 @@ def test_generate_prints_the_prompt_its_continuation_and_llama_cpp_timings(
     assert "prompt eval time" in err and "tokens per second" in err and "       eval time" in err
     again = _run(capsys, *argv, "--backend", "sim")[1]
     assert again == out  # greedy: the same text every time
+    # Decode's copies by DMA after the ids, and its steps issued call by call: the same text.
+    code, plain, err = _run(capsys, *argv, "--backend", "sim", "--no-gather", "--no-graphs")
+    assert code == 0 and plain == out and "calls issued per step" in err
 
 
 def test_perplexity_prints_chunks_and_a_final_estimate(
