@@ -24,6 +24,7 @@ from ..engine.offload import GpuMemory, ResidentExperts, UploadedExperts, plan_o
 from ..engine.runner import ROUTER, Batching, ExpertData, MoeRunner, prefers_layer_major, sha256
 from ..engine.uploads import DeviceMemory
 from ..hostmem import HostMemoryMode, HostWeights, RingFill, RingOptions, RingStats
+from ..hostmem.memlimit import model_too_big
 from ..kernels.layout import MatrixPath
 from ..model import MoeModel
 from ..scheduler import Bindings, Plan, Replay, RunStats, Scheduler, Split
@@ -225,6 +226,13 @@ def ticks(settings: Settings, batching: Batching) -> int:
     return prefill + len(settings.slots) * len(settings.host_memory) * (prefill + decode)
 
 
+def _rows_read_disk(settings: Settings, model: MoeModel) -> bool:
+    """Whether a row reads the experts through mode disk: asked for, or what the preferred rule takes
+    where the tensors do not fit the memory the process may fill."""
+    modes = settings.host_memory
+    return HostMemoryMode.DISK in modes or (HostMemoryMode.PREFERRED in modes and model_too_big(model) is not None)
+
+
 def measure_compute_only(
     backend: Backend, runner: MoeRunner, warmup: bool, repeats: int = 1, progress: Progress = lambda what: None
 ) -> tuple[float, bool, str | None]:
@@ -288,7 +296,7 @@ def measure(
         compute_sha: str | None = None
         if settings.compute_only:
             # Mode disk's rows read what a run of their own would, not what the baseline's uploads left.
-            keep = page_cache_as_found(model) if HostMemoryMode.DISK in settings.host_memory else nullcontext()
+            keep = page_cache_as_found(model) if _rows_read_disk(settings, model) else nullcontext()
             with keep:
                 compute_s, all_layers, compute_sha = measure_compute_only(
                     backend, runner, settings.warmup, settings.repeats, progress

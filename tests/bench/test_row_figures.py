@@ -133,3 +133,19 @@ def test_decode_tokens_per_s_is_the_mean_of_the_repetitions_as_llama_bench_repor
         (row,) = measure(sim, sim.device(0), model, settings, h2d_peak=PeakProbe(10.0, 10.0, 10.0, 1)).rows
     assert row.decode_tokens_per_s == pytest.approx(30.0, rel=1e-12)
     assert row.decode_tokens_per_s_sd == pytest.approx(700.0**0.5, rel=1e-12)
+
+
+def test_the_baseline_keeps_the_page_cache_for_rows_that_read_mode_disk(
+    tiny_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def rows(*modes: HostMemoryMode) -> Settings:
+        return Settings(Batching(TOKENS, 16), (0,), modes)
+
+    with MoeModel.open(tiny_path) as model:
+        monkeypatch.setattr(measure_module, "model_too_big", lambda model: None)
+        assert measure_module._rows_read_disk(rows(HostMemoryMode.PINNED, HostMemoryMode.DISK), model)
+        assert not measure_module._rows_read_disk(rows(HostMemoryMode.PREFERRED, HostMemoryMode.RING), model)
+        # The preferred rule takes mode disk where the tensors do not fit.
+        monkeypatch.setattr(measure_module, "model_too_big", lambda model: "too big")
+        assert measure_module._rows_read_disk(rows(HostMemoryMode.PREFERRED), model)
+        assert not measure_module._rows_read_disk(rows(HostMemoryMode.PINNED), model)
