@@ -77,3 +77,25 @@ def test_a_file_of_an_architecture_not_run_whole_is_refused_at_open(
 def test_a_missing_model_file_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = _run(capsys, "perplexity", "-m", str(tmp_path / "none.gguf"), "-f", str(tmp_path / "t.txt"))
     assert code == 2 and "none.gguf: no such file" in err
+
+
+# Every architecture of the first group through both commands (the qwen3moe one is tiny_model's, above).
+OTHER_FIRST_GROUP = ["tiny-mixtral", "tiny-qwen2moe", "tiny-gpt-oss", "tiny-glm4moe"]
+
+
+@pytest.mark.parametrize("preset", OTHER_FIRST_GROUP)
+def test_generate_and_perplexity_run_every_first_group_architecture(
+    preset: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = make_model(preset, "Q8_0", tmp_path / f"{preset}.gguf", seed=3)
+    argv = ("generate", "-m", str(path), "-p", "the quick brown fox", "-n", "4", "--temp", "0", "--backend", "sim")
+    code, out, err = _run(capsys, *argv)
+    assert code == 0, err
+    assert out.startswith("the quick brown fox") and "prompt eval time" in err
+    text = tmp_path / "text.txt"
+    text.write_text((Path(__file__).parents[2] / "expertstream" / "model" / "corpus.txt").read_text())
+    argv = ("perplexity", "-m", str(path), "-f", str(text), "-c", "64", "--chunks", "2", "--backend", "sim")
+    code, out, err = _run(capsys, *argv)
+    assert code == 0, err
+    estimate = float(out.split("Final estimate: PPL = ")[1].split()[0])
+    assert 1 < estimate < float("inf")
