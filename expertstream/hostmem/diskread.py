@@ -142,7 +142,9 @@ class _File:
     path: Path
     fd: int
     direct: bool  # False: read through the page cache, dropped after each read
-    cached_fd: int  # the same file without O_DIRECT: ranges already in the page cache are read through it
+    # the same file without O_DIRECT, through which ranges already in the page cache are read (fd
+    # itself where no one asks which ranges are, or where fd is not O_DIRECT)
+    cached_fd: int
 
 
 class FileReader(Closing):
@@ -170,7 +172,6 @@ class FileReader(Closing):
 
     def _open(self, path: Path, opener: Opener) -> _File:
         flags = os.O_RDONLY | os.O_CLOEXEC
-        direct = -1
         try:
             direct = opener(str(path), flags | os.O_DIRECT)
         except OSError as exc:
@@ -178,23 +179,23 @@ class FileReader(Closing):
                 raise DiskReadError(path, None, f"cannot open it: {exc.strerror or exc}") from exc
             if self.fallback_reason is None:
                 self.fallback_reason = f"the filesystem of {path} refuses O_DIRECT ({exc.strerror or exc})"
-        try:
-            buffered = opener(str(path), flags)
-        except OSError as exc:
-            if direct >= 0:
-                os.close(direct)
-            raise DiskReadError(path, None, f"cannot open it: {exc.strerror or exc}") from exc
-        if direct < 0:
+            buffered = _open_buffered(path, opener, flags)
             return _File(path, buffered, direct=False, cached_fd=buffered)
+        if self._resident is None:  # no range is ever read from the page cache: one descriptor
+            return _File(path, direct, direct=True, cached_fd=direct)
+        try:
+            buffered = _open_buffered(path, opener, flags)
+        except BaseException:
+            os.close(direct)
+            raise
         file = _File(path, direct, direct=True, cached_fd=buffered)
-        if self._resident is not None:
+        try:
             # Reads of cached ranges start no read-ahead: it would fill the page cache (and, under a
             # memory limit, evict what else is there) with bytes the next check then finds resident.
-            try:
-                os.posix_fadvise(buffered, 0, 0, os.POSIX_FADV_RANDOM)
-            except OSError:
-                _close(file)
-                raise
+            os.posix_fadvise(buffered, 0, 0, os.POSIX_FADV_RANDOM)
+        except BaseException:
+            _close(file)
+            raise
         return file
 
     @property
@@ -280,6 +281,13 @@ class FileReader(Closing):
         self.closed = True
         for file in files:
             _close(file)
+
+
+def _open_buffered(path: Path, opener: Opener, flags: int) -> int:
+    try:
+        return opener(str(path), flags)
+    except OSError as exc:
+        raise DiskReadError(path, None, f"cannot open it: {exc.strerror or exc}") from exc
 
 
 def _close(file: _File) -> None:

@@ -172,7 +172,7 @@ class HostWeights(Mapping[str, HostSource], Closing):
         disk reads the ranges the kernel holds in its page cache already from there, not from the
         drive, and where it holds every streamed byte at open, the ring copies from the mappings as
         mode ring does (False: every read from the drive; the simulator models no page cache; a
-        function asked as ``diskread.in_page_cache`` is stands in for the kernel, on any backend).
+        function of the shape of ``diskread.in_page_cache`` stands in for the kernel, on any backend).
         """
         requested = _parse_mode(mode)
         _check_host_cache(requested, host_cache)
@@ -184,7 +184,17 @@ class HostWeights(Mapping[str, HostSource], Closing):
             used = HostMemoryMode.DISK if too_big else requested
             # Mode disk chosen for want of memory never copies from the mappings: their page faults
             # would fill the page cache under the very limit that chose it.
-            placed = _place(model, device, used, ring, targets, opener, host_cache or 0, page_cache, too_big is None)
+            placed = _place(
+                model,
+                device,
+                used,
+                ring,
+                targets,
+                opener,
+                host_cache or 0,
+                page_cache,
+                may_copy_mappings=too_big is None,
+            )
             weights = cls(model, device, *placed, owns_model=owns_model)
             if too_big is not None:
                 _note_disk_chosen(weights, too_big)
@@ -268,7 +278,8 @@ def _place(
     opener: Opener,
     host_cache: int,
     page_cache: bool | Resident,
-    may_copy_mappings: bool = True,
+    *,
+    may_copy_mappings: bool,
 ) -> _Placement:
     """One mapping (and registration) per shard; a ring (one per target device) reads every shard's mapping,
     or, in mode disk, every shard's file (the tensors the host cache holds aside: none reads them)."""
