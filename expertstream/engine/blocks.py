@@ -3,9 +3,12 @@
 ``Blocks`` holds, for the layers one device runs, what llama.cpp computes besides the experts
 (hparams.py): each layer's attention weights, norms and F16 KV cache, the dense FFN of a
 leading dense layer, and on the first device the token embeddings, on the last the output norm
-and head. Its methods only enqueue kernels on the stream they are given, in the order a layer
-needs them; the runner (runner.py) puts them into its splits. A dense projection is a
-``mul_mat_id`` over one expert, so every weight type the expert kernels decode works here too.
+and head. deepseek2's latent attention (hparams.Mla) keeps one cache row a token, the latent and
+the rotated key side by side, which attention reads as both keys and values; its per-head
+``attn_k_b`` and ``attn_v_b`` are ``mul_mat_id`` calls with a head for an expert. Its methods
+only enqueue kernels on the stream they are given, in the order a layer needs them; the runner
+(runner.py) puts them into its splits. A dense projection is a ``mul_mat_id`` over one expert,
+so every weight type the expert kernels decode works here too.
 """
 
 from __future__ import annotations
@@ -74,6 +77,15 @@ class Linear:
         if self.bias is not None:
             dense.add_rows(kernels, stream, y, self.bias, rows, self.n_out)
 
+    def apply_heads(
+        self, kernels: MoeKernels, stream: Stream, x: BufferView, rows: int, y: BufferView, heads: BufferView
+    ) -> None:
+        """y[t, h] = W[h] x[t, h] for a per-head tensor [n_in, n_out, n_head] (deepseek2's attn_k_b and
+        attn_v_b): ``mul_mat_id`` with each head an expert, ``heads`` int32 [rows, n_head] = 0..n_head-1."""
+        n_head = self.info.ne[2]
+        kernels.mul_mat_id(stream, self.weight, self.info.qtype, n_head, self.n_out, self.n_in, x, True, heads, rows,
+                           n_head, y)  # fmt: skip
+
 
 @dataclass(frozen=True)
 class _Attention:
@@ -88,6 +100,27 @@ class _Attention:
     ffn_norm: BufferView
     k_cache: BufferView
     v_cache: BufferView
+
+
+@dataclass(frozen=True)
+class _Latent:
+    """deepseek2's attention weights (hparams.Mla); the cache holds keys and values in one row."""
+
+    norm: BufferView
+    q_a: Linear | None  # with q_a_norm and q (attn_q_b) where the file has a query latent
+    q_a_norm: BufferView | None
+    q: Linear  # attn_q or attn_q_b: [n_head, nope + rope] a token
+    kv_a: Linear  # attn_kv_a_mqa: the latent, then the key's part to rotate
+    kv_norm: BufferView
+    k_b: Linear  # [nope, kv_lora_rank, n_head]
+    v_b: Linear  # [kv_lora_rank, v_head_dim, n_head]
+    out: Linear
+    ffn_norm: BufferView
+    k_cache: BufferView
+
+    @property
+    def v_cache(self) -> BufferView:
+        return self.k_cache  # the value is the latent: the key row's first kv_lora_rank
 
 
 @dataclass(frozen=True)
@@ -122,7 +155,8 @@ class Blocks(Closing):
         self._uploads = Uploads(device, model)
         self._scratch: dict[str, DeviceBuffer] = {}
         try:
-            self.attention = {index: self._attention(index) for index in layers}
+            make = self._latent if spec.mla is not None else self._attention
+            self.attention: dict[int, _Attention | _Latent] = {index: make(index) for index in layers}
             moe = {layer.index for layer in model.layers}
             self.dense_ffn = {index: self._dense_ffn(index) for index in layers if index not in moe}
             self.embeddings = self._embeddings() if first else None
@@ -145,10 +179,12 @@ class Blocks(Closing):
         info = self.model.optional_tensor(name)
         return None if info is None else self._uploads.floats(info)
 
-    def _linear(self, name: str, n_in: int, n_out: int) -> Linear:
+    def _linear(self, name: str, n_in: int, n_out: int, heads: int = 0) -> Linear:
+        """A projection [n_in, n_out], or with ``heads`` one per head [n_in, n_out, heads]."""
         info = self._tensor(f"{name}.weight")
-        if info.ne[:2] != (n_in, n_out):
-            raise ModelError(f"{self.model.path}: {info.name} has shape {info.ne}; expected ({n_in}, {n_out})")
+        shape = (n_in, n_out, heads) if heads else (n_in, n_out)
+        if tuple(info.ne[: len(shape)]) != shape or any(d != 1 for d in info.ne[len(shape) :]):
+            raise ModelError(f"{self.model.path}: {info.name} has shape {info.ne}; expected {shape}")
         return Linear(info, self._uploads.raw(info), self._optional_floats(f"{name}.bias"))
 
     def _attention(self, index: int) -> _Attention:
@@ -166,6 +202,31 @@ class Blocks(Closing):
             ffn_norm=self._uploads.floats(self._tensor(f"{blk}.{spec.arch.ffn_norm}.weight")),
             k_cache=self._uploads.alloc(kv_bytes).view(0, kv_bytes),
             v_cache=self._uploads.alloc(kv_bytes).view(0, kv_bytes),
+        )
+
+    def _latent(self, index: int) -> _Latent:
+        spec, blk = self.spec, f"blk.{index}"
+        mla = spec.mla
+        assert mla is not None
+        q_a = q_a_norm = None
+        q_in = spec.n_embd
+        if mla.q_lora_rank:
+            q_a = self._linear(f"{blk}.attn_q_a", spec.n_embd, mla.q_lora_rank)
+            q_a_norm = self._uploads.floats(self._tensor(f"{blk}.attn_q_a_norm.weight"))
+            q_in = mla.q_lora_rank
+        cache_bytes = self.n_ctx * mla.key_width * 2
+        return _Latent(
+            norm=self._uploads.floats(self._tensor(f"{blk}.attn_norm.weight")),
+            q_a=q_a,
+            q_a_norm=q_a_norm,
+            q=self._linear(f"{blk}.attn_q_b" if mla.q_lora_rank else f"{blk}.attn_q", q_in, spec.n_head * mla.q_head),
+            kv_a=self._linear(f"{blk}.attn_kv_a_mqa", spec.n_embd, mla.key_width),
+            kv_norm=self._uploads.floats(self._tensor(f"{blk}.attn_kv_a_norm.weight")),
+            k_b=self._linear(f"{blk}.attn_k_b", mla.nope, mla.kv_lora_rank, heads=spec.n_head),
+            v_b=self._linear(f"{blk}.attn_v_b", mla.kv_lora_rank, mla.v_head_dim, heads=spec.n_head),
+            out=self._linear(f"{blk}.attn_output", spec.out_width, spec.n_embd),
+            ffn_norm=self._uploads.floats(self._tensor(f"{blk}.{spec.arch.ffn_norm}.weight")),
+            k_cache=self._uploads.alloc(cache_bytes).view(0, cache_bytes),
         )
 
     def _dense_ffn(self, index: int) -> _DenseFfn:
@@ -202,6 +263,20 @@ class Blocks(Closing):
             "ffn_up": n_ff,
             "ffn_act": n_ff,
         }
+        if (mla := spec.mla) is not None:
+            n_head = spec.n_head
+            sizes.update(
+                q_a=mla.q_lora_rank,
+                q_proj=n_head * mla.q_head,  # attn_q's rows: a head's unrotated part, then its rotated one
+                q_nope=n_head * mla.nope,
+                q_abs=n_head * mla.kv_lora_rank,
+                kv=mla.key_width,
+                att_c=n_head * mla.kv_lora_rank,
+                heads=spec.out_width,
+            )
+            self.head_ids = self._uploads.filled(
+                rows * n_head * 4, Usage.COMPUTE, lambda: np.tile(np.arange(n_head, dtype=np.int32), rows)
+            )
         for name, width in sizes.items():
             self._scratch[name] = self._uploads.alloc(max(rows * width * 4, 4))
         self.zero_ids = self._uploads.filled(rows * 4, Usage.COMPUTE, lambda: np.zeros(rows, np.int32))
@@ -249,13 +324,18 @@ class Blocks(Closing):
         spec, a, k = self.spec, self.attention[layer], self.kernels
         ids = self._ids(count)
         xn, q = self.norm_rows(count), self._view("q", count, spec.q_width)
-        kk, v = self._view("k", count, spec.kv_width), self._view("v", count, spec.kv_width)
         att, o = self._view("att", count, spec.q_width), self._view("o", count, spec.n_embd)
         if not normed:
             dense.rms_norm(k, stream, hidden, a.norm, xn, count, spec.n_embd, spec.eps)
-        self._project((a.q, a.k, a.v), stream, xn, count, (q, kk, v), ids)
-        rows = dense.AttentionInputs(q, kk, v, a.q_norm, a.k_norm, a.k_cache, a.v_cache, positions)
-        dense.qkv_rope_store(k, stream, rows, count, spec.n_head, spec.n_head_kv, spec.head_dim, spec.rope, spec.eps)
+        if isinstance(a, _Latent):
+            self._latent_inputs(stream, a, xn, count, positions, q)
+        else:
+            kk, v = self._view("k", count, spec.kv_width), self._view("v", count, spec.kv_width)
+            self._project((a.q, a.k, a.v), stream, xn, count, (q, kk, v), ids)
+            rows = dense.AttentionInputs(q, kk, v, a.q_norm, a.k_norm, a.k_cache, a.v_cache, positions)
+            n_head, n_head_kv, head_dim = spec.n_head, spec.n_head_kv, spec.head_dim
+            dense.qkv_rope_store(k, stream, rows, count, n_head, n_head_kv, head_dim, spec.rope, spec.eps)
+        sinks = a.sinks if isinstance(a, _Attention) else None
         attention_kernels.attention(
             k,
             stream,
@@ -271,9 +351,11 @@ class Blocks(Closing):
             head_dim=spec.head_dim,
             scale=spec.scale,
             window=spec.window(layer),
-            sinks=a.sinks,
+            sinks=sinks,
             fused=k.decode_epilogues,
         )
+        if isinstance(a, _Latent):
+            att = self._latent_heads(stream, a, att, count)
         out = a.out
         if ffn_x is not None and out.bias is None and k.uses_gemv(count) and k.decode_epilogues:
             # A few rows: the projection, the residual add and the FFN's norm in one launch.
@@ -287,6 +369,47 @@ class Blocks(Closing):
             standin.add_inplace(k, stream, hidden, o, count * spec.n_embd)
         else:
             dense.add_rms_norm(k, stream, hidden, o, a.ffn_norm, ffn_x, count, spec.n_embd, spec.eps)
+
+    def _latent_inputs(
+        self, stream: Stream, a: _Latent, xn: BufferView, count: int, positions: BufferView, q_out: BufferView
+    ) -> None:
+        """deepseek2: q_out = each head's query absorbed into the latent, with its rotated part; the
+        token's shared key row (the normed latent, the rotated key part) into the cache."""
+        spec, k = self.spec, self.kernels
+        mla = spec.mla
+        assert mla is not None
+        ids, n_head = self._ids(count), spec.n_head
+        q, kv = self._view("q_proj", count, n_head * mla.q_head), self._view("kv", count, mla.key_width)
+        if a.q_a is not None:
+            q_a = self._view("q_a", count, mla.q_lora_rank)
+            a.q_a.apply(k, stream, xn, count, q_a, ids)
+            dense.rms_norm(k, stream, q_a, a.q_a_norm, q_a, count, mla.q_lora_rank, spec.eps)
+            a.q.apply(k, stream, q_a, count, q, ids)
+            a.kv_a.apply(k, stream, xn, count, kv, ids)
+        else:
+            self._project((a.q, a.kv_a), stream, xn, count, (q, kv), ids)
+        q_nope = self._view("q_nope", count, n_head * mla.nope)
+        q_abs = self._view("q_abs", count, n_head * mla.kv_lora_rank)
+        dense.copy_columns(k, stream, q, mla.q_head, 0, mla.nope, q_nope, count * n_head)
+        a.k_b.apply_heads(k, stream, q_nope, count, q_abs, self._heads(count))
+        rows = dense.LatentInputs(q, q_abs, kv, a.kv_norm, positions)
+        dense.mla_rope_store(k, stream, rows, q_out, a.k_cache, count, n_head, mla.kv_lora_rank, mla.nope, spec.rope,
+                             spec.eps)  # fmt: skip
+
+    def _latent_heads(self, stream: Stream, a: _Latent, att: BufferView, count: int) -> BufferView:
+        """deepseek2: each head's attention output (over the cache rows, the latent's part of it) through
+        attn_v_b: the heads' values side by side, what attn_output reads."""
+        spec, k = self.spec, self.kernels
+        mla = spec.mla
+        assert mla is not None
+        n_head, rank = spec.n_head, mla.kv_lora_rank
+        att_c, heads = self._view("att_c", count, n_head * rank), self._view("heads", count, spec.out_width)
+        dense.copy_columns(k, stream, att, mla.key_width, 0, rank, att_c, count * n_head)
+        a.v_b.apply_heads(k, stream, att_c, count, heads, self._heads(count))
+        return heads
+
+    def _heads(self, rows: int) -> BufferView:
+        return self.head_ids.view(0, rows * self.spec.n_head * 4)
 
     def _project(
         self,
@@ -380,7 +503,8 @@ class Blocks(Closing):
 
     @property
     def kv_cache_bytes(self) -> int:
-        return sum(a.k_cache.nbytes + a.v_cache.nbytes for a in self.attention.values())
+        return sum(a.k_cache.nbytes + (a.v_cache.nbytes if isinstance(a, _Attention) else 0)
+                   for a in self.attention.values())  # fmt: skip
 
     def close(self) -> None:
         self._scratch.clear()

@@ -7,6 +7,12 @@ heads, causal mask, sliding window and attention sinks where the architecture ha
 output projection and the residual add, a second RMS norm, the MoE block (or a dense FFN in a
 leading dense layer) and its residual add; at the end an RMS norm and the output head.
 
+deepseek2's multi-head latent attention (``Mla``) runs as llama.cpp runs files that store
+``attn_k_b`` and ``attn_v_b``: each head's query is absorbed into the latent space (``attn_k_b``),
+so every head attends to one shared key-value head whose row is the normed latent followed by its
+rotated part (``kv_lora_rank + n_rot`` wide; the value is the latent, the row's first
+``kv_lora_rank``), and each head's output leaves the latent space through ``attn_v_b``.
+
 ``Transformer.read`` takes a file's hyperparameters over the architecture's fixed choices
 (``ATTENTION``) and refuses an architecture whose layers this package cannot run yet, naming
 what is missing: a file is never run with a stand-in in place of layers it has.
@@ -17,6 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..kernels.attention import HEAD_DIMS
 from ..kernels.dense import Rope
 from ..model import ModelError, MoeModel
 from .arch import ArchKeys
@@ -42,14 +49,35 @@ ATTENTION: dict[str, ArchAttention] = {
         ArchAttention("llama", neox=False, ffn_norm="ffn_norm"),
         ArchAttention("gpt-oss", neox=True, ffn_norm="post_attention_norm", swa_period=2),
         ArchAttention("glm4moe", neox=True, ffn_norm="post_attention_norm"),
+        ArchAttention("deepseek2", neox=False, ffn_norm="ffn_norm"),
     )
 }
 
 # What the architectures this package does not run end to end yet have that it lacks.
 NOT_YET: dict[str, str] = {
-    "deepseek2": "multi-head latent attention (MLA)",
     "qwen3next": "gated delta-net (linear attention) layers and gated full attention",
 }
+
+
+@dataclass(frozen=True)
+class Mla:
+    """deepseek2's multi-head latent attention: the widths of its parts (llama.cpp's names)."""
+
+    kv_lora_rank: int  # the latent a token's keys and values are made from (n_lora_kv)
+    q_lora_rank: int  # 0: one attn_q; else attn_q_a, its norm, then attn_q_b
+    nope: int  # dimensions of a head's query that are not rotated
+    rope: int  # dimensions of a head's query and of the shared key that are (n_rot)
+    v_head_dim: int  # a head's value after attn_v_b
+
+    @property
+    def q_head(self) -> int:
+        """A head's query as attn_q (or attn_q_b) gives it: its unrotated part, then its rotated one."""
+        return self.nope + self.rope
+
+    @property
+    def key_width(self) -> int:
+        """The shared key's row, and a head's query after absorption: the latent, then the rotated part."""
+        return self.kv_lora_rank + self.rope
 
 
 @dataclass(frozen=True)
@@ -66,6 +94,8 @@ class Transformer:
     eps: float
     rope: Rope
     sliding_window: int
+    mla: Mla | None = None  # deepseek2: head_dim is then the shared key's width, n_head_kv 1
+    kq_scale: float | None = None  # the softmax's scale where it is not 1 / sqrt(head_dim)
 
     @property
     def q_width(self) -> int:
@@ -77,7 +107,12 @@ class Transformer:
 
     @property
     def scale(self) -> float:
-        return 1.0 / math.sqrt(self.head_dim)
+        return self.kq_scale if self.kq_scale is not None else 1.0 / math.sqrt(self.head_dim)
+
+    @property
+    def out_width(self) -> int:
+        """What the output projection reads: the heads' values side by side."""
+        return self.n_head * self.mla.v_head_dim if self.mla is not None else self.q_width
 
     def window(self, layer: int) -> int:
         """The sliding window of ``layer`` (0: it attends to every earlier position)."""
@@ -106,10 +141,19 @@ class Transformer:
         n_head = keys.integer("attention.head_count", per_layer=True)
         n_head_kv = keys.integer("attention.head_count_kv", n_head, per_layer=True)
         head_dim = keys.integer("attention.key_length", model.n_embd // max(n_head, 1))
+        mla = _mla(model, keys) if arch == "deepseek2" else None
+        if mla is not None:
+            n_head_kv, head_dim = 1, mla.key_width  # one shared key-value head after absorption
         if n_head < 1 or n_head_kv < 1 or n_head % n_head_kv:
             raise ModelError(f"{where}: {n_head} query heads cannot share {n_head_kv} key-value heads evenly")
-        if keys.integer("attention.value_length", head_dim) != head_dim:
+        if mla is None and keys.integer("attention.value_length", head_dim) != head_dim:
             raise ModelError(f"{where}: keys and values of different widths are not supported")
+        if head_dim not in HEAD_DIMS:
+            what = f"deepseek2's latent attention reads keys {head_dim} wide" if mla else f"heads are {head_dim} wide"
+            raise ModelError(
+                f"{where}: {what}; the attention kernels take head sizes {', '.join(map(str, HEAD_DIMS))}. "
+                "Its expert pipeline alone runs with --experts-only"
+            )
         embd = model.optional_tensor("token_embd.weight")
         if embd is None:
             raise ModelError(f"{where}: no token_embd.weight: the file has no token embeddings")
@@ -122,6 +166,7 @@ class Transformer:
         if spec.swa_period and not window:
             key = f"{arch}.attention.sliding_window"
             raise ModelError(f"{where}: metadata key {key!r} is missing; {arch} needs it")
+        rope = _rope(keys, spec, mla.rope if mla is not None else head_dim)
         return cls(
             arch=spec,
             n_layer=model.n_layer - nextn,
@@ -131,9 +176,56 @@ class Transformer:
             head_dim=head_dim,
             n_vocab=embd.ne[1],
             eps=keys.real("attention.layer_norm_rms_epsilon", 1e-6),
-            rope=_rope(keys, spec, head_dim),
+            rope=rope,
             sliding_window=window,
+            mla=mla,
+            kq_scale=_mla_kq_scale(keys, rope, mla) if mla is not None else None,
         )
+
+
+def _mla(model: MoeModel, keys: ArchKeys) -> Mla:
+    """deepseek2's latent attention widths; ModelError where the file has the older attn_kv_b layout."""
+    where = str(model.path)
+    kv_lora_rank = keys.integer("attention.kv_lora_rank")
+    rope = keys.integer("rope.dimension_count")
+    k_mla = keys.integer("attention.key_length_mla", 0)
+    v_mla = keys.integer("attention.value_length_mla", 0)
+    if not k_mla or not v_mla:
+        # llama.cpp takes key_length and value_length as the heads' widths where the _mla keys are absent
+        k_mla = keys.integer("attention.key_length")
+        v_mla = keys.integer("attention.value_length")
+    if model.optional_tensor("blk.0.attn_k_b.weight") is None and model.optional_tensor("blk.0.attn_kv_b.weight"):
+        raise ModelError(
+            f"{where}: this deepseek2 file keeps keys and values in one attn_kv_b tensor (an older conversion); "
+            "only files with attn_k_b and attn_v_b run here; convert the model again with a current "
+            "llama.cpp convert_hf_to_gguf.py"
+        )
+    if not 0 < rope < k_mla or rope % 2:
+        raise keys.error("rope.dimension_count", rope, f"an even number below the key width {k_mla}")
+    if kv_lora_rank < 1:
+        raise keys.error("attention.kv_lora_rank", kv_lora_rank, "a positive integer")
+    return Mla(
+        kv_lora_rank=kv_lora_rank,
+        # llama.cpp skips q_lora_rank for the Lite models' layer counts; their files have attn_q
+        q_lora_rank=0 if model.optional_tensor("blk.0.attn_q.weight") else keys.integer("attention.q_lora_rank", 0),
+        nope=k_mla - rope,
+        rope=rope,
+        v_head_dim=v_mla,
+    )
+
+
+def _yarn_log_mul(keys: ArchKeys) -> float:
+    """rope.scaling.yarn_log_multiplier as llama.cpp keeps it for deepseek2: the converter's 0.1 taken off."""
+    return keys.real("rope.scaling.yarn_log_multiplier", 0.0) / 0.1
+
+
+def _mla_kq_scale(keys: ArchKeys, rope: Rope, mla: Mla) -> float:
+    """deepseek2's softmax scale: YaRN's magnitude squared over sqrt of a head's query width before
+    absorption, as llama.cpp's deepseek2 graph sets it."""
+    # the rotation's own attn_factor, with YaRN's 1 + 0.1 ln(1 / freq_scale) put back
+    attn_factor = rope.attn_factor * (1.0 + 0.1 * math.log(1.0 / rope.freq_scale))
+    mscale = attn_factor * (1.0 + 0.1 * _yarn_log_mul(keys) * math.log(1.0 / rope.freq_scale))
+    return mscale * mscale / math.sqrt(mla.q_head)
 
 
 def _rope(keys: ArchKeys, spec: ArchAttention, head_dim: int) -> Rope:
@@ -154,11 +246,33 @@ def _rope(keys: ArchKeys, spec: ArchAttention, head_dim: int) -> Rope:
         freq_base=base,
         freq_scale=freq_scale,
         ext_factor=1.0 if yarn else 0.0,
-        attn_factor=keys.real("rope.scaling.attn_factor", 1.0),
+        attn_factor=_yarn_attn_factor(keys, spec, 1.0 / freq_scale) if yarn else _rope_attn_factor(keys),
         beta_fast=keys.real("rope.scaling.yarn_beta_fast", 32.0),
         beta_slow=keys.real("rope.scaling.yarn_beta_slow", 1.0),
         n_ctx_orig=keys.integer("rope.scaling.original_context_length", keys.integer("context_length", 0)),
     )
+
+
+def _rope_attn_factor(keys: ArchKeys) -> float:
+    return keys.real("rope.scaling.attn_factor", 1.0)
+
+
+def _yarn_attn_factor(keys: ArchKeys, spec: ArchAttention, factor: float) -> float:
+    """The attn_factor llama.cpp's context hands the rotation under YaRN: the ratio of the two
+    magnitudes yarn_log_multiplier asks for (1 without it), over the 1 + 0.1 ln(factor) the
+    rotation multiplies in again, times rope.scaling.attn_factor."""
+
+    def magnitude(scale: float, mscale: float) -> float:
+        return 1.0 if scale <= 1.0 else 0.1 * mscale * math.log(scale) + 1.0
+
+    log_mul = _yarn_log_mul(keys) if spec.arch == "deepseek2" else 0.0  # only deepseek2 reads the key
+    if log_mul:
+        # llama.cpp reads no mscale key: 1, except deepseek2 whose mscale equals mscale_all_dim
+        mscale = log_mul if spec.arch == "deepseek2" and log_mul != 1.0 else 1.0
+        ratio = magnitude(factor, mscale) / magnitude(factor, log_mul)
+    else:
+        ratio = magnitude(factor, 1.0)
+    return ratio / (1.0 + 0.1 * math.log(factor)) * _rope_attn_factor(keys)
 
 
 def _refuse_what_is_not_run(model: MoeModel, keys: ArchKeys) -> None:

@@ -466,3 +466,76 @@ extern "C" __global__ void __launch_bounds__(DENSE_NORM_MAX_THREADS)
         }
     }
 }
+
+// dst[r, j] = src[r, first + j] for j < width: columns of rows src_width wide taken out into rows of
+// their own (deepseek2's query parts and each head's latent output). Thread j of the row block,
+// rows blockIdx.y, blockIdx.y + gridDim.y, ...
+extern "C" __global__ void dense_copy_columns(const float* __restrict__ src, float* __restrict__ dst, int n_rows,
+                                              int src_width, int first, int width) {
+    KERNEL_PROLOGUE();
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= width) {
+        return;
+    }
+    for (int r = blockIdx.y; r < n_rows; r += gridDim.y) {
+        dst[(long long)r * width + j] = src[(long long)r * src_width + first + j];
+    }
+}
+
+// deepseek2's latent attention inputs for a token batch, in one launch. Block h < n_head of token t
+// writes head h's query as attention reads it into q_out [n_tokens, n_head, rank + n_rot]: its
+// query absorbed into the latent, q_abs[t, h, :rank], then the rotated part of its projected query
+// q[t, h, nope:] (q rows nope + n_rot wide) rotated. Block n_head writes the shared key row into the
+// float16 cache at positions[t] (outside [0, n_cache_rows): nothing): the latent kv[t, :rank]
+// over its RMS (times kv_norm where not null, as rms_store), then kv[t, rank:] rotated. Rotation
+// and rounding as dense_rope and dense_store_rows_f16. Tokens blockIdx.y, blockIdx.y + gridDim.y, ...
+extern "C" __global__ void __launch_bounds__(DENSE_NORM_MAX_THREADS)
+    dense_mla_rope_store(const float* __restrict__ q, const float* __restrict__ q_abs, const float* __restrict__ kv,
+                         const float* __restrict__ kv_norm, float* __restrict__ q_out,
+                         unsigned short* __restrict__ cache, const int* __restrict__ positions, int n_tokens,
+                         int n_head, int rank, int nope, int n_cache_rows, float eps, int n_rot, int neox,
+                         float freq_base, float freq_scale, float ext_factor, float corr_low, float corr_high,
+                         float mscale) {
+    KERNEL_PROLOGUE();
+    __shared__ float partial[DENSE_NORM_MAX_THREADS];
+    const RopeArgs rope = {n_rot, neox, freq_base, freq_scale, ext_factor, corr_low, corr_high, mscale};
+    const int head = blockIdx.x;
+    const bool is_k = head == n_head;  // the same for the whole block: every thread meets the barriers
+    const int half = n_rot / 2;
+    const int width = rank + n_rot;
+    for (int t = blockIdx.y; t < n_tokens; t += gridDim.y) {
+        const float* kv_row = kv + (long long)t * width;
+        const float scale = is_k ? rms_scale(kv_row, rank, eps, partial) : 1.0f;
+        const float* rotated = is_k ? kv_row + rank : q + ((long long)t * n_head + head) * (nope + n_rot) + nope;
+        const int pos = positions[t];
+        const int row = is_k ? pos : 0;
+        if (is_k && (row < 0 || row >= n_cache_rows)) {
+            continue;  // after the norm's barriers, as every thread of the block
+        }
+        for (int i = threadIdx.x; i < width; i += blockDim.x) {
+            float x;
+            if (i < rank) {
+                if (is_k) {
+                    const float v = kv_row[i] * scale;
+                    x = kv_norm ? v * kv_norm[i] : v;
+                } else {
+                    x = q_abs[((long long)t * n_head + head) * rank + i];
+                }
+            } else {
+                const int d = i - rank;
+                const int p = neox ? d % half : d / 2;
+                const bool second = neox ? d >= half : d % 2 == 1;
+                const float x0 = rotated[neox ? p : 2 * p];
+                const float x1 = rotated[neox ? p + half : 2 * p + 1];
+                float c, s;
+                rope_cos_sin(rope, p, pos, &c, &s);
+                x = second ? fmaf(x0, s, x1 * c) : fmaf(x0, c, -(x1 * s));
+            }
+            if (is_k) {
+                cache[(long long)row * width + i] = (unsigned short)float_to_half_bits(x);
+            } else {
+                q_out[((long long)t * n_head + head) * width + i] = x;
+            }
+        }
+    }
+}

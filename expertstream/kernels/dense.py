@@ -5,7 +5,10 @@ attention and the expert matmuls.
 - ``rms_norm``: the RMS norm with an optional weight, over hidden rows or per-head Q/K rows;
 - ``add_rows``: a bias added to every row (projection biases);
 - ``rope``: the rotary position embedding of ggml's rope_ext, normal and NEOX modes, YaRN;
-- ``store_rows_f16``: float32 rows written into a float16 cache at given rows (the KV cache).
+- ``store_rows_f16``: float32 rows written into a float16 cache at given rows (the KV cache);
+- ``copy_columns``: columns of rows taken out into rows of their own;
+- ``mla_rope_store``: deepseek2's latent attention inputs: the heads' absorbed queries with their
+  rotated parts, and the shared key row into the cache.
 
 Every function only enqueues work on the given stream. Shapes are float32 row-major unless
 noted; positions and ids are int32 on the device, so a captured graph can replay a launch
@@ -514,6 +517,99 @@ def qkv_rope_store(
     stream.launch(kernels.kernel("dense_qkv_rope_store"), grid, norm_threads(head_dim), args)
 
 
+def copy_columns(
+    kernels: MoeKernels,
+    stream: Stream,
+    src: ViewLike,
+    src_width: int,
+    first: int,
+    width: int,
+    dst: ViewLike,
+    n_rows: int,
+) -> None:
+    """dst[r, :] = src[r, first:first + width] for src float32 [n_rows, src_width], dst [n_rows, width]."""
+    call = "copy_columns"
+    positive(call, n_rows=n_rows, src_width=src_width, width=width)
+    if first < 0 or first + width > src_width:
+        raise InvalidArgument(f"columns {first}..{first + width} are outside rows of {src_width}", call=call)
+    fits_int32(call, src=n_rows * src_width)
+    src_view = view(call, "src", src, n_rows * src_width * 4)
+    dst_view = view(call, "dst", dst, n_rows * width * 4)
+    _apart(call, "dst", dst_view, "src", src_view)
+    args = (src_view, dst_view, np.int32(n_rows), np.int32(src_width), np.int32(first), np.int32(width))
+    grid = (-(-width // DENSE_THREADS), min(n_rows, layout.MAX_GRID_Y))
+    stream.launch(kernels.kernel("dense_copy_columns"), grid, DENSE_THREADS, args)
+
+
+@dataclass(frozen=True)
+class LatentInputs:
+    """deepseek2's projected rows of a token batch, float32: q [n_tokens, n_head, nope + n_rot] (attn_q's),
+    q_abs [n_tokens, n_head, rank] (each head's unrotated query through attn_k_b), kv [n_tokens,
+    rank + n_rot] (attn_kv_a_mqa's: the latent, then the key's part to rotate); kv_norm [rank] (None:
+    no weight); the positions int32 [n_tokens]."""
+
+    q: ViewLike
+    q_abs: ViewLike
+    kv: ViewLike
+    kv_norm: ViewLike | None
+    positions: ViewLike
+
+
+def mla_rope_store(
+    kernels: MoeKernels,
+    stream: Stream,
+    rows: LatentInputs,
+    q_out: ViewLike,
+    cache: ViewLike,
+    n_tokens: int,
+    n_head: int,
+    rank: int,
+    nope: int,
+    rope: Rope,
+    eps: float,
+) -> None:
+    """q_out [n_tokens, n_head, rank + n_rot] = each head's q_abs row, then its q's last n_rot rotated;
+    cache[positions[t]] = rms_norm(kv[t, :rank]) * kv_norm, then kv[t, rank:] rotated, as float16 rows of
+    rank + n_rot: what attention over one shared key-value head reads (hparams.Mla). The operations of
+    ``rms_norm``, ``rope`` and ``store_rows_f16``, in one launch."""
+    call = "mla_rope_store"
+    positive(call, n_tokens=n_tokens, n_head=n_head, rank=rank)
+    if nope < 0:
+        raise InvalidArgument(f"nope must be >= 0, got {nope}", call=call)
+    _check_rope(call, rope, rope.n_rot)
+    _check_eps(call, eps)
+    width = rank + rope.n_rot
+    fits_int32(call, q_out=n_tokens * n_head * width)
+    whole = cache.view(0, cache.nbytes) if isinstance(cache, DeviceBuffer) else cache
+    n_cache_rows = min(whole.nbytes // (2 * width), layout.MAX_INT32) if isinstance(whole, BufferView) else 0
+    if n_cache_rows < 1:
+        raise InvalidArgument(f"the cache must hold at least one row of {width} float16 values", call=call)
+    q_out_view = view(call, "q_out", q_out, n_tokens * n_head * width * 4)
+    reads = {
+        "q": view(call, "q", rows.q, n_tokens * n_head * (nope + rope.n_rot) * 4),
+        "q_abs": view(call, "q_abs", rows.q_abs, n_tokens * n_head * rank * 4),
+        "kv": view(call, "kv", rows.kv, n_tokens * width * 4),
+    }
+    for name, other in reads.items():
+        _apart(call, "q_out", q_out_view, name, other)
+    args = (
+        *reads.values(),
+        _norm_weight(call, rows.kv_norm, rank),
+        q_out_view,
+        view(call, "cache", whole, n_cache_rows * width * 2, 2),
+        view(call, "positions", rows.positions, n_tokens * 4),
+        np.int32(n_tokens),
+        np.int32(n_head),
+        np.int32(rank),
+        np.int32(nope),
+        np.int32(n_cache_rows),
+        np.float32(eps),
+        *_rope_args(rope),
+    )
+    grid = (n_head + 1, min(n_tokens, layout.MAX_GRID_Y))
+    stream.launch(kernels.kernel("dense_mla_rope_store"), grid, norm_threads(width), args)
+
+
 def _rope_args(rope: Rope) -> tuple[np.int32 | np.float32, ...]:
     """The rotation's kernel arguments, in dense.cu's order: n_rot, neox, freq_base, freq_scale,
     ext_factor, the YaRN correction dims (zeros without YaRN), mscale."""
@@ -599,10 +695,13 @@ def _apart(call: str, name: str, a: BufferView, other_name: str, b: BufferView) 
 
 __all__ = [
     "AttentionInputs",
+    "LatentInputs",
     "Rope",
     "add_rms_norm",
     "add_rows",
+    "copy_columns",
     "get_rows",
+    "mla_rope_store",
     "qkv_rope_store",
     "rms_norm",
     "rope",

@@ -287,6 +287,54 @@ def _qkv_rope_store_flops(args: Args) -> float:
     return 20.0 * rows * float(args[11])
 
 
+# -- copy_columns: src, dst, n_rows, src_width, first, width --------------------------------------
+
+
+def _copy_columns_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
+    src_b, dst_b = args[:2]
+    n_rows, src_width, first, width = map(int, args[2:])
+    src = src_b.view(_F32).reshape(n_rows, src_width)
+    dst_b.view(_F32).reshape(n_rows, width)[:] = src[:, first : first + width]
+
+
+def _copy_columns_accesses(args: Args) -> Sequence[Access]:
+    return [Access(_as_view(args[0]), write=False), Access(_as_view(args[1]), write=True)]
+
+
+# -- mla_rope_store: q, q_abs, kv, kv_norm (or 0), q_out, cache, positions, n_tokens, n_head, rank, nope,
+#    n_cache_rows, eps, then rope's eight --------------------------------------------------------------
+
+
+def _mla_rope_store_run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
+    q_b, qa_b, kv_b, kn_b, out_b, cache_b, pos_b = args[:7]
+    n_tokens, n_head, rank, nope, n_cache_rows = map(int, args[7:12])
+    eps, rope = args[12], args[13:]
+    n_rot = int(rope[0])
+    width = rank + n_rot
+    positions = pos_b.view(np.int32)[:n_tokens]
+    q_pe = q_b.view(_F32).reshape(n_tokens, n_head, nope + n_rot)[:, :, nope:].copy()
+    _rotate(q_pe, positions, rope)
+    out = out_b.view(_F32).reshape(n_tokens, n_head, width)
+    out[:, :, :rank] = qa_b.view(_F32).reshape(n_tokens, n_head, rank)
+    out[:, :, rank:] = q_pe
+    kv = kv_b.view(_F32).reshape(n_tokens, width)
+    key = np.empty((n_tokens, 1, width), _F32)
+    key[:, 0, :rank] = _rms_rows(kv[:, :rank], kn_b.view(_F32) if isinstance(kn_b, np.ndarray) else None, eps)
+    key[:, 0, rank:] = kv[:, rank:]
+    _rotate(key[:, :, rank:], positions, rope)
+    _store(key.reshape(n_tokens, width), cache_b.view(np.float16).reshape(n_cache_rows, width), positions)
+
+
+def _mla_rope_store_accesses(args: Args) -> Sequence[Access]:
+    reads = [Access(_as_view(a), write=False) for a in (*args[:4], args[6]) if not isinstance(a, np.generic)]
+    return [*reads, Access(_as_view(args[4]), write=True), Access(_as_view(args[5]), write=True)]
+
+
+def _mla_rope_store_flops(args: Args) -> float:
+    n_tokens, n_head, rank, n_rot = (float(args[i]) for i in (7, 8, 9, 13))
+    return n_tokens * (n_head * (rank + 20.0 * n_rot) + 3.0 * rank + 20.0 * n_rot)
+
+
 def twin_specs() -> list[KernelSpec]:
     """The twin of every kernel dense.py launches."""
     specs = [
@@ -330,5 +378,9 @@ def twin_specs() -> list[KernelSpec]:
         ),
         KernelSpec("dense_store_rows_f16", _store_rows_run, _store_rows_accesses, lambda a: float(a[3]) * float(a[4])),
         KernelSpec("dense_qkv_rope_store", _qkv_rope_store_run, _qkv_rope_store_accesses, _qkv_rope_store_flops),
+        KernelSpec(
+            "dense_copy_columns", _copy_columns_run, _copy_columns_accesses, lambda a: float(a[2]) * float(a[5])
+        ),
+        KernelSpec("dense_mla_rope_store", _mla_rope_store_run, _mla_rope_store_accesses, _mla_rope_store_flops),
     ]
     return specs

@@ -113,8 +113,16 @@ def _attention(p: ModelPreset, t: Any, norm: Any, bias: Any) -> list[TensorPlan]
     if p.arch == "deepseek2":
         rope = p.rope_dim or p.head_dim
         q_dim = p.n_head * (p.qk_nope_dim + rope)
+        if p.q_lora_rank:  # the query through a latent of its own, as the full-size models have it
+            query = [
+                t("attn_q_a.weight", p.n_embd, p.q_lora_rank),
+                norm("attn_q_a_norm", p.q_lora_rank),
+                t("attn_q_b.weight", p.q_lora_rank, q_dim),
+            ]
+        else:
+            query = [t("attn_q.weight", p.n_embd, q_dim)]
         return [
-            t("attn_q.weight", p.n_embd, q_dim),
+            *query,
             t("attn_kv_a_mqa.weight", p.n_embd, p.kv_lora_rank + rope),
             norm("attn_kv_a_norm", p.kv_lora_rank),
             t("attn_k_b.weight", p.qk_nope_dim, p.kv_lora_rank, p.n_head),

@@ -79,8 +79,8 @@ def test_a_missing_model_file_is_named(tmp_path: Path, capsys: pytest.CaptureFix
     assert code == 2 and "none.gguf: no such file" in err
 
 
-# Every architecture of the first group through both commands (the qwen3moe one is tiny_model's, above).
-OTHER_FIRST_GROUP = ["tiny-mixtral", "tiny-qwen2moe", "tiny-gpt-oss", "tiny-glm4moe"]
+# Every architecture run end to end through both commands (the qwen3moe one is tiny_model's, above).
+OTHER_FIRST_GROUP = ["tiny-mixtral", "tiny-qwen2moe", "tiny-gpt-oss", "tiny-glm4moe", "tiny-deepseek2"]
 
 
 @pytest.mark.parametrize("preset", OTHER_FIRST_GROUP)

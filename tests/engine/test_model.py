@@ -18,7 +18,8 @@ from expertstream.kernels import MoeKernels, layout
 from expertstream.model import ModelError, MoeModel, make_model
 from expertstream.scheduler import Scheduler
 
-FIRST_GROUP = ["tiny", "tiny-mixtral", "tiny-qwen2moe", "tiny-gpt-oss", "tiny-glm4moe"]
+# every architecture run end to end: the first group and deepseek2
+FIRST_GROUP = ["tiny", "tiny-mixtral", "tiny-qwen2moe", "tiny-gpt-oss", "tiny-glm4moe", "tiny-deepseek2"]
 PROMPT = 40
 
 
@@ -142,9 +143,9 @@ def test_bad_input_is_refused_with_a_clear_error(backend: Backend, made: dict[st
             model.logits([5, 10**6])
     with pytest.raises(InvalidArgument, match="unknown option 'slot'"):
         Model.open(made["tiny"], backend=backend, slot=3)
-    deepseek = make_model("tiny-deepseek2", "Q8_0", tmp_path / "ds.gguf")
-    with pytest.raises(ModelError, match="multi-head latent attention"):
-        Model.open(deepseek, backend=backend)
+    qwen3next = make_model("tiny-qwen3next", "Q8_0", tmp_path / "q3n.gguf")
+    with pytest.raises(ModelError, match="gated delta-net"):
+        Model.open(qwen3next, backend=backend)
 
 
 def test_replayed_decode_steps_give_the_tokens_the_issued_ones_give(backend: Backend, made: dict[str, Path]) -> None:

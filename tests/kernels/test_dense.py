@@ -1,5 +1,6 @@
-"""The dense kernels (get_rows, rms_norm, add_rows, rope, store_rows_f16) against their float64
-references (twins on sim, kernels on GPUs), and the arguments they refuse."""
+"""The dense kernels (get_rows, rms_norm, add_rows, rope, store_rows_f16, copy_columns,
+mla_rope_store) against their float64 references (twins on sim, kernels on GPUs), and the
+arguments they refuse."""
 
 from __future__ import annotations
 
@@ -288,10 +289,79 @@ def test_store_rows_f16_of_more_tokens_than_one_grid_row_holds(
     np.testing.assert_array_equal(got.view(np.uint16), expected.view(np.uint16))
 
 
+@pytest.mark.parametrize(("n_rows", "src_width", "first", "width"), [(12, 96, 0, 32), (5, 600, 512, 64), (3, 7, 2, 5)])
+def test_copy_columns(
+    device: Device,
+    kernels: MoeKernels,
+    stream: Stream,
+    rng: np.random.Generator,
+    n_rows: int,
+    src_width: int,
+    first: int,
+    width: int,
+) -> None:
+    src = rng.standard_normal((n_rows, src_width)).astype(np.float32)
+    dst = poisoned(device, n_rows * width * 4)
+    dense.copy_columns(kernels, stream, device.upload(src), src_width, first, width, dst, n_rows)
+    stream.synchronize()
+    np.testing.assert_array_equal(_floats(dst, n_rows, width), src[:, first : first + width])
+
+
+# deepseek2's latent attention: V2-Lite's widths (normal-mode rotation, YaRN factor 40 over 4096
+# positions) and the tiny preset's.
+MLA_CASES = {
+    "v2-lite": (512, 128, Rope(64, False, 10000.0, 1 / 40, 0.7, 1.0, 32.0, 1.0, 4096), True),
+    "tiny": (96, 32, Rope(32, False, 10000.0), False),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MLA_CASES))
+def test_mla_rope_store_is_the_norm_rotation_and_store(
+    device: Device, kernels: MoeKernels, stream: Stream, rng: np.random.Generator, case: str
+) -> None:
+    rank, nope, params, weighted = MLA_CASES[case]
+    n_tokens, n_head, n_cache_rows, eps = 5, 3, 12, 1e-6
+    n_rot, width = params.n_rot, rank + params.n_rot
+    positions = np.array([3, 0, 11, 12, 7], np.int32)  # 12 is past the cache: nothing written
+    q = rng.standard_normal((n_tokens, n_head, nope + n_rot)).astype(np.float32)
+    q_abs = rng.standard_normal((n_tokens, n_head, rank)).astype(np.float32)
+    kv = (rng.standard_normal((n_tokens, width)) * 3).astype(np.float32)
+    kv_norm = rng.standard_normal(rank).astype(np.float32) if weighted else None
+    cache = rng.standard_normal((n_cache_rows, width)).astype(np.float16)
+    cache_buf = device.alloc(cache.nbytes)
+    cache_buf.write(cache.view(np.uint8))
+    q_out = poisoned(device, n_tokens * n_head * width * 4)
+    rows = dense.LatentInputs(
+        device.upload(q),
+        device.upload(q_abs),
+        device.upload(kv),
+        None if kv_norm is None else device.upload(kv_norm),
+        _ints(device, positions),
+    )
+    dense.mla_rope_store(kernels, stream, rows, q_out, cache_buf, n_tokens, n_head, rank, nope, params, eps)
+    stream.synchronize()
+    got_q = _floats(q_out, n_tokens, n_head, width)
+    np.testing.assert_array_equal(got_q[:, :, :rank], q_abs)
+    tol = ref_dense.rope_rtol(int(positions.max()))
+    err = ref.relative_error(got_q[:, :, rank:], ref_dense.rope(q[:, :, nope:], positions, params))
+    assert err < tol, f"rotated query: relative error {err:.3g}"
+    key = np.concatenate(
+        [ref_dense.rms_norm(kv[:, :rank], kv_norm, eps), ref_dense.rope(kv[:, None, rank:], positions, params)[:, 0]],
+        axis=1,
+    )
+    expected = ref_dense.store_rows_f16(cache, key, positions).astype(np.float32)
+    got = cache_buf.read().view(np.float16).reshape(n_cache_rows, width).astype(np.float32)
+    untouched = [r for r in range(n_cache_rows) if r not in positions]
+    np.testing.assert_array_equal(got[untouched], cache[untouched].astype(np.float32))
+    err = ref.relative_error(got[positions[positions < n_cache_rows]], expected[positions[positions < n_cache_rows]])
+    assert err < 2e-3, f"key rows: relative error {err:.3g}"  # float16 rounding of both
+
+
 def test_bad_arguments_are_refused_before_launch(device: Device, kernels: MoeKernels, stream: Stream) -> None:
     small = device.alloc(64)
     big = device.alloc(1 << 16)
     ids = _ints(device, [0, 1])
+    latent = dense.LatentInputs(big, big, big, None, ids)
     refused = {
         "no decoder": lambda: dense.get_rows(kernels, stream, big, _T.Q8_1, 32, 2, ids, 2, big),
         "block size": lambda: dense.get_rows(kernels, stream, big, _T.Q4_K, 32, 2, ids, 2, big),
@@ -310,6 +380,9 @@ def test_bad_arguments_are_refused_before_launch(device: Device, kernels: MoeKer
         "positions holds": lambda: dense.rope(kernels, stream, big, ids, 3, 1, 16, Rope(16, True, 1e4)),
         "one row": lambda: dense.store_rows_f16(kernels, stream, big, small, ids, 2, 64),
         "src holds": lambda: dense.store_rows_f16(kernels, stream, small, big, ids, 2, 64),
+        "outside rows of 8": lambda: dense.copy_columns(kernels, stream, big, 8, 4, 5, big.view(4096, 64), 2),
+        "dst .* overlaps": lambda: dense.copy_columns(kernels, stream, big, 8, 0, 4, big.view(0, 64), 2),
+        "nope": lambda: dense.mla_rope_store(kernels, stream, latent, big, big, 2, 1, 32, -1, Rope(16, False, 1e4), 0),
     }
     for words, launch in refused.items():
         with pytest.raises(InvalidArgument, match=words):

@@ -2,10 +2,10 @@
 
 python3 -m tests.engine.llamacpp.make LLAMACPP_LOGITS [PRESET ...]
 
-For each first-group tiny preset (make-model Q8_0, seed 3), glm4moe with a leading dense layer and the
-qwen3moe file in Q4_K_M: a
-128-token prompt from the project's corpus and 16 greedy steps through llama.cpp on the CPU; saved as
-PRESET.npz with the tokens fed, the logits (float16), the prompt length and the made file's sha256 (the
+For each tiny preset of an architecture run end to end (make-model Q8_0, seed 3), glm4moe and
+deepseek2 with a leading dense layer (deepseek2's with a query latent too) and the qwen3moe file in
+Q4_K_M: a 128-token prompt from the project's corpus and 16 greedy steps through llama.cpp on the
+CPU; saved as PRESET.npz with the tokens fed, the logits (float16), the prompt length and the made file's sha256 (the
 test refuses a fixture of another file). PRESET names limit the run to those.
 """
 
@@ -30,12 +30,25 @@ HERE = Path(__file__).parent
 # glm4moe with a leading dense layer as GLM-4.5 has one: attention and a dense FFN before the MoE layers.
 VARIANTS = {
     "tiny-glm4moe-dense": dataclasses.replace(MODEL_PRESETS["tiny-glm4moe"], n_dense_lead=1, n_layer=3, n_ff=384),
+    # deepseek2 as the full-size models have it: a leading dense layer and the query through a latent
+    "tiny-deepseek2-dense": dataclasses.replace(
+        MODEL_PRESETS["tiny-deepseek2"], n_dense_lead=1, n_layer=3, n_ff=384, q_lora_rank=64
+    ),
 }
 # Files of another type than Q8_0: the qwen3moe file in Q4_K_M. Its Q4_K and Q6_K rows, as the Q8_0
 # files' rows, decode on the int8 activations of the matrix-vector kernels (layout.GEMV_INT8_TYPES),
 # as llama.cpp's CPU rows take q8_K and q8_0 activations.
 TYPES = {"tiny-q4km": ("tiny", "Q4_K_M")}
-PRESETS = ("tiny", "tiny-mixtral", "tiny-qwen2moe", "tiny-gpt-oss", "tiny-glm4moe", *VARIANTS, *TYPES)
+PRESETS = (
+    "tiny",
+    "tiny-mixtral",
+    "tiny-qwen2moe",
+    "tiny-gpt-oss",
+    "tiny-glm4moe",
+    "tiny-deepseek2",
+    *VARIANTS,
+    *TYPES,
+)
 N_PROMPT, N_GEN, SEED = 128, 16, 3
 
 
