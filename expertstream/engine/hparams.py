@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..kernels.attention import HEAD_DIMS
+from ..kernels.attention import HEAD_DIMS, WIDE_DIMS
 from ..kernels.dense import Rope
 from ..model import ModelError, MoeModel
 from .arch import ArchKeys
@@ -148,10 +148,11 @@ class Transformer:
             raise ModelError(f"{where}: {n_head} query heads cannot share {n_head_kv} key-value heads evenly")
         if mla is None and keys.integer("attention.value_length", head_dim) != head_dim:
             raise ModelError(f"{where}: keys and values of different widths are not supported")
-        if head_dim not in HEAD_DIMS:
+        if head_dim not in HEAD_DIMS + WIDE_DIMS:
             what = f"deepseek2's latent attention reads keys {head_dim} wide" if mla else f"heads are {head_dim} wide"
             raise ModelError(
-                f"{where}: {what}; the attention kernels take head sizes {', '.join(map(str, HEAD_DIMS))}. "
+                f"{where}: {what}; the attention kernels take head sizes "
+                f"{', '.join(map(str, HEAD_DIMS + WIDE_DIMS))}. "
                 "Its expert pipeline alone runs with --experts-only"
             )
         embd = model.optional_tensor("token_embd.weight")

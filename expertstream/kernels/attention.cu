@@ -18,6 +18,7 @@
 //   fragments; every other target runs one written on mma.cu's matrix-step interface
 //   (v_mfma_f32_16x16x16f16 on AMD CDNA, v_wmma_f32_16x16x16_f16 on RDNA3/RDNA4, and the
 //   interface's generic FMA step elsewhere, so the source compiles and runs on every target).
+// - attn_wide_d*: heads too wide for the kernels above (deepseek2's 576), any number of tokens.
 // - attn_decode_d* + attn_decode_combine: split-K (flash-decoding) for a few tokens: one block per
 //   (chunk of ATTN_DECODE_CHUNK keys, KV head, 8 (token, head) rows) writes each row's m, l and
 //   partial o; blocks whose chunk no row sees return at once. The combine kernel then merges a
@@ -496,6 +497,155 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_decode_fused_d12
     ATTN_DECODE_PARAMS, const float* __restrict__ sinks, float* __restrict__ out, unsigned int* counters) {
     KERNEL_PROLOGUE();
     attn_decode_fused<128>(ATTN_DECODE_ARGS, sinks, out, counters);
+}
+
+// ---------------------------------------------------------------------------------
+// Wide heads (deepseek2's latent attention: one shared KV head of 512 + 64): attn_wide_d*, for any
+// number of tokens. Block (x, g) serves rows x * ATTN_WIDE_ROWS .. of KV head g's n_tokens x group
+// (token, head) rows (decode's order), its 16 threads a row; it stages its rows' queries and tiles
+// of ATTN_WIDE_KEYS keys (the key tile, not the value one, fits 48 KB beside the queries at these
+// widths) and reads each value row straight from the cache, the rows of one tile shared by all the
+// block's rows through the cache hierarchy. Value rows outside the union of the rows' ranges are
+// never read; a row's own mask makes its weights 0 elsewhere.
+// ---------------------------------------------------------------------------------
+
+#define ATTN_WIDE_ROWS 8
+#define ATTN_WIDE_KEYS 16
+
+template <int D> struct AttnWide {
+    static const int TPR = ATTN_THREADS / ATTN_WIDE_ROWS;  // threads of a row: one key of a tile each
+    static const int WORDS = D / 2 / TPR;                  // f16 pairs of the output a thread owns
+    static const int Q_LD = D + 1;
+    static const int K_LD = D / 2 + 1;  // words per key row: odd, the rows a warp reads in distinct banks
+    static_assert(TPR == ATTN_WIDE_KEYS && (D / 2) % TPR == 0 && D % 8 == 0, "a key a thread, even split");
+
+    struct Shared {
+        float q[ATTN_WIDE_ROWS * Q_LD];
+        unsigned int k[ATTN_WIDE_KEYS * K_LD];
+        float s[ATTN_WIDE_ROWS * (ATTN_WIDE_KEYS + 1)];
+        int lo[ATTN_WIDE_ROWS];
+        int hi[ATTN_WIDE_ROWS];
+        int token[ATTN_WIDE_ROWS];
+        int head[ATTN_WIDE_ROWS];
+    };
+};
+
+template <int D>
+__device__ void attn_wide(ATTN_PREFILL_PARAMS) {
+    typedef AttnWide<D> A;
+    __shared__ typename A::Shared sh;
+    const int tid = threadIdx.x;
+    const int r = tid / A::TPR;
+    const int c = tid % A::TPR;
+    const int g = blockIdx.y;
+    const int group = n_head / n_head_kv;
+    if (tid < ATTN_WIDE_ROWS) {
+        const int row = blockIdx.x * ATTN_WIDE_ROWS + tid;
+        sh.token[tid] = row / group < n_tokens ? row / group : -1;
+        sh.head[tid] = g * group + row % group;
+        attn_visible(positions, sh.token[tid], n_tokens, kv_len, window, &sh.lo[tid], &sh.hi[tid]);
+    }
+    __syncthreads();
+    for (int i = tid; i < ATTN_WIDE_ROWS * D; i += ATTN_THREADS) {
+        const int rr = i / D;
+        const int t = sh.token[rr];
+        sh.q[rr * A::Q_LD + i % D] = t >= 0 ? q[((long long)t * n_head + sh.head[rr]) * D + i % D] : 0.0f;
+    }
+    int first = kv_len;
+    int last = -1;
+    for (int i = 0; i < ATTN_WIDE_ROWS; ++i) {
+        if (sh.lo[i] <= sh.hi[i]) {
+            first = min(first, sh.lo[i]);
+            last = max(last, sh.hi[i]);
+        }
+    }
+    const int row_lo = sh.lo[r];
+    const int row_hi = sh.hi[r];
+    const float* q_row = sh.q + r * A::Q_LD;
+    float m = ATTN_NEG_INF;
+    float l = 0.0f;
+    float o[2 * A::WORDS];
+#pragma unroll
+    for (int i = 0; i < 2 * A::WORDS; ++i) {
+        o[i] = 0.0f;
+    }
+    const int PARTS = D / 8;  // 16-byte parts of a cache row
+    for (int j0 = first - first % ATTN_WIDE_KEYS; j0 <= last; j0 += ATTN_WIDE_KEYS) {
+        __syncthreads();  // the queries are staged; the tile before is no longer read
+        for (int i = tid; i < ATTN_WIDE_KEYS * PARTS; i += ATTN_THREADS) {
+            const int jr = i / PARTS;
+            const int part = i % PARTS;
+            const int j = j0 + jr;
+            attn_words4 kw = {0u, 0u, 0u, 0u};
+            if (j >= first && j <= last) {
+                kw = *(const attn_words4*)(k_cache + ((long long)j * n_head_kv + g) * D + 8 * part);
+            }
+            unsigned int* k_to = sh.k + jr * A::K_LD + 4 * part;
+            k_to[0] = kw.x;
+            k_to[1] = kw.y;
+            k_to[2] = kw.z;
+            k_to[3] = kw.w;
+        }
+        __syncthreads();
+        {
+            const unsigned int* k_row = sh.k + c * A::K_LD;
+            float acc = 0.0f;
+#pragma unroll 8
+            for (int w = 0; w < D / 2; ++w) {
+                const unsigned int kw = k_row[w];
+                acc = fmaf(q_row[2 * w], attn_half_low(kw), acc);
+                acc = fmaf(q_row[2 * w + 1], attn_half_high(kw), acc);
+            }
+            const int j = j0 + c;
+            sh.s[r * (ATTN_WIDE_KEYS + 1) + c] = j >= row_lo && j <= row_hi ? acc * scale : ATTN_NEG_INF;
+        }
+        __syncthreads();
+        const float* s_row = sh.s + r * (ATTN_WIDE_KEYS + 1);
+        float tile_max = ATTN_NEG_INF;
+        for (int jr = 0; jr < ATTN_WIDE_KEYS; ++jr) {
+            tile_max = fmaxf(tile_max, s_row[jr]);
+        }
+        const float m_new = fmaxf(m, tile_max);
+        const float m_use = m_new == ATTN_NEG_INF ? 0.0f : m_new;  // a row that saw nothing stays at zeros
+        const float alpha = expf(m - m_use);
+        m = m_new;
+        l *= alpha;
+#pragma unroll
+        for (int i = 0; i < 2 * A::WORDS; ++i) {
+            o[i] *= alpha;
+        }
+        const int j_end = min(ATTN_WIDE_KEYS, last - j0 + 1);
+        for (int jr = max(0, first - j0); jr < j_end; ++jr) {  // the union's rows only: others may hold NaN
+            const float p = expf(s_row[jr] - m_use);
+            l += p;
+            const unsigned int* v_row =
+                (const unsigned int*)(v_cache + ((long long)(j0 + jr) * n_head_kv + g) * D) + c;
+#pragma unroll
+            for (int u = 0; u < A::WORDS; ++u) {
+                const unsigned int vw = v_row[A::TPR * u];
+                o[2 * u] = fmaf(p, attn_half_low(vw), o[2 * u]);
+                o[2 * u + 1] = fmaf(p, attn_half_high(vw), o[2 * u + 1]);
+            }
+        }
+    }
+    const int t = sh.token[r];
+    if (t < 0) {
+        return;
+    }
+    const int h = sh.head[r];
+    const float keep = sinks ? attn_join_sink(m, &l, sinks[h]) : 1.0f;
+    const float inv = l > 0.0f ? keep / l : 0.0f;
+    float* out_row = out + ((long long)t * n_head + h) * D;
+#pragma unroll
+    for (int u = 0; u < A::WORDS; ++u) {
+        const int w = c + A::TPR * u;
+        *(attn_float2*)(out_row + 2 * w) = attn_float2{o[2 * u] * inv, o[2 * u + 1] * inv};
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_wide_d576(ATTN_PREFILL_PARAMS) {
+    KERNEL_PROLOGUE();
+    attn_wide<576>(ATTN_PREFILL_ARGS);
 }
 
 // ---------------------------------------------------------------------------------

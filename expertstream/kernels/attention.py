@@ -52,6 +52,8 @@ COMBINE_STRANDS = 4  # threads per (row, d) of the decode combine, each adding e
 DECODE_MAX_TOKENS = 8  # up to this many tokens take the split-K decode
 FUSED_MAX_CHUNKS = 64  # decode combines in its own launch up to this many chunks (2048 cache rows)
 HEAD_DIMS = (64, 128)  # head dims with a kernel instance
+WIDE_DIMS = (576,)  # head dims of the wide kernel alone: deepseek2's shared latent key (512 + 64)
+WIDE_ROWS = 8  # (token, head) rows per block of the wide kernel (attention.cu's ATTN_WIDE_ROWS)
 CACHE_ALIGN = 16  # bytes: the kernels read cache rows 16 bytes at a time
 ROW_ALIGN = 8  # bytes: query and output rows are read and written two floats at a time
 _SCRATCH_ALIGN = 16
@@ -91,7 +93,9 @@ _COUNTERS = "attention_counters"
 
 def reserve_decode(kernels: MoeKernels, n_tokens: int, n_head: int, n_head_kv: int, head_dim: int, kv_len: int) -> None:
     """Take now the scratch and counters decode calls of up to these shapes use, so that a call
-    captured into a graph later (a capture may not allocate) finds them."""
+    captured into a graph later (a capture may not allocate) finds them. The wide kernel takes none."""
+    if head_dim in WIDE_DIMS:
+        return
     kernels.scratch(_SCRATCH, decode_scratch_bytes(n_tokens, n_head, head_dim, kv_len))
     kernels.zeroed(_COUNTERS, decode_counters(n_tokens, n_head, n_head_kv) * 4)
 
@@ -128,7 +132,8 @@ def attention(
     (gpt-oss's sliding-window layers). kv_len is how many cache rows the launch may read (an upper
     bound: a captured decode step replays with kv_len = the cache size and reads only rows <= its
     position). sinks (float32 [n_head], gpt-oss) is one extra logit per head in the softmax's
-    denominator that contributes no value. A query that sees no row gets zeros. Head dims: HEAD_DIMS.
+    denominator that contributes no value. A query that sees no row gets zeros. Head dims: HEAD_DIMS,
+    and WIDE_DIMS through one kernel for prefill and decode alike.
     """
     call = "attention"
     positive(call, n_tokens=n_tokens, kv_len=kv_len, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim)
@@ -142,6 +147,14 @@ def attention(
     pos_view = view(call, "positions", positions, n_tokens * 4)
     sinks_arg = np.uint64(0) if sinks is None else view(call, "sinks", sinks, n_head * 4)
     shape = (np.int32(n_tokens), np.int32(kv_len), np.int32(n_head), np.int32(n_head_kv), np.int32(window))
+    if head_dim in WIDE_DIMS:
+        stream.launch(
+            kernels.kernel(f"attn_wide_d{head_dim}"),
+            (-(-n_tokens * (n_head // n_head_kv) // WIDE_ROWS), n_head_kv),
+            THREADS,
+            (*views, out_view, pos_view, sinks_arg, *shape, np.float32(scale)),
+        )
+        return
     if n_tokens > DECODE_MAX_TOKENS:
         matrix = uses_matrix_cores(kernels)
         rows = MMA_ROWS if matrix else PREFILL_ROWS
@@ -188,9 +201,11 @@ def attention(
 
 
 def _check_shapes(call: str, n_head: int, n_head_kv: int, head_dim: int, window: int, scale: float) -> None:
-    if head_dim not in HEAD_DIMS:
+    if head_dim not in HEAD_DIMS + WIDE_DIMS:
         raise InvalidArgument(
-            f"head_dim {head_dim} has no attention kernel", call=call, hint=f"supported head dims: {HEAD_DIMS}"
+            f"head_dim {head_dim} has no attention kernel",
+            call=call,
+            hint=f"supported head dims: {HEAD_DIMS + WIDE_DIMS}",
         )
     if n_head % n_head_kv:
         raise InvalidArgument(
@@ -211,6 +226,7 @@ __all__ = [
     "DECODE_MAX_TOKENS",
     "FUSED_MAX_CHUNKS",
     "HEAD_DIMS",
+    "WIDE_DIMS",
     "attention",
     "decode_chunks",
     "decode_counters",

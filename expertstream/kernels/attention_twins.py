@@ -15,7 +15,7 @@ import numpy as np
 from ..backends.base import BufferView
 from ..backends.sim import Access, KernelSpec
 from ..backends.sim.kernels import Dim3Tuple
-from .attention import DECODE_CHUNK, HEAD_DIMS
+from .attention import DECODE_CHUNK, HEAD_DIMS, WIDE_DIMS
 
 Args = tuple[Any, ...]
 Run = Callable[[Args, Dim3Tuple, Dim3Tuple], None]
@@ -181,6 +181,15 @@ def twin_specs() -> list[KernelSpec]:
             "attn_decode_combine", _combine_run, _accesses((0, 1, 2, 3), (4,)), lambda a: 3.0 * float(a[4].nbytes)
         ),
     ]
+    for head_dim in WIDE_DIMS:  # one kernel for every number of tokens, the prefill's arguments
+        specs.append(
+            KernelSpec(
+                f"attn_wide_d{head_dim}",
+                _prefill_runner(head_dim),
+                _accesses((0, 1, 2, 4, 5), (3,)),
+                _attention_flops,
+            )
+        )
     for head_dim in HEAD_DIMS:
         prefill = _prefill_runner(head_dim)
         for path in ("simt", "mma"):

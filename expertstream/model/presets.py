@@ -47,6 +47,15 @@ class LinearAttention:
 
 
 @dataclass(frozen=True)
+class Yarn:
+    """YaRN context extension as a file's rope.scaling keys say it (DeepSeek-V2's and gpt-oss's kind)."""
+
+    factor: float
+    original_context: int
+    log_multiplier: float = 0.0  # rope.scaling.yarn_log_multiplier as converters write it (0: absent)
+
+
+@dataclass(frozen=True)
 class ModelPreset:
     name: str
     arch: str  # gguf's architecture name, which prefixes the metadata keys
@@ -80,6 +89,7 @@ class ModelPreset:
     v_head_dim: int = 0
     sliding_window: int = 0  # gpt-oss
     linear: LinearAttention | None = None  # qwen3next's recurrent layers
+    yarn: Yarn | None = None  # rope.scaling keys (none: unscaled)
 
     @property
     def dense_ff(self) -> int:

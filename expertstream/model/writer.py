@@ -320,6 +320,12 @@ def add_metadata(writer: gguf.GGUFWriter, preset: ModelPreset, n_layer: int, fil
         writer.add_key_length(preset.head_dim)
         writer.add_value_length(preset.head_dim)
     writer.add_rope_dimension_count(preset.rope_dim or preset.head_dim)
+    if preset.yarn is not None:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(preset.yarn.factor)
+        writer.add_rope_scaling_orig_ctx_len(preset.yarn.original_context)
+        if preset.yarn.log_multiplier:
+            writer.add_rope_scaling_yarn_log_mul(preset.yarn.log_multiplier)
     if preset.sliding_window:
         writer.add_uint32(f"{arch}.attention.sliding_window", preset.sliding_window)
     if preset.n_shared:

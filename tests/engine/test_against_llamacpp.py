@@ -1,5 +1,6 @@
-"""Logits against llama.cpp's own, on make-model's tiny file of every first-group architecture (and
-glm4moe with a leading dense layer; qwen3moe also in Q4_K_M, whose decode takes the int8 activations).
+"""Logits against llama.cpp's own, on make-model's tiny file of every architecture run end to end (and
+glm4moe and deepseek2 with a leading dense layer, deepseek2 with YaRN; qwen3moe also in Q4_K_M, whose
+decode takes the int8 activations).
 
 The fixtures (tests/engine/llamacpp/*.npz, written by ``python3 -m tests.engine.llamacpp.make``
 with llama.cpp's CPU build) hold llama.cpp's logits over a 128-token prompt and 16 greedy steps
@@ -30,6 +31,10 @@ FIXTURES = Path(__file__).parent / "llamacpp"
 # the median at 4.9e-4.
 MEDIAN_KL = 2e-4
 MEAN_KL = 5e-3
+# deepseek2's group-limited routing moves two experts' group at once where rounding flips a group
+# choice: one such position of the YaRN file costs 0.49 (3.4e-3 of the mean) with its median at 1.0e-4;
+# a YaRN magnitude left out puts that median at 7e-4, a rotation factor off at 3e-3.
+MEAN_KL_OF = {"tiny-deepseek2-yarn": 8e-3}
 ARGMAX = 0.75  # random weights give near-flat distributions: near ties flip the argmax at a tiny KL
 
 
@@ -49,4 +54,4 @@ def test_logits_agree_with_llamacpp(backend: Backend, tmp_path: Path, preset: st
         assert result.argmax_agreement >= ARGMAX, (part, result.argmax_agreement)
     # Over every position: one flipped routing choice among 16 decode steps alone would move their mean by 0.006.
     whole = compare_logits(reference, ours)
-    assert whole.mean_kl < MEAN_KL, (whole.mean_kl, whole.max_kl)
+    assert whole.mean_kl < MEAN_KL_OF.get(preset, MEAN_KL), (whole.mean_kl, whole.max_kl)

@@ -70,6 +70,8 @@ CASES = [
     Case(64, 100, 16, 2, 64, window=32, sinks=True, extra_rows=64),
     Case(200, 300, 8, 2, 128, window=128, extra_rows=513),
     Case(200, 57, 4, 4, 64, sinks=True),
+    Case(1, 70, 16, 1, 576, extra_rows=5),  # deepseek2's latent attention: one shared key-value head
+    Case(40, 10, 4, 1, 576, extra_rows=20),
 ]
 
 

@@ -2,7 +2,7 @@
 
 The harness of test_kernels_on_host (each GPU thread a fiber, __syncthreads a hand-over, rounds
 in random order, so a read no barrier orders after its write sees the old value in some rounds)
-runs the SIMT prefill, the matrix-core prefill's kernel on mma.cu's interface (the one AMD
+runs the SIMT prefill, the wide kernel, the matrix-core prefill's kernel on mma.cu's interface (the one AMD
 runs, here with the interface's generic step: f16 products in float32 FMAs, so everything but
 the matrix instruction runs: the staging of Q, K and V^T, the score and P tiles, the wave skips
 and every barrier) and the split-K decode with its combine, with the partial buffers NaN before
@@ -26,7 +26,7 @@ from expertstream.kernels.program import source_file
 from .test_attention import RTOL_F16, RTOL_F32, Case, make_inputs_on_host, worst_row_error
 from .test_kernels_on_host import _FIBERS, CXX, build_on_host
 
-SIMT, MATRIX_GENERIC, DECODE, FUSED_DECODE = 0, 1, 2, 3
+SIMT, MATRIX_GENERIC, DECODE, FUSED_DECODE, WIDE = 0, 1, 2, 3, 4
 
 _DRIVER = (
     _FIBERS
@@ -51,7 +51,7 @@ static void launch(unsigned gx, unsigned gy, unsigned gz, unsigned threads, cons
     }
 }
 
-// argv: mode (0 SIMT prefill, 1 matrix-core prefill, 2 decode, 3 fused decode: twice, its blocks in reverse
+// argv: mode (0 SIMT prefill, 1 matrix-core prefill, 2 decode, 4 the wide kernel (576), 3 fused decode: twice, its blocks in reverse
 // order, each partial NaN before; exit 4 where a block's count is not the blocks of its group run so far
 // (0 after the last), 3 where a counter is not back to 0). stdin: n_tokens, kv_len,
 // n_head, n_head_kv, head_dim, window, has_sinks, scale, q, k, v, positions, sinks. stdout: out (for 3,
@@ -70,7 +70,13 @@ int main(int argc, char** argv) {
     const float* sinks_at = has_sinks ? sinks.data() : nullptr;
     std::vector<float> out((size_t)n_tokens * n_head * head_dim, NAN);
     const int wide = head_dim == 128;
-    if (mode < 2) {
+    if (mode == 4) {
+        const int group = n_head / n_head_kv;
+        launch((n_tokens * group + ATTN_WIDE_ROWS - 1) / ATTN_WIDE_ROWS, n_head_kv, 1, ATTN_THREADS, [&] {
+            attn_wide_d576(q.data(), k.data(), v.data(), out.data(), positions.data(), sinks_at, n_tokens, kv_len,
+                           n_head, n_head_kv, window, scale);
+        });
+    } else if (mode < 2) {
         Prefill prefill[2][2] = {{attn_prefill_simt_d64, attn_prefill_simt_d128},
                                  {attn_prefill_mma_d64, attn_prefill_mma_d128}};
         const int rows = mode ? ATTN_MMA_ROWS : ATTN_PREFILL_ROWS;
@@ -165,6 +171,9 @@ def run_on_host(binary: Path, mode: int, case: Case, rng: np.random.Generator) -
         (DECODE, Case(1, 0, 2, 2, 64)),
         (DECODE, Case(3, 600, 8, 2, 64, window=300, sinks=True, extra_rows=200)),
         (DECODE, Case(2, 270, 4, 1, 128, extra_rows=500)),
+        (WIDE, Case(1, 40, 16, 1, 576, extra_rows=9)),  # deepseek2's decode: 16 heads, one shared latent key
+        (WIDE, Case(21, 3, 4, 1, 576, extra_rows=30)),
+        (WIDE, Case(5, 60, 4, 2, 576, window=20, sinks=True)),
     ],
     ids=str,
 )

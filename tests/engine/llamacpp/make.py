@@ -3,10 +3,11 @@
 python3 -m tests.engine.llamacpp.make LLAMACPP_LOGITS [PRESET ...]
 
 For each tiny preset of an architecture run end to end (make-model Q8_0, seed 3), glm4moe and
-deepseek2 with a leading dense layer (deepseek2's with a query latent too) and the qwen3moe file in
-Q4_K_M: a 128-token prompt from the project's corpus and 16 greedy steps through llama.cpp on the
-CPU; saved as PRESET.npz with the tokens fed, the logits (float16), the prompt length and the made file's sha256 (the
-test refuses a fixture of another file). PRESET names limit the run to those.
+deepseek2 with a leading dense layer (deepseek2's with a query latent too), deepseek2 with YaRN
+and the qwen3moe file in Q4_K_M: a 128-token prompt from the project's corpus and 16 greedy steps
+through llama.cpp on the CPU; saved as PRESET.npz with the tokens fed, the logits (float16), the
+prompt length and the made file's sha256 (the test refuses a fixture of another file). PRESET
+names limit the run to those.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import numpy as np
 
 from expertstream.model import make_model
 from expertstream.model.presets import PRESETS as MODEL_PRESETS
-from expertstream.model.presets import ModelPreset
+from expertstream.model.presets import ModelPreset, Yarn
 from microbench.llamacpp_logits.compare import read_run
 from microbench.llamacpp_logits.prompt import corpus_tokens
 
@@ -34,6 +35,8 @@ VARIANTS = {
     "tiny-deepseek2-dense": dataclasses.replace(
         MODEL_PRESETS["tiny-deepseek2"], n_dense_lead=1, n_layer=3, n_ff=384, q_lora_rank=64
     ),
+    # DeepSeek-V2-Lite's YaRN: factor 40 over 4096 positions, its magnitude's log multiplier (0.0707)
+    "tiny-deepseek2-yarn": dataclasses.replace(MODEL_PRESETS["tiny-deepseek2"], yarn=Yarn(40.0, 4096, 0.0707)),
 }
 # Files of another type than Q8_0: the qwen3moe file in Q4_K_M. Its Q4_K and Q6_K rows, as the Q8_0
 # files' rows, decode on the int8 activations of the matrix-vector kernels (layout.GEMV_INT8_TYPES),
