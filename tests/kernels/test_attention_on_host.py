@@ -51,7 +51,8 @@ static void launch(unsigned gx, unsigned gy, unsigned gz, unsigned threads, cons
     }
 }
 
-// argv: mode (0 SIMT prefill, 1 matrix-core prefill, 2 decode, 4 the wide kernel (576), 3 fused decode: twice, its blocks in reverse
+// argv: mode (0 SIMT prefill, 1 matrix-core prefill, 2 decode, 4 the wide kernel (576), 3 fused decode:
+// twice, its blocks in reverse
 // order, each partial NaN before; exit 4 where a block's count is not the blocks of its group run so far
 // (0 after the last), 3 where a counter is not back to 0). stdin: n_tokens, kv_len,
 // n_head, n_head_kv, head_dim, window, has_sinks, scale, q, k, v, positions, sinks. stdout: out (for 3,
