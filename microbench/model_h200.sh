@@ -4,8 +4,8 @@
 #
 # usage: microbench/model_h200.sh STAGE...     (from the repository root; writes under $OUT)
 #   setup   unpack llama.cpp's prebuilt CUDA archive ($ARCHIVE) into /tmp and build llamacpp-logits
-#   tiny    make-model's tiny presets of every first-group architecture (Q8_0): a 512-token prompt and
-#           64 greedy steps through llama.cpp CUDA (-ngl 99), llama.cpp CPU (-ngl 0, same build) and
+#   tiny    make-model's tiny presets of every architecture run end to end (Q8_0; TINY names others): a
+#           512-token prompt and 64 greedy steps through llama.cpp CUDA (-ngl 99), llama.cpp CPU (-ngl 0) and
 #           expertstream; KL of each from llama.cpp CUDA
 #   big     the same on $FILES (made here), then llama-perplexity (CUDA, and CPU with no GPU visible) and
 #           expertstream perplexity on one text
@@ -75,7 +75,7 @@ for stage in "$@"; do
         bash microbench/llamacpp_logits/build.sh "$LCP" "$logits_tool" >/dev/null ;;
     tiny)
         mkdir -p "$MODELS"
-        for preset in tiny tiny-mixtral tiny-qwen2moe tiny-gpt-oss tiny-glm4moe; do
+        for preset in ${TINY:-tiny tiny-mixtral tiny-qwen2moe tiny-gpt-oss tiny-glm4moe tiny-deepseek2}; do
             "$python" -m expertstream make-model --preset "$preset" --type Q8_0 --seed 3 -o "$MODELS/$preset.gguf" >/dev/null
             logits_three "$MODELS/$preset.gguf" "$preset"
         done ;;
