@@ -65,7 +65,7 @@ from ..backends.base import BufferView, Device, DeviceBuffer, Kernel, Stream, Us
 from ..backends.sim import KernelSpec
 from ..errors import InvalidArgument
 from ..ggml import RowType
-from . import attention_twins, dense_twins, layout, routing, routing_twins, twins
+from . import attention_twins, dense_twins, layout, recurrent_twins, routing, routing_twins, twins
 from .args import ViewLike, fits_int32, positive, view, weight_view
 from .layout import MatrixPath, TileM, WeightFormat, weight_format
 from .program import kernel_source, module_types
@@ -80,6 +80,7 @@ TWINS: dict[str, KernelSpec] = {
         *routing_twins.twin_specs(),
         *dense_twins.twin_specs(),
         *attention_twins.twin_specs(),
+        *recurrent_twins.twin_specs(),
     )
 }
 

@@ -15,7 +15,8 @@ concatenated in the order of ``SOURCE_NAMES``, each using what the files before 
 - mma.cu, int8.cu, direct.cu: the matrix-core, int8 and direct-decode mul_mat_id;
 - dense.cu: the dense pieces of a forward pass (dense.py): get_rows, RMS norm, bias rows,
   rotary embedding, the float16 KV cache write;
-- attention.cu: causal attention over an f16 KV cache (attention.py).
+- attention.cu: causal attention over an f16 KV cache (attention.py);
+- recurrent.cu: qwen3next's causal convolution, gated delta rule and output gate (recurrent.py).
 
 After them come the per-type instances of the weight types a module needs: mul_mat_id's (tile
 and matrix-vector), and get_rows' for tables of that type.
@@ -45,6 +46,7 @@ SOURCE_NAMES = (
     "direct.cu",
     "dense.cu",
     "attention.cu",
+    "recurrent.cu",
 )
 
 
