@@ -22,7 +22,7 @@ import numpy as np
 from .._closing import Closing
 from ..backends.base import BufferView, Device, DeviceBuffer, Stream, Usage
 from ..errors import InvalidArgument
-from ..kernels import MoeKernels, dense, layout
+from ..kernels import MoeKernels, dense, layout, recurrent
 from ..kernels import attention as attention_kernels
 from ..kernels.launcher import DirectInputs
 from ..model import ModelError, MoeModel, TensorInfo
@@ -90,7 +90,7 @@ class Linear:
 @dataclass(frozen=True)
 class _Attention:
     norm: BufferView
-    q: Linear
+    q: Linear  # with gated attention each head's query, then its output gate
     k: Linear
     v: Linear
     out: Linear
@@ -100,6 +100,24 @@ class _Attention:
     ffn_norm: BufferView
     k_cache: BufferView
     v_cache: BufferView
+
+
+@dataclass(frozen=True)
+class _DeltaNet:
+    """qwen3next's recurrent layer (hparams.DeltaNet) and its two states, kept between batches."""
+
+    norm: BufferView
+    qkv: Linear  # attn_qkv: the convolution's channels, q, k and v
+    z: Linear  # attn_gate: the output norm's gate
+    ba: Linear  # ssm_ba: per key head its value heads' beta logits, then their alphas
+    conv: BufferView  # ssm_conv1d [conv_dim, kernel], float32
+    dt: BufferView
+    a: BufferView  # ssm_a: negative decay rates
+    out_norm: BufferView  # ssm_norm [head_dim]
+    out: Linear  # ssm_out
+    ffn_norm: BufferView
+    conv_state: BufferView  # [kernel - 1, conv_dim]
+    state: BufferView  # [v_heads, head_dim, head_dim]
 
 
 @dataclass(frozen=True)
@@ -155,8 +173,7 @@ class Blocks(Closing):
         self._uploads = Uploads(device, model)
         self._scratch: dict[str, DeviceBuffer] = {}
         try:
-            make = self._latent if spec.mla is not None else self._attention
-            self.attention: dict[int, _Attention | _Latent] = {index: make(index) for index in layers}
+            self.attention: dict[int, _Attention | _Latent | _DeltaNet] = {i: self._layer(i) for i in layers}
             moe = {layer.index for layer in model.layers}
             self.dense_ffn = {index: self._dense_ffn(index) for index in layers if index not in moe}
             self.embeddings = self._embeddings() if first else None
@@ -192,7 +209,7 @@ class Blocks(Closing):
         kv_bytes = self.n_ctx * spec.kv_width * 2
         return _Attention(
             norm=self._uploads.floats(self._tensor(f"{blk}.attn_norm.weight")),
-            q=self._linear(f"{blk}.attn_q", spec.n_embd, spec.q_width),
+            q=self._linear(f"{blk}.attn_q", spec.n_embd, spec.q_width * (2 if spec.gated_attention else 1)),
             k=self._linear(f"{blk}.attn_k", spec.n_embd, spec.kv_width),
             v=self._linear(f"{blk}.attn_v", spec.n_embd, spec.kv_width),
             out=self._linear(f"{blk}.attn_output", spec.q_width, spec.n_embd),
@@ -203,6 +220,42 @@ class Blocks(Closing):
             k_cache=self._uploads.alloc(kv_bytes).view(0, kv_bytes),
             v_cache=self._uploads.alloc(kv_bytes).view(0, kv_bytes),
         )
+
+    def _layer(self, index: int) -> _Attention | _Latent | _DeltaNet:
+        if self.spec.mla is not None:
+            return self._latent(index)
+        if self.spec.is_recurrent(index):
+            return self._delta_net(index)
+        return self._attention(index)
+
+    def _delta_net(self, index: int) -> _DeltaNet:
+        spec, blk = self.spec, f"blk.{index}"
+        dn = spec.delta_net
+        assert dn is not None
+        conv = self._tensor(f"{blk}.ssm_conv1d.weight")
+        if conv.ne[:2] != (dn.conv_kernel, dn.conv_dim):
+            raise ModelError(f"{self.model.path}: {conv.name} has shape {conv.ne}; expected ({dn.conv_kernel}, "
+                             f"{dn.conv_dim})")  # fmt: skip
+        conv_state = (dn.conv_kernel - 1) * dn.conv_dim * 4
+        state = dn.v_heads * dn.head_dim * dn.head_dim * 4
+        return _DeltaNet(
+            norm=self._uploads.floats(self._tensor(f"{blk}.attn_norm.weight")),
+            qkv=self._linear(f"{blk}.attn_qkv", spec.n_embd, dn.conv_dim),
+            z=self._linear(f"{blk}.attn_gate", spec.n_embd, dn.value_dim),
+            ba=self._linear(f"{blk}.ssm_ba", spec.n_embd, 2 * dn.v_heads),
+            conv=self._uploads.floats(conv),
+            dt=self._uploads.floats(self._tensor(f"{blk}.ssm_dt.bias")),
+            a=self._uploads.floats(self._tensor(f"{blk}.ssm_a")),
+            out_norm=self._uploads.floats(self._tensor(f"{blk}.ssm_norm.weight")),
+            out=self._linear(f"{blk}.ssm_out", dn.value_dim, spec.n_embd),
+            ffn_norm=self._uploads.floats(self._tensor(f"{blk}.{spec.arch.ffn_norm}.weight")),
+            # zeros, though a batch at position 0 never reads them: every byte written before it is read
+            conv_state=self._zeros(conv_state),
+            state=self._zeros(state),
+        )
+
+    def _zeros(self, nbytes: int) -> BufferView:
+        return self._uploads.filled(nbytes, Usage.COMPUTE, lambda: np.zeros(nbytes, np.uint8)).view(0, nbytes)
 
     def _latent(self, index: int) -> _Latent:
         spec, blk = self.spec, f"blk.{index}"
@@ -263,6 +316,10 @@ class Blocks(Closing):
             "ffn_up": n_ff,
             "ffn_act": n_ff,
         }
+        if spec.gated_attention:
+            sizes.update(q_gate=2 * spec.q_width, gate=spec.q_width)
+        if (dn := spec.delta_net) is not None:
+            sizes.update(mixed=dn.conv_dim, conv=dn.conv_dim, z=dn.value_dim, ba=2 * dn.v_heads, dn_heads=dn.value_dim)
         if (mla := spec.mla) is not None:
             n_head = spec.n_head
             sizes.update(
@@ -317,25 +374,67 @@ class Blocks(Closing):
         normed: bool = False,
     ) -> None:
         """hidden += attention(norm(hidden)) for ``count`` tokens at ``positions``; their keys and values
-        go into the layer's cache first. ``kv_len``: the cache rows the attention may read. With
+        go into the layer's cache first (a recurrent layer: its delta net, its states carried from the
+        batch before unless positions[0] is 0). ``kv_len``: the cache rows the attention may read. With
         ``ffn_x``, also ffn_x = the FFN's norm of the new hidden (``ffn_input``), in the residual
         add's launch. ``normed``: ``norm_rows(count)`` already holds the attention's norm of hidden
         (``combine_norm``, the layer before's last launch)."""
         spec, a, k = self.spec, self.attention[layer], self.kernels
         ids = self._ids(count)
         xn, q = self.norm_rows(count), self._view("q", count, spec.q_width)
-        att, o = self._view("att", count, spec.q_width), self._view("o", count, spec.n_embd)
+        o = self._view("o", count, spec.n_embd)
         if not normed:
             dense.rms_norm(k, stream, hidden, a.norm, xn, count, spec.n_embd, spec.eps)
-        if isinstance(a, _Latent):
-            self._latent_inputs(stream, a, xn, count, positions, q)
+        if isinstance(a, _DeltaNet):
+            att = self._delta_net_rows(stream, a, xn, count, positions)
         else:
-            kk, v = self._view("k", count, spec.kv_width), self._view("v", count, spec.kv_width)
-            self._project((a.q, a.k, a.v), stream, xn, count, (q, kk, v), ids)
-            rows = dense.AttentionInputs(q, kk, v, a.q_norm, a.k_norm, a.k_cache, a.v_cache, positions)
-            n_head, n_head_kv, head_dim = spec.n_head, spec.n_head_kv, spec.head_dim
-            dense.qkv_rope_store(k, stream, rows, count, n_head, n_head_kv, head_dim, spec.rope, spec.eps)
-        sinks = a.sinks if isinstance(a, _Attention) else None
+            if isinstance(a, _Latent):
+                self._latent_inputs(stream, a, xn, count, positions, q)
+            else:
+                self._attention_inputs(stream, a, xn, count, positions, q)
+            att = self._attend_cache(stream, a, layer, q, count, positions, kv_len)
+        out = a.out
+        if ffn_x is not None and out.bias is None and k.uses_gemv(count) and k.decode_epilogues:
+            # A few rows: the projection, the residual add and the FFN's norm in one launch.
+            dense.project_add_rms_norm(
+                k, stream, out.weight, out.info.qtype, out.n_in, att, count, o, hidden, a.ffn_norm, ffn_x,
+                spec.n_embd, spec.eps,
+            )  # fmt: skip
+            return
+        out.apply(k, stream, att, count, o, ids)
+        if ffn_x is None:
+            standin.add_inplace(k, stream, hidden, o, count * spec.n_embd)
+        else:
+            dense.add_rms_norm(k, stream, hidden, o, a.ffn_norm, ffn_x, count, spec.n_embd, spec.eps)
+
+    def _attention_inputs(
+        self, stream: Stream, a: _Attention, xn: BufferView, count: int, positions: BufferView, q: BufferView
+    ) -> None:
+        """q = the heads' queries, normed and rotated; the tokens' keys and values into the cache."""
+        spec, k = self.spec, self.kernels
+        kk, v = self._view("k", count, spec.kv_width), self._view("v", count, spec.kv_width)
+        q_out = self._view("q_gate", count, 2 * spec.q_width) if spec.gated_attention else q
+        self._project((a.q, a.k, a.v), stream, xn, count, (q_out, kk, v), self._ids(count))
+        if spec.gated_attention:  # each head's 2 * head_dim: its query, then its output gate
+            gate, rows = self._view("gate", count, spec.q_width), count * spec.n_head
+            dense.copy_columns(k, stream, q_out, 2 * spec.head_dim, 0, spec.head_dim, q, rows)
+            dense.copy_columns(k, stream, q_out, 2 * spec.head_dim, spec.head_dim, spec.head_dim, gate, rows)
+        inputs = dense.AttentionInputs(q, kk, v, a.q_norm, a.k_norm, a.k_cache, a.v_cache, positions)
+        dense.qkv_rope_store(k, stream, inputs, count, spec.n_head, spec.n_head_kv, spec.head_dim, spec.rope, spec.eps)
+
+    def _attend_cache(
+        self,
+        stream: Stream,
+        a: _Attention | _Latent,
+        layer: int,
+        q: BufferView,
+        count: int,
+        positions: BufferView,
+        kv_len: int,
+    ) -> BufferView:
+        """Attention of the queries q over the layer's cache; what the output projection reads."""
+        spec, k = self.spec, self.kernels
+        att = self._view("att", count, spec.q_width)
         attention_kernels.attention(
             k,
             stream,
@@ -351,24 +450,30 @@ class Blocks(Closing):
             head_dim=spec.head_dim,
             scale=spec.scale,
             window=spec.window(layer),
-            sinks=sinks,
+            sinks=a.sinks if isinstance(a, _Attention) else None,
             fused=k.decode_epilogues,
         )
         if isinstance(a, _Latent):
-            att = self._latent_heads(stream, a, att, count)
-        out = a.out
-        if ffn_x is not None and out.bias is None and k.uses_gemv(count) and k.decode_epilogues:
-            # A few rows: the projection, the residual add and the FFN's norm in one launch.
-            dense.project_add_rms_norm(
-                k, stream, out.weight, out.info.qtype, out.n_in, att, count, o, hidden, a.ffn_norm, ffn_x,
-                spec.n_embd, spec.eps,
-            )  # fmt: skip
-            return
-        out.apply(k, stream, att, count, o, ids)
-        if ffn_x is None:
-            standin.add_inplace(k, stream, hidden, o, count * spec.n_embd)
-        else:
-            dense.add_rms_norm(k, stream, hidden, o, a.ffn_norm, ffn_x, count, spec.n_embd, spec.eps)
+            return self._latent_heads(stream, a, att, count)
+        if spec.gated_attention:
+            recurrent.mul_sigmoid(k, stream, att, self._view("gate", count, spec.q_width), count * spec.q_width)
+        return att
+
+    def _delta_net_rows(
+        self, stream: Stream, a: _DeltaNet, xn: BufferView, count: int, positions: BufferView
+    ) -> BufferView:
+        """qwen3next's recurrent layer over the batch's normed rows, its states carried: what ssm_out reads."""
+        spec, k = self.spec, self.kernels
+        dn = spec.delta_net
+        assert dn is not None
+        mixed, conv = self._view("mixed", count, dn.conv_dim), self._view("conv", count, dn.conv_dim)
+        z, ba = self._view("z", count, dn.value_dim), self._view("ba", count, 2 * dn.v_heads)
+        heads = self._view("dn_heads", count, dn.value_dim)
+        self._project((a.qkv, a.z, a.ba), stream, xn, count, (mixed, z, ba), self._ids(count))
+        recurrent.conv_silu(k, stream, mixed, a.conv_state, a.conv, positions, conv, count, dn.conv_dim, dn.conv_kernel)
+        rows = recurrent.DeltaNetInputs(conv, ba, z, a.dt, a.a, a.out_norm, positions)
+        recurrent.delta_net(k, stream, rows, a.state, heads, count, dn.k_heads, dn.v_heads, dn.head_dim, spec.eps)
+        return heads
 
     def _latent_inputs(
         self, stream: Stream, a: _Latent, xn: BufferView, count: int, positions: BufferView, q_out: BufferView
@@ -503,9 +608,17 @@ class Blocks(Closing):
 
     @property
     def kv_cache_bytes(self) -> int:
-        return sum(a.k_cache.nbytes + (a.v_cache.nbytes if isinstance(a, _Attention) else 0)
-                   for a in self.attention.values())  # fmt: skip
+        """The layers' caches: keys and values, or a recurrent layer's two states."""
+        return sum(_cache_bytes(a) for a in self.attention.values())
 
     def close(self) -> None:
         self._scratch.clear()
         self._uploads.close()
+
+
+def _cache_bytes(layer: _Attention | _Latent | _DeltaNet) -> int:
+    if isinstance(layer, _DeltaNet):
+        return layer.conv_state.nbytes + layer.state.nbytes
+    if isinstance(layer, _Latent):
+        return layer.k_cache.nbytes  # keys and values in one row
+    return layer.k_cache.nbytes + layer.v_cache.nbytes

@@ -7,6 +7,11 @@ heads, causal mask, sliding window and attention sinks where the architecture ha
 output projection and the residual add, a second RMS norm, the MoE block (or a dense FFN in a
 leading dense layer) and its residual add; at the end an RMS norm and the output head.
 
+qwen3next's layers are hybrid (``DeltaNet``): most are a gated delta net (a causal convolution
+of the projected q, k and v, then the gated delta rule's recurrent state per value head, a gated
+RMS norm and ``ssm_out``), every ``full_attention_interval``-th one gated full attention (the
+query projection also gives each head a sigmoid gate on its output).
+
 deepseek2's multi-head latent attention (``Mla``) runs as llama.cpp runs files that store
 ``attn_k_b`` and ``attn_v_b``: each head's query is absorbed into the latent space (``attn_k_b``),
 so every head attends to one shared key-value head whose row is the normed latent followed by its
@@ -25,6 +30,7 @@ from dataclasses import dataclass
 
 from ..kernels.attention import HEAD_DIMS, WIDE_DIMS
 from ..kernels.dense import Rope
+from ..kernels.recurrent import CONV_KERNELS, STATE_DIMS
 from ..model import ModelError, MoeModel
 from .arch import ArchKeys
 
@@ -50,13 +56,33 @@ ATTENTION: dict[str, ArchAttention] = {
         ArchAttention("gpt-oss", neox=True, ffn_norm="post_attention_norm", swa_period=2),
         ArchAttention("glm4moe", neox=True, ffn_norm="post_attention_norm"),
         ArchAttention("deepseek2", neox=False, ffn_norm="ffn_norm"),
+        ArchAttention("qwen3next", neox=True, ffn_norm="post_attention_norm"),
     )
 }
 
-# What the architectures this package does not run end to end yet have that it lacks.
-NOT_YET: dict[str, str] = {
-    "qwen3next": "gated delta-net (linear attention) layers and gated full attention",
-}
+
+@dataclass(frozen=True)
+class DeltaNet:
+    """qwen3next's recurrent layers: widths of the gated delta net and which layers have it."""
+
+    k_heads: int  # ssm.group_count
+    v_heads: int  # ssm.time_step_rank: a multiple of k_heads
+    head_dim: int  # ssm.state_size: keys' and values' widths alike
+    conv_kernel: int  # ssm.conv_kernel
+    recurrent: tuple[bool, ...]  # per layer: a delta net (else gated full attention)
+
+    @property
+    def key_dim(self) -> int:
+        return self.k_heads * self.head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.v_heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """The convolution's channels: q, k and v side by side."""
+        return 2 * self.key_dim + self.value_dim
 
 
 @dataclass(frozen=True)
@@ -96,6 +122,15 @@ class Transformer:
     sliding_window: int
     mla: Mla | None = None  # deepseek2: head_dim is then the shared key's width, n_head_kv 1
     kq_scale: float | None = None  # the softmax's scale where it is not 1 / sqrt(head_dim)
+    delta_net: DeltaNet | None = None  # qwen3next: its recurrent layers, the others gated attention
+
+    def is_recurrent(self, layer: int) -> bool:
+        return self.delta_net is not None and self.delta_net.recurrent[layer]
+
+    @property
+    def gated_attention(self) -> bool:
+        """Attention's query projection also gives each head a sigmoid gate on its output (qwen3next)."""
+        return self.arch.arch == "qwen3next"
 
     @property
     def q_width(self) -> int:
@@ -126,11 +161,6 @@ class Transformer:
         """The hyperparameters of ``model``; ModelError names the file and what it lacks."""
         arch = model.arch
         where = str(model.path)
-        if arch in NOT_YET:
-            raise ModelError(
-                f"{where}: architecture {arch!r} is not run end to end yet: its {NOT_YET[arch]} is missing here. "
-                "Its expert pipeline alone runs with --experts-only"
-            )
         spec = ATTENTION.get(arch)
         if spec is None:
             raise ModelError(
@@ -168,6 +198,7 @@ class Transformer:
             key = f"{arch}.attention.sliding_window"
             raise ModelError(f"{where}: metadata key {key!r} is missing; {arch} needs it")
         rope = _rope(keys, spec, mla.rope if mla is not None else head_dim)
+        delta_net = _delta_net(model, keys) if arch == "qwen3next" else None
         return cls(
             arch=spec,
             n_layer=model.n_layer - nextn,
@@ -181,7 +212,35 @@ class Transformer:
             sliding_window=window,
             mla=mla,
             kq_scale=_mla_kq_scale(keys, rope, mla) if mla is not None else None,
+            delta_net=delta_net,
         )
+
+
+def _delta_net(model: MoeModel, keys: ArchKeys) -> DeltaNet:
+    """qwen3next's ssm.* keys and its layers' kinds; ModelError names what does not fit the kernels."""
+    where = str(model.path)
+    k_heads = keys.integer("ssm.group_count")
+    v_heads = keys.integer("ssm.time_step_rank")
+    head_dim = keys.integer("ssm.state_size")
+    inner = keys.integer("ssm.inner_size")
+    conv_kernel = keys.integer("ssm.conv_kernel")
+    if k_heads < 1 or v_heads % k_heads:
+        raise keys.error("ssm.time_step_rank", v_heads, f"a multiple of ssm.group_count ({k_heads})")
+    if inner != v_heads * head_dim:
+        raise ModelError(f"{where}: value heads {inner // max(v_heads, 1)} wide and keys {head_dim} wide differ")
+    if head_dim not in STATE_DIMS:
+        raise ModelError(f"{where}: delta-net heads {head_dim} wide have no kernel here (widths: {STATE_DIMS})")
+    if conv_kernel not in CONV_KERNELS:
+        raise ModelError(f"{where}: a convolution over {conv_kernel} tokens has no kernel here ({CONV_KERNELS})")
+    flags = keys.value("attention.recurrent_layers")
+    if isinstance(flags, list) and len(flags) >= model.n_layer:
+        recurrent = tuple(bool(f) for f in flags[: model.n_layer])
+    else:
+        interval = keys.integer("full_attention_interval", 4)
+        if interval < 1:
+            raise keys.error("full_attention_interval", interval, "a positive integer")
+        recurrent = tuple((i + 1) % interval != 0 for i in range(model.n_layer))
+    return DeltaNet(k_heads, v_heads, head_dim, conv_kernel, recurrent)
 
 
 def _mla(model: MoeModel, keys: ArchKeys) -> Mla:

@@ -18,7 +18,8 @@
 //   fragments; every other target runs one written on mma.cu's matrix-step interface
 //   (v_mfma_f32_16x16x16f16 on AMD CDNA, v_wmma_f32_16x16x16_f16 on RDNA3/RDNA4, and the
 //   interface's generic FMA step elsewhere, so the source compiles and runs on every target).
-// - attn_wide_d*: heads too wide for the kernels above (deepseek2's 576), any number of tokens.
+// - attn_wide_d*: heads too wide for the kernels above (qwen3next's 256, deepseek2's 576), any number
+//   of tokens.
 // - attn_decode_d* + attn_decode_combine: split-K (flash-decoding) for a few tokens: one block per
 //   (chunk of ATTN_DECODE_CHUNK keys, KV head, 8 (token, head) rows) writes each row's m, l and
 //   partial o; blocks whose chunk no row sees return at once. The combine kernel then merges a
@@ -500,8 +501,8 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_decode_fused_d12
 }
 
 // ---------------------------------------------------------------------------------
-// Wide heads (deepseek2's latent attention: one shared KV head of 512 + 64): attn_wide_d*, for any
-// number of tokens. Block (x, g) serves rows x * ATTN_WIDE_ROWS .. of KV head g's n_tokens x group
+// Wide heads (qwen3next's 256; deepseek2's latent attention, one shared KV head of 512 + 64):
+// attn_wide_d*, for any number of tokens. Block (x, g) serves rows x * ATTN_WIDE_ROWS .. of KV head g's n_tokens x group
 // (token, head) rows (decode's order), its 16 threads a row; it stages its rows' queries and tiles
 // of ATTN_WIDE_KEYS keys (the key tile, not the value one, fits 48 KB beside the queries at these
 // widths) and reads each value row straight from the cache, the rows of one tile shared by all the
@@ -641,6 +642,11 @@ __device__ void attn_wide(ATTN_PREFILL_PARAMS) {
         const int w = c + A::TPR * u;
         *(attn_float2*)(out_row + 2 * w) = attn_float2{o[2 * u] * inv, o[2 * u + 1] * inv};
     }
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_wide_d256(ATTN_PREFILL_PARAMS) {
+    KERNEL_PROLOGUE();
+    attn_wide<256>(ATTN_PREFILL_ARGS);
 }
 
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_wide_d576(ATTN_PREFILL_PARAMS) {

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from expertstream.cli import main
 from expertstream.model import make_model
+from expertstream.model.presets import PRESETS
 
 
 @pytest.fixture(scope="module")
@@ -66,12 +68,13 @@ def test_bad_input_is_one_line_naming_the_problem(
     assert out == ""  # the prompt is not echoed before its refusal
 
 
-def test_a_file_of_an_architecture_not_run_whole_is_refused_at_open(
+def test_a_file_whose_attention_has_no_kernel_is_refused_at_open(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path = make_model("tiny-qwen3next", "Q8_0", tmp_path / "next.gguf")
+    preset = dataclasses.replace(PRESETS["tiny"], name="tiny-96", head_dim=96)
+    path = make_model(preset, "Q8_0", tmp_path / "96.gguf")
     code, _, err = _run(capsys, "generate", "-m", str(path), "-p", "hi", "--backend", "sim")
-    assert code == 2 and "gated delta-net" in err and "--experts-only" in err
+    assert code == 2 and "heads are 96 wide" in err and "--experts-only" in err
 
 
 def test_a_missing_model_file_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -80,7 +83,14 @@ def test_a_missing_model_file_is_named(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 # Every architecture run end to end through both commands (the qwen3moe one is tiny_model's, above).
-OTHER_FIRST_GROUP = ["tiny-mixtral", "tiny-qwen2moe", "tiny-gpt-oss", "tiny-glm4moe", "tiny-deepseek2"]
+OTHER_FIRST_GROUP = [
+    "tiny-mixtral",
+    "tiny-qwen2moe",
+    "tiny-gpt-oss",
+    "tiny-glm4moe",
+    "tiny-deepseek2",
+    "tiny-qwen3next",
+]
 
 
 @pytest.mark.parametrize("preset", OTHER_FIRST_GROUP)

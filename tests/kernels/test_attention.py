@@ -72,6 +72,7 @@ CASES = [
     Case(200, 57, 4, 4, 64, sinks=True),
     Case(1, 70, 16, 1, 576, extra_rows=5),  # deepseek2's latent attention: one shared key-value head
     Case(40, 10, 4, 1, 576, extra_rows=20),
+    Case(20, 30, 16, 2, 256, extra_rows=3),  # qwen3next's full attention
 ]
 
 

@@ -51,7 +51,7 @@ static void launch(unsigned gx, unsigned gy, unsigned gz, unsigned threads, cons
     }
 }
 
-// argv: mode (0 SIMT prefill, 1 matrix-core prefill, 2 decode, 4 the wide kernel (576), 3 fused decode:
+// argv: mode (0 SIMT prefill, 1 matrix-core prefill, 2 decode, 4 the wide kernels (256, 576), 3 fused decode:
 // twice, its blocks in reverse
 // order, each partial NaN before; exit 4 where a block's count is not the blocks of its group run so far
 // (0 after the last), 3 where a counter is not back to 0). stdin: n_tokens, kv_len,
@@ -74,8 +74,9 @@ int main(int argc, char** argv) {
     if (mode == 4) {
         const int group = n_head / n_head_kv;
         launch((n_tokens * group + ATTN_WIDE_ROWS - 1) / ATTN_WIDE_ROWS, n_head_kv, 1, ATTN_THREADS, [&] {
-            attn_wide_d576(q.data(), k.data(), v.data(), out.data(), positions.data(), sinks_at, n_tokens, kv_len,
-                           n_head, n_head_kv, window, scale);
+            (head_dim == 576 ? attn_wide_d576 : attn_wide_d256)(q.data(), k.data(), v.data(), out.data(),
+                                                                positions.data(), sinks_at, n_tokens, kv_len, n_head,
+                                                                n_head_kv, window, scale);
         });
     } else if (mode < 2) {
         Prefill prefill[2][2] = {{attn_prefill_simt_d64, attn_prefill_simt_d128},
@@ -175,6 +176,7 @@ def run_on_host(binary: Path, mode: int, case: Case, rng: np.random.Generator) -
         (WIDE, Case(1, 40, 16, 1, 576, extra_rows=9)),  # deepseek2's decode: 16 heads, one shared latent key
         (WIDE, Case(21, 3, 4, 1, 576, extra_rows=30)),
         (WIDE, Case(5, 60, 4, 2, 576, window=20, sinks=True)),
+        (WIDE, Case(19, 7, 16, 2, 256, extra_rows=4)),  # qwen3next's full attention
     ],
     ids=str,
 )

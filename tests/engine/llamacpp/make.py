@@ -49,6 +49,7 @@ PRESETS = (
     "tiny-gpt-oss",
     "tiny-glm4moe",
     "tiny-deepseek2",
+    "tiny-qwen3next",
     *VARIANTS,
     *TYPES,
 )
