@@ -158,11 +158,15 @@ def test_bad_input_is_refused_with_a_clear_error(backend: Backend, made: dict[st
         Model.open(odd, backend=backend)
 
 
-def test_replayed_decode_steps_give_the_tokens_the_issued_ones_give(backend: Backend, made: dict[str, Path]) -> None:
+# gpt-oss's sliding window and sinks; deepseek2's latent cache; qwen3next's recurrent states
+@pytest.mark.parametrize("preset", ["tiny-gpt-oss", "tiny-deepseek2", "tiny-qwen3next"])
+def test_replayed_decode_steps_give_the_tokens_the_issued_ones_give(
+    backend: Backend, made: dict[str, Path], preset: str
+) -> None:
     greedy = Sampling(temperature=0)
     runs = {}
     for graphs in (False, True):
-        with Model.open(made["tiny-gpt-oss"], backend=backend, graphs=graphs, host_memory="pinned") as model:
+        with Model.open(made[preset], backend=backend, graphs=graphs, host_memory="pinned") as model:
             runs[graphs] = [g.token for g in model.generate("the quick brown fox", 12, greedy)]
             paths = model.decode_path
         assert paths == ("graph" if graphs else "calls")
