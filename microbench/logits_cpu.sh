@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # expertstream's logits on the simulator against llama.cpp's CPU build, on make-model's tiny presets of every
-# first-group architecture (Q8_0, seed 3) and a 2-layer qwen3-30b-a3b Q4_K_M file: a 512-token prompt (128 for
+# architecture run end to end (Q8_0, seed 3) and a 2-layer qwen3-30b-a3b Q4_K_M file: a 512-token prompt (128 for
 # the 2-layer file) and 64 greedy steps (8) that llama.cpp chose, fed to both. Prints tools/logits_check.py's
-# summary per file. Results: docs/results/model-cpu.md.
-# usage: microbench/logits_cpu.sh LLAMACPP_LOGITS WORK_DIR     (from the repository root)
+# summary per file. With SECOND set, only the second group's files instead: the tiny deepseek2 and qwen3next
+# presets, and the real shapes of DeepSeek-V2-Lite (2 layers, Q4_K_M: a dense layer, then MoE; 576-wide
+# latent keys) and Qwen3-Next-80B-A3B (4 layers, Q4_0: three delta-net layers, then gated attention).
+# Results: docs/results/model-cpu.md.
+# usage: [SECOND=1] microbench/logits_cpu.sh LLAMACPP_LOGITS WORK_DIR     (from the repository root)
 set -euo pipefail
 tool=${1:?usage: logits_cpu.sh LLAMACPP_LOGITS WORK_DIR}
 work=${2:?usage: logits_cpu.sh LLAMACPP_LOGITS WORK_DIR}
@@ -19,6 +22,14 @@ check() {  # NAME PRESET TYPE LAYERS N_PROMPT N_GEN UBATCH
     python3 tools/logits_check.py -m "$model" --ref "$work/$name-llama-cpu" -o "$work/$name-ours" --backend sim \
         --ubatch "$7" | sed "s/^/$name (ubatch $7): /"
 }
+if [[ -n ${SECOND:-} ]]; then
+    for preset in tiny-deepseek2 tiny-qwen3next; do
+        check "$preset" "$preset" Q8_0 "" 512 64 512
+    done
+    check deepseek-v2-lite-2L deepseek-v2-lite Q4_K_M 2 128 8 64
+    check qwen3-next-80b-a3b-4L qwen3-next-80b-a3b Q4_0 4 128 8 64
+    exit 0
+fi
 for preset in tiny tiny-mixtral tiny-qwen2moe tiny-gpt-oss tiny-glm4moe; do
     check "$preset" "$preset" Q8_0 "" 512 64 512
 done
