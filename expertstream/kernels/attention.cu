@@ -379,17 +379,18 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_decode_d128(ATTN
 // keys a row has 512 chunks: one strand of them was a chain of 1024 dependent loads per thread, in a launch
 // of only n_head blocks for a token. P is how the partials are read: const float* __restrict__ in
 // attn_decode_combine, const volatile float* in attn_decode_fused_d*, where other blocks of the same
-// launch wrote them (no read-only cache path, no load the compiler may reuse).
+// launch wrote them (no read-only cache path, no load the compiler may reuse). MAX_D: the widest head its
+// strands hold (the fused kernels' own D).
 #define ATTN_COMBINE_STRANDS 4
-#define ATTN_COMBINE_MAX_D 128  // head_dim at most (the decode kernels' widest)
-template <typename P>
+#define ATTN_COMBINE_MAX_D 576  // head_dim at most (the wide decode kernels' widest)
+template <typename P, int MAX_D>
 __device__ void attn_combine_row(P partial_ml, P partial_o, const int* __restrict__ positions,
                                  const float* __restrict__ sinks,
                                  float* __restrict__ out, int t, int h, int n_tokens, int kv_len, int n_head,
                                  int window, int n_chunks, int head_dim) {
     __shared__ float strand_top[ATTN_COMBINE_STRANDS];
     __shared__ float strand_l[ATTN_COMBINE_STRANDS];
-    __shared__ float strand_o[ATTN_COMBINE_STRANDS * ATTN_COMBINE_MAX_D];
+    __shared__ float strand_o[ATTN_COMBINE_STRANDS * MAX_D];
     const int tid = threadIdx.x;
     int lo, hi;
     attn_visible(positions, t, n_tokens, kv_len, window, &lo, &hi);
@@ -451,8 +452,9 @@ extern "C" __global__ void attn_decode_combine(const float* __restrict__ partial
                                                int n_tokens, int kv_len, int n_head, int window, int n_chunks,
                                                int head_dim) {
     KERNEL_PROLOGUE();
-    attn_combine_row<const float* __restrict__>(partial_ml, partial_o, positions, sinks, out, blockIdx.y, blockIdx.x,
-                                                n_tokens, kv_len, n_head, window, n_chunks, head_dim);
+    attn_combine_row<const float* __restrict__, ATTN_COMBINE_MAX_D>(partial_ml, partial_o, positions, sinks, out,
+                                                                    blockIdx.y, blockIdx.x, n_tokens, kv_len, n_head,
+                                                                    window, n_chunks, head_dim);
 }
 
 // attn_decode_d* then attn_decode_combine in one launch (the grid and block of attn_decode_d*): each block
@@ -482,7 +484,7 @@ __device__ void attn_decode_fused(ATTN_DECODE_PARAMS, const float* __restrict__ 
         if (row / group >= n_tokens) {
             break;
         }
-        attn_combine_row<const volatile float*>(partial_ml, partial_o, positions, sinks, out, row / group,
+        attn_combine_row<const volatile float*, D>(partial_ml, partial_o, positions, sinks, out, row / group,
                                                 blockIdx.y * group + row % group, n_tokens, kv_len, n_head, window,
                                                 n_chunks, D);
     }
@@ -519,6 +521,7 @@ template <int D> struct AttnWide {
     static const int Q_LD = D + 1;
     static const int K_LD = D / 2 + 1;  // words per key row: odd, the rows a warp reads in distinct banks
     static_assert(TPR == ATTN_WIDE_KEYS && (D / 2) % TPR == 0 && D % 8 == 0, "a key a thread, even split");
+    static_assert(ATTN_DECODE_CHUNK % ATTN_WIDE_KEYS == 0, "decode chunks hold whole tiles");
 
     struct Shared {
         float q[ATTN_WIDE_ROWS * Q_LD];
@@ -531,17 +534,22 @@ template <int D> struct AttnWide {
     };
 };
 
+// The block's rows (row_block * ATTN_WIDE_ROWS .. of KV head g's n_tokens x group rows) over cache rows
+// [key_begin, key_end): leaves this thread's row's m, l and unnormalized o (its 2 * WORDS values) and
+// the row's token (-1: none) and head.
 template <int D>
-__device__ void attn_wide(ATTN_PREFILL_PARAMS) {
+__device__ void attn_wide_rows(typename AttnWide<D>::Shared& sh, const float* __restrict__ q,
+                               const unsigned short* __restrict__ k_cache, const unsigned short* __restrict__ v_cache,
+                               const int* __restrict__ positions, int n_tokens, int kv_len, int n_head,
+                               int n_head_kv, int window, float scale, int row_block, int g, int key_begin,
+                               int key_end, float* m_out, float* l_out, float* o) {
     typedef AttnWide<D> A;
-    __shared__ typename A::Shared sh;
     const int tid = threadIdx.x;
     const int r = tid / A::TPR;
     const int c = tid % A::TPR;
-    const int g = blockIdx.y;
     const int group = n_head / n_head_kv;
     if (tid < ATTN_WIDE_ROWS) {
-        const int row = blockIdx.x * ATTN_WIDE_ROWS + tid;
+        const int row = row_block * ATTN_WIDE_ROWS + tid;
         sh.token[tid] = row / group < n_tokens ? row / group : -1;
         sh.head[tid] = g * group + row % group;
         attn_visible(positions, sh.token[tid], n_tokens, kv_len, window, &sh.lo[tid], &sh.hi[tid]);
@@ -552,12 +560,12 @@ __device__ void attn_wide(ATTN_PREFILL_PARAMS) {
         const int t = sh.token[rr];
         sh.q[rr * A::Q_LD + i % D] = t >= 0 ? q[((long long)t * n_head + sh.head[rr]) * D + i % D] : 0.0f;
     }
-    int first = kv_len;
-    int last = -1;
+    int first = key_end;
+    int last = key_begin - 1;
     for (int i = 0; i < ATTN_WIDE_ROWS; ++i) {
         if (sh.lo[i] <= sh.hi[i]) {
-            first = min(first, sh.lo[i]);
-            last = max(last, sh.hi[i]);
+            first = min(first, max(sh.lo[i], key_begin));
+            last = max(last, min(sh.hi[i], key_end - 1));
         }
     }
     const int row_lo = sh.lo[r];
@@ -565,7 +573,6 @@ __device__ void attn_wide(ATTN_PREFILL_PARAMS) {
     const float* q_row = sh.q + r * A::Q_LD;
     float m = ATTN_NEG_INF;
     float l = 0.0f;
-    float o[2 * A::WORDS];
 #pragma unroll
     for (int i = 0; i < 2 * A::WORDS; ++i) {
         o[i] = 0.0f;
@@ -629,6 +636,20 @@ __device__ void attn_wide(ATTN_PREFILL_PARAMS) {
             }
         }
     }
+    *m_out = m;
+    *l_out = l;
+}
+
+// Prefill (any number of tokens): block (x, g) takes row block x over every cache row and writes out.
+template <int D>
+__device__ void attn_wide(ATTN_PREFILL_PARAMS) {
+    typedef AttnWide<D> A;
+    __shared__ typename A::Shared sh;
+    float m, l, o[2 * A::WORDS];
+    attn_wide_rows<D>(sh, q, k_cache, v_cache, positions, n_tokens, kv_len, n_head, n_head_kv, window, scale,
+                      blockIdx.x, blockIdx.y, 0, kv_len, &m, &l, o);
+    const int r = threadIdx.x / A::TPR;
+    const int c = threadIdx.x % A::TPR;
     const int t = sh.token[r];
     if (t < 0) {
         return;
@@ -644,6 +665,46 @@ __device__ void attn_wide(ATTN_PREFILL_PARAMS) {
     }
 }
 
+// Split-K decode with attn_decode_d*'s grid, arguments and partials (attn_decode_combine merges them):
+// block (chunk, g, z) takes row block z over keys [chunk * ATTN_DECODE_CHUNK, + ATTN_DECODE_CHUNK).
+template <int D>
+__device__ void attn_wide_decode(ATTN_DECODE_PARAMS) {
+    typedef AttnWide<D> A;
+    __shared__ typename A::Shared sh;
+    const int chunk = blockIdx.x;
+    const int key_begin = chunk * ATTN_DECODE_CHUNK;
+    const int group = n_head / n_head_kv;
+    // Every thread decides alike whether any row sees this chunk, so the block returns as one.
+    bool seen = false;
+    for (int rr = 0; rr < ATTN_WIDE_ROWS; ++rr) {
+        int lo, hi;
+        attn_visible(positions, (blockIdx.z * ATTN_WIDE_ROWS + rr) / group, n_tokens, kv_len, window, &lo, &hi);
+        seen = seen || (lo <= hi && lo < key_begin + ATTN_DECODE_CHUNK && hi >= key_begin);
+    }
+    if (!seen) {
+        return;
+    }
+    float m, l, o[2 * A::WORDS];
+    attn_wide_rows<D>(sh, q, k_cache, v_cache, positions, n_tokens, kv_len, n_head, n_head_kv, window, scale,
+                      blockIdx.z, blockIdx.y, key_begin, key_begin + ATTN_DECODE_CHUNK, &m, &l, o);
+    const int r = threadIdx.x / A::TPR;
+    const int c = threadIdx.x % A::TPR;
+    if (sh.token[r] < 0) {
+        return;
+    }
+    const long long at = ((long long)sh.token[r] * n_head + sh.head[r]) * n_chunks + chunk;
+    if (c == 0) {
+        partial_ml[2 * at] = m;
+        partial_ml[2 * at + 1] = l;
+    }
+    float* o_row = partial_o + at * D;
+#pragma unroll
+    for (int u = 0; u < A::WORDS; ++u) {
+        const int w = c + A::TPR * u;
+        *(attn_float2*)(o_row + 2 * w) = attn_float2{o[2 * u], o[2 * u + 1]};
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_wide_d256(ATTN_PREFILL_PARAMS) {
     KERNEL_PROLOGUE();
     attn_wide<256>(ATTN_PREFILL_ARGS);
@@ -652,6 +713,16 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_wide_d256(ATTN_P
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_wide_d576(ATTN_PREFILL_PARAMS) {
     KERNEL_PROLOGUE();
     attn_wide<576>(ATTN_PREFILL_ARGS);
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_wide_decode_d256(ATTN_DECODE_PARAMS) {
+    KERNEL_PROLOGUE();
+    attn_wide_decode<256>(ATTN_DECODE_ARGS);
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_wide_decode_d576(ATTN_DECODE_PARAMS) {
+    KERNEL_PROLOGUE();
+    attn_wide_decode<576>(ATTN_DECODE_ARGS);
 }
 
 // ---------------------------------------------------------------------------------

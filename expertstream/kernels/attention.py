@@ -49,6 +49,7 @@ MMA_ROWS = 64  # queries per block of the matrix-core prefill
 DECODE_ROWS = 8  # (token, head) rows per decode block
 DECODE_CHUNK = 32  # keys per decode block (one token over a 512-row cache: 16 chunks a KV head)
 COMBINE_STRANDS = 4  # threads per (row, d) of the decode combine, each adding every 4th chunk (attention.cu)
+COMBINE_MAX_THREADS = 1024  # a block's limit: wider heads' (strand, d) pairs take turns (the bytes do not change)
 DECODE_MAX_TOKENS = 8  # up to this many tokens take the split-K decode
 FUSED_MAX_CHUNKS = 64  # decode combines in its own launch up to this many chunks (2048 cache rows)
 HEAD_DIMS = (64, 128)  # head dims with a kernel instance
@@ -93,9 +94,7 @@ _COUNTERS = "attention_counters"
 
 def reserve_decode(kernels: MoeKernels, n_tokens: int, n_head: int, n_head_kv: int, head_dim: int, kv_len: int) -> None:
     """Take now the scratch and counters decode calls of up to these shapes use, so that a call
-    captured into a graph later (a capture may not allocate) finds them. The wide kernel takes none."""
-    if head_dim in WIDE_DIMS:
-        return
+    captured into a graph later (a capture may not allocate) finds them."""
     kernels.scratch(_SCRATCH, decode_scratch_bytes(n_tokens, n_head, head_dim, kv_len))
     kernels.zeroed(_COUNTERS, decode_counters(n_tokens, n_head, n_head_kv) * 4)
 
@@ -133,7 +132,8 @@ def attention(
     bound: a captured decode step replays with kv_len = the cache size and reads only rows <= its
     position). sinks (float32 [n_head], gpt-oss) is one extra logit per head in the softmax's
     denominator that contributes no value. A query that sees no row gets zeros. Head dims: HEAD_DIMS,
-    and WIDE_DIMS through one kernel for prefill and decode alike.
+    and WIDE_DIMS on kernels of their own: one for prefill, a split-K one for decode (its partials
+    merged by the same combine, never fused).
     """
     call = "attention"
     positive(call, n_tokens=n_tokens, kv_len=kv_len, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim)
@@ -147,7 +147,8 @@ def attention(
     pos_view = view(call, "positions", positions, n_tokens * 4)
     sinks_arg = np.uint64(0) if sinks is None else view(call, "sinks", sinks, n_head * 4)
     shape = (np.int32(n_tokens), np.int32(kv_len), np.int32(n_head), np.int32(n_head_kv), np.int32(window))
-    if head_dim in WIDE_DIMS:
+    wide = head_dim in WIDE_DIMS
+    if wide and n_tokens > DECODE_MAX_TOKENS:
         stream.launch(
             kernels.kernel(f"attn_wide_d{head_dim}"),
             (-(-n_tokens * (n_head // n_head_kv) // WIDE_ROWS), n_head_kv),
@@ -174,16 +175,17 @@ def attention(
     group = n_head // n_head_kv
     grid = (n_chunks, n_head_kv, -(-n_tokens * group // DECODE_ROWS))
     decode_args = (*views, partial_ml, partial_o, pos_view, *shape, np.float32(scale), np.int32(n_chunks))
-    if fused and n_chunks <= FUSED_MAX_CHUNKS:
+    if fused and n_chunks <= FUSED_MAX_CHUNKS and not wide:
         counters = kernels.zeroed(_COUNTERS, decode_counters(n_tokens, n_head, n_head_kv) * 4)
         fused_args = (*decode_args, sinks_arg, out_view, counters)
         stream.launch(kernels.kernel(f"attn_decode_fused_d{head_dim}"), grid, THREADS, fused_args)
         return
-    stream.launch(kernels.kernel(f"attn_decode_d{head_dim}"), grid, THREADS, decode_args)
+    chunks = f"attn_wide_decode_d{head_dim}" if wide else f"attn_decode_d{head_dim}"
+    stream.launch(kernels.kernel(chunks), grid, THREADS, decode_args)
     stream.launch(
         kernels.kernel("attn_decode_combine"),
         (n_head, n_tokens),
-        head_dim * COMBINE_STRANDS,
+        min(head_dim * COMBINE_STRANDS, COMBINE_MAX_THREADS),
         (
             partial_ml,
             partial_o,

@@ -181,12 +181,20 @@ def twin_specs() -> list[KernelSpec]:
             "attn_decode_combine", _combine_run, _accesses((0, 1, 2, 3), (4,)), lambda a: 3.0 * float(a[4].nbytes)
         ),
     ]
-    for head_dim in WIDE_DIMS:  # one kernel for every number of tokens, the prefill's arguments
+    for head_dim in WIDE_DIMS:  # the prefill's and the decode's arguments, as those kernels'
         specs.append(
             KernelSpec(
                 f"attn_wide_d{head_dim}",
                 _prefill_runner(head_dim),
                 _accesses((0, 1, 2, 4, 5), (3,)),
+                _attention_flops,
+            )
+        )
+        specs.append(
+            KernelSpec(
+                f"attn_wide_decode_d{head_dim}",
+                _decode_runner(head_dim),
+                _accesses((0, 1, 2, 5), (3, 4)),
                 _attention_flops,
             )
         )

@@ -73,6 +73,8 @@ CASES = [
     Case(1, 70, 16, 1, 576, extra_rows=5),  # deepseek2's latent attention: one shared key-value head
     Case(40, 10, 4, 1, 576, extra_rows=20),
     Case(20, 30, 16, 2, 256, extra_rows=3),  # qwen3next's full attention
+    Case(3, 600, 8, 1, 576, extra_rows=20),  # the wide split-K decode over 19 chunks
+    Case(2, 40, 16, 2, 256, window=16, sinks=True),
 ]
 
 

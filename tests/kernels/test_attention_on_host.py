@@ -26,7 +26,7 @@ from expertstream.kernels.program import source_file
 from .test_attention import RTOL_F16, RTOL_F32, Case, make_inputs_on_host, worst_row_error
 from .test_kernels_on_host import _FIBERS, CXX, build_on_host
 
-SIMT, MATRIX_GENERIC, DECODE, FUSED_DECODE, WIDE = 0, 1, 2, 3, 4
+SIMT, MATRIX_GENERIC, DECODE, FUSED_DECODE, WIDE, WIDE_DECODE = 0, 1, 2, 3, 4, 5
 
 _DRIVER = (
     _FIBERS
@@ -51,7 +51,8 @@ static void launch(unsigned gx, unsigned gy, unsigned gz, unsigned threads, cons
     }
 }
 
-// argv: mode (0 SIMT prefill, 1 matrix-core prefill, 2 decode, 4 the wide kernels (256, 576), 3 fused decode:
+// argv: mode (0 SIMT prefill, 1 matrix-core prefill, 2 decode, 4 the wide kernels (256, 576), 5 their split-K
+// decode and the combine, 3 fused decode:
 // twice, its blocks in reverse
 // order, each partial NaN before; exit 4 where a block's count is not the blocks of its group run so far
 // (0 after the last), 3 where a counter is not back to 0). stdin: n_tokens, kv_len,
@@ -117,6 +118,20 @@ int main(int argc, char** argv) {
             }
             if (pass == 0) fwrite(out.data(), sizeof(float), out.size(), stdout);  // the second after the branches
         }
+    } else if (mode == 5) {
+        const int n_chunks = (kv_len + ATTN_DECODE_CHUNK - 1) / ATTN_DECODE_CHUNK;
+        const int group = n_head / n_head_kv;
+        std::vector<float> ml((size_t)n_tokens * n_head * n_chunks * 2, NAN);
+        std::vector<float> partial((size_t)n_tokens * n_head * n_chunks * head_dim, NAN);
+        launch(n_chunks, n_head_kv, (n_tokens * group + ATTN_WIDE_ROWS - 1) / ATTN_WIDE_ROWS, ATTN_THREADS, [&] {
+            (head_dim == 576 ? attn_wide_decode_d576 : attn_wide_decode_d256)(
+                q.data(), k.data(), v.data(), ml.data(), partial.data(), positions.data(), n_tokens, kv_len, n_head,
+                n_head_kv, window, scale, n_chunks);
+        });
+        launch(n_head, n_tokens, 1, std::min(head_dim * ATTN_COMBINE_STRANDS, 1024), [&] {
+            attn_decode_combine(ml.data(), partial.data(), positions.data(), sinks_at, out.data(), n_tokens, kv_len,
+                                n_head, window, n_chunks, head_dim);
+        });
     } else {
         Decode decode[2] = {attn_decode_d64, attn_decode_d128};
         const int n_chunks = (kv_len + ATTN_DECODE_CHUNK - 1) / ATTN_DECODE_CHUNK;
@@ -177,6 +192,9 @@ def run_on_host(binary: Path, mode: int, case: Case, rng: np.random.Generator) -
         (WIDE, Case(21, 3, 4, 1, 576, extra_rows=30)),
         (WIDE, Case(5, 60, 4, 2, 576, window=20, sinks=True)),
         (WIDE, Case(19, 7, 16, 2, 256, extra_rows=4)),  # qwen3next's full attention
+        (WIDE_DECODE, Case(1, 300, 16, 1, 576, extra_rows=40)),  # deepseek2's decode over 10 chunks
+        (WIDE_DECODE, Case(3, 70, 4, 1, 576, window=50, sinks=True, extra_rows=9)),
+        (WIDE_DECODE, Case(2, 100, 16, 2, 256, extra_rows=100)),
     ],
     ids=str,
 )
@@ -192,7 +210,7 @@ def test_the_launcher_gives_the_combine_its_strands() -> None:
     """attention.py launches head_dim * COMBINE_STRANDS threads per combine block, the strands attention.cu adds."""
     source = source_file("attention.cu")
     assert f"#define ATTN_COMBINE_STRANDS {attention.COMBINE_STRANDS}\n" in source
-    assert f"#define ATTN_COMBINE_MAX_D {max(attention.HEAD_DIMS)} " in source
+    assert f"#define ATTN_COMBINE_MAX_D {max(attention.HEAD_DIMS + attention.WIDE_DIMS)} " in source
 
 
 @pytest.mark.parametrize(
