@@ -10,6 +10,7 @@ import pytest
 from expertstream.cli import main
 from expertstream.model import make_model
 from expertstream.model.presets import PRESETS
+from tests.engine.llamacpp.make import WHOLE
 
 
 @pytest.fixture(scope="module")
@@ -83,18 +84,11 @@ def test_a_missing_model_file_is_named(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 # Every architecture run end to end through both commands (the qwen3moe one is tiny_model's, above).
-OTHER_FIRST_GROUP = [
-    "tiny-mixtral",
-    "tiny-qwen2moe",
-    "tiny-gpt-oss",
-    "tiny-glm4moe",
-    "tiny-deepseek2",
-    "tiny-qwen3next",
-]
+OTHER_WHOLE = [name for name in WHOLE if name != "tiny"]
 
 
-@pytest.mark.parametrize("preset", OTHER_FIRST_GROUP)
-def test_generate_and_perplexity_run_every_first_group_architecture(
+@pytest.mark.parametrize("preset", OTHER_WHOLE)
+def test_generate_and_perplexity_run_every_architecture(
     preset: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = make_model(preset, "Q8_0", tmp_path / f"{preset}.gguf", seed=3)

@@ -19,24 +19,15 @@ from expertstream.kernels import MoeKernels, layout
 from expertstream.model import ModelError, MoeModel, make_model
 from expertstream.model.presets import PRESETS
 from expertstream.scheduler import Scheduler
+from tests.engine.llamacpp.make import WHOLE
 
-# every architecture run end to end: the first group, deepseek2 and qwen3next
-FIRST_GROUP = [
-    "tiny",
-    "tiny-mixtral",
-    "tiny-qwen2moe",
-    "tiny-gpt-oss",
-    "tiny-glm4moe",
-    "tiny-deepseek2",
-    "tiny-qwen3next",
-]
 PROMPT = 40
 
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("whole")
-    return {p: make_model(p, "Q8_0", folder / f"{p}.gguf", seed=3) for p in FIRST_GROUP}
+    return {p: make_model(p, "Q8_0", folder / f"{p}.gguf", seed=3) for p in WHOLE}
 
 
 def _tokens(n: int, n_vocab: int, seed: int = 0) -> np.ndarray:
@@ -68,7 +59,7 @@ def _logits(
 
 
 @pytest.mark.parametrize("gemv", [False, True], ids=["tile", "gemv"])
-@pytest.mark.parametrize("preset", FIRST_GROUP)
+@pytest.mark.parametrize("preset", WHOLE)
 def test_decode_steps_give_the_logits_a_longer_prompt_gives(
     backend: Backend, made: dict[str, Path], preset: str, gemv: bool
 ) -> None:
@@ -92,7 +83,7 @@ def test_decode_steps_give_the_logits_a_longer_prompt_gives(
         assert (below_top == 0).all(), below_top.tolist()  # greedy picks what the longer prompt says
 
 
-@pytest.mark.parametrize("preset", FIRST_GROUP)
+@pytest.mark.parametrize("preset", WHOLE)
 def test_layer_major_and_ubatch_major_prefill_give_the_same_bytes(
     backend: Backend, made: dict[str, Path], preset: str
 ) -> None:

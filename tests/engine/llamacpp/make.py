@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from expertstream.engine.hparams import ATTENTION
 from expertstream.model import make_model
 from expertstream.model.presets import PRESETS as MODEL_PRESETS
 from expertstream.model.presets import ModelPreset, Yarn
@@ -42,17 +43,9 @@ VARIANTS = {
 # files' rows, decode on the int8 activations of the matrix-vector kernels (layout.GEMV_INT8_TYPES),
 # as llama.cpp's CPU rows take q8_K and q8_0 activations.
 TYPES = {"tiny-q4km": ("tiny", "Q4_K_M")}
-PRESETS = (
-    "tiny",
-    "tiny-mixtral",
-    "tiny-qwen2moe",
-    "tiny-gpt-oss",
-    "tiny-glm4moe",
-    "tiny-deepseek2",
-    "tiny-qwen3next",
-    *VARIANTS,
-    *TYPES,
-)
+# make-model's tiny preset of every architecture run end to end
+WHOLE = tuple(name for name, p in MODEL_PRESETS.items() if name.startswith("tiny") and p.arch in ATTENTION)
+PRESETS = (*WHOLE, *VARIANTS, *TYPES)
 N_PROMPT, N_GEN, SEED = 128, 16, 3
 
 
