@@ -14,7 +14,7 @@ from ..engine.perplexity import perplexity
 from ..engine.sampling import Sampling
 from ..errors import InvalidArgument
 from ..hostmem import HostMemoryMode
-from .tools import EXIT_STATUS_HELP, HelpFormatter, option_type
+from .tools import EXIT_STATUS_HELP, HelpFormatter, option_type, writable_path, write_trace
 
 
 def register(subparsers: Any) -> None:
@@ -36,6 +36,12 @@ def register(subparsers: Any) -> None:
     generate.add_argument("--top-k", type=int, default=40, help="keep the K most likely tokens (0: all)")
     generate.add_argument("--top-p", type=float, default=0.95, help="keep the most likely tokens up to P")
     generate.add_argument("--seed", type=int, default=None, help="seed of the draws (default: a fresh one)")
+    generate.add_argument(
+        "--trace",
+        metavar="FILE.json",
+        help="write a Chrome/Perfetto trace of every copy and kernel per stream, prefill and decode "
+        "(`expertstream plot` draws it)",
+    )
     generate.set_defaults(run=_generate)
 
     ppl = subparsers.add_parser(
@@ -152,14 +158,19 @@ def _generate(args: argparse.Namespace, command_line: str) -> int:
     path = _model_path(args)
     text = args.prompt if args.prompt is not None else _read_text(args.file)
     sampling = Sampling(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    trace = None if args.trace is None else writable_path(args.trace, "--trace")
     with _open(args, path) as model:
         pieces = model.generate(text, args.n_predict, sampling)  # bad input is refused here, before any output
+        if trace is not None:
+            model.backend.start_trace()
         sys.stdout.write(text)
         for piece in pieces:
             sys.stdout.write(piece.text)
             sys.stdout.flush()
         sys.stdout.write("\n")
         stats, decode_path = model.last_stats, model.decode_path
+        if trace is not None:
+            write_trace(model.backend, _about(model, command_line), trace)
     err = sys.stderr
     prompt_s, n_prompt = stats["prompt_s"], int(stats["prompt_tokens"])
     print(f"\nseed: {int(stats['seed'])}", file=err)
@@ -171,6 +182,20 @@ def _generate(args: argparse.Namespace, command_line: str) -> int:
         how = "one captured step replayed" if decode_path == "graph" else "calls issued per step"
         print(f"decode steps: {how}", file=err)
     return 0
+
+
+def _about(model: Model, command_line: str) -> dict[str, Any]:
+    """What ran a trace, as prefill's traces say it."""
+    backend = model.backend
+    profile = backend.describe().get("profile")
+    return {
+        "backend": backend.name,
+        "device": model.devices[0].name,
+        "profile": profile["name"] if profile else None,
+        "timing_only": not backend.host.holds_data,
+        "model": model.model.summary(),
+        "command_line": command_line,
+    }
 
 
 def _timing(what: str, seconds: float, count: int, unit: str) -> str:

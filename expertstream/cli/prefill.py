@@ -42,7 +42,6 @@ from ..hostmem import (
 from ..kernels.layout import MatrixPath
 from ..model import PRESETS, MoeModel, make_model
 from ..scheduler import check_slots
-from ..timeline import to_chrome_trace
 from .config import AUTO, PREDICTED_MODES, RunConfig
 from .estimate import SAY_FROM_S, numpy_seconds
 from .make_model import expert_type_option, open_model
@@ -61,6 +60,7 @@ from .tools import (
     progress_bar,
     scratch_folder,
     write_out,
+    write_trace,
 )
 
 FORMATS = ("text", "md", "csv", "json", "jsonl")
@@ -595,8 +595,7 @@ def _say_if_long(model: MoeModel, runs: list[Settings]) -> None:
 def _write_trace(backend: Backend, header: dict[str, Any], path: Path) -> None:
     """The Chrome trace, with what ran it (backend, device, profile, model) for `expertstream plot`."""
     keys = ("backend", "device", "profile", "timing_only", "model", "command_line")
-    trace = {**to_chrome_trace(backend.timeline or ()), "otherData": {k: header[k] for k in keys}}
-    path.write_text(json.dumps(trace), encoding="utf-8")
+    write_trace(backend, {k: header[k] for k in keys}, path)
 
 
 def _prediction_profile(config: RunConfig, backend: Backend, device: Device, model: MoeModel) -> Profile | None:

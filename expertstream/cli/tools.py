@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import enum
+import json
 import logging
 import os
 import shutil
@@ -26,6 +27,7 @@ from ..backends import ENV_VAR, available_backends
 from ..backends import backend as _backend
 from ..backends.base import Backend
 from ..errors import ExpertStreamError
+from ..timeline import to_chrome_trace
 
 log = logging.getLogger(__name__)
 
@@ -326,3 +328,10 @@ __all__ = [
     "writable_path",
     "write_out",
 ]
+
+
+def write_trace(backend: Backend, about: dict[str, Any], path: Path) -> None:
+    """The backend's timeline as a Chrome/Perfetto trace at ``path``, with ``about`` (what ran it: backend,
+    device, profile, timing_only, model, command_line) as its otherData, for `expertstream plot`."""
+    trace = {**to_chrome_trace(backend.timeline or ()), "otherData": about}
+    path.write_text(json.dumps(trace), encoding="utf-8")

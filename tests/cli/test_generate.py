@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,23 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
     code = main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def test_generate_writes_a_trace_of_its_prefill_and_decode(
+    tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "trace.json"
+    prompt = "the quick brown fox jumps over the lazy dog, again and again"  # more tokens than a decode step
+    argv = ("generate", "-m", str(tiny_model), "-p", prompt, "-n", "3", "--temp", "0", "--backend", "sim")
+    code, out, err = _run(capsys, *argv, "--trace", str(trace))
+    assert code == 0, err
+    doc = json.loads(trace.read_text())
+    assert doc["otherData"]["backend"] == "sim" and doc["otherData"]["model"]["arch"] == "qwen3moe"
+    names = {event.get("name", "") for event in doc["traceEvents"]}
+    assert any(name.startswith("attn_prefill") for name in names), "the prompt's attention"
+    assert any(name.startswith("attn_decode") for name in names), "a decode step's attention"
+    code, out, err = _run(capsys, *argv, "--trace", str(tmp_path / "none" / "t.json"))
+    assert code == 2 and "--trace" in err and out == ""
 
 
 def test_generate_prints_the_prompt_its_continuation_and_llama_cpp_timings(
