@@ -1,5 +1,5 @@
-"""recurrent.cu's kernels (qwen3next's convolution, gated delta rule and output gate) against a float64
-reference written from llama.cpp's qwen3next graph, on every backend (twins on sim) and compiled for
+"""recurrent.cu's kernels (qwen3next's convolution, gated delta rule and output gate) against their float64
+references (reference_recurrent.py), on every backend (twins on sim) and compiled for
 this host (the harness of test_kernels_on_host: threads as fibers, rounds in random order)."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from expertstream.backends.base import Device, DeviceBuffer, Stream
 from expertstream.errors import InvalidArgument
 from expertstream.kernels import MoeKernels, kernel_source, recurrent
 from expertstream.kernels import reference as ref
+from expertstream.kernels import reference_recurrent as ref_recurrent
 
 from .tensors import poisoned
 from .test_kernels_on_host import _FIBERS, CXX, build_on_host
@@ -24,56 +25,6 @@ RTOL = 2e-5
 
 def _floats(buf: DeviceBuffer, *shape: int) -> np.ndarray:
     return buf.read().view(np.float32)[: int(np.prod(shape))].reshape(shape)
-
-
-def _silu(x: np.ndarray) -> np.ndarray:
-    return x / (1.0 + np.exp(-x))
-
-
-def conv_reference(x: np.ndarray, state: np.ndarray, w: np.ndarray, fresh: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(out, new state) of ggml_ssm_conv then silu: out[t, c] = silu(sum_i inputs[t + i, c] w[c, i])."""
-    kernel = w.shape[1]
-    earlier = np.zeros_like(state) if fresh else state
-    inputs = np.concatenate([earlier, x]).astype(np.float64)
-    out = sum(inputs[i : i + len(x)] * w[:, i] for i in range(kernel))
-    return _silu(out), inputs[len(x) :]
-
-
-def delta_reference(
-    conv: np.ndarray,
-    ba: np.ndarray,
-    z: np.ndarray,
-    dt: np.ndarray,
-    a: np.ndarray,
-    norm: np.ndarray,
-    state: np.ndarray,
-    fresh: bool,
-    n_k: int,
-    eps: float,
-) -> tuple[np.ndarray, np.ndarray]:
-    """(out, new state) in float64, token by token as llama.cpp's autoregressive delta net."""
-    n_v, s = state.shape[0], state.shape[1]
-    group, key_dim = n_v // n_k, n_k * s
-    st = np.zeros((n_v, s, s)) if fresh else state.astype(np.float64)
-    out = np.empty((len(conv), n_v, s))
-    for t, row in enumerate(conv.astype(np.float64)):
-        for h in range(n_v):
-            kh = h // group
-            q = row[kh * s : (kh + 1) * s]
-            k = row[key_dim + kh * s : key_dim + (kh + 1) * s]
-            v = row[2 * key_dim + h * s : 2 * key_dim + (h + 1) * s]
-            q = q / np.sqrt(q @ q + eps) / np.sqrt(s)
-            k = k / np.sqrt(k @ k + eps)
-            b, alpha = ba[t, kh * 2 * group + h % group], ba[t, kh * 2 * group + group + h % group]
-            beta = 1.0 / (1.0 + np.exp(-b))
-            biased = alpha + dt[h]
-            decay = np.exp((biased if biased > 20 else np.log1p(np.exp(biased))) * a[h])
-            st[h] *= decay
-            d = (v - st[h] @ k) * beta
-            st[h] += np.outer(d, k)
-            o = st[h] @ q
-            out[t, h] = o / np.sqrt(o @ o / s + eps) * norm * _silu(z[t, h * s : (h + 1) * s].astype(np.float64))
-    return out.reshape(len(conv), -1), st
 
 
 def _inputs(rng: np.random.Generator, n_tokens: int, n_k: int, n_v: int, s: int) -> dict[str, np.ndarray]:
@@ -108,7 +59,7 @@ def test_conv_silu(
     recurrent.conv_silu(kernels, stream, device.upload(x), state_buf, device.upload(w), positions, out, n_tokens,
                         channels, 4)  # fmt: skip
     stream.synchronize()
-    expected, new_state = conv_reference(x, state, w, fresh)
+    expected, new_state = ref_recurrent.conv_silu(x, state, w, fresh)
     assert ref.relative_error(_floats(out, n_tokens, channels), expected) < RTOL
     assert ref.relative_error(_floats(state_buf, 3, channels), new_state) < RTOL
 
@@ -133,7 +84,7 @@ def test_delta_net(
     rows = recurrent.DeltaNetInputs(bufs["conv"], bufs["ba"], bufs["z"], bufs["dt"], bufs["a"], bufs["norm"], positions)
     recurrent.delta_net(kernels, stream, rows, bufs["state"], out, n_tokens, n_k, n_v, s, 1e-6)
     stream.synchronize()
-    expected, state = delta_reference(
+    expected, state = ref_recurrent.delta_net(
         data["conv"], data["ba"], data["z"], data["dt"], data["a"], data["norm"], data["state"], fresh, n_k, 1e-6
     )
     assert ref.relative_error(_floats(out, n_tokens, n_v * s), expected) < 1e-4
@@ -220,7 +171,7 @@ def test_delta_net_on_host(recurrent_kernels: Path, rng: np.random.Generator, fi
     stdin = struct.pack("5if", n_tokens, n_k, n_v, s, first, eps) + b"".join(data[n].tobytes() for n in order)
     run = subprocess.run([str(recurrent_kernels)], input=stdin, capture_output=True, check=True)
     got = np.frombuffer(run.stdout, np.float32)
-    expected, state = delta_reference(
+    expected, state = ref_recurrent.delta_net(
         data["conv"], data["ba"], data["z"], data["dt"], data["a"], data["norm"], data["state"], first == 0, n_k, eps
     )
     assert ref.relative_error(got[: expected.size].reshape(expected.shape), expected) < 1e-4
