@@ -91,6 +91,32 @@ __device__ void attn_cache_part(const unsigned short* k_cache, const unsigned sh
     }
 }
 
+// The union [*first, *last] of the visible ranges [lo[i], hi[i]] of n rows, clipped to [key_begin, key_end)
+// (empty: *first > *last).
+__device__ void attn_union(const int* lo, const int* hi, int n, int key_begin, int key_end, int* first, int* last) {
+    *first = key_end;
+    *last = key_begin - 1;
+    for (int i = 0; i < n; ++i) {
+        if (lo[i] <= hi[i]) {
+            *first = min(*first, max(lo[i], key_begin));
+            *last = max(*last, min(hi[i], key_end - 1));
+        }
+    }
+}
+
+// q_row . k_row over D values: float32 queries against a staged f16 key row (D / 2 words), in order.
+template <int D>
+__device__ float attn_dot_staged(const float* q_row, const unsigned int* k_row) {
+    float acc = 0.0f;
+#pragma unroll 8
+    for (int w = 0; w < D / 2; ++w) {
+        const unsigned int kw = k_row[w];
+        acc = fmaf(q_row[2 * w], attn_half_low(kw), acc);
+        acc = fmaf(q_row[2 * w + 1], attn_half_high(kw), acc);
+    }
+    return acc;
+}
+
 // A row's softmax state after its keys, with the sink logit (if any) joined: out = o / l, or 0
 // where nothing was seen (l == 0).
 __device__ float attn_join_sink(float m, float* l, float sink) {
@@ -168,14 +194,8 @@ __device__ void attn_simt_rows(typename AttnSimt<D, ROWS>::Shared& sh, const uns
     for (int i = 0; i < 2 * A::WORDS; ++i) {
         st.o[i] = 0.0f;
     }
-    int first = key_end;
-    int last = key_begin - 1;
-    for (int i = 0; i < ROWS; ++i) {
-        if (sh.lo[i] <= sh.hi[i]) {
-            first = min(first, max(sh.lo[i], key_begin));
-            last = max(last, min(sh.hi[i], key_end - 1));
-        }
-    }
+    int first, last;
+    attn_union(sh.lo, sh.hi, ROWS, key_begin, key_end, &first, &last);
     const int row_lo = sh.lo[r];
     const int row_hi = sh.hi[r];
     const float* q_row = sh.q + r * A::Q_LD;
@@ -201,14 +221,7 @@ __device__ void attn_simt_rows(typename AttnSimt<D, ROWS>::Shared& sh, const uns
 #pragma unroll
         for (int u = 0; u < A::SCORES; ++u) {
             const int jr = c + A::TPR * u;
-            const unsigned int* k_row = sh.k + jr * A::K_LD;
-            float acc = 0.0f;
-#pragma unroll 8
-            for (int w = 0; w < D / 2; ++w) {
-                const unsigned int kw = k_row[w];
-                acc = fmaf(q_row[2 * w], attn_half_low(kw), acc);
-                acc = fmaf(q_row[2 * w + 1], attn_half_high(kw), acc);
-            }
+            const float acc = attn_dot_staged<D>(q_row, sh.k + jr * A::K_LD);
             const int j = j0 + jr;
             sh.s[r * A::S_LD + jr] = j >= row_lo && j <= row_hi ? acc * scale : ATTN_NEG_INF;
         }
@@ -560,14 +573,8 @@ __device__ void attn_wide_rows(typename AttnWide<D>::Shared& sh, const float* __
         const int t = sh.token[rr];
         sh.q[rr * A::Q_LD + i % D] = t >= 0 ? q[((long long)t * n_head + sh.head[rr]) * D + i % D] : 0.0f;
     }
-    int first = key_end;
-    int last = key_begin - 1;
-    for (int i = 0; i < ATTN_WIDE_ROWS; ++i) {
-        if (sh.lo[i] <= sh.hi[i]) {
-            first = min(first, max(sh.lo[i], key_begin));
-            last = max(last, min(sh.hi[i], key_end - 1));
-        }
-    }
+    int first, last;
+    attn_union(sh.lo, sh.hi, ATTN_WIDE_ROWS, key_begin, key_end, &first, &last);
     const int row_lo = sh.lo[r];
     const int row_hi = sh.hi[r];
     const float* q_row = sh.q + r * A::Q_LD;
@@ -596,14 +603,7 @@ __device__ void attn_wide_rows(typename AttnWide<D>::Shared& sh, const float* __
         }
         __syncthreads();
         {
-            const unsigned int* k_row = sh.k + c * A::K_LD;
-            float acc = 0.0f;
-#pragma unroll 8
-            for (int w = 0; w < D / 2; ++w) {
-                const unsigned int kw = k_row[w];
-                acc = fmaf(q_row[2 * w], attn_half_low(kw), acc);
-                acc = fmaf(q_row[2 * w + 1], attn_half_high(kw), acc);
-            }
+            const float acc = attn_dot_staged<D>(q_row, sh.k + c * A::K_LD);
             const int j = j0 + c;
             sh.s[r * (ATTN_WIDE_KEYS + 1) + c] = j >= row_lo && j <= row_hi ? acc * scale : ATTN_NEG_INF;
         }
