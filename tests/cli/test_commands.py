@@ -14,6 +14,7 @@ from expertstream.backends import ENV_VAR
 from expertstream.backends.base import Backend
 from expertstream.bench.report import Row
 from expertstream.cli import main
+from expertstream.cli.prefill import DEMO_PROMPT
 from expertstream.engine.runner import MoeRunner
 
 SMALL = ["--tokens", "32", "--ubatch", "16", "-r", "1"]
@@ -171,6 +172,11 @@ def test_demo_prints_speed_at_scale_and_equal_bytes(
     data_rows = [line.split() for line in data.splitlines() if line.split()[:1] in (["0"], ["2"], ["3"])]
     assert [row[0] for row in data_rows] == ["0", "2", "3"]
     assert len({row[-1] for row in data_rows}) == 1
+    # before the rows: a prompt becoming text through the whole model, greedy, so the same text each run
+    text, _, _ = out.partition("Speed:")
+    assert "Text: a prompt through a tiny made model" in text
+    continued = [line for line in text.splitlines() if line.startswith(f"{DEMO_PROMPT}|")]
+    assert len(continued) == 1 and len(continued[0]) > len(DEMO_PROMPT) + 1, text
 
 
 @pytest.mark.parametrize(("asked", "taken"), [("auto", "mma"), ("simt", "simt"), ("int8", "int8"), ("mma", "mma")])
