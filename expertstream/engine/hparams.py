@@ -233,8 +233,12 @@ def _delta_net(model: MoeModel, keys: ArchKeys) -> DeltaNet:
     if conv_kernel not in CONV_KERNELS:
         raise ModelError(f"{where}: a convolution over {conv_kernel} tokens has no kernel here ({CONV_KERNELS})")
     flags = keys.value("attention.recurrent_layers")
-    if isinstance(flags, list) and len(flags) >= model.n_layer:
+    if isinstance(flags, list):  # one flag per layer, as llama.cpp reads the key's array
+        if len(flags) < model.n_layer:
+            raise keys.error("attention.recurrent_layers", flags, f"a flag for each of the {model.n_layer} layers")
         recurrent = tuple(bool(f) for f in flags[: model.n_layer])
+    elif flags is not None:  # one value for every layer
+        recurrent = (bool(flags),) * model.n_layer
     else:
         interval = keys.integer("full_attention_interval", 4)
         if interval < 1:
@@ -250,11 +254,9 @@ def _mla(model: MoeModel, keys: ArchKeys) -> Mla:
     rope = keys.integer("rope.dimension_count")
     k_mla = keys.integer("attention.key_length_mla", 0)
     v_mla = keys.integer("attention.value_length_mla", 0)
-    if not k_mla or not v_mla:
-        # llama.cpp takes key_length and value_length as the heads' widths where the _mla keys are absent
-        k_mla = keys.integer("attention.key_length")
-        v_mla = keys.integer("attention.value_length")
-    if model.optional_tensor("blk.0.attn_k_b.weight") is None and model.optional_tensor("blk.0.attn_kv_b.weight"):
+    # Without both _mla keys llama.cpp runs the file's attn_kv_b, not the latent layout run here
+    older = not (k_mla and v_mla) or model.optional_tensor("blk.0.attn_k_b.weight") is None
+    if older:
         raise ModelError(
             f"{where}: this deepseek2 file keeps keys and values in one attn_kv_b tensor (an older conversion); "
             "only files with attn_k_b and attn_v_b run here; convert the model again with a current "
@@ -338,6 +340,8 @@ def _yarn_attn_factor(keys: ArchKeys, spec: ArchAttention, factor: float) -> flo
 def _refuse_what_is_not_run(model: MoeModel, keys: ArchKeys) -> None:
     """Settings llama.cpp honours that this forward pass does not compute: refused, never ignored."""
     where = str(model.path)
+    if model.arch == "deepseek2" and keys.real("attention.temperature_scale", 0.0):
+        raise ModelError(f"{where}: per-position attention temperature (attention.temperature_scale) is not run here")
     if keys.value("rope.dimension_sections") is not None:
         raise ModelError(f"{where}: multi-section RoPE (rope.dimension_sections) is not run here")
     if model.optional_tensor("rope_freqs.weight") is not None:

@@ -458,8 +458,9 @@ __device__ void attn_combine_row(P partial_ml, P partial_o, const int* __restric
     __syncthreads();  // a next row may overwrite the strands' sums
 }
 
-// One block per (head, token) = (blockIdx.x, blockIdx.y), head_dim * ATTN_COMBINE_STRANDS threads.
-extern "C" __global__ void attn_decode_combine(const float* __restrict__ partial_ml,
+// One block per (head, token) = (blockIdx.x, blockIdx.y), head_dim * ATTN_COMBINE_STRANDS threads, at most
+// 1024 (wider heads' (strand, d) pairs take turns).
+extern "C" __global__ void __launch_bounds__(1024) attn_decode_combine(const float* __restrict__ partial_ml,
                                                const float* __restrict__ partial_o, const int* __restrict__ positions,
                                                const float* __restrict__ sinks, float* __restrict__ out,
                                                int n_tokens, int kv_len, int n_head, int window, int n_chunks,

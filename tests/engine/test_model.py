@@ -271,15 +271,24 @@ def test_multi_token_prediction_layers_at_the_end_are_skipped(
 
 
 @pytest.mark.parametrize(
-    ("key", "value", "message"),
+    ("preset", "key", "value", "message"),
     [
-        ("qwen3moe.rope.dimension_sections", [16, 16, 0, 0], "multi-section RoPE"),
-        ("qwen3moe.attention.sliding_window_pattern", 4, "sliding-window layer pattern 4"),
-        ("qwen3moe.nextn_predict_layers", 2, "nextn_predict_layers"),
+        ("tiny", "qwen3moe.rope.dimension_sections", [16, 16, 0, 0], "multi-section RoPE"),
+        ("tiny", "qwen3moe.attention.sliding_window_pattern", 4, "sliding-window layer pattern 4"),
+        ("tiny", "qwen3moe.nextn_predict_layers", 2, "nextn_predict_layers"),
+        ("tiny-deepseek2", "deepseek2.attention.temperature_scale", 0.1, "attention temperature"),
+        ("tiny-deepseek2", "deepseek2.attention.key_length_mla", None, "older conversion"),
+        ("tiny-qwen3next", "qwen3next.attention.recurrent_layers", [True], "a flag for each of the 2 layers"),
     ],
 )
 def test_file_settings_not_run_here_are_refused(
-    backend: Backend, made: dict[str, Path], monkeypatch: pytest.MonkeyPatch, key: str, value: object, message: str
+    backend: Backend,
+    made: dict[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    preset: str,
+    key: str,
+    value: object,
+    message: str,
 ) -> None:
     real = MoeModel.metadata
 
@@ -288,7 +297,23 @@ def test_file_settings_not_run_here_are_refused(
 
     monkeypatch.setattr(MoeModel, "metadata", patched)
     with pytest.raises(ModelError, match=message):
-        Model.open(made["tiny"], backend=backend)
+        Model.open(made[preset], backend=backend)
+
+
+def test_one_recurrent_flag_for_every_layer_is_read_as_llama_cpp_reads_it(
+    made: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = MoeModel.metadata
+
+    def patched(self: MoeModel, name: str) -> object:
+        return True if name == "qwen3next.attention.recurrent_layers" else real(self, name)
+
+    with MoeModel.open(made["tiny-qwen3next"]) as model:
+        spec = Transformer.read(model)
+        assert spec.delta_net is not None and spec.delta_net.recurrent == (True, False)  # full_attention_interval 2
+        monkeypatch.setattr(MoeModel, "metadata", patched)
+        spec = Transformer.read(model)
+        assert spec.delta_net is not None and spec.delta_net.recurrent == (True, True)
 
 
 def test_a_plan_of_ubatches_out_of_order_is_refused(backend: Backend, made: dict[str, Path]) -> None:
