@@ -32,6 +32,7 @@ from ..kernels.attention import HEAD_DIMS, WIDE_DIMS
 from ..kernels.dense import Rope
 from ..kernels.recurrent import CONV_KERNELS, STATE_DIMS
 from ..model import ModelError, MoeModel
+from ..model.presets import DeltaNetShape
 from .arch import ArchKeys
 
 _DEFAULT_ROPE_BASE = 10000.0
@@ -62,27 +63,10 @@ ATTENTION: dict[str, ArchAttention] = {
 
 
 @dataclass(frozen=True)
-class DeltaNet:
-    """qwen3next's recurrent layers: widths of the gated delta net and which layers have it."""
+class DeltaNet(DeltaNetShape):
+    """qwen3next's recurrent layers as a file says them: the delta net's widths and which layers have it."""
 
-    k_heads: int  # ssm.group_count
-    v_heads: int  # ssm.time_step_rank: a multiple of k_heads
-    head_dim: int  # ssm.state_size: keys' and values' widths alike
-    conv_kernel: int  # ssm.conv_kernel
     recurrent: tuple[bool, ...]  # per layer: a delta net (else gated full attention)
-
-    @property
-    def key_dim(self) -> int:
-        return self.k_heads * self.head_dim
-
-    @property
-    def value_dim(self) -> int:
-        return self.v_heads * self.head_dim
-
-    @property
-    def conv_dim(self) -> int:
-        """The convolution's channels: q, k and v side by side."""
-        return 2 * self.key_dim + self.value_dim
 
 
 @dataclass(frozen=True)

@@ -22,14 +22,13 @@ from ..errors import InvalidArgument
 
 
 @dataclass(frozen=True)
-class LinearAttention:
-    """The gated delta net of qwen3next's recurrent layers: key and value heads of one width."""
+class DeltaNetShape:
+    """The widths of a gated delta net (qwen3next's recurrent layers): key and value heads of one width."""
 
     k_heads: int  # llama.cpp's ssm.group_count
     v_heads: int  # ssm.time_step_rank; a multiple of k_heads
     head_dim: int  # ssm.state_size, of keys and values alike
     conv_kernel: int  # ssm.conv_kernel: tokens the causal convolution spans
-    full_attention_interval: int  # layer i is full attention where (i + 1) % interval == 0
 
     @property
     def key_dim(self) -> int:
@@ -44,6 +43,13 @@ class LinearAttention:
     def conv_dim(self) -> int:
         """Channels of the convolution: queries, keys and values side by side."""
         return 2 * self.key_dim + self.value_dim
+
+
+@dataclass(frozen=True)
+class LinearAttention(DeltaNetShape):
+    """qwen3next's recurrent layers as make-model writes them: a delta net, and which layers have one."""
+
+    full_attention_interval: int  # layer i is full attention where (i + 1) % interval == 0
 
 
 @dataclass(frozen=True)
