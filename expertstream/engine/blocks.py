@@ -101,6 +101,10 @@ class _Attention:
     k_cache: BufferView
     v_cache: BufferView
 
+    @property
+    def cache_bytes(self) -> int:
+        return self.k_cache.nbytes + self.v_cache.nbytes
+
 
 @dataclass(frozen=True)
 class _DeltaNet:
@@ -118,6 +122,10 @@ class _DeltaNet:
     ffn_norm: BufferView
     conv_state: BufferView  # [kernel - 1, conv_dim]
     state: BufferView  # [v_heads, head_dim, head_dim]
+
+    @property
+    def cache_bytes(self) -> int:
+        return self.conv_state.nbytes + self.state.nbytes
 
 
 @dataclass(frozen=True)
@@ -139,6 +147,10 @@ class _Latent:
     @property
     def v_cache(self) -> BufferView:
         return self.k_cache  # the value is the latent: the key row's first kv_lora_rank
+
+    @property
+    def cache_bytes(self) -> int:
+        return self.k_cache.nbytes
 
 
 @dataclass(frozen=True)
@@ -485,12 +497,11 @@ class Blocks(Closing):
         assert mla is not None
         ids, n_head = self._ids(count), spec.n_head
         q, kv = self._view("q_proj", count, n_head * mla.q_head), self._view("kv", count, mla.key_width)
-        if a.q_a is not None:
+        if a.q_a is not None:  # the query through its latent; the latent and kv_a read the same rows
             q_a = self._view("q_a", count, mla.q_lora_rank)
-            a.q_a.apply(k, stream, xn, count, q_a, ids)
+            self._project((a.q_a, a.kv_a), stream, xn, count, (q_a, kv), ids)
             dense.rms_norm(k, stream, q_a, a.q_a_norm, q_a, count, mla.q_lora_rank, spec.eps)
             a.q.apply(k, stream, q_a, count, q, ids)
-            a.kv_a.apply(k, stream, xn, count, kv, ids)
         else:
             self._project((a.q, a.kv_a), stream, xn, count, (q, kv), ids)
         q_nope = self._view("q_nope", count, n_head * mla.nope)
@@ -609,16 +620,8 @@ class Blocks(Closing):
     @property
     def kv_cache_bytes(self) -> int:
         """The layers' caches: keys and values, or a recurrent layer's two states."""
-        return sum(_cache_bytes(a) for a in self.attention.values())
+        return sum(a.cache_bytes for a in self.attention.values())
 
     def close(self) -> None:
         self._scratch.clear()
         self._uploads.close()
-
-
-def _cache_bytes(layer: _Attention | _Latent | _DeltaNet) -> int:
-    if isinstance(layer, _DeltaNet):
-        return layer.conv_state.nbytes + layer.state.nbytes
-    if isinstance(layer, _Latent):
-        return layer.k_cache.nbytes  # keys and values in one row
-    return layer.k_cache.nbytes + layer.v_cache.nbytes

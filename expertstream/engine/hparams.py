@@ -46,6 +46,7 @@ class ArchAttention:
     neox: bool  # RoPE pairs (i, i + n_rot/2) rather than (2i, 2i + 1)
     ffn_norm: str  # the name of the norm before the FFN
     swa_period: int = 0  # layer il slides its window where il % period < period - 1 (0: no sliding window)
+    gated: bool = False  # the query projection also gives each head a sigmoid gate on its output
 
 
 ATTENTION: dict[str, ArchAttention] = {
@@ -57,7 +58,7 @@ ATTENTION: dict[str, ArchAttention] = {
         ArchAttention("gpt-oss", neox=True, ffn_norm="post_attention_norm", swa_period=2),
         ArchAttention("glm4moe", neox=True, ffn_norm="post_attention_norm"),
         ArchAttention("deepseek2", neox=False, ffn_norm="ffn_norm"),
-        ArchAttention("qwen3next", neox=True, ffn_norm="post_attention_norm"),
+        ArchAttention("qwen3next", neox=True, ffn_norm="post_attention_norm", gated=True),
     )
 }
 
@@ -113,8 +114,7 @@ class Transformer:
 
     @property
     def gated_attention(self) -> bool:
-        """Attention's query projection also gives each head a sigmoid gate on its output (qwen3next)."""
-        return self.arch.arch == "qwen3next"
+        return self.arch.gated
 
     @property
     def q_width(self) -> int:
@@ -304,20 +304,13 @@ def _rope_attn_factor(keys: ArchKeys) -> float:
 
 
 def _yarn_attn_factor(keys: ArchKeys, spec: ArchAttention, factor: float) -> float:
-    """The attn_factor llama.cpp's context hands the rotation under YaRN: the ratio of the two
-    magnitudes yarn_log_multiplier asks for (1 without it), over the 1 + 0.1 ln(factor) the
-    rotation multiplies in again, times rope.scaling.attn_factor."""
-
-    def magnitude(scale: float, mscale: float) -> float:
-        return 1.0 if scale <= 1.0 else 0.1 * mscale * math.log(scale) + 1.0
-
-    log_mul = _yarn_log_mul(keys) if spec.arch == "deepseek2" else 0.0  # only deepseek2 reads the key
-    if log_mul:
-        # llama.cpp reads no mscale key: 1, except deepseek2 whose mscale equals mscale_all_dim
-        mscale = log_mul if spec.arch == "deepseek2" and log_mul != 1.0 else 1.0
-        ratio = magnitude(factor, mscale) / magnitude(factor, log_mul)
-    else:
-        ratio = magnitude(factor, 1.0)
+    """The attn_factor llama.cpp's context hands the rotation under YaRN: YaRN's magnitude
+    1 + 0.1 ln(factor), over the same the rotation multiplies in again, times
+    rope.scaling.attn_factor. With deepseek2's yarn_log_multiplier (the only architecture here that
+    reads it) llama.cpp divides the magnitude of mscale by that of mscale_all_dim, which it takes to
+    be equal: 1, and the log multiplier goes into the softmax scale instead (``_mla_kq_scale``)."""
+    magnitude = 1.0 if factor <= 1.0 else 1.0 + 0.1 * math.log(factor)
+    ratio = 1.0 if spec.arch == "deepseek2" and _yarn_log_mul(keys) else magnitude
     return ratio / (1.0 + 0.1 * math.log(factor)) * _rope_attn_factor(keys)
 
 

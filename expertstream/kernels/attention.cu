@@ -528,6 +528,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_decode_fused_d12
 
 #define ATTN_WIDE_ROWS 8
 #define ATTN_WIDE_KEYS 16
+static_assert(ATTN_WIDE_ROWS == ATTN_DECODE_ROWS, "the wide decode takes the split-K decode's grid");
 
 template <int D> struct AttnWide {
     static const int TPR = ATTN_THREADS / ATTN_WIDE_ROWS;  // threads of a row: one key of a tile each

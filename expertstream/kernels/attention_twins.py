@@ -174,43 +174,30 @@ def _attention_flops(args: Args) -> float:
     return 4.0 * n_tokens * n_head * head_dim * kv_len
 
 
+def _prefill_spec(name: str, head_dim: int) -> KernelSpec:
+    return KernelSpec(name, _prefill_runner(head_dim), _accesses((0, 1, 2, 4, 5), (3,)), _attention_flops)
+
+
+def _decode_spec(name: str, head_dim: int) -> KernelSpec:
+    return KernelSpec(name, _decode_runner(head_dim), _accesses((0, 1, 2, 5), (3, 4)), _attention_flops)
+
+
 def twin_specs() -> list[KernelSpec]:
-    """The twin of every kernel attention.py launches."""
+    """The twin of every kernel attention.py launches (the wide kernels take the prefill's and the
+    decode's arguments)."""
     specs = [
         KernelSpec(
             "attn_decode_combine", _combine_run, _accesses((0, 1, 2, 3), (4,)), lambda a: 3.0 * float(a[4].nbytes)
         ),
     ]
-    for head_dim in WIDE_DIMS:  # the prefill's and the decode's arguments, as those kernels'
-        specs.append(
-            KernelSpec(
-                f"attn_wide_d{head_dim}",
-                _prefill_runner(head_dim),
-                _accesses((0, 1, 2, 4, 5), (3,)),
-                _attention_flops,
-            )
-        )
-        specs.append(
-            KernelSpec(
-                f"attn_wide_decode_d{head_dim}",
-                _decode_runner(head_dim),
-                _accesses((0, 1, 2, 5), (3, 4)),
-                _attention_flops,
-            )
-        )
+    for head_dim in WIDE_DIMS:
+        specs += [
+            _prefill_spec(f"attn_wide_d{head_dim}", head_dim),
+            _decode_spec(f"attn_wide_decode_d{head_dim}", head_dim),
+        ]
     for head_dim in HEAD_DIMS:
-        prefill = _prefill_runner(head_dim)
-        for path in ("simt", "mma"):
-            specs.append(
-                KernelSpec(
-                    f"attn_prefill_{path}_d{head_dim}", prefill, _accesses((0, 1, 2, 4, 5), (3,)), _attention_flops
-                )
-            )
-        specs.append(
-            KernelSpec(
-                f"attn_decode_d{head_dim}", _decode_runner(head_dim), _accesses((0, 1, 2, 5), (3, 4)), _attention_flops
-            )
-        )
+        specs += [_prefill_spec(f"attn_prefill_{path}_d{head_dim}", head_dim) for path in ("simt", "mma")]
+        specs.append(_decode_spec(f"attn_decode_d{head_dim}", head_dim))
         specs.append(
             KernelSpec(
                 f"attn_decode_fused_d{head_dim}",

@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 CONV_KERNELS = (4,)  # convolution widths with a kernel instance
 STATE_DIMS = (32, 64, 128)  # head widths of the delta rule with a kernel instance
 CONV_THREADS = 128
-ELEMENTWISE_THREADS = 256
 
 
 def conv_silu(
@@ -135,8 +134,8 @@ def mul_sigmoid(kernels: MoeKernels, stream: Stream, x: ViewLike, gate: ViewLike
     positive(call, n=n)
     fits_int32(call, x=n)
     args = (view(call, "x", x, n * 4), view(call, "gate", gate, n * 4), np.int32(n))
-    blocks = min(-(-n // ELEMENTWISE_THREADS), layout.MAX_GRID_Y)
-    stream.launch(kernels.kernel("recur_mul_sigmoid"), blocks, ELEMENTWISE_THREADS, args)
+    blocks = min(-(-n // layout.ELEMENTWISE_THREADS), layout.MAX_GRID_Y)
+    stream.launch(kernels.kernel("recur_mul_sigmoid"), blocks, layout.ELEMENTWISE_THREADS, args)
 
 
 __all__ = ["CONV_KERNELS", "STATE_DIMS", "DeltaNetInputs", "conv_silu", "delta_net", "mul_sigmoid"]
