@@ -170,7 +170,7 @@ def _generate(args: argparse.Namespace, command_line: str) -> int:
         sys.stdout.write("\n")
         stats, decode_path = model.last_stats, model.decode_path
         if trace is not None:
-            write_trace(model.backend, _about(model, command_line), trace)
+            write_trace(model.backend, model.devices[0].name, model.model.summary(), command_line, trace)
     err = sys.stderr
     prompt_s, n_prompt = stats["prompt_s"], int(stats["prompt_tokens"])
     print(f"\nseed: {int(stats['seed'])}", file=err)
@@ -182,20 +182,6 @@ def _generate(args: argparse.Namespace, command_line: str) -> int:
         how = "one captured step replayed" if decode_path == "graph" else "calls issued per step"
         print(f"decode steps: {how}", file=err)
     return 0
-
-
-def _about(model: Model, command_line: str) -> dict[str, Any]:
-    """What ran a trace, as prefill's traces say it."""
-    backend = model.backend
-    profile = backend.describe().get("profile")
-    return {
-        "backend": backend.name,
-        "device": model.devices[0].name,
-        "profile": profile["name"] if profile else None,
-        "timing_only": not backend.host.holds_data,
-        "model": model.model.summary(),
-        "command_line": command_line,
-    }
 
 
 def _timing(what: str, seconds: float, count: int, unit: str) -> str:

@@ -520,7 +520,7 @@ def _measure_all(config: RunConfig, printer: RowPrinter) -> Report:
             report = printer.begin(header)
             _measure_groups(config, backend, devices, model, profile, printer)
         if config.trace:
-            _write_trace(backend, header, config.trace)
+            write_trace(backend, header["device"], header["model"], header["command_line"], config.trace)
     printer.finish()
     return report
 
@@ -590,12 +590,6 @@ def _say_if_long(model: MoeModel, runs: list[Settings]) -> None:
             f"{duration(seconds)} (a rough estimate from timing one expert of each tensor); --timing-only "
             "runs the same settings in virtual time, in seconds"
         )
-
-
-def _write_trace(backend: Backend, header: dict[str, Any], path: Path) -> None:
-    """The Chrome trace, with what ran it (backend, device, profile, model) for `expertstream plot`."""
-    keys = ("backend", "device", "profile", "timing_only", "model", "command_line")
-    write_trace(backend, {k: header[k] for k in keys}, path)
 
 
 def _prediction_profile(config: RunConfig, backend: Backend, device: Device, model: MoeModel) -> Profile | None:

@@ -330,8 +330,18 @@ __all__ = [
 ]
 
 
-def write_trace(backend: Backend, about: dict[str, Any], path: Path) -> None:
-    """The backend's timeline as a Chrome/Perfetto trace at ``path``, with ``about`` (what ran it: backend,
-    device, profile, timing_only, model, command_line) as its otherData, for `expertstream plot`."""
+def write_trace(backend: Backend, device: str, model: dict[str, Any], command_line: str, path: Path) -> None:
+    """The backend's timeline as a Chrome/Perfetto trace at ``path``, with what ran it (backend,
+    ``device``, the simulator's profile, whether data moved, ``model``'s summary, the command line)
+    as its otherData, for `expertstream plot`."""
+    profile = backend.describe().get("profile")
+    about = {
+        "backend": backend.name,
+        "device": device,
+        "profile": profile["name"] if profile else None,
+        "timing_only": not backend.host.holds_data,
+        "model": model,
+        "command_line": command_line,
+    }
     trace = {**to_chrome_trace(backend.timeline or ()), "otherData": about}
     path.write_text(json.dumps(trace), encoding="utf-8")
