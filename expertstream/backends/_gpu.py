@@ -63,6 +63,7 @@ _PRUNE_PENDING_AT = 256
 GATHER_KERNEL = "expertstream_gather_rows"
 _GATHER_CHUNK_BYTES = 32768  # gather.cu's GATHER_CHUNK_BYTES: the bytes of a row one block copies
 _GATHER_THREADS = 256
+STATIC_SHARED_BYTES = 48 * 1024  # dynamic shared memory any kernel may launch with unasked
 _MAX_GRID_ROWS = 65535  # a grid's y extent
 
 
@@ -171,6 +172,15 @@ class GpuKernel(Kernel):
         # how it is launched: chained to the kernel before it where it waits for it (compile's
         # ``chained``) and the device chains launches, else on its own
         self.launch = launch
+        self.shared_allowed = STATIC_SHARED_BYTES  # dynamic shared memory it may launch with now
+
+    def allow_shared(self, nbytes: int) -> None:
+        """Let this kernel launch with nbytes of dynamic shared memory (asked once, where the vendor asks)."""
+        device = self.device
+        assert isinstance(device, GpuDevice)
+        if nbytes > self.shared_allowed and device.api.allow_shared is not None:
+            invoke(device.api.allow_shared, self.function, nbytes, device=device.label)
+        self.shared_allowed = max(self.shared_allowed, nbytes)
 
 
 # --------------------------------------------------------------------------------------
@@ -351,6 +361,8 @@ class GpuStream(Stream):
         shared_mem: int,
     ) -> None:
         kernel = _native(kernel, GpuKernel, "Stream.launch", self._device)
+        if shared_mem > kernel.shared_allowed:
+            kernel.allow_shared(shared_mem)
         values, types = pack_kernel_args(args)
         self._enqueue(kernel.launch, kernel.function, grid, block, shared_mem, self._handle, values, types)
 
@@ -417,6 +429,7 @@ class GpuDevice(Device):
         self._async_engines = self._attribute(DeviceAttr.ASYNC_ENGINE_COUNT)
         self._can_register = bool(self._attribute(DeviceAttr.HOST_REGISTER))
         self._can_register_ro = bool(self._attribute(DeviceAttr.HOST_REGISTER_READ_ONLY))
+        self._max_shared = self._attribute(DeviceAttr.MAX_SHARED_PER_BLOCK)
         self._peers: set[GpuDevice] = set()  # devices, not indices: another backend's device 0 is not ours
         self._live = _Live()
         self._modules: dict[str, Any] = {}  # source hash -> loaded module
@@ -453,6 +466,7 @@ class GpuDevice(Device):
             int8_matrix_cores=self.api.int8_matrix_cores(self.arch),
             mma_fragments=self.api.mma_fragments(self.arch),
             chained_launches=self._launch_chained is not None,
+            max_shared_bytes=self._max_shared,
         )
 
     @property

@@ -223,6 +223,7 @@ class DeviceAttr(enum.Enum):
     ASYNC_ENGINE_COUNT = "async_engine_count"
     HOST_REGISTER = "host_register"
     HOST_REGISTER_READ_ONLY = "host_register_read_only"  # a vendor may map this to "worth attempting"
+    MAX_SHARED_PER_BLOCK = "max_shared_per_block"  # the most a block may use, opted into where asked
 
 
 @dataclass(frozen=True)
@@ -296,6 +297,9 @@ class ApiTable:
     module_get_function: Call  # (module, name bytes) -> function
     module_unload: Call  # (module)
     launch: Call  # (function, grid, block, shared_mem, stream, values, ctypes types)
+    # (function, bytes): lets the function launch with that much dynamic shared memory, beyond the
+    # 48 KB every kernel may take; None where a vendor grants up to its limit without asking
+    allow_shared: Call | None = None
     # a launch chained to the kernel before it in the stream (programmatic dependent launch), with
     # launch's arguments; None where the vendor has none
     launch_chained: Call | None = None

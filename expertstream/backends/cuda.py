@@ -55,6 +55,7 @@ _ATTRIBUTES = {
     DeviceAttr.ASYNC_ENGINE_COUNT: "cudaDevAttrAsyncEngineCount",
     DeviceAttr.HOST_REGISTER: "cudaDevAttrHostRegisterSupported",
     DeviceAttr.HOST_REGISTER_READ_ONLY: "cudaDevAttrHostRegisterReadOnlySupported",
+    DeviceAttr.MAX_SHARED_PER_BLOCK: "cudaDevAttrMaxSharedMemoryPerBlockOptin",
 }
 _COPY_KINDS = {
     CopyKind.HOST_TO_DEVICE: "cudaMemcpyHostToDevice",
@@ -244,6 +245,12 @@ def _table() -> ApiTable:
         module_get_function=drv("cuModuleGetFunction"),
         module_unload=drv("cuModuleUnload"),
         launch=drv("cuLaunchKernel", launch),
+        allow_shared=drv(
+            "cuFuncSetAttribute",
+            lambda function, nbytes: driver.cuFuncSetAttribute(
+                function, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes
+            ),
+        ),
         launch_chained=drv("cuLaunchKernelEx", launch_chained),
         chained_launches=_has_chained_launches,
         chained_default_driver=CHAINED_DEFAULT_DRIVER,

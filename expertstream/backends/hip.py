@@ -67,6 +67,7 @@ _ATTRIBUTES = {
     DeviceAttr.ASYNC_ENGINE_COUNT: "hipDeviceAttributeAsyncEngineCount",
     DeviceAttr.HOST_REGISTER: "hipDeviceAttributeHostRegisterSupported",
     DeviceAttr.HOST_REGISTER_READ_ONLY: "hipDeviceAttributeHostRegisterSupported",
+    DeviceAttr.MAX_SHARED_PER_BLOCK: "hipDeviceAttributeMaxSharedMemoryPerBlock",
 }
 _COPY_KINDS = {
     CopyKind.HOST_TO_DEVICE: "hipMemcpyHostToDevice",

@@ -165,6 +165,7 @@ class Measurements:
     matrix_cores: bool = False  # the device's capabilities: which mul_mat_id path its kernels took
     int8_matrix_cores: bool = False
     mma_fragments: bool = False
+    max_shared_bytes: int = 48 * 1024
     ring_bytes_per_s: float | None = None  # the staging ring itself streaming, on the most threads
     ring_small: RingCopyTiming | None = None
 
@@ -203,6 +204,7 @@ def measure(
         result.copies = copies
         result.matrix_cores, result.int8_matrix_cores = caps.matrix_cores, caps.int8_matrix_cores
         result.mma_fragments = caps.mma_fragments
+        result.max_shared_bytes = caps.max_shared_bytes
         result.register_bytes_per_s, result.host_register_read_only = _registration(backend, mapping)
         progress("event order")
         result.event_order = _event_order(backend, device, mapping, bounds)

@@ -184,6 +184,7 @@ def fit(m: Measurements, base: Profile, name: str, vendor_like: str) -> dict[str
     # The path the kernels took, so that the simulator runs (and rates) the same kernels.
     fields["matrix_cores"], fields["int8_matrix_cores"] = m.matrix_cores, m.int8_matrix_cores
     fields["mma_fragments"] = m.mma_fragments
+    fields["max_shared_bytes"] = m.max_shared_bytes
     fields["host_register_read_only"] = m.host_register_read_only
     if m.register_bytes_per_s is not None:
         fields["host_register_bps"] = m.register_bytes_per_s
@@ -220,6 +221,7 @@ FITTED_FIELDS = (
     "matrix_cores",
     "int8_matrix_cores",
     "mma_fragments",
+    "max_shared_bytes",
     "ring_threads",
     "ring_fill",
     "h2d_pageable_latency_s",

@@ -47,6 +47,9 @@ struct alignas(16) attn_words4 {
 struct alignas(8) attn_float2 {
     float x, y;
 };
+struct alignas(16) attn_float4 {
+    float x, y, z, w;
+};
 
 // The cache rows [*lo, *hi] query t sees (empty when *lo > *hi; always empty for t outside
 // [0, n_tokens)): rows up to its position, at most kv_len - 1, and with a window only the last
@@ -977,6 +980,256 @@ __device__ void attn_prefill_mma(ATTN_PREFILL_PARAMS) {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------
+// Wide heads on the matrix cores (NVIDIA sm_80+; the launcher picks them where
+// Capabilities.mma_fragments is set and the block's shared memory fits): attn_wide_mma_d256
+// (qwen3next, keys and values in caches of their own) and attn_wide_mma_d576 (deepseek2's latent
+// attention: the value is the first columns of the key's own row, v_cache == k_cache, so one staged
+// tile serves both). One block of 8 warps per (64 rows, KV head), rows mapped as attn_wide_d* maps
+// them ((token, head) pairs of the KV head's group, token-major). The queries are staged once as
+// scale * q in f16, keys (and values) in double-buffered tiles of ATTN_KEYS (cp.async, zeros
+// outside the block's union of visible rows). Per tile, a barrier between each step:
+//   1. warp w takes S for rows 16 (w % 4) .. + 15 against keys 16 (w / 4) .. + 15 of the tile
+//      (two interleaved k chains each, added at the end) into the score tile;
+//   2. four threads a row mask it, update the row's running max and sum over the tile (quad
+//      shuffles, a fixed order) and write its P (f16) and the factor its o is rescaled by;
+//   3. warp w rescales and adds P V for rows 16 (w % 4) .. + 15, output columns (w / 4) D / 2 ..
+//      + D / 2 - 1 (held in registers: 144 floats a lane at D = 576).
+// Staging the next tile overlaps all three. Results are the prefill's, as attn_prefill_mma_d*
+// rounds them (f16 Q and P, float32 sums); the grid's row blocks never read each other's rows.
+// ---------------------------------------------------------------------------------
+
+#define ATTN_WIDE_MMA_ROWS 64
+#define ATTN_WIDE_MMA_THREADS 256
+
+template <int D, bool KV_SHARED> struct AttnWideMma {
+    static const int LD = D + 8;  // halves per staged row: 16-byte rows, ldmatrix's 8 rows in distinct banks
+    static const int S_LD = ATTN_KEYS + 4;  // floats per score row: 16-byte rows, read four floats at a time
+    static const int P_LD = ATTN_KEYS + 8;  // halves per P row
+    static const int HALF = D / 2;          // output columns a warp owns
+    static const int PARTS = D / 8;         // 16-byte parts of a cache row
+    static const int TILE = ATTN_KEYS * LD;  // halves of one staged key (or value) tile
+    static const int TILES = KV_SHARED ? 2 : 4;  // two buffers of keys, and of values where they differ
+    // Must match attention.py's wide_mma_shared_bytes.
+    static const int BYTES = 2 * (ATTN_WIDE_MMA_ROWS * LD + TILES * TILE) + 4 * ATTN_WIDE_MMA_ROWS * S_LD +
+                             2 * ATTN_WIDE_MMA_ROWS * P_LD + 5 * 4 * ATTN_WIDE_MMA_ROWS;
+    static_assert(ATTN_KEYS == 32 && ATTN_WIDE_MMA_THREADS == 4 * ATTN_WIDE_MMA_ROWS, "four threads a row");
+    static_assert(HALF % 16 == 0 && D % 16 == 0, "whole k16 steps and n8 pairs");
+};
+
+template <int D, bool KV_SHARED>
+__device__ void attn_wide_mma(ATTN_PREFILL_PARAMS) {
+    typedef AttnWideMma<D, KV_SHARED> W;
+    const int ROWS = ATTN_WIDE_MMA_ROWS;
+    extern __shared__ __attribute__((aligned(16))) unsigned char attn_dynamic_shared[];
+    unsigned int granted;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(granted));
+    if (granted < (unsigned int)W::BYTES) {
+        __trap();  // a launch with less shared memory than the layout below would read past it
+    }
+    unsigned short* sq = (unsigned short*)attn_dynamic_shared;
+    unsigned short* sk = sq + ROWS * W::LD;  // key buffers 0, 1, then value buffers 0, 1 where separate
+    float* ss = (float*)(sk + W::TILES * W::TILE);
+    unsigned short* sp = (unsigned short*)(ss + ROWS * W::S_LD);
+    int* row_lo = (int*)(sp + ROWS * W::P_LD);
+    int* row_hi = row_lo + ROWS;
+    int* row_token = row_hi + ROWS;
+    float* row_alpha = (float*)(row_token + ROWS);
+    float* row_inv = row_alpha + ROWS;
+
+    const int tid = threadIdx.x;
+    const int warp = tid / 32;
+    const int lane = tid % 32;
+    const int g = blockIdx.y;
+    const int group = n_head / n_head_kv;
+    const int row0 = blockIdx.x * ROWS;
+    if (tid < ROWS) {
+        const int row = row0 + tid;
+        row_token[tid] = row / group < n_tokens ? row / group : -1;
+        attn_visible(positions, row_token[tid], n_tokens, kv_len, window, &row_lo[tid], &row_hi[tid]);
+    }
+    __syncthreads();
+    for (int i = tid; i < ROWS * (D / 2); i += ATTN_WIDE_MMA_THREADS) {
+        const int r = i / (D / 2);
+        const int c = 2 * (i % (D / 2));
+        const int t = row_token[r];
+        attn_float2 v = {0.0f, 0.0f};
+        if (t >= 0) {
+            v = *(const attn_float2*)(q + ((long long)t * n_head + g * group + (row0 + r) % group) * D + c);
+        }
+        *(unsigned int*)(sq + r * W::LD + c) = attn_pack_half2(v.x * scale, v.y * scale);
+    }
+    int first, last;
+    attn_union(row_lo, row_hi, ROWS, 0, kv_len, &first, &last);
+    const int j_start = first - first % ATTN_KEYS;
+    const int n_tiles = last >= first ? (last - j_start) / ATTN_KEYS + 1 : 0;
+
+    auto stage = [&](int tile, int buf) {
+        for (int i = tid; i < ATTN_KEYS * W::PARTS; i += ATTN_WIDE_MMA_THREADS) {
+            const int jr = i / W::PARTS;
+            const int part = i % W::PARTS;
+            const int j = j_start + tile * ATTN_KEYS + jr;
+            const bool inside = j >= first && j <= last;
+            const long long at = ((long long)(inside ? j : first) * n_head_kv + g) * D + 8 * part;
+            attn_copy16(sk + buf * W::TILE + jr * W::LD + 8 * part, k_cache + at, inside ? 16 : 0);
+            if (!KV_SHARED) {
+                attn_copy16(sk + (2 + buf) * W::TILE + jr * W::LD + 8 * part, v_cache + at, inside ? 16 : 0);
+            }
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    };
+
+    // Steps 1 and 3: this warp's 16 rows, its keys of a tile (step 1) and its output columns (step 3).
+    const int rows16 = 16 * (warp % 4);
+    const int keys16 = 16 * (warp / 4);
+    const int cols = W::HALF * (warp / 4);
+    const int a_row = rows16 + lane % 8 + 8 * ((lane / 8) % 2);  // ldmatrix rows of an A fragment
+    const int a_col = 8 * (lane / 16);
+    // Step 2: row sr's keys 8 * quarter .. + 7; m and l are the same in the row's four threads.
+    const int sr = tid / 4;
+    const int quarter = tid % 4;
+    float m = ATTN_NEG_INF;
+    float l = 0.0f;
+    float o[W::HALF / 8][4];
+#pragma unroll
+    for (int dt = 0; dt < W::HALF / 8; ++dt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            o[dt][e] = 0.0f;
+        }
+    }
+    if (n_tiles > 0) {
+        stage(0, 0);
+    }
+    for (int tile = 0; tile < n_tiles; ++tile) {
+        asm volatile("cp.async.wait_group 0;" ::: "memory");
+        __syncthreads();  // this tile has landed for every thread; the last tile's P V is done
+        if (tile + 1 < n_tiles) {
+            stage(tile + 1, (tile + 1) & 1);
+        }
+        const unsigned short* kt = sk + (tile & 1) * W::TILE;
+        const unsigned short* vt = KV_SHARED ? kt : sk + (2 + (tile & 1)) * W::TILE;
+        const int j0 = j_start + tile * ATTN_KEYS;
+        {
+            float s[2][2][4];  // [k chain][n8 tile][C element]
+#pragma unroll
+            for (int x = 0; x < 16; ++x) {
+                s[x / 8][(x / 4) % 2][x % 4] = 0.0f;
+            }
+#pragma unroll
+            for (int ks = 0; ks < D / 16; ++ks) {
+                unsigned int a[4];
+                unsigned int b[4];
+                ldmatrix_x4(a, sq + a_row * W::LD + 16 * ks + a_col);
+                ldmatrix_x4(b, kt + (keys16 + (lane / 16) * 8 + lane % 8) * W::LD + 16 * ks + ((lane / 8) % 2) * 8);
+                attn_mma_f16(s[ks % 2][0], a, b[0], b[1]);
+                attn_mma_f16(s[ks % 2][1], a, b[2], b[3]);
+            }
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const int r = rows16 + lane / 4 + 8 * half;
+                    const int c = keys16 + 8 * nt + 2 * (lane % 4);
+                    *(attn_float2*)(ss + r * W::S_LD + c) =
+                        attn_float2{s[0][nt][2 * half] + s[1][nt][2 * half],
+                                    s[0][nt][2 * half + 1] + s[1][nt][2 * half + 1]};
+                }
+            }
+        }
+        __syncthreads();
+        {
+            const int lo = row_lo[sr];
+            const int hi = row_hi[sr];
+            const attn_float4 s0 = *(const attn_float4*)(ss + sr * W::S_LD + 8 * quarter);
+            const attn_float4 s1 = *(const attn_float4*)(ss + sr * W::S_LD + 8 * quarter + 4);
+            float sv[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
+            float tile_max = ATTN_NEG_INF;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                const int j = j0 + 8 * quarter + e;
+                sv[e] = j >= lo && j <= hi ? sv[e] : ATTN_NEG_INF;
+                tile_max = fmaxf(tile_max, sv[e]);
+            }
+            const float m_new = fmaxf(m, attn_quad_max(tile_max));
+            const float m_use = m_new == ATTN_NEG_INF ? 0.0f : m_new;  // a row that saw nothing stays at zeros
+            const float alpha = expf(m - m_use);
+            m = m_new;
+            float sum = 0.0f;
+            unsigned int packed[4];
+#pragma unroll
+            for (int e = 0; e < 8; e += 2) {
+                const float p0 = expf(sv[e] - m_use);
+                const float p1 = expf(sv[e + 1] - m_use);
+                sum += p0;
+                sum += p1;
+                packed[e / 2] = attn_pack_half2(p0, p1);
+            }
+            l = l * alpha + attn_quad_sum(sum);
+            *(attn_words4*)(sp + sr * W::P_LD + 8 * quarter) = attn_words4{packed[0], packed[1], packed[2], packed[3]};
+            if (quarter == 0) {
+                row_alpha[sr] = alpha;
+            }
+        }
+        __syncthreads();
+        {
+            const float alpha0 = row_alpha[rows16 + lane / 4];
+            const float alpha1 = row_alpha[rows16 + lane / 4 + 8];
+#pragma unroll
+            for (int dt = 0; dt < W::HALF / 8; ++dt) {
+                o[dt][0] *= alpha0;
+                o[dt][1] *= alpha0;
+                o[dt][2] *= alpha1;
+                o[dt][3] *= alpha1;
+            }
+#pragma unroll
+            for (int kc = 0; kc < 2; ++kc) {
+                unsigned int pa[4];
+                ldmatrix_x4(pa, sp + a_row * W::P_LD + 16 * kc + a_col);
+#pragma unroll
+                for (int dt2 = 0; dt2 < W::HALF / 16; ++dt2) {
+                    unsigned int b[4];
+                    attn_ldmatrix_x4_trans(
+                        b, vt + (16 * kc + ((lane / 8) % 2) * 8 + lane % 8) * W::LD + cols + 16 * dt2 + (lane / 16) * 8);
+                    attn_mma_f16(o[2 * dt2], pa, b[0], b[1]);
+                    attn_mma_f16(o[2 * dt2 + 1], pa, b[2], b[3]);
+                }
+            }
+        }
+    }
+    if (quarter == 0) {
+        const int head = g * group + (row0 + sr) % group;
+        const float keep = sinks ? attn_join_sink(m, &l, sinks[head]) : 1.0f;
+        row_inv[sr] = l > 0.0f ? keep / l : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int r = rows16 + lane / 4 + 8 * half;
+        const int t = row_token[r];
+        if (t < 0) {
+            continue;
+        }
+        const float inv = row_inv[r];
+        float* out_row = out + ((long long)t * n_head + g * group + (row0 + r) % group) * D + cols + 2 * (lane % 4);
+#pragma unroll
+        for (int dt = 0; dt < W::HALF / 8; ++dt) {
+            *(attn_float2*)(out_row + 8 * dt) = attn_float2{o[dt][2 * half] * inv, o[dt][2 * half + 1] * inv};
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_WIDE_MMA_THREADS, 1) attn_wide_mma_d256(ATTN_PREFILL_PARAMS) {
+    KERNEL_PROLOGUE();
+    attn_wide_mma<256, false>(ATTN_PREFILL_ARGS);
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_WIDE_MMA_THREADS, 1) attn_wide_mma_d576(ATTN_PREFILL_PARAMS) {
+    KERNEL_PROLOGUE();
+    attn_wide_mma<576, true>(ATTN_PREFILL_ARGS);
+}
+
 
 #else  // not ATTN_MMA_NVIDIA
 

@@ -8,7 +8,10 @@
   accumulation (``uses_matrix_cores``): mma.sync on NVIDIA sm_80+, MFMA on AMD CDNA2/CDNA3
   (gfx90a, gfx94x), WMMA on RDNA3/RDNA4 (gfx11, gfx12). Elsewhere (RDNA2 and older, NVIDIA before
   sm_80), or where the MoeKernels instance was made for ``MatrixPath.SIMT``, they run in float32
-  FMAs.
+  FMAs. Wide heads (``WIDE_DIMS``) take mma.sync kernels of their own where the device also has
+  ``Capabilities.mma_fragments`` and room for their shared memory (``uses_wide_mma``; deepseek2's
+  576-wide latent only where the values are the keys' own rows, as its cache holds them), else a
+  float32 kernel.
 - decode (a few tokens): split-K over chunks of ``DECODE_CHUNK`` keys, so one token's attention
   over a long cache spreads over the whole GPU: each block writes its rows' running max, sum and
   unnormalized output into scratch, and the last block of each KV head's rows to finish (a counter
@@ -55,6 +58,10 @@ FUSED_MAX_CHUNKS = 64  # decode combines in its own launch up to this many chunk
 HEAD_DIMS = (64, 128)  # head dims with a kernel instance
 WIDE_DIMS = (256, 576)  # head dims of the wide kernel alone: qwen3next's; deepseek2's latent key (512 + 64)
 WIDE_ROWS = DECODE_ROWS  # (token, head) rows per block of the wide kernels (attention.cu's ATTN_WIDE_ROWS)
+WIDE_MMA_ROWS = 64  # (token, head) rows per block of the wide matrix-core prefill
+WIDE_MMA_THREADS = 256
+_KEYS = 32  # keys per staged tile (attention.cu's ATTN_KEYS)
+SHARED_KV_DIMS = (576,)  # wide heads whose matrix-core kernel reads the values from the keys' rows
 CACHE_ALIGN = 16  # bytes: the kernels read cache rows 16 bytes at a time
 ROW_ALIGN = 8  # bytes: query and output rows are read and written two floats at a time
 _SCRATCH_ALIGN = 16
@@ -69,6 +76,28 @@ def uses_matrix_cores(kernels: MoeKernels) -> bool:
     attention's too.
     """
     return kernels.device.capabilities.matrix_cores and kernels.path is not MatrixPath.SIMT
+
+
+def wide_mma_shared_bytes(head_dim: int) -> int:
+    """The shared memory a block of attn_wide_mma_d{head_dim} lays out (attention.cu's AttnWideMma::BYTES):
+    the block's queries and double-buffered key tiles (and value tiles, where they are not the keys'
+    rows) in f16, the score tile, the P tile and five numbers a row."""
+    ld = head_dim + 8
+    tiles = 2 if head_dim in SHARED_KV_DIMS else 4
+    staged = 2 * (WIDE_MMA_ROWS * ld + tiles * _KEYS * ld)
+    return staged + 4 * WIDE_MMA_ROWS * (_KEYS + 4) + 2 * WIDE_MMA_ROWS * (_KEYS + 8) + 5 * 4 * WIDE_MMA_ROWS
+
+
+def uses_wide_mma(kernels: MoeKernels, head_dim: int, shared_kv: bool) -> bool:
+    """Whether a prefill of this wide head dim takes the mma.sync kernel on this instance's device."""
+    caps = kernels.device.capabilities
+    return (
+        head_dim in WIDE_DIMS
+        and uses_matrix_cores(kernels)
+        and caps.mma_fragments
+        and caps.max_shared_bytes >= wide_mma_shared_bytes(head_dim)
+        and (shared_kv or head_dim not in SHARED_KV_DIMS)
+    )
 
 
 def decode_chunks(kv_len: int) -> int:
@@ -132,8 +161,8 @@ def attention(
     bound: a captured decode step replays with kv_len = the cache size and reads only rows <= its
     position). sinks (float32 [n_head], gpt-oss) is one extra logit per head in the softmax's
     denominator that contributes no value. A query that sees no row gets zeros. Head dims: HEAD_DIMS,
-    and WIDE_DIMS on kernels of their own: one for prefill, a split-K one for decode (its partials
-    merged by the same combine, never fused).
+    and WIDE_DIMS on kernels of their own: two for prefill (``uses_wide_mma``), a split-K one for
+    decode (its partials merged by the same combine, never fused).
     """
     call = "attention"
     positive(call, n_tokens=n_tokens, kv_len=kv_len, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim)
@@ -148,6 +177,16 @@ def attention(
     sinks_arg = np.uint64(0) if sinks is None else view(call, "sinks", sinks, n_head * 4)
     shape = (np.int32(n_tokens), np.int32(kv_len), np.int32(n_head), np.int32(n_head_kv), np.int32(window))
     wide = head_dim in WIDE_DIMS
+    shared_kv = views[1].buffer is views[2].buffer and views[1].offset == views[2].offset
+    if wide and n_tokens > DECODE_MAX_TOKENS and uses_wide_mma(kernels, head_dim, shared_kv):
+        stream.launch(
+            kernels.kernel(f"attn_wide_mma_d{head_dim}"),
+            (-(-n_tokens * (n_head // n_head_kv) // WIDE_MMA_ROWS), n_head_kv),
+            WIDE_MMA_THREADS,
+            (*views, out_view, pos_view, sinks_arg, *shape, np.float32(scale)),
+            shared_mem=wide_mma_shared_bytes(head_dim),
+        )
+        return
     if wide and n_tokens > DECODE_MAX_TOKENS:
         stream.launch(
             kernels.kernel(f"attn_wide_d{head_dim}"),
@@ -235,4 +274,6 @@ __all__ = [
     "decode_scratch_bytes",
     "reserve_decode",
     "uses_matrix_cores",
+    "uses_wide_mma",
+    "wide_mma_shared_bytes",
 ]

@@ -92,6 +92,7 @@ class FakeGpu:
         self.launches: list[tuple[Any, ...]] = []
         self.chained: list[tuple[Any, ...]] = []  # launches chained to the kernel before them
         self.chains = False  # whether the fake arch has chained launches
+        self.shared_allowed: list[tuple[Any, int]] = []  # (function, bytes) a kernel was let launch with
         self.refuse_read_only = False
         self.compile_error: str | None = None
         self._next = 0x1000
@@ -120,6 +121,7 @@ class FakeGpu:
             DeviceAttr.ASYNC_ENGINE_COUNT: 2,
             DeviceAttr.HOST_REGISTER: 1,
             DeviceAttr.HOST_REGISTER_READ_ONLY: 1,
+            DeviceAttr.MAX_SHARED_PER_BLOCK: 100 * 1024,
         }[attr]
 
     def malloc(self, n: int) -> tuple[Any, ...]:
@@ -296,6 +298,7 @@ class FakeGpu:
             module_unload=call("fakeModuleUnload", self.module_unload),
             launch=call("fakeModuleLaunchKernel", self.launch),
             launch_chained=call("fakeLaunchKernelEx", self.launch_chained),
+            allow_shared=call("fakeFuncSetAttribute", lambda f, n: (self.shared_allowed.append((f, n)), (OK,))[1]),
             chained_launches=lambda arch: self.chains,
             profiler_start=call("fakeProfilerStart", ok),
             profiler_stop=call("fakeProfilerStop", ok),
@@ -523,6 +526,22 @@ def test_kernel_launch_passes_addresses_and_typed_scalars(backend: Any, fake: Fa
     assert (grid, block, shared, handle) == ((2, 1, 1), (64, 1, 1), 0, stream.handle)
     assert values == (buf.address + 8, 24)
     assert ctypes_types == (ctypes.c_void_p, ctypes.c_int32)
+
+
+def test_a_kernel_is_let_use_more_shared_memory_once_and_never_past_the_device(backend: Any, fake: FakeGpu) -> None:
+    dev = backend.device(0)
+    assert dev.capabilities.max_shared_bytes == 100 * 1024
+    kernel = dev.compile('extern "C" __global__ void es_fill(char* p, int n) {}', "es_fill")
+    stream = dev.stream()
+    stream.launch(kernel, 1, 32, [], shared_mem=48 * 1024)  # every kernel may: nothing asked
+    assert fake.shared_allowed == []
+    for nbytes in (80 * 1024, 64 * 1024, 80 * 1024):
+        stream.launch(kernel, 1, 32, [], shared_mem=nbytes)
+    assert fake.shared_allowed == [(kernel.function, 80 * 1024)]
+    assert [launch[3] for launch in fake.launches] == [48 * 1024, 80 * 1024, 64 * 1024, 80 * 1024]
+    with pytest.raises(InvalidArgument, match=r"102401 bytes of shared memory a block; this device allows 102400"):
+        stream.launch(kernel, 1, 32, [], shared_mem=100 * 1024 + 1)
+    assert len(fake.launches) == 4
 
 
 @pytest.mark.parametrize(

@@ -24,6 +24,7 @@ from expertstream.kernels.attention import (
     FUSED_MAX_CHUNKS,
     attention,
     uses_matrix_cores,
+    uses_wide_mma,
 )
 from expertstream.kernels.reference_attention import attention as reference_attention
 from expertstream.timeline import OpKind
@@ -47,6 +48,7 @@ class Case:
     window: int = 0
     sinks: bool = False
     extra_rows: int = 0  # kv_len past the last position (rows the launch may read but no query sees)
+    shared_kv: bool = False  # the values are the keys' rows, one buffer (deepseek2's latent cache)
 
     @property
     def kv_len(self) -> int:
@@ -55,7 +57,7 @@ class Case:
     def __str__(self) -> str:
         return (
             f"t{self.n_tokens}-p{self.first_pos}-h{self.n_head}/{self.n_head_kv}-d{self.head_dim}"
-            f"-w{self.window}{'-sinks' if self.sinks else ''}-x{self.extra_rows}"
+            f"-w{self.window}{'-sinks' if self.sinks else ''}-x{self.extra_rows}{'-kv' if self.shared_kv else ''}"
         )
 
 
@@ -75,6 +77,13 @@ CASES = [
     Case(20, 30, 16, 2, 256, extra_rows=3),  # qwen3next's full attention
     Case(3, 600, 8, 1, 576, extra_rows=20),  # the wide split-K decode over 19 chunks
     Case(2, 40, 16, 2, 256, window=16, sinks=True),
+    # the wide matrix-core prefill: several row blocks, a block within a token's heads (128 heads, as
+    # DeepSeek-V3 has), a window cutting into the tiles, and qwen3next's separate values
+    Case(70, 0, 16, 1, 576, extra_rows=9, shared_kv=True),
+    Case(40, 100, 128, 1, 576, extra_rows=3, shared_kv=True),
+    Case(33, 10, 16, 1, 576, window=20, sinks=True, shared_kv=True),
+    Case(100, 5, 16, 2, 256, extra_rows=7),
+    Case(12, 0, 8, 1, 576, shared_kv=True),  # one block whose rows end past the last token
 ]
 
 
@@ -105,10 +114,11 @@ class Inputs:
         )
 
     def upload(self, device: Device) -> Inputs:
+        k = device.upload(self.k.view(np.uint16))
         self.buffers = {
             "q": device.upload(self.q),
-            "k": device.upload(self.k.view(np.uint16)),
-            "v": device.upload(self.v.view(np.uint16)),
+            "k": k,
+            "v": k if self.case.shared_kv else device.upload(self.v.view(np.uint16)),
             "positions": device.upload(self.positions),
         }
         if self.sinks is not None:
@@ -122,13 +132,13 @@ def make_inputs_on_host(rng: np.random.Generator, case: Case) -> Inputs:
     cache_rows = c.kv_len + 5  # rows >= kv_len
     shape = (cache_rows, c.n_head_kv, c.head_dim)
     k = rng.standard_normal(shape).astype(np.float16)
-    v = rng.standard_normal(shape).astype(np.float16)
+    v = k if c.shared_kv else rng.standard_normal(shape).astype(np.float16)
     positions = np.arange(c.first_pos, c.first_pos + c.n_tokens, dtype=np.int32)
     unseen = np.arange(cache_rows) > positions[-1]
     if c.window:
         unseen |= np.arange(cache_rows) < positions[0] - c.window + 1
     k[unseen] = np.nan
-    v[unseen] = np.nan
+    v[unseen] = np.nan  # (the same array where shared_kv)
     q = (2 * rng.standard_normal((c.n_tokens, c.n_head, c.head_dim))).astype(np.float32)
     sinks = (rng.standard_normal(c.n_head) * 2).astype(np.float32) if c.sinks else None
     return Inputs(case, q, k, v, positions, sinks, float(1 / np.sqrt(c.head_dim)))
@@ -277,6 +287,39 @@ def test_prefill_takes_the_matrix_core_kernel_where_the_device_has_matrix_cores(
         assert launched == [expected]
         assert uses_matrix_cores(kernels) == expected.startswith("attn_prefill_mma")
         assert worst_row_error(out, inputs.reference()) < tolerance(kernels, case)
+
+
+_H200 = sim.BUILTIN_PROFILES["cuda-h200"]
+_SM86_SHARED = dataclasses.replace(_H200, name="cuda-99k-shared", max_shared_bytes=99 * 1024)
+
+
+@pytest.mark.parametrize(
+    ("profile", "path", "case", "expected"),
+    [
+        (_H200, None, Case(12, 3, 16, 1, 576, shared_kv=True), "attn_wide_mma_d576"),
+        (_H200, None, Case(12, 3, 16, 1, 576), "attn_wide_d576"),
+        (_H200, None, Case(12, 3, 4, 2, 256), "attn_wide_mma_d256"),
+        (_H200, MatrixPath.SIMT, Case(12, 3, 16, 1, 576, shared_kv=True), "attn_wide_d576"),
+        (_RDNA4, None, Case(12, 3, 16, 1, 576, shared_kv=True), "attn_wide_d576"),
+        (_SM86_SHARED, None, Case(12, 3, 16, 1, 576, shared_kv=True), "attn_wide_d576"),
+        (_SM86_SHARED, None, Case(12, 3, 4, 2, 256), "attn_wide_d256"),
+    ],
+    ids=["h200-latent", "h200-576-own-values", "h200-256", "h200-simt-asked", "rdna4", "99k-576", "99k-256"],
+)
+def test_wide_prefill_takes_the_matrix_cores_where_fragments_shared_memory_and_values_allow(
+    profile: sim.Profile, path: MatrixPath | None, case: Case, expected: str
+) -> None:
+    """The wide mma.sync kernels need NVIDIA's fragments, their block's shared memory (165 KB at 576,
+    116 KB at 256) and, at 576, the values in the keys' own rows; anything else takes the float32 one."""
+    with sim.open(profile=profile) as backend, MoeKernels(backend.device(0), path) as kernels:
+        device = backend.device(0)
+        inputs = make_inputs(device, np.random.default_rng(3), case)
+        with device.stream() as stream:
+            out = run(kernels, stream, inputs)
+        launched = [op.name for op in backend.timeline if op.kind is OpKind.KERNEL and op.name.startswith("attn")]
+        assert launched == [expected]
+        assert uses_wide_mma(kernels, case.head_dim, case.shared_kv) == ("mma" in expected)
+        assert worst_row_error(out, inputs.reference()) < RTOL_F32
 
 
 def test_sinks_take_weight_from_the_values(device: Device, kernels: MoeKernels, stream: Stream) -> None:

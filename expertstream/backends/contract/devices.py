@@ -50,6 +50,9 @@ class Capabilities:
     # kernels launched chained to the one before them (NVIDIA sm_90+: programmatic dependent launch),
     # so a kernel's launch overlaps the work of the one it waits for
     chained_launches: bool = False
+    # the most shared memory one block may use (NVIDIA: what a kernel may opt into beyond 48 KB;
+    # AMD: a workgroup's LDS)
+    max_shared_bytes: int = 48 * 1024
 
 
 class Device(abc.ABC):
@@ -338,6 +341,7 @@ class Backend(abc.ABC, Closing):
                         "int8_matrix_cores": d.capabilities.int8_matrix_cores,
                         "mma_fragments": d.capabilities.mma_fragments,
                         "chained_launches": d.capabilities.chained_launches,
+                        "max_shared_bytes": d.capabilities.max_shared_bytes,
                     },
                 }
                 for d in self.devices

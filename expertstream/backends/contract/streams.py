@@ -418,6 +418,14 @@ class Stream(ProducerStream, Closing):
                     device=self.device.label,
                     hint="pass numpy scalars such as np.int32(n) or np.float32(x)",
                 )
+        if shared_mem and not 0 < shared_mem <= self.device.capabilities.max_shared_bytes:
+            raise InvalidArgument(
+                f"{shared_mem} bytes of shared memory a block; this device allows "
+                f"{self.device.capabilities.max_shared_bytes}",
+                call=call,
+                device=self.device.label,
+                hint="launch with less, or pick the kernel by Capabilities.max_shared_bytes",
+            )
         grid3, block3, arg_tuple = dim3(grid), dim3(block), tuple(args)
         self._traced(OpKind.KERNEL, kernel.name, 0, lambda: self._launch(kernel, grid3, block3, arg_tuple, shared_mem))
 

@@ -62,6 +62,7 @@ class SimDevice(Device):
             matrix_cores=profile.matrix_cores,
             int8_matrix_cores=profile.int8_matrix_cores,
             mma_fragments=profile.mma_fragments,
+            max_shared_bytes=profile.max_shared_bytes,
         )
 
     @property

@@ -130,6 +130,8 @@ class Profile:
     int8_matrix_cores: bool = False
     # whether Q4_0, Q4_K and Q6_K take the direct-decode kernels of direct.cu (NVIDIA sm_80+)
     mma_fragments: bool = False
+    # the most shared memory a block may use (Capabilities.max_shared_bytes)
+    max_shared_bytes: int = 48 * 1024
     # Host threads a staging ring runs on the machine this profile describes (hostmem's default
     # there); None: the default of the machine the simulation runs on.
     ring_threads: int | None = None
@@ -393,6 +395,7 @@ CUDA_H200 = Profile(
     matrix_cores=True,  # datasheet: Hopper tensor cores (mma.sync bf16)
     int8_matrix_cores=True,  # datasheet: Hopper tensor cores (mma.sync s8)
     mma_fragments=True,  # sm_90: mma.sync m16n8k16 bf16
+    max_shared_bytes=227 * 1024,  # datasheet: sm_90 blocks opt into up to 227 KB
     # measured: the device time before each operation of a chain, fitted by `expertstream tune` to replayed
     # 48-layer decode steps (back to back, one kernel launches every 2.0 us; docs/results/decode-h200.md)
     launch_latency_s=7.7e-6,
@@ -443,6 +446,7 @@ ROCM_R9700 = Profile(
     memset_bps=0.39e12,  # assumed: write-only traffic, ~60% of the GDDR6 peak
     flops_per_s=4.8e13,  # assumed: kernels without a fitted rate run at mul_mat_id's
     matrix_cores=True,  # datasheet: RDNA4 WMMA (gfx1201)
+    max_shared_bytes=64 * 1024,  # datasheet: a workgroup's LDS
     launch_latency_s=5e-6,  # assumed: like the CUDA profile
     copy_latency_s=10e-6,  # assumed: like the CUDA profile
     enqueue_s=30e-6,  # assumed: the same Python binding overhead as on CUDA, twice the H200's
