@@ -62,6 +62,9 @@ WIDE_MMA_ROWS = 64  # (token, head) rows per block of the wide matrix-core prefi
 WIDE_MMA_THREADS = 256
 _KEYS = 32  # keys per staged tile (attention.cu's ATTN_KEYS)
 SHARED_KV_DIMS = (576,)  # wide heads whose matrix-core kernel reads the values from the keys' rows
+# Kernels the source defines for NVIDIA sm_80+ alone (mma.sync fragments and more than AMD's 64 KB of
+# LDS a block): uses_wide_mma never picks them elsewhere.
+NVIDIA_ONLY_KERNELS = tuple(f"attn_wide_mma_d{d}" for d in WIDE_DIMS)
 CACHE_ALIGN = 16  # bytes: the kernels read cache rows 16 bytes at a time
 ROW_ALIGN = 8  # bytes: query and output rows are read and written two floats at a time
 _SCRATCH_ALIGN = 16
@@ -267,6 +270,7 @@ __all__ = [
     "DECODE_MAX_TOKENS",
     "FUSED_MAX_CHUNKS",
     "HEAD_DIMS",
+    "NVIDIA_ONLY_KERNELS",
     "WIDE_DIMS",
     "attention",
     "decode_chunks",

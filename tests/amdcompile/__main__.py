@@ -21,14 +21,17 @@ from pathlib import Path
 
 from expertstream.backends._gpu import gather_source
 from expertstream.kernels import kernel_source, type_kernels
+from expertstream.kernels.attention import NVIDIA_ONLY_KERNELS
 from expertstream.kernels.layout import FORMATS
 
 from . import hiprtc, toolchain
 
 
 def _required_kernels(source: str) -> set[str]:
+    """Every kernel the source defines, less those it defines for NVIDIA's mma.sync alone (the
+    launcher never asks an AMD device for them)."""
     by_type = {name for fmt in FORMATS.values() for name in type_kernels(fmt)}
-    return by_type | hiprtc.defined_kernels(source)
+    return (by_type | hiprtc.defined_kernels(source)) - set(NVIDIA_ONLY_KERNELS)
 
 
 def _matrix_functions(result: hiprtc.Result) -> dict[str, int]:
