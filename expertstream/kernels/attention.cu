@@ -745,6 +745,26 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_wide_decode_d576
 #define ATTN_MMA_NVIDIA 1
 #endif
 
+// The wide matrix-core prefill's block (below; its layout's size is checked on the host too).
+#define ATTN_WIDE_MMA_ROWS 64
+#define ATTN_WIDE_MMA_THREADS 256
+
+template <int D, bool KV_SHARED> struct AttnWideMma {
+    static const int LD = D + 8;  // halves per staged row: 16-byte rows, ldmatrix's 8 rows in distinct banks
+    static const int S_LD = ATTN_KEYS + 4;  // floats per score row: 16-byte rows, read four floats at a time
+    static const int P_LD = ATTN_KEYS + 8;  // halves per P row
+    static const int HALF = D / 2;          // output columns a warp owns
+    static const int PARTS = D / 8;         // 16-byte parts of a cache row
+    static const int TILE = ATTN_KEYS * LD;  // halves of one staged key (or value) tile
+    static const int TILES = KV_SHARED ? 2 : 4;  // two buffers of keys, and of values where they differ
+    // Must match attention.py's wide_mma_shared_bytes.
+    static const int BYTES = 2 * (ATTN_WIDE_MMA_ROWS * LD + TILES * TILE) + 4 * ATTN_WIDE_MMA_ROWS * S_LD +
+                             2 * ATTN_WIDE_MMA_ROWS * P_LD + 5 * 4 * ATTN_WIDE_MMA_ROWS;
+    static_assert(ATTN_KEYS == 32 && ATTN_WIDE_MMA_THREADS == 4 * ATTN_WIDE_MMA_ROWS, "four threads a row");
+    static_assert(HALF % 16 == 0 && D % 16 == 0, "whole k16 steps and n8 pairs");
+};
+
+
 #if defined(ATTN_MMA_NVIDIA)
 
 __device__ unsigned int attn_pack_half2(float low, float high) {
@@ -999,24 +1019,6 @@ __device__ void attn_prefill_mma(ATTN_PREFILL_PARAMS) {
 // Staging the next tile overlaps all three. Results are the prefill's, as attn_prefill_mma_d*
 // rounds them (f16 Q and P, float32 sums); the grid's row blocks never read each other's rows.
 // ---------------------------------------------------------------------------------
-
-#define ATTN_WIDE_MMA_ROWS 64
-#define ATTN_WIDE_MMA_THREADS 256
-
-template <int D, bool KV_SHARED> struct AttnWideMma {
-    static const int LD = D + 8;  // halves per staged row: 16-byte rows, ldmatrix's 8 rows in distinct banks
-    static const int S_LD = ATTN_KEYS + 4;  // floats per score row: 16-byte rows, read four floats at a time
-    static const int P_LD = ATTN_KEYS + 8;  // halves per P row
-    static const int HALF = D / 2;          // output columns a warp owns
-    static const int PARTS = D / 8;         // 16-byte parts of a cache row
-    static const int TILE = ATTN_KEYS * LD;  // halves of one staged key (or value) tile
-    static const int TILES = KV_SHARED ? 2 : 4;  // two buffers of keys, and of values where they differ
-    // Must match attention.py's wide_mma_shared_bytes.
-    static const int BYTES = 2 * (ATTN_WIDE_MMA_ROWS * LD + TILES * TILE) + 4 * ATTN_WIDE_MMA_ROWS * S_LD +
-                             2 * ATTN_WIDE_MMA_ROWS * P_LD + 5 * 4 * ATTN_WIDE_MMA_ROWS;
-    static_assert(ATTN_KEYS == 32 && ATTN_WIDE_MMA_THREADS == 4 * ATTN_WIDE_MMA_ROWS, "four threads a row");
-    static_assert(HALF % 16 == 0 && D % 16 == 0, "whole k16 steps and n8 pairs");
-};
 
 template <int D, bool KV_SHARED>
 __device__ void attn_wide_mma(ATTN_PREFILL_PARAMS) {

@@ -60,6 +60,10 @@ static void launch(unsigned gx, unsigned gy, unsigned gz, unsigned threads, cons
 // each launch's).
 int main(int argc, char** argv) {
     const int mode = atoi(argv[1]);
+    if (mode == 6) {  // the shared memory the wide matrix-core prefill lays out (its kernels are NVIDIA's own)
+        printf("%d %d\\n", AttnWideMma<256, false>::BYTES, AttnWideMma<576, true>::BYTES);
+        return 0;
+    }
     std::vector<int> shape = read_array<int>(7);
     const int n_tokens = shape[0], kv_len = shape[1], n_head = shape[2], n_head_kv = shape[3], head_dim = shape[4];
     const int window = shape[5], has_sinks = shape[6];
@@ -152,6 +156,13 @@ int main(int argc, char** argv) {
 }
 """
 )
+
+
+def test_the_launcher_gives_the_wide_matrix_core_prefill_the_shared_memory_it_lays_out(
+    attention_kernels: Path,
+) -> None:
+    run = subprocess.run([str(attention_kernels), "6"], capture_output=True, check=True, text=True)
+    assert [int(n) for n in run.stdout.split()] == [attention.wide_mma_shared_bytes(d) for d in (256, 576)]
 
 
 @pytest.fixture(scope="module")
