@@ -81,10 +81,13 @@ class Linear:
         self, kernels: MoeKernels, stream: Stream, x: BufferView, rows: int, y: BufferView, heads: BufferView
     ) -> None:
         """y[t, h] = W[h] x[t, h] for a per-head tensor [n_in, n_out, n_head] (deepseek2's attn_k_b and
-        attn_v_b): ``mul_mat_id`` with each head an expert, ``heads`` int32 [rows, n_head] = 0..n_head-1."""
+        attn_v_b): ``mul_mat_id`` with each head an expert, ``heads`` int32 [rows, n_head] = 0..n_head-1.
+        A few rows take the matrix-vector kernels whatever the number of heads: each head's weight is
+        read once a row either way, in one launch instead of the tile path's grouping, rounding and
+        product."""
         n_head = self.info.ne[2]
         kernels.mul_mat_id(stream, self.weight, self.info.qtype, n_head, self.n_out, self.n_in, x, True, heads, rows,
-                           n_head, y)  # fmt: skip
+                           n_head, y, gemv=kernels.uses_gemv(rows))  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -1020,8 +1020,21 @@ __device__ void attn_prefill_mma(ATTN_PREFILL_PARAMS) {
 // rounds them (f16 Q and P, float32 sums); the grid's row blocks never read each other's rows.
 // ---------------------------------------------------------------------------------
 
+// The block's shared memory, laid out as AttnWideMma::BYTES counts it.
+template <int D, bool KV_SHARED> struct AttnWideMmaShared {
+    unsigned short* q;
+    unsigned short* k;  // key buffers 0, 1, then value buffers 0, 1 where separate
+    float* s;
+    unsigned short* p;
+    int* lo;
+    int* hi;
+    int* token;
+    float* alpha;
+    float* inv;
+};
+
 template <int D, bool KV_SHARED>
-__device__ void attn_wide_mma(ATTN_PREFILL_PARAMS) {
+__device__ __forceinline__ AttnWideMmaShared<D, KV_SHARED> attn_wide_mma_shared() {
     typedef AttnWideMma<D, KV_SHARED> W;
     const int ROWS = ATTN_WIDE_MMA_ROWS;
     extern __shared__ __attribute__((aligned(16))) unsigned char attn_dynamic_shared[];
@@ -1030,42 +1043,61 @@ __device__ void attn_wide_mma(ATTN_PREFILL_PARAMS) {
     if (granted < (unsigned int)W::BYTES) {
         __trap();  // a launch with less shared memory than the layout below would read past it
     }
-    unsigned short* sq = (unsigned short*)attn_dynamic_shared;
-    unsigned short* sk = sq + ROWS * W::LD;  // key buffers 0, 1, then value buffers 0, 1 where separate
-    float* ss = (float*)(sk + W::TILES * W::TILE);
-    unsigned short* sp = (unsigned short*)(ss + ROWS * W::S_LD);
-    int* row_lo = (int*)(sp + ROWS * W::P_LD);
-    int* row_hi = row_lo + ROWS;
-    int* row_token = row_hi + ROWS;
-    float* row_alpha = (float*)(row_token + ROWS);
-    float* row_inv = row_alpha + ROWS;
+    AttnWideMmaShared<D, KV_SHARED> sh;
+    sh.q = (unsigned short*)attn_dynamic_shared;
+    sh.k = sh.q + ROWS * W::LD;
+    sh.s = (float*)(sh.k + W::TILES * W::TILE);
+    sh.p = (unsigned short*)(sh.s + ROWS * W::S_LD);
+    sh.lo = (int*)(sh.p + ROWS * W::P_LD);
+    sh.hi = sh.lo + ROWS;
+    sh.token = sh.hi + ROWS;
+    sh.alpha = (float*)(sh.token + ROWS);
+    sh.inv = sh.alpha + ROWS;
+    return sh;
+}
 
+// Rows row0 .. + 63 of KV head g over cache rows [key_begin, key_end): leaves each thread's row sr's
+// (tid / 4) m and l and its warp's unnormalized o (rows 16 (warp % 4) .., columns (warp / 4) D / 2 ..);
+// false, with nothing staged, where no row sees any of those keys (the same in every thread).
+template <int D, bool KV_SHARED>
+__device__ __forceinline__ bool attn_wide_mma_rows(const AttnWideMmaShared<D, KV_SHARED>& sh,
+                                                   const float* __restrict__ q,
+                                                   const unsigned short* __restrict__ k_cache,
+                                                   const unsigned short* __restrict__ v_cache,
+                                                   const int* __restrict__ positions, int n_tokens, int kv_len,
+                                                   int n_head, int n_head_kv, int window, float scale, int row0,
+                                                   int key_begin, int key_end, float* m_out, float* l_out,
+                                                   float (*o)[4]) {
+    typedef AttnWideMma<D, KV_SHARED> W;
+    const int ROWS = ATTN_WIDE_MMA_ROWS;
     const int tid = threadIdx.x;
     const int warp = tid / 32;
     const int lane = tid % 32;
     const int g = blockIdx.y;
     const int group = n_head / n_head_kv;
-    const int row0 = blockIdx.x * ROWS;
     if (tid < ROWS) {
         const int row = row0 + tid;
-        row_token[tid] = row / group < n_tokens ? row / group : -1;
-        attn_visible(positions, row_token[tid], n_tokens, kv_len, window, &row_lo[tid], &row_hi[tid]);
+        sh.token[tid] = row / group < n_tokens ? row / group : -1;
+        attn_visible(positions, sh.token[tid], n_tokens, kv_len, window, &sh.lo[tid], &sh.hi[tid]);
     }
     __syncthreads();
+    int first, last;
+    attn_union(sh.lo, sh.hi, ROWS, key_begin, key_end, &first, &last);
+    if (last < first) {
+        return false;
+    }
     for (int i = tid; i < ROWS * (D / 2); i += ATTN_WIDE_MMA_THREADS) {
         const int r = i / (D / 2);
         const int c = 2 * (i % (D / 2));
-        const int t = row_token[r];
+        const int t = sh.token[r];
         attn_float2 v = {0.0f, 0.0f};
         if (t >= 0) {
             v = *(const attn_float2*)(q + ((long long)t * n_head + g * group + (row0 + r) % group) * D + c);
         }
-        *(unsigned int*)(sq + r * W::LD + c) = attn_pack_half2(v.x * scale, v.y * scale);
+        *(unsigned int*)(sh.q + r * W::LD + c) = attn_pack_half2(v.x * scale, v.y * scale);
     }
-    int first, last;
-    attn_union(row_lo, row_hi, ROWS, 0, kv_len, &first, &last);
     const int j_start = first - first % ATTN_KEYS;
-    const int n_tiles = last >= first ? (last - j_start) / ATTN_KEYS + 1 : 0;
+    const int n_tiles = (last - j_start) / ATTN_KEYS + 1;
 
     auto stage = [&](int tile, int buf) {
         for (int i = tid; i < ATTN_KEYS * W::PARTS; i += ATTN_WIDE_MMA_THREADS) {
@@ -1074,9 +1106,9 @@ __device__ void attn_wide_mma(ATTN_PREFILL_PARAMS) {
             const int j = j_start + tile * ATTN_KEYS + jr;
             const bool inside = j >= first && j <= last;
             const long long at = ((long long)(inside ? j : first) * n_head_kv + g) * D + 8 * part;
-            attn_copy16(sk + buf * W::TILE + jr * W::LD + 8 * part, k_cache + at, inside ? 16 : 0);
+            attn_copy16(sh.k + buf * W::TILE + jr * W::LD + 8 * part, k_cache + at, inside ? 16 : 0);
             if (!KV_SHARED) {
-                attn_copy16(sk + (2 + buf) * W::TILE + jr * W::LD + 8 * part, v_cache + at, inside ? 16 : 0);
+                attn_copy16(sh.k + (2 + buf) * W::TILE + jr * W::LD + 8 * part, v_cache + at, inside ? 16 : 0);
             }
         }
         asm volatile("cp.async.commit_group;" ::: "memory");
@@ -1093,7 +1125,6 @@ __device__ void attn_wide_mma(ATTN_PREFILL_PARAMS) {
     const int quarter = tid % 4;
     float m = ATTN_NEG_INF;
     float l = 0.0f;
-    float o[W::HALF / 8][4];
 #pragma unroll
     for (int dt = 0; dt < W::HALF / 8; ++dt) {
 #pragma unroll
@@ -1101,17 +1132,15 @@ __device__ void attn_wide_mma(ATTN_PREFILL_PARAMS) {
             o[dt][e] = 0.0f;
         }
     }
-    if (n_tiles > 0) {
-        stage(0, 0);
-    }
+    stage(0, 0);
     for (int tile = 0; tile < n_tiles; ++tile) {
         asm volatile("cp.async.wait_group 0;" ::: "memory");
         __syncthreads();  // this tile has landed for every thread; the last tile's P V is done
         if (tile + 1 < n_tiles) {
             stage(tile + 1, (tile + 1) & 1);
         }
-        const unsigned short* kt = sk + (tile & 1) * W::TILE;
-        const unsigned short* vt = KV_SHARED ? kt : sk + (2 + (tile & 1)) * W::TILE;
+        const unsigned short* kt = sh.k + (tile & 1) * W::TILE;
+        const unsigned short* vt = KV_SHARED ? kt : sh.k + (2 + (tile & 1)) * W::TILE;
         const int j0 = j_start + tile * ATTN_KEYS;
         {
             float s[2][2][4];  // [k chain][n8 tile][C element]
@@ -1123,7 +1152,7 @@ __device__ void attn_wide_mma(ATTN_PREFILL_PARAMS) {
             for (int ks = 0; ks < D / 16; ++ks) {
                 unsigned int a[4];
                 unsigned int b[4];
-                ldmatrix_x4(a, sq + a_row * W::LD + 16 * ks + a_col);
+                ldmatrix_x4(a, sh.q + a_row * W::LD + 16 * ks + a_col);
                 ldmatrix_x4(b, kt + (keys16 + (lane / 16) * 8 + lane % 8) * W::LD + 16 * ks + ((lane / 8) % 2) * 8);
                 attn_mma_f16(s[ks % 2][0], a, b[0], b[1]);
                 attn_mma_f16(s[ks % 2][1], a, b[2], b[3]);
@@ -1134,7 +1163,7 @@ __device__ void attn_wide_mma(ATTN_PREFILL_PARAMS) {
                 for (int half = 0; half < 2; ++half) {
                     const int r = rows16 + lane / 4 + 8 * half;
                     const int c = keys16 + 8 * nt + 2 * (lane % 4);
-                    *(attn_float2*)(ss + r * W::S_LD + c) =
+                    *(attn_float2*)(sh.s + r * W::S_LD + c) =
                         attn_float2{s[0][nt][2 * half] + s[1][nt][2 * half],
                                     s[0][nt][2 * half + 1] + s[1][nt][2 * half + 1]};
                 }
@@ -1142,10 +1171,10 @@ __device__ void attn_wide_mma(ATTN_PREFILL_PARAMS) {
         }
         __syncthreads();
         {
-            const int lo = row_lo[sr];
-            const int hi = row_hi[sr];
-            const attn_float4 s0 = *(const attn_float4*)(ss + sr * W::S_LD + 8 * quarter);
-            const attn_float4 s1 = *(const attn_float4*)(ss + sr * W::S_LD + 8 * quarter + 4);
+            const int lo = max(sh.lo[sr], first);  // the launch's keys only
+            const int hi = min(sh.hi[sr], last);
+            const attn_float4 s0 = *(const attn_float4*)(sh.s + sr * W::S_LD + 8 * quarter);
+            const attn_float4 s1 = *(const attn_float4*)(sh.s + sr * W::S_LD + 8 * quarter + 4);
             float sv[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
             float tile_max = ATTN_NEG_INF;
 #pragma unroll
@@ -1169,15 +1198,16 @@ __device__ void attn_wide_mma(ATTN_PREFILL_PARAMS) {
                 packed[e / 2] = attn_pack_half2(p0, p1);
             }
             l = l * alpha + attn_quad_sum(sum);
-            *(attn_words4*)(sp + sr * W::P_LD + 8 * quarter) = attn_words4{packed[0], packed[1], packed[2], packed[3]};
+            *(attn_words4*)(sh.p + sr * W::P_LD + 8 * quarter) =
+                attn_words4{packed[0], packed[1], packed[2], packed[3]};
             if (quarter == 0) {
-                row_alpha[sr] = alpha;
+                sh.alpha[sr] = alpha;
             }
         }
         __syncthreads();
         {
-            const float alpha0 = row_alpha[rows16 + lane / 4];
-            const float alpha1 = row_alpha[rows16 + lane / 4 + 8];
+            const float alpha0 = sh.alpha[rows16 + lane / 4];
+            const float alpha1 = sh.alpha[rows16 + lane / 4 + 8];
 #pragma unroll
             for (int dt = 0; dt < W::HALF / 8; ++dt) {
                 o[dt][0] *= alpha0;
@@ -1188,7 +1218,7 @@ __device__ void attn_wide_mma(ATTN_PREFILL_PARAMS) {
 #pragma unroll
             for (int kc = 0; kc < 2; ++kc) {
                 unsigned int pa[4];
-                ldmatrix_x4(pa, sp + a_row * W::P_LD + 16 * kc + a_col);
+                ldmatrix_x4(pa, sh.p + a_row * W::P_LD + 16 * kc + a_col);
 #pragma unroll
                 for (int dt2 = 0; dt2 < W::HALF / 16; ++dt2) {
                     unsigned int b[4];
@@ -1200,24 +1230,102 @@ __device__ void attn_wide_mma(ATTN_PREFILL_PARAMS) {
             }
         }
     }
-    if (quarter == 0) {
-        const int head = g * group + (row0 + sr) % group;
+    *m_out = m;
+    *l_out = l;
+    return true;
+}
+
+// Prefill: block (x, g) takes rows 64 x .. of KV head g over every cache row and writes out.
+template <int D, bool KV_SHARED>
+__device__ void attn_wide_mma(ATTN_PREFILL_PARAMS) {
+    typedef AttnWideMma<D, KV_SHARED> W;
+    const AttnWideMmaShared<D, KV_SHARED> sh = attn_wide_mma_shared<D, KV_SHARED>();
+    const int row0 = blockIdx.x * ATTN_WIDE_MMA_ROWS;
+    const int group = n_head / n_head_kv;
+    const int tid = threadIdx.x;
+    float m = ATTN_NEG_INF;
+    float l = 0.0f;
+    float o[W::HALF / 8][4];
+    if (!attn_wide_mma_rows<D, KV_SHARED>(sh, q, k_cache, v_cache, positions, n_tokens, kv_len, n_head, n_head_kv,
+                                          window, scale, row0, 0, kv_len, &m, &l, o)) {
+#pragma unroll
+        for (int dt = 0; dt < W::HALF / 8; ++dt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                o[dt][e] = 0.0f;  // no row sees a key: zeros (and a sink's share of nothing)
+            }
+        }
+    }
+    if (tid % 4 == 0) {
+        const int sr = tid / 4;
+        const int head = blockIdx.y * group + (row0 + sr) % group;
         const float keep = sinks ? attn_join_sink(m, &l, sinks[head]) : 1.0f;
-        row_inv[sr] = l > 0.0f ? keep / l : 0.0f;
+        sh.inv[sr] = l > 0.0f ? keep / l : 0.0f;
     }
     __syncthreads();
+    const int warp = tid / 32;
+    const int lane = tid % 32;
+    const int cols = W::HALF * (warp / 4);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-        const int r = rows16 + lane / 4 + 8 * half;
-        const int t = row_token[r];
+        const int r = 16 * (warp % 4) + lane / 4 + 8 * half;
+        const int t = sh.token[r];
         if (t < 0) {
             continue;
         }
-        const float inv = row_inv[r];
-        float* out_row = out + ((long long)t * n_head + g * group + (row0 + r) % group) * D + cols + 2 * (lane % 4);
+        const float inv = sh.inv[r];
+        float* out_row = out + ((long long)t * n_head + blockIdx.y * group + (row0 + r) % group) * D + cols +
+                         2 * (lane % 4);
 #pragma unroll
         for (int dt = 0; dt < W::HALF / 8; ++dt) {
             *(attn_float2*)(out_row + 8 * dt) = attn_float2{o[dt][2 * half] * inv, o[dt][2 * half + 1] * inv};
+        }
+    }
+}
+
+// Split-K decode with attn_decode_d*'s arguments and partials (attn_decode_combine merges them):
+// block (chunk, g, z) takes rows 64 z .. over keys [chunk * ATTN_DECODE_CHUNK, + ATTN_DECODE_CHUNK) and
+// returns at once where none of its rows sees them.
+template <int D, bool KV_SHARED>
+__device__ void attn_wide_mma_decode(ATTN_DECODE_PARAMS) {
+    typedef AttnWideMma<D, KV_SHARED> W;
+    static_assert(ATTN_DECODE_CHUNK % ATTN_KEYS == 0, "a chunk holds whole tiles");
+    const AttnWideMmaShared<D, KV_SHARED> sh = attn_wide_mma_shared<D, KV_SHARED>();
+    const int chunk = blockIdx.x;
+    const int row0 = blockIdx.z * ATTN_WIDE_MMA_ROWS;
+    const int group = n_head / n_head_kv;
+    const int tid = threadIdx.x;
+    float m, l, o[W::HALF / 8][4];
+    if (!attn_wide_mma_rows<D, KV_SHARED>(sh, q, k_cache, v_cache, positions, n_tokens, kv_len, n_head, n_head_kv,
+                                          window, scale, row0, chunk * ATTN_DECODE_CHUNK,
+                                          chunk * ATTN_DECODE_CHUNK + ATTN_DECODE_CHUNK, &m, &l, o)) {
+        return;
+    }
+    const int head_of = blockIdx.y * group;
+    if (tid % 4 == 0) {
+        const int sr = tid / 4;
+        const int t = sh.token[sr];
+        if (t >= 0) {
+            const long long at = ((long long)t * n_head + head_of + (row0 + sr) % group) * n_chunks + chunk;
+            partial_ml[2 * at] = m;
+            partial_ml[2 * at + 1] = l;
+        }
+    }
+    const int warp = tid / 32;
+    const int lane = tid % 32;
+    const int cols = W::HALF * (warp / 4);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int r = 16 * (warp % 4) + lane / 4 + 8 * half;
+        const int t = sh.token[r];
+        if (t < 0) {
+            continue;
+        }
+        const long long at = ((long long)t * n_head + head_of + (row0 + r) % group) * n_chunks + chunk;
+        float* o_row = partial_o + at * D + cols + 2 * (lane % 4);
+#pragma unroll
+        for (int dt = 0; dt < W::HALF / 8; ++dt) {
+            *(attn_float2*)(o_row + 8 * dt) = attn_float2{o[dt][2 * half], o[dt][2 * half + 1]};
         }
     }
 }
@@ -1230,6 +1338,16 @@ extern "C" __global__ void __launch_bounds__(ATTN_WIDE_MMA_THREADS, 1) attn_wide
 extern "C" __global__ void __launch_bounds__(ATTN_WIDE_MMA_THREADS, 1) attn_wide_mma_d576(ATTN_PREFILL_PARAMS) {
     KERNEL_PROLOGUE();
     attn_wide_mma<576, true>(ATTN_PREFILL_ARGS);
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_WIDE_MMA_THREADS, 1) attn_wide_mma_decode_d256(ATTN_DECODE_PARAMS) {
+    KERNEL_PROLOGUE();
+    attn_wide_mma_decode<256, false>(ATTN_DECODE_ARGS);
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_WIDE_MMA_THREADS, 1) attn_wide_mma_decode_d576(ATTN_DECODE_PARAMS) {
+    KERNEL_PROLOGUE();
+    attn_wide_mma_decode<576, true>(ATTN_DECODE_ARGS);
 }
 
 

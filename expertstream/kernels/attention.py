@@ -8,10 +8,10 @@
   accumulation (``uses_matrix_cores``): mma.sync on NVIDIA sm_80+, MFMA on AMD CDNA2/CDNA3
   (gfx90a, gfx94x), WMMA on RDNA3/RDNA4 (gfx11, gfx12). Elsewhere (RDNA2 and older, NVIDIA before
   sm_80), or where the MoeKernels instance was made for ``MatrixPath.SIMT``, they run in float32
-  FMAs. Wide heads (``WIDE_DIMS``) take mma.sync kernels of their own where the device also has
-  ``Capabilities.mma_fragments`` and room for their shared memory (``uses_wide_mma``; deepseek2's
-  576-wide latent only where the values are the keys' own rows, as its cache holds them), else a
-  float32 kernel.
+  FMAs. Wide heads (``WIDE_DIMS``) take mma.sync kernels of their own, for prefill and for the
+  split-K decode below, where the device also has ``Capabilities.mma_fragments`` and room for their
+  shared memory (``uses_wide_mma``; deepseek2's 576-wide latent only where the values are the keys'
+  own rows, as its cache holds them), else float32 ones.
 - decode (a few tokens): split-K over chunks of ``DECODE_CHUNK`` keys, so one token's attention
   over a long cache spreads over the whole GPU: each block writes its rows' running max, sum and
   unnormalized output into scratch, and the last block of each KV head's rows to finish (a counter
@@ -64,7 +64,7 @@ _KEYS = 32  # keys per staged tile (attention.cu's ATTN_KEYS)
 SHARED_KV_DIMS = (576,)  # wide heads whose matrix-core kernel reads the values from the keys' rows
 # Kernels the source defines for NVIDIA sm_80+ alone (mma.sync fragments and more than AMD's 64 KB of
 # LDS a block): uses_wide_mma never picks them elsewhere.
-NVIDIA_ONLY_KERNELS = tuple(f"attn_wide_mma_d{d}" for d in WIDE_DIMS)
+NVIDIA_ONLY_KERNELS = tuple(f"attn_wide_mma{kind}_d{d}" for kind in ("", "_decode") for d in WIDE_DIMS)
 CACHE_ALIGN = 16  # bytes: the kernels read cache rows 16 bytes at a time
 ROW_ALIGN = 8  # bytes: query and output rows are read and written two floats at a time
 _SCRATCH_ALIGN = 16
@@ -164,8 +164,8 @@ def attention(
     bound: a captured decode step replays with kv_len = the cache size and reads only rows <= its
     position). sinks (float32 [n_head], gpt-oss) is one extra logit per head in the softmax's
     denominator that contributes no value. A query that sees no row gets zeros. Head dims: HEAD_DIMS,
-    and WIDE_DIMS on kernels of their own: two for prefill (``uses_wide_mma``), a split-K one for
-    decode (its partials merged by the same combine, never fused).
+    and WIDE_DIMS on kernels of their own (the matrix cores' where ``uses_wide_mma``): one for prefill, a
+    split-K one for decode (its partials merged by the same combine, never fused).
     """
     call = "attention"
     positive(call, n_tokens=n_tokens, kv_len=kv_len, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim)
@@ -222,8 +222,18 @@ def attention(
         fused_args = (*decode_args, sinks_arg, out_view, counters)
         stream.launch(kernels.kernel(f"attn_decode_fused_d{head_dim}"), grid, THREADS, fused_args)
         return
-    chunks = f"attn_wide_decode_d{head_dim}" if wide else f"attn_decode_d{head_dim}"
-    stream.launch(kernels.kernel(chunks), grid, THREADS, decode_args)
+    if wide and uses_wide_mma(kernels, head_dim, shared_kv):
+        mma_grid = (n_chunks, n_head_kv, -(-n_tokens * group // WIDE_MMA_ROWS))
+        stream.launch(
+            kernels.kernel(f"attn_wide_mma_decode_d{head_dim}"),
+            mma_grid,
+            WIDE_MMA_THREADS,
+            decode_args,
+            shared_mem=wide_mma_shared_bytes(head_dim),
+        )
+    else:
+        chunks = f"attn_wide_decode_d{head_dim}" if wide else f"attn_decode_d{head_dim}"
+        stream.launch(kernels.kernel(chunks), grid, THREADS, decode_args)
     stream.launch(
         kernels.kernel("attn_decode_combine"),
         (n_head, n_tokens),

@@ -195,6 +195,7 @@ def twin_specs() -> list[KernelSpec]:
             _prefill_spec(f"attn_wide_d{head_dim}", head_dim),
             _prefill_spec(f"attn_wide_mma_d{head_dim}", head_dim),
             _decode_spec(f"attn_wide_decode_d{head_dim}", head_dim),
+            _decode_spec(f"attn_wide_mma_decode_d{head_dim}", head_dim),
         ]
     for head_dim in HEAD_DIMS:
         specs += [_prefill_spec(f"attn_prefill_{path}_d{head_dim}", head_dim) for path in ("simt", "mma")]

@@ -306,6 +306,7 @@ class MoeKernels(Closing):
         route_weights: ViewLike | None = None,
         prepared: DirectInputs | None = None,
         silu_gate: ViewLike | None = None,
+        gemv: bool | None = None,
     ) -> None:
         """y[t, k, :] = W[ids[t, k]] @ x[t] (or x[t, k]) with float32 accumulation.
 
@@ -319,6 +320,10 @@ class MoeKernels(Closing):
         read, for a call that takes a direct kernel of the tile height they were grouped for.
         ``silu_gate`` (float32 [n_tokens, top_k, n_out], a call that takes the matrix-vector kernels):
         y = silu(silu_gate) * (W x), the bytes of this call without it followed by ``swiglu``.
+        ``gemv``: None takes the matrix-vector kernels where ``uses_gemv(n_pairs)`` does; True takes them
+        for any number of pairs where this instance takes them at all (pairs that each read a weight
+        of their own, such as one token's heads through per-head tensors, read every row once either
+        way, and one launch replaces the tile path's grouping); False keeps the tile kernels.
         """
         call = "MoeKernels.mul_mat_id"
         fmt = weight_format(w_type)
@@ -327,7 +332,13 @@ class MoeKernels(Closing):
         self._check_mul_mat_id_shapes(call, fmt, n_expert, n_out, n_in, n_tokens * top_k)
         n_pairs = n_tokens * top_k
         direct = self.uses_direct(w_type, n_in)
-        gemv = tile_m is None and self.uses_gemv(n_pairs)
+        gemv = tile_m is None and (self.uses_gemv(n_pairs) if gemv is None else gemv and self.gemv)
+        if gemv and n_pairs > layout.MAX_GRID_Y:
+            raise InvalidArgument(
+                f"{n_pairs} pairs are more than one matrix-vector launch takes (at most {layout.MAX_GRID_Y})",
+                call=call,
+                hint="leave gemv to uses_gemv, or split the call",
+            )
         if route_weights is not None and not direct:
             raise InvalidArgument(
                 f"route_weights needs a direct-decode kernel, which {fmt.qtype.name} rows of {n_in} elements on "

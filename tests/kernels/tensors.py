@@ -82,7 +82,12 @@ def make_problem(
 
 
 def run(
-    kernels: MoeKernels, stream: Stream, p: Problem, ids_buf: DeviceBuffer | None = None, tile_m: TileM | None = None
+    kernels: MoeKernels,
+    stream: Stream,
+    p: Problem,
+    ids_buf: DeviceBuffer | None = None,
+    tile_m: TileM | None = None,
+    gemv: bool | None = None,
 ) -> np.ndarray:
     """y [n_tokens, top_k, n_out] from a freshly poisoned output buffer."""
     s = p.shape
@@ -101,6 +106,7 @@ def run(
         s.top_k,
         y_buf,
         tile_m=tile_m,
+        gemv=gemv,
     )
     stream.synchronize()
     y = y_buf.read().view(np.float32).reshape(s.n_tokens, s.top_k, s.n_out)

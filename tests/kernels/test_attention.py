@@ -84,6 +84,11 @@ CASES = [
     Case(33, 10, 16, 1, 576, window=20, sinks=True, shared_kv=True),
     Case(100, 5, 16, 2, 256, extra_rows=7),
     Case(12, 0, 8, 1, 576, shared_kv=True),  # one block whose rows end past the last token
+    # their split-K decode: one chunk, many chunks past the positions, 128 heads in two row blocks
+    Case(1, 20, 16, 1, 576, extra_rows=3, shared_kv=True),
+    Case(3, 600, 16, 1, 576, extra_rows=300, shared_kv=True),
+    Case(1, 1000, 128, 1, 576, window=700, extra_rows=40, shared_kv=True),
+    Case(8, 90, 16, 2, 256, sinks=True, extra_rows=50),
 ]
 
 
@@ -215,7 +220,7 @@ def test_simt_prefill_matches_reference(
     assert err < RTOL_F32, f"worst row relative error {err:.3g}"
 
 
-@pytest.mark.parametrize("case", [CASES[3], CASES[5], CASES[8]], ids=str)
+@pytest.mark.parametrize("case", [CASES[3], CASES[5], CASES[8], CASES[-3]], ids=str)
 def test_kv_len_past_the_positions_changes_no_byte(
     device: Device, kernels: MoeKernels, stream: Stream, rng: np.random.Generator, case: Case
 ) -> None:
@@ -293,32 +298,53 @@ _H200 = sim.BUILTIN_PROFILES["cuda-h200"]
 _SM86_SHARED = dataclasses.replace(_H200, name="cuda-99k-shared", max_shared_bytes=99 * 1024)
 
 
+_LATENT_DECODE = Case(1, 40, 16, 1, 576, shared_kv=True)
+_COMBINE = "attn_decode_combine"
+
+
 @pytest.mark.parametrize(
     ("profile", "path", "case", "expected"),
     [
-        (_H200, None, Case(12, 3, 16, 1, 576, shared_kv=True), "attn_wide_mma_d576"),
-        (_H200, None, Case(12, 3, 16, 1, 576), "attn_wide_d576"),
-        (_H200, None, Case(12, 3, 4, 2, 256), "attn_wide_mma_d256"),
-        (_H200, MatrixPath.SIMT, Case(12, 3, 16, 1, 576, shared_kv=True), "attn_wide_d576"),
-        (_RDNA4, None, Case(12, 3, 16, 1, 576, shared_kv=True), "attn_wide_d576"),
-        (_SM86_SHARED, None, Case(12, 3, 16, 1, 576, shared_kv=True), "attn_wide_d576"),
-        (_SM86_SHARED, None, Case(12, 3, 4, 2, 256), "attn_wide_d256"),
+        (_H200, None, Case(12, 3, 16, 1, 576, shared_kv=True), ["attn_wide_mma_d576"]),
+        (_H200, None, Case(12, 3, 16, 1, 576), ["attn_wide_d576"]),
+        (_H200, None, Case(12, 3, 4, 2, 256), ["attn_wide_mma_d256"]),
+        (_H200, MatrixPath.SIMT, Case(12, 3, 16, 1, 576, shared_kv=True), ["attn_wide_d576"]),
+        (_RDNA4, None, Case(12, 3, 16, 1, 576, shared_kv=True), ["attn_wide_d576"]),
+        (_SM86_SHARED, None, Case(12, 3, 16, 1, 576, shared_kv=True), ["attn_wide_d576"]),
+        (_SM86_SHARED, None, Case(12, 3, 4, 2, 256), ["attn_wide_d256"]),
+        (_H200, None, _LATENT_DECODE, ["attn_wide_mma_decode_d576", _COMBINE]),
+        (_H200, None, Case(2, 40, 4, 2, 256), ["attn_wide_mma_decode_d256", _COMBINE]),
+        (_H200, None, dataclasses.replace(_LATENT_DECODE, shared_kv=False), ["attn_wide_decode_d576", _COMBINE]),
+        (_RDNA4, None, _LATENT_DECODE, ["attn_wide_decode_d576", _COMBINE]),
     ],
-    ids=["h200-latent", "h200-576-own-values", "h200-256", "h200-simt-asked", "rdna4", "99k-576", "99k-256"],
+    ids=[
+        "h200-latent",
+        "h200-576-own-values",
+        "h200-256",
+        "h200-simt-asked",
+        "rdna4",
+        "99k-576",
+        "99k-256",
+        "h200-latent-decode",
+        "h200-256-decode",
+        "h200-576-own-values-decode",
+        "rdna4-decode",
+    ],
 )
-def test_wide_prefill_takes_the_matrix_cores_where_fragments_shared_memory_and_values_allow(
-    profile: sim.Profile, path: MatrixPath | None, case: Case, expected: str
+def test_wide_heads_take_the_matrix_cores_where_fragments_shared_memory_and_values_allow(
+    profile: sim.Profile, path: MatrixPath | None, case: Case, expected: list[str]
 ) -> None:
-    """The wide mma.sync kernels need NVIDIA's fragments, their block's shared memory (165 KB at 576,
-    116 KB at 256) and, at 576, the values in the keys' own rows; anything else takes the float32 one."""
+    """The wide mma.sync kernels (prefill and split-K decode) need NVIDIA's fragments, their block's
+    shared memory (165 KB at 576, 116 KB at 256) and, at 576, the values in the keys' own rows;
+    anything else takes the float32 ones."""
     with sim.open(profile=profile) as backend, MoeKernels(backend.device(0), path) as kernels:
         device = backend.device(0)
         inputs = make_inputs(device, np.random.default_rng(3), case)
         with device.stream() as stream:
             out = run(kernels, stream, inputs)
         launched = [op.name for op in backend.timeline if op.kind is OpKind.KERNEL and op.name.startswith("attn")]
-        assert launched == [expected]
-        assert uses_wide_mma(kernels, case.head_dim, case.shared_kv) == ("mma" in expected)
+        assert launched == expected
+        assert uses_wide_mma(kernels, case.head_dim, case.shared_kv) == ("mma" in expected[0])
         assert worst_row_error(out, inputs.reference()) < RTOL_F32
 
 

@@ -131,6 +131,28 @@ def test_agrees_with_the_tile_kernels_beyond_its_pairs(
         assert ref.relative_error(tiled, problem.reference()) < tile_bound
 
 
+@pytest.mark.parametrize("w_type", [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_0], ids=lambda t: t.name)
+def test_asked_for_it_takes_any_number_of_pairs(
+    kernels: MoeKernels, device: Device, stream: Stream, rng: np.random.Generator, w_type: GGMLQuantizationType
+) -> None:
+    """gemv=True: one token's 16 heads through per-head tensors (deepseek2's attn_k_b in decode) in one
+    matrix-vector launch, past GEMV_MAX_PAIRS; gemv=False keeps the tile kernels for a few pairs."""
+    heads = Shape(n_expert=16, n_out=64, n_in=512, n_tokens=1, top_k=16, x_per_pair=True)
+    assert heads.n_pairs > layout.GEMV_MAX_PAIRS
+    problem = tensors.make_problem(device, rng, w_type, heads, np.arange(16, dtype=np.int32)[None, :])
+    backend = device.backend
+    mark = len(backend.timeline) if hasattr(backend, "timeline") else None
+    asked = tensors.run(kernels, stream, problem, gemv=True)
+    check(asked, problem.gemv_reference())
+    if mark is not None:
+        launched = [op.name for op in backend.timeline[mark:] if op.kind.name == "KERNEL"]
+        assert launched == [weight_format(w_type).gemv_kernel_name]
+    tiled = tensors.run(kernels, stream, problem, gemv=False)
+    assert ref.relative_error(tiled, problem.reference()) < ref.mul_mat_id_rtol(kernels.path_for(w_type))
+    with MoeKernels(device) as plain:  # an instance without the matrix-vector kernels keeps its tiles
+        assert tensors.run(plain, stream, problem, gemv=True).tobytes() == tiled.tobytes()
+
+
 def test_off_by_default(device: Device) -> None:
     with MoeKernels(device) as plain:
         assert not plain.uses_gemv(1)
