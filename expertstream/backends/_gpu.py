@@ -179,6 +179,7 @@ class GpuKernel(Kernel):
         device = self.device
         assert isinstance(device, GpuDevice)
         if nbytes > self.shared_allowed and device.api.allow_shared is not None:
+            device.activate()
             invoke(device.api.allow_shared, self.function, nbytes, device=device.label)
         self.shared_allowed = max(self.shared_allowed, nbytes)
 

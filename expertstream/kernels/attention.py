@@ -92,7 +92,8 @@ def wide_mma_shared_bytes(head_dim: int) -> int:
 
 
 def uses_wide_mma(kernels: MoeKernels, head_dim: int, shared_kv: bool) -> bool:
-    """Whether a prefill of this wide head dim takes the mma.sync kernel on this instance's device."""
+    """Whether this wide head dim takes the mma.sync kernels (prefill and split-K decode) on this
+    instance's device, with the values in the keys' own rows where ``shared_kv``."""
     caps = kernels.device.capabilities
     return (
         head_dim in WIDE_DIMS

@@ -51,7 +51,8 @@ class Capabilities:
     # so a kernel's launch overlaps the work of the one it waits for
     chained_launches: bool = False
     # the most shared memory one block may use (NVIDIA: what a kernel may opt into beyond 48 KB;
-    # AMD: a workgroup's LDS)
+    # AMD: a workgroup's LDS); Stream.launch holds a launch's dynamic shared memory to it, so a kernel
+    # that also declares static shared memory must count that itself
     max_shared_bytes: int = 48 * 1024
 
 
