@@ -89,6 +89,7 @@ CASES = [
     Case(3, 600, 16, 1, 576, extra_rows=300, shared_kv=True),
     Case(1, 1000, 128, 1, 576, window=700, extra_rows=40, shared_kv=True),
     Case(8, 90, 16, 2, 256, sinks=True, extra_rows=50),
+    Case(40, 30, 8, 2, 256, window=24, extra_rows=6),  # qwen3next's heads with a window
 ]
 
 
@@ -350,6 +351,17 @@ def test_wide_heads_take_the_matrix_cores_where_fragments_shared_memory_and_valu
         assert launched == expected
         assert uses_wide_mma(kernels, case.head_dim, case.shared_kv) == ("mma" in expected[0])
         assert worst_row_error(out, inputs.reference()) < RTOL_F32
+
+
+@pytest.mark.parametrize("case", [Case(20, 200, 16, 1, 576, window=8, sinks=True, shared_kv=True)], ids=str)
+def test_queries_that_see_no_row_get_zeros(
+    device: Device, kernels: MoeKernels, stream: Stream, rng: np.random.Generator, case: Case
+) -> None:
+    """kv_len below every query's window: no row is seen, not even a NaN one, and every output is zero
+    (a sink takes its share of nothing)."""
+    inputs = make_inputs(device, rng, case)
+    out = run(kernels, stream, inputs, kv_len=150)
+    assert not out.any()
 
 
 def test_sinks_take_weight_from_the_values(device: Device, kernels: MoeKernels, stream: Stream) -> None:

@@ -153,6 +153,14 @@ def test_asked_for_it_takes_any_number_of_pairs(
         assert tensors.run(plain, stream, problem, gemv=True).tobytes() == tiled.tobytes()
 
 
+def test_asked_for_past_a_launch_s_pairs_is_refused(kernels: MoeKernels, device: Device, stream: Stream) -> None:
+    pairs = layout.MAX_GRID_Y + 1
+    x, y, ids = device.alloc(pairs * 32 * 4), device.alloc(pairs * 4 * 4), device.alloc(pairs * 4)
+    w = device.alloc(4 * 32 * 4, Usage.WEIGHTS, row_type=GGMLQuantizationType.F32, ne0=32)
+    with pytest.raises(InvalidArgument, match=r"65536 pairs are more than one matrix-vector launch takes"):
+        kernels.mul_mat_id(stream, w, GGMLQuantizationType.F32, 1, 4, 32, x, True, ids, 1, pairs, y, gemv=True)
+
+
 def test_off_by_default(device: Device) -> None:
     with MoeKernels(device) as plain:
         assert not plain.uses_gemv(1)
