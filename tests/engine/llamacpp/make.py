@@ -3,11 +3,11 @@
 python3 -m tests.engine.llamacpp.make LLAMACPP_LOGITS [PRESET ...]
 
 For each tiny preset of an architecture run end to end (make-model Q8_0, seed 3), glm4moe and
-deepseek2 with a leading dense layer (deepseek2's with a query latent too), deepseek2 with YaRN
-and the qwen3moe file in Q4_K_M: a 128-token prompt from the project's corpus and 16 greedy steps
-through llama.cpp on the CPU; saved as PRESET.npz with the tokens fed, the logits (float16), the
-prompt length and the made file's sha256 (the test refuses a fixture of another file). PRESET
-names limit the run to those.
+deepseek2 with a leading dense layer (deepseek2's with a query latent too), deepseek2 with YaRN,
+deepseek2 with the full-size 576-wide latent row and the qwen3moe file in Q4_K_M: a 128-token
+prompt from the project's corpus and 16 greedy steps through llama.cpp on the CPU; saved as
+PRESET.npz with the tokens fed, the logits (float16), the prompt length and the made file's sha256
+(the test refuses a fixture of another file). PRESET names limit the run to those.
 """
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ VARIANTS = {
     ),
     # DeepSeek-V2-Lite's YaRN: factor 40 over 4096 positions, its magnitude's log multiplier (0.0707)
     "tiny-deepseek2-yarn": dataclasses.replace(MODEL_PRESETS["tiny-deepseek2"], yarn=Yarn(40.0, 4096, 0.0707)),
+    # the full-size models' 576-wide latent row (512 + 64 rotated): the wide attention kernels (on a GPU with
+    # mma.sync, their matrix-core prefill and split-K decode) in a whole model
+    "tiny-deepseek2-wide": dataclasses.replace(MODEL_PRESETS["tiny-deepseek2"], kv_lora_rank=512, rope_dim=64),
 }
 # Files of another type than Q8_0: the qwen3moe file in Q4_K_M. Its Q4_K and Q6_K rows, as the Q8_0
 # files' rows, decode on the int8 activations of the matrix-vector kernels (layout.GEMV_INT8_TYPES),
