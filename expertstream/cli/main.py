@@ -65,7 +65,8 @@ def _info(args: argparse.Namespace, command_line: str) -> int:
             peers = ",".join(map(str, caps["peer_access"])) or "none"
             print(
                 f"      [{dev['index']}] {dev['name']} ({dev['arch']}), {dev['total_memory'] / 2**30:.1f} GiB, "
-                f"{dev['free_memory'] / 2**30:.1f} GiB free; {flags}; peers: {peers}"
+                f"{dev['free_memory'] / 2**30:.1f} GiB free; {flags}; "
+                f"{caps['max_shared_bytes'] // 1024} KB shared memory a block; peers: {peers}"
             )
     return _auto_status(auto, why)
 
