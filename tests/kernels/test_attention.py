@@ -32,8 +32,9 @@ from expertstream.timeline import OpKind
 from .tensors import poisoned
 
 # Worst relative error of one output row (token, head) against the float64 reference. Float32
-# accumulation over a few hundred keys stays near 1e-6; the matrix-core prefill rounds scale * q
-# and the softmax weights to f16 (11 significant bits) before its products.
+# accumulation over a few hundred keys stays near 1e-6; the matrix-core kernels (the prefill, and the
+# wide heads' prefill and split-K decode) round scale * q and the softmax weights to f16 (11
+# significant bits) before their products.
 RTOL_F32 = 2e-5
 RTOL_F16 = 1e-2
 
