@@ -36,6 +36,7 @@ from ..errors import (
 from . import _image_cache
 from ._gpu_api import HINTS, ApiTable, Call, CopyKind, DeviceAttr, Problem, invoke, poll, unusable_reason
 from .base import (
+    UNASKED_SHARED_BYTES,
     Backend,
     BufferView,
     Capabilities,
@@ -63,7 +64,6 @@ _PRUNE_PENDING_AT = 256
 GATHER_KERNEL = "expertstream_gather_rows"
 _GATHER_CHUNK_BYTES = 32768  # gather.cu's GATHER_CHUNK_BYTES: the bytes of a row one block copies
 _GATHER_THREADS = 256
-STATIC_SHARED_BYTES = 48 * 1024  # dynamic shared memory any kernel may launch with unasked
 _MAX_GRID_ROWS = 65535  # a grid's y extent
 
 
@@ -172,16 +172,17 @@ class GpuKernel(Kernel):
         # how it is launched: chained to the kernel before it where it waits for it (compile's
         # ``chained``) and the device chains launches, else on its own
         self.launch = launch
-        self.shared_allowed = STATIC_SHARED_BYTES  # dynamic shared memory it may launch with now
+        self.shared_allowed = UNASKED_SHARED_BYTES  # dynamic shared memory it may launch with now
 
     def allow_shared(self, nbytes: int) -> None:
-        """Let this kernel launch with nbytes of dynamic shared memory (asked once, where the vendor asks)."""
+        """Let this kernel launch with nbytes (more than shared_allowed) of dynamic shared memory,
+        asking the vendor where it must be asked."""
         device = self.device
         assert isinstance(device, GpuDevice)
-        if nbytes > self.shared_allowed and device.api.allow_shared is not None:
+        if device.api.allow_shared is not None:
             device.activate()
             invoke(device.api.allow_shared, self.function, nbytes, device=device.label)
-        self.shared_allowed = max(self.shared_allowed, nbytes)
+        self.shared_allowed = nbytes
 
 
 # --------------------------------------------------------------------------------------

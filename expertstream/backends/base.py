@@ -24,7 +24,7 @@ from ..errors import (  # the contract raises these; importable from here as wel
     UseAfterClose,
 )
 from ..ggml import RowType
-from .contract.devices import Backend, Capabilities, Device, Vendor
+from .contract.devices import UNASKED_SHARED_BYTES, Backend, Capabilities, Device, Vendor
 from .contract.host import Host
 from .contract.memory import (
     BufferView,
@@ -41,6 +41,7 @@ from .contract.memory import (
 from .contract.streams import Dim3, Event, Graph, Kernel, KernelArg, Stream, dim3
 
 __all__ = [
+    "UNASKED_SHARED_BYTES",
     "Backend",
     "BackendError",
     "BackendUnavailable",

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..backends.base import Backend, Device, DeviceBuffer, HostBuffer, Stream, Usage
+from ..backends.base import UNASKED_SHARED_BYTES, Backend, Device, DeviceBuffer, HostBuffer, Stream, Usage
 from ..engine import standin
 from ..errors import DeviceError, InvalidArgument
 from ..ggml import RowType
@@ -165,7 +165,7 @@ class Measurements:
     matrix_cores: bool = False  # the device's capabilities: which mul_mat_id path its kernels took
     int8_matrix_cores: bool = False
     mma_fragments: bool = False
-    max_shared_bytes: int = 48 * 1024
+    max_shared_bytes: int = UNASKED_SHARED_BYTES
     ring_bytes_per_s: float | None = None  # the staging ring itself streaming, on the most threads
     ring_small: RingCopyTiming | None = None
 

@@ -32,7 +32,7 @@ anything (NaN included), but the simulator declares reads of all ``kv_len`` rows
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -102,6 +102,22 @@ def uses_wide_mma(kernels: MoeKernels, head_dim: int, shared_kv: bool) -> bool:
         and caps.max_shared_bytes >= wide_mma_shared_bytes(head_dim)
         and (shared_kv or head_dim not in SHARED_KV_DIMS)
     )
+
+
+class _WideBlock(NamedTuple):
+    """How the wide heads' kernels of a call run: on the matrix cores or in float32 FMAs."""
+
+    kind: str  # kernel names: attn_{kind}_d{head_dim}, attn_{kind}_decode_d{head_dim}
+    rows: int  # (token, head) rows a block
+    threads: int
+    shared_mem: int  # dynamic shared memory a block
+
+
+def _wide_block(kernels: MoeKernels, head_dim: int, k_cache: BufferView, v_cache: BufferView) -> _WideBlock:
+    shared_kv = k_cache.buffer is v_cache.buffer and k_cache.offset == v_cache.offset
+    if uses_wide_mma(kernels, head_dim, shared_kv):
+        return _WideBlock("wide_mma", WIDE_MMA_ROWS, WIDE_MMA_THREADS, wide_mma_shared_bytes(head_dim))
+    return _WideBlock("wide", WIDE_ROWS, THREADS, 0)
 
 
 def decode_chunks(kv_len: int) -> int:
@@ -180,61 +196,38 @@ def attention(
     pos_view = view(call, "positions", positions, n_tokens * 4)
     sinks_arg = np.uint64(0) if sinks is None else view(call, "sinks", sinks, n_head * 4)
     shape = (np.int32(n_tokens), np.int32(kv_len), np.int32(n_head), np.int32(n_head_kv), np.int32(window))
+    group = n_head // n_head_kv
     wide = head_dim in WIDE_DIMS
-    shared_kv = views[1].buffer is views[2].buffer and views[1].offset == views[2].offset
-    if wide and n_tokens > DECODE_MAX_TOKENS and uses_wide_mma(kernels, head_dim, shared_kv):
-        stream.launch(
-            kernels.kernel(f"attn_wide_mma_d{head_dim}"),
-            (-(-n_tokens * (n_head // n_head_kv) // WIDE_MMA_ROWS), n_head_kv),
-            WIDE_MMA_THREADS,
-            (*views, out_view, pos_view, sinks_arg, *shape, np.float32(scale)),
-            shared_mem=wide_mma_shared_bytes(head_dim),
-        )
-        return
-    if wide and n_tokens > DECODE_MAX_TOKENS:
-        stream.launch(
-            kernels.kernel(f"attn_wide_d{head_dim}"),
-            (-(-n_tokens * (n_head // n_head_kv) // WIDE_ROWS), n_head_kv),
-            THREADS,
-            (*views, out_view, pos_view, sinks_arg, *shape, np.float32(scale)),
-        )
-        return
+    block = _wide_block(kernels, head_dim, views[1], views[2]) if wide else None
     if n_tokens > DECODE_MAX_TOKENS:
+        prefill_args = (*views, out_view, pos_view, sinks_arg, *shape, np.float32(scale))
+        if block is not None:
+            blocks = (-(-n_tokens * group // block.rows), n_head_kv)
+            kernel = kernels.kernel(f"attn_{block.kind}_d{head_dim}")
+            stream.launch(kernel, blocks, block.threads, prefill_args, shared_mem=block.shared_mem)
+            return
         matrix = uses_matrix_cores(kernels)
         rows = MMA_ROWS if matrix else PREFILL_ROWS
         name = f"attn_prefill_{'mma' if matrix else 'simt'}_d{head_dim}"
-        stream.launch(
-            kernels.kernel(name),
-            (-(-n_tokens // rows), n_head),
-            THREADS,
-            (*views, out_view, pos_view, sinks_arg, *shape, np.float32(scale)),
-        )
+        stream.launch(kernels.kernel(name), (-(-n_tokens // rows), n_head), THREADS, prefill_args)
         return
     n_chunks = decode_chunks(kv_len)
     scratch = kernels.scratch(_SCRATCH, decode_scratch_bytes(n_tokens, n_head, head_dim, kv_len))
     ml_bytes = _ml_bytes(n_tokens * n_head * n_chunks)
     partial_ml = BufferView(scratch.buffer, scratch.offset, n_tokens * n_head * n_chunks * 8)
     partial_o = BufferView(scratch.buffer, scratch.offset + ml_bytes, scratch.nbytes - ml_bytes)
-    group = n_head // n_head_kv
-    grid = (n_chunks, n_head_kv, -(-n_tokens * group // DECODE_ROWS))
+    grid = (n_chunks, n_head_kv, -(-n_tokens * group // (DECODE_ROWS if block is None else block.rows)))
     decode_args = (*views, partial_ml, partial_o, pos_view, *shape, np.float32(scale), np.int32(n_chunks))
-    if fused and n_chunks <= FUSED_MAX_CHUNKS and not wide:
+    if block is not None:
+        kernel = kernels.kernel(f"attn_{block.kind}_decode_d{head_dim}")
+        stream.launch(kernel, grid, block.threads, decode_args, shared_mem=block.shared_mem)
+    elif fused and n_chunks <= FUSED_MAX_CHUNKS:
         counters = kernels.zeroed(_COUNTERS, decode_counters(n_tokens, n_head, n_head_kv) * 4)
         fused_args = (*decode_args, sinks_arg, out_view, counters)
         stream.launch(kernels.kernel(f"attn_decode_fused_d{head_dim}"), grid, THREADS, fused_args)
         return
-    if wide and uses_wide_mma(kernels, head_dim, shared_kv):
-        mma_grid = (n_chunks, n_head_kv, -(-n_tokens * group // WIDE_MMA_ROWS))
-        stream.launch(
-            kernels.kernel(f"attn_wide_mma_decode_d{head_dim}"),
-            mma_grid,
-            WIDE_MMA_THREADS,
-            decode_args,
-            shared_mem=wide_mma_shared_bytes(head_dim),
-        )
     else:
-        chunks = f"attn_wide_decode_d{head_dim}" if wide else f"attn_decode_d{head_dim}"
-        stream.launch(kernels.kernel(chunks), grid, THREADS, decode_args)
+        stream.launch(kernels.kernel(f"attn_decode_d{head_dim}"), grid, THREADS, decode_args)
     stream.launch(
         kernels.kernel("attn_decode_combine"),
         (n_head, n_tokens),

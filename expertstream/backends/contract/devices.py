@@ -33,6 +33,9 @@ class Vendor(enum.Enum):
     SIM = "sim"
 
 
+UNASKED_SHARED_BYTES = 48 * 1024  # dynamic shared memory any kernel may launch with on every vendor
+
+
 @dataclass(frozen=True)
 class Capabilities:
     async_copies: bool
@@ -53,7 +56,7 @@ class Capabilities:
     # the most shared memory one block may use (NVIDIA: what a kernel may opt into beyond 48 KB;
     # AMD: a workgroup's LDS); Stream.launch holds a launch's dynamic shared memory to it, so a kernel
     # that also declares static shared memory must count that itself
-    max_shared_bytes: int = 48 * 1024
+    max_shared_bytes: int = UNASKED_SHARED_BYTES
 
 
 class Device(abc.ABC):

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Union
 
 from ...errors import InvalidArgument
+from ..base import UNASKED_SHARED_BYTES
 
 PROFILE_ENV = "EXPERTSTREAM_SIM_PROFILE"
 DEFAULT_PROFILE = "cuda-h200"
@@ -131,7 +132,7 @@ class Profile:
     # whether Q4_0, Q4_K and Q6_K take the direct-decode kernels of direct.cu (NVIDIA sm_80+)
     mma_fragments: bool = False
     # the most shared memory a block may use (Capabilities.max_shared_bytes)
-    max_shared_bytes: int = 48 * 1024
+    max_shared_bytes: int = UNASKED_SHARED_BYTES
     # Host threads a staging ring runs on the machine this profile describes (hostmem's default
     # there); None: the default of the machine the simulation runs on.
     ring_threads: int | None = None
