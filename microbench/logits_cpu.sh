@@ -5,8 +5,10 @@
 # summary per file. With SECOND set, only the second group's files instead: the tiny deepseek2 and qwen3next
 # presets, and the real shapes of DeepSeek-V2-Lite (2 layers, Q4_K_M: a dense layer, then MoE; 576-wide
 # latent keys) and Qwen3-Next-80B-A3B (4 layers, Q4_0: three delta-net layers, then gated attention).
+# With OSS set, only gpt-oss-20b's shape (MXFP4 experts, sinks, the 128-token window) at 2 and 8 layers:
+# a 256-token prompt and 16 greedy steps, to see how far the two part over depth on random weights.
 # Results: docs/results/model-cpu.md.
-# usage: [SECOND=1] microbench/logits_cpu.sh LLAMACPP_LOGITS WORK_DIR     (from the repository root)
+# usage: [SECOND=1 | OSS=1] microbench/logits_cpu.sh LLAMACPP_LOGITS WORK_DIR     (from the repository root)
 set -euo pipefail
 tool=${1:?usage: logits_cpu.sh LLAMACPP_LOGITS WORK_DIR}
 work=${2:?usage: logits_cpu.sh LLAMACPP_LOGITS WORK_DIR}
@@ -22,6 +24,11 @@ check() {  # NAME PRESET TYPE LAYERS N_PROMPT N_GEN UBATCH
     python3 tools/logits_check.py -m "$model" --ref "$work/$name-llama-cpu" -o "$work/$name-ours" --backend sim \
         --ubatch "$7" | sed "s/^/$name (ubatch $7): /"
 }
+if [[ -n ${OSS:-} ]]; then
+    check gpt-oss-20b-2L gpt-oss-20b MXFP4_MOE 2 256 16 64
+    check gpt-oss-20b-8L gpt-oss-20b MXFP4_MOE 8 256 16 64
+    exit 0
+fi
 if [[ -n ${SECOND:-} ]]; then
     for preset in tiny-deepseek2 tiny-qwen3next; do
         check "$preset" "$preset" Q8_0 "" 512 64 512
