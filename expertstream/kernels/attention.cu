@@ -18,6 +18,8 @@
 //   fragments; every other target runs one written on mma.cu's matrix-step interface
 //   (v_mfma_f32_16x16x16f16 on AMD CDNA, v_wmma_f32_16x16x16_f16 on RDNA3/RDNA4, and the
 //   interface's generic FMA step elsewhere, so the source compiles and runs on every target).
+// - attn_prefill_tall_d*: NVIDIA sm_80+ only, the same kernel with two 16-query groups a warp (128
+//   queries a block; the launcher takes it for launches of many queries): the same bytes.
 // - attn_wide_d*: heads too wide for the kernels above (qwen3next's 256, deepseek2's 576), any number
 //   of tokens.
 // - attn_decode_d* + attn_decode_combine: split-K (flash-decoding) for a few tokens: one block per
