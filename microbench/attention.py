@@ -8,16 +8,13 @@ qwen3-30b-a3b (32 query heads, 4 KV heads of 128), gpt-oss-20b (64 of 64 over 8,
 key-value row). A row's FLOPs count only what a query sees: 4 * head_dim (QK and PV, a multiply and
 an add each) per (query, head, visible key); deepseek2's latent counts 2 * (576 + 512). Times are
 device time per call, back to back behind a gate (as ``microbench.kernels`` times them), the median
-of three rounds. The kernel a row ran is the launcher's choice on the device (``kernel``); where the
-device has the tall prefill (two 16-query groups a warp, NVIDIA sm_80+), heads of 64 and 128 are
-timed on both it and the 64-query blocks, whatever the ubatch.
+of three rounds. The kernel a row ran is the launcher's choice on the device (``kernel``).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -26,8 +23,7 @@ import numpy as np
 from expertstream.backends.base import Backend, Device, Stream
 from expertstream.bench.probes import Gate
 from expertstream.kernels import MoeKernels
-from expertstream.kernels import attention as attention_module
-from expertstream.kernels.attention import HEAD_DIMS, attention, prefill_kernel, uses_wide_mma
+from expertstream.kernels.attention import attention, uses_matrix_cores, uses_wide_mma
 
 from ._common import Column, emit, environment, open_backend
 from ._common import parser as common_parser
@@ -89,23 +85,12 @@ def visible_pairs(tokens: int, context: int, window: int) -> int:
     return int(seen.sum())
 
 
-def kernel_name(kernels: MoeKernels, shape: HeadShape, tokens: int) -> str:
-    """The prefill kernel the launcher picks for ``shape`` and ``tokens`` queries on this device."""
-    if shape.head_dim not in HEAD_DIMS:
+def kernel_name(kernels: MoeKernels, shape: HeadShape) -> str:
+    """The prefill kernel the launcher picks for ``shape`` on this device."""
+    if shape.head_dim in (256, 576):
         kind = "wide_mma" if uses_wide_mma(kernels, shape.head_dim, shape.shared_kv) else "wide"
         return f"attn_{kind}_d{shape.head_dim}"
-    return f"attn_prefill_{prefill_kernel(kernels, tokens)[0]}_d{shape.head_dim}"
-
-
-@contextlib.contextmanager
-def tall_from(tokens: int) -> Iterator[None]:
-    """The launcher's tall prefill from ``tokens`` queries on, for the block."""
-    before = attention_module.TALL_MIN_TOKENS
-    attention_module.TALL_MIN_TOKENS = tokens
-    try:
-        yield
-    finally:
-        attention_module.TALL_MIN_TOKENS = before
+    return f"attn_prefill_{'mma' if uses_matrix_cores(kernels) else 'simt'}_d{shape.head_dim}"
 
 
 def measure_one(
@@ -157,7 +142,7 @@ def measure_one(
         device.synchronize()
     flops_per_pair = 2 * (d + (shape.value_dim or d))
     flops = visible_pairs(tokens, context, shape.window) * shape.n_head * flops_per_pair
-    return Row(shape.name, tokens, context, kernel_name(kernels, shape, tokens), ms, flops / (ms * 1e-3) / 1e12)
+    return Row(shape.name, tokens, context, kernel_name(kernels, shape), ms, flops / (ms * 1e-3) / 1e12)
 
 
 def run(be: Backend, args: argparse.Namespace) -> dict[str, Any]:
@@ -169,11 +154,7 @@ def run(be: Backend, args: argparse.Namespace) -> dict[str, Any]:
                 for context in args.context:
                     if context < tokens:
                         continue
-                    shape = SHAPES[name]
-                    both = shape.head_dim in HEAD_DIMS and device.capabilities.mma_fragments
-                    for first in (0, tokens + 1) if both else (attention_module.TALL_MIN_TOKENS,):
-                        with tall_from(first):
-                            rows.append(measure_one(device, stream, gate, kernels, shape, tokens, context, args))
+                    rows.append(measure_one(device, stream, gate, kernels, SHAPES[name], tokens, context, args))
         device.synchronize()
     return {**environment(be, device), "repeats": args.repeats, "rows": [asdict(r) for r in rows]}
 

@@ -18,8 +18,6 @@
 //   fragments; every other target runs one written on mma.cu's matrix-step interface
 //   (v_mfma_f32_16x16x16f16 on AMD CDNA, v_wmma_f32_16x16x16_f16 on RDNA3/RDNA4, and the
 //   interface's generic FMA step elsewhere, so the source compiles and runs on every target).
-// - attn_prefill_tall_d*: NVIDIA sm_80+ only, the same kernel with two 16-query groups a warp (128
-//   queries a block; the launcher takes it for launches of many queries): the same bytes.
 // - attn_wide_d*: heads too wide for the kernels above (qwen3next's 256, deepseek2's 576), any number
 //   of tokens.
 // - attn_decode_d* + attn_decode_combine: split-K (flash-decoding) for a few tokens: one block per
@@ -836,56 +834,41 @@ __device__ __forceinline__ float attn_mma_row_update(float (*s)[4], int half, fl
     return alpha;
 }
 
-// G row groups of 16 queries a warp (64 G queries a block). With G = 2 (attn_prefill_tall_d*) each
-// staged K and V fragment feeds both groups' products, halving the shared-memory reads per
-// matrix instruction, and blocks run from the last queries (most keys) to the first, so the
-// launch's tail is its shortest blocks. A row's arithmetic is the same for any G: the same
-// products in the same order, so both kernels give the same bytes.
-template <int D, int G>
+template <int D>
 __device__ void attn_prefill_mma(ATTN_PREFILL_PARAMS) {
     typedef AttnMma<D> M;
     static_assert(ATTN_KEYS == 32, "the tile step takes four n8 tiles of keys");
-    const int ROWS = ATTN_MMA_ROWS * G;
     __shared__ __attribute__((aligned(16))) unsigned short k_tile[2][ATTN_KEYS * M::LD];
     __shared__ __attribute__((aligned(16))) unsigned short v_tile[2][ATTN_KEYS * M::LD];
-    __shared__ int row_lo[ROWS];
-    __shared__ int row_hi[ROWS];
+    __shared__ int row_lo[ATTN_MMA_ROWS];
+    __shared__ int row_hi[ATTN_MMA_ROWS];
     const int tid = threadIdx.x;
     const int warp = tid / 32;
     const int lane = tid % 32;
     const int head = blockIdx.y;
     const int g = head / (n_head / n_head_kv);
-    const int block = G == 1 ? blockIdx.x : gridDim.x - 1 - blockIdx.x;
-    const int first_token = block * ROWS;
-    for (int i = tid; i < ROWS; i += ATTN_THREADS) {
-        attn_visible(positions, first_token + i, n_tokens, kv_len, window, &row_lo[i], &row_hi[i]);
+    const int first_token = blockIdx.x * ATTN_MMA_ROWS;
+    if (tid < ATTN_MMA_ROWS) {
+        attn_visible(positions, first_token + tid, n_tokens, kv_len, window, &row_lo[tid], &row_hi[tid]);
     }
-    // This lane's rows of the warp's group rg: r0[rg] and r0[rg] + 8 (C and A fragment rows),
-    // columns c2, c2 + 1.
-    int r0[G];
-#pragma unroll
-    for (int rg = 0; rg < G; ++rg) {
-        r0[rg] = (warp * G + rg) * 16 + lane / 4;
-    }
+    // This lane's rows of the warp's 16: r0 and r0 + 8 (C and A fragment rows), columns c2, c2 + 1.
+    const int r0 = warp * 16 + lane / 4;
     const int c2 = 2 * (lane % 4);
-    unsigned int qa[G][D / 16][4];
+    unsigned int qa[D / 16][4];
 #pragma unroll
-    for (int rg = 0; rg < G; ++rg) {
+    for (int half = 0; half < 2; ++half) {
+        const int t = first_token + r0 + 8 * half;
+        const float* q_row = q + ((long long)(t < n_tokens ? t : 0) * n_head + head) * D;
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const int t = first_token + r0[rg] + 8 * half;
-            const float* q_row = q + ((long long)(t < n_tokens ? t : 0) * n_head + head) * D;
-#pragma unroll
-            for (int ks = 0; ks < D / 16; ++ks) {
-                attn_float2 a = {0.0f, 0.0f};
-                attn_float2 b = a;
-                if (t < n_tokens) {
-                    a = *(const attn_float2*)(q_row + 16 * ks + c2);
-                    b = *(const attn_float2*)(q_row + 16 * ks + c2 + 8);
-                }
-                qa[rg][ks][half] = attn_pack_half2(a.x * scale, a.y * scale);
-                qa[rg][ks][2 + half] = attn_pack_half2(b.x * scale, b.y * scale);
+        for (int ks = 0; ks < D / 16; ++ks) {
+            attn_float2 a = {0.0f, 0.0f};
+            attn_float2 b = a;
+            if (t < n_tokens) {
+                a = *(const attn_float2*)(q_row + 16 * ks + c2);
+                b = *(const attn_float2*)(q_row + 16 * ks + c2 + 8);
             }
+            qa[ks][half] = attn_pack_half2(a.x * scale, a.y * scale);
+            qa[ks][2 + half] = attn_pack_half2(b.x * scale, b.y * scale);
         }
     }
     __syncthreads();
@@ -893,34 +876,18 @@ __device__ void attn_prefill_mma(ATTN_PREFILL_PARAMS) {
     int last = -1;
     int warp_first = kv_len;
     int warp_last = -1;
-    // Every row of the warp sees keys [all_lo, all_hi] (no mask needed there); empty when the
-    // warp has a row that sees nothing.
-    int all_lo = 0;
-    int all_hi = kv_len;
-    for (int i = 0; i < ROWS; ++i) {
-        const bool mine = i / (16 * G) == warp;
+    for (int i = 0; i < ATTN_MMA_ROWS; ++i) {
         if (row_lo[i] <= row_hi[i]) {
             first = min(first, row_lo[i]);
             last = max(last, row_hi[i]);
-            if (mine) {
+            if (i / 16 == warp) {
                 warp_first = min(warp_first, row_lo[i]);
                 warp_last = max(warp_last, row_hi[i]);
             }
         }
-        if (mine) {
-            all_lo = max(all_lo, row_lo[i]);
-            all_hi = min(all_hi, row_hi[i]);
-        }
     }
-    int lo[G][2];
-    int hi[G][2];
-#pragma unroll
-    for (int rg = 0; rg < G; ++rg) {
-        lo[rg][0] = row_lo[r0[rg]];
-        lo[rg][1] = row_lo[r0[rg] + 8];
-        hi[rg][0] = row_hi[r0[rg]];
-        hi[rg][1] = row_hi[r0[rg] + 8];
-    }
+    const int lo[2] = {row_lo[r0], row_lo[r0 + 8]};
+    const int hi[2] = {row_hi[r0], row_hi[r0 + 8]};
     const int j_start = first - first % ATTN_KEYS;
     const int n_tiles = last >= first ? (last - j_start) / ATTN_KEYS + 1 : 0;
 
@@ -937,24 +904,16 @@ __device__ void attn_prefill_mma(ATTN_PREFILL_PARAMS) {
         asm volatile("cp.async.commit_group;" ::: "memory");
     };
 
-    float o[G][M::DT][4];
+    float o[M::DT][4];
 #pragma unroll
-    for (int rg = 0; rg < G; ++rg) {
+    for (int dt = 0; dt < M::DT; ++dt) {
 #pragma unroll
-        for (int dt = 0; dt < M::DT; ++dt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                o[rg][dt][e] = 0.0f;
-            }
+        for (int e = 0; e < 4; ++e) {
+            o[dt][e] = 0.0f;
         }
     }
-    float m[G][2];
-    float l[G][2];
-#pragma unroll
-    for (int rg = 0; rg < G; ++rg) {
-        m[rg][0] = m[rg][1] = ATTN_NEG_INF;
-        l[rg][0] = l[rg][1] = 0.0f;
-    }
+    float m[2] = {ATTN_NEG_INF, ATTN_NEG_INF};
+    float l[2] = {0.0f, 0.0f};
     if (n_tiles > 0) {
         stage(0, 0);
     }
@@ -970,15 +929,12 @@ __device__ void attn_prefill_mma(ATTN_PREFILL_PARAMS) {
         if (j0 <= warp_last && j0 + ATTN_KEYS - 1 >= warp_first) {  // the same for the whole warp
             const unsigned short* kt = k_tile[tile & 1];
             const unsigned short* vt = v_tile[tile & 1];
-            float s[G][4][4];
+            float s[4][4];
 #pragma unroll
-            for (int rg = 0; rg < G; ++rg) {
+            for (int nt = 0; nt < 4; ++nt) {
 #pragma unroll
-                for (int nt = 0; nt < 4; ++nt) {
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        s[rg][nt][e] = 0.0f;
-                    }
+                for (int e = 0; e < 4; ++e) {
+                    s[nt][e] = 0.0f;
                 }
             }
 #pragma unroll
@@ -987,80 +943,60 @@ __device__ void attn_prefill_mma(ATTN_PREFILL_PARAMS) {
                 for (int pair = 0; pair < 2; ++pair) {
                     unsigned int b[4];
                     ldmatrix_x4(b, kt + (16 * pair + (lane / 16) * 8 + lane % 8) * M::LD + 16 * ks + ((lane / 8) % 2) * 8);
+                    attn_mma_f16(s[2 * pair], qa[ks], b[0], b[1]);
+                    attn_mma_f16(s[2 * pair + 1], qa[ks], b[2], b[3]);
+                }
+            }
 #pragma unroll
-                    for (int rg = 0; rg < G; ++rg) {
-                        attn_mma_f16(s[rg][2 * pair], qa[rg][ks], b[0], b[1]);
-                        attn_mma_f16(s[rg][2 * pair + 1], qa[rg][ks], b[2], b[3]);
+            for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int j = j0 + 8 * nt + c2 + e % 2;
+                    if (j < lo[e / 2] || j > hi[e / 2]) {
+                        s[nt][e] = ATTN_NEG_INF;
                     }
                 }
             }
-            const bool masked = j0 < all_lo || j0 + ATTN_KEYS - 1 > all_hi;  // the same for the whole warp
-            unsigned int pa[G][2][4];
+            const float alpha0 = attn_mma_row_update(s, 0, &m[0], &l[0]);
+            const float alpha1 = attn_mma_row_update(s, 1, &m[1], &l[1]);
 #pragma unroll
-            for (int rg = 0; rg < G; ++rg) {
-                if (masked) {
-#pragma unroll
-                    for (int nt = 0; nt < 4; ++nt) {
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) {
-                            const int j = j0 + 8 * nt + c2 + e % 2;
-                            if (j < lo[rg][e / 2] || j > hi[rg][e / 2]) {
-                                s[rg][nt][e] = ATTN_NEG_INF;
-                            }
-                        }
-                    }
-                }
-                const float alpha0 = attn_mma_row_update(s[rg], 0, &m[rg][0], &l[rg][0]);
-                const float alpha1 = attn_mma_row_update(s[rg], 1, &m[rg][1], &l[rg][1]);
-#pragma unroll
-                for (int dt = 0; dt < M::DT; ++dt) {
-                    o[rg][dt][0] *= alpha0;
-                    o[rg][dt][1] *= alpha0;
-                    o[rg][dt][2] *= alpha1;
-                    o[rg][dt][3] *= alpha1;
-                }
-#pragma unroll
-                for (int kc = 0; kc < 2; ++kc) {
-                    pa[rg][kc][0] = attn_pack_half2(s[rg][2 * kc][0], s[rg][2 * kc][1]);
-                    pa[rg][kc][1] = attn_pack_half2(s[rg][2 * kc][2], s[rg][2 * kc][3]);
-                    pa[rg][kc][2] = attn_pack_half2(s[rg][2 * kc + 1][0], s[rg][2 * kc + 1][1]);
-                    pa[rg][kc][3] = attn_pack_half2(s[rg][2 * kc + 1][2], s[rg][2 * kc + 1][3]);
-                }
+            for (int dt = 0; dt < M::DT; ++dt) {
+                o[dt][0] *= alpha0;
+                o[dt][1] *= alpha0;
+                o[dt][2] *= alpha1;
+                o[dt][3] *= alpha1;
             }
 #pragma unroll
             for (int kc = 0; kc < 2; ++kc) {
+                const unsigned int pa[4] = {
+                    attn_pack_half2(s[2 * kc][0], s[2 * kc][1]), attn_pack_half2(s[2 * kc][2], s[2 * kc][3]),
+                    attn_pack_half2(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                    attn_pack_half2(s[2 * kc + 1][2], s[2 * kc + 1][3])};
 #pragma unroll
                 for (int dt2 = 0; dt2 < D / 16; ++dt2) {
                     unsigned int b[4];
                     attn_ldmatrix_x4_trans(
                         b, vt + (16 * kc + ((lane / 8) % 2) * 8 + lane % 8) * M::LD + 16 * dt2 + (lane / 16) * 8);
-#pragma unroll
-                    for (int rg = 0; rg < G; ++rg) {
-                        attn_mma_f16(o[rg][2 * dt2], pa[rg][kc], b[0], b[1]);
-                        attn_mma_f16(o[rg][2 * dt2 + 1], pa[rg][kc], b[2], b[3]);
-                    }
+                    attn_mma_f16(o[2 * dt2], pa, b[0], b[1]);
+                    attn_mma_f16(o[2 * dt2 + 1], pa, b[2], b[3]);
                 }
             }
         }
         __syncthreads();  // the next stage overwrites this buffer
     }
 #pragma unroll
-    for (int rg = 0; rg < G; ++rg) {
+    for (int half = 0; half < 2; ++half) {
+        const int t = first_token + r0 + 8 * half;
+        float row_l = attn_quad_sum(l[half]);  // every lane takes part in the shuffles
+        if (t >= n_tokens) {
+            continue;
+        }
+        const float keep = sinks ? attn_join_sink(m[half], &row_l, sinks[head]) : 1.0f;
+        const float inv = row_l > 0.0f ? keep / row_l : 0.0f;
+        float* out_row = out + ((long long)t * n_head + head) * D;
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const int t = first_token + r0[rg] + 8 * half;
-            float row_l = attn_quad_sum(l[rg][half]);  // every lane takes part in the shuffles
-            if (t >= n_tokens) {
-                continue;
-            }
-            const float keep = sinks ? attn_join_sink(m[rg][half], &row_l, sinks[head]) : 1.0f;
-            const float inv = row_l > 0.0f ? keep / row_l : 0.0f;
-            float* out_row = out + ((long long)t * n_head + head) * D;
-#pragma unroll
-            for (int dt = 0; dt < M::DT; ++dt) {
-                *(attn_float2*)(out_row + 8 * dt + c2) =
-                    attn_float2{o[rg][dt][2 * half] * inv, o[rg][dt][2 * half + 1] * inv};
-            }
+        for (int dt = 0; dt < M::DT; ++dt) {
+            *(attn_float2*)(out_row + 8 * dt + c2) = attn_float2{o[dt][2 * half] * inv, o[dt][2 * half + 1] * inv};
         }
     }
 }
@@ -1669,7 +1605,7 @@ __device__ void attn_prefill_waves(ATTN_PREFILL_PARAMS) {
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_prefill_mma_d64(ATTN_PREFILL_PARAMS) {
     KERNEL_PROLOGUE();
 #if defined(ATTN_MMA_NVIDIA)
-    attn_prefill_mma<64, 1>(ATTN_PREFILL_ARGS);
+    attn_prefill_mma<64>(ATTN_PREFILL_ARGS);
 #else
     attn_prefill_waves<64>(ATTN_PREFILL_ARGS);
 #endif
@@ -1678,21 +1614,8 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_prefill_mma_d64(
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_prefill_mma_d128(ATTN_PREFILL_PARAMS) {
     KERNEL_PROLOGUE();
 #if defined(ATTN_MMA_NVIDIA)
-    attn_prefill_mma<128, 1>(ATTN_PREFILL_ARGS);
+    attn_prefill_mma<128>(ATTN_PREFILL_ARGS);
 #else
     attn_prefill_waves<128>(ATTN_PREFILL_ARGS);
 #endif
 }
-
-#if defined(ATTN_MMA_NVIDIA)
-// 128 queries a block, two 16-query groups a warp (attn_prefill_mma's G = 2): NVIDIA sm_80+ only.
-extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_prefill_tall_d64(ATTN_PREFILL_PARAMS) {
-    KERNEL_PROLOGUE();
-    attn_prefill_mma<64, 2>(ATTN_PREFILL_ARGS);
-}
-
-extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_prefill_tall_d128(ATTN_PREFILL_PARAMS) {
-    KERNEL_PROLOGUE();
-    attn_prefill_mma<128, 2>(ATTN_PREFILL_ARGS);
-}
-#endif

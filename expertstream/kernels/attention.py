@@ -49,8 +49,6 @@ if TYPE_CHECKING:
 THREADS = 128
 PREFILL_ROWS = 32  # queries per block of the SIMT prefill
 MMA_ROWS = 64  # queries per block of the matrix-core prefill
-TALL_ROWS = 128  # queries per block of the tall matrix-core prefill (attention.cu's attn_prefill_tall_d*)
-TALL_MIN_TOKENS = 1024  # launches of fewer queries keep the 64-query blocks: twice the blocks to spread
 DECODE_ROWS = 8  # (token, head) rows per decode block
 DECODE_CHUNK = 32  # keys per decode block (one token over a 512-row cache: 16 chunks a KV head)
 COMBINE_STRANDS = 4  # threads per (row, d) of the decode combine, each adding every 4th chunk (attention.cu)
@@ -65,12 +63,8 @@ WIDE_MMA_THREADS = 256
 _KEYS = 32  # keys per staged tile (attention.cu's ATTN_KEYS)
 SHARED_KV_DIMS = (576,)  # wide heads whose matrix-core kernel reads the values from the keys' rows
 # Kernels the source defines for NVIDIA sm_80+ alone (mma.sync fragments and more than AMD's 64 KB of
-# LDS a block, or the tall prefill's two groups a warp): uses_wide_mma and prefill_kernel never pick them
-# elsewhere.
-NVIDIA_ONLY_KERNELS = (
-    *(f"attn_wide_mma{kind}_d{d}" for kind in ("", "_decode") for d in WIDE_DIMS),
-    *(f"attn_prefill_tall_d{d}" for d in HEAD_DIMS),
-)
+# LDS a block): uses_wide_mma never picks them elsewhere.
+NVIDIA_ONLY_KERNELS = tuple(f"attn_wide_mma{kind}_d{d}" for kind in ("", "_decode") for d in WIDE_DIMS)
 CACHE_ALIGN = 16  # bytes: the kernels read cache rows 16 bytes at a time
 ROW_ALIGN = 8  # bytes: query and output rows are read and written two floats at a time
 _SCRATCH_ALIGN = 16
@@ -85,17 +79,6 @@ def uses_matrix_cores(kernels: MoeKernels) -> bool:
     attention's too.
     """
     return kernels.device.capabilities.matrix_cores and kernels.path is not MatrixPath.SIMT
-
-
-def prefill_kernel(kernels: MoeKernels, n_tokens: int) -> tuple[str, int]:
-    """The prefill kernel (attn_prefill_{kind}_d*) for heads of HEAD_DIMS and its queries a block: on
-    NVIDIA sm_80+ (``Capabilities.mma_fragments``) the tall one, two 16-query groups a warp sharing
-    each staged fragment, for launches of at least TALL_MIN_TOKENS queries; the same bytes as mma."""
-    if not uses_matrix_cores(kernels):
-        return "simt", PREFILL_ROWS
-    if kernels.device.capabilities.mma_fragments and n_tokens >= TALL_MIN_TOKENS:
-        return "tall", TALL_ROWS
-    return "mma", MMA_ROWS
 
 
 def wide_mma_shared_bytes(head_dim: int) -> int:
@@ -223,10 +206,10 @@ def attention(
             kernel = kernels.kernel(f"attn_{block.kind}_d{head_dim}")
             stream.launch(kernel, blocks, block.threads, prefill_args, shared_mem=block.shared_mem)
             return
-        kind, rows = prefill_kernel(kernels, n_tokens)
-        stream.launch(
-            kernels.kernel(f"attn_prefill_{kind}_d{head_dim}"), (-(-n_tokens // rows), n_head), THREADS, prefill_args
-        )
+        matrix = uses_matrix_cores(kernels)
+        rows = MMA_ROWS if matrix else PREFILL_ROWS
+        name = f"attn_prefill_{'mma' if matrix else 'simt'}_d{head_dim}"
+        stream.launch(kernels.kernel(name), (-(-n_tokens // rows), n_head), THREADS, prefill_args)
         return
     n_chunks = decode_chunks(kv_len)
     scratch = kernels.scratch(_SCRATCH, decode_scratch_bytes(n_tokens, n_head, head_dim, kv_len))

@@ -17,13 +17,11 @@ from expertstream.backends import sim
 from expertstream.backends.base import Device, DeviceBuffer, Stream
 from expertstream.errors import InvalidArgument
 from expertstream.kernels import MatrixPath, MoeKernels
-from expertstream.kernels import attention as attention_module
 from expertstream.kernels import reference as ref
 from expertstream.kernels.attention import (
     DECODE_CHUNK,
     DECODE_MAX_TOKENS,
     FUSED_MAX_CHUNKS,
-    TALL_MIN_TOKENS,
     attention,
     uses_matrix_cores,
     uses_wide_mma,
@@ -93,8 +91,7 @@ CASES = [
     Case(1, 1000, 128, 1, 576, window=700, extra_rows=40, shared_kv=True),
     Case(8, 90, 16, 2, 256, sinks=True, extra_rows=50),
     Case(40, 30, 8, 2, 256, window=24, extra_rows=6),  # qwen3next's heads with a window
-    # the tall prefill (NVIDIA sm_80+, at least TALL_MIN_TOKENS queries): a last block of 76 queries of its
-    # 128, and a window with sinks, rows past the positions and its first queries' tiles cut by it
+    # long launches: a last block of 12 queries of its 64, and a window with sinks over rows past the positions
     Case(1100, 0, 4, 2, 128, extra_rows=9),
     Case(1030, 200, 4, 4, 64, window=128, sinks=True, extra_rows=40),
 ]
@@ -260,25 +257,6 @@ def test_fused_decode_is_the_bytes_of_two_launches(
         np.testing.assert_array_equal(run(kernels, stream, inputs).view(np.uint32), two_launches.view(np.uint32))
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c.n_tokens >= TALL_MIN_TOKENS], ids=str)
-def test_tall_prefill_is_the_bytes_of_the_64_query_blocks(
-    device: Device,
-    kernels: MoeKernels,
-    stream: Stream,
-    rng: np.random.Generator,
-    case: Case,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Two 16-query groups a warp, blocks from the last queries to the first: each row's products in
-    the same order as the 64-query blocks', so the same bytes."""
-    inputs = make_inputs(device, rng, case)
-    tall = run(kernels, stream, inputs)
-    monkeypatch.setattr(attention_module, "TALL_MIN_TOKENS", case.n_tokens + 1)
-    short = run(kernels, stream, inputs)
-    assert np.isfinite(short).all()
-    np.testing.assert_array_equal(tall.view(np.uint32), short.view(np.uint32))
-
-
 def test_rows_past_kv_len_stay_unseen(
     device: Device, kernels: MoeKernels, stream: Stream, rng: np.random.Generator
 ) -> None:
@@ -326,31 +304,6 @@ def test_prefill_takes_the_matrix_core_kernel_where_the_device_has_matrix_cores(
 
 
 _H200 = sim.BUILTIN_PROFILES["cuda-h200"]
-
-
-@pytest.mark.parametrize(
-    ("profile", "n_tokens", "expected"),
-    [
-        (_H200, TALL_MIN_TOKENS, "attn_prefill_tall_d64"),
-        (_H200, TALL_MIN_TOKENS - 1, "attn_prefill_mma_d64"),
-        (_RDNA4, TALL_MIN_TOKENS, "attn_prefill_mma_d64"),
-    ],
-    ids=["h200", "h200-short", "rdna4"],
-)
-def test_long_prefills_take_the_tall_blocks_where_the_device_has_mma_fragments(
-    profile: sim.Profile, n_tokens: int, expected: str
-) -> None:
-    case = Case(n_tokens, 0, 2, 1, 64)
-    with sim.open(profile=profile) as backend, MoeKernels(backend.device(0)) as kernels:
-        device = backend.device(0)
-        inputs = make_inputs(device, np.random.default_rng(3), case)
-        with device.stream() as stream:
-            out = run(kernels, stream, inputs)
-        launched = [op.name for op in backend.timeline if op.kind is OpKind.KERNEL and op.name.startswith("attn")]
-        assert launched == [expected]
-        assert worst_row_error(out, inputs.reference()) < tolerance(kernels, case)
-
-
 _SM86_SHARED = dataclasses.replace(_H200, name="cuda-99k-shared", max_shared_bytes=99 * 1024)
 
 
