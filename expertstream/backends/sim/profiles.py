@@ -397,9 +397,11 @@ CUDA_H200 = Profile(
     int8_matrix_cores=True,  # datasheet: Hopper tensor cores (mma.sync s8)
     mma_fragments=True,  # sm_90: mma.sync m16n8k16 bf16
     max_shared_bytes=227 * 1024,  # datasheet: sm_90 blocks opt into up to 227 KB
-    # measured: the device time before each operation of a chain, fitted by `expertstream tune` to replayed
-    # 48-layer decode steps (back to back, one kernel launches every 2.0 us; docs/results/decode-h200.md)
-    launch_latency_s=7.7e-6,
+    # measured: the device time before each operation of a chain, fitted to the whole model's replayed decode
+    # step of the 48-layer qwen3-30b-a3b Q4_K_M file all on the GPU (285.5 tokens/s, 507 operations a
+    # step, chained launches; docs/results/h200-2026-12-06.md): predicted 283.7, and from host memory 37.9
+    # and 66.9 against the measured 38.7 and 66.9 (-ncmoe all, 24). The expert blocks alone had fitted 7.7 us.
+    launch_latency_s=6.2e-6,
     copy_latency_s=10e-6,  # assumed: DMA setup; with enqueue_s it matches the measured 1.26 ms for 64 MB
     enqueue_s=15e-6,  # measured: six enqueues of the event-order bench took 0.04..0.08 ms from Python
     call_s=15e-6,  # the same calls: back to back, no work between them
