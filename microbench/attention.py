@@ -8,7 +8,8 @@ qwen3-30b-a3b (32 query heads, 4 KV heads of 128), gpt-oss-20b (64 of 64 over 8,
 key-value row). A row's FLOPs count only what a query sees: 4 * head_dim (QK and PV, a multiply and
 an add each) per (query, head, visible key); deepseek2's latent counts 2 * (576 + 512). Times are
 device time per call, back to back behind a gate (as ``microbench.kernels`` times them), the median
-of three rounds. The kernel a row ran is the launcher's choice on the device (``kernel``).
+of three rounds. The kernel a row ran is the launcher's choice on the device (``kernel``, from
+``attention.prefill_kernel``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 from expertstream.backends.base import Backend, Device, Stream
 from expertstream.bench.probes import Gate
 from expertstream.kernels import MoeKernels
-from expertstream.kernels.attention import attention, uses_matrix_cores, uses_wide_mma
+from expertstream.kernels.attention import attention, prefill_kernel
 
 from ._common import Column, emit, environment, open_backend
 from ._common import parser as common_parser
@@ -85,14 +86,6 @@ def visible_pairs(tokens: int, context: int, window: int) -> int:
     return int(seen.sum())
 
 
-def kernel_name(kernels: MoeKernels, shape: HeadShape) -> str:
-    """The prefill kernel the launcher picks for ``shape`` on this device."""
-    if shape.head_dim in (256, 576):
-        kind = "wide_mma" if uses_wide_mma(kernels, shape.head_dim, shape.shared_kv) else "wide"
-        return f"attn_{kind}_d{shape.head_dim}"
-    return f"attn_prefill_{'mma' if uses_matrix_cores(kernels) else 'simt'}_d{shape.head_dim}"
-
-
 def measure_one(
     device: Device,
     stream: Stream,
@@ -142,7 +135,8 @@ def measure_one(
         device.synchronize()
     flops_per_pair = 2 * (d + (shape.value_dim or d))
     flops = visible_pairs(tokens, context, shape.window) * shape.n_head * flops_per_pair
-    return Row(shape.name, tokens, context, kernel_name(kernels, shape), ms, flops / (ms * 1e-3) / 1e12)
+    kernel = prefill_kernel(kernels, shape.head_dim, shape.shared_kv)
+    return Row(shape.name, tokens, context, kernel, ms, flops / (ms * 1e-3) / 1e12)
 
 
 def run(be: Backend, args: argparse.Namespace) -> dict[str, Any]:

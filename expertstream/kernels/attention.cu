@@ -1235,6 +1235,35 @@ __device__ __forceinline__ bool attn_wide_mma_rows(const AttnWideMmaShared<D, KV
     return true;
 }
 
+// Each of this thread's rows of its warp's output columns (attn_wide_mma_rows' o), written to the
+// row of (token, head) at dst + ((token * n_head + head) * stride) * D, times the row's sh.inv where
+// normalized (prefill's out: stride 1) and as they are otherwise (decode's partials: dst at the chunk,
+// stride n_chunks). Rows past the last token write nothing.
+template <int D, bool KV_SHARED>
+__device__ __forceinline__ void attn_wide_mma_store(const AttnWideMmaShared<D, KV_SHARED>& sh,
+                                                    const float (*o)[4], float* dst, long long stride,
+                                                    int n_head, int group, int row0, bool normalized) {
+    typedef AttnWideMma<D, KV_SHARED> W;
+    const int warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    const int cols = W::HALF * (warp / 4);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int r = 16 * (warp % 4) + lane / 4 + 8 * half;
+        const int t = sh.token[r];
+        if (t < 0) {
+            continue;
+        }
+        const float inv = normalized ? sh.inv[r] : 1.0f;
+        const long long row = (long long)t * n_head + blockIdx.y * group + (row0 + r) % group;
+        float* out_row = dst + row * stride * D + cols + 2 * (lane % 4);
+#pragma unroll
+        for (int dt = 0; dt < W::HALF / 8; ++dt) {
+            *(attn_float2*)(out_row + 8 * dt) = attn_float2{o[dt][2 * half] * inv, o[dt][2 * half + 1] * inv};
+        }
+    }
+}
+
 // Prefill: block (x, g) takes rows 64 x .. of KV head g over every cache row and writes out.
 template <int D, bool KV_SHARED>
 __device__ void attn_wide_mma(ATTN_PREFILL_PARAMS) {
@@ -1263,24 +1292,7 @@ __device__ void attn_wide_mma(ATTN_PREFILL_PARAMS) {
         sh.inv[sr] = l > 0.0f ? keep / l : 0.0f;
     }
     __syncthreads();
-    const int warp = tid / 32;
-    const int lane = tid % 32;
-    const int cols = W::HALF * (warp / 4);
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const int r = 16 * (warp % 4) + lane / 4 + 8 * half;
-        const int t = sh.token[r];
-        if (t < 0) {
-            continue;
-        }
-        const float inv = sh.inv[r];
-        float* out_row = out + ((long long)t * n_head + blockIdx.y * group + (row0 + r) % group) * D + cols +
-                         2 * (lane % 4);
-#pragma unroll
-        for (int dt = 0; dt < W::HALF / 8; ++dt) {
-            *(attn_float2*)(out_row + 8 * dt) = attn_float2{o[dt][2 * half] * inv, o[dt][2 * half + 1] * inv};
-        }
-    }
+    attn_wide_mma_store<D, KV_SHARED>(sh, o, out, 1, n_head, group, row0, true);
 }
 
 // Split-K decode with attn_decode_d*'s arguments and partials (attn_decode_combine merges them):
@@ -1311,23 +1323,7 @@ __device__ void attn_wide_mma_decode(ATTN_DECODE_PARAMS) {
             partial_ml[2 * at + 1] = l;
         }
     }
-    const int warp = tid / 32;
-    const int lane = tid % 32;
-    const int cols = W::HALF * (warp / 4);
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const int r = 16 * (warp % 4) + lane / 4 + 8 * half;
-        const int t = sh.token[r];
-        if (t < 0) {
-            continue;
-        }
-        const long long at = ((long long)t * n_head + head_of + (row0 + r) % group) * n_chunks + chunk;
-        float* o_row = partial_o + at * D + cols + 2 * (lane % 4);
-#pragma unroll
-        for (int dt = 0; dt < W::HALF / 8; ++dt) {
-            *(attn_float2*)(o_row + 8 * dt) = attn_float2{o[dt][2 * half], o[dt][2 * half + 1]};
-        }
-    }
+    attn_wide_mma_store<D, KV_SHARED>(sh, o, partial_o + (long long)chunk * D, n_chunks, n_head, group, row0, false);
 }
 
 extern "C" __global__ void __launch_bounds__(ATTN_WIDE_MMA_THREADS, 1) attn_wide_mma_d256(ATTN_PREFILL_PARAMS) {

@@ -113,11 +113,18 @@ class _WideBlock(NamedTuple):
     shared_mem: int  # dynamic shared memory a block
 
 
-def _wide_block(kernels: MoeKernels, head_dim: int, k_cache: BufferView, v_cache: BufferView) -> _WideBlock:
-    shared_kv = k_cache.buffer is v_cache.buffer and k_cache.offset == v_cache.offset
+def _wide_block(kernels: MoeKernels, head_dim: int, shared_kv: bool) -> _WideBlock:
     if uses_wide_mma(kernels, head_dim, shared_kv):
         return _WideBlock("wide_mma", WIDE_MMA_ROWS, WIDE_MMA_THREADS, wide_mma_shared_bytes(head_dim))
     return _WideBlock("wide", WIDE_ROWS, THREADS, 0)
+
+
+def prefill_kernel(kernels: MoeKernels, head_dim: int, shared_kv: bool) -> str:
+    """The kernel a prefill of heads ``head_dim`` wide launches on this instance's device (the values in
+    the keys' own rows where ``shared_kv``)."""
+    if head_dim in WIDE_DIMS:
+        return f"attn_{_wide_block(kernels, head_dim, shared_kv).kind}_d{head_dim}"
+    return f"attn_prefill_{'mma' if uses_matrix_cores(kernels) else 'simt'}_d{head_dim}"
 
 
 def decode_chunks(kv_len: int) -> int:
@@ -198,18 +205,17 @@ def attention(
     shape = (np.int32(n_tokens), np.int32(kv_len), np.int32(n_head), np.int32(n_head_kv), np.int32(window))
     group = n_head // n_head_kv
     wide = head_dim in WIDE_DIMS
-    block = _wide_block(kernels, head_dim, views[1], views[2]) if wide else None
+    shared_kv = views[1].buffer is views[2].buffer and views[1].offset == views[2].offset
+    block = _wide_block(kernels, head_dim, shared_kv) if wide else None
     if n_tokens > DECODE_MAX_TOKENS:
         prefill_args = (*views, out_view, pos_view, sinks_arg, *shape, np.float32(scale))
+        kernel = kernels.kernel(prefill_kernel(kernels, head_dim, shared_kv))
         if block is not None:
             blocks = (-(-n_tokens * group // block.rows), n_head_kv)
-            kernel = kernels.kernel(f"attn_{block.kind}_d{head_dim}")
             stream.launch(kernel, blocks, block.threads, prefill_args, shared_mem=block.shared_mem)
             return
-        matrix = uses_matrix_cores(kernels)
-        rows = MMA_ROWS if matrix else PREFILL_ROWS
-        name = f"attn_prefill_{'mma' if matrix else 'simt'}_d{head_dim}"
-        stream.launch(kernels.kernel(name), (-(-n_tokens // rows), n_head), THREADS, prefill_args)
+        rows = MMA_ROWS if uses_matrix_cores(kernels) else PREFILL_ROWS
+        stream.launch(kernel, (-(-n_tokens // rows), n_head), THREADS, prefill_args)
         return
     n_chunks = decode_chunks(kv_len)
     scratch = kernels.scratch(_SCRATCH, decode_scratch_bytes(n_tokens, n_head, head_dim, kv_len))
