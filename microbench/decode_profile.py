@@ -94,8 +94,9 @@ def main(argv: list[str] | None = None) -> int:
         result = profile(backend, Path(path), args)
     out = sys.stderr if args.json else sys.stdout
     print(
-        f"prefill of {result['prompt']} tokens (ubatch {result['ubatch']}): {result['prefill_ms']:.2f} ms; traced: "
-        f"{result['prefill_device_ms']:.2f} ms in {result['prefill_calls']} operations",
+        f"prefill of {result['prompt']} tokens (ubatch {result['ubatch']}): {result['prefill_ms']:.2f} ms "
+        f"({result['prefill_path']}); traced as calls: {result['prefill_device_ms']:.2f} ms in "
+        f"{result['prefill_calls']} operations",
         file=out,
     )
     print_table(result["prefill_rows"][: args.top], COLUMNS, out)
@@ -193,13 +194,14 @@ def profile(backend: Any, path: Path, args: argparse.Namespace) -> dict[str, Any
     host = backend.host
     with Model.open(path, backend=backend, devices=(args.device,), **options) as model:
         steps = args.steps
-        with model._runner(args.prompt, steps, all_logits=False) as (runner, scheduler, experts):
+        with model._runner(args.prompt, steps, all_logits=False) as (runner, scheduler, experts, prefill):
             runner.set_prompt([1 + i % 100 for i in range(args.prompt)])
             prefill_s = []
             for _ in range(2):  # the first compiles
                 start = host.timestamp()
-                scheduler.run(runner.prefill_plan(experts))
+                prefill.run()  # full ubatches replayed from one captured ubatch where they can be
                 prefill_s.append(host.timestamp() - start)
+            prefill_path = prefill.path
             times = []
             with _DecodeSteps(runner, scheduler, experts, not args.no_graphs) as decode:
                 for step in range(steps - 1):
@@ -238,6 +240,7 @@ def profile(backend: Any, path: Path, args: argparse.Namespace) -> dict[str, Any
         "gemv": args.gemv,
         "path": replay_path,
         "prefill_ms": prefill_s[-1] * 1e3,
+        "prefill_path": prefill_path,
         "prefill_traced_ms": traced_prefill_s * 1e3,
         "prefill_device_ms": prefill_device_s * 1e3,
         "prefill_calls": prefill_calls,

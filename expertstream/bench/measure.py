@@ -8,7 +8,6 @@ prefill plan with every expert tensor already on the device (compute only).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -18,16 +17,17 @@ from typing import Any
 
 import numpy as np
 
-from ..backends.base import Backend, Device, Stream, Usage
+from ..backends.base import Backend, Device, Usage
 from ..engine.hparams import Transformer
 from ..engine.offload import GpuMemory, ResidentExperts, UploadedExperts, plan_offload
-from ..engine.runner import ROUTER, Batching, ExpertData, MoeRunner, prefers_layer_major, sha256
+from ..engine.prefill import Prefill, reporting
+from ..engine.runner import Batching, ExpertData, MoeRunner, prefers_layer_major, sha256
 from ..engine.uploads import DeviceMemory
 from ..hostmem import HostMemoryMode, HostWeights, RingFill, RingOptions, RingStats
 from ..hostmem.memlimit import model_too_big
 from ..kernels.layout import MatrixPath
 from ..model import MoeModel
-from ..scheduler import Bindings, Plan, Replay, RunStats, Scheduler, Split
+from ..scheduler import Plan, Replay, RunStats, Scheduler
 from .disk import page_cache_as_found
 from .report import Row
 
@@ -62,7 +62,8 @@ class Settings:
     # reads the experts from the file (mode disk: layer-major reads each layer's once a prompt), else ubatch.
     prefill_order: str | None = None
     gather: bool = True  # decode's expert copies from page-locked memory made by the device (Scheduler.gather)
-    graphs: bool = True  # decode steps replayed from one captured graph where the scheduler can capture them
+    # decode steps, and a prompt's full ubatches, replayed from one captured graph where the scheduler can
+    graphs: bool = True
     # The compute-only baseline (every expert on the device) that rows compare to; without it rows
     # leave what they would compare to it empty (tune times the job's rows and needs only theirs).
     compute_only: bool = True
@@ -182,29 +183,14 @@ class _DeviceExperts(UploadedExperts):
 
 
 def _ticking(plan: Plan, progress: Progress, what: str) -> Plan:
-    """``plan`` whose first split of each ubatch (layer 0's router) reports progress before it is enqueued.
-
-    A KeyboardInterrupt raised there (or by Ctrl-C) stops the run between splits.
-    """
-
-    def tick(split: Split) -> Split:
-        compute = split.compute
-
-        def reported(stream: Stream, bindings: Bindings) -> None:
-            progress(f"{what} {split.name.rsplit('.', 1)[-1]}")
-            compute(stream, bindings)
-
-        return dataclasses.replace(split, compute=reported)
-
-    first = next((s.name.split(".")[:2] for s in plan.splits if s.name.startswith((f"{ROUTER}.", "dense."))), None)
-    starts = {".".join(first) + "."} if first else set()
-    return Plan.of([tick(s) if any(s.name.startswith(p) for p in starts) else s for s in plan.splits])
+    """``plan`` whose first split of each ubatch (layer 0's router) reports progress before it is enqueued."""
+    return reporting(plan, lambda label: progress(f"{what} {label}"))
 
 
 def _timed_runs(
-    backend: Backend, scheduler: Scheduler, plan: Plan, repeats: int = 1, poison: Callable[[], None] = lambda: None
+    backend: Backend, run: Callable[[], RunStats], repeats: int = 1, poison: Callable[[], None] = lambda: None
 ) -> tuple[list[float], RunStats]:
-    """Seconds of each of ``repeats`` runs of ``plan``, and the stats of the last.
+    """Seconds of each of ``repeats`` calls of ``run``, and the stats of the last.
 
     ``poison`` fills the outputs before each run, untimed (MoeRunner.poison_prefill_output waits
     for its fill), so that every run, the hashed last one too, starts from poison.
@@ -213,7 +199,7 @@ def _timed_runs(
     for _ in range(max(1, repeats)):
         poison()
         start = backend.host.timestamp()
-        stats = scheduler.run(plan)
+        stats = run()
         times.append(backend.host.timestamp() - start)
     return times, stats
 
@@ -233,17 +219,29 @@ def _rows_read_disk(settings: Settings, model: MoeModel) -> bool:
     return HostMemoryMode.DISK in modes or (HostMemoryMode.PREFERRED in modes and model_too_big(model) is not None)
 
 
+def _labelled(progress: Progress, what: str) -> Progress:
+    return lambda label: progress(f"{what} {label}")
+
+
 def measure_compute_only(
-    backend: Backend, runner: MoeRunner, warmup: bool, repeats: int = 1, progress: Progress = lambda what: None
+    backend: Backend,
+    runner: MoeRunner,
+    warmup: bool,
+    repeats: int = 1,
+    progress: Progress = lambda what: None,
+    graphs: bool = True,
 ) -> tuple[float, bool, str | None]:
     experts = _DeviceExperts(runner)
     try:
-        with Scheduler(slots=0) as scheduler:
+        with (
+            Scheduler(slots=0) as scheduler,
+            Prefill(runner, scheduler, experts.views, graphs=graphs) as prefill,
+        ):
             if warmup:
-                scheduler.run(_ticking(runner.prefill_plan(experts.views, [0]), progress, "compute only, warm-up"))
-            plan = _ticking(runner.prefill_plan(experts.views), progress, "compute only")
+                prefill.warm(_labelled(progress, "compute only, warm-up"))
+            ticked = _labelled(progress, "compute only")
             poison = functools.partial(runner.poison_prefill_output, scheduler.stream)
-            times, _ = _timed_runs(backend, scheduler, plan, repeats, poison)
+            times, _ = _timed_runs(backend, functools.partial(prefill.run, ticked), repeats, poison)
         digest = sha256(runner.prefill_output()) if runner.data and experts.all_layers else None
         return Spread.of(times).median, experts.all_layers, digest
     finally:
@@ -285,7 +283,9 @@ def measure(
         fuse_gate_up=settings.fuse_gate_up,
         transformer=Transformer.read(model) if settings.whole else None,
         layer_major=settings.whole
-        and prefers_layer_major(default_prefill_order(settings), model, settings.batching, targets),
+        and prefers_layer_major(
+            default_prefill_order(settings), model, settings.batching, targets, streams=settings.n_cpu_moe != 0
+        ),
     ) as runner:
         if settings.whole:
             _random_tokens(runner, settings.seed)
@@ -299,7 +299,7 @@ def measure(
             keep = page_cache_as_found(model) if _rows_read_disk(settings, model) else nullcontext()
             with keep:
                 compute_s, all_layers, compute_sha = measure_compute_only(
-                    backend, runner, settings.warmup, settings.repeats, progress
+                    backend, runner, settings.warmup, settings.repeats, progress, settings.graphs
                 )
         paths = {name: path.value for name, path in runner.matrix_path_by_type.items()}
         result = Measurement(
@@ -359,13 +359,17 @@ def _measure_row(
     batching = settings.batching
     experts: ExpertData = resident.experts(weights)
     what = f"slots {slots}, {weights.mode.value}"
-    with Scheduler(slots=slots, gather=settings.gather) as scheduler:
+    with (
+        Scheduler(slots=slots, gather=settings.gather) as scheduler,
+        Prefill(runner, scheduler, experts, graphs=settings.graphs) as prefill,
+    ):
         if settings.warmup:
-            scheduler.run(_ticking(runner.prefill_plan(experts, [0]), progress, f"{what}, warm-up"))
+            prefill.warm(_labelled(progress, f"{what}, warm-up"))
         ring_before = weights.ring_stats()
-        plan = _ticking(runner.prefill_plan(experts), progress, what)
+        ticked = _labelled(progress, what)
         poison = functools.partial(runner.poison_prefill_output, scheduler.stream)
-        times, stats = _timed_runs(backend, scheduler, plan, settings.repeats, poison)
+        times, stats = _timed_runs(backend, functools.partial(prefill.run, ticked), settings.repeats, poison)
+        prefill_path = prefill.path
         ring_after = weights.ring_stats()
         decode_rates, decode_steps_s, decode_bytes, decode_path, decode_disk_bytes = _decode(
             backend, runner, scheduler, experts, settings, progress, what, weights
@@ -419,6 +423,7 @@ def _measure_row(
         decode_median_step_ms=Spread.of(decode_steps_s).median * 1e3 if decode_steps_s else None,
         decode_bytes=decode_bytes,
         decode_path=decode_path,
+        prefill_path=prefill_path,
         decode_sha256=sha256(decode_out) if decode_out is not None else None,
         output_sha256=sha256(*(a for a in (prefill_out, decode_out) if a is not None)) if runner.data else "",
         nonfinite=sum(int(np.count_nonzero(~np.isfinite(a))) for a in (prefill_out, decode_out) if a is not None),
@@ -536,7 +541,7 @@ def _decode(
             for step in range(steps):
                 if replay is None:
                     plan = _ticking(runner.decode_plan(experts, step), progress, f"{what}, decode")  # built untimed
-                    (wall,), stats = _timed_runs(backend, scheduler, plan)
+                    (wall,), stats = _timed_runs(backend, functools.partial(scheduler.run, plan))
                 else:
                     progress(f"{what}, decode")
                     start = backend.host.timestamp()

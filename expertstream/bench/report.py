@@ -49,6 +49,7 @@ class Row:
     decode_median_step_ms: float | None = None  # the median step (median of the runs' medians)
     decode_bytes: int = 0  # expert bytes one repetition of the decode steps copied (used experts only)
     decode_path: str | None = None  # "graph": one captured step replayed; "calls": each step's calls issued
+    prefill_path: str | None = None  # "graph": one captured ubatch replayed per full ubatch; "calls": calls issued
     decode_sha256: str | None = None
     output_sha256: str = ""  # prefill and decode outputs together; empty when the backend holds no data
     nonfinite: int = 0  # NaN or infinite output values: a wrong byte read somewhere

@@ -109,7 +109,8 @@ def _common(parser: argparse.ArgumentParser, default_ctx: int | None = None) -> 
     parser.add_argument(
         "--no-graphs",
         action="store_true",
-        help="decode: issue each step's calls instead of replaying one captured step (the same bytes)",
+        help="issue each decode step's and each prompt ubatch's calls instead of replaying one captured step "
+        "and one captured ubatch (the same bytes)",
     )
 
 
@@ -168,13 +169,14 @@ def _generate(args: argparse.Namespace, command_line: str) -> int:
             sys.stdout.write(piece.text)
             sys.stdout.flush()
         sys.stdout.write("\n")
-        stats, decode_path = model.last_stats, model.decode_path
+        stats, decode_path, prefill_path = model.last_stats, model.decode_path, model.prefill_path
         if trace is not None:
             write_trace(model.backend, model.devices[0].name, model.model.summary(), command_line, trace)
     err = sys.stderr
     prompt_s, n_prompt = stats["prompt_s"], int(stats["prompt_tokens"])
     print(f"\nseed: {int(stats['seed'])}", file=err)
     print(_timing("prompt eval", prompt_s, n_prompt, "tokens"), file=err)
+    print(f"prompt ubatches: {'one captured ubatch replayed' if prefill_path == 'graph' else 'calls issued'}", file=err)
     generated = int(stats.get("generated", 0))
     decode_s = stats.get("decode_s")
     if decode_s is not None and generated > 1:

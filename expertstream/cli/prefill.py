@@ -313,8 +313,9 @@ def register(subparsers: Any) -> None:
     prefill.add_argument(
         "--no-graphs",
         action="store_true",
-        help="decode: issue each step's calls one by one instead of replaying one captured step (a CUDA or HIP "
-        "graph, used where every copy comes from registered or pinned memory)",
+        help="issue every call one by one instead of replaying one captured decode step, and one captured "
+        "ubatch for each full ubatch of a whole-model prompt (CUDA or HIP graphs, used where every copy comes "
+        "from registered or pinned memory and no prefetch slot is read; the same bytes)",
     )
     prefill.add_argument(
         "--fuse-gate-up",

@@ -30,6 +30,7 @@ from ..model import MoeModel
 from ..scheduler import Replay, Scheduler
 from .hparams import Transformer
 from .offload import GpuMemory, ResidentExperts, plan_offload
+from .prefill import Prefill
 from .runner import Batching, ExpertData, MoeRunner, check_prefill_order, prefers_layer_major
 from .sampling import Sampler, Sampling
 from .tokenizer import Tokenizer
@@ -51,7 +52,8 @@ class Options:
     matrix_path: MatrixPath | None = None
     fuse_gate_up: bool = False
     prefill_order: str = "auto"  # "layer", "ubatch" or "auto" (layer-major where the prompt's rows fit)
-    graphs: bool = True  # decode steps replayed from one captured graph where the scheduler can
+    # decode steps, and a prompt's full ubatches, replayed from one captured graph where the scheduler can
+    graphs: bool = True
     gemv: bool = True  # decode's few rows on the matrix-vector kernels (MoeKernels.gemv)
     # decode's expert rows from page-locked memory copied by the device itself (Scheduler.gather);
     # False: DMAs enqueued after the routing ids are read back, the same bytes
@@ -96,6 +98,7 @@ class Model(Closing):
         self._run: _Run | None = None
         self.last_stats: dict[str, float] = {}
         self.decode_path = ""  # how the last generation's decode steps ran: "graph" (one step replayed) or "calls"
+        self.prefill_path = ""  # how its prompt's full ubatches ran: "graph" (one ubatch replayed) or "calls"
 
     @classmethod
     def open(
@@ -141,9 +144,10 @@ class Model(Closing):
         if not 1 <= n_prompt <= len(ids):
             raise InvalidArgument(f"prompt must be 1..{len(ids)} tokens of the sequence, got {n_prompt}")
         steps = len(ids) - n_prompt
-        with self._runner(n_prompt, steps, all_logits=True) as (runner, scheduler, experts):
+        with self._runner(n_prompt, steps, all_logits=True) as (runner, scheduler, experts, prefill):
             runner.set_prompt(ids[:n_prompt])
-            scheduler.run(runner.prefill_plan(experts))
+            prefill.run()
+            self.prefill_path = prefill.path
             rows = [runner.prompt_logits()]
             for step in range(steps):
                 runner.set_decode_token(step, int(ids[n_prompt + step]))
@@ -167,11 +171,12 @@ class Model(Closing):
 
     def _generated(self, ids: list[int], max_tokens: int, sampler: Sampler) -> Iterator[Generated]:
         self.last_stats = {"seed": sampler.seed, "prompt_tokens": len(ids)}
-        with self._runner(len(ids), max_tokens - 1, all_logits=False) as (runner, scheduler, experts):
+        with self._runner(len(ids), max_tokens - 1, all_logits=False) as (runner, scheduler, experts, prefill):
             host = self.backend.host
             start = host.timestamp()
             runner.set_prompt(ids)
-            scheduler.run(runner.prefill_plan(experts))
+            prefill.run()
+            self.prefill_path = prefill.path
             logits = runner.prompt_logits()[-1]
             self.last_stats["prompt_s"] = host.timestamp() - start
             text = _TextStream(self.tokenizer)
@@ -202,7 +207,8 @@ class Model(Closing):
 
     def _layer_major(self, tokens: int) -> bool:
         batching = Batching(tokens, self.options.ubatch)
-        return prefers_layer_major(self.options.prefill_order, self.model, batching, self.devices)
+        streams = self.options.n_cpu_moe != 0  # with n_cpu_moe 0 every expert stays on the device
+        return prefers_layer_major(self.options.prefill_order, self.model, batching, self.devices, streams=streams)
 
     def _runner(self, tokens: int, steps: int, *, all_logits: bool) -> _Run:
         """The run of this shape: the last one where it has the shape, else a new one (the last closed)."""
@@ -244,7 +250,7 @@ class Model(Closing):
 
 class _Run:
     """A runner, a scheduler and the expert data for calls of one shape (prompt tokens, decode steps,
-    which logits): ``with model._runner(...) as (runner, scheduler, experts)``.
+    which logits): ``with model._runner(...) as (runner, scheduler, experts, prefill)``.
 
     The model keeps the last one and hands it to the next call of the same shape (perplexity's chunks,
     repeated generations of one length), so its weights, KV cache and kernels are not set up again;
@@ -257,9 +263,9 @@ class _Run:
         self.kept = kept  # the model keeps it for the next call; else it closes when the call ends
         self.busy = False
         self._stack = ExitStack()
-        self._parts: tuple[MoeRunner, Scheduler, ExpertData] | None = None
+        self._parts: tuple[MoeRunner, Scheduler, ExpertData, Prefill] | None = None
 
-    def open(self) -> tuple[MoeRunner, Scheduler, ExpertData]:
+    def open(self) -> tuple[MoeRunner, Scheduler, ExpertData, Prefill]:
         if self._parts is not None:
             return self._parts
         m, options = self.model, self.model.options
@@ -281,13 +287,14 @@ class _Run:
             )
             experts = m.resident_experts(runner).experts(m.weights)
             scheduler = self._stack.enter_context(Scheduler(slots=options.slots, gather=options.gather))
+            prefill = self._stack.enter_context(Prefill(runner, scheduler, experts, graphs=options.graphs))
         except BaseException:
             self.close()
             raise
-        self._parts = (runner, scheduler, experts)
+        self._parts = (runner, scheduler, experts, prefill)
         return self._parts
 
-    def __enter__(self) -> tuple[MoeRunner, Scheduler, ExpertData]:
+    def __enter__(self) -> tuple[MoeRunner, Scheduler, ExpertData, Prefill]:
         parts = self.open()
         self.busy = True
         return parts

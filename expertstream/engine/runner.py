@@ -232,6 +232,8 @@ class _TokenIO:
     decode_positions: DeviceBuffer  # int32 [steps]: tokens..tokens+steps-1
     current_token: DeviceBuffer  # int32 [1]: what a captured decode step reads (decode_step_in)
     current_position: DeviceBuffer
+    ubatch_token_ids: DeviceBuffer  # int32 [ubatch]: what a captured prefill ubatch reads (prefill_step_in)
+    ubatch_positions: DeviceBuffer  # int32 [ubatch]
     logits: DeviceBuffer | None  # float32 [rows, n_vocab]: every prompt token's, or the last one's
     decode_logits: DeviceBuffer | None  # float32 [steps, n_vocab]
     current_logits: DeviceBuffer | None  # float32 [n_vocab]: what a captured decode step writes
@@ -307,6 +309,8 @@ class _Part(Closing):
         self.decode_hidden = uploads.alloc(steps * row)
         self.decode_current = uploads.alloc(row)  # the token of a captured decode step (MoeRunner.decode_step_plan)
         self.decode_ids = uploads.alloc(len(mine) * model.top_k * 4)
+        # The hidden rows of a captured prefill ubatch (MoeRunner.prefill_step_plan; whole model).
+        self.ubatch_current = uploads.alloc(batching.ubatch_tokens * row) if whole is not None else None
 
     def _allocate_whole(self, whole: _Whole, blocks: Sequence[int], first: bool, last: bool) -> None:
         """Token ids and positions, the blocks around the MoE layers, and on the last device the logits."""
@@ -322,6 +326,8 @@ class _Part(Closing):
             ),
             current_token=uploads.alloc(4),
             current_position=uploads.alloc(4),
+            ubatch_token_ids=uploads.alloc(batching.ubatch_tokens * 4),
+            ubatch_positions=uploads.alloc(batching.ubatch_tokens * 4),
             logits=uploads.alloc(whole.logit_rows(tokens) * n_vocab) if last else None,
             decode_logits=uploads.alloc(steps * n_vocab) if last else None,
             current_logits=uploads.alloc(n_vocab) if last else None,
@@ -596,9 +602,20 @@ class MoeRunner(Closing):
         (``layer_major``): every ubatch through layer l, then layer l + 1, so each layer's experts
         are read once per prompt; every token's arithmetic is the same either way.
         """
+        chosen = list(range(len(self.batching.ubatches())) if ubatches is None else ubatches)
+        self._check_ubatches(chosen, len(self.batching.ubatches()))
+        return self._prefill_plan(experts, chosen)
+
+    def ubatch_plan(self, experts: ExpertData, u: int) -> Plan:
+        """Every layer of ubatch ``u`` alone, its logits included, ubatch-major: for a caller that has
+        run ubatches 0..u-1 already (``Prefill``, which replays some of them)."""
+        if self.layer_major or not 0 <= u < len(self.batching.ubatches()):
+            raise InvalidArgument(f"ubatch_plan runs one ubatch of 0..{len(self.batching.ubatches()) - 1} "
+                                  f"ubatch-major; got {u}{' (layer-major)' if self.layer_major else ''}")  # fmt: skip
+        return self._prefill_plan(experts, [u])
+
+    def _prefill_plan(self, experts: ExpertData, chosen: Sequence[int]) -> Plan:
         all_ubatches = self.batching.ubatches()
-        chosen = list(range(len(all_ubatches)) if ubatches is None else ubatches)
-        self._check_ubatches(chosen, len(all_ubatches))
         row = self.model.n_embd * 4
         splits: list[Split] = []
 
@@ -613,6 +630,86 @@ class MoeRunner(Closing):
                 for block in self._blocks():
                     splits += self._block_splits(block, group(block, [u]), experts)
         return Plan.of(splits)
+
+    def prefill_step_plan(self, experts: ExpertData) -> Plan:
+        """Every block for one full ubatch (``batching.ubatch_tokens`` tokens) on the runner's own
+        rows, without the output head: the same plan for every such ubatch of the prompt.
+
+        What ``Scheduler.capture`` captures once and replays per ubatch (``Prefill``):
+        ``prefill_step_in`` puts ubatch ``u``'s token ids and positions where it reads them,
+        ``prefill_step_out`` copies its hidden rows to where ``prefill_plan`` leaves them, bit for
+        bit, and ``head_plan`` writes the ubatch's logits where it has any. The attention reads
+        the cache rows up to each token's position, so one bound (the context) serves every
+        ubatch. The routing ids of every such ubatch go to the first ubatch's place. Whole model,
+        ubatch-major, on one device.
+        """
+        part = self._step_part("prefill step")
+        if self.layer_major:
+            raise InvalidArgument("a prefill step plan runs one ubatch through every layer: ubatch-major only")
+        io = self._io(part)
+        assert self.whole is not None  # as _io says
+        count = self.batching.ubatch_tokens
+        rows = count * self.model.n_embd * 4
+        assert part.ubatch_current is not None
+        splits: list[Split] = []
+        for block in self._blocks():
+            place = part.position.get(block)
+            ids_at = (place or 0) * self.batching.tokens * self.model.top_k * 4
+            tokens = _Tokens(
+                part=part,
+                hidden=part.ubatch_current.view(0, rows),
+                count=count,
+                ids=part.ids.view(ids_at, count * self.model.top_k * 4),
+                label="ubatch",
+                layer=block,
+                first=0,
+                token_ids=io.ubatch_token_ids.view(0, count * 4) if block == 0 else None,
+                positions=io.ubatch_positions.view(0, count * 4),
+                kv_len=self.whole.n_ctx,  # a bound: the attention reads the rows up to each position
+            )
+            block_splits = self._block_splits(block, [tokens], experts)
+            splits += [s for s in block_splits if not s.name.startswith("output.")]
+        return Plan.of(splits)
+
+    def prefill_step_in(self, stream: Stream, u: int) -> None:
+        """Enqueue the copy of ubatch ``u``'s token ids and positions into what prefill_step_plan reads."""
+        part, (first, count) = self._step_part("prefill step"), self._full_ubatch(u)
+        io = self._io(part)
+        stream.copy_d2d(io.ubatch_token_ids, 0, io.token_ids, first * 4, count * 4)
+        stream.copy_d2d(io.ubatch_positions, 0, io.positions, first * 4, count * 4)
+
+    def prefill_step_out(self, stream: Stream, u: int) -> None:
+        """Enqueue the copy of prefill_step_plan's hidden rows to ubatch ``u``'s place in prefill_output."""
+        part, (first, count) = self._step_part("prefill step"), self._full_ubatch(u)
+        row = self.model.n_embd * 4
+        assert part.ubatch_current is not None
+        stream.copy_d2d(part.hidden, first * row, part.ubatch_current, 0, count * row)
+
+    def head_plan(self, u: int) -> Plan | None:
+        """The output head of ubatch ``u`` (after prefill_step_out put its rows in place): its logits
+        where it has any (every ubatch's with ``all_logits``, else the last one's); None elsewhere."""
+        part = self._step_part("prefill step")
+        tokens = self._prompt_tokens(self._last_block, u, self.batching.ubatches()[u], self.model.n_embd * 4)
+        if tokens.logits is None:
+            return None
+        return Plan.of([Split(f"output.ub{u}", part.device, (), functools.partial(self._output, [tokens]))])
+
+    def full_ubatches(self) -> list[int]:
+        """The ubatches of ``batching.ubatch_tokens`` tokens: the ones prefill_step_plan runs."""
+        return [u for u, (_, count) in enumerate(self.batching.ubatches()) if count == self.batching.ubatch_tokens]
+
+    def _full_ubatch(self, u: int) -> tuple[int, int]:
+        if u not in self.full_ubatches():
+            raise InvalidArgument(f"ubatch {u} is not one of the full ubatches {self.full_ubatches()}")
+        return self.batching.ubatches()[u]
+
+    def _step_part(self, what: str) -> _Part:
+        if len(self._parts) != 1:
+            raise InvalidArgument(
+                f"a {what} plan runs on one device; this runner's layers span {len(self._parts)}",
+                hint="run the plan of every step instead",
+            )
+        return self._parts[0]
 
     def _check_ubatches(self, chosen: Sequence[int], count: int) -> None:
         """Ubatches a plan may run: in range; for the whole model a run from the first (attention reads
@@ -715,12 +812,7 @@ class MoeRunner(Closing):
         step ``k``'s input into that row first, ``decode_step_out`` copies the layers' result to
         where ``decode_plan(experts, k)`` leaves it, bit for bit. On one device only.
         """
-        if len(self._parts) != 1:
-            raise InvalidArgument(
-                f"a decode step plan runs on one device; this runner's layers span {len(self._parts)}",
-                hint="run decode_plan(experts, step) per step",
-            )
-        (part,) = self._parts
+        part = self._step_part("decode step")
         row = self.model.n_embd * 4
         splits: list[Split] = []
         for block in self._blocks():
@@ -795,9 +887,7 @@ class MoeRunner(Closing):
 
     def _one_part(self, step: int) -> _Part:
         self._check_step(step)
-        if len(self._parts) != 1:
-            raise InvalidArgument("a decode step plan runs on one device")
-        return self._parts[0]
+        return self._step_part("decode step")
 
     def _part_of_block(self, block: int) -> _Part:
         part = self._part_of.get(block)
@@ -1305,13 +1395,17 @@ def check_prefill_order(order: str) -> None:
         raise InvalidArgument(f"prefill order must be one of {', '.join(PREFILL_ORDERS)}; got {order!r}")
 
 
-def prefers_layer_major(order: str, model: MoeModel, batching: Batching, devices: Sequence[Device]) -> bool:
+def prefers_layer_major(
+    order: str, model: MoeModel, batching: Batching, devices: Sequence[Device], *, streams: bool = True
+) -> bool:
     """Whether prefill runs layer-major: ``order`` "layer", "ubatch", or "auto" (layer-major for a
-    prompt of several ubatches whose held rows fit LAYER_MAJOR_SHARE of every device's free memory)."""
+    prompt of several ubatches whose held rows fit LAYER_MAJOR_SHARE of every device's free memory,
+    where some layer's experts stream: ``streams``. With every expert on the device, the order saves
+    no copy, and ubatch-major replays one captured ubatch: engine.prefill)."""
     check_prefill_order(order)
     if order != "auto":
         return order == "layer"
-    if len(batching.ubatches()) < 2:
+    if len(batching.ubatches()) < 2 or not streams:
         return False
     need = held_bytes(model, batching.tokens)
     return all(need <= LAYER_MAJOR_SHARE * device.free_memory() for device in devices)

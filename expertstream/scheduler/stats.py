@@ -32,6 +32,14 @@ class DeviceStats:
     untimed_waits: int = 0  # ready waits left out of ready_wait_ms (no timing event could be made)
     fallbacks: Counter[Fallback] = field(default_factory=Counter)
 
+    def add(self, other: DeviceStats) -> None:
+        """Count what ``other`` (of the same device) counted too."""
+        for name, value in vars(other).items():
+            if name == "fallbacks":
+                self.fallbacks.update(value)
+            elif name != "device":
+                setattr(self, name, getattr(self, name) + value)
+
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["fallbacks"] = {reason.value: n for reason, n in self.fallbacks.items()}
@@ -48,6 +56,12 @@ class RunStats:
         if label not in self.devices:
             self.devices[label] = DeviceStats(label)
         return self.devices[label]
+
+    def add(self, other: RunStats) -> RunStats:
+        """Count what ``other`` counted too (runs one after another); returns self."""
+        for label, stats in other.devices.items():
+            self.device(label).add(stats)
+        return self
 
     def total(self, name: str) -> float:
         return sum(getattr(d, name) for d in self.devices.values())
