@@ -30,7 +30,9 @@ reads both tensors and writes SwiGLU's output in one pass (the same bytes as the
 A few pairs (decode) over experts already on the device take that split unasked, on the
 matrix-vector kernels: one launch instead of two, no tensor staged.
 
-Prefill is ONE plan over all ubatches, so the lookahead keeps copying across ubatch boundaries.
+Prefill is ONE plan over all ubatches, so the lookahead keeps copying across ubatch boundaries;
+where one ubatch can be captured instead (``prefill_step_plan``, run by engine/prefill.py: one device,
+no prefetch slot), the full ubatches replay it.
 Ubatch-major (the default): each ubatch through every layer, then the next. Layer-major (whole
 model): each layer's splits run every ubatch in turn (the router split attends ubatch by ubatch,
 reading the keys and values the earlier ones wrote at that layer), so each layer's experts cross

@@ -1,6 +1,6 @@
 // mul_mat_id with the weights decoded straight into matrix fragments, for the types whose quants of
 // four consecutive elements lie in one 32-bit word, where NVIDIA's mma.sync m16n8k16 B fragments
-// want them (Q4_0, Q4_K; Q6_K's in one word of low bits and one of high bits). Compiled
+// want them (Q4_0, Q4_K, MXFP4; Q6_K's in one word of low bits and one of high bits). Compiled
 // after the shared files, mma.cu and int8.cu as one source with them (block formats, padding_tail,
 // begin_tile, weight_row_bytes, pack_bf16x2, the bf16 fragment helpers); the instances at the end
 // are generated from layout.FORMATS by kernel_source().
@@ -426,6 +426,82 @@ template <> struct Direct<ES_TYPE_Q6_K> {
             b[2 * word + 0] = pack_bf16x2(v0, v1);
             b[2 * word + 1] = pack_bf16x2(v2, v3);
         }
+    }
+};
+
+// MXFP4 code + 12 (0..24: the value of each code, ggml's doubled E2M1 values, made non-negative) of the
+// four codes in the low 16 bits of s, one byte each: codes 0-7 from one pair of table words, 8-15
+// from the other, each byte then taken from the pair bit 3 of its code names, in three byte
+// permutations.
+__device__ unsigned int mxfp4_codes_plus_12(unsigned int s) {
+#if defined(DIRECT_NVIDIA)
+    const unsigned int index = s & 0x7777u;
+    const unsigned int pick = 0x3210u | ((s & 0x8888u) >> 1);
+    unsigned int low;
+    unsigned int high;
+    unsigned int out;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(low) : "r"(0x0F0E0D0Cu), "r"(0x18141210u), "r"(index));
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(high) : "r"(0x090A0B0Cu), "r"(0x00040608u), "r"(index));
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(out) : "r"(low), "r"(high), "r"(pick));
+    return out;
+#else
+    unsigned int out = 0;
+    for (int i = 0; i < 4; ++i) {
+        out |= (unsigned int)(MXFP4_VALUES[(s >> (4 * i)) & 0xfu] + 12) << (8 * i);
+    }
+    return out;
+#endif
+}
+
+// MXFP4: two 17-byte blocks per step (e, then qs[16] whose byte j holds code j, low nibble, and
+// j + 16, high; a code's value is MXFP4_VALUES[code] times 2^(e - 128)). A step's 34 bytes start 0
+// or 2 bytes past a 4-byte boundary (rows of whole steps, 34 bytes each): staged from the boundary
+// below, nine words. Lane c takes qs bytes 4c .. 4c+3 of each block: elements 4c .. 4c+3 (chunk 2 blk,
+// low nibbles) and 16 + 4c .. (chunk 2 blk + 1, high), as for Q4_0. The values are decode_slice's:
+// d times the code's value, both exact, the code's value made a float without a conversion.
+template <> struct Direct<ES_TYPE_MXFP4> : DirectContiguous {
+    typedef DirectScales Prep;
+    static const int STEP_WORDS = 9;
+    static const bool ALIGNED = false;
+    static const bool PREPARES = true;
+    static const bool SPLIT = true;
+    static const int GROUPS = 1;
+    static constexpr int FIRST[GROUPS + 1] = {0, STEP_WORDS};
+    __device__ static int step(int ks, int) {
+        return 34 * ks;
+    }
+    // Every value of these blocks is finite (the largest scale is 2^126): 0 times the scale is +0.
+    __device__ static float zero_times_scales(const unsigned char* block) {
+        return 0.0f * e8m0_half(block[0]);
+    }
+    // Both blocks' scales, and the shift of the step's start (8 or 24 bits into the staged words
+    // for block 0's quants, 8 at for the step's first byte).
+    __device__ static void prepare(const unsigned int* row, int ks, unsigned int row_at, DirectScales* prep) {
+        const unsigned int at = (row_at + (unsigned int)step(ks, 0)) & 3u;  // 0 or 2
+        DirectScales out;
+        out.scale[0] = e8m0_half((row[0] >> (8 * at)) & 0xffu);
+        out.scale[1] = e8m0_half((row[4] >> (8 * at + 8)) & 0xffu);  // byte 17 + at
+        out.scale[2] = 0.0f;
+        out.scale[3] = 0.0f;
+        out.shift = 8 * at;
+        *prep = out;
+    }
+    __device__ static void decode(const unsigned int* row, int c, int, const DirectScales& prep, int blk,
+                                  unsigned int* b) {
+        // Block 0's quants from byte at + 1 (words c, c + 1), block 1's from byte at + 18: word 5 + c
+        // itself where at is 2, else words 4 + c, 5 + c (the last staged word is 8).
+        const unsigned int q = blk == 0       ? direct_word_at(row, c, prep.shift + 8)
+                               : prep.shift   ? row[5 + c]
+                                              : direct_word_at(row, 4 + c, 16);
+        const float d = prep.scale[blk];
+        // Bytes of v01: elements 4c low, 4c high, 4c + 1 low, 4c + 1 high; v23 the same for 4c + 2, + 3.
+        const unsigned int v01 = mxfp4_codes_plus_12(q & 0xffffu);
+        const unsigned int v23 = mxfp4_codes_plus_12(q >> 16);
+        const float k = 8388620.0f;  // 2^23 + 12
+        b[0] = pack_bf16x2(d * (byte_plus_2_23<0>(v01) - k), d * (byte_plus_2_23<2>(v01) - k));
+        b[1] = pack_bf16x2(d * (byte_plus_2_23<0>(v23) - k), d * (byte_plus_2_23<2>(v23) - k));
+        b[2] = pack_bf16x2(d * (byte_plus_2_23<1>(v01) - k), d * (byte_plus_2_23<3>(v01) - k));
+        b[3] = pack_bf16x2(d * (byte_plus_2_23<1>(v23) - k), d * (byte_plus_2_23<3>(v23) - k));
     }
 };
 

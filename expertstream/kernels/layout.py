@@ -262,7 +262,7 @@ FORMATS: dict[GGMLQuantizationType, WeightFormat] = {
         _format(_T.IQ3_S),
         _format(_T.IQ4_NL),
         _format(_T.IQ4_XS),
-        _format(_T.MXFP4, unit_bytes=1),
+        _format(_T.MXFP4, unit_bytes=1, direct_tiles=DIRECT_TILES),
         _format(_T.F16, _BOTH),
         _format(_T.BF16, _BOTH),
         _format(_T.F32, unit_bytes=4),

@@ -217,16 +217,22 @@ def test_rounded_activations_are_the_twins_bytes(direct_kernels: Path, rng: np.r
     assert back.tobytes() == twins.round_to_bf16(x).tobytes()
 
 
-@pytest.mark.parametrize("w_type", DIRECT_TYPES, ids=lambda t: t.name)
+# MXFP4 rows of 320 elements (170 bytes) start 2 bytes past a 4-byte boundary every other row, as its
+# odd k steps do within a row.
+@pytest.mark.parametrize(
+    ("w_type", "n_in"),
+    [*((t, 768) for t in DIRECT_TYPES), (GGMLQuantizationType.MXFP4, 320)],
+    ids=lambda v: v.name if isinstance(v, GGMLQuantizationType) else str(v),
+)
 def test_each_weight_is_decode_slices_value_in_bf16(
-    direct_kernels: Path, rng: np.random.Generator, w_type: GGMLQuantizationType
+    direct_kernels: Path, rng: np.random.Generator, w_type: GGMLQuantizationType, n_in: int
 ) -> None:
     """Token t's activations are 1 at element t and 0 elsewhere, so output n of token t is weight (n, t)
     alone: every weight, wherever it lies in its block and k step, is the float32 value of
     decode_slice (quants.decode_rows repeats its operations) rounded to bf16. Expert 1 of rows of 768
     elements: with 63 rows an expert, its Q6_K rows and blocks start 2 bytes past a 4-byte boundary in
     turn, and so does the expert."""
-    n_expert, n_out, n_in = 2, 63, 768
+    n_expert, n_out = 2, 63
     fmt = FORMATS[w_type]
     w = ref.random_weights(rng, w_type, n_expert * n_out, n_in)
     x = np.eye(n_in, dtype=np.float32)
