@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 from expertstream.backends.base import Backend
+from expertstream.bench.measure import Settings, measure
 from expertstream.engine import prefill as prefill_module
 from expertstream.engine.hparams import Transformer
 from expertstream.engine.model import Model
@@ -16,7 +18,7 @@ from expertstream.engine.prefill import Prefill
 from expertstream.engine.runner import Batching, MoeRunner
 from expertstream.engine.sampling import Sampling
 from expertstream.errors import InvalidArgument
-from expertstream.hostmem import HostWeights
+from expertstream.hostmem import HostMemoryMode, HostWeights
 from expertstream.model import MoeModel, make_model
 from expertstream.scheduler import Scheduler
 from tests.engine.llamacpp.make import WHOLE
@@ -136,3 +138,20 @@ def test_the_step_plan_refuses_what_it_cannot_run(backend: Backend, made: dict[s
         pytest.raises(InvalidArgument, match="are for the whole model"),
     ):
         alone.prefill_step_plan({})
+
+
+def test_bench_rows_replay_the_ubatches_and_hash_as_the_calls(backend: Backend, made: dict[str, Path]) -> None:
+    """A whole-model row with every expert on the device replays its full ubatches after the warm-up
+    captured one (and so does the compute-only baseline), and hashes as the row whose calls are issued."""
+    settings = Settings(Batching(PROMPT, UBATCH, 2), (0, 3), (HostMemoryMode.PINNED,), repeats=2, whole=True,
+                        n_cpu_moe=0)  # fmt: skip
+    results = {}
+    with MoeModel.open(made["tiny"]) as model:
+        for graphs in (False, True):
+            results[graphs] = measure(backend, backend.device(0), model, dataclasses.replace(settings, graphs=graphs))
+    for graphs, result in results.items():
+        assert [row.prefill_path for row in result.rows] == ["graph" if graphs else "calls"] * 2
+        assert all(row.nonfinite == 0 for row in result.rows)
+    hashes = {row.output_sha256 for result in results.values() for row in result.rows}
+    assert len(hashes) == 1
+    assert results[True].baselines.compute_only_sha256 == results[False].baselines.compute_only_sha256
