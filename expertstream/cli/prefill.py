@@ -301,8 +301,8 @@ def register(subparsers: Any) -> None:
     prefill.add_argument(
         "--no-direct",
         action="store_true",
-        help="on the mma path, keep Q4_0, Q4_K and Q6_K on the shared-tile kernels instead of the ones that decode "
-        "weights straight into matrix fragments (NVIDIA sm_80+)",
+        help="on the mma path, keep Q4_0, Q4_K, Q6_K and MXFP4 on the shared-tile kernels instead of the ones "
+        "that decode weights straight into matrix fragments (NVIDIA sm_80+)",
     )
     prefill.add_argument(
         "--no-gather",

@@ -23,7 +23,7 @@ dense FFN. After the last layer, one ``output`` split runs the output norm and h
 logits of every prompt token (``all_logits``) or of the last one.
 
 Where the device's kernels decode the expert type straight into matrix fragments
-(MoeKernels.uses_direct: Q4_0, Q4_K and Q6_K on NVIDIA sm_80+), the down projection scales each row
+(MoeKernels.uses_direct: Q4_0, Q4_K, Q6_K and MXFP4 on NVIDIA sm_80+), the down projection scales each row
 by its routing weight as it writes it, so combine only adds the top-k outputs up; and, asked for with
 ``fuse_gate_up`` where the layer has plain SwiGLU and no expert biases, one ``gate_up`` split
 reads both tensors and writes SwiGLU's output in one pass (the same bytes as the two splits).

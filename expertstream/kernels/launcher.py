@@ -18,7 +18,7 @@ otherwise. ``MoeKernels(device, path)`` asks for one path for every type (types 
 int8 kernel take MMA when INT8 is asked for); ``path_for`` says which one a type takes. On
 one device and path, outputs are byte-identical however the pairs are grouped into tiles.
 
-On the MMA path, Q4_0, Q4_K and Q6_K rows (of a multiple of 64 elements) take the direct-decode kernels
+On the MMA path, Q4_0, Q4_K, Q6_K and MXFP4 rows (of a multiple of 64 elements) take the direct-decode kernels
 of direct.cu where the device has ``Capabilities.mma_fragments`` (NVIDIA sm_80+), whatever the
 number of pairs (``uses_direct``; ``MoeKernels(device, direct=False)`` keeps the shared-tile
 kernels). Only those kernels have the fused forms: ``gate_up`` (gate, up and SwiGLU in one pass)

@@ -129,7 +129,7 @@ class Profile:
     kernel_rates: tuple[KernelRate, ...] = ()
     # whether Q4_0 and Q4_K take the int8 path by default (kernels/layout.INT8_DEFAULT_TYPES)
     int8_matrix_cores: bool = False
-    # whether Q4_0, Q4_K and Q6_K take the direct-decode kernels of direct.cu (NVIDIA sm_80+)
+    # whether Q4_0, Q4_K, Q6_K and MXFP4 take the direct-decode kernels of direct.cu (NVIDIA sm_80+)
     mma_fragments: bool = False
     # the most shared memory a block may use (Capabilities.max_shared_bytes)
     max_shared_bytes: int = UNASKED_SHARED_BYTES
