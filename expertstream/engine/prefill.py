@@ -71,7 +71,7 @@ class Prefill(Closing):
 
     @property
     def path(self) -> str:
-        """How the last run's full ubatches ran: "graph" (one captured ubatch replayed) or "calls"."""
+        """How full ubatches run from now on: "graph" once one is captured (the later ones replay it), else "calls"."""
         return "graph" if self._replay is not None else "calls"
 
     def _why_calls(self, graphs: bool) -> str | None:
@@ -84,8 +84,6 @@ class Prefill(Closing):
             return "layer-major order runs every ubatch through a layer before the next"
         if len(runner.devices) != 1:
             return f"the layers span {len(runner.devices)} devices"
-        if not runner.full_ubatches():
-            return "the prompt is shorter than one ubatch"
         self._step = runner.prefill_step_plan(self.experts)
         return self.scheduler.why_not_captured(self._step)
 
