@@ -184,7 +184,7 @@ class _DeviceExperts(UploadedExperts):
 
 def _ticking(plan: Plan, progress: Progress, what: str) -> Plan:
     """``plan`` whose first split of each ubatch (layer 0's router) reports progress before it is enqueued."""
-    return reporting(plan, lambda label: progress(f"{what} {label}"))
+    return reporting(plan, _labelled(progress, what))
 
 
 def _timed_runs(

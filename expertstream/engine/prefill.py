@@ -22,7 +22,7 @@ from .._closing import Closing
 from ..backends.base import Stream
 from ..scheduler import Bindings, Plan, Replay, Scheduler, Split
 from ..scheduler.stats import RunStats
-from .runner import ExpertData, MoeRunner
+from .runner import ROUTER, ExpertData, MoeRunner
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def reporting(plan: Plan, progress: Progress) -> Plan:
 
         return dataclasses.replace(split, compute=reported)
 
-    first = next((s.name.split(".")[:2] for s in plan.splits if s.name.startswith(("router.", "dense."))), None)
+    first = next((s.name.split(".")[:2] for s in plan.splits if s.name.startswith((f"{ROUTER}.", "dense."))), None)
     start = ".".join(first) + "." if first else None
     return Plan.of([tick(s) if start and s.name.startswith(start) else s for s in plan.splits])
 
@@ -63,6 +63,8 @@ class Prefill(Closing):
         self._replay: Replay | None = None
         self._step: Plan | None = None
         self._whole: tuple[Progress, Plan] | None = None  # the prompt as one plan, reporting to its progress
+        # What a by-ubatch run issues as calls, built once, untimed: the shorter last ubatch, each head.
+        self._calls: dict[int, tuple[Plan | None, Plan | None]] = {}
         self.runs = 0
         self.why_calls = self._why_calls(graphs)
         if self.why_calls is not None and graphs and self.why_calls not in _told:
@@ -116,8 +118,9 @@ class Prefill(Closing):
         replayed = 0
         for u in range(len(runner.batching.ubatches())):
             progress(f"ub{u}")
-            if u not in full:
-                stats.add(scheduler.run(runner.ubatch_plan(self.experts, u)))
+            alone, head = self._calls_of(u, u in full)
+            if alone is not None:
+                stats.add(scheduler.run(alone))
                 continue
             if self._replay is None:
                 stats.add(self._first_step(u))
@@ -126,7 +129,6 @@ class Prefill(Closing):
                 self._replay.launch()
                 runner.prefill_step_out(self._replay.stream, u)
                 replayed += 1
-            head = runner.head_plan(u)
             if head is not None:
                 stats.add(scheduler.run(head))
         if replayed:
@@ -135,6 +137,14 @@ class Prefill(Closing):
             for _ in range(replayed):
                 stats.add(once)
         return stats
+
+    def _calls_of(self, u: int, full: bool) -> tuple[Plan | None, Plan | None]:
+        """Ubatch ``u``'s plan where it runs as calls (a shorter one, its head included), else its head's."""
+        found = self._calls.get(u)
+        if found is None:
+            alone = None if full else self.runner.ubatch_plan(self.experts, u)
+            found = self._calls[u] = (alone, self.runner.head_plan(u) if full else None)
+        return found
 
     def _first_step(self, u: int) -> RunStats:
         """Full ubatch ``u`` through the step plan's calls, then the step captured for the next ones."""

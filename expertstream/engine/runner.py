@@ -311,14 +311,15 @@ class _Part(Closing):
         self.decode_hidden = uploads.alloc(steps * row)
         self.decode_current = uploads.alloc(row)  # the token of a captured decode step (MoeRunner.decode_step_plan)
         self.decode_ids = uploads.alloc(len(mine) * model.top_k * 4)
-        # The hidden rows of a captured prefill ubatch (MoeRunner.prefill_step_plan; whole model).
-        self.ubatch_current = uploads.alloc(batching.ubatch_tokens * row) if whole is not None else None
+        self.ubatch_current: DeviceBuffer | None = None  # whole model: _allocate_whole
 
     def _allocate_whole(self, whole: _Whole, blocks: Sequence[int], first: bool, last: bool) -> None:
         """Token ids and positions, the blocks around the MoE layers, and on the last device the logits."""
         batching, uploads = self.batching, self._uploads
         tokens, steps = batching.tokens, batching.decode_steps
         n_vocab = whole.spec.n_vocab * 4
+        # The hidden rows of a captured prefill ubatch (MoeRunner.prefill_step_plan).
+        self.ubatch_current = uploads.alloc(batching.ubatch_tokens * self.model.n_embd * 4)
         self.io = _TokenIO(
             token_ids=uploads.alloc(tokens * 4),
             positions=uploads.filled(tokens * 4, Usage.COMPUTE, lambda: np.arange(tokens, dtype=np.int32)),
@@ -669,8 +670,7 @@ class MoeRunner(Closing):
                 positions=io.ubatch_positions.view(0, count * 4),
                 kv_len=self.whole.n_ctx,  # a bound: the attention reads the rows up to each position
             )
-            block_splits = self._block_splits(block, [tokens], experts)
-            splits += [s for s in block_splits if not s.name.startswith("output.")]
+            splits += self._block_splits(block, [tokens], experts, head=False)
         return Plan.of(splits)
 
     def prefill_step_in(self, stream: Stream, u: int) -> None:
@@ -911,8 +911,11 @@ class MoeRunner(Closing):
             found["send"] = self._links[i].crossing(hidden(part), hidden(self._parts[i + 1]), int(decode))
         return found
 
-    def _block_splits(self, block: int, group: Sequence[_Tokens], experts: ExpertData) -> list[Split]:
-        """The splits of block ``block`` for ``group`` (ubatches in order), the output head after the last."""
+    def _block_splits(
+        self, block: int, group: Sequence[_Tokens], experts: ExpertData, *, head: bool = True
+    ) -> list[Split]:
+        """The splits of block ``block`` for ``group`` (ubatches in order), the output head after the
+        last (unless ``head`` is False: ``prefill_step_plan``'s callers run it on their own)."""
         layer = next((layer for layer in self.model.layers if layer.index == block), None)
         part = group[0].part
         if layer is None:  # a leading dense layer (whole model only)
@@ -920,7 +923,7 @@ class MoeRunner(Closing):
             splits = [Split(name, part.device, (), functools.partial(self._dense_block, group))]
         else:
             splits = self._layer_splits(layer, group, experts)
-        if self.whole is not None and block == self._last_block:
+        if head and self.whole is not None and block == self._last_block:
             splits.append(Split(f"output.{group[0].label}", part.device, (), functools.partial(self._output, group)))
         return splits
 
