@@ -239,11 +239,17 @@ class GpuStream(Stream):
         self._device.activate()
         invoke(call, *args, device=self._device.label)
         if self.capturing:
-            self._captured_calls += 1
+            self._origin()._captured_calls += 1
+
+    def _origin(self) -> GpuStream:
+        """The stream whose capture this one's work goes into (itself, or the one it forked from)."""
+        origin = self.capture_origin
+        assert isinstance(origin, GpuStream)
+        return origin
 
     def _keep(self, host: HostBuffer) -> None:
         if self.capturing:  # the graph keeps it for as long as it can be launched
-            self._captured.append(host.array)
+            self._origin()._captured.append(host.array)
             return
         with self._lock:
             self._seq += 1
@@ -318,6 +324,8 @@ class GpuStream(Stream):
                     np.uint64(rows.overrun),
                     np.uint64(0) if rows.report is None else rows.report,
                     np.int32(rows.tag),
+                    np.uint64(0) if rows.skip is None else rows.skip,
+                    np.int32(rows.n_skip),
                 )
             )
             grid = (chunks, count, 1)

@@ -5,7 +5,8 @@
 // names no row, or names one an earlier id already names, copies nothing: each row is copied
 // once, whatever the ids repeat. An id naming no row is reported, where the caller asks: the
 // first launch to meet one writes its tag and the id into report[0] and report[1] (report[0]
-// must hold -1 before).
+// must hold -1 before). An id among the n_skip ids of skip is not copied: its row is there
+// already (a decode step's predicted experts, gathered ahead of the router).
 
 // Chained launches: as the kernels' formats.cu says (this file is compiled on its own).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(__HIP_PLATFORM_AMD__)
@@ -66,7 +67,9 @@ extern "C" __global__ void expertstream_gather_rows(
     unsigned long long row_bytes,
     unsigned long long overrun,
     int* report,  // null: not asked
-    int tag) {
+    int tag,
+    const int* skip,  // null where n_skip is 0
+    int n_skip) {
     KERNEL_PROLOGUE();
     const int j = first + (int)blockIdx.y;
     const int id = ids[j];
@@ -78,6 +81,11 @@ extern "C" __global__ void expertstream_gather_rows(
     }
     for (int k = 0; k < j; ++k) {
         if (ids[k] == id) {
+            return;
+        }
+    }
+    for (int k = 0; k < n_skip; ++k) {
+        if (skip[k] == id) {
             return;
         }
     }

@@ -100,3 +100,33 @@ def test_gather_refuses_what_the_device_cannot_read_or_a_region_of_part_rows(bac
         with pytest.raises(InvalidArgument, match="outside"):
             stream.gather_h2d(dst, 1, pageable, 0, 1000, ids.view(), 2, 100)
     pageable.close()
+
+
+def test_gather_skips_the_rows_its_skip_ids_name(backend: Backend) -> None:
+    device = backend.device(0)
+    row, n_rows = 4096, 6
+    data = np.random.default_rng(3).integers(0, 256, row * n_rows, dtype=np.uint8)
+    host = _host(backend, data, HostMemory.PINNED)
+    ids = np.array([5, 0, 2, 4], dtype=np.int32)
+    skip = np.array([2, 3, 5], dtype=np.int32)  # 3 is not among the ids: nothing to skip there
+    with (
+        device.alloc(data.nbytes, Usage.COMPUTE) as dst,
+        device.upload(ids) as ids_buf,
+        device.upload(skip) as skip_buf,
+        device.stream() as stream,
+    ):
+        stream.memset(dst, 0, dst.alloc_size, SENTINEL)
+        stream.gather_h2d(
+            dst, 0, host, 0, data.nbytes, ids_buf.view(), ids.size, row, skip=skip_buf.view(), n_skip=skip.size
+        )
+        stream.synchronize()
+        got = dst.read()
+        with pytest.raises(InvalidArgument, match="no skip ids"):
+            stream.gather_h2d(dst, 0, host, 0, data.nbytes, ids_buf.view(), ids.size, row, n_skip=2)
+        with pytest.raises(InvalidArgument, match="at least 4 int32"):
+            stream.gather_h2d(dst, 0, host, 0, data.nbytes, ids_buf.view(), 1, row, skip=skip_buf.view(), n_skip=4)
+    expected = np.full(data.nbytes, SENTINEL, dtype=np.uint8)
+    for r in (0, 4):
+        expected[r * row : (r + 1) * row] = data[r * row : (r + 1) * row]
+    assert np.array_equal(got, expected)
+    host.close()

@@ -614,7 +614,10 @@ def test_gather_launches_over_the_mapped_address_and_says_when_memory_is_not_map
     function, grid, block, shared, handle, values, _ = fake.launches[-1]
     assert function[1] == b"expertstream_gather_rows" and (block, shared, handle) == ((256, 1, 1), 0, stream.handle)
     assert grid == (2, 2, 1), "40,100 bytes a row: two 32 KiB chunks; one block row per id"
-    assert values == (dst.address + 64, host.address + 16, ids.address, 0, 3 * 40_000, 40_000, 100, ids.address, 5)
+    expected = (dst.address + 64, host.address + 16, ids.address, 0, 3 * 40_000, 40_000, 100, ids.address, 5, 0, 0)
+    assert values == expected
+    stream.gather_h2d(dst, 64, host, 16, 3 * 40_000, ids.view(), 2, 40_000, skip=ids.view(4, 4), n_skip=1)
+    assert fake.launches[-1][5][-2:] == (ids.address + 4, 1), "the skipped ids' address and count"
     fake.fail["fakeHostGetDevicePointer"] = FakeError.fakeErrorInvalidValue
     with pytest.raises(DeviceError, match="not mapped for this device") as err:
         stream.gather_h2d(dst, 0, host, 0, 3 * 40_000, ids.view(), 2, 40_000)

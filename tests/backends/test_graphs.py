@@ -62,11 +62,12 @@ def test_a_capture_refuses_what_would_wait_for_the_host(backend: Backend) -> Non
     device = backend.device(0)
     pageable = device.wrap_host(np.zeros(64, dtype=np.uint8))
     with device.alloc(64) as dst, device.stream() as stream, device.event() as event:
+        stream.record(event)  # outside the capture
         stream.begin_capture()
         with pytest.raises(InvalidArgument, match="capturing stream takes no copies with pageable host memory"):
             stream.copy_h2d(dst, 0, pageable, 0, 64)
-        with pytest.raises(InvalidArgument, match="capturing stream takes no events"):
-            stream.record(event)
+        with pytest.raises(InvalidArgument, match="waits only on events recorded in its own capture"):
+            stream.wait(event)
         with pytest.raises(InvalidArgument, match="capturing already"):
             stream.begin_capture()
         with pytest.raises(BackendError):
@@ -126,3 +127,105 @@ def test_a_stream_closed_while_capturing_leaves_its_device_allocating() -> None:
         stream.close()  # error cleanup may close a capturing stream; its capture ends with it
         with device.alloc(64) as buf:
             assert buf.alloc_size >= 64
+
+
+def _fork_join_capture(device, kernels, origin, side, fork, join, a, b, c, n):  # type: ignore[no-untyped-def]
+    """origin: a += a; fork; side: b += a; join; origin: c += b (each launch: what the order allows only)."""
+    origin.begin_capture()
+    standin.add_inplace(kernels, origin, a.view(), a.view(), n)
+    origin.record(fork)
+    side.wait(fork)  # side joins the capture
+    assert side.capturing and side.capture_origin is origin
+    standin.add_inplace(kernels, side, b.view(), a.view(), n)
+    side.record(join)
+    origin.wait(join)
+    standin.add_inplace(kernels, origin, c.view(), b.view(), n)
+    return origin.end_capture()
+
+
+def test_a_forked_stream_joins_the_capture_and_its_graph_keeps_the_order(backend: Backend) -> None:
+    device = backend.device(0)
+    n = 64
+    ones = np.ones(n, dtype=np.float32)
+    with (
+        MoeKernels(device) as kernels,
+        device.upload(ones) as a,
+        device.upload(np.zeros(n, np.float32)) as b,
+        device.upload(np.zeros(n, np.float32)) as c,
+        device.stream() as origin,
+        device.stream() as side,
+        device.event() as fork,
+        device.event() as join,
+    ):
+        standin.add_inplace(kernels, origin, c.view(), c.view(), n)  # compiled before the capture
+        origin.synchronize()
+        graph = _fork_join_capture(device, kernels, origin, side, fork, join, a, b, c, n)
+        assert graph is not None and graph.operations == 3
+        assert not side.capturing and side.capture_origin is None
+        for _ in range(3):  # a doubles; b gains the new a; c gains the new b
+            graph.launch(origin)
+            origin.synchronize()
+        a_now, b_now, c_now = (buf.read().view(np.float32) for buf in (a, b, c))
+        assert np.array_equal(a_now, 8 * ones)
+        assert np.array_equal(b_now, (2 + 4 + 8) * ones)
+        assert np.array_equal(c_now, (2 + 6 + 14) * ones)
+        with pytest.raises(InvalidArgument, match="capture that has ended"):
+            side.wait(fork)  # recorded inside a capture that is over
+        graph.close()
+
+
+def test_a_capture_whose_fork_never_joins_is_refused(backend: Backend) -> None:
+    device = backend.device(0)
+    with (
+        MoeKernels(device) as kernels,
+        device.upload(np.ones(16, np.float32)) as a,
+        device.stream() as origin,
+        device.stream() as side,
+        device.event() as fork,
+    ):
+        standin.add_inplace(kernels, origin, a.view(), a.view(), 16)
+        origin.synchronize()
+        origin.begin_capture()
+        origin.record(fork)
+        side.wait(fork)
+        standin.add_inplace(kernels, side, a.view(), a.view(), 16)  # never joined back
+        with pytest.raises(InvalidArgument, match="joined another stream's capture"):
+            side.end_capture()
+        with pytest.raises(BackendError):
+            origin.end_capture()
+        assert not origin.capturing and not side.capturing
+
+
+def test_on_the_simulator_a_graph_runs_its_forked_work_beside_the_launching_stream() -> None:
+    """The forked copy in overlaps the origin's copy out when launched, as on a device."""
+    with expertstream.backend("sim", profile=CUDA_H200, data=False) as backend:
+        device = backend.device(0)
+        nbytes = 64 << 20
+        host = device.alloc_pinned(nbytes)
+        out = device.alloc_pinned(nbytes)
+        with (
+            device.alloc(nbytes) as dst,
+            device.alloc(nbytes) as other,
+            device.stream() as origin,
+            device.stream() as side,
+            device.event() as fork,
+            device.event() as join,
+        ):
+            origin.begin_capture()
+            origin.record(fork)
+            side.wait(fork)
+            side.copy_h2d(dst, 0, host, 0, nbytes)  # on the link
+            side.record(join)
+            origin.copy_d2h(out, 0, other, 0, nbytes)  # beside it, the other way
+            origin.wait(join)
+            graph = origin.end_capture()
+            assert graph is not None
+            start = backend.host.timestamp()
+            graph.launch(origin)
+            origin.synchronize()
+            took = backend.host.timestamp() - start
+            copy_in, copy_out = nbytes / CUDA_H200.h2d_pinned_bps, nbytes / CUDA_H200.d2h_bps
+            assert max(copy_in, copy_out) <= took < 1.1 * max(copy_in, copy_out) < 0.9 * (copy_in + copy_out)
+            graph.close()
+        host.close()
+        out.close()

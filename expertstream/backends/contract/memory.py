@@ -346,6 +346,8 @@ class RowGather:
     overrun: int  # bytes after a row copied with it, within the region
     report: BufferView | None = None  # int32 [tag, id] of the first id naming no row
     tag: int = 0
+    skip: BufferView | None = None  # int32 ids on the copying device whose rows are not copied
+    n_skip: int = 0
 
     @property
     def n_rows(self) -> int:

@@ -48,6 +48,8 @@ class Event(abc.ABC, Closing):
         self.timing = timing
         self.owned = owned  # False for events wrapped with event_from: close() leaves them alone
         self.closed = False
+        # The origin stream of the capture the event was last recorded in (None: recorded outside one).
+        self.captured_in: Stream | None = None
 
     @abc.abstractmethod
     def query(self) -> bool:
@@ -153,6 +155,10 @@ class Stream(ProducerStream, Closing):
         self.owned = owned  # False for streams wrapped with from_handle: close() leaves them alone
         self.closed = False
         self.capturing = False  # between begin_capture and end_capture: work is recorded, not run
+        # While capturing: the stream whose begin_capture started the capture (itself, or the one
+        # whose captured event this stream waited on: it joined that capture).
+        self.capture_origin: Stream | None = None
+        self._joined: list[Stream] = []  # an origin's streams that joined its capture
 
     # -- primitives each backend implements (arguments already validated) -------------
     @property
@@ -279,6 +285,8 @@ class Stream(ProducerStream, Closing):
         *,
         report: BufferView | None = None,
         tag: int = 0,
+        skip: BufferView | None = None,
+        n_skip: int = 0,
     ) -> None:
         """Copy host -> device the rows that ids on the device name, without the host reading them.
 
@@ -293,6 +301,9 @@ class Stream(ProducerStream, Closing):
         ``report``: two int32 on the device, the first -1 beforehand. The first gather to meet an
         id naming no row writes ``tag`` and that id there, for the caller to read once the
         stream is done (the host never waits for it here).
+
+        ``skip``: ``n_skip`` int32 ids on the device whose rows are not copied (a decode step's
+        predicted experts, copied ahead of the router: ``Scheduler``'s decode lookahead).
         """
         call = "Stream.gather_h2d"
         self._check_h2d(call, dst, dst_offset, src, src_offset, nbytes)
@@ -317,7 +328,14 @@ class Stream(ProducerStream, Closing):
             if not isinstance(report, BufferView) or report.nbytes < 8 or report.offset % 4:
                 raise InvalidArgument("report must be a 4-byte aligned BufferView of two int32", call=call)
             self._check_same_device(call, report.buffer)
-        checked = (("n_ids", n_ids, 0), ("row_nbytes", row_nbytes, 1), ("overrun", overrun, 0), ("tag", tag, 0))
+        self._check_skip(call, skip, n_skip)
+        checked = (
+            ("n_ids", n_ids, 0),
+            ("row_nbytes", row_nbytes, 1),
+            ("overrun", overrun, 0),
+            ("tag", tag, 0),
+            ("n_skip", n_skip, 0),
+        )
         for name, value, least in checked:
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < least:
                 raise InvalidArgument(f"{name} must be an integer >= {least}, got {value!r}", call=call)
@@ -332,7 +350,18 @@ class Stream(ProducerStream, Closing):
                 hint="give the region of whole rows (one expert's bytes per row)",
             )
         if nbytes and n_ids:
-            rows = RowGather(src_offset, nbytes, ids, int(n_ids), int(row_nbytes), int(overrun), report, int(tag))
+            rows = RowGather(
+                src_offset,
+                nbytes,
+                ids,
+                int(n_ids),
+                int(row_nbytes),
+                int(overrun),
+                report,
+                int(tag),
+                skip if n_skip else None,
+                int(n_skip),
+            )
             self._traced(
                 OpKind.H2D, "gather_h2d", rows.most_bytes, lambda: self._gather_h2d(dst, dst_offset, src, rows)
             )
@@ -341,10 +370,16 @@ class Stream(ProducerStream, Closing):
         """Record this stream's next work into a graph instead of running it (CUDA and HIP stream capture).
 
         Until ``end_capture`` the stream takes copies between device memory and page-locked host
-        memory, fills, gathers and kernel launches; nothing runs and nothing may wait for it
-        (synchronize, events, pageable copies are refused). ``Graph.launch`` then runs all of it
+        memory, fills, gathers, kernel launches and events; nothing runs and nothing may wait for
+        it (synchronize and pageable copies are refused). ``Graph.launch`` then runs all of it
         with one call: what a decode step is worth replaying, since it is hundreds of small
         calls whose host time would otherwise bound it.
+
+        Another stream of the device joins the capture by waiting on an event recorded in it
+        (a fork): its work is captured too, beside this stream's, and must end with a record
+        that a stream of the capture waits on before ``end_capture`` (a join). The graph keeps
+        the fork and the join: a launch runs the joined stream's work beside the launching
+        stream's, in the same order against it.
         """
         call = "Stream.begin_capture"
         self._check_open(call)
@@ -352,36 +387,80 @@ class Stream(ProducerStream, Closing):
             raise InvalidArgument("the stream is capturing already", call=call, device=self.device.label)
         self._begin_capture()
         self.capturing = True
+        self.capture_origin = self
+        self._joined = []
 
     def end_capture(self, keep: bool = True) -> Graph | None:
-        """End the capture: the graph of what was enqueued since begin_capture (None with ``keep=False``)."""
+        """End the capture: the graph of what was enqueued since begin_capture (None with ``keep=False``).
+
+        Called on the stream that began it; the streams that joined it leave it with it.
+        """
         call = "Stream.end_capture"
         self._check_open(call)
         if not self.capturing:
             raise InvalidArgument("the stream is not capturing", call=call, device=self.device.label)
-        self.capturing = False
-        return self._end_capture(keep)
+        if self.capture_origin is not self:
+            raise InvalidArgument(
+                "this stream joined another stream's capture",
+                call=call,
+                device=self.device.label,
+                hint="end the capture on the stream that began it",
+            )
+        joined, self._joined = self._joined, []
+        try:
+            return self._end_capture(keep)
+        finally:
+            for stream in (self, *joined):
+                stream.capturing = False
+                stream.capture_origin = None
 
     def record(self, event: Event) -> None:
         """Mark the current end of this stream in ``event`` (re-recording re-arms it)."""
         self._check_open("Stream.record")
         event._check_open("Stream.record")
-        self._check_capturable("Stream.record", None)
         if event.device is not self.device:
             raise InvalidArgument(
                 f"event belongs to {event.device.label}", call="Stream.record", device=self.device.label
             )
         self._record(event)
+        event.captured_in = self.capture_origin
 
     def wait(self, event: Event) -> None:
         """Make later work on this stream wait for the event's most recent record.
 
         A wait on an event that was never recorded is a no-op. Events of another device are
-        allowed (cross-device ordering).
+        allowed (cross-device ordering). A stream that is not capturing joins a capture by
+        waiting on an event recorded in it (``begin_capture``); a capturing stream waits only
+        on events recorded in its own capture.
         """
-        self._check_open("Stream.wait")
-        event._check_open("Stream.wait")
-        self._check_capturable("Stream.wait", None)
+        call = "Stream.wait"
+        self._check_open(call)
+        event._check_open(call)
+        origin = event.captured_in
+        if origin is not None and not origin.capturing:
+            raise InvalidArgument(
+                "the event was recorded in a capture that has ended",
+                call=call,
+                device=self.device.label,
+                hint="record it again outside the capture, or launch the graph and wait on what follows it",
+            )
+        if self.capturing and origin is not self.capture_origin:
+            raise InvalidArgument(
+                "a capturing stream waits only on events recorded in its own capture",
+                call=call,
+                device=self.device.label,
+                hint="record the event in this capture, or wait on it before begin_capture",
+            )
+        if origin is not None and not self.capturing:
+            if origin.device is not self.device:
+                raise InvalidArgument(
+                    f"a capture of {origin.device.label} cannot take work of {self.device.label}",
+                    call=call,
+                    device=self.device.label,
+                )
+            self.capturing = True  # forked: this stream's work joins the capture until it ends
+            self.capture_origin = origin
+            origin._joined.append(self)
         self._wait(event)
 
     def launch(
@@ -457,18 +536,29 @@ class Stream(ProducerStream, Closing):
         check_range(call, src, src_offset, nbytes)
         self._check_same_device(call, dst)
 
-    def _check_capturable(self, call: str, host: HostBuffer | None) -> None:
-        """Refuse, while capturing, events (host argument None) and copies with pageable memory."""
-        if not self.capturing or (host is not None and host.is_page_locked):
+    def _check_capturable(self, call: str, host: HostBuffer) -> None:
+        """Refuse, while capturing, copies with pageable memory."""
+        if not self.capturing or host.is_page_locked:
             return
-        what = "events" if host is None else "copies with pageable host memory"
         raise InvalidArgument(
-            f"a capturing stream takes no {what}",
+            "a capturing stream takes no copies with pageable host memory",
             call=call,
             device=self.device.label,
-            hint="end the capture first; a graph holds one stream's copies with device or page-locked memory, "
-            "fills, gathers and kernels",
+            hint="end the capture first; a graph holds copies with device or page-locked memory, fills, gathers, "
+            "kernels and events",
         )
+
+    def _check_skip(self, call: str, skip: BufferView | None, n_skip: int) -> None:
+        """gather_h2d's skipped ids: on this device, whole int32, open."""
+        if skip is None:
+            if n_skip:
+                raise InvalidArgument(f"n_skip is {n_skip} but no skip ids were given", call=call)
+            return
+        if not isinstance(skip, BufferView) or skip.offset % 4 or skip.nbytes < 4 * n_skip:
+            raise InvalidArgument(f"skip must be a 4-byte aligned BufferView of at least {n_skip} int32 ids", call=call)
+        if skip.buffer.closed:
+            raise UseAfterClose(f"the skipped ids' {skip.buffer!r} is closed", call=call, device=self.device.label)
+        self._check_same_device(call, skip.buffer)
 
     def _check_same_device(self, call: str, buf: DeviceBuffer) -> None:
         if buf.device is not self.device:

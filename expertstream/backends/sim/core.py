@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from ...timeline import OpKind, TimelineOp
 from ..base import DeviceBuffer, HostBuffer
@@ -148,12 +149,27 @@ class Simulation:
             )
             return end
 
-    def launch_graph(self, stream: StreamState, works: Sequence[Work]) -> None:
-        """Enqueue a graph's operations on ``stream`` for the host cost of one call."""
+    def launch_graph(self, lanes: Mapping[int, StreamState], items: Sequence[tuple[int, Any]]) -> None:
+        """Enqueue a graph's operations for the host cost of one call.
+
+        ``items``: (captured stream's id, Work or a record or wait with its ``key``) in capture
+        order; ``lanes``: the stream each captured stream's work goes to now.
+        """
         with self.lock:
             self.clocks.spend(self._call_s())
-            for work in works:
-                self.submit(stream, work, call_s=False)
+            records: dict[int, Recorded] = {}
+            for sid, item in items:
+                stream = lanes[sid]
+                if isinstance(item, Work):
+                    self.submit(stream, item, call_s=False)
+                elif item.wait:
+                    self.submit(stream, Work(OpKind.WAIT, "wait", "event wait", "Graph.launch"), records[item.key],
+                                call_s=False)  # fmt: skip
+                else:
+                    time = self.submit(stream, Work(OpKind.RECORD, "record", "event record", "Graph.launch"),
+                                       call_s=False)  # fmt: skip
+                    knowledge = self.checker.knowledge(stream.id) if self.checker is not None else {}
+                    records[item.key] = Recorded(time, knowledge, stream, next(self._enqueue_seq))
 
     def capture_call(self) -> None:
         """The host's cost of one call recorded into a capture (nothing is enqueued)."""

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -79,13 +81,25 @@ def _copy_effect(dst: np.ndarray | None, src: np.ndarray | None) -> Callable[[],
     return functools.partial(np.copyto, dst, src)
 
 
+@dataclass(frozen=True)
+class _CapturedEvent:
+    """An event record or wait inside a capture: ``key`` names the record (one per record)."""
+
+    key: int
+    wait: bool
+
+
+# What a capture holds, in enqueue order: the stream (its state's id) and its work, record or wait.
+_Captured = tuple[int, Work | _CapturedEvent]
+
+
 class SimStream(Stream):
     def __init__(self, device: SimDevice, state: StreamState, *, owned: bool = True) -> None:
         super().__init__(device, owned=owned)
         self.sim_device = device
         self.state = state
         self._sim = device.sim
-        self._captured: list[Work] = []
+        self._captured: list[_Captured] = []  # the origin's, for every stream of its capture
 
     @property
     def handle(self) -> int:
@@ -200,11 +214,21 @@ class SimStream(Stream):
             assert ids is not None and region is not None
             source = src.array[rows.src_offset : rows.src_offset + rows.nbytes]
             report = None if rows.report is None else _device_bytes(rows.report.buffer, rows.report.offset, 8)
-            effect = functools.partial(_gather_rows, region, source, ids, rows, report)
+            skip = None if rows.skip is None else _device_bytes(rows.skip.buffer, rows.skip.offset, 4 * rows.n_skip)
+            effect = functools.partial(_gather_rows, region, source, ids, rows, report, skip)
         reported = rows.report
         report_touch = (
             () if reported is None else (Touch(reported.buffer, reported.offset, reported.offset + 8, write=True),)
         )
+        skipped = rows.skip
+        skip_touch = (
+            ()
+            if skipped is None
+            else (Touch(skipped.buffer, skipped.offset, skipped.offset + 4 * rows.n_skip, write=False),)
+        )
+        # Booked at enqueue, before the ids exist: every id its own row, less the skipped ids the
+        # profile expects among them (a predicted expert the router also chose).
+        booked = max(rows.n_ids - profile.lookahead_hit * min(rows.n_skip, rows.n_ids), 0.0) / max(rows.n_ids, 1)
         self._submit(
             Work(
                 OpKind.H2D,
@@ -214,23 +238,34 @@ class SimStream(Stream):
                 rows.most_bytes,
                 EngineKind.H2D,
                 profile.launch_latency_s,
-                rows.most_bytes / profile.gather_bps,
+                booked * rows.most_bytes / profile.gather_bps,
                 effect=effect,
                 touches=(
                     Touch(rows.ids.buffer, rows.ids.offset, rows.ids.offset + 4 * rows.n_ids, write=False),
                     Touch(dst, dst_offset, dst_offset + rows.nbytes, write=True),
                     Touch(src, rows.src_offset, rows.src_offset + rows.nbytes, write=False),
                     *report_touch,
+                    *skip_touch,
                 ),
             )
         )
 
     def _record(self, event: Event) -> None:
         assert isinstance(event, SimEvent)
-        event.recorded = self._sim.record(self._live_state("Stream.record"), "record")
+        state = self._live_state("Stream.record")
+        if self.capturing:
+            event.recorded, event.capture_key = None, next(_capture_keys)
+            self._capture(_CapturedEvent(event.capture_key, wait=False))
+            return
+        event.recorded, event.capture_key = self._sim.record(state, "record"), None
 
     def _wait(self, event: Event) -> None:
         assert isinstance(event, SimEvent)
+        if self.capturing:  # the contract let only this capture's records through
+            assert event.capture_key is not None
+            self._live_state("Stream.wait")
+            self._capture(_CapturedEvent(event.capture_key, wait=True))
+            return
         # A wait binds to the record current now; a later re-record does not move it.
         name = "wait" if event.recorded is not None else "wait (never recorded: no-op)"
         work = Work(OpKind.WAIT, name, "event wait", "Stream.wait")
@@ -293,10 +328,16 @@ class SimStream(Stream):
     def _submit(self, work: Work) -> None:
         state = self._live_state(work.call)
         if self.capturing:
-            self._sim.capture_call()
-            self._captured.append(work)
+            self._capture(work)
             return
         self._sim.submit(state, work)
+
+    def _capture(self, item: Work | _CapturedEvent) -> None:
+        origin = self.capture_origin
+        assert isinstance(origin, SimStream)
+        self._sim.capture_call()
+        origin._captured.append((self.state.id, item))
+        self.sim_device.capturing_streams.add(self.state.id)
 
     def _begin_capture(self) -> None:
         self._live_state("Stream.begin_capture")
@@ -304,9 +345,20 @@ class SimStream(Stream):
         self.sim_device.capturing_streams.add(self.state.id)
 
     def _end_capture(self, keep: bool) -> Graph | None:
-        self.sim_device.capturing_streams.discard(self.state.id)
-        works, self._captured = self._captured, []
-        return SimGraph(self.sim_device, works) if keep else None
+        items, self._captured = self._captured, []
+        lanes = {sid for sid, _ in items} - {self.state.id}
+        self.sim_device.capturing_streams.difference_update({self.state.id, *lanes})
+        unjoined = _unjoined(items, self.state.id)
+        if unjoined:
+            # What CUDA and HIP answer: the capture is invalidated.
+            raise DeviceError(
+                f"{len(unjoined)} stream(s) forked into the capture never joined it back",
+                call="Stream.end_capture",
+                device=self.device.label,
+                code="stream capture unjoined",
+                hint="end each forked stream's work with a record that a stream of the capture waits on",
+            )
+        return SimGraph(self.sim_device, items, self.state.id) if keep else None
 
     def _live_state(self, call: str) -> StreamState:
         if self.state.destroyed:  # only a from_handle wrapper can outlive its stream
@@ -351,9 +403,17 @@ def _argument_bytes(arg: Any) -> Any:
 
 
 def _gather_rows(
-    region: np.ndarray, source: np.ndarray, ids: np.ndarray, rows: RowGather, report: np.ndarray | None
+    region: np.ndarray,
+    source: np.ndarray,
+    ids: np.ndarray,
+    rows: RowGather,
+    report: np.ndarray | None,
+    skip: np.ndarray | None,
 ) -> None:
+    skipped = set() if skip is None else set(skip.view(np.int32).tolist())
     for row in np.unique(ids.view(np.int32)).tolist():
+        if 0 <= row < rows.n_rows and row in skipped:
+            continue  # copied ahead (the kernel's order: an id naming no row is reported first)
         if 0 <= row < rows.n_rows:
             start, end = rows.row_range(row)
             region[start:end] = source[start:end]
@@ -377,20 +437,53 @@ def _run_twin(
         raise DeviceError(f"the Python twin of kernel {name!r} failed: {exc!r}", call="kernel", device=device) from exc
 
 
-class SimGraph(Graph):
-    """The operations a capture recorded, each enqueued again (effects and hazard checks included) per launch."""
+_capture_keys = itertools.count()
 
-    def __init__(self, device: SimDevice, works: list[Work]) -> None:
-        super().__init__(device, len(works))
+
+def _unjoined(items: list[_Captured], origin: int) -> set[int]:
+    """The forked streams of a capture whose last work is not a record some other stream waited on after."""
+    last: dict[int, int] = {}  # stream -> index of its last item
+    for index, (sid, _) in enumerate(items):
+        last[sid] = index
+    waited_after: dict[int, int] = {}  # record key -> index of the first wait on it
+    for index, (_, item) in enumerate(items):
+        if isinstance(item, _CapturedEvent) and item.wait:
+            waited_after.setdefault(item.key, index)
+    unjoined = set()
+    for sid, index in last.items():
+        if sid == origin:
+            continue
+        item = items[index][1]
+        joined = isinstance(item, _CapturedEvent) and not item.wait and waited_after.get(item.key, -1) > index
+        if not joined:
+            unjoined.add(sid)
+    return unjoined
+
+
+class SimGraph(Graph):
+    """The operations a capture recorded, each enqueued again (effects and hazard checks included) per launch.
+
+    Work of streams forked into the capture runs on streams of the graph's own, beside the
+    launching stream, ordered against it by the captured records and waits.
+    """
+
+    def __init__(self, device: SimDevice, items: list[_Captured], origin: int) -> None:
+        super().__init__(device, sum(1 for _, item in items if isinstance(item, Work)))
         self._sim = device.sim
-        self._works = works
+        self._items = items
+        self._origin = origin
+        forked = dict.fromkeys(sid for sid, _ in items if sid != origin)
+        self._lanes = {
+            sid: self._sim.new_stream(device.index, device.label, f"graph fork {n}") for n, sid in enumerate(forked)
+        }
 
     def _launch(self, stream: Stream) -> None:
         assert isinstance(stream, SimStream)
-        self._sim.launch_graph(stream._live_state("Graph.launch"), self._works)
+        lanes = {**self._lanes, self._origin: stream._live_state("Graph.launch")}
+        self._sim.launch_graph(lanes, self._items)
 
     def _destroy(self) -> None:
-        self._works = []
+        self._items = []
 
 
 class SimEvent(Event):
@@ -398,6 +491,7 @@ class SimEvent(Event):
         super().__init__(device, timing)
         self._sim = device.sim
         self.recorded: Recorded | None = None
+        self.capture_key: int | None = None  # recorded inside a capture: the graph's record it names
 
     def query(self) -> bool:
         return self._sim.query_event(self.recorded)
