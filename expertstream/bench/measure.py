@@ -62,6 +62,8 @@ class Settings:
     # reads the experts from the file (mode disk: layer-major reads each layer's once a prompt), else ubatch.
     prefill_order: str | None = None
     gather: bool = True  # decode's expert copies from page-locked memory made by the device (Scheduler.gather)
+    # decode: streamed layers' predicted experts copied while the layer before computes (Scheduler.decode_lookahead)
+    decode_lookahead: bool = True
     # decode steps, and a prompt's full ubatches, replayed from one captured graph where the scheduler can
     graphs: bool = True
     # The compute-only baseline (every expert on the device) that rows compare to; without it rows
@@ -281,6 +283,7 @@ def measure(
         direct=settings.direct,
         gemv=settings.gemv,
         fuse_gate_up=settings.fuse_gate_up,
+        decode_lookahead=settings.decode_lookahead,
         transformer=Transformer.read(model) if settings.whole else None,
         layer_major=settings.whole
         and prefers_layer_major(
@@ -360,7 +363,7 @@ def _measure_row(
     experts: ExpertData = resident.experts(weights)
     what = f"slots {slots}, {weights.mode.value}"
     with (
-        Scheduler(slots=slots, gather=settings.gather) as scheduler,
+        Scheduler(slots=slots, gather=settings.gather, decode_lookahead=settings.decode_lookahead) as scheduler,
         Prefill(runner, scheduler, experts, graphs=settings.graphs) as prefill,
     ):
         if settings.warmup:

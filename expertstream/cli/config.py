@@ -74,6 +74,7 @@ class RunConfig:
     direct: bool
     gemv: bool
     fuse_gate_up: bool
+    decode_lookahead: bool
     experts_only: bool
     prefill_order: str | None  # None: bench.measure.default_prefill_order
     gather: bool
@@ -142,6 +143,7 @@ class RunConfig:
             direct=not args.no_direct,
             gemv=args.gemv,
             fuse_gate_up=args.fuse_gate_up,
+            decode_lookahead=not args.no_decode_lookahead,
             experts_only=args.experts_only,
             prefill_order=args.prefill_order,
             gather=not args.no_gather,
@@ -199,6 +201,7 @@ class RunConfig:
             direct=self.direct,
             gemv=self.gemv,
             fuse_gate_up=self.fuse_gate_up,
+            decode_lookahead=self.decode_lookahead,
             whole=not self.experts_only,
             prefill_order=self.prefill_order,
             gather=self.gather,

@@ -107,6 +107,12 @@ def _common(parser: argparse.ArgumentParser, default_ctx: int | None = None) -> 
         "device copying them from registered or pinned memory itself (the same bytes)",
     )
     parser.add_argument(
+        "--no-decode-lookahead",
+        action="store_true",
+        help="decode: copy each streamed layer's experts only once its router has chosen them, instead of "
+        "copying the predicted ones while the layer before computes (the same bytes)",
+    )
+    parser.add_argument(
         "--no-graphs",
         action="store_true",
         help="issue each decode step's and each prompt ubatch's calls instead of replaying one captured step "
@@ -134,6 +140,7 @@ def _options(args: argparse.Namespace) -> Options:
         prefill_order=args.prefill_order,
         graphs=not args.no_graphs,
         gather=not args.no_gather,
+        decode_lookahead=not args.no_decode_lookahead,
     )
 
 

@@ -311,6 +311,13 @@ def register(subparsers: Any) -> None:
         "instead of the device copying them from registered or pinned memory itself",
     )
     prefill.add_argument(
+        "--no-decode-lookahead",
+        action="store_true",
+        help="decode: copy each streamed layer's experts only once its router has chosen them, instead of "
+        "copying the experts the next layer's router picks from this layer's input while this layer computes "
+        "(the same bytes)",
+    )
+    prefill.add_argument(
         "--no-graphs",
         action="store_true",
         help="issue every call one by one instead of replaying one captured decode step, and one captured "

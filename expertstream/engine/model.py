@@ -58,6 +58,9 @@ class Options:
     # decode's expert rows from page-locked memory copied by the device itself (Scheduler.gather);
     # False: DMAs enqueued after the routing ids are read back, the same bytes
     gather: bool = True
+    # decode: each streamed layer's predicted experts (its router applied to the layer before's FFN
+    # input) copied while the layer before computes (Scheduler.decode_lookahead); the same bytes
+    decode_lookahead: bool = True
 
     def __post_init__(self) -> None:
         check_prefill_order(self.prefill_order)
@@ -278,6 +281,7 @@ class _Run:
                     Batching(tokens, options.ubatch, steps),
                     matrix_path=options.matrix_path,
                     fuse_gate_up=options.fuse_gate_up,
+                    decode_lookahead=options.decode_lookahead,
                     gemv=options.gemv,
                     transformer=m.transformer,
                     n_ctx=options.n_ctx,
@@ -286,7 +290,9 @@ class _Run:
                 )
             )
             experts = m.resident_experts(runner).experts(m.weights)
-            scheduler = self._stack.enter_context(Scheduler(slots=options.slots, gather=options.gather))
+            scheduler = self._stack.enter_context(
+                Scheduler(slots=options.slots, gather=options.gather, decode_lookahead=options.decode_lookahead)
+            )
             prefill = self._stack.enter_context(Prefill(runner, scheduler, experts, graphs=options.graphs))
         except BaseException:
             self.close()

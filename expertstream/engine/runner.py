@@ -65,7 +65,7 @@ from ..kernels import MoeKernels, check_path, dense, layout, routing
 from ..kernels.layout import MatrixPath
 from ..kernels.routing import Activation
 from ..model import ModelError, MoeLayer, MoeModel, TensorInfo
-from ..scheduler import Bindings, Input, MulMatId, Plan, Split, is_prefill_scale
+from ..scheduler import Bindings, Input, MulMatId, Plan, Prediction, Split, is_prefill_scale
 from ..scheduler.source import HostSource
 from . import standin
 from .arch import FfnConfig, ffn_config
@@ -311,6 +311,10 @@ class _Part(Closing):
         self.decode_hidden = uploads.alloc(steps * row)
         self.decode_current = uploads.alloc(row)  # the token of a captured decode step (MoeRunner.decode_step_plan)
         self.decode_ids = uploads.alloc(len(mine) * model.top_k * 4)
+        # The decode lookahead: each layer's predicted experts, and what predicting them writes besides.
+        self.decode_predicted = uploads.alloc(len(mine) * model.top_k * 4)
+        self.decode_ahead_x = uploads.alloc(row)
+        self.decode_ahead_weights = uploads.alloc(model.top_k * 4)
         self.ubatch_current: DeviceBuffer | None = None  # whole model: _allocate_whole
 
     def _allocate_whole(self, whole: _Whole, blocks: Sequence[int], first: bool, last: bool) -> None:
@@ -447,8 +451,12 @@ class MoeRunner(Closing):
         n_ctx: int | None = None,
         layer_major: bool = False,
         all_logits: bool = False,
+        decode_lookahead: bool = True,
     ) -> None:
         self.devices: tuple[Device, ...] = (devices,) if isinstance(devices, Device) else tuple(devices)
+        # Decode plans name each streamed layer's predicted experts: the layer's router applied to the
+        # FFN input of the MoE layer before it, in that layer's router split (Prediction).
+        self.decode_lookahead = decode_lookahead
         # direct: whether the MMA path takes direct.cu's kernels where they apply (MoeKernels.direct);
         # gemv: whether a few pairs take the matrix-vector kernels (MoeKernels.gemv).
         # One gate_up split per layer where the kernels can (fuses_gate_up). Off by default: the
@@ -949,12 +957,27 @@ class MoeRunner(Closing):
                 part.device,
                 tuple(_expert_input(role, info, experts[info.name]) for role, info in zip(roles, infos, strict=True)),
                 run,
-                MulMatId(ids, n_ids, model.n_expert, roles, stand_in_ids),
+                MulMatId(ids, n_ids, model.n_expert, roles, stand_in_ids, predicted),
             )
+
+        ahead = self._predicted_by(layer, group, experts)
 
         def route(stream: Stream, bindings: Bindings) -> None:
             for tokens in group:
                 self._route(tokens, stream, bindings)
+                if ahead is not None:
+                    self._predict(tokens, ahead, stream)
+
+        predicted = None
+        before = self._predicted_from(layer, group, experts)
+        if before is not None:
+            ids_bytes = model.top_k * 4
+            place = part.position[layer.index]
+            predicted = Prediction(
+                part.decode_predicted.view(place * ids_bytes, ids_bytes),
+                model.top_k,
+                f"router.L{before}.{group[0].label}",
+            )
 
         first_splits = (
             [split((GATE, UP), self._gate_up)]
@@ -969,6 +992,57 @@ class MoeRunner(Closing):
             *first_splits,
             split((DOWN,), self._down),
         ]
+
+    def _predicted_by(self, layer: MoeLayer, group: Sequence[_Tokens], experts: ExpertData) -> MoeLayer | None:
+        """The MoE layer whose experts ``layer``'s router split predicts for ``group``: the next one,
+        in a decode step of the whole model, on the same device, its experts streamed from the host."""
+        tokens = group[0]
+        if not (self.decode_lookahead and tokens.decode and tokens.part.blocks is not None):
+            return None
+        layers = self.model.layers
+        i = layers.index(layer)
+        if i + 1 == len(layers):
+            return None
+        after = layers[i + 1]
+        streamed = not any(isinstance(experts[t.name], BufferView) for t in (after.gate, after.up, after.down))
+        return after if streamed and self._part_of.get(after.index) is tokens.part else None
+
+    def _predicted_from(self, layer: MoeLayer, group: Sequence[_Tokens], experts: ExpertData) -> int | None:
+        """The index of the layer whose router split predicts ``layer``'s experts (``_predicted_by``)."""
+        layers = self.model.layers
+        i = layers.index(layer)
+        if i == 0 or self._predicted_by(layers[i - 1], group, experts) is not layer:
+            return None
+        return layers[i - 1].index
+
+    def _predict(self, tokens: _Tokens, after: MoeLayer, stream: Stream) -> None:
+        """``after``'s router on this layer's FFN input, normed with ``after``'s weights: the experts it
+        will likely choose, into its predicted ids (the hidden state moves little in one layer)."""
+        model, part = self.model, tokens.part
+        assert part.blocks is not None
+        x = part.decode_ahead_x.view()
+        part.blocks.ffn_input(stream, after.index, tokens.hidden, 1, x)
+        extras = part.extras[after.index]
+        selection = self.ffn.routing
+        if selection.is_softmax_topk and extras.router_bias is None and extras.selection_bias is None:
+            selection = routing.SELECTED_SOFTMAX
+        ids_bytes = model.top_k * 4
+        routing.route(
+            part.kernels,
+            stream,
+            x,
+            part.routers[after.index],
+            extras.router_bias,
+            part.scratch().view("logits", model.n_expert * 4),
+            extras.selection_bias,
+            selection,
+            1,
+            model.n_embd,
+            model.n_expert,
+            model.top_k,
+            part.decode_predicted.view(part.position[after.index] * ids_bytes, ids_bytes),
+            part.decode_ahead_weights.view(),
+        )
 
     def fuses_gate_up(self) -> bool:
         """Whether any layer runs gate, up and SwiGLU as one split (see the module's docstring)."""

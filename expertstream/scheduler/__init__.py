@@ -1,6 +1,6 @@
 """The scheduler: splits, the stock copy path and lookahead prefetch into prefetch slots (device buffers)."""
 
-from .plan import Bindings, ComputeFn, Input, MulMatId, Plan, Split
+from .plan import Bindings, ComputeFn, Input, MulMatId, Plan, Prediction, Split
 from .prefetch import prefetch_footprint
 from .scheduler import (
     DEFAULT_PREFILL_FACTOR,
@@ -26,6 +26,7 @@ __all__ = [
     "Input",
     "MulMatId",
     "Plan",
+    "Prediction",
     "Replay",
     "RunStats",
     "Scheduler",

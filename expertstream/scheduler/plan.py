@@ -62,11 +62,31 @@ class Input:
 
 
 @dataclass(frozen=True)
+class Prediction:
+    """The experts a decode step's router is expected to choose, known before it runs.
+
+    ``ids``: ``n_ids`` int32 expert ids on the split's device that split ``after`` (earlier in
+    the plan) writes; for example the next layer's router applied to this layer's FFN input. A
+    prediction only moves copies earlier (``Scheduler``'s decode lookahead): the experts the
+    router then chooses are the ones computed, whatever was predicted.
+    """
+
+    ids: BufferView
+    n_ids: int
+    after: str
+
+    def __post_init__(self) -> None:
+        if self.n_ids <= 0 or self.ids.nbytes < 4 * self.n_ids or self.ids.offset % 4:
+            raise InvalidArgument(f"a prediction needs {self.n_ids} > 0 whole int32 ids in its view")
+
+
+@dataclass(frozen=True)
 class MulMatId:
     """Routing of a MUL_MAT_ID split: which experts each token uses.
 
     ``stand_in_ids``: the expert ids a backend that holds no data (the simulator's timing-only
-    mode) copies by at decode scale; the ids it reads back mean nothing there.
+    mode) copies by at decode scale; the ids it reads back mean nothing there. ``predicted``:
+    the experts expected before the router runs (decode scale only; see ``Prediction``).
     """
 
     ids: BufferView  # int32 [n_tokens, top_k] on the split's device
@@ -74,6 +94,7 @@ class MulMatId:
     n_expert: int
     weights: tuple[str, ...]  # names of the inputs holding the expert matrices
     stand_in_ids: np.ndarray | None = field(default=None, compare=False)
+    predicted: Prediction | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.n_ids <= 0 or self.n_expert <= 0:
@@ -152,10 +173,28 @@ class Plan:
                 devices.append(split.device)
         object.__setattr__(self, "devices", tuple(devices))
         self._check_ids_reuse()
+        self._check_predictions()
 
     @classmethod
     def of(cls, splits: Sequence[Split]) -> Plan:
         return cls(tuple(splits))
+
+    def _check_predictions(self) -> None:
+        """A prediction's ids come from an earlier split on the same device."""
+        earlier: dict[str, Split] = {}
+        for split in self.splits:
+            predicted = split.mul_mat_id.predicted if split.mul_mat_id is not None else None
+            if predicted is not None:
+                writer = earlier.get(predicted.after)
+                if writer is None:
+                    raise InvalidArgument(
+                        f"split {split.name!r}: its predicted experts come from {predicted.after!r}, "
+                        "which is not an earlier split of the plan",
+                        hint="name the split that writes the predicted ids, placed before this one",
+                    )
+                if writer.device is not split.device or predicted.ids.buffer.device is not split.device:
+                    raise InvalidArgument(f"split {split.name!r}: its predicted experts live on another device")
+            earlier[split.name] = split
 
     def _check_ids_reuse(self) -> None:
         # The stock decode path reads each ids buffer back once and reuses it for the splits that

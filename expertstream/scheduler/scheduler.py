@@ -6,12 +6,12 @@ import copy
 import logging
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .._closing import Closing
-from ..backends.base import BackendError, BufferView, Device, Graph, Stream, Usage
+from ..backends.base import BackendError, BufferView, Device, Event, Graph, Stream, Usage
 from ..errors import InvalidArgument
-from .plan import Input, MulMatId, Plan, Split
+from .plan import Input, MulMatId, Plan, Prediction, Split
 from .prefetch import Milestone, PrefetchSlots, Unit, prefetch_footprint
 from .source import HostSource, Lookahead, LookaheadSource, expect_copies
 from .stats import DeviceStats, Fallback, RunStats
@@ -58,6 +58,20 @@ def check_slots(slots: int) -> int:
 
 
 @dataclass
+class _Ahead:
+    """One layer's decode lookahead in a run: its predicted experts, copied on the device's side
+    stream after split ``after`` writes their ids, into the scratch of its ``parity``."""
+
+    predicted: Prediction
+    parity: int
+    inputs: list[tuple[Split, Input]]  # the expert weights copied ahead, with the splits that read them
+    fork: Event | None = None  # recorded after split ``after``: the copies' start
+    join: Event | None = None  # recorded after the copies: the splits wait on it
+    forked: bool = False  # the side stream took the copies this run (the splits wait on ``join``)
+    made: bool = False  # every copy went out: the splits read the lookahead's scratch
+
+
+@dataclass
 class _RunState:
     """Which inputs of which splits are prefetched in this run."""
 
@@ -70,6 +84,8 @@ class _RunState:
     # split index -> reached once that split is launched: its stock copies from a lookahead's sources
     # come before the prefetched copies of later splits in the announced order
     launched: dict[int, Milestone]
+    ahead_after: dict[str, list[_Ahead]] = field(default_factory=dict)  # split name -> lookaheads it starts
+    ahead_of: dict[int, _Ahead] = field(default_factory=dict)  # split index -> the lookahead it reads
 
 
 class Scheduler(Closing):
@@ -81,6 +97,13 @@ class Scheduler(Closing):
     ``gather``: below prefill scale, the device copies the experts its routing ids use from
     page-locked host memory itself (``Stream.gather_h2d``), so a decode step never waits for the
     host; False reads the ids back and copies with DMA, as pageable memory and rings always do.
+
+    ``decode_lookahead``: where a decode-scale split's routing carries a ``Prediction`` and the
+    device gathers, its predicted experts are copied on a second stream of the device as soon as
+    the split that predicts them is launched, while the compute stream goes on (the layer's
+    attention and router); the split then waits for them and gathers only the experts the
+    prediction missed. Layers alternate between two scratch sets, so one layer's copies never
+    overwrite what the layer before still reads. The outputs are the same bytes either way.
     """
 
     def __init__(
@@ -90,6 +113,7 @@ class Scheduler(Closing):
         prefill_factor: int = DEFAULT_PREFILL_FACTOR,
         streams: Mapping[Device, Stream] | None = None,
         gather: bool = True,
+        decode_lookahead: bool = True,
     ) -> None:
         if prefill_factor < 1:
             raise ValueError(f"prefill_factor must be >= 1, got {prefill_factor}")
@@ -98,6 +122,9 @@ class Scheduler(Closing):
         self._streams: dict[Device, Stream] = dict(streams or {})
         self._owned_streams: list[Stream] = []
         self.gather = gather
+        self.decode_lookahead = decode_lookahead
+        self._side: dict[Device, Stream] = {}  # each device's stream for the decode lookahead's copies
+        self._ahead_events: dict[Device, list[Event]] = {}  # fork and join events, two per lookahead
         self._stock: dict[Device, StockCopier] = {}
         self._prefetch: dict[Device, PrefetchSlots] = {}
         self._prefetch_off: set[Device] = set()  # devices whose prefetch failed; stock path until slots change
@@ -229,6 +256,10 @@ class Scheduler(Closing):
         stream = self.stream(split.device)
         units = {u.input.name: u for u in state.units.get(index, ()) if u.valid}
         decode_routing = self._decode_routing(split)
+        ahead = state.ahead_of.get(index)
+        if ahead is not None and ahead.forked:
+            assert ahead.join is not None
+            stream.wait(ahead.join)  # the predicted experts are in
         bindings: dict[str, BufferView] = {}
         host_position = 0
         for inp in split.inputs:
@@ -236,13 +267,22 @@ class Scheduler(Closing):
                 bindings[inp.name] = inp.device_data
                 continue
             unit = units.get(inp.name)
+            copier = self._stock.get(split.device)
             if unit is not None and unit.view is not None:
                 bindings[inp.name] = unit.view
+            elif ahead is not None and ahead.made and decode_routing is not None and inp.name in decode_routing.weights:
+                assert copier is not None
+                view = copier.copy_after(stream, split, inp, ahead.parity, decode_routing, device_stats)
+                if view is None:  # the device could not gather: the copier says why, once
+                    view = copier.copy(stream, split, inp, host_position, decode_routing, device_stats)
+                bindings[inp.name] = view
             else:
-                copier = self._stock[split.device]
+                assert copier is not None
                 bindings[inp.name] = copier.copy(stream, split, inp, host_position, decode_routing, device_stats)
             host_position += 1
         split.compute(stream, bindings)
+        for started in state.ahead_after.get(split.name, ()):
+            self._copy_ahead(split.device, started, device_stats)
         prefetch = self._prefetch.get(split.device)
         for unit in units.values():
             assert prefetch is not None
@@ -251,6 +291,62 @@ class Scheduler(Closing):
         milestone = state.launched.get(index)
         if milestone is not None:
             milestone.reach(split.device.backend.host.timestamp())
+
+    def _copy_ahead(self, device: Device, ahead: _Ahead, stats: DeviceStats) -> None:
+        """Right after the split that predicts ``ahead``'s experts: copy them on the side stream."""
+        copier = self._stock[device]
+        if not copier.gather:
+            return  # the device stopped gathering this run (said once): the splits copy as without
+        compute, side = self.stream(device), self._side_stream(device)
+        assert ahead.fork is not None and ahead.join is not None
+        compute.record(ahead.fork)
+        side.wait(ahead.fork)  # after the predicting split, and after every earlier reader of this parity
+        made = True
+        for split, inp in ahead.inputs:
+            made = made and copier.gather_ahead(side, split, inp, ahead.parity, ahead.predicted, stats)
+        side.record(ahead.join)
+        ahead.forked, ahead.made = True, made
+
+    def _side_stream(self, device: Device) -> Stream:
+        side = self._side.get(device)
+        if side is None:
+            side = self._side[device] = device.stream()
+        return side
+
+    def _plan_ahead(self, plan: Plan, state: _RunState) -> dict[Device, dict[tuple[int, str], int]]:
+        """The run's decode lookaheads (``decode_lookahead``); returns the scratch each device needs for them."""
+        sizes: dict[Device, dict[tuple[int, str], int]] = {}
+        if not self.decode_lookahead or not self.gather:
+            return sizes
+        by_key: dict[tuple[int, int], _Ahead] = {}
+        for index, split in enumerate(plan.splits):
+            routing = self._decode_routing(split)
+            predicted = routing.predicted if routing is not None else None
+            if routing is None or predicted is None:
+                continue
+            weights = [i for i in split.inputs if i.name in routing.weights and i.host is not None]
+            if not weights or any(gather_region(i.host) is None for i in weights if i.host is not None):
+                continue
+            key = (id(predicted.ids.buffer), predicted.ids.offset)
+            ahead = by_key.get(key)
+            if ahead is None:
+                ahead = by_key[key] = _Ahead(predicted, parity=len(by_key) % 2, inputs=[])
+                state.ahead_after.setdefault(predicted.after, []).append(ahead)
+            state.ahead_of[index] = ahead
+            device_sizes = sizes.setdefault(split.device, {})
+            for inp in weights:
+                ahead.inputs.append((split, inp))
+                slot = (ahead.parity, inp.name)
+                device_sizes[slot] = max(device_sizes.get(slot, 0), inp.padded_nbytes)
+        for device in sizes:
+            self._side_stream(device)  # made now: a capture may follow
+            aheads = [a for a in by_key.values() if a.inputs[0][0].device is device]
+            events = self._ahead_events.setdefault(device, [])
+            while len(events) < 2 * len(aheads):
+                events.append(device.event())
+            for n, ahead in enumerate(aheads):
+                ahead.fork, ahead.join = events[2 * n], events[2 * n + 1]
+        return sizes
 
     def _prepare_next(self, plan: Plan, index: int, state: _RunState, stats: RunStats) -> None:
         """Right after split index-1 is launched: wait for split index's slots, then fire ahead.
@@ -354,6 +450,10 @@ class Scheduler(Closing):
             if sizes:
                 copier = self._stock.setdefault(device, StockCopier(device, gather=self.gather))
                 copier.reserve(sizes, self.stream(device))
+        for device, ahead_sizes in self._plan_ahead(plan, state).items():
+            copier = self._stock[device]
+            copier.reserve_ahead(ahead_sizes, self.stream(device))
+            copier.prepare_gathers()
         for device, size in slot_bytes.items():
             prefetch = self._prefetch_for(device)
             if size > prefetch.slot_bytes:
@@ -433,6 +533,9 @@ class Scheduler(Closing):
             if prefetch is not None:
                 prefetch.drain()
         with _collected(errors):
+            side = self._side.get(device)
+            if side is not None:
+                side.synchronize()  # the decode lookahead's copies (a failed run may not have waited for them)
             self.stream(device).synchronize()  # even if the prefetch failed: kernels may read slots
             if prefetch is not None and prefetch.disabled:  # nothing can use its slots any more
                 prefetch.close()
@@ -448,13 +551,20 @@ class Scheduler(Closing):
         with ExitStack() as stack:
             for stream in self._owned_streams:
                 stack.callback(stream.close)
+            for events in self._ahead_events.values():
+                for event in events:
+                    stack.callback(event.close)
+            for side in self._side.values():
+                stack.callback(side.close)
             for copier in self._stock.values():
                 stack.callback(copier.close)
             for prefetch in self._prefetch.values():
                 stack.callback(prefetch.close)
-            for stream in self._streams.values():
+            for stream in [*self._streams.values(), *self._side.values()]:
                 stack.callback(stream.synchronize)  # runs first: kernels may still read slots and scratch
         self._prefetch.clear()
+        self._side.clear()
+        self._ahead_events.clear()
         self._stock.clear()
         self._owned_streams.clear()
         self._streams.clear()

@@ -28,6 +28,8 @@ class DeviceStats:
     ids_readbacks: int = 0  # decode-scale host syncs to read routing ids
     gathers: int = 0  # decode-scale expert copies the device made itself from the routing ids
     bytes_gathered_at_most: int = 0  # their bytes if every id names its own expert (one token's top-k do)
+    lookahead_gathers: int = 0  # decode copies of predicted experts, made before their router ran
+    bytes_lookahead_at_most: int = 0
     ready_wait_ms: float = 0.0  # time the compute stream waited on prefetch-slot ready events
     untimed_waits: int = 0  # ready waits left out of ready_wait_ms (no timing event could be made)
     fallbacks: Counter[Fallback] = field(default_factory=Counter)
@@ -68,7 +70,8 @@ class RunStats:
 
     def bytes_moved(self) -> int:
         """Host bytes copied to the devices, every way (a gather's at most)."""
-        return int(self.total("bytes_prefetched") + self.total("bytes_stock") + self.total("bytes_gathered_at_most"))
+        moved = ("bytes_prefetched", "bytes_stock", "bytes_gathered_at_most", "bytes_lookahead_at_most")
+        return int(sum(self.total(name) for name in moved))
 
     def as_dict(self) -> dict[str, Any]:
         return {label: d.as_dict() for label, d in self.devices.items()}

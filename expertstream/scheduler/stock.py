@@ -15,7 +15,7 @@ import numpy as np
 
 from ..backends.base import BufferView, Device, DeviceBuffer, Stream, Usage, gathered_at_most
 from ..errors import DeviceError, InvalidArgument, KernelCompileError
-from .plan import Input, MulMatId, Split
+from .plan import Input, MulMatId, Prediction, Split
 from .source import HostRegion, HostSource, StagedSource, enqueue_ranges
 from .stats import DeviceStats, Fallback
 
@@ -29,6 +29,9 @@ class StockCopier:
         self.device = device
         self.gather = gather  # decode copies from page-locked memory made by the device (gather_h2d)
         self._scratch: list[DeviceBuffer] = []
+        # The decode lookahead's scratch, by (layer parity, input name): a layer's predicted experts are
+        # copied into it while the layer before computes from the other parity's.
+        self._ahead: dict[tuple[int, str], DeviceBuffer] = {}
         self._ids_key: tuple[int, int] | None = None
         self._ids_used: np.ndarray = np.empty(0, dtype=np.int32)
         # Gathers report an id naming no expert here (int32 tag, id); a tag is an index into _gathered.
@@ -39,7 +42,8 @@ class StockCopier:
     def device_bytes(self) -> int:
         """Device bytes of the scratch buffers (and the gathers' report word)."""
         report = self._report.alloc_size if self._report is not None else 0
-        return sum(buf.alloc_size for buf in self._scratch) + report
+        ahead = sum(buf.alloc_size for buf in self._ahead.values())
+        return sum(buf.alloc_size for buf in self._scratch) + ahead + report
 
     def reserve(self, sizes: list[int], stream: Stream) -> None:
         """Make scratch ``k`` hold at least ``sizes[k]`` bytes; called once per run, before any split."""
@@ -65,6 +69,54 @@ class StockCopier:
                 self._scratch.append(buf)
         self._ids_key = None
         self._gathered.clear()
+
+    def reserve_ahead(self, sizes: dict[tuple[int, str], int], stream: Stream) -> None:
+        """Make the lookahead's scratch ``key`` hold at least ``sizes[key]`` bytes (zeroed once)."""
+        for key, size in sizes.items():
+            held = self._ahead.get(key)
+            if held is not None and held.alloc_size >= size:
+                continue
+            stream.synchronize()  # a pending kernel may still read the old scratch
+            if held is not None:
+                del self._ahead[key]
+                held.close()
+            buf = self.device.alloc(size, Usage.COMPUTE)
+            stream.memset(buf, 0, size, 0)
+            self._ahead[key] = buf
+
+    def gather_ahead(
+        self, stream: Stream, split: Split, inp: Input, parity: int, predicted: Prediction, stats: DeviceStats
+    ) -> bool:
+        """Enqueue on ``stream`` the copy of the predicted experts of ``inp``; False where none can be made."""
+        dst = self._ahead[(parity, inp.name)]
+        routing = MulMatId(predicted.ids, predicted.n_ids, inp.nbytes // (inp.expert_nbytes or 1), (inp.name,))
+        if not self._gather(stream, dst, split, inp, routing, inp.padded_nbytes - inp.nbytes, stats, reported=False):
+            return False
+        stats.lookahead_gathers += 1
+        stats.bytes_lookahead_at_most += _at_most(inp, predicted.n_ids)
+        return True
+
+    def copy_after(
+        self,
+        stream: Stream,
+        split: Split,
+        inp: Input,
+        parity: int,
+        routing: MulMatId,
+        stats: DeviceStats,
+    ) -> BufferView | None:
+        """The experts ``routing`` uses that its prediction missed, gathered beside the predicted ones
+        (``gather_ahead``, already waited for); None where the device cannot gather them."""
+        assert routing.predicted is not None
+        dst = self._ahead[(parity, inp.name)]
+        padded = inp.padded_nbytes
+        if not self._gather(stream, dst, split, inp, routing, padded - inp.nbytes, stats, skip=routing.predicted):
+            return None
+        stats.gathers += 1
+        stats.bytes_gathered_at_most += _at_most(inp, routing.n_ids)
+        if padded > inp.nbytes:
+            stream.memset(dst, inp.nbytes, padded - inp.nbytes, 0)
+        return dst.view(0, padded)
 
     def prepare_gathers(self) -> None:
         """Allocate what gathers report into now (a capture may not allocate)."""
@@ -98,7 +150,10 @@ class StockCopier:
         padded = inp.padded_nbytes
         if decode_routing is not None and inp.name in decode_routing.weights:
             assert inp.expert_nbytes is not None
-            if not self._gather(stream, dst, split, inp, decode_routing, padded - inp.nbytes, stats):
+            if self._gather(stream, dst, split, inp, decode_routing, padded - inp.nbytes, stats):
+                stats.gathers += 1
+                stats.bytes_gathered_at_most += _at_most(inp, decode_routing.n_ids)
+            else:
                 used = self._used_experts(stream, split, decode_routing, stats)
                 ranges = expert_ranges(used, inp.expert_nbytes, inp.nbytes, padded - inp.nbytes)
                 enqueue_ranges(inp.host, stream, dst, ranges)  # the used experts' copies, at once
@@ -122,8 +177,13 @@ class StockCopier:
         routing: MulMatId,
         overrun: int,
         stats: DeviceStats,
+        *,
+        skip: Prediction | None = None,
+        reported: bool = True,
     ) -> bool:
-        """Enqueue the device's own copy of the experts ``routing`` uses; False where it cannot make one."""
+        """Enqueue the device's own copy of the experts ``routing`` uses (less those ``skip`` names);
+        False where it cannot make one. ``reported``: an id naming no expert is reported (a
+        prediction's is not: the experts it names are only copied early, never computed)."""
         assert inp.host is not None and inp.expert_nbytes is not None
         region = gather_region(inp.host)
         if not self.gather or region is None:
@@ -131,7 +191,7 @@ class StockCopier:
         try:
             self.prepare_gathers()
             assert self._report is not None
-            if not self._gathered:  # the run's first gather
+            if reported and not self._gathered:  # the run's first gather that reports
                 stream.memset(self._report, 0, 8, 0xFF)  # -1: nothing reported
             stream.gather_h2d(
                 dst,
@@ -143,8 +203,10 @@ class StockCopier:
                 routing.n_ids,
                 inp.expert_nbytes,
                 overrun,
-                report=self._report.view(),
+                report=self._report.view() if reported else None,
                 tag=len(self._gathered),
+                skip=None if skip is None else skip.ids,
+                n_skip=0 if skip is None else skip.n_ids,
             )
         except (DeviceError, KernelCompileError) as exc:
             # The device cannot read this memory (no mapping): read ids back from now on, and say so once.
@@ -156,9 +218,8 @@ class StockCopier:
                 exc,
             )
             return False
-        self._gathered.append((split.name, routing.n_expert))
-        stats.gathers += 1
-        stats.bytes_gathered_at_most += gathered_at_most(inp.nbytes, routing.n_ids, inp.expert_nbytes, overrun)
+        if reported:
+            self._gathered.append((split.name, routing.n_expert))
         return True
 
     def _used_experts(self, stream: Stream, split: Split, routing: MulMatId, stats: DeviceStats) -> np.ndarray:
@@ -187,12 +248,19 @@ class StockCopier:
         return self._ids_used
 
     def close(self) -> None:
-        for buf in self._scratch:
+        for buf in [*self._scratch, *self._ahead.values()]:
             buf.close()
         self._scratch.clear()
+        self._ahead.clear()
         if self._report is not None:
             self._report.close()
             self._report = None
+
+
+def _at_most(inp: Input, n_ids: int) -> int:
+    """What a gather of ``n_ids`` of ``inp``'s experts copies if no two ids repeat."""
+    assert inp.expert_nbytes is not None
+    return gathered_at_most(inp.nbytes, n_ids, inp.expert_nbytes, inp.padded_nbytes - inp.nbytes)
 
 
 def gather_region(source: HostSource) -> HostRegion | None:

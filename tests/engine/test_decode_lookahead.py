@@ -1,0 +1,103 @@
+"""Decode's lookahead: each streamed layer's predicted experts copied while the layer before computes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from expertstream.backends.base import Backend, Stream
+from expertstream.engine.hparams import Transformer
+from expertstream.engine.runner import Batching, MoeRunner
+from expertstream.errors import InvalidArgument
+from expertstream.hostmem import HostWeights
+from expertstream.model import MoeModel, make_model
+from expertstream.scheduler import MulMatId, Plan, Prediction, RunStats, Scheduler, Split
+
+PROMPT, STEPS = 12, 5
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("lookahead")
+    return {p: make_model(p, "Q8_0", folder / f"{p}.gguf", seed=5) for p in ("tiny", "tiny-gpt-oss", "tiny-qwen2moe")}
+
+
+def _decode(
+    backend: Backend, path: Path, *, lookahead: bool, graphs: bool, predict: object = None
+) -> tuple[bytes, RunStats]:
+    """The logits of STEPS decode steps after a prompt, every expert in pinned memory; the stats
+    of the last step (a replay's are its capture's)."""
+    rng = np.random.default_rng(1)
+    with MoeModel.open(path) as model:
+        spec = Transformer.read(model)
+        device = backend.device(0)
+        batching = Batching(PROMPT, PROMPT, STEPS)
+        with (
+            MoeRunner(device, model, batching, transformer=spec, decode_lookahead=lookahead) as runner,
+            HostWeights.open(model, device, "pinned") as weights,
+            Scheduler(decode_lookahead=lookahead) as scheduler,
+        ):
+            if predict is not None:
+                runner._predict = predict  # type: ignore[method-assign]
+            runner.set_prompt(rng.integers(3, spec.n_vocab, PROMPT))
+            scheduler.run(runner.prefill_plan(weights))
+            tokens = rng.integers(3, spec.n_vocab, STEPS)
+            runner.set_decode_token(0, int(tokens[0]))
+            stats = scheduler.run(runner.decode_plan(weights, 0))
+            replay = scheduler.capture(runner.decode_step_plan(weights)) if graphs else None
+            for step in range(1, STEPS):
+                runner.set_decode_token(step, int(tokens[step]))
+                if replay is None:
+                    stats = scheduler.run(runner.decode_plan(weights, step))
+                else:
+                    runner.decode_step_in(replay.stream, step)
+                    replay.launch()
+                    runner.decode_step_out(replay.stream, step)
+                    stats = replay.finish()
+            logits = np.stack([runner.decode_logits(s) for s in range(STEPS)])
+            if replay is not None:
+                replay.close()
+            return logits.tobytes(), stats
+
+
+@pytest.mark.parametrize("preset", ["tiny", "tiny-gpt-oss", "tiny-qwen2moe"])
+@pytest.mark.parametrize("graphs", [False, True], ids=["calls", "graph"])
+def test_the_lookahead_copies_predicted_experts_and_gives_the_same_bytes(
+    backend: Backend, made: dict[str, Path], preset: str, graphs: bool
+) -> None:
+    with MoeModel.open(made[preset]) as model:
+        n_layers = len(model.layers)
+    on, on_stats = _decode(backend, made[preset], lookahead=True, graphs=graphs)
+    off, off_stats = _decode(backend, made[preset], lookahead=False, graphs=graphs)
+    assert on == off
+    # every layer but the first had its experts predicted, each of its expert tensors copied ahead
+    assert on_stats.total("lookahead_gathers") == 3 * (n_layers - 1)
+    assert off_stats.total("lookahead_gathers") == 0
+    assert on_stats.total("gathers") == off_stats.total("gathers") == 3 * n_layers
+
+
+def test_a_wrong_prediction_only_costs_copies(backend: Backend, made: dict[str, Path]) -> None:
+    """Predicted experts the router does not choose are copied and never read; the ones it chooses
+    and the prediction missed are gathered after it: the logits stay the same bytes."""
+
+    def predict_expert_0(tokens: Any, after: Any, stream: Stream) -> None:
+        predicted = tokens.part.decode_predicted
+        stream.memset(predicted, 0, predicted.alloc_size, 0)  # expert 0, k times: at most one right
+
+    wrong, _ = _decode(backend, made["tiny"], lookahead=True, graphs=True, predict=predict_expert_0)
+    off, _ = _decode(backend, made["tiny"], lookahead=False, graphs=True)
+    assert wrong == off
+
+
+def test_a_prediction_must_come_from_an_earlier_split(backend: Backend) -> None:
+    device = backend.device(0)
+    with device.alloc(64) as ids:
+        routing = MulMatId(ids.view(0, 8), 2, 4, (), predicted=Prediction(ids.view(8, 8), 2, after="router.L1"))
+        later = Split("router.L1", device, (), lambda stream, bindings: None)
+        with pytest.raises(InvalidArgument, match="not an earlier split"):
+            Plan.of([Split("experts.L1", device, (), lambda stream, bindings: None, routing), later])
+        with pytest.raises(InvalidArgument, match="whole int32 ids"):
+            Prediction(ids.view(2, 8), 2, after="router.L1")
