@@ -62,8 +62,9 @@ class Settings:
     # reads the experts from the file (mode disk: layer-major reads each layer's once a prompt), else ubatch.
     prefill_order: str | None = None
     gather: bool = True  # decode's expert copies from page-locked memory made by the device (Scheduler.gather)
-    # decode: streamed layers' predicted experts copied while the layer before computes (Scheduler.decode_lookahead)
-    decode_lookahead: bool = True
+    # decode: how many of each streamed layer's predicted experts are copied while the layer before
+    # computes (MoeRunner.decode_lookahead); None: half the experts a token uses; 0: off
+    decode_lookahead: int | None = None
     # decode steps, and a prompt's full ubatches, replayed from one captured graph where the scheduler can
     graphs: bool = True
     # The compute-only baseline (every expert on the device) that rows compare to; without it rows
@@ -363,7 +364,7 @@ def _measure_row(
     experts: ExpertData = resident.experts(weights)
     what = f"slots {slots}, {weights.mode.value}"
     with (
-        Scheduler(slots=slots, gather=settings.gather, decode_lookahead=settings.decode_lookahead) as scheduler,
+        Scheduler(slots=slots, gather=settings.gather, decode_lookahead=settings.decode_lookahead != 0) as scheduler,
         Prefill(runner, scheduler, experts, graphs=settings.graphs) as prefill,
     ):
         if settings.warmup:

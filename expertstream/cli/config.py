@@ -74,7 +74,7 @@ class RunConfig:
     direct: bool
     gemv: bool
     fuse_gate_up: bool
-    decode_lookahead: bool
+    decode_lookahead: int | None
     experts_only: bool
     prefill_order: str | None  # None: bench.measure.default_prefill_order
     gather: bool
@@ -143,7 +143,7 @@ class RunConfig:
             direct=not args.no_direct,
             gemv=args.gemv,
             fuse_gate_up=args.fuse_gate_up,
-            decode_lookahead=not args.no_decode_lookahead,
+            decode_lookahead=args.decode_lookahead,
             experts_only=args.experts_only,
             prefill_order=args.prefill_order,
             gather=not args.no_gather,

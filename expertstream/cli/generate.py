@@ -107,10 +107,13 @@ def _common(parser: argparse.ArgumentParser, default_ctx: int | None = None) -> 
         "device copying them from registered or pinned memory itself (the same bytes)",
     )
     parser.add_argument(
-        "--no-decode-lookahead",
-        action="store_true",
-        help="decode: copy each streamed layer's experts only once its router has chosen them, instead of "
-        "copying the predicted ones while the layer before computes (the same bytes)",
+        "--decode-lookahead",
+        type=_count,
+        default=None,
+        metavar="N",
+        help="decode, experts streamed from page-locked memory: copy the N experts each layer's router ranks "
+        "first on the layer before's input while that layer computes, then only those the router chose and "
+        "the prediction missed (0: off; default: half the experts a token uses; the same bytes)",
     )
     parser.add_argument(
         "--no-graphs",
@@ -118,6 +121,13 @@ def _common(parser: argparse.ArgumentParser, default_ctx: int | None = None) -> 
         help="issue each decode step's and each prompt ubatch's calls instead of replaying one captured step "
         "and one captured ubatch (the same bytes)",
     )
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
 
 
 def _positive(text: str) -> int:
@@ -140,7 +150,7 @@ def _options(args: argparse.Namespace) -> Options:
         prefill_order=args.prefill_order,
         graphs=not args.no_graphs,
         gather=not args.no_gather,
-        decode_lookahead=not args.no_decode_lookahead,
+        decode_lookahead=args.decode_lookahead,
     )
 
 

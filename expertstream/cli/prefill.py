@@ -130,6 +130,13 @@ def _non_negative(text: str) -> int:
     return value
 
 
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -311,11 +318,13 @@ def register(subparsers: Any) -> None:
         "instead of the device copying them from registered or pinned memory itself",
     )
     prefill.add_argument(
-        "--no-decode-lookahead",
-        action="store_true",
-        help="decode: copy each streamed layer's experts only once its router has chosen them, instead of "
-        "copying the experts the next layer's router picks from this layer's input while this layer computes "
-        "(the same bytes)",
+        "--decode-lookahead",
+        type=_count,
+        default=None,
+        metavar="N",
+        help="decode, experts streamed from page-locked memory: copy the N experts each layer's router ranks "
+        "first on the layer before's input while that layer computes, then only those the router chose and "
+        "the prediction missed (0: off; default: half the experts a token uses; the same bytes)",
     )
     prefill.add_argument(
         "--no-graphs",

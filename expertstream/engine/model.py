@@ -58,9 +58,10 @@ class Options:
     # decode's expert rows from page-locked memory copied by the device itself (Scheduler.gather);
     # False: DMAs enqueued after the routing ids are read back, the same bytes
     gather: bool = True
-    # decode: each streamed layer's predicted experts (its router applied to the layer before's FFN
-    # input) copied while the layer before computes (Scheduler.decode_lookahead); the same bytes
-    decode_lookahead: bool = True
+    # decode: the experts of each streamed layer its router ranks first on the layer before's FFN
+    # input, this many of them, copied while the layer before computes (MoeRunner.decode_lookahead,
+    # Scheduler.decode_lookahead); None: half the experts a token uses; 0: off. The same bytes.
+    decode_lookahead: int | None = None
 
     def __post_init__(self) -> None:
         check_prefill_order(self.prefill_order)
@@ -291,7 +292,7 @@ class _Run:
             )
             experts = m.resident_experts(runner).experts(m.weights)
             scheduler = self._stack.enter_context(
-                Scheduler(slots=options.slots, gather=options.gather, decode_lookahead=options.decode_lookahead)
+                Scheduler(slots=options.slots, gather=options.gather, decode_lookahead=options.decode_lookahead != 0)
             )
             prefill = self._stack.enter_context(Prefill(runner, scheduler, experts, graphs=options.graphs))
         except BaseException:

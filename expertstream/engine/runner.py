@@ -451,12 +451,14 @@ class MoeRunner(Closing):
         n_ctx: int | None = None,
         layer_major: bool = False,
         all_logits: bool = False,
-        decode_lookahead: bool = True,
+        decode_lookahead: int | None = None,
     ) -> None:
         self.devices: tuple[Device, ...] = (devices,) if isinstance(devices, Device) else tuple(devices)
-        # Decode plans name each streamed layer's predicted experts: the layer's router applied to the
-        # FFN input of the MoE layer before it, in that layer's router split (Prediction).
-        self.decode_lookahead = decode_lookahead
+        # Decode plans name each streamed layer's predicted experts (Prediction): the first this many its
+        # router ranks on the FFN input of the MoE layer before it (the hidden state moves little in one
+        # layer), predicted in that layer's router split and copied once its last expert split is
+        # launched. None: half of top_k; 0: none.
+        self.decode_lookahead = lookahead_experts(model, decode_lookahead)
         # direct: whether the MMA path takes direct.cu's kernels where they apply (MoeKernels.direct);
         # gemv: whether a few pairs take the matrix-vector kernels (MoeKernels.gemv).
         # One gate_up split per layer where the kernels can (fuses_gate_up). Off by default: the
@@ -973,11 +975,9 @@ class MoeRunner(Closing):
         if before is not None:
             ids_bytes = model.top_k * 4
             place = part.position[layer.index]
-            predicted = Prediction(
-                part.decode_predicted.view(place * ids_bytes, ids_bytes),
-                model.top_k,
-                f"router.L{before}.{group[0].label}",
-            )
+            ranked = part.decode_predicted.view(place * ids_bytes, ids_bytes)  # best first
+            # Copied once the layer before has read its own experts: its missed ones go first on the link.
+            predicted = Prediction(ranked, self.decode_lookahead, f"down.L{before}.{group[0].label}")
 
         first_splits = (
             [split((GATE, UP), self._gate_up)]
@@ -1458,6 +1458,18 @@ class MoeRunner(Closing):
 # Layer-major prefill holds every prompt token's FFN rows per layer (_Scratch.HELD): "auto" takes it
 # only while those take no more than this share of the device's free memory.
 LAYER_MAJOR_SHARE = 0.25
+
+
+def lookahead_experts(model: MoeModel, asked: int | None) -> int:
+    """How many predicted experts a decode step copies ahead per streamed layer (``MoeRunner``)."""
+    if asked is None:
+        return (model.top_k + 1) // 2
+    if isinstance(asked, bool) or not isinstance(asked, int) or not 0 <= asked <= model.top_k:
+        raise InvalidArgument(
+            f"decode lookahead {asked} is outside 0..{model.top_k}, the experts a token of this model uses",
+            hint="give 0 (off) up to the model's experts per token, or leave it to the default (half of them)",
+        )
+    return asked
 
 
 def held_bytes(model: MoeModel, tokens: int) -> int:

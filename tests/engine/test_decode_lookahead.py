@@ -10,7 +10,7 @@ import pytest
 
 from expertstream.backends.base import Backend, Stream
 from expertstream.engine.hparams import Transformer
-from expertstream.engine.runner import Batching, MoeRunner
+from expertstream.engine.runner import Batching, MoeRunner, lookahead_experts
 from expertstream.errors import InvalidArgument
 from expertstream.hostmem import HostWeights
 from expertstream.model import MoeModel, make_model
@@ -26,7 +26,7 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _decode(
-    backend: Backend, path: Path, *, lookahead: bool, graphs: bool, predict: object = None
+    backend: Backend, path: Path, *, lookahead: int | None, graphs: bool, predict: object = None
 ) -> tuple[bytes, RunStats]:
     """The logits of STEPS decode steps after a prompt, every expert in pinned memory; the stats
     of the last step (a replay's are its capture's)."""
@@ -38,7 +38,7 @@ def _decode(
         with (
             MoeRunner(device, model, batching, transformer=spec, decode_lookahead=lookahead) as runner,
             HostWeights.open(model, device, "pinned") as weights,
-            Scheduler(decode_lookahead=lookahead) as scheduler,
+            Scheduler(decode_lookahead=lookahead != 0) as scheduler,
         ):
             if predict is not None:
                 runner._predict = predict  # type: ignore[method-assign]
@@ -70,8 +70,8 @@ def test_the_lookahead_copies_predicted_experts_and_gives_the_same_bytes(
 ) -> None:
     with MoeModel.open(made[preset]) as model:
         n_layers = len(model.layers)
-    on, on_stats = _decode(backend, made[preset], lookahead=True, graphs=graphs)
-    off, off_stats = _decode(backend, made[preset], lookahead=False, graphs=graphs)
+    on, on_stats = _decode(backend, made[preset], lookahead=None, graphs=graphs)
+    off, off_stats = _decode(backend, made[preset], lookahead=0, graphs=graphs)
     assert on == off
     # every layer but the first had its experts predicted, each of its expert tensors copied ahead
     assert on_stats.total("lookahead_gathers") == 3 * (n_layers - 1)
@@ -87,8 +87,8 @@ def test_a_wrong_prediction_only_costs_copies(backend: Backend, made: dict[str, 
         predicted = tokens.part.decode_predicted
         stream.memset(predicted, 0, predicted.alloc_size, 0)  # expert 0, k times: at most one right
 
-    wrong, _ = _decode(backend, made["tiny"], lookahead=True, graphs=True, predict=predict_expert_0)
-    off, _ = _decode(backend, made["tiny"], lookahead=False, graphs=True)
+    wrong, _ = _decode(backend, made["tiny"], lookahead=None, graphs=True, predict=predict_expert_0)
+    off, _ = _decode(backend, made["tiny"], lookahead=0, graphs=True)
     assert wrong == off
 
 
@@ -101,3 +101,21 @@ def test_a_prediction_must_come_from_an_earlier_split(backend: Backend) -> None:
             Plan.of([Split("experts.L1", device, (), lambda stream, bindings: None, routing), later])
         with pytest.raises(InvalidArgument, match="whole int32 ids"):
             Prediction(ids.view(2, 8), 2, after="router.L1")
+
+
+@pytest.mark.parametrize("count", [1, 2])
+def test_every_count_of_predicted_experts_gives_the_same_bytes(
+    backend: Backend, made: dict[str, Path], count: int
+) -> None:
+    ahead, stats = _decode(backend, made["tiny"], lookahead=count, graphs=True)
+    off, _ = _decode(backend, made["tiny"], lookahead=0, graphs=True)
+    assert ahead == off and stats.total("lookahead_gathers") > 0
+
+
+def test_a_lookahead_beyond_the_experts_a_token_uses_is_refused(made: dict[str, Path]) -> None:
+    with MoeModel.open(made["tiny"]) as model:
+        assert lookahead_experts(model, None) == (model.top_k + 1) // 2
+        assert lookahead_experts(model, 0) == 0
+        for bad in (model.top_k + 1, -1, True):
+            with pytest.raises(InvalidArgument, match="decode lookahead"):
+                lookahead_experts(model, bad)  # type: ignore[arg-type]

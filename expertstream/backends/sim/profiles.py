@@ -142,11 +142,12 @@ class Profile:
     # A kernel reading page-locked host memory over the link (Stream.gather_h2d); None: at
     # h2d_pinned_bps, as a DMA would.
     h2d_gather_bps: float | None = None
-    # The share of a decode step's predicted experts (the next layer's router applied to this
-    # layer's FFN input, copied ahead: the decode lookahead) that its router then chooses: a
-    # gather that skips them is booked at the rest. 0.86: the share on the 48-layer qwen3-30b-a3b
-    # file make-model writes, over 12 decode steps of llama.cpp's CPU forward pass.
-    lookahead_hit: float = 0.86
+    # The share of a decode step's predicted experts (the first half of what the next layer's router
+    # ranks on this layer's FFN input, copied ahead: the decode lookahead) that its router then
+    # chooses: a gather that skips them is booked at the rest. 0.986: the share on the 48-layer
+    # qwen3-30b-a3b file make-model writes (4 of 8 predicted), over 12 decode steps of llama.cpp's
+    # CPU forward pass.
+    lookahead_hit: float = 0.986
     # The drive holding the model's files, read with O_DIRECT (mode disk): (reads in flight, bytes
     # per second of all of them together) for large sequential reads, interpolated in log(reads)
     # between the depths given and clamped at the ends; and the seconds one read costs before its
