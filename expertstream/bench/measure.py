@@ -319,6 +319,7 @@ def measure(
             gpu_memory=settings.gpu_memory,
             slots=max(settings.slots, default=0),
             host_inputs_per_split=2 if runner.fuses_gate_up() else 1,
+            lookahead_inputs=3 if runner.decode_lookahead and settings.batching.decode_steps else 0,
             in_use={d: runner.device_bytes_on(d) for d in split.devices},
         )
         with ResidentExperts(model, split, offload, upload_data=runner.data) as resident:
@@ -375,7 +376,7 @@ def _measure_row(
         times, stats = _timed_runs(backend, functools.partial(prefill.run, ticked), settings.repeats, poison)
         prefill_path = prefill.path
         ring_after = weights.ring_stats()
-        decode_rates, decode_steps_s, decode_bytes, decode_path, decode_disk_bytes = _decode(
+        decode_rates, decode_steps_s, (decode_bytes, ahead_bytes), decode_path, decode_disk_bytes = _decode(
             backend, runner, scheduler, experts, settings, progress, what, weights
         )
         memory = runner.device_memory() + DeviceMemory(
@@ -426,6 +427,8 @@ def _measure_row(
         decode_tokens_per_s_sd=decode_rate.sd if decode_rate else None,
         decode_median_step_ms=Spread.of(decode_steps_s).median * 1e3 if decode_steps_s else None,
         decode_bytes=decode_bytes,
+        decode_lookahead=runner.decode_lookahead if ahead_bytes else 0,
+        decode_lookahead_bytes=ahead_bytes,
         decode_path=decode_path,
         prefill_path=prefill_path,
         decode_sha256=sha256(decode_out) if decode_out is not None else None,
@@ -514,9 +517,10 @@ def _decode(
     progress: Progress,
     what: str,
     weights: HostWeights,
-) -> tuple[list[float], list[float], int, str | None, int]:
+) -> tuple[list[float], list[float], tuple[int, int], str | None, int]:
     """Decode tokens/s of each repetition (its tokens over the time all its steps took), each
-    repetition's median step in seconds, the expert bytes of one repetition, how the steps ran:
+    repetition's median step in seconds, the bytes of the experts one repetition used and those it
+    copied ahead on a prediction (the decode lookahead; at most, each), how the steps ran:
     "graph" (one captured step replayed) or "calls" (each step's calls issued), and the bytes the
     staging rings handed to copies per repetition (mode disk: those read from the drive).
 
@@ -526,7 +530,7 @@ def _decode(
     """
     steps = runner.batching.decode_steps
     if not steps:
-        return [], [], 0, None, 0
+        return [], [], (0, 0), None, 0
     backend.mark(f"{what}: prefill ends, decode begins")
     if settings.warmup:
         scheduler.run(_ticking(runner.decode_plan(experts, 0), progress, f"{what}, decode warm-up"))
@@ -537,11 +541,11 @@ def _decode(
             stack.enter_context(replay)
         rates: list[float] = []
         median_steps: list[float] = []
-        moved = 0
+        moved = ahead = 0
         for _ in range(settings.repeats):
             runner.poison_decode_output(scheduler.stream)  # the steps write a row each: poison them once, untimed
             step_s: list[float] = []
-            moved = 0
+            moved = ahead = 0
             for step in range(steps):
                 if replay is None:
                     plan = _ticking(runner.decode_plan(experts, step), progress, f"{what}, decode")  # built untimed
@@ -555,7 +559,8 @@ def _decode(
                     stats = replay.finish()
                     wall = backend.host.timestamp() - start
                 step_s.append(wall)
-                moved += stats.bytes_moved()
+                ahead += int(stats.total("bytes_lookahead_at_most"))
+                moved += stats.bytes_moved() - int(stats.total("bytes_lookahead_at_most"))
             # A run's rate is its tokens over the whole time its steps took; its median step beside it.
             rates.append(steps / float(np.sum(step_s)))
             median_steps.append(float(np.median(step_s)))
@@ -563,7 +568,7 @@ def _decode(
     staged = 0
     if rings_before is not None and rings_after is not None:
         staged = (rings_after - rings_before).bytes_staged // max(1, settings.repeats)
-    return rates, median_steps, moved, "calls" if replay is None else "graph", staged
+    return rates, median_steps, (moved, ahead), "calls" if replay is None else "graph", staged
 
 
 _told_decode_calls: set[str] = set()

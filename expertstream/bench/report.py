@@ -48,6 +48,8 @@ class Row:
     decode_tokens_per_s_sd: float | None = None
     decode_median_step_ms: float | None = None  # the median step (median of the runs' medians)
     decode_bytes: int = 0  # expert bytes one repetition of the decode steps copied (used experts only)
+    decode_lookahead: int = 0  # experts per streamed layer copied ahead on a prediction (0: none were)
+    decode_lookahead_bytes: int = 0  # their bytes in one repetition, at most (used or not)
     decode_path: str | None = None  # "graph": one captured step replayed; "calls": each step's calls issued
     prefill_path: str | None = None  # "graph": one captured ubatch replayed per full ubatch; "calls": calls issued
     decode_sha256: str | None = None

@@ -240,6 +240,7 @@ class Model(Closing):
                 gpu_memory=options.gpu_memory,
                 slots=options.slots,
                 host_inputs_per_split=2 if runner.fuses_gate_up() else 1,
+                lookahead_inputs=3 if runner.decode_lookahead else 0,
                 in_use={d: runner.device_bytes_on(d) for d in runner.layer_split.devices},
             )
             self._resident = self._stack.enter_context(

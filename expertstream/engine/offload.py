@@ -97,6 +97,7 @@ def plan_offload(
     gpu_memory: GpuMemory | None = None,
     slots: int = 0,
     host_inputs_per_split: int = 1,
+    lookahead_inputs: int = 0,
     in_use: int | Mapping[Device, int] = 0,
     margin: int | None = None,
 ) -> OffloadPlan:
@@ -106,7 +107,8 @@ def plan_offload(
     ``gpu_memory`` streams as few as fit: a SIZE is the device memory this process may use
     on each device, ``in_use`` of which is already taken (activations); auto is what each
     device has free now. ``host_inputs_per_split``: the streamed tensors one split reads (2 where
-    gate and up are fused), each with its own stock scratch (``scheduler.device_footprint``).
+    gate and up are fused), each with its own stock scratch (``scheduler.device_footprint``);
+    ``lookahead_inputs``: the expert tensors a decode step copies ahead per layer (two scratch sets each).
     """
     split = _layer_split(model, where)
     used = in_use if isinstance(in_use, Mapping) else {split.devices[0]: in_use}
@@ -123,7 +125,8 @@ def plan_offload(
                 total = device.free_memory() if gpu_memory == "auto" else gpu_memory
                 budget = total - (0 if gpu_memory == "auto" else used.get(device, 0))
                 budgets[device] = budget - (min(DEFAULT_MARGIN_BYTES, total // 20) if margin is None else margin)
-            n_stream = max(n_stream, _fewest_streamed(model, split, budgets, slots, host_inputs_per_split))
+            scratch = (host_inputs_per_split, lookahead_inputs)
+            n_stream = max(n_stream, _fewest_streamed(model, split, budgets, slots, scratch))
     return _plan(model, split, n_stream)
 
 
@@ -136,7 +139,7 @@ def _largest(device: Device, tensors: Iterable[TensorInfo]) -> int:
 
 
 def _fewest_streamed(
-    model: MoeModel, split: LayerSplit, budgets: Mapping[Device, int], slots: int, host_inputs_per_split: int
+    model: MoeModel, split: LayerSplit, budgets: Mapping[Device, int], slots: int, scratch: tuple[int, int]
 ) -> int:
     """The smallest count of leading layers to stream so that the rest fit in every device's budget."""
     layers = model.layers
@@ -149,7 +152,11 @@ def _fewest_streamed(
         for layer in layers[:n_stream]:
             device = split.device_of(layer.index)
             largest[device] = max(largest[device], _largest(device, layer.experts))
-        footprint = {d: device_footprint(slots, largest[d], host_inputs_per_split=host_inputs_per_split) for d in need}
+        per_split, ahead = scratch
+        footprint = {
+            d: device_footprint(slots, largest[d], host_inputs_per_split=per_split, lookahead_inputs=ahead)
+            for d in need
+        }
         if all(need[d] + footprint[d] <= budgets[d] for d in split.devices):
             return n_stream
     for device in split.devices:

@@ -1005,7 +1005,8 @@ class MoeRunner(Closing):
             return None
         after = layers[i + 1]
         streamed = not any(isinstance(experts[t.name], BufferView) for t in (after.gate, after.up, after.down))
-        return after if streamed and self._part_of.get(after.index) is tokens.part else None
+        same_part = self._part_of.get(layer.index) is self._part_of.get(after.index) is tokens.part
+        return after if streamed and same_part else None
 
     def _predicted_from(self, layer: MoeLayer, group: Sequence[_Tokens], experts: ExpertData) -> int | None:
         """The index of the layer whose router split predicts ``layer``'s experts (``_predicted_by``)."""

@@ -33,16 +33,20 @@ def is_prefill_scale(n_ids: int, n_expert: int, prefill_factor: int = DEFAULT_PR
     return n_ids >= prefill_factor * n_expert
 
 
-def device_footprint(slots: int, largest_input_bytes: int, *, host_inputs_per_split: int = 1) -> int:
+def device_footprint(
+    slots: int, largest_input_bytes: int, *, host_inputs_per_split: int = 1, lookahead_inputs: int = 0
+) -> int:
     """The most device bytes a ``Scheduler(slots=slots)`` allocates on one device for streamed inputs.
 
     Its prefetch slots (``prefetch_footprint``) and the stock copy's scratch: one buffer per host
     input of a split, each kept even when the input is prefetched, since prefetch may turn off
     mid-run. ``largest_input_bytes``: the largest padded size (``Input.padded_nbytes``) of the
     host inputs run on that device. Gathers (decode steps from page-locked memory) add the 8-byte
-    word they report into.
+    word they report into. ``lookahead_inputs``: the expert tensors of a layer whose decode steps
+    copy predicted experts ahead (``decode_lookahead``), each with a scratch buffer in each of two sets.
     """
-    return prefetch_footprint(slots, largest_input_bytes) + host_inputs_per_split * largest_input_bytes
+    stock = (host_inputs_per_split + 2 * lookahead_inputs) * largest_input_bytes
+    return prefetch_footprint(slots, largest_input_bytes) + stock
 
 
 def check_slots(slots: int) -> int:
