@@ -187,6 +187,7 @@ def _generate(args: argparse.Namespace, command_line: str) -> int:
             sys.stdout.flush()
         sys.stdout.write("\n")
         stats, decode_path, prefill_path = model.last_stats, model.decode_path, model.prefill_path
+        lookahead = model.decode_lookahead
         if trace is not None:
             write_trace(model.backend, model.devices[0].name, model.model.summary(), command_line, trace)
     err = sys.stderr
@@ -200,6 +201,8 @@ def _generate(args: argparse.Namespace, command_line: str) -> int:
         print(_timing("eval", decode_s, generated - 1, "runs"), file=err)
         how = "one captured step replayed" if decode_path == "graph" else "calls issued per step"
         print(f"decode steps: {how}", file=err)
+        if lookahead:
+            print(f"decode lookahead: {lookahead} predicted experts of each streamed layer copied ahead", file=err)
     return 0
 
 

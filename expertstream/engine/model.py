@@ -102,6 +102,8 @@ class Model(Closing):
         self._run: _Run | None = None
         self.last_stats: dict[str, float] = {}
         self.decode_path = ""  # how the last generation's decode steps ran: "graph" (one step replayed) or "calls"
+        # predicted experts per streamed layer the last generation's decode steps copied ahead (0: none)
+        self.decode_lookahead = 0
         self.prefill_path = ""  # how its prompt's full ubatches ran: "graph" (one ubatch replayed) or "calls"
 
     @classmethod
@@ -195,6 +197,7 @@ class Model(Closing):
                     logits = steps.run(step, token)
                     self.last_stats["decode_s"] = host.timestamp() - start
             self.decode_path = steps.path
+            self.decode_lookahead = runner.decode_lookahead if steps.ahead else 0
 
     def _check_tokens(self, tokens: Sequence[int], generate: int) -> np.ndarray:
         ids = np.asarray(list(tokens), dtype=np.int64)
@@ -327,6 +330,7 @@ class _DecodeSteps:
         self.runner, self.scheduler, self.experts, self.graphs = runner, scheduler, experts, graphs
         self._replay: Replay | None = None
         self.path = "calls"
+        self.ahead = False  # whether a step copied predicted experts ahead (Scheduler.decode_lookahead)
 
     def __enter__(self) -> _DecodeSteps:
         return self
@@ -336,14 +340,15 @@ class _DecodeSteps:
         runner = self.runner
         runner.set_decode_token(step, token)
         if self._replay is None:
-            self.scheduler.run(runner.decode_plan(self.experts, step))
+            stats = self.scheduler.run(runner.decode_plan(self.experts, step))
             self._replay = self._capture() if step == 0 else None
         else:
             replay = self._replay
             runner.decode_step_in(replay.stream, step)
             replay.launch()
             runner.decode_step_out(replay.stream, step)
-            replay.finish()
+            stats = replay.finish()
+        self.ahead = self.ahead or stats.total("lookahead_gathers") > 0
         return runner.decode_logits(step)
 
     def _capture(self) -> Replay | None:

@@ -10,7 +10,9 @@ import pytest
 
 from expertstream.backends.base import Backend, Stream
 from expertstream.engine.hparams import Transformer
+from expertstream.engine.model import Model
 from expertstream.engine.runner import Batching, MoeRunner, lookahead_experts
+from expertstream.engine.sampling import Sampling
 from expertstream.errors import InvalidArgument
 from expertstream.hostmem import HostWeights
 from expertstream.model import MoeModel, make_model
@@ -119,3 +121,15 @@ def test_a_lookahead_beyond_the_experts_a_token_uses_is_refused(made: dict[str, 
         for bad in (model.top_k + 1, -1, True):
             with pytest.raises(InvalidArgument, match="decode lookahead"):
                 lookahead_experts(model, bad)  # type: ignore[arg-type]
+
+
+def test_generate_says_what_it_copied_ahead_and_gives_the_same_tokens(backend: Backend, made: dict[str, Path]) -> None:
+    greedy = Sampling(temperature=0)
+    runs = {}
+    for lookahead in (None, 0):
+        with Model.open(made["tiny"], backend=backend, host_memory="pinned", decode_lookahead=lookahead) as model:
+            runs[lookahead] = [g.token for g in model.generate("the quick brown fox", 8, greedy)]
+            copied = model.decode_lookahead
+            top_k = model.model.top_k
+        assert copied == ((top_k + 1) // 2 if lookahead is None else 0)
+    assert runs[None] == runs[0]
