@@ -64,7 +64,7 @@ def check_slots(slots: int) -> int:
 @dataclass
 class _Ahead:
     """One layer's decode lookahead in a run: its predicted experts, copied on the device's side
-    stream after split ``after`` writes their ids, into the scratch of its ``parity``."""
+    stream once the prediction's split ``after`` is launched, into the scratch of its ``parity``."""
 
     predicted: Prediction
     parity: int
@@ -103,8 +103,8 @@ class Scheduler(Closing):
     host; False reads the ids back and copies with DMA, as pageable memory and rings always do.
 
     ``decode_lookahead``: where a decode-scale split's routing carries a ``Prediction`` and the
-    device gathers, its predicted experts are copied on a second stream of the device as soon as
-    the split that predicts them is launched, while the compute stream goes on (the layer's
+    device gathers, its predicted experts are copied on a second stream of the device once the
+    prediction's split ``after`` is launched, while the compute stream goes on (the layer's
     attention and router); the split then waits for them and gathers only the experts the
     prediction missed. Layers alternate between two scratch sets, so one layer's copies never
     overwrite what the layer before still reads. The outputs are the same bytes either way.
@@ -297,14 +297,14 @@ class Scheduler(Closing):
             milestone.reach(split.device.backend.host.timestamp())
 
     def _copy_ahead(self, device: Device, ahead: _Ahead, stats: DeviceStats) -> None:
-        """Right after the split that predicts ``ahead``'s experts: copy them on the side stream."""
+        """Right after the prediction's split ``after`` is launched: copy ``ahead``'s experts on the side stream."""
         copier = self._stock[device]
         if not copier.gather:
             return  # the device stopped gathering this run (said once): the splits copy as without
         compute, side = self.stream(device), self._side_stream(device)
         assert ahead.fork is not None and ahead.join is not None
         compute.record(ahead.fork)
-        side.wait(ahead.fork)  # after the predicting split, and after every earlier reader of this parity
+        side.wait(ahead.fork)  # after the ids are written, and after every earlier reader of this parity
         made = True
         for split, inp in ahead.inputs:
             made = made and copier.gather_ahead(side, split, inp, ahead.parity, ahead.predicted, stats)
