@@ -227,8 +227,26 @@ class Scheduler(Closing):
         if reason is not None:
             raise InvalidArgument(f"this plan cannot be captured: {reason}", hint="run it with Scheduler.run")
         (device,) = plan.devices
+        try:
+            return self._capture(plan, device, RunStats())
+        except BackendError as exc:
+            predicted = any(s.mul_mat_id is not None and s.mul_mat_id.predicted is not None for s in plan.splits)
+            if not (self.decode_lookahead and predicted):
+                raise
+            # The runtime refused the capture's second stream: capture without it, and say so once.
+            self.decode_lookahead = False
+            log.warning(
+                "%s: decode steps copy each layer's experts after its router from now on; a step whose "
+                "lookahead copies run on a second stream could not be captured: %s",
+                device.label,
+                exc,
+            )
+            stats = RunStats()
+            stats.device(device.label).fallbacks[Fallback.LOOKAHEAD_FAILED] += 1
+            return self._capture(plan, device, stats)
+
+    def _capture(self, plan: Plan, device: Device, stats: RunStats) -> Replay:
         stream = self.stream(device)
-        stats = RunStats()
         stats.device(device.label)
         ours, self._stock = self._stock, {}  # the replay's scratch is its own: later runs may resize ours
         try:

@@ -15,6 +15,7 @@ class Fallback(str, enum.Enum):
     DISABLED = "disabled"  # prefetch is off on this device since an earlier failure
     TOO_MANY_INPUTS = "too_many_inputs"  # a split reads more prefetchable inputs than the prefetch slots leave room for
     GATHER_FAILED = "gather_failed"  # the device could not copy decode's experts itself: ids read back since
+    LOOKAHEAD_FAILED = "lookahead_failed"  # a decode step with the lookahead's second stream could not be captured
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +14,10 @@ from expertstream.engine.hparams import Transformer
 from expertstream.engine.model import Model
 from expertstream.engine.runner import Batching, MoeRunner, lookahead_experts
 from expertstream.engine.sampling import Sampling
-from expertstream.errors import InvalidArgument
+from expertstream.errors import DeviceError, InvalidArgument
 from expertstream.hostmem import HostWeights
 from expertstream.model import MoeModel, make_model
-from expertstream.scheduler import MulMatId, Plan, Prediction, RunStats, Scheduler, Split
+from expertstream.scheduler import Fallback, MulMatId, Plan, Prediction, RunStats, Scheduler, Split
 
 PROMPT, STEPS = 12, 5
 
@@ -133,3 +134,23 @@ def test_generate_says_what_it_copied_ahead_and_gives_the_same_tokens(backend: B
             top_k = model.model.top_k
         assert copied == ((top_k + 1) // 2 if lookahead is None else 0)
     assert runs[None] == runs[0]
+
+
+def test_a_lookahead_the_runtime_cannot_capture_turns_itself_off_once(
+    backend: Backend, made: dict[str, Path], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    copy_ahead = Scheduler._copy_ahead
+
+    def refused_in_captures(self: Scheduler, device: Any, ahead: Any, stats: Any) -> None:
+        if self.stream(device).capturing:
+            raise DeviceError("operation not permitted when stream is capturing", call="Stream.wait")
+        copy_ahead(self, device, ahead, stats)
+
+    monkeypatch.setattr(Scheduler, "_copy_ahead", refused_in_captures)
+    with caplog.at_level(logging.WARNING, logger="expertstream.scheduler.scheduler"):
+        refused, stats = _decode(backend, made["tiny"], lookahead=None, graphs=True)
+    off, _ = _decode(backend, made["tiny"], lookahead=0, graphs=True)
+    assert refused == off
+    assert stats.total("lookahead_gathers") == 0
+    assert sum(d.fallbacks[Fallback.LOOKAHEAD_FAILED] for d in stats.devices.values()) == 1
+    assert sum("could not be captured" in r.getMessage() for r in caplog.records) == 1
