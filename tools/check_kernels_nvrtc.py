@@ -1,4 +1,5 @@
-"""Compile the MoE kernel source with NVRTC for one GPU architecture, without a GPU: catches source errors.
+"""Compile the MoE kernel source (and Stream.gather_h2d's kernel) with NVRTC for one GPU architecture,
+without a GPU: catches source errors.
 
 python3 tools/check_kernels_nvrtc.py [--arch sm_90]
 """
@@ -10,6 +11,7 @@ import sys
 
 from cuda.bindings import nvrtc
 
+from expertstream.backends._gpu import gather_source
 from expertstream.kernels import kernel_source
 
 
@@ -24,7 +26,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", default="sm_90")
     args = parser.parse_args()
-    program = _check(nvrtc.nvrtcCreateProgram(kernel_source().encode(), b"kernels.cu", 0, [], []), "create")
+    program = _check(
+        nvrtc.nvrtcCreateProgram((kernel_source() + "\n" + gather_source()).encode(), b"kernels.cu", 0, [], []),
+        "create",
+    )
     options = [f"--gpu-architecture={args.arch}".encode(), b"-std=c++17"]
     (compiled,) = nvrtc.nvrtcCompileProgram(program, len(options), options)
     size = _check(nvrtc.nvrtcGetProgramLogSize(program), "log size")
