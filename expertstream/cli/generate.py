@@ -14,7 +14,7 @@ from ..engine.perplexity import perplexity
 from ..engine.sampling import Sampling
 from ..errors import InvalidArgument
 from ..hostmem import HostMemoryMode
-from .tools import EXIT_STATUS_HELP, HelpFormatter, option_type, writable_path, write_trace
+from .tools import EXIT_STATUS_HELP, HelpFormatter, add_decode_lookahead, option_type, writable_path, write_trace
 
 
 def register(subparsers: Any) -> None:
@@ -106,28 +106,13 @@ def _common(parser: argparse.ArgumentParser, default_ctx: int | None = None) -> 
         help="decode: read each layer's routing ids back and copy the used experts with DMAs instead of the "
         "device copying them from registered or pinned memory itself (the same bytes)",
     )
-    parser.add_argument(
-        "--decode-lookahead",
-        type=_count,
-        default=None,
-        metavar="N",
-        help="decode, experts streamed from page-locked memory: copy the N experts each layer's router ranks "
-        "first on the layer before's input while that layer computes, then only those the router chose and "
-        "the prediction missed (0: off; default: half the experts a token uses; the same bytes)",
-    )
+    add_decode_lookahead(parser)
     parser.add_argument(
         "--no-graphs",
         action="store_true",
         help="issue each decode step's and each prompt ubatch's calls instead of replaying one captured step "
         "and one captured ubatch (the same bytes)",
     )
-
-
-def _count(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
 
 
 def _positive(text: str) -> int:

@@ -52,6 +52,7 @@ from .tools import (
     Parser,
     RunProgress,
     UsageError,
+    add_decode_lookahead,
     duration,
     int_list,
     on_hard_stop,
@@ -124,13 +125,6 @@ def _n_cpu_moe(text: str) -> tuple[str, ...]:
 
 
 def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def _count(text: str) -> int:
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
@@ -317,15 +311,7 @@ def register(subparsers: Any) -> None:
         help="decode: read each layer's routing ids back and copy the used experts with DMA (llama.cpp's way) "
         "instead of the device copying them from registered or pinned memory itself",
     )
-    prefill.add_argument(
-        "--decode-lookahead",
-        type=_count,
-        default=None,
-        metavar="N",
-        help="decode, experts streamed from page-locked memory: copy the N experts each layer's router ranks "
-        "first on the layer before's input while that layer computes, then only those the router chose and "
-        "the prediction missed (0: off; default: half the experts a token uses; the same bytes)",
-    )
+    add_decode_lookahead(prefill)
     prefill.add_argument(
         "--no-graphs",
         action="store_true",

@@ -296,6 +296,28 @@ def prompt_interrupt(grace_s: float = HARD_STOP_GRACE_S) -> Iterator[None]:
 _Parsed = TypeVar("_Parsed")
 
 
+def add_decode_lookahead(parser: argparse.ArgumentParser) -> None:
+    """``--decode-lookahead N``, as bench, prefill and generate take it (``MoeRunner.decode_lookahead``)."""
+
+    def count(text: str) -> int:
+        if not text.strip().isdigit() and not text.strip().startswith("-"):
+            raise ValueError(f"{text!r} is not a count of experts (0, 1, 2, ...)")
+        value = int(text)
+        if value < 0:
+            raise ValueError(f"must be >= 0, got {value}")
+        return value
+
+    parser.add_argument(
+        "--decode-lookahead",
+        type=option_type(count),
+        default=None,
+        metavar="N",
+        help="decode, experts streamed from page-locked memory: copy the N experts each layer's router ranks "
+        "first on the layer before's input while that layer computes, then only those the router chose and "
+        "the prediction missed (0: off; default: half the experts a token uses; the same bytes)",
+    )
+
+
 def option_type(parse: Callable[[str], _Parsed]) -> Callable[[str], _Parsed]:
     """``parse`` as an argparse type: the message of a ValueError it raises becomes the option's error
     (argparse would otherwise print only "invalid value")."""
@@ -317,6 +339,7 @@ __all__ = [
     "Parser",
     "RunProgress",
     "UsageError",
+    "add_decode_lookahead",
     "backend_variable_problem",
     "duration",
     "on_hard_stop",
