@@ -300,9 +300,10 @@ def add_decode_lookahead(parser: argparse.ArgumentParser) -> None:
     """``--decode-lookahead N``, as bench, prefill and generate take it (``MoeRunner.decode_lookahead``)."""
 
     def count(text: str) -> int:
-        if not text.strip().isdigit() and not text.strip().startswith("-"):
-            raise ValueError(f"{text!r} is not a count of experts (0, 1, 2, ...)")
-        value = int(text)
+        try:
+            value = int(text)
+        except ValueError:
+            raise ValueError(f"{text!r} is not a count of experts (0, 1, 2, ...)") from None
         if value < 0:
             raise ValueError(f"must be >= 0, got {value}")
         return value
