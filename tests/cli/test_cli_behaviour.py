@@ -36,6 +36,8 @@ def _never_measure(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--type", "q8_0", "--layers", "1", "MODEL"], "--type, --layers describe a model to make"),
         (["-ub", "16", "-b", "24"], "not a multiple of -ub 16"),
         (["--host-memory", "pinned", "--no-mmap"], "choose host memory once"),
+        (["--decode-lookahead", "2.5"], "'2.5' is not a count of experts"),
+        (["--decode-lookahead", "-1"], "must be >= 0, got -1"),
     ],
 )
 def test_usage_errors_exit_2_before_running(
