@@ -14,7 +14,6 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 from ...timeline import OpKind, TimelineOp
 from ..base import DeviceBuffer, HostBuffer
@@ -44,6 +43,14 @@ class Recorded:
     knowledge: VectorClock
     stream: StreamState | None = None  # where it was recorded
     seq: int = -1  # its enqueue number there
+
+
+@dataclass(frozen=True)
+class CapturedEvent:
+    """An event record or wait inside a capture: ``key`` names the record (one per record)."""
+
+    key: int
+    wait: bool
 
 
 @dataclass(frozen=True)
@@ -149,12 +156,14 @@ class Simulation:
             )
             return end
 
-    def launch_graph(self, lanes: Mapping[int, StreamState], items: Sequence[tuple[int, Any]]) -> None:
+    def launch_graph(self, lanes: Mapping[int, StreamState], items: Sequence[tuple[int, Work | CapturedEvent]]) -> None:
         """Enqueue a graph's operations for the host cost of one call.
 
-        ``items``: (captured stream's id, Work or a record or wait with its ``key``) in capture
-        order; ``lanes``: the stream each captured stream's work goes to now.
+        ``items``: (captured stream's id, its work or event) in capture order; ``lanes``: the
+        stream each captured stream's work goes to now.
         """
+        wait = Work(OpKind.WAIT, "wait", "event wait", "Graph.launch")
+        record = Work(OpKind.RECORD, "record", "event record", "Graph.launch")
         with self.lock:
             self.clocks.spend(self._call_s())
             records: dict[int, Recorded] = {}
@@ -163,11 +172,9 @@ class Simulation:
                 if isinstance(item, Work):
                     self.submit(stream, item, call_s=False)
                 elif item.wait:
-                    self.submit(stream, Work(OpKind.WAIT, "wait", "event wait", "Graph.launch"), records[item.key],
-                                call_s=False)  # fmt: skip
+                    self.submit(stream, wait, records[item.key], call_s=False)
                 else:
-                    time = self.submit(stream, Work(OpKind.RECORD, "record", "event record", "Graph.launch"),
-                                       call_s=False)  # fmt: skip
+                    time = self.submit(stream, record, call_s=False)
                     knowledge = self.checker.knowledge(stream.id) if self.checker is not None else {}
                     records[item.key] = Recorded(time, knowledge, stream, next(self._enqueue_seq))
 

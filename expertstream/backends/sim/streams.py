@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,7 +24,7 @@ from ..base import (
     RowGather,
     Stream,
 )
-from .core import Recorded, StreamState, Work
+from .core import CapturedEvent, Recorded, StreamState, Work
 from .engine import EngineKind
 from .hazards import HazardKind, SimHazardError, Touch
 from .kernels import Access, SimKernel
@@ -81,16 +80,8 @@ def _copy_effect(dst: np.ndarray | None, src: np.ndarray | None) -> Callable[[],
     return functools.partial(np.copyto, dst, src)
 
 
-@dataclass(frozen=True)
-class _CapturedEvent:
-    """An event record or wait inside a capture: ``key`` names the record (one per record)."""
-
-    key: int
-    wait: bool
-
-
 # What a capture holds, in enqueue order: the stream (its state's id) and its work, record or wait.
-_Captured = tuple[int, Work | _CapturedEvent]
+_Captured = tuple[int, Work | CapturedEvent]
 
 
 class SimStream(Stream):
@@ -255,7 +246,7 @@ class SimStream(Stream):
         state = self._live_state("Stream.record")
         if self.capturing:
             event.recorded, event.capture_key = None, next(_capture_keys)
-            self._capture(_CapturedEvent(event.capture_key, wait=False))
+            self._capture(CapturedEvent(event.capture_key, wait=False))
             return
         event.recorded, event.capture_key = self._sim.record(state, "record"), None
 
@@ -264,7 +255,7 @@ class SimStream(Stream):
         if self.capturing:  # the contract let only this capture's records through
             assert event.capture_key is not None
             self._live_state("Stream.wait")
-            self._capture(_CapturedEvent(event.capture_key, wait=True))
+            self._capture(CapturedEvent(event.capture_key, wait=True))
             return
         # A wait binds to the record current now; a later re-record does not move it.
         name = "wait" if event.recorded is not None else "wait (never recorded: no-op)"
@@ -332,7 +323,7 @@ class SimStream(Stream):
             return
         self._sim.submit(state, work)
 
-    def _capture(self, item: Work | _CapturedEvent) -> None:
+    def _capture(self, item: Work | CapturedEvent) -> None:
         origin = self.capture_origin
         assert isinstance(origin, SimStream)
         self._sim.capture_call()
@@ -447,14 +438,14 @@ def _unjoined(items: list[_Captured], origin: int) -> set[int]:
         last[sid] = index
     waited_after: dict[int, int] = {}  # record key -> index of the first wait on it
     for index, (_, item) in enumerate(items):
-        if isinstance(item, _CapturedEvent) and item.wait:
+        if isinstance(item, CapturedEvent) and item.wait:
             waited_after.setdefault(item.key, index)
     unjoined = set()
     for sid, index in last.items():
         if sid == origin:
             continue
         item = items[index][1]
-        joined = isinstance(item, _CapturedEvent) and not item.wait and waited_after.get(item.key, -1) > index
+        joined = isinstance(item, CapturedEvent) and not item.wait and waited_after.get(item.key, -1) > index
         if not joined:
             unjoined.add(sid)
     return unjoined
