@@ -319,7 +319,7 @@ def measure(
             gpu_memory=settings.gpu_memory,
             slots=max(settings.slots, default=0),
             host_inputs_per_split=2 if runner.fuses_gate_up() else 1,
-            lookahead_inputs=3 if runner.decode_lookahead and settings.batching.decode_steps else 0,
+            lookahead_inputs=runner.lookahead_inputs,
             in_use={d: runner.device_bytes_on(d) for d in split.devices},
         )
         with ResidentExperts(model, split, offload, upload_data=runner.data) as resident:
@@ -365,7 +365,7 @@ def _measure_row(
     experts: ExpertData = resident.experts(weights)
     what = f"slots {slots}, {weights.mode.value}"
     with (
-        Scheduler(slots=slots, gather=settings.gather, decode_lookahead=settings.decode_lookahead != 0) as scheduler,
+        Scheduler(slots=slots, gather=settings.gather) as scheduler,
         Prefill(runner, scheduler, experts, graphs=settings.graphs) as prefill,
     ):
         if settings.warmup:
@@ -559,8 +559,9 @@ def _decode(
                     stats = replay.finish()
                     wall = backend.host.timestamp() - start
                 step_s.append(wall)
-                ahead += int(stats.total("bytes_lookahead_at_most"))
-                moved += stats.bytes_moved() - int(stats.total("bytes_lookahead_at_most"))
+                copied_ahead = int(stats.total("bytes_lookahead_at_most"))
+                ahead += copied_ahead
+                moved += stats.bytes_moved() - copied_ahead  # the link's limit counts the used experts only
             # A run's rate is its tokens over the whole time its steps took; its median step beside it.
             rates.append(steps / float(np.sum(step_s)))
             median_steps.append(float(np.median(step_s)))

@@ -243,7 +243,7 @@ class Model(Closing):
                 gpu_memory=options.gpu_memory,
                 slots=options.slots,
                 host_inputs_per_split=2 if runner.fuses_gate_up() else 1,
-                lookahead_inputs=3 if runner.decode_lookahead else 0,
+                lookahead_inputs=runner.lookahead_inputs,
                 in_use={d: runner.device_bytes_on(d) for d in runner.layer_split.devices},
             )
             self._resident = self._stack.enter_context(
@@ -295,9 +295,7 @@ class _Run:
                 )
             )
             experts = m.resident_experts(runner).experts(m.weights)
-            scheduler = self._stack.enter_context(
-                Scheduler(slots=options.slots, gather=options.gather, decode_lookahead=options.decode_lookahead != 0)
-            )
+            scheduler = self._stack.enter_context(Scheduler(slots=options.slots, gather=options.gather))
             prefill = self._stack.enter_context(Prefill(runner, scheduler, experts, graphs=options.graphs))
         except BaseException:
             self.close()

@@ -940,7 +940,7 @@ class MoeRunner(Closing):
     def _layer_splits(self, layer: MoeLayer, group: Sequence[_Tokens], experts: ExpertData) -> list[Split]:
         """The layer's four splits for ``group`` (three where gate and up fuse)."""
         model, part = self.model, group[0].part
-        name = f"L{layer.index}.{group[0].label}" + (f"-{group[-1].label}" if len(group) > 1 else "")
+        name = _layer_name(layer.index, group)
         count = sum(t.count for t in group)
         n_ids = count * model.top_k
         ids = BufferView(group[0].ids.buffer, group[0].ids.offset, n_ids * 4)  # the group's ids lie in one run
@@ -977,7 +977,7 @@ class MoeRunner(Closing):
             place = part.position[layer.index]
             ranked = part.decode_predicted.view(place * ids_bytes, ids_bytes)  # best first
             # Copied once the layer before has read its own experts: its missed ones go first on the link.
-            predicted = Prediction(ranked, self.decode_lookahead, f"down.L{before}.{group[0].label}")
+            predicted = Prediction(ranked, self.decode_lookahead, f"{DOWN}.{_layer_name(before, group)}")
 
         first_splits = (
             [split((GATE, UP), self._gate_up)]
@@ -1004,7 +1004,7 @@ class MoeRunner(Closing):
         if i + 1 == len(layers):
             return None
         after = layers[i + 1]
-        streamed = not any(isinstance(experts[t.name], BufferView) for t in (after.gate, after.up, after.down))
+        streamed = not any(isinstance(experts[t.name], BufferView) for t in after.experts)
         same_part = self._part_of.get(layer.index) is self._part_of.get(after.index) is tokens.part
         return after if streamed and same_part else None
 
@@ -1023,27 +1023,18 @@ class MoeRunner(Closing):
         assert part.blocks is not None
         x = part.decode_ahead_x.view()
         part.blocks.ffn_input(stream, after.index, tokens.hidden, 1, x)
-        extras = part.extras[after.index]
-        selection = self.ffn.routing
-        if selection.is_softmax_topk and extras.router_bias is None and extras.selection_bias is None:
-            selection = routing.SELECTED_SOFTMAX
-        ids_bytes = model.top_k * 4
-        routing.route(
-            part.kernels,
-            stream,
-            x,
-            part.routers[after.index],
-            extras.router_bias,
-            part.scratch().view("logits", model.n_expert * 4),
-            extras.selection_bias,
-            selection,
-            1,
-            model.n_embd,
-            model.n_expert,
-            model.top_k,
-            part.decode_predicted.view(part.position[after.index] * ids_bytes, ids_bytes),
-            part.decode_ahead_weights.view(),
-        )
+        ids = part.decode_predicted.view(part.position[after.index] * model.top_k * 4, model.top_k * 4)
+        # The weights to a buffer of their own: this layer's experts have yet to read its own.
+        out = (ids, part.decode_ahead_weights.view())
+        self._select(part, after.index, x, part.routers[after.index], 1, out, stream)
+
+    @property
+    def lookahead_inputs(self) -> int:
+        """The expert tensors of a streamed layer its decode steps copy ahead (0: none): what each of
+        the scheduler's two lookahead scratch sets holds (``device_footprint``)."""
+        if not (self.decode_lookahead and self.whole is not None and self.batching.decode_steps):
+            return 0
+        return len(self.model.layers[0].experts)
 
     def fuses_gate_up(self) -> bool:
         """Whether any layer runs gate, up and SwiGLU as one split (see the module's docstring)."""
@@ -1127,32 +1118,44 @@ class MoeRunner(Closing):
             blocks.head(stream, BufferView(tokens.hidden.buffer, start, rows * row), rows, tokens.logits, normed)
 
     def _route(self, tokens: _Tokens, stream: Stream, bindings: Bindings) -> None:
-        model, scratch = self.model, tokens.part.scratch()
+        model = self.model
         x = tokens.held_view("x", model.n_embd)
         self._enter_block(tokens, stream, ffn_x=x)  # attention's residual add also writes the FFN's norm
         if tokens.part.blocks is None:
             standin.rms_norm(tokens.part.kernels, stream, tokens.hidden, x, tokens.count, model.n_embd)
-        extras = tokens.part.extras[tokens.layer]
         route_weights = tokens.held_view("route_weights", 1)
+        self._select(tokens.part, tokens.layer, x, bindings[ROUTER], tokens.count, (tokens.ids, route_weights), stream)
+
+    def _select(
+        self,
+        part: _Part,
+        layer: int,
+        x: BufferView,
+        router: BufferView,
+        count: int,
+        out: tuple[BufferView, BufferView],
+        stream: Stream,
+    ) -> None:
+        """Layer ``layer``'s routing of ``count`` rows of ``x`` (normed) with ``router``: each row's
+        top-k expert ids and their weights into ``out``."""
+        model, extras = self.model, part.extras[layer]
         selection = self.ffn.routing
         if selection.is_softmax_topk and extras.router_bias is None and extras.selection_bias is None:
             selection = routing.SELECTED_SOFTMAX  # the same experts and weights in exact arithmetic, fewer operations
-        logits = scratch.view("logits", tokens.count * model.n_expert * 4)
         routing.route(
-            tokens.part.kernels,
+            part.kernels,
             stream,
             x,
-            bindings[ROUTER],
+            router,
             extras.router_bias,
-            logits,
+            part.scratch().view("logits", count * model.n_expert * 4),
             extras.selection_bias,
             selection,
-            tokens.count,
+            count,
             model.n_embd,
             model.n_expert,
             model.top_k,
-            tokens.ids,
-            route_weights,
+            *out,
         )
 
     def _gate(self, tokens: _Tokens, info: TensorInfo, stream: Stream, bindings: Bindings) -> None:
@@ -1459,6 +1462,11 @@ class MoeRunner(Closing):
 # Layer-major prefill holds every prompt token's FFN rows per layer (_Scratch.HELD): "auto" takes it
 # only while those take no more than this share of the device's free memory.
 LAYER_MAJOR_SHARE = 0.25
+
+
+def _layer_name(index: int, group: Sequence[_Tokens]) -> str:
+    """What names layer ``index``'s splits for ``group`` (after their roles: "router.", "down.")."""
+    return f"L{index}.{group[0].label}" + (f"-{group[-1].label}" if len(group) > 1 else "")
 
 
 def lookahead_experts(model: MoeModel, asked: int | None) -> int:

@@ -282,6 +282,7 @@ class Scheduler(Closing):
         if ahead is not None and ahead.forked:
             assert ahead.join is not None
             stream.wait(ahead.join)  # the predicted experts are in
+        parity = ahead.parity if ahead is not None and ahead.made else None  # where the predicted experts are
         bindings: dict[str, BufferView] = {}
         host_position = 0
         for inp in split.inputs:
@@ -289,18 +290,13 @@ class Scheduler(Closing):
                 bindings[inp.name] = inp.device_data
                 continue
             unit = units.get(inp.name)
-            copier = self._stock.get(split.device)
             if unit is not None and unit.view is not None:
                 bindings[inp.name] = unit.view
-            elif ahead is not None and ahead.made and decode_routing is not None and inp.name in decode_routing.weights:
-                assert copier is not None
-                view = copier.copy_after(stream, split, inp, ahead.parity, decode_routing, device_stats)
-                if view is None:  # the device could not gather: the copier says why, once
-                    view = copier.copy(stream, split, inp, host_position, decode_routing, device_stats)
-                bindings[inp.name] = view
             else:
-                assert copier is not None
-                bindings[inp.name] = copier.copy(stream, split, inp, host_position, decode_routing, device_stats)
+                copier = self._stock[split.device]
+                bindings[inp.name] = copier.copy(
+                    stream, split, inp, host_position, decode_routing, device_stats, ahead=parity
+                )
             host_position += 1
         split.compute(stream, bindings)
         for started in state.ahead_after.get(split.name, ()):

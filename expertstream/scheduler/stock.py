@@ -48,75 +48,53 @@ class StockCopier:
     def reserve(self, sizes: list[int], stream: Stream) -> None:
         """Make scratch ``k`` hold at least ``sizes[k]`` bytes; called once per run, before any split."""
         for k, size in enumerate(sizes):
-            if k < len(self._scratch) and self._scratch[k].alloc_size >= size:
-                continue
-            stream.synchronize()  # a pending kernel may still read the old scratch
-            if k < len(self._scratch):
-                self._scratch[k].close()  # first: the old buffer may be most of the free memory
+            held = self._scratch[k] if k < len(self._scratch) else None
             try:
-                buf = self.device.alloc(size, Usage.COMPUTE)
+                buf = self._regrown(held, size, stream)
             except BaseException:
                 # Never keep a closed buffer: drop it and the ones after it; the next run remakes them.
                 for later in self._scratch[k + 1 :]:
                     later.close()
                 del self._scratch[k:]
                 raise
-            # Zeroed once so that rows of experts a decode step does not copy hold defined bytes.
-            stream.memset(buf, 0, size, 0)
-            if k < len(self._scratch):
-                self._scratch[k] = buf
-            else:
+            if held is None:
                 self._scratch.append(buf)
+            else:
+                self._scratch[k] = buf
         self._ids_key = None
         self._gathered.clear()
 
     def reserve_ahead(self, sizes: dict[tuple[int, str], int], stream: Stream) -> None:
-        """Make the lookahead's scratch ``key`` hold at least ``sizes[key]`` bytes (zeroed once)."""
+        """Make the lookahead's scratch ``key`` hold at least ``sizes[key]`` bytes."""
         for key, size in sizes.items():
-            held = self._ahead.get(key)
-            if held is not None and held.alloc_size >= size:
-                continue
-            stream.synchronize()  # a pending kernel may still read the old scratch
-            if held is not None:
-                del self._ahead[key]
-                held.close()
-            buf = self.device.alloc(size, Usage.COMPUTE)
-            stream.memset(buf, 0, size, 0)
-            self._ahead[key] = buf
+            held = self._ahead.pop(key, None)  # closed if it is regrown: never kept then
+            self._ahead[key] = self._regrown(held, size, stream)
+
+    def _regrown(self, held: DeviceBuffer | None, size: int, stream: Stream) -> DeviceBuffer:
+        """``held`` where it holds ``size`` bytes, else a new buffer of them (``held`` closed first: it
+        may be most of the free memory), zeroed once so that rows of experts a decode step does not
+        copy hold defined bytes."""
+        if held is not None and held.alloc_size >= size:
+            return held
+        stream.synchronize()  # a pending kernel may still read the old scratch
+        if held is not None:
+            held.close()
+        buf = self.device.alloc(size, Usage.COMPUTE)
+        stream.memset(buf, 0, size, 0)
+        return buf
 
     def gather_ahead(
         self, stream: Stream, split: Split, inp: Input, parity: int, predicted: Prediction, stats: DeviceStats
     ) -> bool:
-        """Enqueue on ``stream`` the copy of the predicted experts of ``inp``; False where none can be made."""
+        """Enqueue on ``stream`` the copy of the predicted experts of ``inp`` into the lookahead's
+        scratch of ``parity``; False where the device cannot make it. An id naming no expert is not
+        reported: predicted experts are only copied early, never computed."""
         dst = self._ahead[(parity, inp.name)]
-        routing = MulMatId(predicted.ids, predicted.n_ids, inp.nbytes // (inp.expert_nbytes or 1), (inp.name,))
-        if not self._gather(stream, dst, split, inp, routing, inp.padded_nbytes - inp.nbytes, stats, reported=False):
+        if not self._gather(stream, dst, split, inp, predicted.ids, predicted.n_ids, stats):
             return False
         stats.lookahead_gathers += 1
         stats.bytes_lookahead_at_most += _at_most(inp, predicted.n_ids)
         return True
-
-    def copy_after(
-        self,
-        stream: Stream,
-        split: Split,
-        inp: Input,
-        parity: int,
-        routing: MulMatId,
-        stats: DeviceStats,
-    ) -> BufferView | None:
-        """The experts ``routing`` uses that its prediction missed, gathered beside the predicted ones
-        (``gather_ahead``, already waited for); None where the device cannot gather them."""
-        assert routing.predicted is not None
-        dst = self._ahead[(parity, inp.name)]
-        padded = inp.padded_nbytes
-        if not self._gather(stream, dst, split, inp, routing, padded - inp.nbytes, stats, skip=routing.predicted):
-            return None
-        stats.gathers += 1
-        stats.bytes_gathered_at_most += _at_most(inp, routing.n_ids)
-        if padded > inp.nbytes:
-            stream.memset(dst, inp.nbytes, padded - inp.nbytes, 0)
-        return dst.view(0, padded)
 
     def prepare_gathers(self) -> None:
         """Allocate what gathers report into now (a capture may not allocate)."""
@@ -143,14 +121,25 @@ class StockCopier:
         position: int,
         decode_routing: MulMatId | None,
         stats: DeviceStats,
+        ahead: int | None = None,
     ) -> BufferView:
-        """Enqueue the copy of ``inp`` into scratch ``position``; return what the kernels read."""
+        """Enqueue the copy of ``inp`` into scratch ``position``; return what the kernels read.
+
+        ``ahead``: the parity of the lookahead scratch that ``gather_ahead`` filled with the
+        decode routing's predicted experts (already waited for): the used experts go beside them,
+        the predicted ones left out of the gather."""
         assert inp.host is not None
         dst = self._scratch[position]
         padded = inp.padded_nbytes
         if decode_routing is not None and inp.name in decode_routing.weights:
             assert inp.expert_nbytes is not None
-            if self._gather(stream, dst, split, inp, decode_routing, padded - inp.nbytes, stats):
+            skip = None
+            if ahead is not None:
+                dst, skip = self._ahead[(ahead, inp.name)], decode_routing.predicted
+            gathered = self._gather(
+                stream, dst, split, inp, decode_routing.ids, decode_routing.n_ids, stats, skip, decode_routing.n_expert
+            )
+            if gathered:
                 stats.gathers += 1
                 stats.bytes_gathered_at_most += _at_most(inp, decode_routing.n_ids)
             else:
@@ -174,17 +163,17 @@ class StockCopier:
         dst: DeviceBuffer,
         split: Split,
         inp: Input,
-        routing: MulMatId,
-        overrun: int,
+        ids: BufferView,
+        n_ids: int,
         stats: DeviceStats,
-        *,
         skip: Prediction | None = None,
-        reported: bool = True,
+        reported_of: int | None = None,
     ) -> bool:
-        """Enqueue the device's own copy of the experts ``routing`` uses (less those ``skip`` names);
-        False where it cannot make one. ``reported``: an id naming no expert is reported (a
-        prediction's is not: the experts it names are only copied early, never computed)."""
+        """Enqueue the device's own copy of the experts that ``n_ids`` ``ids`` name (less those
+        ``skip`` names), each with the bytes kernels read past its end; False where it cannot make
+        one. ``reported_of``: the expert count an id must be below, an id beyond it reported."""
         assert inp.host is not None and inp.expert_nbytes is not None
+        reported = reported_of is not None
         region = gather_region(inp.host)
         if not self.gather or region is None:
             return False
@@ -199,10 +188,10 @@ class StockCopier:
                 region.buffer,
                 region.start,
                 inp.nbytes,
-                routing.ids,
-                routing.n_ids,
+                ids,
+                n_ids,
                 inp.expert_nbytes,
-                overrun,
+                inp.padded_nbytes - inp.nbytes,
                 report=self._report.view() if reported else None,
                 tag=len(self._gathered),
                 skip=None if skip is None else skip.ids,
@@ -218,8 +207,8 @@ class StockCopier:
                 exc,
             )
             return False
-        if reported:
-            self._gathered.append((split.name, routing.n_expert))
+        if reported_of is not None:
+            self._gathered.append((split.name, reported_of))
         return True
 
     def _used_experts(self, stream: Stream, split: Split, routing: MulMatId, stats: DeviceStats) -> np.ndarray:

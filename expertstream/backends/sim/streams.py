@@ -256,6 +256,7 @@ class SimStream(Stream):
             assert event.capture_key is not None
             self._live_state("Stream.wait")
             self._capture(CapturedEvent(event.capture_key, wait=True))
+            self.sim_device.capturing_streams.add(self.state.id)  # a fork joins with its first wait
             return
         # A wait binds to the record current now; a later re-record does not move it.
         name = "wait" if event.recorded is not None else "wait (never recorded: no-op)"
@@ -328,7 +329,6 @@ class SimStream(Stream):
         assert isinstance(origin, SimStream)
         self._sim.capture_call()
         origin._captured.append((self.state.id, item))
-        self.sim_device.capturing_streams.add(self.state.id)
 
     def _begin_capture(self) -> None:
         self._live_state("Stream.begin_capture")
