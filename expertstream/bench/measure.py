@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..backends.base import Backend, Device, Usage
+from ..engine.decoding import capture_decode_step
 from ..engine.hparams import Transformer
 from ..engine.offload import GpuMemory, ResidentExperts, UploadedExperts, plan_offload
 from ..engine.prefill import Prefill, reporting
@@ -27,7 +28,7 @@ from ..hostmem import HostMemoryMode, HostWeights, RingFill, RingOptions, RingSt
 from ..hostmem.memlimit import model_too_big
 from ..kernels.layout import MatrixPath
 from ..model import MoeModel
-from ..scheduler import Plan, Replay, RunStats, Scheduler
+from ..scheduler import Plan, RunStats, Scheduler
 from .disk import page_cache_as_found
 from .report import Row
 
@@ -536,7 +537,7 @@ def _decode(
         scheduler.run(_ticking(runner.decode_plan(experts, 0), progress, f"{what}, decode warm-up"))
     rings_before = weights.ring_stats()
     with ExitStack() as stack:
-        replay = _decode_replay(runner, scheduler, experts, settings, what)
+        replay = capture_decode_step(runner, scheduler, experts, what) if settings.graphs else None
         if replay is not None:
             stack.enter_context(replay)
         rates: list[float] = []
@@ -570,26 +571,3 @@ def _decode(
     if rings_before is not None and rings_after is not None:
         staged = (rings_after - rings_before).bytes_staged // max(1, settings.repeats)
     return rates, median_steps, (moved, ahead), "calls" if replay is None else "graph", staged
-
-
-_told_decode_calls: set[str] = set()
-
-
-def _decode_replay(
-    runner: MoeRunner, scheduler: Scheduler, experts: ExpertData, settings: Settings, what: str
-) -> Replay | None:
-    """One decode step captured for replay, or None (with the reason in the log, once per reason)."""
-    if not settings.graphs:
-        return None
-    if len(runner.devices) == 1:
-        plan = runner.decode_step_plan(experts)
-        why = scheduler.why_not_captured(plan)
-        if why is None:
-            return scheduler.capture(plan)
-        reason = why
-    else:
-        reason = "the layers span several devices"
-    if reason not in _told_decode_calls:
-        _told_decode_calls.add(reason)
-        log.info("%s: decode steps issue their calls one by one, not one captured graph: %s", what, reason)
-    return None

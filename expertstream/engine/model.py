@@ -12,7 +12,6 @@ and kept.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, fields, replace
@@ -28,14 +27,13 @@ from ..hostmem import HostMemoryMode, HostWeights
 from ..kernels.layout import MatrixPath
 from ..model import MoeModel
 from ..scheduler import Replay, Scheduler
+from .decoding import capture_decode_step
 from .hparams import Transformer
 from .offload import GpuMemory, ResidentExperts, plan_offload
 from .prefill import Prefill
 from .runner import Batching, ExpertData, MoeRunner, check_prefill_order, prefers_layer_major
 from .sampling import Sampler, Sampling
 from .tokenizer import Tokenizer
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -351,24 +349,16 @@ class _DecodeSteps:
 
     def _capture(self) -> Replay | None:
         """After the first step (kernels compiled, scratch grown): one step captured, or None (said once)."""
-        if not self.graphs or len(self.runner.devices) != 1 or self.runner.batching.decode_steps < 2:
+        if not self.graphs or self.runner.batching.decode_steps < 2:
             return None
-        plan = self.runner.decode_step_plan(self.experts)
-        why = self.scheduler.why_not_captured(plan)
-        if why is not None:
-            if why not in _told:
-                _told.add(why)
-                log.info("decode steps issue their calls one by one, not one captured graph: %s", why)
-            return None
-        self.path = "graph"
-        return self.scheduler.capture(plan)
+        replay = capture_decode_step(self.runner, self.scheduler, self.experts, "generate")
+        if replay is not None:
+            self.path = "graph"
+        return replay
 
     def __exit__(self, *exc: object) -> None:
         if self._replay is not None:
             self._replay.close()
-
-
-_told: set[str] = set()
 
 
 class _TextStream:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 
@@ -215,13 +215,17 @@ class Scheduler(Closing):
                     return "decode copies read routing ids back (gather=False)"
         return None
 
-    def capture(self, plan: Plan) -> Replay:
+    def capture(self, plan: Plan, replan: Callable[[], Plan] | None = None) -> Replay:
         """``plan`` captured once into a graph, to run again with one launch (``Replay.run``).
 
         For plans whose every copy the device makes without the host: one device, host inputs
         in page-locked memory, no prefetch (a decode step of a model in registered or pinned
         memory). The replay has its own scratch; the plan's other buffers must stay open and in
         place while it lives. Raises InvalidArgument, saying why, for any other plan.
+
+        ``replan``: the plan built again once the runtime has refused the decode lookahead's
+        second stream and ``decode_lookahead`` is off, without the work that only predicts;
+        without it, ``plan`` is captured again as it is.
         """
         reason = self.why_not_captured(plan)
         if reason is not None:
@@ -243,7 +247,7 @@ class Scheduler(Closing):
             )
             stats = RunStats()
             stats.device(device.label).fallbacks[Fallback.LOOKAHEAD_FAILED] += 1
-            return self._capture(plan, device, stats)
+            return self._capture(plan if replan is None else replan(), device, stats)
 
     def _capture(self, plan: Plan, device: Device, stats: RunStats) -> Replay:
         stream = self.stream(device)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from expertstream.backends.base import Backend, Stream
+from expertstream.engine.decoding import capture_decode_step
 from expertstream.engine.hparams import Transformer
 from expertstream.engine.model import Model
 from expertstream.engine.runner import Batching, MoeRunner, lookahead_experts
@@ -50,7 +51,7 @@ def _decode(
             tokens = rng.integers(3, spec.n_vocab, STEPS)
             runner.set_decode_token(0, int(tokens[0]))
             stats = scheduler.run(runner.decode_plan(weights, 0))
-            replay = scheduler.capture(runner.decode_step_plan(weights)) if graphs else None
+            replay = capture_decode_step(runner, scheduler, weights, "test") if graphs else None
             for step in range(1, STEPS):
                 runner.set_decode_token(step, int(tokens[step]))
                 if replay is None:
@@ -146,9 +147,27 @@ def test_a_lookahead_the_runtime_cannot_capture_turns_itself_off_once(
             raise DeviceError("operation not permitted when stream is capturing", call="Stream.wait")
         copy_ahead(self, device, ahead, stats)
 
+    predict = MoeRunner._predict
+    wasted: list[str] = []  # predictions launched once the scheduler would no longer copy them
+
+    def counted(self: MoeRunner, tokens: Any, after: Any, stream: Stream) -> None:
+        if not scheduler_of[0].decode_lookahead:
+            wasted.append(f"layer {after.index}")
+        predict(self, tokens, after, stream)
+
+    scheduler_of: list[Scheduler] = []
+    scheduler_init = Scheduler.__init__
+
+    def remembered(self: Scheduler, *args: Any, **kwargs: Any) -> None:
+        scheduler_init(self, *args, **kwargs)
+        scheduler_of[:] = [self]
+
     monkeypatch.setattr(Scheduler, "_copy_ahead", refused_in_captures)
+    monkeypatch.setattr(Scheduler, "__init__", remembered)
+    monkeypatch.setattr(MoeRunner, "_predict", counted)
     with caplog.at_level(logging.WARNING, logger="expertstream.scheduler.scheduler"):
         refused, stats = _decode(backend, made["tiny"], lookahead=None, graphs=True)
+    assert wasted == []  # the step was captured again without the predictor's kernels
     off, _ = _decode(backend, made["tiny"], lookahead=0, graphs=True)
     assert refused == off
     assert stats.total("lookahead_gathers") == 0
