@@ -235,10 +235,12 @@ class GpuStream(Stream):
     def handle(self) -> int:
         return self._handle
 
-    def _enqueue(self, call: Call, *args: Any) -> None:
+    def _enqueue(self, call: Call, *args: Any, node: bool = True) -> None:
+        """``node``: whether a capture makes the call a node of its graph (an event's record or
+        wait only orders the nodes, so it is not counted in ``Graph.operations``)."""
         self._device.activate()
         invoke(call, *args, device=self._device.label)
-        if self.capturing:
+        if self.capturing and node:
             self._origin()._captured_calls += 1
 
     def _origin(self) -> GpuStream:
@@ -354,13 +356,13 @@ class GpuStream(Stream):
 
     def _record(self, event: Event) -> None:
         event = _native(event, GpuEvent, "Stream.record", self._device)
-        self._enqueue(self._api.event_record, event.handle, self._handle)
+        self._enqueue(self._api.event_record, event.handle, self._handle, node=False)
         with self._lock:
             event._recorded = (self, self._seq)
 
     def _wait(self, event: Event) -> None:
         event = _native(event, GpuEvent, "Stream.wait", self._device)
-        self._enqueue(self._api.stream_wait_event, self._handle, event.handle)
+        self._enqueue(self._api.stream_wait_event, self._handle, event.handle, node=False)
 
     def _launch(
         self,

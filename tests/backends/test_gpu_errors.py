@@ -480,6 +480,24 @@ def test_copy_source_stays_alive_until_the_stream_is_done(backend: Any) -> None:
     assert buf.read().tolist() == [42] * 4096
 
 
+def test_a_graph_counts_its_work_not_the_events_that_order_it(backend: Any) -> None:
+    """A forked capture's records and waits become edges of the graph, not operations of it."""
+    dev = backend.device(0)
+    buf = dev.alloc(16)
+    origin, side = dev.stream(), dev.stream()
+    fork, join = dev.event(), dev.event()
+    origin.begin_capture()
+    origin.memset(buf, 0, 8, 1)
+    origin.record(fork)
+    side.wait(fork)
+    side.memset(buf, 8, 8, 2)
+    side.record(join)
+    origin.wait(join)
+    origin.memset(buf, 0, 4, 3)
+    graph = origin.end_capture()
+    assert graph is not None and graph.operations == 3
+
+
 def test_event_completion_releases_sources_recorded_before_it(backend: Any) -> None:
     dev = backend.device(0)
     buf = dev.alloc(8)

@@ -117,7 +117,7 @@ class Graph(abc.ABC, Closing):
 
     def __init__(self, device: Device, operations: int) -> None:
         self.device = device
-        self.operations = operations  # the calls captured
+        self.operations = operations  # the work captured (the records and waits of events only order it)
         self.closed = False
 
     @abc.abstractmethod
