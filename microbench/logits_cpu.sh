@@ -6,7 +6,8 @@
 # presets, and the real shapes of DeepSeek-V2-Lite (2 layers, Q4_K_M: a dense layer, then MoE; 576-wide
 # latent keys) and Qwen3-Next-80B-A3B (4 layers, Q4_0: three delta-net layers, then gated attention).
 # With OSS set, only gpt-oss-20b's shape (MXFP4 experts, sinks, the 128-token window) at 2 and 8 layers:
-# a 256-token prompt and 16 greedy steps, to see how far the two part over depth on random weights.
+# a 256-token prompt and 16 greedy steps, to see how far the two part over depth on random weights, then
+# llama.cpp CPU with flash attention on against itself with it off, on the same tokens (its own rounding spread).
 # Results: docs/results/model-cpu.md.
 # usage: [SECOND=1 | OSS=1] microbench/logits_cpu.sh LLAMACPP_LOGITS WORK_DIR     (from the repository root)
 set -euo pipefail
@@ -24,9 +25,21 @@ check() {  # NAME PRESET TYPE LAYERS N_PROMPT N_GEN UBATCH
     python3 tools/logits_check.py -m "$model" --ref "$work/$name-llama-cpu" -o "$work/$name-ours" --backend sim \
         --ubatch "$7" | sed "s/^/$name (ubatch $7): /"
 }
+fa_control() {  # NAME N_TOKENS UBATCH: llama.cpp CPU again on the same tokens with flash attention on, against itself
+    local name=$1
+    "$tool" -m "$work/$name.gguf" --tokens "$work/$name-llama-cpu.tokens" --n-prompt "$2" --n-gen 0 --ngl 0 \
+        --ubatch "$3" --fa on -o "$work/$name-llama-cpu-fa" >"$work/$name-llama-cpu-fa.log" 2>&1
+    python3 -m microbench.llamacpp_logits.compare "$work/$name-llama-cpu" "$work/$name-llama-cpu-fa" \
+        | sed "s/^/$name llama.cpp CPU, flash attention on against off: /"
+    python3 -m microbench.llamacpp_logits.compare "$work/$name-llama-cpu" "$work/$name-ours" \
+        | sed "s/^/$name expertstream against llama.cpp CPU (flash attention off), every position: /"
+}
 if [[ -n ${OSS:-} ]]; then
     check gpt-oss-20b-2L gpt-oss-20b MXFP4_MOE 2 256 16 64
     check gpt-oss-20b-8L gpt-oss-20b MXFP4_MOE 8 256 16 64
+    # llama.cpp's own spread on the same tokens: the size of a rounding change after 2 and 8 such layers
+    fa_control gpt-oss-20b-2L 272 64
+    fa_control gpt-oss-20b-8L 272 64
     exit 0
 fi
 if [[ -n ${SECOND:-} ]]; then
