@@ -2,9 +2,9 @@
 beside the copy engines on the same rows (``python -m microbench.gather_rates --backend cuda``).
 
 Decode copies the experts its router chose with ``Stream.gather_h2d``: blocks of gather.cu read the
-rows over the link themselves, so no host round trip waits for the ids. How fast such reads go
-depends on the host as much as on the GPU (its root complex, IOMMU, NUMA placement), while the copy
-engines' rate moves less. This times gather.cu compiled at several shapes (threads a block, 16-byte
+rows over the link themselves, so no host round trip waits for the ids. Such reads need not go at the
+copy engines' rate (docs/results/gpu-2026-12-07.md: one H100 host moved decode's experts at about 31 GB/s
+where its copy engines reached 54.9). This times gather.cu compiled at several shapes (threads a block, 16-byte
 loads each thread keeps in flight, bytes of a row one block copies) on a decode step's worth of rows,
 each launch ``--used`` rows picked among ``--experts`` by ids on the device, and beside them:
 
@@ -23,6 +23,7 @@ import itertools
 import re
 import statistics
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -67,7 +68,9 @@ def _pick_ids(rng: np.random.Generator, launches: int, experts: int, used: int) 
     return np.stack([rng.choice(experts, used, replace=False) for _ in range(launches)]).astype(np.int32)
 
 
-def _timed(device: Device, stream: Stream, enqueue: Any, rounds: int, nbytes: int) -> tuple[float, float]:
+def _timed(
+    device: Device, stream: Stream, enqueue: Callable[[], None], rounds: int, nbytes: int
+) -> tuple[float, float]:
     """Median and spread (GB/s) of ``rounds`` timings of ``enqueue()`` moving ``nbytes``."""
     enqueue()  # warm-up
     rates = []
@@ -82,9 +85,16 @@ def _timed(device: Device, stream: Stream, enqueue: Any, rounds: int, nbytes: in
 
 
 def _launch_shape(
-    stream: Stream, kernel: Kernel, shape: tuple[int, int, int], dst: DeviceBuffer, mapped: int, region: int,
-    ids: DeviceBuffer, launch: int, used: int,
-) -> None:  # fmt: skip
+    stream: Stream,
+    kernel: Kernel,
+    shape: tuple[int, int, int],
+    dst: DeviceBuffer,
+    mapped: int,
+    region: int,
+    ids: DeviceBuffer,
+    launch: int,
+    used: int,
+) -> None:
     threads, _, chunk = shape
     args = (
         dst,
