@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from expertstream.backends._gpu import GATHER_KERNEL, gather_source
+from expertstream.backends._gpu import _GATHER_THREADS, GATHER_KERNEL, gather_source
 from expertstream.backends.base import Backend, Device, DeviceBuffer, Kernel, Stream, Usage
 
 from ._common import Column, emit, environment, open_backend, parser
@@ -39,7 +39,6 @@ ROW_BYTES = 2048 * 768 * 9 // 16
 THREADS = (256, 512)
 IN_FLIGHT = (4, 8, 16)
 CHUNK_BYTES = (32768, 65536, 131072)
-SHIPPED = (256, 4, 32768)  # what gather.cu and the backend use today
 
 
 @dataclass(frozen=True)
@@ -52,6 +51,18 @@ class Row:
     spread_gb_per_s: float  # max - min over the rounds
     x_dma_block: float | None = None
     bytes_ok: bool | None = None
+
+
+def _defined(name: str) -> int:
+    """The value gather.cu gives ``#define name``."""
+    found = re.findall(rf"^#define {name} (\d+)", gather_source(), flags=re.MULTILINE)
+    if len(found) != 1:
+        raise ValueError(f"gather.cu defines {name} {len(found)} times, not once: update this benchmark")
+    return int(found[0])
+
+
+# What decode runs today: the backend's block size, gather.cu's loads in flight and block's share of a row.
+SHIPPED = (_GATHER_THREADS, _defined("GATHER_IN_FLIGHT"), _defined("GATHER_CHUNK_BYTES"))
 
 
 def variant_source(in_flight: int, chunk_bytes: int) -> str:

@@ -124,13 +124,6 @@ def _n_cpu_moe(text: str) -> tuple[str, ...]:
     return values
 
 
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:

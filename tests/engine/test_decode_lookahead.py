@@ -141,8 +141,10 @@ def test_a_lookahead_the_runtime_cannot_capture_turns_itself_off_once(
     backend: Backend, made: dict[str, Path], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     copy_ahead = Scheduler._copy_ahead
+    scheduler_of: list[Scheduler] = []  # the one copying ahead, once it has
 
     def refused_in_captures(self: Scheduler, device: Any, ahead: Any, stats: Any) -> None:
+        scheduler_of[:] = [self]
         if self.stream(device).capturing:
             raise DeviceError("operation not permitted when stream is capturing", call="Stream.wait")
         copy_ahead(self, device, ahead, stats)
@@ -151,19 +153,11 @@ def test_a_lookahead_the_runtime_cannot_capture_turns_itself_off_once(
     wasted: list[str] = []  # predictions launched once the scheduler would no longer copy them
 
     def counted(self: MoeRunner, tokens: Any, after: Any, stream: Stream) -> None:
-        if not scheduler_of[0].decode_lookahead:
+        if scheduler_of and not scheduler_of[0].decode_lookahead:
             wasted.append(f"layer {after.index}")
         predict(self, tokens, after, stream)
 
-    scheduler_of: list[Scheduler] = []
-    scheduler_init = Scheduler.__init__
-
-    def remembered(self: Scheduler, *args: Any, **kwargs: Any) -> None:
-        scheduler_init(self, *args, **kwargs)
-        scheduler_of[:] = [self]
-
     monkeypatch.setattr(Scheduler, "_copy_ahead", refused_in_captures)
-    monkeypatch.setattr(Scheduler, "__init__", remembered)
     monkeypatch.setattr(MoeRunner, "_predict", counted)
     with caplog.at_level(logging.WARNING, logger="expertstream.scheduler.scheduler"):
         refused, stats = _decode(backend, made["tiny"], lookahead=None, graphs=True)
