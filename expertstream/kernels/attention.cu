@@ -809,8 +809,18 @@ template <int D> struct AttnMma {
     static const int DT = D / 8;  // n8 tiles of the output
 };
 
+#define ATTN_LOG2E 1.4426950408889634f
+
+// 2^x in one special-function instruction (flushes subnormal results to zero; 2^-inf = 0).
+__device__ __forceinline__ float attn_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // The online-softmax update of one query row (this lane's two columns of each of the four n8
-// tiles, s[nt][half * 2 + e]) for a tile; returns alpha, what o is rescaled by.
+// tiles, s[nt][half * 2 + e]) for a tile; returns alpha, what o is rescaled by. The scores are in
+// base 2 (the queries carry log2(e)), so each exponential is one ex2 of a difference.
 __device__ __forceinline__ float attn_mma_row_update(float (*s)[4], int half, float* m, float* l) {
     float tile_max = ATTN_NEG_INF;
 #pragma unroll
@@ -819,14 +829,14 @@ __device__ __forceinline__ float attn_mma_row_update(float (*s)[4], int half, fl
     }
     const float m_new = fmaxf(*m, attn_quad_max(tile_max));
     const float m_use = m_new == ATTN_NEG_INF ? 0.0f : m_new;
-    const float alpha = expf(*m - m_use);
+    const float alpha = attn_exp2(*m - m_use);
     *m = m_new;
     float sum = 0.0f;
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-            s[nt][2 * half + e] = expf(s[nt][2 * half + e] - m_use);
+            s[nt][2 * half + e] = attn_exp2(s[nt][2 * half + e] - m_use);
             sum += s[nt][2 * half + e];
         }
     }
@@ -834,26 +844,38 @@ __device__ __forceinline__ float attn_mma_row_update(float (*s)[4], int half, fl
     return alpha;
 }
 
-template <int D>
+// attn_join_sink for a row whose m is in base 2 (the sink logit is not: it is scaled here).
+__device__ float attn_join_sink_log2(float m, float* l, float sink) {
+    const float sink2 = sink * ATTN_LOG2E;
+    const float top = fmaxf(m, sink2);
+    const float keep = m == ATTN_NEG_INF ? 0.0f : attn_exp2(m - top);
+    *l = *l * keep + attn_exp2(sink2 - top);
+    return keep;
+}
+
+template <int D, int WARPS>
 __device__ void attn_prefill_mma(ATTN_PREFILL_PARAMS) {
     typedef AttnMma<D> M;
+    const int ROWS = 16 * WARPS;  // queries a block: 16 a warp
+    const int THREADS = 32 * WARPS;
     static_assert(ATTN_KEYS == 32, "the tile step takes four n8 tiles of keys");
     __shared__ __attribute__((aligned(16))) unsigned short k_tile[2][ATTN_KEYS * M::LD];
     __shared__ __attribute__((aligned(16))) unsigned short v_tile[2][ATTN_KEYS * M::LD];
-    __shared__ int row_lo[ATTN_MMA_ROWS];
-    __shared__ int row_hi[ATTN_MMA_ROWS];
+    __shared__ int row_lo[ROWS];
+    __shared__ int row_hi[ROWS];
     const int tid = threadIdx.x;
     const int warp = tid / 32;
     const int lane = tid % 32;
     const int head = blockIdx.y;
     const int g = head / (n_head / n_head_kv);
-    const int first_token = blockIdx.x * ATTN_MMA_ROWS;
-    if (tid < ATTN_MMA_ROWS) {
+    const int first_token = blockIdx.x * ROWS;
+    if (tid < ROWS) {
         attn_visible(positions, first_token + tid, n_tokens, kv_len, window, &row_lo[tid], &row_hi[tid]);
     }
     // This lane's rows of the warp's 16: r0 and r0 + 8 (C and A fragment rows), columns c2, c2 + 1.
     const int r0 = warp * 16 + lane / 4;
     const int c2 = 2 * (lane % 4);
+    const float q_scale = scale * ATTN_LOG2E;  // scores in base 2
     unsigned int qa[D / 16][4];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -867,8 +889,8 @@ __device__ void attn_prefill_mma(ATTN_PREFILL_PARAMS) {
                 a = *(const attn_float2*)(q_row + 16 * ks + c2);
                 b = *(const attn_float2*)(q_row + 16 * ks + c2 + 8);
             }
-            qa[ks][half] = attn_pack_half2(a.x * scale, a.y * scale);
-            qa[ks][2 + half] = attn_pack_half2(b.x * scale, b.y * scale);
+            qa[ks][half] = attn_pack_half2(a.x * q_scale, a.y * q_scale);
+            qa[ks][2 + half] = attn_pack_half2(b.x * q_scale, b.y * q_scale);
         }
     }
     __syncthreads();
@@ -876,13 +898,24 @@ __device__ void attn_prefill_mma(ATTN_PREFILL_PARAMS) {
     int last = -1;
     int warp_first = kv_len;
     int warp_last = -1;
-    for (int i = 0; i < ATTN_MMA_ROWS; ++i) {
-        if (row_lo[i] <= row_hi[i]) {
+    // [seen_lo, seen_hi]: the keys every query of the warp sees, so a tile inside it needs no mask
+    // (queries past n_tokens are written nowhere; a query that sees nothing empties it).
+    int seen_lo = 0;
+    int seen_hi = kv_len - 1;
+    for (int i = 0; i < ROWS; ++i) {
+        const bool sees = row_lo[i] <= row_hi[i];
+        if (sees) {
             first = min(first, row_lo[i]);
             last = max(last, row_hi[i]);
-            if (i / 16 == warp) {
+        }
+        if (i / 16 == warp) {
+            if (sees) {
                 warp_first = min(warp_first, row_lo[i]);
                 warp_last = max(warp_last, row_hi[i]);
+                seen_lo = max(seen_lo, row_lo[i]);
+                seen_hi = min(seen_hi, row_hi[i]);
+            } else if (first_token + i < n_tokens) {
+                seen_hi = -1;
             }
         }
     }
@@ -892,7 +925,7 @@ __device__ void attn_prefill_mma(ATTN_PREFILL_PARAMS) {
     const int n_tiles = last >= first ? (last - j_start) / ATTN_KEYS + 1 : 0;
 
     auto stage = [&](int tile, int buf) {
-        for (int i = tid; i < ATTN_KEYS * M::PARTS; i += ATTN_THREADS) {
+        for (int i = tid; i < ATTN_KEYS * M::PARTS; i += THREADS) {
             const int jr = i / M::PARTS;
             const int part = i % M::PARTS;
             const int j = j_start + tile * ATTN_KEYS + jr;
@@ -947,13 +980,15 @@ __device__ void attn_prefill_mma(ATTN_PREFILL_PARAMS) {
                     attn_mma_f16(s[2 * pair + 1], qa[ks], b[2], b[3]);
                 }
             }
+            if (j0 < seen_lo || j0 + ATTN_KEYS - 1 > seen_hi) {  // the same for the whole warp
 #pragma unroll
-            for (int nt = 0; nt < 4; ++nt) {
+                for (int nt = 0; nt < 4; ++nt) {
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int j = j0 + 8 * nt + c2 + e % 2;
-                    if (j < lo[e / 2] || j > hi[e / 2]) {
-                        s[nt][e] = ATTN_NEG_INF;
+                    for (int e = 0; e < 4; ++e) {
+                        const int j = j0 + 8 * nt + c2 + e % 2;
+                        if (j < lo[e / 2] || j > hi[e / 2]) {
+                            s[nt][e] = ATTN_NEG_INF;
+                        }
                     }
                 }
             }
@@ -991,7 +1026,7 @@ __device__ void attn_prefill_mma(ATTN_PREFILL_PARAMS) {
         if (t >= n_tokens) {
             continue;
         }
-        const float keep = sinks ? attn_join_sink(m[half], &row_l, sinks[head]) : 1.0f;
+        const float keep = sinks ? attn_join_sink_log2(m[half], &row_l, sinks[head]) : 1.0f;
         const float inv = row_l > 0.0f ? keep / row_l : 0.0f;
         float* out_row = out + ((long long)t * n_head + head) * D;
 #pragma unroll
@@ -1601,7 +1636,7 @@ __device__ void attn_prefill_waves(ATTN_PREFILL_PARAMS) {
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_prefill_mma_d64(ATTN_PREFILL_PARAMS) {
     KERNEL_PROLOGUE();
 #if defined(ATTN_MMA_NVIDIA)
-    attn_prefill_mma<64>(ATTN_PREFILL_ARGS);
+    attn_prefill_mma<64, ATTN_MMA_ROWS / 16>(ATTN_PREFILL_ARGS);
 #else
     attn_prefill_waves<64>(ATTN_PREFILL_ARGS);
 #endif
@@ -1610,8 +1645,23 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_prefill_mma_d64(
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_prefill_mma_d128(ATTN_PREFILL_PARAMS) {
     KERNEL_PROLOGUE();
 #if defined(ATTN_MMA_NVIDIA)
-    attn_prefill_mma<128>(ATTN_PREFILL_ARGS);
+    attn_prefill_mma<128, ATTN_MMA_ROWS / 16>(ATTN_PREFILL_ARGS);
 #else
     attn_prefill_waves<128>(ATTN_PREFILL_ARGS);
 #endif
 }
+
+#if defined(ATTN_MMA_NVIDIA)
+// attn_prefill_mma_d* with 6 and 8 warps, 96 and 128 queries a block: each staged key and value tile
+// serves more queries (fewer cache reads), at the same registers a thread (two blocks of 6 warps fit a
+// multiprocessor, one of 8).
+#define ATTN_PREFILL_MMA_TALL(ROWS, D)                                                                        \
+    extern "C" __global__ void __launch_bounds__(2 * ROWS) attn_prefill_mma##ROWS##_d##D(ATTN_PREFILL_PARAMS) { \
+        KERNEL_PROLOGUE();                                                                                  \
+        attn_prefill_mma<D, ROWS / 16>(ATTN_PREFILL_ARGS);                                                  \
+    }
+ATTN_PREFILL_MMA_TALL(96, 64)
+ATTN_PREFILL_MMA_TALL(96, 128)
+ATTN_PREFILL_MMA_TALL(128, 64)
+ATTN_PREFILL_MMA_TALL(128, 128)
+#endif

@@ -32,6 +32,7 @@ anything (NaN included), but the simulator declares reads of all ``kv_len`` rows
 from __future__ import annotations
 
 import math
+import os
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -49,6 +50,8 @@ if TYPE_CHECKING:
 THREADS = 128
 PREFILL_ROWS = 32  # queries per block of the SIMT prefill
 MMA_ROWS = 64  # queries per block of the matrix-core prefill
+TALL_MMA_ROWS = (96, 128)  # queries per block of NVIDIA's 6- and 8-warp matrix-core prefill (attn_prefill_mma{rows}_d*)
+MMA_ROWS_VAR = "EXPERTSTREAM_ATTN_MMA_ROWS"  # MMA_ROWS or one of TALL_MMA_ROWS: the NVIDIA matrix-core prefill's block
 DECODE_ROWS = 8  # (token, head) rows per decode block
 DECODE_CHUNK = 32  # keys per decode block (one token over a 512-row cache: 16 chunks a KV head)
 COMBINE_STRANDS = 4  # threads per (row, d) of the decode combine, each adding every 4th chunk (attention.cu)
@@ -64,7 +67,9 @@ _KEYS = 32  # keys per staged tile (attention.cu's ATTN_KEYS)
 SHARED_KV_DIMS = (576,)  # wide heads whose matrix-core kernel reads the values from the keys' rows
 # Kernels the source defines for NVIDIA sm_80+ alone (mma.sync fragments and more than AMD's 64 KB of
 # LDS a block): uses_wide_mma never picks them elsewhere.
-NVIDIA_ONLY_KERNELS = tuple(f"attn_wide_mma{kind}_d{d}" for kind in ("", "_decode") for d in WIDE_DIMS)
+NVIDIA_ONLY_KERNELS = tuple(f"attn_wide_mma{kind}_d{d}" for kind in ("", "_decode") for d in WIDE_DIMS) + tuple(
+    f"attn_prefill_mma{rows}_d{d}" for rows in TALL_MMA_ROWS for d in HEAD_DIMS
+)
 CACHE_ALIGN = 16  # bytes: the kernels read cache rows 16 bytes at a time
 ROW_ALIGN = 8  # bytes: query and output rows are read and written two floats at a time
 _SCRATCH_ALIGN = 16
@@ -79,6 +84,23 @@ def uses_matrix_cores(kernels: MoeKernels) -> bool:
     attention's too.
     """
     return kernels.device.capabilities.matrix_cores and kernels.path is not MatrixPath.SIMT
+
+
+def mma_rows(kernels: MoeKernels) -> int:
+    """Queries a block of the matrix-core prefill takes on this instance's device: MMA_ROWS, or one of
+    TALL_MMA_ROWS where $EXPERTSTREAM_ATTN_MMA_ROWS asks for it and the device runs mma.sync fragments
+    (more warps, 16 queries each, against each staged tile; the same bytes)."""
+    value = os.environ.get(MMA_ROWS_VAR, "").strip()
+    heights = (MMA_ROWS, *TALL_MMA_ROWS)
+    if value not in ("", *map(str, heights)):
+        raise InvalidArgument(
+            f"{MMA_ROWS_VAR}={value!r} is not a prefill block height",
+            call="attention",
+            hint=f"set it to one of {', '.join(map(str, heights))}, or unset it",
+        )
+    if value and kernels.device.capabilities.mma_fragments:
+        return int(value)
+    return MMA_ROWS
 
 
 def wide_mma_shared_bytes(head_dim: int) -> int:
@@ -124,7 +146,10 @@ def prefill_kernel(kernels: MoeKernels, head_dim: int, shared_kv: bool) -> str:
     the keys' own rows where ``shared_kv``)."""
     if head_dim in WIDE_DIMS:
         return f"attn_{_wide_block(kernels, head_dim, shared_kv).kind}_d{head_dim}"
-    return f"attn_prefill_{'mma' if uses_matrix_cores(kernels) else 'simt'}_d{head_dim}"
+    if not uses_matrix_cores(kernels):
+        return f"attn_prefill_simt_d{head_dim}"
+    rows = mma_rows(kernels)
+    return f"attn_prefill_mma{rows if rows != MMA_ROWS else ''}_d{head_dim}"
 
 
 def decode_chunks(kv_len: int) -> int:
@@ -214,8 +239,9 @@ def attention(
             blocks = (-(-n_tokens * group // block.rows), n_head_kv)
             stream.launch(kernel, blocks, block.threads, prefill_args, shared_mem=block.shared_mem)
             return
-        rows = MMA_ROWS if uses_matrix_cores(kernels) else PREFILL_ROWS
-        stream.launch(kernel, (-(-n_tokens // rows), n_head), THREADS, prefill_args)
+        rows = mma_rows(kernels) if uses_matrix_cores(kernels) else PREFILL_ROWS
+        threads = 2 * rows if rows in TALL_MMA_ROWS else THREADS  # a warp for each 16 queries
+        stream.launch(kernel, (-(-n_tokens // rows), n_head), threads, prefill_args)
         return
     n_chunks = decode_chunks(kv_len)
     scratch = kernels.scratch(_SCRATCH, decode_scratch_bytes(n_tokens, n_head, head_dim, kv_len))
@@ -280,12 +306,14 @@ __all__ = [
     "DECODE_MAX_TOKENS",
     "FUSED_MAX_CHUNKS",
     "HEAD_DIMS",
+    "MMA_ROWS_VAR",
     "NVIDIA_ONLY_KERNELS",
     "WIDE_DIMS",
     "attention",
     "decode_chunks",
     "decode_counters",
     "decode_scratch_bytes",
+    "mma_rows",
     "reserve_decode",
     "uses_matrix_cores",
     "uses_wide_mma",

@@ -22,7 +22,9 @@ from expertstream.kernels.attention import (
     DECODE_CHUNK,
     DECODE_MAX_TOKENS,
     FUSED_MAX_CHUNKS,
+    MMA_ROWS_VAR,
     attention,
+    prefill_kernel,
     uses_matrix_cores,
     uses_wide_mma,
 )
@@ -303,6 +305,48 @@ def test_prefill_takes_the_matrix_core_kernel_where_the_device_has_matrix_cores(
         assert launched == [expected]
         assert uses_matrix_cores(kernels) == expected.startswith("attn_prefill_mma")
         assert worst_row_error(out, inputs.reference()) < tolerance(kernels, case)
+
+
+# Prefill cases for the 128-query blocks: a last block cut short, windows cutting into tiles with sinks,
+# keys past the positions, and one block's warps each on a different mix of masked and whole tiles.
+_TALL_CASES = [
+    Case(1100, 0, 4, 2, 128, extra_rows=9),
+    Case(1030, 200, 4, 4, 64, window=128, sinks=True, extra_rows=40),
+    Case(200, 300, 8, 2, 128, window=128, extra_rows=513),
+    Case(130, 900, 8, 1, 128, sinks=True),
+    Case(64, 100, 16, 2, 64, window=32, sinks=True, extra_rows=64),
+]
+
+
+@pytest.mark.parametrize("rows", [96, 128])
+@pytest.mark.parametrize("case", _TALL_CASES, ids=str)
+def test_taller_query_blocks_write_the_bytes_of_64_query_blocks(
+    device: Device, kernels: MoeKernels, stream: Stream, case: Case, rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """$EXPERTSTREAM_ATTN_MMA_ROWS=96 or 128 gives NVIDIA's matrix-core prefill six or eight warps a
+    block: every query's arithmetic is its warp's, so the bytes must not move (and both stay within the
+    reference's band)."""
+    inputs = make_inputs(device, np.random.default_rng(5), case)
+    monkeypatch.delenv(MMA_ROWS_VAR, raising=False)
+    base = run(kernels, stream, inputs)
+    monkeypatch.setenv(MMA_ROWS_VAR, str(rows))
+    tall_kernel = prefill_kernel(kernels, case.head_dim, False)
+    tall = run(kernels, stream, inputs)
+    if uses_matrix_cores(kernels) and device.capabilities.mma_fragments:
+        assert tall_kernel == f"attn_prefill_mma{rows}_d{case.head_dim}"
+    else:
+        assert tall_kernel.endswith(f"_d{case.head_dim}") and str(rows) not in tall_kernel
+    np.testing.assert_array_equal(tall.view(np.uint32), base.view(np.uint32))
+    assert worst_row_error(tall, inputs.reference()) < tolerance(kernels, case)
+
+
+def test_a_prefill_block_height_the_kernels_lack_is_named(
+    device: Device, kernels: MoeKernels, stream: Stream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    inputs = make_inputs(device, np.random.default_rng(6), Case(16, 0, 4, 2, 64))
+    monkeypatch.setenv(MMA_ROWS_VAR, "100")
+    with pytest.raises(InvalidArgument, match=f"{MMA_ROWS_VAR}='100' is not a prefill block height"):
+        run(kernels, stream, inputs)
 
 
 _H200 = sim.BUILTIN_PROFILES["cuda-h200"]
