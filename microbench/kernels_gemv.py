@@ -11,7 +11,9 @@ per call, back to back behind a gate as kernels.py times them, and its GB/s the 
 must read (the rows of the experts its pairs use, each expert once) over that time: against the
 device's memory bandwidth, how far decode is from reading each weight once at full speed. "vs gemv"
 is each output's relative difference from the matrix-vector kernel's (about 2.4e-3 for the bf16
-paths, from their rounding).
+paths, from their rounding). Last, the device's own reference in the same run: a plain device-to-device
+copy (``copy_d2d``) of the largest launch's bytes and of 1 GiB, its GB/s the bytes read and written over
+its time (the memory bandwidth a program reaches), so each row's GB/s reads as a share of it.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from ._common import Column
 
 DEFAULT_TYPES = ("Q4_0", "Q4_K")
 PAIRS = (1, 8)
+COPY_LARGE_BYTES = 1 << 30  # the plain copy that sets the device's sustained bandwidth
 # Qwen3-30B-A3B's attention projections for one token, run as one expert and one pair: (name, n_out, n_in).
 DENSE_SHAPES = (("q", 4096, 2048), ("k/v", 512, 2048), ("o", 2048, 4096))
 
@@ -92,6 +95,29 @@ def measure(
                     dense = (w, w_type, TensorShape(f"dense {name}", n_out, n_in, False), 1)
                     ids = np.zeros((1, 1), np.int32)
                     rows += _measure_pairs(device, stream, {"gemv": gemv}, dense, x, ids, time_ms)
+    largest = max((r.weight_mb for r in rows), default=0.0)
+    return rows + measure_copies(device, stream, (round(largest * 1e6), COPY_LARGE_BYTES), time_ms)
+
+
+def measure_copies(
+    device: Device, stream: Stream, sizes: Sequence[int], time_ms: Callable[[Callable[[], None]], float]
+) -> list[GemvRow]:
+    """A plain device-to-device copy of each size in bytes: weight_mb the bytes it reads, GB/s the bytes
+    it reads and writes over its time."""
+    rows = []
+    for nbytes in sizes:
+        if nbytes <= 0:
+            continue
+        with device.alloc(nbytes) as src, device.alloc(nbytes) as dst:
+
+            def launch(src: DeviceBuffer = src, dst: DeviceBuffer = dst, nbytes: int = nbytes) -> None:
+                stream.copy_d2d(dst, 0, src, 0, nbytes)
+
+            ms = time_ms(launch)
+            device.synchronize()
+        rows.append(
+            GemvRow("-", "copy (read+write)", 0, "copy_d2d", ms, nbytes / 1e6, 2 * nbytes / (ms * 1e-3) / 1e9, None)
+        )
     return rows
 
 
