@@ -16,9 +16,9 @@
 //   Capabilities.matrix_cores is set). Q is scaled, then rounded to f16; P is rounded to f16 for
 //   P.V while l sums the unrounded values. NVIDIA sm_80+ runs its own kernel on mma.sync m16n8k16
 //   fragments (its scores in base 2: Q carries log2(e), so each weight is one ex2 of a difference;
-//   tiles every query of a warp sees whole skip the mask; attn_prefill_mma96_d*/mma128_d* give a
-//   block 6 or 8 warps of 16 queries, the same bytes); every other target runs one written on mma.cu's
-//   matrix-step interface
+//   tiles every query of a warp sees whole skip the mask; attn_prefill_mma128_d* gives a block 8
+//   warps of 16 queries, the same bytes, and is the default for heads 128 wide); every other target
+//   runs one written on mma.cu's matrix-step interface
 //   (v_mfma_f32_16x16x16f16 on AMD CDNA, v_wmma_f32_16x16x16_f16 on RDNA3/RDNA4, and the
 //   interface's generic FMA step elsewhere, so the source compiles and runs on every target).
 // - attn_wide_d*: heads too wide for the kernels above (qwen3next's 256, deepseek2's 576), any number
@@ -1655,19 +1655,9 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_prefill_mma_d128
 }
 
 #if defined(ATTN_MMA_NVIDIA)
-// attn_prefill_mma_d* with 6 and 8 warps, 96 and 128 queries a block: each staged key and value tile
-// serves more queries (fewer cache reads), at the same registers a thread (two blocks of 6 warps fit a
-// multiprocessor, one of 8).
-extern "C" __global__ void __launch_bounds__(192) attn_prefill_mma96_d64(ATTN_PREFILL_PARAMS) {
-    KERNEL_PROLOGUE();
-    attn_prefill_mma<64, 6>(ATTN_PREFILL_ARGS);
-}
-
-extern "C" __global__ void __launch_bounds__(192) attn_prefill_mma96_d128(ATTN_PREFILL_PARAMS) {
-    KERNEL_PROLOGUE();
-    attn_prefill_mma<128, 6>(ATTN_PREFILL_ARGS);
-}
-
+// attn_prefill_mma_d* with 8 warps, 128 queries a block: each staged key and value tile serves twice the
+// queries (half the cache reads) at the same registers a thread, one block a multiprocessor where the
+// 64-query kernel fits three. Faster for heads 128 wide, slower for 64 (docs/results/attention-h100.md).
 extern "C" __global__ void __launch_bounds__(256) attn_prefill_mma128_d64(ATTN_PREFILL_PARAMS) {
     KERNEL_PROLOGUE();
     attn_prefill_mma<64, 8>(ATTN_PREFILL_ARGS);

@@ -50,8 +50,9 @@ if TYPE_CHECKING:
 THREADS = 128
 PREFILL_ROWS = 32  # queries per block of the SIMT prefill
 MMA_ROWS = 64  # queries per block of the matrix-core prefill
-TALL_MMA_ROWS = (96, 128)  # queries per block of NVIDIA's 6- and 8-warp matrix-core prefill (attn_prefill_mma{rows}_d*)
-MMA_ROWS_VAR = "EXPERTSTREAM_ATTN_MMA_ROWS"  # MMA_ROWS or one of TALL_MMA_ROWS: the NVIDIA matrix-core prefill's block
+TALL_MMA_ROWS = 128  # queries per block of NVIDIA's 8-warp matrix-core prefill (attn_prefill_mma128_d*)
+TALL_HEAD_DIMS = (128,)  # head dims NVIDIA's matrix-core prefill runs in blocks of TALL_MMA_ROWS by default
+MMA_ROWS_VAR = "EXPERTSTREAM_ATTN_MMA_ROWS"  # MMA_ROWS or TALL_MMA_ROWS: overrides that choice
 DECODE_ROWS = 8  # (token, head) rows per decode block
 DECODE_CHUNK = 32  # keys per decode block (one token over a 512-row cache: 16 chunks a KV head)
 COMBINE_STRANDS = 4  # threads per (row, d) of the decode combine, each adding every 4th chunk (attention.cu)
@@ -68,7 +69,7 @@ SHARED_KV_DIMS = (576,)  # wide heads whose matrix-core kernel reads the values 
 # Kernels the source defines for NVIDIA sm_80+ alone (mma.sync fragments and more than AMD's 64 KB of
 # LDS a block): uses_wide_mma never picks them elsewhere.
 NVIDIA_ONLY_KERNELS = tuple(f"attn_wide_mma{kind}_d{d}" for kind in ("", "_decode") for d in WIDE_DIMS) + tuple(
-    f"attn_prefill_mma{rows}_d{d}" for rows in TALL_MMA_ROWS for d in HEAD_DIMS
+    f"attn_prefill_mma{TALL_MMA_ROWS}_d{d}" for d in HEAD_DIMS
 )
 CACHE_ALIGN = 16  # bytes: the kernels read cache rows 16 bytes at a time
 ROW_ALIGN = 8  # bytes: query and output rows are read and written two floats at a time
@@ -86,21 +87,23 @@ def uses_matrix_cores(kernels: MoeKernels) -> bool:
     return kernels.device.capabilities.matrix_cores and kernels.path is not MatrixPath.SIMT
 
 
-def mma_rows(kernels: MoeKernels) -> int:
-    """Queries a block of the matrix-core prefill takes on this instance's device: MMA_ROWS, or one of
-    TALL_MMA_ROWS where $EXPERTSTREAM_ATTN_MMA_ROWS asks for it and the device runs mma.sync fragments
-    (more warps, 16 queries each, against each staged tile; the same bytes)."""
+def mma_rows(kernels: MoeKernels, head_dim: int) -> int:
+    """Queries a block of the matrix-core prefill of heads ``head_dim`` wide takes on this instance's
+    device. Where it runs mma.sync fragments: TALL_MMA_ROWS for TALL_HEAD_DIMS (eight warps against
+    each staged tile, half the cache reads), MMA_ROWS otherwise (where three blocks of four warps an SM
+    ran faster), or what $EXPERTSTREAM_ATTN_MMA_ROWS says. Elsewhere MMA_ROWS. The bytes are the same."""
     value = os.environ.get(MMA_ROWS_VAR, "").strip()
-    heights = (MMA_ROWS, *TALL_MMA_ROWS)
-    if value not in ("", *map(str, heights)):
+    if value not in ("", str(MMA_ROWS), str(TALL_MMA_ROWS)):
         raise InvalidArgument(
             f"{MMA_ROWS_VAR}={value!r} is not a prefill block height",
             call="attention",
-            hint=f"set it to one of {', '.join(map(str, heights))}, or unset it",
+            hint=f"set it to {MMA_ROWS} or {TALL_MMA_ROWS}, or unset it",
         )
-    if value and kernels.device.capabilities.mma_fragments:
+    if not kernels.device.capabilities.mma_fragments:
+        return MMA_ROWS
+    if value:
         return int(value)
-    return MMA_ROWS
+    return TALL_MMA_ROWS if head_dim in TALL_HEAD_DIMS else MMA_ROWS
 
 
 def wide_mma_shared_bytes(head_dim: int) -> int:
@@ -148,7 +151,7 @@ def prefill_kernel(kernels: MoeKernels, head_dim: int, shared_kv: bool) -> str:
         return f"attn_{_wide_block(kernels, head_dim, shared_kv).kind}_d{head_dim}"
     if not uses_matrix_cores(kernels):
         return f"attn_prefill_simt_d{head_dim}"
-    rows = mma_rows(kernels)
+    rows = mma_rows(kernels, head_dim)
     return f"attn_prefill_mma{rows if rows != MMA_ROWS else ''}_d{head_dim}"
 
 
@@ -239,8 +242,8 @@ def attention(
             blocks = (-(-n_tokens * group // block.rows), n_head_kv)
             stream.launch(kernel, blocks, block.threads, prefill_args, shared_mem=block.shared_mem)
             return
-        rows = mma_rows(kernels) if uses_matrix_cores(kernels) else PREFILL_ROWS
-        threads = 2 * rows if rows in TALL_MMA_ROWS else THREADS  # a warp for each 16 queries
+        rows = mma_rows(kernels, head_dim) if uses_matrix_cores(kernels) else PREFILL_ROWS
+        threads = 2 * rows if rows == TALL_MMA_ROWS else THREADS  # a warp for each 16 queries
         stream.launch(kernel, (-(-n_tokens // rows), n_head), threads, prefill_args)
         return
     n_chunks = decode_chunks(kv_len)

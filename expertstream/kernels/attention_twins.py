@@ -198,9 +198,7 @@ def twin_specs() -> list[KernelSpec]:
             _decode_spec(f"attn_wide_mma_decode_d{head_dim}", head_dim),
         ]
     for head_dim in HEAD_DIMS:
-        specs += [
-            _prefill_spec(f"attn_prefill_{path}_d{head_dim}", head_dim) for path in ("simt", "mma", "mma96", "mma128")
-        ]
+        specs += [_prefill_spec(f"attn_prefill_{path}_d{head_dim}", head_dim) for path in ("simt", "mma", "mma128")]
         specs.append(_decode_spec(f"attn_decode_d{head_dim}", head_dim))
         specs.append(
             KernelSpec(

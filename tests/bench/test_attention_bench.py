@@ -30,7 +30,7 @@ def test_every_shape_runs_and_names_the_launchers_kernel(tmp_path: Path) -> None
     kernels = {r["shape"]: r["kernel"] for r in rows}
     # The simulator's default profile (an H200) has matrix cores, mma.sync fragments and the shared memory.
     assert kernels == {
-        "qwen3-30b-a3b": "attn_prefill_mma_d128",
+        "qwen3-30b-a3b": "attn_prefill_mma128_d128",
         "gpt-oss-20b": "attn_prefill_mma_d64",
         "qwen3-next": "attn_wide_mma_d256",
         "deepseek2-latent": "attn_wide_mma_d576",

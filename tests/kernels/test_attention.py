@@ -318,26 +318,46 @@ _TALL_CASES = [
 ]
 
 
-@pytest.mark.parametrize("rows", [96, 128])
 @pytest.mark.parametrize("case", _TALL_CASES, ids=str)
-def test_taller_query_blocks_write_the_bytes_of_64_query_blocks(
-    device: Device, kernels: MoeKernels, stream: Stream, case: Case, rows: int, monkeypatch: pytest.MonkeyPatch
+def test_128_query_blocks_write_the_bytes_of_64_query_blocks(
+    device: Device, kernels: MoeKernels, stream: Stream, case: Case, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """$EXPERTSTREAM_ATTN_MMA_ROWS=96 or 128 gives NVIDIA's matrix-core prefill six or eight warps a
-    block: every query's arithmetic is its warp's, so the bytes must not move (and both stay within the
-    reference's band)."""
+    """NVIDIA's matrix-core prefill in blocks of eight warps (the default for heads 128 wide) and of four
+    ($EXPERTSTREAM_ATTN_MMA_ROWS): every query's arithmetic is its warp's, so the bytes must not move,
+    and both stay within the reference's band."""
     inputs = make_inputs(device, np.random.default_rng(5), case)
-    monkeypatch.delenv(MMA_ROWS_VAR, raising=False)
-    base = run(kernels, stream, inputs)
-    monkeypatch.setenv(MMA_ROWS_VAR, str(rows))
-    tall_kernel = prefill_kernel(kernels, case.head_dim, False)
-    tall = run(kernels, stream, inputs)
+    outputs = {}
+    kernel_names = {}
+    for rows in ("64", "128"):
+        monkeypatch.setenv(MMA_ROWS_VAR, rows)
+        kernel_names[rows] = prefill_kernel(kernels, case.head_dim, False)
+        outputs[rows] = run(kernels, stream, inputs)
     if uses_matrix_cores(kernels) and device.capabilities.mma_fragments:
-        assert tall_kernel == f"attn_prefill_mma{rows}_d{case.head_dim}"
+        assert kernel_names == {
+            "64": f"attn_prefill_mma_d{case.head_dim}",
+            "128": f"attn_prefill_mma128_d{case.head_dim}",
+        }
     else:
-        assert tall_kernel.endswith(f"_d{case.head_dim}") and str(rows) not in tall_kernel
-    np.testing.assert_array_equal(tall.view(np.uint32), base.view(np.uint32))
-    assert worst_row_error(tall, inputs.reference()) < tolerance(kernels, case)
+        assert kernel_names["64"] == kernel_names["128"]
+    np.testing.assert_array_equal(outputs["128"].view(np.uint32), outputs["64"].view(np.uint32))
+    assert worst_row_error(outputs["128"], inputs.reference()) < tolerance(kernels, case)
+
+
+@pytest.mark.parametrize(
+    ("profile", "head_dim", "expected"),
+    [
+        (sim.BUILTIN_PROFILES["cuda-h200"], 128, "attn_prefill_mma128_d128"),
+        (sim.BUILTIN_PROFILES["cuda-h200"], 64, "attn_prefill_mma_d64"),
+        (_RDNA4, 128, "attn_prefill_mma_d128"),
+    ],
+    ids=["h200-d128", "h200-d64", "rdna4-d128"],
+)
+def test_heads_128_wide_take_eight_warps_a_block_where_the_device_has_fragments(
+    profile: sim.Profile, head_dim: int, expected: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(MMA_ROWS_VAR, raising=False)
+    with sim.open(profile=profile) as backend, MoeKernels(backend.device(0)) as kernels:
+        assert prefill_kernel(kernels, head_dim, False) == expected
 
 
 def test_a_prefill_block_height_the_kernels_lack_is_named(
