@@ -43,8 +43,10 @@ logits_three() {  # MODEL NAME: llama.cpp CUDA and CPU, then ours, each compared
     "$python" -m microbench.llamacpp_logits.prompt "$model" 512 >"$dir/$name.prompt"
     "$logits_tool" -m "$model" --tokens "$dir/$name.prompt" --n-prompt 512 --n-gen 64 --ngl 99 -o "$dir/$name-llama-cuda" \
         >"$dir/$name-llama-cuda.log" 2>&1
-    "$logits_tool" -m "$model" --tokens "$dir/$name-llama-cuda.tokens" --n-prompt 576 --n-gen 0 --ngl 0 \
-        -o "$dir/$name-llama-cpu" >"$dir/$name-llama-cpu.log" 2>&1
+    # llama.cpp's CPU backend with no GPU visible (with --ngl 0 alone a visible GPU still multiplies the
+    # prompt's batches)
+    CUDA_VISIBLE_DEVICES= "$logits_tool" -m "$model" --tokens "$dir/$name-llama-cuda.tokens" --n-prompt 576 --n-gen 0 \
+        --ngl 0 -o "$dir/$name-llama-cpu" >"$dir/$name-llama-cpu.log" 2>&1
     "$python" tools/logits_check.py -m "$model" --ref "$dir/$name-llama-cuda" -o "$dir/$name-ours" --backend cuda \
         | sed "s/^/$name ours vs llama.cpp CUDA: /" | tee -a "$OUT/logits.txt"
     "$python" -m microbench.llamacpp_logits.compare "$dir/$name-llama-cuda" "$dir/$name-llama-cpu" \
