@@ -31,6 +31,7 @@ anything (NaN included), but the simulator declares reads of all ``kv_len`` rows
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from typing import TYPE_CHECKING, NamedTuple
@@ -45,6 +46,8 @@ from .layout import MatrixPath
 
 if TYPE_CHECKING:
     from .launcher import MoeKernels
+
+log = logging.getLogger(__name__)
 
 # Must match attention.cu.
 THREADS = 128
@@ -100,10 +103,22 @@ def mma_rows(kernels: MoeKernels, head_dim: int) -> int:
             hint=f"set it to {MMA_ROWS} or {TALL_MMA_ROWS}, or unset it",
         )
     if not kernels.device.capabilities.mma_fragments:
+        if value == str(TALL_MMA_ROWS) and kernels.device.name not in _told_no_tall:
+            _told_no_tall.add(kernels.device.name)
+            log.warning(
+                "%s=%s: %s has no mma.sync fragments (NVIDIA sm_80+); its prefill attention runs %d-query blocks",
+                MMA_ROWS_VAR,
+                value,
+                kernels.device.name,
+                MMA_ROWS,
+            )
         return MMA_ROWS
     if value:
         return int(value)
     return TALL_MMA_ROWS if head_dim in TALL_HEAD_DIMS else MMA_ROWS
+
+
+_told_no_tall: set[str] = set()  # devices whose log said the override cannot apply
 
 
 def wide_mma_shared_bytes(head_dim: int) -> int:

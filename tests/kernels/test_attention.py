@@ -360,6 +360,19 @@ def test_heads_128_wide_take_eight_warps_a_block_where_the_device_has_fragments(
         assert prefill_kernel(kernels, head_dim, False) == expected
 
 
+def test_an_8_warp_block_asked_of_a_device_without_fragments_is_said_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """AMD's matrix cores run the 4-warp block whatever the override asks: the log says so once."""
+    monkeypatch.setenv(MMA_ROWS_VAR, "128")
+    profile = dataclasses.replace(_RDNA4, name="rocm-said-once")
+    with sim.open(profile=profile) as backend, MoeKernels(backend.device(0)) as kernels, caplog.at_level("WARNING"):
+        names = {prefill_kernel(kernels, d, False) for d in (64, 128, 128)}
+        said = [r.getMessage() for r in caplog.records if MMA_ROWS_VAR in r.getMessage()]
+    assert names == {"attn_prefill_mma_d64", "attn_prefill_mma_d128"}
+    assert len(said) == 1 and "no mma.sync fragments" in said[0] and "64-query blocks" in said[0]
+
+
 def test_a_prefill_block_height_the_kernels_lack_is_named(
     device: Device, kernels: MoeKernels, stream: Stream, monkeypatch: pytest.MonkeyPatch
 ) -> None:
