@@ -164,10 +164,16 @@ def prefill_kernel(kernels: MoeKernels, head_dim: int, shared_kv: bool) -> str:
     the keys' own rows where ``shared_kv``)."""
     if head_dim in WIDE_DIMS:
         return f"attn_{_wide_block(kernels, head_dim, shared_kv).kind}_d{head_dim}"
+    return _prefill_block(kernels, head_dim)[0]
+
+
+def _prefill_block(kernels: MoeKernels, head_dim: int) -> tuple[str, int, int]:
+    """The prefill kernel of heads ``head_dim`` wide (not WIDE_DIMS) on this instance's device, the queries
+    a block of it takes and its threads (a warp for each 16 queries on the matrix cores)."""
     if not uses_matrix_cores(kernels):
-        return f"attn_prefill_simt_d{head_dim}"
+        return f"attn_prefill_simt_d{head_dim}", PREFILL_ROWS, THREADS
     rows = mma_rows(kernels, head_dim)
-    return f"attn_prefill_mma{rows if rows != MMA_ROWS else ''}_d{head_dim}"
+    return f"attn_prefill_mma{rows if rows != MMA_ROWS else ''}_d{head_dim}", rows, 2 * rows
 
 
 def decode_chunks(kv_len: int) -> int:
@@ -252,14 +258,13 @@ def attention(
     block = _wide_block(kernels, head_dim, shared_kv) if wide else None
     if n_tokens > DECODE_MAX_TOKENS:
         prefill_args = (*views, out_view, pos_view, sinks_arg, *shape, np.float32(scale))
-        kernel = kernels.kernel(prefill_kernel(kernels, head_dim, shared_kv))
         if block is not None:
+            kernel = kernels.kernel(f"attn_{block.kind}_d{head_dim}")
             blocks = (-(-n_tokens * group // block.rows), n_head_kv)
             stream.launch(kernel, blocks, block.threads, prefill_args, shared_mem=block.shared_mem)
             return
-        rows = mma_rows(kernels, head_dim) if uses_matrix_cores(kernels) else PREFILL_ROWS
-        threads = 2 * rows if rows == TALL_MMA_ROWS else THREADS  # a warp for each 16 queries
-        stream.launch(kernel, (-(-n_tokens // rows), n_head), threads, prefill_args)
+        name, rows, threads = _prefill_block(kernels, head_dim)
+        stream.launch(kernels.kernel(name), (-(-n_tokens // rows), n_head), threads, prefill_args)
         return
     n_chunks = decode_chunks(kv_len)
     scratch = kernels.scratch(_SCRATCH, decode_scratch_bytes(n_tokens, n_head, head_dim, kv_len))
