@@ -83,6 +83,9 @@ class Tuned:
     graph_step_s: float | None = None  # a replayed decode step on the device, for the launch calibration
     host_paths: list[HostPathFit] = dataclasses.field(default_factory=list)  # the ring and mapping fitted to prefill
     decode_layers: int | None = None  # the MoE layers of the decode steps above (spread over the model)
+    # The same decode steps with DMAs after reading the routing ids back (call by call: nothing to replay),
+    # against which the gather's best step set the profile's decode_gather.
+    dma_step_s: float | None = None
     disk: DiskTiming | None = None  # the drive behind the model's file (None on a simulated host)
 
     def document(self) -> dict[str, Any]:
@@ -202,6 +205,7 @@ FITTED_FIELDS = (
     "memory_bytes",
     "h2d_pinned_bps",
     "h2d_gather_bps",
+    "decode_gather",
     "h2d_pageable_bps",
     "d2h_bps",
     "d2h_pageable_bps",
@@ -254,15 +258,24 @@ HOST_PATH_FIELDS = (
 
 
 def decode_step_seconds(
-    backend: Backend, device: Device, model: MoeModel, mode: HostMemoryMode, *, graphs: bool = False
+    backend: Backend,
+    device: Device,
+    model: MoeModel,
+    mode: HostMemoryMode,
+    *,
+    graphs: bool = False,
+    gather: bool = True,
 ) -> float | None:
     """The median decode step of the job.
 
     Without ``graphs`` each step's calls are issued one by one: what the host's time per call
     sets. With them, one captured step is replayed: what the device's time per operation sets
-    (None where the step could not be captured).
+    (None where the step could not be captured). ``gather``: the experts' copies made by the
+    device (Scheduler.gather), else DMAs after the host reads the routing ids back.
     """
-    settings = Settings(Batching(8, 8, CALIBRATION_STEPS), (0,), (mode,), repeats=1, graphs=graphs, compute_only=False)
+    settings = Settings(
+        Batching(8, 8, CALIBRATION_STEPS), (0,), (mode,), repeats=1, graphs=graphs, compute_only=False, gather=gather
+    )
     row = measure(backend, device, model, settings).rows[0]
     assert row.decode_step_s is not None
     if graphs and row.decode_path != "graph":
@@ -727,6 +740,10 @@ def tune(
         graph_s = decode_step_seconds(backend, device, sample, mode, graphs=True)
         step_s = decode_step_seconds(backend, device, sample, mode)
         assert step_s is not None
+        dma_s = decode_step_seconds(backend, device, sample, mode, gather=False)
+        assert dma_s is not None
+        fields["decode_gather"] = decode_gather_wins(graph_s, step_s, dma_s)
+        profile = dataclasses.replace(profile, decode_gather=fields["decode_gather"])
         clock.start("calibrating on the simulator")
         profile = calibrate_calls(profile, sample, mode, graph_s, step_s)
         decode_layers = len(sample.layers)
@@ -748,7 +765,26 @@ def tune(
     disk = disk_fields(backend, model, fields)
     profile = dataclasses.replace(profile, **{name: fields[name] for name in DISK_FIELDS})
     clock.stop()
-    return Tuned(measured, fields, base.name, profile, step_s, clock.seconds, graph_s, host_paths, decode_layers, disk)
+    return Tuned(
+        measured,
+        fields,
+        base.name,
+        profile,
+        decode_step_s=step_s,
+        phases_s=clock.seconds,
+        graph_step_s=graph_s,
+        host_paths=host_paths,
+        decode_layers=decode_layers,
+        disk=disk,
+        dma_step_s=dma_s,
+    )
+
+
+def decode_gather_wins(graph_s: float | None, step_s: float, dma_s: float) -> bool:
+    """Whether decode should copy its experts with the device's gather: its best step (replayed from one
+    graph where the device captured one, else call by call) against the DMAs' step, which the host's
+    reading of the routing ids keeps call by call. A tie goes to the gather (no host round trip)."""
+    return min(step_s, graph_s if graph_s is not None else step_s) <= dma_s
 
 
 # What disk_fields sets.

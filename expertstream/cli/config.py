@@ -25,7 +25,7 @@ from ..engine.runner import Batching
 from ..hostmem import HostMemoryMode, RingFill, RingOptions
 from ..kernels.layout import MatrixPath
 from ..model import MoeModel
-from .tools import UsageError, writable_path
+from .tools import UsageError, decode_gather, writable_path
 
 AUTO = "auto"
 PREDICTED_MODES = "predicted"  # --host-memory auto given alone: the fastest mode by prediction
@@ -77,7 +77,7 @@ class RunConfig:
     decode_lookahead: int | None
     experts_only: bool
     prefill_order: str | None  # None: bench.measure.default_prefill_order
-    gather: bool
+    gather: bool | None  # None: --decode-copies auto, until resolve_decode_copies settles it
     graphs: bool
     repetitions: int
     seed: int
@@ -146,7 +146,7 @@ class RunConfig:
             decode_lookahead=args.decode_lookahead,
             experts_only=args.experts_only,
             prefill_order=args.prefill_order,
-            gather=not args.no_gather,
+            gather=None if args.decode_copies == "auto" and not args.no_gather else decode_gather(args, None),
             graphs=not args.no_graphs,
             repetitions=args.repetitions,
             seed=args.seed,
@@ -204,7 +204,7 @@ class RunConfig:
             decode_lookahead=self.decode_lookahead,
             whole=not self.experts_only,
             prefill_order=self.prefill_order,
-            gather=self.gather,
+            gather=self.gather is not False,
             graphs=self.graphs,
         )
 
@@ -214,6 +214,13 @@ class RunConfig:
             (self.settings(batching, n_cpu_moe), batch)
             for (batching, batch), n_cpu_moe in itertools.product(self.batchings(), self.streamed_layer_settings)
         ]
+
+    def resolve_decode_copies(self, profile: Profile | None) -> RunConfig:
+        """This configuration with --decode-copies auto settled: the choice `tune` recorded in ``profile``,
+        else the device's gather."""
+        if self.gather is not None:
+            return self
+        return dataclasses.replace(self, gather=True if profile is None else profile.decode_gather)
 
     def resolve_auto(self, profile: Profile, model: MoeModel, devices: Sequence[Device]) -> RunConfig:
         """This configuration with the automatic settings picked by prediction on these devices."""

@@ -8,13 +8,23 @@ from pathlib import Path
 from typing import Any
 
 from ..backends import ENV_VAR
+from ..backends.sim.profiles import resolve_profile
 from ..engine.model import Model, Options
 from ..engine.offload import parse_gpu_memory, parse_size
 from ..engine.perplexity import perplexity
 from ..engine.sampling import Sampling
 from ..errors import InvalidArgument
 from ..hostmem import HostMemoryMode
-from .tools import EXIT_STATUS_HELP, HelpFormatter, add_decode_lookahead, option_type, writable_path, write_trace
+from .tools import (
+    EXIT_STATUS_HELP,
+    HelpFormatter,
+    add_decode_copies,
+    add_decode_lookahead,
+    decode_gather,
+    option_type,
+    writable_path,
+    write_trace,
+)
 
 
 def register(subparsers: Any) -> None:
@@ -101,11 +111,11 @@ def _common(parser: argparse.ArgumentParser, default_ctx: int | None = None) -> 
     )
     parser.add_argument("--fuse-gate-up", action="store_true", help="gate, up and SwiGLU in one pass where possible")
     parser.add_argument(
-        "--no-gather",
-        action="store_true",
-        help="decode: read each layer's routing ids back and copy the used experts with DMAs instead of the "
-        "device copying them from registered or pinned memory itself (the same bytes)",
+        "--profile",
+        metavar="PROFILE.json",
+        help="a profile from `expertstream tune` for this device: --decode-copies auto takes its choice",
     )
+    add_decode_copies(parser, "--profile")
     add_decode_lookahead(parser)
     parser.add_argument(
         "--no-graphs",
@@ -134,7 +144,7 @@ def _options(args: argparse.Namespace) -> Options:
         fuse_gate_up=args.fuse_gate_up,
         prefill_order=args.prefill_order,
         graphs=not args.no_graphs,
-        gather=not args.no_gather,
+        gather=decode_gather(args, None if args.profile is None else resolve_profile(args.profile)),
         decode_lookahead=args.decode_lookahead,
     )
 
@@ -172,7 +182,7 @@ def _generate(args: argparse.Namespace, command_line: str) -> int:
             sys.stdout.flush()
         sys.stdout.write("\n")
         stats, decode_path, prefill_path = model.last_stats, model.decode_path, model.prefill_path
-        lookahead = model.decode_lookahead
+        lookahead, gather = model.decode_lookahead, model.options.gather
         if trace is not None:
             write_trace(model.backend, model.devices[0].name, model.model.summary(), command_line, trace)
     err = sys.stderr
@@ -186,6 +196,8 @@ def _generate(args: argparse.Namespace, command_line: str) -> int:
         print(_timing("eval", decode_s, generated - 1, "runs"), file=err)
         how = "one captured step replayed" if decode_path == "graph" else "calls issued per step"
         print(f"decode steps: {how}", file=err)
+        copies = "the device's gather" if gather else "DMAs after reading the routing ids back"
+        print(f"decode copies of streamed experts: {copies}", file=err)
         if lookahead:
             print(f"decode lookahead: {lookahead} predicted experts of each streamed layer copied ahead", file=err)
     return 0

@@ -52,6 +52,7 @@ from .tools import (
     Parser,
     RunProgress,
     UsageError,
+    add_decode_copies,
     add_decode_lookahead,
     duration,
     int_list,
@@ -298,12 +299,7 @@ def register(subparsers: Any) -> None:
         help="on the mma path, keep Q4_0, Q4_K, Q6_K and MXFP4 on the shared-tile kernels instead of the ones "
         "that decode weights straight into matrix fragments (NVIDIA sm_80+)",
     )
-    prefill.add_argument(
-        "--no-gather",
-        action="store_true",
-        help="decode: read each layer's routing ids back and copy the used experts with DMA (llama.cpp's way) "
-        "instead of the device copying them from registered or pinned memory itself",
-    )
+    add_decode_copies(prefill, "--predict")
     add_decode_lookahead(prefill)
     prefill.add_argument(
         "--no-graphs",
@@ -500,6 +496,7 @@ def _measure_all(config: RunConfig, printer: RowPrinter) -> Report:
         devices = [backend.device(index) for index in config.devices]
         with _model(config, backend) as model:
             profile = _prediction_profile(config, backend, devices[0], model)
+            config = config.resolve_decode_copies(profile or _own_profile(backend))
             if config.auto:
                 assert profile is not None
                 config = config.resolve_auto(profile, model, devices)
@@ -588,6 +585,12 @@ def _say_if_long(model: MoeModel, runs: list[Settings]) -> None:
         )
 
 
+def _own_profile(backend: Backend) -> Profile | None:
+    """A simulator's own profile; None for a GPU."""
+    described = backend.describe().get("profile")
+    return None if described is None else Profile.from_dict(described)
+
+
 def _prediction_profile(config: RunConfig, backend: Backend, device: Device, model: MoeModel) -> Profile | None:
     """The profile predictions use: --predict's file, the simulator's own, or one tuned here and now."""
     if not config.needs_profile:
@@ -644,4 +647,5 @@ def _header(backend: Backend, device_name: str, model: MoeModel, config: RunConf
         "tokens": first[0],
         "ubatch": first[1],
         "decode_steps": first[2],
+        "decode_copies": "gather" if config.gather is not False else "dma",
     }

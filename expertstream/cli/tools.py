@@ -333,15 +333,48 @@ def option_type(parse: Callable[[str], _Parsed]) -> Callable[[str], _Parsed]:
     return parsed
 
 
+DECODE_COPIES = ("auto", "gather", "dma")
+
+
+def add_decode_copies(parser: argparse.ArgumentParser, profile_option: str) -> None:
+    """``--decode-copies`` and its older spelling ``--no-gather``, as bench, prefill and generate take them;
+    ``profile_option`` names the option that gives auto its profile."""
+    parser.add_argument(
+        "--decode-copies",
+        choices=DECODE_COPIES,
+        default="auto",
+        help="decode, experts streamed from page-locked memory: the device copies the experts each step uses "
+        "itself (gather), or the host reads each layer's routing ids back and copies them with DMAs (dma, "
+        "llama.cpp's way); auto: what `expertstream tune` measured faster on this device, from the profile "
+        f"{profile_option} gives, else gather (faster on every device measured so far). The same bytes",
+    )
+    parser.add_argument("--no-gather", action="store_true", help="the same as --decode-copies dma")
+
+
+def decode_gather(args: argparse.Namespace, profile: Any | None) -> bool:
+    """Whether decode copies with the device's gather (Scheduler.gather), from ``--decode-copies`` and
+    ``--no-gather``; auto takes ``profile``'s choice (a backends.sim.profiles.Profile, or None: gather)."""
+    if args.no_gather and args.decode_copies == "gather":
+        raise UsageError("--no-gather asks for --decode-copies dma, not gather: give one of them")
+    if args.no_gather or args.decode_copies == "dma":
+        return False
+    if args.decode_copies == "gather" or profile is None:
+        return True
+    return bool(profile.decode_gather)
+
+
 __all__ = [
+    "DECODE_COPIES",
     "EXIT_STATUS_HELP",
     "Exit",
     "HelpFormatter",
     "Parser",
     "RunProgress",
     "UsageError",
+    "add_decode_copies",
     "add_decode_lookahead",
     "backend_variable_problem",
+    "decode_gather",
     "duration",
     "on_hard_stop",
     "open_backend",

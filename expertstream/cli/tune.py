@@ -147,6 +147,8 @@ def _run(args: argparse.Namespace, command_line: str) -> int:
             "profile": tuned.document(),
             "measurements": dataclasses.asdict(tuned.measurements),
             "decode_step_s": tuned.decode_step_s,
+            "graph_step_s": tuned.graph_step_s,
+            "dma_step_s": tuned.dma_step_s,
             "decode_layers": tuned.decode_layers,
             "host_paths": [path.as_dict() for path in tuned.host_paths],
             "disk": None if tuned.disk is None else dataclasses.asdict(tuned.disk),
@@ -193,6 +195,7 @@ def summary(tuned: Tuned, backend_name: str) -> str:
         f"per call {m.enqueue_s * 1e6:.1f} us alone ({p.enqueue_s * 1e6:.1f} us in the job, fitted to "
         f"{_ms(tuned.decode_step_s)} {steps})"
     )
+    lines.append(_decode_copies_line(tuned, steps))
     copies = ", ".join(f"{r.threads}: {r.nbytes / r.seconds / 1e9:.1f}" for r in m.host_copies)
     bus = "no shared limit" if p.host_memcpy_total_bps is None else f"limit {p.host_memcpy_total_bps / 1e9:.1f} GB/s"
     register = "-" if m.register_bytes_per_s is None else f"{m.register_bytes_per_s / 1e9:.1f} GB/s"
@@ -227,6 +230,19 @@ def summary(tuned: Tuned, backend_name: str) -> str:
     else:
         lines.append("  kernels: every one measured is bound by launch overhead (no rate kept)")
     return "\n".join(lines)
+
+
+def _decode_copies_line(tuned: Tuned, steps: str) -> str:
+    """Which way decode copies its experts (the profile's decode_gather) and the steps that chose it."""
+    p = tuned.profile
+    chosen = "the device's gather" if p.decode_gather else "DMAs after reading the routing ids back"
+    if tuned.dma_step_s is None:
+        return f"  decode copies: {chosen}"
+    gather_s = min(s for s in (tuned.graph_step_s, tuned.decode_step_s) if s is not None)
+    return (
+        f"  decode copies: {chosen} (--decode-copies auto with this profile): the gather's {steps} "
+        f"{_ms(gather_s)}, with DMAs {_ms(tuned.dma_step_s)}"
+    )
 
 
 def _disk_lines(tuned: Tuned) -> list[str]:

@@ -109,6 +109,17 @@ def test_the_summary_says_where_the_wait_must_go(tmp_path: Path, capsys: pytest.
     assert "enqueue the wait before the next copy" in bound and "binds the stream's tail" in bound
 
 
+def test_tune_keeps_whichever_of_the_gather_and_the_dmas_decodes_faster(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    document, printed = _tune(tmp_path, "cuda-h200", capsys)
+    assert document["decode_gather"] is True and "decode copies: the device's gather" in printed
+    slow_gather = {"base": "cuda-h200", "name": "slow-gather", "h2d_gather_bps": 0.5e9}  # 1% of the DMAs' rate
+    document, printed = _tune(tmp_path, slow_gather, capsys)
+    assert document["decode_gather"] is False
+    assert "decode copies: DMAs after reading the routing ids back" in printed
+
+
 def test_a_profile_rates_kernels_by_shape_and_size() -> None:
     rates = [
         {"kernel": "k", "shape": [8, 8], "size": 1, "flops_per_s": 1e12},

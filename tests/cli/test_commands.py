@@ -337,3 +337,22 @@ def test_the_trace_marks_where_decode_begins_with_nothing_of_prefill_in_flight(
     assert before and after, "operations on both sides of the switch"
     # The prefill's copies and kernels (its lookahead's included) have all ended when decode begins.
     assert max(e["ts"] + e["dur"] for e in before) <= switch
+
+
+def test_decode_copies_follow_the_tuned_profile_unless_asked(
+    tiny_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    profile = tmp_path / "dma.json"  # as tune writes it where the DMAs' steps were the faster
+    profile.write_text(json.dumps({"base": "cuda-h200", "name": "dma-faster", "decode_gather": False}))
+    docs = {}
+    for flags in ((), ("--predict", str(profile)), ("--predict", str(profile), "--decode-copies", "gather"),
+                  ("--decode-copies", "dma"), ("--no-gather",)):  # fmt: skip
+        code, out, err = _prefill(capsys, str(tiny_path), "--backend", "sim", *SMALL, "--decode", "3", *flags, "--json")
+        assert code == 0, err
+        docs[flags] = json.loads(out)
+    copies = [d["decode_copies"] for d in docs.values()]
+    assert copies == ["gather", "dma", "gather", "dma", "dma"]
+    assert len({r["output_sha256"] for d in docs.values() for r in d["rows"]}) == 1  # the same bytes either way
+    both = ("--no-gather", "--decode-copies", "gather")
+    code, _, err = _prefill(capsys, str(tiny_path), "--backend", "sim", *SMALL, *both)
+    assert code == 2 and "--no-gather asks for --decode-copies dma" in err

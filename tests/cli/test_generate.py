@@ -121,3 +121,25 @@ def test_generate_and_perplexity_run_every_architecture(
     assert code == 0, err
     estimate = float(out.split("Final estimate: PPL = ")[1].split()[0])
     assert 1 < estimate < float("inf")
+
+
+def test_generate_takes_its_decode_copies_from_a_tuned_profile(
+    tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    profile = tmp_path / "dma.json"  # as tune writes it where the DMAs' steps were the faster
+    profile.write_text(json.dumps({"base": "cuda-h200", "name": "dma-faster", "decode_gather": False}))
+    argv = ("generate", "-m", str(tiny_model), "-p", "the quick brown fox", "-n", "4", "--temp", "0")
+    argv = (*argv, "--backend", "sim")
+    code, out, err = _run(capsys, *argv)
+    assert code == 0 and "decode copies of streamed experts: the device's gather" in err
+    dma = "decode copies of streamed experts: DMAs after reading the routing ids back"
+    for flags, by_dma in (
+        (("--profile", str(profile)), True),
+        (("--decode-copies", "dma"), True),
+        (("--profile", str(profile), "--decode-copies", "gather"), False),
+    ):
+        code, again, err = _run(capsys, *argv, *flags)
+        assert code == 0 and again == out, err  # the same text whichever copies
+        assert (dma in err) == by_dma, flags
+    code, again, err = _run(capsys, *argv, "--profile", str(tmp_path / "none.json"))
+    assert code == 2 and "none.json" in err and again == ""

@@ -142,6 +142,11 @@ class Profile:
     # A kernel reading page-locked host memory over the link (Stream.gather_h2d); None: at
     # h2d_pinned_bps, as a DMA would.
     h2d_gather_bps: float | None = None
+    # How decode copies the experts a step uses from page-locked memory: True, the device's own gather
+    # (Stream.gather_h2d: no host round trip, a step can be replayed from one graph); False, DMAs
+    # once the host has read each layer's routing ids back (llama.cpp's way). `expertstream tune`
+    # times a decode step of the job each way and keeps the faster (Scheduler.gather).
+    decode_gather: bool = True
     # The share of a decode step's predicted experts (the first half of what the next layer's router
     # ranks on this layer's FFN input, copied ahead: the decode lookahead) that its router then
     # chooses: a gather that skips them is booked at the rest. 0.986: the share on the 48-layer
@@ -431,6 +436,10 @@ CUDA_H200 = Profile(
     # measured: gather.cu reading 16 and 64 MiB of 1 MiB rows from pinned memory, `expertstream tune`
     # (docs/results/decode-h200.md)
     h2d_gather_bps=51.4e9,
+    # measured: decode of the 48-layer Q4_0 file with every expert in registered host memory, 26.22 tokens/s
+    # with the gather replayed from one graph against 10.68 with DMAs after reading the ids back
+    # (docs/results/decode-h200.md)
+    decode_gather=True,
     # measured: the lent H200 machine's root filesystem (virtio) under the 48-layer file, O_DIRECT reads of
     # 16 MiB, microbench.disk_read (docs/results/disk-h200.md); fit_disk's rates differ from these by
     # under 0.3% at a 33 us latency
