@@ -236,13 +236,13 @@ __device__ void mul_mat_vec_add_norm(const unsigned char* __restrict__ w, const 
 }
 
 // One mul_mat_vec_add_norm kernel per weight type, named by layout.WeightFormat.gemv_add_norm_kernel_name.
-#define DENSE_MUL_MAT_VEC_ADD_NORM(NAME, TYPE)                                                             \
-    extern "C" __global__ void __launch_bounds__(MOE_GEMV_THREADS)                                         \
-        NAME(const unsigned char* __restrict__ w, const float* __restrict__ x, float* y,                   \
-             float* __restrict__ hidden, const float* __restrict__ weight, float* __restrict__ out,        \
-             unsigned int* counters, int n, int n_in, float eps) {                                         \
-        KERNEL_PROLOGUE();                                                                                 \
-        mul_mat_vec_add_norm<TYPE>(w, x, y, hidden, weight, out, counters, n, n_in, eps);                  \
+#define DENSE_MUL_MAT_VEC_ADD_NORM(NAME, TYPE)                                                      \
+    extern "C" __global__ void __launch_bounds__(MOE_GEMV_THREADS, MOE_GEMV_MIN_BLOCKS_OF(TYPE))    \
+        NAME(const unsigned char* __restrict__ w, const float* __restrict__ x, float* y,            \
+             float* __restrict__ hidden, const float* __restrict__ weight, float* __restrict__ out, \
+             unsigned int* counters, int n, int n_in, float eps) {                                  \
+        KERNEL_PROLOGUE();                                                                          \
+        mul_mat_vec_add_norm<TYPE>(w, x, y, hidden, weight, out, counters, n, n_in, eps);           \
     }
 
 // hidden[t, :] += the MoE layer's combine_sum (elementwise.cu), then out[t, :] = the new row's rms_norm
@@ -305,16 +305,16 @@ __device__ void mul_mat_vec_combine_norm(const unsigned char* __restrict__ w, co
 }
 
 // One mul_mat_vec_combine_norm kernel per weight type, named by layout.WeightFormat.gemv_combine_norm_kernel_name.
-#define DENSE_MUL_MAT_VEC_COMBINE_NORM(NAME, TYPE)                                                          \
-    extern "C" __global__ void __launch_bounds__(MOE_GEMV_THREADS)                                          \
+#define DENSE_MUL_MAT_VEC_COMBINE_NORM(NAME, TYPE)                                                            \
+    extern "C" __global__ void __launch_bounds__(MOE_GEMV_THREADS, MOE_GEMV_MIN_BLOCKS_OF(TYPE))              \
         NAME(const unsigned char* __restrict__ w, const float* __restrict__ act, const int* __restrict__ ids, \
-             float* y, const float* __restrict__ route_weights, const float* __restrict__ weights,          \
-             const float* __restrict__ extra, float* __restrict__ hidden, const float* __restrict__ weight, \
-             float* __restrict__ out, unsigned int* counters, int n_expert, int n, int n_in, int top_k,     \
-             float eps) {                                                                                   \
-        KERNEL_PROLOGUE();                                                                                  \
-        mul_mat_vec_combine_norm<TYPE>(w, act, ids, y, route_weights, weights, extra, hidden, weight, out,  \
-                                       counters, n_expert, n, n_in, top_k, eps);                            \
+             float* y, const float* __restrict__ route_weights, const float* __restrict__ weights,            \
+             const float* __restrict__ extra, float* __restrict__ hidden, const float* __restrict__ weight,   \
+             float* __restrict__ out, unsigned int* counters, int n_expert, int n, int n_in, int top_k,       \
+             float eps) {                                                                                     \
+        KERNEL_PROLOGUE();                                                                                    \
+        mul_mat_vec_combine_norm<TYPE>(w, act, ids, y, route_weights, weights, extra, hidden, weight, out,    \
+                                       counters, n_expert, n, n_in, top_k, eps);                              \
     }
 
 // y[r, i] += bias[i]: thread i of the row block, rows blockIdx.y, blockIdx.y + gridDim.y, ...

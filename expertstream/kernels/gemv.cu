@@ -38,7 +38,9 @@
 // ---------------------------------------------------------------------------------
 
 // Must match expertstream/kernels/layout.py.
-#define MOE_GEMV_THREADS 128
+// 8 waves a block: the activation row quantized once for 16 output rows (128 threads: 8-19% slower on an
+// H100's one-token expert launches, docs/results/decode-kernels-h100.md)
+#define MOE_GEMV_THREADS 256
 #define MOE_GEMV_WAVE 32     // lanes per output row: a logical wave
 #define MOE_GEMV_WAVE_ROWS 2 // output rows per wave, side by side: an activation slice is read once for all
 #define MOE_GEMV_ROWS (MOE_GEMV_THREADS / MOE_GEMV_WAVE * MOE_GEMV_WAVE_ROWS)  // output rows per block
@@ -47,8 +49,11 @@ static_assert(MOE_GEMV_WAVE == 32, "a row's lanes add up by wave32_sum");
 #define MOE_GEMV_STAGE_LD 33 // floats per staged 32-element slice: lane l's slice l starts in bank l
 #define MOE_GEMV_DEPTH 1     // slices of each of a wave's rows a lane has in flight (2: decode 8% slower on
                              // an H100, Q4_K's registers 90 to 120 a thread; docs/results/decode-round5.md)
-#define MOE_GEMV_MIN_BLOCKS 1 // blocks a multiprocessor must hold at once (1: no bound on registers; 4 was
-                              // no faster on an H100, decode-round5.md)
+// Blocks a multiprocessor must hold at once, for the types whose rows meet int8 activations (GemvInt8):
+// 64 registers a thread, 32 warps (no bound: 70-94 registers, 16-24 warps; decode-kernels-h100.md). The
+// float path's 32 decoded floats a slice would spill at 64 registers: no bound there.
+#define MOE_GEMV_MIN_BLOCKS 4
+#define MOE_GEMV_MIN_BLOCKS_OF(TYPE) (GemvInt8<TYPE>::value ? MOE_GEMV_MIN_BLOCKS : 1)
 
 // The sum of the partial sums of a logical wave of 32 threads, valid at its lane 0 (the matrix-vector
 // kernels' rows here, the router's logits in routing.cu): lane l + s added into lane l for s = 16, 8,
@@ -418,10 +423,17 @@ template <int TYPE> struct GemvX<TYPE, true> {
     // Slices [c0, c0 + CHUNK) of the row quantized by the block's threads, four to a slice (eight
     // elements each), up to the padding tail's end (zeros past n_in): the bytes of quantize_block32,
     // s left for load(). Every thread calls it; it returns once every thread has finished reading
-    // the chunk before.
+    // the chunk before. A slice's four parts are neighbouring threads: on NVIDIA they exchange their
+    // amax by warp shuffles, one barrier a chunk; elsewhere through shared memory, two a round.
     __device__ static const GemvXq* stage(const float* __restrict__ x_row, int n_in, int c0) {
         __shared__ GemvXq xq_staged[CHUNK];
+#if !defined(__CUDA_ARCH__)
         __shared__ float part_max[MOE_GEMV_THREADS];  // a part's amax, NaN where it is not finite
+#else
+        if (c0 > 0) {
+            __syncthreads();  // the chunk before is read by every thread
+        }
+#endif
         const int padded = gemv_row_steps<TYPE>(n_in, true);
         const int blocks = padded - c0 < CHUNK ? padded - c0 : CHUNK;
         for (int first = 0; first < 4 * blocks; first += MOE_GEMV_THREADS) {  // the same rounds for every thread
@@ -431,17 +443,29 @@ template <int TYPE> struct GemvX<TYPE, true> {
             gemv_load_x<8>(x_row, k0, n_in, v);
             bool finite;
             const float amax = quantize_amax(v, 8, &finite);
-            part_max[threadIdx.x] = finite ? amax : bits_to_float(0x7fc00000u);
+            const float mine = finite ? amax : bits_to_float(0x7fc00000u);
+            float parts[4];  // the amax of the slice's four parts, NaN where one is not finite
+#if defined(__CUDA_ARCH__)
+            const int own = threadIdx.x % 32 & ~3;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                parts[i] = __shfl_sync(0xffffffffu, mine, own + i);
+            }
+#else
+            part_max[threadIdx.x] = mine;
             __syncthreads();
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                parts[i] = part_max[(threadIdx.x & ~3) + i];
+            }
+#endif
             if (part < 4 * blocks) {
-                const int own = threadIdx.x & ~3;
                 float block_max = 0.0f;
                 bool block_finite = true;
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
-                    const float m = part_max[own + i];
-                    block_finite = block_finite && m == m;
-                    block_max = m > block_max ? m : block_max;
+                    block_finite = block_finite && parts[i] == parts[i];
+                    block_max = parts[i] > block_max ? parts[i] : block_max;
                 }
                 GemvXq& xq = xq_staged[part / 4];
                 quantize_part8(v, block_max, block_finite, xq.q + 2 * (part % 4));
@@ -449,8 +473,13 @@ template <int TYPE> struct GemvX<TYPE, true> {
                     xq.scales.d = quantize_d(block_max, block_finite);
                 }
             }
-            __syncthreads();
+#if !defined(__CUDA_ARCH__)
+            __syncthreads();  // part_max is written again by the next round
+#endif
         }
+#if defined(__CUDA_ARCH__)
+        __syncthreads();
+#endif
         return xq_staged;
     }
     __device__ static void load(const GemvXq* staged, const float* __restrict__ x_row, int ks, int n_in, Slice& x) {
@@ -813,33 +842,33 @@ __device__ void mul_mat_vec_parts(const unsigned char* __restrict__ w0, const un
     gemv_block_rows<TYPE>(w, x + (long long)token * n_in, y + (long long)token * n_out, n_out, n_in);
 }
 
-#define MOE_MUL_MAT_VEC_ID(NAME, TYPE)                                                                    \
-    extern "C" __global__ void __launch_bounds__(MOE_GEMV_THREADS, MOE_GEMV_MIN_BLOCKS)                   \
+#define MOE_MUL_MAT_VEC_ID(NAME, TYPE)                                                                      \
+    extern "C" __global__ void __launch_bounds__(MOE_GEMV_THREADS, MOE_GEMV_MIN_BLOCKS_OF(TYPE))            \
         NAME(const unsigned char* __restrict__ w, const float* __restrict__ x, const int* __restrict__ ids, \
-             float* __restrict__ y, int n_expert, int n_out, int n_in, int top_k, int x_per_pair,          \
-             int n_pairs, const float* __restrict__ route_weights, const float* __restrict__ silu_gate) {  \
-        prefetch_dense_rows<TYPE>(w, n_expert, n_out, n_in);                                               \
-        KERNEL_PROLOGUE();                                                                                 \
-        mul_mat_vec_id<TYPE>(w, x, ids, y, n_expert, n_out, n_in, top_k, x_per_pair, n_pairs,              \
-                             route_weights, silu_gate);                                                    \
+             float* __restrict__ y, int n_expert, int n_out, int n_in, int top_k, int x_per_pair,           \
+             int n_pairs, const float* __restrict__ route_weights, const float* __restrict__ silu_gate) {   \
+        prefetch_dense_rows<TYPE>(w, n_expert, n_out, n_in);                                                \
+        KERNEL_PROLOGUE();                                                                                  \
+        mul_mat_vec_id<TYPE>(w, x, ids, y, n_expert, n_out, n_in, top_k, x_per_pair, n_pairs,               \
+                             route_weights, silu_gate);                                                     \
     }
-#define MOE_GATE_UP_VEC_ID(NAME, TYPE)                                                                    \
-    extern "C" __global__ void __launch_bounds__(MOE_GEMV_THREADS, MOE_GEMV_MIN_BLOCKS)                   \
+#define MOE_GATE_UP_VEC_ID(NAME, TYPE)                                                                      \
+    extern "C" __global__ void __launch_bounds__(MOE_GEMV_THREADS, MOE_GEMV_MIN_BLOCKS_OF(TYPE))            \
         NAME(const unsigned char* __restrict__ w_gate, const unsigned char* __restrict__ w_up,              \
              const float* __restrict__ x, const int* __restrict__ ids, float* __restrict__ y, int n_expert, \
-             int n_out, int n_in, int top_k, int n_pairs) {                                                \
-        KERNEL_PROLOGUE();                                                                                 \
-        gate_up_vec_id<TYPE>(w_gate, w_up, x, ids, y, n_expert, n_out, n_in, top_k, n_pairs);              \
-    }
-#define MOE_MUL_MAT_VEC_PARTS(NAME, TYPE)                                                                   \
-    extern "C" __global__ void __launch_bounds__(MOE_GEMV_THREADS, MOE_GEMV_MIN_BLOCKS)                     \
-        NAME(const unsigned char* __restrict__ w0, const unsigned char* __restrict__ w1,                    \
-             const unsigned char* __restrict__ w2, const float* __restrict__ x, float* __restrict__ y0,     \
-             float* __restrict__ y1, float* __restrict__ y2, int n_out0, int n_out1, int n_out2, int n_in,  \
-             int n_tokens) {                                                                                \
-        prefetch_parts_rows<TYPE>(w0, w1, w2, n_out0, n_out1, n_out2, n_in, n_tokens);                      \
+             int n_out, int n_in, int top_k, int n_pairs) {                                                 \
         KERNEL_PROLOGUE();                                                                                  \
-        mul_mat_vec_parts<TYPE>(w0, w1, w2, x, y0, y1, y2, n_out0, n_out1, n_out2, n_in, n_tokens);         \
+        gate_up_vec_id<TYPE>(w_gate, w_up, x, ids, y, n_expert, n_out, n_in, top_k, n_pairs);               \
+    }
+#define MOE_MUL_MAT_VEC_PARTS(NAME, TYPE)                                                                  \
+    extern "C" __global__ void __launch_bounds__(MOE_GEMV_THREADS, MOE_GEMV_MIN_BLOCKS_OF(TYPE))           \
+        NAME(const unsigned char* __restrict__ w0, const unsigned char* __restrict__ w1,                   \
+             const unsigned char* __restrict__ w2, const float* __restrict__ x, float* __restrict__ y0,    \
+             float* __restrict__ y1, float* __restrict__ y2, int n_out0, int n_out1, int n_out2, int n_in, \
+             int n_tokens) {                                                                               \
+        prefetch_parts_rows<TYPE>(w0, w1, w2, n_out0, n_out1, n_out2, n_in, n_tokens);                     \
+        KERNEL_PROLOGUE();                                                                                 \
+        mul_mat_vec_parts<TYPE>(w0, w1, w2, x, y0, y1, y2, n_out0, n_out1, n_out2, n_in, n_tokens);        \
     }
 // Instances (one per weight type of layout.FORMATS) are appended after the last file by
 // kernel_source (program.py), for the types a module needs.
