@@ -7,6 +7,7 @@
 #include <string>
 #include <cuda_runtime.h>
 
+#define CEIL(a, b) (((a) + (b) - 1) / (b))
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); exit(1); } } while (0)
 
 __global__ void fill_bytes(unsigned int* p, size_t words, unsigned int seed) {
@@ -122,7 +123,7 @@ int main(int argc, char** argv) {
         unsigned char* wu = weights(*t, (size_t)E * 768, 2048, 2u);
         double sec = time_graph(s, N, [&](int i) {
             auto k = q4 ? moe_gate_up_vec_id_q4_k : moe_gate_up_vec_id_q6_k;
-            launch(k, dim3(768 / 4, K), dim3(128), s, (const unsigned char*)wg, (const unsigned char*)wu, (const float*)x,
+            launch(k, dim3(CEIL(768, MOE_GEMV_GATE_UP_ROWS), K), dim3(MOE_GEMV_THREADS), s, (const unsigned char*)wg, (const unsigned char*)wu, (const float*)x,
                    (const int*)(ids + i * K), y, E, 768, 2048, K, K);
         });
         report((std::string(t->name) + " gate+up x8").c_str(), sec, 2.0 * K * 768 * row_bytes(*t, 2048), y, K * 768 * 4);
@@ -131,7 +132,7 @@ int main(int argc, char** argv) {
         unsigned char* wd = weights(*t, (size_t)E * 2048, 768, 3u);
         sec = time_graph(s, N, [&](int i) {
             auto k = q4 ? moe_mul_mat_vec_id_q4_k : moe_mul_mat_vec_id_q6_k;
-            launch(k, dim3(2048 / 8, K), dim3(128), s, (const unsigned char*)wd, (const float*)x, (const int*)(ids + i * K), y, E,
+            launch(k, dim3(CEIL(2048, MOE_GEMV_ROWS), K), dim3(MOE_GEMV_THREADS), s, (const unsigned char*)wd, (const float*)x, (const int*)(ids + i * K), y, E,
                    2048, 768, K, 1, K, (const float*)nullptr, (const float*)nullptr);
         });
         report((std::string(t->name) + " down x8").c_str(), sec, 1.0 * K * 2048 * row_bytes(*t, 768), y, K * 2048 * 4);
@@ -144,7 +145,7 @@ int main(int argc, char** argv) {
         sec = time_graph(s, N, [&](int i) {
             const int l = i % L;
             auto k = q4 ? moe_mul_mat_vec_parts_q4_k : moe_mul_mat_vec_parts_q6_k;
-            launch(k, dim3(4096 / 8, 3), dim3(128), s, (const unsigned char*)(wq + l * 4096 * row_bytes(*t, 2048)),
+            launch(k, dim3(CEIL(4096, MOE_GEMV_ROWS), 3), dim3(MOE_GEMV_THREADS), s, (const unsigned char*)(wq + l * 4096 * row_bytes(*t, 2048)),
                    (const unsigned char*)(wk + l * 512 * row_bytes(*t, 2048)), (const unsigned char*)(wv + l * 512 * row_bytes(*t, 2048)),
                    (const float*)x, yq, yk, yv, 4096, 512, 512, 2048, 1);
         });
@@ -152,7 +153,7 @@ int main(int argc, char** argv) {
         sec = time_graph(s, N, [&](int i) {
             const int l = i % L;
             auto k = q4 ? moe_mul_mat_vec_id_q4_k : moe_mul_mat_vec_id_q6_k;
-            launch(k, dim3(2048 / 8, 1), dim3(128), s, (const unsigned char*)(wo + l * 2048 * row_bytes(*t, 4096)), (const float*)x,
+            launch(k, dim3(CEIL(2048, MOE_GEMV_ROWS), 1), dim3(MOE_GEMV_THREADS), s, (const unsigned char*)(wo + l * 2048 * row_bytes(*t, 4096)), (const float*)x,
                    (const int*)ids, y, 1, 2048, 4096, 1, 0, 1, (const float*)nullptr, (const float*)nullptr);
         });
         // ids[0] must be 0 for one expert: launch 0's first id is 0
@@ -161,7 +162,7 @@ int main(int argc, char** argv) {
         if (!q4) {  // the output head [151936][2048]
             unsigned char* wh = weights(*t, 151936, 2048, 8u);
             sec = time_graph(s, 8, [&](int) {
-                launch(moe_mul_mat_vec_id_q6_k, dim3(151936 / 8, 1), dim3(128), s, (const unsigned char*)wh, (const float*)x,
+                launch(moe_mul_mat_vec_id_q6_k, dim3(CEIL(151936, MOE_GEMV_ROWS), 1), dim3(MOE_GEMV_THREADS), s, (const unsigned char*)wh, (const float*)x,
                        (const int*)ids, ybig, 1, 151936, 2048, 1, 0, 1, (const float*)nullptr, (const float*)nullptr);
             });
             report("Q6_K head", sec, 151936.0 * row_bytes(*t, 2048), ybig, 151936 * 4);
