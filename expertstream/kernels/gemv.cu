@@ -49,10 +49,16 @@ static_assert(MOE_GEMV_WAVE == 32, "a row's lanes add up by wave32_sum");
 #define MOE_GEMV_STAGE_LD 33 // floats per staged 32-element slice: lane l's slice l starts in bank l
 #define MOE_GEMV_DEPTH 1     // slices of each of a wave's rows a lane has in flight (2: decode 8% slower on
                              // an H100, Q4_K's registers 90 to 120 a thread; docs/results/decode-round5.md)
-// Blocks a multiprocessor must hold at once, for the types whose rows meet int8 activations (GemvInt8):
-// 64 registers a thread, 32 warps (no bound: 70-94 registers, 16-24 warps; decode-kernels-h100.md). The
-// float path's 32 decoded floats a slice would spill at 64 registers: no bound there.
+// Blocks a multiprocessor must hold at once, on NVIDIA, for the types whose rows meet int8 activations
+// (GemvInt8): 64 registers a thread, 32 warps (no bound: 70-94 registers, 16-24 warps;
+// decode-kernels-h100.md). The float path's 32 decoded floats a slice would spill at 64 registers: no
+// bound there. On AMD the second bound means waves per execution unit, which some of these kernels'
+// registers miss at 4: none asked.
+#if defined(__CUDA_ARCH__)
 #define MOE_GEMV_MIN_BLOCKS 4
+#else
+#define MOE_GEMV_MIN_BLOCKS 1
+#endif
 #define MOE_GEMV_MIN_BLOCKS_OF(TYPE) (GemvInt8<TYPE>::value ? MOE_GEMV_MIN_BLOCKS : 1)
 
 // The sum of the partial sums of a logical wave of 32 threads, valid at its lane 0 (the matrix-vector
