@@ -61,6 +61,12 @@ static_assert(MOE_GEMV_WAVE == 32, "a row's lanes add up by wave32_sum");
 #endif
 #define MOE_GEMV_MIN_BLOCKS_OF(TYPE) (GemvInt8<TYPE>::value ? MOE_GEMV_MIN_BLOCKS : 1)
 
+// NVIDIA's warp-shuffle paths of this file beyond wave32_sum (the activations' amax), and the host test
+// harness's emulation of them (ES_EMULATE_WARPS): the bytes of the shared-memory paths they stand for.
+#if defined(__CUDA_ARCH__) || defined(ES_EMULATE_WARPS)
+#define GEMV_WARP_PATHS 1
+#endif
+
 // The sum of the partial sums of a logical wave of 32 threads, valid at its lane 0 (the matrix-vector
 // kernels' rows here, the router's logits in routing.cu): lane l + s added into lane l for s = 16, 8,
 // 4, 2, 1, the same additions on every device. Every thread of the block calls it: on NVIDIA through
@@ -433,7 +439,7 @@ template <int TYPE> struct GemvX<TYPE, true> {
     // amax by warp shuffles, one barrier a chunk; elsewhere through shared memory, two a round.
     __device__ static const GemvXq* stage(const float* __restrict__ x_row, int n_in, int c0) {
         __shared__ GemvXq xq_staged[CHUNK];
-#if !defined(__CUDA_ARCH__)
+#if !defined(GEMV_WARP_PATHS)
         __shared__ float part_max[MOE_GEMV_THREADS];  // a part's amax, NaN where it is not finite
 #else
         if (c0 > 0) {
@@ -451,7 +457,7 @@ template <int TYPE> struct GemvX<TYPE, true> {
             const float amax = quantize_amax(v, 8, &finite);
             const float mine = finite ? amax : bits_to_float(0x7fc00000u);
             float parts[4];  // the amax of the slice's four parts, NaN where one is not finite
-#if defined(__CUDA_ARCH__)
+#if defined(GEMV_WARP_PATHS)
             const int own = threadIdx.x % 32 & ~3;
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
@@ -479,11 +485,11 @@ template <int TYPE> struct GemvX<TYPE, true> {
                     xq.scales.d = quantize_d(block_max, block_finite);
                 }
             }
-#if !defined(__CUDA_ARCH__)
+#if !defined(GEMV_WARP_PATHS)
             __syncthreads();  // part_max is written again by the next round
 #endif
         }
-#if defined(__CUDA_ARCH__)
+#if defined(GEMV_WARP_PATHS)
         __syncthreads();
 #endif
         return xq_staged;

@@ -25,7 +25,7 @@ from expertstream.kernels import reference as ref
 from expertstream.kernels.layout import FORMATS
 from expertstream.kernels.program import source_file
 
-from .test_kernels_on_host import _FIBERS, CXX, build_on_host, with_tail
+from .test_kernels_on_host import _FIBERS, CXX, WARP_EMULATION, build_on_host, with_tail
 
 _T = GGMLQuantizationType
 # Whole 32-element blocks (Q4_0, Q8_0, bytes for MXFP4), 256-element blocks loaded in 16-byte runs (Q4_K)
@@ -116,11 +116,11 @@ int main(int argc, char** argv) {
 )
 
 
-def build_gemv(folder: Path, source: str) -> Path:
-    """_DRIVER over ``source``'s matrix-vector kernels of TYPES, compiled for this host."""
+def build_gemv(folder: Path, source: str, prefix: str = "") -> Path:
+    """_DRIVER over ``source``'s matrix-vector kernels of TYPES, compiled for this host after ``prefix``."""
     names = ", ".join(FORMATS[t].gemv_kernel_name for t in TYPES)
     gate_up_names = ", ".join(FORMATS[t].gemv_gate_up_kernel_name for t in TYPES)
-    return build_on_host(folder, source, _DRIVER % (names, gate_up_names))
+    return build_on_host(folder, prefix + source, _DRIVER % (names, gate_up_names))
 
 
 @pytest.fixture(scope="module")
@@ -212,6 +212,31 @@ def test_slices_in_flight_do_not_change_the_bytes(
         two = run_gemv(deeper, w_type, padded, x, ids, (n_expert, n_out, n_in))
         assert np.isfinite(one).all()
         assert one.tobytes() == two.tobytes(), w_type.name
+
+
+def test_the_warp_path_stages_the_bytes_of_the_block_path(
+    host_gemv: Path, tmp_path_factory: pytest.TempPathFactory, rng: np.random.Generator
+) -> None:
+    """NVIDIA's staging of the int8 activations (each slice's amax exchanged by warp shuffles, one barrier a
+    chunk; emulated here) writes the bytes of the shared-memory path: a row of two chunks, a block of
+    zeros, one holding a NaN, and a short row. (The emulated shuffles are barriers themselves, so this
+    cannot see a chunk staged before every thread has read the one before: the kernel's own barrier.)"""
+    warps = build_gemv(tmp_path_factory.mktemp("host_gemv_warps"), kernel_source(TYPES), WARP_EMULATION)
+    ids = np.array([[1, 0]], np.int32)
+    n_expert, n_out = 2, 5
+    for n_in in (layout.GEMV_STAGE_Q8 + 512, 768):
+        clean = rng.standard_normal((1, n_in)).astype(np.float32)
+        clean[0, 32:64] = 0.0
+        with_nan = clean.copy()
+        with_nan[0, 100] = np.nan
+        for w_type in sorted(layout.GEMV_INT8_TYPES, key=lambda t: t.name):
+            w = ref.random_weights(rng, w_type, n_expert * n_out, n_in)
+            padded = with_tail(w, w_type, n_in)
+            for x in (clean, with_nan):
+                block = run_gemv(host_gemv, w_type, padded, x, ids, (n_expert, n_out, n_in))
+                warp = run_gemv(warps, w_type, padded, x, ids, (n_expert, n_out, n_in))
+                assert warp.tobytes() == block.tobytes(), (w_type.name, n_in)
+                assert np.isnan(block).all() if x is with_nan else np.isfinite(block).all()
 
 
 @pytest.mark.parametrize("w_type", [_T.Q4_0, _T.Q4_K, _T.Q8_0, _T.MXFP4], ids=lambda t: t.name)

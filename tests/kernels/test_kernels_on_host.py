@@ -217,6 +217,45 @@ def host_kernels(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_on_host(tmp_path_factory.mktemp("host_kernels"), kernel_source(), _DRIVER % tuple(names))
 
 
+# The warp functions NVIDIA's warp paths use (the router's selection, the matrix-vector kernels' activation
+# amax), for fibers: a lane's value goes through a slot, with a barrier (a fiber yield) after the writes and
+# another after the reads. A yield is not a count, so this is faithful where every thread of the block
+# takes the same shuffles (the matrix-vector kernels' staging) or the block's other warps have left the
+# selection, as they do on the router's paths without groups (and on the grouped path for one row a block).
+WARP_EMULATION = """
+#include <cstring>
+#define ES_EMULATE_WARPS 1
+#define __forceinline__ inline
+static unsigned long long es_warp_slots[1024];
+template <typename T> static T es_warp_read(T v, unsigned src_lane) {
+    unsigned long long bits = 0;
+    memcpy(&bits, &v, sizeof(T));
+    es_warp_slots[threadIdx.x] = bits;
+    __syncthreads();
+    const unsigned long long got = es_warp_slots[(threadIdx.x & ~31u) + (src_lane & 31u)];
+    __syncthreads();
+    T out;
+    memcpy(&out, &got, sizeof(T));
+    return out;
+}
+template <typename T> static T __shfl_sync(unsigned, T v, int src) { return es_warp_read(v, (unsigned)src); }
+template <typename T> static T __shfl_xor_sync(unsigned, T v, int s) {
+    return es_warp_read(v, (threadIdx.x & 31u) ^ s);
+}
+template <typename T> static T __shfl_down_sync(unsigned, T v, int s) {
+    const unsigned lane = threadIdx.x & 31u;
+    return es_warp_read(v, lane + s < 32 ? lane + s : lane);
+}
+static unsigned __reduce_max_sync(unsigned, unsigned v) {
+    for (int s = 16; s > 0; s >>= 1) {
+        const unsigned other = __shfl_xor_sync(0xffffffffu, v, s);
+        v = other > v ? other : v;
+    }
+    return v;
+}
+"""
+
+
 def shared_code(source: str) -> str:
     """The kernel source up to simt.cu's mul_mat_id kernels: the definitions every other part uses,
     without the elementwise, routing and stand-in kernels (which use dynamic shared memory)."""

@@ -19,7 +19,7 @@ import pytest
 from expertstream.kernels import kernel_source, routing
 from expertstream.kernels.program import source_file
 
-from .test_kernels_on_host import _FIBERS, CXX, compile_on_host, shared_code
+from .test_kernels_on_host import _FIBERS, CXX, WARP_EMULATION, compile_on_host, shared_code
 from .test_router_arch import ARCH_ROUTING
 
 _DRIVER = (
@@ -215,44 +215,6 @@ def test_fused_router_is_the_bytes_of_logits_then_select(
     assert runs[2] == two_launches, "a second fused launch (the counter reused) wrote other bytes"
 
 
-# The warp functions the router's warp paths use, for fibers: a lane's value goes through a slot, with a
-# barrier (a fiber yield) after the writes and another after the reads. A yield is not a count, so this is
-# faithful where the block's other warps have left the selection, as they do on the paths without groups
-# (and on the grouped path for one row a block).
-_WARP_EMULATION = """
-#include <cstring>
-#define ES_EMULATE_WARPS 1
-#define __forceinline__ inline
-static unsigned long long es_warp_slots[1024];
-template <typename T> static T es_warp_read(T v, unsigned src_lane) {
-    unsigned long long bits = 0;
-    memcpy(&bits, &v, sizeof(T));
-    es_warp_slots[threadIdx.x] = bits;
-    __syncthreads();
-    const unsigned long long got = es_warp_slots[(threadIdx.x & ~31u) + (src_lane & 31u)];
-    __syncthreads();
-    T out;
-    memcpy(&out, &got, sizeof(T));
-    return out;
-}
-template <typename T> static T __shfl_sync(unsigned, T v, int src) { return es_warp_read(v, (unsigned)src); }
-template <typename T> static T __shfl_xor_sync(unsigned, T v, int s) {
-    return es_warp_read(v, (threadIdx.x & 31u) ^ s);
-}
-template <typename T> static T __shfl_down_sync(unsigned, T v, int s) {
-    const unsigned lane = threadIdx.x & 31u;
-    return es_warp_read(v, lane + s < 32 ? lane + s : lane);
-}
-static unsigned __reduce_max_sync(unsigned, unsigned v) {
-    for (int s = 16; s > 0; s >>= 1) {
-        const unsigned other = __shfl_xor_sync(0xffffffffu, v, s);
-        v = other > v ? other : v;
-    }
-    return v;
-}
-"""
-
-
 @pytest.fixture(scope="module")
 def host_router_warps(tmp_path_factory: pytest.TempPathFactory, host_fused_router: Path) -> dict[str, Path]:
     """The fused-router driver three ways: the block path (AMD's, and the host's: host_fused_router),
@@ -262,8 +224,8 @@ def host_router_warps(tmp_path_factory: pytest.TempPathFactory, host_fused_route
     folder = tmp_path_factory.mktemp("router_warps")
     return {
         "block": host_fused_router,
-        "warps": compile_on_host(folder, "warps", _WARP_EMULATION + code),
-        "redux": compile_on_host(folder, "redux", "#define ES_EMULATE_REDUX 1\n" + _WARP_EMULATION + code),
+        "warps": compile_on_host(folder, "warps", WARP_EMULATION + code),
+        "redux": compile_on_host(folder, "redux", "#define ES_EMULATE_REDUX 1\n" + WARP_EMULATION + code),
     }
 
 
