@@ -5,8 +5,9 @@ One token's pairs on Qwen3-30B-A3B-shaped tensors (128 experts; gate/up [768][20
 activation row shared by its pairs, down [2048][768] with one row per pair): 1 pair (one expert, as a
 dense projection runs) and 8 (the token's top-8, distinct experts); then gate, up and SwiGLU in one
 launch ("gate+up", both tensors' bytes), and the attention projections of one token (one expert, one
-pair: "dense q" [4096][2048], "dense k/v" [512][2048], "dense o" [2048][4096]) on the matrix-vector
-kernel only. A row's time is the device time
+pair: "dense q" [4096][2048], "dense k/v" [512][2048], "dense o" [2048][4096]) and its output head ("dense
+head" [151936][2048], 255 MB at Q6_K: the one launch of a step long enough to run at the kernel's steady
+rate) on the matrix-vector kernel only. A row's time is the device time
 per call, back to back behind a gate as kernels.py times them, and its GB/s the weight bytes the call
 must read (the rows of the experts its pairs use, each expert once) over that time: against the
 device's memory bandwidth, how far decode is from reading each weight once at full speed. "vs gemv"
@@ -35,8 +36,9 @@ from ._common import Column
 DEFAULT_TYPES = ("Q4_0", "Q4_K")
 PAIRS = (1, 8)
 COPY_LARGE_BYTES = 1 << 30  # the plain copy that sets the device's sustained bandwidth
-# Qwen3-30B-A3B's attention projections for one token, run as one expert and one pair: (name, n_out, n_in).
-DENSE_SHAPES = (("q", 4096, 2048), ("k/v", 512, 2048), ("o", 2048, 4096))
+# Qwen3-30B-A3B's attention projections and output head for one token, run as one expert and one pair:
+# (name, n_out, n_in).
+DENSE_SHAPES = (("q", 4096, 2048), ("k/v", 512, 2048), ("o", 2048, 4096), ("head", 151936, 2048))
 
 
 @dataclass(frozen=True)
