@@ -780,11 +780,16 @@ def tune(
     )
 
 
+def gather_step_seconds(graph_s: float | None, step_s: float) -> float:
+    """The gather's best decode step: replayed from one graph where the device captured one, else call by call."""
+    return step_s if graph_s is None else min(graph_s, step_s)
+
+
 def decode_gather_wins(graph_s: float | None, step_s: float, dma_s: float) -> bool:
-    """Whether decode should copy its experts with the device's gather: its best step (replayed from one
-    graph where the device captured one, else call by call) against the DMAs' step, which the host's
-    reading of the routing ids keeps call by call. A tie goes to the gather (no host round trip)."""
-    return min(step_s, graph_s if graph_s is not None else step_s) <= dma_s
+    """Whether decode should copy its experts with the device's gather: its best step against the DMAs',
+    which the host's reading of the routing ids keeps call by call. A tie goes to the gather (no host
+    round trip)."""
+    return gather_step_seconds(graph_s, step_s) <= dma_s
 
 
 # What disk_fields sets.

@@ -25,7 +25,7 @@ from ..engine.runner import Batching
 from ..hostmem import HostMemoryMode, RingFill, RingOptions
 from ..kernels.layout import MatrixPath
 from ..model import MoeModel
-from .tools import UsageError, decode_gather, writable_path
+from .tools import UsageError, decode_copies, gathers, writable_path
 
 AUTO = "auto"
 PREDICTED_MODES = "predicted"  # --host-memory auto given alone: the fastest mode by prediction
@@ -77,7 +77,7 @@ class RunConfig:
     decode_lookahead: int | None
     experts_only: bool
     prefill_order: str | None  # None: bench.measure.default_prefill_order
-    gather: bool | None  # None: --decode-copies auto, until resolve_decode_copies settles it
+    decode_copies: str  # gather, dma, or auto until resolve_decode_copies settles it (tools.DECODE_COPIES)
     graphs: bool
     repetitions: int
     seed: int
@@ -146,7 +146,7 @@ class RunConfig:
             decode_lookahead=args.decode_lookahead,
             experts_only=args.experts_only,
             prefill_order=args.prefill_order,
-            gather=None if args.decode_copies == "auto" and not args.no_gather else decode_gather(args, None),
+            decode_copies=decode_copies(args),
             graphs=not args.no_graphs,
             repetitions=args.repetitions,
             seed=args.seed,
@@ -204,7 +204,7 @@ class RunConfig:
             decode_lookahead=self.decode_lookahead,
             whole=not self.experts_only,
             prefill_order=self.prefill_order,
-            gather=self.gather is not False,
+            gather=gathers(self.decode_copies, None),
             graphs=self.graphs,
         )
 
@@ -218,9 +218,7 @@ class RunConfig:
     def resolve_decode_copies(self, profile: Profile | None) -> RunConfig:
         """This configuration with --decode-copies auto settled: the choice `tune` recorded in ``profile``,
         else the device's gather."""
-        if self.gather is not None:
-            return self
-        return dataclasses.replace(self, gather=True if profile is None else profile.decode_gather)
+        return dataclasses.replace(self, decode_copies="gather" if gathers(self.decode_copies, profile) else "dma")
 
     def resolve_auto(self, profile: Profile, model: MoeModel, devices: Sequence[Device]) -> RunConfig:
         """This configuration with the automatic settings picked by prediction on these devices."""

@@ -20,7 +20,8 @@ from .tools import (
     HelpFormatter,
     add_decode_copies,
     add_decode_lookahead,
-    decode_gather,
+    decode_copies,
+    gathers,
     option_type,
     writable_path,
     write_trace,
@@ -144,7 +145,7 @@ def _options(args: argparse.Namespace) -> Options:
         fuse_gate_up=args.fuse_gate_up,
         prefill_order=args.prefill_order,
         graphs=not args.no_graphs,
-        gather=decode_gather(args, None if args.profile is None else resolve_profile(args.profile)),
+        gather=gathers(decode_copies(args), None if args.profile is None else resolve_profile(args.profile)),
         decode_lookahead=args.decode_lookahead,
     )
 

@@ -599,8 +599,9 @@ def _prediction_profile(config: RunConfig, backend: Backend, device: Device, mod
         profile = resolve_profile(config.predict)
         _say_what_was_not_tuned(config.predict)
         return profile
-    if backend.vendor is Vendor.SIM:
-        return Profile.from_dict(backend.describe()["profile"])
+    own = _own_profile(backend)
+    if own is not None:
+        return own
     notice("no profile given (--predict PROFILE.json): tuning this device first")
     return tune(backend, device, model).profile
 
@@ -647,5 +648,5 @@ def _header(backend: Backend, device_name: str, model: MoeModel, config: RunConf
         "tokens": first[0],
         "ubatch": first[1],
         "decode_steps": first[2],
-        "decode_copies": "gather" if config.gather is not False else "dma",
+        "decode_copies": config.decode_copies,
     }

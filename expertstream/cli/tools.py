@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from tqdm import tqdm
 
@@ -28,6 +28,9 @@ from ..backends import backend as _backend
 from ..backends.base import Backend
 from ..errors import ExpertStreamError
 from ..timeline import to_chrome_trace
+
+if TYPE_CHECKING:
+    from ..backends.sim.profiles import Profile
 
 log = logging.getLogger(__name__)
 
@@ -351,16 +354,19 @@ def add_decode_copies(parser: argparse.ArgumentParser, profile_option: str) -> N
     parser.add_argument("--no-gather", action="store_true", help="the same as --decode-copies dma")
 
 
-def decode_gather(args: argparse.Namespace, profile: Any | None) -> bool:
-    """Whether decode copies with the device's gather (Scheduler.gather), from ``--decode-copies`` and
-    ``--no-gather``; auto takes ``profile``'s choice (a backends.sim.profiles.Profile, or None: gather)."""
+def decode_copies(args: argparse.Namespace) -> str:
+    """``--decode-copies`` with ``--no-gather`` (its older spelling of dma) folded in: one of DECODE_COPIES."""
     if args.no_gather and args.decode_copies == "gather":
         raise UsageError("--no-gather asks for --decode-copies dma, not gather: give one of them")
-    if args.no_gather or args.decode_copies == "dma":
-        return False
-    if args.decode_copies == "gather" or profile is None:
-        return True
-    return bool(profile.decode_gather)
+    return "dma" if args.no_gather else str(args.decode_copies)
+
+
+def gathers(copies: str, profile: Profile | None) -> bool:
+    """Whether decode copies with the device's gather (Scheduler.gather) for ``copies`` (one of
+    DECODE_COPIES): auto takes the choice `tune` recorded in ``profile``, and the gather where none is given."""
+    if copies == "auto":
+        return profile is None or profile.decode_gather
+    return copies == "gather"
 
 
 __all__ = [
@@ -374,8 +380,9 @@ __all__ = [
     "add_decode_copies",
     "add_decode_lookahead",
     "backend_variable_problem",
-    "decode_gather",
+    "decode_copies",
     "duration",
+    "gathers",
     "on_hard_stop",
     "open_backend",
     "option_type",

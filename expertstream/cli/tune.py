@@ -17,7 +17,7 @@ from gguf import GGMLQuantizationType
 
 from ..backends.base import Backend
 from ..backends.sim.profiles import Profile
-from ..bench.tuner import DEFAULT_PRESET, DEFAULT_UBATCHES, Tuned, calibration_model, tune
+from ..bench.tuner import DEFAULT_PRESET, DEFAULT_UBATCHES, Tuned, calibration_model, gather_step_seconds, tune
 from ..hostmem import HostMemoryMode
 from ..kernels.layout import FORMATS
 from ..model import PRESETS, MoeModel
@@ -236,12 +236,11 @@ def _decode_copies_line(tuned: Tuned, steps: str) -> str:
     """Which way decode copies its experts (the profile's decode_gather) and the steps that chose it."""
     p = tuned.profile
     chosen = "the device's gather" if p.decode_gather else "DMAs after reading the routing ids back"
-    if tuned.dma_step_s is None:
+    if tuned.dma_step_s is None or tuned.decode_step_s is None:
         return f"  decode copies: {chosen}"
-    gather_s = min(s for s in (tuned.graph_step_s, tuned.decode_step_s) if s is not None)
     return (
         f"  decode copies: {chosen} (--decode-copies auto with this profile): the gather's {steps} "
-        f"{_ms(gather_s)}, with DMAs {_ms(tuned.dma_step_s)}"
+        f"{_ms(gather_step_seconds(tuned.graph_step_s, tuned.decode_step_s))}, with DMAs {_ms(tuned.dma_step_s)}"
     )
 
 
