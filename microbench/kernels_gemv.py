@@ -7,10 +7,15 @@ dense projection runs) and 8 (the token's top-8, distinct experts); then gate, u
 launch ("gate+up", both tensors' bytes), and the attention projections of one token (one expert, one
 pair: "dense q" [4096][2048], "dense k/v" [512][2048], "dense o" [2048][4096]) and its output head ("dense
 head" [151936][2048], 255 MB at Q6_K: the one launch of a step long enough to run at the kernel's steady
-rate) on the matrix-vector kernel only. A row's time is the device time
-per call, back to back behind a gate as kernels.py times them, and its GB/s the weight bytes the call
-must read (the rows of the experts its pairs use, each expert once) over that time: against the
-device's memory bandwidth, how far decode is from reading each weight once at full speed. "vs gemv"
+rate) on the matrix-vector kernel only; last "gate+up,down": the fused gate launch and the down launch
+that reads its output, as a decode step runs them, with down's experts asked into L2 by the first
+("gemv+L2", ``MoeKernels.gate_up``'s ``next_experts``) and without ("gemv"). A row's time is the device
+time per call, back to back behind a gate as kernels.py times them, and its GB/s the weight bytes the
+call must read (the rows of the experts its pairs use, each expert once) over that time: against the
+device's memory bandwidth, how far decode is from reading each weight once at full speed. Calls in
+turn read other weights, as a decode step's layers do: the expert rows rotate through disjoint sets
+of experts, and a dense row through copies of its tensor, at least ROTATION_BYTES in all (several
+times a GPU's L2), so no call finds the rows the calls before it read in L2. "vs gemv"
 is each output's relative difference from the matrix-vector kernel's (about 2.4e-3 for the bf16
 paths, from their rounding). Last, the device's own reference in the same run: a plain device-to-device
 copy (``copy_d2d``) of the largest launch's bytes and of 1 GiB, its GB/s the bytes read and written over
@@ -19,13 +24,14 @@ its time (the memory bandwidth a program reaches), so each row's GB/s reads as a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import itertools
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from expertstream.backends.base import Device, DeviceBuffer, Stream
+from expertstream.backends.base import BufferView, Device, DeviceBuffer, Stream
 from expertstream.bench.probes import expert_weights
 from expertstream.kernels import MoeKernels
 from expertstream.kernels import reference as ref
@@ -39,6 +45,7 @@ COPY_LARGE_BYTES = 1 << 30  # the plain copy that sets the device's sustained ba
 # Qwen3-30B-A3B's attention projections and output head for one token, run as one expert and one pair:
 # (name, n_out, n_in).
 DENSE_SHAPES = (("q", 4096, 2048), ("k/v", 512, 2048), ("o", 2048, 4096), ("head", 151936, 2048))
+ROTATION_BYTES = 256 << 20  # the weights calls in turn read, at least: past any GPU's L2 (50 MB on an H100)
 
 
 @dataclass(frozen=True)
@@ -86,15 +93,18 @@ def measure(
             for shape in shapes:
                 with expert_weights(device, rng, w_type, shape.n_out, shape.n_in, n_expert) as w:
                     for pairs in PAIRS:
-                        ids = rng.permutation(n_expert)[:pairs].astype(np.int32).reshape(1, pairs)
                         x = rng.standard_normal((pairs if shape.x_per_pair else 1, shape.n_in), dtype=np.float32)
-                        problem = (w, w_type, shape, n_expert)
+                        problem = ([w], w_type, shape, n_expert)
+                        ids = rotating_ids(rng, n_expert, pairs)
                         rows += _measure_pairs(device, stream, kernels, problem, x, ids, time_ms)
-            rows += _measure_gate_up(device, stream, gemv, w_type, shapes[0], n_expert, rng, time_ms)
+            rows += _measure_gate_up(device, stream, gemv, w_type, shapes, n_expert, rng, time_ms)
             for name, n_out, n_in in DENSE_SHAPES:
-                with expert_weights(device, rng, w_type, n_out, n_in, 1) as w:
+                tensor_bytes = n_out * weight_format(w_type).row_bytes(n_in)
+                copies = max(1, -(-ROTATION_BYTES // tensor_bytes))
+                with expert_weights(device, rng, w_type, n_out, n_in, copies) as w:
                     x = rng.standard_normal((1, n_in), dtype=np.float32)
-                    dense = (w, w_type, TensorShape(f"dense {name}", n_out, n_in, False), 1)
+                    views = [BufferView(w, i * tensor_bytes, tensor_bytes) for i in range(copies)]
+                    dense = (views, w_type, TensorShape(f"dense {name}", n_out, n_in, False), 1)
                     ids = np.zeros((1, 1), np.int32)
                     rows += _measure_pairs(device, stream, {"gemv": gemv}, dense, x, ids, time_ms)
     largest = max((r.weight_mb for r in rows), default=0.0)
@@ -123,6 +133,37 @@ def measure_copies(
     return rows
 
 
+def rotating_ids(rng: np.random.Generator, n_expert: int, pairs: int) -> np.ndarray:
+    """[n_expert // pairs, pairs] ids: each row a token's distinct experts, no expert in two rows, so
+    calls taking the rows in turn read each expert once per n_expert // pairs calls."""
+    sets = n_expert // pairs
+    return rng.permutation(n_expert)[: sets * pairs].astype(np.int32).reshape(sets, pairs)
+
+
+class _Turns:
+    """Views of an [n, ...] upload taken in turn, one per call: calls read other weights in turn."""
+
+    def __init__(self, device: Device, rows: np.ndarray) -> None:
+        self.buf = device.upload(rows)
+        self.row_bytes = rows[0].nbytes
+        self.n = len(rows)
+        self.at = 0
+
+    def next(self) -> BufferView:
+        view = BufferView(self.buf, self.at * self.row_bytes, self.row_bytes)
+        self.at = (self.at + 1) % self.n
+        return view
+
+    def close(self) -> None:
+        self.buf.close()
+
+    def __enter__(self) -> _Turns:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
 @dataclass(frozen=True)
 class TensorShape:
     """One weight tensor's shape: (n_out, n_in), and whether each pair brings its own activation row."""
@@ -138,68 +179,109 @@ def _measure_gate_up(
     stream: Stream,
     gemv: MoeKernels,
     w_type: GGMLQuantizationType,
-    shape: TensorShape,
+    shapes: Sequence[TensorShape],
     n_expert: int,
     rng: np.random.Generator,
     time_ms: Callable[[Callable[[], None]], float],
 ) -> list[GemvRow]:
-    """Gate, up and SwiGLU in one matrix-vector launch (MoeKernels.gate_up) on the gate/up shape: the
-    bytes of both tensors' rows over the time of the one launch."""
+    """Gate, up and SwiGLU in one matrix-vector launch (MoeKernels.gate_up) on the gate/up shape (shapes[0]):
+    the bytes of both tensors' rows over the time of the one launch. Then for 8 pairs, that launch and
+    down's (shapes[1]) on its output, with and without down's experts asked into L2 by the first."""
     rows = []
+    shape, down = shapes[0], shapes[1]
+    fmt = weight_format(w_type)
+    down_expert_bytes = down.n_out * fmt.row_bytes(down.n_in)
+    dims = (n_expert, shape.n_out, shape.n_in)
     with (
         expert_weights(device, rng, w_type, shape.n_out, shape.n_in, n_expert) as w_gate,
         expert_weights(device, rng, w_type, shape.n_out, shape.n_in, n_expert) as w_up,
+        expert_weights(device, rng, w_type, down.n_out, down.n_in, n_expert) as w_down,
     ):
         for pairs in PAIRS:
-            ids = rng.permutation(n_expert)[:pairs].astype(np.int32).reshape(1, pairs)
             x = rng.standard_normal((1, shape.n_in), dtype=np.float32)
-            weight_bytes = 2 * pairs * shape.n_out * weight_format(w_type).row_bytes(shape.n_in)
-            with device.upload(x) as x_buf, device.upload(ids) as ids_buf, device.alloc(pairs * shape.n_out * 4) as y:
+            weight_bytes = 2 * pairs * shape.n_out * fmt.row_bytes(shape.n_in)
+            turns = _Turns(device, rotating_ids(rng, n_expert, pairs))
+            with turns, device.upload(x) as x_buf, device.alloc(pairs * shape.n_out * 4) as act:
 
-                def launch(top_k: int = pairs) -> None:
-                    gemv.gate_up(
-                        stream, w_gate, w_up, w_type, n_expert, shape.n_out, shape.n_in, x_buf, ids_buf, 1, top_k, y
-                    )
+                def launch(top_k: int = pairs, turns: _Turns = turns) -> None:
+                    gemv.gate_up(stream, w_gate, w_up, w_type, *dims, x_buf, turns.next(), 1, top_k, act)
 
                 ms = time_ms(launch)
                 device.synchronize()
-            gbs = weight_bytes / (ms * 1e-3) / 1e9
-            rows.append(GemvRow(w_type.name, "gate+up", pairs, "gemv", ms, weight_bytes / 1e6, gbs, None))
+                rows.append(
+                    GemvRow(w_type.name, "gate+up", pairs, "gemv", ms, weight_bytes / 1e6, _gbs(weight_bytes, ms), None)
+                )
+                if pairs == 1:
+                    continue
+                both_bytes = weight_bytes + pairs * down_expert_bytes
+                with device.alloc(pairs * down.n_out * 4) as y:
+                    for kernel, ahead in (("gemv", None), ("gemv+L2", (w_down, down_expert_bytes))):
+
+                        def launch_both(
+                            top_k: int = pairs,
+                            ahead: tuple[DeviceBuffer, int] | None = ahead,
+                            turns: _Turns = turns,
+                        ) -> None:
+                            ids = turns.next()
+                            gemv.gate_up(
+                                stream, w_gate, w_up, w_type, *dims, x_buf, ids, 1, top_k, act, next_experts=ahead
+                            )
+                            gemv.mul_mat_id(
+                                stream, w_down, w_type, n_expert, down.n_out, down.n_in, act, True, ids, 1, top_k, y
+                            )
+
+                        ms = time_ms(launch_both)
+                        device.synchronize()
+                        row = GemvRow(
+                            w_type.name, "gate+up,down", pairs, kernel, ms, both_bytes / 1e6, _gbs(both_bytes, ms), None
+                        )
+                        rows.append(row)
     return rows
+
+
+def _gbs(nbytes: int, ms: float) -> float:
+    return nbytes / (ms * 1e-3) / 1e9
 
 
 def _measure_pairs(
     device: Device,
     stream: Stream,
     kernels: dict[str, MoeKernels],
-    problem: tuple[DeviceBuffer, GGMLQuantizationType, TensorShape, int],
+    problem: tuple[Sequence[DeviceBuffer | BufferView], GGMLQuantizationType, TensorShape, int],
     x: np.ndarray,
     ids: np.ndarray,
     time_ms: Callable[[Callable[[], None]], float],
 ) -> list[GemvRow]:
-    """One problem, (weights, their type, TensorShape, experts), through each of ``kernels``
-    (the first the matrix-vector one)."""
-    w, w_type, shape, n_expert = problem
-    pairs = ids.size
+    """One problem, (copies of the weights, their type, TensorShape, experts), through each of ``kernels``
+    (the first the matrix-vector one): each call the next copy and the next row of ``ids`` ([turns,
+    pairs]), in turn; the outputs compared after one more call on the first of each."""
+    copies, w_type, shape, n_expert = problem
+    pairs = ids.shape[1]
     weight_bytes = pairs * shape.n_out * weight_format(w_type).row_bytes(shape.n_in)  # distinct experts
     rows = []
     gemv_output: np.ndarray | None = None
-    with device.upload(x) as x_buf, device.upload(ids) as ids_buf, device.alloc(pairs * shape.n_out * 4) as y:
+    turns = _Turns(device, ids)
+    with turns, device.upload(x) as x_buf, device.alloc(pairs * shape.n_out * 4) as y:
         for name, family in kernels.items():
             if family.uses_gemv(pairs) != (name == "gemv"):
                 raise AssertionError(f"{name}: the launcher's choice is not the kernel this row names")
+            at = itertools.count()
 
-            def launch(family: MoeKernels = family) -> None:
+            def launch(family: MoeKernels = family, at: Iterator[int] = at, first: bool = False) -> None:
+                w = copies[0] if first else copies[next(at) % len(copies)]
+                ids_view = BufferView(turns.buf, 0, turns.row_bytes) if first else turns.next()
                 family.mul_mat_id(
-                    stream, w, w_type, n_expert, shape.n_out, shape.n_in, x_buf, shape.x_per_pair, ids_buf, 1, pairs, y
+                    stream, w, w_type, n_expert, shape.n_out, shape.n_in, x_buf, shape.x_per_pair, ids_view, 1, pairs, y
                 )
 
             ms = time_ms(launch)
             diff = None
             if device.backend.host.holds_data:
+                launch(first=True)
                 output = y.read().view(np.float32)
                 gemv_output = output if gemv_output is None else gemv_output
                 diff = ref.relative_error(output, gemv_output)
-            gbs = weight_bytes / (ms * 1e-3) / 1e9
-            rows.append(GemvRow(w_type.name, shape.name, pairs, name, ms, weight_bytes / 1e6, gbs, diff))
+            rows.append(
+                GemvRow(w_type.name, shape.name, pairs, name, ms, weight_bytes / 1e6, _gbs(weight_bytes, ms), diff)
+            )
     return rows
