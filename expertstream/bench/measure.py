@@ -319,7 +319,7 @@ def measure(
             n_cpu_moe=settings.n_cpu_moe,
             gpu_memory=settings.gpu_memory,
             slots=max(settings.slots, default=0),
-            host_inputs_per_split=runner.host_inputs_per_split,
+            host_inputs_per_split=2 if runner.fuses_gate_up() else 1,
             lookahead_inputs=runner.lookahead_inputs,
             in_use={d: runner.device_bytes_on(d) for d in split.devices},
         )

@@ -240,7 +240,7 @@ class Model(Closing):
                 n_cpu_moe=options.n_cpu_moe,
                 gpu_memory=options.gpu_memory,
                 slots=options.slots,
-                host_inputs_per_split=runner.host_inputs_per_split,
+                host_inputs_per_split=2 if runner.fuses_gate_up() else 1,
                 lookahead_inputs=runner.lookahead_inputs,
                 in_use={d: runner.device_bytes_on(d) for d in runner.layer_split.devices},
             )

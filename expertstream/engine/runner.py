@@ -978,19 +978,8 @@ class MoeRunner(Closing):
             ranked = part.decode_predicted.view(place * ids_bytes, ids_bytes)  # best first
             # Copied once the layer before's down split has its own missed experts on the link (they go
             # first), while down and this layer's attention and router compute.
-            down_roles = self._down_split_roles(self._layer_at(before), group, experts, n_ids)
-            predicted = Prediction(
-                ranked, self.decode_lookahead, f"{'_'.join(down_roles)}.{_layer_name(before, group)}"
-            )
+            predicted = Prediction(ranked, self.decode_lookahead, f"{DOWN}.{_layer_name(before, group)}")
 
-        if self._down_split_roles(layer, group, experts, n_ids) == (GATE, UP, DOWN):
-            # A decode step over streamed experts: one split, so the three tensors' missed experts cross
-            # the link back to back, then gate, up and down compute.
-            fused = self._gemv_fusable(part, layer, n_ids)
-            return [
-                Split(f"router.{name}", part.device, (router,), route),
-                split((GATE, UP, DOWN), functools.partial(self._experts_of_decode, layer, fused)),
-            ]
         gate_up = functools.partial(self._gate_up, next_experts=_resident_experts(layer.down, experts))
         first_splits = (
             [split((GATE, UP), gate_up)]
@@ -1005,29 +994,6 @@ class MoeRunner(Closing):
             *first_splits,
             split((DOWN,), self._down),
         ]
-
-    def _down_split_roles(
-        self, layer: MoeLayer, group: Sequence[_Tokens], experts: ExpertData, n_ids: int
-    ) -> tuple[str, ...]:
-        """The roles of ``layer``'s split that reads down: gate, up and down where a decode step's experts
-        stream (one split, ``_experts_of_decode``), else down alone."""
-        decode = all(t.decode for t in group) and group[0].part.kernels.uses_gemv(n_ids)
-        streamed = any(not isinstance(experts[t.name], BufferView) for t in layer.experts)
-        return (GATE, UP, DOWN) if decode and streamed else (DOWN,)
-
-    def _layer_at(self, index: int) -> MoeLayer:
-        return next(layer for layer in self.model.layers if layer.index == index)
-
-    def _experts_of_decode(
-        self, layer: MoeLayer, fused: bool, tokens: _Tokens, info: TensorInfo, stream: Stream, bindings: Bindings
-    ) -> None:
-        """A decode step's gate, up (one matrix-vector launch where ``fused``) and down of streamed experts."""
-        if fused:
-            self._gate_up(tokens, layer.gate, stream, bindings)
-        else:
-            self._gate(tokens, layer.gate, stream, bindings)
-            self._up(tokens, layer.up, stream, bindings)
-        self._down(tokens, layer.down, stream, bindings)
 
     def _predicted_by(self, layer: MoeLayer, group: Sequence[_Tokens], experts: ExpertData) -> MoeLayer | None:
         """The MoE layer whose experts ``layer``'s router split predicts for ``group``: the next one,
@@ -1072,14 +1038,6 @@ class MoeRunner(Closing):
             return 0
         return len(self.model.layers[0].experts)
 
-    @property
-    def host_inputs_per_split(self) -> int:
-        """The most streamed tensors one split reads (``plan_offload``'s scratch): three where decode steps
-        run a streamed layer's experts as one split (``_down_split_roles``), two where gate and up fuse."""
-        if self.batching.decode_steps:
-            return 3
-        return 2 if self.fuses_gate_up() else 1
-
     def fuses_gate_up(self) -> bool:
         """Whether any layer runs gate, up and SwiGLU as one split (see the module's docstring)."""
         return any(self._fuses_gate_up(self._part_of[layer.index], layer) for layer in self.model.layers)
@@ -1098,14 +1056,11 @@ class MoeRunner(Closing):
         (MoeKernels.gate_up): a few pairs (decode) over experts already on the device, so no split
         stages two tensors at once."""
         return (
-            isinstance(experts[layer.gate.name], BufferView)
+            part.kernels.uses_gemv(n_pairs)
+            and isinstance(experts[layer.gate.name], BufferView)
             and isinstance(experts[layer.up.name], BufferView)
-            and self._gemv_fusable(part, layer, n_pairs)
+            and self._gate_up_fusable(part, layer)
         )
-
-    def _gemv_fusable(self, part: _Part, layer: MoeLayer, n_pairs: int) -> bool:
-        """Whether gate, up and SwiGLU of ``layer`` for ``n_pairs`` pairs can be one matrix-vector launch."""
-        return part.kernels.uses_gemv(n_pairs) and self._gate_up_fusable(part, layer)
 
     def _gate_up_fusable(self, part: _Part, layer: MoeLayer) -> bool:
         """Whether ``layer``'s gate and up can be one gate_up call at all: the same type and shape, plain

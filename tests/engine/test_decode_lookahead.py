@@ -21,7 +21,6 @@ from expertstream.kernels import MoeKernels
 from expertstream.kernels.layout import weight_format
 from expertstream.model import MoeModel, make_model
 from expertstream.scheduler import Fallback, MulMatId, Plan, Prediction, RunStats, Scheduler, Split
-from expertstream.scheduler.stock import StockCopier
 
 PROMPT, STEPS = 12, 5
 
@@ -177,9 +176,8 @@ def test_gate_up_asks_the_layer_s_down_experts_into_l2(
     backend: Backend, made: dict[str, Path], monkeypatch: pytest.MonkeyPatch, n_cpu_moe: int
 ) -> None:
     """A decode step's matrix-vector gate_up over experts on the device names its layer's down tensor
-    and the bytes of each of its experts (NVIDIA asks the chosen ones into L2 for the down launch); a
-    streamed layer's (its one split of gate, up and down) names none; the tokens are those of a run
-    without the spy."""
+    and the bytes of each of its experts (NVIDIA asks the chosen ones into L2 for the down launch);
+    a streamed layer takes no such launch; the tokens are those of a run without the spy."""
     calls: list[tuple[BufferView, int] | None] = []
     plain_gate_up = MoeKernels.gate_up
 
@@ -201,51 +199,37 @@ def test_gate_up_asks_the_layer_s_down_experts_into_l2(
     assert calls, "no decode step took the matrix-vector gate_up"
     tensors = set()
     for named in calls:
-        if named is None:
-            continue
+        assert named is not None, "a resident layer's gate_up did not name its down experts"
         tensor, per_expert = named
         assert per_expert == weight_format(downs[0].qtype).row_bytes(downs[0].ne[0]) * downs[0].ne[1]
         assert tensor.nbytes >= n_expert * per_expert
         tensors.add((id(tensor.buffer), tensor.offset))
     assert len(tensors) == len(downs) - n_cpu_moe, "one down tensor for each resident layer"
-    assert (None in calls) == (n_cpu_moe > 0), "a streamed layer's gate_up named experts to ask into L2"
 
 
-def test_a_layer_s_lookahead_starts_before_the_layer_before_computes_its_experts(
+def test_a_layer_s_lookahead_starts_before_the_layer_before_computes_down(
     backend: Backend, made: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A decode step over streamed experts runs each layer's gate, up and down as one split: its three
-    tensors' missed experts go on the link back to back, then layer l + 1's predicted experts, and only
-    then does layer l compute its experts, so the link stays busy while they, and layer l + 1's
+    """Layer l + 1's predicted experts are copied once layer l's down split has its own missed experts
+    on the link, and before down computes: the link stays busy while layer l's down, and layer l + 1's
     attention and router, compute."""
     events: list[tuple[str, int]] = []
-    copy_ahead = Scheduler._copy_ahead
-    copy = StockCopier.copy
+    copy_ahead, down = Scheduler._copy_ahead, MoeRunner._down
 
     def ahead_logged(self: Scheduler, device: Any, ahead: Any, stats: Any) -> None:
-        events.append(("ahead", int(ahead.predicted.after.split(".")[1][1:])))  # "gate_up_down.L<i>.<ubatch>"
+        events.append(("ahead", int(ahead.predicted.after.split(".")[1][1:])))  # "down.L<i>.<ubatch>"
         copy_ahead(self, device, ahead, stats)
 
-    def copy_logged(self: StockCopier, stream: Stream, split: Split, *args: Any, **kwargs: Any) -> Any:
-        events.append(("copy", int(split.name.split(".")[1][1:])))
-        return copy(self, stream, split, *args, **kwargs)
+    def down_logged(self: MoeRunner, tokens: Any, info: Any, stream: Stream, bindings: Any) -> None:
+        events.append(("down", int(info.name.split(".")[1])))  # "blk.<i>.ffn_down_exps.weight"
+        down(self, tokens, info, stream, bindings)
 
     monkeypatch.setattr(Scheduler, "_copy_ahead", ahead_logged)
-    monkeypatch.setattr(StockCopier, "copy", copy_logged)
-    for role in ("_gate", "_gate_up", "_down"):
-        computed = getattr(MoeRunner, role)
-
-        def logged(self: MoeRunner, tokens: Any, info: Any, *args: Any, computed: Any = computed, **kw: Any) -> None:
-            events.append(("compute", int(info.name.split(".")[1])))  # "blk.<i>.ffn_*_exps.weight"
-            computed(self, tokens, info, *args, **kw)
-
-        monkeypatch.setattr(MoeRunner, role, logged)
+    monkeypatch.setattr(MoeRunner, "_down", down_logged)
     ahead, _ = _decode(backend, made["tiny"], lookahead=None, graphs=False)
     off, _ = _decode(backend, made["tiny"], lookahead=0, graphs=False)
     assert ahead == off
     started = [i for i, (kind, _) in enumerate(events) if kind == "ahead"]
     assert started, "no lookahead started"
     for i in started:
-        layer = events[i][1]
-        assert events[i - 3 : i] == [("copy", layer)] * 3, f"layer {layer}'s three tensors not copied before"
-        assert events[i + 1] == ("compute", layer), f"layer {layer}'s experts computed before the lookahead"
+        assert events[i + 1] == ("down", events[i][1]), f"layer {events[i][1]}'s down computed before the lookahead"
