@@ -976,8 +976,7 @@ class MoeRunner(Closing):
             ids_bytes = model.top_k * 4
             place = part.position[layer.index]
             ranked = part.decode_predicted.view(place * ids_bytes, ids_bytes)  # best first
-            # Copied once the layer before's down split has its own missed experts on the link (they go
-            # first), while down and this layer's attention and router compute.
+            # Copied once the layer before has read its own experts: its missed ones go first on the link.
             predicted = Prediction(ranked, self.decode_lookahead, f"{DOWN}.{_layer_name(before, group)}")
 
         gate_up = functools.partial(self._gate_up, next_experts=_resident_experts(layer.down, experts))

@@ -65,11 +65,10 @@ class Input:
 class Prediction:
     """The experts a decode step's router is expected to choose, known before it runs.
 
-    ``ids``: ``n_ids`` int32 expert ids on the split's device, written by split ``after`` (earlier in
-    the plan) or a split before it; for example the next layer's router applied to this layer's FFN
-    input. The predicted experts are copied once ``after`` has enqueued its own copies, before its
-    compute. A prediction only moves copies earlier (``Scheduler``'s decode lookahead): the experts
-    the router then chooses are the ones computed, whatever was predicted.
+    ``ids``: ``n_ids`` int32 expert ids on the split's device that split ``after`` (earlier in
+    the plan) writes; for example the next layer's router applied to this layer's FFN input. A
+    prediction only moves copies earlier (``Scheduler``'s decode lookahead): the experts the
+    router then chooses are the ones computed, whatever was predicted.
     """
 
     ids: BufferView
@@ -181,7 +180,7 @@ class Plan:
         return cls(tuple(splits))
 
     def _check_predictions(self) -> None:
-        """A prediction's copies start at an earlier split on the same device (its ids written by then)."""
+        """A prediction's ids come from an earlier split on the same device."""
         earlier: dict[str, Split] = {}
         for split in self.splits:
             predicted = split.mul_mat_id.predicted if split.mul_mat_id is not None else None

@@ -104,11 +104,10 @@ class Scheduler(Closing):
 
     ``decode_lookahead``: where a decode-scale split's routing carries a ``Prediction`` and the
     device gathers, its predicted experts are copied on a second stream of the device once the
-    prediction's split ``after`` has enqueued its own copies (before its compute), while the compute
-    stream goes on (that split and the ones after it, up to the next layer's attention and router);
-    the split then waits for them and gathers only the experts the prediction missed. Layers
-    alternate between two scratch sets, so one layer's copies never overwrite what the layer before
-    still reads. The outputs are the same bytes either way.
+    prediction's split ``after`` is launched, while the compute stream goes on (the layer's
+    attention and router); the split then waits for them and gathers only the experts the
+    prediction missed. Layers alternate between two scratch sets, so one layer's copies never
+    overwrite what the layer before still reads. The outputs are the same bytes either way.
     """
 
     def __init__(
@@ -303,11 +302,9 @@ class Scheduler(Closing):
                     stream, split, inp, host_position, decode_routing, device_stats, ahead=parity
                 )
             host_position += 1
-        # The lookaheads this split starts: after its own copies, so they go first on the link, and
-        # before its compute, so the link stays busy while it and the splits after it compute.
+        split.compute(stream, bindings)
         for started in state.ahead_after.get(split.name, ()):
             self._copy_ahead(split.device, started, device_stats)
-        split.compute(stream, bindings)
         prefetch = self._prefetch.get(split.device)
         for unit in units.values():
             assert prefetch is not None
@@ -318,7 +315,7 @@ class Scheduler(Closing):
             milestone.reach(split.device.backend.host.timestamp())
 
     def _copy_ahead(self, device: Device, ahead: _Ahead, stats: DeviceStats) -> None:
-        """Once the prediction's split ``after`` has enqueued its copies: ``ahead``'s experts on the side stream."""
+        """Right after the prediction's split ``after`` is launched: copy ``ahead``'s experts on the side stream."""
         copier = self._stock[device]
         if not copier.gather:
             return  # the device stopped gathering this run (said once): the splits copy as without

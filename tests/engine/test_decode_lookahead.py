@@ -205,31 +205,3 @@ def test_gate_up_asks_the_layer_s_down_experts_into_l2(
         assert tensor.nbytes >= n_expert * per_expert
         tensors.add((id(tensor.buffer), tensor.offset))
     assert len(tensors) == len(downs) - n_cpu_moe, "one down tensor for each resident layer"
-
-
-def test_a_layer_s_lookahead_starts_before_the_layer_before_computes_down(
-    backend: Backend, made: dict[str, Path], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Layer l + 1's predicted experts are copied once layer l's down split has its own missed experts
-    on the link, and before down computes: the link stays busy while layer l's down, and layer l + 1's
-    attention and router, compute."""
-    events: list[tuple[str, int]] = []
-    copy_ahead, down = Scheduler._copy_ahead, MoeRunner._down
-
-    def ahead_logged(self: Scheduler, device: Any, ahead: Any, stats: Any) -> None:
-        events.append(("ahead", int(ahead.predicted.after.split(".")[1][1:])))  # "down.L<i>.<ubatch>"
-        copy_ahead(self, device, ahead, stats)
-
-    def down_logged(self: MoeRunner, tokens: Any, info: Any, stream: Stream, bindings: Any) -> None:
-        events.append(("down", int(info.name.split(".")[1])))  # "blk.<i>.ffn_down_exps.weight"
-        down(self, tokens, info, stream, bindings)
-
-    monkeypatch.setattr(Scheduler, "_copy_ahead", ahead_logged)
-    monkeypatch.setattr(MoeRunner, "_down", down_logged)
-    ahead, _ = _decode(backend, made["tiny"], lookahead=None, graphs=False)
-    off, _ = _decode(backend, made["tiny"], lookahead=0, graphs=False)
-    assert ahead == off
-    started = [i for i, (kind, _) in enumerate(events) if kind == "ahead"]
-    assert started, "no lookahead started"
-    for i in started:
-        assert events[i + 1] == ("down", events[i][1]), f"layer {events[i][1]}'s down computed before the lookahead"
