@@ -7,9 +7,8 @@ dense projection runs) and 8 (the token's top-8, distinct experts); then gate, u
 launch ("gate+up", both tensors' bytes), and the attention projections of one token (one expert, one
 pair: "dense q" [4096][2048], "dense k/v" [512][2048], "dense o" [2048][4096]) and its output head ("dense
 head" [151936][2048], 255 MB at Q6_K: the one launch of a step long enough to run at the kernel's steady
-rate) on the matrix-vector kernel only; last "gate+up,down": the fused gate launch and the down launch
-that reads its output, as a decode step runs them, with down's experts asked into L2 by the first
-("gemv+L2", ``MoeKernels.gate_up``'s ``next_experts``) and without ("gemv"). A row's time is the device
+rate) on the matrix-vector kernel only; and "gate+up,down": the fused gate launch and the down launch
+that reads its output, back to back as a decode step runs them. A row's time is the device
 time per call, back to back behind a gate as kernels.py times them, and its GB/s the weight bytes the
 call must read (the rows of the experts its pairs use, each expert once) over that time: against the
 device's memory bandwidth, how far decode is from reading each weight once at full speed. Calls in
@@ -186,7 +185,7 @@ def _measure_gate_up(
 ) -> list[GemvRow]:
     """Gate, up and SwiGLU in one matrix-vector launch (MoeKernels.gate_up) on the gate/up shape (shapes[0]):
     the bytes of both tensors' rows over the time of the one launch. Then for 8 pairs, that launch and
-    down's (shapes[1]) on its output, with and without down's experts asked into L2 by the first."""
+    down's (shapes[1]) on its output."""
     rows = []
     shape, down = shapes[0], shapes[1]
     fmt = weight_format(w_type)
@@ -215,27 +214,20 @@ def _measure_gate_up(
                     continue
                 both_bytes = weight_bytes + pairs * down_expert_bytes
                 with device.alloc(pairs * down.n_out * 4) as y:
-                    for kernel, ahead in (("gemv", None), ("gemv+L2", (w_down, down_expert_bytes))):
 
-                        def launch_both(
-                            top_k: int = pairs,
-                            ahead: tuple[DeviceBuffer, int] | None = ahead,
-                            turns: _Turns = turns,
-                        ) -> None:
-                            ids = turns.next()
-                            gemv.gate_up(
-                                stream, w_gate, w_up, w_type, *dims, x_buf, ids, 1, top_k, act, next_experts=ahead
-                            )
-                            gemv.mul_mat_id(
-                                stream, w_down, w_type, n_expert, down.n_out, down.n_in, act, True, ids, 1, top_k, y
-                            )
-
-                        ms = time_ms(launch_both)
-                        device.synchronize()
-                        row = GemvRow(
-                            w_type.name, "gate+up,down", pairs, kernel, ms, both_bytes / 1e6, _gbs(both_bytes, ms), None
+                    def launch_both(top_k: int = pairs, turns: _Turns = turns) -> None:
+                        ids = turns.next()
+                        gemv.gate_up(stream, w_gate, w_up, w_type, *dims, x_buf, ids, 1, top_k, act)
+                        gemv.mul_mat_id(
+                            stream, w_down, w_type, n_expert, down.n_out, down.n_in, act, True, ids, 1, top_k, y
                         )
-                        rows.append(row)
+
+                    ms = time_ms(launch_both)
+                    device.synchronize()
+                row = GemvRow(
+                    w_type.name, "gate+up,down", pairs, "gemv", ms, both_bytes / 1e6, _gbs(both_bytes, ms), None
+                )
+                rows.append(row)
     return rows
 
 

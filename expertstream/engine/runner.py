@@ -62,7 +62,7 @@ from .._closing import Closing
 from ..backends.base import BufferView, Device, DeviceBuffer, Stream, Usage
 from ..errors import InvalidArgument
 from ..kernels import MoeKernels, check_path, dense, layout, routing
-from ..kernels.layout import MatrixPath, weight_format
+from ..kernels.layout import MatrixPath
 from ..kernels.routing import Activation
 from ..model import ModelError, MoeLayer, MoeModel, TensorInfo
 from ..scheduler import Bindings, Input, MulMatId, Plan, Prediction, Split, is_prefill_scale
@@ -979,9 +979,8 @@ class MoeRunner(Closing):
             # Copied once the layer before has read its own experts: its missed ones go first on the link.
             predicted = Prediction(ranked, self.decode_lookahead, f"{DOWN}.{_layer_name(before, group)}")
 
-        gate_up = functools.partial(self._gate_up, next_experts=_resident_experts(layer.down, experts))
         first_splits = (
-            [split((GATE, UP), gate_up)]
+            [split((GATE, UP), self._gate_up)]
             if self._fuses_gate_up(part, layer) or self._gemv_fuses_gate_up(part, layer, experts, n_ids)
             else [
                 split((GATE,), self._gate),
@@ -1243,16 +1242,7 @@ class MoeRunner(Closing):
                 model.n_embd,
             )
 
-    def _gate_up(
-        self,
-        tokens: _Tokens,
-        info: TensorInfo,
-        stream: Stream,
-        bindings: Bindings,
-        next_experts: tuple[BufferView, int] | None = None,
-    ) -> None:
-        """Gate, up and SwiGLU in one pass; ``next_experts`` (down's, where they stay on the device) asked
-        into L2 by a decode step's launch for the down launch after it (``MoeKernels.gate_up``)."""
+    def _gate_up(self, tokens: _Tokens, info: TensorInfo, stream: Stream, bindings: Bindings) -> None:
         n_in, n_out, n_expert = info.ne[0], info.ne[1], info.ne[2]
         tokens.part.kernels.gate_up(
             stream,
@@ -1267,7 +1257,6 @@ class MoeRunner(Closing):
             tokens.count,
             self.model.top_k,
             tokens.held_view("act", n_out),
-            next_experts=next_experts,
         )
 
     def _down(self, tokens: _Tokens, info: TensorInfo, stream: Stream, bindings: Bindings) -> None:
@@ -1478,14 +1467,6 @@ LAYER_MAJOR_SHARE = 0.25
 def _layer_name(index: int, group: Sequence[_Tokens]) -> str:
     """What names layer ``index``'s splits for ``group`` (after their roles: "router.", "down.")."""
     return f"L{index}.{group[0].label}" + (f"-{group[-1].label}" if len(group) > 1 else "")
-
-
-def _resident_experts(info: TensorInfo, experts: ExpertData) -> tuple[BufferView, int] | None:
-    """The tensor's experts and the bytes of each, where they stay on the device; None where streamed."""
-    data = experts[info.name]
-    if not isinstance(data, BufferView):
-        return None
-    return data, weight_format(info.qtype).row_bytes(info.ne[0]) * info.ne[1]
 
 
 def lookahead_experts(model: MoeModel, asked: int | None) -> int:

@@ -803,30 +803,12 @@ __device__ void mul_mat_vec_id(const unsigned char* __restrict__ w, const float*
 // (its two rows side by side), a block MOE_GEMV_GATE_UP_ROWS outputs of one pair: grid
 // (ceil(n_out / MOE_GEMV_GATE_UP_ROWS), n_pairs). Each sum is the one mul_mat_vec_id makes of that
 // row, so y is the bytes of the gate launch followed by the up launch with silu_gate.
-//
-// next (or null): the tensor the pairs' rows feed next (down), next_bytes the bytes of each of its
-// experts. Once the ids are read, the pair's blocks ask its expert's next_bytes into L2, a share a
-// block: the launch after this one finds them there instead of waiting on DRAM, while this one,
-// bound by the latency of its own reads, leaves it the bandwidth. A prefetch reads nothing.
 #define MOE_GEMV_GATE_UP_ROWS (MOE_GEMV_THREADS / MOE_GEMV_WAVE)
-
-// The block's share (one of gridDim.x, in whole 128-byte lines) of [start, start + bytes), asked into
-// L2 (PREFETCH_L2) a line a thread in turn. bytes is an int: one expert's tensor.
-__device__ void prefetch_block_share(const unsigned char* start, int bytes) {
-    const int lines = (bytes + 127) / 128;
-    const int share = (lines + gridDim.x - 1) / gridDim.x;
-    const int first = blockIdx.x * share;
-    const int last = first + share < lines ? first + share : lines;
-    for (int line = first + threadIdx.x; line < last; line += blockDim.x) {
-        PREFETCH_L2(start + 128ll * line);
-    }
-}
 
 template <int TYPE>
 __device__ void gate_up_vec_id(const unsigned char* __restrict__ w_gate, const unsigned char* __restrict__ w_up,
                                const float* __restrict__ x, const int* __restrict__ ids, float* __restrict__ y,
-                               int n_expert, int n_out, int n_in, int top_k, int n_pairs,
-                               const unsigned char* next, int next_bytes) {
+                               int n_expert, int n_out, int n_in, int top_k, int n_pairs) {
     const int pair = blockIdx.y;
     if (pair >= n_pairs) {
         return;
@@ -839,9 +821,6 @@ __device__ void gate_up_vec_id(const unsigned char* __restrict__ w_gate, const u
             y[(long long)pair * n_out + o] = bits_to_float(0x7fc00000u);
         }
         return;
-    }
-    if (next) {
-        prefetch_block_share(next + (long long)expert * next_bytes, next_bytes);
     }
     const long long at = ((long long)expert * n_out + o) * weight_row_bytes<TYPE>(n_in);
     const unsigned char* rows[2] = {w_gate + at, w_up + at};
@@ -889,10 +868,9 @@ __device__ void mul_mat_vec_parts(const unsigned char* __restrict__ w0, const un
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_THREADS, MOE_GEMV_MIN_BLOCKS_OF(TYPE))            \
         NAME(const unsigned char* __restrict__ w_gate, const unsigned char* __restrict__ w_up,              \
              const float* __restrict__ x, const int* __restrict__ ids, float* __restrict__ y, int n_expert, \
-             int n_out, int n_in, int top_k, int n_pairs, const unsigned char* next, int next_bytes) {       \
+             int n_out, int n_in, int top_k, int n_pairs) {                                                 \
         KERNEL_PROLOGUE();                                                                                  \
-        gate_up_vec_id<TYPE>(w_gate, w_up, x, ids, y, n_expert, n_out, n_in, top_k, n_pairs, next,          \
-                             next_bytes);                                                                   \
+        gate_up_vec_id<TYPE>(w_gate, w_up, x, ids, y, n_expert, n_out, n_in, top_k, n_pairs);               \
     }
 #define MOE_MUL_MAT_VEC_PARTS(NAME, TYPE)                                                                  \
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_THREADS, MOE_GEMV_MIN_BLOCKS_OF(TYPE))           \

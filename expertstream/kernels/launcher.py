@@ -482,23 +482,17 @@ class MoeKernels(Closing):
         y: ViewLike,
         scratch: ViewLike | None = None,
         tile_m: TileM | None = None,
-        next_experts: tuple[ViewLike, int] | None = None,
     ) -> None:
         """y[t, k, :] = silu(G @ x[t]) * (U @ x[t]) with G, U = w_gate[ids[t, k]], w_up[ids[t, k]]:
         gate, up and SwiGLU in one pass, where a direct kernel fits (``uses_direct``) or the call takes
         the matrix-vector kernels (``uses_gemv``, unless ``tile_m`` is given). The same bytes as
-        mul_mat_id of each tensor followed by swiglu.
-
-        ``next_experts``: (the device tensor y feeds next, down's, and the bytes of each of its n_expert
-        experts): on the matrix-vector path the launch asks the experts its ids name into L2 (NVIDIA),
-        so the next launch reads them from there. Nothing else changes; the tile path ignores it."""
+        mul_mat_id of each tensor followed by swiglu."""
         call = "MoeKernels.gate_up"
         fmt = weight_format(w_type)
         positive(call, n_expert=n_expert, n_out=n_out, n_in=n_in, n_tokens=n_tokens, top_k=top_k)
         self._check_mul_mat_id_shapes(call, fmt, n_expert, n_out, n_in, n_tokens * top_k)
         if tile_m is None and self.uses_gemv(n_tokens * top_k):
-            pair = (w_gate, w_up)
-            self._gate_up_vec(stream, call, fmt, pair, n_expert, n_out, n_in, x, ids, n_tokens, top_k, y, next_experts)
+            self._gate_up_vec(stream, call, fmt, (w_gate, w_up), n_expert, n_out, n_in, x, ids, n_tokens, top_k, y)
             return
         if not self.uses_direct(w_type, n_in):
             raise InvalidArgument(
@@ -593,18 +587,11 @@ class MoeKernels(Closing):
         n_tokens: int,
         top_k: int,
         y: ViewLike,
-        next_experts: tuple[ViewLike, int] | None,
     ) -> None:
         """gate_up of a few pairs on the matrix-vector kernel: a gate row and an up row a wave."""
         n_pairs = n_tokens * top_k
         w_gate = weight_view(call, "w_gate", weights[0], fmt, n_expert, n_out, n_in, fmt.unit_bytes)
         w_up = weight_view(call, "w_up", weights[1], fmt, n_expert, n_out, n_in, fmt.unit_bytes)
-        next_view: BufferView | np.uint64 = np.uint64(0)
-        expert_bytes = 0
-        if next_experts is not None:
-            tensor, expert_bytes = next_experts
-            positive(call, next_expert_bytes=expert_bytes)
-            next_view = view(call, "next_experts", tensor, n_expert * expert_bytes, 1)
         stream.launch(
             self.kernel(fmt.gemv_gate_up_kernel_name),
             (-(-n_out // layout.GEMV_GATE_UP_ROWS), n_pairs),
@@ -620,8 +607,6 @@ class MoeKernels(Closing):
                 _i32(n_in),
                 _i32(top_k),
                 _i32(n_pairs),
-                next_view,
-                _i32(expert_bytes),
             ),
         )
 

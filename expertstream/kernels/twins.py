@@ -320,15 +320,14 @@ def gemv_runner(fmt: WeightFormat) -> Any:
     return run
 
 
-# moe_gate_up_vec_id_*: w_gate, w_up, x, ids, y, n_expert, n_out, n_in, top_k, n_pairs, next, next_bytes (the
-# experts asked into L2 for the launch after: a hint, no access, nothing for a twin to do)
+# moe_gate_up_vec_id_*: w_gate, w_up, x, ids, y, n_expert, n_out, n_in, top_k, n_pairs
 
 
 def _gemv_gate_up_runner(fmt: WeightFormat) -> Any:
     mul_mat_vec = gemv_runner(fmt)
 
     def run(args: Args, grid: Dim3Tuple, block: Dim3Tuple) -> None:
-        w_gate, w_up, x, ids, y, n_expert, n_out, n_in, top_k, n_pairs = args[:10]
+        w_gate, w_up, x, ids, y, n_expert, n_out, n_in, top_k, n_pairs = args
         gate = np.empty_like(y.view(np.float32))
         common = (n_expert, n_out, n_in, top_k, 0, n_pairs)
         mul_mat_vec((w_gate, x, ids, gate.view(np.uint8), *common, 0, 0), grid, block)
@@ -341,7 +340,7 @@ def _gemv_gate_up_accesses_for(fmt: WeightFormat) -> Any:
     gemv_accesses = _gemv_accesses_for(fmt)
 
     def accesses(args: Args) -> Sequence[Access]:
-        w_gate, w_up, x, ids, y, n_expert, n_out, n_in, top_k, n_pairs = args[:10]
+        w_gate, w_up, x, ids, y, n_expert, n_out, n_in, top_k, n_pairs = args
         # The gate launch's accesses, and the up tensor read beside them.
         gate = gemv_accesses((w_gate, x, ids, y, n_expert, n_out, n_in, top_k, 0, n_pairs, 0, 0))
         return [weights_access(fmt, w_up, n_expert, n_out, n_in), *gate]

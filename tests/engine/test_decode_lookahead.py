@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from expertstream.backends.base import Backend, BufferView, Stream
+from expertstream.backends.base import Backend, Stream
 from expertstream.engine.decoding import capture_decode_step
 from expertstream.engine.hparams import Transformer
 from expertstream.engine.model import Model
@@ -17,8 +17,6 @@ from expertstream.engine.runner import Batching, MoeRunner, lookahead_experts
 from expertstream.engine.sampling import Sampling
 from expertstream.errors import DeviceError, InvalidArgument
 from expertstream.hostmem import HostWeights
-from expertstream.kernels import MoeKernels
-from expertstream.kernels.layout import weight_format
 from expertstream.model import MoeModel, make_model
 from expertstream.scheduler import Fallback, MulMatId, Plan, Prediction, RunStats, Scheduler, Split
 
@@ -169,39 +167,3 @@ def test_a_lookahead_the_runtime_cannot_capture_turns_itself_off_once(
     assert stats.total("lookahead_gathers") == 0
     assert sum(d.fallbacks[Fallback.LOOKAHEAD_FAILED] for d in stats.devices.values()) == 1
     assert sum("could not be captured" in r.getMessage() for r in caplog.records) == 1
-
-
-@pytest.mark.parametrize("n_cpu_moe", [0, 1], ids=["resident", "first_streamed"])
-def test_gate_up_asks_the_layer_s_down_experts_into_l2(
-    backend: Backend, made: dict[str, Path], monkeypatch: pytest.MonkeyPatch, n_cpu_moe: int
-) -> None:
-    """A decode step's matrix-vector gate_up over experts on the device names its layer's down tensor
-    and the bytes of each of its experts (NVIDIA asks the chosen ones into L2 for the down launch);
-    a streamed layer takes no such launch; the tokens are those of a run without the spy."""
-    calls: list[tuple[BufferView, int] | None] = []
-    plain_gate_up = MoeKernels.gate_up
-
-    def spy(self: MoeKernels, stream: Stream, *args: Any, **kwargs: Any) -> None:
-        if kwargs.get("tile_m") is None and self.uses_gemv(args[8] * args[9]):  # n_tokens * top_k
-            calls.append(kwargs.get("next_experts"))
-        plain_gate_up(self, stream, *args, **kwargs)
-
-    def generated() -> list[int]:
-        with Model.open(made["tiny"], backend=backend, n_cpu_moe=n_cpu_moe, host_memory="pinned") as model:
-            return [g.token for g in model.generate(list(range(3, 3 + PROMPT)), STEPS, Sampling(temperature=0))]
-
-    plain = generated()
-    monkeypatch.setattr(MoeKernels, "gate_up", spy)
-    assert generated() == plain
-    with MoeModel.open(made["tiny"]) as model:
-        downs = [layer.down for layer in model.layers]
-        n_expert = model.n_expert
-    assert calls, "no decode step took the matrix-vector gate_up"
-    tensors = set()
-    for named in calls:
-        assert named is not None, "a resident layer's gate_up did not name its down experts"
-        tensor, per_expert = named
-        assert per_expert == weight_format(downs[0].qtype).row_bytes(downs[0].ne[0]) * downs[0].ne[1]
-        assert tensor.nbytes >= n_expert * per_expert
-        tensors.add((id(tensor.buffer), tensor.offset))
-    assert len(tensors) == len(downs) - n_cpu_moe, "one down tensor for each resident layer"

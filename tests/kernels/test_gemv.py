@@ -249,45 +249,20 @@ def test_gate_up_of_a_few_pairs_is_the_bytes_of_gate_then_up(
         tensors.poisoned(device, n * 4) as gate_y,
         tensors.poisoned(device, n * 4) as two_launches,
         tensors.poisoned(device, n * 4) as fused,
-        tensors.poisoned(device, n * 4) as prefetching,
     ):
         up_buf.write(up_w)
         common = (gate_p.x_buf, False, gate_p.ids_buf, shape.n_tokens, shape.top_k)
         kernels.mul_mat_id(stream, gate_p.w_buf, w_type, *dims, *common, gate_y)
         kernels.mul_mat_id(stream, up_buf, w_type, *dims, *common, two_launches, silu_gate=gate_y)
         kernels.gate_up(stream, gate_p.w_buf, up_buf, w_type, *dims, gate_p.x_buf, gate_p.ids_buf, 2, 3, fused)
-        # The up tensor's experts as the next launch's, asked into L2 by the same launch: the same bytes.
-        per_expert = shape.n_out * weight_format(w_type).row_bytes(shape.n_in)
-        kernels.gate_up(
-            stream, gate_p.w_buf, up_buf, w_type, *dims, gate_p.x_buf, gate_p.ids_buf, 2, 3, prefetching,
-            next_experts=(up_buf, per_expert),
-        )  # fmt: skip
         stream.synchronize()
         y = fused.read().view(np.float32).reshape(2, 3, shape.n_out)
         assert fused.read().tobytes() == two_launches.read().tobytes()
-        assert prefetching.read().tobytes() == fused.read().tobytes()
     assert np.isnan(y[bad]).all(), "rows of ids out of range are not NaN"
     g = gate_p.gemv_reference()
     u = ref.mul_mat_vec_id(up_w, w_type, *dims, gate_p.x, ids)
     err = ref.relative_error(y[~bad], (g / (1.0 + np.exp(-g)) * u)[~bad])
     assert err < 2 * ref.MUL_MAT_ID_RTOL, f"relative error {err:.3g}"
-
-
-def test_next_experts_smaller_than_the_experts_are_refused(kernels: MoeKernels, device: Device, stream: Stream) -> None:
-    w_type = GGMLQuantizationType.Q8_0
-    n_expert, n_out, n_in = 4, 8, 64
-    w_bytes = n_expert * n_out * weight_format(w_type).row_bytes(n_in)
-    with (
-        device.alloc(w_bytes, Usage.WEIGHTS, row_type=w_type, ne0=n_in) as w,
-        device.alloc(n_in * 4) as x,
-        device.alloc(4) as ids,
-        device.alloc(n_out * 4) as y,
-    ):
-        args = (stream, w, w, w_type, n_expert, n_out, n_in, x, ids, 1, 1, y)
-        with pytest.raises(InvalidArgument, match=r"next_experts holds \d+ bytes but the shapes need"):
-            kernels.gate_up(*args, next_experts=(w, w_bytes))  # each expert as large as all four
-        with pytest.raises(InvalidArgument, match="next_expert_bytes"):
-            kernels.gate_up(*args, next_experts=(w, 0))
 
 
 @pytest.mark.parametrize(

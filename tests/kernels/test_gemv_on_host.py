@@ -38,7 +38,7 @@ _DRIVER = (
 typedef void (*MulMatVecId)(const unsigned char*, const float*, const int*, float*, int, int, int, int, int, int,
                             const float*, const float*);
 typedef void (*GateUpVecId)(const unsigned char*, const unsigned char*, const float*, const int*, float*, int, int, int,
-                            int, int, const unsigned char*, int);
+                            int, int);
 
 int main(int argc, char** argv) {
     MulMatVecId kernels[] = {%s};
@@ -86,9 +86,7 @@ int main(int argc, char** argv) {
             for (unsigned bx = 0; bx < grid_gate_up; ++bx) {
                 blockIdx = EsDim3{bx, by, 0};
                 run_block(MOE_GEMV_THREADS, [&] {
-                    // w's gate half as the tensor to ask into L2 (the kernel's path for down; nothing on the host)
-                    gate_up_kernels[kernel](w, w_up, x, ids.data(), y.data(), n_expert, n_out, n_in, top_k, n_pairs,
-                                            w, w_bytes / 2 / n_expert);
+                    gate_up_kernels[kernel](w, w_up, x, ids.data(), y.data(), n_expert, n_out, n_in, top_k, n_pairs);
                 });
             }
         }
