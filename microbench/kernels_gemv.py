@@ -23,8 +23,9 @@ its time (the memory bandwidth a program reaches), so each row's GB/s reads as a
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -100,10 +101,12 @@ def measure(
             for name, n_out, n_in in DENSE_SHAPES:
                 tensor_bytes = n_out * weight_format(w_type).row_bytes(n_in)
                 copies = max(1, -(-ROTATION_BYTES // tensor_bytes))
-                with expert_weights(device, rng, w_type, n_out, n_in, copies) as w:
+                with contextlib.ExitStack() as held:  # each copy its own tensor, its padding tail zeroed
+                    ws = [
+                        held.enter_context(expert_weights(device, rng, w_type, n_out, n_in, 1)) for _ in range(copies)
+                    ]
                     x = rng.standard_normal((1, n_in), dtype=np.float32)
-                    views = [BufferView(w, i * tensor_bytes, tensor_bytes) for i in range(copies)]
-                    dense = (views, w_type, TensorShape(f"dense {name}", n_out, n_in, False), 1)
+                    dense = (ws, w_type, TensorShape(f"dense {name}", n_out, n_in, False), 1)
                     ids = np.zeros((1, 1), np.int32)
                     rows += _measure_pairs(device, stream, {"gemv": gemv}, dense, x, ids, time_ms)
     largest = max((r.weight_mb for r in rows), default=0.0)
@@ -140,7 +143,8 @@ def rotating_ids(rng: np.random.Generator, n_expert: int, pairs: int) -> np.ndar
 
 
 class _Turns:
-    """Views of an [n, ...] upload taken in turn, one per call: calls read other weights in turn."""
+    """The rows of an [n, ...] array, uploaded, as views taken in turn (one a call), so calls in turn
+    read other weights."""
 
     def __init__(self, device: Device, rows: np.ndarray) -> None:
         self.buf = device.upload(rows)
@@ -148,8 +152,11 @@ class _Turns:
         self.n = len(rows)
         self.at = 0
 
+    def row(self, i: int) -> BufferView:
+        return BufferView(self.buf, i * self.row_bytes, self.row_bytes)
+
     def next(self) -> BufferView:
-        view = BufferView(self.buf, self.at * self.row_bytes, self.row_bytes)
+        view = self.row(self.at)
         self.at = (self.at + 1) % self.n
         return view
 
@@ -246,30 +253,31 @@ def _measure_pairs(
 ) -> list[GemvRow]:
     """One problem, (copies of the weights, their type, TensorShape, experts), through each of ``kernels``
     (the first the matrix-vector one): each call the next copy and the next row of ``ids`` ([turns,
-    pairs]), in turn; the outputs compared after one more call on the first of each."""
+    pairs]), in turn; the outputs compared after one more call on the first of both."""
     copies, w_type, shape, n_expert = problem
     pairs = ids.shape[1]
     weight_bytes = pairs * shape.n_out * weight_format(w_type).row_bytes(shape.n_in)  # distinct experts
     rows = []
     gemv_output: np.ndarray | None = None
-    turns = _Turns(device, ids)
+    turns, weights = _Turns(device, ids), itertools.cycle(copies)
     with turns, device.upload(x) as x_buf, device.alloc(pairs * shape.n_out * 4) as y:
         for name, family in kernels.items():
             if family.uses_gemv(pairs) != (name == "gemv"):
                 raise AssertionError(f"{name}: the launcher's choice is not the kernel this row names")
-            at = itertools.count()
 
-            def launch(family: MoeKernels = family, at: Iterator[int] = at, first: bool = False) -> None:
-                w = copies[0] if first else copies[next(at) % len(copies)]
-                ids_view = BufferView(turns.buf, 0, turns.row_bytes) if first else turns.next()
+            def call(w: DeviceBuffer | BufferView, ids_view: BufferView, family: MoeKernels = family) -> None:
                 family.mul_mat_id(
                     stream, w, w_type, n_expert, shape.n_out, shape.n_in, x_buf, shape.x_per_pair, ids_view, 1, pairs, y
                 )
 
+            def launch(call: Callable[[DeviceBuffer | BufferView, BufferView], None] = call) -> None:
+                call(next(weights), turns.next())
+
             ms = time_ms(launch)
             diff = None
             if device.backend.host.holds_data:
-                launch(first=True)
+                call(copies[0], turns.row(0))
+                stream.synchronize()
                 output = y.read().view(np.float32)
                 gemv_output = output if gemv_output is None else gemv_output
                 diff = ref.relative_error(output, gemv_output)
