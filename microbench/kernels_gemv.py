@@ -25,14 +25,15 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from expertstream.backends.base import BufferView, Device, DeviceBuffer, Stream
+from expertstream.backends.base import BufferView, Device, DeviceBuffer, Stream, Usage
 from expertstream.bench.probes import expert_weights
+from expertstream.ggml import padded_size
 from expertstream.kernels import MoeKernels
 from expertstream.kernels import reference as ref
 from expertstream.kernels.layout import weight_format
@@ -101,12 +102,9 @@ def measure(
             for name, n_out, n_in in DENSE_SHAPES:
                 tensor_bytes = n_out * weight_format(w_type).row_bytes(n_in)
                 copies = max(1, -(-ROTATION_BYTES // tensor_bytes))
-                with contextlib.ExitStack() as held:  # each copy its own tensor, its padding tail zeroed
-                    ws = [
-                        held.enter_context(expert_weights(device, rng, w_type, n_out, n_in, 1)) for _ in range(copies)
-                    ]
+                with _dense_copies(device, rng, w_type, n_out, n_in, copies) as views:
                     x = rng.standard_normal((1, n_in), dtype=np.float32)
-                    dense = (ws, w_type, TensorShape(f"dense {name}", n_out, n_in, False), 1)
+                    dense = (views, w_type, TensorShape(f"dense {name}", n_out, n_in, False), 1)
                     ids = np.zeros((1, 1), np.int32)
                     rows += _measure_pairs(device, stream, {"gemv": gemv}, dense, x, ids, time_ms)
     largest = max((r.weight_mb for r in rows), default=0.0)
@@ -133,6 +131,28 @@ def measure_copies(
             GemvRow("-", "copy (read+write)", 0, "copy_d2d", ms, nbytes / 1e6, 2 * nbytes / (ms * 1e-3) / 1e9, None)
         )
     return rows
+
+
+@contextlib.contextmanager
+def _dense_copies(
+    device: Device, rng: np.random.Generator, w_type: GGMLQuantizationType, n_out: int, n_in: int, copies: int
+) -> Iterator[list[BufferView]]:
+    """``copies`` copies of one random [n_out][n_in] tensor side by side in one buffer, each followed by
+    its padding tail of zeros: one view each."""
+    tensor_bytes = n_out * weight_format(w_type).row_bytes(n_in)
+    stride = padded_size(tensor_bytes, w_type, n_in)
+    with device.alloc(copies * stride, Usage.WEIGHTS, row_type=w_type, ne0=n_in) as buf:
+        with device.stream() as stream:
+            stream.memset(buf, 0, buf.alloc_size, 0)  # zeros where the backend holds no data
+            stream.synchronize()
+            if device.backend.host.holds_data:
+                one = np.zeros(stride, np.uint8)
+                one[:tensor_bytes] = ref.random_weights(rng, w_type, n_out, n_in).reshape(-1)
+                buf.write(np.tile(one, copies))
+                for i in range(copies if stride > tensor_bytes else 0):  # each tail zeroed after the copy
+                    stream.memset(buf, i * stride + tensor_bytes, stride - tensor_bytes, 0)
+                stream.synchronize()
+        yield [BufferView(buf, i * stride, stride) for i in range(copies)]
 
 
 def rotating_ids(rng: np.random.Generator, n_expert: int, pairs: int) -> np.ndarray:
