@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType
 
+from expertstream._closing import Closing
 from expertstream.backends.base import BufferView, Device, DeviceBuffer, Stream, Usage
 from expertstream.bench.probes import expert_weights
 from expertstream.ggml import padded_size
@@ -162,7 +163,7 @@ def rotating_ids(rng: np.random.Generator, n_expert: int, pairs: int) -> np.ndar
     return rng.permutation(n_expert)[: sets * pairs].astype(np.int32).reshape(sets, pairs)
 
 
-class _Turns:
+class _Turns(Closing):
     """The rows of an [n, ...] array, uploaded, as views taken in turn (one a call), so calls in turn
     read other weights."""
 
@@ -182,12 +183,6 @@ class _Turns:
 
     def close(self) -> None:
         self.buf.close()
-
-    def __enter__(self) -> _Turns:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.close()
 
 
 @dataclass(frozen=True)
