@@ -3,7 +3,8 @@
 # matrix-vector harness over four block shapes: s0 the tree's, s3 one row a wave, s4 512 threads, s6 512
 # threads one row a wave); layer-major pp32768 of the qwen3 file, every expert streamed and everything on the
 # GPU, beside llama-bench -ncmoe 48 and 0 (model_h200.sh bench); then tg64 all on the GPU in the tree and in
-# copies with shapes s4 and s3, each in turn, while time is left.
+# copies with shapes s4 and s3, each in turn, while time is left. pp32768 only on an H200 (an H100's is in
+# attention-h100.md and decode-kernels-h100.md).
 pip install --no-deps -q --target /tmp/site .dev/gguf-0.19.0-py3-none-any.whl 2>/dev/null
 export PYTHONPATH=/tmp/site:$PWD
 H=docs/results/h200-2026-12-07; M=/tmp/m/h1; mkdir -p $M /tmp/hs /tmp/models
@@ -23,7 +24,7 @@ stamp harness
 awk '$3 != "copy" {k=$3" "$4" "$5" "$2; t[k]=t[k]" "$1":"$6} END {for (k in t) print k, t[k]}' $M/harness.txt | sort > $M/harness-table.txt
 timeout 150 python3 -m microbench.kernels --backend cuda --gemv --types Q4_K Q6_K > $M/gemv.txt 2>&1; stamp gemv
 wait $MAKE
-OUT=$M FILES="qwen3-30b-a3b:Q4_K_M" TOKENS=32768 UBATCH=4096 REPS=2 PREFILL_ORDER=layer TAG=-pp32768 \
+grep -q H200 $M/gpu.txt && OUT=$M FILES="qwen3-30b-a3b:Q4_K_M" TOKENS=32768 UBATCH=4096 REPS=2 PREFILL_ORDER=layer TAG=-pp32768 \
   timeout $(left 480) bash microbench/model_h200.sh bench > $M/bench.log 2>&1; stamp "bench pp32768"
 F=/tmp/models/qwen3-30b-a3b-Q4_K_M.gguf
 bash $H/shape_tree.sh /tmp/s4 512 2 2 > /dev/null; bash $H/shape_tree.sh /tmp/s3 256 1 4 > /dev/null
