@@ -2,9 +2,9 @@
 # (both left in /tmp/models for the calls after); the one-token kernels (the gemv microbench, and the
 # matrix-vector harness over four block shapes: s0 the tree's, s3 one row a wave, s4 512 threads, s6 512
 # threads one row a wave); layer-major pp32768 of the qwen3 file, every expert streamed and everything on the
-# GPU, beside llama-bench -ncmoe 48 and 0 (model_h200.sh bench); then tg64 all on the GPU in the tree and in
-# copies with shapes s4 and s3, each in turn, while time is left. pp32768 only on an H200 (an H100's is in
-# attention-h100.md and decode-kernels-h100.md).
+# GPU, and pp4096 at ubatch 512, 2048 and 4096, beside llama-bench -ncmoe 48 and 0 (model_h200.sh bench),
+# only on an H200 (an H100's are in attention-h100.md, decode-kernels-h100.md and prefill-graphs-h100.md);
+# then tg64 all on the GPU in the tree and in copies with shapes s4 and s3, each in turn, while time is left.
 pip install --no-deps -q --target /tmp/site .dev/gguf-0.19.0-py3-none-any.whl 2>/dev/null
 export PYTHONPATH=/tmp/site:$PWD
 H=docs/results/h200-2026-12-07; M=/tmp/m/h1; mkdir -p $M /tmp/hs /tmp/models
@@ -24,8 +24,12 @@ stamp harness
 awk '$3 != "copy" {k=$3" "$4" "$5" "$2; t[k]=t[k]" "$1":"$6} END {for (k in t) print k, t[k]}' $M/harness.txt | sort > $M/harness-table.txt
 timeout 150 python3 -m microbench.kernels --backend cuda --gemv --types Q4_K Q6_K > $M/gemv.txt 2>&1; stamp gemv
 wait $MAKE
-grep -q H200 $M/gpu.txt && OUT=$M FILES="qwen3-30b-a3b:Q4_K_M" TOKENS=32768 UBATCH=4096 REPS=2 PREFILL_ORDER=layer TAG=-pp32768 \
-  timeout $(left 480) bash microbench/model_h200.sh bench > $M/bench.log 2>&1; stamp "bench pp32768"
+if grep -q H200 $M/gpu.txt; then
+  OUT=$M FILES="qwen3-30b-a3b:Q4_K_M" TOKENS=32768 UBATCH=4096 REPS=2 PREFILL_ORDER=layer TAG=-pp32768 \
+    timeout $(left 420) bash microbench/model_h200.sh bench > $M/bench-pp32768.log 2>&1; stamp "bench pp32768"
+  OUT=$M FILES="qwen3-30b-a3b:Q4_K_M" TOKENS=4096 UBATCH=512,2048,4096 REPS=2 TAG=-pp4096 \
+    timeout $(left 590) bash microbench/model_h200.sh bench > $M/bench-pp4096.log 2>&1; stamp "bench pp4096"
+fi
 F=/tmp/models/qwen3-30b-a3b-Q4_K_M.gguf
 bash $H/shape_tree.sh /tmp/s4 512 2 2 > /dev/null; bash $H/shape_tree.sh /tmp/s3 256 1 4 > /dev/null
 tg() {  # NAME TREE
