@@ -7,7 +7,7 @@
 # then tg64 all on the GPU in the tree and in copies with shapes s4 and s3, each in turn, while time is left.
 pip install --no-deps -q --target /tmp/site .dev/gguf-0.19.0-py3-none-any.whl 2>/dev/null
 export PYTHONPATH=/tmp/site:$PWD
-H=docs/results/h200-2026-12-07; M=/tmp/m/h1; mkdir -p $M /tmp/hs /tmp/models
+H=docs/results/decode-rows-h100; M=/tmp/m/h1; mkdir -p $M /tmp/hs /tmp/models
 pack() { tar cf $OUT/all.tar -C /tmp/m h1; }
 start=$(date +%s); left() { echo $(( ${1} - ($(date +%s) - start) )); }
 stamp() { echo "$1 $(( $(date +%s) - start )) s" >> $M/times.txt; pack; }

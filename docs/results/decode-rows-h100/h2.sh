@@ -4,7 +4,7 @@
 # qwen3 file with --gpu-memory 24G, and a trace of 8 streamed steps where nsys is installed.
 pip install --no-deps -q --target /tmp/site .dev/gguf-0.19.0-py3-none-any.whl 2>/dev/null
 export PYTHONPATH=/tmp/site:$PWD
-H=docs/results/h200-2026-12-07; M=/tmp/m/h2; mkdir -p $M
+H=docs/results/decode-rows-h100; M=/tmp/m/h2; mkdir -p $M
 pack() { tar cf $OUT/all.tar -C /tmp/m h2; }
 start=$(date +%s); left() { echo $(( ${1} - ($(date +%s) - start) )); }
 stamp() { echo "$1 $(( $(date +%s) - start )) s" >> $M/times.txt; pack; }
