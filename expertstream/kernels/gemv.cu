@@ -683,15 +683,15 @@ __device__ void gemv_wave_sums(const unsigned char* const* rows, const int* step
     }
 }
 
-// The wave's rows o0, o0 + 1, ... of a tensor of n_out rows of n_in elements at w: where each starts
+// The wave's WR rows o0, o0 + 1, ... of a tensor of n_out rows of n_in elements at w: where each starts
 // and how many slices it reads (none past n_out; the last row's padding tail where padded_tail, as for
 // the last row of the last expert).
-template <int TYPE>
+template <int TYPE, int WR = MOE_GEMV_WAVE_ROWS>
 __device__ void gemv_wave_rows(const unsigned char* w, int o0, int n_out, int n_in, bool padded_tail,
                                const unsigned char** rows, int* steps) {
     const long long row_bytes = weight_row_bytes<TYPE>(n_in);
 #pragma unroll
-    for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
+    for (int r = 0; r < WR; ++r) {
         const int o = o0 + r;
         rows[r] = w + (long long)o * row_bytes;
         steps[r] = o < n_out ? gemv_row_steps<TYPE>(n_in, padded_tail && o == n_out - 1) : 0;
@@ -717,18 +717,18 @@ __device__ void gemv_block_rows(const unsigned char* w, const float* x_row, floa
     }
 }
 
-// The bytes of the block's rows of a tensor of n_out rows at w, asked into L2 (PREFETCH_L2) by the
-// block's threads, a 128-byte line each in turn: a dense projection's weights, which are no kernel's
+// The bytes of the block's BLOCK_ROWS rows of a tensor of n_out rows at w, asked into L2 (PREFETCH_L2) by
+// the block's threads, a 128-byte line each in turn: a dense projection's weights, which are no kernel's
 // output, before KERNEL_PROLOGUE's wait, so they come from L2 once the kernel before has finished. A
 // prefetch reads nothing.
-template <int TYPE>
+template <int TYPE, int BLOCK_ROWS = MOE_GEMV_ROWS>
 __device__ void prefetch_block_rows(const unsigned char* w, int n_out, int n_in) {
-    const int o0 = blockIdx.x * MOE_GEMV_ROWS;
+    const int o0 = blockIdx.x * BLOCK_ROWS;
     if (o0 >= n_out) {
         return;
     }
     const long long row_bytes = weight_row_bytes<TYPE>(n_in);
-    const long long bytes = min(MOE_GEMV_ROWS, n_out - o0) * row_bytes;
+    const long long bytes = min(BLOCK_ROWS, n_out - o0) * row_bytes;
     const unsigned char* start = w + o0 * row_bytes;
     for (long long at = threadIdx.x * 128ll; at < bytes; at += blockDim.x * 128ll) {
         PREFETCH_L2(start + at);
@@ -739,11 +739,11 @@ __device__ void prefetch_block_rows(const unsigned char* w, int n_out, int n_in)
 }
 
 // prefetch_block_rows for a matrix-vector launch of one tensor (n_expert 1: a dense projection, its
-// tensor known before the ids are read); nothing for experts.
-template <int TYPE>
+// tensor known before the ids are read), WR rows a wave; nothing for experts.
+template <int TYPE, int WR = MOE_GEMV_WAVE_ROWS>
 __device__ void prefetch_dense_rows(const unsigned char* w, int n_expert, int n_out, int n_in) {
     if (n_expert == 1) {
-        prefetch_block_rows<TYPE>(w, n_out, n_in);
+        prefetch_block_rows<TYPE, MOE_GEMV_THREADS / MOE_GEMV_WAVE * WR>(w, n_out, n_in);
     }
 }
 
@@ -756,7 +756,9 @@ __device__ void prefetch_parts_rows(const unsigned char* w0, const unsigned char
                               part == 0 ? n_out0 : (part == 1 ? n_out1 : n_out2), n_in);
 }
 
-template <int TYPE>
+// WR rows a wave (MOE_GEMV_WAVE_ROWS, or 1 for launches of few rows: below): each row's sum is the
+// same whatever WR, since a row's lanes and their order do not depend on the rows beside it.
+template <int TYPE, int WR = MOE_GEMV_WAVE_ROWS>
 __device__ void mul_mat_vec_id(const unsigned char* __restrict__ w, const float* __restrict__ x,
                                const int* __restrict__ ids, float* __restrict__ y, int n_expert, int n_out, int n_in,
                                int top_k, int x_per_pair, int n_pairs, const float* __restrict__ route_weights,
@@ -766,26 +768,25 @@ __device__ void mul_mat_vec_id(const unsigned char* __restrict__ w, const float*
         return;
     }
     const int lane = threadIdx.x % MOE_GEMV_WAVE;
-    const int o0 = blockIdx.x * MOE_GEMV_ROWS + threadIdx.x / MOE_GEMV_WAVE * MOE_GEMV_WAVE_ROWS;
+    const int o0 = blockIdx.x * (MOE_GEMV_THREADS / MOE_GEMV_WAVE * WR) + threadIdx.x / MOE_GEMV_WAVE * WR;
     const int expert = ids[pair];
     if (expert < 0 || expert >= n_expert) {  // the same for the whole block: it returns before any barrier
 #pragma unroll
-        for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
+        for (int r = 0; r < WR; ++r) {
             if (lane == 0 && o0 + r < n_out) {
                 y[(long long)pair * n_out + o0 + r] = bits_to_float(0x7fc00000u);
             }
         }
         return;
     }
-    const unsigned char* rows[MOE_GEMV_WAVE_ROWS];
-    int steps[MOE_GEMV_WAVE_ROWS];
+    const unsigned char* rows[WR];
+    int steps[WR];
     const unsigned char* tensor = w + (long long)expert * n_out * weight_row_bytes<TYPE>(n_in);
-    gemv_wave_rows<TYPE>(tensor, o0, n_out, n_in, expert == n_expert - 1, rows, steps);
-    float sums[MOE_GEMV_WAVE_ROWS];
-    gemv_wave_sums<TYPE, MOE_GEMV_WAVE_ROWS>(rows, steps, x + (long long)(x_per_pair ? pair : pair / top_k) * n_in, n_in,
-                                             sums);
+    gemv_wave_rows<TYPE, WR>(tensor, o0, n_out, n_in, expert == n_expert - 1, rows, steps);
+    float sums[WR];
+    gemv_wave_sums<TYPE, WR>(rows, steps, x + (long long)(x_per_pair ? pair : pair / top_k) * n_in, n_in, sums);
 #pragma unroll
-    for (int r = 0; r < MOE_GEMV_WAVE_ROWS; ++r) {
+    for (int r = 0; r < WR; ++r) {
         const int o = o0 + r;
         if (lane == 0 && o < n_out) {
             const long long at = (long long)pair * n_out + o;
@@ -863,6 +864,20 @@ __device__ void mul_mat_vec_parts(const unsigned char* __restrict__ w0, const un
         KERNEL_PROLOGUE();                                                                                  \
         mul_mat_vec_id<TYPE>(w, x, ids, y, n_expert, n_out, n_in, top_k, x_per_pair, n_pairs,               \
                              route_weights, silu_gate);                                                     \
+    }
+// The same with one row a wave, for launches of fewer than GEMV_ONE_ROW_UNDER rows over all their pairs
+// (layout.py): there two rows a wave leave too few waves to keep the memory busy (an attention output
+// projection of 2048 rows: 1024 waves, under 8 a multiprocessor of an H100; 17-27% faster with one row a
+// wave, docs/results/decode-rows-h100.md). Grid (ceil(n_out / (MOE_GEMV_THREADS / MOE_GEMV_WAVE)), n_pairs).
+#define MOE_MUL_MAT_VEC_ID1(NAME, TYPE)                                                                     \
+    extern "C" __global__ void __launch_bounds__(MOE_GEMV_THREADS, MOE_GEMV_MIN_BLOCKS_OF(TYPE))            \
+        NAME(const unsigned char* __restrict__ w, const float* __restrict__ x, const int* __restrict__ ids, \
+             float* __restrict__ y, int n_expert, int n_out, int n_in, int top_k, int x_per_pair,           \
+             int n_pairs, const float* __restrict__ route_weights, const float* __restrict__ silu_gate) {   \
+        prefetch_dense_rows<TYPE, 1>(w, n_expert, n_out, n_in);                                             \
+        KERNEL_PROLOGUE();                                                                                  \
+        mul_mat_vec_id<TYPE, 1>(w, x, ids, y, n_expert, n_out, n_in, top_k, x_per_pair, n_pairs,            \
+                                route_weights, silu_gate);                                                  \
     }
 #define MOE_GATE_UP_VEC_ID(NAME, TYPE)                                                                      \
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_THREADS, MOE_GEMV_MIN_BLOCKS_OF(TYPE))            \

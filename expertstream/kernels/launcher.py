@@ -126,6 +126,15 @@ def _direct_views(
     return view(call, "x", x, x_rows * n_in * 4, 4), view(call, "ids", ids, n_tokens * top_k * 4, 4), x_rows
 
 
+def gemv_launch(fmt: WeightFormat, n_out: int, n_pairs: int) -> tuple[str, int]:
+    """The matrix-vector mul_mat_id kernel of ``fmt`` for ``n_pairs`` pairs of ``n_out`` rows, and the
+    rows each of its blocks computes: one row a wave for a launch of fewer than GEMV_ONE_ROW_UNDER rows
+    in all, two otherwise. Either writes the same bytes."""
+    if n_out * n_pairs < layout.GEMV_ONE_ROW_UNDER:
+        return fmt.gemv_one_row_kernel_name, layout.GEMV_ONE_ROW_ROWS
+    return fmt.gemv_kernel_name, layout.GEMV_ROWS
+
+
 def _i32(value: int) -> np.int32:
     return np.int32(value)
 
@@ -252,12 +261,15 @@ class MoeKernels(Closing):
             return None
         return weight_format(w_type).direct_tile_for(n_pairs, n_expert)
 
-    def mul_mat_id_kernel(self, w_type: RowType, n_pairs: int, n_expert: int, n_in: int) -> str:
-        """The name of the matrix kernel mul_mat_id launches for these shapes (see ``uses_gemv`` and
-        ``tile_for``)."""
+    def mul_mat_id_kernel(
+        self, w_type: RowType, n_pairs: int, n_expert: int, n_in: int, n_out: int = layout.GEMV_ONE_ROW_UNDER
+    ) -> str:
+        """The name of the matrix kernel mul_mat_id launches for these shapes (see ``uses_gemv``,
+        ``gemv_launch`` and ``tile_for``); ``n_out``, one expert's output rows, only picks between
+        the matrix-vector kernels (by default as many as take two rows a wave)."""
         fmt = weight_format(w_type)
         if self.uses_gemv(n_pairs):
-            return fmt.gemv_kernel_name
+            return gemv_launch(fmt, n_out, n_pairs)[0]
         tile = self.tile_for(w_type, n_pairs, n_expert, n_in)
         if self.uses_direct(w_type, n_in):
             return fmt.direct_kernel_name(tile)
@@ -388,9 +400,10 @@ class MoeKernels(Closing):
                 hint="prepare_direct with this call's x, ids and tile_for(), or leave prepared out",
             )
         if gemv:
+            name, block_rows = gemv_launch(fmt, n_out, n_pairs)
             stream.launch(
-                self.kernel(fmt.gemv_kernel_name),
-                (-(-n_out // layout.GEMV_ROWS), n_pairs),
+                self.kernel(name),
+                (-(-n_out // block_rows), n_pairs),
                 layout.GEMV_THREADS,
                 (
                     w_view,

@@ -86,6 +86,7 @@ def _instances(fmt: WeightFormat) -> Iterator[tuple[str, str]]:
         yield _instance(fmt.direct_kernel_name(tile), "MOE_MUL_MAT_ID_DIRECT", qtype, tile)
         yield _instance(fmt.direct_kernel_name(tile, gate_up=True), "MOE_GATE_UP_DIRECT", qtype, tile)
     yield fmt.gemv_kernel_name, f"MOE_MUL_MAT_VEC_ID({fmt.gemv_kernel_name}, {qtype})"
+    yield fmt.gemv_one_row_kernel_name, f"MOE_MUL_MAT_VEC_ID1({fmt.gemv_one_row_kernel_name}, {qtype})"
     yield fmt.gemv_gate_up_kernel_name, f"MOE_GATE_UP_VEC_ID({fmt.gemv_gate_up_kernel_name}, {qtype})"
     yield fmt.gemv_parts_kernel_name, f"MOE_MUL_MAT_VEC_PARTS({fmt.gemv_parts_kernel_name}, {qtype})"
     name = fmt.gemv_add_norm_kernel_name

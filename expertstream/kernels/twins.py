@@ -592,8 +592,9 @@ def twin_specs() -> list[KernelSpec]:
                     )
                 )
     specs += [
-        KernelSpec(fmt.gemv_kernel_name, gemv_runner(fmt), _gemv_accesses_for(fmt), _gemv_flops, mul_mat_id_rate_key)
+        KernelSpec(name, gemv_runner(fmt), _gemv_accesses_for(fmt), _gemv_flops, mul_mat_id_rate_key)
         for fmt in FORMATS.values()
+        for name in (fmt.gemv_kernel_name, fmt.gemv_one_row_kernel_name)  # a row's sum is the same in both
     ]
     specs += [
         KernelSpec(

@@ -9,6 +9,7 @@ kernel did not write fails the finiteness check.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 
 import numpy as np
@@ -19,6 +20,7 @@ from expertstream.backends.base import Device, Stream, Usage
 from expertstream.errors import InvalidArgument
 from expertstream.kernels import MoeKernels, layout
 from expertstream.kernels import reference as ref
+from expertstream.kernels.launcher import gemv_launch
 from expertstream.kernels.layout import TileM, weight_format
 
 from . import tensors
@@ -60,8 +62,8 @@ def test_matches_reference(
     assert shape.n_pairs <= layout.GEMV_MAX_PAIRS
     ids = np.array([[4, 0, 7, 2], [1, -1, 4, 3]], np.int32)
     problem = tensors.make_problem(device, rng, w_type, shape, ids)
-    assert kernels.mul_mat_id_kernel(w_type, shape.n_pairs, shape.n_expert, shape.n_in) == (
-        weight_format(w_type).gemv_kernel_name
+    assert kernels.mul_mat_id_kernel(w_type, shape.n_pairs, shape.n_expert, shape.n_in, shape.n_out) == (
+        weight_format(w_type).gemv_one_row_kernel_name  # 296 rows in all: one row a wave
     )
     y = tensors.run(kernels, stream, problem)
     bad = (ids < 0) | (ids >= shape.n_expert)
@@ -107,6 +109,29 @@ def test_one_pair_over_a_dense_projection(
     check(tensors.run(kernels, stream, problem), problem.gemv_reference())
 
 
+@pytest.mark.parametrize("w_type", [GGMLQuantizationType.Q4_K, GGMLQuantizationType.F16], ids=lambda t: t.name)
+def test_launches_of_few_rows_take_one_row_a_wave_with_the_same_bytes(
+    kernels: MoeKernels, device: Device, stream: Stream, rng: np.random.Generator, w_type: GGMLQuantizationType
+) -> None:
+    """Under GEMV_ONE_ROW_UNDER rows in all a launch takes one row a wave (``gemv_launch``), and each row's
+    sum is the one two rows a wave make: 8 pairs of 520 rows (two a wave) and their first 4 pairs (one a
+    wave), the last expert's padding tail read in both."""
+    many = Shape(n_expert=4, n_out=520, n_in=n_in_for(w_type), n_tokens=1, top_k=8)
+    few = dataclasses.replace(many, top_k=4)
+    assert many.n_pairs * many.n_out >= layout.GEMV_ONE_ROW_UNDER > few.n_pairs * few.n_out
+    fmt = weight_format(w_type)
+    assert kernels.mul_mat_id_kernel(w_type, many.n_pairs, 4, many.n_in, many.n_out) == fmt.gemv_kernel_name
+    assert kernels.mul_mat_id_kernel(w_type, few.n_pairs, 4, few.n_in, few.n_out) == fmt.gemv_one_row_kernel_name
+    ids = np.array([[3, 0, 2, 1, 3, 2, 1, 0]], np.int32)
+    problem = tensors.make_problem(device, rng, w_type, many, ids)
+    two = tensors.run(kernels, stream, problem)
+    check(two, problem.gemv_reference())
+    with device.upload(np.ascontiguousarray(ids[:, :4])) as few_ids:
+        fewer = dataclasses.replace(problem, shape=few, ids=ids[:, :4])
+        one = tensors.run(kernels, stream, fewer, ids_buf=few_ids)
+    assert one.tobytes() == np.ascontiguousarray(two[:, :4]).tobytes()
+
+
 def test_agrees_with_the_tile_kernels_beyond_its_pairs(
     kernels: MoeKernels, device: Device, stream: Stream, rng: np.random.Generator
 ) -> None:
@@ -147,7 +172,7 @@ def test_asked_for_it_takes_any_number_of_pairs(
     timeline = device.backend.timeline
     if mark is not None and timeline is not None:
         launched = [op.name for op in timeline[mark:] if op.kind.name == "KERNEL"]
-        assert launched == [weight_format(w_type).gemv_kernel_name]
+        assert launched == [gemv_launch(weight_format(w_type), heads.n_out, heads.n_pairs)[0]]
     tiled = tensors.run(kernels, stream, problem, gemv=False)
     assert ref.relative_error(tiled, problem.reference()) < ref.mul_mat_id_rtol(kernels.path_for(w_type))
     with MoeKernels(device) as plain:  # an instance without the matrix-vector kernels keeps its tiles

@@ -42,13 +42,15 @@ typedef void (*GateUpVecId)(const unsigned char*, const unsigned char*, const fl
 
 int main(int argc, char** argv) {
     MulMatVecId kernels[] = {%s};
+    MulMatVecId one_row_kernels[] = {%s};
     GateUpVecId gate_up_kernels[] = {%s};
     const int kernel = atoi(argv[1]);
     std::vector<int> shape = read_array<int>(10);
     const int n_expert = shape[0], n_out = shape[1], n_in = shape[2], n_tokens = shape[3], top_k = shape[4];
     const int x_per_pair = shape[5], w_bytes = shape[6], w_shift = shape[7], x_shift = shape[8];
-    // route weights; a SwiGLU gate (then y twice); gate_up of the two halves of w (then y twice)
-    const int scaled = shape[9] & 1, gated = shape[9] & 2, fused = shape[9] & 4;
+    // route weights; a SwiGLU gate (then y twice); gate_up of the two halves of w (then y twice); the kernel
+    // with one row a wave
+    const int scaled = shape[9] & 1, gated = shape[9] & 2, fused = shape[9] & 4, one_row = shape[9] & 8;
     const int n_pairs = n_tokens * top_k;
     const size_t x_count = (size_t)(x_per_pair ? n_pairs : n_tokens) * n_in;
     // Placed w_shift bytes (x_shift floats) past a 16-byte boundary.
@@ -61,7 +63,9 @@ int main(int argc, char** argv) {
     std::vector<int> ids = read_array<int>(n_pairs);
     std::vector<float> route_weights = read_array<float>(scaled ? n_pairs : 0);
     std::vector<float> gate = read_array<float>(gated ? (size_t)n_pairs * n_out : 0);
-    const unsigned grid_x = (n_out + MOE_GEMV_ROWS - 1) / MOE_GEMV_ROWS;
+    const unsigned block_rows = one_row ? MOE_GEMV_THREADS / MOE_GEMV_WAVE : MOE_GEMV_ROWS;
+    const unsigned grid_x = (n_out + block_rows - 1) / block_rows;
+    MulMatVecId mul_mat_vec_id = (one_row ? one_row_kernels : kernels)[kernel];
     gridDim = EsDim3{grid_x, (unsigned)n_pairs, 1};
     blockDim = EsDim3{MOE_GEMV_THREADS, 1, 1};
     auto launch = [&](const float* silu_gate) {
@@ -70,8 +74,8 @@ int main(int argc, char** argv) {
             for (unsigned bx = 0; bx < grid_x; ++bx) {
                 blockIdx = EsDim3{bx, by, 0};
                 run_block(MOE_GEMV_THREADS, [&] {
-                    kernels[kernel](w, x, ids.data(), y.data(), n_expert, n_out, n_in, top_k, x_per_pair, n_pairs,
-                                    scaled ? route_weights.data() : nullptr, silu_gate);
+                    mul_mat_vec_id(w, x, ids.data(), y.data(), n_expert, n_out, n_in, top_k, x_per_pair, n_pairs,
+                                   scaled ? route_weights.data() : nullptr, silu_gate);
                 });
             }
         }
@@ -119,8 +123,9 @@ int main(int argc, char** argv) {
 def build_gemv(folder: Path, source: str, prefix: str = "") -> Path:
     """_DRIVER over ``source``'s matrix-vector kernels of TYPES, compiled for this host after ``prefix``."""
     names = ", ".join(FORMATS[t].gemv_kernel_name for t in TYPES)
+    one_row_names = ", ".join(FORMATS[t].gemv_one_row_kernel_name for t in TYPES)
     gate_up_names = ", ".join(FORMATS[t].gemv_gate_up_kernel_name for t in TYPES)
-    return build_on_host(folder, prefix + source, _DRIVER % (names, gate_up_names))
+    return build_on_host(folder, prefix + source, _DRIVER % (names, one_row_names, gate_up_names))
 
 
 @pytest.fixture(scope="module")
@@ -141,18 +146,19 @@ def run_gemv(
     route_weights: np.ndarray | None = None,
     silu_gate: np.ndarray | None = None,
     up: np.ndarray | None = None,
+    one_row: bool = False,
 ) -> np.ndarray:
     """y [n_tokens, top_k, n_out] from the kernel; ``misaligned`` places w one unit and x one float
     past a 16-byte boundary. With ``silu_gate``: [2, n_tokens, top_k, n_out], the kernel's output with
     that gate, then its output without it followed by moe_swiglu's operations. With ``up`` (padded
     like ``padded``, the gate): [2, n_tokens, top_k, n_out], gate_up_vec_id's output, then the gate
-    launch's followed by the up launch's with it as silu_gate."""
+    launch's followed by the up launch's with it as silu_gate. ``one_row``: the kernel with one row a wave."""
     n_expert, n_out, n_in = shape
     n_tokens, top_k = ids.shape
     w_shift, x_shift = (FORMATS[w_type].unit_bytes, 1) if misaligned else (0, 0)
     w_bytes = padded.tobytes() + (b"" if up is None else up.tobytes())
     fields = (n_expert, n_out, n_in, n_tokens, top_k, int(x.ndim == 3), len(w_bytes), w_shift, x_shift)
-    flags = int(route_weights is not None) | 2 * int(silu_gate is not None) | 4 * int(up is not None)
+    flags = int(route_weights is not None) | 2 * int(silu_gate is not None) | 4 * int(up is not None) | 8 * int(one_row)
     header = struct.pack("10i", *fields, flags)
     data = header + w_bytes + np.ascontiguousarray(x, np.float32).tobytes() + ids.astype(np.int32).tobytes()
     if route_weights is not None:
@@ -189,6 +195,28 @@ def test_matches_reference_aligned_or_not(
         assert again.tobytes() == y.tobytes(), "a second run (threads in another order) gave other bytes"
         shifted = run_gemv(host_gemv, w_type, padded, x, ids, (n_expert, n_out, n_in), misaligned=True)
         assert shifted.tobytes() == y.tobytes(), "misaligned inputs (narrow loads) gave other bytes"
+
+
+@pytest.mark.parametrize("w_type", TYPES, ids=lambda t: t.name)
+def test_one_row_a_wave_writes_the_bytes_of_two(
+    host_gemv: Path, rng: np.random.Generator, w_type: GGMLQuantizationType
+) -> None:
+    """The kernel launches of few rows take (one row a wave, blocks of 8 rows) sums each row as the one of
+    two rows a wave does: the same bytes, with the last expert's padding tail, a partial last block of
+    either, ids out of range, routing weights and a SwiGLU gate."""
+    fmt = FORMATS[w_type]
+    n_expert, n_out, n_in = 3, 21, 768 if fmt.quantized else 200
+    w = ref.random_weights(rng, w_type, n_expert * n_out, n_in)
+    padded = with_tail(w, w_type, n_in)
+    ids = np.array([[2, 0, 5], [1, 2, -1]], np.int32)
+    x = rng.standard_normal((2, 3, n_in)).astype(np.float32)
+    scales = rng.uniform(0.1, 1.0, 6).astype(np.float32)
+    gate = rng.standard_normal((2, 3, n_out)).astype(np.float32)
+    for extra in ({}, {"route_weights": scales}, {"silu_gate": gate}):
+        two = run_gemv(host_gemv, w_type, padded, x, ids, (n_expert, n_out, n_in), **extra)
+        one = run_gemv(host_gemv, w_type, padded, x, ids, (n_expert, n_out, n_in), one_row=True, **extra)
+        assert np.isfinite(two[..., :2, :]).all() and np.isnan(two[..., 1, 2, :]).all()
+        assert one.tobytes() == two.tobytes(), sorted(extra)
 
 
 def test_slices_in_flight_do_not_change_the_bytes(
