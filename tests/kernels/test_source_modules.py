@@ -84,7 +84,7 @@ def test_a_model_of_one_type_compiles_two_modules() -> None:
     assert set(device.sources) == {kernel_source(()), kernel_source([q4_0])}
 
 
-_BODY_START = re.compile(r"__global__[^{]*\{[\s\\]*(\w+)(?:<\w+>)?\([^;]*;[\s\\]*(\w*)")
+_BODY_START = re.compile(r"__global__[^{]*\{[\s\\]*(\w+)(?:<[\w, ]+>)?\([^;]*;[\s\\]*(\w*)")
 _PREFETCH = re.compile(r"__device__ void (prefetch_\w+)\(")
 
 
