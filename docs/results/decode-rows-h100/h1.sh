@@ -17,7 +17,7 @@ cp $H/tree.txt $M/tree.txt
 ( OUT=$M FILES="qwen3-30b-a3b:Q4_K_M" bash microbench/model_h200.sh make > $M/make-qwen3.log 2>&1; stamp "make qwen3" ) &
 MAKE=$!
 ( OUT=$M FILES="gpt-oss-20b:MXFP4_MOE" bash microbench/model_h200.sh make > $M/make-oss.log 2>&1; stamp "make gpt-oss" ) &
-python3 $H/gen_shape.py /tmp/hs $H/gemv_harness.cu s0 s3 s4 s6 > /dev/null
+python3 $H/gen_shape.py /tmp/hs docs/results/decode-kernels-h100/gemv_harness.cu s0 s3 s4 s6 > /dev/null
 ( for v in s0 s3 s4 s6; do nvcc -arch=sm_90 -O3 -std=c++17 -o /tmp/hs/$v /tmp/hs/h_$v.cu > $M/nvcc-$v.log 2>&1 & done; wait ); stamp compiled
 for round in 1 2; do for mode in - pdl; do for v in s0 s3 s4 s6; do timeout 60 /tmp/hs/$v $v $mode >> $M/harness.txt 2>&1; done; done; done
 stamp harness
