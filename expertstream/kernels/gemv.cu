@@ -43,7 +43,8 @@
 #define MOE_GEMV_THREADS 256
 #define MOE_GEMV_WAVE 32     // lanes per output row: a logical wave
 #define MOE_GEMV_WAVE_ROWS 2 // output rows per wave, side by side: an activation slice is read once for all
-#define MOE_GEMV_ROWS (MOE_GEMV_THREADS / MOE_GEMV_WAVE * MOE_GEMV_WAVE_ROWS)  // output rows per block
+#define MOE_GEMV_BLOCK_ROWS(WR) (MOE_GEMV_THREADS / MOE_GEMV_WAVE * (WR))  // output rows per block at WR a wave
+#define MOE_GEMV_ROWS MOE_GEMV_BLOCK_ROWS(MOE_GEMV_WAVE_ROWS)                 // output rows per block
 static_assert(MOE_GEMV_WAVE == 32, "a row's lanes add up by wave32_sum");
 #define MOE_GEMV_STAGE 4096  // activation rows up to this many elements are staged in shared memory
 #define MOE_GEMV_STAGE_LD 33 // floats per staged 32-element slice: lane l's slice l starts in bank l
@@ -743,7 +744,7 @@ __device__ void prefetch_block_rows(const unsigned char* w, int n_out, int n_in)
 template <int TYPE, int WR = MOE_GEMV_WAVE_ROWS>
 __device__ void prefetch_dense_rows(const unsigned char* w, int n_expert, int n_out, int n_in) {
     if (n_expert == 1) {
-        prefetch_block_rows<TYPE, MOE_GEMV_THREADS / MOE_GEMV_WAVE * WR>(w, n_out, n_in);
+        prefetch_block_rows<TYPE, MOE_GEMV_BLOCK_ROWS(WR)>(w, n_out, n_in);
     }
 }
 
@@ -768,7 +769,7 @@ __device__ void mul_mat_vec_id(const unsigned char* __restrict__ w, const float*
         return;
     }
     const int lane = threadIdx.x % MOE_GEMV_WAVE;
-    const int o0 = blockIdx.x * (MOE_GEMV_THREADS / MOE_GEMV_WAVE * WR) + threadIdx.x / MOE_GEMV_WAVE * WR;
+    const int o0 = blockIdx.x * MOE_GEMV_BLOCK_ROWS(WR) + threadIdx.x / MOE_GEMV_WAVE * WR;
     const int expert = ids[pair];
     if (expert < 0 || expert >= n_expert) {  // the same for the whole block: it returns before any barrier
 #pragma unroll
@@ -868,7 +869,7 @@ __device__ void mul_mat_vec_parts(const unsigned char* __restrict__ w0, const un
 // The same with one row a wave, for launches of fewer than GEMV_ONE_ROW_UNDER rows over all their pairs
 // (layout.py): there two rows a wave leave too few waves to keep the memory busy (an attention output
 // projection of 2048 rows: 1024 waves, under 8 a multiprocessor of an H100; 17-27% faster with one row a
-// wave, docs/results/decode-rows-h100.md). Grid (ceil(n_out / (MOE_GEMV_THREADS / MOE_GEMV_WAVE)), n_pairs).
+// wave, docs/results/decode-rows-h100.md). Grid (ceil(n_out / MOE_GEMV_BLOCK_ROWS(1)), n_pairs).
 #define MOE_MUL_MAT_VEC_ID1(NAME, TYPE)                                                                     \
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_THREADS, MOE_GEMV_MIN_BLOCKS_OF(TYPE))            \
         NAME(const unsigned char* __restrict__ w, const float* __restrict__ x, const int* __restrict__ ids, \

@@ -29,11 +29,11 @@ GEMV_ROWS = GEMV_THREADS // GEMV_WAVE * GEMV_WAVE_ROWS  # output rows per block 
 # outputs per block of the matrix-vector gate_up (a gate and an up row a wave)
 GEMV_GATE_UP_ROWS = GEMV_THREADS // GEMV_WAVE
 # A matrix-vector mul_mat_id of fewer output rows than this over all its pairs runs one row a wave
-# (GemvFormat.gemv_one_row_kernel_name, blocks of GEMV_ONE_ROW_ROWS rows): at two rows a wave an attention
+# (WeightFormat.gemv_one_row_kernel_name, blocks of GEMV_ONE_ROW_ROWS rows): at two rows a wave an attention
 # output projection of 2048 rows makes 1024 waves, under 8 a multiprocessor of an H100, and runs 17-27%
 # slower; launches of 16384 rows (down over 8 experts) run faster at two (docs/results/decode-rows-h100.md).
 GEMV_ONE_ROW_UNDER = 4096
-GEMV_ONE_ROW_ROWS = GEMV_THREADS // GEMV_WAVE
+GEMV_ONE_ROW_ROWS = GEMV_THREADS // GEMV_WAVE  # gemv.cu's MOE_GEMV_BLOCK_ROWS(1)
 GEMV_STAGE = 4096  # activation rows up to this many elements are staged in shared memory (gemv.cu)
 # The weight types whose matrix-vector rows take their activations on the int8 grid (gemv.cu's
 # GemvInt8): per 32-element block (Q6_K: per 16-element half, each with its scale) the integer dot of

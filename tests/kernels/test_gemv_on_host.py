@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
     std::vector<int> ids = read_array<int>(n_pairs);
     std::vector<float> route_weights = read_array<float>(scaled ? n_pairs : 0);
     std::vector<float> gate = read_array<float>(gated ? (size_t)n_pairs * n_out : 0);
-    const unsigned block_rows = one_row ? MOE_GEMV_THREADS / MOE_GEMV_WAVE : MOE_GEMV_ROWS;
+    const unsigned block_rows = one_row ? MOE_GEMV_BLOCK_ROWS(1) : MOE_GEMV_ROWS;
     const unsigned grid_x = (n_out + block_rows - 1) / block_rows;
     MulMatVecId mul_mat_vec_id = (one_row ? one_row_kernels : kernels)[kernel];
     gridDim = EsDim3{grid_x, (unsigned)n_pairs, 1};
