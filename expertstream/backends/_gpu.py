@@ -312,7 +312,8 @@ class GpuStream(Stream):
         device = self._device
         kernel = device.gather_kernel()
         mapped = device.host_device_address(src) + rows.src_offset
-        chunks = -(-min(rows.row_nbytes + rows.overrun, rows.nbytes) // _GATHER_CHUNK_BYTES)
+        overrun = 0 if rows.packed else rows.overrun
+        chunks = -(-min(rows.row_nbytes + overrun, rows.nbytes) // _GATHER_CHUNK_BYTES)
         for first in range(0, rows.n_ids, _MAX_GRID_ROWS):
             count = min(_MAX_GRID_ROWS, rows.n_ids - first)
             values, types = pack_kernel_args(
@@ -328,6 +329,8 @@ class GpuStream(Stream):
                     np.int32(rows.tag),
                     np.uint64(0) if rows.skip is None else rows.skip,
                     np.int32(rows.n_skip),
+                    np.int32(rows.packed),
+                    np.uint64(0) if rows.slots is None else rows.slots,
                 )
             )
             grid = (chunks, count, 1)

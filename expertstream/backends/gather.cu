@@ -7,6 +7,12 @@
 // first launch to meet one writes its tag and the id into report[0] and report[1] (report[0]
 // must hold -1 before). An id among the n_skip ids of skip is not copied: its row is there
 // already (a decode step's predicted experts, gathered ahead of the router).
+//
+// Packed (packed != 0): the rows go one after another instead of at their own offsets. The row
+// of the id first met at position j goes to row n_skip + j of dst, without its overrun (the next
+// row there is another expert's); a skipped id's row is at row p, its first position in skip,
+// where a packed gather of the skipped ids put it. slots[j] (where given) receives the row of
+// dst that the id at j is at, for kernels to index dst by; 0 for an id naming no row.
 
 // Chained launches: as the kernels' formats.cu says (this file is compiled on its own).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(__HIP_PLATFORM_AMD__)
@@ -69,33 +75,51 @@ extern "C" __global__ void expertstream_gather_rows(
     int* report,  // null: not asked
     int tag,
     const int* skip,  // null where n_skip is 0
-    int n_skip) {
+    int n_skip,
+    int packed,
+    int* slots) {  // null: not asked (packed only)
     KERNEL_PROLOGUE();
     const int j = first + (int)blockIdx.y;
     const int id = ids[j];
+    const bool writes_slot = slots != nullptr && blockIdx.x == 0 && threadIdx.x == 0;
     if (id < 0 || (unsigned long long)id >= nbytes / row_bytes) {
         if (report != nullptr && blockIdx.x == 0 && threadIdx.x == 0 && atomicCAS(report, -1, tag) == -1) {
             report[1] = id;
         }
-        return;
-    }
-    for (int k = 0; k < j; ++k) {
-        if (ids[k] == id) {
-            return;
+        if (writes_slot) {
+            slots[j] = 0;
         }
+        return;
     }
     for (int k = 0; k < n_skip; ++k) {
         if (skip[k] == id) {
+            if (writes_slot) {
+                slots[j] = k;
+            }
             return;
         }
     }
+    int met = j;  // the id's first position in ids
+    for (int k = 0; k < j; ++k) {
+        if (ids[k] == id) {
+            met = k;
+            break;
+        }
+    }
+    if (writes_slot) {
+        slots[j] = n_skip + met;
+    }
+    if (met != j) {
+        return;
+    }
     const unsigned long long start = (unsigned long long)id * row_bytes;
-    unsigned long long end = start + row_bytes + overrun;
+    unsigned long long end = start + row_bytes + (packed ? 0ull : overrun);
     end = end < nbytes ? end : nbytes;
     const unsigned long long lo = start + (unsigned long long)blockIdx.x * GATHER_CHUNK_BYTES;
     if (lo >= end) {
         return;
     }
     const unsigned long long hi = lo + GATHER_CHUNK_BYTES < end ? lo + GATHER_CHUNK_BYTES : end;
-    gather_bytes(dst + lo, src + lo, hi - lo);
+    const unsigned long long to = packed ? (unsigned long long)(n_skip + j) * row_bytes + (lo - start) : lo;
+    gather_bytes(dst + to, src + lo, hi - lo);
 }

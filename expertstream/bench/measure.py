@@ -321,6 +321,7 @@ def measure(
             slots=max(settings.slots, default=0),
             host_inputs_per_split=2 if runner.fuses_gate_up() else 1,
             lookahead_inputs=runner.lookahead_inputs,
+            lookahead_rows=runner.lookahead_rows,
             in_use={d: runner.device_bytes_on(d) for d in split.devices},
         )
         with ResidentExperts(model, split, offload, upload_data=runner.data) as resident:

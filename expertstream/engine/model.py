@@ -242,6 +242,7 @@ class Model(Closing):
                 slots=options.slots,
                 host_inputs_per_split=2 if runner.fuses_gate_up() else 1,
                 lookahead_inputs=runner.lookahead_inputs,
+                lookahead_rows=runner.lookahead_rows,
                 in_use={d: runner.device_bytes_on(d) for d in runner.layer_split.devices},
             )
             self._resident = self._stack.enter_context(

@@ -98,6 +98,7 @@ def plan_offload(
     slots: int = 0,
     host_inputs_per_split: int = 1,
     lookahead_inputs: int = 0,
+    lookahead_rows: int = 0,
     in_use: int | Mapping[Device, int] = 0,
     margin: int | None = None,
 ) -> OffloadPlan:
@@ -108,7 +109,8 @@ def plan_offload(
     on each device, ``in_use`` of which is already taken (activations); auto is what each
     device has free now. ``host_inputs_per_split``: the streamed tensors one split reads (2 where
     gate and up are fused), each with its own stock scratch (``scheduler.device_footprint``);
-    ``lookahead_inputs``: the expert tensors a decode step copies ahead per layer (two scratch sets each).
+    ``lookahead_inputs``: the expert tensors a decode step copies ahead per layer (two scratch sets each),
+    ``lookahead_rows`` experts each where packed (0: whole tensors).
     """
     split = _layer_split(model, where)
     used = in_use if isinstance(in_use, Mapping) else {split.devices[0]: in_use}
@@ -125,7 +127,7 @@ def plan_offload(
                 total = device.free_memory() if gpu_memory == "auto" else gpu_memory
                 budget = total - (0 if gpu_memory == "auto" else used.get(device, 0))
                 budgets[device] = budget - (min(DEFAULT_MARGIN_BYTES, total // 20) if margin is None else margin)
-            scratch = (host_inputs_per_split, lookahead_inputs)
+            scratch = (host_inputs_per_split, lookahead_inputs, lookahead_rows)
             n_stream = max(n_stream, _fewest_streamed(model, split, budgets, slots, scratch))
     return _plan(model, split, n_stream)
 
@@ -134,27 +136,43 @@ def _padded(device: Device, info: TensorInfo) -> int:
     return device.alloc_size(info.nbytes, info.qtype, info.ne0)
 
 
+def _ahead_bytes(device: Device, info: TensorInfo, rows: int) -> int:
+    """A decode lookahead's scratch for ``info``: ``rows`` experts where packed (fewer than it has)."""
+    padded = _padded(device, info)
+    if not 0 < rows < info.ne[2]:
+        return padded
+    return rows * info.slice_nbytes + padded - info.nbytes
+
+
 def _largest(device: Device, tensors: Iterable[TensorInfo]) -> int:
     return max((_padded(device, t) for t in tensors), default=0)
 
 
 def _fewest_streamed(
-    model: MoeModel, split: LayerSplit, budgets: Mapping[Device, int], slots: int, scratch: tuple[int, int]
+    model: MoeModel, split: LayerSplit, budgets: Mapping[Device, int], slots: int, scratch: tuple[int, int, int]
 ) -> int:
     """The smallest count of leading layers to stream so that the rest fit in every device's budget."""
     layers = model.layers
     for n_stream in range(len(layers) + 1):
         need = dict.fromkeys(split.devices, 0)
         largest = dict.fromkeys(split.devices, 0)
+        ahead_bytes = dict.fromkeys(split.devices, 0)
+        per_split, ahead, rows = scratch
         for layer in layers[n_stream:]:
             device = split.device_of(layer.index)
             need[device] += sum(_padded(device, t) for t in layer.experts)
         for layer in layers[:n_stream]:
             device = split.device_of(layer.index)
             largest[device] = max(largest[device], _largest(device, layer.experts))
-        per_split, ahead = scratch
+            ahead_bytes[device] = max(ahead_bytes[device], *(_ahead_bytes(device, t, rows) for t in layer.experts))
         footprint = {
-            d: device_footprint(slots, largest[d], host_inputs_per_split=per_split, lookahead_inputs=ahead)
+            d: device_footprint(
+                slots,
+                largest[d],
+                host_inputs_per_split=per_split,
+                lookahead_inputs=ahead,
+                lookahead_bytes=ahead_bytes[d],
+            )
             for d in need
         }
         if all(need[d] + footprint[d] <= budgets[d] for d in split.devices):

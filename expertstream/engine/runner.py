@@ -61,11 +61,22 @@ import numpy as np
 from .._closing import Closing
 from ..backends.base import BufferView, Device, DeviceBuffer, Stream, Usage
 from ..errors import InvalidArgument
+from ..ggml import padded_size
 from ..kernels import MoeKernels, check_path, dense, layout, routing
 from ..kernels.layout import MatrixPath
 from ..kernels.routing import Activation
 from ..model import ModelError, MoeLayer, MoeModel, TensorInfo
-from ..scheduler import Bindings, Input, MulMatId, Plan, Prediction, Split, is_prefill_scale
+from ..scheduler import (
+    Bindings,
+    Input,
+    MulMatId,
+    Plan,
+    Prediction,
+    Split,
+    bound_experts,
+    expert_ids,
+    is_prefill_scale,
+)
 from ..scheduler.source import HostSource
 from . import standin
 from .arch import FfnConfig, ffn_config
@@ -952,14 +963,14 @@ class MoeRunner(Closing):
 
             def run(stream: Stream, bindings: Bindings) -> None:
                 for tokens in group:
-                    compute(tokens, infos[0], stream, bindings)
+                    compute(tokens, infos[0], stream, _ubatch_bindings(bindings, roles, ids, tokens.ids))
 
             return Split(
                 f"{'_'.join(roles)}.{name}",
                 part.device,
                 tuple(_expert_input(role, info, experts[info.name]) for role, info in zip(roles, infos, strict=True)),
                 run,
-                MulMatId(ids, n_ids, model.n_expert, roles, stand_in_ids, predicted),
+                MulMatId(ids, n_ids, model.n_expert, roles, stand_in_ids, predicted, packed=True),
             )
 
         ahead = self._predicted_by(layer, group, experts)
@@ -1035,6 +1046,13 @@ class MoeRunner(Closing):
         if not (self.decode_lookahead and self.whole is not None and self.batching.decode_steps):
             return 0
         return len(self.model.layers[0].experts)
+
+    @property
+    def lookahead_rows(self) -> int:
+        """The experts each lookahead scratch holds where its decode copies are packed (the
+        predicted and the chosen ones of a one-token step; 0: whole tensors)."""
+        rows = self.decode_lookahead + self.model.top_k
+        return rows if self.lookahead_inputs and rows < self.model.n_expert else 0
 
     def fuses_gate_up(self) -> bool:
         """Whether any layer runs gate, up and SwiGLU as one split (see the module's docstring)."""
@@ -1159,7 +1177,7 @@ class MoeRunner(Closing):
         )
 
     def _gate(self, tokens: _Tokens, info: TensorInfo, stream: Stream, bindings: Bindings) -> None:
-        self._mul_mat_id(stream, bindings[GATE], info, tokens, "x", False, "gate", shared_x=_PREPARE)
+        self._mul_mat_id(stream, bindings, GATE, info, tokens, "x", False, "gate", shared_x=_PREPARE)
         self._add_expert_bias(stream, tokens, GATE, "gate", info.ne[1])
 
     def _up(self, tokens: _Tokens, info: TensorInfo, stream: Stream, bindings: Bindings) -> None:
@@ -1172,9 +1190,9 @@ class MoeRunner(Closing):
         ):
             # A few rows (decode): the matrix-vector kernel writes SwiGLU's output itself.
             gate = tokens.held_view("gate", n_ff)
-            self._mul_mat_id(stream, bindings[UP], info, tokens, "x", False, "act", silu_gate=gate)
+            self._mul_mat_id(stream, bindings, UP, info, tokens, "x", False, "act", silu_gate=gate)
             return
-        self._mul_mat_id(stream, bindings[UP], info, tokens, "x", False, "up", shared_x=_SHARE)
+        self._mul_mat_id(stream, bindings, UP, info, tokens, "x", False, "up", shared_x=_SHARE)
         self._add_expert_bias(stream, tokens, UP, "up", info.ne[1])
         views = (tokens.held_view("gate", n_ff), tokens.held_view("up", n_ff), tokens.held_view("act", n_ff))
         n = tokens.count * self.model.top_k * n_ff
@@ -1243,17 +1261,20 @@ class MoeRunner(Closing):
             )
 
     def _gate_up(self, tokens: _Tokens, info: TensorInfo, stream: Stream, bindings: Bindings) -> None:
-        n_in, n_out, n_expert = info.ne[0], info.ne[1], info.ne[2]
+        n_in, n_out = info.ne[0], info.ne[1]
+        gate, ids, n_expert = _bound(bindings, GATE, info)
+        up, up_ids, _ = _bound(bindings, UP, info)
+        assert up_ids == ids, "a split's packed weights share their slot ids"
         tokens.part.kernels.gate_up(
             stream,
-            bindings[GATE],
-            bindings[UP],
+            gate,
+            up,
             info.qtype,
             n_expert,
             n_out,
             n_in,
             tokens.held_view("x", n_in),
-            tokens.ids,
+            ids,
             tokens.count,
             self.model.top_k,
             tokens.held_view("act", n_out),
@@ -1284,16 +1305,18 @@ class MoeRunner(Closing):
             # Decode: the shared expert first, then down, the combine and the next norm in one launch.
             if shared is not None:
                 self._shared_expert(stream, tokens, shared)
+            w, ids, n_expert = _bound(bindings, DOWN, info)
             dense.down_combine_rms_norm(
-                kernels, stream, bindings[DOWN], info.qtype, info.ne[2], info.ne[0],
-                tokens.held_view("act", info.ne[0]), tokens.ids, tokens.count, model.top_k, rows,
+                kernels, stream, w, info.qtype, n_expert, info.ne[0],
+                tokens.held_view("act", info.ne[0]), ids, tokens.count, model.top_k, rows,
                 scales, weights, extra, tokens.hidden, norm, blocks.norm_rows(tokens.count),
                 model.n_embd, blocks.spec.eps,
             )  # fmt: skip
             return
         self._mul_mat_id(
             stream,
-            bindings[DOWN],
+            bindings,
+            DOWN,
             info,
             tokens,
             "act",
@@ -1335,7 +1358,8 @@ class MoeRunner(Closing):
     def _mul_mat_id(
         self,
         stream: Stream,
-        w: BufferView,
+        bindings: Bindings,
+        role: str,
         info: TensorInfo,
         tokens: _Tokens,
         x: str,
@@ -1350,7 +1374,8 @@ class MoeRunner(Closing):
         (``MoeKernels.shared_direct``: gate's whole for up right after it on the same ubatch, its groups
         for down; in layer-major order only the last ubatch's gate is still there); else the call
         prepares as usual."""
-        n_in, n_out, n_expert = info.ne[0], info.ne[1], info.ne[2]
+        n_in, n_out = info.ne[0], info.ne[1]
+        w, ids, n_expert = _bound(bindings, role, info)
         pairs = tokens.count * self.model.top_k
         scratch = tokens.part.scratch()
         kernels = tokens.part.kernels
@@ -1359,7 +1384,7 @@ class MoeRunner(Closing):
         prepared = None
         tile = None if shared_x is None else kernels.direct_tile(info.qtype, pairs, n_expert, n_in)
         if tile is not None:
-            inputs = (stream, x_view, tokens.ids, tokens.count, self.model.top_k, n_expert, n_in, tile, x_per_pair)
+            inputs = (stream, x_view, ids, tokens.count, self.model.top_k, n_expert, n_in, tile, x_per_pair)
             share = kernels.prepare_direct if shared_x == _PREPARE else kernels.shared_direct
             prepared = share(*inputs)
         kernels.mul_mat_id(
@@ -1371,7 +1396,7 @@ class MoeRunner(Closing):
             n_in,
             x_view,
             x_per_pair,
-            tokens.ids,
+            ids,
             tokens.count,
             self.model.top_k,
             y_view,
@@ -1521,6 +1546,27 @@ def _whole(spec: Transformer, batching: Batching, n_ctx: int | None, layer_major
             hint="raise -c or shorten the prompt",
         )
     return _Whole(spec, n_ctx, layer_major, all_logits)
+
+
+def _ubatch_bindings(bindings: Bindings, roles: Sequence[str], group_ids: BufferView, ids: BufferView) -> Bindings:
+    """A split's bindings for one ubatch of its group, whose routing ids ``ids`` lie within the
+    group's ``group_ids``: each weight's ids (``expert_ids``) cut to the same ones."""
+    at = ids.offset - group_ids.offset
+    if at == 0 and ids.nbytes == group_ids.nbytes:
+        return bindings
+    cut = dict(bindings)
+    for role in roles:
+        whole = bindings[expert_ids(role)]
+        cut[expert_ids(role)] = BufferView(whole.buffer, whole.offset + at, ids.nbytes)
+    return cut
+
+
+def _bound(bindings: Bindings, role: str, info: TensorInfo) -> tuple[BufferView, BufferView, int]:
+    """Expert weights ``role`` as bound, the ids their kernels index them by, and how many experts
+    the binding holds (fewer than the tensor's where the scheduler packed a decode step's)."""
+    w = bindings[role]
+    tail = padded_size(info.nbytes, info.qtype, info.ne0) - info.nbytes
+    return w, bindings[expert_ids(role)], bound_experts(w, info.slice_nbytes, tail)
 
 
 def _expert_input(role: str, info: TensorInfo, data: HostSource | BufferView) -> Input:

@@ -1,6 +1,6 @@
 """The scheduler: splits, the stock copy path and lookahead prefetch into prefetch slots (device buffers)."""
 
-from .plan import Bindings, ComputeFn, Input, MulMatId, Plan, Prediction, Split
+from .plan import Bindings, ComputeFn, Input, MulMatId, Plan, Prediction, Split, bound_experts, expert_ids
 from .prefetch import prefetch_footprint
 from .scheduler import (
     DEFAULT_PREFILL_FACTOR,
@@ -31,8 +31,10 @@ __all__ = [
     "RunStats",
     "Scheduler",
     "Split",
+    "bound_experts",
     "check_slots",
     "device_footprint",
+    "expert_ids",
     "is_prefill_scale",
     "prefetch_footprint",
 ]

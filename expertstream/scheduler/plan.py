@@ -87,6 +87,14 @@ class MulMatId:
     ``stand_in_ids``: the expert ids a backend that holds no data (the simulator's timing-only
     mode) copies by at decode scale; the ids it reads back mean nothing there. ``predicted``:
     the experts expected before the router runs (decode scale only; see ``Prediction``).
+
+    ``packed``: the split's kernels index its expert weights by the ids each binds under
+    ``expert_ids(name)``, so that at decode scale the scheduler may copy the experts a step uses
+    one after another into scratch of a few experts (``Stream.gather_h2d``'s packed rows) instead
+    of at their own offsets in scratch of the whole tensor. A weight then binds fewer experts
+    than ``n_expert`` (``bound_experts``), its padding tail after them, and its ids name those;
+    elsewhere (prefill scale, weights on the device, prefetched) it binds the whole tensor and
+    its ids are ``ids``.
     """
 
     ids: BufferView  # int32 [n_tokens, top_k] on the split's device
@@ -95,6 +103,7 @@ class MulMatId:
     weights: tuple[str, ...]  # names of the inputs holding the expert matrices
     stand_in_ids: np.ndarray | None = field(default=None, compare=False)
     predicted: Prediction | None = field(default=None, compare=False)
+    packed: bool = False
 
     def __post_init__(self) -> None:
         if self.n_ids <= 0 or self.n_expert <= 0:
@@ -108,6 +117,18 @@ class MulMatId:
             stand_in.size != self.n_ids or (stand_in.size and not 0 <= stand_in.min() <= stand_in.max() < self.n_expert)
         ):
             raise InvalidArgument(f"stand-in ids must be {self.n_ids} expert ids in 0..{self.n_expert - 1}")
+
+
+def expert_ids(name: str) -> str:
+    """The binding of a packed MUL_MAT_ID split (``MulMatId.packed``) that holds the int32 ids its
+    kernels index the experts of input ``name`` by."""
+    return f"{name}:ids"
+
+
+def bound_experts(view: BufferView, expert_nbytes: int, tail_nbytes: int) -> int:
+    """The experts a binding of expert weights holds: the bytes before its padding tail
+    (``Input.padded_nbytes - Input.nbytes``) over one expert's."""
+    return (view.nbytes - tail_nbytes) // expert_nbytes
 
 
 @dataclass(frozen=True)

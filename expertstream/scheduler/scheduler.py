@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from .._closing import Closing
 from ..backends.base import BackendError, BufferView, Device, Event, Graph, Stream, Usage
 from ..errors import InvalidArgument
-from .plan import Input, MulMatId, Plan, Prediction, Split
+from .plan import Input, MulMatId, Plan, Prediction, Split, expert_ids
 from .prefetch import Milestone, PrefetchSlots, Unit, prefetch_footprint
 from .source import HostSource, Lookahead, LookaheadSource, expect_copies
 from .stats import DeviceStats, Fallback, RunStats
-from .stock import StockCopier, gather_region
+from .stock import StockCopier, gather_region, packed_nbytes
 
 log = logging.getLogger(__name__)
 
@@ -34,18 +34,27 @@ def is_prefill_scale(n_ids: int, n_expert: int, prefill_factor: int = DEFAULT_PR
 
 
 def device_footprint(
-    slots: int, largest_input_bytes: int, *, host_inputs_per_split: int = 1, lookahead_inputs: int = 0
+    slots: int,
+    largest_input_bytes: int,
+    *,
+    host_inputs_per_split: int = 1,
+    lookahead_inputs: int = 0,
+    lookahead_bytes: int | None = None,
 ) -> int:
     """The most device bytes a ``Scheduler(slots=slots)`` allocates on one device for streamed inputs.
 
     Its prefetch slots (``prefetch_footprint``) and the stock copy's scratch: one buffer per host
-    input of a split, each kept even when the input is prefetched, since prefetch may turn off
-    mid-run. ``largest_input_bytes``: the largest padded size (``Input.padded_nbytes``) of the
-    host inputs run on that device. Gathers (decode steps from page-locked memory) add the 8-byte
-    word they report into. ``lookahead_inputs``: the expert tensors of a layer whose decode steps
-    copy predicted experts ahead (``decode_lookahead``), each with a scratch buffer in each of two sets.
+    input of a split, allocated at the start where the input is not prefetched and grown where a
+    prefetched input's slot is lost mid-run (a run whose prefetch works holds the slots alone).
+    ``largest_input_bytes``: the largest padded size (``Input.padded_nbytes``) of the host inputs
+    run on that device. Gathers (decode steps from page-locked memory) add the 8-byte word they
+    report into and packed splits their slot ids. ``lookahead_inputs``: the expert tensors of a
+    layer whose decode steps copy predicted experts ahead (``decode_lookahead``), each with a
+    scratch buffer of ``lookahead_bytes`` (packed: a few experts; default the whole tensor) in
+    each of two sets.
     """
-    stock = (host_inputs_per_split + 2 * lookahead_inputs) * largest_input_bytes
+    ahead = largest_input_bytes if lookahead_bytes is None else lookahead_bytes
+    stock = host_inputs_per_split * largest_input_bytes + 2 * lookahead_inputs * ahead
     return prefetch_footprint(slots, largest_input_bytes) + stock
 
 
@@ -68,7 +77,8 @@ class _Ahead:
 
     predicted: Prediction
     parity: int
-    inputs: list[tuple[Split, Input]]  # the expert weights copied ahead, with the splits that read them
+    # the expert weights copied ahead, with the splits that read them and whether those are packed
+    inputs: list[tuple[Split, Input, bool]]
     fork: Event | None = None  # recorded after split ``after``: the copies' start
     join: Event | None = None  # recorded after the copies: the splits wait on it
     forked: bool = False  # the side stream took the copies this run (the splits wait on ``join``)
@@ -90,6 +100,7 @@ class _RunState:
     launched: dict[int, Milestone]
     ahead_after: dict[str, list[_Ahead]] = field(default_factory=dict)  # split name -> lookaheads it starts
     ahead_of: dict[int, _Ahead] = field(default_factory=dict)  # split index -> the lookahead it reads
+    packed: set[int] = field(default_factory=set)  # indices of the splits whose decode copies are packed
 
 
 class Scheduler(Closing):
@@ -298,10 +309,23 @@ class Scheduler(Closing):
                 bindings[inp.name] = unit.view
             else:
                 copier = self._stock[split.device]
-                bindings[inp.name] = copier.copy(
-                    stream, split, inp, host_position, decode_routing, device_stats, ahead=parity
+                bindings[inp.name], slot_ids = copier.copy(
+                    stream,
+                    split,
+                    inp,
+                    host_position,
+                    decode_routing,
+                    device_stats,
+                    ahead=parity,
+                    packed=index in state.packed,
                 )
+                if slot_ids is not None:
+                    bindings[expert_ids(inp.name)] = slot_ids
             host_position += 1
+        routing = split.mul_mat_id
+        if routing is not None and routing.packed:
+            for name in routing.weights:  # laid out whole: indexed by the routing ids
+                bindings.setdefault(expert_ids(name), routing.ids)
         split.compute(stream, bindings)
         for started in state.ahead_after.get(split.name, ()):
             self._copy_ahead(split.device, started, device_stats)
@@ -324,8 +348,8 @@ class Scheduler(Closing):
         compute.record(ahead.fork)
         side.wait(ahead.fork)  # after the ids are written, and after every earlier reader of this parity
         made = True
-        for split, inp in ahead.inputs:
-            made = made and copier.gather_ahead(side, split, inp, ahead.parity, ahead.predicted, stats)
+        for split, inp, packed in ahead.inputs:
+            made = made and copier.gather_ahead(side, split, inp, ahead.parity, ahead.predicted, stats, packed)
         side.record(ahead.join)
         ahead.forked, ahead.made = True, made
 
@@ -356,10 +380,12 @@ class Scheduler(Closing):
                 state.ahead_after.setdefault(predicted.after, []).append(ahead)
             state.ahead_of[index] = ahead
             device_sizes = sizes.setdefault(split.device, {})
+            packed = index in state.packed
             for inp in weights:
-                ahead.inputs.append((split, inp))
+                ahead.inputs.append((split, inp, packed))
                 slot = (ahead.parity, inp.name)
-                device_sizes[slot] = max(device_sizes.get(slot, 0), inp.padded_nbytes)
+                size = packed_nbytes(inp, predicted.n_ids + routing.n_ids) if packed else inp.padded_nbytes
+                device_sizes[slot] = max(device_sizes.get(slot, 0), size)
         for device in sizes:
             self._side_stream(device)  # made now: a capture may follow
             aheads = [a for a in by_key.values() if a.inputs[0][0].device is device]
@@ -440,6 +466,7 @@ class Scheduler(Closing):
         # device -> the last split so far whose launch makes a whole copy from a lookahead's source
         stock_split: dict[Device, int] = {}
         scratch_sizes: dict[Device, list[int]] = {}
+        slot_ids: dict[Device, int] = {}  # the most routing ids of a packed split, per device
         slot_bytes: dict[Device, int] = {}
         whole_copies: list[HostSource] = []  # in the order they are made, per device
         for index, split in enumerate(plan.splits):
@@ -447,6 +474,11 @@ class Scheduler(Closing):
             sizes = scratch_sizes.setdefault(split.device, [])
             decode_routing = self._decode_routing(split)
             earlier_stock = stock_split.get(split.device)
+            packed = self._packs(split)
+            if packed:
+                assert decode_routing is not None
+                state.packed.add(index)
+                slot_ids[split.device] = max(slot_ids.get(split.device, 0), decode_routing.n_ids)
             for position, inp in enumerate(i for i in split.inputs if i.is_host):
                 assert inp.host is not None
                 shared = isinstance(inp.host, LookaheadSource)
@@ -464,14 +496,17 @@ class Scheduler(Closing):
                     slot_bytes[split.device] = max(slot_bytes.get(split.device, 0), inp.padded_nbytes)
                     blocks = state.blocks_host.get(split.device, False)
                     state.blocks_host[split.device] = blocks or inp.host.blocks_host
-                # Every host input keeps a stock scratch too: its slot may be lost mid-run.
                 if position == len(sizes):
                     sizes.append(0)
-                sizes[position] = max(sizes[position], inp.padded_nbytes)
+                if inp.name in eligible:
+                    continue  # its stock scratch is grown only where its slot is lost mid-run
+                assert decode_routing is not None or not packed
+                need = packed_nbytes(inp, decode_routing.n_ids) if decode_routing and packed else inp.padded_nbytes
+                sizes[position] = max(sizes[position], need)
         for device, sizes in scratch_sizes.items():
             if sizes:
                 copier = self._stock.setdefault(device, StockCopier(device, gather=self.gather))
-                copier.reserve(sizes, self.stream(device))
+                copier.reserve(sizes, self.stream(device), slot_ids.get(device, 0))
         for device, ahead_sizes in self._plan_ahead(plan, state).items():
             copier = self._stock[device]
             copier.reserve_ahead(ahead_sizes, self.stream(device))
@@ -488,6 +523,19 @@ class Scheduler(Closing):
         # Last, once nothing here can fail: the run's drain is what ends these lists.
         state.lookaheads = expect_copies(whole_copies)
         return state
+
+    def _packs(self, split: Split) -> bool:
+        """Whether ``split``'s decode copies go one after another (``MulMatId.packed``): every
+        expert weight gathered from page-locked memory, into fewer rows than the tensor has."""
+        routing = self._decode_routing(split)
+        copier = self._stock.get(split.device)
+        if routing is None or not routing.packed or not self.gather or (copier is not None and not copier.gather):
+            return False
+        weights = [i for i in split.inputs if i.name in routing.weights]
+        if any(i.host is None or gather_region(i.host) is None for i in weights):
+            return False
+        ahead = routing.predicted.n_ids if routing.predicted is not None and self.decode_lookahead else 0
+        return ahead + routing.n_ids < routing.n_expert
 
     def _prefetched_inputs(self, split: Split, stats: DeviceStats) -> list[Input]:
         """The inputs of ``split`` that are prefetched this run."""

@@ -5,6 +5,10 @@ memory the device copies them itself (``Stream.gather_h2d``), in stream order af
 that wrote the ids: nothing waits for the host. From other memory (pageable, a staging ring),
 or where the device cannot map host memory, the ids are read back (one host sync per distinct
 ids buffer) and each run of consecutive experts is one copy (llama.cpp's behaviour).
+
+A packed split (``MulMatId.packed``, gathered, fewer rows than experts) takes its experts one
+after another instead of at their own offsets: its scratch holds a step's few experts, not the
+whole tensor, and its kernels index them by the slot ids the gather writes.
 """
 
 from __future__ import annotations
@@ -33,29 +37,38 @@ class StockCopier:
         # copied into it while the layer before computes from the other parity's.
         self._ahead: dict[tuple[int, str], DeviceBuffer] = {}
         self._ids_key: tuple[int, int] | None = None
+        self._ids_read: np.ndarray = np.empty(0, dtype=np.int32)
         self._ids_used: np.ndarray = np.empty(0, dtype=np.int32)
         # Gathers report an id naming no expert here (int32 tag, id); a tag is an index into _gathered.
         self._report: DeviceBuffer | None = None
         self._gathered: list[tuple[str, int]] = []  # (split name, n_expert) of this run's gathers, by tag
+        # Packed splits' slot ids, rewritten by each one in stream order (a layer's splits are adjacent).
+        self._slots: DeviceBuffer | None = None
+        self._slot_uploads: list[np.ndarray] = []  # host slot ids of packed copies made without a gather
 
     @property
     def device_bytes(self) -> int:
         """Device bytes of the scratch buffers (and the gathers' report word)."""
-        report = self._report.alloc_size if self._report is not None else 0
+        small = sum(buf.alloc_size for buf in (self._report, self._slots) if buf is not None)
         ahead = sum(buf.alloc_size for buf in self._ahead.values())
-        return sum(buf.alloc_size for buf in self._scratch) + ahead + report
+        return sum(buf.alloc_size for buf in self._scratch) + ahead + small
 
-    def reserve(self, sizes: list[int], stream: Stream) -> None:
-        """Make scratch ``k`` hold at least ``sizes[k]`` bytes; called once per run, before any split."""
+    def reserve(self, sizes: list[int], stream: Stream, slot_ids: int = 0) -> None:
+        """Make scratch ``k`` hold at least ``sizes[k]`` bytes, and the slot ids of packed splits
+        ``slot_ids`` int32; called once per run, before any split."""
+        if slot_ids and (self._slots is None or self._slots.alloc_size < 4 * slot_ids):
+            if self._slots is not None:
+                stream.synchronize()  # a pending kernel may still read the old ids
+                self._slots.close()
+                self._slots = None
+            self._slots = self.device.alloc(4 * slot_ids, Usage.COMPUTE)
+        self._slot_uploads.clear()
         for k, size in enumerate(sizes):
             held = self._scratch[k] if k < len(self._scratch) else None
             try:
                 buf = self._regrown(held, size, stream)
             except BaseException:
-                # Never keep a closed buffer: drop it and the ones after it; the next run remakes them.
-                for later in self._scratch[k + 1 :]:
-                    later.close()
-                del self._scratch[k:]
+                self._drop(k)  # never keep a closed buffer: the next run remakes them
                 raise
             if held is None:
                 self._scratch.append(buf)
@@ -63,6 +76,27 @@ class StockCopier:
                 self._scratch[k] = buf
         self._ids_key = None
         self._gathered.clear()
+
+    def _fitted(self, position: int, size: int, stream: Stream) -> DeviceBuffer:
+        """Scratch ``position``, grown to ``size`` bytes where ``reserve`` left it smaller: a
+        prefetched input's (sized for its slot) whose slot was lost mid-run. Growing waits for the
+        compute stream."""
+        held = self._scratch[position]
+        if held.alloc_size < size:
+            try:
+                held = self._regrown(held, size, stream)
+            except BaseException:
+                self._drop(position)  # never kept closed: the next run's reserve remakes them
+                raise
+            self._scratch[position] = held
+        return held
+
+    def _drop(self, first: int) -> None:
+        """Close scratch ``first`` and the ones after it (``first`` itself may be closed already)."""
+        for buf in self._scratch[first:]:
+            if not buf.closed:
+                buf.close()
+        del self._scratch[first:]
 
     def reserve_ahead(self, sizes: dict[tuple[int, str], int], stream: Stream) -> None:
         """Make the lookahead's scratch ``key`` hold at least ``sizes[key]`` bytes."""
@@ -84,16 +118,24 @@ class StockCopier:
         return buf
 
     def gather_ahead(
-        self, stream: Stream, split: Split, inp: Input, parity: int, predicted: Prediction, stats: DeviceStats
+        self,
+        stream: Stream,
+        split: Split,
+        inp: Input,
+        parity: int,
+        predicted: Prediction,
+        stats: DeviceStats,
+        packed: bool = False,
     ) -> bool:
         """Enqueue on ``stream`` the copy of the predicted experts of ``inp`` into the lookahead's
-        scratch of ``parity``; False where the device cannot make it. An id naming no expert is not
-        reported: predicted experts are only copied early, never computed."""
+        scratch of ``parity`` (its first rows where ``packed``); False where the device cannot make
+        it. An id naming no expert is not reported: predicted experts are only copied early, never
+        computed."""
         dst = self._ahead[(parity, inp.name)]
-        if not self._gather(stream, dst, split, inp, predicted.ids, predicted.n_ids, stats):
+        if not self._gather(stream, dst, split, inp, predicted.ids, predicted.n_ids, stats, packed=packed):
             return False
         stats.lookahead_gathers += 1
-        stats.bytes_lookahead_at_most += _at_most(inp, predicted.n_ids)
+        stats.bytes_lookahead_at_most += _at_most(inp, predicted.n_ids, packed)
         return True
 
     def prepare_gathers(self) -> None:
@@ -122,15 +164,21 @@ class StockCopier:
         decode_routing: MulMatId | None,
         stats: DeviceStats,
         ahead: int | None = None,
-    ) -> BufferView:
-        """Enqueue the copy of ``inp`` into scratch ``position``; return what the kernels read.
+        packed: bool = False,
+    ) -> tuple[BufferView, BufferView | None]:
+        """Enqueue the copy of ``inp`` into scratch ``position``; return what the kernels read, and
+        the ids they index its experts by where those are not the routing ids (``packed``).
 
         ``ahead``: the parity of the lookahead scratch that ``gather_ahead`` filled with the
         decode routing's predicted experts (already waited for): the used experts go beside them,
-        the predicted ones left out of the gather."""
+        the predicted ones left out of the gather. ``packed``: the used experts go one after
+        another (``packed_nbytes``), those of a lookahead after its predicted ones."""
         assert inp.host is not None
-        dst = self._scratch[position]
+        if packed:
+            assert decode_routing is not None and inp.name in decode_routing.weights
+            return self._copy_packed(stream, split, inp, position, decode_routing, stats, ahead)
         padded = inp.padded_nbytes
+        dst = self._fitted(position, padded, stream)
         if decode_routing is not None and inp.name in decode_routing.weights:
             assert inp.expert_nbytes is not None
             skip = None
@@ -155,7 +203,67 @@ class StockCopier:
         if padded > inp.nbytes:
             # The scratch may have held a larger tensor: the tail kernels read must be zero again.
             stream.memset(dst, inp.nbytes, padded - inp.nbytes, 0)
-        return dst.view(0, padded)
+        return dst.view(0, padded), None
+
+    def _copy_packed(
+        self,
+        stream: Stream,
+        split: Split,
+        inp: Input,
+        position: int,
+        routing: MulMatId,
+        stats: DeviceStats,
+        ahead: int | None,
+    ) -> tuple[BufferView, BufferView]:
+        """``copy`` of a packed split: the used experts after the lookahead's predicted ones (or
+        from the first row), their slot ids beside them."""
+        assert self._slots is not None and inp.expert_nbytes is not None
+        skip = routing.predicted if ahead is not None else None
+        n_skip = 0 if skip is None else skip.n_ids
+        rows = n_skip + routing.n_ids
+        if ahead is None:
+            dst = self._fitted(position, packed_nbytes(inp, rows), stream)
+        else:
+            dst = self._ahead[(ahead, inp.name)]
+        slots = self._slots.view(0, 4 * routing.n_ids)
+        if self._gather(
+            stream, dst, split, inp, routing.ids, routing.n_ids, stats, skip, routing.n_expert, packed=True, slots=slots
+        ):
+            stats.gathers += 1
+            stats.bytes_gathered_at_most += _at_most(inp, routing.n_ids, packed=True)
+        else:
+            self._packed_by_readback(stream, dst, split, inp, routing, n_skip, stats)
+        tail = inp.padded_nbytes - inp.nbytes
+        if tail:
+            # Zero after the rows: the scratch may have held whole tensors or more rows before.
+            stream.memset(dst, rows * inp.expert_nbytes, tail, 0)
+        return dst.view(0, packed_nbytes(inp, rows)), slots
+
+    def _packed_by_readback(
+        self,
+        stream: Stream,
+        dst: DeviceBuffer,
+        split: Split,
+        inp: Input,
+        routing: MulMatId,
+        first_row: int,
+        stats: DeviceStats,
+    ) -> None:
+        """A packed copy where the device does not gather: the ids read back, each used expert
+        copied to the row its first position names (from ``first_row``, the predicted ones not
+        told apart), and the slot ids sent after them."""
+        assert self._slots is not None and inp.host is not None and inp.expert_nbytes is not None
+        ids = self._routing_ids(stream, split, routing, stats)
+        first_met = {int(e): j for j, e in reversed(list(enumerate(ids.tolist())))}
+        slot_ids = np.array([first_row + first_met[int(e)] for e in ids], dtype=np.int32)
+        size = inp.expert_nbytes
+        with stream.device.backend.host.bare_calls():
+            for expert, j in sorted(first_met.items(), key=lambda item: item[1]):
+                inp.host.enqueue_h2d(stream, dst, (first_row + j) * size, expert * size, size)
+        stats.bytes_stock += len(first_met) * size
+        stats.stock_copies += len(first_met)
+        self._slot_uploads.append(slot_ids)  # kept until the next run: the copy may read it later
+        stream.copy_h2d(self._slots, 0, self.device.wrap_host(slot_ids), 0, slot_ids.nbytes)
 
     def _gather(
         self,
@@ -168,10 +276,14 @@ class StockCopier:
         stats: DeviceStats,
         skip: Prediction | None = None,
         reported_of: int | None = None,
+        *,
+        packed: bool = False,
+        slots: BufferView | None = None,
     ) -> bool:
         """Enqueue the device's own copy of the experts that ``n_ids`` ``ids`` name (less those
-        ``skip`` names), each with the bytes kernels read past its end; False where it cannot make
-        one. ``reported_of``: the expert count an id must be below, an id beyond it reported."""
+        ``skip`` names), each with the bytes kernels read past its end (one after another, without
+        them, where ``packed``); False where it cannot make one. ``reported_of``: the expert count
+        an id must be below, an id beyond it reported."""
         assert inp.host is not None and inp.expert_nbytes is not None
         reported = reported_of is not None
         region = gather_region(inp.host)
@@ -196,6 +308,8 @@ class StockCopier:
                 tag=len(self._gathered),
                 skip=None if skip is None else skip.ids,
                 n_skip=0 if skip is None else skip.n_ids,
+                packed=packed,
+                slots=slots,
             )
         except (DeviceError, KernelCompileError) as exc:
             # The device cannot read this memory (no mapping): read ids back from now on, and say so once.
@@ -212,6 +326,12 @@ class StockCopier:
         return True
 
     def _used_experts(self, stream: Stream, split: Split, routing: MulMatId, stats: DeviceStats) -> np.ndarray:
+        """The distinct experts the routing ids name, in order (read back once per ids buffer)."""
+        self._routing_ids(stream, split, routing, stats)
+        return self._ids_used
+
+    def _routing_ids(self, stream: Stream, split: Split, routing: MulMatId, stats: DeviceStats) -> np.ndarray:
+        """The routing ids, read back once per ids buffer and checked."""
         key = (id(routing.ids.buffer), routing.ids.offset)
         if key != self._ids_key:
             ids = np.empty(routing.n_ids, dtype=np.int32)
@@ -233,23 +353,33 @@ class StockCopier:
                     hint="the router produced invalid expert ids; check n_expert and the ids buffer",
                 )
             self._ids_key = key
+            self._ids_read = ids
             self._ids_used = np.unique(ids)
-        return self._ids_used
+        return self._ids_read
 
     def close(self) -> None:
         for buf in [*self._scratch, *self._ahead.values()]:
             buf.close()
         self._scratch.clear()
         self._ahead.clear()
-        if self._report is not None:
-            self._report.close()
-            self._report = None
+        for small in (self._report, self._slots):
+            if small is not None:
+                small.close()
+        self._report = self._slots = None
+        self._slot_uploads.clear()
 
 
-def _at_most(inp: Input, n_ids: int) -> int:
+def packed_nbytes(inp: Input, rows: int) -> int:
+    """The bytes of ``rows`` of ``inp``'s experts one after another, and its padding tail."""
+    assert inp.expert_nbytes is not None
+    return rows * inp.expert_nbytes + inp.padded_nbytes - inp.nbytes
+
+
+def _at_most(inp: Input, n_ids: int, packed: bool = False) -> int:
     """What a gather of ``n_ids`` of ``inp``'s experts copies if no two ids repeat."""
     assert inp.expert_nbytes is not None
-    return gathered_at_most(inp.nbytes, n_ids, inp.expert_nbytes, inp.padded_nbytes - inp.nbytes)
+    overrun = 0 if packed else inp.padded_nbytes - inp.nbytes
+    return gathered_at_most(inp.nbytes, n_ids, inp.expert_nbytes, overrun)
 
 
 def gather_region(source: HostSource) -> HostRegion | None:

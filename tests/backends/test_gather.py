@@ -130,3 +130,80 @@ def test_gather_skips_the_rows_its_skip_ids_name(backend: Backend) -> None:
         expected[r * row : (r + 1) * row] = data[r * row : (r + 1) * row]
     assert np.array_equal(got, expected)
     host.close()
+
+
+@pytest.mark.parametrize(("row", "src_offset", "dst_offset"), [(70_001, 7, 9), (4096, 0, 0)])
+def test_a_packed_gather_puts_rows_one_after_another_and_says_where(
+    backend: Backend, row: int, src_offset: int, dst_offset: int
+) -> None:
+    """A decode step's lookahead: the predicted rows packed first, then the chosen ones after them,
+    each chosen id's slot written for the kernels; a predicted one's slot is where it already lies."""
+    device = backend.device(0)
+    n_rows, overrun = 6, 100  # packed rows take no overrun: the row after them is another's
+    data = np.random.default_rng(row).integers(0, 256, src_offset + row * n_rows, dtype=np.uint8)
+    region = data[src_offset:]
+    host = _host(backend, data, HostMemory.PINNED)
+    predicted = np.array([3, 0], dtype=np.int32)
+    ids = np.array([4, 1, -1, 1, 3, 2], dtype=np.int32)  # a repeat, an id naming no row, a predicted one
+    packed_rows = predicted.size + ids.size
+    with (
+        device.alloc(dst_offset + packed_rows * row + 11, Usage.COMPUTE) as dst,
+        device.upload(ids) as ids_buf,
+        device.upload(predicted) as predicted_buf,
+        device.upload(np.full(ids.size + 1, -7, dtype=np.int32)) as slots,
+        device.upload(np.full(2, -1, dtype=np.int32)) as report,
+        device.stream() as stream,
+    ):
+        stream.memset(dst, 0, dst.alloc_size, SENTINEL)
+        whole = (host, src_offset, row * n_rows)
+        stream.gather_h2d(dst, dst_offset, *whole, predicted_buf.view(), predicted.size, row, overrun, packed=True)
+        stream.gather_h2d(
+            dst,
+            dst_offset,
+            *whole,
+            ids_buf.view(),
+            ids.size,
+            row,
+            overrun,
+            report=report.view(),
+            tag=5,
+            skip=predicted_buf.view(),
+            n_skip=predicted.size,
+            packed=True,
+            slots=slots.view(),
+        )
+        stream.synchronize()
+        got, got_slots, got_report = dst.read(), slots.read().view(np.int32), report.read().view(np.int32)
+    expected = np.full(dst.alloc_size, SENTINEL, dtype=np.uint8)
+    # predicted 3, 0 at rows 0, 1; then the row of the id first met at j at row 2 + j
+    for at, source in ((0, 3), (1, 0), (2, 4), (3, 1), (7, 2)):
+        expected[dst_offset + at * row : dst_offset + (at + 1) * row] = region[source * row : (source + 1) * row]
+    assert np.array_equal(got, expected)
+    assert got_slots.tolist() == [2, 3, 0, 3, 0, 7, -7]  # the id naming no row: slot 0, and reported
+    assert got_report.tolist() == [5, -1]
+    host.close()
+
+
+def test_a_packed_gather_refuses_slots_it_cannot_write_or_rows_past_its_destination(backend: Backend) -> None:
+    device = backend.device(0)
+    row = 100
+    host = _host(backend, np.zeros(10 * row, dtype=np.uint8), HostMemory.PINNED)
+    with (
+        device.alloc(3 * row) as dst,
+        device.upload(np.zeros(3, dtype=np.int32)) as ids,
+        device.stream() as stream,
+    ):
+        whole = (host, 0, 10 * row, ids.view(), 3, row)
+        stream.gather_h2d(dst, 0, *whole, packed=True, slots=ids.view())  # three rows fit three packed ids
+        with pytest.raises(InvalidArgument, match="outside"):
+            stream.gather_h2d(dst, 1, *whole, packed=True)
+        with pytest.raises(InvalidArgument, match="outside"):
+            stream.gather_h2d(dst, 0, host, 0, 10 * row, ids.view(), 2, row, packed=True, skip=ids.view(), n_skip=2)
+        with pytest.raises(InvalidArgument, match="packed gathers only"):
+            stream.gather_h2d(dst, 0, *whole, slots=ids.view())
+        with pytest.raises(InvalidArgument, match="3 int32 slots need 12"):
+            stream.gather_h2d(dst, 0, *whole, packed=True, slots=ids.view(0, 8))
+        with pytest.raises(InvalidArgument, match="packed must be a bool"):
+            stream.gather_h2d(dst, 0, *whole, packed=1)  # type: ignore[arg-type]
+        stream.synchronize()
+    host.close()

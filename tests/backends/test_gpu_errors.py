@@ -633,9 +633,14 @@ def test_gather_launches_over_the_mapped_address_and_says_when_memory_is_not_map
     assert function[1] == b"expertstream_gather_rows" and (block, shared, handle) == ((256, 1, 1), 0, stream.handle)
     assert grid == (2, 2, 1), "40,100 bytes a row: two 32 KiB chunks; one block row per id"
     expected = (dst.address + 64, host.address + 16, ids.address, 0, 3 * 40_000, 40_000, 100, ids.address, 5, 0, 0)
-    assert values == expected
+    assert values == (*expected, 0, 0), "not packed, no slot ids"
     stream.gather_h2d(dst, 64, host, 16, 3 * 40_000, ids.view(), 2, 40_000, skip=ids.view(4, 4), n_skip=1)
-    assert fake.launches[-1][5][-2:] == (ids.address + 4, 1), "the skipped ids' address and count"
+    assert fake.launches[-1][5][-4:-2] == (ids.address + 4, 1), "the skipped ids' address and count"
+    stream.gather_h2d(dst, 64, host, 16, 3 * 40_000, ids.view(), 2, 40_000, overrun=100, packed=True, slots=ids.view())
+    _, grid, *_, values, _ = fake.launches[-1]
+    assert grid == (2, 2, 1) and values[-2:] == (1, ids.address), "packed, its slot ids' address"
+    stream.gather_h2d(dst, 64, host, 16, 3 * 32_768, ids.view(), 2, 32_768, overrun=100, packed=True)
+    assert fake.launches[-1][1] == (1, 2, 1), "a packed row's chunks leave out the bytes past it"
     fake.fail["fakeHostGetDevicePointer"] = FakeError.fakeErrorInvalidValue
     with pytest.raises(DeviceError, match="not mapped for this device") as err:
         stream.gather_h2d(dst, 0, host, 0, 3 * 40_000, ids.view(), 2, 40_000)

@@ -16,6 +16,7 @@ from expertstream.engine.model import Model
 from expertstream.engine.runner import Batching, MoeRunner, lookahead_experts
 from expertstream.engine.sampling import Sampling
 from expertstream.errors import DeviceError, InvalidArgument
+from expertstream.ggml import padded_size
 from expertstream.hostmem import HostWeights
 from expertstream.model import MoeModel, make_model
 from expertstream.scheduler import Fallback, MulMatId, Plan, Prediction, RunStats, Scheduler, Split
@@ -30,10 +31,17 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _decode(
-    backend: Backend, path: Path, *, lookahead: int | None, graphs: bool, predict: object = None
+    backend: Backend,
+    path: Path,
+    *,
+    lookahead: int | None,
+    graphs: bool,
+    predict: object = None,
+    held: list[int] | None = None,
 ) -> tuple[bytes, RunStats]:
     """The logits of STEPS decode steps after a prompt, every expert in pinned memory; the stats
-    of the last step (a replay's are its capture's)."""
+    of the last step (a replay's are its capture's). ``held``: receives the device bytes the
+    decode steps' scheduler holds (the prompt runs on one of its own)."""
     rng = np.random.default_rng(1)
     with MoeModel.open(path) as model:
         spec = Transformer.read(model)
@@ -47,7 +55,8 @@ def _decode(
             if predict is not None:
                 runner._predict = predict  # type: ignore[method-assign]
             runner.set_prompt(rng.integers(3, spec.n_vocab, PROMPT))
-            scheduler.run(runner.prefill_plan(weights))
+            with Scheduler() as prompt:
+                prompt.run(runner.prefill_plan(weights))
             tokens = rng.integers(3, spec.n_vocab, STEPS)
             runner.set_decode_token(0, int(tokens[0]))
             stats = scheduler.run(runner.decode_plan(weights, 0))
@@ -62,6 +71,8 @@ def _decode(
                     runner.decode_step_out(replay.stream, step)
                     stats = replay.finish()
             logits = np.stack([runner.decode_logits(s) for s in range(STEPS)])
+            if held is not None:
+                held.append(scheduler.device_bytes())
             if replay is not None:
                 replay.close()
             return logits.tobytes(), stats
@@ -167,3 +178,28 @@ def test_a_lookahead_the_runtime_cannot_capture_turns_itself_off_once(
     assert stats.total("lookahead_gathers") == 0
     assert sum(d.fallbacks[Fallback.LOOKAHEAD_FAILED] for d in stats.devices.values()) == 1
     assert sum("could not be captured" in r.getMessage() for r in caplog.records) == 1
+
+
+@pytest.mark.parametrize("preset", ["tiny", "tiny-gpt-oss"])
+def test_decode_copies_a_steps_experts_packed_into_scratch_of_a_few_and_gives_the_same_bytes(
+    backend: Backend, made: dict[str, Path], preset: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    held: list[int] = []
+    packed, _ = _decode(backend, made[preset], lookahead=None, graphs=False, held=held)
+    with monkeypatch.context() as whole_tensors:
+        whole_tensors.setattr(Scheduler, "_packs", lambda self, split: False)
+        whole, _ = _decode(backend, made[preset], lookahead=None, graphs=False, held=held)
+    assert packed == whole
+    with MoeModel.open(made[preset]) as model:
+        infos = (model.layers[0].gate, model.layers[0].up, model.layers[0].down)
+        top_k, rows = model.top_k, lookahead_experts(model, None) + model.top_k
+
+        def bytes_of(info: Any, experts: int) -> int:
+            return experts * info.slice_nbytes + padded_size(info.nbytes, info.qtype, info.ne0) - info.nbytes
+
+        sets = min(2, len(model.layers) - 1)  # the lookahead's, by the parity of the predicted layers
+        # the first layer's copies (no prediction) into the stock scratch, the others' beside the
+        # predicted experts in a lookahead set; the slot ids and the report word
+        expected = max(bytes_of(i, top_k) for i in infos) + sets * sum(bytes_of(i, rows) for i in infos)
+        assert held[0] == expected + 4 * top_k + 8
+        assert held[1] > held[0] + sets * sum(bytes_of(i, model.n_expert - rows) for i in infos)

@@ -11,9 +11,9 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 
 from expertstream.backends.base import Backend, BufferView, DeviceBuffer, HostMemory, Stream, Usage
-from expertstream.errors import InvalidArgument, OutOfDeviceMemory
+from expertstream.errors import DeviceError, InvalidArgument, OutOfDeviceMemory
 from expertstream.ggml import row_size
-from expertstream.scheduler import Fallback, Input, MulMatId, Plan, Scheduler, Split
+from expertstream.scheduler import Fallback, Input, MulMatId, Plan, Scheduler, Split, bound_experts, expert_ids
 from expertstream.scheduler.source import HostRegion, HostSource
 from expertstream.scheduler.stock import expert_ranges
 
@@ -84,8 +84,11 @@ def _decode_splits(
     layers: int = 1,
     qtype: Q = Q.Q4_0,
     host_kind: HostMemory = HostMemory.PAGEABLE,
+    packed: bool = False,
+    bound: dict[str, Mapping[str, BufferView]] | None = None,
 ) -> tuple[list[Split], np.ndarray, list]:
-    """Decode-scale MUL_MAT_ID splits over 4 experts of 8 rows of 96, all routed by one ids buffer."""
+    """Decode-scale MUL_MAT_ID splits over 4 experts of 8 rows of 96, all routed by one ids buffer
+    (``packed``: ``MulMatId.packed``; ``bound``: each split's bindings, kept)."""
     device = backend.device(0)
     expert_nbytes = ROWS * row_size(qtype, NE0)
     data = np.random.default_rng(5).integers(1, 256, N_EXPERT * expert_nbytes, dtype=np.uint8)
@@ -93,12 +96,14 @@ def _decode_splits(
     ids_buf = device.upload(np.array(ids, dtype=np.int32))
     region = HostRegion(host, 0, data.nbytes)
     weights = Input("w", data.nbytes, host=region, row_type=qtype, ne0=NE0, expert_nbytes=expert_nbytes)
-    routing = MulMatId(ids_buf.view(), len(ids), N_EXPERT, ("w",))
+    routing = MulMatId(ids_buf.view(), len(ids), N_EXPERT, ("w",), packed=packed)
     splits = []
     for layer in range(layers):
 
         def compute(stream: Stream, bindings: Mapping[str, BufferView], *, name: str = f"layer{layer}") -> None:
             seen[name] = bindings["w"]
+            if bound is not None:
+                bound[name] = dict(bindings)
 
         splits.append(Split(f"layer{layer}", device, (weights,), compute, routing))
     return splits, data, [host, ids_buf]
@@ -344,5 +349,66 @@ def test_device_and_host_inputs_of_one_split_each_get_their_own_bytes(backend: B
     for position, size in enumerate([40, 24, 8]):
         assert got[f"in{position}"].tolist() == [position + 1] * size
     resident.close()
+    for resource in resources:
+        resource.close()
+
+
+@pytest.mark.parametrize("gathers", [True, False], ids=["gathered", "read-back"])
+@pytest.mark.parametrize("ids", [[2, 0], [3, 3], [1, 0, 1]])
+def test_a_packed_split_binds_the_used_experts_one_after_another_and_their_slot_ids(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch, ids: list[int], gathers: bool
+) -> None:
+    device = backend.device(0)
+    seen: dict[str, BufferView] = {}
+    bound: dict[str, Mapping[str, BufferView]] = {}
+    (split,), data, resources = _decode_splits(
+        backend, ids, seen, host_kind=HostMemory.PINNED, packed=True, bound=bound
+    )
+    weights = split.inputs[0]
+    assert weights.expert_nbytes is not None
+    expert, tail = weights.expert_nbytes, weights.padded_nbytes - weights.nbytes
+    if not gathers:  # the device cannot gather (found at the copy): the ids are read back, still packed
+
+        def unmapped(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            raise DeviceError("pinned host memory is not mapped for this device", call="gather", device=device.label)
+
+        monkeypatch.setattr(type(device.stream()), "gather_h2d", unmapped)
+    with Scheduler(slots=0) as sched:
+        stats = sched.run(Plan.of([split]))
+        view, slot_view = seen["layer0"], bound["layer0"][expert_ids("w")]
+        scratch = view.buffer.read(view.offset, view.nbytes)
+        slots = slot_view.buffer.read(slot_view.offset, slot_view.nbytes).view(np.int32)
+        held = sched.device_bytes()
+    assert view.nbytes == len(ids) * expert + tail, "the scratch holds a step's experts, then the padding tail"
+    assert bound_experts(view, expert, tail) == len(ids)
+    first = {e: ids.index(e) for e in ids}
+    assert slots.tolist() == [first[e] for e in ids], "each id's expert is at the row of its first position"
+    for e, row in first.items():
+        assert np.array_equal(scratch[row * expert : (row + 1) * expert], data[e * expert : (e + 1) * expert]), e
+    assert not scratch[len(ids) * expert :].any(), "the padding tail reads as zeros"
+    assert held < data.nbytes, "less than the whole tensor's scratch"
+    dev = stats.device(device.label)
+    if gathers:
+        assert (dev.gathers, dev.ids_readbacks, dev.bytes_gathered_at_most) == (1, 0, len(ids) * expert)
+    else:
+        assert dev.fallbacks[Fallback.GATHER_FAILED] == 1 and (dev.gathers, dev.ids_readbacks) == (0, 1)
+        assert dev.bytes_stock == len(first) * expert
+    for resource in resources:
+        resource.close()
+
+
+@pytest.mark.parametrize(("ids", "host_kind"), [([0, 1, 2, 3], HostMemory.PINNED), ([2, 0], HostMemory.PAGEABLE)])
+def test_a_packed_split_binds_whole_tensors_and_the_routing_ids_where_packing_saves_nothing(
+    backend: Backend, ids: list[int], host_kind: HostMemory
+) -> None:
+    """As many ids as experts (no smaller scratch), or memory the device cannot gather from."""
+    seen: dict[str, BufferView] = {}
+    bound: dict[str, Mapping[str, BufferView]] = {}
+    (split,), _data, resources = _decode_splits(backend, ids, seen, host_kind=host_kind, packed=True, bound=bound)
+    assert split.mul_mat_id is not None
+    with Scheduler(slots=0) as sched:
+        sched.run(Plan.of([split]))
+    assert seen["layer0"].nbytes == split.inputs[0].padded_nbytes
+    assert bound["layer0"][expert_ids("w")] == split.mul_mat_id.ids
     for resource in resources:
         resource.close()

@@ -174,3 +174,24 @@ def test_an_error_while_draining_a_run_is_raised_and_the_stats_kept(
             sched.run(built.plan)
         assert sched.last_stats is stats, "a run that failed leaves the last good run's stats"
     built.close()
+
+
+def test_inputs_whose_slots_are_lost_grow_the_stock_scratch_they_fall_back_to(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run whose prefetch works holds no stock scratch for prefetched inputs; a fresh scheduler
+    whose slot cannot be allocated grows it at the first stock copy, and the outputs stay right."""
+    device = backend.device(0)
+    built = plans.build(backend, plans.uniform_specs(6), seed=33)
+    largest = max(inp.padded_nbytes for split in built.plan.splits for inp in split.inputs)
+    asked: list[int] = []
+    with Scheduler(slots=3) as sched:
+        _fail_second_slot(backend, monkeypatch, asked)  # the stock scratch's (empty), then the first slot's
+        stats = sched.run(built.plan)
+        built.check()
+        held = sched.device_bytes()
+    assert asked[0] == 0 and asked[1] == largest
+    dev = stats.device(device.label)
+    assert dev.fallbacks[Fallback.ALLOC_FAILED] == 1 and dev.stock_copies == 6
+    assert held == largest, "the slots are gone; the stock scratch grew to the largest input"
+    built.close()

@@ -8,7 +8,13 @@ import pytest
 
 import expertstream
 from expertstream.backends.base import Backend, Device, HostMemory
-from expertstream.scheduler import DEFAULT_PREFILL_FACTOR, Scheduler, device_footprint, is_prefill_scale
+from expertstream.scheduler import (
+    DEFAULT_PREFILL_FACTOR,
+    Scheduler,
+    device_footprint,
+    is_prefill_scale,
+    prefetch_footprint,
+)
 
 from . import plans
 
@@ -35,16 +41,19 @@ def _allocated_by_run(backend: Backend, built: plans.BuiltPlan, slots: int) -> i
 
 @pytest.mark.parametrize("slots", [0, 2, 3, 8])
 @pytest.mark.parametrize("host", [HostMemory.PINNED, HostMemory.PAGEABLE])
-def test_device_footprint_is_what_a_prefill_run_allocates(slots: int, host: HostMemory) -> None:
+def test_a_prefill_run_allocates_its_slots_or_else_the_stock_scratch(slots: int, host: HostMemory) -> None:
     with expertstream.backend("sim") as backend:
         specs = plans.uniform_specs(N_LAYERS, host=host)
         built = plans.build(backend, specs, seed=51)
         largest = max(_padded(backend.device(0), spec) for spec in specs)
-        assert _allocated_by_run(backend, built, slots) == device_footprint(slots, largest)
+        allocated = _allocated_by_run(backend, built, slots)
+        # A prefetched input's stock scratch is grown only if its slot is lost: the slots alone.
+        assert allocated == (prefetch_footprint(slots, largest) if slots else device_footprint(0, largest))
+        assert allocated <= device_footprint(slots, largest)
         built.close()
 
 
-@pytest.mark.parametrize("slots", [0, 3, 4])
+@pytest.mark.parametrize("slots", [0, 2, 3])
 def test_device_footprint_counts_a_scratch_per_host_input_of_a_split(slots: int) -> None:
     with expertstream.backend("sim") as backend:
         specs = plans.uniform_specs(N_LAYERS)
@@ -53,8 +62,11 @@ def test_device_footprint_counts_a_scratch_per_host_input_of_a_split(slots: int)
         pairs = [specs[i : i + 2] if i < N_LAYERS // 2 else specs[i + 1 : i - 1 : -1] for i in range(0, N_LAYERS, 2)]
         built = plans.build_splits(backend, pairs, seed=52)
         largest = max(_padded(backend.device(0), spec) for spec in specs)
-        expected = device_footprint(slots, largest, host_inputs_per_split=2)
+        # Two slots leave room to prefetch one input a split: the other takes the stock copy.
+        stock_inputs = {0: 2, 2: 1, 3: 0}[slots]
+        expected = prefetch_footprint(slots, largest) + stock_inputs * largest
         assert _allocated_by_run(backend, built, slots) == expected
+        assert expected <= device_footprint(slots, largest, host_inputs_per_split=2)
         built.close()
 
 
@@ -67,7 +79,7 @@ def test_device_footprint_sizes_by_the_streamed_inputs_only() -> None:
         built = plans.build(backend, mixed, seed=53)
         streamed_largest = max(_padded(device, s) for s in mixed if not s.resident)
         assert streamed_largest < largest
-        assert _allocated_by_run(backend, built, 3) == device_footprint(3, streamed_largest)
+        assert _allocated_by_run(backend, built, 3) == prefetch_footprint(3, streamed_largest)
         built.close()
 
 

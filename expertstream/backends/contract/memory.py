@@ -348,6 +348,17 @@ class RowGather:
     tag: int = 0
     skip: BufferView | None = None  # int32 ids on the copying device whose rows are not copied
     n_skip: int = 0
+    packed: bool = False  # rows one after another in dst (Stream.gather_h2d), not at their own offsets
+    slots: BufferView | None = None  # int32 on the copying device: the row of dst each id's row is at
+
+    @property
+    def dst_nbytes(self) -> int:
+        """The bytes of dst (from its offset) the gather may write: the region, or the packed rows."""
+        return (self.n_skip + self.n_ids) * self.row_nbytes if self.packed else self.nbytes
+
+    def dst_row(self, first_met: int) -> int:
+        """Where a packed gather puts the row of the id first met at position ``first_met`` of the ids."""
+        return self.n_skip + first_met
 
     @property
     def n_rows(self) -> int:
@@ -361,7 +372,7 @@ class RowGather:
     @property
     def most_bytes(self) -> int:
         """The bytes copied when every id names a different row (a token's top-k ids do)."""
-        return gathered_at_most(self.nbytes, self.n_ids, self.row_nbytes, self.overrun)
+        return gathered_at_most(self.nbytes, self.n_ids, self.row_nbytes, 0 if self.packed else self.overrun)
 
 
 def gathered_at_most(nbytes: int, n_ids: int, row_nbytes: int, overrun: int) -> int:

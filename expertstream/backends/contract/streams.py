@@ -287,6 +287,8 @@ class Stream(ProducerStream, Closing):
         tag: int = 0,
         skip: BufferView | None = None,
         n_skip: int = 0,
+        packed: bool = False,
+        slots: BufferView | None = None,
     ) -> None:
         """Copy host -> device the rows that ids on the device name, without the host reading them.
 
@@ -304,9 +306,25 @@ class Stream(ProducerStream, Closing):
 
         ``skip``: ``n_skip`` int32 ids on the device whose rows are not copied (a decode step's
         predicted experts, copied ahead of the router: ``Scheduler``'s decode lookahead).
+
+        ``packed``: the rows go one after another from ``dst_offset`` instead of at their own
+        offsets, so that ``dst`` need only hold ``n_skip + n_ids`` rows (a decode step uses a few
+        of many experts). The row of the id first met at position ``j`` of ``ids`` goes to row
+        ``n_skip + j``, without its overrun (the row after it is another's); a skipped id's row
+        is taken to be at row ``p``, its first position in ``skip``: where a packed gather of the
+        skipped ids put it. ``slots`` (packed only): ``n_ids`` int32 on the device that receive
+        the row of ``dst`` each id's row is at (0 for an id naming no row), for kernels to index
+        ``dst`` by.
         """
         call = "Stream.gather_h2d"
-        self._check_h2d(call, dst, dst_offset, src, src_offset, nbytes)
+        if not isinstance(packed, bool):
+            raise InvalidArgument(f"packed must be a bool, got {packed!r}", call=call)
+        if slots is not None and not packed:
+            raise InvalidArgument("slots are written by packed gathers only", call=call, hint="pass packed=True")
+        self._check_open(call)
+        _check_kinds(call, dst, DeviceBuffer, src, HostBuffer)
+        check_range(call, src, src_offset, nbytes)
+        self._check_same_device(call, dst)
         if not src.is_page_locked:
             raise InvalidArgument(
                 f"the device cannot read {src.kind.value} host memory",
@@ -315,20 +333,6 @@ class Stream(ProducerStream, Closing):
                 hint="register the memory (HostBuffer.register) or copy from pinned memory; for pageable "
                 "memory read the ids back and copy the rows with copy_h2d",
             )
-        if not isinstance(ids, BufferView):
-            raise InvalidArgument(
-                f"ids must be a BufferView of int32 on the device, got {type(ids).__name__}", call=call
-            )
-        if ids.buffer.closed:
-            raise UseAfterClose(f"the ids' {ids.buffer!r} is closed", call=call, device=self.device.label)
-        self._check_same_device(call, ids.buffer)
-        if ids.offset % 4:
-            raise InvalidArgument(f"the ids view starts at byte {ids.offset}, not at an int32", call=call)
-        if report is not None:
-            if not isinstance(report, BufferView) or report.nbytes < 8 or report.offset % 4:
-                raise InvalidArgument("report must be a 4-byte aligned BufferView of two int32", call=call)
-            self._check_same_device(call, report.buffer)
-        self._check_skip(call, skip, n_skip)
         checked = (
             ("n_ids", n_ids, 0),
             ("row_nbytes", row_nbytes, 1),
@@ -339,29 +343,36 @@ class Stream(ProducerStream, Closing):
         for name, value, least in checked:
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < least:
                 raise InvalidArgument(f"{name} must be an integer >= {least}, got {value!r}", call=call)
-        if 4 * n_ids > ids.nbytes:
-            raise InvalidArgument(
-                f"the ids view holds {ids.nbytes} bytes; {n_ids} int32 ids need {4 * n_ids}", call=call
-            )
+        self._check_int32_view(call, "ids", ids, n_ids)
+        if report is not None:
+            if not isinstance(report, BufferView) or report.nbytes < 8 or report.offset % 4:
+                raise InvalidArgument("report must be a 4-byte aligned BufferView of two int32", call=call)
+            self._check_same_device(call, report.buffer)
+        self._check_skip(call, skip, n_skip)
+        if slots is not None:
+            self._check_int32_view(call, "slots", slots, n_ids)
         if nbytes % row_nbytes:
             raise InvalidArgument(
                 f"rows of {row_nbytes} bytes do not divide the {nbytes}-byte region",
                 call=call,
                 hint="give the region of whole rows (one expert's bytes per row)",
             )
+        rows = RowGather(
+            src_offset,
+            nbytes,
+            ids,
+            int(n_ids),
+            int(row_nbytes),
+            int(overrun),
+            report,
+            int(tag),
+            skip if n_skip else None,
+            int(n_skip),
+            packed,
+            slots,
+        )
+        check_range(call, dst, dst_offset, rows.dst_nbytes)
         if nbytes and n_ids:
-            rows = RowGather(
-                src_offset,
-                nbytes,
-                ids,
-                int(n_ids),
-                int(row_nbytes),
-                int(overrun),
-                report,
-                int(tag),
-                skip if n_skip else None,
-                int(n_skip),
-            )
             self._traced(
                 OpKind.H2D, "gather_h2d", rows.most_bytes, lambda: self._gather_h2d(dst, dst_offset, src, rows)
             )
@@ -547,6 +558,22 @@ class Stream(ProducerStream, Closing):
             hint="end the capture first; a graph holds copies with device or page-locked memory, fills, gathers, "
             "kernels and events",
         )
+
+    def _check_int32_view(self, call: str, name: str, view: BufferView, count: int) -> None:
+        """A view of at least ``count`` int32 on this device, open and aligned (gather_h2d's ids, slots)."""
+        if not isinstance(view, BufferView):
+            raise InvalidArgument(
+                f"{name} must be a BufferView of int32 on the device, got {type(view).__name__}", call=call
+            )
+        if view.buffer.closed:
+            raise UseAfterClose(f"the {name}' {view.buffer!r} is closed", call=call, device=self.device.label)
+        self._check_same_device(call, view.buffer)
+        if view.offset % 4:
+            raise InvalidArgument(f"the {name} view starts at byte {view.offset}, not at an int32", call=call)
+        if 4 * count > view.nbytes:
+            raise InvalidArgument(
+                f"the {name} view holds {view.nbytes} bytes; {count} int32 {name} need {4 * count}", call=call
+            )
 
     def _check_skip(self, call: str, skip: BufferView | None, n_skip: int) -> None:
         """gather_h2d's skipped ids: on this device, whole int32, open."""

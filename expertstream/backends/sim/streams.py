@@ -201,12 +201,16 @@ class SimStream(Stream):
         effect = None
         if self._sim.data:
             ids = _device_bytes(rows.ids.buffer, rows.ids.offset, 4 * rows.n_ids)
-            region = _device_bytes(dst, dst_offset, rows.nbytes)
+            region = _device_bytes(dst, dst_offset, rows.dst_nbytes)
             assert ids is not None and region is not None
             source = src.array[rows.src_offset : rows.src_offset + rows.nbytes]
             report = None if rows.report is None else _device_bytes(rows.report.buffer, rows.report.offset, 8)
             skip = None if rows.skip is None else _device_bytes(rows.skip.buffer, rows.skip.offset, 4 * rows.n_skip)
-            effect = functools.partial(_gather_rows, region, source, ids, rows, report, skip)
+            slot_ids = (
+                None if rows.slots is None else _device_bytes(rows.slots.buffer, rows.slots.offset, 4 * rows.n_ids)
+            )
+            gather = _gather_packed if rows.packed else _gather_rows
+            effect = functools.partial(gather, region, source, ids, rows, report, skip, slot_ids)
         reported = rows.report
         report_touch = (
             () if reported is None else (Touch(reported.buffer, reported.offset, reported.offset + 8, write=True),)
@@ -217,6 +221,9 @@ class SimStream(Stream):
             if skipped is None
             else (Touch(skipped.buffer, skipped.offset, skipped.offset + 4 * rows.n_skip, write=False),)
         )
+        slots = rows.slots
+        slots_touch = () if slots is None else (Touch(slots.buffer, slots.offset, slots.offset + 4 * rows.n_ids, True),)
+        written_from = dst_offset + (rows.n_skip * rows.row_nbytes if rows.packed else 0)
         # Booked at enqueue, before the ids exist: every id its own row, less the skipped ids the
         # profile expects among them (a predicted expert the router also chose).
         booked = max(rows.n_ids - profile.lookahead_hit * min(rows.n_skip, rows.n_ids), 0.0) / max(rows.n_ids, 1)
@@ -233,10 +240,11 @@ class SimStream(Stream):
                 effect=effect,
                 touches=(
                     Touch(rows.ids.buffer, rows.ids.offset, rows.ids.offset + 4 * rows.n_ids, write=False),
-                    Touch(dst, dst_offset, dst_offset + rows.nbytes, write=True),
+                    Touch(dst, written_from, dst_offset + rows.dst_nbytes, write=True),
                     Touch(src, rows.src_offset, rows.src_offset + rows.nbytes, write=False),
                     *report_touch,
                     *skip_touch,
+                    *slots_touch,
                 ),
             )
         )
@@ -400,7 +408,9 @@ def _gather_rows(
     rows: RowGather,
     report: np.ndarray | None,
     skip: np.ndarray | None,
+    slots: np.ndarray | None,
 ) -> None:
+    assert slots is None  # the contract passes slots with packed gathers only
     skipped = set() if skip is None else set(skip.view(np.int32).tolist())
     for row in np.unique(ids.view(np.int32)).tolist():
         if 0 <= row < rows.n_rows and row in skipped:
@@ -408,10 +418,45 @@ def _gather_rows(
         if 0 <= row < rows.n_rows:
             start, end = rows.row_range(row)
             region[start:end] = source[start:end]
-        elif report is not None:
-            pair = report.view(np.int32)
-            if pair[0] == -1:
-                pair[:] = (rows.tag, row)
+        else:
+            _report(report, rows.tag, row)
+
+
+def _gather_packed(
+    region: np.ndarray,
+    source: np.ndarray,
+    ids: np.ndarray,
+    rows: RowGather,
+    report: np.ndarray | None,
+    skip: np.ndarray | None,
+    slots: np.ndarray | None,
+) -> None:
+    """gather.cu's packed gather: each distinct id's row at ``rows.dst_row`` of its first position,
+    a skipped id's at its first position among the skipped ids."""
+    skipped = [] if skip is None else skip.view(np.int32).tolist()
+    first_met: dict[int, int] = {}
+    slot_of = np.zeros(rows.n_ids, np.int32)
+    for j, row in enumerate(ids.view(np.int32).tolist()):
+        if not 0 <= row < rows.n_rows:
+            _report(report, rows.tag, row)
+        elif row in skipped:
+            slot_of[j] = skipped.index(row)
+        else:
+            met = first_met.setdefault(row, j)
+            slot_of[j] = rows.dst_row(met)
+            if met == j:
+                at = slot_of[j] * rows.row_nbytes
+                region[at : at + rows.row_nbytes] = source[row * rows.row_nbytes : (row + 1) * rows.row_nbytes]
+    if slots is not None:
+        slots.view(np.int32)[:] = slot_of
+
+
+def _report(report: np.ndarray | None, tag: int, row: int) -> None:
+    """The first id naming no row, where the gather was asked to report it."""
+    if report is not None:
+        pair = report.view(np.int32)
+        if pair[0] == -1:
+            pair[:] = (tag, row)
 
 
 def _run_twin(
