@@ -76,8 +76,9 @@ extern "C" __global__ void expertstream_gather_rows(
     int tag,
     const int* skip,  // null where n_skip is 0
     int n_skip,
+    // packed: rows one after another (above); slots: null where not asked (packed only)
     int packed,
-    int* slots) {  // null: not asked (packed only)
+    int* slots) {
     KERNEL_PROLOGUE();
     const int j = first + (int)blockIdx.y;
     const int id = ids[j];

@@ -13,6 +13,7 @@ from ..engine.model import Model, Options
 from ..engine.offload import parse_gpu_memory, parse_size
 from ..engine.perplexity import perplexity
 from ..engine.sampling import Sampling
+from ..engine.uploads import DeviceMemory
 from ..errors import InvalidArgument
 from ..hostmem import HostMemoryMode
 from .tools import (
@@ -183,6 +184,7 @@ def _generate(args: argparse.Namespace, command_line: str) -> int:
             sys.stdout.flush()
         sys.stdout.write("\n")
         stats, decode_path, prefill_path = model.last_stats, model.decode_path, model.prefill_path
+        memory = model.device_memory
         lookahead, gather = model.decode_lookahead, model.options.gather
         if trace is not None:
             write_trace(model.backend, model.devices[0].name, model.model.summary(), command_line, trace)
@@ -201,7 +203,24 @@ def _generate(args: argparse.Namespace, command_line: str) -> int:
         print(f"decode copies of streamed experts: {copies}", file=err)
         if lookahead:
             print(f"decode lookahead: {lookahead} predicted experts of each streamed layer copied ahead", file=err)
+    print(_memory(memory), file=err)
     return 0
+
+
+def _memory(memory: DeviceMemory) -> str:
+    """What the run held on its devices, by kind, in MiB."""
+    mib = {name: value / 2**20 for name, value in memory.as_dict().items()}
+    parts = ", ".join(f"{_MEMORY_KINDS[name]} {mib[name]:.0f}" for name in _MEMORY_KINDS)
+    return f"device memory: {mib['total']:.0f} MiB ({parts}; staging: the streamed experts' slots and scratch)"
+
+
+_MEMORY_KINDS = {
+    "weights": "weights",
+    "kv_cache": "KV cache",
+    "activations": "activations",
+    "resident_experts": "resident experts",
+    "staging": "staging",
+}
 
 
 def _timing(what: str, seconds: float, count: int, unit: str) -> str:

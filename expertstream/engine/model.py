@@ -34,6 +34,7 @@ from .prefill import Prefill
 from .runner import Batching, ExpertData, MoeRunner, check_prefill_order, prefers_layer_major
 from .sampling import Sampler, Sampling
 from .tokenizer import Tokenizer
+from .uploads import DeviceMemory
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,8 @@ class Model(Closing):
         self._resident: ResidentExperts | None = None
         self._run: _Run | None = None
         self.last_stats: dict[str, float] = {}
+        # What the last generation held on the devices, by kind, once its last step was done.
+        self.device_memory = DeviceMemory()
         self.decode_path = ""  # how the last generation's decode steps ran: "graph" (one step replayed) or "calls"
         # predicted experts per streamed layer the last generation's decode steps copied ahead (0: none)
         self.decode_lookahead = 0
@@ -194,8 +197,12 @@ class Model(Closing):
                         break
                     logits = steps.run(step, token)
                     self.last_stats["decode_s"] = host.timestamp() - start
+                held = steps.replay_bytes
             self.decode_path = steps.path
             self.decode_lookahead = runner.decode_lookahead if steps.ahead else 0
+            staging = scheduler.device_bytes() + prefill.replay_bytes + held
+            resident = self._resident.device_bytes if self._resident is not None else 0
+            self.device_memory = runner.device_memory() + DeviceMemory(resident_experts=resident, staging=staging)
 
     def _check_tokens(self, tokens: Sequence[int], generate: int) -> np.ndarray:
         ids = np.asarray(list(tokens), dtype=np.int64)
@@ -356,6 +363,11 @@ class _DecodeSteps:
         if replay is not None:
             self.path = "graph"
         return replay
+
+    @property
+    def replay_bytes(self) -> int:
+        """Device bytes the captured step's own scratch holds (0 where steps are not replayed)."""
+        return 0 if self._replay is None else self._replay.device_bytes
 
     def __exit__(self, *exc: object) -> None:
         if self._replay is not None:

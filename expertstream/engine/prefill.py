@@ -76,6 +76,11 @@ class Prefill(Closing):
         """How full ubatches run from now on: "graph" once one is captured (the later ones replay it), else "calls"."""
         return "graph" if self._replay is not None else "calls"
 
+    @property
+    def replay_bytes(self) -> int:
+        """Device bytes the captured ubatch's own scratch holds (0 where none is kept)."""
+        return 0 if self._replay is None else self._replay.device_bytes
+
     def _why_calls(self, graphs: bool) -> str | None:
         runner = self.runner
         if not graphs:

@@ -108,7 +108,7 @@ class PrefetchSlots:
     @property
     def device_bytes(self) -> int:
         """Device bytes the slots allocated so far hold."""
-        return sum(slot.buffer.alloc_size for slot in self._slots)
+        return sum(slot.buffer.alloc_size for slot in self._slots if not slot.buffer.closed)
 
     # -- configuration (only between runs, after drain) --------------------------------
     def configure(self, n_slots: int, slot_bytes: int) -> None:
@@ -123,6 +123,18 @@ class PrefetchSlots:
         """Free the slots past the first ``n_slots``. Callers drain first."""
         if n_slots < len(self._slots):
             self._free_slots(n_slots)
+
+    def free_buffers_but(self, positions: set[int]) -> int:
+        """Once turned off and drained: close the buffers of the slots that hold none of the units
+        at ``positions`` (their events stay, for the releases still to come); returns the bytes freed."""
+        assert self.disabled
+        kept = {position % self.n_slots for position in positions}
+        freed = 0
+        for index, slot in enumerate(self._slots):
+            if index not in kept and not slot.buffer.closed:
+                freed += slot.buffer.alloc_size
+                slot.buffer.close()
+        return freed
 
     def reset_run(self) -> None:
         self._harvest(block=True)  # the previous run drained: every pair is complete
@@ -335,7 +347,8 @@ class PrefetchSlots:
 
     def _free_slots(self, keep: int) -> None:
         for slot in self._slots[keep:]:
-            slot.buffer.close()
+            if not slot.buffer.closed:  # a lost prefetch's slots may be freed already (free_buffers_but)
+                slot.buffer.close()
             slot.ready.close()
             slot.free.close()
         del self._slots[keep:]

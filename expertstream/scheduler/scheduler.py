@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import copy
+import functools
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 
@@ -318,6 +319,7 @@ class Scheduler(Closing):
                     device_stats,
                     ahead=parity,
                     packed=index in state.packed,
+                    room=functools.partial(self._room_from_lost_slots, split.device, units.values()),
                 )
                 if slot_ids is not None:
                     bindings[expert_ids(inp.name)] = slot_ids
@@ -337,6 +339,19 @@ class Scheduler(Closing):
         milestone = state.launched.get(index)
         if milestone is not None:
             milestone.reach(split.device.backend.host.timestamp())
+
+    def _room_from_lost_slots(self, device: Device, kept: Iterable[Unit]) -> bool:
+        """Where ``device``'s prefetch turned itself off this run: free the slots no split reads any
+        more (all but those of ``kept``, the units of the split launching now), so that the stock
+        copies replacing the rest can grow their scratch. Every unit after the one whose slot could
+        not be allocated is off, so the valid ones are this split's or were read already. False
+        where nothing was freed."""
+        prefetch = self._prefetch.get(device)
+        if prefetch is None or not prefetch.disabled:
+            return False
+        self.stream(device).synchronize()  # kernels launched so far may read the slots
+        prefetch.drain()
+        return prefetch.free_buffers_but({unit.position for unit in kept}) > 0
 
     def _copy_ahead(self, device: Device, ahead: _Ahead, stats: DeviceStats) -> None:
         """Right after the prediction's split ``after`` is launched: copy ``ahead``'s experts on the side stream."""
@@ -653,6 +668,11 @@ class Replay(Closing):
         self._copier = copier
         self._stats = stats
         self.closed = False
+
+    @property
+    def device_bytes(self) -> int:
+        """Device bytes of the replay's own scratch (``Scheduler.device_bytes`` does not count them)."""
+        return 0 if self._copier is None or self.closed else self._copier.device_bytes
 
     def launch(self) -> None:
         """Enqueue the captured plan on the scheduler's stream of its device."""

@@ -14,11 +14,12 @@ whole tensor, and its kernels index them by the slot ids the gather writes.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import numpy as np
 
 from ..backends.base import BufferView, Device, DeviceBuffer, Stream, Usage, gathered_at_most
-from ..errors import DeviceError, InvalidArgument, KernelCompileError
+from ..errors import DeviceError, InvalidArgument, KernelCompileError, OutOfDeviceMemory
 from .plan import Input, MulMatId, Prediction, Split
 from .source import HostRegion, HostSource, StagedSource, enqueue_ranges
 from .stats import DeviceStats, Fallback
@@ -77,18 +78,26 @@ class StockCopier:
         self._ids_key = None
         self._gathered.clear()
 
-    def _fitted(self, position: int, size: int, stream: Stream) -> DeviceBuffer:
+    def _fitted(self, position: int, size: int, stream: Stream, room: Callable[[], bool] | None) -> DeviceBuffer:
         """Scratch ``position``, grown to ``size`` bytes where ``reserve`` left it smaller: a
         prefetched input's (sized for its slot) whose slot was lost mid-run. Growing waits for the
-        compute stream."""
-        held = self._scratch[position]
-        if held.alloc_size < size:
+        compute stream; where the device has no room, ``room`` may free some (the lost prefetch's
+        slots) once."""
+        held: DeviceBuffer | None = self._scratch[position]
+        assert held is not None
+        if held.alloc_size >= size:
+            return held
+        try:
             try:
                 held = self._regrown(held, size, stream)
-            except BaseException:
-                self._drop(position)  # never kept closed: the next run's reserve remakes them
-                raise
-            self._scratch[position] = held
+            except OutOfDeviceMemory:
+                if room is None or not room():
+                    raise
+                held = self._regrown(None, size, stream)  # the first try closed the old one
+        except BaseException:
+            self._drop(position)  # never kept closed: the next run's reserve remakes them
+            raise
+        self._scratch[position] = held
         return held
 
     def _drop(self, first: int) -> None:
@@ -165,6 +174,7 @@ class StockCopier:
         stats: DeviceStats,
         ahead: int | None = None,
         packed: bool = False,
+        room: Callable[[], bool] | None = None,
     ) -> tuple[BufferView, BufferView | None]:
         """Enqueue the copy of ``inp`` into scratch ``position``; return what the kernels read, and
         the ids they index its experts by where those are not the routing ids (``packed``).
@@ -172,13 +182,14 @@ class StockCopier:
         ``ahead``: the parity of the lookahead scratch that ``gather_ahead`` filled with the
         decode routing's predicted experts (already waited for): the used experts go beside them,
         the predicted ones left out of the gather. ``packed``: the used experts go one after
-        another (``packed_nbytes``), those of a lookahead after its predicted ones."""
+        another (``packed_nbytes``), those of a lookahead after its predicted ones. ``room``: frees
+        device memory where the scratch cannot grow (``_fitted``)."""
         assert inp.host is not None
         if packed:
             assert decode_routing is not None and inp.name in decode_routing.weights
-            return self._copy_packed(stream, split, inp, position, decode_routing, stats, ahead)
+            return self._copy_packed(stream, split, inp, position, decode_routing, stats, ahead, room)
         padded = inp.padded_nbytes
-        dst = self._fitted(position, padded, stream)
+        dst = self._fitted(position, padded, stream, room)
         if decode_routing is not None and inp.name in decode_routing.weights:
             assert inp.expert_nbytes is not None
             skip = None
@@ -214,6 +225,7 @@ class StockCopier:
         routing: MulMatId,
         stats: DeviceStats,
         ahead: int | None,
+        room: Callable[[], bool] | None,
     ) -> tuple[BufferView, BufferView]:
         """``copy`` of a packed split: the used experts after the lookahead's predicted ones (or
         from the first row), their slot ids beside them."""
@@ -222,7 +234,7 @@ class StockCopier:
         n_skip = 0 if skip is None else skip.n_ids
         rows = n_skip + routing.n_ids
         if ahead is None:
-            dst = self._fitted(position, packed_nbytes(inp, rows), stream)
+            dst = self._fitted(position, packed_nbytes(inp, rows), stream, room)
         else:
             dst = self._ahead[(ahead, inp.name)]
         slots = self._slots.view(0, 4 * routing.n_ids)

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from expertstream.cli import main
+from expertstream.engine.model import Model
+from expertstream.engine.sampling import Sampling
 from expertstream.model import make_model
 from expertstream.model.presets import PRESETS
 from tests.engine.llamacpp.make import WHOLE
@@ -143,3 +145,29 @@ def test_generate_takes_its_decode_copies_from_a_tuned_profile(
         assert (dma in err) == by_dma, flags
     code, again, err = _run(capsys, *argv, "--profile", str(tmp_path / "none.json"))
     assert code == 2 and "none.json" in err and again == ""
+
+
+def test_generate_says_what_it_held_on_the_device_by_kind(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = (
+        "generate",
+        "-m",
+        str(tiny_model),
+        "-p",
+        "the quick brown fox",
+        "-n",
+        "4",
+        "--temp",
+        "0",
+        "--backend",
+        "sim",
+    )
+    with Model.open(tiny_model, backend="sim") as model:
+        list(model.generate("the quick brown fox", 4, Sampling(temperature=0)))
+        memory = model.device_memory
+    assert memory.total == sum(v for k, v in memory.as_dict().items() if k != "total")
+    assert memory.weights > 0 and memory.kv_cache > 0 and memory.staging > 0 and memory.resident_experts == 0
+    code, _, err = _run(capsys, *argv)
+    line = next(line for line in err.splitlines() if line.startswith("device memory: "))
+    assert code == 0 and f"device memory: {memory.total / 2**20:.0f} MiB (weights " in line
+    code, _, err = _run(capsys, *argv, "-ncmoe", "0")  # every expert on the device: nothing streamed
+    assert code == 0 and "resident experts 0," not in err and "staging 0;" in err

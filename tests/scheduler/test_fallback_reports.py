@@ -7,7 +7,9 @@ import logging
 
 import pytest
 
+import expertstream
 from expertstream.backends.base import Backend, HostMemory
+from expertstream.backends.sim.profiles import resolve_profile
 from expertstream.errors import DeviceError, OutOfDeviceMemory
 from expertstream.scheduler import Fallback, Plan, Scheduler
 from expertstream.scheduler.stats import DeviceStats, RunStats
@@ -195,3 +197,26 @@ def test_inputs_whose_slots_are_lost_grow_the_stock_scratch_they_fall_back_to(
     assert dev.fallbacks[Fallback.ALLOC_FAILED] == 1 and dev.stock_copies == 6
     assert held == largest, "the slots are gone; the stock scratch grew to the largest input"
     built.close()
+
+
+def test_a_device_without_room_for_every_slot_gives_the_stock_copies_the_slots_no_split_reads() -> None:
+    """Room for three slots and a half: the fourth cannot be allocated, and a stock scratch beside
+    the three would not fit either; the lost prefetch's slots no split reads any more make room."""
+    specs = plans.uniform_specs(6)
+    profile = resolve_profile("cuda-h200")
+    with expertstream.backend("sim", profile=profile) as roomy:
+        device = roomy.device(0)
+        before = device.free_memory()
+        built = plans.build(roomy, specs, seed=34)
+        plan_bytes = before - device.free_memory()
+        largest = max(inp.padded_nbytes for split in built.plan.splits for inp in split.inputs)
+        built.close()
+    tight = dataclasses.replace(profile, memory_bytes=plan_bytes + 7 * largest // 2)
+    with expertstream.backend("sim", profile=tight) as backend, Scheduler(slots=4) as sched:
+        built = plans.build(backend, specs, seed=34)
+        stats = sched.run(built.plan)
+        built.check()
+        built.close()
+    dev = stats.device(backend.device(0).label)
+    assert dev.fallbacks[Fallback.ALLOC_FAILED] == 1
+    assert dev.consumed > 0 and dev.stock_copies == len(specs) - dev.consumed
