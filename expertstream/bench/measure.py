@@ -378,12 +378,12 @@ def _measure_row(
         times, stats = _timed_runs(backend, functools.partial(prefill.run, ticked), settings.repeats, poison)
         prefill_path = prefill.path
         ring_after = weights.ring_stats()
-        decode_rates, decode_steps_s, (decode_bytes, ahead_bytes), decode_path, decode_disk_bytes = _decode(
+        prompt_staging = scheduler.device_bytes() + prefill.replay_bytes
+        decode_rates, decode_steps_s, (decode_bytes, ahead_bytes), decode_path, decode_disk_bytes, held = _decode(
             backend, runner, scheduler, experts, settings, progress, what, weights
         )
-        memory = runner.device_memory() + DeviceMemory(
-            resident_experts=resident.device_bytes, staging=scheduler.device_bytes()
-        )
+        staging = max(prompt_staging, held + prefill.replay_bytes)  # the most held at once
+        memory = runner.device_memory() + DeviceMemory(resident_experts=resident.device_bytes, staging=staging)
         device_used = sum(free - device.free_memory() for device, free in free_before.items())
     prefill_out = runner.prefill_output() if runner.data else None
     decode_out = runner.decode_output() if runner.data and batching.decode_steps else None
@@ -519,12 +519,14 @@ def _decode(
     progress: Progress,
     what: str,
     weights: HostWeights,
-) -> tuple[list[float], list[float], tuple[int, int], str | None, int]:
+) -> tuple[list[float], list[float], tuple[int, int], str | None, int, int]:
     """Decode tokens/s of each repetition (its tokens over the time all its steps took), each
     repetition's median step in seconds, the bytes of the experts one repetition used and those it
     copied ahead on a prediction (the decode lookahead; at most, each), how the steps ran:
     "graph" (one captured step replayed) or "calls" (each step's calls issued), and the bytes the
-    staging rings handed to copies per repetition (mode disk: those read from the drive).
+    staging rings handed to copies per repetition (mode disk: those read from the drive), and the
+    most device bytes the steps' copies held at once (the scheduler's scratch, or the replay's: the
+    prompt's slots and scratch are freed when decode begins).
 
     The median step is what a prediction is held to: a few steps that a busy host delays would
     otherwise decide a comparison whose target band (+-2%) is narrower than such noise. A warm-up
@@ -532,15 +534,19 @@ def _decode(
     """
     steps = runner.batching.decode_steps
     if not steps:
-        return [], [], (0, 0), None, 0
+        return [], [], (0, 0), None, 0, 0
     backend.mark(f"{what}: prefill ends, decode begins")
+    scheduler.release_scratch()  # the prompt's slots and scratch: the steps need their own
+    held = 0
     if settings.warmup:
         scheduler.run(_ticking(runner.decode_plan(experts, 0), progress, f"{what}, decode warm-up"))
+        held = scheduler.device_bytes()
     rings_before = weights.ring_stats()
     with ExitStack() as stack:
         replay = capture_decode_step(runner, scheduler, experts, what) if settings.graphs else None
         if replay is not None:
             stack.enter_context(replay)
+            held = max(held, replay.device_bytes)
         rates: list[float] = []
         median_steps: list[float] = []
         moved = ahead = 0
@@ -552,6 +558,7 @@ def _decode(
                 if replay is None:
                     plan = _ticking(runner.decode_plan(experts, step), progress, f"{what}, decode")  # built untimed
                     (wall,), stats = _timed_runs(backend, functools.partial(scheduler.run, plan))
+                    held = max(held, scheduler.device_bytes())
                 else:
                     progress(f"{what}, decode")
                     start = backend.host.timestamp()
@@ -571,4 +578,4 @@ def _decode(
     staged = 0
     if rings_before is not None and rings_after is not None:
         staged = (rings_after - rings_before).bytes_staged // max(1, settings.repeats)
-    return rates, median_steps, (moved, ahead), "calls" if replay is None else "graph", staged
+    return rates, median_steps, (moved, ahead), "calls" if replay is None else "graph", staged, held

@@ -90,8 +90,9 @@ class Row:
     device_bytes: int = 0  # weights but the streamed experts, KV cache, activations, resident experts
     kv_cache_bytes: int = 0
     # Device memory by kind (engine.uploads.DeviceMemory: weights, kv_cache, activations,
-    # resident_experts, staging, total) and what the devices' free memory fell by from before the
-    # runner to the end of the row, as the driver counts it (the kernels' code, its own pools).
+    # resident_experts, staging: the most the prompt or the steps held at once, total) and what the
+    # devices' free memory fell by from before the runner to the end of the row, as the driver counts
+    # it (the kernels' code, its own pools; by then decode has freed the prompt's slots).
     device_memory: dict[str, int] = field(default_factory=dict)
     device_used_bytes: int | None = None
 

@@ -19,7 +19,8 @@ def capture_decode_step(runner: MoeRunner, scheduler: Scheduler, experts: Expert
 
     Where the runtime refuses the lookahead's second stream, the step is captured again without
     the predictions (the scheduler says so): the runner stops predicting, since nothing would copy
-    what it predicts."""
+    what it predicts. The scheduler's own slots and scratch are freed first: the replay brings its
+    own, and the steps it replays need nothing else of the scheduler's."""
     if len(runner.devices) != 1:
         reason = "the layers span several devices"
     else:
@@ -31,6 +32,7 @@ def capture_decode_step(runner: MoeRunner, scheduler: Scheduler, experts: Expert
                 runner.decode_lookahead = 0
                 return runner.decode_step_plan(experts)
 
+            scheduler.release_scratch()
             return scheduler.capture(plan, replan=without_lookahead)
         reason = why
     if reason not in _told:

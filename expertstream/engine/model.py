@@ -100,7 +100,7 @@ class Model(Closing):
         self._resident: ResidentExperts | None = None
         self._run: _Run | None = None
         self.last_stats: dict[str, float] = {}
-        # What the last generation held on the devices, by kind, once its last step was done.
+        # What the last generation held on the devices, by kind (staging: the most at once).
         self.device_memory = DeviceMemory()
         self.decode_path = ""  # how the last generation's decode steps ran: "graph" (one step replayed) or "calls"
         # predicted experts per streamed layer the last generation's decode steps copied ahead (0: none)
@@ -186,6 +186,7 @@ class Model(Closing):
             self.prefill_path = prefill.path
             logits = runner.prompt_logits()[-1]
             self.last_stats["prompt_s"] = host.timestamp() - start
+            prompt_staging = scheduler.device_bytes() + prefill.replay_bytes
             text = _TextStream(self.tokenizer)
             start = host.timestamp()
             with _DecodeSteps(runner, scheduler, experts, self.options.graphs) as steps:
@@ -197,10 +198,9 @@ class Model(Closing):
                         break
                     logits = steps.run(step, token)
                     self.last_stats["decode_s"] = host.timestamp() - start
-                held = steps.replay_bytes
             self.decode_path = steps.path
             self.decode_lookahead = runner.decode_lookahead if steps.ahead else 0
-            staging = scheduler.device_bytes() + prefill.replay_bytes + held
+            staging = max(prompt_staging, steps.most_held + prefill.replay_bytes)  # the most at once
             resident = self._resident.device_bytes if self._resident is not None else 0
             self.device_memory = runner.device_memory() + DeviceMemory(resident_experts=resident, staging=staging)
 
@@ -335,6 +335,8 @@ class _DecodeSteps:
         self._replay: Replay | None = None
         self.path = "calls"
         self.ahead = False  # whether a step copied predicted experts ahead (Scheduler.decode_lookahead)
+        self.most_held = 0  # the most device bytes the steps' copies held at once (scheduler or replay)
+        scheduler.release_scratch()  # the prompt's slots and scratch: the steps need their own
 
     def __enter__(self) -> _DecodeSteps:
         return self
@@ -345,7 +347,10 @@ class _DecodeSteps:
         runner.set_decode_token(step, token)
         if self._replay is None:
             stats = self.scheduler.run(runner.decode_plan(self.experts, step))
+            self.most_held = max(self.most_held, self.scheduler.device_bytes())
             self._replay = self._capture() if step == 0 else None
+            if self._replay is not None:
+                self.most_held = max(self.most_held, self._replay.device_bytes)
         else:
             replay = self._replay
             runner.decode_step_in(replay.stream, step)
@@ -363,11 +368,6 @@ class _DecodeSteps:
         if replay is not None:
             self.path = "graph"
         return replay
-
-    @property
-    def replay_bytes(self) -> int:
-        """Device bytes the captured step's own scratch holds (0 where steps are not replayed)."""
-        return 0 if self._replay is None else self._replay.device_bytes
 
     def __exit__(self, *exc: object) -> None:
         if self._replay is not None:

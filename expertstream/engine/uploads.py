@@ -37,7 +37,8 @@ class DeviceMemory:
     kv_cache: int = 0
     activations: int = 0  # hidden rows, token ids, logits, the kernels' scratch
     resident_experts: int = 0  # experts uploaded once and kept (-ncmoe, --gpu-memory)
-    staging: int = 0  # the prefetch slots and the stock copy's scratch for streamed experts
+    # the prefetch slots and the stock copy's scratch for streamed experts (a run's: the most at once)
+    staging: int = 0
 
     def __add__(self, other: DeviceMemory) -> DeviceMemory:
         return DeviceMemory(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))

@@ -166,6 +166,21 @@ class Scheduler(Closing):
                 prefetch.keep(slots)
         self._prefetch_off.clear()
 
+    def release_scratch(self) -> int:
+        """Free the prefetch slots and the stock copy's scratch of every device once the work that
+        reads them is done, for the next run to allocate again; returns the bytes freed. Before a
+        captured replay (which has scratch of its own) takes over a decode, so that the prompt's
+        slots and the first step's scratch are not held beside it."""
+        held = self.device_bytes()
+        for device, prefetch in self._prefetch.items():
+            self.stream(device).synchronize()  # kernels launched so far may read the slots
+            prefetch.drain()
+            prefetch.keep(0)
+        for device, copier in self._stock.items():
+            self.stream(device).synchronize()
+            copier.free_scratch()
+        return held - self.device_bytes()
+
     def device_bytes(self, device: Device | None = None) -> int:
         """Device bytes the scheduler holds for streamed inputs (prefetch slots and stock copy
         scratch) on ``device``, or on every device; a captured replay's own scratch is not counted."""

@@ -203,3 +203,20 @@ def test_decode_copies_a_steps_experts_packed_into_scratch_of_a_few_and_gives_th
         expected = max(bytes_of(i, top_k) for i in infos) + sets * sum(bytes_of(i, rows) for i in infos)
         assert held[0] == expected + 4 * top_k + 8
         assert held[1] > held[0] + sets * sum(bytes_of(i, model.n_expert - rows) for i in infos)
+
+
+def test_decode_frees_the_prompts_slots_and_a_replay_holds_the_only_scratch(
+    backend: Backend, made: dict[str, Path]
+) -> None:
+    """The prompt's prefetch slots and the first step's scratch are freed before the step is
+    captured: while the replay runs, the scheduler holds nothing, and generate's staging is the most
+    either held (the prompt's slots here)."""
+    with Model.open(made["tiny"], backend=backend, host_memory="pinned", slots=3) as model:
+        list(model.generate(list(range(3, 3 + PROMPT)), STEPS, Sampling(temperature=0)))  # prompt at prefill scale
+        assert model.decode_path == "graph"
+        run = model._run
+        assert run is not None and run._parts is not None
+        _runner, scheduler, _experts, _prefill = run._parts
+        assert scheduler.device_bytes() == 0
+        slots = 3 * max(padded_size(t.nbytes, t.qtype, t.ne0) for t in model.model.expert_tensors)
+        assert model.device_memory.staging == slots
