@@ -379,12 +379,17 @@ def _measure_row(
         prefill_path = prefill.path
         ring_after = weights.ring_stats()
         prompt_staging = scheduler.device_bytes() + prefill.replay_bytes
+
+        def used() -> int:
+            return sum(free - device.free_memory() for device, free in free_before.items())
+
+        used_by_prompt = used()
         decode_rates, decode_steps_s, (decode_bytes, ahead_bytes), decode_path, decode_disk_bytes, held = _decode(
-            backend, runner, scheduler, experts, settings, progress, what, weights
+            backend, runner, scheduler, experts, settings, progress, what, weights, used
         )
-        staging = max(prompt_staging, held + prefill.replay_bytes)  # the most held at once
+        staging = max(prompt_staging, held.staging + prefill.replay_bytes)  # the most held at once
         memory = runner.device_memory() + DeviceMemory(resident_experts=resident.device_bytes, staging=staging)
-        device_used = sum(free - device.free_memory() for device, free in free_before.items())
+        device_used = max(used_by_prompt, held.used, used())  # the most the devices gave at once
     prefill_out = runner.prefill_output() if runner.data else None
     decode_out = runner.decode_output() if runner.data and batching.decode_steps else None
     moved = stats.bytes_moved()
@@ -510,6 +515,18 @@ def _ram_share(moved: int, staged: int) -> float:
     return 100.0 * max(0, moved - staged) / moved if moved else 0.0
 
 
+@dataclass(frozen=True)
+class _Held:
+    """The most a run's decode steps held at once: their copies' scratch (the scheduler's, or a
+    replay's), and what the devices' free memory had fallen by (``measure``'s count)."""
+
+    staging: int
+    used: int
+
+    def most(self, staging: int, used: int) -> _Held:
+        return _Held(max(self.staging, staging), max(self.used, used))
+
+
 def _decode(
     backend: Backend,
     runner: MoeRunner,
@@ -519,14 +536,14 @@ def _decode(
     progress: Progress,
     what: str,
     weights: HostWeights,
-) -> tuple[list[float], list[float], tuple[int, int], str | None, int, int]:
+    used: Callable[[], int],
+) -> tuple[list[float], list[float], tuple[int, int], str | None, int, _Held]:
     """Decode tokens/s of each repetition (its tokens over the time all its steps took), each
     repetition's median step in seconds, the bytes of the experts one repetition used and those it
     copied ahead on a prediction (the decode lookahead; at most, each), how the steps ran:
     "graph" (one captured step replayed) or "calls" (each step's calls issued), and the bytes the
-    staging rings handed to copies per repetition (mode disk: those read from the drive), and the
-    most device bytes the steps' copies held at once (the scheduler's scratch, or the replay's: the
-    prompt's slots and scratch are freed when decode begins).
+    staging rings handed to copies per repetition (mode disk: those read from the drive), and what
+    the steps held (``_Held``: the prompt's slots and scratch are freed when decode begins).
 
     The median step is what a prediction is held to: a few steps that a busy host delays would
     otherwise decide a comparison whose target band (+-2%) is narrower than such noise. A warm-up
@@ -534,19 +551,19 @@ def _decode(
     """
     steps = runner.batching.decode_steps
     if not steps:
-        return [], [], (0, 0), None, 0, 0
+        return [], [], (0, 0), None, 0, _Held(0, 0)
     backend.mark(f"{what}: prefill ends, decode begins")
     scheduler.release_scratch()  # the prompt's slots and scratch: the steps need their own
-    held = 0
+    held = _Held(0, 0)
     if settings.warmup:
         scheduler.run(_ticking(runner.decode_plan(experts, 0), progress, f"{what}, decode warm-up"))
-        held = scheduler.device_bytes()
+        held = held.most(scheduler.device_bytes(), used())
     rings_before = weights.ring_stats()
     with ExitStack() as stack:
         replay = capture_decode_step(runner, scheduler, experts, what) if settings.graphs else None
         if replay is not None:
             stack.enter_context(replay)
-            held = max(held, replay.device_bytes)
+            held = held.most(replay.device_bytes, used())
         rates: list[float] = []
         median_steps: list[float] = []
         moved = ahead = 0
@@ -558,7 +575,7 @@ def _decode(
                 if replay is None:
                     plan = _ticking(runner.decode_plan(experts, step), progress, f"{what}, decode")  # built untimed
                     (wall,), stats = _timed_runs(backend, functools.partial(scheduler.run, plan))
-                    held = max(held, scheduler.device_bytes())
+                    held = held.most(scheduler.device_bytes(), used())
                 else:
                     progress(f"{what}, decode")
                     start = backend.host.timestamp()
