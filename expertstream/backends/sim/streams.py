@@ -209,8 +209,7 @@ class SimStream(Stream):
             slot_ids = (
                 None if rows.slots is None else _device_bytes(rows.slots.buffer, rows.slots.offset, 4 * rows.n_ids)
             )
-            gather = _gather_packed if rows.packed else _gather_rows
-            effect = functools.partial(gather, region, source, ids, rows, report, skip, slot_ids)
+            effect = functools.partial(_gather_rows, region, source, ids, rows, report, skip, slot_ids)
         reported = rows.report
         report_touch = (
             () if reported is None else (Touch(reported.buffer, reported.offset, reported.offset + 8, write=True),)
@@ -410,29 +409,8 @@ def _gather_rows(
     skip: np.ndarray | None,
     slots: np.ndarray | None,
 ) -> None:
-    assert slots is None  # the contract passes slots with packed gathers only
-    skipped = set() if skip is None else set(skip.view(np.int32).tolist())
-    for row in np.unique(ids.view(np.int32)).tolist():
-        if 0 <= row < rows.n_rows and row in skipped:
-            continue  # copied ahead (the kernel's order: an id naming no row is reported first)
-        if 0 <= row < rows.n_rows:
-            start, end = rows.row_range(row)
-            region[start:end] = source[start:end]
-        else:
-            _report(report, rows.tag, row)
-
-
-def _gather_packed(
-    region: np.ndarray,
-    source: np.ndarray,
-    ids: np.ndarray,
-    rows: RowGather,
-    report: np.ndarray | None,
-    skip: np.ndarray | None,
-    slots: np.ndarray | None,
-) -> None:
-    """gather.cu's packed gather: each distinct id's row at ``rows.dst_row`` of its first position,
-    a skipped id's at its first position among the skipped ids."""
+    """gather.cu's copy: each distinct id's row at its own offset, or, packed, at ``rows.dst_row`` of
+    the id's first position (a skipped id's at its first position among the skipped ids)."""
     skipped = [] if skip is None else skip.view(np.int32).tolist()
     first_met: dict[int, int] = {}
     slot_of = np.zeros(rows.n_ids, np.int32)
@@ -440,13 +418,16 @@ def _gather_packed(
         if not 0 <= row < rows.n_rows:
             _report(report, rows.tag, row)
         elif row in skipped:
-            slot_of[j] = skipped.index(row)
+            slot_of[j] = skipped.index(row)  # copied ahead
+        elif (met := first_met.setdefault(row, j)) != j:
+            slot_of[j] = rows.dst_row(met)  # copied for the id first met
+        elif rows.packed:
+            slot_of[j] = rows.dst_row(j)
+            at = slot_of[j] * rows.row_nbytes
+            region[at : at + rows.row_nbytes] = source[row * rows.row_nbytes : (row + 1) * rows.row_nbytes]
         else:
-            met = first_met.setdefault(row, j)
-            slot_of[j] = rows.dst_row(met)
-            if met == j:
-                at = slot_of[j] * rows.row_nbytes
-                region[at : at + rows.row_nbytes] = source[row * rows.row_nbytes : (row + 1) * rows.row_nbytes]
+            start, end = rows.row_range(row)
+            region[start:end] = source[start:end]
     if slots is not None:
         slots.view(np.int32)[:] = slot_of
 
