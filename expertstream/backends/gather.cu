@@ -11,8 +11,10 @@
 // Packed (packed != 0): the rows go one after another instead of at their own offsets. The row
 // of the id first met at position j goes to row n_skip + j of dst, without its overrun (the next
 // row there is another expert's); a skipped id's row is at row p, its first position in skip,
-// where a packed gather of the skipped ids put it. slots[j] (where given) receives the row of
-// dst that the id at j is at, for kernels to index dst by; 0 for an id naming no row.
+// where a packed gather of the skipped ids put it. A row n_skip + j that no row goes to (a
+// repeated, skipped or bad id at j) gets its first overrun bytes zeroed: what a kernel reads past
+// the row before it. slots[j] (where given) receives the row of dst that the id at j is at, for
+// kernels to index dst by; 0 for an id naming no row.
 
 // Chained launches: as the kernels' formats.cu says (this file is compiled on its own).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(__HIP_PLATFORM_AMD__)
@@ -82,35 +84,41 @@ extern "C" __global__ void expertstream_gather_rows(
     KERNEL_PROLOGUE();
     const int j = first + (int)blockIdx.y;
     const int id = ids[j];
-    const bool writes_slot = slots != nullptr && blockIdx.x == 0 && threadIdx.x == 0;
+    int slot = n_skip + j;
+    bool copies = false;
     if (id < 0 || (unsigned long long)id >= nbytes / row_bytes) {
         if (report != nullptr && blockIdx.x == 0 && threadIdx.x == 0 && atomicCAS(report, -1, tag) == -1) {
             report[1] = id;
         }
-        if (writes_slot) {
-            slots[j] = 0;
+        slot = 0;
+    } else {
+        int hit = -1;  // the id's first position among the skipped ids
+        for (int k = 0; k < n_skip && hit < 0; ++k) {
+            hit = skip[k] == id ? k : -1;
         }
-        return;
-    }
-    for (int k = 0; k < n_skip; ++k) {
-        if (skip[k] == id) {
-            if (writes_slot) {
-                slots[j] = k;
+        int met = j;  // the id's first position in ids
+        for (int k = 0; k < j && hit < 0; ++k) {
+            if (ids[k] == id) {
+                met = k;
+                break;
             }
-            return;
         }
+        slot = hit >= 0 ? hit : n_skip + met;
+        copies = hit < 0 && met == j;
     }
-    int met = j;  // the id's first position in ids
-    for (int k = 0; k < j; ++k) {
-        if (ids[k] == id) {
-            met = k;
-            break;
+    if (slots != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
+        slots[j] = slot;
+    }
+    if (!copies) {
+        if (packed && blockIdx.x == 0) {
+            // Row n_skip + j stays unwritten: zero the bytes a kernel reads past the row before it,
+            // which would otherwise be whatever the scratch held (another type's bytes, NaN scales).
+            unsigned char* row = dst + (unsigned long long)(n_skip + j) * row_bytes;
+            const unsigned long long n = overrun < row_bytes ? overrun : row_bytes;
+            for (unsigned long long i = threadIdx.x; i < n; i += blockDim.x) {
+                row[i] = 0;
+            }
         }
-    }
-    if (writes_slot) {
-        slots[j] = n_skip + met;
-    }
-    if (met != j) {
         return;
     }
     const unsigned long long start = (unsigned long long)id * row_bytes;

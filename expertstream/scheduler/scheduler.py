@@ -333,7 +333,7 @@ class Scheduler(Closing):
                     decode_routing,
                     device_stats,
                     ahead=parity,
-                    packed=index in state.packed,
+                    packed=index in state.packed and inp.name in (decode_routing.weights if decode_routing else ()),
                     room=functools.partial(self._room_from_lost_slots, split.device, units.values()),
                 )
                 if slot_ids is not None:
@@ -403,6 +403,9 @@ class Scheduler(Closing):
             weights = [i for i in split.inputs if i.name in routing.weights and i.host is not None]
             if not weights or any(gather_region(i.host) is None for i in weights if i.host is not None):
                 continue
+            copier = self._stock.get(split.device)
+            if copier is not None and not copier.gather:
+                continue  # the device stopped gathering (said once): nothing would be copied ahead
             key = (id(predicted.ids.buffer), predicted.ids.offset)
             ahead = by_key.get(key)
             if ahead is None:
@@ -530,8 +533,8 @@ class Scheduler(Closing):
                     sizes.append(0)
                 if inp.name in eligible:
                     continue  # its stock scratch is grown only where its slot is lost mid-run
-                assert decode_routing is not None or not packed
-                need = packed_nbytes(inp, decode_routing.n_ids) if decode_routing and packed else inp.padded_nbytes
+                routed = packed and decode_routing is not None and inp.name in decode_routing.weights
+                need = packed_nbytes(inp, decode_routing.n_ids) if routed and decode_routing else inp.padded_nbytes
                 sizes[position] = max(sizes[position], need)
         for device, sizes in scratch_sizes.items():
             if sizes:

@@ -268,10 +268,14 @@ class StockCopier:
         ids = self._routing_ids(stream, split, routing, stats)
         first_met = {int(e): j for j, e in reversed(list(enumerate(ids.tolist())))}
         slot_ids = np.array([first_row + first_met[int(e)] for e in ids], dtype=np.int32)
-        size = inp.expert_nbytes
+        size, overrun = inp.expert_nbytes, min(inp.padded_nbytes - inp.nbytes, inp.expert_nbytes)
+        copied = set(first_met.values())
         with stream.device.backend.host.bare_calls():
             for expert, j in sorted(first_met.items(), key=lambda item: item[1]):
                 inp.host.enqueue_h2d(stream, dst, (first_row + j) * size, expert * size, size)
+            for j in range(len(ids)):  # as the gather: the bytes read past the row before an unwritten one
+                if j not in copied and overrun:
+                    stream.memset(dst, (first_row + j) * size, overrun, 0)
         stats.bytes_stock += len(first_met) * size
         stats.stock_copies += len(first_met)
         self._slot_uploads.append(slot_ids)  # kept until the next run: the copy may read it later

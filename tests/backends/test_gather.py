@@ -178,6 +178,8 @@ def test_a_packed_gather_puts_rows_one_after_another_and_says_where(
     # predicted 3, 0 at rows 0, 1; then the row of the id first met at j at row 2 + j
     for at, source in ((0, 3), (1, 0), (2, 4), (3, 1), (7, 2)):
         expected[dst_offset + at * row : dst_offset + (at + 1) * row] = region[source * row : (source + 1) * row]
+    for at in (4, 5, 6):  # nothing goes to the rows of j = 2, 3, 4: what is read past the row before is zeroed
+        expected[dst_offset + at * row : dst_offset + at * row + overrun] = 0
     assert np.array_equal(got, expected)
     assert got_slots.tolist() == [2, 3, 0, 3, 0, 7, -7]  # the id naming no row: slot 0, and reported
     assert got_report.tolist() == [5, -1]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Mapping
+from contextlib import ExitStack
 
 import numpy as np
 import pytest
@@ -13,6 +14,8 @@ from gguf import GGMLQuantizationType as Q
 from expertstream.backends.base import Backend, BufferView, DeviceBuffer, HostMemory, Stream, Usage
 from expertstream.errors import DeviceError, InvalidArgument, OutOfDeviceMemory
 from expertstream.ggml import row_size
+from expertstream.kernels import MoeKernels, reference
+from expertstream.kernels.layout import MatrixPath
 from expertstream.scheduler import Fallback, Input, MulMatId, Plan, Scheduler, Split, bound_experts, expert_ids
 from expertstream.scheduler.source import HostRegion, HostSource
 from expertstream.scheduler.stock import expert_ranges
@@ -412,3 +415,80 @@ def test_a_packed_split_binds_whole_tensors_and_the_routing_ids_where_packing_sa
     assert bound["layer0"][expert_ids("w")] == split.mul_mat_id.ids
     for resource in resources:
         resource.close()
+
+
+@pytest.mark.parametrize("gathers", [True, False], ids=["gathered", "read-back"])
+def test_a_packed_split_reads_zeros_past_an_expert_whose_next_row_nothing_was_copied_to(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch, gathers: bool
+) -> None:
+    """Kernels read past an expert's last row into the next one: packed, that is another expert's, or a
+    row no expert went to (a repeated id's), which held what the scratch held before (here 0xFF bytes of
+    an earlier split: NaN scales). The copies zero what is read there, so the outputs are the bytes of
+    whole-tensor scratch."""
+    device = backend.device(0)
+    if not gathers:
+
+        def unmapped(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            raise DeviceError("pinned host memory is not mapped for this device", call="gather", device=device.label)
+
+        monkeypatch.setattr(type(device.stream()), "gather_h2d", unmapped)
+    with MoeKernels(device, MatrixPath.SIMT) as kernels:
+        packed, whole = (_experts_after_junk(kernels, packed) for packed in (True, False))
+    assert np.isfinite(packed).all()
+    assert packed.tobytes() == whole.tobytes()
+
+
+def _experts_after_junk(kernels: MoeKernels, packed: bool) -> np.ndarray:
+    """Three rows through Q4_0 experts of rows of 768 (read past their ends), ids 1, 1, 0, after a split
+    that copied 0xFF bytes into the same stock scratch."""
+    n_out, ne0, qtype = 20, 768, Q.Q4_0
+    expert = n_out * row_size(qtype, ne0)
+    rng = np.random.default_rng(3)
+    weights = reference.random_weights(rng, qtype, N_EXPERT * n_out, ne0).view(np.uint8).reshape(-1)
+    device = kernels.device
+    with ExitStack() as stack:
+        host = stack.enter_context(plans.host_buffer(device, weights, HostMemory.PINNED))
+        junk = stack.enter_context(plans.host_buffer(device, np.full(4 * expert, 0xFF, np.uint8), HostMemory.PINNED))
+        ids = stack.enter_context(device.upload(np.array([1, 1, 0], np.int32)))
+        x = stack.enter_context(device.upload(rng.standard_normal((3, ne0)).astype(np.float32)))
+        y = stack.enter_context(device.alloc(3 * n_out * 4))
+        w = Input("w", weights.nbytes, host=HostRegion(host, 0, weights.nbytes), row_type=qtype, ne0=ne0,
+                  expert_nbytes=expert)  # fmt: skip
+
+        def compute(stream: Stream, bindings: Mapping[str, BufferView]) -> None:
+            view, slot_ids = bindings["w"], bindings.get(expert_ids("w"), ids.view())
+            n = bound_experts(view, expert, w.padded_nbytes - w.nbytes)
+            kernels.mul_mat_id(stream, view, qtype, n, n_out, ne0, x.view(), False, slot_ids, 3, 1, y.view())
+
+        earlier = Input("junk", 4 * expert, host=HostRegion(junk, 0, 4 * expert))
+        splits = [
+            Split("earlier", device, (earlier,), lambda stream, bindings: None),
+            Split("experts", device, (w,), compute, MulMatId(ids.view(), 3, N_EXPERT, ("w",), packed=packed)),
+        ]
+        with Scheduler(slots=0) as sched:
+            sched.run(Plan.of(splits))
+        return y.read().view(np.float32).reshape(3, n_out).copy()
+
+
+def test_a_packed_splits_other_host_inputs_are_copied_whole(backend: Backend) -> None:
+    seen: dict[str, BufferView] = {}
+    bound: dict[str, Mapping[str, BufferView]] = {}
+    (split,), _data, resources = _decode_splits(
+        backend, [2, 0], seen, host_kind=HostMemory.PINNED, packed=True, bound=bound
+    )
+    other = np.arange(256, dtype=np.uint8)
+    host = plans.host_buffer(backend.device(0), other, HostMemory.PINNED)
+    split = dataclasses.replace(split, inputs=(*split.inputs, Input("b", 256, host=HostRegion(host, 0, 256))))
+    with Scheduler(slots=0) as sched:
+        sched.run(Plan.of([split]))
+        b = bound["layer0"]["b"]
+        assert b.buffer.read(b.offset, b.nbytes).tobytes() == other.tobytes()
+    assert expert_ids("b") not in bound["layer0"] and bound_experts(seen["layer0"], *_expert_and_tail(split)) == 2
+    for resource in (*resources, host):
+        resource.close()
+
+
+def _expert_and_tail(split: Split) -> tuple[int, int]:
+    weights = split.inputs[0]
+    assert weights.expert_nbytes is not None
+    return weights.expert_nbytes, weights.padded_nbytes - weights.nbytes

@@ -410,10 +410,12 @@ def _gather_rows(
     slots: np.ndarray | None,
 ) -> None:
     """gather.cu's copy: each distinct id's row at its own offset, or, packed, at ``rows.dst_row`` of
-    the id's first position (a skipped id's at its first position among the skipped ids)."""
+    the id's first position (a skipped id's at its first position among the skipped ids; a packed row
+    nothing goes to gets the bytes read past the row before it zeroed)."""
     skipped = [] if skip is None else skip.view(np.int32).tolist()
     first_met: dict[int, int] = {}
     slot_of = np.zeros(rows.n_ids, np.int32)
+    size = rows.row_nbytes
     for j, row in enumerate(ids.view(np.int32).tolist()):
         if not 0 <= row < rows.n_rows:
             _report(report, rows.tag, row)
@@ -423,11 +425,15 @@ def _gather_rows(
             slot_of[j] = rows.dst_row(met)  # copied for the id first met
         elif rows.packed:
             slot_of[j] = rows.dst_row(j)
-            at = slot_of[j] * rows.row_nbytes
-            region[at : at + rows.row_nbytes] = source[row * rows.row_nbytes : (row + 1) * rows.row_nbytes]
+            region[slot_of[j] * size : (slot_of[j] + 1) * size] = source[row * size : (row + 1) * size]
+            continue
         else:
             start, end = rows.row_range(row)
             region[start:end] = source[start:end]
+            continue
+        if rows.packed:
+            at = rows.dst_row(j) * size
+            region[at : at + min(rows.overrun, size)] = 0
     if slots is not None:
         slots.view(np.int32)[:] = slot_of
 
