@@ -1565,6 +1565,8 @@ def _bound(bindings: Bindings, role: str, info: TensorInfo) -> tuple[BufferView,
     """Expert weights ``role`` as bound, the ids their kernels index them by, and how many experts
     the binding holds (fewer than the tensor's where the scheduler packed a decode step's)."""
     w = bindings[role]
+    if w.nbytes >= info.nbytes:  # the whole tensor (a packed binding holds fewer experts than it has)
+        return w, bindings[expert_ids(role)], info.ne[2]
     tail = padded_size(info.nbytes, info.qtype, info.ne0) - info.nbytes
     return w, bindings[expert_ids(role)], bound_experts(w, info.slice_nbytes, tail)
 
