@@ -101,7 +101,8 @@ class _RunState:
     launched: dict[int, Milestone]
     ahead_after: dict[str, list[_Ahead]] = field(default_factory=dict)  # split name -> lookaheads it starts
     ahead_of: dict[int, _Ahead] = field(default_factory=dict)  # split index -> the lookahead it reads
-    packed: set[int] = field(default_factory=set)  # indices of the splits whose decode copies are packed
+    # split index -> the expert weights its decode copies pack (``_packs``)
+    packed: dict[int, tuple[str, ...]] = field(default_factory=dict)
 
 
 class Scheduler(Closing):
@@ -166,20 +167,18 @@ class Scheduler(Closing):
                 prefetch.keep(slots)
         self._prefetch_off.clear()
 
-    def release_scratch(self) -> int:
+    def release_scratch(self) -> None:
         """Free the prefetch slots and the stock copy's scratch of every device once the work that
-        reads them is done, for the next run to allocate again; returns the bytes freed. Before a
-        captured replay (which has scratch of its own) takes over a decode, so that the prompt's
-        slots and the first step's scratch are not held beside it."""
-        held = self.device_bytes()
-        for device, prefetch in self._prefetch.items():
-            self.stream(device).synchronize()  # kernels launched so far may read the slots
+        reads them is done; the next run allocates them again. Before a captured replay (which has
+        scratch of its own) takes over a decode, so that the prompt's slots and the first step's
+        scratch are not held beside it."""
+        for device in {*self._prefetch, *self._stock}:
+            self.stream(device).synchronize()  # kernels launched so far may read them
+        for prefetch in self._prefetch.values():
             prefetch.drain()
             prefetch.keep(0)
-        for device, copier in self._stock.items():
-            self.stream(device).synchronize()
-            copier.free_scratch()
-        return held - self.device_bytes()
+        for copier in self._stock.values():
+            copier.close()  # what it learnt (``gather``) stays; the next reserve remakes its buffers
 
     def device_bytes(self, device: Device | None = None) -> int:
         """Device bytes the scheduler holds for streamed inputs (prefetch slots and stock copy
@@ -316,6 +315,8 @@ class Scheduler(Closing):
         parity = ahead.parity if ahead is not None and ahead.made else None  # where the predicted experts are
         bindings: dict[str, BufferView] = {}
         host_position = 0
+        packed = state.packed.get(index, ())
+        room = functools.partial(self._room_from_lost_slots, split.device, units.values())
         for inp in split.inputs:
             if inp.device_data is not None:
                 bindings[inp.name] = inp.device_data
@@ -333,8 +334,8 @@ class Scheduler(Closing):
                     decode_routing,
                     device_stats,
                     ahead=parity,
-                    packed=index in state.packed and inp.name in (decode_routing.weights if decode_routing else ()),
-                    room=functools.partial(self._room_from_lost_slots, split.device, units.values()),
+                    packed=inp.name in packed,
+                    room=room,
                 )
                 if slot_ids is not None:
                     bindings[expert_ids(inp.name)] = slot_ids
@@ -413,7 +414,7 @@ class Scheduler(Closing):
                 state.ahead_after.setdefault(predicted.after, []).append(ahead)
             state.ahead_of[index] = ahead
             device_sizes = sizes.setdefault(split.device, {})
-            packed = index in state.packed
+            packed = index in state.packed  # every weight of a packed split is among these
             for inp in weights:
                 ahead.inputs.append((split, inp, packed))
                 slot = (ahead.parity, inp.name)
@@ -507,10 +508,10 @@ class Scheduler(Closing):
             sizes = scratch_sizes.setdefault(split.device, [])
             decode_routing = self._decode_routing(split)
             earlier_stock = stock_split.get(split.device)
-            packed = self._packs(split)
-            if packed:
+            packed: tuple[str, ...] = ()
+            if self._packs(split):
                 assert decode_routing is not None
-                state.packed.add(index)
+                packed = state.packed[index] = decode_routing.weights
                 slot_ids[split.device] = max(slot_ids.get(split.device, 0), decode_routing.n_ids)
             for position, inp in enumerate(i for i in split.inputs if i.is_host):
                 assert inp.host is not None
@@ -533,8 +534,11 @@ class Scheduler(Closing):
                     sizes.append(0)
                 if inp.name in eligible:
                     continue  # its stock scratch is grown only where its slot is lost mid-run
-                routed = packed and decode_routing is not None and inp.name in decode_routing.weights
-                need = packed_nbytes(inp, decode_routing.n_ids) if routed and decode_routing else inp.padded_nbytes
+                need = (
+                    packed_nbytes(inp, decode_routing.n_ids)
+                    if decode_routing and inp.name in packed
+                    else inp.padded_nbytes
+                )
                 sizes[position] = max(sizes[position], need)
         for device, sizes in scratch_sizes.items():
             if sizes:

@@ -373,12 +373,9 @@ class StockCopier:
             self._ids_used = np.unique(ids)
         return self._ids_read
 
-    def free_scratch(self) -> None:
+    def close(self) -> None:
         """Free every buffer (callers wait for the work that reads them first); ``reserve`` and
         ``reserve_ahead`` make them again, and what this copier learnt (``gather``) stays."""
-        self.close()
-
-    def close(self) -> None:
         for buf in [*self._scratch, *self._ahead.values()]:
             buf.close()
         self._scratch.clear()
