@@ -1,0 +1,59 @@
+# Call c1: where a generating process's device memory goes, beside llama.cpp's. The CUDA tests of the packed
+# gather (its zeroed rows), the release of the prompt's slots at decode and generate's memory line; then on
+# the qwen3 file: llama-bench -v (its own buffers) and expertstream's stage-by-stage count
+# (microbench.device_memory, with the context's stack limit as it comes and set low), generate's peaks by
+# nvidia-smi every 100 ms (a process per run), and tg64 with every expert in pinned host memory (hash and
+# speed after the zeroing). Raw output under c1/.
+pip install --no-deps -q --target /tmp/site .dev/gguf-0.19.0-py3-none-any.whl 2>/dev/null
+export PYTHONPATH=/tmp/site:$PWD
+M=/tmp/m/c1; mkdir -p $M
+LCP=/tmp/llamacpp-sm90; export LD_LIBRARY_PATH=$LCP/bin:${LD_LIBRARY_PATH:-}
+pack() { tar cf $OUT/all.tar -C /tmp/m c1; }
+start=$(date +%s); left() { echo $(( ${1} - ($(date +%s) - start) )); }
+stamp() { echo "$1 $(( $(date +%s) - start )) s" >> $M/times.txt; pack; }
+peak() {  # NAME COMMAND...: the device's peak used memory while COMMAND runs, into memory.txt
+  local name=$1; shift
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > /tmp/used.log 2>/dev/null &
+  local sampler=$!
+  "$@"; local status=$?
+  kill $sampler 2>/dev/null; wait $sampler 2>/dev/null
+  echo "$name: peak $(sort -n /tmp/used.log | tail -1) MiB used on the device" >> $M/memory.txt
+  return $status
+}
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,pci.bus_id --format=csv,noheader; nproc; date -u; } > $M/gpu.txt
+git rev-parse HEAD > $M/tree.txt 2>/dev/null || cp docs/results/device-memory/tree.txt $M/tree.txt
+( [ -x $LCP/bin/llama-bench ] || tar xJf .dev/llamacpp-sm90.tar.xz -C /tmp ); stamp setup
+timeout $(left 150) python3 -m pytest -q -p no:cacheprovider --backend cuda tests/backends/test_gather.py \
+  tests/scheduler/test_copy_paths.py tests/engine/test_decode_lookahead.py tests/cli/test_generate.py \
+  > $M/pytest.txt 2>&1; stamp "pytest rc $?"
+F=/tmp/models/qwen3-30b-a3b-Q4_K_M.gguf
+OUT=$M FILES="qwen3-30b-a3b:Q4_K_M" bash microbench/model_h200.sh make >> $M/make.log 2>&1; stamp make
+peak "llama-bench -v -ncmoe 48 -p 0 -n 64" timeout $(left 580) $LCP/bin/llama-bench -m $F -ngl 99 -ncmoe 48 \
+  -lm none -fa 0 -p 0 -n 64 -r 1 -v > $M/llama-p0.txt 2>&1
+peak "llama-bench -v -ncmoe 48 -p 512 -n 0" timeout $(left 580) $LCP/bin/llama-bench -m $F -ngl 99 -ncmoe 48 \
+  -lm none -fa 0 -p 512 -n 0 -r 1 -v > $M/llama-p512.txt 2>&1; stamp llama
+probe() {  # NAME ARGS...
+  local name=$1; shift
+  peak "device_memory $name" timeout $(left 580) python3 -m microbench.device_memory --backend cuda --model $F \
+    --out $M/probe-$name.json "$@" > $M/probe-$name.txt 2>&1; stamp "probe $name"
+}
+probe p16 --prompt 16
+probe p16-stack256 --prompt 16 --stack-limit 256
+probe p512 --prompt 512
+python3 -c "
+import sys
+from expertstream.engine.tokenizer import Tokenizer
+from microbench.llamacpp_logits.prompt import corpus_tokens
+print(Tokenizer.from_path(sys.argv[1]).decode(corpus_tokens(sys.argv[1], 16)), end='')" $F > $M/prompt-16.txt
+peak "expertstream generate -f prompt-16 -n 64" timeout $(left 580) python3 -m expertstream generate -m $F \
+  -f $M/prompt-16.txt -n 64 --temp 0 --backend cuda --host-memory pinned > $M/generate-16.txt 2>&1; stamp generate
+[ "$(left 560)" -gt 80 ] && { timeout $(left 580) python3 -m expertstream bench --backend cuda --slots 3 \
+  --host-memory pinned -o json -m $F -p 16 -n 64 -ncmoe all -r 3 > $M/bench-all.json 2> $M/bench-all.err; stamp bench; }
+tail -3 $M/pytest.txt; cat $M/times.txt $M/memory.txt
+grep -h "buffer size\|CUDA0\|tg64\|pp512" $M/llama-*.txt | sort | uniq -c | head -20
+for f in $M/probe-*.txt; do echo "== $f"; tail -8 $f; done
+grep -h "device memory\|eval time" $M/generate-16.txt
+python3 -c "
+import json, sys
+for r in json.load(open(sys.argv[1]))['rows']:
+    print(f\"tg64 {r['decode_tokens_per_s']:.1f} +- {r['decode_tokens_per_s_sd'] or 0:.1f} {(r['decode_sha256'] or '-')[:12]} {r['decode_link_pct']:.1f}% of link, staging {r['device_memory']['staging'] / 2**20:.0f} MiB\")" $M/bench-all.json 2>&1 | tail -3

@@ -1,0 +1,136 @@
+"""Where a generating process's device memory goes, stage by stage
+(``python -m microbench.device_memory --model F --backend cuda``).
+
+The device's used memory (total less free, as the driver counts it: what nvidia-smi shows for the
+whole device) before the backend opens, once its context exists, with the model open (its weights
+uploaded), after a prompt and ``--steps`` greedy steps, and once the model is closed; beside it what
+expertstream itself allocated for the run (``Model.device_memory``) and the kernel images it loaded.
+What neither the weights nor expertstream's own count explain is the driver's: the context, the
+kernels' code and local memory, graphs.
+
+``--stack-limit BYTES`` sets the context's per-thread stack limit (CUDA's ``cudaLimitStackSize``) right
+after the context is made, to show how much of the context is the local memory reserved for it.
+Run on a device nothing else uses: the figures are the whole device's.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from expertstream.backends._gpu import GpuDevice, _images
+from expertstream.backends.base import Device
+from expertstream.engine.model import Model
+from expertstream.engine.sampling import Sampling
+
+from ._common import Column, emit, environment, open_backend, parser
+
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Stage:
+    stage: str
+    used_mib: float  # the device's used memory after the stage
+    delta_mib: float  # since the stage before
+
+
+def _used(device: Device) -> int:
+    return device.total_memory - device.free_memory()
+
+
+def _limits(backend: str, set_stack: int | None) -> dict[str, int]:
+    """The CUDA context's limits (bytes): stack a thread, malloc heap, printf buffer; sets the stack
+    limit first where asked. Empty on other backends."""
+    if backend != "cuda":
+        if set_stack is not None:
+            raise SystemExit("--stack-limit is CUDA's: run with --backend cuda")
+        return {}
+    try:
+        from cuda.bindings import runtime as rt
+    except ImportError:
+        return {}
+    if set_stack is not None:
+        (err,) = rt.cudaDeviceSetLimit(rt.cudaLimit.cudaLimitStackSize, set_stack)
+        if err != rt.cudaError_t.cudaSuccess:
+            raise SystemExit(f"cudaDeviceSetLimit(stack, {set_stack}) failed: {err}")
+    names = {
+        "stack": rt.cudaLimit.cudaLimitStackSize,
+        "malloc_heap": rt.cudaLimit.cudaLimitMallocHeapSize,
+        "printf_fifo": rt.cudaLimit.cudaLimitPrintfFifoSize,
+    }
+    found = {}
+    for name, limit in names.items():
+        err, value = rt.cudaDeviceGetLimit(limit)
+        if err == rt.cudaError_t.cudaSuccess:
+            found[name] = int(value)
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser("device_memory", __doc__.splitlines()[0] if __doc__ else "")
+    p.add_argument("--model", type=Path, required=True, help="a GGUF MoE model")
+    p.add_argument("--prompt", type=int, default=16, help="prompt tokens (ids 100, 101, ...)")
+    p.add_argument("--steps", type=int, default=64, help="greedy steps after the prompt")
+    p.add_argument("--host-memory", default="pinned")
+    p.add_argument("--slots", type=int, default=3)
+    p.add_argument("--stack-limit", type=int, help="bytes: set the context's per-thread stack limit first")
+    args = p.parse_args(argv)
+    stages: list[Stage] = []
+    backend = open_backend(args, data=True)
+    with backend:
+        device = backend.device(args.device)
+
+        def note(stage: str, used: int) -> None:
+            before = stages[-1].used_mib if stages else used / MIB
+            stages.append(Stage(stage, used / MIB, used / MIB - before))
+
+        # The first query makes the context: what it takes is measured against the device's
+        # used memory the moment it exists, less what the query before cannot see.
+        free_before = device.free_memory()
+        note("context made (backend open)", device.total_memory - free_before)
+        limits = _limits(backend.name, args.stack_limit)
+        if args.stack_limit is not None:
+            note(f"stack limit set to {args.stack_limit} B", _used(device))
+        with Model.open(args.model, backend=backend, host_memory=args.host_memory, slots=args.slots) as model:
+            note("model open (weights uploaded)", _used(device))
+            prompt = list(range(100, 100 + args.prompt))
+            tokens = [t.token for t in model.generate(prompt, args.steps, Sampling(temperature=0))]
+            note(f"after {args.prompt} + {len(tokens)} tokens", _used(device))
+            own = {k: v / MIB for k, v in model.device_memory.as_dict().items()}
+        note("model closed", _used(device))
+        after_limits = _limits(backend.name, None)
+        modules = device._modules if isinstance(device, GpuDevice) else {}
+        images = [len(image) for (_, arch, key), image in _images.items() if key in modules]
+    result: dict[str, Any] = {
+        **environment(backend, device),
+        "model": str(args.model),
+        "prompt": args.prompt,
+        "steps": args.steps,
+        "host_memory": args.host_memory,
+        "slots": args.slots,
+        "rows": [asdict(s) for s in stages],
+        "expertstream_mib": own,
+        "limits_bytes": limits,
+        "limits_after_bytes": after_limits,
+        "kernel_images": len(images),
+        "kernel_image_mib": sum(images) / MIB,
+    }
+    columns = [
+        Column("stage", "stage"),
+        Column("used_mib", "used MiB", "{:.0f}"),
+        Column("delta_mib", "delta", "{:+.0f}"),
+    ]
+    emit(args, result, columns, "The device's used memory, stage by stage")
+    print(
+        "expertstream's own: " + ", ".join(f"{k} {v:.0f} MiB" for k, v in own.items()) + "; "
+        f"{len(images)} kernel images, {sum(images) / MIB:.1f} MiB; limits {limits} -> {after_limits}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
