@@ -72,7 +72,7 @@ def _limits(backend: str, set_stack: int | None) -> dict[str, int]:
 def main(argv: list[str] | None = None) -> int:
     p = parser("device_memory", __doc__.splitlines()[0] if __doc__ else "")
     p.add_argument("--model", type=Path, required=True, help="a GGUF MoE model")
-    p.add_argument("--prompt", type=int, default=16, help="prompt tokens (ids 100, 101, ...)")
+    p.add_argument("--prompt", type=int, default=16, help="prompt tokens (ids 100, 101, ... modulo the vocabulary)")
     p.add_argument("--steps", type=int, default=64, help="greedy steps after the prompt")
     p.add_argument("--host-memory", default="pinned")
     p.add_argument("--slots", type=int, default=3)
@@ -96,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
             note(f"stack limit set to {args.stack_limit} B", _used(device))
         with Model.open(args.model, backend=backend, host_memory=args.host_memory, slots=args.slots) as model:
             note("model open (weights uploaded)", _used(device))
-            prompt = list(range(100, 100 + args.prompt))
+            n_vocab = model.transformer.n_vocab
+            prompt = [(100 + i) % n_vocab for i in range(args.prompt)]
             tokens = [t.token for t in model.generate(prompt, args.steps, Sampling(temperature=0))]
             note(f"after {args.prompt} + {len(tokens)} tokens", _used(device))
             own = {k: v / MIB for k, v in model.device_memory.as_dict().items()}

@@ -1,7 +1,7 @@
 """The scheduler: splits, the stock copy path and lookahead prefetch into prefetch slots (device buffers)."""
 
 from .plan import Bindings, ComputeFn, Input, MulMatId, Plan, Prediction, Split, bound_experts, expert_ids
-from .prefetch import prefetch_footprint
+from .prefetch import prefetch_footprint, slot_sizes
 from .scheduler import (
     DEFAULT_PREFILL_FACTOR,
     MAX_SLOTS,
@@ -37,4 +37,5 @@ __all__ = [
     "expert_ids",
     "is_prefill_scale",
     "prefetch_footprint",
+    "slot_sizes",
 ]

@@ -14,7 +14,7 @@ import logging
 import queue
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 
@@ -68,14 +68,26 @@ class Milestone:
 
 
 def prefetch_footprint(slots: int, largest_input_bytes: int) -> int:
-    """Device bytes one device's prefetch slots take in a run: ``slots`` buffers of the largest input.
-
-    ``largest_input_bytes`` is the largest padded size (``Input.padded_nbytes``) of the inputs
-    prefetched on that device. Every slot is that large, whichever input it holds, so that any
-    unit can take any slot. Fewer are allocated only when a run prefetches fewer inputs than
-    there are slots; a Scheduler keeps them between runs, sized for the largest input so far.
-    """
+    """The most device bytes one device's prefetch slots take in a run: ``slots`` buffers of the
+    largest input (``largest_input_bytes``, the largest padded size, ``Input.padded_nbytes``, of the
+    inputs prefetched on that device). A run holds ``sum(slot_sizes(slots, its sizes))``, no more."""
     return slots * largest_input_bytes
+
+
+def slot_sizes(slots: int, input_bytes: Sequence[int]) -> list[int]:
+    """The bytes of each of ``slots`` prefetch slots for a run that prefetches inputs of
+    ``input_bytes`` (padded sizes, in the order they are fired on one device).
+
+    The input fired n-th goes to slot n % slots, so each slot is sized for the largest input it
+    will hold: a model whose layers stream a gate, an up and a larger down tensor through three
+    slots holds two slots of the smaller size and one of the larger. A slot no input goes to is 0
+    bytes and never allocated. A Scheduler keeps its slots between runs, each sized for the largest
+    input it has held so far.
+    """
+    sizes = [0] * slots
+    for position, nbytes in enumerate(input_bytes):
+        sizes[position % slots] = max(sizes[position % slots], nbytes)
+    return sizes
 
 
 @dataclass
@@ -95,7 +107,7 @@ class PrefetchSlots:
     def __init__(self, device: Device) -> None:
         self.device = device
         self.n_slots = 0
-        self.slot_bytes = 0
+        self.slot_sizes: list[int] = []  # the bytes slot i holds (slot_sizes), the most of any run so far
         self.disabled = False
         self._copy_stream: Stream | None = None
         self._slots: list[_PrefetchSlot] = []
@@ -110,14 +122,27 @@ class PrefetchSlots:
         """Device bytes the slots allocated so far hold."""
         return sum(slot.buffer.alloc_size for slot in self._slots if not slot.buffer.closed)
 
+    @property
+    def slot_bytes(self) -> int:
+        """The largest slot's bytes (0 before the first run)."""
+        return max(self.slot_sizes, default=0)
+
     # -- configuration (only between runs, after drain) --------------------------------
-    def configure(self, n_slots: int, slot_bytes: int) -> None:
-        """Set up for a run: keep the slots that still fit, free the rest. Callers drain first."""
-        if slot_bytes > self.slot_bytes:
-            self._free_slots(0)
-            self.slot_bytes = slot_bytes
-        self.keep(n_slots)
-        self.n_slots = n_slots
+    def grows(self, sizes: Sequence[int]) -> bool:
+        """Whether ``configure(sizes)`` reallocates a slot already allocated (callers then make sure no
+        kernel still reads it, and drain)."""
+        return any(sizes[i] > self.slot_sizes[i] for i in range(min(len(sizes), len(self._slots))))
+
+    def configure(self, sizes: Sequence[int]) -> None:
+        """Set up for a run of ``len(sizes)`` slots, slot i holding inputs of up to ``sizes[i]`` bytes
+        (``slot_sizes``): keep the slots that still fit, free the rest. Callers drain first."""
+        old = self.slot_sizes
+        too_small = [i for i in range(min(len(sizes), len(self._slots))) if sizes[i] > old[i]]
+        if too_small:
+            self._free_slots(too_small[0])  # slots are allocated in order: those after it go too
+        self.slot_sizes = [max(n, old[i] if i < len(old) else 0) for i, n in enumerate(sizes)]
+        self.keep(len(sizes))
+        self.n_slots = len(sizes)
 
     def keep(self, n_slots: int) -> None:
         """Free the slots past the first ``n_slots``. Callers drain first."""
@@ -278,7 +303,7 @@ class PrefetchSlots:
             try:
                 if self._copy_stream is None:
                     self._copy_stream = self.device.stream()
-                buffer = self.device.alloc(self.slot_bytes, Usage.COMPUTE)
+                buffer = self.device.alloc(self.slot_sizes[index], Usage.COMPUTE)
                 undo.callback(buffer.close)
                 ready = self.device.event()
                 undo.callback(ready.close)
@@ -305,7 +330,7 @@ class PrefetchSlots:
             self.device.label,
             index + 1,
             self.n_slots,
-            self.slot_bytes,
+            self.slot_sizes[index],
             free,
             exc.detail,
         )

@@ -13,7 +13,7 @@ from .._closing import Closing
 from ..backends.base import BackendError, BufferView, Device, Event, Graph, Stream, Usage
 from ..errors import InvalidArgument
 from .plan import Input, MulMatId, Plan, Prediction, Split, expert_ids
-from .prefetch import Milestone, PrefetchSlots, Unit, prefetch_footprint
+from .prefetch import Milestone, PrefetchSlots, Unit, prefetch_footprint, slot_sizes
 from .source import HostSource, Lookahead, LookaheadSource, expect_copies
 from .stats import DeviceStats, Fallback, RunStats
 from .stock import StockCopier, gather_region, packed_nbytes
@@ -501,7 +501,7 @@ class Scheduler(Closing):
         stock_split: dict[Device, int] = {}
         scratch_sizes: dict[Device, list[int]] = {}
         slot_ids: dict[Device, int] = {}  # the most routing ids of a packed split, per device
-        slot_bytes: dict[Device, int] = {}
+        fired_bytes: dict[Device, list[int]] = {}  # each prefetched input's padded size, in firing order
         whole_copies: list[HostSource] = []  # in the order they are made, per device
         for index, split in enumerate(plan.splits):
             eligible = {inp.name for inp in self._prefetched_inputs(split, stats.device(split.device.label))}
@@ -527,7 +527,7 @@ class Scheduler(Closing):
                         unit.after = state.launched.setdefault(earlier_stock, Milestone())
                     pending.append(unit)
                     state.units.setdefault(index, []).append(unit)
-                    slot_bytes[split.device] = max(slot_bytes.get(split.device, 0), inp.padded_nbytes)
+                    fired_bytes.setdefault(split.device, []).append(inp.padded_nbytes)
                     blocks = state.blocks_host.get(split.device, False)
                     state.blocks_host[split.device] = blocks or inp.host.blocks_host
                 if position == len(sizes):
@@ -548,12 +548,13 @@ class Scheduler(Closing):
             copier = self._stock[device]
             copier.reserve_ahead(ahead_sizes, self.stream(device))
             copier.prepare_gathers()
-        for device, size in slot_bytes.items():
+        for device, fired in fired_bytes.items():
             prefetch = self._prefetch_for(device)
-            if size > prefetch.slot_bytes:
+            sizes = slot_sizes(self._slots, fired)
+            if prefetch.grows(sizes):
                 self.stream(device).synchronize()  # earlier kernels may still read the old slots
                 prefetch.drain()
-            prefetch.configure(self._slots, size)
+            prefetch.configure(sizes)
             prefetch.reset_run()
             state.released[device] = -1
             state.next_fire[device] = 0

@@ -131,7 +131,7 @@ def test_a_staged_copy_goes_out_before_the_previous_splits_wait(backend: Backend
     stats = DeviceStats(device.label)
     with StagingRing(device.wrap_host(data), chunk_bytes=4096, chunks=2, threads=1) as ring:
         first, second = (Unit(Input(f"w{k}", 4096, host=ring.region(4096 * k, 4096)), position=k) for k in range(2))
-        slots.configure(2, 4096)
+        slots.configure([4096, 4096])
         try:
             slots.fire(first, stats, True, None)
             slots.fire(second, stats, True, first)

@@ -11,7 +11,7 @@ import expertstream
 from expertstream.backends.base import Backend, HostMemory
 from expertstream.backends.sim.profiles import resolve_profile
 from expertstream.errors import DeviceError, OutOfDeviceMemory
-from expertstream.scheduler import Fallback, Plan, Scheduler
+from expertstream.scheduler import Fallback, Plan, Scheduler, slot_sizes
 from expertstream.scheduler.stats import DeviceStats, RunStats
 
 from . import plans
@@ -209,9 +209,9 @@ def test_a_device_without_room_for_every_slot_gives_the_stock_copies_the_slots_n
         before = device.free_memory()
         built = plans.build(roomy, specs, seed=34)
         plan_bytes = before - device.free_memory()
-        largest = max(inp.padded_nbytes for split in built.plan.splits for inp in split.inputs)
+        sizes = slot_sizes(4, [inp.padded_nbytes for split in built.plan.splits for inp in split.inputs])
         built.close()
-    tight = dataclasses.replace(profile, memory_bytes=plan_bytes + 7 * largest // 2)
+    tight = dataclasses.replace(profile, memory_bytes=plan_bytes + sum(sizes[:3]) + sizes[3] // 2)
     with expertstream.backend("sim", profile=tight) as backend, Scheduler(slots=4) as sched:
         built = plans.build(backend, specs, seed=34)
         stats = sched.run(built.plan)
