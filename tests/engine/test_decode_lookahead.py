@@ -19,7 +19,7 @@ from expertstream.errors import DeviceError, InvalidArgument
 from expertstream.ggml import padded_size
 from expertstream.hostmem import HostWeights
 from expertstream.model import MoeModel, make_model
-from expertstream.scheduler import Fallback, MulMatId, Plan, Prediction, RunStats, Scheduler, Split
+from expertstream.scheduler import Fallback, MulMatId, Plan, Prediction, RunStats, Scheduler, Split, slot_sizes
 
 PROMPT, STEPS = 12, 5
 
@@ -218,5 +218,5 @@ def test_decode_frees_the_prompts_slots_and_a_replay_holds_the_only_scratch(
         assert run is not None and run._parts is not None
         _runner, scheduler, _experts, _prefill = run._parts
         assert scheduler.device_bytes() == 0
-        slots = 3 * max(padded_size(t.nbytes, t.qtype, t.ne0) for t in model.model.expert_tensors)
-        assert model.device_memory.staging == slots
+        fired = [padded_size(t.nbytes, t.qtype, t.ne0) for layer in model.model.layers for t in layer.experts]
+        assert model.device_memory.staging == sum(slot_sizes(3, fired))
