@@ -51,30 +51,71 @@ class DeviceMemory:
         return {**asdict(self), "total": self.total}
 
 
+# The model's tensors share backing allocations. A driver maps device memory in pages (2 MiB on
+# current NVIDIA GPUs for all but small allocations), so the hundreds of attention tensors of a few
+# MiB each would otherwise each round up to whole pages. Each arena doubles the last, up to
+# ARENA_MAX_BYTES; a tensor of more than half that has an allocation of its own.
+ARENA_FIRST_BYTES = 2 << 20
+ARENA_MAX_BYTES = 32 << 20
+WEIGHT_ALIGN = 256  # where each tensor starts in its arena (a device allocation's own alignment)
+
+
+@dataclass
+class _Arena:
+    buffer: DeviceBuffer
+    used: int
+
+
 class Uploads(Closing):
-    """Buffers on one device, filled from the model where the backend holds data (zeros where not)."""
+    """Buffers on one device, filled from the model where the backend holds data (zeros where not).
+    The model's tensors (``raw``, ``floats``) are views into shared arenas."""
 
     def __init__(self, device: Device, model: MoeModel) -> None:
         self.device = device
         self.model = model
         self.data = device.backend.host.holds_data
         self.buffers: list[DeviceBuffer] = []
+        self._arenas: list[_Arena] = []
 
     def alloc(self, nbytes: int, usage: Usage = Usage.COMPUTE) -> DeviceBuffer:
         buf = self.device.alloc(max(nbytes, 4), usage)
         self.buffers.append(buf)
         return buf
 
-    def filled(
-        self, nbytes: int, usage: Usage, make: Callable[[], np.ndarray], alloc_bytes: int | None = None
-    ) -> DeviceBuffer:
+    def filled(self, nbytes: int, usage: Usage, make: Callable[[], np.ndarray]) -> DeviceBuffer:
         """A buffer holding ``make()``; zeros where the backend holds no data (nothing reads it unwritten)."""
-        buf = self.alloc(max(nbytes, alloc_bytes or 0), usage)
+        buf = self.alloc(nbytes, usage)
         if self.data:
             buf.write(make())
         else:
             self.zero(buf.view(0, buf.alloc_size))
         return buf
+
+    def weight_view(self, nbytes: int, make: Callable[[], np.ndarray]) -> BufferView:
+        """``nbytes`` holding ``make()`` (fewer bytes: the rest zeros) in an arena of the model's
+        tensors; zeros where the backend holds no data."""
+        view = self._arena_view(nbytes)
+        if self.data:
+            data = make()
+            view.buffer.write(data, view.offset)
+            if data.nbytes < nbytes:
+                self.zero(view.buffer.view(view.offset + data.nbytes, nbytes - data.nbytes))
+        else:
+            self.zero(view)
+        return view
+
+    def _arena_view(self, nbytes: int) -> BufferView:
+        need = -(-max(nbytes, 4) // WEIGHT_ALIGN) * WEIGHT_ALIGN
+        for arena in self._arenas:
+            if arena.used + need <= arena.buffer.alloc_size:
+                at, arena.used = arena.used, arena.used + need
+                return arena.buffer.view(at, nbytes)
+        if need > ARENA_MAX_BYTES // 2:
+            return self.alloc(need, Usage.WEIGHTS).view(0, nbytes)
+        grown = min(ARENA_MAX_BYTES, ARENA_FIRST_BYTES << len(self._arenas))
+        buffer = self.alloc(max(need, grown), Usage.WEIGHTS)
+        self._arenas.append(_Arena(buffer, need))
+        return buffer.view(0, nbytes)
 
     def zero(self, view: BufferView) -> None:
         with self.device.stream() as stream:
@@ -84,16 +125,12 @@ class Uploads(Closing):
     def floats(self, info: TensorInfo) -> BufferView:
         """A float tensor (F32, F16 or BF16 in the file) as float32 on the device."""
         n = info.nbytes // (4 if info.qtype is GGMLQuantizationType.F32 else 2)
-        make = functools.partial(tensor_floats, self.model, info)
-        return self.filled(n * 4, Usage.WEIGHTS, make).view(0, n * 4)
+        return self.weight_view(n * 4, functools.partial(tensor_floats, self.model, info))
 
     def raw(self, info: TensorInfo) -> BufferView:
         """A tensor's bytes as the file stores them, with the zero tail kernels read past a quantized row."""
         nbytes = padded_size(info.nbytes, info.qtype, info.ne0)
-        buf = self.filled(info.nbytes, Usage.WEIGHTS, functools.partial(self.model.raw, info), alloc_bytes=nbytes)
-        if nbytes > info.nbytes and self.data:  # (zeros already where the backend holds no data)
-            self.zero(buf.view(info.nbytes, nbytes - info.nbytes))
-        return buf.view(0, nbytes)
+        return self.weight_view(nbytes, functools.partial(self.model.raw, info))
 
     def resident(self, info: TensorInfo) -> BufferView:
         """A float tensor as float32, a quantized one as its raw bytes (what the runner's kernels read)."""
