@@ -8,6 +8,8 @@ expertstream itself allocated for the run (``Model.device_memory``) and the kern
 What neither the weights nor expertstream's own count explain is the driver's: the context, the
 kernels' code and local memory, graphs.
 
+``--arena-max 0`` puts each of the model's tensors in an allocation of its own (as before they shared
+arenas, ``engine.uploads``), to show what the driver's rounding of each to whole pages costs.
 ``--stack-limit BYTES`` sets the context's per-thread stack limit (CUDA's ``cudaLimitStackSize``) right
 after the context is made, to show how much of the context is the local memory reserved for it.
 Run on a device nothing else uses: the figures are the whole device's.
@@ -22,6 +24,7 @@ from typing import Any
 
 from expertstream.backends._gpu import GpuDevice, _images
 from expertstream.backends.base import Device
+from expertstream.engine import uploads
 from expertstream.engine.model import Model
 from expertstream.engine.sampling import Sampling
 
@@ -77,7 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host-memory", default="pinned")
     p.add_argument("--slots", type=int, default=3)
     p.add_argument("--stack-limit", type=int, help="bytes: set the context's per-thread stack limit first")
+    p.add_argument("--arena-max", type=int, help="bytes of the largest arena of tensors (0: a tensor an allocation)")
     args = p.parse_args(argv)
+    if args.arena_max is not None:
+        uploads.ARENA_MAX_BYTES = args.arena_max
     stages: list[Stage] = []
     backend = open_backend(args, data=True)
     with backend:
@@ -112,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         "steps": args.steps,
         "host_memory": args.host_memory,
         "slots": args.slots,
+        "arena_max_bytes": uploads.ARENA_MAX_BYTES,
         "rows": [asdict(s) for s in stages],
         "expertstream_mib": own,
         "limits_bytes": limits,

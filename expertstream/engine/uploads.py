@@ -56,7 +56,7 @@ class DeviceMemory:
 # MiB each would otherwise each round up to whole pages. Each arena doubles the last, up to
 # ARENA_MAX_BYTES; a tensor of more than half that has an allocation of its own.
 ARENA_FIRST_BYTES = 2 << 20
-ARENA_MAX_BYTES = 32 << 20
+ARENA_MAX_BYTES = 16 << 20
 WEIGHT_ALIGN = 256  # where each tensor starts in its arena (a device allocation's own alignment)
 
 

@@ -1,7 +1,8 @@
 # Call c1: where a generating process's device memory goes, beside llama.cpp's. The CUDA tests of the packed
 # gather (its zeroed rows), the release of the prompt's slots at decode and generate's memory line; then on
 # the qwen3 file: llama-bench -v (its own buffers) and expertstream's stage-by-stage count
-# (microbench.device_memory, with the context's stack limit as it comes and set low), generate's peaks by
+# (microbench.device_memory: as the tree runs; each tensor in an allocation of its own, as before the
+# arenas; the context's stack limit set low), generate's peaks by
 # nvidia-smi every 100 ms (a process per run), and tg64 with every expert in pinned host memory (hash and
 # speed after the zeroing). Raw output under c1/.
 pip install --no-deps -q --target /tmp/site .dev/gguf-0.19.0-py3-none-any.whl 2>/dev/null
@@ -38,6 +39,7 @@ probe() {  # NAME ARGS...
     --out $M/probe-$name.json "$@" > $M/probe-$name.txt 2>&1; stamp "probe $name"
 }
 probe p16 --prompt 16
+probe p16-own-allocations --prompt 16 --arena-max 0
 probe p16-stack256 --prompt 16 --stack-limit 256
 probe p512 --prompt 512
 python3 -c "
