@@ -232,8 +232,8 @@ class Blocks(Closing):
             k_norm=self._optional_floats(f"{blk}.attn_k_norm.weight"),
             sinks=self._optional_floats(f"{blk}.attn_sinks.weight"),
             ffn_norm=self._uploads.floats(self._tensor(f"{blk}.{spec.arch.ffn_norm}.weight")),
-            k_cache=self._uploads.alloc(kv_bytes).view(0, kv_bytes),
-            v_cache=self._uploads.alloc(kv_bytes).view(0, kv_bytes),
+            k_cache=self._uploads.view(kv_bytes),
+            v_cache=self._uploads.view(kv_bytes),
         )
 
     def _layer(self, index: int) -> _Attention | _Latent | _DeltaNet:
@@ -294,7 +294,7 @@ class Blocks(Closing):
             v_b=self._linear(f"{blk}.attn_v_b", mla.kv_lora_rank, mla.v_head_dim, heads=spec.n_head),
             out=self._linear(f"{blk}.attn_output", spec.out_width, spec.n_embd),
             ffn_norm=self._uploads.floats(self._tensor(f"{blk}.{spec.arch.ffn_norm}.weight")),
-            k_cache=self._uploads.alloc(cache_bytes).view(0, cache_bytes),
+            k_cache=self._uploads.view(cache_bytes),
         )
 
     def _dense_ffn(self, index: int) -> _DenseFfn:

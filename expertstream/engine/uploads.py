@@ -51,10 +51,11 @@ class DeviceMemory:
         return {**asdict(self), "total": self.total}
 
 
-# The model's tensors share backing allocations. A driver maps device memory in pages (2 MiB on
-# current NVIDIA GPUs for all but small allocations), so the hundreds of attention tensors of a few
-# MiB each would otherwise each round up to whole pages. Each arena doubles the last, up to
-# ARENA_MAX_BYTES; a tensor of more than half that has an allocation of its own.
+# The model's tensors share backing allocations, and so do the layers' KV caches. A driver maps
+# device memory in pages (2 MiB on current NVIDIA GPUs for all but small allocations), so hundreds of
+# tensors of a few MiB each would otherwise each round up to whole pages. Each arena (one list per
+# usage) doubles the last, up to ARENA_MAX_BYTES; a tensor of more than half that has an allocation
+# of its own.
 ARENA_FIRST_BYTES = 2 << 20
 ARENA_MAX_BYTES = 16 << 20
 WEIGHT_ALIGN = 256  # where each tensor starts in its arena (a device allocation's own alignment)
@@ -68,14 +69,14 @@ class _Arena:
 
 class Uploads(Closing):
     """Buffers on one device, filled from the model where the backend holds data (zeros where not).
-    The model's tensors (``raw``, ``floats``) are views into shared arenas."""
+    The model's tensors (``raw``, ``floats``) and ``view``'s are views into shared arenas."""
 
     def __init__(self, device: Device, model: MoeModel) -> None:
         self.device = device
         self.model = model
         self.data = device.backend.host.holds_data
         self.buffers: list[DeviceBuffer] = []
-        self._arenas: list[_Arena] = []
+        self._arenas: dict[Usage, list[_Arena]] = {}
 
     def alloc(self, nbytes: int, usage: Usage = Usage.COMPUTE) -> DeviceBuffer:
         buf = self.device.alloc(max(nbytes, 4), usage)
@@ -91,10 +92,14 @@ class Uploads(Closing):
             self.zero(buf.view(0, buf.alloc_size))
         return buf
 
+    def view(self, nbytes: int, usage: Usage = Usage.COMPUTE) -> BufferView:
+        """``nbytes`` of ``usage`` in a shared arena (a KV cache, a state), unwritten."""
+        return self._arena_view(nbytes, usage)
+
     def weight_view(self, nbytes: int, make: Callable[[], np.ndarray]) -> BufferView:
         """``nbytes`` holding ``make()`` (fewer bytes: the rest zeros) in an arena of the model's
         tensors; zeros where the backend holds no data."""
-        view = self._arena_view(nbytes)
+        view = self._arena_view(nbytes, Usage.WEIGHTS)
         if self.data:
             data = make()
             view.buffer.write(data, view.offset)
@@ -104,17 +109,18 @@ class Uploads(Closing):
             self.zero(view)
         return view
 
-    def _arena_view(self, nbytes: int) -> BufferView:
+    def _arena_view(self, nbytes: int, usage: Usage) -> BufferView:
         need = -(-max(nbytes, 4) // WEIGHT_ALIGN) * WEIGHT_ALIGN
-        for arena in self._arenas:
+        arenas = self._arenas.setdefault(usage, [])
+        for arena in arenas:
             if arena.used + need <= arena.buffer.alloc_size:
                 at, arena.used = arena.used, arena.used + need
                 return arena.buffer.view(at, nbytes)
         if need > ARENA_MAX_BYTES // 2:
-            return self.alloc(need, Usage.WEIGHTS).view(0, nbytes)
-        grown = min(ARENA_MAX_BYTES, ARENA_FIRST_BYTES << len(self._arenas))
-        buffer = self.alloc(max(need, grown), Usage.WEIGHTS)
-        self._arenas.append(_Arena(buffer, need))
+            return self.alloc(need, usage).view(0, nbytes)
+        grown = min(ARENA_MAX_BYTES, ARENA_FIRST_BYTES << len(arenas))
+        buffer = self.alloc(max(need, grown), usage)
+        arenas.append(_Arena(buffer, need))
         return buffer.view(0, nbytes)
 
     def zero(self, view: BufferView) -> None:
@@ -149,3 +155,4 @@ class Uploads(Closing):
         for buf in self.buffers:
             buf.close()
         self.buffers.clear()
+        self._arenas.clear()

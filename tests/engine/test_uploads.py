@@ -59,3 +59,17 @@ def test_the_models_tensors_share_allocations_and_each_reads_its_own_bytes(
                 ranges.sort()
                 assert all(end <= start for (_, end), (start, _) in itertools.pairwise(ranges))
         assert device.free_memory() == free_before
+
+
+def test_kv_caches_share_arenas_of_their_own_usage(tiny: Path) -> None:
+    with expertstream.backend("sim", data=True) as backend, MoeModel.open(tiny) as model:
+        device = backend.device(0)
+        with Uploads(device, model) as uploads:
+            weight = uploads.resident(_dense_tensors(model)[0])
+            caches = [uploads.view(80 * 512 * 2) for _ in range(96)]  # a 48-layer file's K and V at 80 tokens
+            assert len({id(v.buffer) for v in caches}) < 8 and all(v.offset % WEIGHT_ALIGN == 0 for v in caches)
+            assert all(v.buffer.usage is Usage.COMPUTE for v in caches) and weight.buffer.usage is Usage.WEIGHTS
+            assert uploads.weight_bytes == weight.buffer.alloc_size  # the caches count as what they are
+            for k, v in enumerate(caches):  # each its own bytes
+                v.buffer.write(np.full(v.nbytes, k, np.uint8), v.offset)
+            assert all((v.buffer.read(v.offset, v.nbytes) == k).all() for k, v in enumerate(caches))
