@@ -83,7 +83,7 @@ from .arch import FfnConfig, ffn_config
 from .blocks import Blocks
 from .hparams import Transformer
 from .layersplit import Crossing, LayerSplit, Link
-from .uploads import DeviceMemory, Uploads, tensor_floats
+from .uploads import DeviceMemory, Uploads
 
 ExpertData = Mapping[str, "HostSource | BufferView"]
 """Expert tensor name -> host-resident source, or device bytes of its padded size."""
@@ -294,12 +294,7 @@ class _Part(Closing):
         model, batching, uploads = self.model, self.batching, self._uploads
         row = model.n_embd * 4
         mine = [layer for layer in model.layers if layer.index in self.position]
-        self.routers = {
-            layer.index: uploads.filled(
-                model.n_expert * row, Usage.WEIGHTS, functools.partial(tensor_floats, model, layer.router)
-            ).view(0, model.n_expert * row)
-            for layer in mine
-        }
+        self.routers = {layer.index: uploads.floats(layer.router) for layer in mine}
         self.extras = {layer.index: self._layer_extras(layer.index) for layer in mine}
         n_ff_shared = max((e.shared.gate.ne[1] for e in self.extras.values() if e.shared), default=0)
         held_rows = batching.tokens if whole is not None and whole.layer_major else batching.ubatch_tokens
