@@ -5,25 +5,7 @@
 # arenas; the context's stack limit set low), generate's peaks by
 # nvidia-smi every 100 ms (a process per run), and tg64 with every expert in pinned host memory (hash and
 # speed after the zeroing). Raw output under c1/.
-pip install --no-deps -q --target /tmp/site .dev/gguf-0.19.0-py3-none-any.whl 2>/dev/null
-export PYTHONPATH=/tmp/site:$PWD
-M=/tmp/m/c1; mkdir -p $M
-LCP=/tmp/llamacpp-sm90; export LD_LIBRARY_PATH=$LCP/bin:${LD_LIBRARY_PATH:-}
-pack() { tar cf $OUT/all.tar -C /tmp/m c1; }
-start=$(date +%s); left() { echo $(( ${1} - ($(date +%s) - start) )); }
-stamp() { echo "$1 $(( $(date +%s) - start )) s" >> $M/times.txt; pack; }
-peak() {  # NAME COMMAND...: the device's peak used memory while COMMAND runs, into memory.txt
-  local name=$1; shift
-  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > /tmp/used.log 2>/dev/null &
-  local sampler=$!
-  "$@"; local status=$?
-  kill $sampler 2>/dev/null; wait $sampler 2>/dev/null
-  echo "$name: peak $(sort -n /tmp/used.log | tail -1) MiB used on the device" >> $M/memory.txt
-  return $status
-}
-{ nvidia-smi --query-gpu=name,driver_version,memory.total,pci.bus_id --format=csv,noheader; nproc; date -u; } > $M/gpu.txt
-git rev-parse HEAD > $M/tree.txt 2>/dev/null || cp docs/results/device-memory/tree.txt $M/tree.txt
-( [ -x $LCP/bin/llama-bench ] || tar xJf .dev/llamacpp-sm90.tar.xz -C /tmp ); stamp setup
+CALL=c1 RESULTS=device-memory; source microbench/device_call.sh
 timeout $(left 150) python3 -m pytest -q -p no:cacheprovider --backend cuda tests/backends/test_gather.py \
   tests/scheduler/test_copy_paths.py tests/engine/test_decode_lookahead.py tests/cli/test_generate.py \
   > $M/pytest.txt 2>&1; stamp "pytest rc $?"
