@@ -54,6 +54,8 @@ def _limits(backend: str, set_stack: int | None) -> dict[str, int]:
     try:
         from cuda.bindings import runtime as rt
     except ImportError:
+        if set_stack is not None:
+            raise SystemExit("--stack-limit needs cuda-python's runtime bindings (cuda.bindings)") from None
         return {}
     if set_stack is not None:
         (err,) = rt.cudaDeviceSetLimit(rt.cudaLimit.cudaLimitStackSize, set_stack)

@@ -102,6 +102,8 @@ class Uploads(Closing):
         view = self._arena_view(nbytes, Usage.WEIGHTS)
         if self.data:
             data = make()
+            if data.nbytes > nbytes:  # it would run into the next tensor of the arena
+                raise ModelError(f"{self.model.path}: a tensor of {data.nbytes} bytes for a place of {nbytes}")
             view.buffer.write(data, view.offset)
             if data.nbytes < nbytes:
                 self.zero(view.buffer.view(view.offset + data.nbytes, nbytes - data.nbytes))
@@ -117,7 +119,7 @@ class Uploads(Closing):
                 at, arena.used = arena.used, arena.used + need
                 return arena.buffer.view(at, nbytes)
         if need > ARENA_MAX_BYTES // 2:
-            return self.alloc(need, usage).view(0, nbytes)
+            return self.alloc(nbytes, usage).view(0, nbytes)
         grown = min(ARENA_MAX_BYTES, ARENA_FIRST_BYTES << len(arenas))
         buffer = self.alloc(max(need, grown), usage)
         arenas.append(_Arena(buffer, need))

@@ -70,7 +70,8 @@ class Milestone:
 def prefetch_footprint(slots: int, largest_input_bytes: int) -> int:
     """The most device bytes one device's prefetch slots take in a run: ``slots`` buffers of the
     largest input (``largest_input_bytes``, the largest padded size, ``Input.padded_nbytes``, of the
-    inputs prefetched on that device). A run holds ``sum(slot_sizes(slots, its sizes))``, no more."""
+    inputs prefetched on that device). A fresh scheduler's run holds ``sum(slot_sizes(slots, its
+    sizes))``; a kept one holds each slot at the largest it has needed in any run so far."""
     return slots * largest_input_bytes
 
 
