@@ -95,10 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             before = stages[-1].used_mib if stages else used / MIB
             stages.append(Stage(stage, used / MIB, used / MIB - before))
 
-        # The first query makes the context: what it takes is measured against the device's
-        # used memory the moment it exists, less what the query before cannot see.
-        free_before = device.free_memory()
-        note("context made (backend open)", device.total_memory - free_before)
+        note("context made (backend open)", _used(device))  # the first query makes the context
         limits = _limits(backend.name, args.stack_limit)
         if args.stack_limit is not None:
             note(f"stack limit set to {args.stack_limit} B", _used(device))

@@ -58,7 +58,7 @@ class DeviceMemory:
 # of its own.
 ARENA_FIRST_BYTES = 2 << 20
 ARENA_MAX_BYTES = 16 << 20
-WEIGHT_ALIGN = 256  # where each tensor starts in its arena (a device allocation's own alignment)
+ARENA_ALIGN = 256  # where each view starts in its arena (a device allocation's own alignment)
 
 
 @dataclass
@@ -112,7 +112,7 @@ class Uploads(Closing):
         return view
 
     def _arena_view(self, nbytes: int, usage: Usage) -> BufferView:
-        need = -(-max(nbytes, 4) // WEIGHT_ALIGN) * WEIGHT_ALIGN
+        need = -(-max(nbytes, 4) // ARENA_ALIGN) * ARENA_ALIGN
         arenas = self._arenas.setdefault(usage, [])
         for arena in arenas:
             if arena.used + need <= arena.buffer.alloc_size:

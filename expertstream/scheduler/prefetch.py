@@ -132,18 +132,22 @@ class PrefetchSlots:
     def grows(self, sizes: Sequence[int]) -> bool:
         """Whether ``configure(sizes)`` reallocates a slot already allocated (callers then make sure no
         kernel still reads it, and drain)."""
-        return any(sizes[i] > self.slot_sizes[i] for i in range(min(len(sizes), len(self._slots))))
+        return self._first_too_small(sizes) is not None
 
     def configure(self, sizes: Sequence[int]) -> None:
         """Set up for a run of ``len(sizes)`` slots, slot i holding inputs of up to ``sizes[i]`` bytes
         (``slot_sizes``): keep the slots that still fit, free the rest. Callers drain first."""
+        too_small = self._first_too_small(sizes)
+        if too_small is not None:
+            self._free_slots(too_small)  # slots are allocated in order: those after it go too
         old = self.slot_sizes
-        too_small = [i for i in range(min(len(sizes), len(self._slots))) if sizes[i] > old[i]]
-        if too_small:
-            self._free_slots(too_small[0])  # slots are allocated in order: those after it go too
         self.slot_sizes = [max(n, old[i] if i < len(old) else 0) for i, n in enumerate(sizes)]
         self.keep(len(sizes))
         self.n_slots = len(sizes)
+
+    def _first_too_small(self, sizes: Sequence[int]) -> int | None:
+        """The first allocated slot that ``sizes`` needs larger, or None."""
+        return next((i for i in range(min(len(sizes), len(self._slots))) if sizes[i] > self.slot_sizes[i]), None)
 
     def keep(self, n_slots: int) -> None:
         """Free the slots past the first ``n_slots``. Callers drain first."""

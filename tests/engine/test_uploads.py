@@ -11,7 +11,7 @@ import pytest
 import expertstream
 from expertstream.backends.base import Usage
 from expertstream.engine import uploads as uploads_module
-from expertstream.engine.uploads import WEIGHT_ALIGN, Uploads
+from expertstream.engine.uploads import ARENA_ALIGN, Uploads
 from expertstream.ggml import padded_size
 from expertstream.model import MoeModel, TensorInfo, make_model
 
@@ -44,7 +44,7 @@ def test_the_models_tensors_share_allocations_and_each_reads_its_own_bytes(
             spans: dict[int, list[tuple[int, int]]] = {}
             for info in tensors:
                 view = views[info.name]
-                assert view.offset % WEIGHT_ALIGN == 0
+                assert view.offset % ARENA_ALIGN == 0
                 spans.setdefault(id(view.buffer), []).append((view.offset, view.end))
                 got = view.buffer.read(view.offset, view.nbytes)
                 if info.qtype.name in ("F32", "F16", "BF16"):
@@ -67,7 +67,7 @@ def test_kv_caches_share_arenas_of_their_own_usage(tiny: Path) -> None:
         with Uploads(device, model) as uploads:
             weight = uploads.resident(_dense_tensors(model)[0])
             caches = [uploads.view(80 * 512 * 2) for _ in range(96)]  # a 48-layer file's K and V at 80 tokens
-            assert len({id(v.buffer) for v in caches}) < 8 and all(v.offset % WEIGHT_ALIGN == 0 for v in caches)
+            assert len({id(v.buffer) for v in caches}) < 8 and all(v.offset % ARENA_ALIGN == 0 for v in caches)
             assert all(v.buffer.usage is Usage.COMPUTE for v in caches) and weight.buffer.usage is Usage.WEIGHTS
             assert uploads.weight_bytes == weight.buffer.alloc_size  # the caches count as what they are
             for k, v in enumerate(caches):  # each its own bytes
