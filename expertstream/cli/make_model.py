@@ -35,6 +35,15 @@ def register(subparsers: Any) -> None:
     parser.add_argument("-o", "--output", required=True, help="the .gguf file to write")
     parser.add_argument("--layers", type=int, default=None, help="write only the first N layers (default: all)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    parser.add_argument(
+        "--residual-scale",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="multiply the RMS of every matrix that writes into the residual stream (attention output, FFN down) "
+        "by S: below 1, rounding differences grow less from layer to layer (1/sqrt(2 * layers) is GPT-2's "
+        "initialisation; default 1)",
+    )
     parser.set_defaults(run=_make_model)
 
 
@@ -51,7 +60,15 @@ def _make_model(args: argparse.Namespace, command_line: str) -> int:
             bar.update(spec.nbytes)
 
         try:
-            path = make_model(args.preset, args.qtype, output, layers=args.layers, seed=args.seed, on_tensor=wrote)
+            path = make_model(
+                args.preset,
+                args.qtype,
+                output,
+                layers=args.layers,
+                seed=args.seed,
+                on_tensor=wrote,
+                residual_scale=args.residual_scale,
+            )
         except OSError as exc:  # the writer has removed the partial file
             raise ModelError(f"cannot write {output}: {exc.strerror or exc}") from None
     with open_model(path) as model:

@@ -24,6 +24,12 @@ from .schema import TensorRole
 # mixes earlier positions too: its output projection gets the same gain.
 EMBEDDING_RMS = 1.0
 ATTN_OUTPUT_GAIN = 0.1
+# A file's residual scale (make-model --residual-scale, default 1) multiplies these and the FFN's down
+# projections: every matrix that writes into the residual stream. Below 1 the stream is mostly the token's
+# embedding, as a trained model's is mostly what came before each layer, and a rounding difference in one
+# layer moves the next ones' inputs less: on a 24-layer file of gpt-oss-20b's shape, llama.cpp's CPU
+# backend with flash attention on parts from itself with it off by a mean KL of 0.115 nats at scale 1
+# and 0.0088 at 0.25 (docs/results/model-cpu.md).
 
 
 class Init(enum.Enum):
@@ -46,19 +52,20 @@ class TensorPlan:
     rms: float | None = None  # of a weight's values; None: 1/sqrt(fan-in)
 
 
-def file_tensors(p: ModelPreset, n_layer: int) -> list[TensorPlan]:
-    """Every tensor of a file with ``p``'s first ``n_layer`` layers, global ones first."""
+def file_tensors(p: ModelPreset, n_layer: int, residual_scale: float = 1.0) -> list[TensorPlan]:
+    """Every tensor of a file with ``p``'s first ``n_layer`` layers, global ones first; the matrices
+    that write into the residual stream at ``residual_scale`` times their RMS."""
     plans = [
         TensorPlan("token_embd.weight", (p.n_embd, p.n_vocab), 0, rms=EMBEDDING_RMS),
         TensorPlan("output_norm.weight", (p.n_embd,), 0, init=Init.ONES),
         TensorPlan("output.weight", (p.n_embd, p.n_vocab), 0),
     ]
     for i in range(n_layer):
-        plans += _layer(p, i)
+        plans += _layer(p, i, residual_scale)
     return plans
 
 
-def _layer(p: ModelPreset, i: int) -> list[TensorPlan]:
+def _layer(p: ModelPreset, i: int, residual_scale: float) -> list[TensorPlan]:
     def t(
         part: str, *ne: int, init: Init = Init.WEIGHT, role: TensorRole | None = None, rms: float | None = None
     ) -> TensorPlan:
@@ -70,8 +77,21 @@ def _layer(p: ModelPreset, i: int) -> list[TensorPlan]:
     def bias(part: str, *ne: int) -> TensorPlan:
         return t(f"{part}.bias", *ne, init=Init.BIAS)
 
+    def down(part: str, n_in: int, *ne: int, role: TensorRole | None = None) -> TensorPlan:
+        """A matrix into the residual stream: ``n_in`` inputs, the fan-in rule times the residual scale
+        (None at scale 1: the writer's own fan-in rule, the same bytes)."""
+        rms = None if residual_scale == 1.0 else residual_scale / math.sqrt(n_in)
+        return t(f"{part}.weight", n_in, *ne, role=role, rms=rms)
+
+    def attn_output(n_in: int, part: str = "attn_output") -> TensorPlan:
+        return t(f"{part}.weight", n_in, p.n_embd, rms=ATTN_OUTPUT_GAIN * residual_scale / math.sqrt(n_in))
+
     out = [norm("attn_norm", p.n_embd)]
-    out += _linear_attention(p, t, norm, bias) if p.is_recurrent(i) else _attention(p, t, norm, bias)
+    out += (
+        _linear_attention(p, t, norm, bias, attn_output)
+        if p.is_recurrent(i)
+        else _attention(p, t, norm, bias, attn_output)
+    )
     # the norm before the FFN: gpt-oss, glm4moe and qwen3next call it post_attention_norm
     out.append(norm("post_attention_norm" if p.arch in ("gpt-oss", "glm4moe", "qwen3next") else "ffn_norm", p.n_embd))
     if i < p.n_dense_lead:
@@ -79,7 +99,7 @@ def _layer(p: ModelPreset, i: int) -> list[TensorPlan]:
             *out,
             t("ffn_gate.weight", p.n_embd, p.dense_ff),
             t("ffn_up.weight", p.n_embd, p.dense_ff),
-            t("ffn_down.weight", p.dense_ff, p.n_embd),
+            down("ffn_down", p.dense_ff, p.n_embd),
         ]
     out.append(t("ffn_gate_inp.weight", p.n_embd, p.n_expert, role=TensorRole.ROUTER))
     if p.arch == "gpt-oss":
@@ -89,7 +109,7 @@ def _layer(p: ModelPreset, i: int) -> list[TensorPlan]:
     out += [
         t("ffn_gate_exps.weight", p.n_embd, p.n_ff_exp, p.n_expert, role=TensorRole.GATE),
         t("ffn_up_exps.weight", p.n_embd, p.n_ff_exp, p.n_expert, role=TensorRole.UP),
-        t("ffn_down_exps.weight", p.n_ff_exp, p.n_embd, p.n_expert, role=TensorRole.DOWN),
+        down("ffn_down_exps", p.n_ff_exp, p.n_embd, p.n_expert, role=TensorRole.DOWN),
     ]
     if p.arch == "gpt-oss":
         out += [
@@ -104,12 +124,12 @@ def _layer(p: ModelPreset, i: int) -> list[TensorPlan]:
         out += [
             t("ffn_gate_shexp.weight", p.n_embd, ff),
             t("ffn_up_shexp.weight", p.n_embd, ff),
-            t("ffn_down_shexp.weight", ff, p.n_embd),
+            down("ffn_down_shexp", ff, p.n_embd),
         ]
     return out
 
 
-def _attention(p: ModelPreset, t: Any, norm: Any, bias: Any) -> list[TensorPlan]:
+def _attention(p: ModelPreset, t: Any, norm: Any, bias: Any, attn_output: Any) -> list[TensorPlan]:
     if p.arch == "deepseek2":
         rope = p.rope_dim or p.head_dim
         q_dim = p.n_head * (p.qk_nope_dim + rope)
@@ -127,7 +147,7 @@ def _attention(p: ModelPreset, t: Any, norm: Any, bias: Any) -> list[TensorPlan]
             norm("attn_kv_a_norm", p.kv_lora_rank),
             t("attn_k_b.weight", p.qk_nope_dim, p.kv_lora_rank, p.n_head),
             t("attn_v_b.weight", p.kv_lora_rank, p.v_head_dim, p.n_head),
-            _attn_output(t, p.n_head * p.v_head_dim, p.n_embd),
+            attn_output(p.n_head * p.v_head_dim),
         ]
     q, kv = p.n_head * p.head_dim, p.n_head_kv * p.head_dim
     # qwen3next's query projection also gives each head a sigmoid gate on its output: twice as wide
@@ -135,7 +155,7 @@ def _attention(p: ModelPreset, t: Any, norm: Any, bias: Any) -> list[TensorPlan]
     out = [t("attn_q.weight", p.n_embd, q_out), t("attn_k.weight", p.n_embd, kv), t("attn_v.weight", p.n_embd, kv)]
     if p.arch in ("qwen2moe", "gpt-oss", "glm4moe"):
         out += [bias("attn_q", q), bias("attn_k", kv), bias("attn_v", kv)]
-    out.append(_attn_output(t, q, p.n_embd))
+    out.append(attn_output(q))
     if p.arch == "gpt-oss":
         out += [bias("attn_output", p.n_embd), t("attn_sinks.weight", p.n_head, init=Init.BIAS)]
     if p.arch in ("qwen3moe", "qwen3next"):
@@ -143,7 +163,7 @@ def _attention(p: ModelPreset, t: Any, norm: Any, bias: Any) -> list[TensorPlan]
     return out
 
 
-def _linear_attention(p: ModelPreset, t: Any, norm: Any, bias: Any) -> list[TensorPlan]:
+def _linear_attention(p: ModelPreset, t: Any, norm: Any, bias: Any, attn_output: Any) -> list[TensorPlan]:
     """A gated delta net layer as qwen3next.cpp builds it, in the fused layout (attn_qkv and attn_gate).
 
     The convolution weights stay F32 (llama.cpp never quantizes ssm_conv1d); beta and the
@@ -160,10 +180,5 @@ def _linear_attention(p: ModelPreset, t: Any, norm: Any, bias: Any) -> list[Tens
         t("ssm_a", lin.v_heads, init=Init.DECAY),
         t("ssm_ba.weight", p.n_embd, 2 * lin.v_heads),
         norm("ssm_norm", lin.head_dim),
-        _attn_output(t, lin.value_dim, p.n_embd, part="ssm_out"),
+        attn_output(lin.value_dim, part="ssm_out"),
     ]
-
-
-def _attn_output(t: Any, n_in: int, n_embd: int, part: str = "attn_output") -> TensorPlan:
-    plan: TensorPlan = t(f"{part}.weight", n_in, n_embd, rms=ATTN_OUTPUT_GAIN / math.sqrt(n_in))
-    return plan

@@ -157,9 +157,10 @@ def tensor_specs(preset: ModelPreset, qtype: TypeChoice, n_layer: int) -> list[T
     return [s for s in file_specs(preset, qtype, n_layer) if s.name in moe]
 
 
-def file_specs(preset: ModelPreset, choice: TypeChoice, n_layer: int) -> list[TensorSpec]:
-    """Every tensor of a complete file with the first ``n_layer`` layers, with its type."""
-    plans = file_tensors(preset, n_layer)
+def file_specs(preset: ModelPreset, choice: TypeChoice, n_layer: int, residual_scale: float = 1.0) -> list[TensorSpec]:
+    """Every tensor of a complete file with the first ``n_layer`` layers, with its type
+    (``residual_scale``: file_tensors')."""
+    plans = file_tensors(preset, n_layer, residual_scale)
     parsed = parse_type(choice)
     if isinstance(parsed, str):
         shapes = [TensorShape(p.name, p.ne) for p in plans]
@@ -367,6 +368,7 @@ def start_model_file(
     *,
     layers: int | None = None,
     split_max_tensors: int = 0,
+    residual_scale: float = 1.0,
 ) -> tuple[gguf.GGUFWriter, list[TensorSpec]]:
     """Write the header, metadata and tensor infos of a model file; the data is the caller's.
 
@@ -374,8 +376,10 @@ def start_model_file(
     the open writer, positioned for ``write_tensor_data`` of each spec in order, and the
     specs. ``layers`` keeps only the first N layers. ``split_max_tensors`` > 0 writes shards
     of at most that many tensors, named as gguf-split names them
-    (``writer.format_shard_names(path)``). The caller closes the writer. Bad arguments raise
-    InvalidArgument before the file is touched.
+    (``writer.format_shard_names(path)``). ``residual_scale`` multiplies the RMS of every matrix
+    that writes into the residual stream (attention's output, the FFN's down projections; 1: the
+    default files). The caller closes the writer. Bad arguments raise InvalidArgument before the
+    file is touched.
     """
     preset = get_preset(preset) if isinstance(preset, str) else preset
     parsed = parse_type(qtype)
@@ -384,7 +388,9 @@ def start_model_file(
         raise InvalidArgument(f"{preset.name} has layers 1..{preset.n_layer}; asked for {n_layer}")
     if split_max_tensors < 0:
         raise InvalidArgument(f"split_max_tensors must be 0 (one file) or positive, got {split_max_tensors}")
-    specs = file_specs(preset, parsed, n_layer)
+    if not (math.isfinite(residual_scale) and residual_scale > 0):
+        raise InvalidArgument(f"the residual scale must be a positive number, got {residual_scale}")
+    specs = file_specs(preset, parsed, n_layer, residual_scale)
     file_type = MIX_FILE_TYPES[parsed] if isinstance(parsed, str) else _FILE_TYPES[parsed]
     path = Path(path)
     writer = gguf.GGUFWriter(path, preset.arch, split_max_tensors=split_max_tensors)
@@ -433,6 +439,7 @@ def make_model(
     seed: int = 0,
     on_tensor: Callable[[TensorSpec], None] | None = None,
     split_max_tensors: int = 0,
+    residual_scale: float = 1.0,
 ) -> Path:
     """Write a synthetic model with ``preset``'s shapes and types ``qtype`` (a type or a mix) to ``path``.
 
@@ -440,12 +447,15 @@ def make_model(
     ``on_tensor`` is called after each tensor is written (a progress bar).
     ``split_max_tensors`` > 0 splits the model as gguf-split does, at most that many tensors
     a shard; the path returned is then the first shard's (``PREFIX-00001-of-0000N.gguf``).
+    ``residual_scale`` scales the matrices that write into the residual stream (start_model_file).
     Memory stays bounded by the largest single tensor. Partial files are removed on error.
     """
     if seed < 0:
         raise InvalidArgument(f"seed must be non-negative, got {seed}")
     path = Path(path)
-    writer, specs = start_model_file(preset, qtype, path, layers=layers, split_max_tensors=split_max_tensors)
+    writer, specs = start_model_file(
+        preset, qtype, path, layers=layers, split_max_tensors=split_max_tensors, residual_scale=residual_scale
+    )
     try:
         for spec in specs:
             writer.write_tensor_data(generate(spec, seed))

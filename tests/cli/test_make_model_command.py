@@ -55,6 +55,31 @@ def test_make_model_refuses_a_missing_folder_or_a_folder_as_output(
     assert code == 2 and "is a folder" in err
 
 
+@pytest.mark.parametrize("scale", ["0", "-1", "nan", "inf"])
+def test_make_model_refuses_a_residual_scale_that_is_not_a_positive_number(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], scale: str
+) -> None:
+    out = tmp_path / "m.gguf"
+    code, err = _main(capsys, "-o", str(out), "--residual-scale", scale)
+    assert code == 2 and "the residual scale must be a positive number" in err
+    assert not out.exists()
+
+
+def test_make_model_with_a_residual_scale_writes_another_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plain, scaled = tmp_path / "plain.gguf", tmp_path / "scaled.gguf"
+    assert _main_ok(capsys, "-o", str(plain)) == 0
+    assert _main_ok(capsys, "-o", str(scaled), "--residual-scale", "0.25") == 0
+    assert plain.stat().st_size == scaled.stat().st_size and plain.read_bytes() != scaled.read_bytes()
+
+
+def _main_ok(capsys: pytest.CaptureFixture[str], *argv: str) -> int:
+    code = main(["make-model", "--preset", "tiny", "--layers", "1", *argv])
+    capsys.readouterr()
+    return code
+
+
 def test_make_model_reports_a_failed_write_in_one_line_and_removes_the_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -84,9 +84,9 @@ def _rms_norm(x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
     return x / np.sqrt(np.mean(x**2, axis=-1, keepdims=True) + eps)
 
 
-def _forward_expert_use(p: ModelPreset, qtype: str, tokens: np.ndarray) -> list[int]:
+def _forward_expert_use(p: ModelPreset, qtype: str, tokens: np.ndarray, residual_scale: float = 1.0) -> list[int]:
     """Distinct experts each MoE layer's router picks for ``tokens`` in a forward pass of ``p``'s architecture."""
-    w = {s.name: _values(s).reshape(*reversed(s.ne)) for s in file_specs(p, qtype, p.n_layer)}
+    w = {s.name: _values(s).reshape(*reversed(s.ne)) for s in file_specs(p, qtype, p.n_layer, residual_scale)}
     x = w["token_embd.weight"][tokens]
     ffn_norm = "post_attention_norm" if p.arch == "qwen3next" else "ffn_norm"
     used = []
@@ -187,3 +187,45 @@ def test_a_forward_pass_spreads_tokens_over_the_experts_in_every_layer(preset: M
     tokens = np.random.default_rng(0).integers(0, preset.n_vocab, 256)
     used = _forward_expert_use(preset, qtype, tokens)
     assert min(used) >= 0.99 * preset.n_expert, used
+
+
+def test_a_small_residual_scale_still_spreads_tokens_over_the_experts() -> None:
+    # the residual stream is then mostly each token's own embedding, which the routers tell apart
+    tokens = np.random.default_rng(0).integers(0, MANY_EXPERTS.n_vocab, 256)
+    used = _forward_expert_use(MANY_EXPERTS, "Q4_K_M", tokens, residual_scale=0.125)
+    assert min(used) >= 0.99 * MANY_EXPERTS.n_expert, used
+
+
+# The matrices that write into the residual stream, by the end of their names
+RESIDUAL_WRITERS = (
+    "attn_output.weight",
+    "ssm_out.weight",
+    "ffn_down.weight",
+    "ffn_down_exps.weight",
+    "ffn_down_shexp.weight",
+)
+
+
+@pytest.mark.parametrize(
+    ("preset", "qtype"),
+    [
+        ("tiny-gpt-oss", "MXFP4_MOE"),
+        ("tiny-qwen2moe", "Q8_0"),
+        ("tiny-deepseek2", "Q4_K_M"),
+        ("tiny-qwen3next", "Q8_0"),
+    ],
+)
+def test_the_residual_scale_scales_exactly_the_matrices_into_the_residual_stream(preset: str, qtype: str) -> None:
+    p = get_preset(preset)
+    plain = file_specs(p, qtype, p.n_layer)
+    scaled = file_specs(p, qtype, p.n_layer, residual_scale=0.25)
+    writers = 0
+    for a, b in zip(plain, scaled, strict=True):
+        assert (a.name, a.qtype, a.ne) == (b.name, b.qtype, b.ne)
+        if not a.name.endswith(RESIDUAL_WRITERS):
+            assert np.array_equal(generate(a, 0), generate(b, 0)), a.name
+            continue
+        writers += 1
+        ratio = math.sqrt(np.mean(_values(b) ** 2) / np.mean(_values(a) ** 2))
+        assert 0.25 / 1.25 < ratio < 0.25 * 1.25, (a.name, ratio)  # scales are powers of two for some types
+    assert writers >= 2 * p.n_layer  # attention's (or the delta net's) output and the FFN's down, each layer
