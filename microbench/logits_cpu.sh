@@ -9,16 +9,23 @@
 # a 256-token prompt and 16 greedy steps, to see how far the two part over depth on random weights, then
 # llama.cpp CPU with flash attention on against itself with it off, on the same tokens (its own rounding spread).
 # Results: docs/results/model-cpu.md.
-# usage: [SECOND=1 | OSS=1] microbench/logits_cpu.sh LLAMACPP_LOGITS WORK_DIR     (from the repository root)
+# With CALM=S set, gpt-oss-20b's shape written at residual scale S (make-model --residual-scale) and at 1:
+# llama.cpp CPU with flash attention on against off at 8 and 24 layers, and expertstream against llama.cpp
+# at 8 layers of scale S (the simulator is too slow for 24 here).
+# usage: [SECOND=1 | OSS=1 | CALM=S] microbench/logits_cpu.sh LLAMACPP_LOGITS WORK_DIR     (from the repository root)
 set -euo pipefail
 tool=${1:?usage: logits_cpu.sh LLAMACPP_LOGITS WORK_DIR}
 work=${2:?usage: logits_cpu.sh LLAMACPP_LOGITS WORK_DIR}
 export PYTHONPATH=.
 mkdir -p "$work"
-check() {  # NAME PRESET TYPE LAYERS N_PROMPT N_GEN UBATCH
-    local name=$1 model=$work/$1.gguf
+make_file() {  # NAME PRESET TYPE LAYERS [RESIDUAL_SCALE]
+    local model=$work/$1.gguf
     [ -f "$model" ] || python3 -m expertstream make-model --preset "$2" --type "$3" --seed 3 ${4:+--layers "$4"} \
-        -o "$model" >/dev/null
+        --residual-scale "${5:-1}" -o "$model" >/dev/null
+}
+check() {  # NAME PRESET TYPE LAYERS N_PROMPT N_GEN UBATCH [RESIDUAL_SCALE]
+    local name=$1 model=$work/$1.gguf
+    make_file "$1" "$2" "$3" "$4" "${8:-1}"
     python3 -m microbench.llamacpp_logits.prompt "$model" "$5" >"$work/$name.prompt"
     "$tool" -m "$model" --tokens "$work/$name.prompt" --n-prompt "$5" --n-gen "$6" --ngl 0 -o "$work/$name-llama-cpu" \
         >"$work/$name-llama-cpu.log" 2>&1
@@ -40,6 +47,27 @@ if [[ -n ${OSS:-} ]]; then
     # llama.cpp's own spread on the same tokens: the size of a rounding change after 2 and 8 such layers
     fa_control gpt-oss-20b-2L 272 64
     fa_control gpt-oss-20b-8L 272 64
+    exit 0
+fi
+if [[ -n ${CALM:-} ]]; then
+    for layers in 8 24; do
+        for scale in 1 "$CALM"; do
+            name=gpt-oss-20b-${layers}L-r$scale
+            make_file "$name" gpt-oss-20b MXFP4_MOE "$layers" "$scale"
+            python3 -m microbench.llamacpp_logits.prompt "$work/$name.gguf" 256 >"$work/$name.prompt"
+            "$tool" -m "$work/$name.gguf" --tokens "$work/$name.prompt" --n-prompt 256 --n-gen 16 --ngl 0 --ubatch 64 \
+                -o "$work/$name-llama-cpu" >"$work/$name-llama-cpu.log" 2>&1
+            "$tool" -m "$work/$name.gguf" --tokens "$work/$name-llama-cpu.tokens" --n-prompt 272 --n-gen 0 --ngl 0 \
+                --ubatch 64 --fa on -o "$work/$name-llama-cpu-fa" >"$work/$name-llama-cpu-fa.log" 2>&1
+            python3 -m microbench.llamacpp_logits.compare "$work/$name-llama-cpu" "$work/$name-llama-cpu-fa" \
+                | sed "s/^/$name llama.cpp CPU, flash attention on against off: /"
+        done
+    done
+    name=gpt-oss-20b-8L-r$CALM
+    python3 tools/logits_check.py -m "$work/$name.gguf" --ref "$work/$name-llama-cpu" -o "$work/$name-ours" \
+        --backend sim --ubatch 64 | sed "s/^/$name (ubatch 64): /"
+    python3 -m microbench.llamacpp_logits.compare "$work/$name-llama-cpu" "$work/$name-ours" \
+        | sed "s/^/$name expertstream against llama.cpp CPU (flash attention off), every position: /"
     exit 0
 fi
 if [[ -n ${SECOND:-} ]]; then

@@ -16,7 +16,7 @@
 #           DECODE_MMAP set also mmap beside -lm mmap and decode_profile's per-operation table of one step
 # Every llama-bench and expertstream run is wrapped in used_memory: nvidia-smi samples the device's used
 # memory every 100 ms and the run's peak goes to $OUT/memory.txt.
-# Environment: ARCHIVE (.dev/llamacpp-sm90.tar.xz), MODELS (/tmp/models), OUT (.), FILES
+# Environment: ARCHIVE (.dev/llamacpp-sm90.tar.xz), MODELS (/tmp/models), OUT (.), RESIDUAL_SCALE, FILES
 # ("qwen3-30b-a3b:Q4_K_M"), TOKENS (4096), UBATCH (512,2048,4096), REPS (2), LAYERS (all), DECODE_STEPS
 # (64; a comma list such as 64,256 runs each), DECODE_PROMPT (16:
 # the prompt before expertstream's decode steps; llama-bench's tg starts from an empty context), TAG (bench
@@ -54,7 +54,9 @@ logits_three() {  # MODEL NAME: llama.cpp CUDA and CPU, then ours, each compared
     rm -f "$dir"/*.logits  # large; the summaries and the token files stay
 }
 
-file_of() { echo "$MODELS/$1-$2.gguf"; }
+# RESIDUAL_SCALE set: make-model --residual-scale for the files of make, big, bench and decode, named with -rS
+suffix=${RESIDUAL_SCALE:+-r$RESIDUAL_SCALE}
+file_of() { echo "$MODELS/$1-$2$suffix.gguf"; }
 
 used_memory() {  # NAME COMMAND...: run COMMAND, noting the device's peak used memory (MiB) under NAME
     local name=$1 log=/tmp/used-memory.$$
@@ -89,12 +91,13 @@ for stage in "$@"; do
             [[ -n ${LAYERS:-} ]] && layers=(--layers "$LAYERS")
             [ -f "$(file_of "$preset" "$qtype")" ] && continue  # made by an earlier call on this machine
             /usr/bin/time -f "make-model %e s" "$python" -m expertstream make-model --preset "$preset" --type "$qtype" \
-                "${layers[@]}" -o "$(file_of "$preset" "$qtype")" 2>&1 | tail -3 | tee -a "$OUT/make.txt"
+                "${layers[@]}" ${RESIDUAL_SCALE:+--residual-scale "$RESIDUAL_SCALE"} -o "$(file_of "$preset" "$qtype")" 2>&1 | tail -3 | tee -a "$OUT/make.txt"
         done ;;
     big)
         for spec in $FILES; do
-            preset=${spec%%:*} qtype=${spec##*:}
+            qtype=${spec##*:} preset=${spec%%:*}
             file=$(file_of "$preset" "$qtype")
+            preset=$preset$suffix  # names the outputs
             logits_three "$file" "$preset"
             "$LCP/bin/llama-perplexity" -m "$file" -f docs/design.md -c 512 --chunks 4 -ngl 99 -fa off \
                 >"$OUT/ppl-llama-$preset.txt" 2>&1 || true
