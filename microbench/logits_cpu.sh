@@ -61,6 +61,7 @@ if [[ -n ${CALM:-} ]]; then
                 --ubatch 64 --fa on -o "$work/$name-llama-cpu-fa" >"$work/$name-llama-cpu-fa.log" 2>&1
             python3 -m microbench.llamacpp_logits.compare "$work/$name-llama-cpu" "$work/$name-llama-cpu-fa" \
                 | sed "s/^/$name llama.cpp CPU, flash attention on against off: /"
+            [ "$layers" = 8 ] || rm -f "$work/$name.gguf"  # 11 GB; only the 8-layer files run again below
         done
     done
     name=gpt-oss-20b-8L-r$CALM
