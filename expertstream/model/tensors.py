@@ -29,7 +29,7 @@ ATTN_OUTPUT_GAIN = 0.1
 # embedding, as a trained model's is mostly what came before each layer, and a rounding difference in one
 # layer moves the next ones' inputs less: on a 24-layer file of gpt-oss-20b's shape, llama.cpp's CPU
 # backend with flash attention on parts from itself with it off by a mean KL of 0.115 nats at scale 1
-# and 0.0088 at 0.25 (docs/results/model-cpu.md).
+# and 6.9e-4 at 0.125 (docs/results/model-cpu.md).
 
 
 class Init(enum.Enum):
