@@ -10,19 +10,21 @@ kernels' code and local memory, graphs.
 
 ``--arena-max 0`` puts each of the model's tensors in an allocation of its own (as before they shared
 arenas, ``engine.uploads``), to show what the driver's rounding of each to whole pages costs.
-``--stack-limit BYTES`` sets the context's per-thread stack limit (CUDA's ``cudaLimitStackSize``) right
-after the context is made, to show how much of the context is the local memory reserved for it.
+``--stack-limit BYTES|driver`` is the per-thread stack limit the CUDA backend gives the context
+(``expertstream.backend(stack_limit=...)``, $EXPERTSTREAM_STACK_LIMIT; default 256 bytes): "driver"
+keeps CUDA's own 1024, to show how much of the context is the local memory reserved for it.
 Run on a device nothing else uses: the figures are the whole device's.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from expertstream.backends._gpu import GpuDevice, _images
+from expertstream.backends._gpu import STACK_LIMIT_VAR, GpuDevice, _images
 from expertstream.backends.base import Device
 from expertstream.engine import uploads
 from expertstream.engine.model import Model
@@ -44,23 +46,15 @@ def _used(device: Device) -> int:
     return device.total_memory - device.free_memory()
 
 
-def _limits(backend: str, set_stack: int | None) -> dict[str, int]:
-    """The CUDA context's limits (bytes): stack a thread, malloc heap, printf buffer; sets the stack
-    limit first where asked. Empty on other backends."""
+def _limits(backend: str) -> dict[str, int]:
+    """The CUDA context's limits (bytes): stack a thread, malloc heap, printf buffer. Empty on other
+    backends, or without cuda-python's runtime bindings."""
     if backend != "cuda":
-        if set_stack is not None:
-            raise SystemExit("--stack-limit is CUDA's: run with --backend cuda")
         return {}
     try:
         from cuda.bindings import runtime as rt
     except ImportError:
-        if set_stack is not None:
-            raise SystemExit("--stack-limit needs cuda-python's runtime bindings (cuda.bindings)") from None
         return {}
-    if set_stack is not None:
-        (err,) = rt.cudaDeviceSetLimit(rt.cudaLimit.cudaLimitStackSize, set_stack)
-        if err != rt.cudaError_t.cudaSuccess:
-            raise SystemExit(f"cudaDeviceSetLimit(stack, {set_stack}) failed: {err}")
     names = {
         "stack": rt.cudaLimit.cudaLimitStackSize,
         "malloc_heap": rt.cudaLimit.cudaLimitMallocHeapSize,
@@ -81,12 +75,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=64, help="greedy steps after the prompt")
     p.add_argument("--host-memory", default="pinned")
     p.add_argument("--slots", type=int, default=3)
-    p.add_argument("--stack-limit", type=int, help="bytes: set the context's per-thread stack limit first")
+    p.add_argument(
+        "--stack-limit",
+        help="bytes, or 'driver': the per-thread stack limit the CUDA backend gives the context (default 256)",
+    )
     p.add_argument("--arena-max", type=int, help="bytes of the largest arena of tensors (0: a tensor an allocation)")
     args = p.parse_args(argv)
     if args.arena_max is not None:
         uploads.ARENA_MAX_BYTES = args.arena_max
     stages: list[Stage] = []
+    if args.stack_limit is not None:
+        if args.backend != "cuda":
+            raise SystemExit("--stack-limit is the CUDA backend's: run with --backend cuda")
+        os.environ[STACK_LIMIT_VAR] = args.stack_limit  # the backend reads it as it opens
     backend = open_backend(args, data=True)
     with backend:
         device = backend.device(args.device)
@@ -96,9 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             stages.append(Stage(stage, used / MIB, used / MIB - before))
 
         note("context made (backend open)", _used(device))  # the first query makes the context
-        limits = _limits(backend.name, args.stack_limit)
-        if args.stack_limit is not None:
-            note(f"stack limit set to {args.stack_limit} B", _used(device))
+        limits = _limits(backend.name)
         with Model.open(args.model, backend=backend, host_memory=args.host_memory, slots=args.slots) as model:
             note("model open (weights uploaded)", _used(device))
             n_vocab = model.transformer.n_vocab
@@ -107,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             note(f"after {args.prompt} + {len(tokens)} tokens", _used(device))
             own = {k: v / MIB for k, v in model.device_memory.as_dict().items()}
         note("model closed", _used(device))
-        after_limits = _limits(backend.name, None)
+        after_limits = _limits(backend.name)
         modules = device._modules if isinstance(device, GpuDevice) else {}
         images = [len(image) for (_, arch, key), image in _images.items() if key in modules]
     result: dict[str, Any] = {

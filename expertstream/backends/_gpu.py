@@ -13,6 +13,7 @@ import ctypes
 import dataclasses
 import hashlib
 import logging
+import os
 import threading
 import weakref
 from collections import deque
@@ -428,7 +429,7 @@ class _Live:
 class GpuDevice(Device):
     foreign_handles = True
 
-    def __init__(self, backend: GpuBackend, index: int, chained_launches: bool) -> None:
+    def __init__(self, backend: GpuBackend, index: int, chained_launches: bool, stack_limit: int | None) -> None:
         super().__init__(backend, index, "")
         self.api = backend.api
         props = invoke(self.api.device_props, index, device=self.label)
@@ -451,13 +452,39 @@ class GpuDevice(Device):
         self._kernels: dict[tuple[str, str, bool], GpuKernel] = {}  # by (source hash, name, chained)
         self._compile_lock = threading.Lock()
         self._gather: GpuKernel | None = None  # gather.cu's kernel, once compiled
+        # the per-thread stack limit to give the context when it is first made current (None: the
+        # vendor's, left as it is); stack_limit is the one it has from then on, None where not set
+        self._stack_request = stack_limit if backend.api.set_stack_limit is not None else None
+        self._context_ready = False
+        self.stack_limit: int | None = None
 
     def _attribute(self, attr: DeviceAttr) -> int:
         return int(invoke(self.api.device_attribute, attr, self.index, device=self.label))
 
     def activate(self) -> None:
-        """Make this device current for the calling thread (each thread has its own)."""
+        """Make this device current for the calling thread (each thread has its own). The first time,
+        its context gets the stack limit the backend was opened with."""
         invoke(self.api.set_device, self.index, device=self.label)
+        if not self._context_ready:
+            self._context_ready = True
+            self._set_stack_limit()
+
+    def _set_stack_limit(self) -> None:
+        request, call = self._stack_request, self.api.set_stack_limit
+        if request is None or call is None:
+            return
+        try:
+            invoke(call, request, device=self.label)
+        except BackendError as exc:
+            log.warning(
+                "%s: the per-thread stack limit stays the driver's, not %d bytes (%s): its context reserves "
+                "more device memory for every thread it can hold",
+                self.label,
+                request,
+                exc,
+            )
+            return
+        self.stack_limit = request
 
     # -- properties ---------------------------------------------------------------------
     @property
@@ -794,19 +821,31 @@ class GpuBackend(Backend):
     name: ClassVar[str]
     vendor: ClassVar[Vendor]
 
-    def __init__(self, api: ApiTable, *, chained_launches: bool | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        api: ApiTable,
+        *,
+        chained_launches: bool | None = None,
+        stack_limit: int | str | None = None,
+        **options: Any,
+    ) -> None:
         """``chained_launches``: launch each kernel chained to the one before it in its stream, where
         the device can (Capabilities.chained_launches); False launches every kernel on its own. None
         reads $EXPERTSTREAM_CHAINED_LAUNCHES (0 or 1); unset, chained from the vendor's
         ``chained_default_driver`` on (CUDA 12.3; decode 3% faster on an H100, docs/results/
-        decode-round5.md), each on its own below it."""
+        decode-round5.md), each on its own below it.
+
+        ``stack_limit``: the per-thread stack limit, in bytes, each device's context gets when it is
+        first made current, where the vendor's table can set it (CUDA); "driver" leaves the driver's.
+        None reads $EXPERTSTREAM_STACK_LIMIT (the same values); unset, STACK_LIMIT_BYTES."""
         super().__init__()
         if options:
             raise InvalidArgument(
-                f"the {self.name} backend takes only chained_launches, got {sorted(options)}",
+                f"the {self.name} backend takes only chained_launches and stack_limit, got {sorted(options)}",
                 call=f"expertstream.backend({self.name!r})",
                 hint="open it as expertstream.backend(name) or with chained_launches=False",
             )
+        stack_bytes = _stack_limit(self.name, stack_limit)
         self.api = api
         invoke(api.init, device=None)
         if chained_launches is None:
@@ -818,7 +857,7 @@ class GpuBackend(Backend):
             raise BackendUnavailable(
                 f"no {self.name} device", call=api.device_count.name, hint=HINTS[Problem.NO_DEVICE]
             )
-        self._devices = [GpuDevice(self, i, chained_launches) for i in range(count)]
+        self._devices = [GpuDevice(self, i, chained_launches, stack_bytes) for i in range(count)]
         self.closed = False
         _open_backends.add(self)
 
@@ -848,10 +887,39 @@ class GpuBackend(Backend):
         out = super().describe()
         out["driver_version"] = int(invoke(self.api.driver_version))
         out["bindings_version"] = self.api.bindings_version
+        for entry, device in zip(out["devices"], self._devices, strict=True):
+            entry["stack_limit"] = device.stack_limit  # bytes a thread; None: the driver's own
         return out
 
 
 CHAINED_LAUNCHES_VAR = "EXPERTSTREAM_CHAINED_LAUNCHES"
+STACK_LIMIT_VAR = "EXPERTSTREAM_STACK_LIMIT"
+# The per-thread stack limit a device's context gets (CUDA): the driver reserves that much local memory
+# for every thread the device can hold, 264 MiB on an H100 (132 x 2048 threads) at CUDA's default of
+# 1024 bytes, and raises the limit itself for a kernel whose frame needs more. The largest frame of the
+# kernel source is 176 bytes (ptxas -v for sm_90, every type); at 256 bytes a generating process on an
+# H100 held 198 MiB less (docs/results/device-memory.md).
+STACK_LIMIT_BYTES = 256
+
+
+def _stack_limit(backend_name: str, asked: int | str | None) -> int | None:
+    """Bytes of stack a thread to set, or None to leave the driver's limit (``stack_limit`` "driver")."""
+    source, value = ("stack_limit", asked) if asked is not None else (STACK_LIMIT_VAR, os.environ.get(STACK_LIMIT_VAR))
+    if value is None:
+        return STACK_LIMIT_BYTES
+    if value == "driver":
+        return None
+    try:
+        nbytes = int(value)
+    except (TypeError, ValueError):
+        nbytes = -1
+    if isinstance(value, bool) or nbytes <= 0:
+        raise InvalidArgument(
+            f"{source} must be a positive number of bytes or 'driver', got {value!r}",
+            call=f"expertstream.backend({backend_name!r})",
+            hint=f"for example {STACK_LIMIT_BYTES} (the default), or 'driver' to keep the driver's own limit",
+        )
+    return nbytes
 
 
 def _chained_from_environment(backend_name: str, default: bool) -> bool:

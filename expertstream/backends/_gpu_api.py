@@ -306,6 +306,10 @@ class ApiTable:
     chained_launches: Callable[[str], bool] = lambda arch: False  # arch -> whether launch_chained works there
     # the driver_version from which kernels launch chained unless asked not to (below it: only when asked)
     chained_default_driver: int = 0
+    # (bytes): the per-thread stack limit of the current device's context, whose local memory the driver
+    # reserves for every thread the device can hold; the driver raises it for a kernel that needs more
+    # (None: the vendor's limit is left as it is)
+    set_stack_limit: Call | None = None
     # profiling: the range a profiler started with profiling off records (None: the vendor has none)
     profiler_start: Call | None = None  # ()
     profiler_stop: Call | None = None  # ()

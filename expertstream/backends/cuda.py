@@ -180,6 +180,11 @@ def _table() -> ApiTable:
             "cudaDeviceEnablePeerAccess", lambda peer: runtime.cudaDeviceEnablePeerAccess(peer, 0), errors
         ),
         device_synchronize=rt("cudaDeviceSynchronize"),
+        set_stack_limit=Call(
+            "cudaDeviceSetLimit",
+            lambda nbytes: runtime.cudaDeviceSetLimit(runtime.cudaLimit.cudaLimitStackSize, nbytes),
+            errors,
+        ),
         driver_version=rt("cudaDriverGetVersion"),
         malloc=rt("cudaMalloc"),
         free=rt("cudaFree"),

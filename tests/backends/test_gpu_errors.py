@@ -94,6 +94,7 @@ class FakeGpu:
         self.chains = False  # whether the fake arch has chained launches
         self.shared_allowed: list[tuple[Any, int]] = []  # (function, bytes) a kernel was let launch with
         self.refuse_read_only = False
+        self.stack_limits: list[int] = []  # per-thread stack limits set, in order
         self.compile_error: str | None = None
         self._next = 0x1000
 
@@ -302,6 +303,7 @@ class FakeGpu:
             chained_launches=lambda arch: self.chains,
             profiler_start=call("fakeProfilerStart", ok),
             profiler_stop=call("fakeProfilerStop", ok),
+            set_stack_limit=call("fakeDeviceSetLimit", lambda n: (self.stack_limits.append(n), (OK,))[1]),
         )
 
 
@@ -394,7 +396,7 @@ def test_backend_without_devices_is_unavailable(fake: FakeGpu) -> None:
 
 
 def test_unknown_backend_option_is_rejected(fake: FakeGpu) -> None:
-    with pytest.raises(InvalidArgument, match=r"takes only chained_launches.*profile"):
+    with pytest.raises(InvalidArgument, match=r"takes only chained_launches and stack_limit.*profile"):
         FakeBackend(fake.table(), profile="cuda-h200")
 
 
@@ -620,6 +622,71 @@ def test_chained_launches_follow_the_environment_and_a_bad_value_is_named(
     monkeypatch.setenv("EXPERTSTREAM_CHAINED_LAUNCHES", "off")
     with pytest.raises(InvalidArgument, match=r"EXPERTSTREAM_CHAINED_LAUNCHES='off' is neither 0 nor 1"):
         FakeBackend(fake.table())
+
+
+def test_a_device_gets_the_stack_limit_once_when_first_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("EXPERTSTREAM_STACK_LIMIT", raising=False)
+    fake = FakeGpu(devices=2)
+    with FakeBackend(fake.table()) as be:
+        assert fake.stack_limits == []  # opening makes no context on a device nothing uses
+        be.device(0).alloc(64).close()
+        be.device(0).alloc(64).close()
+        assert fake.stack_limits == [_gpu.STACK_LIMIT_BYTES]
+        devices = be.describe()["devices"]  # describing asks each device its free memory: both used now
+        assert [d["stack_limit"] for d in devices] == [_gpu.STACK_LIMIT_BYTES] * 2
+        assert fake.stack_limits == [_gpu.STACK_LIMIT_BYTES] * 2
+
+
+@pytest.mark.parametrize(
+    ("option", "environment", "expected"),
+    [(512, None, 512), ("driver", None, None), (None, "1024", 1024), (None, "driver", None), (300, "driver", 300)],
+)
+def test_the_stack_limit_follows_the_option_then_the_environment(
+    monkeypatch: pytest.MonkeyPatch, option: int | str | None, environment: str | None, expected: int | None
+) -> None:
+    if environment is None:
+        monkeypatch.delenv("EXPERTSTREAM_STACK_LIMIT", raising=False)
+    else:
+        monkeypatch.setenv("EXPERTSTREAM_STACK_LIMIT", environment)
+    fake = FakeGpu()
+    with FakeBackend(fake.table(), stack_limit=option) as be:
+        be.device(0).alloc(64).close()
+        assert fake.stack_limits == ([] if expected is None else [expected])
+        assert be.device(0).stack_limit == expected
+
+
+@pytest.mark.parametrize("value", [0, -5, "abc", "256B", True])
+def test_a_stack_limit_that_is_not_a_positive_byte_count_is_named(fake: FakeGpu, value: Any) -> None:
+    with pytest.raises(InvalidArgument, match=r"stack_limit must be a positive number of bytes or 'driver'"):
+        FakeBackend(fake.table(), stack_limit=value)
+
+
+def test_a_stack_limit_from_the_environment_that_is_not_one_names_the_variable(
+    fake: FakeGpu, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EXPERTSTREAM_STACK_LIMIT", "1k")
+    with pytest.raises(InvalidArgument, match=r"EXPERTSTREAM_STACK_LIMIT must be a positive number of bytes"):
+        FakeBackend(fake.table())
+
+
+def test_a_refused_stack_limit_is_said_once_and_the_device_works_on(
+    fake: FakeGpu, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("EXPERTSTREAM_STACK_LIMIT", raising=False)
+    fake.fail["fakeDeviceSetLimit"] = FakeError.fakeErrorInvalidValue
+    with caplog.at_level(logging.WARNING), FakeBackend(fake.table()) as be:
+        for _ in range(3):
+            be.device(0).alloc(64).close()
+        assert be.device(0).stack_limit is None
+        assert be.describe()["devices"][0]["stack_limit"] is None
+    said = [r for r in caplog.records if "stack limit" in r.getMessage()]
+    assert len(said) == 1 and "stays the driver's, not 256 bytes" in said[0].getMessage()
+
+
+def test_a_vendor_without_a_stack_limit_call_is_left_as_it_is(fake: FakeGpu) -> None:
+    with FakeBackend(dataclasses.replace(fake.table(), set_stack_limit=None), stack_limit=512) as be:
+        be.device(0).alloc(64).close()
+        assert be.device(0).stack_limit is None and fake.stack_limits == []
 
 
 def test_gather_launches_over_the_mapped_address_and_says_when_memory_is_not_mapped(

@@ -27,3 +27,9 @@ def test_the_stages_show_the_run_and_closing_gives_every_byte_back(tmp_path: Pat
     assert after - context == pytest.approx(held, abs=1e-6)
     assert own["staging"] > 0 and own["total"] == pytest.approx(sum(v for k, v in own.items() if k != "total"))
     assert closed == context
+
+
+def test_the_stack_limit_is_refused_where_the_backend_has_none(tmp_path: Path) -> None:
+    model = make_model("tiny", "Q4_0", tmp_path / "tiny.gguf", layers=1)
+    with pytest.raises(SystemExit, match="--stack-limit is the CUDA backend's"):
+        device_memory.main(["--backend", "sim", "--model", str(model), "--stack-limit", "256"])
