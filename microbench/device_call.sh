@@ -5,7 +5,8 @@
 #   peak NAME COMMAND...  runs COMMAND while nvidia-smi samples the device's used memory every 100 ms;
 #              its peak goes to memory.txt under NAME
 # It installs the carried gguf wheel, unpacks the carried llama.cpp archive into /tmp, and notes the
-# GPU, the host's cores, the date and the tree in gpu.txt and tree.txt.
+# GPU, the host's cores, the date and the tree (docs/results/$RESULTS/tree.txt, the commit the working
+# tree is at, written there before the call) in gpu.txt and tree.txt.
 pip install --no-deps -q --target /tmp/site .dev/gguf-0.19.0-py3-none-any.whl 2>/dev/null
 export PYTHONPATH=/tmp/site:$PWD
 M=/tmp/m/$CALL; mkdir -p $M
@@ -23,5 +24,5 @@ peak() {
   return $status
 }
 { nvidia-smi --query-gpu=name,driver_version,memory.total,pci.bus_id --format=csv,noheader; nproc; date -u; } > $M/gpu.txt
-git rev-parse HEAD > $M/tree.txt 2>/dev/null || cp docs/results/$RESULTS/tree.txt $M/tree.txt
+cp docs/results/$RESULTS/tree.txt $M/tree.txt  # written before the call: git there may name another commit
 ( [ -x $LCP/bin/llama-bench ] || tar xJf .dev/llamacpp-sm90.tar.xz -C /tmp ); stamp setup

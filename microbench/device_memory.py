@@ -2,10 +2,10 @@
 (``python -m microbench.device_memory --model F --backend cuda``).
 
 The device's used memory (total less free, as the driver counts it: what nvidia-smi shows for the
-whole device) before the backend opens, once its context exists, with the model open (its weights
-uploaded), after a prompt and ``--steps`` greedy steps, and once the model is closed; beside it what
-expertstream itself allocated for the run (``Model.device_memory``) and the kernel images it loaded.
-What neither the weights nor expertstream's own count explain is the driver's: the context, the
+whole device) once the backend's context exists, with the model open (its file parsed: a generation
+uploads the weights its run needs), after a prompt and ``--steps`` greedy steps, and once the model
+is closed; beside it what expertstream itself allocated for the run (``Model.device_memory``) and the
+kernel images it loaded. What neither the weights nor expertstream's own count explain is the driver's: the context, the
 kernels' code and local memory, graphs.
 
 ``--arena-max 0`` puts each of the model's tensors in an allocation of its own (as before they shared
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         note("context made (backend open)", _used(device))  # the first query makes the context
         limits = _limits(backend.name)
         with Model.open(args.model, backend=backend, host_memory=args.host_memory, slots=args.slots) as model:
-            note("model open (weights uploaded)", _used(device))
+            note("model open (nothing uploaded yet)", _used(device))
             n_vocab = model.transformer.n_vocab
             prompt = [(100 + i) % n_vocab for i in range(args.prompt)]
             tokens = [t.token for t in model.generate(prompt, args.steps, Sampling(temperature=0))]
