@@ -846,6 +846,9 @@ class GpuBackend(Backend):
                 hint="open it as expertstream.backend(name) or with chained_launches=False",
             )
         stack_bytes = _stack_limit(self.name, stack_limit)
+        asked = stack_limit is not None or STACK_LIMIT_VAR in os.environ
+        if api.set_stack_limit is None and asked and stack_bytes is not None:
+            log.warning("the %s backend leaves the stack limit to its runtime: stack_limit is CUDA's", self.name)
         self.api = api
         invoke(api.init, device=None)
         if chained_launches is None:

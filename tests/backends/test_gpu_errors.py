@@ -683,10 +683,21 @@ def test_a_refused_stack_limit_is_said_once_and_the_device_works_on(
     assert len(said) == 1 and "stays the driver's, not 256 bytes" in said[0].getMessage()
 
 
-def test_a_vendor_without_a_stack_limit_call_is_left_as_it_is(fake: FakeGpu) -> None:
-    with FakeBackend(dataclasses.replace(fake.table(), set_stack_limit=None), stack_limit=512) as be:
-        be.device(0).alloc(64).close()
-        assert be.device(0).stack_limit is None and fake.stack_limits == []
+def test_a_vendor_without_a_stack_limit_call_is_left_as_it_is_and_an_asked_limit_says_so(
+    fake: FakeGpu, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("EXPERTSTREAM_STACK_LIMIT", raising=False)
+    table = dataclasses.replace(fake.table(), set_stack_limit=None)
+    with caplog.at_level(logging.WARNING):
+        with FakeBackend(table) as be:  # not asked: nothing to say
+            be.device(0).alloc(64).close()
+            assert be.device(0).stack_limit is None
+        assert not [r for r in caplog.records if "stack limit" in r.getMessage()]
+        with FakeBackend(table, stack_limit=512) as be:
+            be.device(0).alloc(64).close()
+            assert be.device(0).stack_limit is None and fake.stack_limits == []
+    said = [r.getMessage() for r in caplog.records if "stack limit" in r.getMessage()]
+    assert said == ["the fake backend leaves the stack limit to its runtime: stack_limit is CUDA's"]
 
 
 def test_gather_launches_over_the_mapped_address_and_says_when_memory_is_not_mapped(
