@@ -85,10 +85,11 @@ def main(argv: list[str] | None = None) -> int:
         uploads.ARENA_MAX_BYTES = args.arena_max
     stages: list[Stage] = []
     if args.stack_limit is not None:
-        if args.backend != "cuda":
-            raise SystemExit("--stack-limit is the CUDA backend's: run with --backend cuda")
-        os.environ[STACK_LIMIT_VAR] = args.stack_limit  # the backend reads it as it opens
+        os.environ[STACK_LIMIT_VAR] = args.stack_limit  # the backend reads (and checks) it as it opens
     backend = open_backend(args, data=True)
+    if args.stack_limit is not None and backend.name != "cuda":
+        backend.close()
+        raise SystemExit(f"--stack-limit is the CUDA backend's; this run opened {backend.name}: use --backend cuda")
     with backend:
         device = backend.device(args.device)
 

@@ -453,9 +453,10 @@ class GpuDevice(Device):
         self._compile_lock = threading.Lock()
         self._gather: GpuKernel | None = None  # gather.cu's kernel, once compiled
         # the per-thread stack limit to give the context when it is first made current (None: the
-        # vendor's, left as it is); stack_limit is the one it has from then on, None where not set
+        # context's, left as it is); stack_limit is the one set then, None where none was
         self._stack_request = stack_limit if backend.api.set_stack_limit is not None else None
         self._context_ready = False
+        self._context_lock = threading.Lock()
         self.stack_limit: int | None = None
 
     def _attribute(self, attr: DeviceAttr) -> int:
@@ -466,8 +467,10 @@ class GpuDevice(Device):
         its context gets the stack limit the backend was opened with."""
         invoke(self.api.set_device, self.index, device=self.label)
         if not self._context_ready:
-            self._context_ready = True
-            self._set_stack_limit()
+            with self._context_lock:  # one thread sets it; the others wait until it is set
+                if not self._context_ready:
+                    self._set_stack_limit()
+                    self._context_ready = True
 
     def _set_stack_limit(self) -> None:
         request, call = self._stack_request, self.api.set_stack_limit
@@ -836,7 +839,8 @@ class GpuBackend(Backend):
         decode-round5.md), each on its own below it.
 
         ``stack_limit``: the per-thread stack limit, in bytes, each device's context gets when it is
-        first made current, where the vendor's table can set it (CUDA); "driver" leaves the driver's.
+        first made current, where the vendor's table can set it (CUDA); "driver" leaves the context's
+        limit as it is (the driver's, unless something in the process set another).
         None reads $EXPERTSTREAM_STACK_LIMIT (the same values); unset, STACK_LIMIT_BYTES."""
         super().__init__()
         if options:
@@ -846,7 +850,7 @@ class GpuBackend(Backend):
                 hint="open it as expertstream.backend(name) or with chained_launches=False",
             )
         stack_bytes = _stack_limit(self.name, stack_limit)
-        asked = stack_limit is not None or STACK_LIMIT_VAR in os.environ
+        asked = stack_limit is not None or bool(os.environ.get(STACK_LIMIT_VAR, "").strip())
         if api.set_stack_limit is None and asked and stack_bytes is not None:
             log.warning("the %s backend leaves the stack limit to its runtime: stack_limit is CUDA's", self.name)
         self.api = api
@@ -891,7 +895,7 @@ class GpuBackend(Backend):
         out["driver_version"] = int(invoke(self.api.driver_version))
         out["bindings_version"] = self.api.bindings_version
         for entry, device in zip(out["devices"], self._devices, strict=True):
-            entry["stack_limit"] = device.stack_limit  # bytes a thread; None: the driver's own
+            entry["stack_limit"] = device.stack_limit  # bytes a thread set at first use; None: none set
         return out
 
 
@@ -908,6 +912,8 @@ STACK_LIMIT_BYTES = 256
 def _stack_limit(backend_name: str, asked: int | str | None) -> int | None:
     """Bytes of stack a thread to set, or None to leave the driver's limit (``stack_limit`` "driver")."""
     source, value = ("stack_limit", asked) if asked is not None else (STACK_LIMIT_VAR, os.environ.get(STACK_LIMIT_VAR))
+    if isinstance(value, str):
+        value = value.strip() or None  # an empty variable is an unset one
     if value is None:
         return STACK_LIMIT_BYTES
     if value == "driver":

@@ -151,10 +151,10 @@ def type_choices() -> list[str]:
     return [*MIX_DEFAULTS, *singles]
 
 
-def tensor_specs(preset: ModelPreset, qtype: TypeChoice, n_layer: int) -> list[TensorSpec]:
+def tensor_specs(preset: ModelPreset, qtype: TypeChoice, n_layer: int, residual_scale: float = 1.0) -> list[TensorSpec]:
     """The router (F32) and the three expert tensors of each MoE layer among the first ``n_layer``."""
     moe = {role.tensor_name(i) for i in range(n_layer) for role in TensorRole}
-    return [s for s in file_specs(preset, qtype, n_layer) if s.name in moe]
+    return [s for s in file_specs(preset, qtype, n_layer, residual_scale) if s.name in moe]
 
 
 def file_specs(preset: ModelPreset, choice: TypeChoice, n_layer: int, residual_scale: float = 1.0) -> list[TensorSpec]:
@@ -281,6 +281,21 @@ def _put_f16(blocks: np.ndarray, offset: int, values: np.ndarray) -> None:
 
 
 @functools.cache
+def _storable(spec: TensorSpec) -> bool:
+    """Whether ``generate`` can write ``spec``'s planned RMS in its type: a normal float16 or bfloat16
+    exponent, an E8M0 scale in range, a nonzero float16 block scale (subnormal ones are used)."""
+    if spec.init is not Init.WEIGHT or spec.rms is None or spec.qtype is GGMLQuantizationType.F32:
+        return True
+    if spec.qtype in (GGMLQuantizationType.F16, GGMLQuantizationType.BF16):
+        exponent = round(math.log2(spec.rms / _MANTISSA_RMS))
+        bias, top = (15, 30) if spec.qtype is GGMLQuantizationType.F16 else (127, 254)
+        return 1 <= exponent + bias <= top
+    scale = spec.rms / _unit_scale_rms(spec.qtype)
+    if spec.qtype is GGMLQuantizationType.MXFP4:
+        return 1 <= 127 + round(math.log2(scale)) <= 254
+    return 2.0**-24 <= scale <= 65504.0
+
+
 def _unit_scale_rms(qtype: GGMLQuantizationType) -> float:
     """The RMS that random blocks of ``qtype`` dequantize to with ``_set_scales`` scale 1."""
     _, type_size = gguf.GGML_QUANT_SIZES[qtype]
@@ -391,6 +406,13 @@ def start_model_file(
     if not (math.isfinite(residual_scale) and residual_scale > 0):
         raise InvalidArgument(f"the residual scale must be a positive number, got {residual_scale}")
     specs = file_specs(preset, parsed, n_layer, residual_scale)
+    for spec in specs:
+        if not _storable(spec):
+            raise InvalidArgument(
+                f"at residual scale {residual_scale} {spec.name} ({spec.qtype.name}) would have values of RMS "
+                f"{spec.rms:.3g}, out of the range its {spec.qtype.name} scales hold",
+                hint="choose a residual scale nearer 1",
+            )
     file_type = MIX_FILE_TYPES[parsed] if isinstance(parsed, str) else _FILE_TYPES[parsed]
     path = Path(path)
     writer = gguf.GGUFWriter(path, preset.arch, split_max_tensors=split_max_tensors)

@@ -639,7 +639,14 @@ def test_a_device_gets_the_stack_limit_once_when_first_used(monkeypatch: pytest.
 
 @pytest.mark.parametrize(
     ("option", "environment", "expected"),
-    [(512, None, 512), ("driver", None, None), (None, "1024", 1024), (None, "driver", None), (300, "driver", 300)],
+    [
+        (512, None, 512),
+        ("driver", None, None),
+        (None, "1024", 1024),
+        (None, " driver ", None),
+        (300, "driver", 300),
+        (None, "", _gpu.STACK_LIMIT_BYTES),  # an empty variable is an unset one
+    ],
 )
 def test_the_stack_limit_follows_the_option_then_the_environment(
     monkeypatch: pytest.MonkeyPatch, option: int | str | None, environment: str | None, expected: int | None

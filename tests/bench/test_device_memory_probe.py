@@ -29,7 +29,8 @@ def test_the_stages_show_the_run_and_closing_gives_every_byte_back(tmp_path: Pat
     assert closed == context
 
 
-def test_the_stack_limit_is_refused_where_the_backend_has_none(tmp_path: Path) -> None:
+def test_the_stack_limit_is_refused_where_the_backend_has_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EXPERTSTREAM_STACK_LIMIT", "")  # the benchmark sets it; this puts it back after
     model = make_model("tiny", "Q4_0", tmp_path / "tiny.gguf", layers=1)
     with pytest.raises(SystemExit, match="--stack-limit is the CUDA backend's"):
         device_memory.main(["--backend", "sim", "--model", str(model), "--stack-limit", "256"])

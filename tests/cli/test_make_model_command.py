@@ -65,6 +65,15 @@ def test_make_model_refuses_a_residual_scale_that_is_not_a_positive_number(
     assert not out.exists()
 
 
+def test_make_model_refuses_a_residual_scale_its_types_cannot_hold(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "m.gguf"
+    code, err = _main(capsys, "-o", str(out), "--type", "F16", "--residual-scale", "0.001")
+    assert code == 2 and "blk.0.attn_output.weight (F16) would have values of RMS" in err
+    assert "choose a residual scale nearer 1" in err and not out.exists()
+
+
 def test_make_model_with_a_residual_scale_writes_another_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
