@@ -2,7 +2,7 @@
 # pp32768 with every expert streamed (pinned) and with every expert on the GPU, against llama-bench
 # -ncmoe 48 -lm none at ubatch 4096 and 8192 and -ncmoe 0; pp4096 all on the GPU at ubatch 512/2048/4096
 # (the prefill replay, on by default) against llama-bench -ncmoe 0. Raw output under p1/.
-CALL=p1 RESULTS=h200-2026-12-07; source microbench/device_call.sh
+CALL=p1 RESULTS=h200-prefill-targets; source microbench/device_call.sh
 F=/tmp/models/qwen3-30b-a3b-Q4_K_M.gguf
 OUT=$M FILES="qwen3-30b-a3b:Q4_K_M" bash microbench/model_h200.sh make >> $M/make.log 2>&1; stamp make
 ours() {  # NAME ARGS...: expertstream bench -o json, one summary line a row
