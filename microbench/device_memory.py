@@ -5,8 +5,8 @@ The device's used memory (total less free, as the driver counts it: what nvidia-
 whole device) once the backend's context exists, with the model open (its file parsed: a generation
 uploads the weights its run needs), after a prompt and ``--steps`` greedy steps, and once the model
 is closed; beside it what expertstream itself allocated for the run (``Model.device_memory``) and the
-kernel images it loaded. What neither the weights nor expertstream's own count explain is the driver's: the context, the
-kernels' code and local memory, graphs.
+kernel images it loaded. What neither the weights nor expertstream's own count explain is the
+driver's: the context, the kernels' code and local memory, graphs.
 
 ``--arena-max 0`` puts each of the model's tensors in an allocation of its own (as before they shared
 arenas, ``engine.uploads``), to show what the driver's rounding of each to whole pages costs.

@@ -454,7 +454,7 @@ class GpuDevice(Device):
         self._gather: GpuKernel | None = None  # gather.cu's kernel, once compiled
         # the per-thread stack limit to give the context when it is first made current (None: the
         # context's, left as it is); stack_limit is the one set then, None where none was
-        self._stack_request = stack_limit if backend.api.set_stack_limit is not None else None
+        self._stack_request = stack_limit
         self._context_ready = False
         self._context_lock = threading.Lock()
         self.stack_limit: int | None = None
@@ -849,8 +849,7 @@ class GpuBackend(Backend):
                 call=f"expertstream.backend({self.name!r})",
                 hint="open it as expertstream.backend(name) or with chained_launches=False",
             )
-        stack_bytes = _stack_limit(self.name, stack_limit)
-        asked = stack_limit is not None or bool(os.environ.get(STACK_LIMIT_VAR, "").strip())
+        stack_bytes, asked = _stack_limit(self.name, stack_limit)
         if api.set_stack_limit is None and asked and stack_bytes is not None:
             log.warning("the %s backend leaves the stack limit to its runtime: stack_limit is CUDA's", self.name)
         self.api = api
@@ -909,15 +908,16 @@ STACK_LIMIT_VAR = "EXPERTSTREAM_STACK_LIMIT"
 STACK_LIMIT_BYTES = 256
 
 
-def _stack_limit(backend_name: str, asked: int | str | None) -> int | None:
-    """Bytes of stack a thread to set, or None to leave the driver's limit (``stack_limit`` "driver")."""
+def _stack_limit(backend_name: str, asked: int | str | None) -> tuple[int | None, bool]:
+    """Bytes of stack a thread to set (None: leave the context's limit, "driver"), and whether the
+    option or the environment asked for it (else the default)."""
     source, value = ("stack_limit", asked) if asked is not None else (STACK_LIMIT_VAR, os.environ.get(STACK_LIMIT_VAR))
     if isinstance(value, str):
         value = value.strip() or None  # an empty variable is an unset one
     if value is None:
-        return STACK_LIMIT_BYTES
+        return STACK_LIMIT_BYTES, False
     if value == "driver":
-        return None
+        return None, True
     try:
         nbytes = int(value)
     except (TypeError, ValueError):
@@ -928,7 +928,7 @@ def _stack_limit(backend_name: str, asked: int | str | None) -> int | None:
             call=f"expertstream.backend({backend_name!r})",
             hint=f"for example {STACK_LIMIT_BYTES} (the default), or 'driver' to keep the driver's own limit",
         )
-    return nbytes
+    return nbytes, True
 
 
 def _chained_from_environment(backend_name: str, default: bool) -> bool:

@@ -280,7 +280,6 @@ def _put_f16(blocks: np.ndarray, offset: int, values: np.ndarray) -> None:
     blocks[:, offset + 1] = (bits >> 8).astype(np.uint8)
 
 
-@functools.cache
 def _storable(spec: TensorSpec) -> bool:
     """Whether ``generate`` can write ``spec``'s planned RMS in its type: a normal float16 or bfloat16
     exponent, an E8M0 scale in range, a nonzero float16 block scale (subnormal ones are used)."""
@@ -296,6 +295,7 @@ def _storable(spec: TensorSpec) -> bool:
     return 2.0**-24 <= scale <= 65504.0
 
 
+@functools.cache
 def _unit_scale_rms(qtype: GGMLQuantizationType) -> float:
     """The RMS that random blocks of ``qtype`` dequantize to with ``_set_scales`` scale 1."""
     _, type_size = gguf.GGML_QUANT_SIZES[qtype]
