@@ -23,23 +23,34 @@ make_file() {  # NAME PRESET TYPE LAYERS [RESIDUAL_SCALE]
     [ -f "$model" ] || python3 -m expertstream make-model --preset "$2" --type "$3" --seed 3 ${4:+--layers "$4"} \
         --residual-scale "${5:-1}" -o "$model" >/dev/null
 }
-check() {  # NAME PRESET TYPE LAYERS N_PROMPT N_GEN UBATCH [RESIDUAL_SCALE]
-    local name=$1 model=$work/$1.gguf
-    make_file "$1" "$2" "$3" "$4" "${8:-1}"
-    python3 -m microbench.llamacpp_logits.prompt "$model" "$5" >"$work/$name.prompt"
-    "$tool" -m "$model" --tokens "$work/$name.prompt" --n-prompt "$5" --n-gen "$6" --ngl 0 -o "$work/$name-llama-cpu" \
-        >"$work/$name-llama-cpu.log" 2>&1
-    python3 tools/logits_check.py -m "$model" --ref "$work/$name-llama-cpu" -o "$work/$name-ours" --backend sim \
-        --ubatch "$7" | sed "s/^/$name (ubatch $7): /"
+llama_cpu() {  # NAME N_PROMPT N_GEN [UBATCH]: a prompt from the corpus, then llama.cpp CPU's greedy steps
+    python3 -m microbench.llamacpp_logits.prompt "$work/$1.gguf" "$2" >"$work/$1.prompt"
+    "$tool" -m "$work/$1.gguf" --tokens "$work/$1.prompt" --n-prompt "$2" --n-gen "$3" --ngl 0 ${4:+--ubatch "$4"} \
+        -o "$work/$1-llama-cpu" >"$work/$1-llama-cpu.log" 2>&1
 }
-fa_control() {  # NAME N_TOKENS UBATCH: llama.cpp CPU again on the same tokens with flash attention on, against itself
+ours() {  # NAME UBATCH: expertstream on the simulator over llama.cpp's tokens
+    python3 tools/logits_check.py -m "$work/$1.gguf" --ref "$work/$1-llama-cpu" -o "$work/$1-ours" --backend sim \
+        --ubatch "$2" | sed "s/^/$1 (ubatch $2): /"
+}
+check() {  # NAME PRESET TYPE LAYERS N_PROMPT N_GEN UBATCH
+    make_file "$1" "$2" "$3" "$4"
+    llama_cpu "$1" "$5" "$6"
+    ours "$1" "$7"
+}
+fa_on() {  # NAME N_TOKENS UBATCH: llama.cpp CPU again on the same tokens with flash attention on, against itself
     local name=$1
     "$tool" -m "$work/$name.gguf" --tokens "$work/$name-llama-cpu.tokens" --n-prompt "$2" --n-gen 0 --ngl 0 \
         --ubatch "$3" --fa on -o "$work/$name-llama-cpu-fa" >"$work/$name-llama-cpu-fa.log" 2>&1
     python3 -m microbench.llamacpp_logits.compare "$work/$name-llama-cpu" "$work/$name-llama-cpu-fa" \
         | sed "s/^/$name llama.cpp CPU, flash attention on against off: /"
-    python3 -m microbench.llamacpp_logits.compare "$work/$name-llama-cpu" "$work/$name-ours" \
-        | sed "s/^/$name expertstream against llama.cpp CPU (flash attention off), every position: /"
+}
+ours_every() {  # NAME: expertstream against llama.cpp CPU over every position
+    python3 -m microbench.llamacpp_logits.compare "$work/$1-llama-cpu" "$work/$1-ours" \
+        | sed "s/^/$1 expertstream against llama.cpp CPU (flash attention off), every position: /"
+}
+fa_control() {  # NAME N_TOKENS UBATCH
+    fa_on "$@"
+    ours_every "$1"
 }
 if [[ -n ${OSS:-} ]]; then
     check gpt-oss-20b-2L gpt-oss-20b MXFP4_MOE 2 256 16 64
@@ -54,21 +65,13 @@ if [[ -n ${CALM:-} ]]; then
         for scale in 1 "$CALM"; do
             name=gpt-oss-20b-${layers}L-r$scale
             make_file "$name" gpt-oss-20b MXFP4_MOE "$layers" "$scale"
-            python3 -m microbench.llamacpp_logits.prompt "$work/$name.gguf" 256 >"$work/$name.prompt"
-            "$tool" -m "$work/$name.gguf" --tokens "$work/$name.prompt" --n-prompt 256 --n-gen 16 --ngl 0 --ubatch 64 \
-                -o "$work/$name-llama-cpu" >"$work/$name-llama-cpu.log" 2>&1
-            "$tool" -m "$work/$name.gguf" --tokens "$work/$name-llama-cpu.tokens" --n-prompt 272 --n-gen 0 --ngl 0 \
-                --ubatch 64 --fa on -o "$work/$name-llama-cpu-fa" >"$work/$name-llama-cpu-fa.log" 2>&1
-            python3 -m microbench.llamacpp_logits.compare "$work/$name-llama-cpu" "$work/$name-llama-cpu-fa" \
-                | sed "s/^/$name llama.cpp CPU, flash attention on against off: /"
+            llama_cpu "$name" 256 16 64
+            fa_on "$name" 272 64
             [ "$layers" = 8 ] || rm -f "$work/$name.gguf"  # 11 GB; only the 8-layer files run again below
         done
     done
-    name=gpt-oss-20b-8L-r$CALM
-    python3 tools/logits_check.py -m "$work/$name.gguf" --ref "$work/$name-llama-cpu" -o "$work/$name-ours" \
-        --backend sim --ubatch 64 | sed "s/^/$name (ubatch 64): /"
-    python3 -m microbench.llamacpp_logits.compare "$work/$name-llama-cpu" "$work/$name-ours" \
-        | sed "s/^/$name expertstream against llama.cpp CPU (flash attention off), every position: /"
+    ours "gpt-oss-20b-8L-r$CALM" 64
+    ours_every "gpt-oss-20b-8L-r$CALM"
     exit 0
 fi
 if [[ -n ${SECOND:-} ]]; then
